@@ -1,0 +1,129 @@
+"""The Backend protocol: the seam between candor's methods and a model engine.
+
+Every method in candor talks to a model through these calls only, so the same
+estimator runs on transformers (``hf``), vLLM or an OpenAI-compatible server.
+Prompts are plain strings that are already templated (see ``candor.prompts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding settings for the sampled answers (DESIGN.md §4.1 defaults)."""
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 0.95
+    top_k: int = 50
+    stop: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "stop": list(self.stop),
+        }
+
+
+@dataclass
+class Completion:
+    """One generated answer: text (stop string removed), tokens and their log-probs.
+
+    ``logprobs[i]`` is log p(token_i | prefix) under the model's own
+    distribution (temperature 1, no top-p/top-k truncation), whatever the
+    decoding that chose the token.
+    """
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "tokens": list(self.tokens),
+            "logprobs": [float(x) for x in self.logprobs],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Completion:
+        return cls(
+            text=str(d["text"]),
+            token_ids=list(d.get("token_ids", [])),
+            tokens=list(d.get("tokens", [])),
+            logprobs=[float(x) for x in d.get("logprobs", [])],
+        )
+
+
+@dataclass
+class Generations:
+    """What one prompt produced: an optional greedy answer and ``n`` samples."""
+
+    greedy: Completion | None
+    samples: list[Completion]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What candor needs from a model engine.
+
+    ``white_box`` backends also provide ``hidden_states`` and exact
+    ``next_token_logprobs``; estimators that need them check this flag and
+    fail clearly otherwise.
+    """
+
+    model_name: str
+    white_box: bool
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        n: int,
+        params: SamplingParams,
+        *,
+        greedy: bool = True,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generations]:
+        """Greedy answer (if ``greedy``) and ``n`` samples for every prompt.
+
+        ``seeds`` gives one seed per prompt, so a prompt's samples do not depend
+        on which other prompts share its batch (shards equal a single run).
+        """
+        ...
+
+    def score(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[list[float]]:
+        """Per-token log-probs of each continuation given its prompt (pairwise)."""
+        ...
+
+    def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
+        """Log-softmax over the full vocabulary at the next position, at ``token_ids``.
+
+        Returns an array of shape ``(len(prompts), len(token_ids))``.
+        """
+        ...
+
+    def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
+        """Hidden state of the last prompt token at ``layer``: ``(len(prompts), hidden)``."""
+        ...
+
+    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render chat messages with the model's chat template into a prompt string."""
+        ...
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        ...

@@ -1,0 +1,19 @@
+"""The one exception type for user mistakes.
+
+Anything a user can fix (a bad file, a missing field, an unknown name, a wrong
+format) raises :class:`CandorError` with a message that says where and what.
+The CLI prints the message without a traceback and exits with code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class CandorError(Exception):
+    """A user-facing error: bad input, unknown name, inconsistent settings."""
+
+
+def at_line(path: str | Path, line: int, message: str) -> CandorError:
+    """Build an error that names the file and the 1-based line it came from."""
+    return CandorError(f"{path}:{line}: {message}")
