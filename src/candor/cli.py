@@ -1,0 +1,186 @@
+"""The ``candor`` command line: parse, call the library, print.
+
+User mistakes surface as one line on stderr and exit code 2 (DESIGN.md §6.5).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from candor.errors import CandorError
+
+app = typer.Typer(
+    help="candor: make language models honest about what they know.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_MODEL = "smollm2-135m"
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Embedded name, Hugging Face id or local path.")]
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="Folder of HonestyBench files for named datasets.")
+]
+
+
+def user_errors(fn: F) -> F:
+    """Print CandorError as one line and exit 2, without a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CandorError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # transformers is chatty at INFO; keep our own messages readable.
+    for noisy in ("transformers", "httpx", "urllib3", "datasets", "filelock", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@app.command()
+@user_errors
+def annotate(
+    data: Annotated[str, typer.Option("--data", "-d", help="Dataset name (see `candor datasets`) or file.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Records JSONL to write (resumed if present).")],
+    model: ModelOpt = DEFAULT_MODEL,
+    k: Annotated[int, typer.Option(help="Sampled answers per question.")] = 5,
+    limit: Annotated[int | None, typer.Option(help="Only the first N questions.")] = None,
+    shard: Annotated[str | None, typer.Option(help="i/n: annotate the i-th of n slices (0-based).")] = None,
+    template: Annotated[str, typer.Option(help="Prompt template: auto, chat or fewshot.")] = "auto",
+    judge: Annotated[str, typer.Option(help="Correctness judge: contains, exact, f1, llm.")] = "contains",
+    consistency: Annotated[str, typer.Option(help="Consistency judge: lexical or llm.")] = "lexical",
+    max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling.")] = 0.95,
+    top_k: Annotated[int, typer.Option(help="Top-k sampling.")] = 50,
+    batch_size: Annotated[int, typer.Option(help="Questions per batch.")] = 16,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Answer QA items greedily and k times, judge them, and write records JSONL."""
+    from candor.annotate import AnnotateConfig, Shard
+    from candor.annotate import annotate as run_annotate
+    from candor.backends import load_backend
+    from candor.backends.base import SamplingParams
+    from candor.data import load_items
+    from candor.prompts import resolve_template
+
+    items = load_items(data, data_dir=data_dir, limit=limit)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
+    config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
+                            seed=seed, batch_size=batch_size)
+    backend = load_backend(model, batch_size=batch_size)
+    qa_template = resolve_template(template, model, backend)
+    result = run_annotate(items, backend, out, qa_template, config, shard=Shard.parse(shard) if shard else None)
+    _print_annotation_summary(result.path)
+
+
+def _print_annotation_summary(path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from candor.records import read_records
+
+    records = read_records(path)
+    by_dataset: dict[str, list] = {}
+    for rec in records:
+        by_dataset.setdefault(rec.item.dataset, []).append(rec)
+    table = Table(title=f"{path}: {len(records)} records")
+    for col in ("dataset", "n", "greedy acc", "sample acc", "consistency"):
+        table.add_column(col, justify="right" if col != "dataset" else "left")
+    for name, recs in by_dataset.items():
+        n = len(recs)
+        acc = sum(r.greedy_correct or 0 for r in recs) / n
+        sample_acc = sum(r.sample_accuracy for r in recs if r.sample_correct) / n
+        cons = sum(r.consistency_rate for r in recs if r.consistency) / n
+        table.add_row(name, str(n), f"{acc:.3f}", f"{sample_acc:.3f}", f"{cons:.3f}")
+    Console(stderr=False).print(table)
+
+
+@app.command()
+@user_errors
+def merge(
+    shards: Annotated[list[Path], typer.Argument(help="Shard record files from `annotate --shard`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Merged records JSONL.")],
+) -> None:
+    """Merge shard record files into one file, in input order."""
+    from candor.annotate import merge_shards
+
+    n = merge_shards(shards, out)
+    typer.echo(f"merged {n} records from {len(shards)} shards into {out}")
+
+
+@app.command("export")
+@user_errors
+def export_honestybench(
+    records: Annotated[Path, typer.Argument(help="candor records JSONL.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL with HonestyBench field names.")],
+) -> None:
+    """Export records with the released HonestyBench field names."""
+    import json
+
+    from candor.records import read_records, to_honestybench
+
+    recs = read_records(records)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(to_honestybench(r), ensure_ascii=False) + "\n" for r in recs))
+    tmp.replace(out)
+    typer.echo(f"exported {len(recs)} records to {out}")
+
+
+@app.command("import")
+@user_errors
+def import_honestybench(
+    source: Annotated[Path, typer.Argument(help="JSONL with HonestyBench field names.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="candor records JSONL.")],
+    dataset: Annotated[str, typer.Option(help="Dataset name when the file has none.")] = "",
+) -> None:
+    """Import released HonestyBench annotations as candor records."""
+    from candor.errors import at_line
+    from candor.records import from_honestybench, iter_json_lines, write_records
+
+    recs = []
+    for lineno, obj in iter_json_lines(source):
+        try:
+            recs.append(from_honestybench(obj, dataset=dataset or source.parent.name, index=lineno))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise at_line(source, lineno, f"not a HonestyBench annotation: missing or bad field {exc}") from None
+    write_records(out, recs)
+    typer.echo(f"imported {len(recs)} records into {out}")
+
+
+@app.command()
+@user_errors
+def datasets(data_dir: DataDirOpt = None) -> None:
+    """List the named datasets and where they resolve."""
+    from candor.data import describe_datasets
+
+    for line in describe_datasets(data_dir):
+        typer.echo(line)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,151 @@
+"""Named datasets: short names (``nq``, ``squad``, ``starter``) for QA files.
+
+Benchmark files live under a data dir laid out like HonestyBench's raw release
+(``nq/test.jsonl``, ``hq/dev.jsonl``, ...). The dir is found by
+:func:`resolve_data_dir`; a user's machine never needs it, since the built-in
+``starter`` set ships inside the package.
+
+Each entry records its role in HonestyBench-mini (DESIGN.md §4.7): ``in-domain``
+sets are split into train and test, ``ood`` sets are evaluated only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from candor.errors import CandorError
+from candor.registry import Registry
+
+Role = Literal["in-domain", "ood", "demo"]
+
+DATA_DIR_ENV = "CANDOR_DATA_DIR"
+# Where developers and CI keep the benchmark data, relative to the checkout.
+DEFAULT_DATA_DIR = Path("..") / "shared" / "data" / "honestybench"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One named dataset: where its file is, and what it is for.
+
+    ``paths`` are tried in order, relative to the data dir (or to the package
+    for a ``builtin`` set); the first that exists wins. ``name`` becomes the
+    items' ``dataset`` field, so ids like ``nq:12`` are unique across entries.
+    ``id_field`` names the file's id column; ``None`` numbers lines instead
+    (LogiQA's own ids repeat).
+    """
+
+    name: str
+    paths: tuple[str, ...]
+    split: str
+    role: Role
+    description: str
+    builtin: bool = False
+    id_field: str | None = "id"
+
+    def resolve(self, data_dir: str | Path | None = None) -> Path:
+        """The file this name stands for; a clear error when it is missing."""
+        base = PACKAGE_DIR if self.builtin else resolve_data_dir(data_dir)
+        candidates = [base / p for p in self.paths]
+        for path in candidates:
+            if path.is_file():
+                return path
+        tried = ", ".join(str(p) for p in candidates)
+        raise CandorError(f"dataset {self.name!r}: file not found (tried {tried})")
+
+
+DATASETS: Registry[DatasetSpec] = Registry("dataset")
+
+
+def _add(spec: DatasetSpec, *aliases: str) -> None:
+    for name in (spec.name, *aliases):
+        DATASETS.register(name)(spec)
+
+
+_add(DatasetSpec("nq", ("nq/test.jsonl",), "test", "in-domain", "Natural Questions (open), test"))
+_add(DatasetSpec("nq-dev", ("nq/dev.jsonl",), "dev", "in-domain", "Natural Questions (open), dev"))
+_add(DatasetSpec("hq", ("hq/dev.jsonl",), "dev", "in-domain", "HotpotQA, dev"), "hotpotqa")
+_add(
+    DatasetSpec(
+        "2wikimultihopqa", ("2wikimultihopqa/dev.jsonl",), "dev", "in-domain", "2WikiMultihopQA, dev"
+    ),
+    "2wiki",
+)
+_add(
+    DatasetSpec("pararel", ("pararel_patterns/test.jsonl",), "test", "in-domain", "ParaRel patterns, test"),
+    "pararel_patterns",
+)
+_add(DatasetSpec("squad", ("squad/dev.jsonl",), "dev", "ood", "SQuAD without passages, dev"))
+_add(DatasetSpec("musique", ("musique/dev.jsonl",), "dev", "ood", "MuSiQue, dev"))
+_add(DatasetSpec("musique-train", ("musique/train.jsonl",), "train", "ood", "MuSiQue, train"))
+_add(
+    DatasetSpec(
+        "logiqa",
+        ("../logiqa2/test.jsonl", "logiqa2/test.jsonl"),
+        "test",
+        "ood",
+        "LogiQA 2.0 multiple choice, test",
+        id_field=None,
+    ),
+    "logiqa2",
+)
+_add(DatasetSpec("starter", ("starter.jsonl",), "test", "demo", "built-in starter set", builtin=True))
+
+
+def get_dataset(name: str) -> DatasetSpec:
+    """Look up a named dataset; an unknown name lists the known ones."""
+    return DATASETS.get(name)
+
+
+def dataset_names(role: Role | None = None) -> list[str]:
+    """Canonical dataset names (no aliases), optionally only those with ``role``."""
+    specs = {DATASETS.get(n).name: DATASETS.get(n) for n in DATASETS.names()}
+    return sorted(name for name, spec in specs.items() if role is None or spec.role == role)
+
+
+def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
+    """The benchmark data dir: explicit, else $CANDOR_DATA_DIR, else ../shared/data/honestybench.
+
+    An explicit choice (argument or environment) beats the guess relative to
+    the working directory, and must exist.
+    """
+    for given, origin in ((data_dir, "--data-dir"), (os.environ.get(DATA_DIR_ENV), DATA_DIR_ENV)):
+        if given:
+            path = Path(given)
+            if not path.is_dir():
+                raise CandorError(f"{path}: data dir not found (from {origin})")
+            return path
+    if DEFAULT_DATA_DIR.is_dir():
+        return DEFAULT_DATA_DIR
+    raise CandorError(
+        "no benchmark data dir: pass --data-dir DIR (the folder holding nq/, hq/, squad/, ...) "
+        f"or set {DATA_DIR_ENV}; the built-in 'starter' set needs none"
+    )
+
+
+def _where(spec: DatasetSpec, data_dir: str | Path | None) -> str:
+    try:
+        return str(spec.resolve(data_dir))
+    except CandorError as exc:
+        return f"not available ({exc})"
+
+
+def describe_datasets(data_dir: str | Path | None = None) -> list[str]:
+    """One line per named dataset: name, aliases, role, description and where it resolves.
+
+    Never raises for a missing data dir or file: listing is how a user finds out.
+    """
+    aliases: dict[str, list[str]] = {}
+    for name in DATASETS.names():
+        spec = DATASETS.get(name)
+        if name != spec.name:
+            aliases.setdefault(spec.name, []).append(name)
+    lines = []
+    for name in dataset_names():
+        spec = DATASETS.get(name)
+        also = f" (also: {', '.join(aliases[name])})" if name in aliases else ""
+        lines.append(f"{name}{also} [{spec.role}] {spec.description}: {_where(spec, data_dir)}")
+    return lines

@@ -1,0 +1,95 @@
+"""The estimator interface and its registry (DESIGN.md §1, §4.2).
+
+An estimator turns records (and, for some, a model) into one confidence in
+[0, 1] per record. Every estimator is a small class registered by name::
+
+    @ESTIMATORS.register("n-prob")
+    class NormalizedProb(Estimator):
+        name = "n-prob"
+        def _estimate(self, records, backend): ...
+
+The public :meth:`Estimator.estimate` checks the backend first (present when
+needed, white-box when hidden states are needed) and the output afterwards
+(one finite value in [0, 1] per record), so each estimator only computes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from candor.backends.base import Backend
+from candor.errors import CandorError
+from candor.records import Record
+from candor.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+Level = Literal["question", "answer"]
+
+
+class Estimator:
+    """Base class: ``name``, ``needs_backend``, ``needs_hidden_states``, ``level``.
+
+    ``level`` is ``"question"`` for a confidence that does not look at an
+    answer (EliCal's kind) and ``"answer"`` for one about the greedy answer.
+    """
+
+    name: str = "estimator"
+    needs_backend: bool = False
+    needs_hidden_states: bool = False
+    level: Level = "question"
+    # Values slightly outside [0, 1] from float round-off are clipped; anything further is a bug.
+    _tolerance: ClassVar[float] = 1e-6
+
+    def estimate(self, records: Sequence[Record], backend: Backend | None = None) -> np.ndarray:
+        """One confidence in [0, 1] per record, in the records' order."""
+        self.check_backend(backend)
+        if not records:
+            return np.zeros(0, dtype=float)
+        out = np.asarray(self._estimate(records, backend), dtype=float)
+        return self._checked(out, len(records))
+
+    def check_backend(self, backend: Backend | None) -> None:
+        """Raise :class:`CandorError` when this estimator cannot run on ``backend``."""
+        if self.needs_backend and backend is None:
+            raise CandorError(f"estimator {self.name!r} needs a model backend (pass --model / backend=...)")
+        if self.needs_hidden_states and not getattr(backend, "white_box", False):
+            kind = type(backend).__name__
+            raise CandorError(
+                f"estimator {self.name!r} needs hidden states, which the black-box backend {kind} "
+                "does not give; use a white-box backend such as hf"
+            )
+
+    def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """Settings that define this estimator, for provenance."""
+        return {"name": self.name, "level": self.level}
+
+    def _checked(self, out: np.ndarray, n: int) -> np.ndarray:
+        if out.shape != (n,):
+            raise RuntimeError(f"estimator {self.name!r} returned shape {out.shape} for {n} records")
+        bad = ~np.isfinite(out) | (out < -self._tolerance) | (out > 1 + self._tolerance)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise RuntimeError(f"estimator {self.name!r} gave {out[i]!r} for record {i}, outside [0, 1]")
+        return np.clip(out, 0.0, 1.0)
+
+
+EstimatorFactory = Callable[..., Estimator]
+
+ESTIMATORS: Registry[EstimatorFactory] = Registry("estimator")
+
+
+def get_estimator(name: str, **kwargs: Any) -> Estimator:
+    """Build a registered estimator, e.g. ``get_estimator("consis-sem", judge="llm", backend=b)``."""
+    factory = ESTIMATORS.get(name)
+    try:
+        return factory(**kwargs)
+    except TypeError as exc:
+        raise CandorError(f"estimator {name!r}: bad options {sorted(kwargs)} ({exc})") from None

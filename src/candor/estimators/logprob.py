@@ -1,0 +1,72 @@
+"""Estimators from the greedy answer's token log-probs: ``prob``, ``n-prob``, ``min-prob`` (§4.2).
+
+They read ``record.greedy.logprobs`` only, so they need no model. A record
+without log-probs (an empty answer, or an import that dropped them) has no
+defined value: it raises :class:`CandorError` naming the record, rather than
+inventing a number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from candor.backends.base import Backend
+from candor.errors import CandorError
+from candor.estimators.base import ESTIMATORS, Estimator
+from candor.records import Record
+
+
+def greedy_logprobs(record: Record) -> np.ndarray:
+    """The greedy answer's token log-probs, checked to be present and finite."""
+    lps = np.asarray(record.greedy.logprobs, dtype=float)
+    if lps.size == 0:
+        raise CandorError(
+            f"record {record.id!r}: the greedy answer has no token log-probs "
+            f"(answer {record.greedy.text!r}); log-prob estimators need them"
+        )
+    if not np.isfinite(lps).all():
+        raise CandorError(f"record {record.id!r}: the greedy answer has non-finite token log-probs")
+    # Log-probs are ≤ 0; a tiny positive value is round-off from the engine.
+    return np.minimum(lps, 0.0)
+
+
+class _LogprobEstimator(Estimator):
+    level = "question"
+
+    def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
+        return np.array([self.reduce(greedy_logprobs(r)) for r in records])
+
+    def reduce(self, logprobs: np.ndarray) -> float:
+        raise NotImplementedError
+
+
+@ESTIMATORS.register("prob")
+class SequenceProb(_LogprobEstimator):
+    """exp(sum of the greedy answer's token log-probs): the answer's probability."""
+
+    name = "prob"
+
+    def reduce(self, logprobs: np.ndarray) -> float:
+        return float(np.exp(logprobs.sum()))
+
+
+@ESTIMATORS.register("n-prob")
+class NormalizedProb(_LogprobEstimator):
+    """exp(mean token log-prob): the geometric mean of the token probabilities."""
+
+    name = "n-prob"
+
+    def reduce(self, logprobs: np.ndarray) -> float:
+        return float(np.exp(logprobs.mean()))
+
+
+@ESTIMATORS.register("min-prob")
+class MinTokenProb(_LogprobEstimator):
+    """The smallest token probability in the greedy answer."""
+
+    name = "min-prob"
+
+    def reduce(self, logprobs: np.ndarray) -> float:
+        return float(np.exp(logprobs.min()))

