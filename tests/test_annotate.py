@@ -18,7 +18,7 @@ from candor.backends.base import SamplingParams
 from candor.cli import app
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.judges import get_correctness_judge
+from candor.judges import get_correctness_judge, normalize
 from candor.prompts import TEMPLATES
 from candor.records import from_honestybench, read_records, to_honestybench
 
@@ -73,7 +73,7 @@ def test_greedy_answer_marked_correct_when_it_matches_gold(tiny_backend, tmp_pat
     # Reuse the model's own greedy answer as gold: contains must then say correct.
     items = [QAItem(r.id, "toy", "test", r.item.question, (r.greedy.text or "x",)) for r in first]
     second = read_records_after(tiny_backend, tmp_path / "b.jsonl", items)
-    assert [r.greedy_correct for r in second] == [1 if r.greedy.text.strip() else 0 for r in first]
+    assert [r.greedy_correct for r in second] == [1 if normalize(r.greedy.text) else 0 for r in first]
 
 
 def read_records_after(backend, out, items):

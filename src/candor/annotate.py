@@ -144,17 +144,19 @@ def _judge_batch(
     """Correctness of greedy and samples, and sample-vs-greedy consistency, in three batched calls."""
     correctness, consistency = judges
     k = config.k
-    responses, golds = [], []
+    responses, golds, questions = [], [], []
     for item, gen in zip(items, gens, strict=True):
         for comp in [gen.greedy, *gen.samples]:
             responses.append(comp.text)
             golds.append(item.answers)
-    verdicts = correctness.judge(responses, golds)
+            questions.append(item.question)
+    verdicts = correctness.judge(responses, golds, questions=questions)
     greedy_correct = [verdicts[i * (k + 1)] for i in range(len(items))]
     sample_correct = [verdicts[i * (k + 1) + 1 : (i + 1) * (k + 1)] for i in range(len(items))]
     left = [gen.greedy.text for gen in gens for _ in gen.samples]
     right = [s.text for gen in gens for s in gen.samples]
-    flat = consistency.judge(right, left) if right else []
+    sample_questions = [item.question for item, gen in zip(items, gens, strict=True) for _ in gen.samples]
+    flat = consistency.judge(right, left, questions=sample_questions) if right else []
     consistent = [flat[i * k : (i + 1) * k] for i in range(len(items))]
     return greedy_correct, sample_correct, consistent
 

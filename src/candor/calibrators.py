@@ -11,7 +11,7 @@ They feel like scikit-learn estimators::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -46,7 +46,7 @@ class Calibrator:
     def __init__(self) -> None:
         self._fitted = False
 
-    def fit(self, confidence: ArrayLike, correct: ArrayLike) -> Calibrator:
+    def fit(self, confidence: ArrayLike, correct: ArrayLike) -> Self:
         conf, y = check_arrays(confidence, correct)
         self._fit(conf, y)
         self._fitted = True

@@ -174,6 +174,84 @@ def import_honestybench(
 
 @app.command()
 @user_errors
+def score(
+    records: Annotated[Path, typer.Option("--records", "-r", help="Records JSONL from `candor annotate`.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Confidences JSONL (methods already there are kept).")],
+    estimators: Annotated[
+        str, typer.Option("--estimators", "-e", help="Comma-separated estimator names, or 'list'.")
+    ] = "prob,n-prob,min-prob,consis-lex,consis-sem",
+    model: ModelOpt = DEFAULT_MODEL,
+    force: Annotated[bool, typer.Option(help="Recompute methods already in --out.")] = False,
+) -> None:
+    """Turn records into confidences with any registered estimators."""
+    from candor.estimators import ESTIMATORS, get_estimator
+    from candor.records import read_records
+    from candor.scoring import score_into
+
+    if estimators == "list":
+        for name in ESTIMATORS.names():
+            typer.echo(name)
+        return
+    names = [n.strip() for n in estimators.split(",") if n.strip()]
+    needs_model = any(get_estimator(n).needs_backend for n in names)
+    backend = None
+    if needs_model:
+        from candor.backends import load_backend
+
+        backend = load_backend(model)
+    recs = read_records(records)
+    table = score_into(recs, names, out, backend, force=force)
+    typer.echo(f"wrote {len(table.methods)} methods × {len(table.rows)} records to {out}")
+
+
+@app.command("eval")
+@user_errors
+def evaluate(
+    confidences: Annotated[Path, typer.Option("--confidences", "-c", help="Confidences JSONL.")],
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Report folder.")],
+    ood: Annotated[str, typer.Option(help="Comma-separated out-of-domain datasets (the rest are in-domain).")] = "",
+    n_bins: Annotated[int, typer.Option(help="ECE bins.")] = 10,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for 95% intervals (0: none).")] = 0,
+) -> None:
+    """Evaluate confidences: tables (Markdown, CSV, JSON), reliability diagrams, histograms."""
+    from candor.confidences import read_confidences
+    from candor.report import format_table_rich, write_report
+
+    table = read_confidences(confidences)
+    ood_names = {n.strip() for n in ood.split(",") if n.strip()}
+    roles = {d: ("ood" if d in ood_names else "id") for d in table.datasets} if ood_names else None
+    result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap)
+    _print_rich(format_table_rich(result))
+    typer.echo(f"report: {result.files['index']}")
+
+
+@app.command()
+@user_errors
+def demo(
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Where records, confidences and report go.")] = Path(
+        "candor-out/demo"
+    ),
+    model: ModelOpt = DEFAULT_MODEL,
+    k: Annotated[int, typer.Option(help="Sampled answers per question.")] = 5,
+    limit: Annotated[int | None, typer.Option(help="Only the first N starter questions.")] = None,
+) -> None:
+    """The whole pipeline on the embedded default and the built-in starter set."""
+    from candor.demo import run_demo
+    from candor.report import format_table_rich
+
+    result = run_demo(out_dir, model=model, k=k, limit=limit)
+    _print_rich(format_table_rich(result.report))
+    typer.echo(f"report: {result.report.files['index']}")
+
+
+def _print_rich(renderable: Any) -> None:
+    from rich.console import Console
+
+    Console().print(renderable)
+
+
+@app.command()
+@user_errors
 def datasets(data_dir: DataDirOpt = None) -> None:
     """List the named datasets and where they resolve."""
     from candor.data import describe_datasets

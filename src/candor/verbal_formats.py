@@ -187,8 +187,8 @@ def system_text(fmt: str | VerbalFormat, multiple_choice: bool, variant: str = "
     )
 
 
-def render_turns(backend: Backend, system: str, user: str, assistant_prefix: str = "") -> str:
-    """Render system + user turns with the chat template, then open the assistant turn with a prefix.
+def render_turns(backend: Backend, system: str | None, user: str, assistant_prefix: str = "") -> str:
+    """Render (system +) user turns with the chat template, then open the assistant turn with a prefix.
 
     The prefix is appended after the template's generation prompt rather than
     rendered as an assistant message, so the template cannot close the turn
@@ -196,10 +196,10 @@ def render_turns(backend: Backend, system: str, user: str, assistant_prefix: str
     rejects the system role gets the system text at the top of the user turn;
     a backend without a chat template gets plain text.
     """
-    attempts = (
-        [{"role": "system", "content": system}, {"role": "user", "content": user}],
-        [{"role": "user", "content": f"{system}\n\n{user}"}],
-    )
+    merged = f"{system}\n\n{user}" if system else user
+    attempts = [[{"role": "user", "content": merged}]]
+    if system:
+        attempts.insert(0, [{"role": "system", "content": system}, {"role": "user", "content": user}])
     for messages in attempts:
         try:
             return backend.render_chat(messages, add_generation_prompt=True) + assistant_prefix
@@ -207,7 +207,7 @@ def render_turns(backend: Backend, system: str, user: str, assistant_prefix: str
             continue  # e.g. "System role not supported": try the merged turn
         except CandorError:
             break  # no chat template at all
-    return f"{system}\n\n{user}\n{assistant_prefix}"
+    return f"{merged}\n{assistant_prefix}"
 
 
 def user_text(item: QAItem) -> str:

@@ -28,6 +28,7 @@ string spans tokens, the earlier tokens of it stay in ``token_ids``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
@@ -63,10 +64,8 @@ def decoded_vocab(tokenizer: Any) -> list[str]:
     except (KeyError, TypeError):
         pass
     vocab = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-    try:
+    with contextlib.suppress(TypeError):  # a tokenizer that cannot be weakly referenced is not cached
         _VOCAB_CACHE[tokenizer] = vocab
-    except TypeError:  # a tokenizer that cannot be weakly referenced is simply not cached
-        pass
     return vocab
 
 
@@ -117,9 +116,7 @@ def row_seed(prompt_seed: int, sample: int) -> int:
     return int(state[0]) & ((1 << 63) - 1)
 
 
-def left_pad(
-    seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and attention mask, padded on the left to the longest sequence."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -218,9 +215,7 @@ class HFBackend:
             ) from None
         if adapter is not None:
             model = _load_adapter(model, adapter)
-        backend = cls(
-            model, tokenizer, batch_size=batch_size, device=device, model_name=name_or_path, seed=seed
-        )
+        backend = cls(model, tokenizer, batch_size=batch_size, device=device, model_name=name_or_path, seed=seed)
         backend.adapter = adapter
         return backend
 
@@ -229,8 +224,7 @@ class HFBackend:
     def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if not getattr(self.tokenizer, "chat_template", None):
             raise CandorError(
-                f"model {self.model_name!r} has no chat template; use a completion prompt template "
-                "such as 'fewshot'"
+                f"model {self.model_name!r} has no chat template; use a completion prompt template such as 'fewshot'"
             )
         return self.tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
@@ -455,9 +449,7 @@ class HFBackend:
         columns = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
         rows = []
         for start in range(0, len(prompts), self.batch_size):
-            ids, mask = left_pad(
-                self._encode(prompts[start : start + self.batch_size]), self._pad_id, self.device
-            )
+            ids, mask = left_pad(self._encode(prompts[start : start + self.batch_size]), self._pad_id, self.device)
             logits = self._forward(ids, mask, None, positions(mask))
             rows.append(torch.log_softmax(logits.float(), dim=-1)[:, columns].cpu())
         if not rows:
@@ -474,9 +466,7 @@ class HFBackend:
         """
         rows = []
         for start in range(0, len(prompts), self.batch_size):
-            ids, mask = left_pad(
-                self._encode(prompts[start : start + self.batch_size]), self._pad_id, self.device
-            )
+            ids, mask = left_pad(self._encode(prompts[start : start + self.batch_size]), self._pad_id, self.device)
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,

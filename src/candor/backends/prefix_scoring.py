@@ -110,8 +110,9 @@ class _CachedScorer:
         tails = [f[shared:] for f in fulls]
         scores = np.zeros(len(candidates))
         for chunk in self._chunks(tails, shared):
-            scores[chunk] = self._score_chunk(cache, first, shared, [tails[j] for j in chunk],
-                                              [starts[j] - shared for j in chunk])
+            scores[chunk] = self._score_chunk(
+                cache, first, shared, [tails[j] for j in chunk], [starts[j] - shared for j in chunk]
+            )
         return scores
 
     def _chunks(self, tails: list[list[int]], shared: int) -> list[list[int]]:
@@ -122,8 +123,9 @@ class _CachedScorer:
         index = list(range(len(tails)))
         return [index[k : k + rows] for k in range(0, len(index), rows)]
 
-    def _score_chunk(self, prefix_cache: Any, first: Any, shared: int, tails: list[list[int]],
-                     offsets: list[int]) -> np.ndarray:
+    def _score_chunk(
+        self, prefix_cache: Any, first: Any, shared: int, tails: list[list[int]], offsets: list[int]
+    ) -> np.ndarray:
         """Sum of log-probs of tails[r][offsets[r]:], where tail token 0 follows the cached prefix."""
         import torch
 

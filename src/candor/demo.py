@@ -1,0 +1,77 @@
+"""``candor demo``: the whole pipeline on the embedded default and the starter set.
+
+Annotate (small k) → score with the training-free and verbalized estimators →
+evaluate → report. Every stage caches to files under the output folder, so a
+rerun reuses the annotations and the confidences already computed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from candor.annotate import AnnotateConfig, annotate
+from candor.backends import load_backend
+from candor.backends.default_model import DEFAULT_MODEL
+from candor.confidences import ConfidenceTable
+from candor.data import load_items
+from candor.prompts import resolve_template
+from candor.records import read_records
+from candor.report import ReportResult, write_report
+from candor.scoring import score_into
+
+logger = logging.getLogger(__name__)
+
+DEMO_ESTIMATORS: tuple[str, ...] = (
+    "prob",
+    "n-prob",
+    "min-prob",
+    "consis-lex",
+    "consis-sem",
+    "verbal-0",
+    "p-true",
+    "verbal-letter",
+    "verbal-number",
+    "verbal-text",
+    "verbal-float",
+    "verbal-percent",
+)
+
+
+@dataclass
+class DemoResult:
+    records: Path
+    confidences: Path
+    report: ReportResult
+    table: ConfidenceTable
+
+
+def run_demo(
+    out_dir: str | Path = "candor-out/demo",
+    *,
+    model: str = DEFAULT_MODEL,
+    k: int = 5,
+    limit: int | None = None,
+    estimators: Sequence[str] = DEMO_ESTIMATORS,
+    batch_size: int = 16,
+) -> DemoResult:
+    """Run the demo pipeline; each stage resumes from the files already in ``out_dir``."""
+    out_dir = Path(out_dir)
+    items = load_items("starter", limit=limit)
+    backend = load_backend(model, batch_size=batch_size)
+    template = resolve_template("auto", model, backend)
+    records_path = out_dir / "records.jsonl"
+    logger.info("1/3 annotate %d starter questions (k=%d) → %s", len(items), k, records_path)
+    annotate(items, backend, records_path, template, AnnotateConfig(k=k, batch_size=batch_size))
+
+    wanted = {item.id for item in items}
+    records = [r for r in read_records(records_path) if r.id in wanted]
+    confidences_path = out_dir / "confidences.jsonl"
+    logger.info("2/3 score with %d estimators → %s", len(estimators), confidences_path)
+    table = score_into(records, estimators, confidences_path, backend)
+
+    logger.info("3/3 evaluate → %s", out_dir / "report")
+    report = write_report(table, out_dir / "report", title=f"candor demo: {model} on the starter set")
+    return DemoResult(records_path, confidences_path, report, table)
