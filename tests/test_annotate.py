@@ -43,10 +43,13 @@ def config(k: int = 2) -> AnnotateConfig:
 
 
 def comparable(records) -> list[dict]:
+    """Records as dicts; log-probs rounded because batch padding moves them by ~1e-6 (tokens stay identical)."""
     out = []
     for rec in records:
         d = rec.to_dict()
         d["provenance"] = {k: v for k, v in d["provenance"].items() if k != "shard"}
+        for comp in [d["greedy"], *d["samples"]]:
+            comp["logprobs"] = [round(x, 4) for x in comp["logprobs"]]
         out.append(d)
     return out
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from candor.backends.base import Backend
 from candor.confidences import ConfidenceTable, read_confidences, table_from_records, write_confidences
-from candor.estimators import get_estimator
+from candor.estimators import score_records
 from candor.records import Record
 
 logger = logging.getLogger(__name__)
@@ -39,8 +40,14 @@ def score_into(
     backend: Backend | None = None,
     *,
     force: bool = False,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    progress: bool = True,
 ) -> ConfidenceTable:
-    """Score ``records`` with ``methods`` into ``out``, reusing columns already there."""
+    """Score ``records`` with ``methods`` into ``out``, reusing columns already there.
+
+    ``options`` maps an estimator name to its constructor keywords (see
+    :func:`candor.estimators.score_records`).
+    """
     out = Path(out)
     table = table_from_records(records)
     if not force:
@@ -50,10 +57,9 @@ def score_into(
         if name in done:
             logger.info("%s: reusing cached confidences", name)
             continue
-        estimator = get_estimator(name)
         start = time.perf_counter()
-        values = estimator.estimate(records, backend)
-        table.add(name, [r.id for r in records], values)
+        scored = score_records(records, [name], backend, progress=progress, options=options)
+        table.add(name, [r.id for r in records], [row.confidence[name] for row in scored.rows])
         write_confidences(out, table)
         logger.info("%s: scored %d records in %.1f s", name, len(records), time.perf_counter() - start)
     write_confidences(out, table)

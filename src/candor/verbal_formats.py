@@ -166,7 +166,7 @@ def get_format(name: str | VerbalFormat) -> VerbalFormat:
     if isinstance(name, VerbalFormat):
         return name
     key = name.strip().lower()
-    return FORMATS.get(key[len("score"):] if key.startswith("score") else key)
+    return FORMATS.get(key[len("score") :] if key.startswith("score") else key)
 
 
 VARIANTS: Registry[str] = Registry("verbalized confidence variant")
@@ -255,9 +255,7 @@ def distribution_from_prompts(
     return _generated_distribution(backend, prompts, fmt)
 
 
-def _generated_distribution(
-    backend: Backend, prompts: Sequence[str], fmt: VerbalFormat
-) -> tuple[np.ndarray, int]:
+def _generated_distribution(backend: Backend, prompts: Sequence[str], fmt: VerbalFormat) -> tuple[np.ndarray, int]:
     params = SamplingParams(max_new_tokens=8, stop=("\n",))
     gens = backend.generate(list(prompts), 0, params, greedy=True)
     out = np.full((len(prompts), fmt.n_values), 1.0 / fmt.n_values)
@@ -270,8 +268,12 @@ def _generated_distribution(
         row[:] = 0.0
         row[index] = 1.0
     if failures:
-        logger.warning("%s: %d of %d replies stated no confidence; they get the uniform distribution",
-                       fmt.name, failures, len(prompts))
+        logger.warning(
+            "%s: %d of %d replies stated no confidence; they get the uniform distribution",
+            fmt.name,
+            failures,
+            len(prompts),
+        )
     return out, failures
 
 

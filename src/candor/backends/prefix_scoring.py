@@ -4,10 +4,12 @@ Verbalized confidence (DESIGN.md §4.3) and P(True) ask, for every prompt, how
 likely each of a fixed set of short continuations is ("A".."E", "0%".."100%").
 Scoring each (prompt, candidate) pair with ``backend.score`` recomputes the
 prompt once per candidate. For the ``hf`` backend :func:`score_candidates`
-instead prefills each prompt once, repeats its cache once per candidate
-(``DynamicCache.batch_repeat_interleave``) and runs only the candidate tokens.
-Other backends take the generic path through ``backend.score``; both give the
-same numbers.
+instead prefills each prompt once and runs only the candidate tokens against
+its KV cache: as one token trie under a 4-D attention mask, or, where the
+attention kernel cannot take such a mask, against the cache repeated once per
+candidate (``DynamicCache.batch_repeat_interleave``); see :class:`_CachedScorer`.
+Other backends take the generic path through ``backend.score``; all paths give
+the same numbers (up to float round-off).
 
 Tokens follow ``HFBackend.score``: a candidate's tokens are those of
 ``prompt + candidate`` past the longest common prefix with the prompt's own
@@ -37,6 +39,8 @@ from candor.errors import CandorError
 # Bounds per candidate chunk: cached tokens (rows × sequence) and logits (rows × tail × vocab).
 MAX_CACHE_TOKENS = 16384
 MAX_LOGIT_ENTRIES = 64_000_000
+# Trie nodes per forward pass on the tree path (the 4-D mask is nodes × (prompt + nodes)).
+MAX_TREE_NODES = 1024
 
 SURFACE_PREFIXES = ("", " ")
 
@@ -73,14 +77,30 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class _CachedScorer:
-    """The ``hf`` fast path: one prefill per prompt, candidate tails against a repeated cache.
+    """The ``hf`` fast path: one prefill per prompt, then only the candidate tokens.
 
-    It uses the backend's own encoding and forward helpers so that its numbers
-    match ``HFBackend.score`` exactly (same tokens, positions and dtype).
+    Two strategies score the candidate tails against the prompt's cache:
+
+    - ``tree`` (eager and SDPA attention): the tails are merged into a token
+      trie and its nodes run as one sequence after the prompt, each node
+      attending to the prompt and its own ancestors through a 4-D attention
+      mask. Candidates sharing a start ("8", "80", "80%") share its tokens, so
+      the 101 percentages cost about 200 tokens instead of 800, and nothing is
+      copied.
+    - ``repeat`` (other attention kernels, or a sliding window shorter than the
+      sequence): the cache is repeated once per candidate
+      (``DynamicCache.batch_repeat_interleave``) and the tails run as a batch.
+
+    Both use the backend's own encoding and forward helpers, so the numbers
+    match ``HFBackend.score`` (same tokens, positions and dtype).
     """
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, strategy: str | None = None) -> None:
         self.backend = backend
+        config = backend.model.config
+        tree_ok = getattr(config, "_attn_implementation", None) in ("eager", "sdpa")
+        self.strategy = strategy or ("tree" if tree_ok else "repeat")
+        self.window = getattr(config, "sliding_window", None)
 
     def score(self, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
         import torch
@@ -101,32 +121,84 @@ class _CachedScorer:
         shared = min(commons)
         if shared == 0:  # nothing to cache (the first token itself changed): score plainly
             return _score_generic(b, [prompt], candidates)[0]
-        # Candidate j's scored tokens are fulls[j][start_j:]; start_j ≥ shared.
-        starts = [max(c, 1) for c in commons]
-        ids = torch.tensor([context[:shared]], dtype=torch.long, device=b.device)
-        mask = torch.ones_like(ids)
-        cache = b._new_cache()
-        first = torch.log_softmax(b._forward(ids, mask, cache, _arange(0, shared, b.device)).float(), -1)[0]
+        # Candidate j's scored tokens are fulls[j][max(common_j, 1):], all past the cached prefix.
+        offsets = [max(c, 1) - shared for c in commons]
         tails = [f[shared:] for f in fulls]
-        scores = np.zeros(len(candidates))
-        for chunk in self._chunks(tails, shared):
-            scores[chunk] = self._score_chunk(
-                cache, first, shared, [tails[j] for j in chunk], [starts[j] - shared for j in chunk]
+        ids = torch.tensor([context[:shared]], dtype=torch.long, device=b.device)
+        cache = b._new_cache()
+        last = b._forward(ids, torch.ones_like(ids), cache, _arange(0, shared, b.device))
+        first = torch.log_softmax(last.float(), -1)[0]
+        longest = max(len(t) for t in tails)
+        if self.strategy == "tree" and (self.window is None or shared + longest * len(tails) <= self.window):
+            return self._tree(cache, first, shared, tails, offsets)
+        return self._repeat(cache, first, shared, tails, offsets)
+
+    # ---------------------------------------------------------------- tree
+
+    def _tree(self, cache: Any, first: Any, shared: int, tails: list[list[int]], offsets: list[int]) -> np.ndarray:
+        scores = np.zeros(len(tails))
+        for chunk in _tree_chunks(tails, self._max_nodes()):
+            scores[chunk] = self._tree_chunk(
+                cache, first, shared, [tails[j] for j in chunk], [offsets[j] for j in chunk]
             )
+            extra = cache.get_seq_length() - shared
+            if extra:  # drop this chunk's nodes, keep the prompt (a negative crop works on every version)
+                cache.crop(-extra)
         return scores
 
-    def _chunks(self, tails: list[list[int]], shared: int) -> list[list[int]]:
+    def _max_nodes(self) -> int:
+        vocab = int(self.backend.model.config.vocab_size)
+        return max(1, min(MAX_TREE_NODES, MAX_LOGIT_ENTRIES // vocab))
+
+    def _tree_chunk(
+        self, cache: Any, first: Any, shared: int, tails: list[list[int]], offsets: list[int]
+    ) -> np.ndarray:
+        """Sum of log-probs of tails[r][offsets[r]:]; tail token 0 follows the cached prefix."""
+        import torch
+
+        b = self.backend
+        trie = _Trie(tails)
+        # Rows of context log-probs: one per trie node, and the prompt's own last row at the end.
+        rows = first.unsqueeze(0)
+        if trie.tokens:
+            n = len(trie.tokens)
+            dtype = next(b.model.parameters()).dtype
+            mask = torch.zeros((1, 1, n, shared + n), dtype=dtype, device=b.device)
+            mask[0, 0, :, shared:].masked_fill_(~trie.ancestry().to(b.device), torch.finfo(dtype).min)
+            ids = torch.tensor([trie.tokens], dtype=torch.long, device=b.device)
+            positions = torch.tensor([trie.depths], dtype=torch.long, device=b.device) + shared
+            logits = b._forward(ids, mask, cache, positions, keep=n, last_only=False)[0]
+            rows = torch.cat([torch.log_softmax(logits.float(), -1), rows])
+        context, target, owner = [], [], []
+        for r, (tail, off) in enumerate(zip(tails, offsets, strict=True)):
+            for t in range(off, len(tail)):
+                context.append(trie.node(tail[:t]) if t else len(trie.tokens))
+                target.append(tail[t])
+                owner.append(r)
+        picked = rows[torch.tensor(context, device=b.device), torch.tensor(target, device=b.device)]
+        out = np.zeros(len(tails))
+        np.add.at(out, owner, picked.double().cpu().numpy())
+        return out
+
+    # ---------------------------------------------------------------- repeat
+
+    def _repeat(self, cache: Any, first: Any, shared: int, tails: list[list[int]], offsets: list[int]) -> np.ndarray:
         longest = max(len(t) for t in tails)
         vocab = int(self.backend.model.config.vocab_size)
         rows = min(MAX_CACHE_TOKENS // (shared + longest), MAX_LOGIT_ENTRIES // max(1, longest * vocab))
         rows = max(1, rows)
-        index = list(range(len(tails)))
-        return [index[k : k + rows] for k in range(0, len(index), rows)]
+        scores = np.zeros(len(tails))
+        for k in range(0, len(tails), rows):
+            chunk = list(range(k, min(k + rows, len(tails))))
+            scores[chunk] = self._repeat_chunk(
+                cache, first, shared, [tails[j] for j in chunk], [offsets[j] for j in chunk]
+            )
+        return scores
 
-    def _score_chunk(
+    def _repeat_chunk(
         self, prefix_cache: Any, first: Any, shared: int, tails: list[list[int]], offsets: list[int]
     ) -> np.ndarray:
-        """Sum of log-probs of tails[r][offsets[r]:], where tail token 0 follows the cached prefix."""
+        """Sum of log-probs of tails[r][offsets[r]:]; tail token 0 follows the cached prefix."""
         import torch
 
         b = self.backend
@@ -150,6 +222,60 @@ class _CachedScorer:
             rest = logits.gather(2, targets[:, 1:].unsqueeze(2)).squeeze(2) - torch.logsumexp(logits, -1)
             picked = torch.cat([picked, rest], dim=1)
         return (picked * scored).sum(1).double().cpu().numpy()
+
+
+class _Trie:
+    """The proper prefixes of the tails as trie nodes, in insertion order (parents first).
+
+    Node i stands for feeding ``tokens[i]`` at depth ``depths[i]`` after its
+    parent; its output row predicts the token after that prefix.
+    """
+
+    def __init__(self, tails: Sequence[Sequence[int]]) -> None:
+        self._index: dict[tuple[int, ...], int] = {}
+        self.tokens: list[int] = []
+        self.depths: list[int] = []
+        self.parents: list[int] = []
+        for tail in tails:
+            for t in range(1, len(tail)):
+                key = tuple(tail[:t])
+                if key not in self._index:
+                    self._index[key] = len(self.tokens)
+                    self.tokens.append(tail[t - 1])
+                    self.depths.append(t - 1)
+                    self.parents.append(self._index.get(key[:-1], -1))
+
+    def node(self, prefix: Sequence[int]) -> int:
+        return self._index[tuple(prefix)]
+
+    def ancestry(self) -> Any:
+        """Boolean (n, n): row i is True at node i and at each of its ancestors."""
+        import torch
+
+        n = len(self.tokens)
+        allowed = torch.zeros((n, n), dtype=torch.bool)
+        for i, parent in enumerate(self.parents):
+            if parent >= 0:
+                allowed[i] = allowed[parent]
+            allowed[i, i] = True
+        return allowed
+
+
+def _tree_chunks(tails: Sequence[Sequence[int]], max_nodes: int) -> list[list[int]]:
+    """Candidate groups whose tries stay within ``max_nodes`` (a longer single tail gets its own group)."""
+    chunks: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for j, tail in enumerate(tails):
+        new = {tuple(tail[:t]) for t in range(1, len(tail))} - seen
+        if chunks and new and len(seen) + len(new) > max_nodes:
+            chunks.append([])
+            seen = set()
+            new = {tuple(tail[:t]) for t in range(1, len(tail))}
+        if not chunks:
+            chunks.append([])
+        chunks[-1].append(j)
+        seen |= new
+    return chunks
 
 
 def _arange(start: int, stop: int, device: Any) -> Any:

@@ -64,8 +64,9 @@ class SemanticConsistency(Estimator):
                 verdicts[i] = v
         self.judged = len(missing)
         if missing:
-            logger.info("consis-sem: judged %d records without consistency verdicts (%s)",
-                        len(missing), self.judge_name)
+            logger.info(
+                "consis-sem: judged %d records without consistency verdicts (%s)", len(missing), self.judge_name
+            )
         return np.array([float(np.mean(v)) for v in verdicts])
 
     def _judge(self, records: Sequence[Record], backend: Backend | None) -> list[list[int]]:

@@ -30,11 +30,7 @@ LABELS = ("A", "B")
 
 
 def ptrue_prompt(backend: Backend, record: Record) -> str:
-    user = (
-        f"Question: {question_text(record.item)}\n"
-        f"Proposed answer: {record_answer(record)}\n"
-        f"{PTRUE_QUESTION}"
-    )
+    user = f"Question: {question_text(record.item)}\nProposed answer: {record_answer(record)}\n{PTRUE_QUESTION}"
     return render_turns(backend, None, user, PTRUE_CUE)
 
 

@@ -16,6 +16,7 @@ record's greedy answer is the fraction of them that agree with it.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from candor.backends.base import Backend, SamplingParams
 from candor.errors import CandorError
 from candor.estimators.answers import option_letter, record_answer
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.judges import get_consistency_judge
+from candor.judges import CONSISTENCY_JUDGES, get_consistency_judge
 from candor.prompts import resolve_template
 from candor.records import Record
 from candor.verbal_formats import answer_prompt, get_format, parse_answer
@@ -55,12 +56,11 @@ class SelfConsistency(Estimator):
             raise CandorError(f"self-consistency needs at least one sample, got m={m}")
         if prompt not in PROMPTS:
             raise CandorError(f"self-consistency prompt must be one of {', '.join(PROMPTS)}, got {prompt!r}")
-        if judge == "llm":
-            raise CandorError("self-consistency: use a lexical consistency judge (the llm judge needs its own model)")
         self.m = m
         self.prompt = prompt
         self.fmt = get_format(fmt)
-        self.judge = get_consistency_judge(judge)
+        CONSISTENCY_JUDGES.get(judge)  # an unknown judge fails here
+        self.judge_name = judge
         self.seed = seed
         stop = ("Confidence",) if prompt == "format" else ()
         self.params = SamplingParams(max_new_tokens=max_new_tokens, stop=stop)
@@ -68,11 +68,11 @@ class SelfConsistency(Estimator):
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         assert backend is not None  # checked by estimate()
         prompts, stops = self._prompts(records, backend)
-        params = SamplingParams(**{**self.params.to_dict(), "stop": stops})
+        params = dataclasses.replace(self.params, stop=stops)
         seeds = [zlib.crc32(f"{self.seed}:{r.id}".encode()) for r in records]
         gens = backend.generate(prompts, self.m, params, greedy=False, seeds=seeds)
-        return np.array([self._agreement(rec, [s.text for s in gen.samples])
-                         for rec, gen in zip(records, gens, strict=True)])
+        answers = [[self._answer(s.text) for s in gen.samples] for gen in gens]
+        return self.agreement(records, answers, backend)
 
     def _prompts(self, records: Sequence[Record], backend: Backend) -> tuple[list[str], tuple[str, ...]]:
         if self.prompt == "format":
@@ -80,15 +80,36 @@ class SelfConsistency(Estimator):
         template = resolve_template("auto", backend.model_name, backend)
         return [template(r.item, backend) for r in records], template.stop
 
-    def _agreement(self, record: Record, samples: list[str]) -> float:
-        answers = [parse_answer(s) if self.prompt == "format" else s.strip() for s in samples]
-        target = record_answer(record)
-        if record.item.is_multiple_choice:
-            letters = [option_letter(a, record.item) for a in answers]
-            return float(np.mean([letter is not None and letter == target for letter in letters]))
-        verdicts = self.judge.judge(answers, [target] * len(answers), [record.item.question] * len(answers))
-        return float(np.mean(verdicts))
+    def _answer(self, sample: str) -> str:
+        return parse_answer(sample) if self.prompt == "format" else sample.strip()
+
+    def agreement(
+        self, records: Sequence[Record], answers: Sequence[Sequence[str]], backend: Backend | None = None
+    ) -> np.ndarray:
+        """Fraction of each record's sampled answers that agree with its greedy answer."""
+        agree = [[0] * len(a) for a in answers]
+        pairs = []  # (record, sample) pairs for the consistency judge, judged in one batch
+        for i, (rec, sampled) in enumerate(zip(records, answers, strict=True)):
+            target = record_answer(rec)
+            for j, ans in enumerate(sampled):
+                if rec.item.is_multiple_choice:
+                    agree[i][j] = int(option_letter(ans, rec.item) == target)
+                else:
+                    pairs.append((i, j, ans, target, rec.item.question))
+        if pairs:
+            options = {"backend": backend} if self.judge_name == "llm" else {}
+            judge = get_consistency_judge(self.judge_name, **options)
+            _, _, a, b, q = zip(*pairs, strict=True)
+            for (i, j, *_), v in zip(pairs, judge.judge(list(a), list(b), list(q)), strict=True):
+                agree[i][j] = int(v)
+        return np.array([float(np.mean(a)) if a else 0.0 for a in agree])
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "m": self.m, "prompt": self.prompt, "format": self.fmt.name,
-                "judge": self.judge.describe(), "seed": self.seed}
+        return {
+            **super().describe(),
+            "m": self.m,
+            "prompt": self.prompt,
+            "format": self.fmt.name,
+            "judge": self.judge_name,
+            "seed": self.seed,
+        }

@@ -113,8 +113,13 @@ class _VerbalScore(Estimator):
         self.last_fallbacks = sum(s is None for s in scores)
         self.total_fallbacks += self.last_fallbacks
         if self.last_fallbacks:
-            logger.warning("%s: %d of %d replies had no score in [0, 1]; they get %.1f",
-                           self.name, self.last_fallbacks, len(records), FALLBACK_SCORE)
+            logger.warning(
+                "%s: %d of %d replies had no score in [0, 1]; they get %.1f",
+                self.name,
+                self.last_fallbacks,
+                len(records),
+                FALLBACK_SCORE,
+            )
         return np.array([FALLBACK_SCORE if s is None else s for s in scores])
 
 

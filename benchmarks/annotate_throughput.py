@@ -1,0 +1,282 @@
+"""Annotation throughput: candor's decode loop against per-question ``generate`` calls.
+
+Both paths answer the same NQ questions with the embedded default model and
+the ``fewshot`` template: one greedy answer and k samples per question
+(temperature 1, top-p 0.95, top-k 50, at most 32 new tokens, cut at the first
+newline), keeping every token's log-prob.
+
+- candor: ``HFBackend.generate`` on all questions (chunks of ``batch_size``).
+- naive: what per-question toolkits do: for each question one greedy
+  ``model.generate`` call and k sampled calls, with the same stop string.
+- annotate: the full ``candor.annotate.annotate`` (generation and judges,
+  records written to a temporary file), when that module is present.
+
+Each path runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its
+own; model loading is outside the timed region. Results go to
+``benchmarks/results/annotate_throughput.json``.
+
+    python benchmarks/annotate_throughput.py [--questions 64] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "honestybench" / "nq" / "test.jsonl"
+RESULTS = ROOT / "benchmarks" / "results" / "annotate_throughput.json"
+MODEL = "smollm2-135m"
+SETTINGS = {"max_new_tokens": 32, "temperature": 1.0, "top_p": 0.95, "top_k": 50, "stop": ["\n"]}
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def load_items(n: int) -> list[Any]:
+    from candor.data.items import QAItem
+
+    items = []
+    with DATA.open() as f:
+        for i, line in enumerate(f):
+            if i == n:
+                break
+            row = json.loads(line)
+            items.append(
+                QAItem(id=f"nq-{i}", dataset="nq", split="test", question=row["question"], answers=tuple(row["answer"]))
+            )
+    return items
+
+
+def sampling_params() -> Any:
+    from candor.backends.base import SamplingParams
+
+    return SamplingParams(**{**SETTINGS, "stop": tuple(SETTINGS["stop"])})
+
+
+def prompts_for(items: list[Any], backend: Any) -> list[str]:
+    from candor.prompts import TEMPLATES
+
+    template = TEMPLATES.get("fewshot")
+    return [template(item, backend) for item in items]
+
+
+# ------------------------------------------------------------------- paths
+
+
+def run_candor(items: list[Any], k: int, batch_size: int) -> dict[str, Any]:
+    from candor.backends.hf import HFBackend
+
+    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size)
+    prompts = prompts_for(items, backend)
+    params = sampling_params()
+    backend.generate(prompts[:1], 1, params)  # warm-up: first-call allocations, decoded vocabulary
+    start = time.perf_counter()
+    gens = backend.generate(prompts, k, params, seeds=list(range(len(prompts))))
+    seconds = time.perf_counter() - start
+    # Generated tokens, counting the stop token that ended an answer.
+    limit = params.max_new_tokens
+    tokens = sum(len(c.token_ids) + (len(c.token_ids) < limit) for g in gens for c in [g.greedy, *g.samples])
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "greedy": [g.greedy.text for g in gens],
+        "samples": [[c.text for c in g.samples] for g in gens],
+    }
+
+
+def run_naive(items: list[Any], k: int) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from candor.backends.default_model import resolve_embedded
+
+    path = resolve_embedded(MODEL)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = prompts_for(items, _RenderOnly())
+    # The stop string as end-of-sequence ids (every token whose text contains it): the same
+    # semantics as candor's stop set. ``stop_strings=`` would add about 1 s of set-up per call.
+    vocab = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    stop_ids = [i for i, text in enumerate(vocab) if any(s in text for s in SETTINGS["stop"])]
+    common = {
+        "max_new_tokens": SETTINGS["max_new_tokens"],
+        "eos_token_id": [tokenizer.eos_token_id, *stop_ids],
+        "pad_token_id": tokenizer.pad_token_id,
+        "return_dict_in_generate": True,
+        "output_logits": True,
+    }
+    sampled = {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 50}
+
+    def answer(inputs: Any, **kwargs: Any) -> tuple[str, list[float], int]:
+        out = model.generate(**inputs, **common, **kwargs)
+        new = out.sequences[0, inputs["input_ids"].shape[1] :]
+        logprobs = [
+            torch.log_softmax(step[0].float(), -1)[tok].item() for step, tok in zip(out.logits, new, strict=False)
+        ]
+        text = tokenizer.decode(new, skip_special_tokens=True).split("\n")[0].strip()
+        return text, logprobs, len(new)
+
+    with torch.inference_mode():
+        answer(tokenizer(prompts[0], return_tensors="pt"), do_sample=False)  # warm-up
+        start = time.perf_counter()
+        greedy, samples, tokens = [], [], 0
+        for i, prompt in enumerate(prompts):
+            inputs = tokenizer(prompt, return_tensors="pt")
+            text, _, count = answer(inputs, do_sample=False)
+            greedy.append(text)
+            tokens += count
+            texts = []
+            for j in range(k):
+                torch.manual_seed(i * 1000 + j)
+                text, _, count = answer(inputs, **sampled)
+                texts.append(text)
+                tokens += count
+            samples.append(texts)
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": tokens, "greedy": greedy, "samples": samples}
+
+
+def run_annotate(items: list[Any], k: int, batch_size: int) -> dict[str, Any]:
+    from candor.annotate import AnnotateConfig, annotate
+    from candor.backends.hf import HFBackend
+    from candor.prompts import TEMPLATES
+
+    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size)
+    backend.generate(prompts_for(items[:1], backend), 1, sampling_params())  # same warm-up as candor
+    config = AnnotateConfig(k=k, params=sampling_params(), batch_size=batch_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        result = annotate(items, backend, Path(tmp) / "records.jsonl", TEMPLATES.get("fewshot"), config, progress=False)
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "written": result.written}
+
+
+class _RenderOnly:
+    """Stands in for a backend when only the few-shot template renders (it needs no model)."""
+
+    model_name = MODEL
+
+    def render_chat(self, messages: Any, add_generation_prompt: bool = True) -> str:
+        raise NotImplementedError
+
+
+# -------------------------------------------------------------------- main
+
+
+def child(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    items = load_items(args.questions)
+    if args.path == "candor":
+        out = run_candor(items, args.k, args.batch_size)
+    elif args.path == "naive":
+        out = run_naive(items, args.k)
+    else:
+        out = run_annotate(items, args.k, args.batch_size)
+    out["peak_rss_mib"] = peak_rss_mib()
+    Path(args.child_out).write_text(json.dumps(out))
+
+
+def run_child(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--path",
+            path,
+            "--child-out",
+            tmp.name,
+            "--questions",
+            str(args.questions),
+            "--k",
+            str(args.k),
+            "--batch-size",
+            str(args.batch_size),
+            "--threads",
+            str(args.threads),
+        ]
+        subprocess.run(cmd, check=True)
+        return json.loads(Path(tmp.name).read_text())
+
+
+def has_annotate() -> bool:
+    try:
+        from candor.annotate import annotate  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=64)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--paths", default="candor,naive,annotate", help="comma-separated subset to run")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.path:
+        child(args)
+        return
+    if not DATA.exists():
+        print(f"skipped: NQ test data not found at {DATA} (benchmarks need ../shared/data)")
+        return
+
+    paths = [p for p in args.paths.split(",") if p != "annotate" or has_annotate()]
+    runs = {}
+    for path in paths:
+        print(f"running {path} ...", flush=True)
+        runs[path] = run_child(path, args)
+        print(f"  {path}: {runs[path]['seconds']:.1f} s, peak RSS {runs[path]['peak_rss_mib']:.0f} MiB", flush=True)
+    report(runs, args)
+
+
+def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    candor, naive = runs.get("candor"), runs.get("naive")
+    result: dict[str, Any] = {
+        "model": MODEL,
+        "questions": args.questions,
+        "samples_per_question": args.k,
+        "settings": {**SETTINGS, "template": "fewshot", "batch_size": args.batch_size, "torch_threads": args.threads},
+    }
+    if candor:
+        result["candor_seconds"] = round(candor["seconds"], 2)
+        result["candor_tokens_per_second"] = round(candor["tokens"] / candor["seconds"], 1)
+    if naive:
+        result["naive_seconds"] = round(naive["seconds"], 2)
+        result["naive_tokens_per_second"] = round(naive["tokens"] / naive["seconds"], 1)
+    if candor and naive:
+        same = sum(a == b for a, b in zip(candor["greedy"], naive["greedy"], strict=True))
+        result["speedup"] = round(naive["seconds"] / candor["seconds"], 2)
+        result["greedy_identical"] = same == len(candor["greedy"])
+        result["greedy_identical_count"] = same
+    result["peak_rss_mib"] = {name: round(run["peak_rss_mib"]) for name, run in runs.items()}
+    if "annotate" in runs:
+        result["annotate_seconds"] = round(runs["annotate"]["seconds"], 2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+    if naive:
+        base = naive["seconds"]
+        for name, run in runs.items():
+            print(f"{name:>9}: {run['seconds']:7.1f} s  = {base / run['seconds']:5.2f}x the naive speed")
+    if "greedy_identical_count" in result:
+        print(f"greedy answers identical: {result['greedy_identical_count']}/{args.questions}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

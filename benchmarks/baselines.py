@@ -1,0 +1,144 @@
+"""HonestyBench-mini baselines on the embedded default (DESIGN.md §4.2, §4.3, §4.7).
+
+Annotates the mini in-domain and OOD test sets (k=5) — and the training pool,
+which the EliCal and ADVICE benchmarks reuse and from which verbal-10 draws its
+in-context examples — then scores every training-free estimator and the five
+verbalized formats (Default) and evaluates them per dataset and as size-weighted
+in-domain / OOD averages with bootstrap 95% intervals.
+
+Every stage caches under benchmarks/cache/mini, so a killed run resumes:
+
+    nohup .venv/bin/python benchmarks/baselines.py > benchmarks/cache/baselines.log 2>&1 &
+
+Writes benchmarks/results/baselines.json and benchmarks/results/baselines/ (the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from common import CACHE, RESULTS, annotate_part, load_mini_or_exit, logger, peak_rss_mib, setup_logging, write_json
+
+from candor.annotate import AnnotateConfig
+from candor.backends import load_backend
+from candor.backends.base import SamplingParams
+from candor.confidences import ConfidenceTable
+from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
+from candor.prompts import resolve_template
+from candor.report import write_report
+from candor.scoring import score_into
+
+METHODS = (
+    "prob",
+    "n-prob",
+    "min-prob",
+    "consis-lex",
+    "consis-sem",
+    "verbal-0",
+    "verbal-10",
+    "p-true",
+    "verbal-letter",
+    "verbal-number",
+    "verbal-text",
+    "verbal-float",
+    "verbal-percent",
+)
+MAIN_METRICS = ("auroc", "ece", "alignment", "brier")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--test-size", type=int, default=200)
+    p.add_argument("--train-pool", type=int, default=500)
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--skip-train", action="store_true", help="do not annotate the training pool")
+    p.add_argument("--cache", type=Path, default=CACHE / "mini")
+    p.add_argument("--out", type=Path, default=RESULTS / "baselines.json")
+    return p.parse_args()
+
+
+def main() -> None:
+    setup_logging()
+    args = parse_args()
+    mini = load_mini_or_exit(args.data_dir, test_size=args.test_size, train_pool=args.train_pool)
+    backend = load_backend(args.model)
+    template = resolve_template("auto", args.model, backend)
+    config = AnnotateConfig(k=args.k, params=SamplingParams(max_new_tokens=32))
+    timings: dict[str, float] = {}
+
+    start = time.perf_counter()
+    tests = annotate_part({**mini.test_id, **mini.test_ood}, "test", backend, template, config, args.cache)
+    timings["annotate_test"] = time.perf_counter() - start
+    train = {}
+    if not args.skip_train:
+        start = time.perf_counter()
+        train = annotate_part(mini.train, "train", backend, template, config, args.cache)
+        annotate_part(mini.dev, "dev", backend, template, config, args.cache)
+        timings["annotate_train_dev"] = time.perf_counter() - start
+
+    methods = [m for m in args.methods.split(",") if m]
+    if "verbal-10" in methods and not train:
+        methods.remove("verbal-10")
+        logger.warning("verbal-10 needs the training pool for its examples; dropped with --skip-train")
+    # verbal-10's in-context examples come from the training pool, never from test data.
+    options = {"verbal-10": {"examples": [r for recs in train.values() for r in recs]}}
+    rows = []
+    for dataset, records in tests.items():
+        start = time.perf_counter()
+        table = score_into(records, methods, args.cache / "confidences" / f"{dataset}.jsonl", backend,
+                           options=options)
+        timings[f"score_{dataset}"] = time.perf_counter() - start
+        rows.extend(table.rows)
+
+    roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
+    roles = {d: r for d, r in roles.items() if d in tests}
+    report = write_report(ConfidenceTable(rows), RESULTS / "baselines", roles=roles, bootstrap=args.bootstrap,
+                          title=f"HonestyBench-mini baselines: {args.model}")
+    write_json(args.out, results_payload(report.evaluation, args, timings))
+    logger.info("wrote %s and %s", args.out, report.files["index"])
+
+
+def results_payload(ev, args: argparse.Namespace, timings: dict[str, float]) -> dict:
+    def pick(method: str, column: str) -> dict[str, float | None]:
+        values = ev.metrics[method][column]
+        return {m: _num(values.get(m)) for m in MAIN_METRICS}
+
+    def ci(method: str, column: str) -> dict[str, list[float | None]]:
+        cis = ev.ci.get(method, {}).get(column, {})
+        return {m: [_num(lo), _num(hi)] for m, (lo, hi) in cis.items()}
+
+    methods = {}
+    for method in ev.methods:
+        methods[method] = {
+            "id": pick(method, "id"),
+            "ood": pick(method, "ood"),
+            "ci95": {"id": ci(method, "id"), "ood": ci(method, "ood")},
+            "per_dataset": {d: pick(method, d) for d in ev.datasets},
+        }
+    return {
+        "benchmark": "HonestyBench-mini baselines",
+        "model": args.model,
+        "k": args.k,
+        "test_size": args.test_size,
+        "sizes": ev.sizes,
+        "greedy_accuracy": {d: _num(a) for d, a in ev.accuracy.items()},
+        "methods": methods,
+        "bootstrap": args.bootstrap,
+        "seconds": {k: round(v, 1) for k, v in timings.items()},
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "command": "python benchmarks/baselines.py",
+    }
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or x != x else round(float(x), 4)
+
+
+if __name__ == "__main__":
+    main()

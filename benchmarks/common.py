@@ -1,0 +1,67 @@
+"""Shared pieces of the benchmark scripts: HonestyBench-mini annotation cache, memory, JSON output."""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+from candor.annotate import AnnotateConfig, annotate
+from candor.backends.base import Backend
+from candor.data import honestybench_mini, resolve_data_dir
+from candor.data.mini import MiniBench
+from candor.errors import CandorError
+from candor.prompts import QATemplate
+from candor.records import Record, read_records
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+CACHE = ROOT / "cache"
+
+logger = logging.getLogger("benchmarks")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("transformers", "httpx", "datasets", "filelock", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def load_mini_or_exit(data_dir: str | None, **sizes: Any) -> MiniBench:
+    """HonestyBench-mini, or a clear skip message and exit 0 when the data is absent."""
+    try:
+        resolve_data_dir(data_dir)
+        return honestybench_mini(data_dir, **sizes)
+    except CandorError as exc:
+        print(f"SKIP: HonestyBench data not available ({exc})", file=sys.stderr)
+        raise SystemExit(0) from None
+
+
+def annotate_part(
+    part: dict[str, list], part_name: str, backend: Backend, template: QATemplate, config: AnnotateConfig,
+    cache: Path,
+) -> dict[str, list[Record]]:
+    """Annotate every dataset of one mini-bench part into ``cache/<part>/<dataset>.jsonl`` (resumable)."""
+    out: dict[str, list[Record]] = {}
+    for dataset, items in part.items():
+        path = cache / part_name / f"{dataset}.jsonl"
+        logger.info("annotate %s/%s: %d items → %s", part_name, dataset, len(items), path)
+        annotate(items, backend, path, template, config)
+        wanted = {item.id for item in items}
+        out[dataset] = [r for r in read_records(path) if r.id in wanted]
+    return out
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)

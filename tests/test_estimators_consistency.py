@@ -1,0 +1,73 @@
+"""consis-lex and consis-sem on hand-built records with known strings and verdicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from candor.backends.base import Completion
+from candor.data.items import QAItem
+from candor.errors import CandorError
+from candor.estimators import get_estimator
+from candor.records import Record
+
+
+def record(rid: str, greedy: str, samples: list[str], consistency: list[int] | None = None) -> Record:
+    item = QAItem(rid, "toy", "test", "What is the capital of France?", ("Paris",))
+    return Record(
+        item=item,
+        greedy=Completion(text=greedy, logprobs=[-0.1]),
+        samples=[Completion(text=s) for s in samples],
+        consistency=consistency,
+    )
+
+
+def test_consis_lex_is_the_mean_rouge_l_f1():
+    # "the capital is paris" vs "paris is the capital": LCS 2 ("the capital" or "is ...") of 4+4 tokens.
+    rec = record("a", "the capital is paris", ["the capital is paris", "paris is the capital", "berlin"])
+    out = get_estimator("consis-lex").estimate([rec])
+    np.testing.assert_allclose(out, [(1.0 + 2 * 2 / 8 + 0.0) / 3])
+
+
+def test_consis_lex_counts_an_empty_sample_as_zero():
+    out = get_estimator("consis-lex").estimate([record("a", "Paris", ["Paris", ""])])
+    np.testing.assert_allclose(out, [0.5])
+
+
+def test_consis_sem_reads_the_recorded_verdicts():
+    recs = [
+        record("a", "x", ["p", "q", "r", "s"], consistency=[1, 0, 1, 1]),
+        record("b", "x", ["p", "q"], consistency=[0, 0]),
+    ]
+    est = get_estimator("consis-sem")
+    np.testing.assert_allclose(est.estimate(recs), [0.75, 0.0])
+    assert est.judged == 0
+
+
+def test_consis_sem_judges_records_without_verdicts():
+    # Lexical judge: containment on word boundaries, or ROUGE-L F1 >= 0.5.
+    recs = [
+        record("a", "Paris", ["Paris, France", "London", "paris", "Lyon"]),  # 1, 0, 1, 0
+        record("b", "x", ["y"], consistency=[1]),
+    ]
+    est = get_estimator("consis-sem")
+    np.testing.assert_allclose(est.estimate(recs), [0.5, 1.0])
+    assert est.judged == 1
+
+
+def test_consis_sem_with_an_llm_judge_needs_a_backend():
+    est = get_estimator("consis-sem", judge="llm")
+    assert est.needs_backend
+    with pytest.raises(CandorError, match="consis-sem"):
+        est.estimate([record("a", "x", ["y"])])
+
+
+def test_unknown_judge_is_named():
+    with pytest.raises(CandorError, match="nonsense"):
+        get_estimator("consis-sem", judge="nonsense").estimate([record("a", "x", ["y"])])
+
+
+@pytest.mark.parametrize("name", ["consis-lex", "consis-sem"])
+def test_records_without_samples_are_named(name):
+    with pytest.raises(CandorError, match="'lonely'.*no sampled answers"):
+        get_estimator(name).estimate([record("lonely", "Paris", [])])
