@@ -15,13 +15,20 @@ Each path runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its
 own; model loading is outside the timed region. Results go to
 ``benchmarks/results/annotate_throughput.json``.
 
-    python benchmarks/annotate_throughput.py [--questions 64] [--threads 2]
+The children run with ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets
+it: on a 2-core machine shared with other processes, spinning OpenMP threads
+made every path five to six times slower (measured), and far more so for the
+naive path's small batch-1 steps, which would inflate the speedup.
+
+    python benchmarks/annotate_throughput.py [--questions 64] [--threads 2] [--dtype float32]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import resource
 import subprocess
 import sys
@@ -35,6 +42,18 @@ DATA = ROOT.parent / "shared" / "data" / "honestybench" / "nq" / "test.jsonl"
 RESULTS = ROOT / "benchmarks" / "results" / "annotate_throughput.json"
 MODEL = "smollm2-135m"
 SETTINGS = {"max_new_tokens": 32, "temperature": 1.0, "top_p": 0.95, "top_k": 50, "stop": ["\n"]}
+
+
+class Timer:
+    """Wall-clock and process CPU seconds of a block (CPU time is steadier on a shared machine)."""
+
+    def __enter__(self) -> Timer:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
 
 
 def peak_rss_mib() -> float:
@@ -72,28 +91,28 @@ def prompts_for(items: list[Any], backend: Any) -> list[str]:
 # ------------------------------------------------------------------- paths
 
 
-def run_candor(items: list[Any], k: int, batch_size: int) -> dict[str, Any]:
+def run_candor(items: list[Any], k: int, batch_size: int, dtype: str) -> dict[str, Any]:
     from candor.backends.hf import HFBackend
 
-    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size)
+    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size, dtype=dtype)
     prompts = prompts_for(items, backend)
     params = sampling_params()
     backend.generate(prompts[:1], 1, params)  # warm-up: first-call allocations, decoded vocabulary
-    start = time.perf_counter()
-    gens = backend.generate(prompts, k, params, seeds=list(range(len(prompts))))
-    seconds = time.perf_counter() - start
+    with Timer() as timer:
+        gens = backend.generate(prompts, k, params, seeds=list(range(len(prompts))))
     # Generated tokens, counting the stop token that ended an answer.
     limit = params.max_new_tokens
     tokens = sum(len(c.token_ids) + (len(c.token_ids) < limit) for g in gens for c in [g.greedy, *g.samples])
     return {
-        "seconds": seconds,
+        "seconds": timer.wall,
+        "cpu_seconds": timer.cpu,
         "tokens": tokens,
         "greedy": [g.greedy.text for g in gens],
         "samples": [[c.text for c in g.samples] for g in gens],
     }
 
 
-def run_naive(items: list[Any], k: int) -> dict[str, Any]:
+def run_naive(items: list[Any], k: int, dtype: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -101,7 +120,7 @@ def run_naive(items: list[Any], k: int) -> dict[str, Any]:
 
     path = resolve_embedded(MODEL)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     prompts = prompts_for(items, _RenderOnly())
     # The stop string as end-of-sequence ids (every token whose text contains it): the same
     # semantics as candor's stop set. ``stop_strings=`` would add about 1 s of set-up per call.
@@ -127,37 +146,34 @@ def run_naive(items: list[Any], k: int) -> dict[str, Any]:
 
     with torch.inference_mode():
         answer(tokenizer(prompts[0], return_tensors="pt"), do_sample=False)  # warm-up
-        start = time.perf_counter()
         greedy, samples, tokens = [], [], 0
-        for i, prompt in enumerate(prompts):
-            inputs = tokenizer(prompt, return_tensors="pt")
-            text, _, count = answer(inputs, do_sample=False)
-            greedy.append(text)
-            tokens += count
-            texts = []
-            for j in range(k):
-                torch.manual_seed(i * 1000 + j)
-                text, _, count = answer(inputs, **sampled)
-                texts.append(text)
+        with Timer() as timer:
+            for i, prompt in enumerate(prompts):
+                inputs = tokenizer(prompt, return_tensors="pt")
+                text, _, count = answer(inputs, do_sample=False)
+                greedy.append(text)
                 tokens += count
-            samples.append(texts)
-        seconds = time.perf_counter() - start
-    return {"seconds": seconds, "tokens": tokens, "greedy": greedy, "samples": samples}
+                texts = []
+                for j in range(k):
+                    torch.manual_seed(i * 1000 + j)
+                    text, _, count = answer(inputs, **sampled)
+                    texts.append(text)
+                    tokens += count
+                samples.append(texts)
+    return {"seconds": timer.wall, "cpu_seconds": timer.cpu, "tokens": tokens, "greedy": greedy, "samples": samples}
 
 
-def run_annotate(items: list[Any], k: int, batch_size: int) -> dict[str, Any]:
+def run_annotate(items: list[Any], k: int, batch_size: int, dtype: str) -> dict[str, Any]:
     from candor.annotate import AnnotateConfig, annotate
     from candor.backends.hf import HFBackend
     from candor.prompts import TEMPLATES
 
-    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size)
+    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size, dtype=dtype)
     backend.generate(prompts_for(items[:1], backend), 1, sampling_params())  # same warm-up as candor
     config = AnnotateConfig(k=k, params=sampling_params(), batch_size=batch_size)
-    with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp, Timer() as timer:
         result = annotate(items, backend, Path(tmp) / "records.jsonl", TEMPLATES.get("fewshot"), config, progress=False)
-        seconds = time.perf_counter() - start
-    return {"seconds": seconds, "written": result.written}
+    return {"seconds": timer.wall, "cpu_seconds": timer.cpu, "written": result.written}
 
 
 class _RenderOnly:
@@ -178,11 +194,11 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     items = load_items(args.questions)
     if args.path == "candor":
-        out = run_candor(items, args.k, args.batch_size)
+        out = run_candor(items, args.k, args.batch_size, args.dtype)
     elif args.path == "naive":
-        out = run_naive(items, args.k)
+        out = run_naive(items, args.k, args.dtype)
     else:
-        out = run_annotate(items, args.k, args.batch_size)
+        out = run_annotate(items, args.k, args.batch_size, args.dtype)
     out["peak_rss_mib"] = peak_rss_mib()
     Path(args.child_out).write_text(json.dumps(out))
 
@@ -204,9 +220,15 @@ def run_child(path: str, args: argparse.Namespace) -> dict[str, Any]:
             str(args.batch_size),
             "--threads",
             str(args.threads),
+            "--dtype",
+            args.dtype,
         ]
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, check=True, env={**os.environ, "OMP_WAIT_POLICY": omp_wait_policy()})
         return json.loads(Path(tmp.name).read_text())
+
+
+def omp_wait_policy() -> str:
+    return os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def has_annotate() -> bool:
@@ -223,6 +245,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--paths", default="candor,naive,annotate", help="comma-separated subset to run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -240,7 +263,8 @@ def main() -> None:
     for path in paths:
         print(f"running {path} ...", flush=True)
         runs[path] = run_child(path, args)
-        print(f"  {path}: {runs[path]['seconds']:.1f} s, peak RSS {runs[path]['peak_rss_mib']:.0f} MiB", flush=True)
+        run = runs[path]
+        print(f"  {run['seconds']:.1f} s wall, {run['cpu_seconds']:.1f} s CPU, peak RSS {run['peak_rss_mib']:.0f} MiB")
     report(runs, args)
 
 
@@ -250,29 +274,45 @@ def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
         "model": MODEL,
         "questions": args.questions,
         "samples_per_question": args.k,
-        "settings": {**SETTINGS, "template": "fewshot", "batch_size": args.batch_size, "torch_threads": args.threads},
+        "settings": {
+            **SETTINGS,
+            "template": "fewshot",
+            "batch_size": args.batch_size,
+            "dtype": args.dtype,
+            "torch_threads": args.threads,
+            "omp_wait_policy": omp_wait_policy(),
+            "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
     }
     if candor:
         result["candor_seconds"] = round(candor["seconds"], 2)
+        result["candor_cpu_seconds"] = round(candor["cpu_seconds"], 2)
         result["candor_tokens_per_second"] = round(candor["tokens"] / candor["seconds"], 1)
     if naive:
         result["naive_seconds"] = round(naive["seconds"], 2)
+        result["naive_cpu_seconds"] = round(naive["cpu_seconds"], 2)
         result["naive_tokens_per_second"] = round(naive["tokens"] / naive["seconds"], 1)
     if candor and naive:
         same = sum(a == b for a, b in zip(candor["greedy"], naive["greedy"], strict=True))
         result["speedup"] = round(naive["seconds"] / candor["seconds"], 2)
+        result["cpu_time_speedup"] = round(naive["cpu_seconds"] / candor["cpu_seconds"], 2)
         result["greedy_identical"] = same == len(candor["greedy"])
         result["greedy_identical_count"] = same
     result["peak_rss_mib"] = {name: round(run["peak_rss_mib"]) for name, run in runs.items()}
     if "annotate" in runs:
         result["annotate_seconds"] = round(runs["annotate"]["seconds"], 2)
+        result["annotate_cpu_seconds"] = round(runs["annotate"]["cpu_seconds"], 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
     if naive:
-        base = naive["seconds"]
+        wall, cpu = naive["seconds"], naive["cpu_seconds"]
         for name, run in runs.items():
-            print(f"{name:>9}: {run['seconds']:7.1f} s  = {base / run['seconds']:5.2f}x the naive speed")
+            print(
+                f"{name:>9}: {run['seconds']:7.1f} s wall = {wall / run['seconds']:5.2f}x naive; "
+                f"{run['cpu_seconds']:7.1f} s CPU = {cpu / run['cpu_seconds']:5.2f}x naive"
+            )
     if "greedy_identical_count" in result:
         print(f"greedy answers identical: {result['greedy_identical_count']}/{args.questions}")
     print(f"wrote {args.out}")

@@ -1,10 +1,11 @@
 """HonestyBench-mini baselines on the embedded default (DESIGN.md §4.2, §4.3, §4.7).
 
-Annotates the mini in-domain and OOD test sets (k=5) — and the training pool,
-which the EliCal and ADVICE benchmarks reuse and from which verbal-10 draws its
-in-context examples — then scores every training-free estimator and the five
-verbalized formats (Default) and evaluates them per dataset and as size-weighted
-in-domain / OOD averages with bootstrap 95% intervals.
+Annotates the mini in-domain and OOD test sets and the dev slice (k=5), then
+scores every training-free estimator and the five verbalized formats (Default)
+and evaluates them per dataset and as size-weighted
+in-domain / OOD averages with bootstrap 95% intervals. verbal-10 draws its
+in-context examples from the dev slice of the training part. Last, it annotates
+the training pool, which the EliCal and ADVICE benchmarks reuse.
 
 Every stage caches under benchmarks/cache/mini, so a killed run resumes:
 
@@ -75,19 +76,13 @@ def main() -> None:
     start = time.perf_counter()
     tests = annotate_part({**mini.test_id, **mini.test_ood}, "test", backend, template, config, args.cache)
     timings["annotate_test"] = time.perf_counter() - start
-    train = {}
-    if not args.skip_train:
-        start = time.perf_counter()
-        train = annotate_part(mini.train, "train", backend, template, config, args.cache)
-        annotate_part(mini.dev, "dev", backend, template, config, args.cache)
-        timings["annotate_train_dev"] = time.perf_counter() - start
+    start = time.perf_counter()
+    dev = annotate_part(mini.dev, "dev", backend, template, config, args.cache)
+    timings["annotate_dev"] = time.perf_counter() - start
 
     methods = [m for m in args.methods.split(",") if m]
-    if "verbal-10" in methods and not train:
-        methods.remove("verbal-10")
-        logger.warning("verbal-10 needs the training pool for its examples; dropped with --skip-train")
-    # verbal-10's in-context examples come from the training pool, never from test data.
-    options = {"verbal-10": {"examples": [r for recs in train.values() for r in recs]}}
+    # verbal-10's in-context examples come from the dev slice of the training part, never from test data.
+    options = {"verbal-10": {"examples": [r for recs in dev.values() for r in recs]}}
     rows = []
     for dataset, records in tests.items():
         start = time.perf_counter()
@@ -102,6 +97,9 @@ def main() -> None:
                           title=f"HonestyBench-mini baselines: {args.model}")
     write_json(args.out, results_payload(report.evaluation, args, timings))
     logger.info("wrote %s and %s", args.out, report.files["index"])
+    if not args.skip_train:
+        # The training pool is for the EliCal / ADVICE benchmarks; annotated last so results come first.
+        annotate_part(mini.train, "train", backend, template, config, args.cache)
 
 
 def results_payload(ev, args: argparse.Namespace, timings: dict[str, float]) -> dict:

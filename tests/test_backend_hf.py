@@ -156,6 +156,22 @@ def test_finished_rows_leave_without_changing_others(backend):
         np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=1e-4)
 
 
+def test_refilling_the_running_batch_changes_nothing(lively_model, tokenizer):
+    # batch_size=1 prefills one prompt at a time and merges it into the rows still running
+    # (caches of different lengths, left-padded); batch_size=8 runs all prompts as one chunk.
+    params = SamplingParams(max_new_tokens=8, stop=("e",))  # a common letter: rows end at various steps
+    prompts = PROMPTS + ["The weather today is"]
+    one = HFBackend(lively_model, tokenizer, batch_size=1).generate(prompts, 3, params, seeds=[1, 2, 3, 4, 5])
+    big = HFBackend(lively_model, tokenizer, batch_size=8).generate(prompts, 3, params, seeds=[1, 2, 3, 4, 5])
+    for a, b in zip(one, big, strict=True):
+        assert a.greedy.token_ids == b.greedy.token_ids
+        assert [s.token_ids for s in a.samples] == [s.token_ids for s in b.samples]
+        for x, y in zip([a.greedy, *a.samples], [b.greedy, *b.samples], strict=True):
+            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-4)
+    lengths = {len(c.token_ids) for g in one for c in [g.greedy, *g.samples]}
+    assert len(lengths) > 1  # rows really finished at different steps
+
+
 def test_sample_tokens_hand_computed():
     logits = torch.log(torch.tensor([[0.05, 0.5, 0.15, 0.3]]))
     nucleus = SamplingParams(temperature=1.0, top_p=0.8, top_k=0)
@@ -286,6 +302,14 @@ def test_bad_arguments(backend):
         backend.generate(["a", "b"], 1, NO_STOP, seeds=[1])
     with pytest.raises(CandorError, match="max_new_tokens"):
         backend.generate(["a"], 1, SamplingParams(max_new_tokens=0))
+    with pytest.raises(CandorError, match="top_p"):
+        backend.generate(["a"], 1, SamplingParams(top_p=0.0))
+    with pytest.raises(CandorError, match="temperature"):
+        backend.generate(["a"], 1, SamplingParams(temperature=-1.0))
+    with pytest.raises(CandorError, match="batch_size"):
+        HFBackend(backend.model, backend.tokenizer, batch_size=0)
+    with pytest.raises(CandorError, match="dtype"):
+        HFBackend.from_pretrained("smollm2-135m", dtype="float8")
     with pytest.raises(CandorError, match="continuations"):
         backend.score(["a"], [])
     assert backend.generate([], 3, NO_STOP) == []

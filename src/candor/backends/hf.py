@@ -41,12 +41,16 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from candor.backends.base import Completion, Generations, SamplingParams
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.errors import CandorError
 
 logger = logging.getLogger(__name__)
+
+# Prefill the next chunk once the running batch is down to this fraction of its full size.
+REFILL_AT = 0.5
 
 # A shared prompt prefix shorter than this is not worth a separate forward pass.
 MIN_SHARED_PREFIX = 8
@@ -147,6 +151,64 @@ class _Row:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     ended_by: str = "length"  # "length", "eos" or "stop"
+
+
+@dataclass
+class _Running:
+    """Rows decoded together: their KV cache, masks, positions and next-token logits."""
+
+    rows: list[_Row]
+    cache: DynamicCache
+    mask: torch.Tensor  # [rows, cache length], 0 on padding
+    next_pos: torch.Tensor  # [rows], position id of the next token
+    sampled: torch.Tensor  # [rows], False for greedy rows
+    uniforms: torch.Tensor  # [rows, max_new_tokens], the draws of sample rows
+    logits: torch.Tensor  # [rows, vocab], for the next pick
+
+    @property
+    def mergeable(self) -> bool:
+        # Merging edits per-layer keys/values, which only plain (full-attention) layers have.
+        return all(type(layer) is DynamicLayer for layer in getattr(self.cache, "layers", [None]))
+
+    def select(self, index: torch.Tensor, rows: list[_Row]) -> None:
+        self.rows = rows
+        self.cache.batch_select_indices(index)
+        self.mask, self.next_pos = self.mask[index], self.next_pos[index]
+        self.sampled, self.uniforms = self.sampled[index], self.uniforms[index]
+
+    def trim(self) -> None:
+        """Drop leading columns that are padding in every row (left by rows that finished)."""
+        lead = int(self.mask.any(dim=0).int().argmax())
+        if lead == 0:
+            return
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+        self.mask = self.mask[:, lead:]
+
+    def merge(self, other: _Running) -> _Running:
+        """Append ``other``'s rows, left-padding the shorter cache (masked, so outputs do not change)."""
+        self.trim()
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([_pad_seq(mine.keys, width), _pad_seq(theirs.keys, width)])
+            mine.values = torch.cat([_pad_seq(mine.values, width), _pad_seq(theirs.values, width)])
+        self.mask = torch.cat([_pad_seq(self.mask, width, dim=1), _pad_seq(other.mask, width, dim=1)])
+        self.rows = self.rows + other.rows
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.sampled = torch.cat([self.sampled, other.sampled])
+        self.uniforms = torch.cat([self.uniforms, other.uniforms])
+        self.logits = torch.cat([self.logits, other.logits])
+        return self
+
+
+def _pad_seq(tensor: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:
+    """Left-pad ``tensor`` with zeros along ``dim`` (the sequence axis) to ``width``."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 class HFBackend:
@@ -251,8 +313,7 @@ class HFBackend:
         """Greedy answer (if ``greedy``) and ``n`` samples per prompt; see the module docstring."""
         if n < 0:
             raise CandorError(f"the number of samples must be non-negative, got {n}")
-        if params.max_new_tokens < 1:
-            raise CandorError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
+        _check_params(params)
         if seeds is not None and len(seeds) != len(prompts):
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         if not prompts:
@@ -260,33 +321,45 @@ class HFBackend:
         if seeds is None:
             seeds = [row_seed(self.seed, i) for i in range(len(prompts))]
         encoded = self._encode(prompts)
-        prefix = self._shared_prefix(encoded)
+        prefix = self._shared_prefix(encoded, params.max_new_tokens)
         prefix_cache = self._prefill_prefix(encoded[0][:prefix]) if prefix else None
         matcher = self._stop_matcher(params.stop)
         # Similar lengths in a chunk waste less on padding; results do not depend on the order.
         order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
-        results: list[Generations | None] = [None] * len(prompts)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            suffixes = [encoded[i][prefix:] for i in chunk]
-            outputs = self._generate_chunk(
-                suffixes, prefix_cache, prefix, [seeds[i] for i in chunk], n, params, greedy, matcher
-            )
-            for i, gen in zip(chunk, outputs, strict=True):
-                results[i] = gen
-        return results  # type: ignore[return-value]
+        chunks = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        capacity = self.batch_size * (int(greedy) + n)
+        results: list[Generations] = [Generations(greedy=None, samples=[None] * n) for _ in prompts]  # type: ignore[list-item]
+        running: _Running | None = None
+        while chunks or running is not None:
+            # Top the batch up with the next chunk once enough rows have finished.
+            while chunks and (running is None or (running.mergeable and len(running.rows) <= capacity * REFILL_AT)):
+                chunk = chunks.pop(0)
+                suffixes = [encoded[i][prefix:] for i in chunk]
+                fresh = self._prefill_chunk(chunk, suffixes, prefix_cache, prefix, seeds, n, greedy, params)
+                running = fresh if running is None else running.merge(fresh)
+            assert running is not None
+            for row in self._step(running, params, matcher):
+                completion = self._completion(row, matcher)
+                if row.sample < 0:
+                    results[row.prompt].greedy = completion
+                else:
+                    results[row.prompt].samples[row.sample] = completion
+            if not running.rows:
+                running = None
+        return results
 
-    def _generate_chunk(
+    def _prefill_chunk(
         self,
+        chunk: list[int],
         suffixes: list[list[int]],
         prefix_cache: DynamicCache | None,
         prefix: int,
-        seeds: list[int],
+        seeds: Sequence[int],
         n: int,
-        params: SamplingParams,
         greedy: bool,
-        matcher: StopMatcher,
-    ) -> list[Generations]:
+        params: SamplingParams,
+    ) -> _Running:
+        """Run a chunk's prompts once, then give each prompt one row per answer to generate."""
         ids, mask = left_pad(suffixes, self._pad_id, self.device)
         if prefix_cache is None:
             cache = self._new_cache()
@@ -296,50 +369,49 @@ class HFBackend:
             mask = torch.cat([mask.new_ones(len(suffixes), prefix), mask], dim=1)
         logits = self._forward(ids, mask, cache, positions(mask)[:, -ids.shape[1] :])
 
-        # One row per greedy answer and per sample; the prompt's cache is shared by copying it.
         per_prompt = int(greedy) + n
-        rows = [_Row(p, s) for p in range(len(suffixes)) for s in range(-int(greedy), n)]
+        rows = [_Row(p, s) for p in chunk for s in range(-int(greedy), n)]
         cache.batch_repeat_interleave(per_prompt)
-        logits = logits.repeat_interleave(per_prompt, dim=0)
         mask = mask.repeat_interleave(per_prompt, dim=0)
-        next_pos = mask.sum(-1)
-        sampled = torch.tensor([r.sample >= 0 for r in rows], device=self.device)
-        uniforms = self._uniforms(rows, seeds, params.max_new_tokens)
-        active = list(range(len(rows)))
+        return _Running(
+            rows=rows,
+            cache=cache,
+            mask=mask,
+            next_pos=mask.sum(-1),
+            sampled=torch.tensor([r.sample >= 0 for r in rows], device=self.device),
+            uniforms=self._uniforms(rows, seeds, params.max_new_tokens),
+            logits=logits.repeat_interleave(per_prompt, dim=0),
+        )
 
-        for step in range(params.max_new_tokens):
-            tokens, logprobs = self._pick(logits, sampled, uniforms[:, step], params)
-            keep = []
-            for j, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
-                row = rows[active[j]]
-                row.ids.append(token)
-                row.logprobs.append(logprob)
-                if token in self._eos_ids:
-                    row.ended_by = "eos"
-                elif matcher.stops and matcher.hit(row.ids):
-                    row.ended_by = "stop"
-                elif step + 1 < params.max_new_tokens:
-                    keep.append(j)
-            if not keep:
-                break
-            if len(keep) < len(active):
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                mask, next_pos, tokens = mask[index], next_pos[index], tokens[index]
-                sampled, uniforms = sampled[index], uniforms[index]
-                active = [active[j] for j in keep]
-            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            logits = self._forward(tokens.unsqueeze(1), mask, cache, next_pos.unsqueeze(1))
-            next_pos = next_pos + 1
-
-        out = [Generations(greedy=None, samples=[]) for _ in suffixes]
-        for row in rows:
-            completion = self._completion(row, matcher)
-            if row.sample < 0:
-                out[row.prompt].greedy = completion
-            else:
-                out[row.prompt].samples.append(completion)
-        return out
+    def _step(self, running: _Running, params: SamplingParams, matcher: StopMatcher) -> list[_Row]:
+        """Pick one token per row, drop the rows that finished (returned), run the rest one step."""
+        steps = torch.tensor([len(r.ids) for r in running.rows], device=self.device)
+        uniforms = running.uniforms.gather(1, steps.unsqueeze(1)).squeeze(1)
+        tokens, logprobs = self._pick(running.logits, running.sampled, uniforms, params)
+        keep, done = [], []
+        for j, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
+            row = running.rows[j]
+            row.ids.append(token)
+            row.logprobs.append(logprob)
+            if token in self._eos_ids:
+                row.ended_by = "eos"
+            elif matcher.stops and matcher.hit(row.ids):
+                row.ended_by = "stop"
+            elif len(row.ids) < params.max_new_tokens:
+                keep.append(j)
+                continue
+            done.append(row)
+        if not keep:
+            running.rows = []
+            return done
+        if done:
+            index = torch.tensor(keep, device=self.device)
+            running.select(index, [running.rows[j] for j in keep])
+            tokens = tokens[index]
+        running.mask = torch.cat([running.mask, running.mask.new_ones(len(keep), 1)], dim=1)
+        running.logits = self._forward(tokens.unsqueeze(1), running.mask, running.cache, running.next_pos.unsqueeze(1))
+        running.next_pos = running.next_pos + 1
+        return done
 
     def _pick(
         self, logits: torch.Tensor, sampled: torch.Tensor, uniforms: torch.Tensor, params: SamplingParams
@@ -352,7 +424,7 @@ class HFBackend:
         chosen = logits.gather(1, tokens.unsqueeze(1)).squeeze(1)
         return tokens, chosen - torch.logsumexp(logits, dim=-1)
 
-    def _uniforms(self, rows: list[_Row], seeds: list[int], steps: int) -> torch.Tensor:
+    def _uniforms(self, rows: list[_Row], seeds: Sequence[int], steps: int) -> torch.Tensor:
         """Per-row uniform draws for every step, from generators seeded per prompt and sample."""
         table = torch.zeros(len(rows), steps, dtype=torch.float32)
         for i, row in enumerate(rows):
@@ -382,14 +454,14 @@ class HFBackend:
             self._stop_matchers[key] = StopMatcher(self.tokenizer, vocab, key)
         return self._stop_matchers[key]
 
-    def _shared_prefix(self, encoded: list[list[int]]) -> int:
+    def _shared_prefix(self, encoded: list[list[int]], max_new_tokens: int) -> int:
         if len(encoded) < 2:
             return 0
         length = shared_prefix_length(encoded)
         if length < MIN_SHARED_PREFIX:
             return 0
         window = getattr(self.model.config, "sliding_window", None)
-        if window is not None and max(len(s) for s in encoded) + 64 > window:
+        if window is not None and max(len(s) for s in encoded) + max_new_tokens > window:
             return 0  # keep sliding-window caches on the plain path
         return length
 
@@ -531,6 +603,17 @@ class HFBackend:
 def positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids that skip left padding: count of real tokens before each one."""
     return (mask.cumsum(-1) - 1).clamp_(min=0)
+
+
+def _check_params(params: SamplingParams) -> None:
+    if params.max_new_tokens < 1:
+        raise CandorError(f"max_new_tokens must be at least 1, got {params.max_new_tokens}")
+    if params.temperature < 0:
+        raise CandorError(f"temperature must be >= 0 (0 samples greedily), got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise CandorError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise CandorError(f"top_k must be >= 0 (0 turns top-k off), got {params.top_k}")
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
