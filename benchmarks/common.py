@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import resource
 import sys
 from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
 
 from candor.annotate import AnnotateConfig, annotate
 from candor.backends.base import Backend

@@ -7,9 +7,12 @@ variants are the real ones while the model stays small enough for fast tests.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

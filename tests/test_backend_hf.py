@@ -87,6 +87,33 @@ def test_greedy_matches_transformers_generate_batch(backend, lively_model, token
     assert [g.greedy.token_ids for g in gens] == expected
 
 
+def test_sliding_window_model_matches_transformers_generate(tokenizer):
+    # Gemma-3 style: a sliding-window layer (window 8, shorter than the prompts) and a full one.
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    model = Gemma3ForCausalLM(config).eval()
+    backend = HFBackend(model, tokenizer, batch_size=2)
+    prompts = [PROMPTS[0], PROMPTS[1], "The weather today is"]
+    gens = backend.generate(prompts, 2, NO_STOP, seeds=[5, 1, 7])
+    expected = reference_greedy(model, tokenizer, prompts, NO_STOP.max_new_tokens)
+    assert [g.greedy.token_ids for g in gens] == expected
+    assert max(len(set(t)) for t in expected) > 2  # not one token repeated
+    alone = backend.generate(prompts[1:2], 2, NO_STOP, seeds=[1])[0]
+    assert [s.token_ids for s in alone.samples] == [s.token_ids for s in gens[1].samples]
+
+
 def test_shared_prefix_path_equals_plain_path(backend):
     # The first three prompts share the few-shot block; "Hello" disables sharing.
     shared = backend.generate(PROMPTS[:2] + PROMPTS[3:], 2, NO_STOP, seeds=[1, 2, 3])

@@ -7,8 +7,9 @@ import pytest
 
 from candor.backends.prefix_scoring import (
     _CachedScorer,
+    _encode_all,
     _score_generic,
-    _tree_chunks,
+    _split,
     _Trie,
     candidate_distribution,
     score_candidates,
@@ -78,10 +79,21 @@ def test_trie_shares_common_starts():
     assert branch.ancestry().tolist() == [[True, False, False], [True, True, False], [True, False, True]]
 
 
-def test_tree_chunks_bound_the_nodes_per_pass():
-    tails = [[1, 2, 3], [1, 2, 4], [7, 8, 9, 10], [5]]
-    assert _tree_chunks(tails, 100) == [[0, 1, 2, 3]]
-    assert _tree_chunks(tails, 2) == [[0, 1], [2, 3]]  # [5] feeds no node, so it joins any group
+def test_trie_passes_bound_the_nodes_per_pass():
+    trie = _Trie([[1, 2, 3], [1, 2, 4], [7, 8, 9, 10], [5]])
+    # Nodes: (1) (1,2) (7) (7,8) (7,8,9); "[5]" feeds no node.
+    assert trie.depths == [0, 1, 0, 1, 2]
+    assert trie.passes(max_nodes=100) == [[0, 1, 2, 3, 4]]
+    assert trie.passes(max_nodes=2) == [[0, 1], [2, 3], [4]]
+    assert _Trie([[5], [6]]).passes(max_nodes=10) == [[]]
+
+
+def test_trie_reads_sum_to_candidate_scores():
+    trie = _Trie([[1, 2], [1, 3], [4]], offsets=[0, 1, 0])
+    # Reads: (root→1), (node 0→2), (node 0→3) and (root→4); candidate 1 skips its first token.
+    assert trie.reads == [(-1, 1), (0, 2), (0, 3), (-1, 4)]
+    assert sorted(trie.reads_at) == [-1, 0] and trie.reads_at[0].tolist() == [1, 2]
+    np.testing.assert_allclose(trie.candidate_scores(np.array([-1.0, -2.0, -3.0, -4.0])), [-3.0, -3.0, -4.0])
 
 
 def test_a_candidate_merging_with_the_prompt_end_is_scored_like_backend_score(tiny_backend, tokenizer):
@@ -149,3 +161,67 @@ def test_distribution_multi_token_path_sums_surface_forms(tiny_backend, prompts)
     p = np.exp([sum(lps) for lps in per_token]).reshape(2, 3, 2).sum(2)
     np.testing.assert_allclose(dist, p / p.sum(1, keepdims=True), rtol=1e-4)
     np.testing.assert_allclose(dist.sum(1), 1.0)
+
+
+# ---------------------------------------------------------------- batches of chat prompts
+
+
+QUESTIONS = [
+    ("Who wrote Hamlet?", "Shakespeare"),
+    ("What is the capital of France?", "Paris"),
+    ("How many legs does a spider have?", "eight legs, I believe"),
+    ("Name the largest planet.", "Jupiter"),
+]
+
+
+@pytest.fixture()
+def chat_prompts(tiny_backend):
+    """Prompts that share a long chat prefix and end with the same line, like verbalized prompts."""
+    system = "Answer briefly, then state your confidence.\nConfidence: [a score]"
+    out = []
+    for question, answer in QUESTIONS:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": f"Question: {question}"}]
+        out.append(tiny_backend.render_chat(messages) + f"Answer: {answer}\nConfidence:")
+    return out
+
+
+PERCENTS = [f"{p}{n}%" for n in (0, 5, 10, 55, 80, 100) for p in ("", " ")]
+
+
+def test_batched_prompts_with_a_shared_prefix_equal_backend_score(tiny_backend, chat_prompts):
+    cands = PERCENTS + CANDIDATES
+    np.testing.assert_allclose(
+        score_candidates(tiny_backend, chat_prompts, cands),
+        expected_sums(tiny_backend, chat_prompts, cands),
+        atol=1e-4,
+    )
+
+
+def test_one_row_per_batch_and_one_node_per_pass_give_the_same_scores(tiny_backend, chat_prompts, monkeypatch):
+    import candor.backends.prefix_scoring as ps
+
+    cands = ["80%", " 80%", " 100%", "A"]
+    full = score_candidates(tiny_backend, chat_prompts, cands)
+    monkeypatch.setattr(ps, "MAX_BATCH_TOKENS", 1)
+    monkeypatch.setattr(ps, "MAX_TREE_NODES", 1)
+    np.testing.assert_allclose(score_candidates(tiny_backend, chat_prompts, cands), full, atol=1e-5)
+
+
+def test_shared_last_line_is_tokenized_once_like_the_full_prompts(tiny_backend, chat_prompts):
+    prompts = [*chat_prompts, "no line break: Hello", "ends with a break\n"]
+    cands = [*PERCENTS, "lo", "\n", " world"]
+    fast = _encode_all(tiny_backend, prompts, cands)
+    for prompt, enc in zip(prompts, fast, strict=True):
+        plain = _split(tiny_backend._encode([prompt])[0], tiny_backend._encode([prompt + c for c in cands]))
+        assert enc == plain
+    # The four chat prompts share one tokenization of their tails.
+    assert len({id(e.tails) for e in fast[:4]}) == 1
+
+
+def test_generic_backends_get_the_same_distribution(tiny_backend, chat_prompts):
+    for labels in (["A", "B"], ["7", "80%"]):
+        np.testing.assert_allclose(
+            candidate_distribution(ScoreOnly(tiny_backend), chat_prompts, labels),
+            candidate_distribution(tiny_backend, chat_prompts, labels),
+            rtol=1e-4,
+        )

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
+
+# Before torch loads: OpenMP threads that spin while waiting made every forward
+# pass 5-6x slower on a 2-core machine shared with other processes (measured in
+# benchmarks/annotate_throughput.py); passive waiting costs nothing when idle.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar

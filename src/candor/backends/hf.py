@@ -10,7 +10,16 @@ prompt, and a per-call ``generate`` recomputes the prompt for each of them:
 - each prompt's KV cache is prefilled once and then repeated, one row for the
   greedy answer and one per sample;
 - a row that finishes (EOS, a stop string, ``max_new_tokens``) leaves the
-  batch at once, so finished answers stop costing compute.
+  batch at once, so finished answers stop costing compute;
+- once half the rows have left, the next chunk is prefilled and its rows join
+  the running batch (caches left-padded to a common length), so the long
+  answers of one chunk decode alongside the next chunk instead of alone. Pass
+  many prompts per call to benefit: 64 prompts in one call ran about 1.3x
+  faster than four calls of 16 (2-core CPU, SmolLM2-135M).
+
+On a CPU shared with other busy processes, OpenMP's default spin-waiting made
+every forward pass five to six times slower with 2 threads on 2 cores; set
+``OMP_WAIT_POLICY=PASSIVE`` (before torch starts) or use one thread there.
 
 Sampling is temperature, then top-k, then top-p, then a draw by inverse CDF
 from a uniform taken from the row's own generator (seeded from the prompt's
@@ -192,6 +201,7 @@ class _Running:
         for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
             mine.keys = torch.cat([_pad_seq(mine.keys, width), _pad_seq(theirs.keys, width)])
             mine.values = torch.cat([_pad_seq(mine.values, width), _pad_seq(theirs.values, width)])
+            theirs.keys = theirs.values = None  # free layer by layer: the peak stays near one copy
         self.mask = torch.cat([_pad_seq(self.mask, width, dim=1), _pad_seq(other.mask, width, dim=1)])
         self.rows = self.rows + other.rows
         self.next_pos = torch.cat([self.next_pos, other.next_pos])
@@ -310,7 +320,11 @@ class HFBackend:
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
     ) -> list[Generations]:
-        """Greedy answer (if ``greedy``) and ``n`` samples per prompt; see the module docstring."""
+        """Greedy answer (if ``greedy``) and ``n`` samples per prompt; see the module docstring.
+
+        Without ``seeds``, prompt i gets a seed derived from the backend's
+        ``seed`` and i, so the same call twice gives the same samples.
+        """
         if n < 0:
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         _check_params(params)
@@ -318,6 +332,8 @@ class HFBackend:
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         if not prompts:
             return []
+        if not greedy and n == 0:
+            return [Generations(greedy=None, samples=[]) for _ in prompts]
         if seeds is None:
             seeds = [row_seed(self.seed, i) for i in range(len(prompts))]
         encoded = self._encode(prompts)

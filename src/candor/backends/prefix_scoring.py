@@ -1,27 +1,37 @@
-"""Score a closed set of continuations after each prompt, reusing the prompt's KV cache.
+"""Score a closed set of continuations after many prompts, sharing every token prefix it can.
 
 Verbalized confidence (DESIGN.md §4.3) and P(True) ask, for every prompt, how
 likely each of a fixed set of short continuations is ("A".."E", "0%".."100%").
 Scoring each (prompt, candidate) pair with ``backend.score`` recomputes the
 prompt once per candidate. For the ``hf`` backend :func:`score_candidates`
-instead prefills each prompt once and runs only the candidate tokens against
-its KV cache: as one token trie under a 4-D attention mask, or, where the
-attention kernel cannot take such a mask, against the cache repeated once per
-candidate (``DynamicCache.batch_repeat_interleave``); see :class:`_CachedScorer`.
-Other backends take the generic path through ``backend.score``; all paths give
-the same numbers (up to float round-off).
+shares the work at three levels:
+
+- the token prefix common to all prompts of the call (chat header, system
+  text, "Question: ") runs once, and its KV cache is copied into each batch;
+- each prompt's own suffix runs once, batched with other prompts' suffixes
+  (left-padded, with explicit positions and a 4-D attention mask);
+- the candidates' tokens are merged into a token trie per prompt and its nodes
+  run in the same batch, each node attending to the prompt and its own
+  ancestors, so "8", "80" and "80%" share their tokens and logits are
+  computed only at the suffix's last position and at trie nodes.
+
+Where the attention kernel cannot take a 4-D mask (or a sliding window is
+shorter than the rows), each prompt is prefilled alone and its cache repeated
+once per candidate (``DynamicCache.batch_repeat_interleave``). Other backends
+take the generic path through ``backend.score``. All paths give the same
+numbers up to float round-off.
 
 Tokens follow ``HFBackend.score``: a candidate's tokens are those of
 ``prompt + candidate`` past the longest common prefix with the prompt's own
 tokens, so a token merged across the boundary belongs to the candidate.
+Prompts that end with the same line (say ``\\nConfidence:``) are tokenized
+with the candidates once per line, not once per prompt, when the line's
+tokens do not depend on the text before it (checked on every prompt; see
+:func:`_encode_all`).
 
 :func:`candidate_distribution` turns the scores into a distribution over
 labels, each read in several surface forms (by default with and without a
-leading space) whose probabilities add up. When every form of every label is
-one token in context, a single ``next_token_logprobs`` call suffices. When any
-form is longer (SmolLM2 writes "Confidence: 9" as ``:``, ``Ġ``, ``9``, so the
-spaced digit is two tokens), all forms are scored as continuations: reading
-only the single-token forms would drop the model's most likely path.
+leading space) whose probabilities add up.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import copy
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,11 +47,15 @@ import numpy as np
 from candor.backends.base import Backend
 from candor.errors import CandorError
 
-# Bounds per candidate chunk: cached tokens (rows × sequence) and logits (rows × tail × vocab).
-MAX_CACHE_TOKENS = 16384
+# Bounds per forward pass: logits kept (rows × positions × vocab) and tokens fed (rows × width).
 MAX_LOGIT_ENTRIES = 64_000_000
-# Trie nodes per forward pass on the tree path (the 4-D mask is nodes × (prompt + nodes)).
+MAX_BATCH_TOKENS = 2048
+# Trie nodes a row feeds per forward pass (more make more passes).
 MAX_TREE_NODES = 1024
+# Repeat path: cached tokens per candidate chunk (rows × sequence).
+MAX_CACHE_TOKENS = 16384
+# A prefix shared by all prompts shorter than this is not worth its own forward pass.
+MIN_SHARED_PREFIX = 8
 
 SURFACE_PREFIXES = ("", " ")
 
@@ -76,20 +91,174 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+# ---------------------------------------------------------------- tokens
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A prompt's tokens and its candidates' tokens past the part they all keep."""
+
+    context: list[int]
+    keep: int  # leading context tokens every candidate keeps (0: nothing can be cached)
+    tails: tuple[tuple[int, ...], ...]  # per candidate, the tokens of prompt + candidate from ``keep`` on
+    offsets: tuple[int, ...]  # per candidate, leading tail tokens that are the prompt's own (not scored)
+
+
+def _split(context: Sequence[int], fulls: Sequence[Sequence[int]]) -> _Encoded:
+    """Encode one prompt from its own tokens and the tokens of ``prompt + candidate`` for each candidate."""
+    commons = [_common_prefix(context, f) for f in fulls]
+    keep = min(commons)
+    tails = tuple(tuple(f[keep:]) for f in fulls)
+    offsets = tuple(c - keep for c in commons)
+    return _Encoded(list(context), keep, tails, offsets)
+
+
+def _encode_all(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> list[_Encoded]:
+    """Every prompt's tokens and its candidates' tails, as ``HFBackend.score`` would cut them.
+
+    Tokenizing ``prompt + candidate`` for every pair dominates when candidates
+    are many (101 percentages × 2 forms), so prompts ending with the same line
+    share one tokenization of that line plus each candidate. This relies on
+    the line break before it being a token boundary no matter what follows;
+    it is checked on every prompt's own tokens and on all candidates of one
+    prompt per line, and prompts that fail the check are tokenized in full.
+    """
+    contexts = backend._encode(list(prompts))
+    out: list[_Encoded | None] = [None] * len(prompts)
+    for line, members in _line_groups(prompts):
+        _encode_group(backend, prompts, contexts, candidates, line, members, out)
+    rest = [i for i, e in enumerate(out) if e is None]
+    if rest:
+        flat = backend._encode([prompts[i] + c for i in rest for c in candidates])
+        n = len(candidates)
+        for k, i in enumerate(rest):
+            out[i] = _split(contexts[i], flat[k * n : (k + 1) * n])
+    return out  # type: ignore[return-value]
+
+
+def _line_groups(prompts: Sequence[str]) -> list[tuple[str, list[int]]]:
+    """Prompts grouped by their last line (when it starts with a non-space), two or more per group."""
+    groups: dict[str, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        cut = prompt.rfind("\n") + 1
+        if 0 < cut < len(prompt) and not prompt[cut].isspace():
+            groups.setdefault(prompt[cut:], []).append(i)
+    return [(line, members) for line, members in groups.items() if len(members) > 1]
+
+
+def _encode_group(
+    backend: Any,
+    prompts: Sequence[str],
+    contexts: list[list[int]],
+    candidates: Sequence[str],
+    line: str,
+    members: list[int],
+    out: list[_Encoded | None],
+) -> None:
+    line_ids = backend.tokenize(line)
+    n = len(line_ids)
+    if n == 0:
+        return
+    members = [i for i in members if len(contexts[i]) > n and contexts[i][-n:] == line_ids]
+    if len(members) < 2:
+        return
+    rep = members[0]
+    head = len(contexts[rep]) - n
+    fulls = backend._encode([prompts[rep] + c for c in candidates])
+    if any(f[:head] != contexts[rep][:head] for f in fulls):
+        return  # the line break is no token boundary for this tokenizer: tokenize in full
+    shared = _split(line_ids, [f[head:] for f in fulls])
+    for i in members:
+        start = len(contexts[i]) - n
+        out[i] = _Encoded(contexts[i], start + shared.keep, shared.tails, shared.offsets)
+
+
+# ---------------------------------------------------------------- the trie of candidate tails
+
+
+class _Trie:
+    """The proper prefixes of the tails as trie nodes, in insertion order (parents first).
+
+    Node i stands for feeding ``tokens[i]`` at depth ``depths[i]`` after its
+    parent; its output row predicts the token after that prefix. A *read* is
+    one log-prob to look up, ``(context node, target token)`` with context -1
+    for the prompt's own last position; a candidate's score is the sum of its
+    reads (those of its scored tokens, from its offset on).
+    """
+
+    def __init__(self, tails: Sequence[Sequence[int]], offsets: Sequence[int] | None = None) -> None:
+        self._index: dict[tuple[int, ...], int] = {}
+        self.tokens: list[int] = []
+        self.depths: list[int] = []
+        self.parents: list[int] = []
+        for tail in tails:
+            for t in range(1, len(tail)):
+                key = tuple(tail[:t])
+                if key not in self._index:
+                    self._index[key] = len(self.tokens)
+                    self.tokens.append(tail[t - 1])
+                    self.depths.append(t - 1)
+                    self.parents.append(self._index.get(key[:-1], -1))
+        self.reads: list[tuple[int, int]] = []
+        read_index: dict[tuple[int, int], int] = {}
+        owners, picks = [], []
+        for j, (tail, off) in enumerate(zip(tails, offsets or [0] * len(tails), strict=True)):
+            for t in range(off, len(tail)):
+                key = (self.node(tail[:t]) if t else -1, tail[t])
+                if key not in read_index:
+                    read_index[key] = len(self.reads)
+                    self.reads.append(key)
+                owners.append(j)
+                picks.append(read_index[key])
+        self.n_candidates = len(tails)
+        self._owners = np.array(owners, dtype=np.int64)
+        self._picks = np.array(picks, dtype=np.int64)
+        at: dict[int, list[int]] = {}
+        for r, (context, _) in enumerate(self.reads):
+            at.setdefault(context, []).append(r)
+        self.reads_at = {context: np.array(rs, dtype=np.int64) for context, rs in at.items()}
+        self.read_targets = np.array([target for _, target in self.reads], dtype=np.int64)
+        self._ancestry: np.ndarray | None = None
+
+    def node(self, prefix: Sequence[int]) -> int:
+        return self._index[tuple(prefix)]
+
+    def ancestry(self) -> np.ndarray:
+        """Boolean (n, n): row i is True at node i and at each of its ancestors."""
+        if self._ancestry is None:
+            n = len(self.tokens)
+            allowed = np.zeros((n, n), dtype=bool)
+            for i, parent in enumerate(self.parents):
+                if parent >= 0:
+                    allowed[i] = allowed[parent]
+                allowed[i, i] = True
+            self._ancestry = allowed
+        return self._ancestry
+
+    def candidate_scores(self, read_logprobs: np.ndarray) -> np.ndarray:
+        """Each candidate's summed log-prob, from the log-prob of every read."""
+        out = np.zeros(self.n_candidates)
+        np.add.at(out, self._owners, read_logprobs[self._picks])
+        return out
+
+    def passes(self, max_nodes: int) -> list[list[int]]:
+        """The nodes in forward passes of at most ``max_nodes`` (parents always in an earlier or the same pass)."""
+        nodes = list(range(len(self.tokens)))
+        return [nodes[k : k + max_nodes] for k in range(0, len(nodes), max_nodes)] or [[]]
+
+
+# ---------------------------------------------------------------- the hf scorer
+
+
 class _CachedScorer:
-    """The ``hf`` fast path: one prefill per prompt, then only the candidate tokens.
+    """The ``hf`` fast path; ``strategy`` is ``tree`` or ``repeat`` (see the module docstring).
 
-    Two strategies score the candidate tails against the prompt's cache:
-
-    - ``tree`` (eager and SDPA attention): the tails are merged into a token
-      trie and its nodes run as one sequence after the prompt, each node
-      attending to the prompt and its own ancestors through a 4-D attention
-      mask. Candidates sharing a start ("8", "80", "80%") share its tokens, so
-      the 101 percentages cost about 200 tokens instead of 800, and nothing is
-      copied.
-    - ``repeat`` (other attention kernels, or a sliding window shorter than the
-      sequence): the cache is repeated once per candidate
-      (``DynamicCache.batch_repeat_interleave``) and the tails run as a batch.
+    - ``tree`` (eager and SDPA attention): prompts run in batches against the
+      shared prefix's cache, each row holding one prompt's suffix and its
+      candidate trie (:class:`_TreeBatch`).
+    - ``repeat`` (other attention kernels, or a sliding window shorter than
+      the rows): each prompt is prefilled alone, its cache repeated once per
+      candidate and the tails run as a batch.
 
     Both use the backend's own encoding and forward helpers, so the numbers
     match ``HFBackend.score`` (same tokens, positions and dtype).
@@ -101,97 +270,102 @@ class _CachedScorer:
         tree_ok = getattr(config, "_attn_implementation", None) in ("eager", "sdpa")
         self.strategy = strategy or ("tree" if tree_ok else "repeat")
         self.window = getattr(config, "sliding_window", None)
+        vocab = int(config.vocab_size)
+        self.vocab = vocab
+        self.max_nodes = max(1, min(MAX_TREE_NODES, MAX_LOGIT_ENTRIES // vocab))
 
     def score(self, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
         import torch
 
         out = np.zeros((len(prompts), len(candidates)))
         with torch.inference_mode():
-            for i, prompt in enumerate(prompts):
-                out[i] = self._score_prompt(prompt, candidates)
+            encoded = _encode_all(self.backend, prompts, candidates)
+            plain = [i for i, e in enumerate(encoded) if e.keep == 0]
+            if plain:  # nothing to cache (the first token itself changed): score plainly
+                out[plain] = _score_generic(self.backend, [prompts[i] for i in plain], candidates)
+            cached = [i for i, e in enumerate(encoded) if e.keep > 0]
+            if cached:
+                out[cached] = self._score_cached([encoded[i] for i in cached])
         return out
 
-    def _score_prompt(self, prompt: str, candidates: Sequence[str]) -> np.ndarray:
-        import torch
-
-        b = self.backend
-        context = b._encode([prompt])[0]
-        fulls = b._encode([prompt + c for c in candidates])
-        commons = [_common_prefix(context, f) for f in fulls]
-        shared = min(commons)
-        if shared == 0:  # nothing to cache (the first token itself changed): score plainly
-            return _score_generic(b, [prompt], candidates)[0]
-        # Candidate j's scored tokens are fulls[j][max(common_j, 1):], all past the cached prefix.
-        offsets = [max(c, 1) - shared for c in commons]
-        tails = [f[shared:] for f in fulls]
-        ids = torch.tensor([context[:shared]], dtype=torch.long, device=b.device)
-        cache = b._new_cache()
-        last = b._forward(ids, torch.ones_like(ids), cache, _arange(0, shared, b.device))
-        first = torch.log_softmax(last.float(), -1)[0]
-        longest = max(len(t) for t in tails)
-        if self.strategy == "tree" and (self.window is None or shared + longest * len(tails) <= self.window):
-            return self._tree(cache, first, shared, tails, offsets)
-        return self._repeat(cache, first, shared, tails, offsets)
+    def _score_cached(self, encoded: list[_Encoded]) -> np.ndarray:
+        tries: dict[tuple[Any, Any], _Trie] = {}
+        for e in encoded:
+            if (e.tails, e.offsets) not in tries:
+                tries[(e.tails, e.offsets)] = _Trie(e.tails, e.offsets)
+        row_tries = [tries[(e.tails, e.offsets)] for e in encoded]
+        if self.strategy == "tree":
+            prefix = self._shared_prefix(encoded)
+            if self.window is None or self._columns(encoded, tries.values(), prefix) <= self.window:
+                return self._tree(encoded, row_tries, prefix)
+        return np.stack([self._repeat(e, t) for e, t in zip(encoded, row_tries, strict=True)])
 
     # ---------------------------------------------------------------- tree
 
-    def _tree(self, cache: Any, first: Any, shared: int, tails: list[list[int]], offsets: list[int]) -> np.ndarray:
-        scores = np.zeros(len(tails))
-        for chunk in _tree_chunks(tails, self._max_nodes()):
-            scores[chunk] = self._tree_chunk(
-                cache, first, shared, [tails[j] for j in chunk], [offsets[j] for j in chunk]
-            )
-            extra = cache.get_seq_length() - shared
-            if extra:  # drop this chunk's nodes, keep the prompt (a negative crop works on every version)
-                cache.crop(-extra)
-        return scores
+    @staticmethod
+    def _shared_prefix(encoded: list[_Encoded]) -> int:
+        from candor.backends.hf import shared_prefix_length
 
-    def _max_nodes(self) -> int:
-        vocab = int(self.backend.model.config.vocab_size)
-        return max(1, min(MAX_TREE_NODES, MAX_LOGIT_ENTRIES // vocab))
+        length = shared_prefix_length([e.context[: e.keep] for e in encoded])
+        return length if length >= MIN_SHARED_PREFIX else 0
 
-    def _tree_chunk(
-        self, cache: Any, first: Any, shared: int, tails: list[list[int]], offsets: list[int]
-    ) -> np.ndarray:
-        """Sum of log-probs of tails[r][offsets[r]:]; tail token 0 follows the cached prefix."""
-        import torch
+    def _columns(self, encoded: list[_Encoded], tries: Any, prefix: int) -> int:
+        """Cache columns a row may reach, padding included (for the sliding-window check)."""
+        widths: dict[int, int] = {}
+        for trie in tries:
+            for k, nodes in enumerate(trie.passes(self.max_nodes)):
+                widths[k] = max(widths.get(k, 0), len(nodes))
+        return max(e.keep for e in encoded) + sum(widths.values())
 
+    def _tree(self, encoded: list[_Encoded], tries: list[_Trie], prefix: int) -> np.ndarray:
         b = self.backend
-        trie = _Trie(tails)
-        # Rows of context log-probs: one per trie node, and the prompt's own last row at the end.
-        rows = first.unsqueeze(0)
-        if trie.tokens:
-            n = len(trie.tokens)
-            dtype = next(b.model.parameters()).dtype
-            mask = torch.zeros((1, 1, n, shared + n), dtype=dtype, device=b.device)
-            mask[0, 0, :, shared:].masked_fill_(~trie.ancestry().to(b.device), torch.finfo(dtype).min)
-            ids = torch.tensor([trie.tokens], dtype=torch.long, device=b.device)
-            positions = torch.tensor([trie.depths], dtype=torch.long, device=b.device) + shared
-            logits = b._forward(ids, mask, cache, positions, keep=n, last_only=False)[0]
-            rows = torch.cat([torch.log_softmax(logits.float(), -1), rows])
-        context, target, owner = [], [], []
-        for r, (tail, off) in enumerate(zip(tails, offsets, strict=True)):
-            for t in range(off, len(tail)):
-                context.append(trie.node(tail[:t]) if t else len(trie.tokens))
-                target.append(tail[t])
-                owner.append(r)
-        picked = rows[torch.tensor(context, device=b.device), torch.tensor(target, device=b.device)]
-        out = np.zeros(len(tails))
-        np.add.at(out, owner, picked.double().cpu().numpy())
+        prefix_cache = b._prefill_prefix(encoded[0].context[:prefix]) if prefix else None
+        out = np.zeros((len(encoded), len(encoded[0].tails)))
+        for chunk in self._row_chunks(encoded, tries, prefix):
+            batch = _TreeBatch(b, [encoded[i] for i in chunk], [tries[i] for i in chunk], prefix_cache, prefix)
+            out[chunk] = batch.run(self.max_nodes)
         return out
+
+    def _row_chunks(self, encoded: list[_Encoded], tries: list[_Trie], prefix: int) -> list[list[int]]:
+        """Rows per batch: similar rows together, within the token and logit bounds of every pass."""
+        order = sorted(range(len(encoded)), key=lambda i: (id(tries[i]), encoded[i].keep - prefix))
+        chunks: list[list[int]] = []
+        widths: list[int] = []  # per pass, the widest row of the current chunk (tokens fed)
+        kept: list[int] = []  # per pass, the most positions whose logits a row of the chunk keeps
+        for i in order:
+            nodes = [len(n) for n in tries[i].passes(self.max_nodes)]
+            row_widths = [nodes[0] + encoded[i].keep - prefix, *nodes[1:]]
+            row_kept = [nodes[0] + 1, *nodes[1:]]
+            if chunks:
+                new_widths, new_kept = _widest(widths, row_widths), _widest(kept, row_kept)
+                n = len(chunks[-1]) + 1
+                if n * max(new_widths) <= MAX_BATCH_TOKENS and n * max(new_kept) * self.vocab <= MAX_LOGIT_ENTRIES:
+                    chunks[-1].append(i)
+                    widths, kept = new_widths, new_kept
+                    continue
+            chunks.append([i])
+            widths, kept = row_widths, row_kept
+        return chunks
 
     # ---------------------------------------------------------------- repeat
 
-    def _repeat(self, cache: Any, first: Any, shared: int, tails: list[list[int]], offsets: list[int]) -> np.ndarray:
+    def _repeat(self, e: _Encoded, trie: _Trie) -> np.ndarray:
+        import torch
+
+        b = self.backend
+        ids = torch.tensor([e.context[: e.keep]], dtype=torch.long, device=b.device)
+        cache = b._new_cache()
+        last = b._forward(ids, torch.ones_like(ids), cache, _arange(0, e.keep, b.device))
+        first = torch.log_softmax(last.float(), -1)[0]
+        tails = [list(t) for t in e.tails]
         longest = max(len(t) for t in tails)
-        vocab = int(self.backend.model.config.vocab_size)
-        rows = min(MAX_CACHE_TOKENS // (shared + longest), MAX_LOGIT_ENTRIES // max(1, longest * vocab))
+        rows = min(MAX_CACHE_TOKENS // (e.keep + longest), MAX_LOGIT_ENTRIES // max(1, longest * self.vocab))
         rows = max(1, rows)
         scores = np.zeros(len(tails))
         for k in range(0, len(tails), rows):
             chunk = list(range(k, min(k + rows, len(tails))))
             scores[chunk] = self._repeat_chunk(
-                cache, first, shared, [tails[j] for j in chunk], [offsets[j] for j in chunk]
+                cache, first, e.keep, [tails[j] for j in chunk], [e.offsets[j] for j in chunk]
             )
         return scores
 
@@ -224,64 +398,139 @@ class _CachedScorer:
         return (picked * scored).sum(1).double().cpu().numpy()
 
 
-class _Trie:
-    """The proper prefixes of the tails as trie nodes, in insertion order (parents first).
-
-    Node i stands for feeding ``tokens[i]`` at depth ``depths[i]`` after its
-    parent; its output row predicts the token after that prefix.
-    """
-
-    def __init__(self, tails: Sequence[Sequence[int]]) -> None:
-        self._index: dict[tuple[int, ...], int] = {}
-        self.tokens: list[int] = []
-        self.depths: list[int] = []
-        self.parents: list[int] = []
-        for tail in tails:
-            for t in range(1, len(tail)):
-                key = tuple(tail[:t])
-                if key not in self._index:
-                    self._index[key] = len(self.tokens)
-                    self.tokens.append(tail[t - 1])
-                    self.depths.append(t - 1)
-                    self.parents.append(self._index.get(key[:-1], -1))
-
-    def node(self, prefix: Sequence[int]) -> int:
-        return self._index[tuple(prefix)]
-
-    def ancestry(self) -> Any:
-        """Boolean (n, n): row i is True at node i and at each of its ancestors."""
-        import torch
-
-        n = len(self.tokens)
-        allowed = torch.zeros((n, n), dtype=torch.bool)
-        for i, parent in enumerate(self.parents):
-            if parent >= 0:
-                allowed[i] = allowed[parent]
-            allowed[i, i] = True
-        return allowed
-
-
-def _tree_chunks(tails: Sequence[Sequence[int]], max_nodes: int) -> list[list[int]]:
-    """Candidate groups whose tries stay within ``max_nodes`` (a longer single tail gets its own group)."""
-    chunks: list[list[int]] = []
-    seen: set[tuple[int, ...]] = set()
-    for j, tail in enumerate(tails):
-        new = {tuple(tail[:t]) for t in range(1, len(tail))} - seen
-        if chunks and new and len(seen) + len(new) > max_nodes:
-            chunks.append([])
-            seen = set()
-            new = {tuple(tail[:t]) for t in range(1, len(tail))}
-        if not chunks:
-            chunks.append([])
-        chunks[-1].append(j)
-        seen |= new
-    return chunks
+def _widest(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    """Element-wise maximum of two lists, the shorter one padded with zeros."""
+    n = max(len(a), len(b))
+    return [max(a[k] if k < len(a) else 0, b[k] if k < len(b) else 0) for k in range(n)]
 
 
 def _arange(start: int, stop: int, device: Any) -> Any:
     import torch
 
     return torch.arange(start, stop, dtype=torch.long, device=device).unsqueeze(0)
+
+
+class _TreeBatch:
+    """Rows (one prompt each) that run together against copies of the shared prefix's cache.
+
+    The first pass feeds each row's suffix, left-padded so that every suffix
+    ends in the same column, followed by the row's trie nodes (more nodes than
+    a pass takes go in later passes). Each pass appends its columns to the
+    cache; the 4-D mask lets a suffix token see the prefix and the suffix up
+    to itself, a node the prefix, the whole suffix, its ancestors and itself,
+    and a padding column only itself. Logits are kept only from the suffix's
+    last column on.
+    """
+
+    def __init__(self, backend: Any, rows: list[_Encoded], tries: list[_Trie], prefix_cache: Any, prefix: int) -> None:
+        self.b = backend
+        self.rows, self.tries, self.prefix = rows, tries, prefix
+        if prefix_cache is None:
+            self.cache = backend._new_cache()
+        else:
+            self.cache = copy.deepcopy(prefix_cache)
+            self.cache.batch_repeat_interleave(len(rows))
+        self.columns = [np.full(len(t.tokens), -1, dtype=np.int64) for t in tries]  # cache column of each node
+        self.suffix_columns: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(rows)
+        self.read_logprobs = [np.full(len(t.reads), np.nan) for t in tries]
+        self.suffix_done = False
+
+    def run(self, max_nodes: int) -> np.ndarray:
+        """Every row's candidate scores, shape ``(rows, candidates)``."""
+        plans = [t.passes(max_nodes) for t in self.tries]
+        for k in range(max(len(p) for p in plans)):
+            self._feed([p[k] if k < len(p) else [] for p in plans])
+        return np.stack([t.candidate_scores(lp) for t, lp in zip(self.tries, self.read_logprobs, strict=True)])
+
+    def _feed(self, nodes: list[list[int]]) -> None:
+        """One forward pass: each row's suffix (the first time) and then the given nodes."""
+        import torch
+
+        b = self.b
+        suffixes = [[] if self.suffix_done else e.context[self.prefix : e.keep] for e in self.rows]
+        left = max(len(s) for s in suffixes)
+        width = left + max(len(n) for n in nodes)
+        if width == 0:
+            return
+        start = self.cache.get_seq_length()
+        ids = np.full((len(self.rows), width), b._pad_id, dtype=np.int64)
+        pos = np.zeros((len(self.rows), width), dtype=np.int64)
+        allowed = np.zeros((len(self.rows), width, start + width), dtype=bool)
+        allowed[:, np.arange(width), start + np.arange(width)] = True  # every column sees itself
+        for r, (suffix, row_nodes) in enumerate(zip(suffixes, nodes, strict=True)):
+            self._layout_row(r, suffix, row_nodes, left, start, ids[r], pos[r], allowed[r])
+        dtype = next(b.model.parameters()).dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype)
+        mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(dtype).min)
+        keep = width - left + (0 if self.suffix_done else 1)
+        logits = b._forward(
+            torch.from_numpy(ids).to(b.device),
+            mask.unsqueeze(1).to(b.device),
+            self.cache,
+            torch.from_numpy(pos).to(b.device),
+            keep=keep,
+            last_only=False,
+        )
+        self._gather(logits, nodes, width - keep, left)
+        self.suffix_done = True
+
+    def _layout_row(
+        self,
+        r: int,
+        suffix: list[int],
+        nodes: list[int],
+        left: int,
+        start: int,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        allowed: np.ndarray,
+    ) -> None:
+        """Fill one row's tokens, positions and attention (``allowed[query, key]``) for this pass."""
+        trie, p, keep = self.tries[r], self.prefix, self.rows[r].keep
+        s0 = left - len(suffix)
+        if suffix:
+            ids[s0:left] = suffix
+            pos[s0:left] = np.arange(p, keep)
+            self.suffix_columns[r] = start + np.arange(s0, left)
+            allowed[s0:left, :p] = True
+            allowed[s0:left, start + s0 : start + left] = np.tril(np.ones((len(suffix), len(suffix)), dtype=bool))
+        if not nodes:
+            return
+        queries = left + np.arange(len(nodes))
+        self.columns[r][nodes] = start + queries
+        ids[queries] = np.asarray(trie.tokens)[nodes]
+        pos[queries] = keep + np.asarray(trie.depths)[nodes]
+        allowed[queries, :p] = True
+        allowed[np.ix_(queries, self.suffix_columns[r])] = True
+        q, a = np.nonzero(trie.ancestry()[nodes])
+        allowed[queries[q], self.columns[r][a]] = True
+
+    def _gather(self, logits: Any, nodes: list[list[int]], first_kept: int, left: int) -> None:
+        """Store the log-probs of the reads whose context ran in this pass."""
+        import torch
+
+        rows, cols, targets, dest = [], [], [], []
+        for r, row_nodes in enumerate(nodes):
+            trie = self.tries[r]
+            contexts = [(n, left + k) for k, n in enumerate(row_nodes)]
+            if not self.suffix_done:
+                contexts.append((-1, left - 1))  # the suffix's last column predicts each tail's first token
+            for context, col in contexts:
+                reads = trie.reads_at.get(context)
+                if reads is not None:
+                    rows.append(np.full(len(reads), r))
+                    cols.append(np.full(len(reads), col - first_kept))
+                    targets.append(trie.read_targets[reads])
+                    dest.append((r, reads))
+        if not dest:
+            return
+        row_t, col_t, tgt_t = (torch.from_numpy(np.concatenate(x)).to(logits.device) for x in (rows, cols, targets))
+        # gather − logsumexp: a full log_softmax would copy the (rows, positions, vocab) logits.
+        values = (logits[row_t, col_t, tgt_t] - torch.logsumexp(logits, -1)[row_t, col_t]).double().cpu().numpy()
+        k = 0
+        for r, reads in dest:
+            self.read_logprobs[r][reads] = values[k : k + len(reads)]
+            k += len(reads)
 
 
 # ---------------------------------------------------------------- distributions over labels
@@ -330,13 +579,18 @@ def candidate_distribution(
     """P(label | prompt) renormalized over ``labels``: shape ``(len(prompts), len(labels))``.
 
     Each label's probability is the sum over its surface forms (``prefix +
-    label`` for each prefix); see the module docstring for the two paths.
+    label`` for each prefix). On the ``hf`` backend every form is scored as a
+    continuation (:func:`score_candidates`; a one-token form costs nothing
+    beyond the prompt). Other backends use ``next_token_logprobs`` when every
+    form is one token in context, and ``backend.score`` otherwise (SmolLM2
+    writes "Confidence: 9" as ``:``, ``Ġ``, ``9``: reading only the
+    single-token forms would drop the model's most likely path).
     """
     if not labels:
         raise CandorError("candidate_distribution: no labels")
     forms = surface_forms(labels, prefixes)
     texts = [text for _, text in forms]
-    ids = single_token_ids(backend, prompts, texts) if prompts else None
+    ids = None if _is_hf(backend) or not prompts else single_token_ids(backend, prompts, texts)
     if ids is not None:
         form_lp = np.asarray(backend.next_token_logprobs(list(prompts), ids), dtype=float)
     else:
