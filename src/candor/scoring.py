@@ -62,5 +62,8 @@ def score_into(
         table.add(name, [r.id for r in records], [row.confidence[name] for row in scored.rows])
         write_confidences(out, table)
         logger.info("%s: scored %d records in %.1f s", name, len(records), time.perf_counter() - start)
+    # Requested methods first, in the order asked, then any others the file held.
+    for row in table.rows:
+        row.confidence = {m: row.confidence[m] for m in [*methods, *row.confidence] if m in row.confidence}
     write_confidences(out, table)
     return table

@@ -319,7 +319,13 @@ class _CachedScorer:
 
     def _tree(self, encoded: list[_Encoded], tries: list[_Trie], prefix: int) -> np.ndarray:
         b = self.backend
-        prefix_cache = b._prefill_prefix(encoded[0].context[:prefix]) if prefix else None
+        prefix_cache = None
+        if prefix:
+            import torch
+
+            ids = torch.tensor([encoded[0].context[:prefix]], dtype=torch.long, device=b.device)
+            prefix_cache = b._new_cache()
+            b._forward(ids, torch.ones_like(ids), prefix_cache, _arange(0, prefix, b.device))
         out = np.zeros((len(encoded), len(encoded[0].tails)))
         for chunk in self._row_chunks(encoded, tries, prefix):
             batch = _TreeBatch(b, [encoded[i] for i in chunk], [tries[i] for i in chunk], prefix_cache, prefix)
@@ -453,7 +459,7 @@ class _TreeBatch:
         if width == 0:
             return
         start = self.cache.get_seq_length()
-        ids = np.full((len(self.rows), width), b._pad_id, dtype=np.int64)
+        ids = np.zeros((len(self.rows), width), dtype=np.int64)  # padding: any token, masked out
         pos = np.zeros((len(self.rows), width), dtype=np.int64)
         allowed = np.zeros((len(self.rows), width, start + width), dtype=bool)
         allowed[:, np.arange(width), start + np.arange(width)] = True  # every column sees itself
