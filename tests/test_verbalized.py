@@ -194,7 +194,8 @@ def test_single_token_labels_are_checked_against_the_real_tokenizer(tiny_backend
         assert full[: len(context)] == context
         return tokenizer.convert_ids_to_tokens(full[len(context) :])
 
-    # Letters: one token with and without the space, so the next-token path serves them.
+    # Letters: one token with and without the space (white-box backends other than hf read them with
+    # next_token_logprobs; hf scores them as one-token continuations, which costs no extra position).
     for letter in "ABCDE":
         assert continuation(letter) == [letter] and continuation(" " + letter) == ["Ġ" + letter]
     assert single_token_ids(tiny_backend, [prompt], ["A", " A"]) == tokenizer.convert_tokens_to_ids(["A", "ĠA"])

@@ -240,12 +240,16 @@ def demo(
     model: ModelOpt = DEFAULT_MODEL,
     k: Annotated[int, typer.Option(help="Sampled answers per question.")] = 5,
     limit: Annotated[int | None, typer.Option(help="Only the first N starter questions.")] = None,
+    estimators: Annotated[
+        str | None, typer.Option("--estimators", "-e", help="Comma-separated estimators (default: the demo set).")
+    ] = None,
 ) -> None:
     """The whole pipeline on the embedded default and the built-in starter set."""
-    from candor.demo import run_demo
+    from candor.demo import DEMO_ESTIMATORS, run_demo
     from candor.report import format_table_rich
 
-    result = run_demo(out_dir, model=model, k=k, limit=limit)
+    names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else DEMO_ESTIMATORS
+    result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names)
     _print_rich(format_table_rich(result.report))
     typer.echo(f"report: {result.report.files['index']}")
 

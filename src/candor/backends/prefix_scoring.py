@@ -155,6 +155,7 @@ def _encode_group(
     members: list[int],
     out: list[_Encoded | None],
 ) -> None:
+    """Fill ``out`` for the prompts ending with ``line`` from one tokenization of it with each candidate."""
     line_ids = backend.tokenize(line)
     n = len(line_ids)
     if n == 0:
