@@ -166,7 +166,8 @@ def import_honestybench(
 ) -> None:
     """Import released HonestyBench annotations as candor records."""
     from candor.errors import at_line
-    from candor.records import from_honestybench, iter_json_lines, write_records
+    from candor.jsonl import iter_json_lines
+    from candor.records import from_honestybench, write_records
 
     recs = []
     for lineno, obj in iter_json_lines(source):

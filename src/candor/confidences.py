@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from candor.errors import CandorError, at_line
-from candor.records import iter_json_lines
+from candor.jsonl import iter_json_lines
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from candor.backends.base import Completion
 from candor.data.items import QAItem
 from candor.errors import CandorError, at_line
+from candor.jsonl import iter_json_lines
 
 
 @dataclass
@@ -84,24 +85,6 @@ class Record:
 
 
 # ---------------------------------------------------------------- file I/O
-
-
-def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; errors name the line."""
-    path = Path(path)
-    if not path.exists():
-        raise CandorError(f"{path}: no such file")
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise at_line(path, lineno, f"malformed JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise at_line(path, lineno, "expected a JSON object")
-            yield lineno, obj
 
 
 def read_records(path: str | Path) -> list[Record]:

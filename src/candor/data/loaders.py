@@ -29,6 +29,7 @@ from typing import Any
 from candor.data.items import OPTION_LETTERS, QAItem
 from candor.data.registry import DATASETS, get_dataset
 from candor.errors import CandorError, at_line
+from candor.jsonl import iter_json_lines
 from candor.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -170,17 +171,7 @@ def parse_row(
 @FORMATS.register(".jsonl")
 def read_jsonl(path: Path, fields: Fields) -> Iterator[tuple[int, Row]]:
     """One JSON object per line; blank lines are skipped."""
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise at_line(path, lineno, f"malformed JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise at_line(path, lineno, "expected a JSON object")
-            yield lineno, obj
+    yield from iter_json_lines(path)
 
 
 @FORMATS.register(".json")
