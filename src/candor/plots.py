@@ -124,14 +124,19 @@ def confidence_histograms(
     for ax, name in zip(axes, names, strict=False):
         conf, correct = arrays[name]
         correct = np.asarray(correct).astype(bool)
-        ax.hist(conf[correct], bins=edges, color=CORRECT_COLOR, alpha=0.6,
-                label=f"correct ({int(correct.sum())})")
-        ax.hist(conf[~correct], bins=edges, color=WRONG_COLOR, alpha=0.6,
-                label=f"incorrect ({int((~correct).sum())})")
+        # Each group sums to 1, so a rare class (often the correct answers) stays visible;
+        # the correct group is drawn as a thick outline on top of the filled incorrect one.
+        for group, color, label, style in (
+            (conf[~correct], WRONG_COLOR, "incorrect", {"histtype": "stepfilled", "alpha": 0.55}),
+            (conf[correct], CORRECT_COLOR, "correct", {"histtype": "step", "linewidth": 2.2}),
+        ):
+            if len(group):
+                ax.hist(group, bins=edges, color=color, weights=np.full(len(group), 1 / len(group)),
+                        label=f"{label} (n={len(group)})", **style)
         ax.set_title(name)
         ax.set_xlim(0, 1)
         ax.set_xlabel("confidence")
-        ax.set_ylabel("count")
+        ax.set_ylabel("share of group")
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     for ax in axes[len(names):]:
