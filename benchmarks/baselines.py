@@ -95,7 +95,9 @@ def main() -> None:
     roles = {d: r for d, r in roles.items() if d in tests}
     report = write_report(ConfidenceTable(rows), RESULTS / "baselines", roles=roles, bootstrap=args.bootstrap,
                           title=f"HonestyBench-mini baselines: {args.model}")
-    write_json(args.out, results_payload(report.evaluation, args, timings))
+    payload = results_payload(report.evaluation, args, timings)
+    write_json(args.out, payload)
+    print(markdown_table(payload))
     logger.info("wrote %s and %s", args.out, report.files["index"])
     if not args.skip_train:
         # The training pool is for the EliCal / ADVICE benchmarks; annotated last so results come first.
@@ -132,6 +134,23 @@ def results_payload(ev, args: argparse.Namespace, timings: dict[str, float]) -> 
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "command": "python benchmarks/baselines.py",
     }
+
+
+def markdown_table(payload: dict) -> str:
+    """The ID / OOD table for benchmarks/README.md (×100, 95% bootstrap intervals)."""
+    head = "| method | ID AUROC | ID ECE | ID Alignment | ID Brier | OOD AUROC | OOD ECE | OOD Alignment | OOD Brier |"
+    lines = [head, "|---|" + "---:|" * 8]
+    for method, m in payload["methods"].items():
+        cells = []
+        for group in ("id", "ood"):
+            for metric in MAIN_METRICS:
+                value, (lo, hi) = m[group][metric], m["ci95"][group].get(metric, [None, None])
+                cell = "–" if value is None else f"{100 * value:.1f}"
+                if value is not None and lo is not None and hi is not None:
+                    cell += f" [{100 * lo:.0f}, {100 * hi:.0f}]"
+                cells.append(cell)
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _num(x: float | None) -> float | None:
