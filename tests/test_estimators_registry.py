@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import BlackBox
 
 from candor.backends.base import Completion
 from candor.data.items import QAItem
@@ -28,19 +29,6 @@ def record(rid: str, logprobs: list[float], correct: int = 1) -> Record:
         greedy_correct=correct,
         consistency=[1, 0],
     )
-
-
-class BlackBox:
-    """The tiny HF model seen through a black-box engine (no hidden states)."""
-
-    white_box = False
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.model_name = inner.model_name
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 class NeedsHiddenStates(Estimator):

@@ -6,6 +6,7 @@ import copy
 
 import numpy as np
 import pytest
+from helpers import BlackBox
 
 from candor.backends.base import Completion
 from candor.data.items import QAItem
@@ -33,19 +34,6 @@ MC = QAItem(
     choices=("Rome", "Paris", "Berlin", "Madrid"), answer_index=1, context="A short passage.",
 )  # fmt: skip
 KEYS = ["letter", "number", "text", "float", "percent"]
-
-
-class BlackBox:
-    """The tiny HF model seen through a black-box engine: text in, text out."""
-
-    white_box = False
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.model_name = inner.model_name
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def with_template(backend, template):
