@@ -28,10 +28,10 @@ demo: setup
 	$(BIN)/candor demo
 
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m ruff check src tests benchmarks
 
 bench-throughput: setup
 	$(BIN)/python benchmarks/annotate_throughput.py
