@@ -187,8 +187,4 @@ class HistogramCalibrator(Calibrator):
 
 def get_calibrator(name: str, **kwargs: Any) -> Calibrator:
     """Build a registered calibrator, e.g. ``get_calibrator("histogram", n_bins=15)``."""
-    cls = CALIBRATORS.get(name)
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise CandorError(f"calibrator {name!r}: bad options {sorted(kwargs)} ({exc})") from None
+    return CALIBRATORS.build(name, **kwargs)

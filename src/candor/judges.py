@@ -426,19 +426,13 @@ class LLMConsistencyJudge(_LLMJudge):
 # ---------------------------------------------------------------- factories
 
 
-def _build(registry: Registry[type], name: str, kwargs: dict[str, Any]) -> Any:
-    cls = registry.get(name)
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise CandorError(f"{registry.kind} {name!r}: bad options {sorted(kwargs)} ({exc})") from None
 
 
 def get_correctness_judge(name: str = "contains", **kwargs: Any) -> CorrectnessJudge:
     """Build a registered correctness judge, e.g. ``get_correctness_judge("f1", threshold=0.6)``."""
-    return _build(CORRECTNESS_JUDGES, name, kwargs)
+    return CORRECTNESS_JUDGES.build(name, **kwargs)
 
 
 def get_consistency_judge(name: str = "lexical", **kwargs: Any) -> ConsistencyJudge:
     """Build a registered consistency judge, e.g. ``get_consistency_judge("llm", backend=b)``."""
-    return _build(CONSISTENCY_JUDGES, name, kwargs)
+    return CONSISTENCY_JUDGES.build(name, **kwargs)

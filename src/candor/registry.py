@@ -11,7 +11,7 @@ Adding a method is one file and one decorator::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from candor.errors import CandorError
 
@@ -40,6 +40,14 @@ class Registry(Generic[T]):
         except KeyError:
             known = ", ".join(sorted(self._entries)) or "(none)"
             raise CandorError(f"unknown {self.kind} {name!r}; known: {known}") from None
+
+    def build(self, name: str, **kwargs: Any) -> Any:
+        """Call the registered factory with ``kwargs``; bad options are a user error."""
+        factory = self.get(name)
+        try:
+            return factory(**kwargs)  # type: ignore[operator]
+        except TypeError as exc:
+            raise CandorError(f"{self.kind} {name!r}: bad options {sorted(kwargs)} ({exc})") from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

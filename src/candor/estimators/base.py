@@ -88,8 +88,4 @@ ESTIMATORS: Registry[EstimatorFactory] = Registry("estimator")
 
 def get_estimator(name: str, **kwargs: Any) -> Estimator:
     """Build a registered estimator, e.g. ``get_estimator("consis-sem", judge="llm", backend=b)``."""
-    factory = ESTIMATORS.get(name)
-    try:
-        return factory(**kwargs)
-    except TypeError as exc:
-        raise CandorError(f"estimator {name!r}: bad options {sorted(kwargs)} ({exc})") from None
+    return ESTIMATORS.build(name, **kwargs)
