@@ -247,3 +247,21 @@ def test_kill_9_mid_run_then_resume(tiny_model_dir, tmp_path):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = read_records(out)
     assert [r.item.question for r in records] == [r["question"] for r in rows]
+
+
+def test_cli_export_then_import_round_trip(tiny_backend, tmp_path):
+    recs = tmp_path / "r.jsonl"
+    annotate(make_items()[:3], tiny_backend, recs, FEWSHOT, config(k=2), progress=False)
+    hb = tmp_path / "hb" / "toy.jsonl"
+    runner = CliRunner()
+    assert runner.invoke(app, ["export", str(recs), "--out", str(hb)]).exit_code == 0
+    exported = [json.loads(line) for line in hb.read_text().splitlines()]
+    assert [e["greedy_response"] for e in exported] == [r.greedy.text for r in read_records(recs)]
+    back = tmp_path / "back.jsonl"
+    assert runner.invoke(app, ["import", str(hb), "--out", str(back)]).exit_code == 0
+    for a, b in zip(read_records(recs), read_records(back), strict=True):
+        assert (a.id, a.greedy.text, a.greedy_correct, a.consistency) == (b.id, b.greedy.text, b.greedy_correct,
+                                                                          b.consistency)
+    hb.write_text(hb.read_text() + '{"question": "q"}\n')
+    bad = runner.invoke(app, ["import", str(hb), "--out", str(tmp_path / "x.jsonl")])
+    assert bad.exit_code == 2 and "toy.jsonl:4:" in bad.output

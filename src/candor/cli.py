@@ -145,15 +145,11 @@ def export_honestybench(
     out: Annotated[Path, typer.Option("--out", "-o", help="JSONL with HonestyBench field names.")],
 ) -> None:
     """Export records with the released HonestyBench field names."""
-    import json
-
+    from candor.jsonl import write_json_lines
     from candor.records import read_records, to_honestybench
 
     recs = read_records(records)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(to_honestybench(r), ensure_ascii=False) + "\n" for r in recs))
-    tmp.replace(out)
+    write_json_lines(out, (to_honestybench(r) for r in recs))
     typer.echo(f"exported {len(recs)} records to {out}")
 
 
@@ -165,16 +161,9 @@ def import_honestybench(
     dataset: Annotated[str, typer.Option(help="Dataset name when the file has none.")] = "",
 ) -> None:
     """Import released HonestyBench annotations as candor records."""
-    from candor.errors import at_line
-    from candor.jsonl import iter_json_lines
-    from candor.records import from_honestybench, write_records
+    from candor.records import read_honestybench, write_records
 
-    recs = []
-    for lineno, obj in iter_json_lines(source):
-        try:
-            recs.append(from_honestybench(obj, dataset=dataset or source.parent.name, index=lineno))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise at_line(source, lineno, f"not a HonestyBench annotation: missing or bad field {exc}") from None
+    recs = read_honestybench(source, dataset)
     write_records(out, recs)
     typer.echo(f"imported {len(recs)} records into {out}")
 

@@ -10,8 +10,6 @@ are columns, so estimators scored at different times merge by ``id``.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from candor.errors import CandorError, at_line
-from candor.jsonl import iter_json_lines
+from candor.jsonl import iter_json_lines, write_json_lines
 
 
 @dataclass
@@ -68,14 +66,9 @@ class ConfidenceTable:
 
 
 def write_confidences(path: str | Path, table: ConfidenceTable) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for r in table.rows:
-            obj = {"id": r.id, "dataset": r.dataset, "correct": r.correct, "confidence": r.confidence}
-            fh.write(json.dumps(obj) + "\n")
-    os.replace(tmp, path)
+    write_json_lines(
+        path, ({"id": r.id, "dataset": r.dataset, "correct": r.correct, "confidence": r.confidence} for r in table.rows)
+    )
 
 
 def read_confidences(path: str | Path) -> ConfidenceTable:

@@ -1,9 +1,10 @@
-"""Reading JSON-lines files with errors that name the file and line."""
+"""JSON-lines files: reading with errors that name the file and line, atomic writing."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,3 +27,16 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not isinstance(obj, dict):
                 raise at_line(path, lineno, "expected a JSON object")
             yield lineno, obj
+
+
+def write_json_lines(path: str | Path, objects: Iterable[dict[str, Any]]) -> None:
+    """Write one JSON object per line atomically: a temporary file, fsync, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for obj in objects:
+            fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

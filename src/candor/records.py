@@ -18,7 +18,7 @@ from typing import Any
 from candor.backends.base import Completion
 from candor.data.items import QAItem
 from candor.errors import CandorError, at_line
-from candor.jsonl import iter_json_lines
+from candor.jsonl import iter_json_lines, write_json_lines
 
 
 @dataclass
@@ -100,15 +100,19 @@ def read_records(path: str | Path) -> list[Record]:
 
 def write_records(path: str | Path, records: Iterable[Record]) -> None:
     """Write records atomically: a temporary file, then a rename."""
+    write_json_lines(path, (rec.to_dict() for rec in records))
+
+
+def read_honestybench(path: str | Path, dataset: str = "") -> list[Record]:
+    """Import a file of released-HonestyBench annotations; errors name the line."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec.to_dict(), ensure_ascii=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    out = []
+    for lineno, obj in iter_json_lines(path):
+        try:
+            out.append(from_honestybench(obj, dataset=dataset or path.parent.name, index=lineno))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise at_line(path, lineno, f"not a HonestyBench annotation: missing or bad field {exc}") from None
+    return out
 
 
 class RecordAppender:
