@@ -274,17 +274,7 @@ class HFBackend:
         is a PEFT adapter directory, merged into the weights for speed.
         """
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        torch_dtype = _resolve_dtype(dtype, device)
-        path = str(resolve_embedded(name_or_path)) if is_embedded(name_or_path) else name_or_path
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise CandorError(
-                f"cannot load model {name_or_path!r}: it is neither a local model directory nor in the "
-                "local Hugging Face cache, and candor downloads nothing; check the path, or download the "
-                f"model first ({type(exc).__name__}: {exc})"
-            ) from None
+        model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=resolve_dtype(dtype, device))
         if adapter is not None:
             model = _load_adapter(model, adapter)
         backend = cls(model, tokenizer, batch_size=batch_size, device=device, model_name=name_or_path, seed=seed)
@@ -632,7 +622,7 @@ def _check_params(params: SamplingParams) -> None:
         raise CandorError(f"top_k must be >= 0 (0 turns top-k off), got {params.top_k}")
 
 
-def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None or dtype == "auto":
@@ -641,6 +631,31 @@ def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
         return _DTYPES[dtype]
     except KeyError:
         raise CandorError(f"unknown dtype {dtype!r}; known: auto, {', '.join(_DTYPES)}") from None
+
+
+def load_model_and_tokenizer(
+    name_or_path: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = None, device: str | None = None
+) -> tuple[Any, Any]:
+    """The model and tokenizer behind ``name_or_path``: the embedded default, a local directory, or a cached hub id.
+
+    ``dtype`` defaults to float32 on CPU and bfloat16 on CUDA; the model is
+    moved to ``device`` when one is given. Nothing is downloaded: an unknown
+    model is a :class:`CandorError` naming it.
+    """
+    target = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    path = str(resolve_embedded(name_or_path)) if is_embedded(name_or_path) else name_or_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, target), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise CandorError(
+            f"cannot load model {name_or_path!r}: it is neither a local model directory nor in the "
+            "local Hugging Face cache, and candor downloads nothing; check the path, or download the "
+            f"model first ({type(exc).__name__}: {exc})"
+        ) from None
+    if device is not None:
+        model = model.to(device)
+    return model, tokenizer
 
 
 def _load_adapter(model: Any, adapter: str) -> Any:

@@ -1,0 +1,181 @@
+"""What every candor trainer shares: loading a trainable model, LoRA, TrainingArguments, cost.
+
+The trainers themselves (EliCal, ADVICE, ConfTuner) are small
+``transformers.Trainer`` subclasses that override ``compute_loss`` and nothing
+else (DESIGN.md §5, TRL style), so ``accelerate launch`` gives multi-GPU
+training unchanged. This module holds the plumbing they have in common:
+
+- :func:`load_causal_lm`: the embedded default, a local directory or a cached
+  hub id, with its tokenizer (nothing is downloaded);
+- :func:`lora_config` and the target-module sets of the papers;
+- :func:`training_arguments`: the papers' optimizer settings with CPU-friendly
+  defaults (no reports, no checkpoints unless asked, the CPU when no GPU);
+- :class:`ResourceMeter`: wall time and peak resident memory of one run, so
+  results files can report what each training run cost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from candor.backends.default_model import DEFAULT_MODEL
+
+logger = logging.getLogger(__name__)
+
+# LoRA target modules (Llama/Qwen/Gemma naming).
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+ALL_PROJECTIONS = ATTENTION_PROJECTIONS + MLP_PROJECTIONS
+QUERY_VALUE = ("q_proj", "v_proj")
+
+
+def load_causal_lm(name_or_path: str = DEFAULT_MODEL, dtype: str | None = None, device: str | None = None) -> Any:
+    """``(model, tokenizer)`` to train: float32 on CPU, bfloat16 on CUDA unless ``dtype`` says otherwise.
+
+    The tokenizer gets a pad token (EOS) when it has none. Unknown models are a
+    :class:`CandorError` naming them; nothing is downloaded.
+    """
+    import torch
+
+    from candor.backends.hf import load_model_and_tokenizer
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=dtype, device=device)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def lora_config(
+    r: int, alpha: int, targets: tuple[str, ...], dropout: float = 0.0, task_type: str | None = "CAUSAL_LM"
+) -> Any:
+    """A ``peft.LoraConfig``; ``task_type=None`` for a backbone wrapped by a custom head."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none", task_type=task_type
+    )
+
+
+def training_arguments(
+    output_dir: str | Path,
+    *,
+    learning_rate: float,
+    epochs: float,
+    batch_size: int,
+    gradient_accumulation: int = 1,
+    warmup_ratio: float = 0.0,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    evaluate_each_epoch: bool = False,
+    **overrides: Any,
+) -> Any:
+    """``TrainingArguments`` with AdamW + linear decay and the given paper settings.
+
+    Nothing is reported to trackers. With ``evaluate_each_epoch`` the trainer
+    evaluates and checkpoints every epoch and reloads the best checkpoint by
+    eval loss at the end (what early stopping needs); otherwise it saves
+    nothing itself and the caller saves the final model.
+    """
+    import torch
+    from transformers import TrainingArguments
+
+    strategy = "epoch" if evaluate_each_epoch else "no"
+    settings: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "learning_rate": learning_rate,
+        "num_train_epochs": epochs,
+        "per_device_train_batch_size": batch_size,
+        "per_device_eval_batch_size": batch_size,
+        "gradient_accumulation_steps": gradient_accumulation,
+        # transformers 5 reads a float in [0, 1) as a ratio of the total steps.
+        "warmup_steps": warmup_ratio,
+        "weight_decay": weight_decay,
+        "lr_scheduler_type": "linear",
+        "optim": "adamw_torch",
+        "seed": seed,
+        "data_seed": seed,
+        "eval_strategy": strategy,
+        "save_strategy": strategy,
+        "save_total_limit": 1 if evaluate_each_epoch else None,
+        "load_best_model_at_end": evaluate_each_epoch,
+        "metric_for_best_model": "eval_loss" if evaluate_each_epoch else None,
+        "greater_is_better": False if evaluate_each_epoch else None,
+        "report_to": "none",
+        "logging_strategy": "epoch",
+        "disable_tqdm": True,
+        "remove_unused_columns": False,
+        "dataloader_num_workers": 0,
+        "use_cpu": not torch.cuda.is_available(),
+        "save_safetensors": True,
+    }
+    settings.update(overrides)
+    try:
+        return TrainingArguments(**settings)
+    except TypeError:  # an argument this transformers version does not know (e.g. save_safetensors)
+        settings.pop("save_safetensors", None)
+        return TrainingArguments(**settings)
+
+
+# ------------------------------------------------------------------ cost
+
+
+def current_rss_mib() -> float:
+    """Resident memory of this process now (Linux ``/proc``; elsewhere the peak so far)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclass
+class RunCost:
+    """Wall time and peak resident memory of one block of work."""
+
+    wall_s: float = 0.0
+    peak_rss_mib: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"wall_s": round(self.wall_s, 2), "peak_rss_mib": round(self.peak_rss_mib, 1)}
+
+
+class ResourceMeter:
+    """Measure a block: ``with ResourceMeter() as meter: ...; meter.cost``.
+
+    Peak memory is sampled from a background thread (``interval`` seconds), so
+    it is the peak *during* the block, not the process's lifetime peak that
+    ``getrusage`` gives.
+    """
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval = interval
+        self.cost = RunCost()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start = 0.0
+
+    def __enter__(self) -> ResourceMeter:
+        self._start = time.perf_counter()
+        self.cost.peak_rss_mib = current_rss_mib()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.cost.peak_rss_mib = max(self.cost.peak_rss_mib, current_rss_mib())
+        self.cost.wall_s = time.perf_counter() - self._start
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.cost.peak_rss_mib = max(self.cost.peak_rss_mib, current_rss_mib())
