@@ -86,3 +86,31 @@ def test_demo_runs_end_to_end_and_reuses_its_cache(tiny_model_dir, tmp_path):
     before = (first.records.read_text(), first.confidences.read_text())
     second = run_demo(tmp_path, model=str(tiny_model_dir), k=2, limit=6, estimators=methods, batch_size=4)
     assert (second.records.read_text(), second.confidences.read_text()) == before
+
+
+def test_cli_score_estimator_options_reach_the_estimator_and_bad_ones_fail(records, tmp_path):
+    recs = tmp_path / "records.jsonl"
+    write_records(recs, records)
+    conf = tmp_path / "conf.jsonl"
+    runner = CliRunner()
+    base = ["score", "--records", str(recs), "--out", str(conf), "-e", "consis-sem"]
+    ok = runner.invoke(app, [*base, "-O", "consis-sem.judge=lexical"])
+    assert ok.exit_code == 0, ok.output
+    assert read_confidences(conf).arrays("consis-sem")[0] == pytest.approx([0.5, 1.0, 0.25])
+    unknown_judge = runner.invoke(app, [*base, "--force", "-O", "consis-sem.judge=oracle"])
+    assert unknown_judge.exit_code == 2 and "oracle" in unknown_judge.output
+    for bad, why in (("consis-sem.judge", "NAME.KEY=VALUE"), ("judge=lexical", "NAME.KEY=VALUE"),
+                     ("n-prob.x=1", "not among --estimators")):
+        result = runner.invoke(app, [*base, "-O", bad])
+        assert result.exit_code == 2 and why in result.output, (bad, result.output)
+
+
+def test_cli_score_adapter_must_be_a_peft_folder(records, tiny_model_dir, tmp_path):
+    recs = tmp_path / "records.jsonl"
+    write_records(recs, records)
+    not_adapter = tmp_path / "empty"
+    not_adapter.mkdir()
+    result = CliRunner().invoke(app, ["score", "--records", str(recs), "--out", str(tmp_path / "c.jsonl"),
+                                      "-e", "verbal-letter", "--model", str(tiny_model_dir),
+                                      "--adapter", str(not_adapter)])
+    assert result.exit_code == 2 and "adapter_config.json" in result.output

@@ -177,9 +177,21 @@ def score(
         str, typer.Option("--estimators", "-e", help="Comma-separated estimator names, or 'list'.")
     ] = "prob,n-prob,min-prob,consis-lex,consis-sem",
     model: ModelOpt = DEFAULT_MODEL,
+    adapter: Annotated[
+        Path | None, typer.Option(help="PEFT adapter folder (e.g. from `candor train advice`) to load on --model.")
+    ] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--option", "-O", help="Estimator setting NAME.KEY=VALUE, e.g. elical.head=runs/elical."),
+    ] = None,
     force: Annotated[bool, typer.Option(help="Recompute methods already in --out.")] = False,
 ) -> None:
-    """Turn records into confidences with any registered estimators."""
+    """Turn records into confidences with any registered estimators.
+
+    With --adapter the model-based estimators score with the fine-tuned model;
+    write its confidences to their own --out file so they stay apart from the
+    base model's.
+    """
     from candor.estimators import ESTIMATORS, get_estimator
     from candor.records import read_records
     from candor.scoring import score_into
@@ -189,15 +201,43 @@ def score(
             typer.echo(name)
         return
     names = [n.strip() for n in estimators.split(",") if n.strip()]
-    needs_model = any(get_estimator(n).needs_backend for n in names)
+    options = parse_estimator_options(option or [], names)
+    needs_model = any(get_estimator(n, **options.get(n, {})).needs_backend for n in names)
     backend = None
     if needs_model:
         from candor.backends import load_backend
 
-        backend = load_backend(model)
+        backend = load_backend(model, adapter=str(adapter) if adapter else None)
     recs = read_records(records)
-    table = score_into(recs, names, out, backend, force=force)
+    table = score_into(recs, names, out, backend, force=force, options=options)
     typer.echo(f"wrote {len(table.methods)} methods × {len(table.rows)} records to {out}")
+
+
+def parse_estimator_options(pairs: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
+    """``["elical.head=dir", "verbal-10.examples=f.jsonl"]`` → ``{"elical": {"head": "dir"}, …}``.
+
+    Values stay strings except integers and floats; an option for an
+    estimator that is not being run is an error, not silently ignored.
+    """
+    options: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        name, dot, field = key.rpartition(".")
+        if not sep or not dot or not name or not field:
+            raise CandorError(f"--option {pair!r}: expected NAME.KEY=VALUE, e.g. elical.head=runs/elical")
+        if name not in names:
+            raise CandorError(f"--option {pair!r}: estimator {name!r} is not among --estimators ({', '.join(names)})")
+        options.setdefault(name, {})[field] = _option_value(value)
+    return options
+
+
+def _option_value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
 
 
 @app.command("eval")

@@ -11,7 +11,7 @@ import numpy as np
 from candor.backends.base import Backend
 from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.judges import get_consistency_judge, rouge_l_f1
+from candor.judges import CONSISTENCY_JUDGES, get_consistency_judge, rouge_l_f1
 from candor.records import Record
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class SemanticConsistency(Estimator):
     level = "question"
 
     def __init__(self, judge: str = "lexical", **judge_options: Any) -> None:
+        CONSISTENCY_JUDGES.get(judge)  # an unknown judge fails now, even when the records carry verdicts
         self.judge_name = judge
         self.judge_options = judge_options
         self.needs_backend = judge == "llm"
