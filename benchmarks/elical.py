@@ -1,0 +1,339 @@
+"""EliCal on HonestyBench-mini with the embedded default (DESIGN.md §4.4, §4.7).
+
+Reuses the annotations and baseline confidences of benchmarks/baselines.py
+(benchmarks/cache/mini: train 4x450, dev 4x50 carved from the training pool,
+test 6x200, k=5) and trains nothing the baselines already measured:
+
+- ``head`` mode (frozen backbone, cached last-token features): Eli-Only once
+  per seed, then Cal-Only@N and EliCal@N for N in 100, 250, 500, 1000, all,
+  over 3 seeds (budgets drawn per seed, nested);
+- ``lora`` mode (the paper's): EliCal@1000 and its Eli-Only stage, one seed,
+  with the epochs of each stage capped (``--lora-epochs``, default 1): at
+  about 0.35 s per training question on 2 CPU cores, one epoch of stage 1
+  over the 1800-question pool is ~10 minutes. Skip it with ``--skip-lora``.
+
+Early stopping watches the 200-question dev slice (its consistency rates in
+stage 1, its sample accuracies in stage 2); no test item is ever used. Each
+method is reported as the mean over seeds with a 95% bootstrap interval of
+that mean, beside the training-free baselines measured on the same test
+items (N-Prob, Consis-Sem, Consis-Lex, Verbal-0), and as differences against
+N-Prob.
+
+Every run is cached under benchmarks/cache/elical (features, test
+confidences, heads), so a killed run resumes and a rerun only re-summarizes:
+
+    .venv/bin/python benchmarks/elical.py               # everything
+    .venv/bin/python benchmarks/elical.py --skip-lora   # head mode and baselines only
+    .venv/bin/python benchmarks/elical.py --quick       # 1 seed, budgets 100 and all, no lora
+
+Measured on 2 shared CPU cores (load ~4): features of the 3,200 prompts
+~9 min once (then cached); the head-mode sweep (33 runs) and 1000-resample
+intervals 3.5 min; the lora run ~25 min on idle cores (0.35 s per training
+question, 0.15 s per scored one), up to an hour on busy ones; peak memory
+0.7 GB (head) and 2.6 GB (lora).
+
+Writes benchmarks/results/elical.json and benchmarks/results/elical_budget.png
+(``--quick``: elical_quick.json and elical_quick_budget.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import CACHE, RESULTS, logger, peak_rss_mib, setup_logging, write_json
+
+from candor.confidences import read_confidences
+from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
+from candor.elical import EliCalConfig
+from candor.elical.splits import parse_budget
+from candor.elical.sweep import SweepData, plot_sweep, run_sweep
+from candor.records import Record, read_records
+
+BASELINES = {"N-Prob": "n-prob", "Consis-Sem": "consis-sem", "Consis-Lex": "consis-lex", "Verbal-0": "verbal-0"}
+REFERENCE = "N-Prob"
+METRICS = ("auroc", "ece", "alignment")
+LORA_SUFFIX = " (lora)"
+PLAIN_SUFFIX = " (plain resume)"
+GIB_24 = 24 * 1024
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--annotations", type=Path, default=CACHE / "mini", help="benchmarks/baselines.py's cache")
+    p.add_argument("--cache", type=Path, default=CACHE / "elical")
+    p.add_argument("--budgets", default="100,250,500,1000,all")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--max-epochs", type=int, default=None, help="cap on head-mode epochs (default: the paper's 50)")
+    p.add_argument("--skip-lora", action="store_true", help="skip the lora-mode run")
+    p.add_argument("--lora-budget", default="1000")
+    p.add_argument("--lora-epochs", type=int, default=1, help="epochs per stage in lora mode (CPU cap)")
+    p.add_argument("--quick", action="store_true", help="1 seed, budgets 100 and all, 100 resamples, no lora")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None)
+    args = p.parse_args()
+    if args.quick:
+        args.seeds, args.budgets, args.bootstrap, args.skip_lora = "0", "100,all", 100, True
+    stem = "elical_quick" if args.quick else "elical"
+    args.out = args.out or RESULTS / f"{stem}.json"
+    args.plot = args.plot or RESULTS / f"{stem}_budget.png"
+    return args
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> dict[str, list[Record]]:
+    """Cached annotations of one part, or exit telling how to make them."""
+    out = {}
+    for dataset in datasets:
+        path = root / part / f"{dataset}.jsonl"
+        if not path.exists():
+            sys.exit(f"missing {path}: run benchmarks/baselines.py first (it annotates and caches HonestyBench-mini)")
+        out[dataset] = read_records(path)
+    return out
+
+
+def load_baselines(root: Path, tests: dict[str, list[Record]]) -> dict[str, dict[str, Any]]:
+    """Baseline name → dataset → confidences in the test records' order (from baselines.py's cache)."""
+    import numpy as np
+
+    out: dict[str, dict[str, Any]] = {name: {} for name in BASELINES}
+    for dataset, records in tests.items():
+        path = root / "confidences" / f"{dataset}.jsonl"
+        if not path.exists():
+            sys.exit(f"missing {path}: run benchmarks/baselines.py first (it scores the training-free baselines)")
+        rows = {row.id: row for row in read_confidences(path).rows}
+        for name, column in BASELINES.items():
+            missing = [r.id for r in records if r.id not in rows or column not in rows[r.id].confidence]
+            if missing:
+                sys.exit(f"{path}: no {column!r} confidence for {missing[0]}; rerun benchmarks/baselines.py")
+            out[name][dataset] = np.array([rows[r.id].confidence[column] for r in records])
+    return out
+
+
+# ---------------------------------------------------------------- runs
+
+
+def head_sweep(args: argparse.Namespace, data: SweepData, baselines: dict) -> dict[str, Any]:
+    config = EliCalConfig(
+        mode="head", model=args.model, max_epochs=args.max_epochs, feature_cache=str(args.cache / "features")
+    )
+    return run_sweep(
+        data,
+        out_dir=args.cache / "head",
+        config=config,
+        budgets=args.budgets,
+        seeds=args.seeds,
+        bootstrap=args.bootstrap,
+        baselines=baselines,
+    )
+
+
+def plain_resume_sweep(args: argparse.Namespace, data: SweepData) -> dict[str, Any]:
+    """EliCal with the paper's plain resume (no bias re-centring in stage 2), to show what that choice does."""
+    config = EliCalConfig(
+        mode="head",
+        model=args.model,
+        max_epochs=args.max_epochs,
+        feature_cache=str(args.cache / "features"),
+        recenter_bias=False,
+    )
+    return run_sweep(
+        data,
+        out_dir=args.cache / "head-plain",
+        config=config,
+        budgets=args.budgets,
+        seeds=args.seeds,
+        methods=("elical",),
+        eli_only=False,
+        bootstrap=args.bootstrap,
+    )
+
+
+def lora_sweep(args: argparse.Namespace, data: SweepData) -> dict[str, Any]:
+    config = EliCalConfig(mode="lora", model=args.model, max_epochs=args.lora_epochs)
+    return run_sweep(
+        data,
+        out_dir=args.cache / "lora",
+        config=config,
+        budgets=[args.lora_budget],
+        seeds=[args.seeds[0]],
+        methods=("elical",),
+        bootstrap=args.bootstrap,
+    )
+
+
+# ---------------------------------------------------------------- results
+
+
+def results_payload(
+    args: argparse.Namespace,
+    head: dict,
+    plain: dict,
+    lora: dict | None,
+    data: SweepData,
+    seconds: dict[str, float],
+) -> dict[str, Any]:
+    methods = {
+        name: method_entry(entry, "head" if name not in BASELINES else "training-free")
+        for name, entry in head["methods"].items()
+    }
+    methods.update({name + PLAIN_SUFFIX: method_entry(entry, "head") for name, entry in plain["methods"].items()})
+    if lora is not None:
+        methods.update({name + LORA_SUFFIX: method_entry(entry, "lora") for name, entry in lora["methods"].items()})
+    reference = methods[REFERENCE]
+    for entry in methods.values():
+        entry["delta_vs_n_prob"] = {g: {m: _diff(entry[g][m], reference[g][m]) for m in METRICS} for g in ("id", "ood")}
+    runs = [run for entry in methods.values() for run in entry.pop("runs", [])]
+    # On a GPU what must fit 24 GiB is the GPU peak; on a CPU, the process's resident memory.
+    lora_peaks = [r["cost"].get("peak_gpu_mib", r["cost"]["peak_rss_mib"]) for r in runs if r["mode"] == "lora"]
+    return {
+        "benchmark": "HonestyBench-mini EliCal",
+        "model": args.model,
+        "sizes": {
+            "train_pool": len(data.train),
+            "dev": len(data.dev),
+            "test": {ds: len(recs) for ds, recs in data.tests.items()},
+        },
+        "roles": dict(data.roles),
+        "budgets": head["budgets"],
+        "n_labels": head["n_labels"],
+        "seeds": head["seeds"],
+        "bootstrap": args.bootstrap,
+        "methods": methods,
+        "training_runs": runs,
+        "lora": None
+        if lora is None
+        else {
+            "budget": args.lora_budget,
+            "epochs_per_stage": args.lora_epochs,
+            "seed": args.seeds[0],
+            "peak_memory_mib": max(lora_peaks, default=None),
+            "fits_24_gib": bool(lora_peaks) and max(lora_peaks) < GIB_24,
+        },
+        "notes": [
+            "Early stopping (patience 4) on the 200-question dev slice carved from the training pool; "
+            "its labels are used only to stop, and no test item is used.",
+            "EliCal re-centres the head's bias on the stage-2 targets when stage 2 starts (recenter_bias, "
+            "chosen on dev-slice loss); the '(plain resume)' rows are the paper's plain resume, for comparison.",
+            "head mode: frozen backbone, last-layer last-token features, head lr 1e-3, batch 32, up to 50 epochs.",
+            f"lora mode: r=8, alpha=16 on q,k,v,o,gate,up,down, lr 5e-5 (head 1e-3), batch 8, "
+            f"{args.lora_epochs} epoch(s) per stage (CPU cap), one seed.",
+            "Intervals: 95% bootstrap of the seed mean (test items resampled per dataset).",
+        ],
+        "hyperparameters": {"head": head["config"], "lora": None if lora is None else lora["config"]},
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "command": "python benchmarks/elical.py"
+        + (" --quick" if args.quick else "")
+        + (" --skip-lora" if args.skip_lora and not args.quick else ""),
+    }
+
+
+def method_entry(entry: dict[str, Any], mode: str) -> dict[str, Any]:
+    out: dict[str, Any] = {g: {m: _num(entry[g][m]) for m in METRICS} for g in ("id", "ood")}
+    out["ci95"] = {
+        g: {m: [_num(x) for x in entry.get("ci95", {}).get(g, {}).get(m, [None, None])] for m in METRICS}
+        for g in ("id", "ood")
+    }
+    out["seed_std"] = {g: {m: _num(v) for m, v in entry["seed_std"][g].items()} for g in ("id", "ood")}
+    out["per_dataset"] = {ds: {m: _num(v) for m, v in values.items()} for ds, values in entry["per_dataset"].items()}
+    out["mode"] = mode
+    if "training" in entry:
+        out["budget"] = entry["budget"]
+        out["cost"] = entry["cost"]
+        out["runs"] = [
+            {
+                "method": entry["method"],
+                "budget": entry["budget"],
+                "seed": seed,
+                "mode": mode,
+                "cost": t["cost"],
+                "stages": [
+                    {k: s[k] for k in ("name", "n_train", "n_dev", "epochs_run", "best_epoch", "stopped_early", "cost")}
+                    for s in t["stages"]
+                ],
+            }
+            for seed, t in zip(entry["seeds"], entry["training"], strict=True)
+        ]
+    return out
+
+
+def markdown_table(payload: dict[str, Any]) -> str:
+    """Main table: ×100, seed mean [95% CI], and ΔAUROC against N-Prob."""
+    head = "| method | ID AUROC | ΔAUROC | ID ECE | ID Align | OOD AUROC | ΔAUROC | OOD ECE | OOD Align | train s |"
+    lines = [head, "|---|" + "---:|" * 9]
+    for name, m in payload["methods"].items():
+        cells = []
+        for g in ("id", "ood"):
+            cells.append(_cell(m[g]["auroc"], m["ci95"][g]["auroc"]))
+            cells.append(_signed(m["delta_vs_n_prob"][g]["auroc"]))
+            cells.extend(_cell(m[g][k], m["ci95"][g][k]) for k in ("ece", "alignment"))
+        cost = m.get("cost", {}).get("wall_s_mean")
+        cells.append("–" if cost is None else f"{cost:.0f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value: float | None, ci: list[float | None]) -> str:
+    if value is None:
+        return "–"
+    text = f"{100 * value:.1f}"
+    if ci[0] is not None and ci[1] is not None:
+        text += f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
+    return text
+
+
+def _signed(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:+.1f}"
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 4)
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or x != x else round(float(x), 4)
+
+
+def main() -> None:
+    setup_logging()
+    args = parse_args()
+    args.budgets = [parse_budget(b) for b in args.budgets.split(",") if b]
+    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.lora_budget = parse_budget(args.lora_budget)
+    tests = load_part(args.annotations, "test", IN_DOMAIN + OUT_OF_DOMAIN)
+    train = [r for recs in load_part(args.annotations, "train", IN_DOMAIN).values() for r in recs]
+    dev = [r for recs in load_part(args.annotations, "dev", IN_DOMAIN).values() for r in recs]
+    roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
+    data = SweepData(train, dev, tests, roles)
+    baselines = load_baselines(args.annotations, tests)
+    seconds: dict[str, float] = {}
+
+    start = time.perf_counter()
+    head = head_sweep(args, data, baselines)
+    seconds["head_sweep"] = time.perf_counter() - start
+    start = time.perf_counter()
+    plain = plain_resume_sweep(args, data)
+    seconds["plain_resume_sweep"] = time.perf_counter() - start
+    lora = None
+    if not args.skip_lora:
+        start = time.perf_counter()
+        lora = lora_sweep(args, data)
+        seconds["lora"] = time.perf_counter() - start
+
+    payload = results_payload(args, head, plain, lora, data, seconds)
+    write_json(args.out, payload)
+    plot_sweep(head, args.plot, references=["N-Prob", "Consis-Sem"])
+    print(markdown_table(payload))
+    logger.info("wrote %s and %s", args.out, args.plot)
+
+
+if __name__ == "__main__":
+    main()

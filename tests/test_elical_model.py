@@ -1,0 +1,228 @@
+"""The EliCal confidence head: last-token reading, layers, save/load, the feature cache, the estimator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from candor.backends.base import Completion
+from candor.backends.hf import HFBackend
+from candor.data.items import QAItem
+from candor.elical import ConfidenceHead, EliCalConfig, FeatureCache, HeadConfig, train_elical
+from candor.elical.inputs import TokenizerChat, records_template
+from candor.elical.model import encode_prompts, last_token_index, pad_batch
+from candor.errors import CandorError
+from candor.estimators import get_estimator
+from candor.records import Record
+
+QUESTIONS = [
+    "Who wrote Hamlet?",
+    "What is the boiling point of water at sea level in degrees Celsius?",
+    "Name the longest river in Africa, which flows through Egypt and Sudan?",
+    "2+2?",
+]
+
+
+def make_records(n: int, start: int = 0, template: str | None = "fewshot") -> list[Record]:
+    """Records with every field EliCal reads; targets vary with the question."""
+    out = []
+    for i in range(start, start + n):
+        item = QAItem(
+            f"toy:{i}", "toy", "train", f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?", ("x",)
+        )
+        out.append(
+            Record(
+                item=item,
+                greedy=Completion("x"),
+                samples=[Completion("x")] * 4,
+                greedy_correct=i % 2,
+                sample_correct=[i % 2, 0, 1, i % 3 == 0],
+                consistency=[1, i % 2, i % 3 == 0, 0],
+                provenance={"template": template} if template else {},
+            )
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tiny_model, tokenizer, tmp_path_factory):
+    """The tiny Llama saved as a local model directory, so heads can name (and reload) their backbone."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def fresh_head(tiny_dir: str, mode: str = "head", layer: int = -1, seed: int = 0) -> ConfidenceHead:
+    from candor.training import load_causal_lm
+
+    model, tokenizer = load_causal_lm(tiny_dir, device="cpu")
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj"]} if mode == "lora" else None
+    config = HeadConfig(backbone=tiny_dir, template="fewshot", layer=layer, mode=mode, lora=lora)
+    head = ConfidenceHead.create(model, tokenizer, config, seed=seed)
+    if mode == "lora":  # LoRA's B starts at zero; move it so the adapter changes the features
+        with torch.no_grad():
+            for name, p in head.backbone.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, 0.5)
+    return head
+
+
+# ------------------------------------------------------------ last token
+
+
+def test_last_token_index_under_left_and_right_padding():
+    left = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    assert last_token_index(left).tolist() == [3, 3]
+    assert last_token_index(right).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("mode", ["head", "lora"])
+def test_same_confidence_for_a_question_whatever_the_padding(tiny_dir, mode):
+    head = fresh_head(tiny_dir, mode).eval()
+    seqs = encode_prompts(head.tokenizer, head.prompts(QUESTIONS))
+    assert len({len(s) for s in seqs}) > 1  # the batch really needs padding
+    pad = int(head.tokenizer.pad_token_id)
+    with torch.no_grad():
+        alone = torch.cat([head(*pad_batch([s], pad)) for s in seqs])
+        left = head(*pad_batch(seqs, pad, "left"))
+        right = head(*pad_batch(seqs, pad, "right"))
+        # A different batch: the short question with a much longer neighbour, in the other order.
+        mixed = head(*pad_batch([seqs[3], seqs[2]], pad, "right"))
+    torch.testing.assert_close(left, alone, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(right, alone, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(mixed, alone[[3, 2]], atol=1e-5, rtol=1e-4)
+    assert alone.std() > 0  # the head does read the question
+
+
+@pytest.mark.parametrize("layer", [-1, 1])
+def test_features_are_the_backends_last_token_hidden_states(tiny_dir, tiny_model, tokenizer, layer):
+    head = fresh_head(tiny_dir, "head", layer=layer)
+    prompts = head.prompts(QUESTIONS)
+    ours = head.prompt_features(prompts, batch_size=3)
+    reference = HFBackend(tiny_model, tokenizer, batch_size=2).hidden_states(prompts, layer)
+    np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_a_layer_out_of_range_is_a_clear_error(tiny_dir):
+    head = fresh_head(tiny_dir, "head", layer=7)
+    with pytest.raises(CandorError, match="layer 7 is out of range"):
+        head.predict(["Who?"])
+
+
+def test_raw_questions_use_the_saved_template(tiny_dir):
+    head = fresh_head(tiny_dir)
+    prompt = head.prompts(["Who wrote Hamlet?"])[0]
+    assert prompt.startswith("Question: What is the largest planet")
+    assert prompt.endswith("Question: Who wrote Hamlet?\nAnswer:")
+    item = QAItem("a", "", "", "Who wrote Hamlet?", ())
+    np.testing.assert_allclose(head.predict(["Who wrote Hamlet?"]), head.predict([item]))
+
+
+def test_the_records_template_is_the_one_they_were_annotated_with(tokenizer):
+    chat = TokenizerChat(tokenizer, "tiny")
+    assert records_template(make_records(2, template="chat"), "auto", chat) == "chat"
+    assert records_template(make_records(2, template=None), "fewshot", chat) == "fewshot"
+    mixed = make_records(1, template="chat") + make_records(1, 5, template="fewshot")
+    with pytest.raises(CandorError, match="different prompt templates"):
+        records_template(mixed, "auto", chat)
+
+
+# ------------------------------------------------------------ save / load
+
+
+@pytest.mark.parametrize("mode", ["head", "lora"])
+def test_save_then_load_gives_identical_predictions(tiny_dir, tmp_path, mode):
+    config = EliCalConfig(mode=mode, model=tiny_dir, max_epochs=2, lora_r=4, lora_alpha=8)
+    result = train_elical(
+        make_records(24), make_records(8, 100), method="elical", budget=12, config=config, out_dir=tmp_path / "head"
+    )
+    inputs = [*make_records(3, 200), *QUESTIONS]
+    before = result.head.predict(inputs)
+    loaded = ConfidenceHead.from_pretrained(tmp_path / "head")  # one line: the backbone is loaded by name
+    np.testing.assert_allclose(loaded.predict(inputs), before, rtol=1e-6, atol=1e-7)
+    assert loaded.config.mode == mode and loaded.config.template == "fewshot"
+    assert (tmp_path / "head" / "adapter").exists() == (mode == "lora")
+    assert all(not p.requires_grad for p in loaded.backbone.parameters())  # inference: nothing trainable
+
+
+def test_loading_a_folder_that_is_not_a_head_fails_clearly(tmp_path):
+    with pytest.raises(CandorError, match="not a saved EliCal head"):
+        ConfidenceHead.from_pretrained(tmp_path)
+
+
+# ------------------------------------------------------------ feature cache
+
+
+class CountingExtractor:
+    """The head's real feature extraction, counting the prompts that reach the model."""
+
+    def __init__(self, head: ConfidenceHead) -> None:
+        self.head = head
+        self.prompts: list[str] = []
+
+    def __call__(self, prompts):
+        self.prompts.extend(prompts)
+        return self.head.prompt_features(prompts)
+
+
+def test_feature_cache_misses_then_hits_across_instances(tiny_dir, tmp_path):
+    head = fresh_head(tiny_dir)
+    prompts = head.prompts(QUESTIONS)
+    extract = CountingExtractor(head)
+
+    first = FeatureCache(tmp_path, "tiny", -1, "fewshot")
+    out1 = first.get(prompts, extract)
+    assert (first.misses, first.hits, len(extract.prompts)) == (4, 0, 4)
+
+    again = FeatureCache(tmp_path, "tiny", -1, "fewshot")  # a new run: reads the shards from disk
+    out2 = again.get(list(reversed(prompts)), extract)
+    assert (again.misses, again.hits, len(extract.prompts)) == (0, 4, 4)  # the model did not run
+    np.testing.assert_array_equal(out2, out1[::-1])
+    np.testing.assert_allclose(out1, head.prompt_features(prompts), atol=1e-6)
+
+    new = head.prompts(["A brand new question?"])
+    again.get(prompts[:2] + new, extract)
+    assert extract.prompts[4:] == new  # only the unseen prompt was computed
+    assert (again.misses, again.hits) == (1, 6)
+
+
+def test_feature_cache_is_keyed_by_layer_and_template(tiny_dir, tmp_path):
+    head = fresh_head(tiny_dir)
+    extract = CountingExtractor(head)
+    prompts = head.prompts(QUESTIONS[:2])
+    FeatureCache(tmp_path, "tiny", -1, "fewshot").get(prompts, extract)
+    FeatureCache(tmp_path, "tiny", 1, "fewshot").get(prompts, extract)
+    FeatureCache(tmp_path, "tiny", -1, "chat").get(prompts, extract)
+    assert len(extract.prompts) == 6
+
+
+def test_a_half_written_shard_is_ignored(tiny_dir, tmp_path):
+    head = fresh_head(tiny_dir)
+    cache = FeatureCache(tmp_path, "tiny", -1, "fewshot")
+    cache.get(head.prompts(QUESTIONS[:2]), head.prompt_features)
+    # A run killed after writing features but before their key file: the shard does not count.
+    (cache.folder / "shard-dead.npy").write_bytes(b"partial")
+    assert len(FeatureCache(tmp_path, "tiny", -1, "fewshot")) == 2
+
+
+# ------------------------------------------------------------ estimator
+
+
+def test_elical_estimator_scores_records_and_raw_questions(tiny_dir, tmp_path):
+    config = EliCalConfig(mode="head", model=tiny_dir, max_epochs=2)
+    result = train_elical(
+        make_records(20), make_records(6, 50), method="eli-only", config=config, out_dir=tmp_path / "eli"
+    )
+    records = make_records(5, 300)
+    est = get_estimator("elical", head=str(tmp_path / "eli"))
+    assert est.level == "question" and not est.needs_backend
+    np.testing.assert_allclose(est.estimate(records), result.head.predict(records), rtol=1e-6)
+    np.testing.assert_allclose(est.score_questions(QUESTIONS), result.head.predict(QUESTIONS), rtol=1e-6)
+
+
+def test_elical_estimator_without_a_head_says_how_to_get_one():
+    with pytest.raises(CandorError, match="needs a trained head"):
+        get_estimator("elical").estimate(make_records(1))

@@ -1,0 +1,312 @@
+"""EliCal training: the loss, early stopping, the two stages, targets, budgets, the dev slice, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from candor.backends.base import Completion
+from candor.data.items import QAItem
+from candor.elical import (
+    ConfidenceHead,
+    EliCalConfig,
+    LinearHead,
+    carve_dev,
+    check_disjoint,
+    draw_budget,
+    parse_budget,
+    targets,
+    train_elical,
+)
+from candor.elical.trainer import BestOnDev, EliCalTrainer, collate_features, feature_examples
+from candor.errors import CandorError
+from candor.records import Record
+from candor.training import training_arguments
+
+
+def make_records(n: int, start: int = 0, **drop: bool) -> list[Record]:
+    """Annotated records; ``drop`` names fields to leave out (consistency, sample_correct, greedy_correct)."""
+    out = []
+    for i in range(start, start + n):
+        item = QAItem(
+            f"toy:{i}", "toy", "train", f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?", ("x",)
+        )
+        out.append(
+            Record(
+                item=item,
+                greedy=Completion("x"),
+                samples=[Completion("x")] * 4,
+                greedy_correct=None if drop.get("greedy_correct") else i % 2,
+                sample_correct=None if drop.get("sample_correct") else [i % 2, 0, 1, int(i % 3 == 0)],
+                consistency=None if drop.get("consistency") else [1, i % 2, int(i % 3 == 0), 0],
+                provenance={"template": "fewshot"},
+            )
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tiny_model, tokenizer, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def lora_config(tiny_dir: str, **kw) -> EliCalConfig:
+    return EliCalConfig(mode="lora", model=tiny_dir, lora_r=4, lora_alpha=8, max_epochs=2, **kw)
+
+
+# ------------------------------------------------------------ targets
+
+
+def test_stage_targets_are_the_consistency_rate_the_sample_accuracy_and_greedy_correctness():
+    rec = make_records(1, start=3)[0]  # i=3: consistency [1,1,1,0], sample_correct [1,0,1,1], greedy 1
+    assert targets([rec], "consistency").tolist() == [0.75]
+    assert targets([rec], "soft").tolist() == [0.75]
+    rec.sample_correct = [0, 0, 1, 0]
+    assert targets([rec], "soft").tolist() == [0.25]
+    assert targets([rec], "hard").tolist() == [1.0]
+
+
+# ------------------------------------------------------------ the trainer
+
+
+def arguments(tmp_path, epochs: int, lr: float = 0.1, evaluate: bool = True):
+    return training_arguments(
+        tmp_path,
+        learning_rate=lr,
+        epochs=epochs,
+        batch_size=4,
+        eval_strategy="epoch" if evaluate else "no",
+        label_names=["labels"],
+        prediction_loss_only=True,
+    )
+
+
+def test_the_loss_is_the_mean_squared_error_to_the_targets(tmp_path):
+    head = LinearHead(2)
+    with torch.no_grad():
+        head.linear.weight.copy_(torch.tensor([[1.0, -1.0]]))
+        head.linear.bias.zero_()
+    trainer = EliCalTrainer(model=head, args=arguments(tmp_path, 1, evaluate=False))
+    batch = {"features": torch.tensor([[0.0, 0.0], [2.0, 0.0]]), "labels": torch.tensor([0.5, 1.0])}
+    expected = ((0.5 - 0.5) ** 2 + (1 / (1 + math.exp(-2.0)) - 1.0) ** 2) / 2
+    assert trainer.compute_loss(head, batch).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_early_stopping_stops_after_patience_and_restores_the_best_weights(tmp_path):
+    # Training pushes confidence up (targets 1) while the dev slice wants it down (targets 0):
+    # the dev loss is best after epoch 1 and only gets worse.
+    rng = np.random.default_rng(0)
+    x, x_dev = rng.normal(size=(16, 3)).astype(np.float32), rng.normal(size=(8, 3)).astype(np.float32)
+    head = LinearHead(3)
+    stopper = BestOnDev(patience=4)
+    trainer = EliCalTrainer(
+        model=head,
+        args=arguments(tmp_path, 50),
+        train_dataset=feature_examples(x, np.ones(16)),
+        eval_dataset=feature_examples(x_dev, np.zeros(8)),
+        data_collator=collate_features,
+        callbacks=[stopper],
+    )
+    trainer.train()
+    assert stopper.stopped_early and stopper.best_epoch == 1.0
+    assert trainer.state.epoch == 5.0  # the best epoch, then 4 without improvement
+    with torch.no_grad():
+        final_dev_loss = torch.mean(head(torch.from_numpy(x_dev)) ** 2).item()
+    assert final_dev_loss == pytest.approx(stopper.best_loss, rel=1e-5)
+
+
+def test_the_head_gets_its_own_learning_rate_in_lora_mode(tiny_dir, tmp_path):
+    from candor.elical.model import HeadConfig
+    from candor.training import load_causal_lm
+
+    model, tokenizer = load_causal_lm(tiny_dir, device="cpu")
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj"]}
+    head = ConfidenceHead.create(model, tokenizer, HeadConfig(tiny_dir, "fewshot", mode="lora", lora=lora))
+    trainer = EliCalTrainer(
+        model=head,
+        args=arguments(tmp_path, 1, lr=5e-5, evaluate=False),
+        head_parameters=head.head.parameters(),
+        head_learning_rate=1e-3,
+    )
+    optimizer = trainer.create_optimizer()
+    rates = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    assert {rates[id(p)] for p in head.head.parameters()} == {1e-3}
+    lora_params = [p for n, p in head.backbone.named_parameters() if "lora_" in n]
+    assert lora_params and {rates[id(p)] for p in lora_params} == {5e-5}
+    assert len(rates) == len(lora_params) + 2  # nothing frozen is optimized
+
+
+# ------------------------------------------------------------ stages
+
+
+def test_stage_two_updates_the_lora_weights_it_resumes(tiny_dir, tmp_path):
+    train, dev = make_records(24), make_records(8, 100)
+    eli = train_elical(train, dev, method="eli-only", config=lora_config(tiny_dir), out_dir=tmp_path / "eli")
+    stage1 = load_file(str(tmp_path / "eli" / "adapter" / "adapter_model.safetensors"))
+    resumed = ConfidenceHead.from_pretrained(tmp_path / "eli", trainable=True)
+    assert all(p.requires_grad for n, p in resumed.backbone.named_parameters() if "lora_" in n)
+
+    cal = train_elical(
+        train,
+        dev,
+        method="elical",
+        init_from=tmp_path / "eli",
+        budget=12,
+        config=lora_config(tiny_dir),
+        out_dir=tmp_path / "elical",
+    )
+    stage2 = load_file(str(tmp_path / "elical" / "adapter" / "adapter_model.safetensors"))
+    assert stage1.keys() == stage2.keys() and stage1
+    changed = [k for k in stage1 if not torch.allclose(stage1[k], stage2[k])]
+    assert changed and any("lora_A" in k for k in changed) and any("lora_B" in k for k in changed)
+    assert [s.name for s in cal.stages] == ["cal"] and cal.n_train == 12
+    assert not torch.allclose(eli.head.head.linear.weight, cal.head.head.linear.weight)
+
+
+def test_elical_runs_both_stages_and_records_each(tiny_dir, tmp_path):
+    config = EliCalConfig(mode="head", model=tiny_dir, max_epochs=3)
+    result = train_elical(
+        make_records(30), make_records(8, 100), method="elical", budget=10, config=config, out_dir=tmp_path / "h"
+    )
+    eli, cal = result.stages
+    assert (eli.name, eli.target, eli.n_train, eli.n_dev) == ("eli", "consistency", 30, 8)
+    assert (cal.name, cal.target, cal.n_train) == ("cal", "soft", 10)
+    assert len(eli.history) == eli.epochs_run == 3 and all("dev_loss" in h for h in eli.history)
+    assert cal.best_dev_loss == min(h["dev_loss"] for h in cal.history)
+    assert set(result.cost) == {"wall_s", "peak_rss_mib"} and result.cost["peak_rss_mib"] > 0
+    assert (tmp_path / "h" / "training.json").exists()
+
+
+def test_the_paper_epoch_rule_and_the_cap():
+    assert EliCalConfig().epochs_for(1000) == 50
+    assert EliCalConfig().epochs_for(20_000) == 15
+    assert EliCalConfig(max_epochs=3).epochs_for(1000) == 3
+    assert EliCalConfig(epochs=7).epochs_for(20_000) == 7
+
+
+# ------------------------------------------------------------ budgets and the dev slice
+
+
+def test_budgets_are_seeded_nested_and_all_is_the_pool():
+    pool = make_records(50)
+    small, large = draw_budget(pool, 10, seed=1), draw_budget(pool, 25, seed=1)
+    assert [r.id for r in large[:10]] == [r.id for r in small]
+    assert [r.id for r in draw_budget(pool, 10, seed=1)] == [r.id for r in small]
+    assert [r.id for r in draw_budget(pool, 10, seed=2)] != [r.id for r in small]
+    assert len(draw_budget(pool, "all")) == 50
+    assert parse_budget("250") == 250 and parse_budget("ALL") == "all"
+    with pytest.raises(CandorError, match="positive number or 'all'"):
+        parse_budget("lots")
+
+
+def test_a_budget_larger_than_the_pool_is_an_error_not_a_clip(tiny_dir, tmp_path):
+    with pytest.raises(CandorError, match="label budget 60 is larger than the labelled pool \\(50 records\\)"):
+        draw_budget(make_records(50), 60)
+    with pytest.raises(CandorError, match="larger than the labelled pool"):
+        train_elical(
+            make_records(20),
+            make_records(4, 100),
+            method="cal-only",
+            budget=21,
+            config=EliCalConfig(model=tiny_dir),
+            out_dir=tmp_path,
+        )
+    assert not any(tmp_path.iterdir())  # failed before training anything
+
+
+def test_the_carved_dev_slice_never_overlaps_training_or_test():
+    pool, test = make_records(40), make_records(10, 1000)
+    train, dev = carve_dev(pool, 0.2, seed=3)
+    assert len(dev) == 8 and len(train) == 32
+    assert not {r.id for r in dev} & {r.id for r in train}
+    assert not {r.item.question for r in dev} & {r.item.question for r in test}
+    check_disjoint(dev, test, "dev")  # no error
+    # The same question under another id (a duplicate across files) is caught by its text.
+    leaked = make_records(1, 1003)[0]
+    leaked.item = QAItem("elsewhere:1", "toy", "dev", leaked.item.question, ("x",))
+    with pytest.raises(CandorError, match="dev record 'elsewhere:1' is also a test question"):
+        check_disjoint([*dev, leaked], test, "dev")
+
+
+# ------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    ("method", "drop", "field"),
+    [
+        ("eli-only", "consistency", "consistency"),
+        ("elical", "consistency", "consistency"),
+        ("cal-only", "sample_correct", "sample_correct"),
+    ],
+)
+def test_missing_fields_fail_early_naming_field_record_and_line(tiny_dir, tmp_path, method, drop, field):
+    train = make_records(5) + make_records(5, 5, **{drop: True})
+    with pytest.raises(CandorError) as err:
+        train_elical(
+            train,
+            make_records(4, 100),
+            method=method,
+            config=EliCalConfig(model=tiny_dir),
+            out_dir=tmp_path,
+            source="pool.jsonl",
+        )
+    message = str(err.value)
+    assert message.startswith("pool.jsonl:6:") and "'toy:5'" in message and repr(field) in message
+    assert "5 of 10 records" in message
+
+
+def test_hard_targets_need_greedy_correctness_and_the_dev_slice_is_checked_too(tiny_dir, tmp_path):
+    config = EliCalConfig(model=tiny_dir, cal_target="hard")
+    with pytest.raises(CandorError, match="'greedy_correct'"):
+        train_elical(
+            make_records(6, greedy_correct=True),
+            make_records(4, 100),
+            method="cal-only",
+            config=config,
+            out_dir=tmp_path,
+        )
+    with pytest.raises(CandorError, match="'toy:100' of the dev slice has no 'consistency'"):
+        train_elical(
+            make_records(6),
+            make_records(4, 100, consistency=True),
+            method="eli-only",
+            config=EliCalConfig(model=tiny_dir),
+            out_dir=tmp_path,
+        )
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(CandorError, match="unknown EliCal mode 'full'"):
+        EliCalConfig(mode="full")
+    with pytest.raises(CandorError, match="'soft' .* or 'hard'"):
+        EliCalConfig(cal_target="greedy")
+    with pytest.raises(CandorError, match="unknown EliCal method 'cal'"):
+        train_elical(make_records(4), make_records(2, 10), method="cal", out_dir=".")
+    with pytest.raises(CandorError, match="init_from resumes a stage-1 head"):
+        train_elical(make_records(4), make_records(2, 10), method="cal-only", init_from="x", out_dir=".")
+    with pytest.raises(CandorError, match="needs a dev slice"):
+        train_elical(make_records(4), [], method="eli-only", out_dir=".")
+
+
+@pytest.mark.parametrize("recenter", [True, False])
+def test_stage_two_keeps_the_stage_one_weights_and_recentres_only_the_bias(tiny_dir, tmp_path, recenter):
+    train, dev = make_records(30), make_records(8, 100)
+    config = EliCalConfig(mode="head", model=tiny_dir, max_epochs=3)
+    eli = train_elical(train, dev, method="eli-only", config=config, out_dir=tmp_path / "eli")
+    frozen = EliCalConfig(mode="head", model=tiny_dir, max_epochs=1, head_learning_rate=0.0, recenter_bias=recenter)
+    cal = train_elical(
+        train, dev, method="elical", init_from=tmp_path / "eli", budget=12, config=frozen, out_dir=tmp_path / "cal"
+    )
+    before, after = eli.head.head, cal.head.head
+    torch.testing.assert_close(after.linear.weight, before.linear.weight)
+    torch.testing.assert_close(after.mean, before.mean)  # the stage-1 standardization is kept
+    mean_target = float(targets(draw_budget(train, 12, seed=0), "soft").mean())
+    expected = math.log(mean_target / (1 - mean_target)) if recenter else before.linear.bias.item()
+    assert after.linear.bias.item() == pytest.approx(expected, rel=1e-6)
