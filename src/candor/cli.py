@@ -261,6 +261,81 @@ def evaluate(
     typer.echo(f"report: {result.files['index']}")
 
 
+@app.command("train")
+@user_errors
+def train_command(
+    method: Annotated[str, typer.Argument(help="elical, eli-only, cal-only, advice, conftuner, advice+conftuner.")],
+    records: Annotated[Path, typer.Option("--records", "-r", help="Training records JSONL (`candor annotate`).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the trained head or adapter.")],
+    dev: Annotated[
+        Path | None, typer.Option(help="Dev records for early stopping (default: a slice carved from --records).")
+    ] = None,
+    model: ModelOpt = DEFAULT_MODEL,
+    seed: Annotated[int, typer.Option(help="Seed for budgets, shuffling and initialization.")] = 0,
+    setting: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="Method setting KEY=VALUE, e.g. mode=lora, budget=1000, learning_rate=1e-4."),
+    ] = None,
+) -> None:
+    """Train a confidence method and save it (a head for EliCal, a LoRA adapter for ADVICE/ConfTuner)."""
+    from candor.trainers import TrainJob, parse_settings, train
+
+    job = TrainJob(records=records, out=out, model=model, dev=dev, seed=seed, settings=parse_settings(setting or []))
+    summary = train(method, job)
+    cost = summary.get("cost", {})
+    typer.echo(
+        f"{method}: saved to {summary['path']} ({cost.get('wall_s', float('nan')):.0f} s, "
+        f"peak {cost.get('peak_rss_mib', float('nan')):.0f} MiB)"
+    )
+
+
+@app.command()
+@user_errors
+def sweep(
+    records: Annotated[Path, typer.Option("--records", "-r", help="Training pool records JSONL.")],
+    test: Annotated[Path, typer.Option("--test", "-t", help="Test records JSONL (one or more datasets).")],
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for heads, curve.json and the plot.")],
+    dev: Annotated[Path | None, typer.Option(help="Dev records (default: carved from --records).")] = None,
+    budgets: Annotated[str, typer.Option(help="Comma-separated label budgets; 'all' = the whole pool.")] = (
+        "100,250,500,1000,all"
+    ),
+    seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
+    ood: Annotated[str, typer.Option(help="Comma-separated out-of-domain datasets in --test.")] = "",
+    mode: Annotated[str, typer.Option(help="head (frozen backbone, cached features) or lora.")] = "head",
+    model: ModelOpt = DEFAULT_MODEL,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the intervals.")] = 200,
+) -> None:
+    """EliCal's label-budget curve: Cal-Only and EliCal at each budget and seed (AUROC, ECE, Alignment)."""
+    from candor.elical import EliCalConfig, carve_dev, parse_budget
+    from candor.elical.sweep import SweepData, run_sweep
+    from candor.records import read_records
+
+    pool = read_records(records)
+    dev_records = read_records(dev) if dev is not None else None
+    if dev_records is None:
+        pool, dev_records = carve_dev(pool)
+    tests: dict[str, list] = {}
+    for rec in read_records(test):
+        tests.setdefault(rec.item.dataset, []).append(rec)
+    ood_names = {n.strip() for n in ood.split(",") if n.strip()}
+    unknown = ood_names - set(tests)
+    if unknown:
+        raise CandorError(f"--ood {', '.join(sorted(unknown))}: not a dataset in {test} ({', '.join(tests)})")
+    roles = {d: ("ood" if d in ood_names else "id") for d in tests}
+    summary = run_sweep(
+        SweepData(pool, dev_records, tests, roles),
+        out_dir=out_dir,
+        config=EliCalConfig(mode=mode, model=model, feature_cache=str(out_dir / "features")),
+        budgets=[parse_budget(b) for b in budgets.split(",") if b.strip()],
+        seeds=[int(s) for s in seeds.split(",") if s.strip()],
+        bootstrap=bootstrap,
+    )
+    for name, entry in summary["methods"].items():
+        cells = [f"{g.upper()} AUROC {100 * entry[g]['auroc']:5.1f}" for g in ("id", "ood") if g in entry]
+        typer.echo(f"{name:>20}  " + "  ".join(cells))
+    typer.echo(f"curve: {out_dir / 'curve.json'}, plot: {out_dir / 'budget_curve.png'}")
+
+
 @app.command()
 @user_errors
 def demo(

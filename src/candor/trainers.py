@@ -1,0 +1,141 @@
+"""``candor train METHOD``: every trainable method by name, behind one call.
+
+Each entry of :data:`TRAINERS` turns a :class:`TrainJob` (records files, output
+folder, model, seed and ``KEY=VALUE`` settings for the method's config
+dataclass) into a saved, reloadable artifact and returns a short summary.
+Adding a method is one function and one decorator; the CLI never changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from candor.errors import CandorError
+from candor.records import Record, read_records
+from candor.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainJob:
+    """What ``candor train`` was asked: the same fields for every method."""
+
+    records: Path
+    out: Path
+    model: str
+    dev: Path | None = None
+    seed: int = 0
+    settings: dict[str, str] = field(default_factory=dict)
+
+    def read_train(self) -> list[Record]:
+        return read_records(self.records)
+
+    def read_dev(self) -> list[Record] | None:
+        return read_records(self.dev) if self.dev is not None else None
+
+
+Trainer = Callable[[TrainJob], dict[str, Any]]
+TRAINERS: Registry[Trainer] = Registry("training method")
+
+
+def train(method: str, job: TrainJob) -> dict[str, Any]:
+    """Run the named method on ``job``; returns its summary (path, sizes, cost)."""
+    return TRAINERS.get(method)(job)
+
+
+# ------------------------------------------------------------------ settings
+
+
+def parse_settings(pairs: list[str]) -> dict[str, str]:
+    """``["lr=1e-4", "mode=lora"]`` → ``{"lr": "1e-4", "mode": "lora"}``."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise CandorError(f"--set {pair!r}: expected KEY=VALUE, e.g. mode=lora")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def build_config(cls: type, settings: Mapping[str, str], **fixed: Any) -> Any:
+    """An instance of the dataclass ``cls`` from string settings, each converted to its field's type.
+
+    An unknown key is an error that lists the known ones; ``fixed`` values
+    (model, seed) come from the command's own options.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = dict(fixed)
+    for key, text in settings.items():
+        if key not in fields:
+            raise CandorError(f"unknown setting {key!r} for {cls.__name__}; known: {', '.join(sorted(fields))}")
+        if key in fixed:
+            raise CandorError(f"setting {key!r} has its own option; use --{key.replace('_', '-')}")
+        values[key] = _convert(text, hints[key], key)
+    return cls(**values)
+
+
+def _convert(text: str, hint: Any, key: str) -> Any:
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = [a for a in typing.get_args(hint) if a is not type(None)] if union else [hint]
+    if union and text.lower() in ("none", "null") and type(None) in typing.get_args(hint):
+        return None
+    for kind in options:
+        origin = typing.get_origin(kind)
+        try:
+            if kind is bool:
+                return _boolean(text)
+            if origin is tuple:
+                return tuple(part.strip() for part in text.split(",") if part.strip())
+            if kind in (int, float, str):
+                return kind(text)
+        except ValueError:
+            continue
+    raise CandorError(f"setting {key}={text!r}: expected {hint}")
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+# ------------------------------------------------------------------ EliCal
+
+
+def _elical(method: str) -> Trainer:
+    def run(job: TrainJob) -> dict[str, Any]:
+        from candor.elical import EliCalConfig, carve_dev, parse_budget, train_elical
+
+        settings = dict(job.settings)
+        budget = parse_budget(settings.pop("budget", "all"))
+        init_from = settings.pop("init_from", None)
+        config = build_config(EliCalConfig, settings, model=job.model, seed=job.seed)
+        pool = job.read_train()
+        dev = job.read_dev()
+        if dev is None:
+            pool, dev = carve_dev(pool, seed=job.seed)
+            logger.info("no --dev file: carved a dev slice of %d records from the training pool", len(dev))
+        result = train_elical(
+            pool, dev, method=method, config=config, out_dir=job.out, budget=budget, init_from=init_from,
+            source=job.records,
+        )
+        return {"path": str(result.path), "method": method, "budget": result.budget,
+                "n_train": result.n_train, "n_dev": result.n_dev, "cost": result.cost}
+
+    return run
+
+
+for _method in ("elical", "eli-only", "cal-only"):
+    TRAINERS.register(_method)(_elical(_method))
