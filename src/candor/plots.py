@@ -49,7 +49,9 @@ def equal_width_bins(conf: np.ndarray, correct: np.ndarray, n_bins: int = 10) ->
     return BinStats(np.linspace(0.0, 1.0, n_bins + 1), count, mean_conf, accuracy)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_png(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG atomically (temporary file, then rename); parents are created."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     tmp = path.with_name(path.name + ".tmp")
@@ -104,7 +106,7 @@ def reliability_diagram(
     bottom.set_ylabel("count")
     bottom.set_xticks(stats.edges[:: max(1, n_bins // 5)] if n_bins > 10 else stats.edges)
     bottom.grid(alpha=0.3, axis="y")
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def confidence_histograms(
@@ -142,4 +144,4 @@ def confidence_histograms(
     for ax in axes[len(names):]:
         ax.set_visible(False)
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -27,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from scipy.stats import rankdata
 
 from candor.metrics import alignment, check_arrays, ece
+from candor.plots import save_png
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +199,7 @@ def plot_curve(
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, Path(path))
+    return save_png(fig, Path(path))
 
 
 def _draw_curve(
@@ -228,10 +227,3 @@ def _draw_curve(
             ax.fill_between(xs, lows, highs, color=color, alpha=0.15)
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=110)
-    os.replace(tmp, path)
-    return path
