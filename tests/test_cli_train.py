@@ -88,3 +88,18 @@ def test_train_then_score_with_the_head_then_sweep(tiny_dir, tmp_path):
     bad_ood = runner.invoke(app, ["sweep", "-r", str(pool), "-t", str(test), "-o", str(curve), "--model", tiny_dir,
                                   "--ood", "nope"])
     assert bad_ood.exit_code == 2 and "nope" in bad_ood.output
+
+
+def test_cli_diagnose_writes_the_report(tiny_dir, tmp_path):
+    recs = tmp_path / "records.jsonl"
+    write_records(recs, annotated_records(4, dataset="a") + annotated_records(4, start=10, dataset="b"))
+    out = tmp_path / "diag"
+    result = CliRunner().invoke(app, ["diagnose", "-r", str(recs), "-o", str(out), "--model", tiny_dir,
+                                      "--stages", "sensitivity,masking", "--candidates", "5"])
+    assert result.exit_code == 0, result.output
+    assert "share_jsd_le_0.1" in result.output
+    summary = json.loads((out / "diagnose.json").read_text())
+    assert "base" in json.dumps(summary) and (out / "diagnose.md").exists() and (out / "masking.png").exists()
+    bad = CliRunner().invoke(app, ["diagnose", "-r", str(recs), "-o", str(out), "--model", tiny_dir,
+                                   "--stages", "vibes"])
+    assert bad.exit_code == 2 and "vibes" in bad.output
