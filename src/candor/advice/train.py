@@ -1,0 +1,310 @@
+"""Train ADVICE, ConfTuner or ADVICE+ConfTuner into a LoRA adapter: one config, one call.
+
+    from candor.advice import method_config, train
+    config = method_config("advice", epochs=2)
+    result = train(config, records, "runs/advice")   # records: annotated training records
+    backend = HFBackend.from_pretrained(config.model, adapter=str(result.adapter_dir))
+
+The presets in :data:`METHODS` are the papers' settings (DESIGN.md §4.5):
+
+============== =========================== ===================== ==========================
+method         losses                      LoRA                  optimizer
+============== =========================== ===================== ==========================
+advice         LM + JSD + Margin + Sum     r=16 α=32 q,k,v,o     lr 1e-5, 4 epochs, 16 × 2
+conftuner      tokenized Brier             r=8 α=32 q,v          lr 1e-5, 3 epochs, 16 × 2
+advice+conf…   ADVICE + Brier              as ADVICE             as ADVICE
+============== =========================== ===================== ==========================
+
+All use AdamW with 5% linear warmup and linear decay. ``batch_size`` counts
+pairs (ADVICE) or answers (ConfTuner) per device; the effective batch is
+``batch_size × gradient_accumulation × processes``. On a CPU, a smaller
+``batch_size`` with a larger ``gradient_accumulation`` gives the same
+effective batch in less memory.
+
+ADVICE trains on triplets (built from the records with
+:func:`candor.advice.triplets.build_triplets` unless given; written to
+``<out>/triplets.jsonl``). ConfTuner trains on the records themselves: each
+greedy answer with its correctness, the (question, answer, correctness)
+examples of the ConfTuner paper. ADVICE+ConfTuner adds the Brier term to
+ADVICE's batches, on both answers of each pair (correctness 1 and 0).
+
+The output directory holds the PEFT adapter (``adapter_config.json``,
+``adapter_model.safetensors``), which ``HFBackend.from_pretrained(...,
+adapter=dir)`` merges, ``training.json`` (config, cost, history, triplet
+counts) and the ``training.done`` marker written last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from candor.advice.losses import LossWeights
+from candor.advice.triplets import Triplet, TripletStats, build_triplets, write_triplets
+from candor.backends.default_model import DEFAULT_MODEL
+from candor.data.splits import seeded_shuffle
+from candor.errors import CandorError
+from candor.records import Record
+from candor.registry import Registry
+from candor.training import ATTENTION_PROJECTIONS, QUERY_VALUE, ResourceMeter, RunCost
+from candor.verbal_formats import get_format
+
+logger = logging.getLogger(__name__)
+
+DONE_MARKER = "training.done"
+DATA_KINDS = ("pairs", "answers")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines one training run (see the module docstring for the presets)."""
+
+    method: str = "advice"
+    model: str = DEFAULT_MODEL
+    data: str = "pairs"  # "pairs" (triplets) or "answers" (records with correctness)
+    weights: LossWeights = field(default_factory=LossWeights)
+    formats: tuple[str, ...] = ("letter", "number")
+    variant: str = "default"
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_targets: tuple[str, ...] = ATTENTION_PROJECTIONS
+    lora_dropout: float = 0.0
+    learning_rate: float = 1e-5
+    epochs: float = 4.0
+    batch_size: int = 16
+    gradient_accumulation: int = 2
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    seed: int = 0
+    max_examples: int | None = None  # a seeded cap on triplets / records (CPU-scale runs)
+    padding_side: str = "left"
+    share_prefix: bool = True  # run the shared system prompt once per batch (same numbers, less compute)
+    group_by_length: bool = True  # batch examples of similar length (less padding)
+    dtype: str | None = None
+    judge: str | None = None  # triplet builder's correctness judge (default: the records' own)
+    extra_samples: int = 5  # triplet builder: samples per extra round for records without a wrong sample
+    extra_rounds: int = 2
+    logging_steps: int = 0  # 0: log once per epoch
+
+    def __post_init__(self) -> None:
+        if self.data not in DATA_KINDS:
+            raise CandorError(f"training data must be one of {', '.join(DATA_KINDS)}, got {self.data!r}")
+        if not self.formats:
+            raise CandorError("training needs at least one verbalized confidence format")
+        for name in self.formats:
+            get_format(name)  # unknown formats fail here
+        if self.data == "answers" and self.weights.pairwise:
+            raise CandorError(f"{self.method}: the pairwise loss terms (jsd, margin, sum) need pair data")
+        if self.max_examples is not None and self.max_examples < 1:
+            raise CandorError(f"max_examples must be at least 1, got {self.max_examples}")
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["formats"], out["lora_targets"] = list(self.formats), list(self.lora_targets)
+        return out
+
+
+METHODS: Registry[dict[str, Any]] = Registry("confidence training method")
+METHODS.register("advice")({"data": "pairs", "weights": LossWeights()})
+METHODS.register("conftuner")(
+    {
+        "data": "answers",
+        "weights": LossWeights(lm=0.0, jsd=0.0, margin=0.0, sum=0.0, brier=1.0),
+        "lora_r": 8,
+        "lora_alpha": 32,
+        "lora_targets": QUERY_VALUE,
+        "epochs": 3.0,
+    }
+)
+METHODS.register("advice+conftuner")({"data": "pairs", "weights": LossWeights(brier=1.0)})
+
+
+def method_config(method: str, **overrides: Any) -> TrainConfig:
+    """The paper preset of ``method`` with ``overrides`` (e.g. ``epochs=2``, ``weights=LossWeights(...)``)."""
+    preset = METHODS.get(method)
+    try:
+        return TrainConfig(method=method, **{**preset, **overrides})
+    except TypeError as exc:
+        raise CandorError(f"{method}: bad training option ({exc})") from None
+
+
+@dataclass
+class TrainResult:
+    """Where the adapter is, what training cost, and its log history."""
+
+    adapter_dir: Path
+    cost: RunCost
+    history: list[dict[str, Any]]
+    n_examples: int
+    triplet_stats: TripletStats | None = None
+    config: TrainConfig | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "adapter_dir": str(self.adapter_dir),
+            "cost": self.cost.as_dict(),
+            "history": self.history,
+            "n_examples": self.n_examples,
+            "triplet_stats": self.triplet_stats.as_dict() if self.triplet_stats else None,
+            "config": self.config.as_dict() if self.config else None,
+        }
+
+
+def is_trained(out_dir: str | Path) -> bool:
+    """Whether ``out_dir`` holds a finished run (its done-marker exists)."""
+    return (Path(out_dir) / DONE_MARKER).exists()
+
+
+def load_result(out_dir: str | Path) -> dict[str, Any]:
+    """The ``training.json`` of a finished run."""
+    path = Path(out_dir) / "training.json"
+    if not path.exists():
+        raise CandorError(f"{path}: no training record (was the run finished?)")
+    return json.loads(path.read_text())
+
+
+def _capped(items: Sequence[Any], cap: int | None, seed: int) -> list[Any]:
+    return list(items) if cap is None or cap >= len(items) else seeded_shuffle(items, f"cap:{seed}")[:cap]
+
+
+def train(
+    config: TrainConfig,
+    records: Sequence[Record] | None,
+    out_dir: str | Path,
+    *,
+    triplets: Sequence[Triplet] | None = None,
+    dev_records: Sequence[Record] | None = None,
+    dev_triplets: Sequence[Triplet] | None = None,
+) -> TrainResult:
+    """Train ``config`` and save the LoRA adapter to ``out_dir``; see the module docstring.
+
+    Pair methods take ``triplets`` or build them from ``records`` (drawing
+    extra samples with the base model); answer methods take ``records``. A
+    dev split (``dev_records`` / ``dev_triplets``) is evaluated each epoch
+    (``eval_loss`` in the history); nothing is selected on it here.
+    """
+    from transformers import set_seed
+
+    from candor.training import load_causal_lm
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / DONE_MARKER).unlink(missing_ok=True)
+    set_seed(config.seed)
+    model, tokenizer = load_causal_lm(config.model, dtype=config.dtype)
+    stats = None
+    if config.data == "pairs":
+        if triplets is None:
+            if records is None:
+                raise CandorError(f"{config.method}: needs training records or triplets")
+            triplets, stats = _build(config, model, tokenizer, records, out)
+        train_set = _pairs(config, tokenizer, _capped(triplets, config.max_examples, config.seed))
+        dev_pairs = dev_triplets if dev_triplets is not None else _dev_triplets(config, dev_records)
+        dev_set = _pairs(config, tokenizer, dev_pairs) if dev_pairs else None
+    else:
+        if records is None:
+            raise CandorError(f"{config.method}: needs annotated training records")
+        train_set = _answers(config, tokenizer, _capped(records, config.max_examples, config.seed))
+        dev_set = _answers(config, tokenizer, dev_records) if dev_records else None
+    if len(train_set) == 0:
+        raise CandorError(f"{config.method}: no training examples (no record with a correct greedy answer?)")
+
+    trainer = build_trainer(config, model, tokenizer, train_set, dev_set, out)
+    logger.info("%s: %d examples (%d formats), %s", config.method, len(train_set), len(config.formats),
+                config.weights.active())  # fmt: skip
+    with ResourceMeter() as meter:
+        trainer.train()
+    trainer.save_model(str(out))
+    result = TrainResult(out, meter.cost, list(trainer.state.log_history), len(train_set), stats, config)
+    if trainer.is_world_process_zero():
+        (out / "training.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+        (out / DONE_MARKER).write_text("done\n")
+    return result
+
+
+def _build(
+    config: TrainConfig, model: Any, tokenizer: Any, records: Sequence[Record], out: Path
+) -> tuple[list[Triplet], TripletStats]:
+    from candor.backends.hf import HFBackend
+
+    backend = HFBackend(model, tokenizer, model_name=config.model, seed=config.seed)
+    built = build_triplets(records, backend=backend, judge=config.judge, extra_samples=config.extra_samples,
+                           extra_rounds=config.extra_rounds, seed=config.seed)  # fmt: skip
+    if _is_main_process():  # every process builds the same (seeded) triplets; one writes them
+        write_triplets(out / "triplets.jsonl", built.triplets)
+    return built.triplets, built.stats
+
+
+def _is_main_process() -> bool:
+    # Before the Trainer exists, torch.distributed is not set up yet; launchers set RANK.
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _dev_triplets(config: TrainConfig, dev_records: Sequence[Record] | None) -> list[Triplet]:
+    """Dev triplets from annotated samples only (no extra sampling for a dev split)."""
+    if not dev_records:
+        return []
+    return build_triplets(dev_records, judge=config.judge, extra_samples=0).triplets
+
+
+def _pairs(config: TrainConfig, tokenizer: Any, triplets: Sequence[Triplet]) -> Any:
+    from candor.advice.data import ExampleDataset, pair_examples
+
+    return ExampleDataset(pair_examples(tokenizer, triplets, config.formats, config.variant))
+
+
+def _answers(config: TrainConfig, tokenizer: Any, records: Sequence[Record]) -> Any:
+    from candor.advice.data import ExampleDataset, scored_examples
+
+    return ExampleDataset(scored_examples(tokenizer, records, config.formats, config.variant))
+
+
+def build_trainer(config: TrainConfig, model: Any, tokenizer: Any, train_set: Any, dev_set: Any, out: Path) -> Any:
+    """The method's Trainer around a fresh LoRA on ``model`` (exposed for tests and custom loops)."""
+    from peft import get_peft_model
+
+    from candor.advice.data import PairCollator, ScoredCollator
+    from candor.advice.trainer import AdviceTrainer, ConfTunerTrainer
+    from candor.label_distribution import LabelScorer
+    from candor.training import lora_config, training_arguments
+
+    peft_model = get_peft_model(
+        model, lora_config(config.lora_r, config.lora_alpha, config.lora_targets, config.lora_dropout)
+    )
+    logging_overrides: dict[str, Any] = {}
+    if config.logging_steps > 0:
+        logging_overrides = {"logging_strategy": "steps", "logging_steps": config.logging_steps}
+    if dev_set is not None:
+        logging_overrides["eval_strategy"] = "epoch"
+    args = training_arguments(
+        out / "checkpoints",
+        learning_rate=config.learning_rate,
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        gradient_accumulation=config.gradient_accumulation,
+        warmup_ratio=config.warmup_ratio,
+        weight_decay=config.weight_decay,
+        seed=config.seed,
+        **logging_overrides,
+    )
+    pad = int(tokenizer.pad_token_id)
+    pairs = config.data == "pairs"
+    collator = PairCollator(pad, config.padding_side) if pairs else ScoredCollator(pad, config.padding_side)
+    trainer_cls = AdviceTrainer if pairs else ConfTunerTrainer
+    return trainer_cls(
+        model=peft_model,
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=dev_set,
+        data_collator=collator,
+        scorers=[LabelScorer(tokenizer, f) for f in config.formats],
+        weights=config.weights,
+        share_prefix=config.share_prefix,
+        group_by_length=config.group_by_length,
+    )
