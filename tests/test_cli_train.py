@@ -51,7 +51,7 @@ def test_bad_settings_are_named(pairs, message):
 
 
 def test_every_documented_method_is_registered():
-    assert {"elical", "eli-only", "cal-only"} <= set(TRAINERS.names())
+    assert {"elical", "eli-only", "cal-only", "advice", "conftuner", "advice+conftuner"} <= set(TRAINERS.names())
 
 
 def test_train_then_score_with_the_head_then_sweep(tiny_dir, tmp_path):
@@ -102,4 +102,41 @@ def test_cli_diagnose_writes_the_report(tiny_dir, tmp_path):
     assert "base" in json.dumps(summary) and (out / "diagnose.md").exists() and (out / "masking.png").exists()
     bad = CliRunner().invoke(app, ["diagnose", "-r", str(recs), "-o", str(out), "--model", tiny_dir,
                                    "--stages", "vibes"])
+    assert bad.exit_code == 2 and "vibes" in bad.output
+
+
+def verbal_records(n: int) -> list:
+    """Records whose correct greedy answers each have a different, wrong sample (what ADVICE pairs)."""
+    from candor.backends.base import Completion
+    from candor.data.items import QAItem
+    from candor.records import Record
+
+    out = []
+    for i in range(n):
+        item = QAItem(f"v:{i}", "toy", "train", f"Which colour is item {i}?", ("red",))
+        greedy = "red" if i % 2 == 0 else "blue"
+        correct = int(greedy == "red")
+        samples = [Completion(greedy, logprobs=[-0.2]), Completion("green", logprobs=[-1.0])]
+        out.append(Record(item, Completion(greedy, logprobs=[-0.1]), samples, correct, [correct, 0], [1, 0]))
+    return out
+
+
+def test_cli_train_advice_with_an_ablation_setting_gives_a_loadable_adapter(tiny_dir, tmp_path):
+    pool = tmp_path / "pool.jsonl"
+    write_records(pool, verbal_records(8))
+    out = tmp_path / "advice"
+    result = CliRunner().invoke(app, ["train", "advice", "-r", str(pool), "-o", str(out), "--model", tiny_dir,
+                                      "-s", "epochs=1", "-s", "batch_size=2", "-s", "gradient_accumulation=1",
+                                      "-s", "extra_samples=0", "-s", "weights.sum=0", "-s", "formats=number"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "training.json").read_text())
+    assert saved["config"]["weights"]["sum"] == 0.0 and saved["config"]["weights"]["jsd"] == 1.0
+    assert saved["config"]["formats"] == ["number"] and saved["n_examples"] == 4
+    conf = tmp_path / "conf.jsonl"
+    scored = CliRunner().invoke(app, ["score", "-r", str(pool), "-o", str(conf), "-e", "verbal-letter",
+                                      "--model", tiny_dir, "--adapter", str(out)])
+    assert scored.exit_code == 0, scored.output
+    assert len(read_confidences(conf).arrays("verbal-letter")[0]) == 8
+    bad = CliRunner().invoke(app, ["train", "conftuner", "-r", str(pool), "-o", str(tmp_path / "c"),
+                                   "--model", tiny_dir, "-s", "weights.vibes=1"])
     assert bad.exit_code == 2 and "vibes" in bad.output

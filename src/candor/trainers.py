@@ -66,12 +66,17 @@ def parse_settings(pairs: list[str]) -> dict[str, str]:
 
 
 def build_config(cls: type, settings: Mapping[str, str], **fixed: Any) -> Any:
-    """An instance of the dataclass ``cls`` from string settings, each converted to its field's type.
+    """An instance of the dataclass ``cls`` from string settings; see :func:`convert_settings`."""
+    return cls(**convert_settings(cls, settings, **fixed))
+
+
+def convert_settings(cls: type, settings: Mapping[str, str], **fixed: Any) -> dict[str, Any]:
+    """String settings converted to the types of the dataclass ``cls``'s fields, plus ``fixed``.
 
     An unknown key is an error that lists the known ones; ``fixed`` values
-    (model, seed) come from the command's own options.
+    (model, seed) come from the command's own options and cannot be set twice.
     """
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = dict(fixed)
     for key, text in settings.items():
@@ -80,7 +85,7 @@ def build_config(cls: type, settings: Mapping[str, str], **fixed: Any) -> Any:
         if key in fixed:
             raise CandorError(f"setting {key!r} has its own option; use --{key.replace('_', '-')}")
         values[key] = _convert(text, hints[key], key)
-    return cls(**values)
+    return values
 
 
 def _convert(text: str, hint: Any, key: str) -> Any:
@@ -139,3 +144,31 @@ def _elical(method: str) -> Trainer:
 
 for _method in ("elical", "eli-only", "cal-only"):
     TRAINERS.register(_method)(_elical(_method))
+
+
+# ------------------------------------------------------------------ ADVICE, ConfTuner
+
+
+def _verbal_finetune(method: str) -> Trainer:
+    def run(job: TrainJob) -> dict[str, Any]:
+        from candor.advice import LossWeights, method_config, train
+        from candor.advice.train import METHODS, TrainConfig
+
+        settings = dict(job.settings)
+        # weights.jsd=0 etc. adjust the method's preset loss weights (ablations).
+        weight_keys = {k: settings.pop(k) for k in list(settings) if k.startswith("weights.")}
+        overrides = convert_settings(TrainConfig, settings, model=job.model, seed=job.seed)
+        if weight_keys:
+            preset = METHODS.get(method)["weights"]
+            changes = convert_settings(LossWeights, {k.removeprefix("weights."): v for k, v in weight_keys.items()})
+            overrides["weights"] = dataclasses.replace(preset, **changes)
+        config = method_config(method, **overrides)
+        result = train(config, job.read_train(), job.out, dev_records=job.read_dev())
+        return {"path": str(result.adapter_dir), "method": method, "n_examples": result.n_examples,
+                "cost": result.cost.as_dict()}
+
+    return run
+
+
+for _method in ("advice", "conftuner", "advice+conftuner"):
+    TRAINERS.register(_method)(_verbal_finetune(_method))
