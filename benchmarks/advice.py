@@ -40,15 +40,13 @@ Writes benchmarks/results/advice.json and benchmarks/results/advice/*.png.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import math
 import time
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +60,7 @@ from candor.backends.hf import HFBackend
 from candor.confidences import ConfidenceTable, read_confidences, write_confidences
 from candor.data import IN_DOMAIN, OUT_OF_DOMAIN, load_items, seeded_shuffle
 from candor.errors import CandorError
-from candor.metrics import abs_nce, auroc, brier, ece, nce
+from candor.metrics import abs_nce, auroc, brier, ece, nce, quietly
 from candor.plots import reliability_diagram
 from candor.prompts import TEMPLATES
 from candor.records import Record, read_records
@@ -370,22 +368,10 @@ def score_folder(cache: Path, method: str, run_dir: str | None = None) -> Path:
 # ---------------------------------------------------------------- metrics
 
 
-@contextlib.contextmanager
-def _undefined_is_fine() -> Iterator[None]:
-    """Small subsets often have no correct answer (AUROC undefined): null in the results, no warning storm."""
-    metrics_log = logging.getLogger("candor.metrics")
-    level = metrics_log.level
-    metrics_log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            yield
-    finally:
-        metrics_log.setLevel(level)
 
 
 def metric_block(conf: Any, correct: Any) -> dict[str, float | None]:
-    with _undefined_is_fine():
+    with quietly():
         return _metric_block(conf, correct)
 
 

@@ -64,6 +64,15 @@ def tiny_model(tokenizer):
     return build_tiny_model(len(tokenizer))
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model, tokenizer, tmp_path_factory) -> str:
+    """The tiny Llama saved as a local model directory, for code that loads (and names) a model by path."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
 @pytest.fixture()
 def tiny_backend(tiny_model, tokenizer):
     """An HFBackend around the tiny model (needs candor.backends.hf)."""

@@ -174,13 +174,6 @@ def test_honestybench_import_from_cumulative_logprobs():
 # ------------------------------------------------------------------- CLI
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_model, tokenizer) -> Path:
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
 
 def write_jsonl(path: Path, rows: list) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))

@@ -16,20 +16,21 @@ from candor.records import write_records
 from candor.trainers import TRAINERS, build_config, parse_settings
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tiny_model, tokenizer, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 def test_settings_are_converted_to_the_config_field_types():
     config = build_config(
         EliCalConfig,
-        parse_settings(["mode=lora", "learning_rate=1e-4", "max_epochs=3", "recenter_bias=false",
-                        "lora_targets=q_proj,v_proj", "dtype=none"]),
-        model="m", seed=7,
+        parse_settings(
+            [
+                "mode=lora",
+                "learning_rate=1e-4",
+                "max_epochs=3",
+                "recenter_bias=false",
+                "lora_targets=q_proj,v_proj",
+                "dtype=none",
+            ]
+        ),
+        model="m",
+        seed=7,
     )
     assert (config.mode, config.learning_rate, config.max_epochs, config.recenter_bias) == ("lora", 1e-4, 3, False)
     assert config.lora_targets == ("q_proj", "v_proj") and config.dtype is None and config.seed == 7
@@ -54,54 +55,119 @@ def test_every_documented_method_is_registered():
     assert {"elical", "eli-only", "cal-only", "advice", "conftuner", "advice+conftuner"} <= set(TRAINERS.names())
 
 
-def test_train_then_score_with_the_head_then_sweep(tiny_dir, tmp_path):
+def test_train_then_score_with_the_head_then_sweep(tiny_model_dir, tmp_path):
     pool, test = tmp_path / "pool.jsonl", tmp_path / "test.jsonl"
     write_records(pool, annotated_records(40))
     write_records(test, annotated_records(12, start=100, dataset="a") + annotated_records(12, start=200, dataset="b"))
     runner = CliRunner()
     head = tmp_path / "head"
-    result = runner.invoke(app, ["train", "cal-only", "-r", str(pool), "-o", str(head), "--model", tiny_dir,
-                                 "-s", "budget=20", "-s", "max_epochs=2"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "cal-only",
+            "-r",
+            str(pool),
+            "-o",
+            str(head),
+            "--model",
+            tiny_model_dir,
+            "-s",
+            "budget=20",
+            "-s",
+            "max_epochs=2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     training = json.loads((head / "training.json").read_text())
     assert training["budget"] == 20 and (head / "head.safetensors").exists()
 
     conf = tmp_path / "conf.jsonl"
-    result = runner.invoke(app, ["score", "-r", str(test), "-o", str(conf), "-e", "elical,consis-sem",
-                                 "-O", f"elical.head={head}"])
+    result = runner.invoke(
+        app, ["score", "-r", str(test), "-o", str(conf), "-e", "elical,consis-sem", "-O", f"elical.head={head}"]
+    )
     assert result.exit_code == 0, result.output
     values = read_confidences(conf).arrays("elical")[0]
     assert len(values) == 24 and ((values > 0) & (values < 1)).all() and len(set(values.round(6))) > 1
 
-    too_big = runner.invoke(app, ["train", "cal-only", "-r", str(pool), "-o", str(tmp_path / "x"),
-                                  "--model", tiny_dir, "-s", "budget=1000"])
+    too_big = runner.invoke(
+        app,
+        [
+            "train",
+            "cal-only",
+            "-r",
+            str(pool),
+            "-o",
+            str(tmp_path / "x"),
+            "--model",
+            tiny_model_dir,
+            "-s",
+            "budget=1000",
+        ],
+    )
     assert too_big.exit_code == 2 and "1000" in too_big.output
 
     curve = tmp_path / "sweep"
-    result = runner.invoke(app, ["sweep", "-r", str(pool), "-t", str(test), "-o", str(curve), "--model", tiny_dir,
-                                 "--budgets", "10,all", "--seeds", "0", "--ood", "b", "--bootstrap", "0"])
+    result = runner.invoke(
+        app,
+        [
+            "sweep",
+            "-r",
+            str(pool),
+            "-t",
+            str(test),
+            "-o",
+            str(curve),
+            "--model",
+            tiny_model_dir,
+            "--budgets",
+            "10,all",
+            "--seeds",
+            "0",
+            "--ood",
+            "b",
+            "--bootstrap",
+            "0",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((curve / "curve.json").read_text())
     assert {"Cal-Only@10", "EliCal@all", "Eli-Only"} <= set(summary["methods"])
     assert (curve / "budget_curve.png").stat().st_size > 0
     assert "OOD AUROC" in result.output
-    bad_ood = runner.invoke(app, ["sweep", "-r", str(pool), "-t", str(test), "-o", str(curve), "--model", tiny_dir,
-                                  "--ood", "nope"])
+    bad_ood = runner.invoke(
+        app, ["sweep", "-r", str(pool), "-t", str(test), "-o", str(curve), "--model", tiny_model_dir, "--ood", "nope"]
+    )
     assert bad_ood.exit_code == 2 and "nope" in bad_ood.output
 
 
-def test_cli_diagnose_writes_the_report(tiny_dir, tmp_path):
+def test_cli_diagnose_writes_the_report(tiny_model_dir, tmp_path):
     recs = tmp_path / "records.jsonl"
     write_records(recs, annotated_records(4, dataset="a") + annotated_records(4, start=10, dataset="b"))
     out = tmp_path / "diag"
-    result = CliRunner().invoke(app, ["diagnose", "-r", str(recs), "-o", str(out), "--model", tiny_dir,
-                                      "--stages", "sensitivity,masking", "--candidates", "5"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diagnose",
+            "-r",
+            str(recs),
+            "-o",
+            str(out),
+            "--model",
+            tiny_model_dir,
+            "--stages",
+            "sensitivity,masking",
+            "--candidates",
+            "5",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "share_jsd_le_0.1" in result.output
     summary = json.loads((out / "diagnose.json").read_text())
     assert "base" in json.dumps(summary) and (out / "diagnose.md").exists() and (out / "masking.png").exists()
-    bad = CliRunner().invoke(app, ["diagnose", "-r", str(recs), "-o", str(out), "--model", tiny_dir,
-                                   "--stages", "vibes"])
+    bad = CliRunner().invoke(
+        app, ["diagnose", "-r", str(recs), "-o", str(out), "--model", tiny_model_dir, "--stages", "vibes"]
+    )
     assert bad.exit_code == 2 and "vibes" in bad.output
 
 
@@ -121,22 +187,71 @@ def verbal_records(n: int) -> list:
     return out
 
 
-def test_cli_train_advice_with_an_ablation_setting_gives_a_loadable_adapter(tiny_dir, tmp_path):
+def test_cli_train_advice_with_an_ablation_setting_gives_a_loadable_adapter(tiny_model_dir, tmp_path):
     pool = tmp_path / "pool.jsonl"
     write_records(pool, verbal_records(8))
     out = tmp_path / "advice"
-    result = CliRunner().invoke(app, ["train", "advice", "-r", str(pool), "-o", str(out), "--model", tiny_dir,
-                                      "-s", "epochs=1", "-s", "batch_size=2", "-s", "gradient_accumulation=1",
-                                      "-s", "extra_samples=0", "-s", "weights.sum=0", "-s", "formats=number"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "advice",
+            "-r",
+            str(pool),
+            "-o",
+            str(out),
+            "--model",
+            tiny_model_dir,
+            "-s",
+            "epochs=1",
+            "-s",
+            "batch_size=2",
+            "-s",
+            "gradient_accumulation=1",
+            "-s",
+            "extra_samples=0",
+            "-s",
+            "weights.sum=0",
+            "-s",
+            "formats=number",
+        ],
+    )
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "training.json").read_text())
     assert saved["config"]["weights"]["sum"] == 0.0 and saved["config"]["weights"]["jsd"] == 1.0
     assert saved["config"]["formats"] == ["number"] and saved["n_examples"] == 4
     conf = tmp_path / "conf.jsonl"
-    scored = CliRunner().invoke(app, ["score", "-r", str(pool), "-o", str(conf), "-e", "verbal-letter",
-                                      "--model", tiny_dir, "--adapter", str(out)])
+    scored = CliRunner().invoke(
+        app,
+        [
+            "score",
+            "-r",
+            str(pool),
+            "-o",
+            str(conf),
+            "-e",
+            "verbal-letter",
+            "--model",
+            tiny_model_dir,
+            "--adapter",
+            str(out),
+        ],
+    )
     assert scored.exit_code == 0, scored.output
     assert len(read_confidences(conf).arrays("verbal-letter")[0]) == 8
-    bad = CliRunner().invoke(app, ["train", "conftuner", "-r", str(pool), "-o", str(tmp_path / "c"),
-                                   "--model", tiny_dir, "-s", "weights.vibes=1"])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "conftuner",
+            "-r",
+            str(pool),
+            "-o",
+            str(tmp_path / "c"),
+            "--model",
+            tiny_model_dir,
+            "-s",
+            "weights.vibes=1",
+        ],
+    )
     assert bad.exit_code == 2 and "vibes" in bad.output

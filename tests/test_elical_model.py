@@ -10,10 +10,12 @@ from candor.backends.base import Completion
 from candor.backends.hf import HFBackend
 from candor.data.items import QAItem
 from candor.elical import ConfidenceHead, EliCalConfig, FeatureCache, HeadConfig, train_elical
-from candor.elical.inputs import TokenizerChat, records_template
-from candor.elical.model import encode_prompts, last_token_index, pad_batch
+from candor.elical.inputs import records_template
+from candor.elical.model import encode_prompts, last_token_index
 from candor.errors import CandorError
 from candor.estimators import get_estimator
+from candor.label_distribution import pad_batch
+from candor.prompts import TokenizerChat
 from candor.records import Record
 
 QUESTIONS = [
@@ -45,21 +47,13 @@ def make_records(n: int, start: int = 0, template: str | None = "fewshot") -> li
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tiny_model, tokenizer, tmp_path_factory):
-    """The tiny Llama saved as a local model directory, so heads can name (and reload) their backbone."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
 
-
-def fresh_head(tiny_dir: str, mode: str = "head", layer: int = -1, seed: int = 0) -> ConfidenceHead:
+def fresh_head(tiny_model_dir: str, mode: str = "head", layer: int = -1, seed: int = 0) -> ConfidenceHead:
     from candor.training import load_causal_lm
 
-    model, tokenizer = load_causal_lm(tiny_dir, device="cpu")
+    model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj"]} if mode == "lora" else None
-    config = HeadConfig(backbone=tiny_dir, template="fewshot", layer=layer, mode=mode, lora=lora)
+    config = HeadConfig(backbone=tiny_model_dir, template="fewshot", layer=layer, mode=mode, lora=lora)
     head = ConfidenceHead.create(model, tokenizer, config, seed=seed)
     if mode == "lora":  # LoRA's B starts at zero; move it so the adapter changes the features
         with torch.no_grad():
@@ -80,8 +74,8 @@ def test_last_token_index_under_left_and_right_padding():
 
 
 @pytest.mark.parametrize("mode", ["head", "lora"])
-def test_same_confidence_for_a_question_whatever_the_padding(tiny_dir, mode):
-    head = fresh_head(tiny_dir, mode).eval()
+def test_same_confidence_for_a_question_whatever_the_padding(tiny_model_dir, mode):
+    head = fresh_head(tiny_model_dir, mode).eval()
     seqs = encode_prompts(head.tokenizer, head.prompts(QUESTIONS))
     assert len({len(s) for s in seqs}) > 1  # the batch really needs padding
     pad = int(head.tokenizer.pad_token_id)
@@ -98,22 +92,22 @@ def test_same_confidence_for_a_question_whatever_the_padding(tiny_dir, mode):
 
 
 @pytest.mark.parametrize("layer", [-1, 1])
-def test_features_are_the_backends_last_token_hidden_states(tiny_dir, tiny_model, tokenizer, layer):
-    head = fresh_head(tiny_dir, "head", layer=layer)
+def test_features_are_the_backends_last_token_hidden_states(tiny_model_dir, tiny_model, tokenizer, layer):
+    head = fresh_head(tiny_model_dir, "head", layer=layer)
     prompts = head.prompts(QUESTIONS)
     ours = head.prompt_features(prompts, batch_size=3)
     reference = HFBackend(tiny_model, tokenizer, batch_size=2).hidden_states(prompts, layer)
     np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=1e-4)
 
 
-def test_a_layer_out_of_range_is_a_clear_error(tiny_dir):
-    head = fresh_head(tiny_dir, "head", layer=7)
+def test_a_layer_out_of_range_is_a_clear_error(tiny_model_dir):
+    head = fresh_head(tiny_model_dir, "head", layer=7)
     with pytest.raises(CandorError, match="layer 7 is out of range"):
         head.predict(["Who?"])
 
 
-def test_raw_questions_use_the_saved_template(tiny_dir):
-    head = fresh_head(tiny_dir)
+def test_raw_questions_use_the_saved_template(tiny_model_dir):
+    head = fresh_head(tiny_model_dir)
     prompt = head.prompts(["Who wrote Hamlet?"])[0]
     assert prompt.startswith("Question: What is the largest planet")
     assert prompt.endswith("Question: Who wrote Hamlet?\nAnswer:")
@@ -134,8 +128,8 @@ def test_the_records_template_is_the_one_they_were_annotated_with(tokenizer):
 
 
 @pytest.mark.parametrize("mode", ["head", "lora"])
-def test_save_then_load_gives_identical_predictions(tiny_dir, tmp_path, mode):
-    config = EliCalConfig(mode=mode, model=tiny_dir, max_epochs=2, lora_r=4, lora_alpha=8)
+def test_save_then_load_gives_identical_predictions(tiny_model_dir, tmp_path, mode):
+    config = EliCalConfig(mode=mode, model=tiny_model_dir, max_epochs=2, lora_r=4, lora_alpha=8)
     result = train_elical(
         make_records(24), make_records(8, 100), method="elical", budget=12, config=config, out_dir=tmp_path / "head"
     )
@@ -168,8 +162,8 @@ class CountingExtractor:
         return self.head.prompt_features(prompts)
 
 
-def test_feature_cache_misses_then_hits_across_instances(tiny_dir, tmp_path):
-    head = fresh_head(tiny_dir)
+def test_feature_cache_misses_then_hits_across_instances(tiny_model_dir, tmp_path):
+    head = fresh_head(tiny_model_dir)
     prompts = head.prompts(QUESTIONS)
     extract = CountingExtractor(head)
 
@@ -189,8 +183,8 @@ def test_feature_cache_misses_then_hits_across_instances(tiny_dir, tmp_path):
     assert (again.misses, again.hits) == (1, 6)
 
 
-def test_feature_cache_is_keyed_by_layer_and_template(tiny_dir, tmp_path):
-    head = fresh_head(tiny_dir)
+def test_feature_cache_is_keyed_by_layer_and_template(tiny_model_dir, tmp_path):
+    head = fresh_head(tiny_model_dir)
     extract = CountingExtractor(head)
     prompts = head.prompts(QUESTIONS[:2])
     FeatureCache(tmp_path, "tiny", -1, "fewshot").get(prompts, extract)
@@ -199,8 +193,8 @@ def test_feature_cache_is_keyed_by_layer_and_template(tiny_dir, tmp_path):
     assert len(extract.prompts) == 6
 
 
-def test_a_half_written_shard_is_ignored(tiny_dir, tmp_path):
-    head = fresh_head(tiny_dir)
+def test_a_half_written_shard_is_ignored(tiny_model_dir, tmp_path):
+    head = fresh_head(tiny_model_dir)
     cache = FeatureCache(tmp_path, "tiny", -1, "fewshot")
     cache.get(head.prompts(QUESTIONS[:2]), head.prompt_features)
     # A run killed after writing features but before their key file: the shard does not count.
@@ -211,8 +205,8 @@ def test_a_half_written_shard_is_ignored(tiny_dir, tmp_path):
 # ------------------------------------------------------------ estimator
 
 
-def test_elical_estimator_scores_records_and_raw_questions(tiny_dir, tmp_path):
-    config = EliCalConfig(mode="head", model=tiny_dir, max_epochs=2)
+def test_elical_estimator_scores_records_and_raw_questions(tiny_model_dir, tmp_path):
+    config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=2)
     result = train_elical(
         make_records(20), make_records(6, 50), method="eli-only", config=config, out_dir=tmp_path / "eli"
     )

@@ -7,42 +7,14 @@ import logging
 
 import numpy as np
 import pytest
+from helpers import annotated_records
 from sklearn.metrics import roc_auc_score
 
-from candor.backends.base import Completion
-from candor.data.items import QAItem
 from candor.elical.curve import fast_auroc, summarize_column
 from candor.elical.sweep import SweepData, run_sweep
 from candor.elical.train import EliCalConfig
 from candor.errors import CandorError
 from candor.metrics import alignment, ece
-from candor.records import Record
-
-
-def make_records(n: int, start: int = 0, dataset: str = "toy") -> list[Record]:
-    out = []
-    for i in range(start, start + n):
-        item = QAItem(f"{dataset}:{i}", dataset, "train", f"What is fact number {i} about {dataset}?", ("x",))
-        out.append(
-            Record(
-                item=item,
-                greedy=Completion("x"),
-                samples=[Completion("x")] * 4,
-                greedy_correct=int(i % 3 == 0),
-                sample_correct=[int(i % 3 == 0), 0, 1, 0],
-                consistency=[1, i % 2, int(i % 3 == 0), 0],
-                provenance={"template": "fewshot"},
-            )
-        )
-    return out
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tiny_model, tokenizer, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 def test_fast_auroc_equals_scikit_learn_with_ties():
@@ -81,13 +53,13 @@ def roc_auc_score_flipped(conf, y):
 
 
 def sweep_data(n_train: int = 36) -> SweepData:
-    tests = {"near": make_records(12, 500, "near"), "far": make_records(12, 700, "far")}
-    return SweepData(make_records(n_train), make_records(8, 200), tests, {"near": "id", "far": "ood"})
+    tests = {"near": annotated_records(12, 500, "near"), "far": annotated_records(12, 700, "far")}
+    return SweepData(annotated_records(n_train), annotated_records(8, 200), tests, {"near": "id", "far": "ood"})
 
 
-def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_dir, tmp_path, caplog):
+def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_model_dir, tmp_path, caplog):
     data = sweep_data()
-    config = EliCalConfig(mode="head", model=tiny_dir, max_epochs=3, feature_cache=str(tmp_path / "features"))
+    config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3, feature_cache=str(tmp_path / "features"))
     baseline = {ds: np.linspace(0.1, 0.9, len(recs)) for ds, recs in data.tests.items()}
     kwargs = dict(
         out_dir=tmp_path / "sweep",
@@ -121,22 +93,22 @@ def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_dir, tmp_path, c
     assert again["methods"]["EliCal@all"]["id"] == summary["methods"]["EliCal@all"]["id"]
 
 
-def test_the_sweep_refuses_a_dev_slice_that_overlaps_test_before_training(tiny_dir, tmp_path):
+def test_the_sweep_refuses_a_dev_slice_that_overlaps_test_before_training(tiny_model_dir, tmp_path):
     data = sweep_data()
     leaked = SweepData(data.train, [*data.dev, data.tests["near"][0]], data.tests, data.roles)
     with pytest.raises(CandorError, match="dev record 'near:500' is also a test question"):
-        run_sweep(leaked, out_dir=tmp_path, config=EliCalConfig(model=tiny_dir), budgets=[10], seeds=[0])
+        run_sweep(leaked, out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir), budgets=[10], seeds=[0])
     assert not (tmp_path / "runs").exists()
 
 
-def test_the_sweep_refuses_a_budget_over_the_pool(tiny_dir, tmp_path):
+def test_the_sweep_refuses_a_budget_over_the_pool(tiny_model_dir, tmp_path):
     with pytest.raises(CandorError, match="label budget 100 is larger than the labelled pool \\(36 records\\)"):
-        run_sweep(sweep_data(), out_dir=tmp_path, config=EliCalConfig(model=tiny_dir), budgets=[10, 100])
+        run_sweep(sweep_data(), out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir), budgets=[10, 100])
 
 
-def test_a_lora_sweep_trains_fresh_backbones_and_predicts_from_tokens(tiny_dir, tmp_path):
+def test_a_lora_sweep_trains_fresh_backbones_and_predicts_from_tokens(tiny_model_dir, tmp_path):
     data = sweep_data()
-    config = EliCalConfig(mode="lora", model=tiny_dir, max_epochs=1, lora_r=4, lora_alpha=8)
+    config = EliCalConfig(mode="lora", model=tiny_model_dir, max_epochs=1, lora_r=4, lora_alpha=8)
     summary = run_sweep(
         data, out_dir=tmp_path, config=config, budgets=[10], seeds=[0], methods=("elical",), bootstrap=0
     )

@@ -49,16 +49,8 @@ def make_records(n: int, start: int = 0, **drop: bool) -> list[Record]:
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tiny_model, tokenizer, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-def lora_config(tiny_dir: str, **kw) -> EliCalConfig:
-    return EliCalConfig(mode="lora", model=tiny_dir, lora_r=4, lora_alpha=8, max_epochs=2, **kw)
+def lora_config(tiny_model_dir: str, **kw) -> EliCalConfig:
+    return EliCalConfig(mode="lora", model=tiny_model_dir, lora_r=4, lora_alpha=8, max_epochs=2, **kw)
 
 
 # ------------------------------------------------------------ targets
@@ -122,13 +114,13 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_weights(tmp_p
     assert final_dev_loss == pytest.approx(stopper.best_loss, rel=1e-5)
 
 
-def test_the_head_gets_its_own_learning_rate_in_lora_mode(tiny_dir, tmp_path):
+def test_the_head_gets_its_own_learning_rate_in_lora_mode(tiny_model_dir, tmp_path):
     from candor.elical.model import HeadConfig
     from candor.training import load_causal_lm
 
-    model, tokenizer = load_causal_lm(tiny_dir, device="cpu")
+    model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj"]}
-    head = ConfidenceHead.create(model, tokenizer, HeadConfig(tiny_dir, "fewshot", mode="lora", lora=lora))
+    head = ConfidenceHead.create(model, tokenizer, HeadConfig(tiny_model_dir, "fewshot", mode="lora", lora=lora))
     trainer = EliCalTrainer(
         model=head,
         args=arguments(tmp_path, 1, lr=5e-5, evaluate=False),
@@ -146,9 +138,9 @@ def test_the_head_gets_its_own_learning_rate_in_lora_mode(tiny_dir, tmp_path):
 # ------------------------------------------------------------ stages
 
 
-def test_stage_two_updates_the_lora_weights_it_resumes(tiny_dir, tmp_path):
+def test_stage_two_updates_the_lora_weights_it_resumes(tiny_model_dir, tmp_path):
     train, dev = make_records(24), make_records(8, 100)
-    eli = train_elical(train, dev, method="eli-only", config=lora_config(tiny_dir), out_dir=tmp_path / "eli")
+    eli = train_elical(train, dev, method="eli-only", config=lora_config(tiny_model_dir), out_dir=tmp_path / "eli")
     stage1 = load_file(str(tmp_path / "eli" / "adapter" / "adapter_model.safetensors"))
     resumed = ConfidenceHead.from_pretrained(tmp_path / "eli", trainable=True)
     assert all(p.requires_grad for n, p in resumed.backbone.named_parameters() if "lora_" in n)
@@ -159,7 +151,7 @@ def test_stage_two_updates_the_lora_weights_it_resumes(tiny_dir, tmp_path):
         method="elical",
         init_from=tmp_path / "eli",
         budget=12,
-        config=lora_config(tiny_dir),
+        config=lora_config(tiny_model_dir),
         out_dir=tmp_path / "elical",
     )
     stage2 = load_file(str(tmp_path / "elical" / "adapter" / "adapter_model.safetensors"))
@@ -170,8 +162,8 @@ def test_stage_two_updates_the_lora_weights_it_resumes(tiny_dir, tmp_path):
     assert not torch.allclose(eli.head.head.linear.weight, cal.head.head.linear.weight)
 
 
-def test_elical_runs_both_stages_and_records_each(tiny_dir, tmp_path):
-    config = EliCalConfig(mode="head", model=tiny_dir, max_epochs=3)
+def test_elical_runs_both_stages_and_records_each(tiny_model_dir, tmp_path):
+    config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3)
     result = train_elical(
         make_records(30), make_records(8, 100), method="elical", budget=10, config=config, out_dir=tmp_path / "h"
     )
@@ -206,7 +198,7 @@ def test_budgets_are_seeded_nested_and_all_is_the_pool():
         parse_budget("lots")
 
 
-def test_a_budget_larger_than_the_pool_is_an_error_not_a_clip(tiny_dir, tmp_path):
+def test_a_budget_larger_than_the_pool_is_an_error_not_a_clip(tiny_model_dir, tmp_path):
     with pytest.raises(CandorError, match="label budget 60 is larger than the labelled pool \\(50 records\\)"):
         draw_budget(make_records(50), 60)
     with pytest.raises(CandorError, match="larger than the labelled pool"):
@@ -215,7 +207,7 @@ def test_a_budget_larger_than_the_pool_is_an_error_not_a_clip(tiny_dir, tmp_path
             make_records(4, 100),
             method="cal-only",
             budget=21,
-            config=EliCalConfig(model=tiny_dir),
+            config=EliCalConfig(model=tiny_model_dir),
             out_dir=tmp_path,
         )
     assert not any(tmp_path.iterdir())  # failed before training anything
@@ -246,14 +238,14 @@ def test_the_carved_dev_slice_never_overlaps_training_or_test():
         ("cal-only", "sample_correct", "sample_correct"),
     ],
 )
-def test_missing_fields_fail_early_naming_field_record_and_line(tiny_dir, tmp_path, method, drop, field):
+def test_missing_fields_fail_early_naming_field_record_and_line(tiny_model_dir, tmp_path, method, drop, field):
     train = make_records(5) + make_records(5, 5, **{drop: True})
     with pytest.raises(CandorError) as err:
         train_elical(
             train,
             make_records(4, 100),
             method=method,
-            config=EliCalConfig(model=tiny_dir),
+            config=EliCalConfig(model=tiny_model_dir),
             out_dir=tmp_path,
             source="pool.jsonl",
         )
@@ -262,8 +254,8 @@ def test_missing_fields_fail_early_naming_field_record_and_line(tiny_dir, tmp_pa
     assert "5 of 10 records" in message
 
 
-def test_hard_targets_need_greedy_correctness_and_the_dev_slice_is_checked_too(tiny_dir, tmp_path):
-    config = EliCalConfig(model=tiny_dir, cal_target="hard")
+def test_hard_targets_need_greedy_correctness_and_the_dev_slice_is_checked_too(tiny_model_dir, tmp_path):
+    config = EliCalConfig(model=tiny_model_dir, cal_target="hard")
     with pytest.raises(CandorError, match="'greedy_correct'"):
         train_elical(
             make_records(6, greedy_correct=True),
@@ -277,7 +269,7 @@ def test_hard_targets_need_greedy_correctness_and_the_dev_slice_is_checked_too(t
             make_records(6),
             make_records(4, 100, consistency=True),
             method="eli-only",
-            config=EliCalConfig(model=tiny_dir),
+            config=EliCalConfig(model=tiny_model_dir),
             out_dir=tmp_path,
         )
 
@@ -296,11 +288,13 @@ def test_bad_settings_are_named():
 
 
 @pytest.mark.parametrize("recenter", [True, False])
-def test_stage_two_keeps_the_stage_one_weights_and_recentres_only_the_bias(tiny_dir, tmp_path, recenter):
+def test_stage_two_keeps_the_stage_one_weights_and_recentres_only_the_bias(tiny_model_dir, tmp_path, recenter):
     train, dev = make_records(30), make_records(8, 100)
-    config = EliCalConfig(mode="head", model=tiny_dir, max_epochs=3)
+    config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3)
     eli = train_elical(train, dev, method="eli-only", config=config, out_dir=tmp_path / "eli")
-    frozen = EliCalConfig(mode="head", model=tiny_dir, max_epochs=1, head_learning_rate=0.0, recenter_bias=recenter)
+    frozen = EliCalConfig(
+        mode="head", model=tiny_model_dir, max_epochs=1, head_learning_rate=0.0, recenter_bias=recenter
+    )
     cal = train_elical(
         train, dev, method="elical", init_from=tmp_path / "eli", budget=12, config=frozen, out_dir=tmp_path / "cal"
     )

@@ -69,13 +69,6 @@ def test_cli_score_then_eval(records, tmp_path):
     assert bad.exit_code == 2 and "no-such-method" in bad.output
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tiny_model, tokenizer):
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
 
 def test_demo_runs_end_to_end_and_reuses_its_cache(tiny_model_dir, tmp_path):
     methods = ("n-prob", "consis-lex", "p-true", "verbal-letter")

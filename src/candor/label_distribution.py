@@ -44,6 +44,7 @@ import torch
 from candor.backends.prefix_scoring import surface_forms
 from candor.data.items import QAItem
 from candor.errors import CandorError
+from candor.prompts import TokenizerChat
 from candor.verbal_formats import CONFIDENCE_CUE, VerbalFormat, format_prompt, get_format
 
 # The longest surface form (in tokens) that one extra position can read.
@@ -54,19 +55,6 @@ MIN_SHARED_PREFIX = 8
 
 # ---------------------------------------------------------------- prompts as token ids
 
-
-class TokenizerChat:
-    """The one backend call ``render_turns`` needs (``render_chat``), from a tokenizer alone."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise CandorError("the tokenizer has no chat template")  # render_turns falls back to plain text
-        return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-        )
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ _quiet = False  # set by bootstrap_ci so a thousand resamples do not warn a thou
 
 
 @contextlib.contextmanager
-def _quietly() -> Iterator[None]:
+def quietly() -> Iterator[None]:
+    """Undefined metrics (one class, empty bins) return NaN without a warning; the caller reports them."""
     global _quiet
     previous, _quiet = _quiet, True
     try:
@@ -287,7 +288,7 @@ def bootstrap_ci(
         raise CandorError(f"alpha must be in (0, 1), got {alpha}")
     rng = np.random.default_rng(seed)
     values = []
-    with _quietly():
+    with quietly():
         for _ in range(n):
             idx = rng.integers(0, y.size, size=y.size)
             values.append(float(fn(conf[idx], y[idx])))

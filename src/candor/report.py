@@ -31,9 +31,7 @@ import logging
 import math
 import os
 import re
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -45,7 +43,7 @@ from rich.table import Table
 
 from candor.confidences import ConfidenceTable
 from candor.errors import CandorError
-from candor.metrics import DEFAULT_METRICS, METRICS, check_arrays, group_averages
+from candor.metrics import DEFAULT_METRICS, METRICS, check_arrays, group_averages, quietly
 from candor.plots import confidence_histograms, reliability_diagram
 
 logger = logging.getLogger(__name__)
@@ -152,7 +150,7 @@ def evaluate(
     labels = {ds: _labels(table, ds) for ds in datasets}
     sizes, accuracy = _sizes_and_accuracy(labels, roles)
     arrays = {m: {ds: check_arrays(*table.arrays(m, ds)) for ds in datasets} for m in methods}
-    with _quiet_metrics():  # one note per undefined cell below, not one warning per method and call
+    with quietly():  # one note per undefined cell below, not one warning per method and call
         values = {m: _columns(arrays[m], fns, sizes, roles) for m in methods}
     columns = [*datasets, ALL, *_present_roles(roles)]
     result = Evaluation(
@@ -255,18 +253,6 @@ def _columns(
     return out
 
 
-@contextmanager
-def _quiet_metrics() -> Iterator[None]:
-    """Silence the metrics' per-call NaN warnings; the caller reports them once."""
-    metrics_log = logging.getLogger("candor.metrics")
-    level = metrics_log.level
-    metrics_log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            yield
-    finally:
-        metrics_log.setLevel(level)
 
 
 def _bootstrap(
@@ -283,7 +269,7 @@ def _bootstrap(
     rngs = {ds: np.random.default_rng(s) for ds, s in zip(per_ds, streams, strict=True)}
     draws: list[dict[str, dict[str, float]]] = []
     # Inputs were validated once by check_arrays; skipping sklearn's per-call checks saves ~25%.
-    with _quiet_metrics(), sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+    with quietly(), sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
         for _ in range(n):
             resampled = {}
             for ds, (c, y) in per_ds.items():

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy.stats import rankdata
 
-from candor.metrics import alignment, check_arrays, ece
+from candor.metrics import alignment, check_arrays, ece, quietly
 from candor.plots import save_png
 
 logger = logging.getLogger(__name__)
@@ -104,7 +102,7 @@ def summarize_column(
     for conf in per_seed:
         for ds, y in labels.items():
             check_arrays(conf[ds], y)
-    with _quiet():
+    with quietly(), np.errstate(invalid="ignore"):
         mean, runs = _seed_mean(per_seed, labels, roles)
     groups = [g for g in GROUPS if g in mean]
     out: dict[str, Any] = {g: mean[g] for g in groups}
@@ -127,7 +125,7 @@ def _bootstrap(
     streams = np.random.SeedSequence(seed).spawn(len(labels))
     rngs = {ds: np.random.default_rng(s) for ds, s in zip(labels, streams, strict=True)}
     draws: dict[str, dict[str, list[float]]] = {g: {m: [] for m in CURVE_METRICS} for g in groups}
-    with _quiet():
+    with quietly(), np.errstate(invalid="ignore"):
         for _ in range(n):
             index = {ds: rngs[ds].integers(0, y.size, size=y.size) for ds, y in labels.items()}
             mean, _ = _seed_mean(per_seed, labels, roles, index)
@@ -137,18 +135,6 @@ def _bootstrap(
     return {g: {m: _interval(draws[g][m]) for m in CURVE_METRICS} for g in groups}
 
 
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence the metrics' per-call NaN warnings: undefined resamples are counted out, not reported."""
-    metrics_log = logging.getLogger("candor.metrics")
-    level = metrics_log.level
-    metrics_log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), np.errstate(invalid="ignore"):
-            warnings.simplefilter("ignore", RuntimeWarning)
-            yield
-    finally:
-        metrics_log.setLevel(level)
 
 
 def _interval(values: list[float]) -> list[float | None]:

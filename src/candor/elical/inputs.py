@@ -13,27 +13,11 @@ from collections.abc import Sequence
 
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.prompts import TEMPLATES, QATemplate, resolve_template
+from candor.prompts import TEMPLATES, QATemplate, TokenizerChat, resolve_template
 from candor.records import Record
 
 logger = logging.getLogger(__name__)
 
-
-class TokenizerChat:
-    """The one piece of a backend a QA template needs: ``render_chat`` through a tokenizer."""
-
-    def __init__(self, tokenizer: object, model_name: str) -> None:
-        self.tokenizer = tokenizer
-        self.model_name = model_name
-
-    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise CandorError(
-                f"model {self.model_name!r} has no chat template; use a completion prompt template such as 'fewshot'"
-            )
-        return self.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-        )
 
 
 def records_template(records: Sequence[Record], requested: str, chat: TokenizerChat) -> str:

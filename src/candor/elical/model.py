@@ -40,8 +40,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from candor.data.items import QAItem
-from candor.elical.inputs import TokenizerChat, render_prompts
+from candor.elical.inputs import render_prompts
 from candor.errors import CandorError
+from candor.label_distribution import pad_batch
+from candor.prompts import TokenizerChat
 from candor.records import Record
 
 logger = logging.getLogger(__name__)
@@ -123,17 +125,6 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
     bos = tokenizer.bos_token_id
     return [ids[1:] if bos is not None and ids[:2] == [bos, bos] else list(ids) for ids in encoded]
 
-
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` padded on ``side`` to the longest sequence."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
-        ids[row, cols] = torch.tensor(list(seq), dtype=torch.long)
-        mask[row, cols] = 1
-    return ids, mask
 
 
 class ConfidenceHead(nn.Module):

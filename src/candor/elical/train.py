@@ -48,7 +48,7 @@ import torch
 
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.elical.features import FeatureCache
-from candor.elical.inputs import TokenizerChat, records_template
+from candor.elical.inputs import records_template
 from candor.elical.model import MODES, ConfidenceHead, HeadConfig, encode_prompts
 from candor.elical.splits import Budget, budget_size, draw_budget, parse_budget
 from candor.elical.targets import check_field, stage_target, targets
@@ -62,6 +62,7 @@ from candor.elical.trainer import (
     prompt_examples,
 )
 from candor.errors import CandorError
+from candor.prompts import TokenizerChat
 from candor.records import Record
 from candor.training import ALL_PROJECTIONS, ResourceMeter, training_arguments
 
