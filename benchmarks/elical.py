@@ -53,7 +53,14 @@ from candor.elical.splits import parse_budget
 from candor.elical.sweep import SweepData, plot_sweep, run_sweep
 from candor.records import Record, read_records
 
-BASELINES = {"N-Prob": "n-prob", "Consis-Sem": "consis-sem", "Consis-Lex": "consis-lex", "Verbal-0": "verbal-0"}
+BASELINES = {
+    "N-Prob": "n-prob",
+    "Min-Prob": "min-prob",
+    "Prob": "prob",
+    "Consis-Sem": "consis-sem",
+    "Consis-Lex": "consis-lex",
+    "Verbal-0": "verbal-0",
+}
 REFERENCE = "N-Prob"
 METRICS = ("auroc", "ece", "alignment")
 LORA_SUFFIX = " (lora)"
