@@ -55,6 +55,7 @@ from transformers.cache_utils import DynamicLayer
 from candor.backends.base import Completion, Generations, SamplingParams
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.errors import CandorError
+from candor.prompts import TokenizerChat
 
 logger = logging.getLogger(__name__)
 
@@ -284,13 +285,7 @@ class HFBackend:
     # ------------------------------------------------------------------ text
 
     def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise CandorError(
-                f"model {self.model_name!r} has no chat template; use a completion prompt template such as 'fewshot'"
-            )
-        return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        return TokenizerChat(self.tokenizer, self.model_name).render_chat(messages, add_generation_prompt)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
