@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test lint bench-throughput bench-baselines clean
+.PHONY: setup demo test lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose clean
 
 setup: $(VENV)/.candor-installed
 
@@ -38,6 +38,16 @@ bench-throughput: setup
 
 bench-baselines: setup
 	$(BIN)/python benchmarks/baselines.py
+
+# The three below reuse bench-baselines' cached annotations (run it first).
+bench-elical: setup
+	$(BIN)/python benchmarks/elical.py
+
+bench-advice: setup
+	$(BIN)/python benchmarks/advice.py
+
+bench-diagnose: setup
+	$(BIN)/python benchmarks/diagnose.py
 
 clean:
 	rm -rf $(VENV) candor-out
