@@ -49,7 +49,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ig-batch", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a small smoke run (12 questions) outside results/")
-    p.add_argument("--out", type=Path, default=None, help="results JSON (default results/diagnose.json)")
+    p.add_argument("--out", type=Path, default=None, help="results JSON (default results/diagnose.json); "
+                   "the report goes to the folder of the same name")
     return p.parse_args()
 
 
@@ -80,7 +81,8 @@ def main() -> None:
     if args.quick:
         args.questions, args.candidates, args.ig_examples, args.ig_steps = 12, 10, 2, 16
     out = args.out or (CACHE / "diagnose_quick.json" if args.quick else RESULTS / "diagnose.json")
-    report_dir = CACHE / "diagnose_quick" if args.quick else RESULTS / "diagnose"
+    # The report folder is named after the results file, so a second run with --out keeps the first's plots.
+    report_dir = out.with_suffix("")
     pool = load_pool(args.records)
     chosen = pick_questions(pool, args.questions, args.seed)
     everything = [r for records in pool.values() for r in records]
