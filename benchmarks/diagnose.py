@@ -48,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ig-steps", type=int, default=32)
     p.add_argument("--ig-batch", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stages", default="sensitivity,masking,rollout,attribution", help="comma-separated subset")
     p.add_argument("--quick", action="store_true", help="a small smoke run (12 questions) outside results/")
     p.add_argument("--out", type=Path, default=None, help="results JSON (default results/diagnose.json); "
                    "the report goes to the folder of the same name")
@@ -80,14 +81,15 @@ def main() -> None:
     args = parse_args()
     if args.quick:
         args.questions, args.candidates, args.ig_examples, args.ig_steps = 12, 10, 2, 16
-    out = args.out or (CACHE / "diagnose_quick.json" if args.quick else RESULTS / "diagnose.json")
+    out = (args.out or (CACHE / "diagnose_quick.json" if args.quick else RESULTS / "diagnose.json")).resolve()
     # The report folder is named after the results file, so a second run with --out keeps the first's plots.
     report_dir = out.with_suffix("")
     pool = load_pool(args.records)
     chosen = pick_questions(pool, args.questions, args.seed)
     everything = [r for records in pool.values() for r in records]
     config = DiagnoseConfig(fmt=args.fmt, max_candidates=args.candidates, seed=args.seed,
-                            ig_examples=args.ig_examples, ig_steps=args.ig_steps, ig_batch_size=args.ig_batch)
+                            ig_examples=args.ig_examples, ig_steps=args.ig_steps, ig_batch_size=args.ig_batch,
+                            stages=tuple(args.stages.split(",")))
     candidates = build_candidates(chosen, max_candidates=config.max_candidates, seed=config.seed,
                                   judge=config.judge, pool=everything)
     logger.info("diagnose: %d questions, %d candidates", len(candidates), sum(len(c) for c in candidates))
