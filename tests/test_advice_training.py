@@ -331,7 +331,8 @@ def test_the_pairwise_terms_can_separate_a_pair_when_trained_alone(tiny_dir, tmp
     weights = LossWeights(lm=0.0, jsd=1.0, margin=1.0, sum=0.0)
     trainer, config = advice_trainer(tiny_dir, tmp_path, tokenizer, weights=weights, learning_rate=0.05, epochs=15,
                                      formats=("number",))  # fmt: skip
-    batch = next(iter(trainer.get_train_dataloader()))
+    # Collate directly: a second prepared dataloader left half-read would skew accelerate's accumulation state.
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
     scorer = trainer.scorers[int(batch["format"][0])]
 
     def gap_and_jsd() -> tuple[float, float]:
