@@ -261,6 +261,28 @@ def evaluate(
     typer.echo(f"report: {result.files['index']}")
 
 
+@app.command()
+@user_errors
+def calibrate(
+    dev: Annotated[Path, typer.Option("--dev", help="Dev confidences JSONL with labels (fits the calibrator).")],
+    confidences: Annotated[Path, typer.Option("--confidences", "-c", help="Confidences JSONL to calibrate.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output confidences JSONL (input columns kept).")],
+    methods: Annotated[str, typer.Option("--methods", "-m", help="Comma-separated method columns.")],
+    calibrator: Annotated[str, typer.Option(help="platt, isotonic, temperature or histogram.")] = "isotonic",
+    save_dir: Annotated[Path | None, typer.Option(help="Also save each fitted calibrator as JSON here.")] = None,
+) -> None:
+    """Fit a calibrator per method on dev confidences and add calibrated columns (METHOD+CALIBRATOR)."""
+    from candor.calibration import calibrate_tables, save_calibrators
+    from candor.confidences import read_confidences, write_confidences
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    result = calibrate_tables(read_confidences(dev), read_confidences(confidences), names, calibrator)
+    write_confidences(out, result.table)
+    if save_dir is not None:
+        save_calibrators(save_dir, result, dev)
+    typer.echo(f"wrote {', '.join(result.columns.values())} to {out}")
+
+
 @app.command("train")
 @user_errors
 def train_command(
