@@ -143,3 +143,57 @@ def test_metric_metadata_is_registered_with_the_metric():
     for name in METRICS.names():
         spec = METRICS.get(name)
         assert spec.label and spec.better in ("higher", "lower", "zero")
+
+
+def _confidence_file(tmp_path):
+    from candor.confidences import write_confidences
+
+    labels, conf, _ = _arrays()
+    rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i]), "flat": 0.5})
+            for d, ys in labels.items() for i, y in enumerate(ys)]
+    path = tmp_path / "conf.jsonl"
+    write_confidences(path, ConfidenceTable(rows))
+    return path
+
+
+def test_cli_eval_rejects_an_unknown_ood_dataset_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from candor.cli import app
+
+    path = _confidence_file(tmp_path)
+    result = CliRunner().invoke(app, ["eval", "-c", str(path), "-o", str(tmp_path / "r"), "--ood", "squad,typo"])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "typo" in lines[0] and "known: nq, hq, squad, musique" in lines[0]
+    assert "squad," not in lines[0].split("known")[0]  # only the unknown name is blamed
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_eval_writes_selective_metrics_counts_and_the_risk_coverage_plot(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from candor.cli import app
+
+    path = _confidence_file(tmp_path)
+    out = tmp_path / "r"
+    result = CliRunner().invoke(app, ["eval", "-c", str(path), "-o", str(out), "--ood", "squad,musique",
+                                      "--bootstrap", "60"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "metrics.json").read_text())
+    labels, conf, _ = _arrays()
+    from candor.metrics import aurc, prr
+
+    assert doc["metrics"]["m"]["nq"]["aurc"] == pytest.approx(aurc(conf["nq"], labels["nq"]))
+    assert doc["metrics"]["m"]["nq"]["prr"] == pytest.approx(prr(conf["nq"], labels["nq"]))
+    assert doc["metrics"]["flat"]["nq"]["prr"] == pytest.approx(0.0)  # constant confidence: no better than random
+    # constant confidence: no threshold splits the fit slice, so Alignment is NaN, and the file says where
+    assert "alignment" in doc["counts"]["flat"]["undefined"]["nq"]
+    assert "id" in doc["counts"]["flat"]["undefined"]
+    assert "m" not in doc["counts"]["m"]["undefined"].get("nq", [])
+    assert doc["bootstrap"]["dropped"]["flat"]["nq"]["alignment"] == 60  # every resample undefined
+    assert (out / "risk_coverage.png").stat().st_size > 5_000
+    assert "risk_coverage.png" in (out / "index.md").read_text()
+    assert "AURC" in (out / "metrics.md").read_text()

@@ -15,6 +15,7 @@ on its own (a stratified bootstrap), so the averages get intervals too.
       metrics.json        method → dataset or group → metric → value
       metrics.csv         long format: method, dataset, metric, value, ci_low, ci_high
       confidence_hist.png
+      risk_coverage.png   risk vs coverage per method (AURC, PRR in the tables)
       reliability/<method>.png
 
 Undefined values (AUROC on a dataset with one class) are NaN in memory,
@@ -42,8 +43,8 @@ from candor.confidences import ConfidenceTable
 from candor.errors import CandorError
 from candor.evaluation import CI_ALPHA, Group
 from candor.evaluation import evaluate as run_engine
-from candor.metrics import DEFAULT_METRICS, METRICS, check_arrays, metric_label
-from candor.plots import confidence_histograms, reliability_diagram
+from candor.metrics import DEFAULT_METRICS, METRICS, SELECTIVE_METRICS, check_arrays, metric_label
+from candor.plots import confidence_histograms, reliability_diagram, risk_coverage_plot
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ ROLES = ("id", "ood")
 GROUP_LABELS = {ALL: "All (pooled)", "id": "In-domain (avg)", "ood": "OOD (avg)"}
 SHORT_LABELS = {ALL: "All", "id": "ID", "ood": "OOD"}  # main-table headers
 MAIN_METRICS = ("auroc", "ece", "brier", "alignment")
+REPORT_METRICS = (*DEFAULT_METRICS, *SELECTIVE_METRICS)
 CI_METRICS = ("auroc", "ece", "brier", "alignment", "aurc", "prr", "log_loss")
 MISSING = "–"
 
@@ -106,7 +108,7 @@ def evaluate(
     table: ConfidenceTable,
     *,
     roles: Mapping[str, str] | None = None,
-    metrics: Sequence[str] = DEFAULT_METRICS,
+    metrics: Sequence[str] = REPORT_METRICS,
     n_bins: int = 10,
     bootstrap: int = 0,
     seed: int = 0,
@@ -369,7 +371,7 @@ def write_report(
     out_dir: str | Path,
     *,
     roles: Mapping[str, str] | None = None,
-    metrics: Sequence[str] = DEFAULT_METRICS,
+    metrics: Sequence[str] = REPORT_METRICS,
     n_bins: int = 10,
     bootstrap: int = 0,
     seed: int = 0,
@@ -394,6 +396,9 @@ def write_report(
         )
     files["confidence_hist"] = confidence_histograms(
         pooled, out_dir / "confidence_hist.png", title=f"{title}: confidence of correct vs incorrect answers"
+    )
+    files["risk_coverage"] = risk_coverage_plot(
+        pooled, out_dir / "risk_coverage.png", title=f"{title}: risk vs coverage (all datasets pooled)"
     )
     files["index"] = _write_text(out_dir / "index.md", _index_md(result, title, files, reliability, out_dir))
     logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods),
@@ -530,11 +535,14 @@ def _index_md(result: Evaluation, title: str, files: Mapping[str, Path], reliabi
     parts.append(f"- [metrics.csv]({_rel(files['csv'], root)}): the same, long format")
     parts.append(f"- [confidence_hist.png]({_rel(files['confidence_hist'], root)}): confidence of correct "
                  "vs incorrect answers")
+    parts.append(f"- [risk_coverage.png]({_rel(files['risk_coverage'], root)}): error rate of the answers kept, "
+                 "most confident first, against the share kept (AURC is the area under it)")
     parts += ["", "## Main results", "", table_markdown(main_table(result)), ""]
     parts += ["## Reliability diagrams (all datasets pooled)", ""]
     for method, path in reliability.items():
         parts.append(f"- [{_md_cell(method)}]({_rel(path, root)})")
     parts += ["", f"![confidence histograms]({_rel(files['confidence_hist'], root)})", ""]
+    parts += [f"![risk-coverage]({_rel(files['risk_coverage'], root)})", ""]
     if result.notes:
         parts += ["## Notes", "", *(f"- {n}" for n in result.notes), ""]
     return "\n".join(parts)
