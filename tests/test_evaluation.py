@@ -197,3 +197,17 @@ def test_cli_eval_writes_selective_metrics_counts_and_the_risk_coverage_plot(tmp
     assert (out / "risk_coverage.png").stat().st_size > 5_000
     assert "risk_coverage.png" in (out / "index.md").read_text()
     assert "AURC" in (out / "metrics.md").read_text()
+
+
+def test_counts_given_to_the_report_land_in_its_json(tmp_path):
+    import json
+
+    from candor.report import write_report
+
+    labels, conf, _ = _arrays()
+    rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i])})
+            for d, ys in labels.items() for i, y in enumerate(ys)]
+    result = write_report(ConfidenceTable(rows), tmp_path / "r", metrics=["auroc"],
+                          counts={"m": {"parse_fallbacks": 3}})
+    doc = json.loads(result.files["json"].read_text())
+    assert doc["counts"]["m"] == {"undefined": {}, "parse_fallbacks": 3}

@@ -112,8 +112,13 @@ def evaluate(
     n_bins: int = 10,
     bootstrap: int = 0,
     seed: int = 0,
+    counts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Evaluation:
-    """The report's numbers for a confidence table (no files). See the module docstring."""
+    """The report's numbers for a confidence table (no files). See the module docstring.
+
+    ``counts`` (method → name → value) is provenance to carry into the results
+    files beside each method's numbers, e.g. verbalized-parse fallback counts.
+    """
     if not table.rows:
         raise CandorError("the confidence table is empty: nothing to evaluate")
     methods = table.methods
@@ -141,7 +146,7 @@ def evaluate(
         bootstrap=bootstrap,
         seed=seed,
         bootstrap_dropped={m: r.bootstrap_dropped for m, r in engine.methods.items()} if bootstrap else {},
-        counts={m: r.counts for m, r in engine.methods.items()},
+        counts={m: {**r.counts, **(counts or {}).get(m, {})} for m, r in engine.methods.items()},
     )
     result.notes = _notes(result, labels)
     for note in result.notes:
@@ -376,9 +381,11 @@ def write_report(
     bootstrap: int = 0,
     seed: int = 0,
     title: str = "candor report",
+    counts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ReportResult:
     """Evaluate ``table`` and write the report folder (see the module docstring)."""
-    result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed)
+    result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed,
+                      counts=counts)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {

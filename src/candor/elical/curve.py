@@ -64,6 +64,7 @@ def summarize_column(
     out["seed_std"] = {g: std[g] for g in names}
     out["per_seed"] = {g: result.per_seed[g] for g in names}
     out["per_dataset"] = {ds: result.values[ds] for ds in labels}
+    out["undefined"] = result.undefined()  # cells that are NaN, e.g. Alignment where no threshold splits the classes
     if bootstrap:
         out["ci95"] = {g: {m: [json_number(v) for v in result.ci[g][m]] for m in CURVE_METRICS} for g in names}
         out["bootstrap_dropped"] = {g: result.bootstrap_dropped[g] for g in names}
