@@ -211,3 +211,13 @@ def test_counts_given_to_the_report_land_in_its_json(tmp_path):
                           counts={"m": {"parse_fallbacks": 3}})
     doc = json.loads(result.files["json"].read_text())
     assert doc["counts"]["m"] == {"undefined": {}, "parse_fallbacks": 3}
+
+
+def test_the_report_interval_survives_resamples_with_one_class():
+    # issue 17's mutant: keeping the NaN resamples would make this interval NaN
+    rows = [ConfidenceRow(f"a-{i}", "a", y, {"m": c})
+            for i, (y, c) in enumerate(zip([1, 0, 0, 0, 0, 0], [0.9, 0.5, 0.4, 0.6, 0.2, 0.1], strict=True))]
+    result = report_evaluate(ConfidenceTable(rows), metrics=["auroc"], bootstrap=300, seed=2)
+    low, high = result.ci["m"]["a"]["auroc"]
+    assert np.isfinite(low) and np.isfinite(high) and 0.0 <= low <= high <= 1.0
+    assert 0 < result.bootstrap_dropped["m"]["a"]["auroc"] < 300

@@ -135,7 +135,7 @@ def evaluate(
         raise CandorError(f"alpha must be in (0, 1), got {alpha}")
     fns = metric_functions(metrics, n_bins)
     ci_names = list(fns) if ci_metrics is None else [k for k in ci_metrics if k in fns]
-    ys = {ds: check_arrays(np.zeros(np.asarray(y).size), y)[1] for ds, y in labels.items()}
+    ys = {ds: _check_labels(ds, y) for ds, y in labels.items()}
     _check_groups(groups, ys)
     runs = {name: _runs(name, given, ys) for name, given in methods.items()}
     sizes = {ds: int(y.size) for ds, y in ys.items()}
@@ -165,6 +165,13 @@ def metric_functions(names: Sequence[str], n_bins: int = 10) -> dict[str, Metric
     if not names:
         raise CandorError(f"no metrics chosen; known: {', '.join(METRICS.names())}")
     return {name: METRICS.get(name).bound(n_bins) for name in names}
+
+
+def _check_labels(dataset: str, labels: ArrayLike) -> np.ndarray:
+    y = np.asarray(labels).reshape(-1)
+    if y.size == 0:
+        raise CandorError(f"dataset {dataset!r} has no labelled rows")
+    return check_arrays(np.zeros(y.size), y)[1]
 
 
 def _check_groups(groups: Sequence[Group], labels: Mapping[str, np.ndarray]) -> None:

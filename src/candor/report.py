@@ -6,6 +6,9 @@ numbers: every metric for every method on every dataset, on all rows pooled
 out-of-domain (``"ood"``) averages, as the papers report them. With
 ``bootstrap > 0`` it adds percentile 95% intervals by resampling each dataset
 on its own (a stratified bootstrap), so the averages get intervals too.
+The numbers come from the one evaluation engine, :func:`candor.evaluation.evaluate`
+(``"all"`` is a pooled group, ``"id"``/``"ood"`` are size-weighted groups); this module
+adds the labels, notes, tables and files.
 
 :func:`write_report` writes the numbers and plots to a folder::
 
