@@ -211,7 +211,8 @@ def _labels(table: ConfidenceTable, dataset: str) -> np.ndarray:
 
 
 _WHY_UNDEFINED = {
-    "alignment": "no threshold in 0.01–0.99 splits its 20% fit slice into two classes (constant confidence?)",
+    "alignment": "no threshold in 0.01–0.99 splits its 20% fit slice into two classes (constant confidence?); "
+                 "the official EliCal code would fall back to a 0.5 threshold here",
 }
 
 
