@@ -248,15 +248,21 @@ def evaluate(
     ood: Annotated[str, typer.Option(help="Comma-separated out-of-domain datasets (the rest are in-domain).")] = "",
     n_bins: Annotated[int, typer.Option(help="ECE bins.")] = 10,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for 95% intervals (0: none).")] = 0,
+    metrics: Annotated[str, typer.Option(help="Comma-separated metrics (default: all the report's).")] = "",
 ) -> None:
-    """Evaluate confidences: tables (Markdown, CSV, JSON), reliability diagrams, histograms."""
+    """Evaluate confidences: tables (Markdown, CSV, JSON), reliability and risk-coverage plots, histograms."""
     from candor.confidences import read_confidences
-    from candor.report import format_table_rich, write_report
+    from candor.report import REPORT_METRICS, format_table_rich, write_report
 
     table = read_confidences(confidences)
     ood_names = {n.strip() for n in ood.split(",") if n.strip()}
+    unknown = sorted(ood_names - set(table.datasets))
+    if unknown:  # a typo would otherwise silently drop the OOD group
+        raise CandorError(f"--ood {', '.join(unknown)}: not a dataset in {confidences}; "
+                          f"known: {', '.join(table.datasets)}")
     roles = {d: ("ood" if d in ood_names else "id") for d in table.datasets} if ood_names else None
-    result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap)
+    chosen = [m.strip() for m in metrics.split(",") if m.strip()] or list(REPORT_METRICS)
+    result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap, metrics=chosen)
     _print_rich(format_table_rich(result))
     typer.echo(f"report: {result.files['index']}")
 
