@@ -74,9 +74,11 @@ def test_consis_sem_judges_with_the_judge_asked_for_not_the_stored_one(tiny_back
     est = get_estimator("consis-sem", judge="llm")
     out = est.estimate(recs, tiny_backend)
     verdicts = get_consistency_judge("llm", backend=tiny_backend).judge(
-        ["Paris", "Lyon", "Rome", "Milan", "Turin"], ["Paris", "Paris", "Rome", "Rome", "Rome"], ["What is the capital of France?"] * 5
+        ["Paris", "Lyon", "Rome", "Milan", "Turin"], ["Paris", "Paris", "Rome", "Rome", "Rome"],
+        ["What is the capital of France?"] * 5,
     )
     np.testing.assert_allclose(out, [np.mean(verdicts[:2]), np.mean(verdicts[2:])])
+    assert not np.allclose(out, 1.0)  # the tiny model's judge disagrees with the stored verdicts
     assert est.judged == 2 and est.describe()["verdicts_by"] == ["llm"] and est.describe()["judge"] == "llm"
     # Verdicts the llm judge stored are read back as they are.
     stored = get_estimator("consis-sem", judge="llm")
