@@ -18,6 +18,7 @@ from candor.confidences import columns_path, read_confidences, write_confidences
 from candor.contamination import write_manifest
 from candor.data.items import QAItem
 from candor.demo import run_demo
+from candor.errors import CandorError
 from candor.records import Record, write_records
 from candor.scoring import score_into
 from candor.verbal_formats import distribution_from_prompts, format_prompt
@@ -68,6 +69,16 @@ def test_score_into_writes_values_and_reuses_cached_columns(records, tmp_path, c
         forced = score_into(records, ["n-prob"], out, force=True)
     assert "n-prob: recomputing (--force)" in caplog.text
     assert forced.arrays("n-prob")[0][0] == pytest.approx(math.exp(-2.0))
+
+
+def test_a_failing_method_loses_no_reusable_column(records, tmp_path):
+    out = tmp_path / "conf.jsonl"
+    score_into(records, ["n-prob"], out)
+    # prob is scored and written, then verbal-letter fails (no model): n-prob, asked last, must still be there.
+    with pytest.raises(CandorError, match="needs a model backend"):
+        score_into(records, ["prob", "verbal-letter", "n-prob"], out)
+    kept = read_confidences(out)
+    assert kept.methods == ["prob", "n-prob"] and kept.provenance("n-prob") is not None
 
 
 def test_a_column_present_for_only_some_records_is_not_reused(records, tmp_path, caplog):

@@ -136,8 +136,9 @@ def score_into(
     records_sha = records_digest(records)
     table = table_from_records(records)
     _keep_others(previous, table, records_sha, methods)
+    stale: dict[str, dict[str, Any]] = {}
     identity: dict[str, Any] | None = None
-    for name in methods:
+    for name in methods:  # reusable columns first, so a run killed while scoring keeps them
         opts = options.get(name, {})
         if get_estimator(name, **dict(opts)).needs_backend:
             identity = identity or backend_identity(backend)
@@ -151,6 +152,8 @@ def score_into(
             continue
         if force or name in previous.methods:
             logger.info("%s: recomputing (%s)", name, reason)
+        stale[name] = key
+    for name, key in stale.items():
         start = time.perf_counter()
         scored = score_records(records, [name], backend, progress=progress, options=options)
         table.add(name, [r.id for r in records], [row.confidence[name] for row in scored.rows])
