@@ -97,10 +97,11 @@ class ConfidenceTable:
         return self.columns.get(method)
 
     def parse_fallbacks(self, method: str) -> int | None:
-        """How many replies of a verbalized method stated no confidence and got the fallback.
+        """How many replies of a verbalized method stated no confidence and got the fallback value.
 
-        None when the method parses nothing (log-prob, consistency, white-box
-        verbalized scoring reads no replies but reports 0) or its provenance is unknown.
+        0 for a verbalized method read from log-probs (no replies to parse);
+        None for methods that parse nothing (log-prob, consistency) and for
+        columns whose provenance is unknown.
         """
         value = (self.columns.get(method) or {}).get("parse_fallbacks")
         return None if value is None else int(value)
