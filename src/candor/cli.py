@@ -172,7 +172,9 @@ def import_honestybench(
 @user_errors
 def score(
     records: Annotated[Path, typer.Option("--records", "-r", help="Records JSONL from `candor annotate`.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Confidences JSONL (methods already there are kept).")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Confidences JSONL (columns made exactly as this run would are reused).")
+    ],
     estimators: Annotated[
         str, typer.Option("--estimators", "-e", help="Comma-separated estimator names, or 'list'.")
     ] = "prob,n-prob,min-prob,consis-lex,consis-sem",
