@@ -149,12 +149,19 @@ def evaluate(
         bootstrap=bootstrap,
         seed=seed,
         bootstrap_dropped={m: r.bootstrap_dropped for m, r in engine.methods.items()} if bootstrap else {},
-        counts={m: {**r.counts, **(counts or {}).get(m, {})} for m, r in engine.methods.items()},
+        counts={m: {**r.counts, **_table_counts(table, m), **(counts or {}).get(m, {})}
+                for m, r in engine.methods.items()},
     )
     result.notes = _notes(result, labels)
     for note in result.notes:
         logger.warning(note)
     return result
+
+
+def _table_counts(table: ConfidenceTable, method: str) -> dict[str, Any]:
+    """Counts the confidences file keeps for a column (verbalized-parse fallbacks), for the results files."""
+    fallbacks = table.parse_fallbacks(method)
+    return {} if fallbacks is None else {"parse_fallbacks": fallbacks}
 
 
 def report_groups(datasets: Sequence[str], roles: Mapping[str, str]) -> list[Group]:
