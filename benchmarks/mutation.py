@@ -33,7 +33,8 @@ SCRATCH = Path(os.environ.get("CANDOR_MUTATION_DIR", "/tmp/candor-mutation"))
 
 # module key -> (source file, the test files that cover it)
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "metrics": ("src/candor/metrics.py", ["tests/test_metrics.py"]),
+    "metrics": ("src/candor/metrics.py", ["tests/test_metrics.py", "tests/test_selective_metrics.py",
+                                          "tests/test_evaluation.py"]),
     "evaluation": ("src/candor/evaluation.py", ["tests/test_evaluation.py", "tests/test_report.py"]),
     "annotate": ("src/candor/annotate.py", ["tests/test_annotate.py"]),
     "judges": ("src/candor/judges.py", ["tests/test_judges.py"]),

@@ -16,6 +16,7 @@ from candor.data import (
     QAItem,
     dedupe_questions,
     hash_split,
+    hash_unit,
     honestybench_mini,
     seeded_shuffle,
     split_items,
@@ -73,6 +74,19 @@ def test_split_items_sets_split_and_keeps_order():
     assert {i.question for i in train}.isdisjoint(i.question for i in test)
     side = "train" if any(i.id == "s:3" for i in train) else "test"
     assert any(i.id == "s:100" for i in (train if side == "train" else test))
+
+
+def test_split_sides_are_pinned_for_the_default_and_a_custom_salt():
+    # Fixed values of SHA-256("candor\x00" + question): a change to the hash rule, the salt or the
+    # byte order moves questions between train and test, and must fail here.
+    assert hash_unit(QUESTIONS[0]) == 0.12134539376522874
+    assert hash_unit(QUESTIONS[5]) == 0.8602115021617632
+    assert hash_unit(QUESTIONS[6], salt="other") == 0.7887728910191858
+    items = [item(i) for i in range(12)]
+    train, test = split_items(items)
+    assert [i.id for i in test] == ["s:5", "s:6"]
+    train, test = split_items(items, train_fraction=0.5, salt="other")
+    assert [i.id for i in train] == ["s:0", "s:5", "s:7", "s:8", "s:9"]
 
 
 def test_dedupe_and_seeded_shuffle():

@@ -209,14 +209,19 @@ def _bin_gaps(
 # ---------------------------------------------------------------- metrics
 
 
-@register_metric("accuracy", label="Acc", better="higher")
+# Each metric is registered by a call after its definition rather than a decorator: mutmut
+# (benchmarks/mutation.py) leaves decorated functions unmutated.
+
+
 def accuracy(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Fraction correct (the confidences are checked but not used)."""
     _, y = check_arrays(confidence, correct)
     return float(y.mean())
 
 
-@register_metric("auroc", label="AUROC", better="higher")
+register_metric("accuracy", label="Acc", better="higher")(accuracy)
+
+
 def auroc(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Area under the ROC curve of confidence as a score for correctness.
 
@@ -233,7 +238,9 @@ def auroc(confidence: ArrayLike, correct: ArrayLike) -> float:
     return float((ranks[y == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
-@register_metric("auprc", label="AUPRC", better="higher")
+register_metric("auroc", label="AUROC", better="higher")(auroc)
+
+
 def auprc(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Area under the precision-recall curve, correct = positive (average precision)."""
     conf, y = check_arrays(confidence, correct)
@@ -242,11 +249,16 @@ def auprc(confidence: ArrayLike, correct: ArrayLike) -> float:
     return float(average_precision_score(y, conf))
 
 
-@register_metric("brier", label="Brier", better="lower")
+register_metric("auprc", label="AUPRC", better="higher")(auprc)
+
+
 def brier(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Mean squared difference between confidence and correctness."""
     conf, y = check_arrays(confidence, correct)
     return float(np.mean((conf - y) ** 2))
+
+
+register_metric("brier", label="Brier", better="lower")(brier)
 
 
 def ece(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 10, strategy: str = "uniform") -> float:
@@ -284,16 +296,17 @@ register_metric("nce", label="NCE", better="zero", binned=True)(nce)
 register_metric("abs_nce", label="|NCE|", better="lower", binned=True)(abs_nce)
 
 
-@register_metric("ece_quantile", label="ECE (eq-mass)", better="lower")
 def ece_quantile(confidence: ArrayLike, correct: ArrayLike) -> float:
     """ECE with 10 equal-mass bins."""
     return ece(confidence, correct, strategy="quantile")
 
 
+register_metric("ece_quantile", label="ECE (eq-mass)", better="lower")(ece_quantile)
+
+
 ALIGNMENT_THRESHOLDS = np.arange(1, 100) / 100
 
 
-@register_metric("alignment", label="Alignment", better="higher")
 def alignment(
     confidence: ArrayLike, correct: ArrayLike, seed: int = 0, fit_fraction: float = 0.2
 ) -> float:
@@ -323,6 +336,9 @@ def alignment(
             f"Alignment is undefined: every threshold puts all {n_fit} fit rows in one class; returning NaN"
         )
     return float(np.mean((conf[held] >= threshold).astype(int) == y[held]))
+
+
+register_metric("alignment", label="Alignment", better="higher")(alignment)
 
 
 def _best_threshold(conf: np.ndarray, y: np.ndarray) -> float | None:
@@ -362,14 +378,15 @@ def _oracle_aurc(y: np.ndarray) -> float:
     return float(np.mean(np.maximum(0, kept - int(y.sum())) / kept))
 
 
-@register_metric("aurc", label="AURC", better="lower")
 def aurc(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Area under the risk–coverage curve: the mean risk over coverages 1/N..N/N."""
     _, risk = risk_coverage(confidence, correct)
     return float(np.mean(risk))
 
 
-@register_metric("prr", label="PRR", better="higher")
+register_metric("aurc", label="AURC", better="lower")(aurc)
+
+
 def prr(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Prediction rejection ratio: how much of the oracle's AURC gain over random the confidence gets."""
     conf, y = check_arrays(confidence, correct)
@@ -380,7 +397,9 @@ def prr(confidence: ArrayLike, correct: ArrayLike) -> float:
     return float((random - aurc(conf, y)) / (random - oracle))
 
 
-@register_metric("log_loss", label="Log-loss", better="lower")
+register_metric("prr", label="PRR", better="higher")(prr)
+
+
 def log_loss(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Mean negative log-likelihood of correctness under the confidence, in nats.
 
@@ -392,6 +411,9 @@ def log_loss(confidence: ArrayLike, correct: ArrayLike) -> float:
     eps = np.finfo(float).eps
     p = np.clip(conf, eps, 1.0 - eps)
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
+
+
+register_metric("log_loss", label="Log-loss", better="lower")(log_loss)
 
 
 def compute_metrics(
