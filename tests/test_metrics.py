@@ -20,11 +20,16 @@ from candor.metrics import (
     alignment,
     auprc,
     auroc,
+    bin_indices,
     brier,
+    check_arrays,
     compute_metrics,
     ece,
+    log_loss,
     mce,
+    metric_label,
     nce,
+    prr,
 )
 
 SEEDS = [0, 1, 2, 3, 4]
@@ -172,14 +177,15 @@ def test_alignment_is_seeded() -> None:
 
 BAD_INPUTS = [
     ([0.2, 0.8], [1], "confidence has 2 values but correct has 1"),
-    ([0.2, float("nan")], [1, 0], "NaN/inf"),
+    ([0.2, float("nan")], [1, 0], "1 NaN/inf values, e.g. at index 1"),
     ([0.2, float("inf")], [1, 0], "NaN/inf"),
-    ([0.2, 1.2], [1, 0], r"must lie in \[0, 1\]"),
+    ([0.2, 1.2], [1, 0], r"must lie in \[0, 1\].*index 1 is 1\.2"),
     ([-0.1, 0.5], [1, 0], r"must lie in \[0, 1\]"),
-    ([0.2, 0.8], [1, 2], "0/1 labels"),
+    ([0.2, 0.8], [1, 2], "0/1 labels; index 1 is 2"),
+    ([0.2, 0.8], ["a", "b"], "0/1 labels, got dtype <U1"),
     ([0.2, 0.8], [1, float("nan")], "0/1 labels"),
     ([0.2, 0.8], [1, None], "0/1 labels"),
-    ([], [], "empty"),
+    ([], [], "^confidence is empty"),
 ]
 
 
@@ -222,3 +228,88 @@ def test_compute_metrics() -> None:
     }
     with pytest.raises(CandorError, match="unknown metric 'aurooc'"):
         compute_metrics(conf, correct, ["auroc", "aurooc"])
+
+
+# ---------------------------------------------------------------- cases the mutation run found untested
+
+
+def test_registered_metrics_pass_n_bins_through_and_pick_the_best_by_direction() -> None:
+    conf, correct = random_data(1)
+    assert METRICS.get("ece")(conf, correct, n_bins=5) == ece(conf, correct, n_bins=5) != ece(conf, correct)
+    assert METRICS.get("ece").bound(5)(conf, correct) == ece(conf, correct, n_bins=5)
+    assert METRICS.get("auroc").bound(5) is auroc
+    assert METRICS.get("auroc").best([0.6, 0.8, 0.7]) == 0.8
+    assert METRICS.get("ece").best([0.3, 0.1, 0.2]) == 0.1
+    assert METRICS.get("nce").best([-0.3, 0.2, -0.1]) == -0.1
+    assert METRICS.get("auroc").best([]) is None
+    assert metric_label("abs_nce") == "|NCE|"
+    assert metric_label("no-such-metric") == "no-such-metric"
+
+
+def test_defaults_are_ten_uniform_bins() -> None:
+    conf, correct = random_data(2)
+    assert bin_indices(np.array([0.0, 0.05, 0.95, 1.0])).tolist() == [0, 0, 9, 9]
+    assert mce(conf, correct) == mce(conf, correct, n_bins=10) != mce(conf, correct, n_bins=11)
+    # one bin: |accuracy − mean confidence|
+    assert ece(conf, correct, n_bins=1) == pytest.approx(abs(correct.mean() - conf.mean()))
+
+
+def test_quantile_bins_fill_tied_confidences_in_row_order() -> None:
+    conf = np.random.default_rng(0).integers(0, 3, 100) / 2  # three values, many ties per bin edge
+    idx = bin_indices(conf, 10, "quantile")
+    assert np.bincount(idx).tolist() == [10] * 10
+    for value in (0.0, 0.5, 1.0):
+        assert np.all(np.diff(idx[conf == value]) >= 0)  # the stable sort keeps row order within a tie
+
+
+def test_arrays_are_flattened_and_typed() -> None:
+    conf, correct = check_arrays([0, 1], [True, False])
+    assert conf.dtype == np.float64 and correct.dtype.kind == "i"
+    column = np.array([[0.15], [0.25], [0.25], [0.85], [0.95]])  # e.g. a DataFrame column or a [N, 1] tensor
+    assert ece(column, HAND_CORRECT[:, None]) == pytest.approx(ece(HAND_CONF, HAND_CORRECT))
+
+
+@pytest.mark.parametrize("fn", [auroc, auprc, prr])
+def test_one_row_is_undefined_not_an_error(fn) -> None:
+    with pytest.warns(RuntimeWarning, match="all 1 labels are 1"):
+        assert math.isnan(fn([0.5], [1]))
+
+
+def _alignment_fit_and_held(fit_conf, fit_y, held_conf, held_y, fit_fraction):
+    """Rows placed so that the seeded permutation (seed 0) puts ``fit_*`` in the fit slice."""
+    n = len(fit_conf) + len(held_conf)
+    perm = np.random.default_rng(0).permutation(n)
+    conf, correct = np.zeros(n), np.zeros(n, dtype=int)
+    k = len(fit_conf)
+    conf[perm[:k]], correct[perm[:k]] = fit_conf, fit_y
+    conf[perm[k:]], correct[perm[k:]] = held_conf, held_y
+    return conf, correct
+
+
+def test_alignment_takes_the_most_accurate_threshold_and_counts_ties_at_it() -> None:
+    # Fit rows (half of 10): t in 0.11–0.20 and 0.41–0.60 score 4/5, 0.21–0.40 and 0.61–0.80 score 3/5;
+    # the best, smallest, is t = 0.11 (0.10 itself puts the 0.10 row, so every row, on the 1 side).
+    # Held out, 1[c ≥ 0.11] = 0,1,1,1,0 against 0,1,0,1,0: 4/5. The worst threshold (0.21) or t = 0.10
+    # would give 3/5.
+    conf, correct = _alignment_fit_and_held(
+        [0.1, 0.2, 0.4, 0.6, 0.8], [0, 1, 0, 1, 1], [0.10, 0.15, 0.3, 0.7, 0.05], [0, 1, 0, 1, 0], 0.5
+    )
+    assert alignment(conf, correct, fit_fraction=0.5) == pytest.approx(0.8)
+
+
+def test_alignment_fit_slice_sizes() -> None:
+    # 5 rows at fit_fraction 0.2: a 1-row fit slice never splits into two classes, so NaN.
+    with pytest.warns(RuntimeWarning, match="all 1 fit rows in one class"):
+        assert math.isnan(alignment([0.1, 0.3, 0.5, 0.7, 0.9], [0, 1, 0, 1, 0]))
+    # 10 rows at 0.95: round(9.5) = 10 is capped at 9 so one row is held out.
+    # Fit: 0.2, 0.4 wrong, 0.6, 0.8 right and the rest spread; t = 0.41 is perfect; held: 0.3 (wrong) → right.
+    conf, correct = _alignment_fit_and_held(
+        [0.2, 0.4, 0.6, 0.8, 0.05, 0.1, 0.9, 0.95, 0.7], [0, 0, 1, 1, 0, 0, 1, 1, 1], [0.3], [0], 0.95
+    )
+    assert alignment(conf, correct, fit_fraction=0.95) == 1.0
+    with pytest.raises(CandorError, match="fit_fraction"):
+        alignment([0.2, 0.8], [0, 1], fit_fraction=0.0)
+
+
+def test_log_loss_clips_at_machine_epsilon() -> None:
+    assert log_loss([1.0], [0]) == pytest.approx(-math.log(np.finfo(float).eps), rel=1e-12)

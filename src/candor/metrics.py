@@ -146,7 +146,7 @@ def check_confidence(confidence: ArrayLike, what: str = "confidence") -> np.ndar
     if out.any():
         i = int(np.flatnonzero(out)[0])
         raise CandorError(
-            f"{what} must lie in [0, 1] (higher = more confident); index {i} is {conf[i]!r}"
+            f"{what} must lie in [0, 1] (higher = more confident); index {i} is {conf[i].item()!r}"
             f" and {int(out.sum())} values are outside"
         )
     return conf
@@ -165,7 +165,7 @@ def check_arrays(confidence: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray,
     bad = ~np.isin(labels, (0.0, 1.0))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise CandorError(f"correct must hold 0/1 labels; index {i} is {raw[i]!r}")
+        raise CandorError(f"correct must hold 0/1 labels; index {i} is {raw.tolist()[i]!r}")
     return conf, labels.astype(int)
 
 
