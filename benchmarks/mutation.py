@@ -9,6 +9,7 @@ are deliberately left alone get a reason in benchmarks/mutation_reasons.json.
     python benchmarks/mutation.py                      # every module, resumable
     python benchmarks/mutation.py --modules metrics judges
     python benchmarks/mutation.py --fresh metrics      # forget a module's earlier run
+    python benchmarks/mutation.py --recheck metrics    # new tests: retest only the recorded survivors
 
 Writes benchmarks/results/mutation.json after each module, so a killed run keeps
 what it finished and picks up at the next module.
@@ -53,8 +54,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--modules", nargs="*", default=list(MODULES), help="module keys (default: all)")
+    p.add_argument("--modules", nargs="*", default=None, help="module keys (default: all, or none with --recheck)")
     p.add_argument("--fresh", nargs="*", default=[], help="rerun these modules from scratch")
+    p.add_argument("--recheck", nargs="*", default=[],
+                   help="copy the current src/ and tests/ into these modules' scratch runs and retest their recorded "
+                        "survivors (and any mutant of a changed function); killed mutants stay killed")
     p.add_argument("--max-children", type=int, default=2)
     return p.parse_args()
 
@@ -70,13 +74,19 @@ def write_results(payload: dict) -> None:
     tmp.replace(RESULTS)
 
 
+def copy_tree(work: Path) -> None:
+    """The current src/ and tests/ into a scratch run (replacing older copies)."""
+    for part, ignore in (("src", ("__pycache__", "*.egg-info")), ("tests", ("__pycache__",))):
+        shutil.rmtree(work / part, ignore_errors=True)
+        shutil.copytree(ROOT / part, work / part, ignore=shutil.ignore_patterns(*ignore))
+
+
 def prepare_scratch(key: str, source: str, tests: list[str]) -> Path:
     """A copy of src/, tests/ and pyproject.toml with a [tool.mutmut] section for this module alone."""
     work = SCRATCH / key
     if not work.exists():
         work.mkdir(parents=True)
-        shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        shutil.copytree(ROOT / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+        copy_tree(work)
         # mutmut runs the tests from work/mutants, and they read ../shared/data beside that root
         shared = ROOT.parent / "shared"
         if shared.exists():
@@ -96,11 +106,14 @@ def prepare_scratch(key: str, source: str, tests: list[str]) -> Path:
     return work
 
 
-def run_mutmut(work: Path, max_children: int) -> float:
+def run_mutmut(work: Path, max_children: int, names: list[str] | None = None) -> float:
+    """``mutmut run``: every mutant not yet tested (mutmut retests those of changed functions), then ``names``."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=work, env=env,
-                   check=False)
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
+    subprocess.run(command, cwd=work, env=env, check=False)
+    if names:  # mutmut reruns a mutant only when it is named
+        subprocess.run([*command, *names], cwd=work, env=env, check=False)
     return time.perf_counter() - start
 
 
@@ -131,7 +144,9 @@ def collect(work: Path, key: str, reasons: dict[str, str]) -> dict:
 
 def main() -> None:
     args = parse_args()
-    unknown = sorted(set(args.modules) - set(MODULES))
+    if args.modules is None:
+        args.modules = [] if args.recheck else list(MODULES)
+    unknown = sorted((set(args.modules) | set(args.recheck) | set(args.fresh)) - set(MODULES))
     if unknown:
         sys.exit(f"unknown module(s) {unknown}; known: {', '.join(MODULES)}")
     payload = load_json(RESULTS)
@@ -141,8 +156,15 @@ def main() -> None:
     for key in args.fresh:
         shutil.rmtree(SCRATCH / key, ignore_errors=True)
         payload["modules"].pop(key, None)
-    for key in args.modules:
-        if key in payload["modules"]:
+    rechecks: dict[str, list[str]] = {}
+    for key in args.recheck:
+        earlier = payload["modules"].get(key)
+        if earlier is None or not (SCRATCH / key).exists():
+            sys.exit(f"{key}: no earlier run to recheck; run it first")
+        copy_tree(SCRATCH / key)
+        rechecks[key] = [s["name"] for s in earlier["survivors"]]
+    for key in dict.fromkeys([*args.recheck, *args.modules]):
+        if key in payload["modules"] and key not in rechecks:
             print(f"{key}: done earlier (score {payload['modules'][key]['score']}); --fresh {key} to rerun")
             continue
         source, tests = MODULES[key]
@@ -150,9 +172,11 @@ def main() -> None:
             print(f"{key}: {source} does not exist, skipped")
             continue
         work = prepare_scratch(key, source, tests)
-        seconds = run_mutmut(work, args.max_children)
+        seconds = run_mutmut(work, args.max_children, rechecks.get(key))
         result = collect(work, key, reasons)
         result["seconds"] = round(seconds, 1)
+        if key in rechecks:
+            result["rechecked_survivors"] = len(rechecks[key])
         if result["score"] is None:
             print(f"{key}: mutmut tested no mutant (see {work}/mutants/mutmut-debug.log); not recorded")
             continue
