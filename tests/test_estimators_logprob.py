@@ -62,3 +62,15 @@ def test_logprob_estimators_need_no_backend():
     for name in ("prob", "n-prob", "min-prob"):
         est = get_estimator(name)
         assert (est.needs_backend, est.level) == (False, "question")
+
+
+def test_positive_round_off_counts_as_log_prob_zero():
+    # Each token's log-prob is capped at 0 before reducing: round-off on many tokens adds up past the
+    # estimator's 1e-6 tolerance in a sum.
+    assert get_estimator("prob").estimate([record("e", [5e-7] * 10)])[0] == 1.0
+
+
+def test_a_missing_token_log_prob_is_non_finite_not_a_crash():
+    # An import that lost one value (JSON null) reads as NaN and is refused with the record's id.
+    with pytest.raises(CandorError, match="'gap'.*non-finite"):
+        get_estimator("n-prob").estimate([record("gap", [-0.5, None])])

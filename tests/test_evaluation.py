@@ -10,7 +10,7 @@ import pytest
 from candor.confidences import ConfidenceRow, ConfidenceTable
 from candor.elical.curve import summarize_column
 from candor.errors import CandorError
-from candor.evaluation import Group, evaluate, percentile_interval
+from candor.evaluation import Group, evaluate, json_number, percentile_interval
 from candor.metrics import METRICS, accuracy, auroc, ece
 from candor.report import evaluate as report_evaluate
 
@@ -90,6 +90,28 @@ def test_bootstrap_leaves_out_single_class_resamples_and_counts_them():
     low, high = result.ci["a"]["auroc"]
     assert np.isfinite(low) and np.isfinite(high)  # keeping the NaN resamples would make these NaN
     assert (low, high) == pytest.approx(tuple(np.quantile(kept, [0.025, 0.975])))
+
+
+def test_bootstrap_alpha_one_resample_and_the_log_of_dropped_resamples(caplog):
+    labels = {"a": [1, 0, 0, 0, 0, 0]}
+    conf = {"a": [0.9, 0.5, 0.4, 0.6, 0.2, 0.1]}
+    with caplog.at_level("INFO", logger="candor.evaluation"):
+        wide = evaluate({"m": conf}, labels, metrics=["auroc"], bootstrap=400, seed=7).methods["m"]
+    dropped = wide.bootstrap_dropped["a"]["auroc"]
+    assert f"bootstrap: auroc on a is undefined in {dropped} of 400 resamples (left out)" in caplog.text
+    twenty = {"m": {"b": np.linspace(0.0, 1.0, 20)}}, {"b": [1, 0] * 10}
+    wide = evaluate(*twenty, metrics=["accuracy"], bootstrap=400).methods["m"]
+    narrow = evaluate(*twenty, metrics=["accuracy"], bootstrap=400, alpha=0.5).methods["m"]
+    (wl, wh), (nl, nh) = wide.ci["b"]["accuracy"], narrow.ci["b"]["accuracy"]
+    assert wl <= nl < nh <= wh and (wl, wh) != (nl, nh)
+    one = evaluate({"m": {"a": [0.2, 0.8]}}, {"a": [0, 1]}, metrics=["accuracy"], bootstrap=1).methods["m"]
+    low, high = one.ci["a"]["accuracy"]
+    assert low == high and low in (0.0, 0.5, 1.0)
+
+
+def test_json_number_turns_nan_into_null():
+    assert json_number(math.nan) is None
+    assert json_number(0.25) == 0.25
 
 
 def test_percentile_interval_all_nan():
