@@ -65,6 +65,21 @@ def test_stage_targets_are_the_consistency_rate_the_sample_accuracy_and_greedy_c
     assert targets([rec], "hard").tolist() == [1.0]
 
 
+def test_target_errors_name_the_record_the_field_and_where_it_came_from():
+    recs = make_records(3) + make_records(1, start=3, consistency=True)
+    message = (
+        "record 'toy:3' has no 'consistency' (1 of 4 records lack it): stage 1 (Eli) trains on the consistency "
+        "rate; annotate with samples and a consistency judge"
+    )
+    with pytest.raises(CandorError) as plain:
+        targets(recs, "consistency")
+    assert str(plain.value) == message
+    with pytest.raises(CandorError) as located:
+        targets(recs, "consistency", source="pool.jsonl", what="the training pool")
+    assert str(located.value) == "pool.jsonl:4: " + message.replace("'toy:3' has", "'toy:3' of the training pool has")
+    assert targets(recs[:3], "soft").dtype == np.float32
+
+
 # ------------------------------------------------------------ the trainer
 
 
