@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import random
+import string
+import zlib
 
 import pytest
 
 from candor.advice.triplets import Triplet, build_triplets, read_triplets, write_triplets
-from candor.backends.base import Completion
+from candor.backends.base import Completion, SamplingParams
 from candor.data.items import QAItem
 from candor.errors import CandorError
 from candor.judges import get_correctness_judge, normalize
+from candor.prompts import TEMPLATES, resolve_template
 from candor.records import Record
 
 PROVENANCE = {"template": "fewshot", "correctness_judge": "contains",
@@ -134,3 +138,109 @@ def test_file_round_trip_and_errors(tmp_path):
     odd.write_text(path.read_text().replace('"sample"', '"guess"'))
     with pytest.raises(CandorError, match=r"odd.jsonl:1: unknown triplet source 'guess'"):
         read_triplets(odd)
+
+
+# ------------------------------------------------------------ cases the mutation run found untested
+
+
+class Recorder:
+    """The tiny backend, with every ``generate`` call's arguments kept."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.model_name, self.calls = inner, inner.model_name, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, prompts, n, params, *, greedy=True, seeds=None):
+        self.calls.append({"prompts": list(prompts), "n": n, "params": params, "greedy": greedy, "seeds": seeds})
+        return self.inner.generate(prompts, n, params, greedy=greedy, seeds=seeds)
+
+
+def test_resampling_uses_the_records_template_decoding_and_fresh_seeds(tiny_backend):
+    decoding = {"samples": {"max_new_tokens": 6, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "stop": ["###"]}}
+    rec = record("q1", ["Paris"], "Paris", [("Paris", -0.1)])
+    rec.provenance = {"template": "fewshot", "decoding": decoding}
+    bare = record("q2", ["Rome"], "Rome", [("Rome", -0.1)])
+    bare.provenance = {}  # no template, no decoding, no judge: auto template, default decoding, contains
+    backend = Recorder(tiny_backend)
+    built = build_triplets([rec, bare], backend=backend)  # defaults: 5 more samples, 2 rounds, seed 0
+    assert built.stats.from_resamples == 2 and len(backend.calls) == 2  # one call per template, one round
+    by_prompt = {c["prompts"][0]: c for c in backend.calls}
+    fewshot = by_prompt[TEMPLATES.get("fewshot")(rec.item, backend)]
+    assert fewshot["params"] == SamplingParams(6, 0.7, 0.9, 20, ("###",))
+    assert (fewshot["n"], fewshot["greedy"], fewshot["seeds"]) == (5, False, [zlib.crc32(b"triplets:0:0:q1")])
+    auto = resolve_template("auto", tiny_backend.model_name, tiny_backend)
+    plain = by_prompt[auto(bare.item, backend)]
+    assert plain["params"] == SamplingParams(stop=tuple(auto.stop))
+    assert plain["seeds"] == [zlib.crc32(b"triplets:0:0:q2")]
+
+
+def test_resampling_rounds_and_the_records_left_without_a_wrong_answer(tiny_backend):
+    # Stopping at any printable character leaves every new sample empty, so q1 and q2 never get a wrong answer.
+    never = [record(f"q{i}", ["Paris"], "Paris", [("Paris", -0.1)], dataset=f"d{i}") for i in (1, 2)]
+    for rec in never:
+        rec.provenance = {"template": "fewshot", "decoding": {"samples": {"stop": list(string.printable)}}}
+    good = record("q3", ["Rome"], "Rome", [("Oslo", -0.5)], dataset="d3")
+    backend = Recorder(tiny_backend)
+    built = build_triplets([*never, good], backend=backend, extra_samples=1, seed=4)
+    assert [len(c["prompts"]) for c in backend.calls] == [2, 2]  # two rounds, only the records still missing
+    assert backend.calls[0]["seeds"] == [zlib.crc32(f"triplets:4:0:q{i}".encode()) for i in (1, 2)]
+    assert backend.calls[1]["seeds"] == [zlib.crc32(f"triplets:4:1:q{i}".encode()) for i in (1, 2)]
+    assert built.stats.dropped == 2 and [t.a_wrong for t in built.triplets] == ["Oslo"]
+    backend.calls.clear()
+    build_triplets(never, backend=backend, extra_samples=0)
+    assert backend.calls == []
+
+
+def test_the_judge_comes_from_the_records_provenance_else_contains():
+    rec = record("q1", ["Paris"], "Paris", [("Paris, France", -0.1)], sample_correct=[0])
+    rec.provenance = {"correctness_judge": "exact"}  # exact: "Paris, France" is wrong
+    assert [t.a_wrong for t in build_triplets([rec]).triplets] == ["Paris, France"]
+    rec.provenance = {}  # contains: it is right, so there is no wrong answer
+    assert build_triplets([rec]).stats.dropped == 1
+
+
+def test_the_llm_judge_is_given_the_backend(tiny_backend):
+    rec = record("q1", ["Paris"], "Paris", [("Rome", -0.1)])
+    built = build_triplets([rec], judge="llm", backend=tiny_backend, extra_samples=0)
+    assert built.stats.eligible == 1  # built without a "needs a backend" error
+
+
+def test_the_hard_negative_ranks_by_mean_log_prob_and_keeps_the_first_of_a_tie():
+    pick = lambda samples: build_triplets([record("q1", ["Paris"], "Paris", samples)]).triplets[0].a_wrong  # noqa: E731
+    assert pick([("Aachen", -0.1), ("Zurich", -2.0)]) == "Aachen"
+    assert pick([("Berlin", -0.5), ("Rome", -0.5)]) == "Berlin"
+    rec = record("q1", ["Paris"], "Paris", [("Oslo", 0.0), ("Rome", -3.0)])
+    rec.samples[0] = Completion("Oslo", logprobs=[])  # no log-probs: least likely, not NaN
+    assert build_triplets([rec]).triplets[0].a_wrong == "Rome"
+
+
+def test_other_question_candidates_stop_at_the_cap():
+    lonely = record("q1", ["Paris"], "Paris", [])
+    # 200 candidates from one record (greedy + 199 samples), one of them wrong for q1.
+    big = record("big", ["x"], "Berlin", [("Paris", -0.1)] * 199)
+    assert build_triplets([lonely, big]).triplets[0].wrong_from == "big"
+    # Seeded order for two others is (big, small): 200 candidates that are all q1's own answer fill the
+    # cap, so the wrong answer of the next record is never reached.
+    small = record("small", ["x"], "Oslo", [])
+    full = record("big", ["x"], "Paris", [("Paris", -0.1)] * 199)
+    assert build_triplets([lonely, small, full]).stats.dropped == 1
+    # The pick among other questions is seeded.
+    others = [record(f"o{i}", ["x"], f"City{i}", []) for i in range(6)]
+    assert build_triplets([lonely, *others]).triplets[0].wrong_from == "o4"
+    assert build_triplets([lonely, *others], seed=1).triplets[0].wrong_from == "o2"
+
+
+def test_triplet_files_carry_the_id_and_read_old_lines_without_wrong_from(tmp_path):
+    rec = record("q1", ["Paris"], "Paris", [("Lyon", -2.0)])
+    path = tmp_path / "t.jsonl"
+    write_triplets(path, build_triplets([rec]).triplets)
+    row = json.loads(path.read_text())
+    assert row["id"] == "q1"
+    del row["wrong_from"]
+    path.write_text(json.dumps(row) + "\n")
+    assert read_triplets(path)[0].wrong_from == ""
+    path.write_text(json.dumps({**row, "source": "guess"}) + "\n")
+    with pytest.raises(CandorError, match="known: sample, resample, other-question$"):
+        read_triplets(path)
