@@ -115,3 +115,15 @@ def test_unknown_judge_is_named():
 def test_records_without_samples_are_named(name):
     with pytest.raises(CandorError, match="'lonely'.*no sampled answers"):
         get_estimator(name).estimate([record("lonely", "Paris", [])])
+
+
+@pytest.mark.parametrize("name", ["consis-lex", "consis-sem"])
+def test_records_without_samples_name_the_estimator_too(name):
+    with pytest.raises(CandorError, match=f"no sampled answers; {name} needs them$"):
+        get_estimator(name).estimate([record("lonely", "Paris", [])])
+
+
+def test_verdicts_without_a_recorded_judge_are_described_as_unrecorded():
+    est = get_estimator("consis-sem")
+    np.testing.assert_allclose(est.estimate([record("a", "Paris", ["Paris", "Rome"], consistency=[1, 0])]), [0.5])
+    assert est.describe()["verdicts_by"] == ["unrecorded"] and est.judged == 0
