@@ -143,6 +143,14 @@ def collect(work: Path, key: str, reasons: dict[str, str]) -> dict:
             "survivors": survivors}
 
 
+def refresh_reasons(payload: dict, reasons: dict[str, str]) -> None:
+    """Survivors recorded earlier get the reasons listed since (no rerun needed to explain a survivor)."""
+    for result in payload["modules"].values():
+        for survivor in result["survivors"]:
+            survivor["reason"] = reasons.get(survivor["name"])
+        result["unexplained_survivors"] = sum(1 for s in result["survivors"] if not s["reason"])
+
+
 def main() -> None:
     args = parse_args()
     if args.modules is None:
@@ -154,6 +162,7 @@ def main() -> None:
     payload.setdefault("tool", "mutmut 3")
     payload.setdefault("modules", {})
     reasons = load_json(REASONS)
+    refresh_reasons(payload, reasons)
     for key in args.fresh:
         shutil.rmtree(SCRATCH / key, ignore_errors=True)
         payload["modules"].pop(key, None)
@@ -164,6 +173,7 @@ def main() -> None:
             sys.exit(f"{key}: no earlier run to recheck; run it first")
         copy_tree(SCRATCH / key)
         rechecks[key] = [s["name"] for s in earlier["survivors"]]
+    write_results(payload)
     for key in dict.fromkeys([*args.recheck, *args.modules]):
         if key in payload["modules"] and key not in rechecks:
             print(f"{key}: done earlier (score {payload['modules'][key]['score']}); --fresh {key} to rerun")
