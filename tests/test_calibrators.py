@@ -156,3 +156,60 @@ def test_saving_unfitted_or_loading_garbage_is_a_clear_error(tmp_path):
     (tmp_path / "worse.json").write_text("{not json")
     with pytest.raises(CandorError, match="malformed JSON"):
         load_calibrator(tmp_path / "worse.json")
+
+
+# ---------------------------------------------------------------- cases the mutation run found untested
+
+
+def test_logit_is_the_log_odds() -> None:
+    np.testing.assert_allclose(logit(np.array([0.5, 0.9, 0.2])), [0.0, np.log(9.0), np.log(0.25)], atol=1e-12)
+
+
+def test_settings_survive_saving_and_out_of_range_states_are_clipped(tmp_path) -> None:
+    conf, correct = synthetic(squared, 200, 4)
+    cal = get_calibrator("histogram", n_bins=5, empty="global").fit(conf, correct)
+    path = save_calibrator(tmp_path / "nested" / "dir" / "hist.json", cal)  # parent folders are made
+    again = load_calibrator(path)
+    assert (again.n_bins, again.empty) == (5, "global")
+    np.testing.assert_array_equal(again.predict(conf), cal.predict(conf))
+    assert get_calibrator("platt").fit(conf, correct).to_dict()["settings"] == {"C": 1e4}
+    state = {"name": "histogram", "settings": {"n_bins": 2}, "state": {"bin_values": [-0.5, 1.5]}}
+    path.write_text(json.dumps(state))
+    assert load_calibrator(path).predict([0.1, 0.9]).tolist() == [0.0, 1.0]
+    path.write_text(json.dumps({"name": "temperature", "state": {"temperature": 2.0}}))  # no settings: defaults
+    assert load_calibrator(path).predict([0.5]).tolist() == [0.5]
+    path.write_text(json.dumps({**state, "state": {"bin_values": [0.5] * 3}}))
+    with pytest.raises(CandorError, match="3 bin values for 2 bins"):
+        load_calibrator(path)
+    path.write_text(json.dumps({"name": "histogram"}))
+    with pytest.raises(CandorError, match="not a saved calibrator: missing or bad field 'state'"):
+        load_calibrator(path)
+    with pytest.raises(CandorError, match="nope.json: no such calibrator file"):
+        load_calibrator(tmp_path / "nope.json")
+
+
+def test_one_example_is_a_single_class_error() -> None:
+    with pytest.raises(CandorError, match="all 1 are 1"):
+        get_calibrator("platt").fit([0.7], [1])
+
+
+def test_temperature_bounds() -> None:
+    # Confidence that says nothing about correctness: the best temperature is the largest allowed.
+    cal = get_calibrator("temperature").fit([0.9, 0.1, 0.9, 0.1], [0, 1, 1, 0])
+    assert cal.temperature_ == pytest.approx(100.0, rel=1e-4)
+    for t_min, t_max in ((0.0, 10.0), (5.0, 5.0)):
+        with pytest.raises(CandorError, match="0 < t_min < t_max, got"):
+            get_calibrator("temperature", t_min=t_min, t_max=t_max)
+
+
+def test_histogram_settings_and_single_example_bins() -> None:
+    one = get_calibrator("histogram", n_bins=1).fit([0.2, 0.4, 0.9], [1, 0, 1])
+    np.testing.assert_allclose(one.predict([0.0, 1.0]), [2 / 3, 2 / 3])
+    single = get_calibrator("histogram", n_bins=2).fit([0.1, 0.9, 0.8], [0, 1, 0])  # one example in [0, 0.5)
+    np.testing.assert_allclose(single.predict([0.2, 0.7]), [0.0, 0.5])
+    lone = get_calibrator("histogram", n_bins=2).fit([0.1, 0.9, 0.8], [1, 1, 0])
+    assert lone.predict([0.2]).tolist() == [1.0]
+    with pytest.raises(CandorError, match="needs n_bins ≥ 1, got 0"):
+        get_calibrator("histogram", n_bins=0)
+    with pytest.raises(CandorError, match="known: centre, global"):
+        get_calibrator("histogram", empty="middle")
