@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from candor.backends.base import Completion
 from candor.cli import app
-from candor.confidences import columns_path, read_confidences, write_confidences
+from candor.confidences import columns_path, read_confidences, table_from_records, write_confidences
 from candor.contamination import write_manifest
 from candor.data.items import QAItem
 from candor.demo import run_demo
@@ -230,3 +230,41 @@ def test_cli_score_adapter_must_be_a_peft_folder(records, tiny_model_dir, tmp_pa
                                       "-e", "verbal-letter", "--model", str(tiny_model_dir),
                                       "--adapter", str(not_adapter)])
     assert result.exit_code == 2 and "adapter_config.json" in result.output
+
+
+# ------------------------------------------------------------ the confidences file itself
+
+
+def test_confidences_rows_round_trip_with_dataset_labels_and_a_sidecar_name(records, tmp_path):
+    table = table_from_records(records)
+    table.add("n-prob", [r.id for r in records], [0.25, 0.5, 0.75])
+    out = tmp_path / "conf.jsonl"
+    write_confidences(out, table)
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first == {"id": "r:0", "dataset": "toy", "correct": 1, "confidence": {"n-prob": 0.25}}
+    assert columns_path(out) == tmp_path / "conf.jsonl.columns.json"
+    back = read_confidences(out)
+    assert [(r.id, r.dataset, r.correct, r.confidence) for r in back.rows] == [
+        ("r:0", "toy", 1, {"n-prob": 0.25}), ("r:1", "toy", 0, {"n-prob": 0.5}), ("r:2", "toy", 1, {"n-prob": 0.75})
+    ]
+    with pytest.raises(ValueError):
+        table.add("n-prob", ["r:0"], [0.1, 0.2])  # one value per id, never silently fewer
+
+
+def test_confidences_arrays_name_missing_values_and_labels(tmp_path):
+    out = tmp_path / "conf.jsonl"
+    out.write_text(
+        '{"id": "a", "correct": true, "confidence": {"m": 0.5}}\n'  # no dataset: ""
+        '{"id": "b", "dataset": "x", "correct": null, "confidence": {"m": 0.25, "k": 1}}\n'
+    )
+    table = read_confidences(out)
+    assert [r.dataset for r in table.rows] == ["", "x"]
+    with pytest.raises(CandorError, match="^method 'k' has no confidence for 1 rows, e.g. a$"):
+        table.arrays("k")
+    with pytest.raises(CandorError, match="^1 rows have no correctness label, e.g. b$"):
+        table.arrays("m")
+    conf, correct = table.arrays("m", dataset="")
+    assert conf.tolist() == [0.5] and correct.tolist() == [1] and correct.dtype.kind == "i"
+    out.write_text('{"id": "a", "confidence": {"m": 0.5}}\n{"id": "b"}\n')
+    with pytest.raises(CandorError, match=r"conf.jsonl:2: not a confidences row"):
+        read_confidences(out)
