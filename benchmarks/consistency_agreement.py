@@ -128,7 +128,8 @@ def draw(force: bool) -> None:
         "sample": {
             "seed": SEED, "parts": list(PARTS), "quota": QUOTA,
             "datasets": sorted({p["dataset"] for p in pairs}),
-            "pool_pairs": len(pairs), "pool_skipped": skipped,
+            "pool_pairs": len(pairs), "pool_pairs_by_part": dict(Counter(p["part"] for p in pairs)),
+            "pool_skipped": skipped,
             "pool_strata": dict(Counter(p["stratum"] for p in pairs)),
             "rule": "stratified by the lexical judge's deciding rule; round-robin over datasets; one pair per record; "
             "design/report halves alternate within each stratum",
