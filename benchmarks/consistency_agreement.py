@@ -36,7 +36,14 @@ from typing import Any
 from common import CACHE, RESULTS, write_json
 
 from candor.errors import CandorError
-from candor.judges import CONSISTENCY_JUDGES, contains_words, get_consistency_judge, normalize, rouge_l_f1
+from candor.judges import (
+    CONSISTENCY_JUDGES,
+    EMBEDDING_THRESHOLD,
+    contains_words,
+    get_consistency_judge,
+    normalize,
+    rouge_l_f1,
+)
 from candor.records import read_records
 
 LABELS = RESULTS.parent / "consistency_labels.json"
@@ -155,6 +162,11 @@ GUIDELINE = [
     "A refusal or non-answer (\"I don't know\") matches only another non-answer; an answer that lists two "
     "candidates matches neither single candidate.",
     "The question is read to decide what the answers mean (e.g. which part of a long answer is the answer).",
+    "An answer that only repeats words of the question (an echo, e.g. \"Santa Claus\" for \"who is Santa Claus "
+    "based on\") is a non-answer: it matches another echo of the same words, not an answer that adds a claim.",
+    "In an \"A or B?\" question, two answers that pick the same candidate are 1 even when one shortens or misspells "
+    "the name (\"Danny\" vs \"Danny Halligan\"); a blend of both candidates' names picks neither.",
+    "(The two rules above were written down during labelling, from the cases met; the borderline calls carry a note.)",
 ]
 
 
@@ -233,7 +245,10 @@ def embedding_tuning(labels: list[dict[str, Any]]) -> dict[str, Any]:
     sims = [float(s) for s in pair_similarity([x["sample"] for x in labels], [x["greedy"] for x in labels])]
     design = [(s, x) for s, x in zip(sims, labels, strict=True) if x["half"] == "design"]
     chosen = choose_threshold([s for s, _ in design], [x for _, x in design])
-    return {"chosen_threshold": chosen, "grid": [THRESHOLDS[0], THRESHOLDS[-1], 0.01], "similarities": sims}
+    return {
+        "chosen_threshold": chosen, "registered_default": EMBEDDING_THRESHOLD,
+        "grid": [THRESHOLDS[0], THRESHOLDS[-1], 0.01], "chosen_on": "design half", "similarities": sims,
+    }
 
 
 def evaluate(labels: list[dict[str, Any]], spec: dict[str, Any], names: list[str]) -> dict[str, Any]:

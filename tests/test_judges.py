@@ -12,6 +12,7 @@ from candor.errors import CandorError
 from candor.judges import (
     CONSISTENCY_JUDGES,
     CORRECTNESS_JUDGES,
+    EMBEDDING_THRESHOLD,
     VERDICT_SUFFIX,
     consistency_prompt,
     correctness_prompt,
@@ -186,7 +187,7 @@ def test_unknown_and_misconfigured_judges() -> None:
     with pytest.raises(CandorError, match="unknown correctness judge 'fuzzy'"):
         get_correctness_judge("fuzzy")
     with pytest.raises(CandorError, match="unknown consistency judge"):
-        get_consistency_judge("embedding")
+        get_consistency_judge("nli")
     with pytest.raises(CandorError, match="bad options"):
         get_correctness_judge("contains", threshold=0.5)
     with pytest.raises(CandorError, match="bad options"):
@@ -197,7 +198,7 @@ def test_unknown_and_misconfigured_judges() -> None:
 
 def test_registries() -> None:
     assert CORRECTNESS_JUDGES.names() == ["contains", "exact", "f1", "llm"]
-    assert CONSISTENCY_JUDGES.names() == ["embedding", "lexical", "llm"]
+    assert CONSISTENCY_JUDGES.names() == ["embedding", "lexical", "lexical-echo", "llm"]
 
 
 # ---------------------------------------------------------------- consistency judges
@@ -230,6 +231,34 @@ def test_lexical_consistency_threshold_and_errors() -> None:
     assert loose.judge(["The capital of France is Paris."], ["Paris is the capital."]) == [1]
     with pytest.raises(CandorError, match="different lengths"):
         loose.judge(["a"], ["b", "c"])
+
+
+ECHO_CASES = [
+    # (greedy, sample, question, expected): hand-checked against the rule in the docstring
+    ("Santa Claus", "Santa Claus, Joseph Thomas", "who is the character of santa claus based on", 0),  # echo vs claim
+    ("Steve Ballantine", "Steve Ballmer", "Who developed TextEdit?", 0),  # lexical says 1 (ROUGE 0.5)
+    ("Danny", "Danny Halligan", "Was Denisa Krizova or Danny Halligan born first?", 1),  # both name a candidate
+    ("Denisa Krizova", "Danny Halligan", "Was Denisa Krizova or Danny Halligan born first?", 0),  # the other one
+    ("The new stadium is in Berlin", "Berlin", "where are they building the new raiders stadium", 1),
+    ("2001", "A 2001 film", "a sequel to what 2001 film?", 1),  # both only repeat the question
+    ("No, they are British singers.", "no", "Are X and Y both American singers?", 1),
+    ("Paris", "", "capital of France?", 0),
+]
+
+
+@pytest.mark.parametrize(("a", "b", "question", "expected"), ECHO_CASES)
+def test_lexical_echo_consistency(a: str, b: str, question: str, expected: int) -> None:
+    judge = get_consistency_judge("lexical-echo")
+    assert judge.judge([a], [b], [question]) == [expected]
+    assert judge.judge([b], [a], [question]) == [expected]  # symmetric
+
+
+def test_lexical_echo_without_questions_is_containment() -> None:
+    judge = get_consistency_judge("lexical-echo")
+    a, b = ["Santa Claus", "Steve Ballmer", "5"], ["Santa Claus, Joseph Thomas", "Steve Ballantine", "15"]
+    assert judge.judge(a, b) == [1, 0, 0]
+    with pytest.raises(CandorError, match="different lengths"):
+        judge.judge(["a"], ["a"], ["q1", "q2"])
 
 
 # ---------------------------------------------------------------- llm judges: prompts and parsing
@@ -399,8 +428,11 @@ def test_embedding_similarity_shapes_and_ordering() -> None:
 def test_embedding_judge_verdicts_and_options() -> None:
     judge = get_consistency_judge("embedding")
     assert judge.describe()["model"] == "all-MiniLM-L6-v2"
-    pairs = [("Paris", "Paris."), ("William Shakespeare", "Shakespeare"), ("Paris", "banana"), ("", ""), ("x", "")]
-    assert judge.judge([a for a, _ in pairs], [b for _, b in pairs]) == [1, 1, 0, 0, 0]
+    assert judge.describe()["threshold"] == EMBEDDING_THRESHOLD
+    pairs = [("Paris", "Paris."), ("Steve Ballmer", "Steve Ballantine"), ("Paris", "banana"), ("", ""), ("x", "")]
+    assert judge.judge([a for a, _ in pairs], [b for _, b in pairs]) == [1, 0, 0, 0, 0]
+    loose = get_consistency_judge("embedding", threshold=0.8)  # cosine of these two is about 0.90
+    assert loose.judge(["Shakespeare"], ["William Shakespeare"]) == [1]
     strict = get_consistency_judge("embedding", threshold=1.0)
     assert strict.judge(["Shakespeare"], ["William Shakespeare"]) == [0]
     with pytest.raises(CandorError, match="cosine in"):
