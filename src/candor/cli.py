@@ -76,7 +76,7 @@ def annotate(
     shard: Annotated[str | None, typer.Option(help="i/n: annotate the i-th of n slices (0-based).")] = None,
     template: Annotated[str, typer.Option(help="Prompt template: auto, chat or fewshot.")] = "auto",
     judge: Annotated[str, typer.Option(help="Correctness judge: contains, exact, f1, llm.")] = "contains",
-    consistency: Annotated[str, typer.Option(help="Consistency judge: lexical or llm.")] = "lexical",
+    consistency: Annotated[str, typer.Option(help="Consistency judge (see candor.judges).")] = "lexical",
     max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling.")] = 0.95,
