@@ -284,10 +284,10 @@ def evaluate(labels: list[dict[str, Any]], spec: dict[str, Any], names: list[str
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"{'judge':<10} {'agree (all)':>12} {'FP':>4} {'FN':>4} {'design':>8} {'report':>8} {'pool-weighted':>14}")
+    print(f"{'judge':<13} {'agree (all)':>12} {'FP':>4} {'FN':>4} {'design':>8} {'report':>8} {'pool-weighted':>14}")
     for name, e in result["judges"].items():
         a, design, report = e["all"], e["design"]["agreement"], e["report"]["agreement"]
-        print(f"{name:<10} {a['agree']:>5}/{a['n']:<6} {a['false_positives']:>4} {a['false_negatives']:>4} "
+        print(f"{name:<13} {a['agree']:>5}/{a['n']:<6} {a['false_positives']:>4} {a['false_negatives']:>4} "
               f"{design:>8.2f} {report:>8.2f} {e['pool_weighted_agreement']:>14.3f}")
 
 
