@@ -254,15 +254,10 @@ def evaluate(
 ) -> None:
     """Evaluate confidences: tables (Markdown, CSV, JSON), reliability and risk-coverage plots, histograms."""
     from candor.confidences import read_confidences
-    from candor.report import REPORT_METRICS, format_table_rich, write_report
+    from candor.report import REPORT_METRICS, format_table_rich, roles_from_ood, write_report
 
     table = read_confidences(confidences)
-    ood_names = {n.strip() for n in ood.split(",") if n.strip()}
-    unknown = sorted(ood_names - set(table.datasets))
-    if unknown:  # a typo would otherwise silently drop the OOD group
-        raise CandorError(f"--ood {', '.join(unknown)}: not a dataset in {confidences}; "
-                          f"known: {', '.join(table.datasets)}")
-    roles = {d: ("ood" if d in ood_names else "id") for d in table.datasets} if ood_names else None
+    roles = roles_from_ood(table, ood.split(","), str(confidences))
     chosen = [m.strip() for m in metrics.split(",") if m.strip()] or list(REPORT_METRICS)
     result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap, metrics=chosen)
     _print_rich(format_table_rich(result))
