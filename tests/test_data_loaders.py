@@ -269,8 +269,9 @@ def test_jsonl_item_without_alias_in_the_middle_is_skipped_with_one_warning(tmp_
     assert items.skipped == 1
     (warning,) = skip_warnings(caplog)
     assert "test.jsonl: skipped 1 item(s)" in warning and "(lines 3)" in warning
-    with pytest.raises(CandorError, match=r"test\.jsonl:3: no non-empty answer alias"):
+    with pytest.raises(CandorError, match=r"test\.jsonl:3: no non-empty answer alias") as err:
         load_items(str(path), strict=True)
+    assert str(err.value).count("test.jsonl") == 1
 
 
 def test_blank_aliases_beside_real_ones_are_dropped(tmp_path):

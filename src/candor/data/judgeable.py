@@ -62,7 +62,7 @@ class SkippedItems:
         """One warning for the whole source, if anything was skipped."""
         if self.lines:
             log.warning(
-                "%s: skipped %d item(s) with no non-empty answer alias (lines %s); pass strict (--strict) to refuse",
+                "%s: skipped %d item(s) with no non-empty answer alias (lines %s); --strict refuses them instead",
                 self.source,
                 self.count,
                 self.first_lines(),

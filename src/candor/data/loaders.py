@@ -92,15 +92,7 @@ def _aliases(value: Any, fail: Callable[[str], CandorError]) -> tuple[str, ...]:
         if alias is None and v is not None:
             raise fail(f"answer alias must be a string, got {v!r}")
         out.append(alias)
-    return _judgeable(out, fail)
-
-
-def _judgeable(aliases: list[str | None], fail: Callable[[str], CandorError]) -> tuple[str, ...]:
-    """Non-blank aliases; an item with none raises UnjudgeableItem naming the file and line."""
-    try:
-        return judgeable_aliases(aliases)
-    except UnjudgeableItem as exc:
-        raise UnjudgeableItem(str(fail(str(exc)))) from None
+    return judgeable_aliases(out)
 
 
 def _choice(
@@ -114,7 +106,7 @@ def _choice(
     if name is None:
         raise fail(f"missing answer field ({' or '.join(fields.answers)})")
     if answer is None or answer == "":
-        _judgeable([_text(answer)], fail)  # no gold option: skipped like an open-QA item without aliases
+        judgeable_aliases([_text(answer)])  # no gold option: skipped like an open-QA item without aliases
     letters = OPTION_LETTERS[: len(options)]
     letter = answer.strip().upper() if isinstance(answer, str) else ""
     if len(letter) == 1 and letter in letters:
@@ -127,7 +119,7 @@ def _choice(
     parts = {
         "choices": tuple(options),
         "answer_index": index,
-        "answers": _judgeable([letters[index], options[index]], fail),
+        "answers": judgeable_aliases([letters[index], options[index]]),
         "context": _text(context),
     }
     return parts, name
@@ -145,7 +137,8 @@ def parse_row(
     """Turn one row into a QAItem; ``fail(message)`` builds the error to raise.
 
     A row with no non-blank gold alias raises :class:`UnjudgeableItem` (a
-    :class:`CandorError`), which the loaders count and skip unless strict.
+    :class:`CandorError`, without the line: the caller knows it), which the
+    loaders count and skip unless strict.
     """
     row = dict(row)
     if fields.question not in row:
