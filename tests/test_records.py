@@ -120,9 +120,10 @@ def test_records_reader_imports_honestybench_lines_directly():
     assert [r.to_dict() for r in read_records(FIXTURE)] == [r.to_dict() for r in read_honestybench(FIXTURE)]
 
 
-def test_item_without_alias_in_the_middle_is_skipped_and_counted(tmp_path, caplog):
+@pytest.mark.parametrize("answer", [[""], [], None, ["", " "]])
+def test_item_without_alias_in_the_middle_is_skipped_and_counted(tmp_path, caplog, answer):
     lines = fixture_lines()
-    blank = {**lines[0], "question": "Who painted it?", "answer": [""]}
+    blank = {**lines[0], "question": "Who painted it?", "answer": answer}
     path = write_lines(tmp_path / "nq.jsonl", [lines[0], blank, lines[1], lines[2]])
     with caplog.at_level("WARNING"):
         recs = read_honestybench(path)

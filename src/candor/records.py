@@ -303,7 +303,7 @@ def from_honestybench(d: dict[str, Any], dataset: str = "", index: int = 0) -> R
     for a line not in the documented shape.
     """
     answers = d["answer"] if "answer" in d else d["answers"]
-    if isinstance(answers, str):
+    if answers is None or isinstance(answers, str):
         answers = [answers]
     if not isinstance(answers, list):
         raise ValueError(f"'answer' must be [str], got {answers!r:.80}")
