@@ -84,6 +84,9 @@ def annotate(
     batch_size: Annotated[int, typer.Option(help="Questions per batch.")] = 16,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     data_dir: DataDirOpt = None,
+    strict: Annotated[
+        bool, typer.Option(help="Refuse items with no non-empty answer alias instead of skipping them.")
+    ] = False,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
     from candor.annotate import AnnotateConfig, Shard
@@ -93,13 +96,17 @@ def annotate(
     from candor.data import load_items
     from candor.prompts import resolve_template
 
-    items = load_items(data, data_dir=data_dir, limit=limit)
+    # Every option is checked before the model loads, so a typo fails fast.
+    shard_spec = Shard.parse(shard) if shard else None
+    if template != "auto":
+        resolve_template(template, model)
+    items = load_items(data, data_dir=data_dir, limit=limit, strict=strict)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
     config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
                             seed=seed, batch_size=batch_size)
     backend = load_backend(model, batch_size=batch_size)
     qa_template = resolve_template(template, model, backend)
-    result = run_annotate(items, backend, out, qa_template, config, shard=Shard.parse(shard) if shard else None)
+    result = run_annotate(items, backend, out, qa_template, config, shard=shard_spec)
     _print_annotation_summary(result.path)
 
 
@@ -158,12 +165,15 @@ def export_honestybench(
 def import_honestybench(
     source: Annotated[Path, typer.Argument(help="JSONL with HonestyBench field names.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="candor records JSONL.")],
-    dataset: Annotated[str, typer.Option(help="Dataset name when the file has none.")] = "",
+    dataset: Annotated[str, typer.Option(help="Dataset name when the file has none (default: the file's stem).")] = "",
+    strict: Annotated[
+        bool, typer.Option(help="Refuse items with no non-empty answer alias instead of skipping them.")
+    ] = False,
 ) -> None:
     """Import released HonestyBench annotations as candor records."""
     from candor.records import read_honestybench, write_records
 
-    recs = read_honestybench(source, dataset)
+    recs = read_honestybench(source, dataset, strict=strict)
     write_records(out, recs)
     typer.echo(f"imported {len(recs)} records into {out}")
 
