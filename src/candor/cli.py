@@ -452,5 +452,20 @@ def datasets(data_dir: DataDirOpt = None) -> None:
         typer.echo(line)
 
 
+def run(argv: list[str] | None = None) -> None:
+    """The console script: like ``app()``, but a usage error (unknown option, a value of the wrong
+    type, a missing argument) is one line on stderr and exit 2, as every other user mistake is."""
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except Exception as exc:  # click's usage errors carry their own message and exit code
+        if not hasattr(exc, "format_message"):
+            raise
+        typer.secho(f"error: {exc.format_message()}", fg=typer.colors.RED, err=True)
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":
-    app()
+    run()
