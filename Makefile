@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup setup-embed demo test lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose clean
+.PHONY: setup setup-embed demo test lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
 
 setup: $(VENV)/.candor-installed
 
@@ -53,6 +53,11 @@ bench-advice: setup
 
 bench-diagnose: setup
 	$(BIN)/python benchmarks/diagnose.py
+
+# Mutation testing of the core modules (about an hour on 2 cores; not in CI). Resumable.
+mutation: setup
+	$(BIN)/pip install "mutmut>=3.8,<4"
+	$(BIN)/python benchmarks/mutation.py
 
 clean:
 	rm -rf $(VENV) candor-out

@@ -301,14 +301,8 @@ def test_prompts_end_with_paper_suffix() -> None:
 # ---------------------------------------------------------------- llm judges on a real tiny backend
 
 
-@pytest.fixture()
-def hf_backend(request):
-    pytest.importorskip("candor.backends.hf", reason="candor.backends.hf is not written yet")
-    return request.getfixturevalue("tiny_backend")
-
-
-def test_llm_correctness_judge_on_tiny_backend(hf_backend) -> None:
-    judge = get_correctness_judge("llm", backend=hf_backend, batch_size=2)
+def test_llm_correctness_judge_on_tiny_backend(tiny_backend) -> None:
+    judge = get_correctness_judge("llm", backend=tiny_backend, batch_size=2)
     responses = ["Paris", "", "London", "Rome"]
     golds = [["Paris"], ["Paris"], ["Paris"], ["Rome"]]
     questions = ["Capital of France?", "Capital of France?", "Capital of France?", "Capital of Italy?"]
@@ -317,9 +311,9 @@ def test_llm_correctness_judge_on_tiny_backend(hf_backend) -> None:
     # The judge's verdicts are the parsed greedy replies to the chat-rendered prompts.
     asked = [0, 2, 3]  # the empty response is never sent and is judged 0
     texts = [correctness_prompt(responses[i], golds[i], questions[i]) for i in asked]
-    prompts = [hf_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
+    prompts = [tiny_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
     assert all(VERDICT_SUFFIX in p for p in prompts)
-    gens = hf_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
+    gens = tiny_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
     expected = [0, 0, 0, 0]
     for i, gen in zip(asked, gens, strict=True):
         expected[i] = parse_verdict(gen.greedy.text)
@@ -327,13 +321,13 @@ def test_llm_correctness_judge_on_tiny_backend(hf_backend) -> None:
     assert judge.describe()["name"] == "llm"
 
 
-def test_llm_consistency_judge_on_tiny_backend(hf_backend) -> None:
-    judge = get_consistency_judge("llm", backend=hf_backend)
+def test_llm_consistency_judge_on_tiny_backend(tiny_backend) -> None:
+    judge = get_consistency_judge("llm", backend=tiny_backend)
     a, b = ["Paris", "Rome", ""], ["The capital is Paris", "Milan", "Paris"]
     verdicts = judge.judge(a, b)
     texts = [consistency_prompt(x, y) for x, y in zip(a[:2], b[:2], strict=True)]
-    prompts = [hf_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
-    gens = hf_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
+    prompts = [tiny_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
+    gens = tiny_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
     assert verdicts == [parse_verdict(g.greedy.text) for g in gens] + [0]
 
 
@@ -367,7 +361,6 @@ def fixed_reply_backend(tokenizer, word: str):
 
 @pytest.mark.parametrize(("word", "verdict"), [(" certain", 1), (" uncertain", 0)])
 def test_llm_judges_parse_real_replies(request, word: str, verdict: int) -> None:
-    pytest.importorskip("candor.backends.hf", reason="candor.backends.hf is not written yet")
     backend = fixed_reply_backend(request.getfixturevalue("tokenizer"), word)
     reply = backend.generate(["Q"], 0, SamplingParams(max_new_tokens=8), greedy=True)[0].greedy.text
     assert normalize(reply).split()[0] == word.strip().lower()  # the wiring works
