@@ -143,6 +143,7 @@ def draw(force: bool) -> None:
         },
         "labels": labels,
     }
+    spec["labels"] = [{k: v for k, v in x.items() if k != "question"} for x in spec["labels"]]
     LABELS.write_text(json.dumps(spec, indent=1, ensure_ascii=False) + "\n")
     print(f"drew {len(labels)} pairs from {len(pairs)} into {LABELS}")
 
@@ -207,7 +208,7 @@ def agreement(verdicts: list[int], labels: list[dict[str, Any]]) -> dict[str, An
 
 
 def _example(x: dict[str, Any]) -> dict[str, Any]:
-    return {k: x[k] for k in ("key", "question", "greedy", "sample", "note") if x.get(k) is not None}
+    return {k: x[k] for k in ("key", "greedy", "sample", "note") if x.get(k) is not None}
 
 
 def pool_weighted(verdicts: list[int], labels: list[dict[str, Any]], pool_strata: dict[str, int]) -> float:
@@ -291,6 +292,24 @@ def print_table(result: dict[str, Any]) -> None:
               f"{design:>8.2f} {report:>8.2f} {e['pool_weighted_agreement']:>14.3f}")
 
 
+def with_questions(labels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each pair with its question, read from the shared benchmark files by record id.
+
+    The labels file keeps no benchmark text (the data is never copied into the repo):
+    the id ``dataset:line`` finds the question again.
+    """
+    from candor.data import load_items
+    from candor.errors import CandorError
+
+    datasets = sorted({x["dataset"] for x in labels})
+    try:
+        by_id = {item.id: item.question for name in datasets for item in load_items(name)}
+    except CandorError as exc:
+        print(f"SKIP: HonestyBench data not available ({exc})", file=sys.stderr)
+        raise SystemExit(0) from None
+    return [{**x, "question": by_id[x["key"].split("#")[0]]} for x in labels]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("step", nargs="?", default="evaluate", choices=["draw", "evaluate"])
@@ -303,7 +322,7 @@ def main() -> None:
     if not LABELS.exists():
         raise SystemExit(f"{LABELS} is missing; run `python {Path(__file__).name} draw` and label it")
     spec = json.loads(LABELS.read_text())
-    labels = spec["labels"]
+    labels = with_questions(spec["labels"])
     unlabelled = [x["key"] for x in labels if x.get("human") not in (0, 1)]
     if unlabelled:
         raise SystemExit(f"{len(unlabelled)} pairs have no hand label yet, e.g. {unlabelled[0]}")

@@ -27,7 +27,13 @@ import candor
 from candor.backends.base import Backend, Generations, SamplingParams
 from candor.data.items import QAItem, QAItems
 from candor.errors import CandorError
-from candor.judges import CONSISTENCY_JUDGES, CORRECTNESS_JUDGES, get_consistency_judge, get_correctness_judge
+from candor.judges import (
+    CONSISTENCY_JUDGES,
+    CORRECTNESS_JUDGES,
+    DEFAULT_CONSISTENCY_JUDGE,
+    get_consistency_judge,
+    get_correctness_judge,
+)
 from candor.prompts import QATemplate
 from candor.records import Record, RecordAppender, read_records, truncate_partial_last_line, write_records
 
@@ -77,7 +83,7 @@ class AnnotateConfig:
     k: int = 5
     params: SamplingParams = field(default_factory=SamplingParams)
     correctness_judge: str = "contains"
-    consistency_judge: str = "lexical"
+    consistency_judge: str = DEFAULT_CONSISTENCY_JUDGE
     seed: int = 0
     batch_size: int = 16
 

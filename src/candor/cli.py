@@ -76,7 +76,7 @@ def annotate(
     shard: Annotated[str | None, typer.Option(help="i/n: annotate the i-th of n slices (0-based).")] = None,
     template: Annotated[str, typer.Option(help="Prompt template: auto, chat or fewshot.")] = "auto",
     judge: Annotated[str, typer.Option(help="Correctness judge: contains, exact, f1, llm.")] = "contains",
-    consistency: Annotated[str, typer.Option(help="Consistency judge (see candor.judges).")] = "lexical",
+    consistency: Annotated[str, typer.Option(help="Consistency judge (see candor.judges).")] = "lexical-echo",
     max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling.")] = 0.95,
@@ -143,6 +143,22 @@ def merge(
 
     n = merge_shards(shards, out)
     typer.echo(f"merged {n} records from {len(shards)} shards into {out}")
+
+
+@app.command()
+@user_errors
+def rejudge(
+    records: Annotated[Path, typer.Option("--records", "-r", help="Records JSONL to judge again.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Records JSONL to write (may be --records itself).")],
+    consistency: Annotated[str, typer.Option(help="Consistency judge (see candor.judges).")] = "lexical-echo",
+) -> None:
+    """Recompute the samples' consistency verdicts with another judge, from the stored texts (no generation)."""
+    from candor.records import read_records, write_records
+    from candor.rejudge import rejudge_consistency
+
+    recs = rejudge_consistency(read_records(records), consistency)
+    write_records(out, recs)
+    typer.echo(f"rejudged {len(recs)} records with {consistency} into {out}")
 
 
 @app.command("export")

@@ -11,7 +11,7 @@ import numpy as np
 from candor.backends.base import Backend
 from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.judges import CONSISTENCY_JUDGES, get_consistency_judge, rouge_l_f1
+from candor.judges import CONSISTENCY_JUDGES, DEFAULT_CONSISTENCY_JUDGE, get_consistency_judge, rouge_l_f1
 from candor.records import Record
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class SemanticConsistency(Estimator):
         if judge is not None:
             CONSISTENCY_JUDGES.get(judge)  # an unknown judge fails now, even when the records carry verdicts
         self.requested = judge
-        self.judge_name = judge or "lexical"  # the judge for records whose verdicts cannot be used
+        self.judge_name = judge or DEFAULT_CONSISTENCY_JUDGE  # the judge for records whose verdicts cannot be used
         self.judge_options = judge_options
         self.needs_backend = judge == "llm"
         self.judged = 0  # records whose verdicts were computed here, not read from the annotation
