@@ -329,7 +329,8 @@ ECHO_GOLD = QATemplate("echo-gold", lambda item, _: f"Question: {item.question}\
 
 
 def test_consistency_verdicts_judge_each_sample_against_its_greedy_answer(tiny_backend, tmp_path):
-    cfg = AnnotateConfig(k=4, params=SamplingParams(max_new_tokens=3, top_k=2), batch_size=3, seed=1)
+    cfg = AnnotateConfig(k=4, params=SamplingParams(max_new_tokens=3, top_k=2), batch_size=3, seed=1,
+                         consistency_judge="lexical")
     out = tmp_path / "r.jsonl"
     annotate(make_items(), tiny_backend, out, ECHO_GOLD, cfg, progress=False)
     lexical = get_consistency_judge("lexical")
