@@ -21,7 +21,16 @@ from tqdm.auto import tqdm
 from candor.backends.base import Backend
 from candor.confidences import ConfidenceTable, table_from_records
 from candor.errors import CandorError
-from candor.estimators import consistency, elical, logprob, ptrue, selfconsistency, verbal, verbalized  # noqa: F401
+from candor.estimators import (  # noqa: F401
+    consistency,
+    elical,
+    logprob,
+    ptrue,
+    selfconsistency,
+    tokenstats,  # noqa: F401
+    verbal,
+    verbalized,
+)
 from candor.estimators.base import ESTIMATORS, Estimator, get_estimator
 from candor.records import Record
 
