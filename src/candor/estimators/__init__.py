@@ -22,11 +22,15 @@ from candor.backends.base import Backend
 from candor.confidences import ConfidenceTable, table_from_records
 from candor.errors import CandorError
 from candor.estimators import (  # noqa: F401
+    cocoa,
     consistency,
     elical,
+    kernel_entropy,
     logprob,
     ptrue,
+    sample_entropy,
     selfconsistency,
+    spectral,
     tokenstats,  # noqa: F401
     verbal,
     verbalized,
