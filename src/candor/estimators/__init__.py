@@ -24,9 +24,11 @@ from candor.errors import CandorError
 from candor.estimators import (  # noqa: F401
     cocoa,
     consistency,
+    eigenscore,
     elical,
     kernel_entropy,
     logprob,
+    probe,
     ptrue,
     sample_entropy,
     selfconsistency,
