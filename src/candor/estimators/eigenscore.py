@@ -2,16 +2,17 @@
 
 Each sample j is embedded as the hidden state z_j of the last token of
 ``prompt + sample`` at a middle layer (see :mod:`candor.estimators.hidden_layers`).
-With Z the k×d matrix of embeddings, C = cov(Z) is the k×k covariance
-between samples over the d features (each embedding centred on its own mean,
-divided by d - 1, as ``torch.cov`` in the paper's code), and
+With Z the k×d matrix of embeddings and J_d = I_d - (1/d) 1 1ᵀ the centring
+matrix over features, Σ = Z J_d Zᵀ is the k×k covariance between samples
+(the paper's Eq. 4, unscaled), and
 
-    E = (1/k) Σ_i log10(λ_i(C + α I)),  α = 1e-3,
+    E = (1/k) log det(Σ + α I) = (1/k) Σ_i ln λ_i(Σ + α I),  α = 1e-3.
 
-the mean log10 eigenvalue (the paper's code uses log10). Agreeing samples
-give a near-singular C and a low E. Confidence ``1 / (1 + 10^E)``: 10^E is the
-geometric mean of the regularized eigenvalues, so identical samples give a
-confidence near 1 and widely spread ones a confidence near 0.
+Agreeing samples give a near-singular Σ and a low E. Confidence
+``1 / (1 + exp(E))`` (a sigmoid of -E): identical samples give a confidence
+near 1, widely spread ones a confidence near 0. The paper's released code
+differs from its equation: it divides Σ by d - 1 (``torch.cov``) and uses
+log10; candor follows the equation, as lm-polygraph does.
 """
 
 from __future__ import annotations
@@ -31,17 +32,16 @@ from candor.records import Record
 
 
 def eigenscore(embeddings: np.ndarray, alpha: float = 1e-3) -> float:
-    """Mean log10 eigenvalue of the samples' covariance (k×k over features) plus alpha·I."""
+    """(1/k) log det(Z J_d Zᵀ + alpha·I): the mean log eigenvalue of the samples' regularized covariance."""
     z = np.asarray(embeddings, dtype=float)
-    centred = z - z.mean(axis=1, keepdims=True)
-    cov = centred @ centred.T / (z.shape[1] - 1)
-    eigenvalues = np.linalg.eigvalsh(cov + alpha * np.eye(len(z)))
-    return float(np.mean(np.log10(eigenvalues)))
+    centred = z - z.mean(axis=1, keepdims=True)  # Z J_d: each embedding centred over its features
+    eigenvalues = np.linalg.eigvalsh(centred @ centred.T + alpha * np.eye(len(z)))
+    return float(np.mean(np.log(eigenvalues)))
 
 
 @ESTIMATORS.register("eigenscore")
 class EigenScore(Estimator):
-    """1 / (1 + 10^EigenScore) over the samples' middle-layer sentence embeddings."""
+    """1 / (1 + exp(EigenScore)) over the samples' middle-layer sentence embeddings."""
 
     name = "eigenscore"
     level = "question"
@@ -66,7 +66,7 @@ class EigenScore(Estimator):
         states = backend.hidden_states(texts, layer=layer)
         owner_arr = np.asarray(owner)
         scores = [eigenscore(states[owner_arr == i], self.alpha) for i in range(len(records))]
-        return 1.0 / (1.0 + np.power(10.0, np.array(scores)))
+        return 1.0 / (1.0 + np.exp(np.array(scores)))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "layer": self.layer if self.layer is not None else "middle", "alpha": self.alpha}
