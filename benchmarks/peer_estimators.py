@@ -23,15 +23,18 @@ The run has three steps, in one file:
 
 Deliberate differences (reported, not compared within 1e-6):
 
-- ``semantic-entropy``: candor normalizes cluster probabilities over the
-  clusters and takes the entropy over clusters (Farquhar et al., 2024);
-  lm-polygraph's default is Kuhn et al.'s Monte Carlo estimate
-  -mean_j log Σ_{i in c(j)} p_i with unnormalized cluster masses. Both are
-  run on the same clusters; the rank correlation is reported.
+- ``semantic-entropy``: candor follows Farquhar et al. (2024): length-normalized
+  sequence probabilities, cluster masses normalized over the clusters, entropy
+  over clusters; lm-polygraph's default is Kuhn et al.'s (2023) Monte Carlo
+  estimate -mean_j log Σ_{i in c(j)} p_i with unnormalized sequence
+  probabilities. Both run on the same clusters; the rank correlation is reported.
 - ``num-sem-sets``: candor counts Kuhn et al.'s greedy clusters (the ones
   semantic entropy uses); lm-polygraph counts connected components of the
   bidirectional-equivalence graph. They differ only where equivalence is not
   transitive; the number of such records is reported.
+- token entropies come from two forward passes of the same float32 model (candor's
+  backend, one sequence per batch so there is no padding, and plain transformers
+  on lm-polygraph's side); their float32 round-off is compared as it is.
 - ``token-entropy-max`` and ``prob-margin`` have no sequence-level
   lm-polygraph estimator; the max is checked on lm-polygraph's entropy
   statistic, the margin is not compared.
@@ -231,8 +234,8 @@ def compare(ours: dict, theirs: dict, records: list[dict]) -> dict:
         elif key == "semantic-entropy":
             mine = np.array(ours[key])
             rho = spearmanr(-np.log(mine), u).statistic
-            rows[key] = {"compared": False, "reason": "deliberate: normalized cluster entropy (Farquhar 2024) vs "
-                         "lm-polygraph's unnormalized Monte Carlo estimate (Kuhn 2023)",
+            rows[key] = {"compared": False, "reason": "deliberate: Farquhar 2024 (length-normalized, normalized over "
+                         "clusters) vs lm-polygraph's default Kuhn 2023 Monte Carlo estimate",
                          "spearman_uncertainty": float(rho), "n": len(u)}
             continue
         else:
@@ -271,7 +274,7 @@ def main() -> None:
     setup_logging()
     python = ensure_venv(args.venv)
     records = [r for r in read_records(args.records) if r.samples and r.greedy.token_ids][: args.n]
-    backend = load_backend(args.model)
+    backend = load_backend(args.model, batch_size=1)  # no padding: the same forward as lm-polygraph's side
     start = time.perf_counter()
     inputs, ours = export_inputs(records, backend)
     args.work.mkdir(parents=True, exist_ok=True)

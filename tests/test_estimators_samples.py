@@ -95,7 +95,8 @@ def test_mc_entropy_by_hand():
 
 def test_semantic_entropy_by_hand():
     # The lexical judge: "Paris France" contains "Paris", so clusters {0, 1, 3} and {2}.
-    p_a = math.exp(-0.5) + math.exp(-1.5) + math.exp(-0.7)
+    # Length-normalized: "Paris France" has mean token log-prob -0.75.
+    p_a = math.exp(-0.5) + math.exp(-0.75) + math.exp(-0.7)
     p_b = math.exp(-2.0)
     pa, pb = p_a / (p_a + p_b), p_b / (p_a + p_b)
     h = -(pa * math.log(pa) + pb * math.log(pb))

@@ -8,9 +8,12 @@ discrete entropy lies in [0, log k], so its confidence lies in [1/k, 1].
   Confidence exp(-H) is the geometric mean of the samples' probabilities.
 - ``semantic-entropy``: the samples are clustered by bidirectional equivalence
   under a consistency judge (:func:`candor.estimators.semantic.semantic_clusters`);
-  a cluster's probability is the sum of its members' sequence probabilities,
-  normalized over the clusters (Farquhar et al., 2024), and
-  H = -Σ_c p(c) log p(c).
+  a cluster's probability is the sum of its members' length-normalized
+  sequence probabilities exp(mean token log-prob), normalized over the
+  clusters, and H = -Σ_c p(c) log p(c): the Nature-paper estimator (Farquhar
+  et al., 2024, whose code length-normalizes by default). lm-polygraph's
+  default is instead Kuhn et al.'s (2023) Monte Carlo estimate
+  -mean_j log Σ_{i in c(j)} p_i with unnormalized sequence probabilities.
 - ``semantic-entropy-discrete``: the same clusters weighted by their share of
   the samples, p(c) = n_c / k (Farquhar et al.'s discrete variant, for
   black-box models).
@@ -65,12 +68,12 @@ class MonteCarloEntropy(Estimator):
 
 @ESTIMATORS.register("semantic-entropy")
 class SemanticEntropy(ClusterEstimator):
-    """exp(-H) over probability-weighted semantic clusters (normalized over clusters)."""
+    """exp(-H) over semantic clusters weighted by length-normalized probabilities (normalized over clusters)."""
 
     name = "semantic-entropy"
 
     def from_clusters(self, record: Record, clusters: list[int]) -> float:
-        logprobs = np.array([sequence_logprob(record, j) for j in range(record.k)])
+        logprobs = np.array([sequence_logprob(record, j, mean=True) for j in range(record.k)])
         return float(np.exp(-entropy(cluster_probabilities(logprobs, clusters))))
 
 

@@ -207,8 +207,8 @@ def cluster_ids(equivalent: np.ndarray) -> list[int]:
     return ids
 
 
-def sequence_logprob(record: Record, index: int) -> float:
-    """Sum of sample ``index``'s token log-probs.
+def sequence_logprob(record: Record, index: int, mean: bool = False) -> float:
+    """Sum (or with ``mean``, the mean) of sample ``index``'s token log-probs.
 
     An empty answer may have no tokens (the backend drops the stop token's
     log-prob), so its stored log-prob is 0; a non-empty answer without
@@ -222,7 +222,10 @@ def sequence_logprob(record: Record, index: int) -> float:
     lps = np.asarray(sample.logprobs, dtype=float)
     if not np.isfinite(lps).all():
         raise CandorError(f"record {record.id!r}: sample {index} has non-finite token log-probs")
-    return float(np.minimum(lps, 0.0).sum())
+    if lps.size == 0:
+        return 0.0
+    lps = np.minimum(lps, 0.0)
+    return float(lps.mean() if mean else lps.sum())
 
 
 # ---------------------------------------------------------------- estimator bases
