@@ -25,6 +25,8 @@ An answer with no tokens has no distribution: it is a :class:`CandorError`.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +44,10 @@ SOURCES = ("model", "topk")
 # Columns of a statistics row: entropy (nats), top-1 log-prob, top-2 log-prob.
 ENTROPY, TOP1, TOP2 = 0, 1, 2
 
+# Statistics per backend object, by (prompt, answer token ids): the three estimators of this
+# module scored in one run share one teacher-forced pass. A backend is one model (and adapter).
+_MEMO: weakref.WeakKeyDictionary[Any, dict[tuple[str, tuple[int, ...]], np.ndarray]] = weakref.WeakKeyDictionary()
+
 
 def model_token_stats(records: Sequence[Record], backend: Backend) -> list[np.ndarray]:
     """``[tokens, 3]`` statistics per record from one teacher-forced pass (see the module docstring)."""
@@ -55,7 +61,18 @@ def model_token_stats(records: Sequence[Record], backend: Backend) -> list[np.nd
         if not rec.greedy.token_ids:
             raise CandorError(f"record {rec.id!r}: the greedy answer has no token ids to score")
     prompts, _ = record_prompts(records, backend)
-    return stats_fn(prompts, [r.greedy.token_ids for r in records])
+    keys = [(p, tuple(r.greedy.token_ids)) for p, r in zip(prompts, records, strict=True)]
+    memo: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
+    with contextlib.suppress(TypeError):  # a backend that cannot be weakly referenced is not memoized
+        memo = _MEMO.setdefault(backend, {})
+    todo = list(dict.fromkeys(k for k in keys if k not in memo))
+    if todo:
+        computed = stats_fn([p for p, _ in todo], [list(ids) for _, ids in todo])
+        memo.update(zip(todo, computed, strict=True))
+    out = [memo[k] for k in keys]
+    if len(memo) > 4096:  # bounded: a long run keeps only its latest chunks
+        memo.clear()
+    return out
 
 
 def topk_token_stats(record: Record) -> np.ndarray:
