@@ -117,7 +117,7 @@ def peer_side(inputs_path: str, out_path: str) -> None:
         put("eigenscore", EigenScore()({"sample_embeddings": [np.array(rec["sample_embeddings"])]})[0])
         ids = torch.tensor([rec["prompt_ids"] + rec["greedy_ids"]])
         with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0].float(), -1).numpy()
+            logp = torch.log_softmax(model(ids).logits[0].double(), -1).numpy()  # as candor's backend
         n, start = len(rec["greedy_ids"]), len(rec["prompt_ids"]) - 1
         entropy = EntropyCalculator()({"greedy_log_probs": [logp[start : start + n]]})["entropy"]
         put("token-entropy-mean", MeanTokenEntropy()({"entropy": entropy})[0])
@@ -243,6 +243,8 @@ def compare(ours: dict, theirs: dict, records: list[dict]) -> dict:
         diff = np.abs(mine - mapped)
         row = {"compared": True, "max_abs_diff": float(diff.max()), "within_tolerance": bool(diff.max() <= TOLERANCE),
                "n": len(u)}
+        if name.startswith("token-entropy"):
+            row["max_abs_diff_entropy_nats"] = float(np.abs(-np.log(mine) - u).max())
         if name == "num-sem-sets":
             row["records_differing"] = int((diff > TOLERANCE).sum())
             row["note"] = "deliberate: greedy clusters vs connected components; differ only without transitivity"
