@@ -116,10 +116,14 @@ def peer_side(inputs_path: str, out_path: str) -> None:
         put("perplexity", Perplexity()({"greedy_log_likelihoods": [rec["greedy_logprobs"]]})[0])
         put("eigenscore", EigenScore()({"sample_embeddings": [np.array(rec["sample_embeddings"])]})[0])
         ids = torch.tensor([rec["prompt_ids"] + rec["greedy_ids"]])
+        n = len(rec["greedy_ids"])
+        # The forward candor's backend makes for one unpadded sequence: explicit mask and positions,
+        # logits for the last n + 1 positions only; log-softmax in float64 as candor's backend.
         with torch.no_grad():
-            logp = torch.log_softmax(model(ids).logits[0].double(), -1).numpy()  # as candor's backend
-        n, start = len(rec["greedy_ids"]), len(rec["prompt_ids"]) - 1
-        entropy = EntropyCalculator()({"greedy_log_probs": [logp[start : start + n]]})["entropy"]
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           position_ids=torch.arange(ids.shape[1])[None], logits_to_keep=n + 1).logits[0]
+        logp = torch.log_softmax(logits.double(), -1).numpy()
+        entropy = EntropyCalculator()({"greedy_log_probs": [logp[:n]]})["entropy"]
         put("token-entropy-mean", MeanTokenEntropy()({"entropy": entropy})[0])
         put("token-entropy-max[entropy stat]", max(entropy[0]))
     Path(out_path).write_text(json.dumps(out))
