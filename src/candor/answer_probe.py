@@ -91,7 +91,9 @@ def answer_features(
 class AnswerProbe:
     """Standardize, then a logistic regression: ``sigmoid(((x - mean) / scale) · coef + intercept)``."""
 
-    def __init__(self, info: ProbeInfo, mean: np.ndarray, scale: np.ndarray, coef: np.ndarray, intercept: float):
+    def __init__(
+        self, info: ProbeInfo, mean: np.ndarray, scale: np.ndarray, coef: np.ndarray, intercept: float
+    ) -> None:
         self.info = info
         self.mean, self.scale, self.coef, self.intercept = mean, scale, coef, float(intercept)
 
