@@ -174,3 +174,21 @@ def _verbal_finetune(method: str) -> Trainer:
 
 for _method in ("advice", "conftuner", "advice+conftuner"):
     TRAINERS.register(_method)(_verbal_finetune(_method))
+
+
+# ------------------------------------------------------------------ answer probe
+
+
+@TRAINERS.register("probe")
+def _probe(job: TrainJob) -> dict[str, Any]:
+    """The SAPLMA-style answer probe on the greedy answers' hidden states (candor.answer_probe)."""
+    from candor.answer_probe import ProbeConfig, train_probe
+    from candor.backends import load_backend
+    from candor.backends.default_model import cache_root
+
+    settings = dict(job.settings)
+    settings.setdefault("feature_cache", str(cache_root() / "features"))  # reruns skip the backbone
+    config = build_config(ProbeConfig, settings)
+    backend = load_backend(job.model, device=config.device, batch_size=config.batch_size)
+    probe = train_probe(job.read_train(), backend, job.out, config, sources=[str(job.records)])
+    return {"path": str(job.out), "method": "probe", "layer": probe.info.layer, **probe.info.meta}

@@ -518,6 +518,40 @@ class HFBackend:
         return out
 
     @torch.inference_mode()
+    def token_distribution_stats(
+        self, prompts: Sequence[str], continuations: Sequence[Sequence[int]]
+    ) -> list[np.ndarray]:
+        """Full-vocabulary statistics at each continuation token, by one teacher-forced pass.
+
+        ``continuations[i]`` are token ids (e.g. a stored answer's
+        ``token_ids``) appended to the tokens of ``prompts[i]``. For each
+        continuation token t the row ``[entropy, top1, top2]`` holds the
+        entropy (nats) of the model's next-token distribution before t and the
+        two largest log-probs of that distribution: shape ``[len(cont), 3]``.
+        """
+        if len(prompts) != len(continuations):
+            raise CandorError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+        out: list[np.ndarray] = []
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = range(start, min(start + self.batch_size, len(prompts)))
+            out.extend(self._stats_chunk([prompts[i] for i in chunk], [list(continuations[i]) for i in chunk]))
+        return out
+
+    def _stats_chunk(self, prompts: list[str], continuations: list[list[int]]) -> list[np.ndarray]:
+        full = [p + c for p, c in zip(self._encode(prompts), continuations, strict=True)]
+        lengths = [len(c) for c in continuations]
+        ids, mask = left_pad(full, self._pad_id, self.device)
+        keep = max(lengths) + 1
+        logits = self._forward(ids, mask, None, positions(mask), keep=keep, last_only=False)
+        # float64: a float32 sum over a 50k vocabulary drifts by ~1e-6 nats.
+        logprobs = torch.log_softmax(logits.double(), dim=-1)
+        entropy = -(logprobs.exp() * logprobs).sum(-1)  # [rows, keep]
+        top2 = logprobs.topk(2, dim=-1).values  # [rows, keep, 2]
+        stats = torch.cat([entropy.unsqueeze(-1), top2], dim=-1).cpu().numpy()
+        # Position t predicts token t+1, so the last ``length`` tokens are predicted at keep-1-length .. keep-2.
+        return [stats[row, keep - 1 - n : keep - 1].astype(float) for row, n in enumerate(lengths)]
+
+    @torch.inference_mode()
     def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
         columns = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
         rows = []
