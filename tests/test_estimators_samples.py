@@ -175,7 +175,8 @@ def test_embedding_similarity_when_installed():
             get_estimator("eigv", similarity="embedding").estimate([MIXED])
         pytest.skip(f"the embedding wheel is not installed ({exc})")
     vals = get_estimator("degree", similarity="embedding").estimate([SAME, DIFF])
-    assert vals[0] == pytest.approx(1.0, abs=1e-5) and vals[1] < vals[0]
+    # "paris." embeds close to, not exactly as, "Paris" (punctuation is a token of its own)
+    assert vals[0] == pytest.approx(1.0, abs=0.05) and vals[1] < vals[0] - 0.1
 
 
 def test_batched_records_equal_single_records():
