@@ -16,6 +16,7 @@ training unchanged. This module holds the plumbing they have in common:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import resource
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from candor.backends.default_model import DEFAULT_MODEL
+from candor.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +97,7 @@ def training_arguments(
         "per_device_train_batch_size": batch_size,
         "per_device_eval_batch_size": batch_size,
         "gradient_accumulation_steps": gradient_accumulation,
-        # transformers 5 reads a float in [0, 1) as a ratio of the total steps.
-        "warmup_steps": warmup_ratio,
+        **warmup_settings(warmup_ratio),
         "weight_decay": weight_decay,
         "lr_scheduler_type": "linear",
         "optim": "adamw_torch",
@@ -122,6 +123,22 @@ def training_arguments(
     except TypeError:  # an argument this transformers version does not know (e.g. save_safetensors)
         settings.pop("save_safetensors", None)
         return TrainingArguments(**settings)
+
+
+def warmup_settings(ratio: float, arguments_class: type | None = None) -> dict[str, float]:
+    """The ``TrainingArguments`` keyword that warms up over ``ratio`` of the steps, in this transformers.
+
+    transformers 4.x has a ``warmup_ratio`` field and reads ``warmup_steps`` as a
+    count (so 0.1 there means no warmup at all); transformers 5 dropped
+    ``warmup_ratio`` and reads a ``warmup_steps`` below 1 as a ratio. Asking the
+    dataclass which fields it has works for both without parsing versions.
+    """
+    if not 0.0 <= ratio < 1.0:
+        raise CandorError(f"warmup_ratio must be in [0, 1), got {ratio}")
+    if arguments_class is None:
+        from transformers import TrainingArguments as arguments_class
+    fields = {f.name for f in dataclasses.fields(arguments_class)}
+    return {"warmup_ratio": ratio} if "warmup_ratio" in fields else {"warmup_steps": ratio}
 
 
 # ------------------------------------------------------------------ cost
