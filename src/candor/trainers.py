@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from candor.errors import CandorError
+from candor.leakage import TestQuestions
 from candor.records import Record, read_records
 from candor.registry import Registry
 
@@ -26,7 +27,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class TrainJob:
-    """What ``candor train`` was asked: the same fields for every method."""
+    """What ``candor train`` was asked: the same fields for every method.
+
+    ``tests`` are the files the result will be evaluated on (records, QA files
+    or dataset names); training refuses a pool or dev file sharing a question
+    with them (:mod:`candor.leakage`).
+    """
 
     records: Path
     out: Path
@@ -34,12 +40,30 @@ class TrainJob:
     dev: Path | None = None
     seed: int = 0
     settings: dict[str, str] = field(default_factory=dict)
+    tests: list[str] = field(default_factory=list)
+    _cache: dict[str, list[Record] | None] = field(default_factory=dict, init=False, repr=False)
 
     def read_train(self) -> list[Record]:
-        return read_records(self.records)
+        if "train" not in self._cache:
+            self._cache["train"] = read_records(self.records)
+        return list(self._cache["train"] or [])
 
     def read_dev(self) -> list[Record] | None:
-        return read_records(self.dev) if self.dev is not None else None
+        if "dev" not in self._cache:
+            self._cache["dev"] = read_records(self.dev) if self.dev is not None else None
+        dev = self._cache["dev"]
+        return list(dev) if dev is not None else None
+
+    def refuse_test_overlap(self) -> None:
+        """Raise when the pool or the dev file shares a question with the test files."""
+        if not self.tests:
+            logger.info("no --test files: the training pool is not checked against test questions")
+            return
+        guard = TestQuestions.read(self.tests)
+        guard.refuse_overlap((r.item.question for r in self.read_train()), str(self.records))
+        dev = self.read_dev()
+        if dev is not None:
+            guard.refuse_overlap((r.item.question for r in dev), str(self.dev))
 
 
 Trainer = Callable[[TrainJob], dict[str, Any]]
@@ -47,8 +71,13 @@ TRAINERS: Registry[Trainer] = Registry("training method")
 
 
 def train(method: str, job: TrainJob) -> dict[str, Any]:
-    """Run the named method on ``job``; returns its summary (path, sizes, cost)."""
-    return TRAINERS.get(method)(job)
+    """Run the named method on ``job``; returns its summary (path, sizes, cost).
+
+    Nothing trains when the job's pool or dev file overlaps its test files.
+    """
+    trainer = TRAINERS.get(method)
+    job.refuse_test_overlap()
+    return trainer(job)
 
 
 # ------------------------------------------------------------------ settings
@@ -136,7 +165,7 @@ def _elical(method: str) -> Trainer:
             logger.info("no --dev file: carved a dev slice of %d records from the training pool", len(dev))
         result = train_elical(
             pool, dev, method=method, config=config, out_dir=job.out, budget=budget, init_from=init_from,
-            source=job.records,
+            source=job.records, dev_source=job.dev if job.dev is not None else f"dev slice carved from {job.records}",
         )
         return {"path": str(result.path), "method": method, "budget": result.budget,
                 "n_train": result.n_train, "n_dev": result.n_dev, "cost": result.cost}
@@ -165,7 +194,7 @@ def _verbal_finetune(method: str) -> Trainer:
             changes = convert_settings(LossWeights, {k.removeprefix("weights."): v for k, v in weight_keys.items()})
             overrides["weights"] = dataclasses.replace(preset, **changes)
         config = method_config(method, **overrides)
-        result = train(config, job.read_train(), job.out, dev_records=job.read_dev())
+        result = train(config, job.read_train(), job.out, dev_records=job.read_dev(), source=job.records)
         return {"path": str(result.adapter_dir), "method": method, "n_examples": result.n_examples,
                 "cost": result.cost.as_dict()}
 

@@ -48,6 +48,8 @@ from typing import Any
 from candor.advice.losses import LossWeights
 from candor.advice.triplets import Triplet, TripletStats, build_triplets, write_triplets
 from candor.backends.default_model import DEFAULT_MODEL
+from candor.contamination import write_manifest
+from candor.data.items import QAItem
 from candor.data.splits import seeded_shuffle
 from candor.errors import CandorError
 from candor.records import Record
@@ -181,13 +183,17 @@ def train(
     triplets: Sequence[Triplet] | None = None,
     dev_records: Sequence[Record] | None = None,
     dev_triplets: Sequence[Triplet] | None = None,
+    source: str | Path | None = None,
 ) -> TrainResult:
     """Train ``config`` and save the LoRA adapter to ``out_dir``; see the module docstring.
 
     Pair methods take ``triplets`` or build them from ``records`` (drawing
     extra samples with the base model); answer methods take ``records``. A
     dev split (``dev_records`` / ``dev_triplets``) is evaluated each epoch
-    (``eval_loss`` in the history); nothing is selected on it here.
+    (``eval_loss`` in the history); nothing is selected on it here, so its
+    questions are not in the adapter's ``training_questions.json`` manifest,
+    which lists the questions of the examples trained on. ``source`` names
+    the records file there.
     """
     from transformers import set_seed
 
@@ -204,13 +210,17 @@ def train(
             if records is None:
                 raise CandorError(f"{config.method}: needs training records or triplets")
             triplets, stats = _build(config, model, tokenizer, records, out)
-        train_set = _pairs(config, tokenizer, _capped(triplets, config.max_examples, config.seed))
+        used = _capped(triplets, config.max_examples, config.seed)
+        train_set = _pairs(config, tokenizer, used)
+        items = [t.item for t in used]
         dev_pairs = dev_triplets if dev_triplets is not None else _dev_triplets(config, dev_records)
         dev_set = _pairs(config, tokenizer, dev_pairs) if dev_pairs else None
     else:
         if records is None:
             raise CandorError(f"{config.method}: needs annotated training records")
-        train_set = _answers(config, tokenizer, _capped(records, config.max_examples, config.seed))
+        used_records = _capped(records, config.max_examples, config.seed)
+        train_set = _answers(config, tokenizer, used_records)
+        items = [r.item for r in used_records]
         dev_set = _answers(config, tokenizer, dev_records) if dev_records else None
     if len(train_set) == 0:
         raise CandorError(f"{config.method}: no training examples (no record with a correct greedy answer?)")
@@ -224,8 +234,15 @@ def train(
     result = TrainResult(out, meter.cost, list(trainer.state.log_history), len(train_set), stats, config)
     if trainer.is_world_process_zero():
         (out / "training.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+        write_manifest(out, _questions_of(train_set, items), [str(source)] if source is not None else [])
         (out / DONE_MARKER).write_text("done\n")
     return result
+
+
+def _questions_of(dataset: Any, items: Sequence[QAItem]) -> list[str]:
+    """The questions of the items that gave ``dataset`` at least one example (empty answers give none)."""
+    used = {example["id"] for example in dataset.examples}
+    return [item.question for item in items if item.id in used]
 
 
 def _build(

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from candor.backends.default_model import DEFAULT_MODEL
+from candor.contamination import read_manifest, write_manifest
 from candor.elical.features import FeatureCache
 from candor.elical.inputs import records_template
 from candor.elical.model import MODES, ConfidenceHead, HeadConfig, encode_prompts
@@ -211,6 +212,7 @@ def train_elical(
     model: Any = None,
     tokenizer: Any = None,
     source: str | Path | None = None,
+    dev_source: str | Path | None = None,
 ) -> TrainResult:
     """Train ``method`` (``eli-only``, ``cal-only`` or ``elical``) and save the head to ``out_dir``.
 
@@ -220,8 +222,14 @@ def train_elical(
     for early stopping. ``init_from`` resumes a saved stage-1 head instead of
     running stage 1 again. ``model``/``tokenizer`` reuse a loaded backbone
     (``head`` mode; ``lora`` mode adds LoRA layers to the model it is given,
-    so give it a fresh one). ``source`` names the file the training records
-    were read from, for error messages.
+    so give it a fresh one). ``source`` and ``dev_source`` name the files the
+    training and dev records were read from, for error messages and the
+    manifest.
+
+    Beside the head goes ``training_questions.json``
+    (:mod:`candor.contamination`): fingerprints of every question the head was
+    trained or early-stopped on (stage 1's pool, stage 2's budget, the dev
+    slice, and the manifest of an ``init_from`` head).
     """
     config = config or EliCalConfig()
     stages = _stages(method, init_from)
@@ -233,8 +241,11 @@ def train_elical(
         model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
     head = _initial_head(train_records, init_from, config, model, tokenizer)
     results = []
+    # The dev slice picks the best epoch, so its questions count as seen in training too.
+    seen = [r.item.question for r in dev_records]
     for stage in stages:
         records = train_records if stage == "eli" else draw_budget(pool, budget, config.seed)
+        seen += [r.item.question for r in records]
         results.append(train_stage(head, records, dev_records, stage, config, fresh=not results and not init_from))
     head.config.meta = {
         "method": method,
@@ -243,6 +254,8 @@ def train_elical(
         "stages": [s.name for s in results],
     }
     path = head.save_pretrained(out_dir)
+    sources = [str(s) for s in (source, dev_source, init_from) if s is not None]
+    write_manifest(path, seen, sources, inherited=_resumed_questions(init_from))
     result = TrainResult(path, method, budget if "cal" in stages else None, results, head)
     (path / "training.json").write_text(_json(result.to_dict()))
     return result
@@ -351,6 +364,16 @@ def _check_inputs(
         check_field(dev, kind, None, "the dev slice")
     if "cal" in stages:
         budget_size(parse_budget(budget), len(pool))
+
+
+def _resumed_questions(init_from: str | Path | None) -> set[str]:
+    """The training fingerprints of the head that stage 2 resumes (none when it starts fresh)."""
+    if init_from is None:
+        return set()
+    prints = read_manifest(init_from)
+    if prints is None:
+        logger.warning("%s has no training-questions manifest; the new manifest lists only this run's", init_from)
+    return prints or set()
 
 
 def _initial_head(
