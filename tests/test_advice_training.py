@@ -20,6 +20,7 @@ from candor.advice.data import (
 from candor.advice.losses import brier, jsd, jsd_hinge, margin_hinge, sum_penalty
 from candor.advice.train import DONE_MARKER, build_trainer, is_trained, load_result
 from candor.backends.base import Completion
+from candor.contamination import fingerprints, read_manifest
 from candor.data.items import QAItem
 from candor.errors import CandorError
 from candor.label_distribution import LabelScorer, build_prompt, pad_batch
@@ -313,6 +314,9 @@ def test_other_methods_train_and_save(tiny_dir, tmp_path, method):
     result = train(config, make_records(), out, dev_records=make_records()[:4])
     assert is_trained(out)
     assert any("eval_loss" in h for h in result.history)  # the dev split is evaluated each epoch
+    # ConfTuner learns from every answer; the pair methods only from the six questions answered correctly.
+    trained = [q for q, *_ in QUESTIONS] if method == "conftuner" else [q for q, *_ in QUESTIONS[:6]]
+    assert read_manifest(out) == fingerprints(trained)
     active = config.weights.active()
     assert all(f"loss_{name}" in result.history[0] for name in active)
 
