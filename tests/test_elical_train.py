@@ -177,10 +177,26 @@ def test_elical_runs_both_stages_and_records_each(tiny_model_dir, tmp_path):
 
 
 def test_the_paper_epoch_rule_and_the_cap():
+    # 50 up to 10k labels, 15 above, 10 on the full set whatever its size (the official scripts' rule).
     assert EliCalConfig().epochs_for(1000) == 50
-    assert EliCalConfig().epochs_for(20_000) == 15
+    assert EliCalConfig().epochs_for(10_000) == 50
+    assert EliCalConfig().epochs_for(10_001) == 15
+    assert EliCalConfig().epochs_for(1000, full_set=True) == 10
+    assert EliCalConfig().epochs_for(560_000, full_set=True) == 10
     assert EliCalConfig(max_epochs=3).epochs_for(1000) == 3
+    assert EliCalConfig(max_epochs=30).epochs_for(1000, full_set=True) == 10
     assert EliCalConfig(epochs=7).epochs_for(20_000) == 7
+    assert EliCalConfig(epochs=7).epochs_for(200, full_set=True) == 7
+
+
+def test_each_stage_plans_the_epochs_of_its_set(tiny_model_dir, tmp_path):
+    """Stage 1 trains on the full pool (10 epochs), stage 2 on a budget (50) or on the full pool (10)."""
+    train, dev = make_records(30), make_records(6, start=100)
+    config = EliCalConfig(mode="head", model=tiny_model_dir, patience=1, feature_cache=str(tmp_path / "f"))
+    budget = train_elical(train, dev, method="elical", config=config, out_dir=tmp_path / "a", budget=10)
+    assert [s.epochs_planned for s in budget.stages] == [10, 50]
+    everything = train_elical(train, dev, method="cal-only", config=config, out_dir=tmp_path / "b", budget="all")
+    assert [s.epochs_planned for s in everything.stages] == [10]
 
 
 # ------------------------------------------------------------ budgets and the dev slice

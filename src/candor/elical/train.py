@@ -10,7 +10,9 @@ pool (patience 4), never on test data. Bad input fails before any training:
 a record without the field its stage needs, a budget larger than the pool.
 
 Hyperparameters are the paper's (AdamW, lr 5e-5 for LoRA, weight decay 0.1,
-warmup 0.1, linear decay; 50 epochs up to 10k questions, 15 above) except:
+warmup 0.1, linear decay; 10 epochs for a stage on the full set, i.e. stage 1
+and stage 2 with budget ``all``, otherwise 50 up to 10k labels and 15 above)
+except:
 
 - ``head_learning_rate`` (1e-3): the paper trains the head at the LoRA rate
   (effective batch 512 on 4 GPUs, up to 50 epochs). At CPU scale (a few
@@ -51,7 +53,7 @@ from candor.contamination import read_manifest, write_manifest
 from candor.elical.features import FeatureCache
 from candor.elical.inputs import records_template
 from candor.elical.model import MODES, ConfidenceHead, HeadConfig, encode_prompts
-from candor.elical.splits import Budget, budget_size, draw_budget, parse_budget
+from candor.elical.splits import ALL, Budget, budget_size, draw_budget, parse_budget
 from candor.elical.targets import check_field, stage_target, targets
 from candor.elical.trainer import (
     BestOnDev,
@@ -72,11 +74,19 @@ logger = logging.getLogger(__name__)
 # Which stages each method runs, in order.
 METHODS: dict[str, tuple[str, ...]] = {"eli-only": ("eli",), "cal-only": ("cal",), "elical": ("eli", "cal")}
 
-# Paper: 50 epochs when N ≤ 10k, 15 above.
+# The paper's epochs (DESIGN.md §4.4; the official training scripts): 10 for a stage that trains on the
+# full set (stage 1 always, stage 2 with budget "all"), else 50 when N ≤ 10k labels and 15 above.
 SMALL_N = 10_000
-EPOCHS_SMALL, EPOCHS_LARGE = 50, 15
+EPOCHS_FULL, EPOCHS_SMALL, EPOCHS_LARGE = 10, 50, 15
 
 DEFAULT_BATCH = {"head": 32, "lora": 8}
+
+
+def paper_epochs(n: int, full_set: bool) -> int:
+    """The paper's epochs for a stage: 10 on the full set, else 50 for up to 10k labels and 15 above."""
+    if full_set:
+        return EPOCHS_FULL
+    return EPOCHS_SMALL if n <= SMALL_N else EPOCHS_LARGE
 
 
 @dataclass
@@ -119,8 +129,12 @@ class EliCalConfig:
     def train_batch_size(self) -> int:
         return self.batch_size or DEFAULT_BATCH[self.mode]
 
-    def epochs_for(self, n: int) -> int:
-        epochs = self.epochs or (EPOCHS_SMALL if n <= SMALL_N else EPOCHS_LARGE)
+    def epochs_for(self, n: int, full_set: bool = False) -> int:
+        """Epochs of a stage on ``n`` questions: ``epochs`` when set, else the paper's rule; at most ``max_epochs``.
+
+        ``full_set``: the stage trains on the whole pool (stage 1, or stage 2 with budget ``all``), not a budget.
+        """
+        epochs = self.epochs or paper_epochs(n, full_set)
         return min(epochs, self.max_epochs) if self.max_epochs else epochs
 
     def lora_settings(self) -> dict[str, Any] | None:
@@ -246,7 +260,9 @@ def train_elical(
     for stage in stages:
         records = train_records if stage == "eli" else draw_budget(pool, budget, config.seed)
         seen += [r.item.question for r in records]
-        results.append(train_stage(head, records, dev_records, stage, config, fresh=not results and not init_from))
+        fresh = not results and not init_from
+        full_set = stage == "eli" or parse_budget(budget) == ALL
+        results.append(train_stage(head, records, dev_records, stage, config, fresh=fresh, full_set=full_set))
     head.config.meta = {
         "method": method,
         "budget": budget if "cal" in stages else None,
@@ -268,16 +284,19 @@ def train_stage(
     stage: str,
     config: EliCalConfig,
     fresh: bool = True,
+    full_set: bool = False,
 ) -> StageResult:
     """Train ``head`` in place on one stage's targets with early stopping on ``dev``.
 
     ``fresh`` (a stage that does not resume another) fits the head's input
     standardization in ``head`` mode; a fresh stage, or any stage with
     ``config.recenter_bias``, starts the head's bias at the mean target.
+    ``full_set`` says ``records`` is the whole pool, not a label budget (it
+    picks the paper's epochs, see :meth:`EliCalConfig.epochs_for`).
     """
     kind = stage_target(stage, config.cal_target)
     y, y_dev = targets(records, kind, what="the training set"), targets(dev, kind, what="the dev slice")
-    epochs = config.epochs_for(len(records))
+    epochs = config.epochs_for(len(records), full_set)
     logger.info(
         "EliCal %s (%s mode): %d train, %d dev, up to %d epochs", stage, config.mode, len(records), len(dev), epochs
     )
