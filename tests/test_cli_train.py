@@ -322,3 +322,53 @@ def test_the_sweep_refuses_a_pool_that_overlaps_its_test_files(leaky_files, tmp_
     line = one_error_line(result)
     assert f"{pool}: 2 of 40 questions are also in the test files ({other}, {test})" in line
     assert "e.g. 'What is fact number 38 about toy?'" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", "x"], "--seeds: 'x' is not an integer"),
+        (["--seeds", ","], "--seeds ',': expected a comma-separated list"),
+        (["--budgets", "0"], "a label budget must be at least 1, got 0"),
+        (["--budgets", "ten"], "a label budget is a positive number or 'all', got 'ten'"),
+        (["--bootstrap", "-1", "--seeds", "0", "--budgets", "5"], "bootstrap resamples must be at least 0"),
+        (["--mode", "vibes"], "unknown EliCal mode 'vibes'"),
+    ],
+)
+def test_bad_sweep_input_is_one_line_and_exit_2(leaky_files, tmp_path, args, message):
+    _, test, _ = leaky_files
+    clean = tmp_path / "clean.jsonl"
+    write_records(clean, annotated_records(30))
+    result = CliRunner().invoke(
+        app, ["sweep", "-r", str(clean), "-t", str(test), "-o", str(tmp_path / "s"), "--model", "no-such-model", *args]
+    )
+    assert message in one_error_line(result)
+
+
+@pytest.mark.parametrize(
+    ("method", "setting", "message"),
+    [
+        ("cal-only", "no_such=1", "unknown setting 'no_such' for EliCalConfig"),
+        ("cal-only", "budget=x", "a label budget is a positive number or 'all', got 'x'"),
+        ("cal-only", "budget=0", "a label budget must be at least 1"),
+        ("cal-only", "batch_size=0", "batch_size=0 must be at least 1"),
+        ("elical", "learning_rate=-1", "learning_rate=-1.0 must be a positive number"),
+        ("eli-only", "max_epochs=-2", "max_epochs=-2 must be at least 1"),
+        ("cal-only", "warmup_ratio=2", "warmup_ratio=2.0 must be in [0, 1)"),
+        ("advice", "no_such=1", "unknown setting 'no_such' for TrainConfig"),
+        ("advice", "epochs=-1", "epochs=-1.0 must be a positive number"),
+        ("conftuner", "lora_r=0", "lora_r=0 must be at least 1"),
+        ("conftuner", "learning_rate=fast", "setting learning_rate='fast': expected float"),
+        ("advice+conftuner", "weights.brier=x", "setting weights.brier='x': expected float"),
+        ("advice", "weights.vibes=1", "unknown setting 'weights.vibes'"),
+    ],
+)
+def test_bad_train_settings_are_one_line_and_exit_2_before_any_model_loads(tmp_path, method, setting, message):
+    pool = tmp_path / "pool.jsonl"
+    write_records(pool, annotated_records(30))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["train", method, "-r", str(pool), "-o", str(out), "--model", "no-such-model", "-s", setting]
+    )
+    assert message in one_error_line(result)
+    assert not out.exists()

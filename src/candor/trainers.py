@@ -99,21 +99,23 @@ def build_config(cls: type, settings: Mapping[str, str], **fixed: Any) -> Any:
     return cls(**convert_settings(cls, settings, **fixed))
 
 
-def convert_settings(cls: type, settings: Mapping[str, str], **fixed: Any) -> dict[str, Any]:
+def convert_settings(cls: type, settings: Mapping[str, str], prefix: str = "", **fixed: Any) -> dict[str, Any]:
     """String settings converted to the types of the dataclass ``cls``'s fields, plus ``fixed``.
 
     An unknown key is an error that lists the known ones; ``fixed`` values
     (model, seed) come from the command's own options and cannot be set twice.
+    ``prefix`` is how the user spelled the keys' group (``weights.``), for messages.
     """
     fields = {f.name for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = dict(fixed)
     for key, text in settings.items():
         if key not in fields:
-            raise CandorError(f"unknown setting {key!r} for {cls.__name__}; known: {', '.join(sorted(fields))}")
+            known = ", ".join(prefix + name for name in sorted(fields))
+            raise CandorError(f"unknown setting {prefix + key!r} for {cls.__name__}; known: {known}")
         if key in fixed:
             raise CandorError(f"setting {key!r} has its own option; use --{key.replace('_', '-')}")
-        values[key] = _convert(text, hints[key], key)
+        values[key] = _convert(text, hints[key], prefix + key)
     return values
 
 
@@ -133,7 +135,8 @@ def _convert(text: str, hint: Any, key: str) -> Any:
                 return kind(text)
         except ValueError:
             continue
-    raise CandorError(f"setting {key}={text!r}: expected {hint}")
+    names = " or ".join(getattr(kind, "__name__", str(kind)) for kind in options)
+    raise CandorError(f"setting {key}={text!r}: expected {names}")
 
 
 def _boolean(text: str) -> bool:
@@ -191,7 +194,8 @@ def _verbal_finetune(method: str) -> Trainer:
         overrides = convert_settings(TrainConfig, settings, model=job.model, seed=job.seed)
         if weight_keys:
             preset = METHODS.get(method)["weights"]
-            changes = convert_settings(LossWeights, {k.removeprefix("weights."): v for k, v in weight_keys.items()})
+            changes = convert_settings(LossWeights, {k.removeprefix("weights."): v for k, v in weight_keys.items()},
+                                       prefix="weights.")  # fmt: skip
             overrides["weights"] = dataclasses.replace(preset, **changes)
         config = method_config(method, **overrides)
         result = train(config, job.read_train(), job.out, dev_records=job.read_dev(), source=job.records)

@@ -141,6 +141,61 @@ def warmup_settings(ratio: float, arguments_class: type | None = None) -> dict[s
     return {"warmup_ratio": ratio} if "warmup_ratio" in fields else {"warmup_steps": ratio}
 
 
+# ------------------------------------------------------------------ checks
+
+
+def _positive(value: Any) -> bool:
+    return value > 0
+
+
+def _at_least_one(value: Any) -> bool:
+    return value >= 1
+
+
+def _not_negative(value: Any) -> bool:
+    return value >= 0
+
+
+def _fraction(value: Any) -> bool:
+    return 0 <= value < 1
+
+
+# What each shared hyperparameter name must be; a config field of that name is checked by it.
+SETTING_RULES: dict[str, tuple[Any, str]] = {
+    "learning_rate": (_positive, "a positive number"),
+    "head_learning_rate": (_not_negative, "at least 0"),  # 0 freezes the head
+    "epochs": (_positive, "a positive number"),
+    "max_epochs": (_at_least_one, "at least 1"),
+    "batch_size": (_at_least_one, "at least 1"),
+    "eval_batch_size": (_at_least_one, "at least 1"),
+    "gradient_accumulation": (_at_least_one, "at least 1"),
+    "patience": (_at_least_one, "at least 1"),
+    "max_examples": (_at_least_one, "at least 1"),
+    "lora_r": (_at_least_one, "at least 1"),
+    "lora_alpha": (_positive, "a positive number"),
+    "lora_dropout": (_fraction, "in [0, 1)"),
+    "warmup_ratio": (_fraction, "in [0, 1)"),
+    "weight_decay": (_not_negative, "at least 0"),
+    "extra_samples": (_not_negative, "at least 0"),
+    "extra_rounds": (_not_negative, "at least 0"),
+    "logging_steps": (_not_negative, "at least 0"),
+}
+
+
+def check_settings(config: Any) -> None:
+    """Raise a :class:`CandorError` for the first field of the dataclass ``config`` outside its range.
+
+    Fields set to ``None`` (take the default) pass. Without this, a batch size
+    of 0 or a negative learning rate would train quietly, or fail deep inside
+    transformers or peft with a traceback.
+    """
+    for item in dataclasses.fields(config):
+        rule = SETTING_RULES.get(item.name)
+        value = getattr(config, item.name)
+        if rule is not None and value is not None and not rule[0](value):
+            raise CandorError(f"{type(config).__name__}: {item.name}={value!r} must be {rule[1]}")
+
+
 # ------------------------------------------------------------------ cost
 
 

@@ -54,7 +54,7 @@ from candor.data.splits import seeded_shuffle
 from candor.errors import CandorError
 from candor.records import Record
 from candor.registry import Registry
-from candor.training import ATTENTION_PROJECTIONS, QUERY_VALUE, ResourceMeter, RunCost
+from candor.training import ATTENTION_PROJECTIONS, QUERY_VALUE, ResourceMeter, RunCost, check_settings
 from candor.verbal_formats import get_format
 
 logger = logging.getLogger(__name__)
@@ -103,8 +103,7 @@ class TrainConfig:
             get_format(name)  # unknown formats fail here
         if self.data == "answers" and self.weights.pairwise:
             raise CandorError(f"{self.method}: the pairwise loss terms (jsd, margin, sum) need pair data")
-        if self.max_examples is not None and self.max_examples < 1:
-            raise CandorError(f"max_examples must be at least 1, got {self.max_examples}")
+        check_settings(self)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

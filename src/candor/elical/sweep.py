@@ -107,6 +107,10 @@ def run_sweep(
     """
     config = config or EliCalConfig()
     budgets = [parse_budget(b) for b in budgets]
+    if bootstrap < 0:
+        raise CandorError(f"bootstrap resamples must be at least 0, got {bootstrap}")
+    if not seeds or not budgets:
+        raise CandorError("the sweep needs at least one seed and one budget")
     _validate(data, config, budgets, methods)
     out_dir = Path(out_dir)
     if config.mode == "head" and (model is None or tokenizer is None):

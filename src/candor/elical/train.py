@@ -67,7 +67,7 @@ from candor.elical.trainer import (
 from candor.errors import CandorError
 from candor.prompts import TokenizerChat
 from candor.records import Record
-from candor.training import ALL_PROJECTIONS, ResourceMeter, training_arguments
+from candor.training import ALL_PROJECTIONS, ResourceMeter, check_settings, training_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +122,7 @@ class EliCalConfig:
         if self.mode not in MODES:
             raise CandorError(f"unknown EliCal mode {self.mode!r}; known: {', '.join(MODES)}")
         stage_target("cal", self.cal_target)
-        if self.patience < 1:
-            raise CandorError(f"patience must be at least 1, got {self.patience}")
+        check_settings(self)
 
     @property
     def train_batch_size(self) -> int:
