@@ -293,11 +293,11 @@ def test_train_end_to_end_writes_an_adapter_for_every_format(tiny_dir, tmp_path)
     assert is_trained(out) and (out / DONE_MARKER).exists() and (out / "adapter_config.json").exists()
     assert len((out / "triplets.jsonl").read_text().splitlines()) == 6
     saved = load_result(out)
-    assert saved["n_examples"] == 12 and saved["triplet_stats"]["from_samples"] == 6
+    assert saved["n_train"] == 12 and saved["triplet_stats"]["from_samples"] == 6
     assert saved["cost"]["wall_s"] > 0 and saved["cost"]["peak_rss_mib"] > 0
     steps = [h for h in saved["history"] if "loss" in h]
     assert len(steps) == 3 and all("loss_jsd" in h and "loss_lm" in h for h in steps)
-    assert saved["config"]["weights"]["jsd"] == 1.0 and result.n_examples == 12
+    assert saved["config"]["weights"]["jsd"] == 1.0 and result.n_train == 12
     backend = HFBackend.from_pretrained(str(tiny_dir), adapter=str(out), device="cpu")
     records = make_records()[:3]
     for fmt in ("letter", "number", "text", "float", "percent"):  # three formats unseen in training

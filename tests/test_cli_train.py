@@ -229,7 +229,7 @@ def test_cli_train_advice_with_an_ablation_setting_gives_a_loadable_adapter(tiny
     assert read_manifest(out) == fingerprints(f"Which colour is item {i}?" for i in (0, 2, 4, 6))
     saved = json.loads((out / "training.json").read_text())
     assert saved["config"]["weights"]["sum"] == 0.0 and saved["config"]["weights"]["jsd"] == 1.0
-    assert saved["config"]["formats"] == ["number"] and saved["n_examples"] == 4
+    assert saved["config"]["formats"] == ["number"] and saved["n_train"] == 4
     conf = tmp_path / "conf.jsonl"
     scored = CliRunner().invoke(
         app,
@@ -355,12 +355,13 @@ def test_bad_sweep_input_is_one_line_and_exit_2(leaky_files, tmp_path, args, mes
         ("elical", "learning_rate=-1", "learning_rate=-1.0 must be a positive number"),
         ("eli-only", "max_epochs=-2", "max_epochs=-2 must be at least 1"),
         ("cal-only", "warmup_ratio=2", "warmup_ratio=2.0 must be in [0, 1)"),
-        ("advice", "no_such=1", "unknown setting 'no_such' for TrainConfig"),
+        ("advice", "no_such=1", "unknown setting 'no_such' for AdviceConfig"),
         ("advice", "epochs=-1", "epochs=-1.0 must be a positive number"),
         ("conftuner", "lora_r=0", "lora_r=0 must be at least 1"),
         ("conftuner", "learning_rate=fast", "setting learning_rate='fast': expected float"),
         ("advice+conftuner", "weights.brier=x", "setting weights.brier='x': expected float"),
         ("advice", "weights.vibes=1", "unknown setting 'weights.vibes'"),
+        ("conftuner", "method=advice", "not by a 'method' setting"),
     ],
 )
 def test_bad_train_settings_are_one_line_and_exit_2_before_any_model_loads(tmp_path, method, setting, message):
@@ -372,3 +373,13 @@ def test_bad_train_settings_are_one_line_and_exit_2_before_any_model_loads(tmp_p
     )
     assert message in one_error_line(result)
     assert not out.exists()
+
+
+def test_each_verbal_method_has_its_own_config_class():
+    from candor.advice import AdviceConfig, ConfTunerConfig, method_config
+
+    assert type(method_config("advice")) is AdviceConfig and type(method_config("conftuner")) is ConfTunerConfig
+    both = method_config("advice+conftuner")
+    assert type(both) is AdviceConfig and both.method == "advice+conftuner" and both.weights.brier == 1.0
+    with pytest.raises(CandorError, match="not by a 'method' setting"):
+        method_config("conftuner", method="advice")

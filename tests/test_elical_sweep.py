@@ -11,9 +11,9 @@ from helpers import annotated_records
 from sklearn.metrics import roc_auc_score
 
 from candor.contamination import fingerprints, read_manifest
+from candor.elical import EliCalConfig
 from candor.elical.curve import fast_auroc, summarize_column
 from candor.elical.sweep import SweepData, run_sweep
-from candor.elical.train import EliCalConfig
 from candor.errors import CandorError
 from candor.metrics import alignment, ece
 

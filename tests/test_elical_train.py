@@ -159,7 +159,7 @@ def test_stage_two_updates_the_lora_weights_it_resumes(tiny_model_dir, tmp_path)
     changed = [k for k in stage1 if not torch.allclose(stage1[k], stage2[k])]
     assert changed and any("lora_A" in k for k in changed) and any("lora_B" in k for k in changed)
     assert [s.name for s in cal.stages] == ["cal"] and cal.n_train == 12
-    assert not torch.allclose(eli.head.head.linear.weight, cal.head.head.linear.weight)
+    assert not torch.allclose(eli.model.head.linear.weight, cal.model.head.linear.weight)
 
 
 def test_elical_runs_both_stages_and_records_each(tiny_model_dir, tmp_path):
@@ -314,7 +314,7 @@ def test_stage_two_keeps_the_stage_one_weights_and_recentres_only_the_bias(tiny_
     cal = train_elical(
         train, dev, method="elical", init_from=tmp_path / "eli", budget=12, config=frozen, out_dir=tmp_path / "cal"
     )
-    before, after = eli.head.head, cal.head.head
+    before, after = eli.model.head, cal.model.head
     torch.testing.assert_close(after.linear.weight, before.linear.weight)
     torch.testing.assert_close(after.mean, before.mean)  # the stage-1 standardization is kept
     mean_target = float(targets(draw_budget(train, 12, seed=0), "soft").mean())

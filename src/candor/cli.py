@@ -285,15 +285,14 @@ def train_command(
     ] = None,
 ) -> None:
     """Train a confidence method and save it (a head for EliCal, a LoRA adapter for ADVICE/ConfTuner)."""
-    from candor.trainers import TrainJob, parse_settings, train
+    from candor.trainers import TrainJob, parse_settings, run_training
 
     job = TrainJob(records=records, out=out, model=model, dev=dev, seed=seed, settings=parse_settings(setting or []),
                    tests=list(test or []))  # fmt: skip
-    summary = train(method, job)
-    cost = summary.get("cost", {})
+    result = run_training(method, job)
     typer.echo(
-        f"{method}: saved to {summary['path']} ({cost.get('wall_s', float('nan')):.0f} s, "
-        f"peak {cost.get('peak_rss_mib', float('nan')):.0f} MiB)"
+        f"{method}: saved to {result.path} ({result.cost.get('wall_s', float('nan')):.0f} s, "
+        f"peak {result.cost.get('peak_rss_mib', float('nan')):.0f} MiB)"
     )
 
 

@@ -2,7 +2,8 @@
 
 Each entry of :data:`TRAINERS` turns a :class:`TrainJob` (records files, output
 folder, model, seed and ``KEY=VALUE`` settings for the method's config
-dataclass) into a saved, reloadable artifact and returns a short summary.
+dataclass) into a saved, reloadable artifact and returns its
+:class:`~candor.training.TrainResult`.
 Adding a method is one function and one decorator; the CLI never changes.
 """
 
@@ -21,6 +22,7 @@ from candor.errors import CandorError
 from candor.leakage import TestQuestions
 from candor.records import Record, read_records
 from candor.registry import Registry
+from candor.training import TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +68,12 @@ class TrainJob:
             guard.refuse_overlap((r.item.question for r in dev), str(self.dev))
 
 
-Trainer = Callable[[TrainJob], dict[str, Any]]
+Trainer = Callable[[TrainJob], TrainResult]
 TRAINERS: Registry[Trainer] = Registry("training method")
 
 
-def train(method: str, job: TrainJob) -> dict[str, Any]:
-    """Run the named method on ``job``; returns its summary (path, sizes, cost).
+def run_training(method: str, job: TrainJob) -> TrainResult:
+    """Run the named method on ``job``; returns what it saved, sizes and cost.
 
     Nothing trains when the job's pool or dev file overlaps its test files.
     """
@@ -152,7 +154,7 @@ def _boolean(text: str) -> bool:
 
 
 def _elical(method: str) -> Trainer:
-    def run(job: TrainJob) -> dict[str, Any]:
+    def run(job: TrainJob) -> TrainResult:
         from candor.backends.default_model import cache_root
         from candor.elical import EliCalConfig, carve_dev, parse_budget, train_elical
 
@@ -166,12 +168,10 @@ def _elical(method: str) -> Trainer:
         if dev is None:
             pool, dev = carve_dev(pool, seed=job.seed)
             logger.info("no --dev file: carved a dev slice of %d records from the training pool", len(dev))
-        result = train_elical(
+        return train_elical(
             pool, dev, method=method, config=config, out_dir=job.out, budget=budget, init_from=init_from,
             source=job.records, dev_source=job.dev if job.dev is not None else f"dev slice carved from {job.records}",
         )
-        return {"path": str(result.path), "method": method, "budget": result.budget,
-                "n_train": result.n_train, "n_dev": result.n_dev, "cost": result.cost}
 
     return run
 
@@ -184,23 +184,20 @@ for _method in ("elical", "eli-only", "cal-only"):
 
 
 def _verbal_finetune(method: str) -> Trainer:
-    def run(job: TrainJob) -> dict[str, Any]:
+    def run(job: TrainJob) -> TrainResult:
         from candor.advice import LossWeights, method_config, train
-        from candor.advice.train import METHODS, TrainConfig
 
         settings = dict(job.settings)
         # weights.jsd=0 etc. adjust the method's preset loss weights (ablations).
         weight_keys = {k: settings.pop(k) for k in list(settings) if k.startswith("weights.")}
-        overrides = convert_settings(TrainConfig, settings, model=job.model, seed=job.seed)
+        preset = method_config(method)
+        overrides = convert_settings(type(preset), settings, model=job.model, seed=job.seed)
         if weight_keys:
-            preset = METHODS.get(method)["weights"]
             changes = convert_settings(LossWeights, {k.removeprefix("weights."): v for k, v in weight_keys.items()},
                                        prefix="weights.")  # fmt: skip
-            overrides["weights"] = dataclasses.replace(preset, **changes)
+            overrides["weights"] = dataclasses.replace(preset.weights, **changes)
         config = method_config(method, **overrides)
-        result = train(config, job.read_train(), job.out, dev_records=job.read_dev(), source=job.records)
-        return {"path": str(result.adapter_dir), "method": method, "n_examples": result.n_examples,
-                "cost": result.cost.as_dict()}
+        return train(config, job.read_train(), job.out, dev_records=job.read_dev(), source=job.records)
 
     return run
 

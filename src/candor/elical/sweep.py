@@ -31,13 +31,15 @@ import numpy as np
 import torch
 
 from candor.contamination import MANIFEST_NAME
+from candor.elical.config import EliCalConfig
 from candor.elical.curve import plot_curve, summarize_column
 from candor.elical.splits import ALL, Budget, budget_size, check_disjoint, parse_budget
 from candor.elical.targets import check_field, stage_target, targets
-from candor.elical.train import METHODS, EliCalConfig, TrainResult, head_features, train_elical
+from candor.elical.train import STAGES, head_features, train_elical
 from candor.errors import CandorError
 from candor.leakage import TestQuestions
 from candor.records import Record
+from candor.training import TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +237,7 @@ class _Runner:
         )
 
     def _predict(self, result: TrainResult) -> np.ndarray:
-        head = result.head
+        head = result.model
         assert head is not None
         records = self.data.test_records()
         if self.config.mode == "lora":
@@ -258,7 +260,7 @@ class _Runner:
 
 def _validate(data: SweepData, config: EliCalConfig, budgets: Sequence[Budget], methods: Sequence[str]) -> None:
     """Fail before training: unknown methods, overlap with test, missing fields, budgets over the pool."""
-    unknown = [m for m in methods if m not in METHODS or m == "eli-only"]
+    unknown = [m for m in methods if m not in STAGES or m == "eli-only"]
     if unknown:
         raise CandorError(f"sweep methods are 'cal-only' and 'elical' (Eli-Only runs once per seed); got {unknown}")
     if not data.tests:

@@ -41,18 +41,19 @@ import logging
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from candor.backends.default_model import DEFAULT_MODEL
 from candor.contamination import read_manifest, write_manifest
+from candor.cost import ResourceMeter
+from candor.elical.config import EliCalConfig
 from candor.elical.features import FeatureCache
 from candor.elical.inputs import records_template
-from candor.elical.model import MODES, ConfidenceHead, HeadConfig, encode_prompts
+from candor.elical.model import ConfidenceHead, HeadConfig, encode_prompts
 from candor.elical.splits import ALL, Budget, budget_size, draw_budget, parse_budget
 from candor.elical.targets import check_field, stage_target, targets
 from candor.elical.trainer import (
@@ -67,93 +68,12 @@ from candor.elical.trainer import (
 from candor.errors import CandorError
 from candor.prompts import TokenizerChat
 from candor.records import Record
-from candor.training import ALL_PROJECTIONS, ResourceMeter, check_settings, training_arguments
+from candor.training import TrainResult, training_arguments
 
 logger = logging.getLogger(__name__)
 
 # Which stages each method runs, in order.
-METHODS: dict[str, tuple[str, ...]] = {"eli-only": ("eli",), "cal-only": ("cal",), "elical": ("eli", "cal")}
-
-# The paper's epochs (DESIGN.md §4.4; the official training scripts): 10 for a stage that trains on the
-# full set (stage 1 always, stage 2 with budget "all"), else 50 when N ≤ 10k labels and 15 above.
-SMALL_N = 10_000
-EPOCHS_FULL, EPOCHS_SMALL, EPOCHS_LARGE = 10, 50, 15
-
-DEFAULT_BATCH = {"head": 32, "lora": 8}
-
-
-def paper_epochs(n: int, full_set: bool) -> int:
-    """The paper's epochs for a stage: 10 on the full set, else 50 for up to 10k labels and 15 above."""
-    if full_set:
-        return EPOCHS_FULL
-    return EPOCHS_SMALL if n <= SMALL_N else EPOCHS_LARGE
-
-
-@dataclass
-class EliCalConfig:
-    """Settings of one EliCal training run; ``None`` fields take the mode's default."""
-
-    mode: str = "head"
-    model: str = DEFAULT_MODEL
-    template: str = "auto"
-    layer: int = -1
-    cal_target: str = "soft"
-    learning_rate: float = 5e-5
-    head_learning_rate: float = 1e-3
-    weight_decay: float = 0.1
-    warmup_ratio: float = 0.1
-    epochs: int | None = None
-    max_epochs: int | None = None
-    batch_size: int | None = None
-    eval_batch_size: int = 32
-    gradient_accumulation: int = 1
-    patience: int = 4
-    recenter_bias: bool = True
-    seed: int = 0
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_targets: tuple[str, ...] = ALL_PROJECTIONS
-    feature_cache: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise CandorError(f"unknown EliCal mode {self.mode!r}; known: {', '.join(MODES)}")
-        stage_target("cal", self.cal_target)
-        check_settings(self)
-
-    @property
-    def train_batch_size(self) -> int:
-        return self.batch_size or DEFAULT_BATCH[self.mode]
-
-    def epochs_for(self, n: int, full_set: bool = False) -> int:
-        """Epochs of a stage on ``n`` questions: ``epochs`` when set, else the paper's rule; at most ``max_epochs``.
-
-        ``full_set``: the stage trains on the whole pool (stage 1, or stage 2 with budget ``all``), not a budget.
-        """
-        epochs = self.epochs or paper_epochs(n, full_set)
-        return min(epochs, self.max_epochs) if self.max_epochs else epochs
-
-    def lora_settings(self) -> dict[str, Any] | None:
-        if self.mode != "lora":
-            return None
-        return {
-            "r": self.lora_r,
-            "alpha": self.lora_alpha,
-            "dropout": self.lora_dropout,
-            "targets": list(self.lora_targets),
-        }
-
-    def fingerprint(self) -> dict[str, Any]:
-        """The settings that change results (not where files go or which device runs them)."""
-        out = asdict(self)
-        for key in ("feature_cache", "device"):
-            out.pop(key)
-        out["lora_targets"] = list(self.lora_targets)
-        return out
-
+STAGES: dict[str, tuple[str, ...]] = {"eli-only": ("eli",), "cal-only": ("cal",), "elical": ("eli", "cal")}
 
 @dataclass
 class StageResult:
@@ -172,44 +92,16 @@ class StageResult:
     cost: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class TrainResult:
-    """What :func:`train_elical` made: the saved head's folder and each stage's record."""
-
-    path: Path
-    method: str
-    budget: Budget | None
-    stages: list[StageResult]
-    head: ConfidenceHead | None = field(default=None, repr=False)
-
-    @property
-    def cost(self) -> dict[str, float]:
-        """Wall time summed over stages; peak memory as the largest stage peak."""
-        out = {
-            "wall_s": round(sum(s.cost.get("wall_s", 0.0) for s in self.stages), 2),
-            "peak_rss_mib": max((s.cost.get("peak_rss_mib", 0.0) for s in self.stages), default=0.0),
-        }
-        gpu = [s.cost["peak_gpu_mib"] for s in self.stages if "peak_gpu_mib" in s.cost]
-        if gpu:
-            out["peak_gpu_mib"] = max(gpu)
-        return out
-
-    @property
-    def n_train(self) -> int:
-        return self.stages[-1].n_train
-
-    @property
-    def n_dev(self) -> int:
-        return self.stages[-1].n_dev
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": str(self.path),
-            "method": self.method,
-            "budget": self.budget,
-            "cost": self.cost,
-            "stages": [asdict(s) for s in self.stages],
-        }
+def stages_cost(stages: Sequence[StageResult]) -> dict[str, float]:
+    """Wall time summed over stages; peak memory as the largest stage peak."""
+    out = {
+        "wall_s": round(sum(s.cost.get("wall_s", 0.0) for s in stages), 2),
+        "peak_rss_mib": max((s.cost.get("peak_rss_mib", 0.0) for s in stages), default=0.0),
+    }
+    gpu = [s.cost["peak_gpu_mib"] for s in stages if "peak_gpu_mib" in s.cost]
+    if gpu:
+        out["peak_gpu_mib"] = max(gpu)
+    return out
 
 
 def train_elical(
@@ -271,7 +163,10 @@ def train_elical(
     path = head.save_pretrained(out_dir)
     sources = [str(s) for s in (source, dev_source, init_from) if s is not None]
     write_manifest(path, seen, sources, inherited=_resumed_questions(init_from))
-    result = TrainResult(path, method, budget if "cal" in stages else None, results, head)
+    result = TrainResult(
+        path=path, method=method, n_train=results[-1].n_train, n_dev=results[-1].n_dev, cost=stages_cost(results),
+        config=config.fingerprint(), stages=results, budget=budget if "cal" in stages else None, model=head,
+    )  # fmt: skip
     (path / "training.json").write_text(_json(result.to_dict()))
     return result
 
@@ -351,9 +246,9 @@ def head_features(head: ConfidenceHead, prompts: Sequence[str], cache_root: str 
 
 
 def _stages(method: str, init_from: str | Path | None) -> tuple[str, ...]:
-    if method not in METHODS:
-        raise CandorError(f"unknown EliCal method {method!r}; known: {', '.join(METHODS)}")
-    stages = METHODS[method]
+    if method not in STAGES:
+        raise CandorError(f"unknown EliCal method {method!r}; known: {', '.join(STAGES)}")
+    stages = STAGES[method]
     if init_from is not None:
         if method != "elical":
             raise CandorError(f"init_from resumes a stage-1 head for 'elical'; it makes no sense for {method!r}")
