@@ -101,4 +101,6 @@ class EliCalConfig:
         for key in ("feature_cache", "device"):
             out.pop(key)
         out["lora_targets"] = list(self.lora_targets)
+        if self.epochs is None:  # the rule decides the epochs, so it keys cached runs too
+            out["epoch_rule"] = {"full": EPOCHS_FULL, "up_to": SMALL_N, "small": EPOCHS_SMALL, "large": EPOCHS_LARGE}
         return out
