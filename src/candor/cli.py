@@ -317,7 +317,7 @@ def sweep(
     """EliCal's label-budget curve: Cal-Only and EliCal at each budget and seed (AUROC, ECE, Alignment)."""
     from candor.elical import EliCalConfig, carve_dev, parse_budget
     from candor.elical.sweep import SweepData, run_sweep
-    from candor.leakage import TestQuestions
+    from candor.leakage import HeldOutQuestions
     from candor.records import read_records
 
     budget_list = [parse_budget(b) for b in _comma_list(budgets, "--budgets")]
@@ -327,7 +327,7 @@ def sweep(
     for path in test:
         for rec in read_records(path):
             tests.setdefault(rec.item.dataset, []).append(rec)
-    guard = TestQuestions.of((r.item.question for recs in tests.values() for r in recs), [str(p) for p in test])
+    guard = HeldOutQuestions.of((r.item.question for recs in tests.values() for r in recs), [str(p) for p in test])
     pool = read_records(records)
     guard.refuse_overlap((r.item.question for r in pool), str(records))
     dev_records = read_records(dev) if dev is not None else None

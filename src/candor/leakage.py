@@ -54,21 +54,21 @@ def _is_records_file(path: Path) -> bool:
 
 
 @dataclass
-class TestQuestions:
+class HeldOutQuestions:
     """The fingerprints of every question in the test files a trainer was given."""
 
     sources: list[str] = field(default_factory=list)
     prints: set[str] = field(default_factory=set)
 
     @classmethod
-    def read(cls, sources: Sequence[str | Path], data_dir: str | Path | None = None) -> TestQuestions:
+    def read(cls, sources: Sequence[str | Path], data_dir: str | Path | None = None) -> HeldOutQuestions:
         prints: set[str] = set()
         for source in sources:
             prints |= fingerprints(read_questions(source, data_dir))
         return cls([str(s) for s in sources], prints)
 
     @classmethod
-    def of(cls, questions: Iterable[str], sources: Sequence[str] = ()) -> TestQuestions:
+    def of(cls, questions: Iterable[str], sources: Sequence[str] = ()) -> HeldOutQuestions:
         return cls(list(sources), fingerprints(questions))
 
     def refuse_overlap(self, questions: Iterable[str], what: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from candor.errors import CandorError
-from candor.leakage import TestQuestions
+from candor.leakage import HeldOutQuestions
 from candor.records import Record, read_records
 from candor.registry import Registry
 from candor.training import TrainResult
@@ -61,7 +61,7 @@ class TrainJob:
         if not self.tests:
             logger.info("no --test files: the training pool is not checked against test questions")
             return
-        guard = TestQuestions.read(self.tests)
+        guard = HeldOutQuestions.read(self.tests)
         guard.refuse_overlap((r.item.question for r in self.read_train()), str(self.records))
         dev = self.read_dev()
         if dev is not None:

@@ -37,7 +37,7 @@ from candor.elical.splits import ALL, Budget, budget_size, check_disjoint, parse
 from candor.elical.targets import check_field, stage_target, targets
 from candor.elical.train import STAGES, head_features, train_elical
 from candor.errors import CandorError
-from candor.leakage import TestQuestions
+from candor.leakage import HeldOutQuestions
 from candor.records import Record
 from candor.training import TrainResult
 
@@ -269,7 +269,7 @@ def _validate(data: SweepData, config: EliCalConfig, budgets: Sequence[Budget], 
     if missing_roles:
         raise CandorError(f"test sets {missing_roles} need a role, 'id' or 'ood'")
     tests = data.test_records()
-    guard = TestQuestions.of(r.item.question for r in tests)
+    guard = HeldOutQuestions.of(r.item.question for r in tests)
     guard.refuse_overlap((r.item.question for r in data.train), "the training pool")
     guard.refuse_overlap((r.item.question for r in data.dev), "the dev slice")
     check_disjoint(data.train, tests, "training")  # also refuses a shared id
