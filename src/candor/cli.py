@@ -329,16 +329,21 @@ def train_command(
         list[str] | None,
         typer.Option("--set", "-s", help="Method setting KEY=VALUE, e.g. mode=lora, budget=1000, learning_rate=1e-4."),
     ] = None,
+    test: Annotated[
+        list[str] | None,
+        typer.Option("--test", "-t", help="Test file (records, QA file or dataset name; repeatable): "
+                     "training refuses a pool or dev file that shares a question with it."),
+    ] = None,
 ) -> None:
     """Train a confidence method and save it (a head for EliCal, a LoRA adapter for ADVICE/ConfTuner)."""
-    from candor.trainers import TrainJob, parse_settings, train
+    from candor.trainers import TrainJob, parse_settings, run_training
 
-    job = TrainJob(records=records, out=out, model=model, dev=dev, seed=seed, settings=parse_settings(setting or []))
-    summary = train(method, job)
-    cost = summary.get("cost", {})
+    job = TrainJob(records=records, out=out, model=model, dev=dev, seed=seed, settings=parse_settings(setting or []),
+                   tests=list(test or []))  # fmt: skip
+    result = run_training(method, job)
     typer.echo(
-        f"{method}: saved to {summary['path']} ({cost.get('wall_s', float('nan')):.0f} s, "
-        f"peak {cost.get('peak_rss_mib', float('nan')):.0f} MiB)"
+        f"{method}: saved to {result.path} ({result.cost.get('wall_s', float('nan')):.0f} s, "
+        f"peak {result.cost.get('peak_rss_mib', float('nan')):.0f} MiB)"
     )
 
 
@@ -346,7 +351,9 @@ def train_command(
 @user_errors
 def sweep(
     records: Annotated[Path, typer.Option("--records", "-r", help="Training pool records JSONL.")],
-    test: Annotated[Path, typer.Option("--test", "-t", help="Test records JSONL (one or more datasets).")],
+    test: Annotated[
+        list[Path], typer.Option("--test", "-t", help="Test records JSONL (one or more datasets; repeatable).")
+    ],
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for heads, curve.json and the plot.")],
     dev: Annotated[Path | None, typer.Option(help="Dev records (default: carved from --records).")] = None,
     budgets: Annotated[str, typer.Option(help="Comma-separated label budgets; 'all' = the whole pool.")] = (
@@ -361,32 +368,56 @@ def sweep(
     """EliCal's label-budget curve: Cal-Only and EliCal at each budget and seed (AUROC, ECE, Alignment)."""
     from candor.elical import EliCalConfig, carve_dev, parse_budget
     from candor.elical.sweep import SweepData, run_sweep
+    from candor.leakage import HeldOutQuestions
     from candor.records import read_records
 
+    budget_list = [parse_budget(b) for b in _comma_list(budgets, "--budgets")]
+    seed_list = [_integer(s, "--seeds") for s in _comma_list(seeds, "--seeds")]
+    config = EliCalConfig(mode=mode, model=model, feature_cache=str(out_dir / "features"))
+    tests: dict[str, list] = {}
+    for path in test:
+        for rec in read_records(path):
+            tests.setdefault(rec.item.dataset, []).append(rec)
+    guard = HeldOutQuestions.of((r.item.question for recs in tests.values() for r in recs), [str(p) for p in test])
     pool = read_records(records)
+    guard.refuse_overlap((r.item.question for r in pool), str(records))
     dev_records = read_records(dev) if dev is not None else None
     if dev_records is None:
         pool, dev_records = carve_dev(pool)
-    tests: dict[str, list] = {}
-    for rec in read_records(test):
-        tests.setdefault(rec.item.dataset, []).append(rec)
+    else:
+        guard.refuse_overlap((r.item.question for r in dev_records), str(dev))
     ood_names = {n.strip() for n in ood.split(",") if n.strip()}
     unknown = ood_names - set(tests)
     if unknown:
-        raise CandorError(f"--ood {', '.join(sorted(unknown))}: not a dataset in {test} ({', '.join(tests)})")
+        files = ", ".join(str(p) for p in test)
+        raise CandorError(f"--ood {', '.join(sorted(unknown))}: not a dataset in {files} ({', '.join(tests)})")
     roles = {d: ("ood" if d in ood_names else "id") for d in tests}
     summary = run_sweep(
         SweepData(pool, dev_records, tests, roles),
         out_dir=out_dir,
-        config=EliCalConfig(mode=mode, model=model, feature_cache=str(out_dir / "features")),
-        budgets=[parse_budget(b) for b in budgets.split(",") if b.strip()],
-        seeds=[int(s) for s in seeds.split(",") if s.strip()],
+        config=config,
+        budgets=budget_list,
+        seeds=seed_list,
         bootstrap=bootstrap,
     )
     for name, entry in summary["methods"].items():
         cells = [f"{g.upper()} AUROC {100 * entry[g]['auroc']:5.1f}" for g in ("id", "ood") if g in entry]
         typer.echo(f"{name:>20}  " + "  ".join(cells))
     typer.echo(f"curve: {out_dir / 'curve.json'}, plot: {out_dir / 'budget_curve.png'}")
+
+
+def _comma_list(text: str, option: str) -> list[str]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise CandorError(f"{option} {text!r}: expected a comma-separated list, e.g. 0,1,2")
+    return parts
+
+
+def _integer(text: str, option: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise CandorError(f"{option}: {text!r} is not an integer") from None
 
 
 @app.command()
