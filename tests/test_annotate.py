@@ -50,6 +50,8 @@ def comparable(records) -> list[dict]:
         d["provenance"] = {k: v for k, v in d["provenance"].items() if k != "shard"}
         for comp in [d["greedy"], *d["samples"]]:
             comp["logprobs"] = [round(x, 4) for x in comp["logprobs"]]
+            # Top-k alternatives: the same tokens (their log-probs move by ~1e-6 like the others).
+            comp["top_logprobs"] = [sorted(pos) for pos in comp.get("top_logprobs", [])]
         out.append(d)
     return out
 
