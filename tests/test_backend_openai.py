@@ -145,9 +145,11 @@ def test_logprob_estimators_refuse_and_black_box_ones_run(remote) -> None:
     records = annotated_records(2)
     with pytest.raises(CandorError, match="p-true.*next_token_logprobs"):
         score_records(records, ["self-consistency", "p-true"], remote, progress=False)
-    table = score_records(records, ["verbal-number"], remote, progress=False)
+    options = {"self-consistency": {"m": 2, "max_new_tokens": 8}}
+    table = score_records(records, ["verbal-number", "self-consistency"], remote, progress=False, options=options)
     allowed = {round(i / 9, 6) for i in range(10)} | {0.5}
     assert {round(row.confidence["verbal-number"], 6) for row in table.rows} <= allowed
+    assert {row.confidence["self-consistency"] for row in table.rows} <= {0.0, 0.5, 1.0}
 
 
 @needs_serve

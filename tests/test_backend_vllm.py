@@ -82,3 +82,64 @@ def test_score_and_next_token_logprobs_equal_hf(vllm_out, hf, worker) -> None:
     ids = vllm_out["token_ids"]
     assert ids == [hf.tokenize(t)[0] for t in worker.TOKENS]
     np.testing.assert_allclose(vllm_out["next"], hf.next_token_logprobs(worker.PROMPTS, ids), atol=TOLERANCE)
+
+
+def test_candidate_scoring_for_verbalized_formats_equals_hf(vllm_out, hf, worker) -> None:
+    from candor.backends.prefix_scoring import candidate_distribution
+
+    expected = candidate_distribution(hf, worker.PROMPTS, worker.LABELS)
+    np.testing.assert_allclose(vllm_out["labels"], expected, atol=TOLERANCE)
+
+
+# ---------------------------------------------------------------- the openai backend on a vLLM server (grey box)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(smollm_dir, tmp_path_factory):
+    """vLLM's OpenAI-compatible server on the embedded model (float32, raw log-probs) on a free port."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm_dir), "--port", str(port),
+           "--max-model-len", "512", "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "raw_logprobs"]
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "vLLM server not healthy in 600 s"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(2)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_openai_backend_on_a_vllm_server_gives_n_and_logprobs_equal_to_hf(vllm_server, smollm_dir, hf, worker):
+    from candor.backends.base import LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOP_LOGPROBS, SamplingParams
+    from candor.backends.openai import SAMPLES_N, OpenAIBackend
+
+    remote = OpenAIBackend(str(smollm_dir), base_url=vllm_server, tokenizer=str(smollm_dir))
+    assert {SAMPLES_N, LOGPROBS, TOP_LOGPROBS, SCORE, NEXT_TOKEN_LOGPROBS} <= remote.capabilities
+    params = SamplingParams(max_new_tokens=8, stop=("\n",))
+    theirs = remote.generate(worker.PROMPTS, 3, params, greedy=True, seeds=[1, 2, 3])
+    mine = hf.generate(worker.PROMPTS, 0, params, greedy=True)
+    for t, m in zip(theirs, mine, strict=True):
+        assert t.greedy.text == m.greedy.text
+        np.testing.assert_allclose(t.greedy.logprobs, m.greedy.logprobs, atol=TOLERANCE)
+        assert len(t.samples) == 3 and all(len(s.top_logprobs) == len(s.logprobs) for s in t.samples)
+    for a, b in zip(remote.score(worker.PROMPTS, worker.CONTINUATIONS), hf.score(worker.PROMPTS, worker.CONTINUATIONS),
+                    strict=True):
+        np.testing.assert_allclose(a, b, atol=TOLERANCE)

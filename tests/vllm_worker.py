@@ -18,9 +18,11 @@ PROMPTS = [
 ]
 CONTINUATIONS = [" William Shakespeare", " Rome", " Paris."]
 TOKENS = ["A", " A", "B", " B"]
+LABELS = ["0", "5", "9", "10"]  # verbalized-format labels; " 10" is two tokens, so scored as continuations
 
 
 def main(out: str) -> None:
+    from candor.backends.prefix_scoring import candidate_distribution
     from candor.backends.vllm import VLLMBackend
 
     backend = VLLMBackend.from_pretrained(
@@ -35,6 +37,7 @@ def main(out: str) -> None:
         "score": backend.score(PROMPTS, CONTINUATIONS),
         "token_ids": token_ids,
         "next": backend.next_token_logprobs(PROMPTS, token_ids).tolist(),
+        "labels": candidate_distribution(backend, PROMPTS, LABELS).tolist(),
     }
     with open(out, "w") as f:
         json.dump(result, f)
