@@ -111,7 +111,8 @@ def run_child(python: str, path: str, args: argparse.Namespace, extra: list[str]
            *(extra or [])]
     if args.keep:
         cmd += ["--keep", args.keep]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1",
+    # Passive OpenMP waiting: spinning threads were 5-6x slower on a shared CPU (see annotate_throughput.py).
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
