@@ -140,7 +140,7 @@ def start_server(kind: str, vllm_python: str) -> tuple[subprocess.Popen, str, st
     else:
         cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", folder, "--port", str(port),
                "--device", "cpu"]
-    log = open(RESULTS.parent / f"backends_{kind}_server.log", "w")  # noqa: SIM115 (lives as long as the server)
+    log = open(Path(tempfile.gettempdir()) / f"candor_backends_{kind}_server.log", "w")  # noqa: SIM115 (server's lifetime)
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
