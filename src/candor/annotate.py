@@ -119,6 +119,40 @@ def check_unique_ids(items: Sequence[QAItem]) -> None:
         seen.add(item.id)
 
 
+def _judge_provenance(judges: tuple) -> dict[str, Any]:
+    """What the judges are (an llm judge names its model and prompt style)."""
+    correctness, consistency = judges
+    return {"correctness": correctness.describe(), "consistency": consistency.describe()}
+
+
+def _parse_counts(gens: Sequence[Generations], judges: tuple) -> list[dict[str, int] | None]:
+    """Per record: llm-judge replies asked and replies that stated no verdict (None without llm judges).
+
+    The parse-failure rate of a file is the sum of ``unparsed`` over the sum of ``asked``.
+    """
+    sizes = [(1 + len(g.samples), len(g.samples)) for g in gens]
+    flags = []
+    for j, judge in enumerate(judges):
+        asked = getattr(judge, "last_asked", None)
+        # A judge not called for this batch (no samples) still holds an older call's flags: skip it.
+        fresh = asked is not None and len(asked) == sum(size[j] for size in sizes)
+        flags.append((asked, getattr(judge, "last_unparsed", None)) if fresh else (None, None))
+    if all(asked is None for asked, _ in flags):
+        return [None] * len(gens)
+    out: list[dict[str, int] | None] = []
+    starts = [0, 0]
+    for size in sizes:
+        asked = unparsed = 0
+        for j, (a, u) in enumerate(flags):
+            if a:
+                window = slice(starts[j], starts[j] + size[j])
+                asked += sum(a[window])
+                unparsed += sum(u[window])  # type: ignore[index]
+            starts[j] += size[j]
+        out.append({"asked": asked, "unparsed": unparsed})
+    return out
+
+
 def _provenance(
     backend: Backend, template: QATemplate, config: AnnotateConfig, shard: Shard | None, items: Sequence[QAItem]
 ) -> dict:
@@ -237,6 +271,8 @@ def annotate(
         items = shard.select(items)
     todo = [item for item in items if item.id not in done]
     judges = make_judges(config, judge_backend or backend)
+    if "llm" in (config.correctness_judge, config.consistency_judge):
+        provenance = {**provenance, "judges": _judge_provenance(judges)}
     params = SamplingParams(**{**config.params.to_dict(), "stop": tuple(provenance["decoding"]["samples"]["stop"])})
     logger.info("%s: %d items, %d already done, %d to annotate", out, len(items), len(items) - len(todo), len(todo))
 
@@ -250,9 +286,13 @@ def annotate(
             seeds = [item_seed(config.seed, item.id) for item in batch]
             gens = backend.generate(prompts, config.k, params, greedy=True, seeds=seeds)
             greedy_correct, sample_correct, consistent = _judge_batch(batch, gens, config, judges)
+            parsed = _parse_counts(gens, judges)
             records = [
-                Record(item, gen.greedy, gen.samples, gc, sc, cs, provenance)
-                for item, gen, gc, sc, cs in zip(batch, gens, greedy_correct, sample_correct, consistent, strict=True)
+                Record(item, gen.greedy, gen.samples, gc, sc, cs,
+                       provenance if counts is None else {**provenance, "judge_parse": counts})
+                for item, gen, gc, sc, cs, counts in zip(
+                    batch, gens, greedy_correct, sample_correct, consistent, parsed, strict=True
+                )
             ]
             sink.append(records)
             written += len(records)

@@ -38,6 +38,23 @@ DataDirOpt = Annotated[
     Path | None, typer.Option("--data-dir", help="Folder of HonestyBench files for named datasets.")
 ]
 
+# Engine options shared by commands that load a model (each backend takes the ones it knows).
+BackendOpt = Annotated[str, typer.Option("--backend", help="Engine: hf, vllm or openai (a server at --base-url).")]
+BaseUrlOpt = Annotated[
+    str | None, typer.Option(help="openai backend: the server's address, e.g. http://127.0.0.1:8000/v1.")
+]
+EndpointOpt = Annotated[str | None, typer.Option(help="openai backend: completions (default) or chat.")]
+TokenizerOpt = Annotated[
+    str | None, typer.Option(help="openai backend: the served model's tokenizer (chat template, token ids).")
+]
+ConcurrencyOpt = Annotated[int | None, typer.Option(help="openai backend: requests in flight at once (8).")]
+RetriesOpt = Annotated[int | None, typer.Option(help="openai backend: retries on 429/5xx/dropped connections (5).")]
+ApiKeyEnvOpt = Annotated[
+    str | None, typer.Option(help="openai backend: environment variable holding the API key (OPENAI_API_KEY).")
+]
+TensorParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: tensor-parallel GPUs.")]
+DataParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: data-parallel replicas.")]
+
 
 def user_errors(fn: F) -> F:
     """Print CandorError as one line and exit 2, without a traceback."""
@@ -87,6 +104,22 @@ def annotate(
     strict: Annotated[
         bool, typer.Option(help="Refuse items with no non-empty answer alias instead of skipping them.")
     ] = False,
+    backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
+    endpoint: EndpointOpt = None,
+    tokenizer: TokenizerOpt = None,
+    max_concurrency: ConcurrencyOpt = None,
+    max_retries: RetriesOpt = None,
+    api_key_env: ApiKeyEnvOpt = None,
+    tensor_parallel_size: TensorParallelOpt = None,
+    data_parallel_size: DataParallelOpt = None,
+    judge_model: Annotated[
+        str | None, typer.Option(help="Model for the llm judges (default: the answering model).")
+    ] = None,
+    judge_backend: Annotated[str | None, typer.Option(help="Backend for --judge-model (default: --backend).")] = None,
+    judge_base_url: Annotated[
+        str | None, typer.Option(help="Server for --judge-model on the openai backend (default: --base-url).")
+    ] = None,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
     from candor.annotate import AnnotateConfig, Shard
@@ -104,9 +137,16 @@ def annotate(
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
     config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
                             seed=seed, batch_size=batch_size)
-    backend = load_backend(model, batch_size=batch_size)
-    qa_template = resolve_template(template, model, backend)
-    result = run_annotate(items, backend, out, qa_template, config, shard=shard_spec)
+    engine = dict(base_url=base_url, endpoint=endpoint, tokenizer=tokenizer, max_concurrency=max_concurrency,
+                  max_retries=max_retries, api_key_env=api_key_env, tensor_parallel_size=tensor_parallel_size,
+                  data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed)
+    answering = load_backend(model, backend, **engine)
+    judging = None
+    if judge_model is not None:
+        judge_engine = {**engine, "base_url": judge_base_url or base_url}
+        judging = load_backend(judge_model, judge_backend or backend, **judge_engine)
+    qa_template = resolve_template(template, model, answering)
+    result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec, judge_backend=judging)
     _print_annotation_summary(result.path)
 
 

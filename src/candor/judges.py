@@ -421,14 +421,47 @@ NEGATIVE_WORDS = frozenset(
 )  # fmt: skip
 
 
-def correctness_prompt(response: str, aliases: Sequence[str], question: str = "") -> str:
+# The paper's judge prompts (Ni et al., 2025, appendix G: Figure 16 for correctness, Figure 12 for
+# consistency), as printed there; the system turn is "You are a helpful assistant.". The gold answers
+# appear as a Python list, as in the figure.
+PAPER_SYSTEM = "You are a helpful assistant."
+PAPER_CORRECTNESS_PROMPT = (
+    "We are assessing the quality of answers to the following question: {question}\n"
+    "The expected answers to this question are: {golds}.\n"
+    "Within the context of the question, does the generated answer mean the same as any of the expected answers?\n"
+    "The generated answer is: {response}\n"
+    'If the answer is correct, say "certain". If not, please say "uncertain". '
+    "Just give your judgement without any other words."
+)
+PAPER_CONSISTENCY_PROMPT = (
+    "Are the following two Question-Answer(QA) pairs semantically equivalent? "
+    'If you are sure they are semantically equivalent, answer "certain". Otherwise, answer "uncertain". '
+    'Given ONLY the judgement ("certain" or "uncertain"), no other words or explanation.\n'
+    "Question: {question}\nAnswer: {a}\n\nQuestion: {question}\nAnswer: {b}"
+)
+
+# Prompt styles of the llm judges: "paper" (the protocol of the paper) and "candor" (shorter, no system turn).
+JUDGE_STYLES = ("paper", "candor")
+
+
+def correctness_prompt(response: str, aliases: Sequence[str], question: str = "", style: str = "candor") -> str:
     """The user message for the ``llm`` correctness judge (before the chat template)."""
+    if style == "paper":
+        return PAPER_CORRECTNESS_PROMPT.format(question=question, golds=list(aliases), response=response)
     return CORRECTNESS_PROMPT.format(question=question, golds="; ".join(aliases), response=response)
 
 
-def consistency_prompt(a: str, b: str, question: str = "") -> str:
+def consistency_prompt(a: str, b: str, question: str = "", style: str = "candor") -> str:
     """The user message for the ``llm`` consistency judge (before the chat template)."""
+    if style == "paper":
+        return PAPER_CONSISTENCY_PROMPT.format(question=question, a=a, b=b)
     return CONSISTENCY_PROMPT.format(question=question, a=a, b=b)
+
+
+def verdict_parsed(text: str) -> bool:
+    """Whether a reply states a verdict at all: "certain" or one of the negative words."""
+    words = set(normalize(text).split())
+    return "certain" in words or bool(NEGATIVE_WORDS & words)
 
 
 def parse_verdict(text: str) -> int:
@@ -452,20 +485,46 @@ class _LLMJudge:
 
     name = "llm"
 
-    def __init__(self, backend: Backend, batch_size: int = 16, max_new_tokens: int = 8) -> None:
+    def __init__(self, backend: Backend, batch_size: int = 16, max_new_tokens: int = 8, style: str = "paper") -> None:
         if not isinstance(backend, Backend):
             raise CandorError(f"llm judge needs a backend, got {type(backend).__name__}")
         if batch_size < 1:
             raise CandorError(f"llm judge batch_size must be at least 1, got {batch_size}")
+        if style not in JUDGE_STYLES:
+            raise CandorError(f"llm judge prompt style must be one of {JUDGE_STYLES}, got {style!r}")
         self.backend = backend
         self.batch_size = batch_size
+        self.style = style
         self.params = SamplingParams(max_new_tokens=max_new_tokens)
         self.empty_replies = 0  # how many replies were empty (and so judged 0)
+        # Per input of the last judge() call: True where the model was asked and its reply stated no verdict.
+        self.last_unparsed: list[bool] = []
+        self.last_asked: list[bool] = []
 
     def render(self, text: str) -> str:
+        if self.style == "paper":
+            return self._render_with_system(text)
         return self.backend.render_chat([{"role": "user", "content": text}])
 
-    def _verdicts(self, texts: Sequence[str]) -> list[int]:
+    def _render_with_system(self, text: str) -> str:
+        """System + user turns; a template that rejects the system role gets it atop the user turn."""
+        from jinja2 import TemplateError
+
+        try:
+            return self.backend.render_chat(
+                [{"role": "system", "content": PAPER_SYSTEM}, {"role": "user", "content": text}]
+            )
+        except TemplateError:
+            return self.backend.render_chat([{"role": "user", "content": f"{PAPER_SYSTEM}\n\n{text}"}])
+
+    def _record(self, n: int, asked: Sequence[int], replies: Sequence[str]) -> None:
+        self.last_asked = [False] * n
+        self.last_unparsed = [False] * n
+        for i, reply in zip(asked, replies, strict=True):
+            self.last_asked[i] = True
+            self.last_unparsed[i] = not verdict_parsed(reply)
+
+    def _replies(self, texts: Sequence[str]) -> list[str]:
         prompts = [self.render(t) for t in texts]
         replies: list[str] = []
         for batch in _chunks(prompts, self.batch_size):
@@ -475,11 +534,20 @@ class _LLMJudge:
         if empty:
             self.empty_replies += empty
             logger.warning("llm judge: %d of %d replies were empty and judged 0", empty, len(replies))
-        return [parse_verdict(r) for r in replies]
+        return replies
+
+    def _judge_asked(self, n: int, asked: Sequence[int], texts: Sequence[str]) -> list[int]:
+        """Verdicts for the inputs in ``asked`` (0 for the others), remembering which replies did not parse."""
+        replies = self._replies(texts)
+        self._record(n, asked, replies)
+        out = [0] * n
+        for i, reply in zip(asked, replies, strict=True):
+            out[i] = parse_verdict(reply)
+        return out
 
     def describe(self) -> dict[str, Any]:
         model = self.backend.model_name
-        return {"name": self.name, "model": model, "max_new_tokens": self.params.max_new_tokens}
+        return {"name": self.name, "model": model, "max_new_tokens": self.params.max_new_tokens, "style": self.style}
 
 
 @CORRECTNESS_JUDGES.register("llm")
@@ -497,11 +565,8 @@ class LLMCorrectnessJudge(_LLMJudge):
         qs = questions if questions is not None else [""] * len(responses)
         # Empty responses are never correct; the model is not asked about them.
         asked = [i for i, r in enumerate(responses) if r.strip()]
-        texts = [correctness_prompt(responses[i], golds[i], qs[i]) for i in asked]
-        out = [0] * len(responses)
-        for i, v in zip(asked, self._verdicts(texts), strict=True):
-            out[i] = v
-        return out
+        texts = [correctness_prompt(responses[i], golds[i], qs[i], self.style) for i in asked]
+        return self._judge_asked(len(responses), asked, texts)
 
 
 @CONSISTENCY_JUDGES.register("llm")
@@ -514,11 +579,8 @@ class LLMConsistencyJudge(_LLMJudge):
         _check_lengths("llm consistency judge", a, b, questions)
         qs = questions if questions is not None else [""] * len(a)
         asked = [i for i in range(len(a)) if a[i].strip() and b[i].strip()]
-        out = [0] * len(a)
-        texts = [consistency_prompt(a[i], b[i], qs[i]) for i in asked]
-        for i, v in zip(asked, self._verdicts(texts), strict=True):
-            out[i] = v
-        return out
+        texts = [consistency_prompt(a[i], b[i], qs[i], self.style) for i in asked]
+        return self._judge_asked(len(a), asked, texts)
 
 
 # ---------------------------------------------------------------- factories
