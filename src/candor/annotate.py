@@ -33,6 +33,7 @@ from candor.judges import (
     DEFAULT_CONSISTENCY_JUDGE,
     get_consistency_judge,
     get_correctness_judge,
+    judge_consistency,
 )
 from candor.prompts import QATemplate
 from candor.records import Record, RecordAppender, read_records, truncate_partial_last_line, write_records
@@ -232,11 +233,12 @@ def _judge_batch(
     verdicts = correctness.judge(responses, golds, questions=questions)
     greedy_correct = [verdicts[i * (k + 1)] for i in range(len(items))]
     sample_correct = [verdicts[i * (k + 1) + 1 : (i + 1) * (k + 1)] for i in range(len(items))]
-    left = [gen.greedy.text for gen in gens for _ in gen.samples]
-    right = [s.text for gen in gens for s in gen.samples]
-    sample_questions = [item.question for item, gen in zip(items, gens, strict=True) for _ in gen.samples]
-    flat = consistency.judge(right, left, questions=sample_questions) if right else []
-    consistent = [flat[i * k : (i + 1) * k] for i in range(len(items))]
+    consistent = judge_consistency(
+        consistency,
+        [gen.greedy.text for gen in gens],
+        [[s.text for s in gen.samples] for gen in gens],
+        [item.question for item in items],
+    )
     return greedy_correct, sample_correct, consistent
 
 
