@@ -108,12 +108,12 @@ def test_probe_refuses_one_class_and_another_backbone(tiny_backend, tmp_path):
 
 def test_candor_train_probe(tiny_model_dir, tmp_path):
     from candor.records import write_records
-    from candor.trainers import TrainJob, train
+    from candor.trainers import TrainJob, run_training
 
     write_records(tmp_path / "train.jsonl", training_records(8))
     job = TrainJob(records=tmp_path / "train.jsonl", out=tmp_path / "probe", model=tiny_model_dir,
                    settings={"layer": "2", "C": "0.5", "feature_cache": "none"})
-    summary = train("probe", job)
-    assert summary["layer"] == 2 and summary["n_train"] == 8
+    summary = run_training("probe", job)
+    assert summary.config["layer"] == 2 and summary.n_train == 8
     loaded = AnswerProbe.load(tmp_path / "probe")
     assert loaded.info.C == 0.5 and loaded.info.backbone == tiny_model_dir

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from candor.cost import ResourceMeter
 from candor.errors import CandorError
 from candor.leakage import HeldOutQuestions
 from candor.records import Record, read_records
@@ -210,7 +211,7 @@ for _method in ("advice", "conftuner", "advice+conftuner"):
 
 
 @TRAINERS.register("probe")
-def _probe(job: TrainJob) -> dict[str, Any]:
+def _probe(job: TrainJob) -> TrainResult:
     """The SAPLMA-style answer probe on the greedy answers' hidden states (candor.answer_probe)."""
     from candor.answer_probe import ProbeConfig, train_probe
     from candor.backends import load_backend
@@ -220,5 +221,7 @@ def _probe(job: TrainJob) -> dict[str, Any]:
     settings.setdefault("feature_cache", str(cache_root() / "features"))  # reruns skip the backbone
     config = build_config(ProbeConfig, settings)
     backend = load_backend(job.model, device=config.device, batch_size=config.batch_size)
-    probe = train_probe(job.read_train(), backend, job.out, config, sources=[str(job.records)])
-    return {"path": str(job.out), "method": "probe", "layer": probe.info.layer, **probe.info.meta}
+    with ResourceMeter() as meter:
+        probe = train_probe(job.read_train(), backend, job.out, config, sources=[str(job.records)])
+    return TrainResult(path=Path(job.out), method="probe", n_train=int(probe.info.meta["n_train"]),
+                       cost=meter.cost.as_dict(), config={"layer": probe.info.layer, **dataclasses.asdict(config)})
