@@ -1,0 +1,1 @@
+"""Honest answering: a generator, a confidence, and a threshold to abstain below (DESIGN.md §2 serve/)."""
