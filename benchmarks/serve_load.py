@@ -155,6 +155,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
         "max_new_tokens": args.max_new_tokens,
         "server_omp_threads": args.threads,
         "cpu_count": os.cpu_count(),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # other processes share the CPU
         "settings": SETTINGS,
         "runs": runs,
         "ratio_on_over_off": ratios,

@@ -424,6 +424,7 @@ AdapterOpt = Annotated[
 ]
 MethodOpt = Annotated[str | None, typer.Option("--method", help="A confidence estimator name (default n-prob).")]
 ThresholdOpt = Annotated[float | None, typer.Option("--threshold", help="Abstain below this confidence.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="The generator's engine (see candor.backends).")]
 
 
 @app.command()
@@ -436,6 +437,7 @@ def ask(
     adapter: AdapterOpt = None,
     method: MethodOpt = None,
     threshold: ThresholdOpt = None,
+    backend: BackendOpt = "hf",
     max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
 ) -> None:
@@ -444,7 +446,7 @@ def ask(
 
     from candor.serve.factory import build_model
 
-    honest_model = build_model(model, honest=honest, head=head, adapter=adapter, method=method,
+    honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
                                threshold=threshold, max_new_tokens=max_new_tokens)  # fmt: skip
     result = honest_model.answer(question)
     if as_json:
@@ -464,6 +466,7 @@ def serve(
     adapter: AdapterOpt = None,
     method: MethodOpt = None,
     threshold: ThresholdOpt = None,
+    backend: BackendOpt = "hf",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     model_id: Annotated[str, typer.Option(help="The model name clients send.")] = "candor",
@@ -484,7 +487,7 @@ def serve(
     key = os.environ.get(api_key_env) or None
     if key is None:
         logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
-    honest_model = build_model(model, honest=honest, head=head, adapter=adapter, method=method,
+    honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
                                threshold=threshold, max_new_tokens=max_new_tokens, batch_size=max_batch)  # fmt: skip
     settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
                              max_batch=max_batch, batch_wait_ms=batch_wait_ms)  # fmt: skip

@@ -34,6 +34,7 @@ def adapter_method(adapter: Path) -> str:
 def build_model(
     model: str,
     *,
+    backend: str = "hf",
     honest: Path | None = None,
     head: Path | None = None,
     adapter: Path | None = None,
@@ -42,7 +43,11 @@ def build_model(
     max_new_tokens: int = 32,
     batch_size: int = 16,
 ) -> HonestModel:
-    """An honest model from a saved folder or from its parts; ``threshold`` overrides a saved one."""
+    """An honest model from a saved folder or from its parts; ``threshold`` overrides a saved one.
+
+    ``backend`` names the generator's engine in :data:`candor.backends.BACKENDS` (``hf`` in process;
+    a remote engine when one is registered), while the confidence is computed locally.
+    """
     from candor.backends import load_backend
 
     if honest is not None:
@@ -54,11 +59,15 @@ def build_model(
         return loaded
     if head is not None and method is not None:
         raise CandorError("give either --head (EliCal) or --method (an estimator), not both")
-    backend = load_backend(model, adapter=str(adapter) if adapter else None, batch_size=batch_size)
+    kwargs: dict[str, object] = {"batch_size": batch_size}
+    if adapter is not None:
+        kwargs["adapter"] = str(adapter)
+    generator = load_backend(model, backend, **kwargs)
     source: ConfidenceSource
     if head is not None:
         source = HeadSource(head)
     else:
         source = EstimatorSource(method or (adapter_method(adapter) if adapter else DEFAULT_METHOD))
     logger.info("confidence: %s (%s)", source.name, source.kind)
-    return HonestModel(backend, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens))
+    return HonestModel(generator, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens),
+                       backend_name=backend)  # fmt: skip

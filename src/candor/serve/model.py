@@ -97,8 +97,10 @@ class HonestModel:
         *,
         template: str = "auto",
         decoding: Decoding | None = None,
+        backend_name: str = "hf",
     ) -> None:
         self.backend = backend
+        self.backend_name = backend_name  # the registry name that reloads the generator
         self.source = as_source(confidence)
         self.calibrator = calibrator
         self._calibration_data: tuple[list[float], list[int]] | None = None
@@ -285,7 +287,7 @@ class HonestModel:
             shutil.copytree(adapter, folder / ADAPTER_DIR)
         return {
             "model": self.backend.model_name,
-            "backend": "hf",
+            "backend": self.backend_name,
             "adapter": ADAPTER_DIR if adapter else None,
             "template": self.template.name,
             "decoding": asdict(self.decoding),
@@ -314,11 +316,13 @@ class HonestModel:
         if backend is None:
             from candor.backends import load_backend
 
-            adapter = str(folder / gen["adapter"]) if gen.get("adapter") else None
-            backend = load_backend(gen["model"], gen.get("backend", "hf"), adapter=adapter, **backend_kwargs)
+            if gen.get("adapter"):
+                backend_kwargs["adapter"] = str(folder / gen["adapter"])
+            backend = load_backend(gen["model"], gen.get("backend", "hf"), **backend_kwargs)
         threshold = th.Threshold.from_dict(config["threshold"]) if config.get("threshold") else None
         model = cls(backend, load_source(config["confidence"], folder), None, threshold,
-                    template=gen.get("template", "auto"), decoding=Decoding(**gen.get("decoding", {})))  # fmt: skip
+                    template=gen.get("template", "auto"), decoding=Decoding(**gen.get("decoding", {})),
+                    backend_name=gen.get("backend", "hf"))  # fmt: skip
         cal = config.get("calibrator")
         if cal:
             model.fit_calibrator(cal["name"], np.asarray(cal["fit_confidence"]), np.asarray(cal["fit_correct"]))
