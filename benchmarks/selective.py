@@ -62,6 +62,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--prefetch", action="store_true",
+                   help="only cache the backbone features of the dev and test prompts (no training data needed)")
     return p.parse_args()
 
 
@@ -87,9 +89,38 @@ def train_head(args: argparse.Namespace, train: list[Record], dev: list[Record])
     if (folder / "elical_config.json").exists():
         logger.info("reusing the EliCal head in %s", folder)
         return folder
-    config = EliCalConfig(mode="head", model=args.model, seed=args.seed, feature_cache=str(args.cache / "features"))
+    config = EliCalConfig(mode="head", model=args.model, seed=args.seed, feature_cache=feature_root(args))
     train_elical(train, dev, method="elical", budget="all", config=config, out_dir=folder)
     return folder
+
+
+def feature_root(args: argparse.Namespace) -> str:
+    return str(args.cache / "features")
+
+
+def prefetch(args: argparse.Namespace, records: list[Record]) -> None:
+    """Fill the feature cache for ``records``' prompts (head mode reads the frozen backbone only)."""
+    from candor.elical import ConfidenceHead, HeadConfig
+    from candor.elical.train import head_features
+    from candor.training import load_causal_lm
+
+    model, tokenizer = load_causal_lm(args.model)
+    template = str(records[0].provenance.get("template") or "fewshot")
+    head = ConfidenceHead.create(model, tokenizer, HeadConfig(backbone=args.model, template=template))
+    head_features(head, head.prompts(records), feature_root(args))
+
+
+def elical_scores(args: argparse.Namespace, folder: Path, records: list[Record]) -> np.ndarray:
+    """The head's confidences through the feature cache (the same numbers as ``predict``, computed once)."""
+    import torch
+
+    from candor.elical import ConfidenceHead
+    from candor.elical.train import head_features
+
+    head = ConfidenceHead.from_pretrained(folder)
+    features = head_features(head, head.prompts(records), feature_root(args))
+    with torch.no_grad():
+        return head.head(torch.from_numpy(features)).double().numpy()
 
 
 def correct_of(records: list[Record]) -> np.ndarray:
@@ -114,10 +145,9 @@ def on_test(t: th.Threshold, conf: np.ndarray, correct: np.ndarray) -> dict[str,
 
 def scores(args: argparse.Namespace, head: Path, dev: list[Record], tests: dict[str, list[Record]]) -> dict:
     """method → split → confidences; the training-free method is picked by dev AUROC."""
-    source = HeadSource(head)
-    out: dict[str, dict[str, np.ndarray]] = {"EliCal": {"dev": source.score_records(dev, None)}}
+    out: dict[str, dict[str, np.ndarray]] = {"EliCal": {"dev": elical_scores(args, head, dev)}}
     for split, records in tests.items():
-        out["EliCal"][split] = source.score_records(records, None)
+        out["EliCal"][split] = elical_scores(args, head, records)
     dev_auroc = {}
     for name in CANDIDATES:
         dev_auroc[name] = auroc(get_estimator(name).estimate(dev), correct_of(dev))
@@ -185,10 +215,13 @@ def plot(payload: dict[str, Any], path: Path) -> None:
 def main() -> None:
     args = parse_args()
     setup_logging()
-    train = load_part(args.annotations, "train", IN_DOMAIN)
     dev = load_part(args.annotations, "dev", IN_DOMAIN)
     tests = {"in-domain test": load_part(args.annotations, "test", IN_DOMAIN),
              "OOD test": load_part(args.annotations, "test", OUT_OF_DOMAIN)}  # fmt: skip
+    if args.prefetch:
+        prefetch(args, dev + [r for records in tests.values() for r in records])
+        return
+    train = load_part(args.annotations, "train", IN_DOMAIN)
     logger.info("train %d, dev %d, test %s", len(train), len(dev), {k: len(v) for k, v in tests.items()})
     t0 = time.perf_counter()
     head = train_head(args, train, dev)
