@@ -118,6 +118,7 @@ def test_abstained_choices_carry_the_refusal(server, honest):
         (chat("hi", temperature=5), 422, "temperature"),
         (chat("hi", stream=True), 400, "stream"),
         ({**chat("hi"), "model": "gpt-9"}, 404, "model"),
+        (chat("hi", stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ],
 )
 def test_bad_requests_get_openai_shaped_errors(server, body, status, param):
@@ -125,6 +126,15 @@ def test_bad_requests_get_openai_shaped_errors(server, body, status, param):
     assert got == status
     assert set(err["error"]) == {"message", "type", "param", "code"}
     assert err["error"]["message"] and err["error"]["param"] == param
+
+
+def test_sampled_choices_are_scored_one_by_one(server):
+    status, body = post(f"{server}/v1/chat/completions", chat(QUESTIONS[2], n=3, temperature=1.0))
+    assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1, 2]
+    values = [c["confidence"]["value"] for c in body["choices"]]
+    assert len(set(values)) > 1  # each sampled answer has its own n-prob
+    status, body = post(f"{server}/v1/completions", {"model": "candor", "prompt": QUESTIONS[:2], "max_tokens": 4})
+    assert status == 200 and len(body["choices"]) == 2 and body["object"] == "text_completion"
 
 
 def test_an_oversized_body_is_refused_with_413(server):

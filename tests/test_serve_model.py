@@ -82,6 +82,8 @@ def test_tune_picks_the_threshold_the_rule_gives_on_dev(tiny_backend):
     assert t.expected_accuracy >= 0.5
     t = model.tune(dev, "coverage", 0.4)
     assert t.expected_coverage >= 0.4 and t.value == th.for_coverage(conf, correct, 0.4).value
+    t = model.tune(dev, "risk", 0.9, delta=0.2)
+    assert t == th.risk_control(conf, correct, 0.9, 0.2) and t.rule == "risk"
 
 
 def test_save_then_load_gives_the_same_answers(tiny_model_dir, head_dir, tmp_path):

@@ -13,8 +13,8 @@
   backend call.
 
 Decoding defaults to greedy (temperature 0), the answer the confidence was
-calibrated for; ``temperature > 0`` samples ``n`` answers, each scored on
-its own by an answer-level source.
+calibrated for, and ``n`` > 1 then repeats it; ``temperature > 0`` samples
+``n`` answers, each scored on its own by an answer-level source.
 """
 
 from __future__ import annotations
@@ -34,11 +34,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from candor.errors import CandorError
 from candor.serve.batching import MicroBatcher, QueueFull
 from candor.serve.model import DEFAULT_REFUSAL, Decoding, HonestAnswer, HonestModel
 from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
 
 logger = logging.getLogger(__name__)
+
+
+MAX_STOPS = 4  # as the OpenAI API
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,15 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return JSONResponse(exc.body, status_code=exc.status)
+
+    @app.exception_handler(CandorError)
+    async def _user_error(_: Request, exc: CandorError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("request failed")
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -204,6 +217,10 @@ def _check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings
                        "invalid_request_error", "model", "model_not_found")  # fmt: skip
     if not 1 <= body.n <= settings.max_n:
         raise APIError(400, f"n must be between 1 and {settings.max_n}", "invalid_request_error", "n", "invalid_value")
+    stops = body.stops()
+    if len(stops) > MAX_STOPS or any(not s or len(s) > 64 for s in stops):
+        raise APIError(400, f"stop takes at most {MAX_STOPS} non-empty strings of up to 64 characters",
+                       "invalid_request_error", "stop", "invalid_value")  # fmt: skip
     cap = body.token_cap()
     if cap is not None and not 1 <= cap <= settings.max_tokens:
         raise APIError(400, f"max_tokens must be between 1 and {settings.max_tokens}", "invalid_request_error",
