@@ -480,6 +480,10 @@ def serve(
     max_new_tokens: Annotated[int, typer.Option(help="Default answer length cap in tokens.")] = 32,
 ) -> None:
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure."""
+    import importlib.util
+
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise CandorError("candor serve needs fastapi and uvicorn: pip install 'candor[serve]'")
     from candor.serve.app import ServeSettings, create_app
     from candor.serve.factory import build_model
     from candor.serve.server import run
