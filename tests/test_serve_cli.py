@@ -79,3 +79,18 @@ def test_candor_serve_runs_with_a_key_from_the_environment(tiny_model_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_ask_loads_a_saved_honest_model(tiny_model_dir, tmp_path):
+    from candor.backends.hf import HFBackend
+    from candor.serve import Decoding, HonestModel, Threshold
+
+    backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
+    folder = HonestModel(backend, "min-prob", threshold=Threshold(0.0, expected_coverage=1.0),
+                         decoding=Decoding(max_new_tokens=3)).save_pretrained(tmp_path / "honest")  # fmt: skip
+    result = CliRunner().invoke(app, ["ask", "Who wrote Hamlet?", "--honest", str(folder), "--json"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if '{"answer"' in x)
+    out = json.loads(line[line.index('{"answer"') :])
+    assert out["method"] == "min-prob" and out["threshold"] == 0.0 and out["abstained"] is False
+    assert out["completion_tokens"] <= 3
