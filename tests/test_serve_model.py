@@ -110,3 +110,30 @@ def test_save_then_load_gives_the_same_answers(tiny_model_dir, head_dir, tmp_pat
 def test_loading_a_folder_that_is_not_a_model_fails_clearly(tmp_path):
     with pytest.raises(CandorError, match="not a saved honest model"):
         HonestModel.from_pretrained(tmp_path)
+
+
+def test_an_advice_adapter_gives_answer_level_confidence_and_travels_with_the_model(
+    tiny_model, tiny_model_dir, tmp_path
+):
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from candor.serve.factory import build_model
+
+    adapter = tmp_path / "advice"
+    lora = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=4, target_modules=["q_proj"],
+                                                                init_lora_weights=False))  # fmt: skip
+    lora.save_pretrained(adapter)
+    # The adapter's training record names the format it was trained on (as candor.advice.train writes it).
+    (adapter / "training.json").write_text(json.dumps({"config": {"formats": ["number"], "variant": "default"}}))
+    model = build_model(tiny_model_dir, adapter=adapter, threshold=0.0, max_new_tokens=3)
+    assert model.method == "verbal-number" and model.backend.adapter == str(adapter)
+    first = model.answer(QUESTIONS[0])
+    assert first.method == "verbal-number" and 0.0 <= first.confidence <= 1.0
+    folder = model.save_pretrained(tmp_path / "honest")
+    assert (folder / "adapter" / "adapter_config.json").exists()
+    reloaded = HonestModel.from_pretrained(folder, device="cpu")
+    assert reloaded.answer(QUESTIONS[0]).to_dict() == first.to_dict()
+    plain = build_model(tiny_model_dir, method="verbal-number", threshold=0.0, max_new_tokens=3)
+    assert plain.answer(QUESTIONS[0]).confidence != pytest.approx(first.confidence, abs=1e-6)
