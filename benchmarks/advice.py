@@ -60,7 +60,8 @@ from candor.backends.hf import HFBackend
 from candor.confidences import ConfidenceTable, read_confidences, write_confidences
 from candor.data import IN_DOMAIN, OUT_OF_DOMAIN, load_items, seeded_shuffle
 from candor.errors import CandorError
-from candor.metrics import abs_nce, auroc, brier, ece, nce, quietly
+from candor.evaluation import Group, evaluate
+from candor.metrics import ece
 from candor.plots import reliability_diagram
 from candor.prompts import TEMPLATES
 from candor.records import Record, read_records
@@ -293,7 +294,7 @@ def choose_lr(
 
 def _dev_scores(backend: HFBackend, dev: dict[str, list[Record]], s: Settings, folder: Path) -> dict:
     per_format = score_method("trained", backend, dev, s, folder, None, ABLATION_FORMATS)
-    return {FORMATS.get(f).name: metric_block(*pooled(per_format[f], IN_DOMAIN)) for f in ABLATION_FORMATS}
+    return {FORMATS.get(f).name: in_domain_block(per_format[f]) for f in ABLATION_FORMATS}
 
 
 # ---------------------------------------------------------------- scoring
@@ -370,19 +371,56 @@ def score_folder(cache: Path, method: str, run_dir: str | None = None) -> Path:
 
 
 
-def metric_block(conf: Any, correct: Any) -> dict[str, float | None]:
-    with quietly():
-        return _metric_block(conf, correct)
+# The results file's keys for the engine's metrics ("nce" there is |NCE|, as the paper reports it).
+BLOCK_KEYS = {"ece": "ece", "abs_nce": "nce", "brier": "brier", "auroc": "auroc", "nce": "nce_signed",
+              "accuracy": "accuracy"}  # fmt: skip
 
 
-def _metric_block(conf: Any, correct: Any) -> dict[str, float | None]:
-    values = {"ece": ece(conf, correct), "nce": abs_nce(conf, correct), "brier": brier(conf, correct),
-              "auroc": auroc(conf, correct), "nce_signed": nce(conf, correct), "n": len(conf),
-              "accuracy": float(sum(correct)) / max(1, len(correct))}  # fmt: skip
-    return {k: _num(v) for k, v in values.items()}
+def group_blocks(
+    per_dataset: dict[str, Any], groups: dict[str, Sequence[str]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Metric blocks per dataset and per group, from the one evaluation engine.
+
+    Groups are *pooled* (the metric on all the group's questions at once), not
+    size-weighted: on these small subsets a dataset with no correct answer has
+    no AUROC, which would make a weighted average undefined. Groups whose
+    datasets were not scored are left out.
+    """
+    present = {g: tuple(d for d in ds if d in per_dataset) for g, ds in groups.items()}
+    present = {g: ds for g, ds in present.items() if ds}
+    # A group may share its name with its one dataset ("logiqa"), so the engine sees it as "group:<name>".
+    engine_groups = [Group(f"group:{g}", ds, "pooled") for g, ds in present.items()]
+    result = evaluate({"m": {d: c for d, (c, _) in per_dataset.items()}},
+                      {d: y for d, (_, y) in per_dataset.items()},
+                      groups=engine_groups, metrics=tuple(BLOCK_KEYS)).methods["m"]
+    sizes = {d: len(y) for d, (_, y) in per_dataset.items()}
+    datasets = {d: _block(result.values[d], sizes[d]) for d in per_dataset}
+    return datasets, {g: _block(result.values[f"group:{g}"], sum(sizes[d] for d in ds)) for g, ds in present.items()}
+
+
+def _block(values: dict[str, float], n: int) -> dict[str, float | None]:
+    out = {BLOCK_KEYS[k]: _num(v) for k, v in values.items()}
+    return {**{k: out[k] for k in ("ece", "nce", "brier", "auroc", "nce_signed")}, "n": n,
+            "accuracy": out["accuracy"]}
+
+
+def in_domain_block(per_dataset: dict[str, Any]) -> dict[str, float | None]:
+    """The block of the in-domain datasets pooled (the ablation and the lr choice)."""
+    return group_blocks(per_dataset, {"id": IN_DOMAIN})[1]["id"]
+
+
+def method_metrics(per_format: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for fmt, per_dataset in per_format.items():
+        per_ds, blocks = group_blocks(per_dataset, GROUPS)
+        block: dict[str, Any] = dict(blocks)
+        block["per_dataset"] = per_ds
+        out[FORMATS.get(fmt).name] = block
+    return out
 
 
 def pooled(per_dataset: dict[str, Any], datasets: Sequence[str]) -> tuple[list[float], list[int]]:
+    """All the group's questions at once (for the reliability diagrams)."""
     conf, correct = [], []
     for d in datasets:
         if d in per_dataset:
@@ -390,19 +428,6 @@ def pooled(per_dataset: dict[str, Any], datasets: Sequence[str]) -> tuple[list[f
             conf.extend(c.tolist())
             correct.extend(y.tolist())
     return conf, correct
-
-
-def method_metrics(per_format: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for fmt, per_dataset in per_format.items():
-        block = {}
-        for group, datasets in GROUPS.items():
-            conf, correct = pooled(per_dataset, datasets)
-            if conf:
-                block[group] = metric_block(conf, correct)
-        block["per_dataset"] = {d: metric_block(*per_dataset[d]) for d in per_dataset}
-        out[FORMATS.get(fmt).name] = block
-    return out
 
 
 def diagrams(method: str, per_format: dict[str, dict[str, Any]], folder: Path) -> list[str]:
@@ -525,7 +550,7 @@ def run_ablation(
             "run": run,
             "losses": runs[run].weights.active(),
             "learning_rate": runs[run].learning_rate,
-            **{FORMATS.get(f).name: metric_block(*pooled(per_format[f], IN_DOMAIN)) for f in ABLATION_FORMATS},
+            **{FORMATS.get(f).name: in_domain_block(per_format[f]) for f in ABLATION_FORMATS},
         }
     return out
 

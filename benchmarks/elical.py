@@ -30,7 +30,7 @@ Measured on 2 shared CPU cores (load ~4): features of the 3,200 prompts
 ~9 min once (then cached); the head-mode sweep (33 runs) and 1000-resample
 intervals 3.5 min; the lora run ~25 min on idle cores (0.35 s per training
 question, 0.15 s per scored one), up to an hour on busy ones; peak memory
-0.7 GB (head) and 2.6 GB (lora).
+0.7 GB (head) and 3.1 GiB (lora; see results/elical.json, lora.peak_memory_mib).
 
 Writes benchmarks/results/elical.json and benchmarks/results/elical_budget.png
 (``--quick``: elical_quick.json and elical_quick_budget.png).

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 
-from candor.calibrators import CALIBRATORS, get_calibrator, logit, sigmoid
+from candor.calibrators import CALIBRATORS, get_calibrator, load_calibrator, logit, save_calibrator, sigmoid
 from candor.errors import CandorError
 from candor.metrics import ece
 
@@ -120,3 +123,36 @@ def test_registry_and_factory_errors() -> None:
         get_calibrator("beta")
     with pytest.raises(CandorError, match="bad options"):
         get_calibrator("isotonic", n_bins=5)
+
+
+@pytest.mark.parametrize("name", sorted(CALIBRATORS.names()))
+def test_saved_calibrator_predicts_the_same(name, tmp_path):
+    conf, correct = synthetic(squared, 400, seed=3)
+    cal = get_calibrator(name).fit(conf, correct)
+    probe = np.linspace(0.0, 1.0, 101)
+    path = save_calibrator(tmp_path / f"{name}.json", cal, fitted_on="dev.jsonl")
+    loaded = load_calibrator(path)
+    np.testing.assert_allclose(loaded.predict(probe), cal.predict(probe), atol=1e-12)
+    assert json.loads(path.read_text())["fitted_on"] == "dev.jsonl"
+
+
+def test_isotonic_and_platt_equal_scikit_learn_after_reload(tmp_path):
+    conf, correct = synthetic(squared, 300, seed=5)
+    probe = np.linspace(0.001, 0.999, 57)
+    iso = load_calibrator(save_calibrator(tmp_path / "i.json", get_calibrator("isotonic").fit(conf, correct)))
+    reference = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(conf, correct)
+    np.testing.assert_allclose(iso.predict(probe), reference.predict(probe), atol=1e-12)
+    platt = load_calibrator(save_calibrator(tmp_path / "p.json", get_calibrator("platt").fit(conf, correct)))
+    ref = LogisticRegression(C=1e4).fit(logit(conf)[:, None], correct)
+    np.testing.assert_allclose(platt.predict(probe), ref.predict_proba(logit(probe)[:, None])[:, 1], atol=1e-9)
+
+
+def test_saving_unfitted_or_loading_garbage_is_a_clear_error(tmp_path):
+    with pytest.raises(CandorError, match="fit it before saving"):
+        save_calibrator(tmp_path / "x.json", get_calibrator("platt"))
+    (tmp_path / "bad.json").write_text('{"name": "platt"}')
+    with pytest.raises(CandorError, match="bad.json"):
+        load_calibrator(tmp_path / "bad.json")
+    (tmp_path / "worse.json").write_text("{not json")
+    with pytest.raises(CandorError, match="malformed JSON"):
+        load_calibrator(tmp_path / "worse.json")

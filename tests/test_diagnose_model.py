@@ -146,15 +146,38 @@ def test_stage_cache_resumes_and_invalidates(tiny_backend, tokenizer, tmp_path):
     config = DiagnoseConfig(stages=("sensitivity", "rollout"))
     first = diagnose_model(tiny_backend, _sets(), config, cache_dir=tmp_path)
     assert (tmp_path / "base" / "sensitivity.json").exists()
-    # A different model under the same name and settings: the cached stages are read back, not recomputed.
+    # Resume: the same model, settings and questions read the saved stages back (costs included).
+    (tmp_path / "base" / "rollout.json").write_text(
+        (tmp_path / "base" / "rollout.json").read_text().replace('"cost": {', '"cost": {"marker": 7.0, ', 1)
+    )
+    resumed = diagnose_model(tiny_backend, _sets(), config, cache_dir=tmp_path)
+    assert resumed.costs["rollout"]["marker"] == 7.0
+    # A different model under the same name and settings: its weights differ, so it is recomputed.
     other = HFBackend(build_tiny_model(len(tokenizer), seed=2), tokenizer)
+    assert other.model_name == tiny_backend.model_name
     again = diagnose_model(other, _sets(), config, cache_dir=tmp_path)
-    np.testing.assert_allclose(again.sensitivity.questions[0].mu, first.sensitivity.questions[0].mu, atol=1e-6)
-    assert again.costs == first.costs
-    # Changed candidates change the key: recomputed with the other model.
+    assert not np.allclose(again.sensitivity.questions[0].mu, first.sensitivity.questions[0].mu, atol=1e-6)
+    assert "marker" not in again.costs["rollout"]
+    # Changed candidates change the key too.
     fresh = diagnose_model(other, _sets()[:2], config, cache_dir=tmp_path)
-    assert not np.allclose(fresh.sensitivity.questions[0].mu, first.sensitivity.questions[0].mu, atol=1e-6)
+    assert len(fresh.sensitivity.questions) == 2
     assert fresh.masking is None and not math.isnan(fresh.summary()["mean_jsd"])
+
+
+def test_stage_cache_is_keyed_by_the_adapter_weights(tiny_backend, tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v1")
+    config = DiagnoseConfig(stages=("sensitivity",))
+    cache = tmp_path / "cache"
+    diagnose_model(tiny_backend, _sets(), config, name="advice", adapter=str(adapter), cache_dir=cache)
+    saved = cache / "advice" / "sensitivity.json"
+    key = json.loads(saved.read_text())["key"]
+    diagnose_model(tiny_backend, _sets(), config, name="advice", adapter=str(adapter), cache_dir=cache)
+    assert json.loads(saved.read_text())["key"] == key  # same weights: read back
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v2")  # retrained into the same folder
+    diagnose_model(tiny_backend, _sets(), config, name="advice", adapter=str(adapter), cache_dir=cache)
+    assert json.loads(saved.read_text())["key"] != key
 
 
 def test_run_diagnosis_input_errors(tiny_backend, tmp_path):

@@ -220,3 +220,47 @@ def test_elical_estimator_scores_records_and_raw_questions(tiny_model_dir, tmp_p
 def test_elical_estimator_without_a_head_says_how_to_get_one():
     with pytest.raises(CandorError, match="needs a trained head"):
         get_estimator("elical").estimate(make_records(1))
+
+
+def test_elical_refuses_records_annotated_by_another_backbone(tiny_model_dir, tmp_path, caplog):
+    fresh_head(tiny_model_dir).save_pretrained(tmp_path / "head")
+    records = make_records(3)
+    for rec in records:
+        rec.provenance["model"] = "Qwen/Qwen2.5-7B-Instruct"
+    with pytest.raises(CandorError, match=r"trained on '.*'.*annotated by 'Qwen/Qwen2.5-7B-Instruct'"):
+        get_estimator("elical", head=str(tmp_path / "head")).estimate(records)
+    # Allowed explicitly: scored, with a warning naming both.
+    allowed = get_estimator("elical", head=str(tmp_path / "head"), allow_other_backbone=1)
+    assert allowed.estimate(records).shape == (3,)
+    assert "Qwen/Qwen2.5-7B-Instruct" in caplog.text
+    # Records of the head's own backbone are scored without a word.
+    for rec in records:
+        rec.provenance["model"] = tiny_model_dir
+    caplog.clear()
+    get_estimator("elical", head=str(tmp_path / "head")).estimate(records)
+    assert "elical" not in caplog.text
+
+
+def test_score_with_another_head_in_the_same_folder_recomputes_and_warns_of_overlap(tiny_model_dir, tmp_path, caplog):
+    import logging
+
+    from candor.confidences import read_confidences
+    from candor.contamination import write_manifest
+    from candor.scoring import score_into
+
+    records, head, out = make_records(4), tmp_path / "head", tmp_path / "conf.jsonl"
+    fresh_head(tiny_model_dir, seed=0).save_pretrained(head)
+    write_manifest(head, [records[1].item.question.upper(), records[3].item.question, "an unseen question"])
+    options = {"elical": {"head": str(head)}}
+    with caplog.at_level(logging.INFO):
+        first = score_into(records, ["elical"], out, options=options).arrays("elical")[0]
+    assert f"contamination: 2 of 4 records being scored are among the training questions of elical.head {head}" \
+        in caplog.text and repr(records[1].item.question) in caplog.text
+    fresh_head(tiny_model_dir, seed=5).save_pretrained(head)  # retrained into the same folder
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        second = score_into(records, ["elical"], out, options=options).arrays("elical")[0]
+    assert "elical: recomputing (changed: options)" in caplog.text
+    assert not np.allclose(first, second)
+    np.testing.assert_allclose(second, get_estimator("elical", head=str(head)).estimate(records), rtol=1e-6)
+    assert read_confidences(out).provenance("elical")["produced_by"]["options"]["head"]["path"] == str(head)

@@ -12,13 +12,16 @@ from candor.estimators import get_estimator
 from candor.records import Record
 
 
-def record(rid: str, greedy: str, samples: list[str], consistency: list[int] | None = None) -> Record:
+def record(
+    rid: str, greedy: str, samples: list[str], consistency: list[int] | None = None, judge: str | None = None
+) -> Record:
     item = QAItem(rid, "toy", "test", "What is the capital of France?", ("Paris",))
     return Record(
         item=item,
         greedy=Completion(text=greedy, logprobs=[-0.1]),
         samples=[Completion(text=s) for s in samples],
         consistency=consistency,
+        provenance={"consistency_judge": judge} if judge else {},
     )
 
 
@@ -60,6 +63,47 @@ def test_consis_sem_with_an_llm_judge_needs_a_backend():
     assert est.needs_backend
     with pytest.raises(CandorError, match="consis-sem"):
         est.estimate([record("a", "x", ["y"])])
+
+
+def test_consis_sem_judges_with_the_judge_asked_for_not_the_stored_one(tiny_backend):
+    from candor.judges import get_consistency_judge
+
+    # Stored verdicts of the lexical judge (all 1) must not stand in for the llm judge's.
+    recs = [record("a", "Paris", ["Paris", "Lyon"], [1, 1], judge="lexical"),
+            record("b", "Rome", ["Rome", "Milan", "Turin"], [1, 1, 1], judge="lexical")]
+    est = get_estimator("consis-sem", judge="llm")
+    out = est.estimate(recs, tiny_backend)
+    verdicts = get_consistency_judge("llm", backend=tiny_backend).judge(
+        ["Paris", "Lyon", "Rome", "Milan", "Turin"], ["Paris", "Paris", "Rome", "Rome", "Rome"],
+        ["What is the capital of France?"] * 5,
+    )
+    np.testing.assert_allclose(out, [np.mean(verdicts[:2]), np.mean(verdicts[2:])])
+    assert not np.allclose(out, 1.0)  # the tiny model's judge disagrees with the stored verdicts
+    assert est.judged == 2 and est.describe()["verdicts_by"] == ["llm"] and est.describe()["judge"] == "llm"
+    # Verdicts the llm judge stored are read back as they are.
+    stored = get_estimator("consis-sem", judge="llm")
+    np.testing.assert_allclose(stored.estimate([record("c", "x", ["y", "z"], [1, 0], judge="llm")], tiny_backend),
+                               [0.5])
+    assert stored.judged == 0
+
+
+def test_consis_sem_asked_for_the_llm_judge_without_a_model_refuses():
+    recs = [record("a", "Paris", ["Paris", "Lyon"], [1, 1], judge="lexical")]
+    with pytest.raises(CandorError, match="consis-sem.*needs a model backend"):
+        get_estimator("consis-sem", judge="llm").estimate(recs)
+
+
+def test_consis_sem_with_lexical_judge_rejudges_verdicts_of_another_judge():
+    recs = [record("a", "Paris", ["Paris, France", "London", "paris", "Lyon"], [0, 0, 0, 0], judge="llm"),
+            record("b", "x", ["y"], [1], judge="lexical")]
+    est = get_estimator("consis-sem", judge="lexical")
+    np.testing.assert_allclose(est.estimate(recs), [0.5, 1.0])
+    assert est.judged == 1 and est.describe()["verdicts_by"] == ["lexical"]
+    # Without a judge named, the stored verdicts are used whoever judged them, and said so.
+    default = get_estimator("consis-sem")
+    np.testing.assert_allclose(default.estimate(recs), [0.0, 1.0])
+    assert default.describe() == {"name": "consis-sem", "level": "question", "judge": "as annotated",
+                                  "verdicts_by": ["lexical", "llm"]}
 
 
 def test_unknown_judge_is_named():

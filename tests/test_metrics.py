@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -21,14 +20,11 @@ from candor.metrics import (
     alignment,
     auprc,
     auroc,
-    bootstrap_ci,
     brier,
     compute_metrics,
     ece,
-    group_averages,
     mce,
     nce,
-    weighted_average,
 )
 
 SEEDS = [0, 1, 2, 3, 4]
@@ -226,69 +222,3 @@ def test_compute_metrics() -> None:
     }
     with pytest.raises(CandorError, match="unknown metric 'aurooc'"):
         compute_metrics(conf, correct, ["auroc", "aurooc"])
-
-
-def test_bootstrap_matches_normal_approximation_for_accuracy() -> None:
-    rng = np.random.default_rng(5)
-    correct = (rng.uniform(size=400) < 0.5).astype(int)
-    conf = np.full(400, 0.5)
-    low, high = bootstrap_ci("accuracy", conf, correct, n=500, seed=1)
-    p = correct.mean()
-    half = 1.96 * math.sqrt(p * (1 - p) / 400)
-    assert low == pytest.approx(p - half, abs=0.015)
-    assert high == pytest.approx(p + half, abs=0.015)
-    assert bootstrap_ci(accuracy, conf, correct, n=500, seed=1) == (low, high)  # seeded
-
-
-def test_bootstrap_skips_nan_resamples_quietly() -> None:
-    conf = np.linspace(0.05, 0.95, 30)
-    correct = np.zeros(30, dtype=int)
-    correct[[27, 29]] = 1  # rare positives: some resamples draw none
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        low, high = bootstrap_ci(auroc, conf, correct, n=300)
-    assert 0.5 < low <= high <= 1.0
-
-
-def test_bootstrap_all_nan() -> None:
-    with pytest.warns(RuntimeWarning, match="NaN on all"):
-        low, high = bootstrap_ci(auroc, [0.1, 0.9], [1, 1], n=20)
-    assert math.isnan(low) and math.isnan(high)
-    with pytest.raises(CandorError, match="alpha"):
-        bootstrap_ci(auroc, [0.1, 0.9], [0, 1], alpha=0.0)
-
-
-PER_DATASET = {
-    "nq": {"auroc": 0.6, "ece": 0.1},
-    "hq": {"auroc": 0.9, "ece": 0.3},
-    "squad": {"auroc": 0.7, "ece": 0.2},
-}
-SIZES = {"nq": 100, "hq": 300, "squad": 50}
-
-
-def test_weighted_average() -> None:
-    out = weighted_average({k: PER_DATASET[k] for k in ("nq", "hq")}, SIZES)
-    assert out == pytest.approx({"auroc": (60 + 270) / 400, "ece": (10 + 90) / 400})
-
-
-def test_group_averages() -> None:
-    roles = {"nq": "id", "hq": "id", "squad": "ood", "musique": "ood"}
-    out = group_averages(PER_DATASET, SIZES, roles)
-    assert out["id"] == pytest.approx({"auroc": 0.825, "ece": 0.25})
-    assert out["ood"] == pytest.approx({"auroc": 0.7, "ece": 0.2})
-    with pytest.raises(CandorError, match="'squad' has no role"):
-        group_averages(PER_DATASET, SIZES, {"nq": "id", "hq": "id"})
-
-
-def test_weighted_average_errors_and_nan() -> None:
-    with pytest.raises(CandorError, match="no test-set size for dataset 'squad'"):
-        weighted_average(PER_DATASET, {"nq": 1, "hq": 1})
-    with pytest.raises(CandorError, match="must be positive"):
-        weighted_average(PER_DATASET, {**SIZES, "nq": 0})
-    with pytest.raises(CandorError, match="same metrics"):
-        weighted_average({"nq": {"auroc": 0.5}, "hq": {"ece": 0.1}}, SIZES)
-    with pytest.raises(CandorError, match="at least one dataset"):
-        weighted_average({}, SIZES)
-    with pytest.warns(RuntimeWarning, match="NaN on \\['hq'\\]"):
-        out = weighted_average({"nq": {"auroc": 0.5}, "hq": {"auroc": math.nan}}, SIZES)
-    assert math.isnan(out["auroc"])

@@ -16,8 +16,8 @@ from rich.console import Console
 
 from candor.confidences import ConfidenceRow, ConfidenceTable
 from candor.errors import CandorError
-from candor.metrics import DEFAULT_METRICS, compute_metrics, ece
-from candor.report import evaluate, format_table_rich, safe_filenames, write_report
+from candor.metrics import compute_metrics, ece
+from candor.report import CI_METRICS, REPORT_METRICS, evaluate, format_table_rich, safe_filenames, write_report
 
 ROLES = {"a": "id", "b": "id", "c": "ood"}
 
@@ -66,11 +66,11 @@ def test_json_matches_compute_metrics_per_dataset_and_pooled(report):
     doc = _json(result)
     for method in table.methods:
         for ds in table.datasets:
-            expected = compute_metrics(*table.arrays(method, ds), names=DEFAULT_METRICS)
+            expected = compute_metrics(*table.arrays(method, ds), names=REPORT_METRICS)
             stored = doc["metrics"][method][ds]
             assert set(stored) == set(expected)
             assert all(_same(stored[k], v) for k, v in expected.items()), (method, ds)
-        pooled = compute_metrics(*table.arrays(method), names=DEFAULT_METRICS)
+        pooled = compute_metrics(*table.arrays(method), names=REPORT_METRICS)
         assert all(_same(doc["metrics"][method]["all"][k], v) for k, v in pooled.items())
 
 
@@ -117,11 +117,11 @@ def test_csv_is_long_format_and_agrees_with_json(report):
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["method", "dataset", "metric", "value", "ci_low", "ci_high"]
     columns = ["a", "b", "c", "all", "id", "ood"]
-    assert len(rows) == len(table.methods) * len(columns) * len(DEFAULT_METRICS)
+    assert len(rows) == len(table.methods) * len(columns) * len(REPORT_METRICS)
     for row in rows:
         stored = doc["metrics"][row["method"]][row["dataset"]][row["metric"]]
         assert _same(stored, float(row["value"]))
-        has_ci = row["metric"] in ("auroc", "ece", "brier", "alignment")
+        has_ci = row["metric"] in CI_METRICS
         assert (row["ci_low"] != "") == has_ci, row
 
 
@@ -235,3 +235,14 @@ def test_user_mistakes_raise_candor_error(tmp_path, table, kwargs, message):
     with pytest.raises(CandorError, match=message):
         write_report(table, tmp_path, **kwargs)
     assert not (tmp_path / "metrics.json").exists()
+
+
+def test_parse_fallback_counts_from_the_confidences_file_reach_metrics_json(tmp_path):
+    rows = [ConfidenceRow(f"q{i}", "nq", i % 2, {"verbal-0": 0.5 + 0.04 * (i % 5), "n-prob": 0.1 * (i % 9)})
+            for i in range(40)]
+    table = ConfidenceTable(rows, columns={"verbal-0": {"parse_fallbacks": 7}, "n-prob": {}})
+    result = write_report(table, tmp_path / "rep")
+    doc = json.loads((tmp_path / "rep" / "metrics.json").read_text())
+    assert doc["counts"]["verbal-0"]["parse_fallbacks"] == 7
+    assert "parse_fallbacks" not in doc["counts"].get("n-prob", {})
+    assert result.evaluation.counts["verbal-0"]["parse_fallbacks"] == 7

@@ -3,25 +3,33 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
+import numpy as np
 import pytest
+from conftest import build_tiny_model
+from helpers import BlackBox
 from typer.testing import CliRunner
 
 from candor.backends.base import Completion
 from candor.cli import app
-from candor.confidences import read_confidences
+from candor.confidences import columns_path, read_confidences, write_confidences
+from candor.contamination import write_manifest
 from candor.data.items import QAItem
 from candor.demo import run_demo
+from candor.errors import CandorError
 from candor.records import Record, write_records
 from candor.scoring import score_into
+from candor.verbal_formats import distribution_from_prompts, format_prompt
 
 
 def record(i: int, logprobs: list[float], consistency: list[int], correct: int) -> Record:
     item = QAItem(f"r:{i}", "toy", "test", f"question {i}", ("gold",))
     greedy = Completion("answer", token_ids=list(range(len(logprobs))), logprobs=logprobs)
     samples = [Completion("answer") for _ in consistency]
-    return Record(item, greedy, samples, correct, [correct] * len(consistency), consistency)
+    provenance = {"model": "toy-model", "consistency_judge": "lexical"}
+    return Record(item, greedy, samples, correct, [correct] * len(consistency), consistency, provenance)
 
 
 @pytest.fixture()
@@ -33,25 +41,140 @@ def records() -> list[Record]:
     ]
 
 
-def test_score_into_writes_values_and_reuses_cached_columns(records, tmp_path):
+def test_score_into_writes_values_and_reuses_cached_columns(records, tmp_path, caplog):
     out = tmp_path / "conf.jsonl"
     table = score_into(records, ["n-prob", "consis-sem"], out)
     conf, correct = table.arrays("n-prob")
     assert conf == pytest.approx([math.exp(-2.0), math.exp(-0.5), math.exp(-0.1)])
     assert list(correct) == [1, 0, 1]
     assert table.arrays("consis-sem")[0] == pytest.approx([0.5, 1.0, 0.25])
+    produced_by = read_confidences(out).provenance("n-prob")["produced_by"]
+    assert produced_by["estimator"] == "n-prob" and len(produced_by["records"]) == 64
 
-    # Plant a sentinel in the cached column: a rerun must keep it (no recompute) ...
+    # The same run again reuses the column; a new method is added after it.
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        again = score_into(records, ["n-prob", "prob"], out)
+    assert "n-prob: reusing cached confidences" in caplog.text
+    assert again.arrays("prob")[0] == pytest.approx([math.exp(-6.0), math.exp(-0.5), math.exp(-0.2)])
+    assert read_confidences(out).methods == ["n-prob", "prob", "consis-sem"]  # the other column is kept
+    # A hand-edited value is not vouched for by the provenance: recomputed.
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     rows[0]["confidence"]["n-prob"] = 0.123
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    again = score_into(records, ["n-prob", "prob"], out)
-    assert again.arrays("n-prob")[0][0] == pytest.approx(0.123)
-    assert again.arrays("prob")[0] == pytest.approx([math.exp(-6.0), math.exp(-0.5), math.exp(-0.2)])
-    assert read_confidences(out).methods[:2] == ["n-prob", "prob"]
-    # ... and force recomputes it.
-    forced = score_into(records, ["n-prob"], out, force=True)
+    assert read_confidences(out).provenance("n-prob") is None
+    assert score_into(records, ["n-prob"], out).arrays("n-prob")[0][0] == pytest.approx(math.exp(-2.0))
+    # ... and force recomputes whatever is there.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        forced = score_into(records, ["n-prob"], out, force=True)
+    assert "n-prob: recomputing (--force)" in caplog.text
     assert forced.arrays("n-prob")[0][0] == pytest.approx(math.exp(-2.0))
+
+
+def test_a_failing_method_loses_no_reusable_column(records, tmp_path):
+    out = tmp_path / "conf.jsonl"
+    score_into(records, ["n-prob"], out)
+    # prob is scored and written, then verbal-letter fails (no model): n-prob, asked last, must still be there.
+    with pytest.raises(CandorError, match="needs a model backend"):
+        score_into(records, ["prob", "verbal-letter", "n-prob"], out)
+    kept = read_confidences(out)
+    assert kept.methods == ["prob", "n-prob"] and kept.provenance("n-prob") is not None
+
+
+def test_a_column_present_for_only_some_records_is_not_reused(records, tmp_path, caplog):
+    out = tmp_path / "conf.jsonl"
+    score_into(records, ["n-prob"], out)
+    # A table whose provenance is intact (re-signed) but whose column misses one record
+    # and holds a sentinel elsewhere: reusing it would keep the sentinel.
+    table = read_confidences(out)
+    table.rows[0].confidence["n-prob"] = 0.123
+    del table.rows[1].confidence["n-prob"]
+    write_confidences(out, table)
+    assert read_confidences(out).provenance("n-prob") is not None
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        again = score_into(records, ["n-prob"], out)
+    assert "n-prob: recomputing (missing for 1 of 3 records)" in caplog.text
+    assert again.arrays("n-prob")[0] == pytest.approx([math.exp(-2.0), math.exp(-0.5), math.exp(-0.1)])
+
+
+def test_changed_options_or_records_recompute_and_say_what_changed(records, tmp_path, caplog):
+    out = tmp_path / "conf.jsonl"
+    stored = score_into(records, ["consis-sem"], out).arrays("consis-sem")[0]
+    assert stored == pytest.approx([0.5, 1.0, 0.25])  # the annotation's verdicts
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        rejudged = score_into(records, ["consis-sem"], out,
+                              options={"consis-sem": {"judge": "lexical", "threshold": 0.9}})
+    assert "consis-sem: recomputing (changed: options)" in caplog.text
+    # The lexical judge at another threshold judges "answer" vs "answer" anew: every verdict is 1.
+    assert rejudged.arrays("consis-sem")[0] == pytest.approx([1.0, 1.0, 1.0])
+    # Other records under the same ids: the records' content changed.
+    edited = [record(0, [-3.0], [1, 1, 0, 0], 1), *records[1:]]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        table = score_into(edited, ["consis-sem", "n-prob"], out, options={"consis-sem": {"judge": "lexical",
+                                                                                        "threshold": 0.9}})
+    assert "consis-sem: recomputing (changed: records)" in caplog.text
+    assert table.arrays("n-prob")[0][0] == pytest.approx(math.exp(-3.0))
+
+
+def test_another_model_under_the_same_name_gets_its_own_column(records, tiny_backend, tokenizer, tmp_path, caplog):
+    from candor.backends.hf import HFBackend
+
+    out = tmp_path / "conf.jsonl"
+    first = score_into(records, ["verbal-letter"], out, tiny_backend, progress=False).arrays("verbal-letter")[0]
+    assert read_confidences(out).provenance("verbal-letter")["produced_by"]["model"] == tiny_backend.model_name
+    other = HFBackend(build_tiny_model(len(tokenizer), seed=3), tokenizer, model_name=tiny_backend.model_name)
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        second = score_into(records, ["verbal-letter"], out, other, progress=False).arrays("verbal-letter")[0]
+    assert "verbal-letter: recomputing (changed: weights)" in caplog.text
+    expected = score_into(records, ["verbal-letter"], tmp_path / "fresh.jsonl", other, progress=False)
+    np.testing.assert_allclose(second, expected.arrays("verbal-letter")[0])
+    assert not np.allclose(first, second)
+
+
+def test_cli_score_with_an_adapter_does_not_reuse_the_base_models_column(records, tiny_model_dir, tmp_path, caplog):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    recs, conf, adapter = tmp_path / "records.jsonl", tmp_path / "conf.jsonl", tmp_path / "adapter"
+    write_records(recs, records)
+    peft_model = get_peft_model(build_tiny_model(49152), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # LoRA's B starts at zero; move it so the adapter changes the model
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    peft_model.save_pretrained(adapter)
+    write_manifest(adapter, ["question 1", "an unrelated question"])
+    base = ["score", "-r", str(recs), "-o", str(conf), "-e", "verbal-number", "--model", tiny_model_dir]
+    runner = CliRunner()
+    assert runner.invoke(app, base).exit_code == 0
+    plain = read_confidences(conf).arrays("verbal-number")[0]
+    with caplog.at_level(logging.INFO):
+        result = runner.invoke(app, [*base, "--adapter", str(adapter)])
+    assert result.exit_code == 0, result.output
+    assert "verbal-number: recomputing (changed: adapter, weights)" in caplog.text
+    # The adapter was trained on "question 1", one of the three records being scored.
+    assert "contamination: 1 of 3 records being scored are among the training questions" in caplog.text
+    assert "'question 1'" in caplog.text
+    tuned = read_confidences(conf)
+    assert not np.allclose(tuned.arrays("verbal-number")[0], plain)
+    assert tuned.provenance("verbal-number")["produced_by"]["adapter"]["path"] == str(adapter)
+
+
+def test_parse_fallbacks_are_stored_with_the_column(tiny_backend, tmp_path):
+    items = [QAItem(f"q:{i}", "toy", "test", q, ("x",)) for i, q in enumerate(["who wrote hamlet", "2+2?"])]
+    recs = [Record(item, Completion("Paris", token_ids=[1], logprobs=[-0.5]), []) for item in items]
+    blind = BlackBox(tiny_backend)
+    out = tmp_path / "conf.jsonl"
+    score_into(recs, ["verbal-letter", "n-prob"], out, blind, progress=False)
+    prompts = [format_prompt(blind, it, "Paris", "letter") for it in items]
+    _, failures = distribution_from_prompts(blind, prompts, "letter")
+    assert failures > 0  # the tiny random model states no letter
+    table = read_confidences(out)
+    assert table.parse_fallbacks("verbal-letter") == failures
+    assert table.parse_fallbacks("n-prob") is None  # nothing parsed
+    sidecar = json.loads(columns_path(out).read_text())
+    assert sidecar["columns"]["verbal-letter"]["parse_fallbacks"] == failures
 
 
 def test_cli_score_then_eval(records, tmp_path):

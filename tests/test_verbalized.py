@@ -74,15 +74,24 @@ def test_formats_by_key_or_paper_name():
         ("letter", " B (high confidence)", 1),
         ("letter", "very sure", None),
         ("number", " 7", 7),
-        ("number", " 0.7", None),
+        ("number", " 0.7", None),  # a probability, not a 0-9 digit
+        ("number", " 7.5", 7),  # truncated, as the white-box label "7" collects "7.5"
+        ("number", " 10", None),
         ("text", " Very High", 0),
         ("text", " low.", 3),
         ("float", " 0.83", 8),
+        ("float", " 0.25", 2),  # truncated, never rounded: round() gave 2 here ...
+        ("float", " 0.35", 3),  # ... but 4 here (banker's rounding)
+        ("float", " 0.3", 3),  # exact decimal arithmetic: 0.3 * 10 is not 2.999...
+        ("float", " 0.29", 2),
         ("float", " 1.0", 10),
         ("float", " 7", None),
         ("percent", " 85%", 85),
         ("percent", " 100", 100),
         ("percent", " 250%", None),
+        ("percent", " 0.8", None),  # a fraction, not 0.8%: no label
+        ("percent", " 0.8%", 0),  # an explicit percentage
+        ("percent", " 37.5%", 37),
         ("number", "", None),
     ],
 )

@@ -5,9 +5,11 @@ correctness of each (against the gold aliases) and the consistency of each
 sample with the greedy answer.
 
 Resumable by construction: records are appended a batch at a time with an
-fsync, finished ids are skipped on a rerun, and a line cut by ``kill -9`` is
+fsync, finished ids are skipped on a rerun (after checking that each still
+holds the same question and answers), and a line cut by ``kill -9`` is
 dropped on reopen. ``shard="i/n"`` takes the i-th of n contiguous slices, and
-:func:`merge_shards` puts the shard files back together in input order.
+:func:`merge_shards` puts the shard files back together in input order,
+refusing a set with a shard or an item missing.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from tqdm.auto import tqdm
 
 import candor
 from candor.backends.base import Backend, Generations, SamplingParams
-from candor.data.items import QAItem
+from candor.data.items import QAItem, QAItems
 from candor.errors import CandorError
-from candor.judges import get_consistency_judge, get_correctness_judge
+from candor.judges import CONSISTENCY_JUDGES, CORRECTNESS_JUDGES, get_consistency_judge, get_correctness_judge
 from candor.prompts import QATemplate
 from candor.records import Record, RecordAppender, read_records, truncate_partial_last_line, write_records
 
@@ -56,9 +58,13 @@ class Shard:
             raise CandorError(f"--shard {text!r}: need 0 <= i < n")
         return cls(index, count)
 
+    def bounds(self, n: int) -> tuple[int, int]:
+        """The ``[start, end)`` positions of this shard in an input of ``n`` items."""
+        return self.index * n // self.count, (self.index + 1) * n // self.count
+
     def select(self, items: Sequence[QAItem]) -> list[QAItem]:
-        n = len(items)
-        return list(items[self.index * n // self.count : (self.index + 1) * n // self.count])
+        start, end = self.bounds(len(items))
+        return list(items[start:end])
 
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
@@ -80,6 +86,9 @@ class AnnotateConfig:
             raise CandorError(f"k must be >= 0, got {self.k}")
         if self.batch_size < 1:
             raise CandorError(f"batch size must be >= 1, got {self.batch_size}")
+        # Unknown judge names fail here, before a model is loaded.
+        CORRECTNESS_JUDGES.get(self.correctness_judge)
+        CONSISTENCY_JUDGES.get(self.consistency_judge)
 
 
 @dataclass
@@ -104,7 +113,15 @@ def check_unique_ids(items: Sequence[QAItem]) -> None:
         seen.add(item.id)
 
 
-def _provenance(backend: Backend, template: QATemplate, config: AnnotateConfig, shard: Shard | None) -> dict:
+def _provenance(
+    backend: Backend, template: QATemplate, config: AnnotateConfig, shard: Shard | None, items: Sequence[QAItem]
+) -> dict:
+    """What made the records.
+
+    A shard also records ``input_items``, the size of the input it is a slice
+    of, so :func:`merge_shards` can tell a missing or unfinished shard.
+    ``skipped_items`` counts the input rows the loader skipped as unjudgeable.
+    """
     params = config.params
     stop = tuple(dict.fromkeys((*params.stop, *template.stop)))
     decoding = {"greedy": {"temperature": 0.0}, "samples": {**params.to_dict(), "stop": list(stop)}}
@@ -118,6 +135,8 @@ def _provenance(backend: Backend, template: QATemplate, config: AnnotateConfig, 
         "consistency_judge": config.consistency_judge,
         "candor_version": candor.__version__,
         "shard": str(shard) if shard else None,
+        "input_items": len(items) if shard else None,
+        "skipped_items": items.skipped if isinstance(items, QAItems) else 0,
     }
 
 
@@ -125,12 +144,13 @@ def _settings(provenance: dict[str, Any]) -> dict[str, Any]:
     return {key: provenance.get(key) for key in SETTINGS_KEYS}
 
 
-def _finished_ids(path: Path, expected: dict[str, Any]) -> set[str]:
-    """Ids already in ``path``; refuses a file made with other settings."""
+def _finished_ids(path: Path, expected: dict[str, Any], items: Sequence[QAItem]) -> set[str]:
+    """Ids already in ``path``; refuses a file made with other settings or for other questions."""
     if not path.exists():
         return set()
     truncate_partial_last_line(path)
     done = read_records(path)
+    by_id = {item.id: item for item in items}
     for rec in done:
         found = _settings(rec.provenance)
         if found != _settings(expected):
@@ -139,7 +159,22 @@ def _finished_ids(path: Path, expected: dict[str, Any]) -> set[str]:
                 f"{path} holds records made with other settings {diff} (found, requested); "
                 "use another --out or delete the file"
             )
+        if rec.id in by_id:
+            _check_same_item(path, rec.item, by_id[rec.id])
     return {rec.id for rec in done}
+
+
+def _check_same_item(path: Path, done: QAItem, given: QAItem) -> None:
+    """Ids of a plain file are line numbers: an edited or reordered input must not reuse old records."""
+    fields = ("question", "answers", "choices", "context")
+    changed = [f for f in fields if getattr(done, f) != getattr(given, f)]
+    if changed:
+        raise CandorError(
+            f"{path}: the record for id {given.id!r} was made for question {done.question!r} "
+            f"(answers {list(done.answers)}), but the input now has question {given.question!r} "
+            f"(answers {list(given.answers)}) under that id; the input changed ({', '.join(changed)}): "
+            "use another --out or delete the file"
+        )
 
 
 def _judge_batch(
@@ -190,10 +225,10 @@ def annotate(
     config = config or AnnotateConfig()
     out = Path(out)
     check_unique_ids(items)
+    provenance = _provenance(backend, template, config, shard, items)
+    done = _finished_ids(out, provenance, items)
     if shard is not None:
         items = shard.select(items)
-    provenance = _provenance(backend, template, config, shard)
-    done = _finished_ids(out, provenance)
     todo = [item for item in items if item.id not in done]
     judges = make_judges(config, judge_backend or backend)
     params = SamplingParams(**{**config.params.to_dict(), "stop": tuple(provenance["decoding"]["samples"]["stop"])})
@@ -221,33 +256,86 @@ def annotate(
 
 
 def merge_shards(paths: Sequence[str | Path], out: str | Path) -> int:
-    """Merge shard files into one, in input order; refuses mixed settings or duplicate ids."""
+    """Merge the shard files of one ``annotate --shard i/n`` run into ``out``, in input order.
+
+    Refuses, writing nothing: files made with other settings, a file that is
+    not a shard, shards of different n or of different inputs, a shard given
+    twice, a missing shard, a shard that holds fewer items than its slice
+    (a run that did not finish), and an id in two shards.
+    """
     if not paths:
         raise CandorError("merge: no input files")
-    loaded = []
-    for path in paths:
-        records = read_records(path)
-        if not records:
-            raise CandorError(f"{path}: no records")
-        loaded.append((path, records))
-    reference_path, reference = loaded[0][0], _settings(loaded[0][1][0].provenance)
-    for path, records in loaded:
-        if _settings(records[0].provenance) != reference:
-            raise CandorError(f"{path} was made with other settings than {reference_path}; cannot merge")
-    loaded.sort(key=lambda pr: _shard_index(pr[1][0].provenance))
+    shards = [_read_shard(Path(p)) for p in paths]
+    present = [s for s in shards if s.records]
+    if not present:
+        raise CandorError(f"merge: no records in {', '.join(str(p) for p in paths)}")
+    first = present[0]
+    for part in present:
+        if _settings(part.provenance) != _settings(first.provenance):
+            raise CandorError(f"{part.path} was made with other settings than {first.path}; cannot merge")
+        if part.shard.count != first.shard.count or part.input_items != first.input_items:
+            raise CandorError(
+                f"{part.path} is shard {part.shard} of {part.input_items} input items, "
+                f"{first.path} shard {first.shard} of {first.input_items}: not parts of one run"
+            )
+    _check_coverage(present, first.shard.count, first.input_items)
     merged: list[Record] = []
-    seen: set[str] = set()
-    for path, records in loaded:
-        for rec in records:
-            if rec.id in seen:
-                raise CandorError(f"{path}: id {rec.id!r} is already in another shard")
-            seen.add(rec.id)
-            rec.provenance = {**rec.provenance, "shard": None}
+    owner: dict[str, Path] = {}
+    for part in sorted(present, key=lambda s: s.shard.index):
+        for rec in part.records:
+            if rec.id in owner:
+                raise CandorError(f"merge: id {rec.id!r} is in both {owner[rec.id]} and {part.path}")
+            owner[rec.id] = part.path
+            rec.provenance = {**rec.provenance, "shard": None, "input_items": None}  # as a single run writes it
             merged.append(rec)
     write_records(out, merged)
     return len(merged)
 
 
-def _shard_index(provenance: dict[str, Any]) -> int:
-    shard = provenance.get("shard")
-    return Shard.parse(shard).index if shard else 0
+@dataclass
+class _ShardFile:
+    path: Path
+    records: list[Record]
+    shard: Shard
+    input_items: int | None
+    provenance: dict[str, Any]
+
+
+def _read_shard(path: Path) -> _ShardFile:
+    """A shard file and which shard it is, read from its records' provenance."""
+    records = read_records(path)
+    if not records:  # a shard of an input smaller than n can be empty; coverage decides
+        return _ShardFile(path, [], Shard(0, 1), None, {})
+    provenance = records[0].provenance
+    names = {rec.provenance.get("shard") for rec in records}
+    if len(names) != 1 or not provenance.get("shard"):
+        found = ", ".join(sorted(str(n) for n in names))
+        raise CandorError(f"{path}: not one shard of `annotate --shard i/n` (shard in provenance: {found})")
+    sizes = {rec.provenance.get("input_items") for rec in records}
+    if len(sizes) != 1:
+        raise CandorError(f"{path}: records made from inputs of different sizes {sorted(map(str, sizes))}")
+    return _ShardFile(path, records, Shard.parse(provenance["shard"]), provenance.get("input_items"), provenance)
+
+
+def _check_coverage(parts: Sequence[_ShardFile], count: int, input_items: int | None) -> None:
+    """Every shard once, each complete. Records from before ``input_items`` was kept skip the size check."""
+    by_index: dict[int, _ShardFile] = {}
+    for part in parts:
+        if part.shard.index in by_index:
+            raise CandorError(f"merge: shard {part.shard} given twice ({by_index[part.shard.index].path}, {part.path})")
+        by_index[part.shard.index] = part
+    given = ", ".join(str(by_index[i].shard) for i in sorted(by_index))
+    for index in range(count):
+        shard = Shard(index, count)
+        start, end = shard.bounds(input_items) if input_items is not None else (0, 1)
+        part = by_index.get(index)
+        if part is None and end > start:
+            raise CandorError(
+                f"merge: shard {shard} is missing (given: {given}); "
+                f"run `candor annotate --shard {shard}` and merge again"
+            )
+        if part is not None and input_items is not None and len(part.records) != end - start:
+            raise CandorError(
+                f"merge: {part.path} (shard {shard}) holds {len(part.records)} of its {end - start} items; "
+                f"rerun `candor annotate --shard {shard}` to finish it (it resumes)"
+            )

@@ -6,11 +6,15 @@ They feel like scikit-learn estimators::
     test_conf = cal.predict(raw_test_conf)
 
 ``fit`` returns the calibrator; ``predict`` returns floats in [0, 1]. Calling
-``predict`` before ``fit`` raises :class:`CandorError`.
+``predict`` before ``fit`` raises :class:`CandorError`. A fitted calibrator is
+saved as plain JSON with :func:`save_calibrator` and read back with
+:func:`load_calibrator` (no pickles: a calibrator file is safe to share).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
@@ -61,6 +65,21 @@ class Calibrator:
     def fit_predict(self, confidence: ArrayLike, correct: ArrayLike) -> np.ndarray:
         return self.fit(confidence, correct).predict(confidence)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Name, constructor settings and fitted state, as JSON-ready values."""
+        if not self._fitted:
+            raise CandorError(f"{self.name} calibrator: fit it before saving")
+        return {"name": self.name, "settings": self._settings(), "state": self._state()}
+
+    def _settings(self) -> dict[str, Any]:
+        return {}
+
+    def _state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     def _fit(self, conf: np.ndarray, y: np.ndarray) -> None:
         raise NotImplementedError
 
@@ -89,12 +108,24 @@ class PlattCalibrator(Calibrator):
         self.C = C
         self.model = LogisticRegression(C=C)
 
+        self.slope_, self.intercept_ = 1.0, 0.0
+
     def _fit(self, conf: np.ndarray, y: np.ndarray) -> None:
         self._need_both_classes(y)
         self.model.fit(logit(conf)[:, None], y)
+        self.slope_, self.intercept_ = float(self.model.coef_[0, 0]), float(self.model.intercept_[0])
 
     def _predict(self, conf: np.ndarray) -> np.ndarray:
-        return self.model.predict_proba(logit(conf)[:, None])[:, 1]
+        return sigmoid(self.slope_ * logit(conf) + self.intercept_)
+
+    def _settings(self) -> dict[str, Any]:
+        return {"C": self.C}
+
+    def _state(self) -> dict[str, Any]:
+        return {"slope": self.slope_, "intercept": self.intercept_}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.slope_, self.intercept_ = float(state["slope"]), float(state["intercept"])
 
 
 @CALIBRATORS.register("isotonic")
@@ -107,11 +138,24 @@ class IsotonicCalibrator(Calibrator):
         super().__init__()
         self.model = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
 
+        self.knots_x_ = np.array([0.0, 1.0])
+        self.knots_y_ = np.array([0.0, 1.0])
+
     def _fit(self, conf: np.ndarray, y: np.ndarray) -> None:
         self.model.fit(conf, y.astype(float))
+        self.knots_x_ = np.asarray(self.model.X_thresholds_, dtype=float)
+        self.knots_y_ = np.asarray(self.model.y_thresholds_, dtype=float)
 
     def _predict(self, conf: np.ndarray) -> np.ndarray:
-        return np.asarray(self.model.predict(conf), dtype=float)
+        # scikit-learn's isotonic prediction is linear interpolation between its knots, clipped at the ends.
+        return np.interp(conf, self.knots_x_, self.knots_y_)
+
+    def _state(self) -> dict[str, Any]:
+        return {"knots_x": self.knots_x_.tolist(), "knots_y": self.knots_y_.tolist()}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.knots_x_ = np.asarray(state["knots_x"], dtype=float)
+        self.knots_y_ = np.asarray(state["knots_y"], dtype=float)
 
 
 @CALIBRATORS.register("temperature")
@@ -147,6 +191,15 @@ class TemperatureCalibrator(Calibrator):
 
     def _predict(self, conf: np.ndarray) -> np.ndarray:
         return sigmoid(logit(conf) / self.temperature_)
+
+    def _settings(self) -> dict[str, Any]:
+        return {"t_min": self.t_min, "t_max": self.t_max}
+
+    def _state(self) -> dict[str, Any]:
+        return {"temperature": self.temperature_}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        self.temperature_ = float(state["temperature"])
 
 
 @CALIBRATORS.register("histogram")
@@ -184,7 +237,54 @@ class HistogramCalibrator(Calibrator):
     def _predict(self, conf: np.ndarray) -> np.ndarray:
         return self.bin_values_[bin_indices(conf, self.n_bins)]
 
+    def _settings(self) -> dict[str, Any]:
+        return {"n_bins": self.n_bins, "empty": self.empty}
+
+    def _state(self) -> dict[str, Any]:
+        return {"bin_values": self.bin_values_.tolist()}
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        values = np.asarray(state["bin_values"], dtype=float)
+        if values.shape != (self.n_bins,):
+            raise CandorError(f"histogram calibrator: {values.size} bin values for {self.n_bins} bins")
+        self.bin_values_ = values
+
 
 def get_calibrator(name: str, **kwargs: Any) -> Calibrator:
     """Build a registered calibrator, e.g. ``get_calibrator("histogram", n_bins=15)``."""
     return CALIBRATORS.build(name, **kwargs)
+
+
+def calibrator_from_dict(payload: dict[str, Any]) -> Calibrator:
+    """Rebuild a fitted calibrator from :meth:`Calibrator.to_dict`."""
+    try:
+        cal = get_calibrator(payload["name"], **payload.get("settings", {}))
+        cal._load_state(payload["state"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CandorError(f"not a saved calibrator: missing or bad field {exc}") from None
+    cal._fitted = True
+    return cal
+
+
+def save_calibrator(path: str | Path, cal: Calibrator, **extra: Any) -> Path:
+    """Write a fitted calibrator (and any ``extra`` provenance) as JSON, atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**cal.to_dict(), **extra}, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def load_calibrator(path: str | Path) -> Calibrator:
+    path = Path(path)
+    if not path.exists():
+        raise CandorError(f"{path}: no such calibrator file")
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CandorError(f"{path}: malformed JSON ({exc.msg})") from None
+    try:
+        return calibrator_from_dict(payload)
+    except CandorError as exc:
+        raise CandorError(f"{path}: {exc}") from None

@@ -76,7 +76,7 @@ def annotate(
     shard: Annotated[str | None, typer.Option(help="i/n: annotate the i-th of n slices (0-based).")] = None,
     template: Annotated[str, typer.Option(help="Prompt template: auto, chat or fewshot.")] = "auto",
     judge: Annotated[str, typer.Option(help="Correctness judge: contains, exact, f1, llm.")] = "contains",
-    consistency: Annotated[str, typer.Option(help="Consistency judge: lexical or llm.")] = "lexical",
+    consistency: Annotated[str, typer.Option(help="Consistency judge (see candor.judges).")] = "lexical",
     max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling.")] = 0.95,
@@ -84,6 +84,9 @@ def annotate(
     batch_size: Annotated[int, typer.Option(help="Questions per batch.")] = 16,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     data_dir: DataDirOpt = None,
+    strict: Annotated[
+        bool, typer.Option(help="Refuse items with no non-empty answer alias instead of skipping them.")
+    ] = False,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
     from candor.annotate import AnnotateConfig, Shard
@@ -93,13 +96,17 @@ def annotate(
     from candor.data import load_items
     from candor.prompts import resolve_template
 
-    items = load_items(data, data_dir=data_dir, limit=limit)
+    # Every option is checked before the model loads, so a typo fails fast.
+    shard_spec = Shard.parse(shard) if shard else None
+    if template != "auto":
+        resolve_template(template, model)
+    items = load_items(data, data_dir=data_dir, limit=limit, strict=strict)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
     config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
                             seed=seed, batch_size=batch_size)
     backend = load_backend(model, batch_size=batch_size)
     qa_template = resolve_template(template, model, backend)
-    result = run_annotate(items, backend, out, qa_template, config, shard=Shard.parse(shard) if shard else None)
+    result = run_annotate(items, backend, out, qa_template, config, shard=shard_spec)
     _print_annotation_summary(result.path)
 
 
@@ -158,12 +165,15 @@ def export_honestybench(
 def import_honestybench(
     source: Annotated[Path, typer.Argument(help="JSONL with HonestyBench field names.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="candor records JSONL.")],
-    dataset: Annotated[str, typer.Option(help="Dataset name when the file has none.")] = "",
+    dataset: Annotated[str, typer.Option(help="Dataset name when the file has none (default: the file's stem).")] = "",
+    strict: Annotated[
+        bool, typer.Option(help="Refuse items with no non-empty answer alias instead of skipping them.")
+    ] = False,
 ) -> None:
     """Import released HonestyBench annotations as candor records."""
     from candor.records import read_honestybench, write_records
 
-    recs = read_honestybench(source, dataset)
+    recs = read_honestybench(source, dataset, strict=strict)
     write_records(out, recs)
     typer.echo(f"imported {len(recs)} records into {out}")
 
@@ -172,7 +182,9 @@ def import_honestybench(
 @user_errors
 def score(
     records: Annotated[Path, typer.Option("--records", "-r", help="Records JSONL from `candor annotate`.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Confidences JSONL (methods already there are kept).")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Confidences JSONL (columns made exactly as this run would are reused).")
+    ],
     estimators: Annotated[
         str, typer.Option("--estimators", "-e", help="Comma-separated estimator names, or 'list'.")
     ] = "prob,n-prob,min-prob,consis-lex,consis-sem",
@@ -248,17 +260,40 @@ def evaluate(
     ood: Annotated[str, typer.Option(help="Comma-separated out-of-domain datasets (the rest are in-domain).")] = "",
     n_bins: Annotated[int, typer.Option(help="ECE bins.")] = 10,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for 95% intervals (0: none).")] = 0,
+    metrics: Annotated[str, typer.Option(help="Comma-separated metrics (default: all the report's).")] = "",
 ) -> None:
-    """Evaluate confidences: tables (Markdown, CSV, JSON), reliability diagrams, histograms."""
+    """Evaluate confidences: tables (Markdown, CSV, JSON), reliability and risk-coverage plots, histograms."""
     from candor.confidences import read_confidences
-    from candor.report import format_table_rich, write_report
+    from candor.report import REPORT_METRICS, format_table_rich, roles_from_ood, write_report
 
     table = read_confidences(confidences)
-    ood_names = {n.strip() for n in ood.split(",") if n.strip()}
-    roles = {d: ("ood" if d in ood_names else "id") for d in table.datasets} if ood_names else None
-    result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap)
+    roles = roles_from_ood(table, ood.split(","), str(confidences))
+    chosen = [m.strip() for m in metrics.split(",") if m.strip()] or list(REPORT_METRICS)
+    result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap, metrics=chosen)
     _print_rich(format_table_rich(result))
     typer.echo(f"report: {result.files['index']}")
+
+
+@app.command()
+@user_errors
+def calibrate(
+    dev: Annotated[Path, typer.Option("--dev", help="Dev confidences JSONL with labels (fits the calibrator).")],
+    confidences: Annotated[Path, typer.Option("--confidences", "-c", help="Confidences JSONL to calibrate.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output confidences JSONL (input columns kept).")],
+    methods: Annotated[str, typer.Option("--methods", "-m", help="Comma-separated method columns.")],
+    calibrator: Annotated[str, typer.Option(help="platt, isotonic, temperature or histogram.")] = "isotonic",
+    save_dir: Annotated[Path | None, typer.Option(help="Also save each fitted calibrator as JSON here.")] = None,
+) -> None:
+    """Fit a calibrator per method on dev confidences and add calibrated columns (METHOD+CALIBRATOR)."""
+    from candor.calibration import calibrate_tables, save_calibrators
+    from candor.confidences import read_confidences, write_confidences
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    result = calibrate_tables(read_confidences(dev), read_confidences(confidences), names, calibrator)
+    write_confidences(out, result.table)
+    if save_dir is not None:
+        save_calibrators(save_dir, result, dev)
+    typer.echo(f"wrote {', '.join(result.columns.values())} to {out}")
 
 
 @app.command("train")
@@ -498,5 +533,20 @@ def serve(
     run(create_app(honest_model, settings), host=host, port=port)
 
 
+def run(argv: list[str] | None = None) -> None:
+    """The console script: like ``app()``, but a usage error (unknown option, a value of the wrong
+    type, a missing argument) is one line on stderr and exit 2, as every other user mistake is."""
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except Exception as exc:  # click's usage errors carry their own message and exit code
+        if not hasattr(exc, "format_message"):
+            raise
+        typer.secho(f"error: {exc.format_message()}", fg=typer.colors.RED, err=True)
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":
-    app()
+    run()

@@ -17,6 +17,7 @@ from candor.backends import load_backend
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.confidences import ConfidenceTable
 from candor.data import load_items
+from candor.estimators import ESTIMATORS
 from candor.prompts import resolve_template
 from candor.records import read_records
 from candor.report import ReportResult, write_report
@@ -61,6 +62,8 @@ def run_demo(
 ) -> DemoResult:
     """Run the demo pipeline; each stage resumes from the files already in ``out_dir``."""
     out_dir = Path(out_dir)
+    for name in estimators:  # an unknown name fails before any model work
+        ESTIMATORS.get(name)
     items = load_items("starter", limit=limit)
     backend = load_backend(model, batch_size=batch_size)
     template = resolve_template("auto", model, backend)

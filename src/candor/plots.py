@@ -1,4 +1,4 @@
-"""Plots for the evaluation report: reliability diagrams and confidence histograms.
+"""Plots for the evaluation report: reliability diagrams, confidence histograms and risk–coverage curves.
 
 Figures are built with matplotlib's object API (``Figure`` + the Agg canvas), so
 nothing touches pyplot's global state or needs a display. Files are written to
@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from candor.metrics import bin_indices
+from candor.metrics import aurc, bin_indices, risk_coverage
 
 CORRECT_COLOR = "#2a9d5c"
 WRONG_COLOR = "#d1495b"
@@ -144,4 +144,34 @@ def confidence_histograms(
     for ax in axes[len(names):]:
         ax.set_visible(False)
     fig.suptitle(title)
+    return save_png(fig, path)
+
+
+def risk_coverage_plot(
+    arrays: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    path: Path,
+    *,
+    title: str = "risk vs coverage",
+) -> Path:
+    """One risk–coverage line per method (AURC in the legend), with each method's error rate dashed.
+
+    Risk at coverage c is the error rate of the c·N most confident answers
+    (:func:`candor.metrics.risk_coverage`); a useful confidence bends the line
+    below the dashed error rate of keeping everything.
+    """
+    fig = Figure(figsize=(6.0, 4.4), layout="constrained")
+    ax = fig.subplots()
+    colors = [BAR_COLOR, WRONG_COLOR, CORRECT_COLOR, UNDER_COLOR, "#6a4c93", "#555555"]
+    for i, (name, (conf, correct)) in enumerate(arrays.items()):
+        coverage, risk = risk_coverage(conf, correct)
+        color = colors[i % len(colors)]
+        ax.plot(coverage, risk, color=color, label=f"{name} (AURC {100 * aurc(conf, correct):.1f})")
+        ax.axhline(risk[-1], color=color, ls=":", lw=0.8)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("coverage (share of answers kept, most confident first)")
+    ax.set_ylabel("risk (error rate of the kept answers)")
+    ax.set_title(title, fontsize="medium")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
     return save_png(fig, path)

@@ -6,6 +6,9 @@ numbers: every metric for every method on every dataset, on all rows pooled
 out-of-domain (``"ood"``) averages, as the papers report them. With
 ``bootstrap > 0`` it adds percentile 95% intervals by resampling each dataset
 on its own (a stratified bootstrap), so the averages get intervals too.
+The numbers come from the one evaluation engine, :func:`candor.evaluation.evaluate`
+(``"all"`` is a pooled group, ``"id"``/``"ood"`` are size-weighted groups); this module
+adds the labels, notes, tables and files.
 
 :func:`write_report` writes the numbers and plots to a folder::
 
@@ -15,6 +18,7 @@ on its own (a stratified bootstrap), so the averages get intervals too.
       metrics.json        method → dataset or group → metric → value
       metrics.csv         long format: method, dataset, metric, value, ci_low, ci_high
       confidence_hist.png
+      risk_coverage.png   risk vs coverage per method (AURC, PRR in the tables)
       reliability/<method>.png
 
 Undefined values (AUROC on a dataset with one class) are NaN in memory,
@@ -24,27 +28,26 @@ Undefined values (AUROC on a dataset with one class) are NaN in memory,
 from __future__ import annotations
 
 import csv
-import inspect
 import io
 import json
 import logging
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import sklearn
 from rich.table import Table
 
 from candor.confidences import ConfidenceTable
 from candor.errors import CandorError
-from candor.metrics import DEFAULT_METRICS, METRICS, check_arrays, group_averages, quietly
-from candor.plots import confidence_histograms, reliability_diagram
+from candor.evaluation import CI_ALPHA, Group
+from candor.evaluation import evaluate as run_engine
+from candor.metrics import DEFAULT_METRICS, METRICS, SELECTIVE_METRICS, check_arrays, metric_label
+from candor.plots import confidence_histograms, reliability_diagram, risk_coverage_plot
 
 logger = logging.getLogger(__name__)
 
@@ -53,36 +56,9 @@ ROLES = ("id", "ood")
 GROUP_LABELS = {ALL: "All (pooled)", "id": "In-domain (avg)", "ood": "OOD (avg)"}
 SHORT_LABELS = {ALL: "All", "id": "ID", "ood": "OOD"}  # main-table headers
 MAIN_METRICS = ("auroc", "ece", "brier", "alignment")
-CI_METRICS = ("auroc", "ece", "brier", "alignment")
-CI_ALPHA = 0.05
+REPORT_METRICS = (*DEFAULT_METRICS, *SELECTIVE_METRICS)
+CI_METRICS = ("auroc", "ece", "brier", "alignment", "aurc", "prr", "log_loss")
 MISSING = "–"
-
-METRIC_LABELS = {
-    "accuracy": "Acc",
-    "auroc": "AUROC",
-    "auprc": "AUPRC",
-    "brier": "Brier",
-    "ece": "ECE",
-    "ece_quantile": "ECE (eq-mass)",
-    "mce": "MCE",
-    "nce": "NCE",
-    "abs_nce": "|NCE|",
-    "alignment": "Alignment",
-}
-
-# How to pick the best value of a column; metrics not listed get no bold.
-_BEST: dict[str, Callable[[np.ndarray], float]] = {
-    "auroc": np.max,
-    "auprc": np.max,
-    "alignment": np.max,
-    "accuracy": np.max,
-    "brier": np.min,
-    "ece": np.min,
-    "ece_quantile": np.min,
-    "mce": np.min,
-    "abs_nce": np.min,
-}
-_BEST_BY_SCORE: dict[str, Callable[[float], float]] = {"nce": abs}  # closest to 0 is best
 
 Nested = dict[str, dict[str, dict[str, float]]]  # method → column → metric → value
 NestedCI = dict[str, dict[str, dict[str, tuple[float, float]]]]
@@ -93,11 +69,14 @@ NestedCI = dict[str, dict[str, dict[str, tuple[float, float]]]]
 
 @dataclass
 class Evaluation:
-    """Every metric for every method, per dataset and per group.
+    """Every metric for every method, per dataset and per group, from :func:`candor.evaluation.evaluate`.
 
     ``columns`` lists the keys of ``metrics[method]`` in display order: the
     datasets, then ``"all"``, then ``"id"`` / ``"ood"`` when roles were given.
-    ``ci`` is empty unless a bootstrap ran.
+    ``ci`` is empty unless a bootstrap ran; ``bootstrap_dropped`` counts, per
+    cell, the resamples left out of its interval because the metric was
+    undefined on them. ``counts`` is a per-method slot for provenance counts
+    (e.g. verbalized-parse fallbacks) that the results files carry.
     """
 
     metrics: Nested
@@ -112,10 +91,16 @@ class Evaluation:
     bootstrap: int = 0
     seed: int = 0
     notes: list[str] = field(default_factory=list)
+    bootstrap_dropped: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    counts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def methods(self) -> list[str]:
         return list(self.metrics)
+
+    def markdown(self) -> str:
+        """The main table (AUROC, ECE, Brier, Alignment per method and column) as Markdown."""
+        return table_markdown(main_table(self))
 
     @property
     def groups(self) -> list[str]:
@@ -130,49 +115,77 @@ def evaluate(
     table: ConfidenceTable,
     *,
     roles: Mapping[str, str] | None = None,
-    metrics: Sequence[str] = DEFAULT_METRICS,
+    metrics: Sequence[str] = REPORT_METRICS,
     n_bins: int = 10,
     bootstrap: int = 0,
     seed: int = 0,
+    counts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Evaluation:
-    """Compute the report's numbers (no files). See the module docstring."""
+    """The report's numbers for a confidence table (no files). See the module docstring.
+
+    ``counts`` (method → name → value) is provenance to carry into the results
+    files beside each method's numbers, e.g. verbalized-parse fallback counts.
+    """
     if not table.rows:
         raise CandorError("the confidence table is empty: nothing to evaluate")
     methods = table.methods
     if not methods:
         raise CandorError("the confidence table has no confidence columns: score some methods first")
-    if bootstrap < 0:
-        raise CandorError(f"bootstrap must be 0 (off) or a number of resamples, got {bootstrap}")
-    fns = _metric_fns(metrics, n_bins)
     datasets = table.datasets
     roles = _check_roles(roles, datasets)
-
     labels = {ds: _labels(table, ds) for ds in datasets}
+    confidences = {m: {ds: table.arrays(m, ds)[0] for ds in datasets} for m in methods}
+    if bootstrap:
+        logger.info("bootstrap: %d resamples per dataset", bootstrap)
+    engine = run_engine(confidences, labels, groups=report_groups(datasets, roles), metrics=metrics,
+                        ci_metrics=CI_METRICS, n_bins=n_bins, bootstrap=bootstrap, seed=seed)
     sizes, accuracy = _sizes_and_accuracy(labels, roles)
-    arrays = {m: {ds: check_arrays(*table.arrays(m, ds)) for ds in datasets} for m in methods}
-    with quietly():  # one note per undefined cell below, not one warning per method and call
-        values = {m: _columns(arrays[m], fns, sizes, roles) for m in methods}
-    columns = [*datasets, ALL, *_present_roles(roles)]
     result = Evaluation(
-        metrics=values,
-        columns=columns,
+        metrics={m: r.values for m, r in engine.methods.items()},
+        columns=engine.columns,
         datasets=datasets,
         sizes=sizes,
         accuracy=accuracy,
         roles=dict(roles),
-        metric_names=list(fns),
+        metric_names=engine.metric_names,
         n_bins=n_bins,
+        ci={m: r.ci for m, r in engine.methods.items()} if bootstrap else {},
         bootstrap=bootstrap,
         seed=seed,
+        bootstrap_dropped={m: r.bootstrap_dropped for m, r in engine.methods.items()} if bootstrap else {},
+        counts={m: {**r.counts, **_table_counts(table, m), **(counts or {}).get(m, {})}
+                for m, r in engine.methods.items()},
     )
-    if bootstrap:
-        ci_fns = {k: f for k, f in fns.items() if k in CI_METRICS}
-        logger.info("bootstrap: %d resamples per dataset for %s", bootstrap, ", ".join(ci_fns))
-        result.ci = {m: _bootstrap(arrays[m], ci_fns, sizes, roles, bootstrap, seed) for m in methods}
     result.notes = _notes(result, labels)
     for note in result.notes:
         logger.warning(note)
     return result
+
+
+def _table_counts(table: ConfidenceTable, method: str) -> dict[str, Any]:
+    """Counts the confidences file keeps for a column (verbalized-parse fallbacks), for the results files."""
+    fallbacks = table.parse_fallbacks(method)
+    return {} if fallbacks is None else {"parse_fallbacks": fallbacks}
+
+
+def roles_from_ood(table: ConfidenceTable, ood: Iterable[str], source: str = "the table") -> dict[str, str] | None:
+    """Dataset roles from the out-of-domain names (the rest in-domain); None when none is named.
+
+    An unknown name is an error: a typo would otherwise silently drop the OOD group.
+    """
+    ood_names = {n.strip() for n in ood if n.strip()}
+    unknown = sorted(ood_names - set(table.datasets))
+    if unknown:
+        raise CandorError(f"--ood {', '.join(unknown)}: not a dataset in {source}; known: {', '.join(table.datasets)}")
+    return {d: ("ood" if d in ood_names else "id") for d in table.datasets} if ood_names else None
+
+
+def report_groups(datasets: Sequence[str], roles: Mapping[str, str]) -> list[Group]:
+    """The report's columns after the datasets: all rows pooled, then size-weighted id/ood averages."""
+    groups = [Group(ALL, tuple(datasets), "pooled")]
+    for role in _present_roles(roles):
+        groups.append(Group(role, tuple(d for d in datasets if roles[d] == role), "weighted"))
+    return groups
 
 
 def _sizes_and_accuracy(
@@ -188,21 +201,6 @@ def _sizes_and_accuracy(
         sizes[role] = sum(sizes[d] for d in members)
         accuracy[role] = sum(sizes[d] * accuracy[d] for d in members) / sizes[role]
     return sizes, accuracy
-
-
-def _metric_fns(names: Sequence[str], n_bins: int) -> dict[str, Callable[..., float]]:
-    """Registry lookups, with ``n_bins`` bound for the binned metrics."""
-    if n_bins < 1:
-        raise CandorError(f"n_bins must be at least 1, got {n_bins}")
-    if not names:
-        raise CandorError(f"no metrics chosen; known: {', '.join(METRICS.names())}")
-    fns = {}
-    for name in names:
-        fn = METRICS.get(name)
-        if "n_bins" in inspect.signature(fn).parameters:
-            fn = partial(fn, n_bins=n_bins)
-        fns[name] = fn
-    return fns
 
 
 def _check_roles(roles: Mapping[str, str] | None, datasets: list[str]) -> dict[str, str]:
@@ -235,65 +233,9 @@ def _labels(table: ConfidenceTable, dataset: str) -> np.ndarray:
     return np.array([r.correct for r in rows], dtype=int)
 
 
-def _columns(
-    per_ds: Mapping[str, tuple[np.ndarray, np.ndarray]],
-    fns: Mapping[str, Callable[..., float]],
-    sizes: Mapping[str, int],
-    roles: Mapping[str, str],
-) -> dict[str, dict[str, float]]:
-    """One method's metrics: per dataset, pooled, and role averages."""
-    out = {ds: {k: float(fn(c, y)) for k, fn in fns.items()} for ds, (c, y) in per_ds.items()}
-    conf = np.concatenate([c for c, _ in per_ds.values()])
-    correct = np.concatenate([y for _, y in per_ds.values()])
-    out[ALL] = {k: float(fn(conf, correct)) for k, fn in fns.items()}
-    if roles:
-        averages = group_averages({ds: out[ds] for ds in per_ds}, sizes, roles)
-        for role in _present_roles(roles):
-            out[role] = averages[role]
-    return out
-
-
-
-
-def _bootstrap(
-    per_ds: Mapping[str, tuple[np.ndarray, np.ndarray]],
-    fns: Mapping[str, Callable[..., float]],
-    sizes: Mapping[str, int],
-    roles: Mapping[str, str],
-    n: int,
-    seed: int,
-) -> dict[str, dict[str, tuple[float, float]]]:
-    """Percentile intervals from resampling each dataset independently, ``n`` times."""
-    # Independent streams per dataset, so equal-sized datasets do not share index draws.
-    streams = np.random.SeedSequence(seed).spawn(len(per_ds))
-    rngs = {ds: np.random.default_rng(s) for ds, s in zip(per_ds, streams, strict=True)}
-    draws: list[dict[str, dict[str, float]]] = []
-    # Inputs were validated once by check_arrays; skipping sklearn's per-call checks saves ~25%.
-    with quietly(), sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
-        for _ in range(n):
-            resampled = {}
-            for ds, (c, y) in per_ds.items():
-                idx = rngs[ds].integers(0, y.size, size=y.size)
-                resampled[ds] = (c[idx], y[idx])
-            draws.append(_columns(resampled, fns, sizes, roles))
-    out: dict[str, dict[str, tuple[float, float]]] = {}
-    for col in draws[0]:
-        out[col] = {}
-        for metric in fns:
-            vals = np.array([d[col][metric] for d in draws])
-            vals = vals[~np.isnan(vals)]
-            if vals.size < n:
-                logger.info("bootstrap: %s on %s is NaN in %d of %d resamples", metric, col, n - vals.size, n)
-            if vals.size == 0:
-                out[col][metric] = (math.nan, math.nan)
-                continue
-            low, high = np.quantile(vals, [CI_ALPHA / 2, 1 - CI_ALPHA / 2])
-            out[col][metric] = (float(low), float(high))
-    return out
-
-
 _WHY_UNDEFINED = {
-    "alignment": "no threshold in 0.01–0.99 splits its 20% fit slice into two classes (constant confidence?)",
+    "alignment": "no threshold in 0.01–0.99 splits its 20% fit slice into two classes (constant confidence?); "
+                 "the official EliCal code would fall back to a 0.5 threshold here",
 }
 
 
@@ -308,14 +250,14 @@ def _notes(result: Evaluation, labels: Mapping[str, np.ndarray]) -> list[str]:
             y = labels[col]
             ranking = [k for k, ms in nan_for.items() if len(ms) == len(result.methods)]
             if ranking:
-                names = ", ".join(METRIC_LABELS.get(k, k) for k in ranking)
+                names = ", ".join(metric_label(k) for k in ranking)
                 verdict = "correct" if y[0] else "incorrect"
                 notes.append(f"`{col}`: all {y.size} answers are {verdict}, so {names} (which rank correct "
                              f"against incorrect answers) are undefined there ({MISSING}).")
                 nan_for = {k: ms for k, ms in nan_for.items() if k not in ranking}
         for metric, methods in nan_for.items():
             who = ", ".join(f"`{m}`" for m in methods)
-            label = METRIC_LABELS.get(metric, metric)
+            label = metric_label(metric)
             if col in result.roles.values():
                 members = [d for d in result.datasets if result.roles[d] == col
                            and any(math.isnan(result.metrics[m][d][metric]) for m in methods)]
@@ -363,12 +305,13 @@ def _best_rounded(values: list[float], metric: str) -> set[str]:
     finite = [round(100 * v, 1) for v in values if not math.isnan(v)]
     if len(finite) < 2:
         return set()
-    if metric in _BEST_BY_SCORE:
-        best = min(_BEST_BY_SCORE[metric](v) for v in finite)
-        return {f"{v:.1f}" for v in finite if _BEST_BY_SCORE[metric](v) == best}
-    if metric in _BEST:
-        return {f"{float(_BEST[metric](np.array(finite))):.1f}"}
-    return set()
+    spec = METRICS.get(metric)
+    best = spec.best(finite)
+    if best is None:
+        return set()
+    if spec.better == "zero":  # +x and -x tie
+        return {f"{v:.1f}" for v in finite if abs(v) == abs(best)}
+    return {f"{best:.1f}"}
 
 
 def summary_table(result: Evaluation, pairs: Sequence[tuple[str, str]], title: str,
@@ -397,13 +340,13 @@ def main_table(result: Evaluation, metrics: Sequence[str] = MAIN_METRICS) -> Sum
     shown = [k for k in metrics if k in result.metric_names]
     pairs = [(c, k) for c in main_columns(result) for k in shown]
     return summary_table(result, pairs, "Main results (×100)",
-                         lambda c, k: f"{SHORT_LABELS.get(c, c)} {METRIC_LABELS.get(k, k)}")
+                         lambda c, k: f"{SHORT_LABELS.get(c, c)} {metric_label(k)}")
 
 
 def per_metric_tables(result: Evaluation) -> list[SummaryTable]:
     """One table per metric, every dataset and group as a column (accuracy is per dataset, not here)."""
     return [
-        summary_table(result, [(c, k) for c in result.columns], f"{METRIC_LABELS.get(k, k)} (×100)",
+        summary_table(result, [(c, k) for c in result.columns], f"{metric_label(k)} (×100)",
                       lambda c, k: column_label(c))
         for k in result.metric_names
         if k != "accuracy"
@@ -460,14 +403,16 @@ def write_report(
     out_dir: str | Path,
     *,
     roles: Mapping[str, str] | None = None,
-    metrics: Sequence[str] = DEFAULT_METRICS,
+    metrics: Sequence[str] = REPORT_METRICS,
     n_bins: int = 10,
     bootstrap: int = 0,
     seed: int = 0,
     title: str = "candor report",
+    counts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ReportResult:
     """Evaluate ``table`` and write the report folder (see the module docstring)."""
-    result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed)
+    result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed,
+                      counts=counts)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
@@ -485,6 +430,9 @@ def write_report(
         )
     files["confidence_hist"] = confidence_histograms(
         pooled, out_dir / "confidence_hist.png", title=f"{title}: confidence of correct vs incorrect answers"
+    )
+    files["risk_coverage"] = risk_coverage_plot(
+        pooled, out_dir / "risk_coverage.png", title=f"{title}: risk vs coverage (all datasets pooled)"
     )
     files["index"] = _write_text(out_dir / "index.md", _index_md(result, title, files, reliability, out_dir))
     logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods),
@@ -541,13 +489,29 @@ def _json_doc(result: Evaluation, title: str) -> dict[str, Any]:
         "metrics": {m: {c: {k: _num(v) for k, v in cols.items()} for c, cols in per.items()}
                     for m, per in result.metrics.items()},
         "notes": result.notes,
+        # Counts that used to go only to the log: cells whose metric is undefined (NaN: AUROC on one class;
+        # Alignment where no threshold splits the fit slice, where the official EliCal code would report
+        # its 0.5-threshold fallback), and per-method provenance counts such as parse fallbacks.
+        "counts": {m: {"undefined": _undefined_cells(result, m), **result.counts.get(m, {})}
+                   for m in result.methods},
     }
+    if result.bootstrap:
+        doc["bootstrap"]["dropped"] = {  # resamples left out of an interval because the metric was NaN there
+            m: {c: {k: v for k, v in cols.items() if v} for c, cols in per.items() if any(cols.values())}
+            for m, per in result.bootstrap_dropped.items()
+        }
     if result.ci:
         doc["ci"] = {
             m: {c: {k: [_num(lo), _num(hi)] for k, (lo, hi) in cols.items()} for c, cols in per.items()}
             for m, per in result.ci.items()
         }
     return doc
+
+
+def _undefined_cells(result: Evaluation, method: str) -> dict[str, list[str]]:
+    """Column → metrics that are NaN for ``method``."""
+    out = {c: [k for k, v in cols.items() if math.isnan(v)] for c, cols in result.metrics[method].items()}
+    return {c: ks for c, ks in out.items() if ks}
 
 
 def _csv_text(result: Evaluation) -> str:
@@ -605,11 +569,14 @@ def _index_md(result: Evaluation, title: str, files: Mapping[str, Path], reliabi
     parts.append(f"- [metrics.csv]({_rel(files['csv'], root)}): the same, long format")
     parts.append(f"- [confidence_hist.png]({_rel(files['confidence_hist'], root)}): confidence of correct "
                  "vs incorrect answers")
+    parts.append(f"- [risk_coverage.png]({_rel(files['risk_coverage'], root)}): error rate of the answers kept, "
+                 "most confident first, against the share kept (AURC is the area under it)")
     parts += ["", "## Main results", "", table_markdown(main_table(result)), ""]
     parts += ["## Reliability diagrams (all datasets pooled)", ""]
     for method, path in reliability.items():
         parts.append(f"- [{_md_cell(method)}]({_rel(path, root)})")
     parts += ["", f"![confidence histograms]({_rel(files['confidence_hist'], root)})", ""]
+    parts += [f"![risk-coverage]({_rel(files['risk_coverage'], root)})", ""]
     if result.notes:
         parts += ["## Notes", "", *(f"- {n}" for n in result.notes), ""]
     return "\n".join(parts)

@@ -33,7 +33,15 @@ Two choices made here:
 Black-box backends (no exact next-token log-probs) generate the confidence
 text instead; it is parsed into one label (a one-hot distribution), and a
 reply with no label gets the uniform distribution, whose μ is 0.5 in every
-format. The count of such replies is logged and returned.
+format. The count of such replies is logged and returned. A numeric reply
+follows one rule, the white-box one: its first number must lie in the
+format's range and is truncated (never rounded) to the format's grid, as the
+label "0.2" collects the continuation "0.25" when log-probs are read. So
+"0.25" and "0.29" are 0.2 and "0.35" is 0.3 in ScoreFloat, "7.5" is 7 in
+ScoreNumber and "37.5%" is 37%. A fraction below 1 written with a decimal
+point where the scale is 0–9 or a percentage without the "%" sign ("0.8") is
+a probability on another scale, not a label: it counts as a reply with no
+label rather than being read as 0 or 0.8%.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal
 
 import numpy as np
 from jinja2 import TemplateError
@@ -98,19 +107,13 @@ class VerbalFormat:
 
 
 _LETTER = re.compile(r"(?<![A-Za-z])([A-E])(?![A-Za-z])")
-_DIGIT = re.compile(r"(?<![\d.])(\d)(?![\d.])")
 _LEVEL = re.compile(r"\b(very high|very low|high|medium|low)\b", re.IGNORECASE)
-_NUMBER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?|\.\d+)")
+_NUMBER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?|\.\d+)(\s*%)?")
 
 
 def _parse_letter(text: str) -> int | None:
     m = _LETTER.search(text)
     return "ABCDE".index(m.group(1)) if m else None
-
-
-def _parse_digit(text: str) -> int | None:
-    m = _DIGIT.search(text)
-    return int(m.group(1)) if m else None
 
 
 _LEVELS = ("very high", "high", "medium", "low", "very low")
@@ -121,13 +124,23 @@ def _parse_level(text: str) -> int | None:
     return _LEVELS.index(m.group(1).lower()) if m else None
 
 
-def _parse_scaled(text: str, top: float, steps: int) -> int | None:
-    """First number in [0, top], rounded to the nearest of ``steps + 1`` equally spaced labels."""
+def _parse_scaled(text: str, top: int, steps: int) -> int | None:
+    """The label index of the first number in [0, top], truncated to ``steps + 1`` equally spaced labels.
+
+    Decimal arithmetic, so "0.3" is exactly label 3 of ScoreFloat (0.3 * 10 in
+    floats is 2.9999…). On a 0–``top`` scale with ``top`` > 1, a fraction below
+    1 with a decimal point and no "%" is a probability, not a label: None.
+    """
     m = _NUMBER.search(text)
     if not m:
         return None
-    x = float(m.group(1))
-    return round(x / top * steps) if 0.0 <= x <= top else None
+    number, percent = m.group(1), bool(m.group(2))
+    x = Decimal(number)
+    if not 0 <= x <= top:
+        return None
+    if top > 1 and x < 1 and "." in number and not percent:
+        return None
+    return int((x * steps / top).to_integral_value(rounding=ROUND_FLOOR))
 
 
 FORMATS: Registry[VerbalFormat] = Registry("verbalized confidence format")
@@ -140,7 +153,7 @@ _FORMAT_LIST = (
     ),
     VerbalFormat(
         "ScoreNumber", "number", "a confidence score between 0 and 9",
-        tuple(str(i) for i in range(10)), tuple(i / 9 for i in range(10)), _parse_digit,
+        tuple(str(i) for i in range(10)), tuple(i / 9 for i in range(10)), lambda text: _parse_scaled(text, 9, 9),
     ),
     VerbalFormat(
         "ScoreText", "text", "one of: very high, high, medium, low, very low",
@@ -149,12 +162,12 @@ _FORMAT_LIST = (
     VerbalFormat(
         "ScoreFloat", "float", "a confidence score between 0.0 and 1.0",
         tuple(f"{i / 10:.1f}" for i in range(11)), tuple(i / 10 for i in range(11)),
-        lambda text: _parse_scaled(text, 1.0, 10),
+        lambda text: _parse_scaled(text, 1, 10),
     ),
     VerbalFormat(
         "ScorePercent", "percent", "a confidence score in percentage",
         tuple(f"{n}%" for n in range(101)), tuple(n / 100 for n in range(101)),
-        lambda text: _parse_scaled(text, 100.0, 100),
+        lambda text: _parse_scaled(text, 100, 100),
     ),
 )  # fmt: skip
 for _fmt in _FORMAT_LIST:

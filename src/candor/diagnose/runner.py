@@ -4,9 +4,11 @@ Stages are registered by name (:data:`STAGES`): how many questions each
 uses (picked by :func:`spread`, balanced over datasets), a function of the
 backend, those candidate sets and the config, and the result type it returns,
 so a cached result can be read back. With a ``cache_dir`` every finished
-stage of every model is saved as JSON, keyed by the model, adapter, config and
-the stage's questions; a rerun with the same inputs loads it instead of
-recomputing, so a killed run resumes at the stage it was in.
+stage of every model is saved as JSON, keyed by the model's name and weights,
+the adapter's weights, the config and the stage's questions
+(:mod:`candor.digests`); a rerun with the same inputs loads it instead of
+recomputing, so a killed run resumes at the stage it was in, and another
+model (or a retrained adapter) saved under the same name is recomputed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from candor.diagnose.masking import MaskingResult, masking_counterfactual
 from candor.diagnose.report import write_diagnosis_report
 from candor.diagnose.rollout import RolloutResult, rollout_masses
 from candor.diagnose.sensitivity import SensitivityResult, answer_sensitivity
+from candor.digests import backend_identity, path_digest
 from candor.errors import CandorError
 from candor.records import Record
 from candor.registry import Registry
@@ -126,10 +129,13 @@ def diagnose_model(
     if not candidates:
         raise CandorError("diagnose: no questions with candidate answers")
     diagnosis = ModelDiagnosis(name, model or getattr(backend, "model_name", ""), adapter)
+    identity = {**backend_identity(backend), "model": diagnosis.model} if cache_dir is not None else {}
+    if cache_dir is not None and adapter:
+        identity["adapter"] = {"path": str(adapter), "sha256": path_digest(adapter)}
     for stage_name in config.stages:
         stage = STAGES.get(stage_name)
         chosen = spread(candidates, stage.count(config))
-        key = _fingerprint(diagnosis.model, adapter, config, stage_name, chosen)
+        key = _fingerprint(identity, config, stage_name, chosen)
         path = Path(cache_dir) / name / f"{stage_name}.json" if cache_dir is not None else None
         cached = _load_cached(path, key)
         if cached is not None:
@@ -206,11 +212,11 @@ def _backends(
 
 
 def _fingerprint(
-    model: str, adapter: str | None, config: DiagnoseConfig, stage: str, chosen: Sequence[CandidateSet]
+    identity: Mapping[str, Any], config: DiagnoseConfig, stage: str, chosen: Sequence[CandidateSet]
 ) -> str:
-    """The cache key of one stage: model, adapter, settings and the questions the stage runs on."""
+    """The cache key of one stage: model and adapter (names and weights), settings, the stage's questions."""
     settings = {k: v for k, v in config.to_dict().items() if k != "stages"}
-    payload = json.dumps([model, adapter, settings, stage, [c.to_dict() for c in chosen]], sort_keys=True)
+    payload = json.dumps([dict(identity), settings, stage, [c.to_dict() for c in chosen]], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -222,7 +228,10 @@ def _load_cached(path: Path | None, key: str) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError):
         logger.warning("%s: unreadable cache, recomputing", path)
         return None
-    return doc if doc.get("key") == key else None
+    if doc.get("key") != key:
+        logger.info("%s: cached for another model, adapter, config or questions; recomputing", path)
+        return None
+    return doc
 
 
 def _save_cached(path: Path, key: str, result: dict[str, Any], cost: dict[str, float]) -> None:

@@ -44,7 +44,9 @@ def score_records(
     ``options`` maps an estimator name to its constructor keywords, e.g.
     ``{"verbal-10": {"examples": train_records}}``. Every estimator is built
     and its backend checked before any work starts, so a missing model fails
-    at once.
+    at once. Each column's ``table.columns`` entry holds the estimator's
+    :meth:`~Estimator.describe` and, for estimators that parse replies, the
+    number of replies that fell back (``parse_fallbacks``).
     """
     _check_unique_ids(records)
     options = options or {}
@@ -54,15 +56,20 @@ def score_records(
     table = table_from_records(records)
     ids = [r.id for r in records]
     for name, est in estimators:
-        table.add(name, ids, _run(est, records, backend, progress and est.needs_backend, chunk_size))
+        values, fallbacks = _run(est, records, backend, progress and est.needs_backend, chunk_size)
+        table.add(name, ids, values)
+        table.columns[name] = {"estimator": est.describe()}
+        if hasattr(est, "last_fallbacks"):
+            table.columns[name]["parse_fallbacks"] = fallbacks
     return table
 
 
 def _run(
     est: Estimator, records: Sequence[Record], backend: Backend | None, progress: bool, chunk_size: int
-) -> list[float]:
+) -> tuple[list[float], int]:
+    """The estimator's values over ``records`` (in chunks when it runs a model), and its fallback count."""
     if not est.needs_backend:
-        return est.estimate(records, backend).tolist()
+        return est.estimate(records, backend).tolist(), 0
     values: list[float] = []
     fallbacks = 0
     with tqdm(total=len(records), desc=est.name, unit="rec", disable=not progress) as bar:
@@ -73,7 +80,7 @@ def _run(
             bar.update(len(chunk))
     if fallbacks:
         logger.warning("%s: %d of %d records used the fallback confidence", est.name, fallbacks, len(records))
-    return values
+    return values, fallbacks
 
 
 def _check_unique_ids(records: Sequence[Record]) -> None:

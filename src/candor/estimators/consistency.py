@@ -41,33 +41,52 @@ class LexicalConsistency(Estimator):
 class SemanticConsistency(Estimator):
     """Mean consistency verdict over the k samples (the consistency rate).
 
-    Uses ``record.consistency`` when the annotation has it; otherwise runs the
-    consistency judge named by ``judge`` (``lexical`` by default; ``llm`` asks
-    the backend passed to :meth:`estimate`) on every record that lacks it, in
-    one batched call.
+    With no ``judge`` given, the verdicts the annotation stored are used
+    whichever judge produced them, and records without verdicts are judged
+    lexically. With ``judge`` named (``lexical``, or ``llm``, which asks the
+    backend passed to :meth:`estimate`), stored verdicts are used only where
+    the record's provenance says that judge produced them
+    (``provenance["consistency_judge"]``) and no judge options are given (the
+    provenance records the judge's name, not its settings); every other record
+    is judged anew with it, in one batched call. :meth:`describe` names the judges whose
+    verdicts went into the scores.
     """
 
     name = "consis-sem"
     level = "question"
 
-    def __init__(self, judge: str = "lexical", **judge_options: Any) -> None:
-        CONSISTENCY_JUDGES.get(judge)  # an unknown judge fails now, even when the records carry verdicts
-        self.judge_name = judge
+    def __init__(self, judge: str | None = None, **judge_options: Any) -> None:
+        if judge is not None:
+            CONSISTENCY_JUDGES.get(judge)  # an unknown judge fails now, even when the records carry verdicts
+        self.requested = judge
+        self.judge_name = judge or "lexical"  # the judge for records whose verdicts cannot be used
         self.judge_options = judge_options
         self.needs_backend = judge == "llm"
         self.judged = 0  # records whose verdicts were computed here, not read from the annotation
+        self.verdicts_by: set[str] = set()  # judges whose verdicts went into the scores so far
+
+    def _usable(self, record: Record) -> bool:
+        if not record.consistency:
+            return False
+        if self.requested is None:
+            return True
+        return not self.judge_options and record.provenance.get("consistency_judge") == self.requested
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
-        verdicts: list[list[int] | None] = [list(r.consistency) if r.consistency else None for r in records]
+        verdicts: list[list[int] | None] = [list(r.consistency) if self._usable(r) else None for r in records]
+        for i, v in enumerate(verdicts):
+            if v is not None:
+                self.verdicts_by.add(str(records[i].provenance.get("consistency_judge", "unrecorded")))
         missing = [i for i, v in enumerate(verdicts) if v is None]
         if missing:
             for i, v in zip(missing, self._judge([records[i] for i in missing], backend), strict=True):
                 verdicts[i] = v
-        self.judged = len(missing)
-        if missing:
+            self.verdicts_by.add(self.judge_name)
             logger.info(
-                "consis-sem: judged %d records without consistency verdicts (%s)", len(missing), self.judge_name
+                "consis-sem: judged %d records with the %s judge (no stored verdicts from it)",
+                len(missing), self.judge_name,
             )
+        self.judged = len(missing)
         return np.array([float(np.mean(v)) for v in verdicts])
 
     def _judge(self, records: Sequence[Record], backend: Backend | None) -> list[list[int]]:
@@ -90,4 +109,5 @@ class SemanticConsistency(Estimator):
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "judge": self.judge_name}
+        return {**super().describe(), "judge": self.requested or "as annotated",
+                "verdicts_by": sorted(self.verdicts_by)}

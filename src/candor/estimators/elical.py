@@ -6,12 +6,19 @@ saved. Give the head folder (or a loaded :class:`~candor.elical.ConfidenceHead`)
 
     get_estimator("elical", head="heads/elical").estimate(records)
 
+The head only means something for the model it was trained on: records whose
+provenance names another model are refused (a :class:`CandorError` naming
+both) unless ``allow_other_backbone=True`` (``-O elical.allow_other_backbone=1``),
+which scores them with a warning. Records that name no model (an import) are
+scored with a warning that the match cannot be checked.
+
 torch and transformers are imported only when a head is loaded, so importing
 the estimator registry stays fast.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +30,8 @@ from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.records import Record
 
+logger = logging.getLogger(__name__)
+
 
 @ESTIMATORS.register("elical")
 class EliCalEstimator(Estimator):
@@ -31,10 +40,17 @@ class EliCalEstimator(Estimator):
     name = "elical"
     level = "question"
 
-    def __init__(self, head: str | Path | Any = None, batch_size: int = 16, device: str | None = None) -> None:
+    def __init__(
+        self,
+        head: str | Path | Any = None,
+        batch_size: int = 16,
+        device: str | None = None,
+        allow_other_backbone: bool = False,
+    ) -> None:
         self.head_source = head
         self.batch_size = batch_size
         self.device = device
+        self.allow_other_backbone = bool(allow_other_backbone)
         self._head: Any = None
 
     @property
@@ -53,7 +69,36 @@ class EliCalEstimator(Estimator):
                 self._head = self.head_source
         return self._head
 
+    def backbone(self) -> str:
+        """The model the head was trained on (read from its folder without loading it)."""
+        if isinstance(self.head_source, (str, Path)):
+            from candor.elical.model import HeadConfig
+
+            return HeadConfig.read(Path(self.head_source)).backbone
+        return str(self.head.config.backbone)
+
+    def check_records(self, records: Sequence[Record]) -> None:
+        """Refuse (or, when allowed, warn about) records annotated by a model other than the head's backbone."""
+        backbone = self.backbone()
+        models = {str(r.provenance["model"]) for r in records if r.provenance.get("model")}
+        others = sorted(m for m in models if not same_model(m, backbone))
+        unnamed = sum(not r.provenance.get("model") for r in records)
+        if others and not self.allow_other_backbone:
+            raise CandorError(
+                f"elical: the head {self.head_source} was trained on {backbone!r}, but the records were annotated "
+                f"by {', '.join(repr(m) for m in others)}; its confidences would be about another model's "
+                "knowledge (pass -O elical.allow_other_backbone=1 to score them anyway)"
+            )
+        if others:
+            logger.warning("elical: head trained on %r scores records annotated by %s (allowed by option)",
+                           backbone, ", ".join(others))
+        if unnamed:
+            logger.warning("elical: %d records name no model in their provenance; cannot check that the head's "
+                           "backbone %r annotated them", unnamed, backbone)
+
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
+        if self.head_source is not None:
+            self.check_records(records)
         return self.head.predict(records, batch_size=self.batch_size)
 
     def score_questions(self, questions: Sequence[str]) -> np.ndarray:
@@ -66,4 +111,13 @@ class EliCalEstimator(Estimator):
         out = {**super().describe()}
         if isinstance(self.head_source, (str, Path)):
             out["head"] = str(self.head_source)
+        out["allow_other_backbone"] = self.allow_other_backbone
         return out
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names denote one model: equal, or local paths to the same folder."""
+    if a == b:
+        return True
+    pa, pb = Path(a), Path(b)
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()

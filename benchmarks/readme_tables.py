@@ -1,0 +1,335 @@
+"""Regenerate benchmarks/README.md's tables and quoted numbers from benchmarks/results/*.json.
+
+The README marks every generated part, so prose and tables cannot drift from the results files:
+
+    <!-- table:NAME -->            a whole block (a table), regenerated between the markers
+    ...
+    <!-- /table -->
+    <!-- value:NAME -->12.3<!-- /value -->    one number or phrase quoted in the prose
+
+    python benchmarks/readme_tables.py           # rewrite README.md in place
+    python benchmarks/readme_tables.py --check   # exit 1 if README.md differs from what this writes
+
+Only the JSON files are read (no model, no cache), so this runs anywhere in a second.
+tests/test_readme_tables.py fails when the committed README differs from this script's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+README = HERE / "README.md"
+DASH = "–"
+
+Json = dict[str, Any]
+
+
+def load(name: str, results: Path = RESULTS) -> Json:
+    return json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    """A fraction as ×100 with ``digits`` decimals; None as a dash."""
+    return DASH if x is None else f"{100 * x:.{digits}f}"
+
+
+def with_ci(x: float | None, ci: list[float | None] | None) -> str:
+    """``75.6 [68, 82]``: the value ×100 and its interval rounded to whole points."""
+    text = pct(x)
+    if x is not None and ci and ci[0] is not None and ci[1] is not None:
+        text += f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
+    return text
+
+
+def signed(x: float | None) -> str:
+    """A difference ×100 with its sign, using a true minus sign."""
+    if x is None:
+        return DASH
+    return "0.0" if round(100 * x, 1) == 0 else f"{100 * x:+.1f}".replace("-", "−")
+
+
+def points(x: float) -> str:
+    """A difference in whole points, signed (``+22``, ``−13``)."""
+    return f"{round(100 * x):+d}".replace("-", "−")
+
+
+def ratio(a: float, b: float) -> str:
+    """``a / b`` as ``1.46×`` (two decimals, so 1.46 is not rounded to a flattering 1.5)."""
+    return f"{a / b:.2f}×"
+
+
+def gib(mib: float) -> str:
+    return f"{mib / 1024:.2f} GiB"
+
+
+def md_table(header: list[str], aligns: str, rows: list[list[str]]) -> str:
+    """A Markdown table; ``aligns`` has one character per column: ``l`` or ``r``."""
+    rule = "|" + "|".join("---" if a == "l" else "---:" for a in aligns) + "|"
+    return "\n".join(["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def bold_best(rows: list[list[str]], column: int, values: list[float | None], lower: bool) -> None:
+    """Bold the cell(s) of ``column`` holding the best value at display precision."""
+    shown = [None if v is None else round(100 * v, 1) for v in values]
+    finite = [v for v in shown if v is not None]
+    if len(finite) < 2:
+        return
+    best = min(finite) if lower else max(finite)
+    for row, v in zip(rows, shown, strict=True):
+        if v == best:
+            row[column] = f"**{row[column]}**"
+
+
+# ---------------------------------------------------------------- annotation throughput and judges
+
+
+def annotate_throughput(r: Path) -> dict[str, str]:
+    d = load("annotate_throughput", r)
+    naive, candor, annotate = d["naive_seconds"], d["candor_seconds"], d["annotate_seconds"]
+    naive_cpu = d["naive_cpu_seconds"]
+    rss = d["peak_rss_mib"]
+    rows = [
+        ["naive: 1 greedy + 5 sampled `model.generate` calls per question", f"{naive:.1f}", f"{naive_cpu:.1f}",
+         "1×", f"{rss['naive']} MiB"],
+        ["candor `HFBackend.generate`", f"{candor:.1f}", f"{d['candor_cpu_seconds']:.1f}",
+         f"**{naive / candor:.1f}× / {naive_cpu / d['candor_cpu_seconds']:.1f}×**", f"{rss['candor']} MiB"],
+        ["full `candor.annotate` (generation + judges + fsync'd records)", f"{annotate:.1f}",
+         f"{d['annotate_cpu_seconds']:.1f}", f"{naive / annotate:.1f}× / {naive_cpu / d['annotate_cpu_seconds']:.1f}×",
+         f"{rss['annotate']} MiB"],
+    ]
+    table = md_table(["path", "wall s", "CPU s", "speedup (wall / CPU)", "peak RSS"], "lrrrr", rows)
+    return {
+        "table:annotate-throughput": table,
+        "value:annotate-identical": f"{d['greedy_identical_count']}",
+        "value:annotate-peak": gib(rss["annotate"]),
+    }
+
+
+def judge_agreement(r: Path) -> dict[str, str]:
+    d = load("judge_agreement", r)
+    agree = round(d["agreement"] * d["n"])
+    row = [f"`{d['judge']}`", f"**{agree} / {d['n']}**", str(len(d["false_positives"])),
+           str(len(d["false_negatives"]))]
+    return {"table:judge-agreement": md_table(["judge", "agreement", "false positives", "false negatives"],
+                                              "lrrr", [row])}
+
+
+# ---------------------------------------------------------------- baselines
+
+BASELINE_METRICS = ("auroc", "ece", "alignment", "brier")
+METRIC_LABELS = {"auroc": "AUROC", "ece": "ECE", "alignment": "Alignment", "brier": "Brier"}
+DATASET_NAMES = {"nq": "NQ", "hq": "HotpotQA", "2wikimultihopqa": "2Wiki", "pararel": "ParaRel", "squad": "SQuAD",
+                 "musique": "MuSiQue"}
+
+
+def baselines(r: Path) -> dict[str, str]:
+    d = load("baselines", r)
+    header = ["method"] + [f"{g.upper()} {METRIC_LABELS[m]}" for g in ("id", "ood") for m in BASELINE_METRICS]
+    rows = []
+    for method, m in d["methods"].items():
+        rows.append([method] + [with_ci(m[g][k], m["ci95"][g].get(k)) for g in ("id", "ood")
+                                for k in BASELINE_METRICS])
+    acc = d["greedy_accuracy"]
+    per = ", ".join(f"{DATASET_NAMES.get(ds, ds)} {pct(acc[ds])}%" for ds in DATASET_NAMES if ds in acc)
+    correct = {ds: round(acc[ds] * d["sizes"][ds]) for ds in ("squad", "musique")}
+    return {
+        "table:baselines": md_table(header, "l" + "r" * 8, rows),
+        "value:baselines-accuracy": f"{per} (in-domain {pct(acc['id'])}%, OOD {pct(acc['ood'])}%)",
+        "value:baselines-bootstrap": str(d["bootstrap"]),
+        "value:baselines-ood-correct": f"SQuAD has {correct['squad']} and MuSiQue {correct['musique']} correct "
+                                       f"answers out of {d['sizes']['squad']}",
+        "value:baselines-peak": gib(d["peak_rss_mib"]),
+    }
+
+
+# ---------------------------------------------------------------- EliCal
+
+ELICAL_ROWS = [  # (results key, README label)
+    ("Eli-Only", "Eli-Only (no labels)"),
+    *[(f"{m}@{b}", f"{m}@{b}" + (" (1800)" if b == "all" else ""))
+      for b in ("100", "250", "500", "1000", "all") for m in ("Cal-Only", "EliCal")],
+    *[(f"EliCal@{b} (plain resume)", f"EliCal@{b}, plain resume") for b in ("100", "1000")],
+    ("Eli-Only (lora)", "Eli-Only, lora (1 epoch)"),
+    ("EliCal@1000 (lora)", "EliCal@1000, lora (1+1 epochs)"),
+    ("N-Prob", "N-Prob"),
+    ("Min-Prob", "Min-Prob"),
+    ("Prob", "Prob"),
+    ("Consis-Sem", "Consis-Sem"),
+    ("Consis-Lex", "Consis-Lex"),
+    ("Verbal-0", "Verbal-0"),
+]
+TRAINING_FREE = ("Prob", "Min-Prob", "Consis-Lex", "Consis-Sem", "N-Prob")
+
+
+def elical(r: Path) -> dict[str, str]:
+    d = load("elical", r)
+    methods = d["methods"]
+    rows, id_auroc, id_ece = [], [], []
+    for key, label in ELICAL_ROWS:
+        m = methods[key]
+        rows.append([label, with_ci(m["id"]["auroc"], m["ci95"]["id"]["auroc"]),
+                     signed(m["delta_vs_n_prob"]["id"]["auroc"]), with_ci(m["id"]["ece"], m["ci95"]["id"]["ece"]),
+                     with_ci(m["id"]["alignment"], m["ci95"]["id"]["alignment"]),
+                     with_ci(m["ood"]["auroc"], m["ci95"]["ood"]["auroc"]), pct(m["ood"]["ece"])])
+        id_auroc.append(m["id"]["auroc"])
+        id_ece.append(m["id"]["ece"])
+    bold_best(rows, 1, id_auroc, lower=False)
+    bold_best(rows, 3, id_ece, lower=True)
+    table = md_table(["method", "ID AUROC", "Δ", "ID ECE", "ID Alignment", "OOD AUROC", "OOD ECE"], "lrrrrrr", rows)
+
+    def auroc(key: str) -> float:
+        return methods[key]["id"]["auroc"]
+
+    gaps = {b: auroc(f"EliCal@{b}") - auroc(f"Cal-Only@{b}") for b in ("100", "250", "500", "1000", "all")}
+    n_all = d["n_labels"]["all"]
+    e100, c100 = methods["EliCal@100"]["id"], methods["Cal-Only@100"]["id"]
+    ci_e, ci_c = methods["EliCal@100"]["ci95"]["id"]["auroc"], methods["Cal-Only@100"]["ci95"]["id"]["auroc"]
+    ece100 = e100["ece"]
+    ece_cmp = ", ".join(f"{name} {pct(methods[name]['id']['ece'])} ({ratio(methods[name]['id']['ece'], ece100)})"
+                        for name in sorted(TRAINING_FREE, key=lambda n: methods[n]["id"]["ece"]))
+    lora_runs = [run for run in d["training_runs"] if run["mode"] == "lora"]
+    stage = {run["method"]: run["cost"]["wall_s"] for run in lora_runs}
+    head_runs = len(d["seeds"]) * (1 + 2 * len(d["budgets"]))  # Eli-Only, then Cal-Only and EliCal per budget
+    return {
+        "table:elical": table,
+        "value:elical-gap-100": (f"{points(gaps['100'])} AUROC points in-domain ({with_ci(e100['auroc'], ci_e)} "
+                                 f"vs {with_ci(c100['auroc'], ci_c)})"),
+        "value:elical-gaps": (f"{points(gaps['250'])} at 250, {points(gaps['500'])} at 500, and "
+                              f"{points(gaps['1000'])} at 1000 and {points(gaps['all'])} at {n_all}"),
+        "value:elical-ece-vs-training-free": f"{pct(ece100)} at 100 labels, against {ece_cmp}",
+        "value:elical-lora-cost": (f"stage 1 on {n_all} prompts took {stage['eli-only']:.0f} s, stage 2 on "
+                                   f"{d['lora']['budget']} took {stage['elical']:.0f} s, peak RSS "
+                                   f"{gib(d['lora']['peak_memory_mib'])}"),
+        "value:elical-sweep-time": (f"the whole {len(d['seeds'])}-seed sweep ({head_runs} runs) in "
+                                    f"{d['seconds']['head_sweep']:.1f} s"),
+    }
+
+
+# ---------------------------------------------------------------- ADVICE
+
+ADVICE_ROWS = [("Default", "ScoreLetter"), ("Prompting", "ScoreLetter"), ("Self-Consistency", "ScoreLetter"),
+               ("ConfTuner", "ScoreLetter"), ("ADVICE", "ScoreLetter"), ("ADVICE+ConfTuner", "ScoreLetter"),
+               ("Default", "ScoreNumber"), ("ConfTuner", "ScoreNumber"), ("ADVICE", "ScoreNumber")]
+UNSEEN = ("ScoreText", "ScoreFloat", "ScorePercent")
+
+
+def advice(r: Path) -> dict[str, str]:
+    d = load("advice", r)
+    methods = d["methods"]
+    rows, id_ece = [], []
+    for method, fmt in ADVICE_ROWS:
+        b = methods[method][fmt]
+        shown_fmt = "(any)" if method == "Self-Consistency" else fmt
+        rows.append([method, shown_fmt, pct(b["id"]["ece"]), pct(b["id"]["auroc"]), pct(b["ood"]["ece"]),
+                     pct(b["logiqa"]["ece"])])
+        id_ece.append(b["id"]["ece"])
+    bold_best(rows, 2, id_ece, lower=True)
+    for fmt in UNSEEN:
+        a, b = methods["Default"][fmt], methods["ADVICE"][fmt]
+        rows.append(["Default → ADVICE", f"{fmt} (unseen)"]
+                    + [f"{pct(a[g][k])} → {pct(b[g][k])}" for g, k in (("id", "ece"), ("id", "auroc"),
+                                                                        ("ood", "ece"), ("logiqa", "ece"))])
+    table = md_table(["method", "format", "ID ECE", "ID AUROC", "OOD ECE", "LogiQA ECE"], "llrrrr", rows)
+
+    ablation = "; ".join(
+        f"{label if not label.startswith('all, lr') else 'all at the paper' + chr(39) + 's lr 1e-5'} "
+        f"{pct(block['ScoreLetter']['ece'])} / {pct(block['ScoreNumber']['ece'])}"
+        for label, block in d["ablation"].items()
+    )
+    dl, al = methods["Default"]["ScoreLetter"], methods["ADVICE"]["ScoreLetter"]
+    dn, an = methods["Default"]["ScoreNumber"], methods["ADVICE"]["ScoreNumber"]
+    unseen = [methods["Default"][f][g]["ece"] / methods["ADVICE"][f][g]["ece"] for f in UNSEEN
+              for g in ("id", "ood", "logiqa")]
+    ood = dl["ood"]
+    return {
+        "table:advice": table,
+        "value:advice-ablation": ablation,
+        "value:advice-cut": (f"It cuts it {ratio(dl['id']['ece'], al['id']['ece'])} on ScoreLetter in-domain "
+                             f"({pct(dl['id']['ece'])} → {pct(al['id']['ece'])}) and "
+                             f"{ratio(dl['ood']['ece'], al['ood']['ece'])} OOD ({pct(dl['ood']['ece'])} → "
+                             f"{pct(al['ood']['ece'])}), {ratio(dn['id']['ece'], an['id']['ece'])} on ScoreNumber, "
+                             f"and {min(unseen):.1f}–{max(unseen):.1f}× (in-domain, OOD and LogiQA) on the three "
+                             "formats it never saw"),
+        "value:advice-ood-small": (f"OOD ({ood['n']} questions, {round(ood['n'] * ood['accuracy'])} correct) and "
+                                   f"LogiQA ({dl['logiqa']['n']} questions)"),
+        "value:advice-id": (f"in-domain {dl['id']['n']} questions, {100 * dl['id']['accuracy']:.2f}% correct "
+                            f"({round(dl['id']['n'] * dl['id']['accuracy'])})"),
+    }
+
+
+# ---------------------------------------------------------------- the README
+
+SECTIONS: list[Callable[[Path], dict[str, str]]] = [annotate_throughput, judge_agreement, baselines, elical, advice]
+BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
+INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
+
+
+def generated(results: Path = RESULTS) -> dict[str, str]:
+    """Every generated block and value, by marker name."""
+    out: dict[str, str] = {}
+    for section in SECTIONS:
+        out.update(section(results))
+    return out
+
+
+def render(text: str, parts: dict[str, str]) -> str:
+    """``text`` with every marked block and value replaced; an unknown marker is an error."""
+    def block(match: re.Match[str]) -> str:
+        return match.group(1) + parts[_known(f"table:{match['name']}", parts)] + match.group(4)
+
+    def inline(match: re.Match[str]) -> str:
+        return match.group(1) + parts[_known(f"value:{match['name']}", parts)] + match.group(4)
+
+    return INLINE.sub(inline, BLOCK.sub(block, text))
+
+
+def _known(key: str, parts: dict[str, str]) -> str:
+    if key not in parts:
+        raise SystemExit(f"README marker {key!r} has no generator; known: {', '.join(sorted(parts))}")
+    return key
+
+
+def unused_markers(text: str, parts: dict[str, str]) -> list[str]:
+    """Generated parts the README does not place (so a rename cannot silently drop one)."""
+    placed = {f"table:{m['name']}" for m in BLOCK.finditer(text)}
+    placed |= {f"value:{m['name']}" for m in INLINE.finditer(text)}
+    return sorted(set(parts) - placed)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="exit 1 if README.md is not what this script writes")
+    p.add_argument("--readme", type=Path, default=README)
+    args = p.parse_args()
+    text = args.readme.read_text(encoding="utf-8")
+    parts = generated()
+    missing = unused_markers(text, parts)
+    if missing:
+        print(f"README has no marker for: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    new = render(text, parts)
+    if args.check:
+        if new != text:
+            print(f"{args.readme} differs from the results files; run python benchmarks/readme_tables.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    tmp = args.readme.with_name(args.readme.name + ".tmp")
+    tmp.write_text(new, encoding="utf-8")
+    tmp.replace(args.readme)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

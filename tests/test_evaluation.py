@@ -1,0 +1,223 @@
+"""The one evaluation engine: weighted and pooled groups, seeds, the bootstrap, and curve == report."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from candor.confidences import ConfidenceRow, ConfidenceTable
+from candor.elical.curve import summarize_column
+from candor.errors import CandorError
+from candor.evaluation import Group, evaluate, percentile_interval
+from candor.metrics import METRICS, accuracy, auroc, ece
+from candor.report import evaluate as report_evaluate
+
+
+def test_weighted_and_pooled_groups_by_hand():
+    labels = {"a": [1, 0, 1, 1], "b": [0, 1, 0, 0, 0, 0, 0, 0]}
+    conf = {"a": [0.9, 0.2, 0.6, 0.8], "b": [0.1, 0.3, 0.7, 0.2, 0.4, 0.1, 0.2, 0.3]}
+    groups = [Group("w", ("a", "b"), "weighted"), Group("p", ("a", "b"), "pooled")]
+    out = evaluate({"m": conf}, labels, groups=groups, metrics=["accuracy", "brier"]).methods["m"].values
+    assert out["a"]["accuracy"] == 0.75 and out["b"]["accuracy"] == 0.125
+    # weighted by size: (4·0.75 + 8·0.125) / 12; pooled accuracy is the same by construction
+    assert out["w"]["accuracy"] == pytest.approx((4 * 0.75 + 8 * 0.125) / 12)
+    assert out["p"]["accuracy"] == pytest.approx(4 / 12)
+    brier_a = np.mean((np.array(conf["a"]) - labels["a"]) ** 2)
+    brier_b = np.mean((np.array(conf["b"]) - labels["b"]) ** 2)
+    assert out["w"]["brier"] == pytest.approx((4 * brier_a + 8 * brier_b) / 12)
+    # AUROC does not decompose: weighted and pooled differ, and pooled is the AUROC of the concatenation
+    both = evaluate({"m": conf}, labels, groups=groups, metrics=["auroc"]).methods["m"].values
+    assert both["p"]["auroc"] == pytest.approx(auroc(conf["a"] + conf["b"], labels["a"] + labels["b"]))
+    assert both["w"]["auroc"] == pytest.approx((4 * both["a"]["auroc"] + 8 * both["b"]["auroc"]) / 12)
+    assert both["b"]["auroc"] == pytest.approx(4.5 / 7)  # beats four negatives, ties one
+    assert both["w"]["auroc"] != pytest.approx(both["p"]["auroc"])
+
+
+def test_a_nan_member_makes_a_weighted_group_nan_but_not_a_pooled_one():
+    labels = {"a": [1, 1, 1], "b": [0, 1, 0, 1]}
+    conf = {"a": [0.9, 0.8, 0.7], "b": [0.1, 0.9, 0.2, 0.8]}
+    groups = [Group("w", ("a", "b")), Group("p", ("a", "b"), "pooled")]
+    result = evaluate({"m": conf}, labels, groups=groups, metrics=["auroc"]).methods["m"]
+    assert math.isnan(result.values["a"]["auroc"]) and math.isnan(result.values["w"]["auroc"])
+    assert result.values["p"]["auroc"] == 1.0
+    assert result.undefined() == {"a": ["auroc"], "w": ["auroc"]}
+
+
+def test_seeds_are_averaged_and_their_spread_kept():
+    labels = {"a": [1, 0, 1, 0]}
+    seeds = [{"a": [0.9, 0.1, 0.8, 0.2]}, {"a": [0.1, 0.9, 0.8, 0.2]}]
+    result = evaluate({"m": seeds}, labels, metrics=["auroc"]).methods["m"]
+    assert result.per_seed["a"]["auroc"] == [1.0, 0.25]  # seed 2: only 0.8 > 0.2 of four pairs
+    assert result.values["a"]["auroc"] == 0.625
+    assert result.seed_std["a"]["auroc"] == 0.375
+
+
+def test_bad_setups_are_user_errors():
+    labels = {"a": [1, 0]}
+    with pytest.raises(CandorError, match="average must be one of"):
+        Group("g", ("a",), "mean")  # type: ignore[arg-type]
+    with pytest.raises(CandorError, match="no labels"):
+        evaluate({"m": {"a": [0.1, 0.2]}}, labels, groups=[Group("g", ("zz",))])
+    with pytest.raises(CandorError, match="must differ"):
+        evaluate({"m": {"a": [0.1, 0.2]}}, labels, groups=[Group("a", ("a",))])
+    with pytest.raises(CandorError, match="no confidences for datasets"):
+        evaluate({"m": {}}, labels)
+    with pytest.raises(CandorError, match="unknown metric"):
+        evaluate({"m": {"a": [0.1, 0.2]}}, labels, metrics=["aurocc"])
+    with pytest.raises(CandorError, match="0/1 labels"):
+        evaluate({"m": {"a": [0.1, 0.2]}}, {"a": [1, 2]})
+
+
+def test_bootstrap_leaves_out_single_class_resamples_and_counts_them():
+    # One correct answer in six: (5/6)^6 ≈ 33% of resamples draw no correct answer, so AUROC is NaN there.
+    labels = {"a": [1, 0, 0, 0, 0, 0]}
+    conf = {"a": [0.9, 0.5, 0.4, 0.6, 0.2, 0.1]}
+    n, seed = 400, 7
+    result = evaluate({"m": conf}, labels, metrics=["auroc"], bootstrap=n, seed=seed).methods["m"]
+    # The same draws by hand: one stream per dataset spawned from the seed.
+    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
+    y, c = np.array(labels["a"]), np.array(conf["a"])
+    values = []
+    for _ in range(n):
+        idx = rng.integers(0, 6, size=6)
+        values.append(np.nan if y[idx].sum() == 0 else auroc(c[idx], y[idx]))
+    kept = np.array([v for v in values if not np.isnan(v)])
+    dropped = n - kept.size
+    assert 0 < dropped < n
+    assert result.bootstrap_dropped["a"]["auroc"] == dropped
+    low, high = result.ci["a"]["auroc"]
+    assert np.isfinite(low) and np.isfinite(high)  # keeping the NaN resamples would make these NaN
+    assert (low, high) == pytest.approx(tuple(np.quantile(kept, [0.025, 0.975])))
+
+
+def test_percentile_interval_all_nan():
+    (low, high), dropped = percentile_interval([math.nan, math.nan])
+    assert math.isnan(low) and math.isnan(high) and dropped == 2
+    assert percentile_interval([0.0, 1.0, math.nan], alpha=0.5) == ((0.25, 0.75), 1)
+
+
+def test_bootstrap_of_accuracy_matches_the_normal_approximation():
+    rng = np.random.default_rng(5)
+    y = (rng.uniform(size=400) < 0.5).astype(int)
+    result = evaluate({"m": {"a": np.full(400, 0.5)}}, {"a": y}, metrics=["accuracy"], bootstrap=500, seed=1)
+    low, high = result.methods["m"].ci["a"]["accuracy"]
+    p = y.mean()
+    half = 1.96 * math.sqrt(p * (1 - p) / 400)
+    assert low == pytest.approx(p - half, abs=0.015) and high == pytest.approx(p + half, abs=0.015)
+
+
+def _arrays(seed: int = 3):
+    rng = np.random.default_rng(seed)
+    sizes = {"nq": 50, "hq": 30, "squad": 25, "musique": 12}
+    labels = {d: (rng.random(n) < 0.4).astype(int) for d, n in sizes.items()}
+    conf = {d: np.round(rng.random(n), 2) for d, n in sizes.items()}
+    roles = {"nq": "id", "hq": "id", "squad": "ood", "musique": "ood"}
+    return labels, conf, roles
+
+
+def test_the_elical_curve_and_the_report_give_identical_numbers_on_the_same_arrays():
+    labels, conf, roles = _arrays()
+    rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i])})
+            for d, ys in labels.items() for i, y in enumerate(ys)]
+    report = report_evaluate(ConfidenceTable(rows), roles=roles, metrics=["auroc", "ece", "alignment"],
+                             bootstrap=150, seed=4)
+    curve = summarize_column([conf], labels, roles, bootstrap=150, seed=4)
+    for group in ("id", "ood"):
+        for metric in ("auroc", "ece", "alignment"):
+            assert curve[group][metric] == report.metrics["m"][group][metric]  # exactly, not approximately
+            assert tuple(curve["ci95"][group][metric]) == report.ci["m"][group][metric]
+    for d in labels:
+        assert curve["per_dataset"][d] == report.metrics["m"][d]
+    # and both are the size-weighted mean of the per-dataset metrics
+    expected = (50 * ece(conf["nq"], labels["nq"]) + 30 * ece(conf["hq"], labels["hq"])) / 80
+    assert curve["id"]["ece"] == pytest.approx(expected)
+
+
+def test_metric_metadata_is_registered_with_the_metric():
+    assert METRICS.get("auroc").label == "AUROC" and METRICS.get("auroc").better == "higher"
+    assert METRICS.get("ece").better == "lower" and METRICS.get("ece").binned
+    assert METRICS.get("nce").best([-0.3, 0.1, -0.05]) == -0.05
+    assert METRICS.get("accuracy").fn is accuracy
+    for name in METRICS.names():
+        spec = METRICS.get(name)
+        assert spec.label and spec.better in ("higher", "lower", "zero")
+
+
+def _confidence_file(tmp_path):
+    from candor.confidences import write_confidences
+
+    labels, conf, _ = _arrays()
+    rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i]), "flat": 0.5})
+            for d, ys in labels.items() for i, y in enumerate(ys)]
+    path = tmp_path / "conf.jsonl"
+    write_confidences(path, ConfidenceTable(rows))
+    return path
+
+
+def test_cli_eval_rejects_an_unknown_ood_dataset_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from candor.cli import app
+
+    path = _confidence_file(tmp_path)
+    result = CliRunner().invoke(app, ["eval", "-c", str(path), "-o", str(tmp_path / "r"), "--ood", "squad,typo"])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "typo" in lines[0] and "known: nq, hq, squad, musique" in lines[0]
+    assert "squad," not in lines[0].split("known")[0]  # only the unknown name is blamed
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_eval_writes_selective_metrics_counts_and_the_risk_coverage_plot(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from candor.cli import app
+
+    path = _confidence_file(tmp_path)
+    out = tmp_path / "r"
+    result = CliRunner().invoke(app, ["eval", "-c", str(path), "-o", str(out), "--ood", "squad,musique",
+                                      "--bootstrap", "60"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "metrics.json").read_text())
+    labels, conf, _ = _arrays()
+    from candor.metrics import aurc, prr
+
+    assert doc["metrics"]["m"]["nq"]["aurc"] == pytest.approx(aurc(conf["nq"], labels["nq"]))
+    assert doc["metrics"]["m"]["nq"]["prr"] == pytest.approx(prr(conf["nq"], labels["nq"]))
+    assert doc["metrics"]["flat"]["nq"]["prr"] == pytest.approx(0.0)  # constant confidence: no better than random
+    # constant confidence: no threshold splits the fit slice, so Alignment is NaN, and the file says where
+    assert "alignment" in doc["counts"]["flat"]["undefined"]["nq"]
+    assert "id" in doc["counts"]["flat"]["undefined"]
+    assert "m" not in doc["counts"]["m"]["undefined"].get("nq", [])
+    assert doc["bootstrap"]["dropped"]["flat"]["nq"]["alignment"] == 60  # every resample undefined
+    assert (out / "risk_coverage.png").stat().st_size > 5_000
+    assert "risk_coverage.png" in (out / "index.md").read_text()
+    assert "AURC" in (out / "metrics.md").read_text()
+
+
+def test_counts_given_to_the_report_land_in_its_json(tmp_path):
+    import json
+
+    from candor.report import write_report
+
+    labels, conf, _ = _arrays()
+    rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i])})
+            for d, ys in labels.items() for i, y in enumerate(ys)]
+    result = write_report(ConfidenceTable(rows), tmp_path / "r", metrics=["auroc"],
+                          counts={"m": {"parse_fallbacks": 3}})
+    doc = json.loads(result.files["json"].read_text())
+    assert doc["counts"]["m"] == {"undefined": {}, "parse_fallbacks": 3}
+
+
+def test_the_report_interval_survives_resamples_with_one_class():
+    # issue 17's mutant: keeping the NaN resamples would make this interval NaN
+    rows = [ConfidenceRow(f"a-{i}", "a", y, {"m": c})
+            for i, (y, c) in enumerate(zip([1, 0, 0, 0, 0, 0], [0.9, 0.5, 0.4, 0.6, 0.2, 0.1], strict=True))]
+    result = report_evaluate(ConfidenceTable(rows), metrics=["auroc"], bootstrap=300, seed=2)
+    low, high = result.ci["m"]["a"]["auroc"]
+    assert np.isfinite(low) and np.isfinite(high) and 0.0 <= low <= high <= 1.0
+    assert 0 < result.bootstrap_dropped["m"]["a"]["auroc"] < 300

@@ -1,0 +1,23 @@
+import json
+
+import pytest
+
+from candor.files import atomic_target, atomic_write_json, atomic_write_text
+
+
+def test_atomic_write_replaces_whole_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "sub" / "a.json"
+    atomic_write_json(target, {"x": 1})
+    atomic_write_text(target, "second\n")
+    assert target.read_text() == "second\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["a.json"]
+
+
+def test_failed_write_keeps_the_old_file(tmp_path):
+    target = tmp_path / "a.json"
+    atomic_write_json(target, {"old": True})
+    with pytest.raises(RuntimeError), atomic_target(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
+    assert json.loads(target.read_text()) == {"old": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]

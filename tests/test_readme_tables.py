@@ -1,0 +1,56 @@
+"""benchmarks/README.md's tables and quoted numbers are exactly what benchmarks/readme_tables.py writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("readme_tables", BENCHMARKS / "readme_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_readme_matches_the_results_files():
+    rt = _script()
+    text = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
+    parts = rt.generated()
+    assert rt.unused_markers(text, parts) == []
+    assert rt.render(text, parts) == text, "run: python benchmarks/readme_tables.py"
+
+
+def test_a_changed_result_changes_the_readme(tmp_path):
+    rt = _script()
+    results = tmp_path / "results"
+    shutil.copytree(BENCHMARKS / "results", results, ignore=shutil.ignore_patterns("*.png", "*.md", "*.csv"))
+    doc = json.loads((results / "elical.json").read_text())
+    doc["methods"]["EliCal@100"]["id"]["auroc"] = 0.5
+    (results / "elical.json").write_text(json.dumps(doc))
+    text = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
+    new = rt.render(text, rt.generated(results))
+    assert new != text
+    assert "| EliCal@100 | 50.0 [73, 85] |" in new
+    assert "−8 AUROC points in-domain (50.0 [73, 85] vs 57.6 [52, 64])" in new
+
+
+def test_numbers_quoted_in_prose_come_from_the_json():
+    parts = _script().generated()
+    assert "1.46× OOD (66.4 → 45.4)" in parts["value:advice-cut"]
+    assert parts["value:advice-ood-small"].startswith("OOD (80 questions, 1 correct)")
+    assert "+1 at 1800" in parts["value:elical-gaps"]
+    assert "in 77.8 s" in parts["value:elical-sweep-time"]
+    assert "Prob 6.4 (1.17×)" in parts["value:elical-ece-vs-training-free"]
+
+
+def test_an_unknown_marker_is_an_error():
+    rt = _script()
+    with pytest.raises(SystemExit, match="no generator"):
+        rt.render("<!-- value:nope -->1<!-- /value -->", rt.generated())
