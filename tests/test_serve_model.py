@@ -95,7 +95,7 @@ def test_save_then_load_gives_the_same_answers(tiny_model_dir, head_dir, tmp_pat
     folder = model.save_pretrained(tmp_path / "honest")
     saved = json.loads((folder / "honest.json").read_text())
     assert saved["threshold"]["rule"] == "coverage" and saved["threshold"]["expected_coverage"] >= 0.5
-    assert saved["calibrator"]["name"] == "histogram" and len(saved["calibrator"]["fit_correct"]) == 20
+    assert saved["calibrator"]["name"] == "histogram" and saved["calibrator"]["fitted_on"] == 20
     loaded = HonestModel.from_pretrained(folder, device="cpu")
     assert loaded.threshold == model.threshold and loaded.template.name == model.template.name
     assert [a[0].to_dict() for a in loaded.answer_batch(QUESTIONS[:3])] == before

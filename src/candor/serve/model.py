@@ -17,9 +17,8 @@ One folder holds a tuned model (:meth:`HonestModel.save_pretrained`)::
     head/         the EliCal head (head sources only)
     adapter/      the generator's PEFT adapter (when it has one; ADVICE)
 
-The calibrator is stored as the (confidence, correct) pairs it was fitted on
-and refitted on load: candor's calibrators are deterministic fits, so this
-reproduces it exactly without pickling scikit-learn objects.
+The calibrator is stored in its own JSON form (``Calibrator.to_dict``), with
+the number of dev questions it was fitted on.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from candor.backends.base import Backend, Completion, SamplingParams
-from candor.calibrators import Calibrator, get_calibrator
+from candor.calibrators import Calibrator, calibrator_from_dict, get_calibrator
 from candor.errors import CandorError
 from candor.prompts import QATemplate, resolve_template
 from candor.records import Record
@@ -103,8 +102,7 @@ class HonestModel:
         self.backend_name = backend_name  # the registry name that reloads the generator
         self.source = as_source(confidence)
         self.calibrator = calibrator
-        self._calibration_data: tuple[list[float], list[int]] | None = None
-        self._calibrator_name = ""
+        self._calibrated_on = 0  # dev questions the calibrator was fitted on (0: unknown)
         self.threshold = th.Threshold(float(threshold)) if isinstance(threshold, (int, float)) else threshold
         self.template: QATemplate = resolve_template(template, backend.model_name, backend)
         self.decoding = decoding or Decoding()
@@ -254,8 +252,7 @@ class HonestModel:
 
     def fit_calibrator(self, name: str, confidence: np.ndarray, correct: np.ndarray) -> Calibrator:
         self.calibrator = get_calibrator(name).fit(confidence, correct)
-        self._calibration_data = ([float(x) for x in confidence], [int(y) for y in correct])
-        self._calibrator_name = name
+        self._calibrated_on = len(confidence)
         return self.calibrator
 
     # ------------------------------------------------------------ save / load
@@ -296,10 +293,7 @@ class HonestModel:
     def _calibrator_config(self) -> dict[str, Any] | None:
         if self.calibrator is None:
             return None
-        if self._calibration_data is None:
-            raise CandorError("save_pretrained: a calibrator fitted outside fit_calibrator()/tune() cannot be saved")
-        conf, correct = self._calibration_data
-        return {"name": self._calibrator_name, "fit_confidence": conf, "fit_correct": correct}
+        return {**self.calibrator.to_dict(), "fitted_on": self._calibrated_on}
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, backend: Backend | None = None, **backend_kwargs: Any) -> HonestModel:
@@ -320,12 +314,12 @@ class HonestModel:
                 backend_kwargs["adapter"] = str(folder / gen["adapter"])
             backend = load_backend(gen["model"], gen.get("backend", "hf"), **backend_kwargs)
         threshold = th.Threshold.from_dict(config["threshold"]) if config.get("threshold") else None
-        model = cls(backend, load_source(config["confidence"], folder), None, threshold,
+        cal = config.get("calibrator")
+        calibrator = calibrator_from_dict(cal) if cal else None
+        model = cls(backend, load_source(config["confidence"], folder), calibrator, threshold,
                     template=gen.get("template", "auto"), decoding=Decoding(**gen.get("decoding", {})),
                     backend_name=gen.get("backend", "hf"))  # fmt: skip
-        cal = config.get("calibrator")
-        if cal:
-            model.fit_calibrator(cal["name"], np.asarray(cal["fit_confidence"]), np.asarray(cal["fit_correct"]))
+        model._calibrated_on = int(cal.get("fitted_on", 0)) if cal else 0
         return model
 
 
