@@ -560,6 +560,7 @@ def ask(
     method: MethodOpt = None,
     threshold: ThresholdOpt = None,
     backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
     max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
 ) -> None:
@@ -569,7 +570,7 @@ def ask(
     from candor.serve.factory import build_model
 
     honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
-                               threshold=threshold, max_new_tokens=max_new_tokens)  # fmt: skip
+                               threshold=threshold, max_new_tokens=max_new_tokens, base_url=base_url)  # fmt: skip
     result = honest_model.answer(question)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -589,6 +590,7 @@ def serve(
     method: MethodOpt = None,
     threshold: ThresholdOpt = None,
     backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     model_id: Annotated[str, typer.Option(help="The model name clients send.")] = "candor",
@@ -614,7 +616,8 @@ def serve(
     if key is None:
         logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
     honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
-                               threshold=threshold, max_new_tokens=max_new_tokens, batch_size=max_batch)  # fmt: skip
+                               threshold=threshold, max_new_tokens=max_new_tokens, batch_size=max_batch,
+                               base_url=base_url)  # fmt: skip
     settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
                              max_batch=max_batch, batch_wait_ms=batch_wait_ms)  # fmt: skip
     run(create_app(honest_model, settings), host=host, port=port)

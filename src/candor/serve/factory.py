@@ -42,6 +42,7 @@ def build_model(
     threshold: float | None = None,
     max_new_tokens: int = 32,
     batch_size: int = 16,
+    base_url: str | None = None,
 ) -> HonestModel:
     """An honest model from a saved folder or from its parts; ``threshold`` overrides a saved one.
 
@@ -60,6 +61,8 @@ def build_model(
     if head is not None and method is not None:
         raise CandorError("give either --head (EliCal) or --method (an estimator), not both")
     kwargs: dict[str, object] = {"batch_size": batch_size}
+    if base_url is not None:  # a remote OpenAI-compatible generator (--backend openai)
+        kwargs["base_url"] = base_url
     if adapter is not None:
         kwargs["adapter"] = str(adapter)
     generator = load_backend(model, backend, **kwargs)
