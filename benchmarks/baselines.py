@@ -22,7 +22,7 @@ from pathlib import Path
 
 from common import CACHE, RESULTS, annotate_part, load_mini_or_exit, logger, peak_rss_mib, setup_logging, write_json
 
-from candor.annotate import AnnotateConfig
+from candor.annotation import AnnotateConfig
 from candor.backends import load_backend
 from candor.backends.base import SamplingParams
 from candor.confidences import ConfidenceTable

@@ -12,7 +12,7 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
 
-from candor.annotate import AnnotateConfig, annotate
+from candor.annotation import AnnotateConfig, annotate
 from candor.backends.base import Backend
 from candor.data import honestybench_mini, resolve_data_dir
 from candor.data.mini import MiniBench

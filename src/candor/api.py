@@ -4,7 +4,7 @@
     records = candor.annotate("starter", "runs/starter.jsonl", limit=20)
     print(candor.evaluate(candor.score(records, ["n-prob", "consis-lex"])).markdown())
 
-Each call is a thin layer over the module that owns the work (``annotate``,
+Each call is a thin layer over the module that owns the work (``annotation``,
 ``estimators``, ``report``), so anything here can also be done piece by piece.
 A model may be given by name (loaded once, here) or as a loaded backend.
 """
@@ -45,10 +45,10 @@ def annotate(
     """Answer a dataset (a name from ``candor datasets`` or a file) greedily and ``k`` times; judged records.
 
     Records go to ``out`` as they are made and a rerun resumes there. ``config``
-    holds further :class:`candor.annotate.AnnotateConfig` fields (judges, seed, batch size).
+    holds further :class:`candor.annotation.AnnotateConfig` fields (judges, seed, batch size).
     """
-    from candor.annotate import AnnotateConfig
-    from candor.annotate import annotate as run_annotate
+    from candor.annotation import AnnotateConfig
+    from candor.annotation import annotate as run_annotate
     from candor.data import load_items
     from candor.prompts import resolve_template
 

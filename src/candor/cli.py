@@ -122,8 +122,8 @@ def annotate(
     ] = None,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
-    from candor.annotate import AnnotateConfig, Shard
-    from candor.annotate import annotate as run_annotate
+    from candor.annotation import AnnotateConfig, Shard
+    from candor.annotation import annotate as run_annotate
     from candor.backends import load_backend
     from candor.backends.base import SamplingParams
     from candor.data import load_items
@@ -179,7 +179,7 @@ def merge(
     out: Annotated[Path, typer.Option("--out", "-o", help="Merged records JSONL.")],
 ) -> None:
     """Merge shard record files into one file, in input order."""
-    from candor.annotate import merge_shards
+    from candor.annotation import merge_shards
 
     n = merge_shards(shards, out)
     typer.echo(f"merged {n} records from {len(shards)} shards into {out}")

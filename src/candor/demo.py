@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from candor.annotate import AnnotateConfig, annotate
+from candor.annotation import AnnotateConfig, annotate
 from candor.backends import load_backend
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.confidences import ConfidenceTable
