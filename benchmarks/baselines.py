@@ -45,6 +45,20 @@ METHODS = (
     "verbal-text",
     "verbal-float",
     "verbal-percent",
+    "token-entropy-mean",
+    "token-entropy-max",
+    "prob-margin",
+    "perplexity",
+    "mc-entropy",
+    "semantic-entropy",
+    "semantic-entropy-discrete",
+    "num-sem-sets",
+    "eigv",
+    "degree",
+    "eccentricity",
+    "kle",
+    "cocoa",
+    "eigenscore",
 )
 MAIN_METRICS = ("auroc", "ece", "alignment", "brier")
 
@@ -57,6 +71,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--test-size", type=int, default=200)
     p.add_argument("--train-pool", type=int, default=500)
     p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--probe", type=Path, default=None,
+                   help="a trained answer probe (`candor train probe` on the training pool) to score as 'probe'")
     p.add_argument("--bootstrap", type=int, default=1000)
     p.add_argument("--skip-train", action="store_true", help="do not annotate the training pool")
     p.add_argument("--cache", type=Path, default=CACHE / "mini")
@@ -83,6 +99,9 @@ def main() -> None:
     methods = [m for m in args.methods.split(",") if m]
     # verbal-10's in-context examples come from the dev slice of the training part, never from test data.
     options = {"verbal-10": {"examples": [r for recs in dev.values() for r in recs]}}
+    if args.probe is not None:
+        methods.append("probe")
+        options["probe"] = {"path": str(args.probe)}
     rows = []
     for dataset, records in tests.items():
         start = time.perf_counter()

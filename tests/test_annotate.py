@@ -54,9 +54,28 @@ def assert_same_records(got, expected) -> None:
 
 def logprobs_removed(d: dict) -> dict:
     d = {**d, "provenance": {k: v for k, v in d["provenance"].items() if k != "shard"}}
-    d["greedy"] = {**d["greedy"], "logprobs": None}
-    d["samples"] = [{**s, "logprobs": None} for s in d["samples"]]
+    # Top-k alternatives: the same tokens (their log-probs move by ~1e-6 like the others).
+    d["greedy"] = {**d["greedy"], "logprobs": None, "top_logprobs": top_tokens(d["greedy"])}
+    d["samples"] = [{**s, "logprobs": None, "top_logprobs": top_tokens(s)} for s in d["samples"]]
     return d
+
+
+def top_tokens(completion: dict) -> list[list[str]]:
+    return [sorted(pos) for pos in completion.get("top_logprobs", [])]
+
+
+def comparable(records) -> list[dict]:
+    """Records as dicts; log-probs rounded because batch padding moves them by ~1e-6 (tokens stay identical)."""
+    out = []
+    for rec in records:
+        d = rec.to_dict()
+        d["provenance"] = {k: v for k, v in d["provenance"].items() if k != "shard"}
+        for comp in [d["greedy"], *d["samples"]]:
+            comp["logprobs"] = [round(x, 4) for x in comp["logprobs"]]
+            # Top-k alternatives: the same tokens (their log-probs move by ~1e-6 like the others).
+            comp["top_logprobs"] = [sorted(pos) for pos in comp.get("top_logprobs", [])]
+        out.append(d)
+    return out
 
 
 def test_annotate_writes_complete_records(tiny_backend, tmp_path):
@@ -329,7 +348,8 @@ ECHO_GOLD = QATemplate("echo-gold", lambda item, _: f"Question: {item.question}\
 
 
 def test_consistency_verdicts_judge_each_sample_against_its_greedy_answer(tiny_backend, tmp_path):
-    cfg = AnnotateConfig(k=4, params=SamplingParams(max_new_tokens=3, top_k=2), batch_size=3, seed=1)
+    cfg = AnnotateConfig(k=4, params=SamplingParams(max_new_tokens=3, top_k=2), batch_size=3, seed=1,
+                         consistency_judge="lexical")
     out = tmp_path / "r.jsonl"
     annotate(make_items(), tiny_backend, out, ECHO_GOLD, cfg, progress=False)
     lexical = get_consistency_judge("lexical")

@@ -9,6 +9,7 @@ import pytest
 
 from candor.data import (
     DATA_DIR_ENV,
+    DATASETS,
     Fields,
     dataset_names,
     describe_datasets,
@@ -384,7 +385,6 @@ def test_hf_missing_source(tmp_path):
 
 REGISTRY_FILES = {
     "nq": "nq/test.jsonl",
-    "nq-dev": "nq/dev.jsonl",
     "hq": "hq/dev.jsonl",
     "2wikimultihopqa": "2wikimultihopqa/dev.jsonl",
     "2wiki": "2wikimultihopqa/dev.jsonl",
@@ -431,9 +431,16 @@ def test_logiqa_resolves_beside_or_inside_data_dir(data_dir, tmp_path):
 
 
 def test_registry_roles():
-    assert dataset_names("in-domain") == ["2wikimultihopqa", "hq", "nq", "nq-dev", "pararel"]
+    assert dataset_names("in-domain") == ["2wikimultihopqa", "hq", "nq", "pararel"]
     assert dataset_names("ood") == ["logiqa", "musique", "musique-train", "squad"]
     assert dataset_names("demo") == ["starter"]
+
+
+def test_nq_dev_is_not_a_dataset():
+    # Its file is a shuffled copy of nq/test.jsonl: training or tuning on it would leak the test set.
+    assert "nq-dev" not in DATASETS
+    with pytest.raises(CandorError, match="unknown dataset 'nq-dev'"):
+        load_items("nq-dev")
 
 
 def test_missing_registered_file(tmp_path):

@@ -152,7 +152,7 @@ def test_save_then_load_gives_identical_predictions(tiny_model_dir, tmp_path, mo
         make_records(24), make_records(8, 100), method="elical", budget=12, config=config, out_dir=tmp_path / "head"
     )
     inputs = [*make_records(3, 200), *QUESTIONS]
-    before = result.head.predict(inputs)
+    before = result.model.predict(inputs)
     loaded = ConfidenceHead.from_pretrained(tmp_path / "head")  # one line: the backbone is loaded by name
     np.testing.assert_allclose(loaded.predict(inputs), before, rtol=1e-6, atol=1e-7)
     assert loaded.config.mode == mode and loaded.config.template == "fewshot"
@@ -231,8 +231,8 @@ def test_elical_estimator_scores_records_and_raw_questions(tiny_model_dir, tmp_p
     records = make_records(5, 300)
     est = get_estimator("elical", head=str(tmp_path / "eli"))
     assert est.level == "question" and not est.needs_backend
-    np.testing.assert_allclose(est.estimate(records), result.head.predict(records), rtol=1e-6)
-    np.testing.assert_allclose(est.score_questions(QUESTIONS), result.head.predict(QUESTIONS), rtol=1e-6)
+    np.testing.assert_allclose(est.estimate(records), result.model.predict(records), rtol=1e-6)
+    np.testing.assert_allclose(est.score_questions(QUESTIONS), result.model.predict(QUESTIONS), rtol=1e-6)
 
 
 def test_elical_estimator_without_a_head_says_how_to_get_one():

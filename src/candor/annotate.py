@@ -27,7 +27,14 @@ import candor
 from candor.backends.base import Backend, Generations, SamplingParams
 from candor.data.items import QAItem, QAItems
 from candor.errors import CandorError
-from candor.judges import CONSISTENCY_JUDGES, CORRECTNESS_JUDGES, get_consistency_judge, get_correctness_judge
+from candor.judges import (
+    CONSISTENCY_JUDGES,
+    CORRECTNESS_JUDGES,
+    DEFAULT_CONSISTENCY_JUDGE,
+    get_consistency_judge,
+    get_correctness_judge,
+    judge_consistency,
+)
 from candor.prompts import QATemplate
 from candor.records import Record, RecordAppender, read_records, truncate_partial_last_line, write_records
 
@@ -77,7 +84,7 @@ class AnnotateConfig:
     k: int = 5
     params: SamplingParams = field(default_factory=SamplingParams)
     correctness_judge: str = "contains"
-    consistency_judge: str = "lexical"
+    consistency_judge: str = DEFAULT_CONSISTENCY_JUDGE
     seed: int = 0
     batch_size: int = 16
 
@@ -111,6 +118,40 @@ def check_unique_ids(items: Sequence[QAItem]) -> None:
         if item.id in seen:
             raise CandorError(f"item id {item.id!r} appears twice in the input; ids must be unique")
         seen.add(item.id)
+
+
+def _judge_provenance(judges: tuple) -> dict[str, Any]:
+    """What the judges are (an llm judge names its model and prompt style)."""
+    correctness, consistency = judges
+    return {"correctness": correctness.describe(), "consistency": consistency.describe()}
+
+
+def _parse_counts(gens: Sequence[Generations], judges: tuple) -> list[dict[str, int] | None]:
+    """Per record: llm-judge replies asked and replies that stated no verdict (None without llm judges).
+
+    The parse-failure rate of a file is the sum of ``unparsed`` over the sum of ``asked``.
+    """
+    sizes = [(1 + len(g.samples), len(g.samples)) for g in gens]
+    flags = []
+    for j, judge in enumerate(judges):
+        asked = getattr(judge, "last_asked", None)
+        # A judge not called for this batch (no samples) still holds an older call's flags: skip it.
+        fresh = asked is not None and len(asked) == sum(size[j] for size in sizes)
+        flags.append((asked, getattr(judge, "last_unparsed", None)) if fresh else (None, None))
+    if all(asked is None for asked, _ in flags):
+        return [None] * len(gens)
+    out: list[dict[str, int] | None] = []
+    starts = [0, 0]
+    for size in sizes:
+        asked = unparsed = 0
+        for j, (a, u) in enumerate(flags):
+            if a:
+                window = slice(starts[j], starts[j] + size[j])
+                asked += sum(a[window])
+                unparsed += sum(u[window])  # type: ignore[index]
+            starts[j] += size[j]
+        out.append({"asked": asked, "unparsed": unparsed})
+    return out
 
 
 def _provenance(
@@ -192,11 +233,12 @@ def _judge_batch(
     verdicts = correctness.judge(responses, golds, questions=questions)
     greedy_correct = [verdicts[i * (k + 1)] for i in range(len(items))]
     sample_correct = [verdicts[i * (k + 1) + 1 : (i + 1) * (k + 1)] for i in range(len(items))]
-    left = [gen.greedy.text for gen in gens for _ in gen.samples]
-    right = [s.text for gen in gens for s in gen.samples]
-    sample_questions = [item.question for item, gen in zip(items, gens, strict=True) for _ in gen.samples]
-    flat = consistency.judge(right, left, questions=sample_questions) if right else []
-    consistent = [flat[i * k : (i + 1) * k] for i in range(len(items))]
+    consistent = judge_consistency(
+        consistency,
+        [gen.greedy.text for gen in gens],
+        [[s.text for s in gen.samples] for gen in gens],
+        [item.question for item in items],
+    )
     return greedy_correct, sample_correct, consistent
 
 
@@ -231,6 +273,8 @@ def annotate(
         items = shard.select(items)
     todo = [item for item in items if item.id not in done]
     judges = make_judges(config, judge_backend or backend)
+    if "llm" in (config.correctness_judge, config.consistency_judge):
+        provenance = {**provenance, "judges": _judge_provenance(judges)}
     params = SamplingParams(**{**config.params.to_dict(), "stop": tuple(provenance["decoding"]["samples"]["stop"])})
     logger.info("%s: %d items, %d already done, %d to annotate", out, len(items), len(items) - len(todo), len(todo))
 
@@ -244,9 +288,13 @@ def annotate(
             seeds = [item_seed(config.seed, item.id) for item in batch]
             gens = backend.generate(prompts, config.k, params, greedy=True, seeds=seeds)
             greedy_correct, sample_correct, consistent = _judge_batch(batch, gens, config, judges)
+            parsed = _parse_counts(gens, judges)
             records = [
-                Record(item, gen.greedy, gen.samples, gc, sc, cs, provenance)
-                for item, gen, gc, sc, cs in zip(batch, gens, greedy_correct, sample_correct, consistent, strict=True)
+                Record(item, gen.greedy, gen.samples, gc, sc, cs,
+                       provenance if counts is None else {**provenance, "judge_parse": counts})
+                for item, gen, gc, sc, cs, counts in zip(
+                    batch, gens, greedy_correct, sample_correct, consistent, parsed, strict=True
+                )
             ]
             sink.append(records)
             written += len(records)

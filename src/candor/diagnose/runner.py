@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from candor.backends.default_model import DEFAULT_MODEL
+from candor.cost import ResourceMeter
 from candor.diagnose.attribution import AttributionResult, integrated_gradients
 from candor.diagnose.candidates import CandidateSet, build_candidates
 from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
@@ -34,7 +35,6 @@ from candor.digests import backend_identity, path_digest
 from candor.errors import CandorError
 from candor.records import Record
 from candor.registry import Registry
-from candor.training import ResourceMeter
 
 logger = logging.getLogger(__name__)
 
