@@ -42,7 +42,7 @@ import copy
 import inspect
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -720,3 +720,84 @@ def _load_adapter(model: Any, adapter: str) -> Any:
     from peft import PeftModel
 
     return PeftModel.from_pretrained(model, adapter).merge_and_unload()
+
+
+# ------------------------------------------------- shared-prefix forward passes
+# Public pieces of the shared-prefix machinery for callers that run a model over
+# many prompts without generating (question-level features, prompt scoring).
+
+
+def cache_keyword(model: Any) -> str:
+    """The forward keyword of ``model``'s KV cache: ``cache`` (transformers 5) or ``past_key_values``.
+
+    A PEFT wrapper forwards ``**kwargs``, so the wrapped model's signature decides.
+    """
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+
+def usable_prefix_length(model: Any, encoded: Sequence[Sequence[int]], extra_tokens: int = 0) -> int:
+    """The shared token prefix worth computing once for ``encoded`` (0 when not worth it or not safe)."""
+    if len(encoded) < 2:
+        return 0
+    length = shared_prefix_length(encoded)
+    if length < MIN_SHARED_PREFIX:
+        return 0
+    window = getattr(model.config, "sliding_window", None)
+    if window is not None and max(len(s) for s in encoded) + extra_tokens > window:
+        return 0  # sliding-window caches stay on the plain path, as in generation
+    return length
+
+
+def new_cache(model: Any) -> DynamicCache:
+    """An empty KV cache for ``model``."""
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers: no per-layer config
+        return DynamicCache()
+
+
+def prefill_shared_prefix(model: Any, prefix_ids: Sequence[int]) -> DynamicCache:
+    """The KV cache of one run of ``model`` over ``prefix_ids`` (batch of one)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device)
+    mask = torch.ones_like(ids)
+    cache = new_cache(model)
+    model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
+          **{cache_keyword(model): cache})
+    return cache
+
+
+def shared_prefix_batches(
+    model: Any, encoded: Sequence[Sequence[int]], pad_id: int, batch_size: int
+) -> Iterator[tuple[list[int], dict[str, Any]]]:
+    """Forward keyword arguments for ``encoded`` in length-sorted batches, the shared prefix run once.
+
+    Yields ``(indices, kwargs)``: the positions in ``encoded`` of the batch's
+    rows and the arguments of ``model(**kwargs)``. Rows are left-padded, so
+    every row's last token is the last column of the output. When the prompts
+    share a long enough token prefix, it is computed once and each batch runs
+    only the suffixes over a copy of its cache; position ids count real tokens
+    only, so the outputs equal those of a plain left-padded batch.
+    """
+    if not encoded:
+        return
+    device = next(model.parameters()).device
+    prefix = usable_prefix_length(model, encoded)
+    prefix_cache = prefill_shared_prefix(model, encoded[0][:prefix]) if prefix else None
+    keyword = cache_keyword(model)
+    # Similar lengths in a batch waste less on padding.
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    for start in range(0, len(order), batch_size):
+        indices = order[start : start + batch_size]
+        ids, mask = left_pad([encoded[i][prefix:] for i in indices], pad_id, device)
+        kwargs: dict[str, Any] = {"input_ids": ids}
+        if prefix_cache is None:
+            kwargs.update(attention_mask=mask, position_ids=positions(mask), use_cache=False)
+        else:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(len(indices))
+            full = torch.cat([mask.new_ones(len(indices), prefix), mask], dim=1)
+            kwargs.update(attention_mask=full, position_ids=positions(full)[:, -ids.shape[1] :], use_cache=True)
+            kwargs[keyword] = cache
+        yield indices, kwargs
