@@ -44,7 +44,7 @@ def main() -> None:
 
     import torch
 
-    from candor.annotate import AnnotateConfig, annotate
+    from candor.annotation import AnnotateConfig, annotate
     from candor.backends import load_backend
     from candor.data import load_items
     from candor.demo import DEMO_ESTIMATORS

@@ -87,7 +87,7 @@ def main() -> None:
 
     import torch
 
-    from candor.annotate import AnnotateConfig, annotate
+    from candor.annotation import AnnotateConfig, annotate
     from candor.backends.base import SamplingParams
     from candor.backends.hf import HFBackend
     from candor.elical import EliCalConfig, train_elical
