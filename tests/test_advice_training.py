@@ -20,6 +20,7 @@ from candor.advice.data import (
 from candor.advice.losses import brier, jsd, jsd_hinge, margin_hinge, sum_penalty
 from candor.advice.train import DONE_MARKER, build_trainer, is_trained, load_result
 from candor.backends.base import Completion
+from candor.contamination import fingerprints, read_manifest
 from candor.data.items import QAItem
 from candor.errors import CandorError
 from candor.label_distribution import LabelScorer, build_prompt, pad_batch
@@ -292,11 +293,11 @@ def test_train_end_to_end_writes_an_adapter_for_every_format(tiny_dir, tmp_path)
     assert is_trained(out) and (out / DONE_MARKER).exists() and (out / "adapter_config.json").exists()
     assert len((out / "triplets.jsonl").read_text().splitlines()) == 6
     saved = load_result(out)
-    assert saved["n_examples"] == 12 and saved["triplet_stats"]["from_samples"] == 6
+    assert saved["n_train"] == 12 and saved["triplet_stats"]["from_samples"] == 6
     assert saved["cost"]["wall_s"] > 0 and saved["cost"]["peak_rss_mib"] > 0
     steps = [h for h in saved["history"] if "loss" in h]
     assert len(steps) == 3 and all("loss_jsd" in h and "loss_lm" in h for h in steps)
-    assert saved["config"]["weights"]["jsd"] == 1.0 and result.n_examples == 12
+    assert saved["config"]["weights"]["jsd"] == 1.0 and result.n_train == 12
     backend = HFBackend.from_pretrained(str(tiny_dir), adapter=str(out), device="cpu")
     records = make_records()[:3]
     for fmt in ("letter", "number", "text", "float", "percent"):  # three formats unseen in training
@@ -313,6 +314,9 @@ def test_other_methods_train_and_save(tiny_dir, tmp_path, method):
     result = train(config, make_records(), out, dev_records=make_records()[:4])
     assert is_trained(out)
     assert any("eval_loss" in h for h in result.history)  # the dev split is evaluated each epoch
+    # ConfTuner learns from every answer; the pair methods only from the six questions answered correctly.
+    trained = [q for q, *_ in QUESTIONS] if method == "conftuner" else [q for q, *_ in QUESTIONS[:6]]
+    assert read_manifest(out) == fingerprints(trained)
     active = config.weights.active()
     assert all(f"loss_{name}" in result.history[0] for name in active)
 

@@ -8,19 +8,20 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from candor.annotate import AnnotateConfig, Shard, annotate, merge_shards
+from candor.annotation import AnnotateConfig, Shard, annotate, merge_shards
 from candor.backends.base import SamplingParams
 from candor.cli import app
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.judges import get_correctness_judge, normalize
-from candor.prompts import TEMPLATES
-from candor.records import from_honestybench, read_records, to_honestybench
+from candor.judges import get_consistency_judge, get_correctness_judge, normalize, rouge_tokens
+from candor.prompts import TEMPLATES, QATemplate
+from candor.records import HONESTYBENCH_FIELDS, from_honestybench, read_records, to_honestybench, write_records
 
 FEWSHOT = TEMPLATES.get("fewshot")
 QUESTIONS = [
@@ -42,6 +43,27 @@ def config(k: int = 2) -> AnnotateConfig:
     return AnnotateConfig(k=k, params=SamplingParams(max_new_tokens=6), batch_size=3, seed=1)
 
 
+def assert_same_records(got, expected) -> None:
+    """Equal record for record; log-probs to 1e-4, because batch padding moves them by ~1e-6 (tokens stay identical)."""
+    got, expected = [[r.to_dict() for r in recs] for recs in (got, expected)]
+    assert [logprobs_removed(d) for d in got] == [logprobs_removed(d) for d in expected]
+    for a, b in zip(got, expected, strict=True):
+        for x, y in zip([a["greedy"], *a["samples"]], [b["greedy"], *b["samples"]], strict=True):
+            assert x["logprobs"] == pytest.approx(y["logprobs"], abs=1e-4)
+
+
+def logprobs_removed(d: dict) -> dict:
+    d = {**d, "provenance": {k: v for k, v in d["provenance"].items() if k != "shard"}}
+    # Top-k alternatives: the same tokens (their log-probs move by ~1e-6 like the others).
+    d["greedy"] = {**d["greedy"], "logprobs": None, "top_logprobs": top_tokens(d["greedy"])}
+    d["samples"] = [{**s, "logprobs": None, "top_logprobs": top_tokens(s)} for s in d["samples"]]
+    return d
+
+
+def top_tokens(completion: dict) -> list[list[str]]:
+    return [sorted(pos) for pos in completion.get("top_logprobs", [])]
+
+
 def comparable(records) -> list[dict]:
     """Records as dicts; log-probs rounded because batch padding moves them by ~1e-6 (tokens stay identical)."""
     out = []
@@ -50,6 +72,8 @@ def comparable(records) -> list[dict]:
         d["provenance"] = {k: v for k, v in d["provenance"].items() if k != "shard"}
         for comp in [d["greedy"], *d["samples"]]:
             comp["logprobs"] = [round(x, 4) for x in comp["logprobs"]]
+            # Top-k alternatives: the same tokens (their log-probs move by ~1e-6 like the others).
+            comp["top_logprobs"] = [sorted(pos) for pos in comp.get("top_logprobs", [])]
         out.append(d)
     return out
 
@@ -96,7 +120,7 @@ def test_resume_skips_done_items_and_equals_single_run(tiny_backend, tmp_path):
         fh.write('{"item": {"id": "t:4", "quest')
     result = annotate(items, tiny_backend, resumed, FEWSHOT, config(), progress=False)
     assert (result.written, result.skipped) == (3, 4)
-    assert comparable(read_records(resumed)) == comparable(read_records(single))
+    assert_same_records(read_records(resumed), read_records(single))
 
 
 def test_rerun_with_other_settings_is_refused(tiny_backend, tmp_path):
@@ -118,19 +142,70 @@ def test_shards_then_merge_equal_single_run(tiny_backend, tmp_path):
         parts.append(part)
     merged = tmp_path / "merged.jsonl"
     assert merge_shards(parts, merged) == len(items)
-    assert comparable(read_records(merged)) == comparable(read_records(single))
+    assert_same_records(read_records(merged), read_records(single))
 
 
-def test_merge_refuses_duplicates_and_mixed_settings(tiny_backend, tmp_path):
-    items = make_items()[:3]
-    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
-    annotate(items, tiny_backend, a, FEWSHOT, config(), progress=False)
-    annotate(items, tiny_backend, b, FEWSHOT, config(), progress=False)
-    with pytest.raises(CandorError, match="already in another shard"):
-        merge_shards([a, b], tmp_path / "m.jsonl")
-    annotate(items, tiny_backend, c, FEWSHOT, config(k=1), progress=False)
+def make_shards(backend, tmp_path, items, n: int = 3, k: int = 2) -> list[Path]:
+    parts = []
+    for i in range(n):
+        part = tmp_path / f"shard{i}.jsonl"
+        annotate(items, backend, part, FEWSHOT, config(k=k), shard=Shard(i, n), progress=False)
+        parts.append(part)
+    return parts
+
+
+def test_merge_names_a_missing_shard_and_writes_nothing(tiny_backend, tmp_path):
+    parts = make_shards(tiny_backend, tmp_path, make_items())
+    merged = tmp_path / "m.jsonl"
+    with pytest.raises(CandorError, match=r"shard 1/3 is missing \(given: 0/3, 2/3\)"):
+        merge_shards([parts[0], parts[2]], merged)
+    assert not merged.exists()
+
+
+def test_merge_refuses_duplicates_unfinished_shards_and_mixed_settings(tiny_backend, tmp_path):
+    items = make_items()
+    parts = make_shards(tiny_backend, tmp_path, items)
+    with pytest.raises(CandorError, match=r"shard 1/3 given twice"):
+        merge_shards([*parts, parts[1]], tmp_path / "m.jsonl")
+    # A shard cut short (a killed run not resumed) is an incomplete merge, not a smaller file.
+    complete = parts[2].read_text()
+    parts[2].write_text("".join(complete.splitlines(keepends=True)[:-1]))
+    with pytest.raises(CandorError, match=r"shard2\.jsonl \(shard 2/3\) holds 2 of its 3 items"):
+        merge_shards(parts, tmp_path / "m.jsonl")
+    parts[2].write_text(complete)
+    # Shards of another run (other k) do not mix.
+    other = tmp_path / "other"
+    other.mkdir()
+    k1 = make_shards(tiny_backend, other, items, k=1)
     with pytest.raises(CandorError, match="other settings"):
-        merge_shards([a, c], tmp_path / "m.jsonl")
+        merge_shards([parts[0], parts[1], k1[2]], tmp_path / "m.jsonl")
+    # Shards of a different input (other size) do not mix either.
+    smaller = tmp_path / "smaller"
+    smaller.mkdir()
+    s = make_shards(tiny_backend, smaller, items[:5])
+    with pytest.raises(CandorError, match="not parts of one run"):
+        merge_shards([parts[0], parts[1], s[2]], tmp_path / "m.jsonl")
+    # An id in two shards: shard 1 with one of its records swapped for one of shard 0's.
+    dup = tmp_path / "dup.jsonl"
+    write_records(dup, [replace_shard(read_records(parts[0])[0], "1/3"), read_records(parts[1])[1]])
+    with pytest.raises(CandorError, match=r"id 't:0' is in both"):
+        merge_shards([parts[0], dup, *parts[2:]], tmp_path / "m.jsonl")
+    plain = tmp_path / "plain.jsonl"
+    annotate(items[:2], tiny_backend, plain, FEWSHOT, config(), progress=False)
+    with pytest.raises(CandorError, match="not one shard"):
+        merge_shards([plain], tmp_path / "m.jsonl")
+
+
+def replace_shard(rec, shard: str):
+    rec.provenance = {**rec.provenance, "shard": shard}
+    return rec
+
+
+def test_merge_accepts_empty_shards_of_a_small_input(tiny_backend, tmp_path):
+    items = make_items()[:2]
+    parts = make_shards(tiny_backend, tmp_path, items, n=4)  # shards 0/4 and 2/4 hold nothing
+    assert [len(read_records(p)) for p in parts] == [0, 1, 0, 1]
+    assert merge_shards(parts, tmp_path / "m.jsonl") == 2
 
 
 @pytest.mark.parametrize("text", ["1/1", "3/2", "x", "-1/2", "0/0"])
@@ -150,29 +225,30 @@ def test_honestybench_round_trip(tiny_backend, tmp_path):
     annotate(make_items()[:3], tiny_backend, out, FEWSHOT, config(k=2), progress=False)
     for rec in read_records(out):
         exported = to_honestybench(rec)
-        assert exported["greedy_cumulative_logprobs"][-1] == pytest.approx(sum(rec.greedy.logprobs))
-        back = from_honestybench(json.loads(json.dumps(exported)))
-        assert back.id == rec.id and back.item.answers == rec.item.answers
-        assert back.greedy.text == rec.greedy.text
-        assert back.greedy.logprobs == pytest.approx(rec.greedy.logprobs)
+        assert list(exported) == list(HONESTYBENCH_FIELDS)
+        assert exported["greedy_response"] == [rec.greedy.text]
+        assert exported["greedy_tokens"] == [rec.greedy.tokens] and exported["greedy_logprobs"] == [rec.greedy.logprobs]
+        # The total of the whole sequence, not a running sum.
+        assert exported["greedy_cumulative_logprobs"] == [pytest.approx(sum(rec.greedy.logprobs))]
+        back = from_honestybench(json.loads(json.dumps(exported)), dataset="toy", index=1)
+        assert back.item.question == rec.item.question and back.item.answers == rec.item.answers
+        assert back.greedy.text == rec.greedy.text and back.greedy.tokens == rec.greedy.tokens
+        assert back.greedy.logprobs == rec.greedy.logprobs
         assert [s.text for s in back.samples] == [s.text for s in rec.samples]
         assert (back.greedy_correct, back.sample_correct, back.consistency) == (
             rec.greedy_correct, rec.sample_correct, rec.consistency)
 
 
-def test_honestybench_import_from_cumulative_logprobs():
-    rec = from_honestybench({
-        "question": "q", "answer": ["a"], "greedy_response": "a b", "greedy_correctness": True,
-        "greedy_cumulative_logprobs": [-0.5, -1.5], "sampling_response": ["a", "c"],
-        "sampling_correctness": [1, 0], "consistency_judgement": ["True", "False"],
-    }, dataset="nq", index=3)
-    assert rec.id == "nq:3" and rec.greedy_correct == 1
-    assert rec.greedy.logprobs == pytest.approx([-0.5, -1.0])
-    assert rec.consistency == [1, 0] and rec.sample_accuracy == 0.5
-
-
 # ------------------------------------------------------------------- CLI
 
+
+
+def one_error_line(output: str) -> str:
+    """The CLI's error: one line, the last, with no traceback (model loading may print progress bars before it)."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert "Traceback" not in output
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:], output
+    return lines[-1]
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -249,12 +325,167 @@ def test_cli_export_then_import_round_trip(tiny_backend, tmp_path):
     runner = CliRunner()
     assert runner.invoke(app, ["export", str(recs), "--out", str(hb)]).exit_code == 0
     exported = [json.loads(line) for line in hb.read_text().splitlines()]
-    assert [e["greedy_response"] for e in exported] == [r.greedy.text for r in read_records(recs)]
+    assert [e["greedy_response"] for e in exported] == [[r.greedy.text] for r in read_records(recs)]
     back = tmp_path / "back.jsonl"
     assert runner.invoke(app, ["import", str(hb), "--out", str(back)]).exit_code == 0
     for a, b in zip(read_records(recs), read_records(back), strict=True):
-        assert (a.id, a.greedy.text, a.greedy_correct, a.consistency) == (b.id, b.greedy.text, b.greedy_correct,
-                                                                          b.consistency)
+        # The released format has no id field: an import numbers the lines of the file.
+        assert b.id == f"toy:{int(a.id.split(':')[1]) + 1}"
+        assert (a.item.question, a.greedy.text, a.greedy.logprobs, a.greedy_correct, a.consistency) == (
+            b.item.question, b.greedy.text, b.greedy.logprobs, b.greedy_correct, b.consistency)
     hb.write_text(hb.read_text() + '{"question": "q"}\n')
     bad = runner.invoke(app, ["import", str(hb), "--out", str(tmp_path / "x.jsonl")])
     assert bad.exit_code == 2 and "toy.jsonl:4:" in bad.output
+
+
+# ------------------------------------------------ consistency verdict values
+
+
+# The tiny random model (tied embeddings) tends to repeat a prompt's last token. A prompt that ends in
+# the gold answer gives greedy answers like "Mars Mars Mars"; with top_k=2 the samples then agree
+# with it on some draws and not on others, so verdicts of both kinds occur.
+ECHO_GOLD = QATemplate("echo-gold", lambda item, _: f"Question: {item.question}\nAnswer: {item.answers[0]}", ("\n",))
+
+
+def test_consistency_verdicts_judge_each_sample_against_its_greedy_answer(tiny_backend, tmp_path):
+    cfg = AnnotateConfig(k=4, params=SamplingParams(max_new_tokens=3, top_k=2), batch_size=3, seed=1,
+                         consistency_judge="lexical")
+    out = tmp_path / "r.jsonl"
+    annotate(make_items(), tiny_backend, out, ECHO_GOLD, cfg, progress=False)
+    lexical = get_consistency_judge("lexical")
+    verdicts = []
+    for rec in read_records(out):
+        greedy = rec.greedy.text
+        # Recomputed pair by pair, outside annotate's batching.
+        assert rec.consistency == [int(lexical.equivalent(s.text, greedy)) for s in rec.samples]
+        for sample, verdict in zip(rec.samples, rec.consistency, strict=True):
+            # By hand: the same non-empty normalized text is consistent; no shared word is not.
+            if normalize(sample.text) and normalize(sample.text) == normalize(greedy):
+                assert verdict == 1
+            if not set(rouge_tokens(sample.text)) & set(rouge_tokens(greedy)):
+                assert verdict == 0
+        verdicts += rec.consistency
+    # Both values occur, so judging greedy against greedy (all 1) or misaligned slices fail.
+    assert 0 < sum(verdicts) < len(verdicts)
+
+
+# ------------------------------------------------------------------ resume
+
+
+def test_resume_refuses_records_made_for_another_question(tiny_backend, tmp_path):
+    items = make_items()[:3]
+    out = tmp_path / "r.jsonl"
+    annotate(items, tiny_backend, out, FEWSHOT, config(), progress=False)
+    before = out.read_text()
+    edited = [items[0], replace(items[1], question="Who wrote Macbeth?"), items[2]]
+    with pytest.raises(CandorError) as err:
+        annotate(edited, tiny_backend, out, FEWSHOT, config(), progress=False)
+    message = str(err.value)
+    assert "'t:1'" in message and "'Who wrote Hamlet?'" in message and "'Who wrote Macbeth?'" in message
+    regolded = [items[0], items[1], replace(items[2], answers=("Gold",))]
+    with pytest.raises(CandorError, match=r"'t:2'.*changed \(answers\)"):
+        annotate(regolded, tiny_backend, out, FEWSHOT, config(), progress=False)
+    assert out.read_text() == before  # nothing already written is lost
+    result = annotate(items, tiny_backend, out, FEWSHOT, config(), progress=False)
+    assert (result.written, result.skipped) == (0, 3)
+
+
+def test_cli_resume_after_the_input_changed_exits_2(tiny_model_dir, tmp_path):
+    rows = [{"question": q, "answer": a} for q, a in QUESTIONS[:3]]
+    data = write_jsonl(tmp_path / "qa.jsonl", rows)
+    args = ["annotate", "--data", str(data), "--out", str(tmp_path / "out.jsonl"), "--model", str(tiny_model_dir),
+            "--k", "1", "--max-new-tokens", "3", "--template", "fewshot"]
+    runner = CliRunner()
+    assert runner.invoke(app, args).exit_code == 0
+    write_jsonl(data, [rows[0], {**rows[1], "question": "Who wrote Macbeth?"}, rows[2]])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "'qa:2'" in one_error_line(result.output) and "'Who wrote Hamlet?'" in result.output
+    assert "'Who wrote Macbeth?'" in result.output
+    write_jsonl(data, rows)  # unchanged input resumes
+    assert runner.invoke(app, args).exit_code == 0
+
+
+# ------------------------------------------------------- skipped items
+
+
+def test_cli_skips_an_item_without_alias_and_records_the_count(tiny_model_dir, tmp_path):
+    rows = [{"question": q, "answer": a} for q, a in QUESTIONS[:4]]
+    rows.insert(2, {"question": "Who painted it?", "answer": [""]})
+    data = write_jsonl(tmp_path / "qa.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    args = ["annotate", "--data", str(data), "--out", str(out), "--model", str(tiny_model_dir),
+            "--k", "1", "--max-new-tokens", "3", "--template", "fewshot"]
+    runner = CliRunner()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = read_records(out)
+    assert [r.id for r in records] == ["qa:1", "qa:2", "qa:4", "qa:5"]
+    assert {r.provenance["skipped_items"] for r in records} == {1}
+    strict = runner.invoke(app, [*args, "--out", str(tmp_path / "strict.jsonl"), "--strict"])
+    assert strict.exit_code == 2 and "qa.jsonl:3: no non-empty answer alias" in one_error_line(strict.output)
+
+
+# ---------------------------------------------------------- sharded CLI
+
+
+def test_cli_three_shards_merge_to_the_single_run(tiny_model_dir, tmp_path):
+    data = write_jsonl(tmp_path / "qa.jsonl", [{"question": q, "answer": a} for q, a in QUESTIONS])
+    base = ["annotate", "--data", str(data), "--model", str(tiny_model_dir), "--k", "2",
+            "--max-new-tokens", "5", "--template", "fewshot", "--batch-size", "2"]
+    runner = CliRunner()
+    single = tmp_path / "single.jsonl"
+    assert runner.invoke(app, [*base, "--out", str(single)]).exit_code == 0
+    shards = []
+    for i in range(3):
+        shards.append(tmp_path / f"part{i}.jsonl")
+        result = runner.invoke(app, [*base, "--out", str(shards[-1]), "--shard", f"{i}/3"])
+        assert result.exit_code == 0, result.output
+    merged = tmp_path / "merged.jsonl"
+    result = runner.invoke(app, ["merge", *map(str, reversed(shards)), "--out", str(merged)])
+    assert result.exit_code == 0, result.output
+    assert f"merged 7 records from 3 shards into {merged}" in result.output
+    assert_same_records(read_records(merged), read_records(single))
+    assert {r.provenance["shard"] for r in read_records(merged)} == {None}
+
+    missing = runner.invoke(app, ["merge", str(shards[0]), str(shards[2]), "--out", str(tmp_path / "m.jsonl")])
+    assert missing.exit_code == 2
+    assert one_error_line(missing.output) == (
+        "error: merge: shard 1/3 is missing (given: 0/3, 2/3); run `candor annotate --shard 1/3` and merge again"
+    )
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda d: [str(d / "nope.jsonl")], "nope.jsonl: no such file"),
+        (lambda d: [str(write_jsonl(d / "junk.jsonl", ['{"x": 1}']))], "junk.jsonl:1: not a record"),
+        (lambda d: [str(write_jsonl(d / "empty.jsonl", []))], "merge: no records in"),
+    ],
+)
+def test_cli_merge_bad_input_exits_2_with_one_line(tmp_path, make, needle):
+    result = CliRunner().invoke(app, ["merge", *make(tmp_path), "--out", str(tmp_path / "m.jsonl")])
+    assert result.exit_code == 2
+    assert one_error_line(result.output).count(needle) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--shard", "3/2"], "--shard '3/2'"),
+        (["--shard", "x"], "expected i/n"),
+        (["--k", "-1"], "k must be >= 0"),
+        (["--batch-size", "0"], "batch size must be >= 1"),
+        (["--limit", "-1"], "limit must be >= 0"),
+        (["--judge", "nosuch"], "unknown correctness judge 'nosuch'"),
+        (["--consistency", "nosuch"], "unknown consistency judge 'nosuch'"),
+        (["--template", "nosuch"], "nosuch"),
+    ],
+)
+def test_cli_annotate_bad_options_exit_2_with_one_line(tiny_model_dir, tmp_path, extra, needle):
+    data = write_jsonl(tmp_path / "qa.jsonl", [{"question": "q", "answer": ["a"]}])
+    result = CliRunner().invoke(app, ["annotate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"),
+                                      "--model", str(tiny_model_dir), *extra])
+    assert result.exit_code == 2
+    assert one_error_line(result.output).count(needle) == 1

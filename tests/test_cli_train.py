@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from candor.cli import app
 from candor.confidences import read_confidences
-from candor.elical import EliCalConfig
+from candor.contamination import fingerprints, read_manifest
+from candor.elical import EliCalConfig, carve_dev, draw_budget
 from candor.errors import CandorError
 from candor.records import write_records
 from candor.trainers import TRAINERS, build_config, parse_settings
@@ -82,6 +83,11 @@ def test_train_then_score_with_the_head_then_sweep(tiny_model_dir, tmp_path, mon
     assert result.exit_code == 0, result.output
     training = json.loads((head / "training.json").read_text())
     assert training["budget"] == 20 and (head / "head.safetensors").exists()
+    # The manifest: the 20 budget questions and the 4 carved dev questions (early stopping chose on them).
+    rest, carved = carve_dev(annotated_records(40), seed=0)
+    drawn = draw_budget(rest, 20, seed=0)
+    assert read_manifest(head) == fingerprints(r.item.question for r in drawn + carved)
+    assert len(read_manifest(head)) == 24
     assert any((tmp_path / "cache" / "features").rglob("*")), "head-mode features are cached under $CANDOR_CACHE"
 
     conf = tmp_path / "conf.jsonl"
@@ -219,9 +225,11 @@ def test_cli_train_advice_with_an_ablation_setting_gives_a_loadable_adapter(tiny
         ],
     )
     assert result.exit_code == 0, result.output
+    # Only the 4 questions with a correct greedy answer gave ADVICE pairs; they alone are in the manifest.
+    assert read_manifest(out) == fingerprints(f"Which colour is item {i}?" for i in (0, 2, 4, 6))
     saved = json.loads((out / "training.json").read_text())
     assert saved["config"]["weights"]["sum"] == 0.0 and saved["config"]["weights"]["jsd"] == 1.0
-    assert saved["config"]["formats"] == ["number"] and saved["n_examples"] == 4
+    assert saved["config"]["formats"] == ["number"] and saved["n_train"] == 4
     conf = tmp_path / "conf.jsonl"
     scored = CliRunner().invoke(
         app,
@@ -257,3 +265,121 @@ def test_cli_train_advice_with_an_ablation_setting_gives_a_loadable_adapter(tiny
         ],
     )
     assert bad.exit_code == 2 and "vibes" in bad.output
+
+
+def one_error_line(result) -> str:
+    """The CLI's message for a user mistake: exit 2, one line, no traceback."""
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+@pytest.fixture()
+def leaky_files(tmp_path):
+    """A pool of 40 records, and test files of which three questions are pool questions (one respelled)."""
+    pool, test = tmp_path / "pool.jsonl", tmp_path / "test.jsonl"
+    write_records(pool, annotated_records(40))
+    write_records(test, annotated_records(2, start=38) + annotated_records(5, start=100))
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"question": "what is FACT number 7 about toy", "answer": ["x"]}) + "\n")
+    return pool, test, qa
+
+
+@pytest.mark.parametrize("method", ["elical", "eli-only", "cal-only", "advice", "conftuner", "advice+conftuner"])
+def test_every_trainer_refuses_a_pool_that_overlaps_its_test_files(leaky_files, tmp_path, method):
+    pool, test, qa = leaky_files
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["train", method, "-r", str(pool), "-o", str(out), "--model", "no-such-model", "--test", str(test),
+              "--test", str(qa)],
+    )  # fmt: skip
+    line = one_error_line(result)
+    assert f"{pool}: 3 of 40 questions are also in the test files" in line
+    assert "e.g. 'What is fact number 7 about toy?'" in line and str(qa) in line
+    assert not out.exists(), "nothing is trained or written"
+
+
+def test_a_dev_file_that_overlaps_the_test_files_is_refused(leaky_files, tmp_path):
+    pool, test, _ = leaky_files
+    clean, dev = tmp_path / "clean.jsonl", tmp_path / "dev.jsonl"
+    write_records(clean, annotated_records(30))
+    write_records(dev, annotated_records(5, start=98))  # 100, 101, 102 are test questions
+    result = CliRunner().invoke(
+        app, ["train", "cal-only", "-r", str(clean), "--dev", str(dev), "-o", str(tmp_path / "o"), "-t", str(test)]
+    )
+    assert f"{dev}: 3 of 5 questions are also in the test files" in one_error_line(result)
+
+
+def test_the_sweep_refuses_a_pool_that_overlaps_its_test_files(leaky_files, tmp_path):
+    pool, test, _ = leaky_files
+    other = tmp_path / "other.jsonl"
+    write_records(other, annotated_records(4, start=300, dataset="b"))
+    result = CliRunner().invoke(
+        app, ["sweep", "-r", str(pool), "-t", str(other), "-t", str(test), "-o", str(tmp_path / "s"),
+              "--model", "no-such-model"],
+    )  # fmt: skip
+    line = one_error_line(result)
+    assert f"{pool}: 2 of 40 questions are also in the test files ({other}, {test})" in line
+    assert "e.g. 'What is fact number 38 about toy?'" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", "x"], "--seeds: 'x' is not an integer"),
+        (["--seeds", ","], "--seeds ',': expected a comma-separated list"),
+        (["--budgets", "0"], "a label budget must be at least 1, got 0"),
+        (["--budgets", "ten"], "a label budget is a positive number or 'all', got 'ten'"),
+        (["--bootstrap", "-1", "--seeds", "0", "--budgets", "5"], "bootstrap resamples must be at least 0"),
+        (["--mode", "vibes"], "unknown EliCal mode 'vibes'"),
+    ],
+)
+def test_bad_sweep_input_is_one_line_and_exit_2(leaky_files, tmp_path, args, message):
+    _, test, _ = leaky_files
+    clean = tmp_path / "clean.jsonl"
+    write_records(clean, annotated_records(30))
+    result = CliRunner().invoke(
+        app, ["sweep", "-r", str(clean), "-t", str(test), "-o", str(tmp_path / "s"), "--model", "no-such-model", *args]
+    )
+    assert message in one_error_line(result)
+
+
+@pytest.mark.parametrize(
+    ("method", "setting", "message"),
+    [
+        ("cal-only", "no_such=1", "unknown setting 'no_such' for EliCalConfig"),
+        ("cal-only", "budget=x", "a label budget is a positive number or 'all', got 'x'"),
+        ("cal-only", "budget=0", "a label budget must be at least 1"),
+        ("cal-only", "batch_size=0", "batch_size=0 must be at least 1"),
+        ("elical", "learning_rate=-1", "learning_rate=-1.0 must be a positive number"),
+        ("eli-only", "max_epochs=-2", "max_epochs=-2 must be at least 1"),
+        ("cal-only", "warmup_ratio=2", "warmup_ratio=2.0 must be in [0, 1)"),
+        ("advice", "no_such=1", "unknown setting 'no_such' for AdviceConfig"),
+        ("advice", "epochs=-1", "epochs=-1.0 must be a positive number"),
+        ("conftuner", "lora_r=0", "lora_r=0 must be at least 1"),
+        ("conftuner", "learning_rate=fast", "setting learning_rate='fast': expected float"),
+        ("advice+conftuner", "weights.brier=x", "setting weights.brier='x': expected float"),
+        ("advice", "weights.vibes=1", "unknown setting 'weights.vibes'"),
+        ("conftuner", "method=advice", "not by a 'method' setting"),
+    ],
+)
+def test_bad_train_settings_are_one_line_and_exit_2_before_any_model_loads(tmp_path, method, setting, message):
+    pool = tmp_path / "pool.jsonl"
+    write_records(pool, annotated_records(30))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["train", method, "-r", str(pool), "-o", str(out), "--model", "no-such-model", "-s", setting]
+    )
+    assert message in one_error_line(result)
+    assert not out.exists()
+
+
+def test_each_verbal_method_has_its_own_config_class():
+    from candor.advice import AdviceConfig, ConfTunerConfig, method_config
+
+    assert type(method_config("advice")) is AdviceConfig and type(method_config("conftuner")) is ConfTunerConfig
+    both = method_config("advice+conftuner")
+    assert type(both) is AdviceConfig and both.method == "advice+conftuner" and both.weights.brier == 1.0
+    with pytest.raises(CandorError, match="not by a 'method' setting"):
+        method_config("conftuner", method="advice")

@@ -9,6 +9,7 @@ import pytest
 
 from candor.data import (
     DATA_DIR_ENV,
+    DATASETS,
     Fields,
     dataset_names,
     describe_datasets,
@@ -90,11 +91,11 @@ ERROR_CASES = [
     ('{"question": "q", "answer": ["a"]}\n{"question": "q2", "answer": ', 2, "malformed JSON"),
     ('{"question": "q", "answer": ["a"]}\n\n{"answer": ["a"]}', 3, "missing 'question'"),
     ('{"question": "q"}', 1, "missing answer field"),
-    ('{"question": "q", "answer": []}', 1, "empty answer list"),
-    ('{"question": "q", "answer": ["ok", "  "]}', 1, "empty answer alias"),
-    ('{"question": "q", "answer": ""}', 1, "empty answer alias"),
     ('{"question": "  ", "answer": ["a"]}', 1, "empty or non-string 'question'"),
-    ('{"question": "q", "answer": [null]}', 1, "must be a string"),
+    ('{"question": "q", "answer": [{"x": 1}]}', 1, "must be a string"),
+    # A file with no judgeable item at all is refused, naming its first line.
+    ('{"question": "q", "answer": []}', 1, "no item can be judged"),
+    ('{"question": "q", "answer": ""}\n{"question": "r", "answer": [null]}', 1, "all 2 have no non-empty"),
     ('["question", "answer"]', 1, "expected a JSON object"),
     (
         '{"question": "q", "answer": ["a"], "id": "d"}\n{"question": "r", "answer": ["b"], "id": "d"}',
@@ -156,8 +157,7 @@ def test_csv_aliases_ids_and_line_numbers(tmp_path):
     ("text", "line", "message"),
     [
         ("query,answer\nq,a\n", 1, "no 'question' column"),
-        ("question,answer\nq,a\nr,\n", 3, "missing answer field"),
-        ("question,answer\nq,a||b\n", 2, "empty answer alias"),
+        ("question,id\nq,1\n", 2, "missing answer field"),
         ("question,answer\n,a\n", 2, "missing 'question'"),
     ],
 )
@@ -243,11 +243,102 @@ def test_logiqa_real_file(shared_data):
         load_file(path)
 
 
+# ------------------------------------------------- unjudgeable items are skipped
+
+# Real HonestyBench files hold items whose only alias is the empty string; one of them
+# sits in the middle of each file below (line 3 of 5 rows), in every loader's format.
+GOOD = [("Capital of France?", "Paris"), ("Who wrote Hamlet?", "Shakespeare"),
+        ("Symbol for gold?", "Au"), ("Red planet?", "Mars")]
+
+
+def mid_file_rows(bad: dict) -> list[dict]:
+    rows = [{"question": q, "answer": [a]} for q, a in GOOD]
+    return [*rows[:2], bad, *rows[2:]]
+
+
+def skip_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+
+
+@pytest.mark.parametrize("answer", [[""], ["  ", ""], "", [], None, [None]])
+def test_jsonl_item_without_alias_in_the_middle_is_skipped_with_one_warning(tmp_path, caplog, answer):
+    path = jsonl(tmp_path / "nq" / "test.jsonl", mid_file_rows({"question": "Blank gold?", "answer": answer}))
+    with caplog.at_level("WARNING"):
+        items = load_items(str(path))
+    assert [i.question for i in items] == [q for q, _ in GOOD]
+    assert [i.id for i in items] == ["nq:1", "nq:2", "nq:4", "nq:5"]  # ids keep their line numbers
+    assert items.skipped == 1
+    (warning,) = skip_warnings(caplog)
+    assert "test.jsonl: skipped 1 item(s)" in warning and "(lines 3)" in warning
+    with pytest.raises(CandorError, match=r"test\.jsonl:3: no non-empty answer alias") as err:
+        load_items(str(path), strict=True)
+    assert str(err.value).count("test.jsonl") == 1
+
+
+def test_blank_aliases_beside_real_ones_are_dropped(tmp_path):
+    # A blank alias would make the contains judge accept every response.
+    path = jsonl(tmp_path / "x.jsonl", [{"question": "q", "answer": ["ok", "  ", ""]}])
+    (item,) = load_items(str(path), strict=True)
+    assert item.answers == ("ok",)
+
+
+def test_skip_warning_counts_and_names_the_first_lines(tmp_path, caplog):
+    rows = [{"question": f"q{i}", "answer": [""] if i % 2 else ["a"]} for i in range(20)]
+    path = jsonl(tmp_path / "many.jsonl", rows)
+    with caplog.at_level("WARNING"):
+        items = load_items(str(path))
+    assert (len(items), items.skipped) == (10, 10)
+    (warning,) = skip_warnings(caplog)
+    assert "skipped 10 item(s)" in warning and "(lines 2, 4, 6, 8, 10, ...)" in warning
+
+
+def test_limit_counts_kept_items(tmp_path):
+    path = jsonl(tmp_path / "x.jsonl", mid_file_rows({"question": "Blank gold?", "answer": [""]}))
+    items = load_items(str(path), limit=3)
+    assert [i.id for i in items] == ["x:1", "x:2", "x:4"] and items.skipped == 1
+
+
+def test_csv_row_with_empty_answer_cell_is_skipped(tmp_path, caplog):
+    lines = ["question,answer", *(f"{q},{a}" for q, a in GOOD[:2]), "Blank gold?,", "Blank too?, | ",
+             *(f"{q},{a}" for q, a in GOOD[2:])]
+    path = write_lines(tmp_path / "qa.csv", lines)
+    with caplog.at_level("WARNING"):
+        items = load_items(str(path))
+    assert [i.question for i in items] == [q for q, _ in GOOD]
+    assert items.skipped == 2 and "(lines 4, 5)" in skip_warnings(caplog)[0]
+    with pytest.raises(CandorError, match=r"qa\.csv:4: no non-empty answer alias"):
+        load_items(str(path), strict=True)
+
+
+def test_multiple_choice_item_without_gold_option_is_skipped(tmp_path):
+    rows = [LOGIQA_ROWS[0], {**LOGIQA_ROWS[1], "id": 13, "answer": None}, LOGIQA_ROWS[1]]
+    path = jsonl(tmp_path / "mc.jsonl", rows)
+    items = load_items(str(path))
+    assert [i.id for i in items] == ["11", "12"] and items.skipped == 1
+    with pytest.raises(CandorError, match=r"mc\.jsonl:2: no non-empty answer alias"):
+        load_items(str(path), strict=True)
+
+
+def test_hf_item_without_alias_is_skipped(tmp_path, caplog):
+    import datasets
+
+    rows = mid_file_rows({"question": "Blank gold?", "answer": [""]})
+    target = tmp_path / "hfdata"
+    datasets.Dataset.from_list(rows).save_to_disk(str(target))
+    with caplog.at_level("WARNING"):
+        items = load_items(f"hf:{target}")
+    assert [i.question for i in items] == [q for q, _ in GOOD] and items.skipped == 1
+    assert "(lines 3)" in skip_warnings(caplog)[0]
+    with pytest.raises(CandorError, match=r"hfdata:3: no non-empty answer alias"):
+        load_items(f"hf:{target}", strict=True)
+
+
 # --------------------------------------------------------- Hugging Face
 
 
 def test_hf_saved_dataset_dict(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     data = datasets.DatasetDict(
         {
             "train": datasets.Dataset.from_dict({"question": ["t?"], "answer": [["T"]]}),
@@ -271,7 +362,6 @@ def test_hf_saved_dataset_dict(tmp_path):
 
 
 def test_hf_local_json_with_nested_answers_and_fields(tmp_path):
-    pytest.importorskip("datasets")
     path = jsonl(
         tmp_path / "squadlike.jsonl",
         [
@@ -286,7 +376,6 @@ def test_hf_local_json_with_nested_answers_and_fields(tmp_path):
 
 
 def test_hf_missing_source(tmp_path):
-    pytest.importorskip("datasets")
     with pytest.raises(CandorError, match="cannot load the dataset"):
         load_items(f"hf:{tmp_path / 'empty_dir'}")
 
@@ -296,7 +385,6 @@ def test_hf_missing_source(tmp_path):
 
 REGISTRY_FILES = {
     "nq": "nq/test.jsonl",
-    "nq-dev": "nq/dev.jsonl",
     "hq": "hq/dev.jsonl",
     "2wikimultihopqa": "2wikimultihopqa/dev.jsonl",
     "2wiki": "2wikimultihopqa/dev.jsonl",
@@ -343,9 +431,16 @@ def test_logiqa_resolves_beside_or_inside_data_dir(data_dir, tmp_path):
 
 
 def test_registry_roles():
-    assert dataset_names("in-domain") == ["2wikimultihopqa", "hq", "nq", "nq-dev", "pararel"]
+    assert dataset_names("in-domain") == ["2wikimultihopqa", "hq", "nq", "pararel"]
     assert dataset_names("ood") == ["logiqa", "musique", "musique-train", "squad"]
     assert dataset_names("demo") == ["starter"]
+
+
+def test_nq_dev_is_not_a_dataset():
+    # Its file is a shuffled copy of nq/test.jsonl: training or tuning on it would leak the test set.
+    assert "nq-dev" not in DATASETS
+    with pytest.raises(CandorError, match="unknown dataset 'nq-dev'"):
+        load_items("nq-dev")
 
 
 def test_missing_registered_file(tmp_path):

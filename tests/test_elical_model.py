@@ -100,6 +100,24 @@ def test_features_are_the_backends_last_token_hidden_states(tiny_model_dir, tiny
     np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize(("mode", "layer"), [("head", -1), ("head", 1), ("lora", -1)])
+def test_shared_prefix_path_gives_the_left_padded_features(tiny_model_dir, mode, layer):
+    from candor.backends.hf import usable_prefix_length
+
+    head = fresh_head(tiny_model_dir, mode, layer=layer).eval()
+    questions = QUESTIONS + ["Who painted the Mona Lisa?", "Capital of France?"]
+    prompts = head.prompts(questions)
+    seqs = encode_prompts(head.tokenizer, prompts)
+    assert usable_prefix_length(head.backbone, seqs) > 8  # the few-shot block is shared and computed once
+    with torch.no_grad():
+        left = head.features(*pad_batch(seqs, int(head.tokenizer.pad_token_id))).numpy()
+        confidences = head(*pad_batch(seqs, int(head.tokenizer.pad_token_id))).numpy()
+    np.testing.assert_allclose(head.prompt_features(prompts, batch_size=4), left, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(head.predict(questions, batch_size=4), confidences, atol=1e-4, rtol=0)
+    # A single prompt has nothing to share and takes the plain path: same numbers.
+    np.testing.assert_allclose(head.prompt_features(prompts[:1]), left[:1], atol=1e-4, rtol=0)
+
+
 def test_a_layer_out_of_range_is_a_clear_error(tiny_model_dir):
     head = fresh_head(tiny_model_dir, "head", layer=7)
     with pytest.raises(CandorError, match="layer 7 is out of range"):
@@ -134,7 +152,7 @@ def test_save_then_load_gives_identical_predictions(tiny_model_dir, tmp_path, mo
         make_records(24), make_records(8, 100), method="elical", budget=12, config=config, out_dir=tmp_path / "head"
     )
     inputs = [*make_records(3, 200), *QUESTIONS]
-    before = result.head.predict(inputs)
+    before = result.model.predict(inputs)
     loaded = ConfidenceHead.from_pretrained(tmp_path / "head")  # one line: the backbone is loaded by name
     np.testing.assert_allclose(loaded.predict(inputs), before, rtol=1e-6, atol=1e-7)
     assert loaded.config.mode == mode and loaded.config.template == "fewshot"
@@ -213,8 +231,8 @@ def test_elical_estimator_scores_records_and_raw_questions(tiny_model_dir, tmp_p
     records = make_records(5, 300)
     est = get_estimator("elical", head=str(tmp_path / "eli"))
     assert est.level == "question" and not est.needs_backend
-    np.testing.assert_allclose(est.estimate(records), result.head.predict(records), rtol=1e-6)
-    np.testing.assert_allclose(est.score_questions(QUESTIONS), result.head.predict(QUESTIONS), rtol=1e-6)
+    np.testing.assert_allclose(est.estimate(records), result.model.predict(records), rtol=1e-6)
+    np.testing.assert_allclose(est.score_questions(QUESTIONS), result.model.predict(QUESTIONS), rtol=1e-6)
 
 
 def test_elical_estimator_without_a_head_says_how_to_get_one():

@@ -10,9 +10,10 @@ import pytest
 from helpers import annotated_records
 from sklearn.metrics import roc_auc_score
 
+from candor.contamination import fingerprints, read_manifest
+from candor.elical import EliCalConfig
 from candor.elical.curve import summarize_column
 from candor.elical.sweep import SweepData, run_sweep
-from candor.elical.train import EliCalConfig
 from candor.errors import CandorError
 from candor.metrics import alignment, auroc, ece
 
@@ -86,6 +87,17 @@ def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_model_dir, tmp_p
         roc_auc_score([r.greedy_correct for r in data.tests["near"]], baseline["near"])
     )
 
+    # Each head keeps the fingerprints of what it was trained or early-stopped on, and nothing else.
+    heads = tmp_path / "sweep" / "heads"
+    dev = fingerprints(r.item.question for r in data.dev)
+    pool = fingerprints(r.item.question for r in data.train)
+    cal_only = read_manifest(heads / "cal-only@10" / "seed0")
+    assert len(cal_only) == 18 and dev <= cal_only and len(cal_only & pool) == 10
+    assert read_manifest(heads / "eli-only" / "seed0") == pool | dev
+    assert read_manifest(heads / "elical@10" / "seed0") == pool | dev  # its stage-1 head's, inherited
+    tests = fingerprints(r.item.question for r in data.test_records())
+    assert not read_manifest(heads / "elical@all" / "seed0") & tests
+
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="candor.elical"):
         again = run_sweep(data, **kwargs)
@@ -97,7 +109,8 @@ def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_model_dir, tmp_p
 def test_the_sweep_refuses_a_dev_slice_that_overlaps_test_before_training(tiny_model_dir, tmp_path):
     data = sweep_data()
     leaked = SweepData(data.train, [*data.dev, data.tests["near"][0]], data.tests, data.roles)
-    with pytest.raises(CandorError, match="dev record 'near:500' is also a test question"):
+    with pytest.raises(CandorError, match="the dev slice: 1 of 9 questions are also in the test set, "
+                       "e.g. 'What is fact number 500 about near\\?'"):
         run_sweep(leaked, out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir), budgets=[10], seeds=[0])
     assert not (tmp_path / "runs").exists()
 

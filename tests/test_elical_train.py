@@ -174,7 +174,7 @@ def test_stage_two_updates_the_lora_weights_it_resumes(tiny_model_dir, tmp_path)
     changed = [k for k in stage1 if not torch.allclose(stage1[k], stage2[k])]
     assert changed and any("lora_A" in k for k in changed) and any("lora_B" in k for k in changed)
     assert [s.name for s in cal.stages] == ["cal"] and cal.n_train == 12
-    assert not torch.allclose(eli.head.head.linear.weight, cal.head.head.linear.weight)
+    assert not torch.allclose(eli.model.head.linear.weight, cal.model.head.linear.weight)
 
 
 def test_elical_runs_both_stages_and_records_each(tiny_model_dir, tmp_path):
@@ -192,10 +192,26 @@ def test_elical_runs_both_stages_and_records_each(tiny_model_dir, tmp_path):
 
 
 def test_the_paper_epoch_rule_and_the_cap():
+    # 50 up to 10k labels, 15 above, 10 on the full set whatever its size (the official scripts' rule).
     assert EliCalConfig().epochs_for(1000) == 50
-    assert EliCalConfig().epochs_for(20_000) == 15
+    assert EliCalConfig().epochs_for(10_000) == 50
+    assert EliCalConfig().epochs_for(10_001) == 15
+    assert EliCalConfig().epochs_for(1000, full_set=True) == 10
+    assert EliCalConfig().epochs_for(560_000, full_set=True) == 10
     assert EliCalConfig(max_epochs=3).epochs_for(1000) == 3
+    assert EliCalConfig(max_epochs=30).epochs_for(1000, full_set=True) == 10
     assert EliCalConfig(epochs=7).epochs_for(20_000) == 7
+    assert EliCalConfig(epochs=7).epochs_for(200, full_set=True) == 7
+
+
+def test_each_stage_plans_the_epochs_of_its_set(tiny_model_dir, tmp_path):
+    """Stage 1 trains on the full pool (10 epochs), stage 2 on a budget (50) or on the full pool (10)."""
+    train, dev = make_records(30), make_records(6, start=100)
+    config = EliCalConfig(mode="head", model=tiny_model_dir, patience=1, feature_cache=str(tmp_path / "f"))
+    budget = train_elical(train, dev, method="elical", config=config, out_dir=tmp_path / "a", budget=10)
+    assert [s.epochs_planned for s in budget.stages] == [10, 50]
+    everything = train_elical(train, dev, method="cal-only", config=config, out_dir=tmp_path / "b", budget="all")
+    assert [s.epochs_planned for s in everything.stages] == [10]
 
 
 # ------------------------------------------------------------ budgets and the dev slice
@@ -313,7 +329,7 @@ def test_stage_two_keeps_the_stage_one_weights_and_recentres_only_the_bias(tiny_
     cal = train_elical(
         train, dev, method="elical", init_from=tmp_path / "eli", budget=12, config=frozen, out_dir=tmp_path / "cal"
     )
-    before, after = eli.head.head, cal.head.head
+    before, after = eli.model.head, cal.model.head
     torch.testing.assert_close(after.linear.weight, before.linear.weight)
     torch.testing.assert_close(after.mean, before.mean)  # the stage-1 standardization is kept
     mean_target = float(targets(draw_budget(train, 12, seed=0), "soft").mean())

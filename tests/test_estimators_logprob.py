@@ -45,7 +45,7 @@ def test_round_off_above_zero_is_clipped_to_one():
 
 def test_missing_logprobs_name_the_record():
     recs = [RECORDS[0], record("empty", [], text="")]
-    with pytest.raises(CandorError, match="'empty'.*no token log-probs"):
+    with pytest.raises(CandorError, match="'empty'.*no per-token log-probs"):
         get_estimator("prob").estimate(recs)
 
 

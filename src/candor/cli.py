@@ -38,6 +38,23 @@ DataDirOpt = Annotated[
     Path | None, typer.Option("--data-dir", help="Folder of HonestyBench files for named datasets.")
 ]
 
+# Engine options shared by commands that load a model (each backend takes the ones it knows).
+BackendOpt = Annotated[str, typer.Option("--backend", help="Engine: hf, vllm or openai (a server at --base-url).")]
+BaseUrlOpt = Annotated[
+    str | None, typer.Option(help="openai backend: the server's address, e.g. http://127.0.0.1:8000/v1.")
+]
+EndpointOpt = Annotated[str | None, typer.Option(help="openai backend: completions (default) or chat.")]
+TokenizerOpt = Annotated[
+    str | None, typer.Option(help="openai backend: the served model's tokenizer (chat template, token ids).")
+]
+ConcurrencyOpt = Annotated[int | None, typer.Option(help="openai backend: requests in flight at once (8).")]
+RetriesOpt = Annotated[int | None, typer.Option(help="openai backend: retries on 429/5xx/dropped connections (5).")]
+ApiKeyEnvOpt = Annotated[
+    str | None, typer.Option(help="openai backend: environment variable holding the API key (OPENAI_API_KEY).")
+]
+TensorParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: tensor-parallel GPUs.")]
+DataParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: data-parallel replicas.")]
+
 
 def user_errors(fn: F) -> F:
     """Print CandorError as one line and exit 2, without a traceback."""
@@ -76,7 +93,7 @@ def annotate(
     shard: Annotated[str | None, typer.Option(help="i/n: annotate the i-th of n slices (0-based).")] = None,
     template: Annotated[str, typer.Option(help="Prompt template: auto, chat or fewshot.")] = "auto",
     judge: Annotated[str, typer.Option(help="Correctness judge: contains, exact, f1, llm.")] = "contains",
-    consistency: Annotated[str, typer.Option(help="Consistency judge: lexical or llm.")] = "lexical",
+    consistency: Annotated[str, typer.Option(help="Consistency judge (see candor.judges).")] = "lexical-echo",
     max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling.")] = 0.95,
@@ -84,22 +101,52 @@ def annotate(
     batch_size: Annotated[int, typer.Option(help="Questions per batch.")] = 16,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     data_dir: DataDirOpt = None,
+    strict: Annotated[
+        bool, typer.Option(help="Refuse items with no non-empty answer alias instead of skipping them.")
+    ] = False,
+    backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
+    endpoint: EndpointOpt = None,
+    tokenizer: TokenizerOpt = None,
+    max_concurrency: ConcurrencyOpt = None,
+    max_retries: RetriesOpt = None,
+    api_key_env: ApiKeyEnvOpt = None,
+    tensor_parallel_size: TensorParallelOpt = None,
+    data_parallel_size: DataParallelOpt = None,
+    judge_model: Annotated[
+        str | None, typer.Option(help="Model for the llm judges (default: the answering model).")
+    ] = None,
+    judge_backend: Annotated[str | None, typer.Option(help="Backend for --judge-model (default: --backend).")] = None,
+    judge_base_url: Annotated[
+        str | None, typer.Option(help="Server for --judge-model on the openai backend (default: --base-url).")
+    ] = None,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
-    from candor.annotate import AnnotateConfig, Shard
-    from candor.annotate import annotate as run_annotate
+    from candor.annotation import AnnotateConfig, Shard
+    from candor.annotation import annotate as run_annotate
     from candor.backends import load_backend
     from candor.backends.base import SamplingParams
     from candor.data import load_items
     from candor.prompts import resolve_template
 
-    items = load_items(data, data_dir=data_dir, limit=limit)
+    # Every option is checked before the model loads, so a typo fails fast.
+    shard_spec = Shard.parse(shard) if shard else None
+    if template != "auto":
+        resolve_template(template, model)
+    items = load_items(data, data_dir=data_dir, limit=limit, strict=strict)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
     config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
                             seed=seed, batch_size=batch_size)
-    backend = load_backend(model, batch_size=batch_size)
-    qa_template = resolve_template(template, model, backend)
-    result = run_annotate(items, backend, out, qa_template, config, shard=Shard.parse(shard) if shard else None)
+    engine = dict(base_url=base_url, endpoint=endpoint, tokenizer=tokenizer, max_concurrency=max_concurrency,
+                  max_retries=max_retries, api_key_env=api_key_env, tensor_parallel_size=tensor_parallel_size,
+                  data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed)
+    answering = load_backend(model, backend, **engine)
+    judging = None
+    if judge_model is not None:
+        judge_engine = {**engine, "base_url": judge_base_url or base_url}
+        judging = load_backend(judge_model, judge_backend or backend, **judge_engine)
+    qa_template = resolve_template(template, model, answering)
+    result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec, judge_backend=judging)
     _print_annotation_summary(result.path)
 
 
@@ -132,10 +179,26 @@ def merge(
     out: Annotated[Path, typer.Option("--out", "-o", help="Merged records JSONL.")],
 ) -> None:
     """Merge shard record files into one file, in input order."""
-    from candor.annotate import merge_shards
+    from candor.annotation import merge_shards
 
     n = merge_shards(shards, out)
     typer.echo(f"merged {n} records from {len(shards)} shards into {out}")
+
+
+@app.command()
+@user_errors
+def rejudge(
+    records: Annotated[Path, typer.Option("--records", "-r", help="Records JSONL to judge again.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Records JSONL to write (may be --records itself).")],
+    consistency: Annotated[str, typer.Option(help="Consistency judge (see candor.judges).")] = "lexical-echo",
+) -> None:
+    """Recompute the samples' consistency verdicts with another judge, from the stored texts (no generation)."""
+    from candor.records import read_records, write_records
+    from candor.rejudge import rejudge_consistency
+
+    recs = rejudge_consistency(read_records(records), consistency)
+    write_records(out, recs)
+    typer.echo(f"rejudged {len(recs)} records with {consistency} into {out}")
 
 
 @app.command("export")
@@ -158,12 +221,15 @@ def export_honestybench(
 def import_honestybench(
     source: Annotated[Path, typer.Argument(help="JSONL with HonestyBench field names.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="candor records JSONL.")],
-    dataset: Annotated[str, typer.Option(help="Dataset name when the file has none.")] = "",
+    dataset: Annotated[str, typer.Option(help="Dataset name when the file has none (default: the file's stem).")] = "",
+    strict: Annotated[
+        bool, typer.Option(help="Refuse items with no non-empty answer alias instead of skipping them.")
+    ] = False,
 ) -> None:
     """Import released HonestyBench annotations as candor records."""
     from candor.records import read_honestybench, write_records
 
-    recs = read_honestybench(source, dataset)
+    recs = read_honestybench(source, dataset, strict=strict)
     write_records(out, recs)
     typer.echo(f"imported {len(recs)} records into {out}")
 
@@ -254,15 +320,10 @@ def evaluate(
 ) -> None:
     """Evaluate confidences: tables (Markdown, CSV, JSON), reliability and risk-coverage plots, histograms."""
     from candor.confidences import read_confidences
-    from candor.report import REPORT_METRICS, format_table_rich, write_report
+    from candor.report import REPORT_METRICS, format_table_rich, roles_from_ood, write_report
 
     table = read_confidences(confidences)
-    ood_names = {n.strip() for n in ood.split(",") if n.strip()}
-    unknown = sorted(ood_names - set(table.datasets))
-    if unknown:  # a typo would otherwise silently drop the OOD group
-        raise CandorError(f"--ood {', '.join(unknown)}: not a dataset in {confidences}; "
-                          f"known: {', '.join(table.datasets)}")
-    roles = {d: ("ood" if d in ood_names else "id") for d in table.datasets} if ood_names else None
+    roles = roles_from_ood(table, ood.split(","), str(confidences))
     chosen = [m.strip() for m in metrics.split(",") if m.strip()] or list(REPORT_METRICS)
     result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap, metrics=chosen)
     _print_rich(format_table_rich(result))
@@ -308,16 +369,21 @@ def train_command(
         list[str] | None,
         typer.Option("--set", "-s", help="Method setting KEY=VALUE, e.g. mode=lora, budget=1000, learning_rate=1e-4."),
     ] = None,
+    test: Annotated[
+        list[str] | None,
+        typer.Option("--test", "-t", help="Test file (records, QA file or dataset name; repeatable): "
+                     "training refuses a pool or dev file that shares a question with it."),
+    ] = None,
 ) -> None:
     """Train a confidence method and save it (a head for EliCal, a LoRA adapter for ADVICE/ConfTuner)."""
-    from candor.trainers import TrainJob, parse_settings, train
+    from candor.trainers import TrainJob, parse_settings, run_training
 
-    job = TrainJob(records=records, out=out, model=model, dev=dev, seed=seed, settings=parse_settings(setting or []))
-    summary = train(method, job)
-    cost = summary.get("cost", {})
+    job = TrainJob(records=records, out=out, model=model, dev=dev, seed=seed, settings=parse_settings(setting or []),
+                   tests=list(test or []))  # fmt: skip
+    result = run_training(method, job)
     typer.echo(
-        f"{method}: saved to {summary['path']} ({cost.get('wall_s', float('nan')):.0f} s, "
-        f"peak {cost.get('peak_rss_mib', float('nan')):.0f} MiB)"
+        f"{method}: saved to {result.path} ({result.cost.get('wall_s', float('nan')):.0f} s, "
+        f"peak {result.cost.get('peak_rss_mib', float('nan')):.0f} MiB)"
     )
 
 
@@ -325,7 +391,9 @@ def train_command(
 @user_errors
 def sweep(
     records: Annotated[Path, typer.Option("--records", "-r", help="Training pool records JSONL.")],
-    test: Annotated[Path, typer.Option("--test", "-t", help="Test records JSONL (one or more datasets).")],
+    test: Annotated[
+        list[Path], typer.Option("--test", "-t", help="Test records JSONL (one or more datasets; repeatable).")
+    ],
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Folder for heads, curve.json and the plot.")],
     dev: Annotated[Path | None, typer.Option(help="Dev records (default: carved from --records).")] = None,
     budgets: Annotated[str, typer.Option(help="Comma-separated label budgets; 'all' = the whole pool.")] = (
@@ -340,32 +408,56 @@ def sweep(
     """EliCal's label-budget curve: Cal-Only and EliCal at each budget and seed (AUROC, ECE, Alignment)."""
     from candor.elical import EliCalConfig, carve_dev, parse_budget
     from candor.elical.sweep import SweepData, run_sweep
+    from candor.leakage import HeldOutQuestions
     from candor.records import read_records
 
+    budget_list = [parse_budget(b) for b in _comma_list(budgets, "--budgets")]
+    seed_list = [_integer(s, "--seeds") for s in _comma_list(seeds, "--seeds")]
+    config = EliCalConfig(mode=mode, model=model, feature_cache=str(out_dir / "features"))
+    tests: dict[str, list] = {}
+    for path in test:
+        for rec in read_records(path):
+            tests.setdefault(rec.item.dataset, []).append(rec)
+    guard = HeldOutQuestions.of((r.item.question for recs in tests.values() for r in recs), [str(p) for p in test])
     pool = read_records(records)
+    guard.refuse_overlap((r.item.question for r in pool), str(records))
     dev_records = read_records(dev) if dev is not None else None
     if dev_records is None:
         pool, dev_records = carve_dev(pool)
-    tests: dict[str, list] = {}
-    for rec in read_records(test):
-        tests.setdefault(rec.item.dataset, []).append(rec)
+    else:
+        guard.refuse_overlap((r.item.question for r in dev_records), str(dev))
     ood_names = {n.strip() for n in ood.split(",") if n.strip()}
     unknown = ood_names - set(tests)
     if unknown:
-        raise CandorError(f"--ood {', '.join(sorted(unknown))}: not a dataset in {test} ({', '.join(tests)})")
+        files = ", ".join(str(p) for p in test)
+        raise CandorError(f"--ood {', '.join(sorted(unknown))}: not a dataset in {files} ({', '.join(tests)})")
     roles = {d: ("ood" if d in ood_names else "id") for d in tests}
     summary = run_sweep(
         SweepData(pool, dev_records, tests, roles),
         out_dir=out_dir,
-        config=EliCalConfig(mode=mode, model=model, feature_cache=str(out_dir / "features")),
-        budgets=[parse_budget(b) for b in budgets.split(",") if b.strip()],
-        seeds=[int(s) for s in seeds.split(",") if s.strip()],
+        config=config,
+        budgets=budget_list,
+        seeds=seed_list,
         bootstrap=bootstrap,
     )
     for name, entry in summary["methods"].items():
         cells = [f"{g.upper()} AUROC {100 * entry[g]['auroc']:5.1f}" for g in ("id", "ood") if g in entry]
         typer.echo(f"{name:>20}  " + "  ".join(cells))
     typer.echo(f"curve: {out_dir / 'curve.json'}, plot: {out_dir / 'budget_curve.png'}")
+
+
+def _comma_list(text: str, option: str) -> list[str]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise CandorError(f"{option} {text!r}: expected a comma-separated list, e.g. 0,1,2")
+    return parts
+
+
+def _integer(text: str, option: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise CandorError(f"{option}: {text!r} is not an integer") from None
 
 
 @app.command()
@@ -447,5 +539,104 @@ def datasets(data_dir: DataDirOpt = None) -> None:
         typer.echo(line)
 
 
+HonestOpt = Annotated[Path | None, typer.Option("--honest", help="A saved honest-model folder (HonestModel).")]
+HeadOpt = Annotated[Path | None, typer.Option("--head", help="A trained EliCal head folder (decides first).")]
+AdapterOpt = Annotated[
+    Path | None, typer.Option("--adapter", help="An ADVICE/ConfTuner adapter folder: answer-level confidence.")
+]
+MethodOpt = Annotated[str | None, typer.Option("--method", help="A confidence estimator name (default n-prob).")]
+ThresholdOpt = Annotated[float | None, typer.Option("--threshold", help="Abstain below this confidence.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="The generator's engine (see candor.backends).")]
+
+
+@app.command()
+@user_errors
+def ask(
+    question: Annotated[str, typer.Argument(help="The question to answer.")],
+    model: ModelOpt = DEFAULT_MODEL,
+    honest: HonestOpt = None,
+    head: HeadOpt = None,
+    adapter: AdapterOpt = None,
+    method: MethodOpt = None,
+    threshold: ThresholdOpt = None,
+    backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
+) -> None:
+    """Answer one question with a confidence, abstaining below the threshold."""
+    import json
+
+    from candor.serve.factory import build_model
+
+    honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
+                               threshold=threshold, max_new_tokens=max_new_tokens, base_url=base_url)  # fmt: skip
+    result = honest_model.answer(question)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
+        return
+    typer.echo(f"{'(abstained)' if result.abstained else result.answer}")
+    typer.echo(f"confidence {result.confidence:.3f} ({result.method}{', calibrated' if result.calibrated else ''})"
+               f" - {result.reason}")  # fmt: skip
+
+
+@app.command()
+@user_errors
+def serve(
+    model: ModelOpt = DEFAULT_MODEL,
+    honest: HonestOpt = None,
+    head: HeadOpt = None,
+    adapter: AdapterOpt = None,
+    method: MethodOpt = None,
+    threshold: ThresholdOpt = None,
+    backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    model_id: Annotated[str, typer.Option(help="The model name clients send.")] = "candor",
+    api_key_env: Annotated[
+        str, typer.Option(help="Environment variable holding the API key; unset means no key is required.")
+    ] = "CANDOR_API_KEY",
+    refusal: Annotated[str, typer.Option(help="The text of an abstained answer.")] = "I don't know.",
+    queue_size: Annotated[int, typer.Option(help="Requests waiting before 503.")] = 64,
+    max_batch: Annotated[int, typer.Option(help="Requests per batched forward pass (1 turns batching off).")] = 16,
+    batch_wait_ms: Annotated[float, typer.Option(help="How long a batch waits to fill.")] = 5.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Default answer length cap in tokens.")] = 32,
+) -> None:
+    """An OpenAI-compatible service: answers carry a confidence and abstain when unsure."""
+    import importlib.util
+
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise CandorError("candor serve needs fastapi and uvicorn: pip install 'candor[serve]'")
+    from candor.serve.app import ServeSettings, create_app
+    from candor.serve.factory import build_model
+    from candor.serve.server import run
+
+    key = os.environ.get(api_key_env) or None
+    if key is None:
+        logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
+    honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
+                               threshold=threshold, max_new_tokens=max_new_tokens, batch_size=max_batch,
+                               base_url=base_url)  # fmt: skip
+    settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
+                             max_batch=max_batch, batch_wait_ms=batch_wait_ms)  # fmt: skip
+    run(create_app(honest_model, settings), host=host, port=port)
+
+
+def run(argv: list[str] | None = None) -> None:
+    """The console script: like ``app()``, but a usage error (unknown option, a value of the wrong
+    type, a missing argument) is one line on stderr and exit 2, as every other user mistake is."""
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except Exception as exc:  # click's usage errors carry their own message and exit code
+        if not hasattr(exc, "format_message"):
+            raise
+        typer.secho(f"error: {exc.format_message()}", fg=typer.colors.RED, err=True)
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":
-    app()
+    run()

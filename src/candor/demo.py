@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from candor.annotate import AnnotateConfig, annotate
+from candor.annotation import AnnotateConfig, annotate
 from candor.backends import load_backend
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.confidences import ConfidenceTable
 from candor.data import load_items
+from candor.estimators import ESTIMATORS
 from candor.prompts import resolve_template
 from candor.records import read_records
 from candor.report import ReportResult, write_report
@@ -30,16 +31,13 @@ DEMO_ESTIMATORS: tuple[str, ...] = (
     "min-prob",
     "consis-lex",
     "consis-sem",
-    "verbal-0",
-    "p-true",
-    "verbal-letter",
     "verbal-number",
-    "verbal-text",
-    "verbal-float",
 )
-# verbal-percent is left out of the default set: exact scoring of its 101 values costs
-# about 8x a single-token format (~5 min for the starter set on 2 cores). Ask for it with
-# `candor demo -e ...` or `candor score`.
+# One verbalized format keeps `make demo` near 3 minutes on 2 cores: each LM-scored estimator
+# costs about as much CPU as half the annotation (benchmarks/demo_cost.py). The training-free
+# estimators read the annotations and cost nothing. Ask for more with `candor demo -e ...`
+# (p-true, verbal-0, verbal-letter, verbal-text, verbal-float, verbal-percent) or `candor score`;
+# verbal-percent, exact over its 101 values, costs about 5x a single-token format.
 
 
 @dataclass
@@ -61,6 +59,8 @@ def run_demo(
 ) -> DemoResult:
     """Run the demo pipeline; each stage resumes from the files already in ``out_dir``."""
     out_dir = Path(out_dir)
+    for name in estimators:  # an unknown name fails before any model work
+        ESTIMATORS.get(name)
     items = load_items("starter", limit=limit)
     backend = load_backend(model, batch_size=batch_size)
     template = resolve_template("auto", model, backend)

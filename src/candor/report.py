@@ -32,9 +32,8 @@ import io
 import json
 import logging
 import math
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from candor.confidences import ConfidenceTable
 from candor.errors import CandorError
 from candor.evaluation import CI_ALPHA, Group
 from candor.evaluation import evaluate as run_engine
+from candor.files import atomic_write_text
 from candor.metrics import DEFAULT_METRICS, METRICS, SELECTIVE_METRICS, check_arrays, metric_label
 from candor.plots import confidence_histograms, reliability_diagram, risk_coverage_plot
 
@@ -97,6 +97,10 @@ class Evaluation:
     @property
     def methods(self) -> list[str]:
         return list(self.metrics)
+
+    def markdown(self) -> str:
+        """The main table (AUROC, ECE, Brier, Alignment per method and column) as Markdown."""
+        return table_markdown(main_table(self))
 
     @property
     def groups(self) -> list[str]:
@@ -162,6 +166,18 @@ def _table_counts(table: ConfidenceTable, method: str) -> dict[str, Any]:
     """Counts the confidences file keeps for a column (verbalized-parse fallbacks), for the results files."""
     fallbacks = table.parse_fallbacks(method)
     return {} if fallbacks is None else {"parse_fallbacks": fallbacks}
+
+
+def roles_from_ood(table: ConfidenceTable, ood: Iterable[str], source: str = "the table") -> dict[str, str] | None:
+    """Dataset roles from the out-of-domain names (the rest in-domain); None when none is named.
+
+    An unknown name is an error: a typo would otherwise silently drop the OOD group.
+    """
+    ood_names = {n.strip() for n in ood if n.strip()}
+    unknown = sorted(ood_names - set(table.datasets))
+    if unknown:
+        raise CandorError(f"--ood {', '.join(unknown)}: not a dataset in {source}; known: {', '.join(table.datasets)}")
+    return {d: ("ood" if d in ood_names else "id") for d in table.datasets} if ood_names else None
 
 
 def report_groups(datasets: Sequence[str], roles: Mapping[str, str]) -> list[Group]:
@@ -443,10 +459,7 @@ def safe_filenames(names: Sequence[str]) -> dict[str, str]:
 
 
 def _write_text(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, text)
 
 
 def _num(value: float) -> float | None:

@@ -1,4 +1,4 @@
-"""What every candor trainer shares: loading a trainable model, LoRA, TrainingArguments, cost.
+"""What every candor trainer shares: loading a trainable model, LoRA, TrainingArguments, checks, the result.
 
 The trainers themselves (EliCal, ADVICE, ConfTuner) are small
 ``transformers.Trainer`` subclasses that override ``compute_loss`` and nothing
@@ -10,22 +10,22 @@ training unchanged. This module holds the plumbing they have in common:
 - :func:`lora_config` and the target-module sets of the papers;
 - :func:`training_arguments`: the papers' optimizer settings with CPU-friendly
   defaults (no reports, no checkpoints unless asked, the CPU when no GPU);
-- :class:`ResourceMeter`: wall time and peak resident memory of one run, so
-  results files can report what each training run cost.
+- :func:`check_settings`: the ranges of the hyperparameters every config shares;
+- :class:`TrainResult`: what every trainer returns.
+
+What a run cost is measured by :mod:`candor.cost`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import resource
-import threading
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from candor.backends.default_model import DEFAULT_MODEL
+from candor.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +95,7 @@ def training_arguments(
         "per_device_train_batch_size": batch_size,
         "per_device_eval_batch_size": batch_size,
         "gradient_accumulation_steps": gradient_accumulation,
-        # transformers 5 reads a float in [0, 1) as a ratio of the total steps.
-        "warmup_steps": warmup_ratio,
+        **warmup_settings(warmup_ratio),
         "weight_decay": weight_decay,
         "lr_scheduler_type": "linear",
         "optim": "adamw_torch",
@@ -114,6 +113,8 @@ def training_arguments(
         "remove_unused_columns": False,
         "dataloader_num_workers": 0,
         "use_cpu": not torch.cuda.is_available(),
+        # bf16 mixed precision on GPUs that have it (the papers' setting); CPUs train in fp32.
+        "bf16": torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         "save_safetensors": True,
     }
     settings.update(overrides)
@@ -124,58 +125,116 @@ def training_arguments(
         return TrainingArguments(**settings)
 
 
-# ------------------------------------------------------------------ cost
+def warmup_settings(ratio: float, arguments_class: type | None = None) -> dict[str, float]:
+    """The ``TrainingArguments`` keyword that warms up over ``ratio`` of the steps, in this transformers.
+
+    transformers 4.x has a ``warmup_ratio`` field and reads ``warmup_steps`` as a
+    count (so 0.1 there means no warmup at all); transformers 5 dropped
+    ``warmup_ratio`` and reads a ``warmup_steps`` below 1 as a ratio. Asking the
+    dataclass which fields it has works for both without parsing versions.
+    """
+    if not 0.0 <= ratio < 1.0:
+        raise CandorError(f"warmup_ratio must be in [0, 1), got {ratio}")
+    if arguments_class is None:
+        from transformers import TrainingArguments as arguments_class
+    fields = {f.name for f in dataclasses.fields(arguments_class)}
+    return {"warmup_ratio": ratio} if "warmup_ratio" in fields else {"warmup_steps": ratio}
 
 
-def current_rss_mib() -> float:
-    """Resident memory of this process now (Linux ``/proc``; elsewhere the peak so far)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# ------------------------------------------------------------------ checks
+
+
+def _positive(value: Any) -> bool:
+    return value > 0
+
+
+def _at_least_one(value: Any) -> bool:
+    return value >= 1
+
+
+def _not_negative(value: Any) -> bool:
+    return value >= 0
+
+
+def _fraction(value: Any) -> bool:
+    return 0 <= value < 1
+
+
+# What each shared hyperparameter name must be; a config field of that name is checked by it.
+SETTING_RULES: dict[str, tuple[Any, str]] = {
+    "learning_rate": (_positive, "a positive number"),
+    "head_learning_rate": (_not_negative, "at least 0"),  # 0 freezes the head
+    "epochs": (_positive, "a positive number"),
+    "max_epochs": (_at_least_one, "at least 1"),
+    "batch_size": (_at_least_one, "at least 1"),
+    "eval_batch_size": (_at_least_one, "at least 1"),
+    "gradient_accumulation": (_at_least_one, "at least 1"),
+    "patience": (_at_least_one, "at least 1"),
+    "max_examples": (_at_least_one, "at least 1"),
+    "lora_r": (_at_least_one, "at least 1"),
+    "lora_alpha": (_positive, "a positive number"),
+    "lora_dropout": (_fraction, "in [0, 1)"),
+    "warmup_ratio": (_fraction, "in [0, 1)"),
+    "weight_decay": (_not_negative, "at least 0"),
+    "extra_samples": (_not_negative, "at least 0"),
+    "extra_rounds": (_not_negative, "at least 0"),
+    "logging_steps": (_not_negative, "at least 0"),
+}
+
+
+def check_settings(config: Any) -> None:
+    """Raise a :class:`CandorError` for the first field of the dataclass ``config`` outside its range.
+
+    Fields set to ``None`` (take the default) pass. Without this, a batch size
+    of 0 or a negative learning rate would train quietly, or fail deep inside
+    transformers or peft with a traceback.
+    """
+    for item in dataclasses.fields(config):
+        rule = SETTING_RULES.get(item.name)
+        value = getattr(config, item.name)
+        if rule is not None and value is not None and not rule[0](value):
+            raise CandorError(f"{type(config).__name__}: {item.name}={value!r} must be {rule[1]}")
+
+
+# ------------------------------------------------------------------ results
 
 
 @dataclass
-class RunCost:
-    """Wall time and peak resident memory of one block of work."""
+class TrainResult:
+    """What every trainer returns (and writes to ``training.json`` beside what it saved).
 
-    wall_s: float = 0.0
-    peak_rss_mib: float = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {"wall_s": round(self.wall_s, 2), "peak_rss_mib": round(self.peak_rss_mib, 1)}
-
-
-class ResourceMeter:
-    """Measure a block: ``with ResourceMeter() as meter: ...; meter.cost``.
-
-    Peak memory is sampled from a background thread (``interval`` seconds), so
-    it is the peak *during* the block, not the process's lifetime peak that
-    ``getrusage`` gives.
+    The common part: the saved folder, the method, how many examples it trained
+    and stopped on, the cost and the log history. Method-specific parts are
+    typed fields left empty by the others: EliCal's ``stages`` and label
+    ``budget``, ADVICE's ``triplet_stats``. ``model`` keeps the trained EliCal
+    head in memory (not written).
     """
 
-    def __init__(self, interval: float = 0.2) -> None:
-        self.interval = interval
-        self.cost = RunCost()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._start = 0.0
+    path: Path
+    method: str
+    n_train: int
+    n_dev: int = 0
+    cost: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] | None = None
+    stages: list[Any] = field(default_factory=list)
+    budget: int | str | None = None
+    triplet_stats: Any = None
+    model: Any = field(default=None, repr=False)
 
-    def __enter__(self) -> ResourceMeter:
-        self._start = time.perf_counter()
-        self.cost.peak_rss_mib = current_rss_mib()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.cost.peak_rss_mib = max(self.cost.peak_rss_mib, current_rss_mib())
-        self.cost.wall_s = time.perf_counter() - self._start
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.cost.peak_rss_mib = max(self.cost.peak_rss_mib, current_rss_mib())
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": str(self.path),
+            "method": self.method,
+            "n_train": self.n_train,
+            "n_dev": self.n_dev,
+            "cost": self.cost,
+            "history": self.history,
+            "config": self.config,
+        }
+        if self.stages:
+            out["budget"] = self.budget
+            out["stages"] = [dataclasses.asdict(stage) for stage in self.stages]
+        if self.triplet_stats is not None:
+            out["triplet_stats"] = self.triplet_stats.as_dict()
+        return out

@@ -55,7 +55,7 @@ from decimal import ROUND_FLOOR, Decimal
 import numpy as np
 from jinja2 import TemplateError
 
-from candor.backends.base import Backend, SamplingParams
+from candor.backends.base import NEXT_TOKEN_LOGPROBS, SCORE, Backend, SamplingParams, backend_capabilities
 from candor.backends.prefix_scoring import candidate_distribution
 from candor.data.items import QAItem
 from candor.errors import CandorError
@@ -259,11 +259,12 @@ def distribution_from_prompts(
 ) -> tuple[np.ndarray, int]:
     """P(C) over ``fmt``'s labels at the end of each prompt, and the number of unparsed replies.
 
-    White-box backends read log-probs (no replies, so the count is 0);
-    black-box backends generate and parse (see the module docstring).
+    Backends that give next-token and continuation log-probs (hf, vllm, a
+    vLLM server) read log-probs (no replies, so the count is 0); black-box
+    backends generate and parse (see the module docstring).
     """
     fmt = get_format(fmt)
-    if getattr(backend, "white_box", False):
+    if {NEXT_TOKEN_LOGPROBS, SCORE} <= backend_capabilities(backend):
         return candidate_distribution(backend, prompts, fmt.labels), 0
     return _generated_distribution(backend, prompts, fmt)
 

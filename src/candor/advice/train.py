@@ -3,9 +3,10 @@
     from candor.advice import method_config, train
     config = method_config("advice", epochs=2)
     result = train(config, records, "runs/advice")   # records: annotated training records
-    backend = HFBackend.from_pretrained(config.model, adapter=str(result.adapter_dir))
+    backend = HFBackend.from_pretrained(config.model, adapter=str(result.path))
 
-The presets in :data:`METHODS` are the papers' settings (DESIGN.md §4.5):
+The presets (:mod:`candor.advice.config`: :class:`AdviceConfig`,
+:class:`ConfTunerConfig`) are the papers' settings (DESIGN.md §4.5):
 
 ============== =========================== ===================== ==========================
 method         losses                      LoRA                  optimizer
@@ -36,124 +37,26 @@ counts) and the ``training.done`` marker written last.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from candor.advice.losses import LossWeights
+from candor.advice.config import AdviceConfig
 from candor.advice.triplets import Triplet, TripletStats, build_triplets, write_triplets
-from candor.backends.default_model import DEFAULT_MODEL
+from candor.contamination import write_manifest
+from candor.cost import ResourceMeter
+from candor.data.items import QAItem
 from candor.data.splits import seeded_shuffle
 from candor.errors import CandorError
 from candor.records import Record
-from candor.registry import Registry
-from candor.training import ATTENTION_PROJECTIONS, QUERY_VALUE, ResourceMeter, RunCost
-from candor.verbal_formats import get_format
+from candor.training import TrainResult
 
 logger = logging.getLogger(__name__)
 
 DONE_MARKER = "training.done"
-DATA_KINDS = ("pairs", "answers")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that defines one training run (see the module docstring for the presets)."""
-
-    method: str = "advice"
-    model: str = DEFAULT_MODEL
-    data: str = "pairs"  # "pairs" (triplets) or "answers" (records with correctness)
-    weights: LossWeights = field(default_factory=LossWeights)
-    formats: tuple[str, ...] = ("letter", "number")
-    variant: str = "default"
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_targets: tuple[str, ...] = ATTENTION_PROJECTIONS
-    lora_dropout: float = 0.0
-    learning_rate: float = 1e-5
-    epochs: float = 4.0
-    batch_size: int = 16
-    gradient_accumulation: int = 2
-    warmup_ratio: float = 0.05
-    weight_decay: float = 0.0
-    seed: int = 0
-    max_examples: int | None = None  # a seeded cap on triplets / records (CPU-scale runs)
-    padding_side: str = "left"
-    share_prefix: bool = True  # run the shared system prompt once per batch (same numbers, less compute)
-    group_by_length: bool = True  # batch examples of similar length (less padding)
-    dtype: str | None = None
-    judge: str | None = None  # triplet builder's correctness judge (default: the records' own)
-    extra_samples: int = 5  # triplet builder: samples per extra round for records without a wrong sample
-    extra_rounds: int = 2
-    logging_steps: int = 0  # 0: log once per epoch
-
-    def __post_init__(self) -> None:
-        if self.data not in DATA_KINDS:
-            raise CandorError(f"training data must be one of {', '.join(DATA_KINDS)}, got {self.data!r}")
-        if not self.formats:
-            raise CandorError("training needs at least one verbalized confidence format")
-        for name in self.formats:
-            get_format(name)  # unknown formats fail here
-        if self.data == "answers" and self.weights.pairwise:
-            raise CandorError(f"{self.method}: the pairwise loss terms (jsd, margin, sum) need pair data")
-        if self.max_examples is not None and self.max_examples < 1:
-            raise CandorError(f"max_examples must be at least 1, got {self.max_examples}")
-
-    def as_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["formats"], out["lora_targets"] = list(self.formats), list(self.lora_targets)
-        return out
-
-
-METHODS: Registry[dict[str, Any]] = Registry("confidence training method")
-METHODS.register("advice")({"data": "pairs", "weights": LossWeights()})
-METHODS.register("conftuner")(
-    {
-        "data": "answers",
-        "weights": LossWeights(lm=0.0, jsd=0.0, margin=0.0, sum=0.0, brier=1.0),
-        "lora_r": 8,
-        "lora_alpha": 32,
-        "lora_targets": QUERY_VALUE,
-        "epochs": 3.0,
-    }
-)
-METHODS.register("advice+conftuner")({"data": "pairs", "weights": LossWeights(brier=1.0)})
-
-
-def method_config(method: str, **overrides: Any) -> TrainConfig:
-    """The paper preset of ``method`` with ``overrides`` (e.g. ``epochs=2``, ``weights=LossWeights(...)``)."""
-    preset = METHODS.get(method)
-    try:
-        return TrainConfig(method=method, **{**preset, **overrides})
-    except TypeError as exc:
-        raise CandorError(f"{method}: bad training option ({exc})") from None
-
-
-@dataclass
-class TrainResult:
-    """Where the adapter is, what training cost, and its log history."""
-
-    adapter_dir: Path
-    cost: RunCost
-    history: list[dict[str, Any]]
-    n_examples: int
-    triplet_stats: TripletStats | None = None
-    config: TrainConfig | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "adapter_dir": str(self.adapter_dir),
-            "cost": self.cost.as_dict(),
-            "history": self.history,
-            "n_examples": self.n_examples,
-            "triplet_stats": self.triplet_stats.as_dict() if self.triplet_stats else None,
-            "config": self.config.as_dict() if self.config else None,
-        }
 
 
 def is_trained(out_dir: str | Path) -> bool:
@@ -174,20 +77,24 @@ def _capped(items: Sequence[Any], cap: int | None, seed: int) -> list[Any]:
 
 
 def train(
-    config: TrainConfig,
+    config: AdviceConfig,
     records: Sequence[Record] | None,
     out_dir: str | Path,
     *,
     triplets: Sequence[Triplet] | None = None,
     dev_records: Sequence[Record] | None = None,
     dev_triplets: Sequence[Triplet] | None = None,
+    source: str | Path | None = None,
 ) -> TrainResult:
     """Train ``config`` and save the LoRA adapter to ``out_dir``; see the module docstring.
 
     Pair methods take ``triplets`` or build them from ``records`` (drawing
     extra samples with the base model); answer methods take ``records``. A
     dev split (``dev_records`` / ``dev_triplets``) is evaluated each epoch
-    (``eval_loss`` in the history); nothing is selected on it here.
+    (``eval_loss`` in the history); nothing is selected on it here, so its
+    questions are not in the adapter's ``training_questions.json`` manifest,
+    which lists the questions of the examples trained on. ``source`` names
+    the records file there.
     """
     from transformers import set_seed
 
@@ -204,13 +111,17 @@ def train(
             if records is None:
                 raise CandorError(f"{config.method}: needs training records or triplets")
             triplets, stats = _build(config, model, tokenizer, records, out)
-        train_set = _pairs(config, tokenizer, _capped(triplets, config.max_examples, config.seed))
+        used = _capped(triplets, config.max_examples, config.seed)
+        train_set = _pairs(config, tokenizer, used)
+        items = [t.item for t in used]
         dev_pairs = dev_triplets if dev_triplets is not None else _dev_triplets(config, dev_records)
         dev_set = _pairs(config, tokenizer, dev_pairs) if dev_pairs else None
     else:
         if records is None:
             raise CandorError(f"{config.method}: needs annotated training records")
-        train_set = _answers(config, tokenizer, _capped(records, config.max_examples, config.seed))
+        used_records = _capped(records, config.max_examples, config.seed)
+        train_set = _answers(config, tokenizer, used_records)
+        items = [r.item for r in used_records]
         dev_set = _answers(config, tokenizer, dev_records) if dev_records else None
     if len(train_set) == 0:
         raise CandorError(f"{config.method}: no training examples (no record with a correct greedy answer?)")
@@ -221,15 +132,26 @@ def train(
     with ResourceMeter() as meter:
         trainer.train()
     trainer.save_model(str(out))
-    result = TrainResult(out, meter.cost, list(trainer.state.log_history), len(train_set), stats, config)
+    result = TrainResult(
+        path=out, method=config.method, n_train=len(train_set), n_dev=len(dev_set) if dev_set is not None else 0,
+        cost=meter.cost.as_dict(), history=list(trainer.state.log_history), config=config.as_dict(),
+        triplet_stats=stats,
+    )  # fmt: skip
     if trainer.is_world_process_zero():
-        (out / "training.json").write_text(json.dumps(result.as_dict(), indent=2) + "\n")
+        (out / "training.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        write_manifest(out, _questions_of(train_set, items), [str(source)] if source is not None else [])
         (out / DONE_MARKER).write_text("done\n")
     return result
 
 
+def _questions_of(dataset: Any, items: Sequence[QAItem]) -> list[str]:
+    """The questions of the items that gave ``dataset`` at least one example (empty answers give none)."""
+    used = {example["id"] for example in dataset.examples}
+    return [item.question for item in items if item.id in used]
+
+
 def _build(
-    config: TrainConfig, model: Any, tokenizer: Any, records: Sequence[Record], out: Path
+    config: AdviceConfig, model: Any, tokenizer: Any, records: Sequence[Record], out: Path
 ) -> tuple[list[Triplet], TripletStats]:
     from candor.backends.hf import HFBackend
 
@@ -246,26 +168,26 @@ def _is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _dev_triplets(config: TrainConfig, dev_records: Sequence[Record] | None) -> list[Triplet]:
+def _dev_triplets(config: AdviceConfig, dev_records: Sequence[Record] | None) -> list[Triplet]:
     """Dev triplets from annotated samples only (no extra sampling for a dev split)."""
     if not dev_records:
         return []
     return build_triplets(dev_records, judge=config.judge, extra_samples=0).triplets
 
 
-def _pairs(config: TrainConfig, tokenizer: Any, triplets: Sequence[Triplet]) -> Any:
+def _pairs(config: AdviceConfig, tokenizer: Any, triplets: Sequence[Triplet]) -> Any:
     from candor.advice.data import ExampleDataset, pair_examples
 
     return ExampleDataset(pair_examples(tokenizer, triplets, config.formats, config.variant))
 
 
-def _answers(config: TrainConfig, tokenizer: Any, records: Sequence[Record]) -> Any:
+def _answers(config: AdviceConfig, tokenizer: Any, records: Sequence[Record]) -> Any:
     from candor.advice.data import ExampleDataset, scored_examples
 
     return ExampleDataset(scored_examples(tokenizer, records, config.formats, config.variant))
 
 
-def build_trainer(config: TrainConfig, model: Any, tokenizer: Any, train_set: Any, dev_set: Any, out: Path) -> Any:
+def build_trainer(config: AdviceConfig, model: Any, tokenizer: Any, train_set: Any, dev_set: Any, out: Path) -> Any:
     """The method's Trainer around a fresh LoRA on ``model`` (exposed for tests and custom loops)."""
     from peft import get_peft_model
 

@@ -13,6 +13,29 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+# What a backend can do, by name. An estimator lists the ones it needs
+# (``Estimator.requires``) and is refused before any request when one is missing.
+GENERATE = "generate"  # greedy answers and samples (every backend)
+LOGPROBS = "logprobs"  # log-probs of the generated tokens
+TOP_LOGPROBS = "top_logprobs"  # the top-k alternatives at each generated position
+NEXT_TOKEN_LOGPROBS = "next_token_logprobs"  # log-probs of given token ids after a prompt
+SCORE = "score"  # log-probs of a given continuation (prompt log-probs)
+HIDDEN_STATES = "hidden_states"
+TOKENIZER = "tokenizer"  # tokenize/decode with the served model's tokenizer
+
+WHITE_BOX = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, HIDDEN_STATES, TOKENIZER})
+
+# Top alternatives kept per generated token in records (a cheap top-k on logits already computed).
+DEFAULT_TOP_LOGPROBS = 5
+
+
+def backend_capabilities(backend: Any) -> frozenset[str]:
+    """What ``backend`` can do: its ``capabilities`` when declared, else all of it for a white-box one."""
+    declared = getattr(backend, "capabilities", None)
+    if declared is not None:
+        return frozenset(declared)
+    return WHITE_BOX if getattr(backend, "white_box", False) else frozenset({GENERATE})
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -40,21 +63,29 @@ class Completion:
 
     ``logprobs[i]`` is log p(token_i | prefix) under the model's own
     distribution (temperature 1, no top-p/top-k truncation), whatever the
-    decoding that chose the token.
+    decoding that chose the token. ``top_logprobs[i]`` maps the most likely
+    tokens at position i (their text, as OpenAI-compatible servers report
+    them) to their log-probs under the same distribution; it is empty when
+    the backend cannot give them, and records written before it existed
+    simply lack the key.
     """
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     tokens: list[str] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "text": self.text,
             "token_ids": list(self.token_ids),
             "tokens": list(self.tokens),
             "logprobs": [float(x) for x in self.logprobs],
         }
+        if self.top_logprobs:  # optional: older readers and records without it stay as they were
+            out["top_logprobs"] = [{t: float(v) for t, v in pos.items()} for pos in self.top_logprobs]
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Completion:
@@ -63,6 +94,7 @@ class Completion:
             token_ids=list(d.get("token_ids", [])),
             tokens=list(d.get("tokens", [])),
             logprobs=[float(x) for x in d.get("logprobs", [])],
+            top_logprobs=[{str(t): float(v) for t, v in pos.items()} for pos in d.get("top_logprobs") or []],
         )
 
 
@@ -79,8 +111,9 @@ class Backend(Protocol):
     """What candor needs from a model engine.
 
     ``white_box`` backends also provide ``hidden_states`` and exact
-    ``next_token_logprobs``; estimators that need them check this flag and
-    fail clearly otherwise.
+    ``next_token_logprobs``. A backend that offers less (a served model)
+    declares ``capabilities``, a set of the names above; estimators check it
+    through :func:`backend_capabilities` and fail clearly before any request.
     """
 
     model_name: str

@@ -42,7 +42,7 @@ import copy
 import inspect
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from candor.backends.base import Completion, Generations, SamplingParams
+from candor.backends.base import DEFAULT_TOP_LOGPROBS, Completion, Generations, SamplingParams
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.errors import CandorError
 from candor.prompts import TokenizerChat
@@ -160,6 +160,7 @@ class _Row:
     sample: int  # -1 for the greedy row
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[tuple[list[int], list[float]]] = field(default_factory=list)  # top-k ids and log-probs per step
     ended_by: str = "length"  # "length", "eos" or "stop"
 
 
@@ -236,6 +237,7 @@ class HFBackend:
         device: str | None = None,
         model_name: str | None = None,
         seed: int = 0,
+        top_logprobs: int = DEFAULT_TOP_LOGPROBS,
     ) -> None:
         if batch_size < 1:
             raise CandorError(f"batch_size must be at least 1, got {batch_size}")
@@ -245,6 +247,7 @@ class HFBackend:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.seed = seed
+        self.top_logprobs = max(0, top_logprobs)  # alternatives kept per generated token (0: none)
         self.device = next(model.parameters()).device
         self.model_name = model_name or str(getattr(model.config, "name_or_path", "") or "model")
         if tokenizer.pad_token_id is None:
@@ -268,6 +271,7 @@ class HFBackend:
         batch_size: int = 16,
         adapter: str | None = None,
         seed: int = 0,
+        top_logprobs: int = DEFAULT_TOP_LOGPROBS,
     ) -> HFBackend:
         """Load the embedded default, a local directory, or a Hugging Face id already cached.
 
@@ -278,7 +282,10 @@ class HFBackend:
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=resolve_dtype(dtype, device))
         if adapter is not None:
             model = _load_adapter(model, adapter)
-        backend = cls(model, tokenizer, batch_size=batch_size, device=device, model_name=name_or_path, seed=seed)
+        backend = cls(
+            model, tokenizer, batch_size=batch_size, device=device, model_name=name_or_path, seed=seed,
+            top_logprobs=top_logprobs,
+        )
         backend.adapter = adapter
         return backend
 
@@ -388,12 +395,14 @@ class HFBackend:
         """Pick one token per row, drop the rows that finished (returned), run the rest one step."""
         steps = torch.tensor([len(r.ids) for r in running.rows], device=self.device)
         uniforms = running.uniforms.gather(1, steps.unsqueeze(1)).squeeze(1)
-        tokens, logprobs = self._pick(running.logits, running.sampled, uniforms, params)
+        tokens, logprobs, top = self._pick(running.logits, running.sampled, uniforms, params)
         keep, done = [], []
         for j, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
             row = running.rows[j]
             row.ids.append(token)
             row.logprobs.append(logprob)
+            if top is not None:
+                row.top.append((top[0][j], top[1][j]))
             if token in self._eos_ids:
                 row.ended_by = "eos"
             elif matcher.stops and matcher.hit(row.ids):
@@ -416,14 +425,19 @@ class HFBackend:
 
     def _pick(
         self, logits: torch.Tensor, sampled: torch.Tensor, uniforms: torch.Tensor, params: SamplingParams
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chosen tokens and their log-probs under the raw (temperature 1) distribution."""
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[list[list[int]], list[list[float]]] | None]:
+        """Chosen tokens, their log-probs under the raw (temperature 1) distribution, and the top-k there."""
         tokens = logits.argmax(dim=-1)
         if params.temperature > 0 and bool(sampled.any()):
             rows = sampled.nonzero().squeeze(1)
             tokens[rows] = sample_tokens(logits[rows], uniforms[rows], params)
         chosen = logits.gather(1, tokens.unsqueeze(1)).squeeze(1)
-        return tokens, chosen - torch.logsumexp(logits, dim=-1)
+        log_z = torch.logsumexp(logits, dim=-1)
+        top = None
+        if self.top_logprobs:
+            values, ids = logits.topk(min(self.top_logprobs, logits.shape[-1]), dim=-1)
+            top = (ids.tolist(), (values - log_z.unsqueeze(1)).tolist())
+        return tokens, chosen - log_z, top
 
     def _uniforms(self, rows: list[_Row], seeds: Sequence[int], steps: int) -> torch.Tensor:
         """Per-row uniform draws for every step, from generators seeded per prompt and sample."""
@@ -435,18 +449,31 @@ class HFBackend:
         return table.to(self.device)
 
     def _completion(self, row: _Row, matcher: StopMatcher) -> Completion:
-        ids, logprobs = row.ids, row.logprobs
+        ids, logprobs, top = row.ids, row.logprobs, row.top
         if row.ended_by == "stop":
             # The stop token may carry text before the stop string ("Paris\n"), so cut the full text.
             text = matcher.cut(self.tokenizer.decode(ids, skip_special_tokens=True))
-            ids, logprobs = ids[:-1], logprobs[:-1]
+            ids, logprobs, top = ids[:-1], logprobs[:-1], top[:-1]
         else:
             if row.ended_by == "eos":
-                ids, logprobs = ids[:-1], logprobs[:-1]
+                ids, logprobs, top = ids[:-1], logprobs[:-1], top[:-1]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
         vocab = decoded_vocab(self.tokenizer)
-        tokens = [vocab[i] if i < len(vocab) else self.tokenizer.decode([i]) for i in ids]
-        return Completion(text=text.strip(), token_ids=list(ids), tokens=tokens, logprobs=list(logprobs))
+
+        def token_text(i: int) -> str:
+            return vocab[i] if i < len(vocab) else self.tokenizer.decode([i])
+
+        tokens = [token_text(i) for i in ids]
+        tops = []
+        for top_ids, top_lps in top:
+            # Keyed by text like OpenAI-compatible servers; ids that decode alike keep the larger log-prob.
+            alternatives: dict[str, float] = {}
+            for i, lp in zip(top_ids, top_lps, strict=True):
+                alternatives.setdefault(token_text(i), lp)
+            tops.append(alternatives)
+        return Completion(
+            text=text.strip(), token_ids=list(ids), tokens=tokens, logprobs=list(logprobs), top_logprobs=tops
+        )
 
     def _stop_matcher(self, stops: Sequence[str]) -> StopMatcher:
         key = tuple(stops)
@@ -516,6 +543,40 @@ class HFBackend:
             pred = logprobs[row, keep - 1 - length : keep - 1]
             out.append(pred.gather(1, targets.unsqueeze(1)).squeeze(1).tolist())
         return out
+
+    @torch.inference_mode()
+    def token_distribution_stats(
+        self, prompts: Sequence[str], continuations: Sequence[Sequence[int]]
+    ) -> list[np.ndarray]:
+        """Full-vocabulary statistics at each continuation token, by one teacher-forced pass.
+
+        ``continuations[i]`` are token ids (e.g. a stored answer's
+        ``token_ids``) appended to the tokens of ``prompts[i]``. For each
+        continuation token t the row ``[entropy, top1, top2]`` holds the
+        entropy (nats) of the model's next-token distribution before t and the
+        two largest log-probs of that distribution: shape ``[len(cont), 3]``.
+        """
+        if len(prompts) != len(continuations):
+            raise CandorError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+        out: list[np.ndarray] = []
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = range(start, min(start + self.batch_size, len(prompts)))
+            out.extend(self._stats_chunk([prompts[i] for i in chunk], [list(continuations[i]) for i in chunk]))
+        return out
+
+    def _stats_chunk(self, prompts: list[str], continuations: list[list[int]]) -> list[np.ndarray]:
+        full = [p + c for p, c in zip(self._encode(prompts), continuations, strict=True)]
+        lengths = [len(c) for c in continuations]
+        ids, mask = left_pad(full, self._pad_id, self.device)
+        keep = max(lengths) + 1
+        logits = self._forward(ids, mask, None, positions(mask), keep=keep, last_only=False)
+        # float64: a float32 sum over a 50k vocabulary drifts by ~1e-6 nats.
+        logprobs = torch.log_softmax(logits.double(), dim=-1)
+        entropy = -(logprobs.exp() * logprobs).sum(-1)  # [rows, keep]
+        top2 = logprobs.topk(2, dim=-1).values  # [rows, keep, 2]
+        stats = torch.cat([entropy.unsqueeze(-1), top2], dim=-1).cpu().numpy()
+        # Position t predicts token t+1, so the last ``length`` tokens are predicted at keep-1-length .. keep-2.
+        return [stats[row, keep - 1 - n : keep - 1].astype(float) for row, n in enumerate(lengths)]
 
     @torch.inference_mode()
     def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
@@ -659,3 +720,84 @@ def _load_adapter(model: Any, adapter: str) -> Any:
     from peft import PeftModel
 
     return PeftModel.from_pretrained(model, adapter).merge_and_unload()
+
+
+# ------------------------------------------------- shared-prefix forward passes
+# Public pieces of the shared-prefix machinery for callers that run a model over
+# many prompts without generating (question-level features, prompt scoring).
+
+
+def cache_keyword(model: Any) -> str:
+    """The forward keyword of ``model``'s KV cache: ``cache`` (transformers 5) or ``past_key_values``.
+
+    A PEFT wrapper forwards ``**kwargs``, so the wrapped model's signature decides.
+    """
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+
+def usable_prefix_length(model: Any, encoded: Sequence[Sequence[int]], extra_tokens: int = 0) -> int:
+    """The shared token prefix worth computing once for ``encoded`` (0 when not worth it or not safe)."""
+    if len(encoded) < 2:
+        return 0
+    length = shared_prefix_length(encoded)
+    if length < MIN_SHARED_PREFIX:
+        return 0
+    window = getattr(model.config, "sliding_window", None)
+    if window is not None and max(len(s) for s in encoded) + extra_tokens > window:
+        return 0  # sliding-window caches stay on the plain path, as in generation
+    return length
+
+
+def new_cache(model: Any) -> DynamicCache:
+    """An empty KV cache for ``model``."""
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers: no per-layer config
+        return DynamicCache()
+
+
+def prefill_shared_prefix(model: Any, prefix_ids: Sequence[int]) -> DynamicCache:
+    """The KV cache of one run of ``model`` over ``prefix_ids`` (batch of one)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device)
+    mask = torch.ones_like(ids)
+    cache = new_cache(model)
+    model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
+          **{cache_keyword(model): cache})
+    return cache
+
+
+def shared_prefix_batches(
+    model: Any, encoded: Sequence[Sequence[int]], pad_id: int, batch_size: int
+) -> Iterator[tuple[list[int], dict[str, Any]]]:
+    """Forward keyword arguments for ``encoded`` in length-sorted batches, the shared prefix run once.
+
+    Yields ``(indices, kwargs)``: the positions in ``encoded`` of the batch's
+    rows and the arguments of ``model(**kwargs)``. Rows are left-padded, so
+    every row's last token is the last column of the output. When the prompts
+    share a long enough token prefix, it is computed once and each batch runs
+    only the suffixes over a copy of its cache; position ids count real tokens
+    only, so the outputs equal those of a plain left-padded batch.
+    """
+    if not encoded:
+        return
+    device = next(model.parameters()).device
+    prefix = usable_prefix_length(model, encoded)
+    prefix_cache = prefill_shared_prefix(model, encoded[0][:prefix]) if prefix else None
+    keyword = cache_keyword(model)
+    # Similar lengths in a batch waste less on padding.
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    for start in range(0, len(order), batch_size):
+        indices = order[start : start + batch_size]
+        ids, mask = left_pad([encoded[i][prefix:] for i in indices], pad_id, device)
+        kwargs: dict[str, Any] = {"input_ids": ids}
+        if prefix_cache is None:
+            kwargs.update(attention_mask=mask, position_ids=positions(mask), use_cache=False)
+        else:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(len(indices))
+            full = torch.cat([mask.new_ones(len(indices), prefix), mask], dim=1)
+            kwargs.update(attention_mask=full, position_ids=positions(full)[:, -ids.shape[1] :], use_cache=True)
+            kwargs[keyword] = cache
+        yield indices, kwargs

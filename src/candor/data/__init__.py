@@ -9,7 +9,8 @@ The usual entry point is :func:`load_items`::
     items = load_items("hf:./saved_dataset:test")
 """
 
-from candor.data.items import OPTION_LETTERS, QAItem
+from candor.data.items import OPTION_LETTERS, QAItem, QAItems
+from candor.data.judgeable import SkippedItems, UnjudgeableItem, judgeable_aliases
 from candor.data.loaders import (
     DEFAULT_FIELDS,
     FORMATS,
@@ -18,6 +19,7 @@ from candor.data.loaders import (
     load_hf,
     load_items,
     load_named,
+    names_from_path,
     parse_row,
 )
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN, MiniBench, honestybench_mini
@@ -52,6 +54,9 @@ __all__ = [
     "Fields",
     "MiniBench",
     "QAItem",
+    "QAItems",
+    "SkippedItems",
+    "UnjudgeableItem",
     "count_by",
     "dataset_names",
     "describe_datasets",
@@ -60,11 +65,13 @@ __all__ = [
     "hash_split",
     "hash_unit",
     "honestybench_mini",
+    "judgeable_aliases",
     "load_file",
     "load_hf",
     "load_items",
     "load_named",
     "load_starter",
+    "names_from_path",
     "parse_row",
     "resolve_data_dir",
     "seeded_shuffle",

@@ -53,3 +53,13 @@ class QAItem:
 
 
 OPTION_LETTERS = "ABCDEFGHIJ"
+
+
+class QAItems(list[QAItem]):
+    """A loader's items, plus how many input rows were skipped as unjudgeable.
+
+    A plain list in every other way; slicing gives a plain list, so read
+    ``skipped`` from the list a loader returned.
+    """
+
+    skipped: int = 0

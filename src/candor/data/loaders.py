@@ -10,7 +10,11 @@ turns a row into a :class:`QAItem`, so the rules below hold everywhere:
 - multiple choice (the LogiQA 2.0 layout): ``options`` (or ``choices``), an
   ``answer`` index (or letter) and an optional passage ``text``;
 - the id is the row's ``id`` or ``{dataset}:{line}`` (1-based, stable);
-- other fields go to ``meta``.
+- other fields go to ``meta``;
+- blank aliases are dropped, and an item left with none (``"answer": [""]``,
+  a null answer) is skipped with one warning per file and counted in the
+  returned :class:`QAItems` (see :mod:`candor.data.judgeable`); ``strict=True``
+  refuses it instead.
 
 Mistakes raise :class:`CandorError` naming the file and 1-based line.
 """
@@ -22,11 +26,11 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from candor.data.items import OPTION_LETTERS, QAItem
+from candor.data.items import OPTION_LETTERS, QAItem, QAItems
+from candor.data.judgeable import SkippedItems, UnjudgeableItem, judgeable_aliases
 from candor.data.registry import DATASETS, get_dataset
 from candor.errors import CandorError, at_line
 from candor.jsonl import iter_json_lines
@@ -82,17 +86,13 @@ def _aliases(value: Any, fail: Callable[[str], CandorError]) -> tuple[str, ...]:
     if isinstance(value, Mapping):
         _, value = _first(value, ("text", "aliases", "value"))
     values = [value] if not isinstance(value, (list, tuple)) else list(value)
-    if not values:
-        raise fail("empty answer list")
-    out = []
+    out: list[str | None] = []
     for v in values:
         alias = _text(v)
-        if alias is None:
+        if alias is None and v is not None:
             raise fail(f"answer alias must be a string, got {v!r}")
-        if not alias.strip():
-            raise fail("empty answer alias")
         out.append(alias)
-    return tuple(out)
+    return judgeable_aliases(out)
 
 
 def _choice(
@@ -105,6 +105,8 @@ def _choice(
     name, answer = _first(row, fields.answers)
     if name is None:
         raise fail(f"missing answer field ({' or '.join(fields.answers)})")
+    if answer is None or answer == "":
+        judgeable_aliases([_text(answer)])  # no gold option: skipped like an open-QA item without aliases
     letters = OPTION_LETTERS[: len(options)]
     letter = answer.strip().upper() if isinstance(answer, str) else ""
     if len(letter) == 1 and letter in letters:
@@ -117,7 +119,7 @@ def _choice(
     parts = {
         "choices": tuple(options),
         "answer_index": index,
-        "answers": (letters[index], options[index]),
+        "answers": judgeable_aliases([letters[index], options[index]]),
         "context": _text(context),
     }
     return parts, name
@@ -132,7 +134,12 @@ def parse_row(
     fields: Fields,
     fail: Callable[[str], CandorError],
 ) -> QAItem:
-    """Turn one row into a QAItem; ``fail(message)`` builds the error to raise."""
+    """Turn one row into a QAItem; ``fail(message)`` builds the error to raise.
+
+    A row with no non-blank gold alias raises :class:`UnjudgeableItem` (a
+    :class:`CandorError`, without the line: the caller knows it), which the
+    loaders count and skip unless strict.
+    """
     row = dict(row)
     if fields.question not in row:
         raise fail(f"missing {fields.question!r}")
@@ -201,18 +208,19 @@ def read_csv(path: Path, fields: Fields) -> Iterator[tuple[int, Row]]:
         if fields.question not in header:
             raise at_line(path, 1, f"no {fields.question!r} column in the header {header}")
         for raw in reader:
-            # Empty cells are absent values, not empty strings (an optional id, extra columns).
+            # Empty cells are absent values, not empty strings (an optional id, extra columns),
+            # except an empty answer cell: that is an item without gold aliases, skipped as such.
             row: Row = {k: v for k, v in raw.items() if k is not None and v not in (None, "")}
             for name in fields.answers:
-                if name in row:
-                    row[name] = [a.strip() for a in row[name].split(CSV_ALIAS_SEPARATOR)]
+                if raw.get(name) is not None:
+                    row[name] = [a.strip() for a in raw[name].split(CSV_ALIAS_SEPARATOR)]
             yield reader.line_num, row
 
 
 # ------------------------------------------------------------------ public API
 
 
-def _default_names(path: Path) -> tuple[str, str]:
+def names_from_path(path: Path) -> tuple[str, str]:
     """(dataset, split) from a path: ``nq/test.jsonl`` → (nq, test); ``trivia.csv`` → (trivia, test)."""
     stem = path.stem
     if stem.lower() in SPLIT_NAMES:
@@ -228,20 +236,37 @@ def _parse_rows(
     split: str,
     fields: Fields,
     limit: int | None,
-) -> list[QAItem]:
-    items: list[QAItem] = []
+    strict: bool,
+) -> QAItems:
+    """The one row-to-item path of every loader: parse, skip unjudgeable rows, refuse repeated ids.
+
+    ``limit`` counts kept items, so ``--limit 10`` gives 10 questions even when some rows are skipped.
+    """
+    items = QAItems()
+    skipped = SkippedItems(str(source), strict=strict)
     first_line: dict[str, int] = {}
-    for number, row in islice(rows, limit):
+    if limit == 0:
+        return items
+    for number, row in rows:
 
         def fail(message: str, number: int = number) -> CandorError:
             return at_line(source, number, message)
 
-        item = parse_row(row, dataset=dataset, split=split, number=number, fields=fields, fail=fail)
+        try:
+            item = parse_row(row, dataset=dataset, split=split, number=number, fields=fields, fail=fail)
+        except UnjudgeableItem as exc:
+            skipped.skip(number, exc)
+            continue
         # Later stages merge by id, so a repeated id would silently mix two questions.
         if item.id in first_line:
             raise fail(f"duplicate id {item.id!r} (first on line {first_line[item.id]}); ids must be unique")
         first_line[item.id] = number
         items.append(item)
+        if limit is not None and len(items) >= limit:
+            break
+    skipped.check_something_left(len(items))
+    skipped.warn()
+    items.skipped = skipped.count
     return items
 
 
@@ -252,8 +277,12 @@ def load_file(
     split: str | None = None,
     fields: Fields = DEFAULT_FIELDS,
     limit: int | None = None,
-) -> list[QAItem]:
-    """Load a QA file; the format comes from the suffix (see :data:`FORMATS`)."""
+    strict: bool = False,
+) -> QAItems:
+    """Load a QA file; the format comes from the suffix (see :data:`FORMATS`).
+
+    Unjudgeable rows are skipped and counted in ``.skipped``; ``strict`` refuses them.
+    """
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
@@ -261,7 +290,7 @@ def load_file(
         raise CandorError(f"{path}: unknown QA file format {suffix or '(no suffix)'!r}; known: {known}")
     if not path.is_file():
         raise CandorError(f"{path}: no such file")
-    default_dataset, default_split = _default_names(path)
+    default_dataset, default_split = names_from_path(path)
     rows = FORMATS.get(suffix)(path, fields)
     items = _parse_rows(
         rows,
@@ -270,6 +299,7 @@ def load_file(
         split=split or default_split,
         fields=fields,
         limit=limit,
+        strict=strict,
     )
     log.info("loaded %d items from %s", len(items), path)
     return items
@@ -317,7 +347,8 @@ def load_hf(
     dataset: str | None = None,
     fields: Fields = DEFAULT_FIELDS,
     limit: int | None = None,
-) -> list[QAItem]:
+    strict: bool = False,
+) -> QAItems:
     """Load ``<hub id or local dir or data file>[:split]`` with the ``datasets`` library.
 
     A directory written by ``save_to_disk`` is read with ``load_from_disk``;
@@ -327,13 +358,12 @@ def load_hf(
     source = source.removeprefix(HF_PREFIX)
     target, source_split = _parse_hf_source(source)
     data, split_name = _pick_split(_open_hf(target), target, split or source_split)
-    if limit is not None:
-        data = data.select(range(min(limit, len(data))))
     path = Path(target.rstrip("/\\"))
-    name = dataset or (_default_names(path)[0] if path.is_file() else path.name) or target
+    name = dataset or (names_from_path(path)[0] if path.is_file() else path.name) or target
     rows = ((number, dict(row)) for number, row in enumerate(data, start=1))
     items = _parse_rows(
-        rows, source=f"{HF_PREFIX}{target}", dataset=name, split=split_name, fields=fields, limit=None
+        rows, source=f"{HF_PREFIX}{target}", dataset=name, split=split_name, fields=fields, limit=limit,
+        strict=strict,
     )
     log.info("loaded %d items from %s%s (split %s)", len(items), HF_PREFIX, target, split_name)
     return items
@@ -345,12 +375,14 @@ def load_named(
     data_dir: str | Path | None = None,
     split: str | None = None,
     limit: int | None = None,
-) -> list[QAItem]:
+    strict: bool = False,
+) -> QAItems:
     """Load a registered dataset (see :data:`candor.data.registry.DATASETS`)."""
     spec = get_dataset(name)
     fields = Fields(id=spec.id_field)
     return load_file(
-        spec.resolve(data_dir), dataset=spec.name, split=split or spec.split, fields=fields, limit=limit
+        spec.resolve(data_dir), dataset=spec.name, split=split or spec.split, fields=fields, limit=limit,
+        strict=strict,
     )
 
 
@@ -365,23 +397,26 @@ def load_items(
     limit: int | None = None,
     split: str | None = None,
     fields: Fields | None = None,
-) -> list[QAItem]:
+    strict: bool = False,
+) -> QAItems:
     """Load QA items from a registered name, a file path or ``hf:<id or dir>[:split]``.
 
     ``split`` picks the split of a Hugging Face dataset, and otherwise sets
     the items' ``split`` label. ``data_dir`` is where named benchmark files
     live (see :func:`candor.data.registry.resolve_data_dir`). ``fields``
-    renames the columns of a file or Hugging Face dataset.
+    renames the columns of a file or Hugging Face dataset. Items without a
+    non-blank gold alias are skipped (counted in ``.skipped``); ``strict``
+    refuses them with an error naming the file and line.
     """
     if limit is not None and limit < 0:
         raise CandorError(f"limit must be >= 0, got {limit}")
     if source.startswith(HF_PREFIX):
-        return load_hf(source, split=split, fields=fields or DEFAULT_FIELDS, limit=limit)
+        return load_hf(source, split=split, fields=fields or DEFAULT_FIELDS, limit=limit, strict=strict)
     if source in DATASETS:
         if fields is not None:
             raise CandorError(f"dataset {source!r} is registered; fields apply to files only")
-        return load_named(source, data_dir=data_dir, split=split, limit=limit)
+        return load_named(source, data_dir=data_dir, split=split, limit=limit, strict=strict)
     if _looks_like_path(source):
-        return load_file(source, split=split, fields=fields or DEFAULT_FIELDS, limit=limit)
+        return load_file(source, split=split, fields=fields or DEFAULT_FIELDS, limit=limit, strict=strict)
     known = ", ".join(DATASETS.names())
     raise CandorError(f"unknown dataset {source!r}: not a file path; known names: {known}")

@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from candor.backends.default_model import DEFAULT_MODEL
+from candor.cost import ResourceMeter
 from candor.diagnose.attribution import AttributionResult, integrated_gradients
 from candor.diagnose.candidates import CandidateSet, build_candidates
 from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
@@ -32,9 +32,9 @@ from candor.diagnose.rollout import RolloutResult, rollout_masses
 from candor.diagnose.sensitivity import SensitivityResult, answer_sensitivity
 from candor.digests import backend_identity, path_digest
 from candor.errors import CandorError
+from candor.files import atomic_write_json
 from candor.records import Record
 from candor.registry import Registry
-from candor.training import ResourceMeter
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +235,4 @@ def _load_cached(path: Path | None, key: str) -> dict[str, Any] | None:
 
 
 def _save_cached(path: Path, key: str, result: dict[str, Any], cost: dict[str, float]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"key": key, "cost": cost, "result": result}), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, {"key": key, "cost": cost, "result": result}, indent=None)

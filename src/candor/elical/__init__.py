@@ -16,20 +16,23 @@ Modules: :mod:`~candor.elical.model` (the head, save/load),
 :mod:`~candor.elical.features` (cached features for ``head`` mode),
 :mod:`~candor.elical.targets` (stage targets and their checks),
 :mod:`~candor.elical.splits` (budgets, dev slice), :mod:`~candor.elical.trainer`
-(the Trainer subclass), :mod:`~candor.elical.train` (the stages),
+(the Trainer subclass), :mod:`~candor.elical.config` (the settings),
+:mod:`~candor.elical.train` (the stages),
 :mod:`~candor.elical.sweep` (the label-budget sweep).
 """
 
+from candor.elical.config import EliCalConfig
 from candor.elical.features import FeatureCache
 from candor.elical.model import ConfidenceHead, HeadConfig, LinearHead
 from candor.elical.splits import carve_dev, check_disjoint, draw_budget, parse_budget
 from candor.elical.sweep import DEFAULT_BUDGETS, SweepData, run_sweep
 from candor.elical.targets import targets
-from candor.elical.train import METHODS, EliCalConfig, StageResult, TrainResult, train_elical, train_stage
+from candor.elical.train import STAGES, StageResult, train_elical, train_stage
+from candor.training import TrainResult
 
 __all__ = [
     "DEFAULT_BUDGETS",
-    "METHODS",
+    "STAGES",
     "ConfidenceHead",
     "EliCalConfig",
     "FeatureCache",

@@ -6,7 +6,9 @@ resumes that seed's stage-1 head on the same N labels (budgets are drawn per
 seed, nested across budgets). Every run's test confidences are cached under
 ``out_dir/runs`` with a fingerprint of its settings and data, so a killed or
 repeated sweep redoes only what changed; trained heads are kept under
-``out_dir/heads``. The summary (:mod:`candor.elical.curve`) goes to
+``out_dir/heads``, each with the manifest of its training questions
+(``training_questions.json``, see :func:`candor.elical.train.train_elical`).
+The summary (:mod:`candor.elical.curve`) goes to
 ``out_dir/curve.json`` and the plot to ``out_dir/budget_curve.png``.
 
 In ``head`` mode one backbone serves every run and features are computed once
@@ -19,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,12 +29,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from candor.contamination import MANIFEST_NAME
+from candor.elical.config import EliCalConfig
 from candor.elical.curve import plot_curve, summarize_column
 from candor.elical.splits import ALL, Budget, budget_size, check_disjoint, parse_budget
 from candor.elical.targets import check_field, stage_target, targets
-from candor.elical.train import METHODS, EliCalConfig, TrainResult, head_features, train_elical
+from candor.elical.train import STAGES, head_features, train_elical
 from candor.errors import CandorError
+from candor.files import atomic_write_text
+from candor.leakage import HeldOutQuestions
 from candor.records import Record
+from candor.training import TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +109,10 @@ def run_sweep(
     """
     config = config or EliCalConfig()
     budgets = [parse_budget(b) for b in budgets]
+    if bootstrap < 0:
+        raise CandorError(f"bootstrap resamples must be at least 0, got {bootstrap}")
+    if not seeds or not budgets:
+        raise CandorError("the sweep needs at least one seed and one budget")
     _validate(data, config, budgets, methods)
     out_dir = Path(out_dir)
     if config.mode == "head" and (model is None or tokenizer is None):
@@ -227,7 +237,7 @@ class _Runner:
         )
 
     def _predict(self, result: TrainResult) -> np.ndarray:
-        head = result.head
+        head = result.model
         assert head is not None
         records = self.data.test_records()
         if self.config.mode == "lora":
@@ -240,13 +250,17 @@ class _Runner:
         return self.out_dir / "heads" / key.slug
 
     def _head_ok(self, key: RunKey) -> bool:
-        """A cached stage-1 run is reusable only with its head, which EliCal runs resume."""
-        return key.method != "eli-only" or (self._head_dir(key) / "elical_config.json").exists()
+        """A cached run is reusable only with its head's training-questions manifest (heads saved before
+        manifests existed are retrained once), and a stage-1 run only with its head, which EliCal runs resume."""
+        head = self._head_dir(key)
+        if not (head / MANIFEST_NAME).exists():
+            return False
+        return key.method != "eli-only" or (head / "elical_config.json").exists()
 
 
 def _validate(data: SweepData, config: EliCalConfig, budgets: Sequence[Budget], methods: Sequence[str]) -> None:
     """Fail before training: unknown methods, overlap with test, missing fields, budgets over the pool."""
-    unknown = [m for m in methods if m not in METHODS or m == "eli-only"]
+    unknown = [m for m in methods if m not in STAGES or m == "eli-only"]
     if unknown:
         raise CandorError(f"sweep methods are 'cal-only' and 'elical' (Eli-Only runs once per seed); got {unknown}")
     if not data.tests:
@@ -255,7 +269,10 @@ def _validate(data: SweepData, config: EliCalConfig, budgets: Sequence[Budget], 
     if missing_roles:
         raise CandorError(f"test sets {missing_roles} need a role, 'id' or 'ood'")
     tests = data.test_records()
-    check_disjoint(data.train, tests, "training")
+    guard = HeldOutQuestions.of(r.item.question for r in tests)
+    guard.refuse_overlap((r.item.question for r in data.train), "the training pool")
+    guard.refuse_overlap((r.item.question for r in data.dev), "the dev slice")
+    check_disjoint(data.train, tests, "training")  # also refuses a shared id
     check_disjoint(data.dev, tests, "dev")
     check_disjoint(data.dev, data.train, "dev", "training")
     for kind in ("consistency", stage_target("cal", config.cal_target)):
@@ -296,10 +313,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     """Write JSON atomically (temporary file, then rename); NaN becomes null."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_nan_to_none(payload), indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(_nan_to_none(payload), indent=2, default=str) + "\n")
 
 
 def _nan_to_none(obj: Any) -> Any:

@@ -10,7 +10,9 @@ pool (patience 4), never on test data. Bad input fails before any training:
 a record without the field its stage needs, a budget larger than the pool.
 
 Hyperparameters are the paper's (AdamW, lr 5e-5 for LoRA, weight decay 0.1,
-warmup 0.1, linear decay; 50 epochs up to 10k questions, 15 above) except:
+warmup 0.1, linear decay; 10 epochs for a stage on the full set, i.e. stage 1
+and stage 2 with budget ``all``, otherwise 50 up to 10k labels and 15 above)
+except:
 
 - ``head_learning_rate`` (1e-3): the paper trains the head at the LoRA rate
   (effective batch 512 on 4 GPUs, up to 50 epochs). At CPU scale (a few
@@ -39,18 +41,21 @@ import logging
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from accelerate import PartialState
 
-from candor.backends.default_model import DEFAULT_MODEL
+from candor.contamination import read_manifest, write_manifest
+from candor.cost import ResourceMeter
+from candor.elical.config import EliCalConfig
 from candor.elical.features import FeatureCache
 from candor.elical.inputs import records_template
-from candor.elical.model import MODES, ConfidenceHead, HeadConfig, encode_prompts
-from candor.elical.splits import Budget, budget_size, draw_budget, parse_budget
+from candor.elical.model import ConfidenceHead, HeadConfig, encode_prompts
+from candor.elical.splits import ALL, Budget, budget_size, draw_budget, parse_budget
 from candor.elical.targets import check_field, stage_target, targets
 from candor.elical.trainer import (
     BestOnDev,
@@ -62,84 +67,15 @@ from candor.elical.trainer import (
     prompt_examples,
 )
 from candor.errors import CandorError
+from candor.files import atomic_write_text
 from candor.prompts import TokenizerChat
 from candor.records import Record
-from candor.training import ALL_PROJECTIONS, ResourceMeter, training_arguments
+from candor.training import TrainResult, training_arguments
 
 logger = logging.getLogger(__name__)
 
 # Which stages each method runs, in order.
-METHODS: dict[str, tuple[str, ...]] = {"eli-only": ("eli",), "cal-only": ("cal",), "elical": ("eli", "cal")}
-
-# Paper: 50 epochs when N ≤ 10k, 15 above.
-SMALL_N = 10_000
-EPOCHS_SMALL, EPOCHS_LARGE = 50, 15
-
-DEFAULT_BATCH = {"head": 32, "lora": 8}
-
-
-@dataclass
-class EliCalConfig:
-    """Settings of one EliCal training run; ``None`` fields take the mode's default."""
-
-    mode: str = "head"
-    model: str = DEFAULT_MODEL
-    template: str = "auto"
-    layer: int = -1
-    cal_target: str = "soft"
-    learning_rate: float = 5e-5
-    head_learning_rate: float = 1e-3
-    weight_decay: float = 0.1
-    warmup_ratio: float = 0.1
-    epochs: int | None = None
-    max_epochs: int | None = None
-    batch_size: int | None = None
-    eval_batch_size: int = 32
-    gradient_accumulation: int = 1
-    patience: int = 4
-    recenter_bias: bool = True
-    seed: int = 0
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_targets: tuple[str, ...] = ALL_PROJECTIONS
-    feature_cache: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise CandorError(f"unknown EliCal mode {self.mode!r}; known: {', '.join(MODES)}")
-        stage_target("cal", self.cal_target)
-        if self.patience < 1:
-            raise CandorError(f"patience must be at least 1, got {self.patience}")
-
-    @property
-    def train_batch_size(self) -> int:
-        return self.batch_size or DEFAULT_BATCH[self.mode]
-
-    def epochs_for(self, n: int) -> int:
-        epochs = self.epochs or (EPOCHS_SMALL if n <= SMALL_N else EPOCHS_LARGE)
-        return min(epochs, self.max_epochs) if self.max_epochs else epochs
-
-    def lora_settings(self) -> dict[str, Any] | None:
-        if self.mode != "lora":
-            return None
-        return {
-            "r": self.lora_r,
-            "alpha": self.lora_alpha,
-            "dropout": self.lora_dropout,
-            "targets": list(self.lora_targets),
-        }
-
-    def fingerprint(self) -> dict[str, Any]:
-        """The settings that change results (not where files go or which device runs them)."""
-        out = asdict(self)
-        for key in ("feature_cache", "device"):
-            out.pop(key)
-        out["lora_targets"] = list(self.lora_targets)
-        return out
-
+STAGES: dict[str, tuple[str, ...]] = {"eli-only": ("eli",), "cal-only": ("cal",), "elical": ("eli", "cal")}
 
 @dataclass
 class StageResult:
@@ -158,44 +94,16 @@ class StageResult:
     cost: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class TrainResult:
-    """What :func:`train_elical` made: the saved head's folder and each stage's record."""
-
-    path: Path
-    method: str
-    budget: Budget | None
-    stages: list[StageResult]
-    head: ConfidenceHead | None = field(default=None, repr=False)
-
-    @property
-    def cost(self) -> dict[str, float]:
-        """Wall time summed over stages; peak memory as the largest stage peak."""
-        out = {
-            "wall_s": round(sum(s.cost.get("wall_s", 0.0) for s in self.stages), 2),
-            "peak_rss_mib": max((s.cost.get("peak_rss_mib", 0.0) for s in self.stages), default=0.0),
-        }
-        gpu = [s.cost["peak_gpu_mib"] for s in self.stages if "peak_gpu_mib" in s.cost]
-        if gpu:
-            out["peak_gpu_mib"] = max(gpu)
-        return out
-
-    @property
-    def n_train(self) -> int:
-        return self.stages[-1].n_train
-
-    @property
-    def n_dev(self) -> int:
-        return self.stages[-1].n_dev
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": str(self.path),
-            "method": self.method,
-            "budget": self.budget,
-            "cost": self.cost,
-            "stages": [asdict(s) for s in self.stages],
-        }
+def stages_cost(stages: Sequence[StageResult]) -> dict[str, float]:
+    """Wall time summed over stages; peak memory as the largest stage peak."""
+    out = {
+        "wall_s": round(sum(s.cost.get("wall_s", 0.0) for s in stages), 2),
+        "peak_rss_mib": max((s.cost.get("peak_rss_mib", 0.0) for s in stages), default=0.0),
+    }
+    gpu = [s.cost["peak_gpu_mib"] for s in stages if "peak_gpu_mib" in s.cost]
+    if gpu:
+        out["peak_gpu_mib"] = max(gpu)
+    return out
 
 
 def train_elical(
@@ -211,6 +119,7 @@ def train_elical(
     model: Any = None,
     tokenizer: Any = None,
     source: str | Path | None = None,
+    dev_source: str | Path | None = None,
 ) -> TrainResult:
     """Train ``method`` (``eli-only``, ``cal-only`` or ``elical``) and save the head to ``out_dir``.
 
@@ -220,8 +129,14 @@ def train_elical(
     for early stopping. ``init_from`` resumes a saved stage-1 head instead of
     running stage 1 again. ``model``/``tokenizer`` reuse a loaded backbone
     (``head`` mode; ``lora`` mode adds LoRA layers to the model it is given,
-    so give it a fresh one). ``source`` names the file the training records
-    were read from, for error messages.
+    so give it a fresh one). ``source`` and ``dev_source`` name the files the
+    training and dev records were read from, for error messages and the
+    manifest.
+
+    Beside the head goes ``training_questions.json``
+    (:mod:`candor.contamination`): fingerprints of every question the head was
+    trained or early-stopped on (stage 1's pool, stage 2's budget, the dev
+    slice, and the manifest of an ``init_from`` head).
     """
     config = config or EliCalConfig()
     stages = _stages(method, init_from)
@@ -233,18 +148,34 @@ def train_elical(
         model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
     head = _initial_head(train_records, init_from, config, model, tokenizer)
     results = []
+    # The dev slice picks the best epoch, so its questions count as seen in training too.
+    seen = [r.item.question for r in dev_records]
     for stage in stages:
         records = train_records if stage == "eli" else draw_budget(pool, budget, config.seed)
-        results.append(train_stage(head, records, dev_records, stage, config, fresh=not results and not init_from))
+        seen += [r.item.question for r in records]
+        fresh = not results and not init_from
+        full_set = stage == "eli" or parse_budget(budget) == ALL
+        results.append(train_stage(head, records, dev_records, stage, config, fresh=fresh, full_set=full_set))
     head.config.meta = {
         "method": method,
         "budget": budget if "cal" in stages else None,
         "cal_target": config.cal_target,
         "stages": [s.name for s in results],
     }
-    path = head.save_pretrained(out_dir)
-    result = TrainResult(path, method, budget if "cal" in stages else None, results, head)
-    (path / "training.json").write_text(_json(result.to_dict()))
+    path = Path(out_dir)
+    result = TrainResult(
+        path=path, method=method, n_train=results[-1].n_train, n_dev=results[-1].n_dev, cost=stages_cost(results),
+        config=config.fingerprint(), stages=results, budget=budget if "cal" in stages else None, model=head,
+    )  # fmt: skip
+    # Under a multi-process launch (torchrun, accelerate launch) every process holds the same head;
+    # one writes it, the others wait, so the folder is written once.
+    state = PartialState()
+    if state.is_main_process:
+        head.save_pretrained(path)
+        sources = [str(s) for s in (source, dev_source, init_from) if s is not None]
+        write_manifest(path, seen, sources, inherited=_resumed_questions(init_from))
+        atomic_write_text(path / "training.json", _json(result.to_dict()))
+    state.wait_for_everyone()
     return result
 
 
@@ -255,16 +186,19 @@ def train_stage(
     stage: str,
     config: EliCalConfig,
     fresh: bool = True,
+    full_set: bool = False,
 ) -> StageResult:
     """Train ``head`` in place on one stage's targets with early stopping on ``dev``.
 
     ``fresh`` (a stage that does not resume another) fits the head's input
     standardization in ``head`` mode; a fresh stage, or any stage with
     ``config.recenter_bias``, starts the head's bias at the mean target.
+    ``full_set`` says ``records`` is the whole pool, not a label budget (it
+    picks the paper's epochs, see :meth:`EliCalConfig.epochs_for`).
     """
     kind = stage_target(stage, config.cal_target)
     y, y_dev = targets(records, kind, what="the training set"), targets(dev, kind, what="the dev slice")
-    epochs = config.epochs_for(len(records))
+    epochs = config.epochs_for(len(records), full_set)
     logger.info(
         "EliCal %s (%s mode): %d train, %d dev, up to %d epochs", stage, config.mode, len(records), len(dev), epochs
     )
@@ -320,9 +254,9 @@ def head_features(head: ConfidenceHead, prompts: Sequence[str], cache_root: str 
 
 
 def _stages(method: str, init_from: str | Path | None) -> tuple[str, ...]:
-    if method not in METHODS:
-        raise CandorError(f"unknown EliCal method {method!r}; known: {', '.join(METHODS)}")
-    stages = METHODS[method]
+    if method not in STAGES:
+        raise CandorError(f"unknown EliCal method {method!r}; known: {', '.join(STAGES)}")
+    stages = STAGES[method]
     if init_from is not None:
         if method != "elical":
             raise CandorError(f"init_from resumes a stage-1 head for 'elical'; it makes no sense for {method!r}")
@@ -351,6 +285,16 @@ def _check_inputs(
         check_field(dev, kind, None, "the dev slice")
     if "cal" in stages:
         budget_size(parse_budget(budget), len(pool))
+
+
+def _resumed_questions(init_from: str | Path | None) -> set[str]:
+    """The training fingerprints of the head that stage 2 resumes (none when it starts fresh)."""
+    if init_from is None:
+        return set()
+    prints = read_manifest(init_from)
+    if prints is None:
+        logger.warning("%s has no training-questions manifest; the new manifest lists only this run's", init_from)
+    return prints or set()
 
 
 def _initial_head(

@@ -5,6 +5,14 @@ Training-free, question level (DESIGN.md §4.2): ``prob``, ``n-prob``,
 Answer level: ``p-true``, ``verbal-{letter,number,text,float,percent}`` and
 their ``-prompting`` variants (§4.3, §4.5), ``self-consistency``.
 
+The strong baselines of issue 14, question level: from next-token
+distributions ``token-entropy-mean``, ``token-entropy-max``, ``prob-margin``,
+``perplexity``; from the samples ``mc-entropy``, ``semantic-entropy``,
+``semantic-entropy-discrete``, ``num-sem-sets``, ``eigv``, ``degree``,
+``eccentricity``, ``kle``, ``cocoa`` (similarity-based ones take
+``similarity=lexical|judge|llm|embedding``); from hidden states
+``eigenscore``; answer level, the trained linear ``probe``.
+
 Importing this package registers every estimator module listed below; a new
 estimator is one module with one ``@ESTIMATORS.register`` and one import here.
 """
@@ -21,7 +29,22 @@ from tqdm.auto import tqdm
 from candor.backends.base import Backend
 from candor.confidences import ConfidenceTable, table_from_records
 from candor.errors import CandorError
-from candor.estimators import consistency, elical, logprob, ptrue, selfconsistency, verbal, verbalized  # noqa: F401
+from candor.estimators import (  # noqa: F401
+    cocoa,
+    consistency,
+    eigenscore,
+    elical,
+    kernel_entropy,
+    logprob,
+    probe,
+    ptrue,
+    sample_entropy,
+    selfconsistency,
+    spectral,
+    tokenstats,  # noqa: F401
+    verbal,
+    verbalized,
+)
 from candor.estimators.base import ESTIMATORS, Estimator, get_estimator
 from candor.records import Record
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from candor.backends.base import Backend
+from candor.backends.base import Backend, backend_capabilities
 from candor.errors import CandorError
 from candor.records import Record
 from candor.registry import Registry
@@ -41,6 +41,8 @@ class Estimator:
     name: str = "estimator"
     needs_backend: bool = False
     needs_hidden_states: bool = False
+    # Backend capabilities this estimator needs (names from candor.backends.base), checked up front.
+    requires: ClassVar[frozenset[str]] = frozenset()
     level: Level = "question"
     # Values slightly outside [0, 1] from float round-off are clipped; anything further is a bug.
     _tolerance: ClassVar[float] = 1e-6
@@ -62,6 +64,13 @@ class Estimator:
             raise CandorError(
                 f"estimator {self.name!r} needs hidden states, which the black-box backend {kind} "
                 "does not give; use a white-box backend such as hf"
+            )
+        missing = self.requires - backend_capabilities(backend) if backend is not None else frozenset()
+        if missing:
+            kind = getattr(backend, "describe_kind", type(backend).__name__)
+            raise CandorError(
+                f"estimator {self.name!r} needs {', '.join(sorted(missing))}, which the backend {kind} "
+                "does not offer; use a backend that does (hf, vllm, or a server that returns log-probs)"
             )
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:

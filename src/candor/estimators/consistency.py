@@ -11,7 +11,13 @@ import numpy as np
 from candor.backends.base import Backend
 from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.judges import CONSISTENCY_JUDGES, get_consistency_judge, rouge_l_f1
+from candor.judges import (
+    CONSISTENCY_JUDGES,
+    DEFAULT_CONSISTENCY_JUDGE,
+    get_consistency_judge,
+    judge_consistency,
+    rouge_l_f1,
+)
 from candor.records import Record
 
 logger = logging.getLogger(__name__)
@@ -59,7 +65,7 @@ class SemanticConsistency(Estimator):
         if judge is not None:
             CONSISTENCY_JUDGES.get(judge)  # an unknown judge fails now, even when the records carry verdicts
         self.requested = judge
-        self.judge_name = judge or "lexical"  # the judge for records whose verdicts cannot be used
+        self.judge_name = judge or DEFAULT_CONSISTENCY_JUDGE  # the judge for records whose verdicts cannot be used
         self.judge_options = judge_options
         self.needs_backend = judge == "llm"
         self.judged = 0  # records whose verdicts were computed here, not read from the annotation
@@ -94,19 +100,14 @@ class SemanticConsistency(Estimator):
         if self.judge_name == "llm":
             options.setdefault("backend", backend)
         judge = get_consistency_judge(self.judge_name, **options)
-        greedy, samples, questions, owner = [], [], [], []
-        for j, rec in enumerate(records):
+        for rec in records:
             _require_samples(rec, self.name)
-            for s in rec.samples:
-                greedy.append(rec.greedy.text)
-                samples.append(s.text)
-                questions.append(rec.item.question)
-                owner.append(j)
-        flat = judge.judge(samples, greedy, questions)
-        out: list[list[int]] = [[] for _ in records]
-        for j, v in zip(owner, flat, strict=True):
-            out[j].append(int(v))
-        return out
+        return judge_consistency(
+            judge,
+            [rec.greedy.text for rec in records],
+            [[s.text for s in rec.samples] for rec in records],
+            [rec.item.question for rec in records],
+        )
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "judge": self.requested or "as annotated",

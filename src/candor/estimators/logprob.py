@@ -1,9 +1,11 @@
 """Estimators from the greedy answer's token log-probs: ``prob``, ``n-prob``, ``min-prob`` (§4.2).
 
 They read ``record.greedy.logprobs`` only, so they need no model. A record
-without log-probs (an empty answer, or an import that dropped them) has no
-defined value: it raises :class:`CandorError` naming the record, rather than
-inventing a number.
+without per-token log-probs (an empty answer, or a HonestyBench import with
+no ``greedy_logprobs``) has no defined value: it raises :class:`CandorError`
+naming the record, rather than inventing a number. A sequence total
+(``greedy_cumulative_logprobs``) is never used: it cannot give a mean or a
+minimum, so all three refuse alike.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ def greedy_logprobs(record: Record) -> np.ndarray:
     lps = np.asarray(record.greedy.logprobs, dtype=float)
     if lps.size == 0:
         raise CandorError(
-            f"record {record.id!r}: the greedy answer has no token log-probs "
-            f"(answer {record.greedy.text!r}); log-prob estimators need them"
+            f"record {record.id!r}: the greedy answer {record.greedy.text!r} has no per-token log-probs "
+            "(e.g. a HonestyBench line without greedy_logprobs); prob, n-prob and min-prob need them "
+            "and are not computed from a sequence total"
         )
     if not np.isfinite(lps).all():
         raise CandorError(f"record {record.id!r}: the greedy answer has non-finite token log-probs")

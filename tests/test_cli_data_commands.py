@@ -1,0 +1,74 @@
+"""The `datasets` and `demo` commands, run through the CLI as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from candor.cli import app
+from candor.records import read_records
+
+
+def lines_by_name(output: str) -> dict[str, str]:
+    return {line.split(" ", 1)[0]: line for line in output.splitlines() if line.strip()}
+
+
+def test_cli_datasets_lists_every_name_and_where_it_resolves(tmp_path):
+    (tmp_path / "nq").mkdir()
+    (tmp_path / "nq" / "test.jsonl").write_text(json.dumps({"question": "q", "answer": ["a"]}) + "\n")
+    result = CliRunner().invoke(app, ["datasets", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    listed = lines_by_name(result.output)
+    assert {"nq", "hq", "squad", "musique", "pararel", "logiqa", "starter"} <= set(listed)
+    assert listed["nq"].endswith(str(tmp_path / "nq" / "test.jsonl"))
+    assert "[in-domain]" in listed["nq"]
+    assert "not available" in listed["squad"] and "[ood]" in listed["squad"]
+    assert listed["starter"].endswith("starter.jsonl") and "[demo]" in listed["starter"]
+    assert "(also: hotpotqa)" in listed["hq"]
+
+
+def test_cli_datasets_on_the_real_data(shared_data):
+    result = CliRunner().invoke(app, ["datasets", "--data-dir", str(shared_data / "honestybench")])
+    assert result.exit_code == 0, result.output
+    listed = lines_by_name(result.output)
+    assert "not available" not in listed["nq"] and listed["nq"].endswith("nq/test.jsonl")
+    assert listed["logiqa"].endswith("logiqa2/test.jsonl")
+
+
+def test_cli_datasets_missing_data_dir_says_so_per_name(tmp_path):
+    result = CliRunner().invoke(app, ["datasets", "--data-dir", str(tmp_path / "absent")])
+    assert result.exit_code == 0  # listing is how a user finds out what is missing
+    listed = lines_by_name(result.output)
+    assert "data dir not found" in listed["nq"] and "not available" not in listed["starter"]
+
+
+def test_cli_demo_on_the_tiny_model(tiny_model_dir, tmp_path):
+    out = tmp_path / "demo"
+    args = ["demo", "--out-dir", str(out), "--model", str(tiny_model_dir), "--limit", "4", "--k", "2",
+            "--estimators", "n-prob,consis-lex"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (report,) = [line.removeprefix("report: ") for line in result.output.splitlines() if line.startswith("report: ")]
+    assert Path(report).is_file() and Path(report).parent == out / "report"
+    records = read_records(out / "records.jsonl")
+    assert [r.id for r in records] == ["starter:001", "starter:002", "starter:003", "starter:004"]
+    assert {r.k for r in records} == {2}
+    rows = [json.loads(line) for line in (out / "confidences.jsonl").read_text().splitlines()]
+    assert [row["id"] for row in rows] == [r.id for r in records]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--estimators", "n-prob,nosuch"], "unknown estimator 'nosuch'"),
+        (["--limit", "-1"], "limit must be >= 0"),
+    ],
+)
+def test_cli_demo_bad_options_exit_2_with_one_line(tmp_path, extra, needle):
+    result = CliRunner().invoke(app, ["demo", "--out-dir", str(tmp_path / "d"), *extra])
+    assert result.exit_code == 2
+    assert result.output.strip() == result.output.strip().splitlines()[-1]
+    assert needle in result.output and "Traceback" not in result.output

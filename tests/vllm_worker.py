@@ -1,0 +1,47 @@
+"""Runs the vllm backend on the embedded model and writes what it produced as JSON (for test_backend_vllm.py).
+
+vLLM starts worker processes, so its engine must be built under ``__main__``:
+the test runs this file in a subprocess. Usage: python tests/vllm_worker.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from candor.backends.base import SamplingParams
+
+PROMPTS = [
+    "Question: What is the largest planet in the solar system?\nAnswer: Jupiter\nQuestion: Who wrote Hamlet?\nAnswer:",
+    "Question: What is the capital of Italy?\nAnswer:",
+    "The capital of France is",
+]
+CONTINUATIONS = [" William Shakespeare", " Rome", " Paris."]
+TOKENS = ["A", " A", "B", " B"]
+LABELS = ["0", "5", "9", "10"]  # verbalized-format labels; " 10" is two tokens, so scored as continuations
+
+
+def main(out: str) -> None:
+    from candor.backends.prefix_scoring import candidate_distribution
+    from candor.backends.vllm import VLLMBackend
+
+    backend = VLLMBackend.from_pretrained(
+        "smollm2-135m", max_model_len=512, engine_args={"enforce_eager": True}
+    )
+    params = SamplingParams(max_new_tokens=8, stop=("\n",))
+    gens = backend.generate(PROMPTS, 3, params, greedy=True, seeds=[1, 2, 3])
+    token_ids = [backend.tokenize(t)[0] for t in TOKENS]
+    result = {
+        "greedy": [g.greedy.to_dict() for g in gens],
+        "samples": [[s.to_dict() for s in g.samples] for g in gens],
+        "score": backend.score(PROMPTS, CONTINUATIONS),
+        "token_ids": token_ids,
+        "next": backend.next_token_logprobs(PROMPTS, token_ids).tolist(),
+        "labels": candidate_distribution(backend, PROMPTS, LABELS).tolist(),
+    }
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
