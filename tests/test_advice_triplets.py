@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import string
-import zlib
 
 import pytest
 
@@ -16,6 +15,7 @@ from candor.errors import CandorError
 from candor.judges import get_correctness_judge, normalize
 from candor.prompts import TEMPLATES, resolve_template
 from candor.records import Record
+from candor.seeds import item_seed
 
 PROVENANCE = {"template": "fewshot", "correctness_judge": "contains",
               "decoding": {"samples": {"max_new_tokens": 8, "temperature": 1.0, "top_p": 0.95, "top_k": 50,
@@ -169,11 +169,11 @@ def test_resampling_uses_the_records_template_decoding_and_fresh_seeds(tiny_back
     by_prompt = {c["prompts"][0]: c for c in backend.calls}
     fewshot = by_prompt[TEMPLATES.get("fewshot")(rec.item, backend)]
     assert fewshot["params"] == SamplingParams(6, 0.7, 0.9, 20, ("###",))
-    assert (fewshot["n"], fewshot["greedy"], fewshot["seeds"]) == (5, False, [zlib.crc32(b"triplets:0:0:q1")])
+    assert (fewshot["n"], fewshot["greedy"], fewshot["seeds"]) == (5, False, [item_seed("triplets", 0, 0, "q1")])
     auto = resolve_template("auto", tiny_backend.model_name, tiny_backend)
     plain = by_prompt[auto(bare.item, backend)]
     assert plain["params"] == SamplingParams(stop=tuple(auto.stop))
-    assert plain["seeds"] == [zlib.crc32(b"triplets:0:0:q2")]
+    assert plain["seeds"] == [item_seed("triplets", 0, 0, "q2")]
 
 
 def test_resampling_rounds_and_the_records_left_without_a_wrong_answer(tiny_backend):
@@ -185,8 +185,8 @@ def test_resampling_rounds_and_the_records_left_without_a_wrong_answer(tiny_back
     backend = Recorder(tiny_backend)
     built = build_triplets([*never, good], backend=backend, extra_samples=1, seed=4)
     assert [len(c["prompts"]) for c in backend.calls] == [2, 2]  # two rounds, only the records still missing
-    assert backend.calls[0]["seeds"] == [zlib.crc32(f"triplets:4:0:q{i}".encode()) for i in (1, 2)]
-    assert backend.calls[1]["seeds"] == [zlib.crc32(f"triplets:4:1:q{i}".encode()) for i in (1, 2)]
+    assert backend.calls[0]["seeds"] == [item_seed("triplets", 4, 0, f"q{i}") for i in (1, 2)]
+    assert backend.calls[1]["seeds"] == [item_seed("triplets", 4, 1, f"q{i}") for i in (1, 2)]
     assert built.stats.dropped == 2 and [t.a_wrong for t in built.triplets] == ["Oslo"]
     backend.calls.clear()
     build_triplets(never, backend=backend, extra_samples=0)
