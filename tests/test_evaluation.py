@@ -114,6 +114,23 @@ def test_json_number_turns_nan_into_null():
     assert json_number(0.25) == 0.25
 
 
+def test_more_bad_setups_name_what_is_wrong():
+    labels = {"a": [1, 0]}
+    with pytest.raises(CandorError, match="^group 'g' has no datasets$"):
+        Group("g", ())
+    with pytest.raises(CandorError, match=r"must differ from each other and from the datasets: \['g'\]"):
+        evaluate({"m": {"a": [0.1, 0.2]}}, labels, groups=[Group("g", ("a",)), Group("g", ("a",))])
+    with pytest.raises(CandorError, match="^method 'm' has no runs$"):
+        evaluate({"m": []}, labels)
+    with pytest.raises(CandorError, match="^dataset 'e' has no labelled rows$"):
+        evaluate({"m": {"e": []}}, {"e": []})
+    with pytest.raises(CandorError, match="no metrics chosen; known: abs_nce, accuracy, "):
+        evaluate({"m": {"a": [0.1, 0.2]}}, labels, metrics=[])
+    # One bin is allowed (ECE = |accuracy − mean confidence|), and labels may come as a column.
+    one = evaluate({"m": {"a": [0.1, 0.2]}}, {"a": [[1], [0]]}, metrics=["ece"], n_bins=1).methods["m"]
+    assert one.values["a"]["ece"] == pytest.approx(0.35)
+
+
 def test_percentile_interval_all_nan():
     (low, high), dropped = percentile_interval([math.nan, math.nan])
     assert math.isnan(low) and math.isnan(high) and dropped == 2
