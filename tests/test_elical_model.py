@@ -7,15 +7,14 @@ import pytest
 import torch
 
 from candor.backends.base import Completion
+from candor.backends.chat import TokenizerChat
 from candor.backends.hf import HFBackend
+from candor.backends.tokens import encode, last_token_index, pad_batch
 from candor.data.items import QAItem
 from candor.elical import ConfidenceHead, EliCalConfig, FeatureCache, HeadConfig, train_elical
 from candor.elical.inputs import records_template
-from candor.elical.model import encode_prompts, last_token_index
 from candor.errors import CandorError
 from candor.estimators import get_estimator
-from candor.label_distribution import pad_batch
-from candor.prompts import TokenizerChat
 from candor.records import Record
 
 QUESTIONS = [
@@ -76,7 +75,7 @@ def test_last_token_index_under_left_and_right_padding():
 @pytest.mark.parametrize("mode", ["head", "lora"])
 def test_same_confidence_for_a_question_whatever_the_padding(tiny_model_dir, mode):
     head = fresh_head(tiny_model_dir, mode).eval()
-    seqs = encode_prompts(head.tokenizer, head.prompts(QUESTIONS))
+    seqs = encode(head.tokenizer, head.prompts(QUESTIONS))
     assert len({len(s) for s in seqs}) > 1  # the batch really needs padding
     pad = int(head.tokenizer.pad_token_id)
     with torch.no_grad():

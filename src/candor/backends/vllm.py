@@ -45,9 +45,9 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
+from candor.backends.chat import TokenizerChat
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.errors import CandorError
-from candor.prompts import TokenizerChat
 
 logger = logging.getLogger(__name__)
 
