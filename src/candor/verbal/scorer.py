@@ -54,7 +54,6 @@ from candor.verbal.formats import CONFIDENCE_CUE, VerbalFormat, format_prompt, g
 # ---------------------------------------------------------------- prompts as token ids
 
 
-
 @dataclass(frozen=True)
 class PromptIds:
     """A format prompt as token ids, and where the answer's tokens are: ``ids[answer_start:answer_end]``."""
