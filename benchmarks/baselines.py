@@ -17,12 +17,13 @@ Writes benchmarks/results/baselines.json and benchmarks/results/baselines/ (the 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from common import CACHE, RESULTS, annotate_part, load_mini_or_exit, logger, peak_rss_mib, setup_logging, write_json
 
-from candor.annotate import AnnotateConfig
+from candor.annotation import AnnotateConfig
 from candor.backends import load_backend
 from candor.backends.base import SamplingParams
 from candor.confidences import ConfidenceTable
@@ -60,7 +61,8 @@ METHODS = (
     "cocoa",
     "eigenscore",
 )
-MAIN_METRICS = ("auroc", "ece", "alignment", "brier")
+MAIN_METRICS = ("auroc", "ece", "alignment", "brier", "aurc", "prr")
+TABLE_METRICS = ("auroc", "ece", "alignment", "brier")
 
 
 def parse_args() -> argparse.Namespace:
@@ -112,7 +114,7 @@ def main() -> None:
 
     roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
     roles = {d: r for d, r in roles.items() if d in tests}
-    report = write_report(ConfidenceTable(rows), RESULTS / "baselines", roles=roles, bootstrap=args.bootstrap,
+    report = write_report(ConfidenceTable(rows), args.out.with_suffix(""), roles=roles, bootstrap=args.bootstrap,
                           title=f"HonestyBench-mini baselines: {args.model}")
     payload = results_payload(report.evaluation, args, timings)
     write_json(args.out, payload)
@@ -151,7 +153,7 @@ def results_payload(ev, args: argparse.Namespace, timings: dict[str, float]) -> 
         "bootstrap": args.bootstrap,
         "seconds": {k: round(v, 1) for k, v in timings.items()},
         "peak_rss_mib": round(peak_rss_mib(), 1),
-        "command": "python benchmarks/baselines.py",
+        "command": " ".join(["python benchmarks/baselines.py", *sys.argv[1:]]),
     }
 
 
@@ -162,7 +164,7 @@ def markdown_table(payload: dict) -> str:
     for method, m in payload["methods"].items():
         cells = []
         for group in ("id", "ood"):
-            for metric in MAIN_METRICS:
+            for metric in TABLE_METRICS:
                 value, (lo, hi) = m[group][metric], m["ci95"][group].get(metric, [None, None])
                 cell = "–" if value is None else f"{100 * value:.1f}"
                 if value is not None and lo is not None and hi is not None:

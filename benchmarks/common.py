@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import resource
@@ -12,11 +11,12 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
 
-from candor.annotate import AnnotateConfig, annotate
+from candor.annotation import AnnotateConfig, annotate
 from candor.backends.base import Backend
 from candor.data import honestybench_mini, resolve_data_dir
 from candor.data.mini import MiniBench
 from candor.errors import CandorError
+from candor.files import atomic_write_json
 from candor.prompts import QATemplate
 from candor.records import Record, read_records
 
@@ -64,7 +64,4 @@ def peak_rss_mib() -> float:
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
+    atomic_write_json(path, payload)

@@ -35,7 +35,7 @@ SCRATCH = Path(os.environ.get("CANDOR_MUTATION_DIR", "/tmp/candor-mutation"))
 MODULES: dict[str, tuple[str, list[str]]] = {
     "metrics": ("src/candor/metrics.py", ["tests/test_metrics.py"]),
     "evaluation": ("src/candor/evaluation.py", ["tests/test_evaluation.py", "tests/test_report.py"]),
-    "annotate": ("src/candor/annotate.py", ["tests/test_annotate.py"]),
+    "annotate": ("src/candor/annotation.py", ["tests/test_annotate.py"]),
     "judges": ("src/candor/judges.py", ["tests/test_judges.py"]),
     "records": ("src/candor/records.py", ["tests/test_records.py", "tests/test_annotate.py"]),
     "splits": ("src/candor/data/splits.py", ["tests/test_splits.py"]),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from candor.annotate import AnnotateConfig, Shard, annotate, merge_shards
+from candor.annotation import AnnotateConfig, Shard, annotate, merge_shards
 from candor.backends.base import SamplingParams
 from candor.cli import app
 from candor.data.items import QAItem

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from candor.annotate import AnnotateConfig, annotate
+from candor.annotation import AnnotateConfig, annotate
 from candor.backends.base import SamplingParams
 from candor.cli import app
 from candor.data.items import QAItem
-from candor.judges import verdict_parsed
+from candor.judges import DEFAULT_CONSISTENCY_JUDGE, verdict_parsed
 from candor.prompts import TEMPLATES
 from candor.records import read_records
 
@@ -58,5 +58,5 @@ def test_cli_judge_model_runs_the_llm_judge_on_another_model(tiny_model_dir, tmp
     rec = read_records(out)[0]
     assert rec.provenance["correctness_judge"] == "llm"
     assert rec.provenance["judges"]["correctness"]["model"] == str(tiny_model_dir)
-    assert rec.provenance["judges"]["consistency"]["name"] == "lexical"
+    assert rec.provenance["judges"]["consistency"]["name"] == DEFAULT_CONSISTENCY_JUDGE
     assert "judge_parse" in rec.provenance

@@ -154,7 +154,7 @@ def test_logprob_estimators_refuse_and_black_box_ones_run(remote) -> None:
 
 @needs_serve
 def test_annotate_through_the_server(remote, tmp_path) -> None:
-    from candor.annotate import AnnotateConfig, annotate
+    from candor.annotation import AnnotateConfig, annotate
     from candor.data.items import QAItem
     from candor.prompts import TEMPLATES
     from candor.records import read_records

@@ -99,6 +99,24 @@ def test_features_are_the_backends_last_token_hidden_states(tiny_model_dir, tiny
     np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize(("mode", "layer"), [("head", -1), ("head", 1), ("lora", -1)])
+def test_shared_prefix_path_gives_the_left_padded_features(tiny_model_dir, mode, layer):
+    from candor.backends.tokens import usable_prefix_length
+
+    head = fresh_head(tiny_model_dir, mode, layer=layer).eval()
+    questions = QUESTIONS + ["Who painted the Mona Lisa?", "Capital of France?"]
+    prompts = head.prompts(questions)
+    seqs = encode(head.tokenizer, prompts)
+    assert usable_prefix_length(head.backbone, seqs) > 8  # the few-shot block is shared and computed once
+    with torch.no_grad():
+        left = head.features(*pad_batch(seqs, int(head.tokenizer.pad_token_id))).numpy()
+        confidences = head(*pad_batch(seqs, int(head.tokenizer.pad_token_id))).numpy()
+    np.testing.assert_allclose(head.prompt_features(prompts, batch_size=4), left, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(head.predict(questions, batch_size=4), confidences, atol=1e-4, rtol=0)
+    # A single prompt has nothing to share and takes the plain path: same numbers.
+    np.testing.assert_allclose(head.prompt_features(prompts[:1]), left[:1], atol=1e-4, rtol=0)
+
+
 def test_a_layer_out_of_range_is_a_clear_error(tiny_model_dir):
     head = fresh_head(tiny_model_dir, "head", layer=7)
     with pytest.raises(CandorError, match="layer 7 is out of range"):

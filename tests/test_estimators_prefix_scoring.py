@@ -221,3 +221,19 @@ def test_generic_backends_get_the_same_distribution(tiny_backend, chat_prompts):
             candidate_distribution(tiny_backend, chat_prompts, labels),
             rtol=1e-4,
         )
+
+
+def test_scoring_work_counts_the_shared_prefix_suffixes_and_trie_nodes(tiny_backend, chat_prompts):
+    from candor.backends.prefix_scoring import scoring_work
+    from candor.backends.tokens import shared_prefix_length
+
+    work = scoring_work(tiny_backend, chat_prompts, PERCENTS)
+    encoded = _encode_all(tiny_backend, chat_prompts, PERCENTS)
+    prefix = shared_prefix_length([e.context[: e.keep] for e in encoded])
+    assert work["shared_prefix"] == prefix > 8
+    assert work["suffix"] == [e.keep - prefix for e in encoded]
+    assert all(s > 0 for s in work["suffix"])
+    assert work["trie_nodes"] == [len(_Trie(e.tails, e.offsets).tokens) for e in encoded]
+    # " 55%" and " 5%" share their first tokens: fewer nodes than tokens in all tails together.
+    assert 0 < work["trie_nodes"][0] < sum(len(t) - 1 for t in encoded[0].tails)
+    assert scoring_work(tiny_backend, chat_prompts[:1], PERCENTS)["shared_prefix"] == 0

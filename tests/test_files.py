@@ -21,3 +21,4 @@ def test_failed_write_keeps_the_old_file(tmp_path):
         raise RuntimeError("killed")
     assert json.loads(target.read_text()) == {"old": True}
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+

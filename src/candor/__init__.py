@@ -22,6 +22,7 @@ _EXPORTS = {
     "annotate": "candor.api",
     "score": "candor.api",
     "evaluate": "candor.api",
+    "EliCal": "candor.api",
     "CandorError": "candor.errors",
     "get_calibrator": "candor.calibrators",
     "load_calibrator": "candor.calibrators",

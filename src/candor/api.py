@@ -4,7 +4,7 @@
     records = candor.annotate("starter", "runs/starter.jsonl", limit=20)
     print(candor.evaluate(candor.score(records, ["n-prob", "consis-lex"])).markdown())
 
-Each call is a thin layer over the module that owns the work (``annotate``,
+Each call is a thin layer over the module that owns the work (``annotation``,
 ``estimators``, ``report``), so anything here can also be done piece by piece.
 A model may be given by name (loaded once, here) or as a loaded backend.
 """
@@ -45,10 +45,10 @@ def annotate(
     """Answer a dataset (a name from ``candor datasets`` or a file) greedily and ``k`` times; judged records.
 
     Records go to ``out`` as they are made and a rerun resumes there. ``config``
-    holds further :class:`candor.annotate.AnnotateConfig` fields (judges, seed, batch size).
+    holds further :class:`candor.annotation.AnnotateConfig` fields (judges, seed, batch size).
     """
-    from candor.annotate import AnnotateConfig
-    from candor.annotate import annotate as run_annotate
+    from candor.annotation import AnnotateConfig
+    from candor.annotation import annotate as run_annotate
     from candor.data import load_items
     from candor.prompts import resolve_template
 
@@ -85,3 +85,66 @@ def evaluate(
     table = read_confidences(confidences) if isinstance(confidences, str | Path) else confidences
     roles = roles_from_ood(table, ood)
     return evaluate_table(table, roles=roles, metrics=metrics, bootstrap=bootstrap)
+
+
+class EliCal:
+    """EliCal shaped like a scikit-learn estimator: ``EliCal(model).fit(records).predict(questions)``.
+
+    ``fit`` trains a confidence head on annotated records (stage 1 on their
+    consistency rates, stage 2 on ``budget`` of their labels; DESIGN.md §4.4)
+    with early stopping on ``dev`` (default: a slice carved from ``records``).
+    ``predict`` gives one confidence per question before any answer exists.
+    ``settings`` are :class:`candor.elical.EliCalConfig` fields (``mode``, ``layer``, ...).
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        method: str = "elical",
+        budget: int | str = "all",
+        out_dir: str | Path | None = None,
+        seed: int = 0,
+        **settings: Any,
+    ) -> None:
+        self.model, self.method, self.budget, self.seed = model, method, budget, seed
+        self.out_dir = out_dir
+        self.settings = settings
+        self.head_: Any = None
+        self.result_: Any = None
+
+    def fit(self, records: Sequence[Record] | str | Path, dev: Sequence[Record] | str | Path | None = None) -> EliCal:
+        import tempfile
+
+        from candor.elical import EliCalConfig, carve_dev, parse_budget, train_elical
+
+        pool = read_records(records) if isinstance(records, str | Path) else list(records)
+        dev_records = read_records(dev) if isinstance(dev, str | Path) else dev
+        if dev_records is None:
+            pool, dev_records = carve_dev(pool, seed=self.seed)
+        out_dir = self.out_dir or tempfile.mkdtemp(prefix="candor-elical-")
+        config = EliCalConfig(model=self.model, seed=self.seed, **self.settings)
+        self.result_ = train_elical(pool, list(dev_records), method=self.method, config=config, out_dir=out_dir,
+                                    budget=parse_budget(self.budget))
+        self.head_ = self.result_.model
+        return self
+
+    def predict(self, questions: Sequence[str | Record]) -> Any:
+        """Confidence in [0, 1] per question (or record), as a numpy array."""
+        if self.head_ is None:
+            from candor.errors import CandorError
+
+            raise CandorError("EliCal: call fit(records) or EliCal.from_pretrained(folder) before predict")
+        return self.head_.predict(list(questions))
+
+    def save_pretrained(self, folder: str | Path) -> Path:
+        return self.head_.save_pretrained(folder)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path) -> EliCal:
+        from candor.elical import ConfidenceHead
+
+        head = ConfidenceHead.from_pretrained(folder)
+        out = cls(head.config.backbone)
+        out.head_ = head
+        return out

@@ -24,6 +24,7 @@ from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 
 from candor.errors import CandorError
+from candor.files import atomic_write_json
 from candor.metrics import bin_indices, check_arrays, check_confidence
 from candor.registry import Registry
 
@@ -268,12 +269,7 @@ def calibrator_from_dict(payload: dict[str, Any]) -> Calibrator:
 
 def save_calibrator(path: str | Path, cal: Calibrator, **extra: Any) -> Path:
     """Write a fitted calibrator (and any ``extra`` provenance) as JSON, atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({**cal.to_dict(), **extra}, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write_json(path, {**cal.to_dict(), **extra})
 
 
 def load_calibrator(path: str | Path) -> Calibrator:

@@ -122,8 +122,8 @@ def annotate(
     ] = None,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
-    from candor.annotate import AnnotateConfig, Shard
-    from candor.annotate import annotate as run_annotate
+    from candor.annotation import AnnotateConfig, Shard
+    from candor.annotation import annotate as run_annotate
     from candor.backends import load_backend
     from candor.backends.base import SamplingParams
     from candor.data import load_items
@@ -179,7 +179,7 @@ def merge(
     out: Annotated[Path, typer.Option("--out", "-o", help="Merged records JSONL.")],
 ) -> None:
     """Merge shard record files into one file, in input order."""
-    from candor.annotate import merge_shards
+    from candor.annotation import merge_shards
 
     n = merge_shards(shards, out)
     typer.echo(f"merged {n} records from {len(shards)} shards into {out}")
@@ -537,6 +537,90 @@ def datasets(data_dir: DataDirOpt = None) -> None:
 
     for line in describe_datasets(data_dir):
         typer.echo(line)
+
+
+HonestOpt = Annotated[Path | None, typer.Option("--honest", help="A saved honest-model folder (HonestModel).")]
+HeadOpt = Annotated[Path | None, typer.Option("--head", help="A trained EliCal head folder (decides first).")]
+AdapterOpt = Annotated[
+    Path | None, typer.Option("--adapter", help="An ADVICE/ConfTuner adapter folder: answer-level confidence.")
+]
+MethodOpt = Annotated[str | None, typer.Option("--method", help="A confidence estimator name (default n-prob).")]
+ThresholdOpt = Annotated[float | None, typer.Option("--threshold", help="Abstain below this confidence.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="The generator's engine (see candor.backends).")]
+
+
+@app.command()
+@user_errors
+def ask(
+    question: Annotated[str, typer.Argument(help="The question to answer.")],
+    model: ModelOpt = DEFAULT_MODEL,
+    honest: HonestOpt = None,
+    head: HeadOpt = None,
+    adapter: AdapterOpt = None,
+    method: MethodOpt = None,
+    threshold: ThresholdOpt = None,
+    backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
+) -> None:
+    """Answer one question with a confidence, abstaining below the threshold."""
+    import json
+
+    from candor.serve.factory import build_model
+
+    honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
+                               threshold=threshold, max_new_tokens=max_new_tokens, base_url=base_url)  # fmt: skip
+    result = honest_model.answer(question)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
+        return
+    typer.echo(f"{'(abstained)' if result.abstained else result.answer}")
+    typer.echo(f"confidence {result.confidence:.3f} ({result.method}{', calibrated' if result.calibrated else ''})"
+               f" - {result.reason}")  # fmt: skip
+
+
+@app.command()
+@user_errors
+def serve(
+    model: ModelOpt = DEFAULT_MODEL,
+    honest: HonestOpt = None,
+    head: HeadOpt = None,
+    adapter: AdapterOpt = None,
+    method: MethodOpt = None,
+    threshold: ThresholdOpt = None,
+    backend: BackendOpt = "hf",
+    base_url: BaseUrlOpt = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    model_id: Annotated[str, typer.Option(help="The model name clients send.")] = "candor",
+    api_key_env: Annotated[
+        str, typer.Option(help="Environment variable holding the API key; unset means no key is required.")
+    ] = "CANDOR_API_KEY",
+    refusal: Annotated[str, typer.Option(help="The text of an abstained answer.")] = "I don't know.",
+    queue_size: Annotated[int, typer.Option(help="Requests waiting before 503.")] = 64,
+    max_batch: Annotated[int, typer.Option(help="Requests per batched forward pass (1 turns batching off).")] = 16,
+    batch_wait_ms: Annotated[float, typer.Option(help="How long a batch waits to fill.")] = 5.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Default answer length cap in tokens.")] = 32,
+) -> None:
+    """An OpenAI-compatible service: answers carry a confidence and abstain when unsure."""
+    import importlib.util
+
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise CandorError("candor serve needs fastapi and uvicorn: pip install 'candor[serve]'")
+    from candor.serve.app import ServeSettings, create_app
+    from candor.serve.factory import build_model
+    from candor.serve.server import run
+
+    key = os.environ.get(api_key_env) or None
+    if key is None:
+        logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
+    honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
+                               threshold=threshold, max_new_tokens=max_new_tokens, batch_size=max_batch,
+                               base_url=base_url)  # fmt: skip
+    settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
+                             max_batch=max_batch, batch_wait_ms=batch_wait_ms)  # fmt: skip
+    run(create_app(honest_model, settings), host=host, port=port)
 
 
 def run(argv: list[str] | None = None) -> None:

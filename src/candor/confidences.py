@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from candor.errors import CandorError, at_line
+from candor.files import atomic_write_text
 from candor.jsonl import iter_json_lines, write_json_lines
 
 logger = logging.getLogger(__name__)
@@ -128,13 +128,7 @@ def write_confidences(path: str | Path, table: ConfidenceTable) -> None:
     )
     present = set(table.methods)
     columns = {m: {**entry, "sha256": table.column_digest(m)} for m, entry in table.columns.items() if m in present}
-    sidecar = columns_path(path)
-    tmp = sidecar.with_name(sidecar.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"columns": columns}, indent=1, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, sidecar)
+    atomic_write_text(columns_path(path), json.dumps({"columns": columns}, indent=1, sort_keys=True) + "\n")
 
 
 def read_confidences(path: str | Path) -> ConfidenceTable:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from candor.errors import CandorError
+from candor.files import atomic_write_json
 from candor.judges import normalize
 
 MANIFEST_NAME = "training_questions.json"
@@ -66,14 +67,10 @@ def write_manifest(
     saved model that this training resumed.
     """
     path = Path(folder) / MANIFEST_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
     prints = sorted(fingerprints(questions) | set(inherited))
     payload = {"hash": "sha256(normalize(question))", "count": len(prints), "sources": list(sources),
                "fingerprints": prints}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write_json(path, payload, indent=None)
 
 
 def read_manifest(folder: str | Path) -> set[str] | None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from candor.annotate import AnnotateConfig, annotate
+from candor.annotation import AnnotateConfig, annotate
 from candor.backends import load_backend
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.confidences import ConfidenceTable
@@ -31,16 +31,13 @@ DEMO_ESTIMATORS: tuple[str, ...] = (
     "min-prob",
     "consis-lex",
     "consis-sem",
-    "verbal-0",
-    "p-true",
-    "verbal-letter",
     "verbal-number",
-    "verbal-text",
-    "verbal-float",
 )
-# verbal-percent is left out of the default set: exact scoring of its 101 values costs
-# about 8x a single-token format (~5 min for the starter set on 2 cores). Ask for it with
-# `candor demo -e ...` or `candor score`.
+# One verbalized format keeps `make demo` near 3 minutes on 2 cores: each LM-scored estimator
+# costs about as much CPU as half the annotation (benchmarks/demo_cost.py). The training-free
+# estimators read the annotations and cost nothing. Ask for more with `candor demo -e ...`
+# (p-true, verbal-0, verbal-letter, verbal-text, verbal-float, verbal-percent) or `candor score`;
+# verbal-percent, exact over its 101 values, costs about 5x a single-token format.
 
 
 @dataclass

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from candor.errors import CandorError, at_line
+from candor.files import atomic_target
 
 
 def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -31,12 +31,6 @@ def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def write_json_lines(path: str | Path, objects: Iterable[dict[str, Any]]) -> None:
     """Write one JSON object per line atomically: a temporary file, fsync, then a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
+    with atomic_target(path) as tmp, tmp.open("w", encoding="utf-8") as fh:
         for obj in objects:
             fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

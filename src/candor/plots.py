@@ -7,7 +7,6 @@ a temporary name and renamed, so a killed run never leaves half a PNG.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from candor.files import atomic_target
 from candor.metrics import aurc, bin_indices, risk_coverage
 
 CORRECT_COLOR = "#2a9d5c"
@@ -52,11 +52,9 @@ def equal_width_bins(conf: np.ndarray, correct: np.ndarray, n_bins: int = 10) ->
 def save_png(fig: Figure, path: str | Path) -> Path:
     """Write ``fig`` as a PNG atomically (temporary file, then rename); parents are created."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=110)
-    os.replace(tmp, path)
+    with atomic_target(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
     return path
 
 

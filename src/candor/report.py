@@ -32,7 +32,6 @@ import io
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from candor.confidences import ConfidenceTable
 from candor.errors import CandorError
 from candor.evaluation import CI_ALPHA, Group
 from candor.evaluation import evaluate as run_engine
+from candor.files import atomic_write_text
 from candor.metrics import DEFAULT_METRICS, METRICS, SELECTIVE_METRICS, check_arrays, metric_label
 from candor.plots import confidence_histograms, reliability_diagram, risk_coverage_plot
 
@@ -459,10 +459,7 @@ def safe_filenames(names: Sequence[str]) -> dict[str, str]:
 
 
 def _write_text(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, text)
 
 
 def _num(value: float) -> float | None:

@@ -113,6 +113,8 @@ def training_arguments(
         "remove_unused_columns": False,
         "dataloader_num_workers": 0,
         "use_cpu": not torch.cuda.is_available(),
+        # bf16 mixed precision on GPUs that have it (the papers' setting); CPUs train in fp32.
+        "bf16": torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         "save_safetensors": True,
     }
     settings.update(overrides)

@@ -18,7 +18,6 @@ collators turn a batch into padded tensors:
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from candor.backends.tokens import pad_batch
 from candor.errors import CandorError
 from candor.estimators.answers import record_answer
 from candor.records import Record
+from candor.seeds import item_rng
 from candor.verbal.formats import get_format
 from candor.verbal.scorer import build_prompt, span_mask
 
@@ -136,7 +136,7 @@ class FormatBatchSampler(Sampler[list[int]]):
         return groups
 
     def __iter__(self) -> Iterator[list[int]]:
-        rng = random.Random(f"{self.seed}:{self.epoch}")
+        rng = item_rng(self.seed, self.epoch)
         if not self._epoch_set:
             self.epoch += 1
         self._epoch_set = False

@@ -22,7 +22,6 @@ Triplets are written as JSONL so they can be inspected and reused.
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from candor.jsonl import iter_json_lines, write_json_lines
 from candor.judges import CorrectnessJudge, get_correctness_judge, normalize
 from candor.prompts import TEMPLATES, QATemplate, resolve_template
 from candor.records import Record
+from candor.seeds import item_seed
 
 logger = logging.getLogger(__name__)
 
@@ -215,8 +215,8 @@ def _resample(
             groups.setdefault((template.name, params), []).append(rec)
         for (name, params), recs in groups.items():
             prompts = [templates[name](r.item, backend) for r in recs]
-            # Seeds unlike the annotation's (item_seed), so these are new samples.
-            seeds = [zlib.crc32(f"triplets:{seed}:{round_}:{r.id}".encode()) for r in recs]
+            # A label part unlike the annotation's, so these are new samples.
+            seeds = [item_seed("triplets", seed, round_, r.id) for r in recs]
             gens = backend.generate(prompts, n, params, greedy=False, seeds=seeds)
             for rec, gen in zip(recs, gens, strict=True):
                 wrong = finder.best_sample(rec, record_answer(rec), gen.samples, annotated=False)

@@ -62,12 +62,12 @@ from candor.backends.base import (
 from candor.backends.chat import TokenizerChat
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.backends.tokens import (
-    MIN_SHARED_PREFIX,
     accepts_logits_to_keep,
     cache_keyword,
     pad_batch,
     positions_from_mask,
-    shared_prefix_length,
+    prefill_shared_prefix,
+    usable_prefix_length,
 )
 from candor.backends.tokens import encode as encode_tokens
 from candor.backends.tokens import new_cache as new_kv_cache
@@ -473,22 +473,10 @@ class HFBackend:
         return self._stop_matchers[key]
 
     def _shared_prefix(self, encoded: list[list[int]], max_new_tokens: int) -> int:
-        if len(encoded) < 2:
-            return 0
-        length = shared_prefix_length(encoded)
-        if length < MIN_SHARED_PREFIX:
-            return 0
-        window = getattr(self.model.config, "sliding_window", None)
-        if window is not None and max(len(s) for s in encoded) + max_new_tokens > window:
-            return 0  # keep sliding-window caches on the plain path
-        return length
+        return usable_prefix_length(self.model, encoded, max_new_tokens)
 
     def _prefill_prefix(self, prefix_ids: list[int]) -> DynamicCache:
-        ids = torch.tensor([prefix_ids], dtype=torch.long, device=self.device)
-        mask = torch.ones_like(ids)
-        cache = self.new_cache()
-        self.forward(ids, mask, cache, positions_from_mask(mask))
-        return cache
+        return prefill_shared_prefix(self.model, prefix_ids)
 
     # --------------------------------------------------------------- scoring
 

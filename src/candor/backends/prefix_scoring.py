@@ -517,3 +517,20 @@ class _TreeBatch:
         for r, reads in dest:
             self.read_logprobs[r][reads] = values[k : k + len(reads)]
             k += len(reads)
+
+
+def scoring_work(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> dict[str, Any]:
+    """What the ``hf`` tree path feeds through the model for these prompts (for cost reports).
+
+    ``shared_prefix`` tokens run once per call; per prompt, ``suffix`` tokens
+    (its own part) and ``trie_nodes`` (the candidates' proper prefixes) run
+    once each, and logits are kept at the suffix's last position and at each node.
+    """
+    encoded = _encode_all(backend, prompts, candidates)
+    prefix = shared_prefix_length([e.context[: e.keep] for e in encoded]) if len(encoded) > 1 else 0
+    prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
+    return {
+        "shared_prefix": prefix,
+        "suffix": [e.keep - prefix for e in encoded],
+        "trie_nodes": [len(_Trie(e.tails, e.offsets).tokens) for e in encoded],
+    }

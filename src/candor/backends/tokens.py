@@ -15,8 +15,9 @@ paths:
 
 from __future__ import annotations
 
+import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -95,6 +96,19 @@ def shared_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
     return length
 
 
+def usable_prefix_length(model: Any, encoded: Sequence[Sequence[int]], extra_tokens: int = 0) -> int:
+    """The shared token prefix worth computing once for ``encoded`` (0 when not worth it or not safe)."""
+    if len(encoded) < 2:
+        return 0
+    length = shared_prefix_length(encoded)
+    if length < MIN_SHARED_PREFIX:
+        return 0
+    window = getattr(model.config, "sliding_window", None)
+    if window is not None and max(len(s) for s in encoded) + extra_tokens > window:
+        return 0  # sliding-window caches stay on the plain path, as in generation
+    return length
+
+
 # ---------------------------------------------------------------- the model's forward
 
 
@@ -130,3 +144,57 @@ def new_cache(model: Any) -> Any:
         return DynamicCache(config=base_model(model).config)
     except TypeError:  # older transformers: no per-layer config
         return DynamicCache()
+
+
+# ---------------------------------------------------------------- shared-prefix forward passes
+# For callers that run a model over many prompts without generating (question-level
+# features, prompt scoring); generation in the hf backend uses the same two pieces.
+
+
+def prefill_shared_prefix(model: Any, prefix_ids: Sequence[int]) -> Any:
+    """The KV cache of one run of ``model`` over ``prefix_ids`` (batch of one; only the last logits kept)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device)
+    mask = torch.ones_like(ids)
+    cache = new_cache(model)
+    kwargs: dict[str, Any] = {cache_keyword(model): cache, "use_cache": True}
+    if accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = 1
+    model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), **kwargs)
+    return cache
+
+
+def shared_prefix_batches(
+    model: Any, encoded: Sequence[Sequence[int]], pad_id: int, batch_size: int
+) -> Iterator[tuple[list[int], dict[str, Any]]]:
+    """Forward keyword arguments for ``encoded`` in length-sorted batches, the shared prefix run once.
+
+    Yields ``(indices, kwargs)``: the positions in ``encoded`` of the batch's
+    rows and the arguments of ``model(**kwargs)``. Rows are left-padded, so
+    every row's last token is the last column of the output. When the prompts
+    share a long enough token prefix, it is computed once and each batch runs
+    only the suffixes over a copy of its cache; position ids count real tokens
+    only, so the outputs equal those of a plain left-padded batch.
+    """
+    if not encoded:
+        return
+    device = next(model.parameters()).device
+    prefix = usable_prefix_length(model, encoded)
+    prefix_cache = prefill_shared_prefix(model, encoded[0][:prefix]) if prefix else None
+    keyword = cache_keyword(model)
+    # Similar lengths in a batch waste less on padding.
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    for start in range(0, len(order), batch_size):
+        indices = order[start : start + batch_size]
+        ids, mask = pad_batch([encoded[i][prefix:] for i in indices], pad_id, device=device)
+        kwargs: dict[str, Any] = {"input_ids": ids}
+        if prefix_cache is None:
+            kwargs.update(attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=False)
+        else:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(len(indices))
+            full = torch.cat([mask.new_ones(len(indices), prefix), mask], dim=1)
+            positions = positions_from_mask(full)[:, -ids.shape[1] :]
+            kwargs.update(attention_mask=full, position_ids=positions, use_cache=True)
+            kwargs[keyword] = cache
+        yield indices, kwargs

@@ -12,7 +12,6 @@ labelled by the correctness judge against the question's gold aliases.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from candor.data.items import QAItem
 from candor.errors import CandorError
 from candor.judges import get_correctness_judge, normalize
 from candor.records import Record
+from candor.seeds import item_rng
 
 MAX_CANDIDATES = 30
 SOURCES = ("greedy", "sample", "gold", "borrowed")
@@ -104,7 +104,7 @@ def _proposals(record: Record, pool: Sequence[Record], seed: int) -> Iterator[tu
 
 def _borrowed(record: Record, pool: Sequence[Record], seed: int) -> list[str]:
     """Other questions' greedy answers and first gold aliases: same dataset first, each group shuffled."""
-    rng = random.Random(f"{seed}:{record.id}")  # str seeds are hashed deterministically
+    rng = item_rng(seed, record.id)
     others = sorted((r for r in pool if r.id != record.id), key=lambda r: r.id)
     same = [r for r in others if r.item.dataset == record.item.dataset]
     rest = [r for r in others if r.item.dataset != record.item.dataset]

@@ -21,7 +21,6 @@ import html
 import json
 import logging
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from candor.diagnose.attribution import AttributionExample
 from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
 from candor.diagnose.regions import REGIONS
 from candor.diagnose.sensitivity import JSD_THRESHOLD
+from candor.files import atomic_write_text
 from candor.plots import BAR_COLOR, CORRECT_COLOR, UNDER_COLOR, WRONG_COLOR, confidence_histograms, save_png
 from candor.report import safe_filenames
 from candor.verbal.formats import get_format
@@ -198,11 +198,7 @@ def attribution_html(example: AttributionExample, name: str) -> str:
 
 
 def _write_text(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, text)
 
 
 def _clean(value: Any) -> Any:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from candor.diagnose.rollout import RolloutResult, rollout_masses
 from candor.diagnose.sensitivity import SensitivityResult, answer_sensitivity
 from candor.digests import backend_identity, path_digest
 from candor.errors import CandorError
+from candor.files import atomic_write_json
 from candor.records import Record
 from candor.registry import Registry
 
@@ -235,7 +235,4 @@ def _load_cached(path: Path | None, key: str) -> dict[str, Any] | None:
 
 
 def _save_cached(path: Path, key: str, result: dict[str, Any], cost: dict[str, float]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"key": key, "cost": cost, "result": result}), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(path, {"key": key, "cost": cost, "result": result}, indent=None)

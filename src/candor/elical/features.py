@@ -18,12 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from candor.files import atomic_target
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +94,5 @@ class FeatureCache:
 
 
 def _atomic_write(path: Path, write: Callable) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as fh:
+    with atomic_target(path) as tmp, tmp.open("wb") as fh:
         write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from candor.backends.chat import TokenizerChat
-from candor.backends.tokens import encode, last_token_index, pad_batch, positions_from_mask
+from candor.backends.tokens import encode, last_token_index, positions_from_mask, shared_prefix_batches
 from candor.data.items import QAItem
 from candor.elical.inputs import render_prompts
 from candor.errors import CandorError
@@ -220,28 +220,43 @@ class ConfidenceHead(nn.Module):
         """Last-token features of ``prompts``, ``[n, hidden]`` float32 (no gradients)."""
         if not prompts:
             return np.zeros((0, self.config.hidden_size), dtype=np.float32)
-        return self._batched(prompts, batch_size, self.features)
+        return self._batched(prompts, batch_size, lambda features: features)
 
     @torch.no_grad()
     def predict(self, inputs: Sequence[Record | QAItem | str], batch_size: int = 16) -> np.ndarray:
         """One confidence in [0, 1] per record, QA item or question string."""
         if not inputs:
             return np.zeros(0, dtype=float)
-        return self._batched(self.prompts(inputs), batch_size, self.forward).astype(float)
+        return self._batched(self.prompts(inputs), batch_size, self.head).astype(float)
 
     def _batched(self, prompts: Sequence[str], batch_size: int, fn: Any) -> np.ndarray:
-        """``fn`` on left-padded batches of ``prompts``, in eval mode, concatenated."""
+        """``fn`` of the last-token features of ``prompts``, in eval mode, in input order.
+
+        Prompts run in length-sorted batches, and a token prefix they all share
+        (the few-shot block) is computed once (:func:`shared_prefix_batches`):
+        the same features as :meth:`features` on padded batches, at a fraction
+        of the cost when the prefix is most of each prompt.
+        """
         was_training = self.training
         self.eval()
         try:
-            out = []
-            for start in range(0, len(prompts), batch_size):
-                seqs = encode(self.tokenizer, prompts[start : start + batch_size])
-                ids, mask = pad_batch(seqs, int(self.tokenizer.pad_token_id))
-                out.append(fn(ids.to(self.device), mask.to(self.device)).float().cpu().numpy())
+            encoded = encode(self.tokenizer, prompts)
+            out: list[np.ndarray] = [np.empty(0)] * len(prompts)
+            pad_id = int(self.tokenizer.pad_token_id)
+            for indices, kwargs in shared_prefix_batches(self.backbone, encoded, pad_id, batch_size):
+                values = fn(self._last_token_states(kwargs)).float().cpu().numpy()
+                for row, index in enumerate(indices):
+                    out[index] = values[row]
         finally:
             self.train(was_training)
-        return np.concatenate(out)
+        return np.stack(out)
+
+    def _last_token_states(self, kwargs: dict[str, Any]) -> torch.Tensor:
+        """The configured layer's state at the last column of a left-padded batch, as float32."""
+        layer = self.config.layer
+        out = self.backbone(**kwargs, output_hidden_states=layer != -1)
+        states = out.last_hidden_state if layer == -1 else _layer(out.hidden_states, layer)
+        return states[:, -1].float()
 
 
 def save_head(folder: str | Path, config: HeadConfig, head: LinearHead, adapter_model: nn.Module | None) -> Path:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +36,7 @@ from candor.elical.splits import ALL, Budget, budget_size, check_disjoint, parse
 from candor.elical.targets import check_field, stage_target, targets
 from candor.elical.train import STAGES, head_features, train_elical
 from candor.errors import CandorError
+from candor.files import atomic_write_text
 from candor.leakage import HeldOutQuestions
 from candor.records import Record
 from candor.training import TrainResult
@@ -313,10 +313,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     """Write JSON atomically (temporary file, then rename); NaN becomes null."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_nan_to_none(payload), indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(_nan_to_none(payload), indent=2, default=str) + "\n")
 
 
 def _nan_to_none(obj: Any) -> Any:

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelerate import PartialState
 
 from candor.backends.chat import TokenizerChat
 from candor.backends.tokens import encode
@@ -68,6 +69,7 @@ from candor.elical.trainer import (
     prompt_examples,
 )
 from candor.errors import CandorError
+from candor.files import atomic_write_text
 from candor.records import Record
 from candor.training import TrainResult, training_arguments
 
@@ -161,14 +163,20 @@ def train_elical(
         "cal_target": config.cal_target,
         "stages": [s.name for s in results],
     }
-    path = head.save_pretrained(out_dir)
-    sources = [str(s) for s in (source, dev_source, init_from) if s is not None]
-    write_manifest(path, seen, sources, inherited=_resumed_questions(init_from))
+    path = Path(out_dir)
     result = TrainResult(
         path=path, method=method, n_train=results[-1].n_train, n_dev=results[-1].n_dev, cost=stages_cost(results),
         config=config.fingerprint(), stages=results, budget=budget if "cal" in stages else None, model=head,
     )  # fmt: skip
-    (path / "training.json").write_text(_json(result.to_dict()))
+    # Under a multi-process launch (torchrun, accelerate launch) every process holds the same head;
+    # one writes it, the others wait, so the folder is written once.
+    state = PartialState()
+    if state.is_main_process:
+        head.save_pretrained(path)
+        sources = [str(s) for s in (source, dev_source, init_from) if s is not None]
+        write_manifest(path, seen, sources, inherited=_resumed_questions(init_from))
+        atomic_write_text(path / "training.json", _json(result.to_dict()))
+    state.wait_for_everyone()
     return result
 
 

@@ -17,7 +17,6 @@ record's greedy answer is the fraction of them that agree with it.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from candor.estimators.base import ESTIMATORS, Estimator
 from candor.judges import CONSISTENCY_JUDGES, get_consistency_judge
 from candor.prompts import resolve_template
 from candor.records import Record
+from candor.seeds import item_seed
 from candor.verbal.formats import answer_prompt, get_format, parse_answer
 
 PROMPTS = ("format", "qa")
@@ -69,7 +69,7 @@ class SelfConsistency(Estimator):
         assert backend is not None  # checked by estimate()
         prompts, stops = self._prompts(records, backend)
         params = dataclasses.replace(self.params, stop=stops)
-        seeds = [zlib.crc32(f"{self.seed}:{r.id}".encode()) for r in records]
+        seeds = [item_seed("self-consistency", self.seed, r.id) for r in records]  # not the annotation's draws
         gens = backend.generate(prompts, self.m, params, greedy=False, seeds=seeds)
         answers = [[self._answer(s.text) for s in gen.samples] for gen in gens]
         return self.agreement(records, answers, backend)

@@ -14,7 +14,6 @@ refusing a set with a shard or an item missing.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from candor.judges import (
 )
 from candor.prompts import QATemplate
 from candor.records import Record, RecordAppender, read_records, truncate_partial_last_line, write_records
+from candor.seeds import item_seed
 
 logger = logging.getLogger(__name__)
 
@@ -104,12 +104,6 @@ class AnnotateResult:
     written: int
     skipped: int
     total: int
-
-
-def item_seed(seed: int, item_id: str) -> int:
-    """A per-item seed, so an item's samples do not depend on its batch or shard."""
-    digest = hashlib.sha256(f"{seed}:{item_id}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 def check_unique_ids(items: Sequence[QAItem]) -> None:

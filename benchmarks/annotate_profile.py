@@ -1,0 +1,134 @@
+"""Where the decode loop's time goes, and what fraction of the CPU's compute roofline it reaches.
+
+Runs ``HFBackend.generate`` (embedded default, ``fewshot`` template, greedy +
+k samples, the settings of ``annotate_throughput.py``) on NQ test questions
+under ``torch.profiler``, and in the same process times a GEMM of the model's
+shape (the roofline's compute rate, measured, not quoted). It merges a
+``profile`` section into ``benchmarks/results/annotate_throughput.json``:
+generated tokens/s, FLOPs per generated token, the roofline fraction
+(achieved FLOP rate over the GEMM rate, per wall second and per CPU
+second), and the share of CPU time per
+operator group (linear layers, attention, cache copies, sampling, other).
+
+FLOPs count only the generated tokens' decoder and LM-head matmuls
+(2 x parameters per token), so prompt prefill is work the fraction does not
+credit: the fraction is that of useful generation work.
+
+    python benchmarks/annotate_profile.py [--questions 32] [--k 5] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
+
+from annotate_throughput import RESULTS, load_items, prompts_for, sampling_params  # noqa: E402
+
+MODEL = "smollm2-135m"
+# Operator name fragments → group, first match wins.
+GROUPS = (
+    ("linear (matmul)", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm")),
+    ("attention", ("scaled_dot_product", "aten::_softmax", "flash_attention")),
+    ("cache copies (cat, index, pad)", ("aten::cat", "aten::index", "aten::copy_", "aten::repeat_interleave")),
+    ("sampling (topk, softmax, searchsorted)", ("aten::topk", "aten::searchsorted", "aten::cumsum", "aten::sort")),
+    ("elementwise (norm, rotary, activation)", ("aten::mul", "aten::add", "aten::silu", "aten::rsqrt", "aten::pow",
+                                                 "aten::mean", "aten::neg", "aten::sub", "aten::div")),
+)
+
+
+def gemm_rate(hidden: int, inner: int, rows: int, seconds: float = 3.0) -> float:
+    """FLOP/s of ``[rows, hidden] @ [hidden, inner]`` fp32, the model's MLP shape, best of repeated runs."""
+    import torch
+
+    a, b = torch.randn(rows, hidden), torch.randn(hidden, inner)
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        best = max(best, 10 * 2 * rows * hidden * inner / (time.perf_counter() - start))
+    return best
+
+
+def group_of(name: str) -> str:
+    for group, fragments in GROUPS:
+        if any(f in name for f in fragments):
+            return group
+    return "other ops"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=32)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from candor.backends.hf import HFBackend
+
+    torch.set_num_threads(args.threads)
+    backend = HFBackend.from_pretrained(MODEL, batch_size=args.batch_size)
+    prompts = prompts_for(load_items(args.questions), backend)
+    params = sampling_params()
+    backend.generate(prompts[:1], 1, params)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start, cpu = time.perf_counter(), time.process_time()
+        gens = backend.generate(prompts, args.k, params, seeds=list(range(len(prompts))))
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    limit = params.max_new_tokens
+    tokens = sum(len(c.token_ids) + (len(c.token_ids) < limit) for g in gens for c in [g.greedy, *g.samples])
+
+    config = backend.model.config
+    params_total = sum(p.numel() for p in backend.model.parameters())
+    embed = config.vocab_size * config.hidden_size
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    # Per generated token: decoder matmuls (all weights but the embedding table) + LM head.
+    flops_per_token = 2 * (params_total - embed) + (2 * embed if tied else 0)
+    rate = gemm_rate(config.hidden_size, config.intermediate_size, 96)
+
+    groups: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        groups[group_of(event.key)] += event.self_cpu_time_total / 1e6
+    op_total = sum(groups.values())
+    shares = {g: round(t / op_total, 3) for g, t in sorted(groups.items(), key=lambda kv: -kv[1])}
+    achieved = tokens * flops_per_token / wall
+    section: dict[str, Any] = {
+        "command": "python benchmarks/annotate_profile.py "
+                   f"--questions {args.questions} --k {args.k} --threads {args.threads}",
+        "questions": args.questions,
+        "k": args.k,
+        "generated_tokens": tokens,
+        "seconds": round(wall, 2),
+        "cpu_seconds": round(cpu, 2),
+        "tokens_per_second": round(tokens / wall, 1),
+        "gflop_per_generated_token": round(flops_per_token / 1e9, 3),
+        "gemm_gflops_measured": round(rate / 1e9, 1),
+        "roofline_tokens_per_second": round(rate / flops_per_token, 1),
+        "roofline_fraction": round(achieved / rate, 3),
+        # Under load the process gets a fraction of the cores: per CPU-second against the GEMM's per-thread rate.
+        "roofline_fraction_cpu_time": round(tokens * flops_per_token / cpu / (rate / args.threads), 3),
+        "profiler_op_seconds": round(op_total, 2),
+        "share_of_op_time": shares,
+        "note": "measured under heavy load from other jobs on the same 2 cores: both the decode loop and the GEMM "
+                "rate are slowed, the fraction is their ratio in one run; the profiler adds overhead per op",
+    }
+    out = json.loads(args.out.read_text()) if args.out.exists() else {}
+    out["profile"] = section
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(section, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Load test of ``candor serve`` on loopback: throughput and latency, micro-batching on vs off.
+
+For each batching setting a real ``candor serve`` subprocess is started on
+127.0.0.1 with the embedded model (n-prob confidence, greedy answers). Then a
+fixed number of chat requests (built-in starter questions) is sent at
+concurrency 1, 8 and 32; each setting reports requests per second and the
+p50/p99 latency, and the script prints the throughput ratio batching-on /
+batching-off measured in this same run. The answers of both settings are
+compared (greedy decoding should give the same text) and mismatches counted.
+
+    PYTHONPATH=src python benchmarks/serve_load.py [--requests 32] [--threads 1]
+
+Results: ``benchmarks/results/serve_load.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import RESULTS, logger, setup_logging, write_json
+
+from candor.data import load_items
+
+ROOT = Path(__file__).resolve().parents[1]
+CONCURRENCY = (1, 8, 32)
+SETTINGS = {"batching_on": {"max_batch": 32, "batch_wait_ms": 10.0}, "batching_off": {"max_batch": 1,
+                                                                                       "batch_wait_ms": 0.0}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str, port: int, max_batch: int, batch_wait_ms: float, threads: int,
+                 max_new_tokens: int) -> subprocess.Popen:  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(threads)}
+    env.pop("CANDOR_API_KEY", None)
+    cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", model, "--port", str(port),
+           "--max-batch", str(max_batch), "--batch-wait-ms", str(batch_wait_ms), "--queue-size", "256",
+           "--max-new-tokens", str(max_new_tokens)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("candor serve did not start") from None
+            time.sleep(0.5)
+
+
+def ask(port: int, question: str) -> tuple[float, str, float]:
+    body = json.dumps({"model": "candor", "messages": [{"role": "user", "content": question}]}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    start = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        out = json.loads(resp.read())
+    choice = out["choices"][0]
+    return time.perf_counter() - start, choice["message"]["content"], choice["confidence"]["value"]
+
+
+def health(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def run_level(port: int, questions: list[str], concurrency: int) -> dict[str, Any]:
+    batches_before = health(port)["batches"]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(lambda q: ask(port, q), questions))
+    wall = time.perf_counter() - start
+    latencies = np.array([r[0] for r in results])
+    return {
+        "concurrency": concurrency,
+        "requests": len(questions),
+        "seconds": round(wall, 3),
+        "requests_per_s": round(len(questions) / wall, 3),
+        "p50_ms": round(float(np.percentile(latencies, 50)) * 1000, 1),
+        "p99_ms": round(float(np.percentile(latencies, 99)) * 1000, 1),
+        "batches": health(port)["batches"] - batches_before,
+        "answers": [[r[1], r[2]] for r in results],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
+    parser.add_argument("--threads", type=int, default=1, help="OMP threads of the server (a shared CPU)")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--out", default=str(RESULTS / "serve_load.json"))
+    args = parser.parse_args()
+    setup_logging()
+    items = load_items("starter")
+    questions = [items[i % len(items)].question for i in range(args.requests)]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name, setting in SETTINGS.items():
+        port = free_port()
+        proc = start_server(args.model, port, setting["max_batch"], setting["batch_wait_ms"], args.threads,
+                            args.max_new_tokens)  # fmt: skip
+        try:
+            ask(port, "warm-up question?")
+            runs[name] = []
+            for c in CONCURRENCY:
+                level = run_level(port, questions, c)
+                logger.info("%s c=%d: %.2f req/s, p50 %.0f ms, p99 %.0f ms, %d batches", name, c,
+                            level["requests_per_s"], level["p50_ms"], level["p99_ms"], level["batches"])  # fmt: skip
+                runs[name].append(level)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    payload = summarize(runs, args)
+    write_json(Path(args.out), payload)
+    for row in payload["ratio_on_over_off"]:
+        print(f"c={row['concurrency']:>2}: throughput on/off = {row['throughput']:.2f}x, "
+              f"p50 on/off = {row['p50']:.2f}x, answer mismatches = {row['answer_mismatches']}")  # fmt: skip
+    print(f"wrote {args.out}")
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> dict[str, Any]:
+    ratios = []
+    for on, off in zip(runs["batching_on"], runs["batching_off"], strict=True):
+        mismatches = sum(a[0] != b[0] or abs(a[1] - b[1]) > 1e-3 * max(abs(b[1]), 1e-12)
+                         for a, b in zip(on["answers"], off["answers"], strict=True))  # fmt: skip
+        ratios.append({
+            "concurrency": on["concurrency"],
+            "throughput": round(on["requests_per_s"] / off["requests_per_s"], 3),
+            "p50": round(on["p50_ms"] / off["p50_ms"], 3),
+            "answer_mismatches": int(mismatches),
+        })  # fmt: skip
+    for levels in runs.values():
+        for level in levels:
+            level.pop("answers")
+    return {
+        "command": "PYTHONPATH=src python benchmarks/serve_load.py " + " ".join(sys.argv[1:]),
+        "model": args.model,
+        "confidence": "n-prob",
+        "max_new_tokens": args.max_new_tokens,
+        "server_omp_threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # other processes share the CPU
+        "settings": SETTINGS,
+        "runs": runs,
+        "ratio_on_over_off": ratios,
+    }
+
+
+if __name__ == "__main__":
+    main()

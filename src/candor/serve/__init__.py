@@ -1,0 +1,12 @@
+"""Honest answering: a generator, a confidence, and a threshold to abstain below (DESIGN.md §2 ``serve/``).
+
+- :mod:`~candor.serve.model`: :class:`HonestModel`, one folder via ``save_pretrained``;
+- :mod:`~candor.serve.confidence`: where the confidence comes from (EliCal head or any estimator);
+- :mod:`~candor.serve.thresholds`: choosing the abstention threshold on dev (accuracy, coverage, risk control);
+- :mod:`~candor.serve.batching`, :mod:`~candor.serve.app`: the OpenAI-compatible service (``candor serve``).
+"""
+
+from candor.serve.model import Decoding, HonestAnswer, HonestModel
+from candor.serve.thresholds import Threshold
+
+__all__ = ["Decoding", "HonestAnswer", "HonestModel", "Threshold"]

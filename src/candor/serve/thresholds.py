@@ -1,0 +1,256 @@
+"""Selective answering: pick the confidence threshold below which a model abstains.
+
+A question is answered when its confidence is at least the threshold ``t``.
+Every rule here looks at a dev split only (confidences and greedy-answer
+correctness) and returns a :class:`Threshold` that records the rule, its
+target and what it achieved on dev (accuracy of the answered questions and
+coverage, the fraction answered).
+
+- :func:`for_accuracy`: the lowest threshold whose answered dev accuracy
+  reaches a minimum (the most coverage for that accuracy).
+- :func:`for_coverage`: the highest threshold that still answers at least a
+  target fraction of dev questions.
+- :func:`risk_control`: a finite-sample guarantee, Learn-then-Test style
+  (Angelopoulos et al., 2021). With probability at least 1 − δ over the draw
+  of the dev split, the error rate of answered questions at the chosen
+  threshold, P(wrong | confidence ≥ t), is at most α.
+
+  *Assumption*: dev and test questions are exchangeable (i.i.d. draws from one
+  distribution, confidences from the same fixed model). A shift between dev
+  and deployment questions voids the guarantee.
+
+  How: for each threshold λ of a grid fixed in advance (1.0 down to 0.0),
+  the answered dev questions' errors, given how many were answered, are a
+  Binomial(n_λ, R(λ)) count, so ``binom.cdf(errors, n_λ, α)`` is a valid
+  p-value for the null "R(λ) > α" (the exact Clopper–Pearson test). Testing
+  from the most to the least conservative λ and stopping at the first
+  p-value above δ (fixed-sequence testing) controls the family-wise error at
+  δ, so the lowest λ rejected is safe with probability 1 − δ.
+
+  Grid values that answer too few dev questions to be rejected even with no
+  error at all (n_λ < log δ / log(1 − α)) carry no evidence and are passed
+  over rather than ending the scan; otherwise a fine grid would stop at its
+  first, nearly empty, value. That choice reads the dev confidences, never
+  their labels, but strictly it conditions on them, so the guarantee is
+  exact only up to that; the simulation in ``tests/test_serve_thresholds.py``
+  checks it empirically.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.stats import binom
+
+from candor.errors import CandorError
+
+logger = logging.getLogger(__name__)
+
+# Above every confidence in [0, 1]: the threshold that abstains on everything.
+ABSTAIN_ALL = math.nextafter(1.0, 2.0)
+
+# The default fixed grid for risk control, most conservative first.
+DEFAULT_GRID = np.round(np.linspace(1.0, 0.0, 1001), 6)
+
+RULES = ("fixed", "accuracy", "coverage", "risk")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """An abstention threshold and what it gave on the dev split it was chosen on.
+
+    ``expected_accuracy`` is the dev accuracy of answered questions (None when
+    none were answered or no dev split was used) and ``expected_coverage``
+    the fraction of dev questions answered.
+    """
+
+    value: float
+    rule: str = "fixed"
+    target: float | None = None
+    expected_accuracy: float | None = None
+    expected_coverage: float | None = None
+    n_dev: int = 0
+    delta: float | None = None  # risk control only: 1 − δ is the guarantee's probability
+    assumption: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise CandorError(f"unknown threshold rule {self.rule!r}; known: {', '.join(RULES)}")
+        if not (0.0 <= self.value <= ABSTAIN_ALL) or math.isnan(self.value):
+            raise CandorError(f"a threshold must be in [0, 1], got {self.value}")
+
+    def abstains(self, confidence: float) -> bool:
+        return confidence < self.value
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Threshold:
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise CandorError(f"not a saved threshold: {exc}") from None
+
+
+def selective_curve(confidence: ArrayLike, correct: ArrayLike) -> dict[str, np.ndarray]:
+    """Accuracy of answered questions and coverage at every distinct confidence, highest first.
+
+    ``threshold[i]`` answers the questions with confidence ≥ it; ties are
+    answered together, so the curve has one point per distinct value.
+    """
+    conf, y = _check(confidence, correct)
+    order = np.argsort(-conf, kind="stable")
+    conf, y = conf[order], y[order]
+    answered = np.arange(1, conf.size + 1)
+    hits = np.cumsum(y)
+    # The last index of each run of equal confidences: answering t answers all ties.
+    last = np.flatnonzero(np.r_[conf[1:] != conf[:-1], True])
+    return {
+        "threshold": conf[last],
+        "coverage": answered[last] / conf.size,
+        "accuracy": hits[last] / answered[last],
+        "answered": answered[last],
+        "errors": answered[last] - hits[last],
+    }
+
+
+def evaluate(confidence: ArrayLike, correct: ArrayLike, threshold: float) -> tuple[float | None, float]:
+    """(accuracy of answered, coverage) at ``threshold``; accuracy is None when nothing is answered."""
+    conf, y = _check(confidence, correct)
+    answered = conf >= threshold
+    coverage = float(answered.mean())
+    accuracy = float(y[answered].mean()) if answered.any() else None
+    return accuracy, coverage
+
+
+def fixed(value: float, confidence: ArrayLike | None = None, correct: ArrayLike | None = None) -> Threshold:
+    """A threshold given by hand; with dev data its expected accuracy and coverage are filled in."""
+    if confidence is None or correct is None:
+        return Threshold(value=float(value))
+    acc, cov = evaluate(confidence, correct, value)
+    return Threshold(float(value), "fixed", None, acc, cov, int(np.size(confidence)))
+
+
+def for_accuracy(confidence: ArrayLike, correct: ArrayLike, min_accuracy: float) -> Threshold:
+    """The lowest threshold whose answered dev accuracy is at least ``min_accuracy``."""
+    _check_fraction(min_accuracy, "min_accuracy")
+    curve = selective_curve(confidence, correct)
+    ok = np.flatnonzero(curve["accuracy"] >= min_accuracy - 1e-12)
+    n = int(np.size(confidence))
+    if ok.size == 0:
+        logger.warning("no threshold reaches answered accuracy %.3f on dev; abstaining on everything", min_accuracy)
+        return Threshold(ABSTAIN_ALL, "accuracy", min_accuracy, None, 0.0, n)
+    i = int(ok[-1])  # the lowest qualifying threshold answers the most
+    return Threshold(
+        float(curve["threshold"][i]), "accuracy", min_accuracy,
+        float(curve["accuracy"][i]), float(curve["coverage"][i]), n,
+    )  # fmt: skip
+
+
+def for_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float) -> Threshold:
+    """The highest threshold that answers at least ``coverage`` of dev questions."""
+    _check_fraction(coverage, "coverage")
+    curve = selective_curve(confidence, correct)
+    n = int(np.size(confidence))
+    if coverage == 0.0:
+        return Threshold(ABSTAIN_ALL, "coverage", 0.0, None, 0.0, n)
+    i = int(np.flatnonzero(curve["coverage"] >= coverage - 1e-12)[0])
+    return Threshold(
+        float(curve["threshold"][i]), "coverage", coverage,
+        float(curve["accuracy"][i]), float(curve["coverage"][i]), n,
+    )  # fmt: skip
+
+
+def binomial_pvalue(errors: int, answered: int, alpha: float) -> float:
+    """P(Binomial(answered, α) ≤ errors): small when the error rate is convincingly below α."""
+    if answered == 0:
+        return 1.0
+    return float(binom.cdf(errors, answered, alpha))
+
+
+def min_evidence(alpha: float, delta: float) -> int:
+    """The fewest answered questions with which zero errors can reject "error > α" at level δ."""
+    if alpha >= 1.0:
+        return 1
+    if alpha <= 0.0:
+        return 1 << 62  # an error rate of exactly 0 can never be certified from a sample
+    return max(1, math.ceil(math.log(delta) / math.log1p(-alpha) - 1e-12))
+
+
+def risk_control(
+    confidence: ArrayLike,
+    correct: ArrayLike,
+    alpha: float,
+    delta: float = 0.1,
+    grid: ArrayLike | None = None,
+) -> Threshold:
+    """A threshold whose answered-question error is ≤ α with probability ≥ 1 − δ (see the module docstring)."""
+    _check_fraction(alpha, "alpha")
+    if not 0.0 < delta < 1.0:
+        raise CandorError(f"delta must be in (0, 1), got {delta}")
+    conf, y = _check(confidence, correct)
+    lambdas = DEFAULT_GRID if grid is None else np.sort(np.asarray(grid, dtype=float))[::-1]
+    chosen = ABSTAIN_ALL
+    tested = 0
+    min_answered = min_evidence(alpha, delta)
+    for lam in lambdas:
+        answered = conf >= lam
+        n_answered = int(answered.sum())
+        if n_answered < min_answered:
+            continue  # cannot be rejected whatever the labels; see the module docstring
+        errors = int(n_answered - y[answered].sum())
+        tested += 1
+        if binomial_pvalue(errors, n_answered, alpha) > delta:
+            break
+        chosen = float(lam)
+    assumption = "dev and test questions are exchangeable (i.i.d. from one distribution)"
+    if chosen == ABSTAIN_ALL:
+        logger.warning("risk control: no threshold certifies error ≤ %.3f at δ=%.3f; abstaining on everything",
+                       alpha, delta)  # fmt: skip
+        return Threshold(ABSTAIN_ALL, "risk", alpha, None, 0.0, int(conf.size), delta, assumption,
+                         {"tested": tested, "min_answered": min_answered})  # fmt: skip
+    acc, cov = evaluate(conf, y, chosen)
+    return Threshold(chosen, "risk", alpha, acc, cov, int(conf.size), delta, assumption,
+                     {"tested": tested, "min_answered": min_answered})  # fmt: skip
+
+
+RULE_FUNCTIONS = {"accuracy": for_accuracy, "coverage": for_coverage}
+
+
+def choose(confidence: ArrayLike, correct: ArrayLike, rule: str, target: float, delta: float = 0.1) -> Threshold:
+    """One entry point by rule name: ``accuracy`` / ``coverage`` take the target, ``risk`` takes α and δ."""
+    if rule == "risk":
+        return risk_control(confidence, correct, alpha=target, delta=delta)
+    if rule == "fixed":
+        return fixed(target, confidence, correct)
+    try:
+        fn = RULE_FUNCTIONS[rule]
+    except KeyError:
+        raise CandorError(f"unknown threshold rule {rule!r}; known: {', '.join(RULES)}") from None
+    return fn(confidence, correct, target)
+
+
+def _check(confidence: ArrayLike, correct: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    conf = np.asarray(confidence, dtype=float).ravel()
+    y = np.asarray(correct, dtype=float).ravel()
+    if conf.size == 0:
+        raise CandorError("choosing a threshold needs at least one dev question")
+    if conf.shape != y.shape:
+        raise CandorError(f"got {conf.size} confidences but {y.size} correctness labels")
+    if not np.isfinite(conf).all() or conf.min() < 0 or conf.max() > 1:
+        raise CandorError("confidences must be finite and in [0, 1]")
+    if not np.isin(y, (0.0, 1.0)).all():
+        raise CandorError("correctness labels must be 0 or 1")
+    return conf, y
+
+
+def _check_fraction(x: float, name: str) -> None:
+    if not 0.0 <= x <= 1.0:
+        raise CandorError(f"{name} must be in [0, 1], got {x}")
