@@ -292,7 +292,9 @@ def advice(r: Path) -> dict[str, str]:
 
 # ---------------------------------------------------------------- the README
 
-SECTIONS: list[Callable[[Path], dict[str, str]]] = [annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice]
+SECTIONS: list[Callable[[Path], dict[str, str]]] = [
+    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice,
+]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
 
