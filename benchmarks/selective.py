@@ -83,9 +83,8 @@ def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> list[Record]:
 
 
 def train_head(args: argparse.Namespace, train: list[Record], dev: list[Record]) -> Path:
-    from candor.elical import EliCalConfig, train_elical
-
     from candor.digests import json_digest, records_digest
+    from candor.elical import EliCalConfig, train_elical
 
     config = EliCalConfig(mode="head", model=args.model, seed=args.seed, feature_cache=feature_root(args))
     # Keyed by what determines the head: its training and dev records (verdicts included) and its settings.
