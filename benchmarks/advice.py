@@ -68,7 +68,7 @@ from candor.prompts import TEMPLATES
 from candor.records import Record, read_records
 from candor.report import safe_filenames
 from candor.scoring import score_into
-from candor.verbal_formats import FORMATS
+from candor.verbal.formats import FORMATS
 
 logger = logging.getLogger("benchmarks.advice")
 

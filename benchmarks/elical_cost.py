@@ -58,14 +58,13 @@ def left_padded_head(head: Any, records: list[Any], batch_size: int) -> tuple[np
     """Confidences and features the way the head computed them before: every prompt in full, input order."""
     import torch
 
-    from candor.elical.model import encode_prompts
-    from candor.label_distribution import pad_batch
+    from candor.backends.tokens import encode, pad_batch
 
     prompts = head.prompts(records)
     confidences, features = [], []
     with torch.no_grad():
         for start in range(0, len(prompts), batch_size):
-            seqs = encode_prompts(head.tokenizer, prompts[start : start + batch_size])
+            seqs = encode(head.tokenizer, prompts[start : start + batch_size])
             ids, mask = pad_batch(seqs, int(head.tokenizer.pad_token_id))
             feats = head.features(ids, mask)
             features.append(feats.numpy())

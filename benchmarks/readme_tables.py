@@ -153,6 +153,28 @@ def baselines(r: Path) -> dict[str, str]:
     }
 
 
+STRONG_METRICS = ("auroc", "ece", "aurc", "prr")
+STRONG_LABELS = {"auroc": "AUROC", "ece": "ECE", "aurc": "AURC", "prr": "PRR"}
+
+
+def baselines_strong(r: Path) -> dict[str, str]:
+    """The strong-baseline run (benchmarks/results/baselines_strong.json), sorted by in-domain AUROC."""
+    d = load("baselines_strong", r)
+    header = ["method"] + [f"{g.upper()} {STRONG_LABELS[m]}" for g in ("id", "ood") for m in STRONG_METRICS]
+    ranked = sorted(d["methods"].items(), key=lambda kv: -(kv[1]["id"]["auroc"] or 0.0))
+    rows = [[method] + [with_ci(m[g][k], m["ci95"][g].get(k)) for g in ("id", "ood") for k in STRONG_METRICS]
+            for method, m in ranked]
+    best, best_m = ranked[0]
+    return {
+        "table:baselines-strong": md_table(header, "l" + "r" * 8, rows),
+        "value:baselines-strong-best": f"`{best}` ({pct(best_m['id']['auroc'])} "
+                                       f"[{pct(best_m['ci95']['id']['auroc'][0], 0)}, "
+                                       f"{pct(best_m['ci95']['id']['auroc'][1], 0)}])",
+        "value:baselines-strong-command": f"`{d['command']}`",
+        "value:baselines-strong-seconds": f"{sum(d['seconds'].values()) / 60:.0f} minutes",
+    }
+
+
 # ---------------------------------------------------------------- EliCal
 
 ELICAL_ROWS = [  # (results key, README label)
@@ -270,7 +292,9 @@ def advice(r: Path) -> dict[str, str]:
 
 # ---------------------------------------------------------------- the README
 
-SECTIONS: list[Callable[[Path], dict[str, str]]] = [annotate_throughput, judge_agreement, baselines, elical, advice]
+SECTIONS: list[Callable[[Path], dict[str, str]]] = [
+    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice,
+]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
 

@@ -4,7 +4,7 @@ Methods (embedded default model, annotations of ``benchmarks/cache/mini``):
 
 - **EliCal**: a ``head``-mode EliCal head (stage 1 on the training pool's
   consistency rates, stage 2 on all its labels), early-stopped on dev;
-  cached under ``benchmarks/cache/selective/head``.
+  cached under ``benchmarks/cache/selective/head-<digest of its records and settings>``.
 - **best training-free**: of ``prob``, ``n-prob``, ``min-prob``,
   ``consis-lex`` and ``consis-sem``, the one with the highest AUROC on the
   *dev* part (never chosen on test).
@@ -83,13 +83,16 @@ def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> list[Record]:
 
 
 def train_head(args: argparse.Namespace, train: list[Record], dev: list[Record]) -> Path:
+    from candor.digests import json_digest, records_digest
     from candor.elical import EliCalConfig, train_elical
 
-    folder = args.cache / "head"
+    config = EliCalConfig(mode="head", model=args.model, seed=args.seed, feature_cache=feature_root(args))
+    # Keyed by what determines the head: its training and dev records (verdicts included) and its settings.
+    key = json_digest([records_digest(train), records_digest(dev), config.fingerprint()])[:16]
+    folder = args.cache / f"head-{key}"
     if (folder / "elical_config.json").exists():
         logger.info("reusing the EliCal head in %s", folder)
         return folder
-    config = EliCalConfig(mode="head", model=args.model, seed=args.seed, feature_cache=feature_root(args))
     train_elical(train, dev, method="elical", budget="all", config=config, out_dir=folder)
     return folder
 

@@ -33,9 +33,10 @@ FORMATS = ("number", "percent")
 
 def work(backend: Any, records: list[Any], fmt: str) -> dict[str, Any]:
     """Tokens per record the scorer feeds: prompt suffix past the shared prefix, and trie nodes."""
-    from candor.backends.prefix_scoring import scoring_work, surface_forms
+    from candor.backends.prefix_scoring import scoring_work
     from candor.estimators.answers import record_answer
-    from candor.verbal_formats import format_prompt, get_format
+    from candor.verbal.distribution import surface_forms
+    from candor.verbal.formats import format_prompt, get_format
 
     prompts = [format_prompt(backend, r.item, record_answer(r), fmt) for r in records]
     forms = [text for _, text in surface_forms(get_format(fmt).labels)]

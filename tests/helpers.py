@@ -7,6 +7,7 @@ class BlackBox:
     """The tiny HF model seen through a black-box engine (text in, text out; no hidden states)."""
 
     white_box = False
+    capabilities = frozenset({"generate"})  # declared, so the inner backend's own do not show through
 
     def __init__(self, inner) -> None:
         self.inner = inner

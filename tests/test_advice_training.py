@@ -20,12 +20,13 @@ from candor.advice.data import (
 from candor.advice.losses import brier, jsd, jsd_hinge, margin_hinge, sum_penalty
 from candor.advice.train import DONE_MARKER, build_trainer, is_trained, load_result
 from candor.backends.base import Completion
+from candor.backends.tokens import pad_batch
 from candor.contamination import fingerprints, read_manifest
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.label_distribution import LabelScorer, build_prompt, pad_batch
 from candor.records import Record
 from candor.training import ATTENTION_PROJECTIONS, QUERY_VALUE
+from candor.verbal.scorer import LabelScorer, build_prompt
 
 QUESTIONS = [
     ("Who wrote Hamlet?", "Shakespeare", "William Shakespeare", "Charles Dickens"),

@@ -10,14 +10,8 @@ import torch
 
 from candor.backends import BACKENDS, load_backend
 from candor.backends.base import SamplingParams
-from candor.backends.hf import (
-    HFBackend,
-    StopMatcher,
-    left_pad,
-    positions,
-    sample_tokens,
-    shared_prefix_length,
-)
+from candor.backends.hf import HFBackend, StopMatcher, sample_tokens
+from candor.backends.tokens import pad_batch, positions_from_mask, shared_prefix_length
 from candor.errors import CandorError
 
 SHOTS = "Question: What is the largest planet?\nAnswer: Jupiter\nQuestion: Who painted the Mona Lisa?\nAnswer:"
@@ -121,7 +115,7 @@ def test_shared_prefix_path_equals_plain_path(backend):
         backend.generate([p], 2, NO_STOP, seeds=[s])[0]
         for p, s in zip(PROMPTS[:2] + PROMPTS[3:], [1, 2, 3], strict=True)
     ]
-    assert shared_prefix_length([backend._encode([p])[0] for p in PROMPTS[:2]]) > 8
+    assert shared_prefix_length([backend.encode([p])[0] for p in PROMPTS[:2]]) > 8
     for a, b in zip(shared, plain, strict=True):
         assert a.greedy.token_ids == b.greedy.token_ids
         assert [s.token_ids for s in a.samples] == [s.token_ids for s in b.samples]
@@ -131,7 +125,7 @@ def test_greedy_logprobs_equal_full_forward(backend, lively_model, tokenizer):
     gens = backend.generate(PROMPTS[:2], 1, NO_STOP)
     for prompt, gen in zip(PROMPTS[:2], gens, strict=True):
         for completion in (gen.greedy, gen.samples[0]):
-            prompt_ids = backend._encode([prompt])[0]
+            prompt_ids = backend.encode([prompt])[0]
             logprobs = full_logprobs(lively_model, tokenizer, prompt_ids + completion.token_ids)
             expected = [logprobs[len(prompt_ids) - 1 + i, tok].item() for i, tok in enumerate(completion.token_ids)]
             np.testing.assert_allclose(completion.logprobs, expected, atol=1e-4)
@@ -300,10 +294,10 @@ def test_hidden_states_layer_out_of_range(backend):
 
 
 def test_left_pad_and_positions():
-    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0, device=torch.device("cpu"))
-    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
-    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    assert positions(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+    ids, mask = pad_batch([[5, 6, 7], [8], []], pad_id=0, device=torch.device("cpu"))
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 0, 0]]
+    assert positions_from_mask(mask).tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 0]]
     assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3], [1, 2, 9, 9]]) == 2
     assert shared_prefix_length([[1, 2], [1, 2]]) == 1  # each keeps one token to predict from
 

@@ -85,7 +85,7 @@ def test_score_and_next_token_logprobs_equal_hf(vllm_out, hf, worker) -> None:
 
 
 def test_candidate_scoring_for_verbalized_formats_equals_hf(vllm_out, hf, worker) -> None:
-    from candor.backends.prefix_scoring import candidate_distribution
+    from candor.verbal.distribution import candidate_distribution
 
     expected = candidate_distribution(hf, worker.PROMPTS, worker.LABELS)
     np.testing.assert_allclose(vllm_out["labels"], expected, atol=TOLERANCE)

@@ -18,7 +18,7 @@ from candor.diagnose.regions import prompt_regions
 from candor.diagnose.rollout import rollout_masses
 from candor.diagnose.sensitivity import answer_sensitivity, pairwise_jsd
 from candor.errors import CandorError
-from candor.verbal_formats import confidence_distribution
+from candor.verbal.formats import confidence_distribution
 
 ITEMS = [
     QAItem("nq:1", "nq", "test", "who wrote hamlet", ("Shakespeare",)),

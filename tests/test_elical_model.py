@@ -7,15 +7,14 @@ import pytest
 import torch
 
 from candor.backends.base import Completion
+from candor.backends.chat import TokenizerChat
 from candor.backends.hf import HFBackend
+from candor.backends.tokens import encode, last_token_index, pad_batch
 from candor.data.items import QAItem
 from candor.elical import ConfidenceHead, EliCalConfig, FeatureCache, HeadConfig, train_elical
 from candor.elical.inputs import records_template
-from candor.elical.model import encode_prompts, last_token_index
 from candor.errors import CandorError
 from candor.estimators import get_estimator
-from candor.label_distribution import pad_batch
-from candor.prompts import TokenizerChat
 from candor.records import Record
 
 QUESTIONS = [
@@ -76,7 +75,7 @@ def test_last_token_index_under_left_and_right_padding():
 @pytest.mark.parametrize("mode", ["head", "lora"])
 def test_same_confidence_for_a_question_whatever_the_padding(tiny_model_dir, mode):
     head = fresh_head(tiny_model_dir, mode).eval()
-    seqs = encode_prompts(head.tokenizer, head.prompts(QUESTIONS))
+    seqs = encode(head.tokenizer, head.prompts(QUESTIONS))
     assert len({len(s) for s in seqs}) > 1  # the batch really needs padding
     pad = int(head.tokenizer.pad_token_id)
     with torch.no_grad():
@@ -102,12 +101,12 @@ def test_features_are_the_backends_last_token_hidden_states(tiny_model_dir, tiny
 
 @pytest.mark.parametrize(("mode", "layer"), [("head", -1), ("head", 1), ("lora", -1)])
 def test_shared_prefix_path_gives_the_left_padded_features(tiny_model_dir, mode, layer):
-    from candor.backends.hf import usable_prefix_length
+    from candor.backends.tokens import usable_prefix_length
 
     head = fresh_head(tiny_model_dir, mode, layer=layer).eval()
     questions = QUESTIONS + ["Who painted the Mona Lisa?", "Capital of France?"]
     prompts = head.prompts(questions)
-    seqs = encode_prompts(head.tokenizer, prompts)
+    seqs = encode(head.tokenizer, prompts)
     assert usable_prefix_length(head.backbone, seqs) > 8  # the few-shot block is shared and computed once
     with torch.no_grad():
         left = head.features(*pad_batch(seqs, int(head.tokenizer.pad_token_id))).numpy()

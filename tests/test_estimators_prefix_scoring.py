@@ -5,24 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from candor.backends.prefix_scoring import (
-    _CachedScorer,
-    _encode_all,
-    _score_generic,
-    _split,
-    _Trie,
-    candidate_distribution,
-    score_candidates,
-    single_token_ids,
-    surface_forms,
-)
+from candor.backends.base import SCORE_CANDIDATES, WHITE_BOX, backend_capabilities, score_candidates, score_pairs
+from candor.backends.prefix_scoring import _CachedScorer, _encode_all, _split, _Trie
 from candor.errors import CandorError
+from candor.verbal.distribution import candidate_distribution, single_token_ids, surface_forms
 
 
 class ScoreOnly:
-    """The tiny model behind a backend that is not an HFBackend, so the generic path runs."""
+    """The tiny model behind a backend without ``score_candidates``, so the generic path runs."""
 
     white_box = True
+    capabilities = WHITE_BOX
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -110,10 +103,13 @@ def test_a_candidate_merging_with_the_prompt_end_is_scored_like_backend_score(ti
 
 
 def test_non_hf_backends_take_the_generic_path(tiny_backend, prompts):
+    assert SCORE_CANDIDATES in backend_capabilities(tiny_backend)
+    assert SCORE_CANDIDATES not in backend_capabilities(ScoreOnly(tiny_backend))
     generic = score_candidates(ScoreOnly(tiny_backend), prompts, CANDIDATES[:4])
     cached = score_candidates(tiny_backend, prompts, CANDIDATES[:4])
     np.testing.assert_allclose(generic, cached, atol=1e-4)
-    np.testing.assert_allclose(_score_generic(tiny_backend, prompts, CANDIDATES[:4]), cached, atol=1e-4)
+    np.testing.assert_allclose(score_pairs(tiny_backend, prompts, CANDIDATES[:4]), cached, atol=1e-4)
+    np.testing.assert_allclose(tiny_backend.score_candidates(prompts, CANDIDATES[:4]), cached, atol=1e-12)
 
 
 def test_small_chunks_give_the_same_scores(tiny_backend, prompts, monkeypatch):
@@ -212,7 +208,7 @@ def test_shared_last_line_is_tokenized_once_like_the_full_prompts(tiny_backend, 
     cands = [*PERCENTS, "lo", "\n", " world"]
     fast = _encode_all(tiny_backend, prompts, cands)
     for prompt, enc in zip(prompts, fast, strict=True):
-        plain = _split(tiny_backend._encode([prompt])[0], tiny_backend._encode([prompt + c for c in cands]))
+        plain = _split(tiny_backend.encode([prompt])[0], tiny_backend.encode([prompt + c for c in cands]))
         assert enc == plain
     # The four chat prompts share one tokenization of their tails.
     assert len({id(e.tails) for e in fast[:4]}) == 1
@@ -228,8 +224,8 @@ def test_generic_backends_get_the_same_distribution(tiny_backend, chat_prompts):
 
 
 def test_scoring_work_counts_the_shared_prefix_suffixes_and_trie_nodes(tiny_backend, chat_prompts):
-    from candor.backends.hf import shared_prefix_length
     from candor.backends.prefix_scoring import scoring_work
+    from candor.backends.tokens import shared_prefix_length
 
     work = scoring_work(tiny_backend, chat_prompts, PERCENTS)
     encoded = _encode_all(tiny_backend, chat_prompts, PERCENTS)

@@ -13,7 +13,7 @@ from candor.errors import CandorError
 from candor.estimators import get_estimator
 from candor.estimators.answers import record_answer
 from candor.estimators.ptrue import ptrue_prompt
-from candor.estimators.verbal import BUILTIN_EXAMPLES, FALLBACK_SCORE, parse_verbal_score
+from candor.estimators.verbal_question import BUILTIN_EXAMPLES, FALLBACK_SCORE, parse_verbal_score
 from candor.records import Record
 
 

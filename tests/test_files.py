@@ -22,3 +22,16 @@ def test_failed_write_keeps_the_old_file(tmp_path):
     assert json.loads(target.read_text()) == {"old": True}
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
 
+
+
+def test_keyed_cache_returns_only_an_entry_written_under_the_same_key(tmp_path):
+    from candor.files import read_keyed_json, write_keyed_json
+
+    path = tmp_path / "c" / "stage.json"
+    assert read_keyed_json(path, "k1") is None
+    write_keyed_json(path, "k1", {"result": [1, 2]})
+    assert read_keyed_json(path, "k1") == {"key": "k1", "result": [1, 2]}
+    assert read_keyed_json(path, "k2") is None
+    path.write_text("{half")
+    assert read_keyed_json(path, "k1") is None
+    assert read_keyed_json(None, "k1") is None

@@ -1,4 +1,4 @@
-"""The differentiable P(C | q, a) (candor.label_distribution) against the inference path."""
+"""The differentiable P(C | q, a) (candor.verbal.scorer) against the inference path, on every format."""
 
 from __future__ import annotations
 
@@ -6,18 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from candor.backends.prefix_scoring import candidate_distribution
+from candor.backends.tokens import pad_batch
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.label_distribution import (
-    LabelScorer,
-    build_prompt,
-    pad_batch,
-    prompt_text,
-    span_mask,
-    token_span,
-)
-from candor.verbal_formats import confidence_distribution, format_prompt
+from candor.verbal.distribution import candidate_distribution
+from candor.verbal.formats import confidence_distribution, format_prompt
+from candor.verbal.scorer import LabelScorer, build_prompt, prompt_text, span_mask, token_span
 
 ITEMS = [
     QAItem("a", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",)),
@@ -69,7 +63,7 @@ def _batch(tokenizer, fmt, side, n=3):
     return prompts, ids, mask, targets
 
 
-@pytest.mark.parametrize("fmt", ["letter", "number", "text"])
+@pytest.mark.parametrize("fmt", ["letter", "number", "text", "float", "percent"])
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("n", [2, 3])  # two open questions share the system prompt; the third is multiple choice
@@ -129,7 +123,7 @@ def test_prompt_matches_format_prompt_and_finds_the_answer(tiny_backend, tokeniz
                 tiny_backend, item, answer, "letter", variant
             )
         p = build_prompt(tokenizer, item, f"  {answer} ", "number")
-        assert list(p.ids) == tiny_backend._encode([p.text])[0]
+        assert list(p.ids) == tiny_backend.encode([p.text])[0]
         assert tokenizer.decode(list(p.ids[p.answer_start : p.answer_end])).strip() == answer
         assert tokenizer.decode(list(p.ids[p.answer_end :])) == "\nConfidence:"
 
@@ -152,10 +146,26 @@ def test_padding_helpers():
         pad_batch([[1]], 0, "middle")
 
 
+def test_chains_cover_every_form_once_per_shared_prefix(tokenizer):
+    # SmolLM2 splits numbers into digits: " 0.7" is "Ġ" "0" "." "7", " 80%" is "Ġ" "8" "0" "%".
+    chains = {fmt: LabelScorer(tokenizer, fmt).chains for fmt in ("letter", "number", "text", "float", "percent")}
+    assert chains["letter"] == []
+    assert [tokenizer.convert_ids_to_tokens(list(c)) for c in chains["number"]] == [["Ġ"]]
+    assert sorted(tokenizer.convert_ids_to_tokens(list(c)) for c in chains["float"]) == [
+        ["0", "."], ["1", "."], ["Ġ", "0", "."], ["Ġ", "1", "."],
+    ]  # fmt: skip
+    # Percent: "0", "100" and the two-digit numbers but "10", with and without "Ġ".
+    assert len(chains["percent"]) == 2 * (1 + 1 + 89)
+
+
 @pytest.mark.parametrize("fmt", ["float", "percent"])
-def test_longer_label_forms_are_refused(tokenizer, fmt):
-    with pytest.raises(CandorError, match="at most 2"):
-        LabelScorer(tokenizer, fmt)
+def test_inputs_embeds_on_the_long_formats(sharp_model, tokenizer, fmt):
+    scorer = LabelScorer(tokenizer, fmt)
+    _, ids, mask, _ = _batch(tokenizer, fmt, "right", 2)
+    with torch.no_grad():
+        from_ids = scorer.log_distribution(sharp_model, ids, mask)
+        from_embeds = scorer.log_distribution(sharp_model, None, mask, sharp_model.get_input_embeddings()(ids))
+    torch.testing.assert_close(from_embeds, from_ids, atol=1e-5, rtol=0)
 
 
 def test_bad_calls_are_errors(sharp_model, tokenizer):

@@ -21,7 +21,7 @@ from candor.demo import run_demo
 from candor.errors import CandorError
 from candor.records import Record, write_records
 from candor.scoring import score_into
-from candor.verbal_formats import distribution_from_prompts, format_prompt
+from candor.verbal.formats import distribution_from_prompts, format_prompt
 
 
 def record(i: int, logprobs: list[float], consistency: list[int], correct: int) -> Record:

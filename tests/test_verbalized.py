@@ -13,7 +13,7 @@ from candor.data.items import QAItem
 from candor.errors import CandorError
 from candor.estimators import get_estimator
 from candor.records import Record
-from candor.verbal_formats import (
+from candor.verbal.formats import (
     FORMATS,
     PROMPTING_SENTENCE,
     TASK_MC,
@@ -181,7 +181,7 @@ def test_parse_answer_reads_the_answer_line():
 
 
 def test_single_token_labels_are_checked_against_the_real_tokenizer(tiny_backend, tokenizer):
-    from candor.backends.prefix_scoring import single_token_ids
+    from candor.verbal.distribution import single_token_ids
 
     prompt = format_prompt(tiny_backend, OPEN, "Shakespeare", "letter")
     context = tiny_backend.tokenize(prompt)

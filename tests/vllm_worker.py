@@ -22,8 +22,8 @@ LABELS = ["0", "5", "9", "10"]  # verbalized-format labels; " 10" is two tokens,
 
 
 def main(out: str) -> None:
-    from candor.backends.prefix_scoring import candidate_distribution
     from candor.backends.vllm import VLLMBackend
+    from candor.verbal.distribution import candidate_distribution
 
     backend = VLLMBackend.from_pretrained(
         "smollm2-135m", max_model_len=512, engine_args={"enforce_eager": True}

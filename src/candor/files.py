@@ -1,4 +1,4 @@
-"""Atomic file writes: the one way candor writes a file (DESIGN.md §6.2).
+"""Atomic file writes and keyed cache entries: the one way candor writes a file (DESIGN.md §6.2).
 
 Everything is written to a temporary file beside the target, flushed and
 fsynced, then renamed over the target, so a killed run leaves either the old
@@ -8,11 +8,14 @@ file or the new one, never half of one.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -43,3 +46,28 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 def atomic_write_json(path: str | Path, payload: Any, indent: int | None = 2) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=indent, ensure_ascii=False) + "\n")
+
+
+def write_keyed_json(path: str | Path, key: str, payload: dict[str, Any]) -> Path:
+    """A whole-result cache entry: ``payload`` stored under the ``key`` of everything that determined it."""
+    return atomic_write_json(path, {"key": key, **payload}, indent=None)
+
+
+def read_keyed_json(path: str | Path | None, key: str) -> dict[str, Any] | None:
+    """The cache entry at ``path`` if it was written under ``key``; None (recompute) otherwise.
+
+    The one way candor keeps a whole-result cache (diagnose stages, EliCal sweep
+    runs): an unreadable entry or one made from other inputs is recomputed, with
+    a log line saying which, never trusted.
+    """
+    if path is None or not Path(path).exists():
+        return None
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        logger.warning("%s: unreadable cache entry, recomputing", path)
+        return None
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        logger.info("%s: cached from other inputs (model, weights, settings or data); recomputing", path)
+        return None
+    return doc

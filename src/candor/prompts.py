@@ -12,9 +12,8 @@ an answer stops. The template's name goes into every record's provenance.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from candor.backends.base import Backend
 from candor.backends.default_model import DEFAULT_MODEL
@@ -28,23 +27,6 @@ FEWSHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("Who painted the Mona Lisa?", "Leonardo da Vinci"),
     ("In which year did the Berlin Wall fall?", "1989"),
 )
-
-
-class TokenizerChat:
-    """The one backend call a prompt needs (``render_chat``), from a tokenizer alone (training, diagnostics)."""
-
-    def __init__(self, tokenizer: Any, model_name: str = "model") -> None:
-        self.tokenizer = tokenizer
-        self.model_name = model_name
-
-    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise CandorError(
-                f"model {self.model_name!r} has no chat template; use a completion prompt template such as 'fewshot'"
-            )
-        return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-        )
 
 
 def question_text(item: QAItem) -> str:

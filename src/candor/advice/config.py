@@ -27,7 +27,7 @@ from candor.backends.default_model import DEFAULT_MODEL
 from candor.errors import CandorError
 from candor.registry import Registry
 from candor.training import ATTENTION_PROJECTIONS, QUERY_VALUE, check_settings
-from candor.verbal_formats import get_format
+from candor.verbal.formats import get_format
 
 DATA_KINDS = ("pairs", "answers")
 

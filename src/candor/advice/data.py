@@ -2,9 +2,9 @@
 
 Each triplet (or record) appears once per training format (ScoreLetter and
 ScoreNumber by default), tokenized as the exact §4.3 prompt that evaluation
-scores (:func:`candor.label_distribution.build_prompt`). A mini-batch holds
+scores (:func:`candor.verbal.scorer.build_prompt`). A mini-batch holds
 one format only (:class:`FormatBatchSampler`), so its rows share the system
-prompt and are read with one :class:`~candor.label_distribution.LabelScorer`.
+prompt and are read with one :class:`~candor.verbal.scorer.LabelScorer`.
 
 Examples are plain dicts of lists (so ``accelerate`` can shard them); the
 collators turn a batch into padded tensors:
@@ -25,12 +25,13 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from candor.advice.triplets import Triplet
+from candor.backends.tokens import pad_batch
 from candor.errors import CandorError
 from candor.estimators.answers import record_answer
-from candor.label_distribution import build_prompt, pad_batch, span_mask
 from candor.records import Record
 from candor.seeds import item_rng
-from candor.verbal_formats import get_format
+from candor.verbal.formats import get_format
+from candor.verbal.scorer import build_prompt, span_mask
 
 
 def pair_examples(

@@ -193,8 +193,8 @@ def build_trainer(config: AdviceConfig, model: Any, tokenizer: Any, train_set: A
 
     from candor.advice.data import PairCollator, ScoredCollator
     from candor.advice.trainer import AdviceTrainer, ConfTunerTrainer
-    from candor.label_distribution import LabelScorer
     from candor.training import lora_config, training_arguments
+    from candor.verbal.scorer import LabelScorer
 
     peft_model = get_peft_model(
         model, lora_config(config.lora_r, config.lora_alpha, config.lora_targets, config.lora_dropout)

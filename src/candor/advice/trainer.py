@@ -7,7 +7,7 @@ The shared base adds what the losses need around it:
 - the data loaders use :class:`~candor.advice.data.FormatBatchSampler`, so a
   mini-batch holds one format (``accelerate`` hands whole batches to each
   process), and by default examples of similar length (less padding);
-- one :class:`~candor.label_distribution.LabelScorer` per format reads
+- one :class:`~candor.verbal.scorer.LabelScorer` per format reads
   P(C | q, a) from the same forward that gives the answer tokens' log-probs;
 - ``prediction_step`` returns the loss, so ``evaluate`` reports ``eval_loss``
   on a dev split;
@@ -29,7 +29,7 @@ from transformers.trainer_callback import PrinterCallback
 from candor.advice.data import ExampleDataset, FormatBatchSampler
 from candor.advice.losses import LossWeights, brier, jsd_hinge, margin_hinge, sum_penalty
 from candor.errors import CandorError
-from candor.label_distribution import LabelScorer
+from candor.verbal.scorer import LabelScorer
 
 logger = logging.getLogger(__name__)
 

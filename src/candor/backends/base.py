@@ -13,6 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from candor.errors import CandorError
+
 # What a backend can do, by name. An estimator lists the ones it needs
 # (``Estimator.requires``) and is refused before any request when one is missing.
 GENERATE = "generate"  # greedy answers and samples (every backend)
@@ -22,6 +24,9 @@ NEXT_TOKEN_LOGPROBS = "next_token_logprobs"  # log-probs of given token ids afte
 SCORE = "score"  # log-probs of a given continuation (prompt log-probs)
 HIDDEN_STATES = "hidden_states"
 TOKENIZER = "tokenizer"  # tokenize/decode with the served model's tokenizer
+# ``score_candidates``: a closed set of continuations after many prompts, sharing the work
+# (see :func:`score_candidates`; backends without it are served through ``score``).
+SCORE_CANDIDATES = "score_candidates"
 
 WHITE_BOX = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, HIDDEN_STATES, TOKENIZER})
 
@@ -35,6 +40,31 @@ def backend_capabilities(backend: Any) -> frozenset[str]:
     if declared is not None:
         return frozenset(declared)
     return WHITE_BOX if getattr(backend, "white_box", False) else frozenset({GENERATE})
+
+
+def score_candidates(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
+    """Total log-prob of every candidate after every prompt: shape ``(len(prompts), len(candidates))``.
+
+    A backend with the :data:`SCORE_CANDIDATES` capability computes it itself
+    (the ``hf`` backend shares prompt prefixes and candidate tokens); any other
+    sums ``backend.score`` over every (prompt, candidate) pair. Either way the
+    numbers are those of ``score``.
+    """
+    if any(not c for c in candidates):
+        raise CandorError("score_candidates: a candidate continuation is empty")
+    if not prompts or not candidates:
+        return np.zeros((len(prompts), len(candidates)))
+    if SCORE_CANDIDATES in backend_capabilities(backend):
+        return np.asarray(backend.score_candidates(list(prompts), list(candidates)), dtype=float)
+    return score_pairs(backend, prompts, candidates)
+
+
+def score_pairs(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
+    """:func:`score_candidates` through ``backend.score``, one (prompt, candidate) pair at a time."""
+    pairs_p = [p for p in prompts for _ in candidates]
+    pairs_c = [c for _ in prompts for c in candidates]
+    sums = [float(np.sum(lps)) for lps in backend.score(pairs_p, pairs_c)]
+    return np.asarray(sums, dtype=float).reshape(len(prompts), len(candidates))
 
 
 @dataclass(frozen=True)
@@ -160,3 +190,6 @@ class Backend(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str:
         ...
+
+    # Optional, with the SCORE_CANDIDATES capability (call it through :func:`score_candidates`):
+    # def score_candidates(self, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray

@@ -39,10 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import logging
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,18 +51,32 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from candor.backends.base import DEFAULT_TOP_LOGPROBS, Completion, Generations, SamplingParams
+from candor.backends.base import (
+    DEFAULT_TOP_LOGPROBS,
+    SCORE_CANDIDATES,
+    WHITE_BOX,
+    Completion,
+    Generations,
+    SamplingParams,
+)
+from candor.backends.chat import TokenizerChat
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
+from candor.backends.tokens import (
+    accepts_logits_to_keep,
+    cache_keyword,
+    pad_batch,
+    positions_from_mask,
+    prefill_shared_prefix,
+    usable_prefix_length,
+)
+from candor.backends.tokens import encode as encode_tokens
+from candor.backends.tokens import new_cache as new_kv_cache
 from candor.errors import CandorError
-from candor.prompts import TokenizerChat
 
 logger = logging.getLogger(__name__)
 
 # Prefill the next chunk once the running batch is down to this fraction of its full size.
 REFILL_AT = 0.5
-
-# A shared prompt prefix shorter than this is not worth a separate forward pass.
-MIN_SHARED_PREFIX = 8
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -128,28 +141,6 @@ def row_seed(prompt_seed: int, sample: int) -> int:
     """A well-mixed 63-bit seed for one sample row of one prompt."""
     state = np.random.SeedSequence([prompt_seed % (1 << 64), sample]).generate_state(1, dtype=np.uint64)
     return int(state[0]) & ((1 << 63) - 1)
-
-
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and attention mask, padded on the left to the longest sequence."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        if seq:
-            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-            mask[row, width - len(seq) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def shared_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
-    """Length of the token prefix common to all sequences, leaving each at least one token."""
-    limit = min(len(s) for s in seqs) - 1
-    first = seqs[0]
-    length = 0
-    while length < limit and all(s[length] == first[length] for s in seqs):
-        length += 1
-    return length
 
 
 @dataclass
@@ -227,6 +218,7 @@ class HFBackend:
     """A white-box backend around a transformers causal LM and its tokenizer."""
 
     white_box = True
+    capabilities = WHITE_BOX | {SCORE_CANDIDATES}
 
     def __init__(
         self,
@@ -254,10 +246,8 @@ class HFBackend:
             tokenizer.pad_token = tokenizer.eos_token
         self._pad_id = int(tokenizer.pad_token_id)
         self._eos_ids = self._find_eos_ids()
-        params = inspect.signature(model.forward).parameters
-        # transformers 5 renamed ``past_key_values`` to ``cache``.
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._keeps_logits = "logits_to_keep" in params
+        self._cache_kw = cache_keyword(model)
+        self._keeps_logits = accepts_logits_to_keep(model)
         self._stop_matchers: dict[tuple[str, ...], StopMatcher] = {}
         self.adapter: str | None = None
 
@@ -328,7 +318,7 @@ class HFBackend:
             return [Generations(greedy=None, samples=[]) for _ in prompts]
         if seeds is None:
             seeds = [row_seed(self.seed, i) for i in range(len(prompts))]
-        encoded = self._encode(prompts)
+        encoded = self.encode(prompts)
         prefix = self._shared_prefix(encoded, params.max_new_tokens)
         prefix_cache = self._prefill_prefix(encoded[0][:prefix]) if prefix else None
         matcher = self._stop_matcher(params.stop)
@@ -368,14 +358,14 @@ class HFBackend:
         params: SamplingParams,
     ) -> _Running:
         """Run a chunk's prompts once, then give each prompt one row per answer to generate."""
-        ids, mask = left_pad(suffixes, self._pad_id, self.device)
+        ids, mask = pad_batch(suffixes, self._pad_id, device=self.device)
         if prefix_cache is None:
-            cache = self._new_cache()
+            cache = self.new_cache()
         else:
             cache = copy.deepcopy(prefix_cache)
             cache.batch_repeat_interleave(len(suffixes))
             mask = torch.cat([mask.new_ones(len(suffixes), prefix), mask], dim=1)
-        logits = self._forward(ids, mask, cache, positions(mask)[:, -ids.shape[1] :])
+        logits = self.forward(ids, mask, cache, positions_from_mask(mask)[:, -ids.shape[1] :])
 
         per_prompt = int(greedy) + n
         rows = [_Row(p, s) for p in chunk for s in range(-int(greedy), n)]
@@ -419,7 +409,7 @@ class HFBackend:
             running.select(index, [running.rows[j] for j in keep])
             tokens = tokens[index]
         running.mask = torch.cat([running.mask, running.mask.new_ones(len(keep), 1)], dim=1)
-        running.logits = self._forward(tokens.unsqueeze(1), running.mask, running.cache, running.next_pos.unsqueeze(1))
+        running.logits = self.forward(tokens.unsqueeze(1), running.mask, running.cache, running.next_pos.unsqueeze(1))
         running.next_pos = running.next_pos + 1
         return done
 
@@ -483,22 +473,10 @@ class HFBackend:
         return self._stop_matchers[key]
 
     def _shared_prefix(self, encoded: list[list[int]], max_new_tokens: int) -> int:
-        if len(encoded) < 2:
-            return 0
-        length = shared_prefix_length(encoded)
-        if length < MIN_SHARED_PREFIX:
-            return 0
-        window = getattr(self.model.config, "sliding_window", None)
-        if window is not None and max(len(s) for s in encoded) + max_new_tokens > window:
-            return 0  # keep sliding-window caches on the plain path
-        return length
+        return usable_prefix_length(self.model, encoded, max_new_tokens)
 
     def _prefill_prefix(self, prefix_ids: list[int]) -> DynamicCache:
-        ids = torch.tensor([prefix_ids], dtype=torch.long, device=self.device)
-        mask = torch.ones_like(ids)
-        cache = self._new_cache()
-        self._forward(ids, mask, cache, positions(mask))
-        return cache
+        return prefill_shared_prefix(self.model, prefix_ids)
 
     # --------------------------------------------------------------- scoring
 
@@ -519,8 +497,8 @@ class HFBackend:
         return out
 
     def _score_chunk(self, prompts: list[str], continuations: list[str]) -> list[list[float]]:
-        prompt_ids = self._encode(prompts)
-        full_ids = self._encode([p + c for p, c in zip(prompts, continuations, strict=True)])
+        prompt_ids = self.encode(prompts)
+        full_ids = self.encode([p + c for p, c in zip(prompts, continuations, strict=True)])
         starts = []
         for p, f in zip(prompt_ids, full_ids, strict=True):
             common = 0
@@ -528,9 +506,9 @@ class HFBackend:
                 common += 1
             starts.append(max(common, 1))  # the first token of a sequence has no log-prob
         lengths = [len(f) - s for f, s in zip(full_ids, starts, strict=True)]
-        ids, mask = left_pad(full_ids, self._pad_id, self.device)
+        ids, mask = pad_batch(full_ids, self._pad_id, device=self.device)
         keep = max(lengths) + 1
-        logits = self._forward(ids, mask, None, positions(mask), keep=keep, last_only=False)
+        logits = self.forward(ids, mask, None, positions_from_mask(mask), keep=keep, last_only=False)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         width = ids.shape[1]
         out = []
@@ -565,11 +543,11 @@ class HFBackend:
         return out
 
     def _stats_chunk(self, prompts: list[str], continuations: list[list[int]]) -> list[np.ndarray]:
-        full = [p + c for p, c in zip(self._encode(prompts), continuations, strict=True)]
+        full = [p + c for p, c in zip(self.encode(prompts), continuations, strict=True)]
         lengths = [len(c) for c in continuations]
-        ids, mask = left_pad(full, self._pad_id, self.device)
+        ids, mask = pad_batch(full, self._pad_id, device=self.device)
         keep = max(lengths) + 1
-        logits = self._forward(ids, mask, None, positions(mask), keep=keep, last_only=False)
+        logits = self.forward(ids, mask, None, positions_from_mask(mask), keep=keep, last_only=False)
         # float64: a float32 sum over a 50k vocabulary drifts by ~1e-6 nats.
         logprobs = torch.log_softmax(logits.double(), dim=-1)
         entropy = -(logprobs.exp() * logprobs).sum(-1)  # [rows, keep]
@@ -583,8 +561,9 @@ class HFBackend:
         columns = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
         rows = []
         for start in range(0, len(prompts), self.batch_size):
-            ids, mask = left_pad(self._encode(prompts[start : start + self.batch_size]), self._pad_id, self.device)
-            logits = self._forward(ids, mask, None, positions(mask))
+            chunk = self.encode(prompts[start : start + self.batch_size])
+            ids, mask = pad_batch(chunk, self._pad_id, device=self.device)
+            logits = self.forward(ids, mask, None, positions_from_mask(mask))
             rows.append(torch.log_softmax(logits.float(), dim=-1)[:, columns].cpu())
         if not rows:
             return np.zeros((0, len(columns)), dtype=np.float32)
@@ -600,11 +579,12 @@ class HFBackend:
         """
         rows = []
         for start in range(0, len(prompts), self.batch_size):
-            ids, mask = left_pad(self._encode(prompts[start : start + self.batch_size]), self._pad_id, self.device)
+            chunk = self.encode(prompts[start : start + self.batch_size])
+            ids, mask = pad_batch(chunk, self._pad_id, device=self.device)
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
-                position_ids=positions(mask),
+                position_ids=positions_from_mask(mask),
                 output_hidden_states=True,
                 use_cache=False,
                 **({"logits_to_keep": 1} if self._keeps_logits else {}),
@@ -617,15 +597,15 @@ class HFBackend:
             return np.zeros((0, int(self.model.config.hidden_size)), dtype=np.float32)
         return torch.cat(rows).numpy()
 
-    # --------------------------------------------------------------- helpers
+    # ------------------------------------------------ public model plumbing
+    # The building blocks of the methods above, public for the candidate-scoring kernel
+    # (candor.backends.prefix_scoring); they keep its numbers equal to ``score``'s.
 
-    def _encode(self, prompts: Sequence[str]) -> list[list[int]]:
-        """Token ids with the tokenizer's special tokens, without doubling a BOS the prompt already has."""
-        encoded = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
-        bos = self.tokenizer.bos_token_id
-        return [ids[1:] if bos is not None and ids[:2] == [bos, bos] else list(ids) for ids in encoded]
+    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids as every method here feeds them (special tokens, no doubled BOS)."""
+        return encode_tokens(self.tokenizer, prompts)
 
-    def _forward(
+    def forward(
         self,
         ids: torch.Tensor,
         mask: torch.Tensor,
@@ -635,7 +615,10 @@ class HFBackend:
         keep: int = 1,
         last_only: bool = True,
     ) -> torch.Tensor:
-        """Logits of the last ``keep`` positions (``[B, V]`` when ``last_only``)."""
+        """Float32 logits of the last ``keep`` positions (``[B, V]`` when ``last_only``), filling ``cache``.
+
+        ``mask`` is a 2-D padding mask or a 4-D additive attention mask.
+        """
         kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": cache is not None}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep
@@ -643,11 +626,21 @@ class HFBackend:
         logits = out.logits[:, -keep:, :].float()
         return logits[:, -1, :] if last_only else logits
 
-    def _new_cache(self) -> DynamicCache:
-        try:
-            return DynamicCache(config=self.model.config)
-        except TypeError:  # older transformers: no per-layer config
-            return DynamicCache()
+    def new_cache(self) -> DynamicCache:
+        """An empty KV cache for this model."""
+        return new_kv_cache(self.model)
+
+    @torch.inference_mode()
+    def score_candidates(self, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
+        """Total log-prob of every candidate after every prompt, ``(len(prompts), len(candidates))``.
+
+        The same numbers as summing :meth:`score` over every pair, with the
+        shared prompt prefix, each prompt and the candidates' common tokens
+        computed once (:mod:`candor.backends.prefix_scoring`).
+        """
+        from candor.backends.prefix_scoring import score_candidates
+
+        return score_candidates(self, prompts, candidates)
 
     def _find_eos_ids(self) -> frozenset[int]:
         ids = set()
@@ -660,11 +653,6 @@ class HFBackend:
             elif source is not None:
                 ids.update(int(i) for i in source)
         return frozenset(ids)
-
-
-def positions(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids that skip left padding: count of real tokens before each one."""
-    return (mask.cumsum(-1) - 1).clamp_(min=0)
 
 
 def _check_params(params: SamplingParams) -> None:
@@ -720,84 +708,3 @@ def _load_adapter(model: Any, adapter: str) -> Any:
     from peft import PeftModel
 
     return PeftModel.from_pretrained(model, adapter).merge_and_unload()
-
-
-# ------------------------------------------------- shared-prefix forward passes
-# Public pieces of the shared-prefix machinery for callers that run a model over
-# many prompts without generating (question-level features, prompt scoring).
-
-
-def cache_keyword(model: Any) -> str:
-    """The forward keyword of ``model``'s KV cache: ``cache`` (transformers 5) or ``past_key_values``.
-
-    A PEFT wrapper forwards ``**kwargs``, so the wrapped model's signature decides.
-    """
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
-
-
-def usable_prefix_length(model: Any, encoded: Sequence[Sequence[int]], extra_tokens: int = 0) -> int:
-    """The shared token prefix worth computing once for ``encoded`` (0 when not worth it or not safe)."""
-    if len(encoded) < 2:
-        return 0
-    length = shared_prefix_length(encoded)
-    if length < MIN_SHARED_PREFIX:
-        return 0
-    window = getattr(model.config, "sliding_window", None)
-    if window is not None and max(len(s) for s in encoded) + extra_tokens > window:
-        return 0  # sliding-window caches stay on the plain path, as in generation
-    return length
-
-
-def new_cache(model: Any) -> DynamicCache:
-    """An empty KV cache for ``model``."""
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:  # older transformers: no per-layer config
-        return DynamicCache()
-
-
-def prefill_shared_prefix(model: Any, prefix_ids: Sequence[int]) -> DynamicCache:
-    """The KV cache of one run of ``model`` over ``prefix_ids`` (batch of one)."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(prefix_ids)], dtype=torch.long, device=device)
-    mask = torch.ones_like(ids)
-    cache = new_cache(model)
-    model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
-          **{cache_keyword(model): cache})
-    return cache
-
-
-def shared_prefix_batches(
-    model: Any, encoded: Sequence[Sequence[int]], pad_id: int, batch_size: int
-) -> Iterator[tuple[list[int], dict[str, Any]]]:
-    """Forward keyword arguments for ``encoded`` in length-sorted batches, the shared prefix run once.
-
-    Yields ``(indices, kwargs)``: the positions in ``encoded`` of the batch's
-    rows and the arguments of ``model(**kwargs)``. Rows are left-padded, so
-    every row's last token is the last column of the output. When the prompts
-    share a long enough token prefix, it is computed once and each batch runs
-    only the suffixes over a copy of its cache; position ids count real tokens
-    only, so the outputs equal those of a plain left-padded batch.
-    """
-    if not encoded:
-        return
-    device = next(model.parameters()).device
-    prefix = usable_prefix_length(model, encoded)
-    prefix_cache = prefill_shared_prefix(model, encoded[0][:prefix]) if prefix else None
-    keyword = cache_keyword(model)
-    # Similar lengths in a batch waste less on padding.
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    for start in range(0, len(order), batch_size):
-        indices = order[start : start + batch_size]
-        ids, mask = left_pad([encoded[i][prefix:] for i in indices], pad_id, device)
-        kwargs: dict[str, Any] = {"input_ids": ids}
-        if prefix_cache is None:
-            kwargs.update(attention_mask=mask, position_ids=positions(mask), use_cache=False)
-        else:
-            cache = copy.deepcopy(prefix_cache)
-            cache.batch_repeat_interleave(len(indices))
-            full = torch.cat([mask.new_ones(len(indices), prefix), mask], dim=1)
-            kwargs.update(attention_mask=full, position_ids=positions(full)[:, -ids.shape[1] :], use_cache=True)
-            kwargs[keyword] = cache
-        yield indices, kwargs

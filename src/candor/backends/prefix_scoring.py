@@ -1,10 +1,10 @@
-"""Score a closed set of continuations after many prompts, sharing every token prefix it can.
+"""The ``hf`` backend's ``score_candidates``: a closed set of continuations after many prompts, sharing prefixes.
 
 Verbalized confidence (DESIGN.md §4.3) and P(True) ask, for every prompt, how
 likely each of a fixed set of short continuations is ("A".."E", "0%".."100%").
 Scoring each (prompt, candidate) pair with ``backend.score`` recomputes the
-prompt once per candidate. For the ``hf`` backend :func:`score_candidates`
-shares the work at three levels:
+prompt once per candidate. :func:`score_candidates` (what
+``HFBackend.score_candidates`` runs) shares the work at three levels:
 
 - the token prefix common to all prompts of the call (chat header, system
   text, "Question: ") runs once, and its KV cache is copied into each batch;
@@ -17,8 +17,9 @@ shares the work at three levels:
 
 Where the attention kernel cannot take a 4-D mask (or a sliding window is
 shorter than the rows), each prompt is prefilled alone and its cache repeated
-once per candidate (``DynamicCache.batch_repeat_interleave``). Other backends
-take the generic path through ``backend.score``. All paths give the same
+once per candidate (``DynamicCache.batch_repeat_interleave``). Backends
+without the capability take the generic path through ``backend.score``
+(:func:`candor.backends.base.score_candidates`). All paths give the same
 numbers up to float round-off.
 
 Tokens follow ``HFBackend.score``: a candidate's tokens are those of
@@ -29,23 +30,23 @@ with the candidates once per line, not once per prompt, when the line's
 tokens do not depend on the text before it (checked on every prompt; see
 :func:`_encode_all`).
 
-:func:`candidate_distribution` turns the scores into a distribution over
-labels, each read in several surface forms (by default with and without a
-leading space) whose probabilities add up.
+The kernel runs only through the backend's public plumbing (``encode``,
+``forward``, ``new_cache``, ``tokenize``, ``model``, ``device``).
+:func:`candor.verbal.distribution.candidate_distribution` turns the scores
+into a distribution over labels.
 """
 
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from candor.backends.base import Backend
-from candor.errors import CandorError
+from candor.backends.base import score_pairs
+from candor.backends.tokens import MIN_SHARED_PREFIX, shared_prefix_length
 
 # Bounds per forward pass: logits kept (rows × positions × vocab) and tokens fed (rows × width).
 MAX_LOGIT_ENTRIES = 64_000_000
@@ -54,34 +55,14 @@ MAX_BATCH_TOKENS = 2048
 MAX_TREE_NODES = 1024
 # Repeat path: cached tokens per candidate chunk (rows × sequence).
 MAX_CACHE_TOKENS = 16384
-# A prefix shared by all prompts shorter than this is not worth its own forward pass.
-MIN_SHARED_PREFIX = 8
-
-SURFACE_PREFIXES = ("", " ")
 
 
-def score_candidates(backend: Backend, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
-    """Total log-prob of every candidate after every prompt: shape ``(len(prompts), len(candidates))``."""
-    if any(not c for c in candidates):
-        raise CandorError("score_candidates: a candidate continuation is empty")
-    if not prompts or not candidates:
-        return np.zeros((len(prompts), len(candidates)))
-    if _is_hf(backend):
-        return _CachedScorer(backend).score(prompts, candidates)
-    return _score_generic(backend, prompts, candidates)
+def score_candidates(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
+    """Total log-prob of every candidate after every prompt on an ``HFBackend``: ``(len(prompts), len(candidates))``.
 
-
-def _is_hf(backend: Backend) -> bool:
-    # Without candor.backends.hf imported, no HFBackend exists; this avoids importing torch.
-    module = sys.modules.get("candor.backends.hf")
-    return module is not None and isinstance(backend, module.HFBackend)
-
-
-def _score_generic(backend: Backend, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
-    pairs_p = [p for p in prompts for _ in candidates]
-    pairs_c = [c for _ in prompts for c in candidates]
-    sums = [float(np.sum(lps)) for lps in backend.score(pairs_p, pairs_c)]
-    return np.asarray(sums, dtype=float).reshape(len(prompts), len(candidates))
+    Call it through :func:`candor.backends.base.score_candidates`, which checks the inputs.
+    """
+    return _CachedScorer(backend).score(prompts, candidates)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -123,13 +104,13 @@ def _encode_all(backend: Any, prompts: Sequence[str], candidates: Sequence[str])
     it is checked on every prompt's own tokens and on all candidates of one
     prompt per line, and prompts that fail the check are tokenized in full.
     """
-    contexts = backend._encode(list(prompts))
+    contexts = backend.encode(list(prompts))
     out: list[_Encoded | None] = [None] * len(prompts)
     for line, members in _line_groups(prompts):
         _encode_group(backend, prompts, contexts, candidates, line, members, out)
     rest = [i for i, e in enumerate(out) if e is None]
     if rest:
-        flat = backend._encode([prompts[i] + c for i in rest for c in candidates])
+        flat = backend.encode([prompts[i] + c for i in rest for c in candidates])
         n = len(candidates)
         for k, i in enumerate(rest):
             out[i] = _split(contexts[i], flat[k * n : (k + 1) * n])
@@ -165,7 +146,7 @@ def _encode_group(
         return
     rep = members[0]
     head = len(contexts[rep]) - n
-    fulls = backend._encode([prompts[rep] + c for c in candidates])
+    fulls = backend.encode([prompts[rep] + c for c in candidates])
     if any(f[:head] != contexts[rep][:head] for f in fulls):
         return  # the line break is no token boundary for this tokenizer: tokenize in full
     shared = _split(line_ids, [f[head:] for f in fulls])
@@ -283,7 +264,7 @@ class _CachedScorer:
             encoded = _encode_all(self.backend, prompts, candidates)
             plain = [i for i, e in enumerate(encoded) if e.keep == 0]
             if plain:  # nothing to cache (the first token itself changed): score plainly
-                out[plain] = _score_generic(self.backend, [prompts[i] for i in plain], candidates)
+                out[plain] = score_pairs(self.backend, [prompts[i] for i in plain], candidates)
             cached = [i for i, e in enumerate(encoded) if e.keep > 0]
             if cached:
                 out[cached] = self._score_cached([encoded[i] for i in cached])
@@ -305,8 +286,6 @@ class _CachedScorer:
 
     @staticmethod
     def _shared_prefix(encoded: list[_Encoded]) -> int:
-        from candor.backends.hf import shared_prefix_length
-
         length = shared_prefix_length([e.context[: e.keep] for e in encoded])
         return length if length >= MIN_SHARED_PREFIX else 0
 
@@ -325,8 +304,8 @@ class _CachedScorer:
             import torch
 
             ids = torch.tensor([encoded[0].context[:prefix]], dtype=torch.long, device=b.device)
-            prefix_cache = b._new_cache()
-            b._forward(ids, torch.ones_like(ids), prefix_cache, _arange(0, prefix, b.device))
+            prefix_cache = b.new_cache()
+            b.forward(ids, torch.ones_like(ids), prefix_cache, _arange(0, prefix, b.device))
         out = np.zeros((len(encoded), len(encoded[0].tails)))
         for chunk in self._row_chunks(encoded, tries, prefix):
             batch = _TreeBatch(b, [encoded[i] for i in chunk], [tries[i] for i in chunk], prefix_cache, prefix)
@@ -361,8 +340,8 @@ class _CachedScorer:
 
         b = self.backend
         ids = torch.tensor([e.context[: e.keep]], dtype=torch.long, device=b.device)
-        cache = b._new_cache()
-        last = b._forward(ids, torch.ones_like(ids), cache, _arange(0, e.keep, b.device))
+        cache = b.new_cache()
+        last = b.forward(ids, torch.ones_like(ids), cache, _arange(0, e.keep, b.device))
         first = torch.log_softmax(last.float(), -1)[0]
         tails = [list(t) for t in e.tails]
         longest = max(len(t) for t in tails)
@@ -398,7 +377,7 @@ class _CachedScorer:
             cache.batch_repeat_interleave(len(tails))
             mask = torch.ones((len(tails), shared + width - 1), dtype=torch.long, device=b.device)
             positions = _arange(shared, shared + width - 1, b.device).expand(len(tails), -1)
-            logits = b._forward(targets[:, :-1], mask, cache, positions, keep=width - 1, last_only=False)
+            logits = b.forward(targets[:, :-1], mask, cache, positions, keep=width - 1, last_only=False)
             # gather − logsumexp: a full log_softmax would copy the (rows, width, vocab) logits.
             rest = logits.gather(2, targets[:, 1:].unsqueeze(2)).squeeze(2) - torch.logsumexp(logits, -1)
             picked = torch.cat([picked, rest], dim=1)
@@ -433,7 +412,7 @@ class _TreeBatch:
         self.b = backend
         self.rows, self.tries, self.prefix = rows, tries, prefix
         if prefix_cache is None:
-            self.cache = backend._new_cache()
+            self.cache = backend.new_cache()
         else:
             self.cache = copy.deepcopy(prefix_cache)
             self.cache.batch_repeat_interleave(len(rows))
@@ -470,7 +449,7 @@ class _TreeBatch:
         mask = torch.zeros(allowed.shape, dtype=dtype)
         mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(dtype).min)
         keep = width - left + (0 if self.suffix_done else 1)
-        logits = b._forward(
+        logits = b.forward(
             torch.from_numpy(ids).to(b.device),
             mask.unsqueeze(1).to(b.device),
             self.cache,
@@ -547,8 +526,6 @@ def scoring_work(backend: Any, prompts: Sequence[str], candidates: Sequence[str]
     (its own part) and ``trie_nodes`` (the candidates' proper prefixes) run
     once each, and logits are kept at the suffix's last position and at each node.
     """
-    from candor.backends.hf import shared_prefix_length
-
     encoded = _encode_all(backend, prompts, candidates)
     prefix = shared_prefix_length([e.context[: e.keep] for e in encoded]) if len(encoded) > 1 else 0
     prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
@@ -557,81 +534,3 @@ def scoring_work(backend: Any, prompts: Sequence[str], candidates: Sequence[str]
         "suffix": [e.keep - prefix for e in encoded],
         "trie_nodes": [len(_Trie(e.tails, e.offsets).tokens) for e in encoded],
     }
-
-
-# ---------------------------------------------------------------- distributions over labels
-
-
-def surface_forms(labels: Sequence[str], prefixes: Sequence[str] = SURFACE_PREFIXES) -> list[tuple[int, str]]:
-    """``(label index, text)`` for each label written with each prefix, without duplicates."""
-    seen: set[str] = set()
-    out = []
-    for k, label in enumerate(labels):
-        for prefix in prefixes:
-            text = prefix + label
-            if text not in seen:
-                seen.add(text)
-                out.append((k, text))
-    return out
-
-
-def single_token_ids(backend: Backend, prompts: Sequence[str], forms: Sequence[str]) -> list[int] | None:
-    """The one token id of each form after every prompt, or None when some form is not one token.
-
-    A form is one token in context when tokenizing ``prompt + form`` gives the
-    prompt's tokens plus exactly one more, the same one after every prompt.
-    """
-    ids: list[int] | None = None
-    for prompt in prompts:
-        context = backend.tokenize(prompt)
-        found = []
-        for form in forms:
-            full = backend.tokenize(prompt + form)
-            if len(full) != len(context) + 1 or full[:-1] != context:
-                return None
-            found.append(full[-1])
-        if ids is not None and found != ids:
-            return None
-        ids = found
-    return ids
-
-
-def candidate_distribution(
-    backend: Backend,
-    prompts: Sequence[str],
-    labels: Sequence[str],
-    prefixes: Sequence[str] = SURFACE_PREFIXES,
-) -> np.ndarray:
-    """P(label | prompt) renormalized over ``labels``: shape ``(len(prompts), len(labels))``.
-
-    Each label's probability is the sum over its surface forms (``prefix +
-    label`` for each prefix). On the ``hf`` backend every form is scored as a
-    continuation (:func:`score_candidates`; a one-token form costs nothing
-    beyond the prompt). Other backends use ``next_token_logprobs`` when every
-    form is one token in context, and ``backend.score`` otherwise (SmolLM2
-    writes "Confidence: 9" as ``:``, ``Ġ``, ``9``: reading only the
-    single-token forms would drop the model's most likely path).
-    """
-    if not labels:
-        raise CandorError("candidate_distribution: no labels")
-    forms = surface_forms(labels, prefixes)
-    texts = [text for _, text in forms]
-    ids = None if _is_hf(backend) or not prompts else single_token_ids(backend, prompts, texts)
-    if ids is not None:
-        form_lp = np.asarray(backend.next_token_logprobs(list(prompts), ids), dtype=float)
-    else:
-        form_lp = score_candidates(backend, prompts, texts)
-    owner = np.array([k for k, _ in forms])
-    label_lp = np.stack([_logsumexp(form_lp[:, owner == k]) for k in range(len(labels))], axis=1)
-    return _softmax(label_lp)
-
-
-def _logsumexp(x: np.ndarray) -> np.ndarray:
-    top = x.max(axis=1, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    return (top + np.log(np.exp(x - top).sum(axis=1, keepdims=True)))[:, 0]
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - x.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)

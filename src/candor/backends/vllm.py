@@ -45,9 +45,10 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
+from candor.backends.chat import TokenizerChat
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
+from candor.backends.tokens import encode as encode_tokens
 from candor.errors import CandorError
-from candor.prompts import TokenizerChat
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +146,7 @@ class VLLMBackend:
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         """Token ids with special tokens, without doubling a BOS the prompt already has (as ``hf`` does)."""
-        encoded = self.tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
-        bos = self.tokenizer.bos_token_id
-        return [ids[1:] if bos is not None and ids[:2] == [bos, bos] else list(ids) for ids in encoded]
+        return encode_tokens(self.tokenizer, prompts)
 
     # ------------------------------------------------------------ generation
 

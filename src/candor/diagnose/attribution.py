@@ -34,8 +34,8 @@ import numpy as np
 from candor.data.items import QAItem
 from candor.diagnose.regions import ANSWER, REGIONS, prompt_regions
 from candor.errors import CandorError
-from candor.label_distribution import LabelScorer
-from candor.verbal_formats import get_format
+from candor.verbal.formats import get_format
+from candor.verbal.scorer import LabelScorer
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ P(C | q, a). The pad tokens stay attended to: they stand in for the answer,
 they are not padding. A model that ignores its answer keeps its confidence:
 ``mask_shift``, the mean |μ(real) − μ(masked)|, is near 0.
 
-P(C) comes from :class:`candor.label_distribution.LabelScorer`, which reads
+P(C) comes from :class:`candor.verbal.scorer.LabelScorer`, which reads
 the format's labels from token ids (SmolLM2 writes " 9" as "Ġ" + "9", so both
 surface forms are scored), the same distribution as inference-time scoring.
 """
@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from candor.backends.tokens import pad_batch
 from candor.data.items import QAItem
 from candor.diagnose.regions import PromptRegions, prompt_regions
 from candor.diagnose.sensitivity import JSD_THRESHOLD, jensen_shannon
 from candor.errors import CandorError
-from candor.label_distribution import LabelScorer, pad_batch
-from candor.verbal_formats import get_format
+from candor.verbal.formats import get_format
+from candor.verbal.scorer import LabelScorer
 
 logger = logging.getLogger(__name__)
 

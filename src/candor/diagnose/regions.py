@@ -17,10 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from candor.backends.tokens import encode_with_offsets
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.label_distribution import build_prompt, encode_prompt, token_span
 from candor.prompts import question_text
+from candor.verbal.scorer import build_prompt, token_span
 
 REGIONS = ("bos", "template", "question", "answer")
 BOS, TEMPLATE, QUESTION, ANSWER = range(len(REGIONS))
@@ -50,11 +51,11 @@ def prompt_regions(tokenizer: Any, item: QAItem, answer: str, fmt: str, variant:
     """The scoring prompt for ``(item, answer)`` as token ids, each labelled with its region.
 
     Ids and the answer's span come from
-    :func:`candor.label_distribution.build_prompt`, so they are exactly what
+    :func:`candor.verbal.scorer.build_prompt`, so they are exactly what
     the label scorer reads.
     """
     prompt = build_prompt(tokenizer, item, answer, fmt, variant)
-    _, offsets = encode_prompt(tokenizer, prompt.text)
+    _, offsets = encode_with_offsets(tokenizer, prompt.text)
     roles = np.full(len(prompt.ids), TEMPLATE, dtype=np.int64)
     question = question_text(item)
     answer_char = offsets[prompt.answer_start][0] if prompt.answer_start < len(offsets) else len(prompt.text)

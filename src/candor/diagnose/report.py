@@ -35,7 +35,7 @@ from candor.diagnose.sensitivity import JSD_THRESHOLD
 from candor.files import atomic_write_text
 from candor.plots import BAR_COLOR, CORRECT_COLOR, UNDER_COLOR, WRONG_COLOR, confidence_histograms, save_png
 from candor.report import safe_filenames
-from candor.verbal_formats import get_format
+from candor.verbal.formats import get_format
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from candor.diagnose.rollout import RolloutResult, rollout_masses
 from candor.diagnose.sensitivity import SensitivityResult, answer_sensitivity
 from candor.digests import backend_identity, path_digest
 from candor.errors import CandorError
-from candor.files import atomic_write_json
+from candor.files import read_keyed_json, write_keyed_json
 from candor.records import Record
 from candor.registry import Registry
 
@@ -137,7 +137,7 @@ def diagnose_model(
         chosen = spread(candidates, stage.count(config))
         key = _fingerprint(identity, config, stage_name, chosen)
         path = Path(cache_dir) / name / f"{stage_name}.json" if cache_dir is not None else None
-        cached = _load_cached(path, key)
+        cached = read_keyed_json(path, key)
         if cached is not None:
             setattr(diagnosis, stage_name, stage.result_type.from_dict(cached["result"]))
             diagnosis.costs[stage_name] = cached.get("cost", {})
@@ -149,7 +149,7 @@ def diagnose_model(
         setattr(diagnosis, stage_name, result)
         diagnosis.costs[stage_name] = meter.cost.as_dict()
         if path is not None:
-            _save_cached(path, key, result.to_dict(), diagnosis.costs[stage_name])
+            write_keyed_json(path, key, {"cost": diagnosis.costs[stage_name], "result": result.to_dict()})
     return diagnosis
 
 
@@ -218,21 +218,3 @@ def _fingerprint(
     settings = {k: v for k, v in config.to_dict().items() if k != "stages"}
     payload = json.dumps([dict(identity), settings, stage, [c.to_dict() for c in chosen]], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def _load_cached(path: Path | None, key: str) -> dict[str, Any] | None:
-    if path is None or not path.exists():
-        return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        logger.warning("%s: unreadable cache, recomputing", path)
-        return None
-    if doc.get("key") != key:
-        logger.info("%s: cached for another model, adapter, config or questions; recomputing", path)
-        return None
-    return doc
-
-
-def _save_cached(path: Path, key: str, result: dict[str, Any], cost: dict[str, float]) -> None:
-    atomic_write_json(path, {"key": key, "cost": cost, "result": result}, indent=None)

@@ -1,7 +1,7 @@
 """Answer sensitivity: does P(C | q, a) change when the answer changes? (DESIGN.md §4.5)
 
 For every question, P(C | q, a_i) is read for each candidate answer a_i
-(inference-time scoring, :func:`candor.verbal_formats.confidence_distribution`)
+(inference-time scoring, :func:`candor.verbal.formats.confidence_distribution`)
 and the Jensen-Shannon divergence of every pair of candidates is taken, with
 the natural log, so it lies in [0, ln 2]. A model whose confidence ignores the
 answer gives near-identical distributions: most pairs at JSD ≤ 0.1, which the
@@ -25,7 +25,7 @@ import numpy as np
 
 from candor.backends.base import Backend
 from candor.diagnose.candidates import CandidateSet
-from candor.verbal_formats import confidence_distribution, expected_confidence, get_format
+from candor.verbal.formats import confidence_distribution, expected_confidence, get_format
 
 logger = logging.getLogger(__name__)
 

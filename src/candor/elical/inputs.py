@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from candor.backends.chat import TokenizerChat
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.prompts import TEMPLATES, QATemplate, TokenizerChat, resolve_template
+from candor.prompts import TEMPLATES, QATemplate, resolve_template
 from candor.records import Record
 
 logger = logging.getLogger(__name__)

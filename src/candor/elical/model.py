@@ -5,7 +5,8 @@ how likely the model is to answer correctly (DESIGN.md §4.4).
 
 - The last prompt token is gathered as the last position whose attention mask
   is 1, with position ids counted over real tokens only, so left and right
-  padding give the same confidence for the same prompt.
+  padding give the same confidence for the same prompt (the shared helpers of
+  :mod:`candor.backends.tokens`, as the ``hf`` backend encodes and pads).
 - ``mode="lora"`` (the paper): LoRA on the backbone, trained jointly with the
   head. ``mode="head"``: the backbone is frozen and only the head trains, on
   cached features (:mod:`candor.elical.features`).
@@ -39,11 +40,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from candor.backends.hf import shared_prefix_batches
+from candor.backends.chat import TokenizerChat
+from candor.backends.tokens import encode, last_token_index, positions_from_mask, shared_prefix_batches
 from candor.data.items import QAItem
 from candor.elical.inputs import render_prompts
 from candor.errors import CandorError
-from candor.prompts import TokenizerChat
 from candor.records import Record
 
 logger = logging.getLogger(__name__)
@@ -106,25 +107,6 @@ class LinearHead(nn.Module):
         """Set the bias so an average input starts at the mean target (a head that starts calibrated)."""
         p = min(max(float(mean_target), 1e-3), 1 - 1e-3)
         self.linear.bias.fill_(math.log(p / (1 - p)))
-
-
-def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Per row, the index of the last position whose mask is 1 (left or right padding alike)."""
-    width = attention_mask.shape[1]
-    return width - 1 - attention_mask.flip(-1).argmax(-1)
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only, so padding on either side leaves them unchanged."""
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
-    """Token ids with the tokenizer's special tokens, without doubling a BOS the prompt already has."""
-    encoded = tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
-    bos = tokenizer.bos_token_id
-    return [ids[1:] if bos is not None and ids[:2] == [bos, bos] else list(ids) for ids in encoded]
-
 
 
 class ConfidenceHead(nn.Module):
@@ -218,7 +200,7 @@ class ConfidenceHead(nn.Module):
         out = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids(attention_mask),
+            position_ids=positions_from_mask(attention_mask),
             use_cache=False,
             output_hidden_states=layer != -1,
         )
@@ -258,7 +240,7 @@ class ConfidenceHead(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            encoded = encode_prompts(self.tokenizer, prompts)
+            encoded = encode(self.tokenizer, prompts)
             out: list[np.ndarray] = [np.empty(0)] * len(prompts)
             pad_id = int(self.tokenizer.pad_token_id)
             for indices, kwargs in shared_prefix_batches(self.backbone, encoded, pad_id, batch_size):

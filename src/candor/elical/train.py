@@ -49,12 +49,14 @@ import numpy as np
 import torch
 from accelerate import PartialState
 
+from candor.backends.chat import TokenizerChat
+from candor.backends.tokens import encode
 from candor.contamination import read_manifest, write_manifest
 from candor.cost import ResourceMeter
 from candor.elical.config import EliCalConfig
 from candor.elical.features import FeatureCache
 from candor.elical.inputs import records_template
-from candor.elical.model import ConfidenceHead, HeadConfig, encode_prompts
+from candor.elical.model import ConfidenceHead, HeadConfig
 from candor.elical.splits import ALL, Budget, budget_size, draw_budget, parse_budget
 from candor.elical.targets import check_field, stage_target, targets
 from candor.elical.trainer import (
@@ -68,7 +70,6 @@ from candor.elical.trainer import (
 )
 from candor.errors import CandorError
 from candor.files import atomic_write_text
-from candor.prompts import TokenizerChat
 from candor.records import Record
 from candor.training import TrainResult, training_arguments
 
@@ -347,8 +348,8 @@ def _lora_mode_data(
 ) -> tuple[Any, Any, Any, Any, None]:
     if fresh or config.recenter_bias:
         head.head.start_at(float(y.mean()))
-    ids = encode_prompts(head.tokenizer, head.prompts(records))
-    ids_dev = encode_prompts(head.tokenizer, head.prompts(dev))
+    ids = encode(head.tokenizer, head.prompts(records))
+    ids_dev = encode(head.tokenizer, head.prompts(dev))
     collate = PromptCollator(int(head.tokenizer.pad_token_id))
     return head, prompt_examples(ids, y), prompt_examples(ids_dev, y_dev), collate, None
 

@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from candor.label_distribution import pad_batch
+from candor.backends.tokens import pad_batch
 
 logger = logging.getLogger(__name__)
 

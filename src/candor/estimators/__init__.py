@@ -42,8 +42,8 @@ from candor.estimators import (  # noqa: F401
     selfconsistency,
     spectral,
     tokenstats,  # noqa: F401
-    verbal,
-    verbalized,
+    verbal_answer,
+    verbal_question,
 )
 from candor.estimators.base import ESTIMATORS, Estimator, get_estimator
 from candor.records import Record

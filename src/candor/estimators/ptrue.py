@@ -4,7 +4,7 @@ The model sees the question and its greedy answer as a proposal, is asked
 "Is the proposed answer: A. True B. False", and the assistant turn is opened
 with "The proposed answer is:". The confidence is P("A") renormalized over
 A and B at the next position, each letter read with and without a leading
-space (see :func:`candor.backends.prefix_scoring.candidate_distribution`).
+space (see :func:`candor.verbal.distribution.candidate_distribution`).
 
 It judges the greedy answer, so it is answer-level; for a multiple-choice item
 the proposal is the greedy answer's option letter.
@@ -17,12 +17,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from candor.backends.base import NEXT_TOKEN_LOGPROBS, Backend
-from candor.backends.prefix_scoring import candidate_distribution
 from candor.estimators.answers import record_answer
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.prompts import question_text
 from candor.records import Record
-from candor.verbal_formats import render_turns
+from candor.verbal.distribution import candidate_distribution
+from candor.verbal.formats import render_turns
 
 PTRUE_QUESTION = "Is the proposed answer:\nA. True\nB. False\nAnswer with the letter only."
 PTRUE_CUE = "The proposed answer is:"

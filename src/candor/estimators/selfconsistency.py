@@ -30,7 +30,7 @@ from candor.judges import CONSISTENCY_JUDGES, get_consistency_judge
 from candor.prompts import resolve_template
 from candor.records import Record
 from candor.seeds import item_seed
-from candor.verbal_formats import answer_prompt, get_format, parse_answer
+from candor.verbal.formats import answer_prompt, get_format, parse_answer
 
 PROMPTS = ("format", "qa")
 

@@ -1,5 +1,8 @@
 """Question-level verbal confidence: ``verbal-0`` and ``verbal-10`` (DESIGN.md §4.2).
 
+Asked before any answer exists; the answer-level formats (``verbal-letter``
+and the rest) live in :mod:`candor.estimators.verbal_answer`.
+
 The model is asked, before answering, whether it can answer the question
 correctly, and states a score between 0 and 1. The reply is parsed by
 :func:`parse_verbal_score`:
@@ -35,7 +38,7 @@ from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.prompts import question_text
 from candor.records import Record
-from candor.verbal_formats import render_turns
+from candor.verbal.formats import render_turns
 
 logger = logging.getLogger(__name__)
 

@@ -1,60 +1,57 @@
 """A differentiable P(C | q, a) over a format's labels, from one causal-LM forward on token ids.
 
 Inference reads the confidence distribution with
-:func:`candor.backends.prefix_scoring.candidate_distribution` (numpy, no
+:func:`candor.verbal.distribution.candidate_distribution` (numpy, no
 gradients, every label scored as a continuation). Training (ADVICE,
 ConfTuner) and diagnostics (integrated gradients) need the same numbers as a
 torch expression of the model's weights or input embeddings. This module
-computes them so that both paths agree (to float round-off):
+computes them so that both paths agree (to float round-off; a test checks
+every format):
 
 - every label is read in its two surface forms, without and with a leading
   space, tokenized as they are after ``Confidence:`` (the end of every format
   prompt); the forms' probabilities add up and the result is renormalized
   over the labels;
 - a one-token form is read from the logits at the prompt's last token;
-- a two-token form (SmolLM2 writes " 9" as ``Ġ`` + ``9``) is the product of
-  P(first token) at the last position and P(second | first) one position
-  later. The first token is appended after each row's last real token, so the
-  same forward pass gives both (causal attention: appending a token does not
-  change earlier logits). Forms with different first tokens (ScoreText's
-  "very" and " very") need one extra copy of each row per further first
-  token, run in the same forward.
-- Longer forms (ScoreFloat's "0.0", ScorePercent's "80%") are refused with a
-  :class:`CandorError`; score those formats with ``candidate_distribution``.
+- a longer form (SmolLM2 writes " 9" as ``Ġ`` + ``9`` and " 80%" as ``Ġ`` +
+  ``8`` + ``0`` + ``%``) is the product of P(first token) at the last position
+  and P(next | the form's tokens so far) at each later position. The forms'
+  tokens but the last are appended after each row's last real token as
+  *chains*: the leaves of the trie of the forms' proper prefixes, so a chain
+  serves every form it starts ("Ġ8" + "0" serves " 8%", " 80%"). Each chain is
+  one copy of the batch in the same forward (causal attention: appending tokens
+  does not change earlier logits). A format costs one copy per chain: none for
+  ScoreLetter, one for ScoreNumber, two for ScoreText, four for ScoreFloat and
+  about 180 for ScorePercent (use ``share_prefix`` there, so only the rows'
+  suffixes are copied).
 
 Position ids are derived from the attention mask, as the ``hf`` backend does,
 so left and right padding give the same distribution. Logits are computed only
 at the positions read (``logits_to_keep`` with the columns needed), not over
 the whole sequence.
 
-The prompt helpers render exactly :func:`candor.verbal_formats.format_prompt`
+The prompt helpers render exactly :func:`candor.verbal.formats.format_prompt`
 through the tokenizer's chat template and encode it as ``HFBackend`` does, and
 locate the answer's tokens in it (for the LM loss and for diagnostics).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from candor.backends.prefix_scoring import surface_forms
+from candor.backends import tokens
+from candor.backends.chat import TokenizerChat
+from candor.backends.tokens import MIN_SHARED_PREFIX, encode_with_offsets, pad_batch, positions_from_mask
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.prompts import TokenizerChat
-from candor.verbal_formats import CONFIDENCE_CUE, VerbalFormat, format_prompt, get_format
-
-# The longest surface form (in tokens) that one extra position can read.
-MAX_FORM_TOKENS = 2
-# A shared prefix shorter than this is not worth a separate forward pass.
-MIN_SHARED_PREFIX = 8
-
+from candor.verbal.distribution import surface_forms
+from candor.verbal.formats import CONFIDENCE_CUE, VerbalFormat, format_prompt, get_format
 
 # ---------------------------------------------------------------- prompts as token ids
-
 
 
 @dataclass(frozen=True)
@@ -72,18 +69,8 @@ class PromptIds:
 
 
 def prompt_text(tokenizer: Any, item: QAItem, answer: str, fmt: str | VerbalFormat, variant: str = "default") -> str:
-    """Exactly :func:`candor.verbal_formats.format_prompt` for a backend built on ``tokenizer``."""
+    """Exactly :func:`candor.verbal.formats.format_prompt` for a backend built on ``tokenizer``."""
     return format_prompt(TokenizerChat(tokenizer), item, answer, fmt, variant)  # type: ignore[arg-type]
-
-
-def encode_prompt(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """Token ids as ``HFBackend`` encodes a prompt (special tokens, no doubled BOS), with character offsets."""
-    enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
-    ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
-    bos = tokenizer.bos_token_id
-    if bos is not None and ids[:2] == [bos, bos]:
-        ids, offsets = ids[1:], offsets[1:]
-    return ids, offsets  # type: ignore[return-value]
 
 
 def token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
@@ -107,23 +94,9 @@ def build_prompt(
     char_start = text.rfind(tail)
     if char_start < 0:  # format_prompt always ends with this; a changed template would break the span
         raise CandorError(f"the format prompt does not end with the answer line {tail!r}")
-    ids, offsets = encode_prompt(tokenizer, text)
+    ids, offsets = encode_with_offsets(tokenizer, text)
     start, end = token_span(offsets, char_start, char_start + len(answer.strip()))
     return PromptIds(tuple(ids), start, end, text)
-
-
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` padded on ``side`` ("left" or "right") to the longest sequence."""
-    if side not in ("left", "right"):
-        raise CandorError(f"padding side must be 'left' or 'right', got {side!r}")
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        cols = slice(width - len(seq), width) if side == "left" else slice(0, len(seq))
-        ids[row, cols] = torch.tensor(list(seq), dtype=torch.long)
-        mask[row, cols] = 1
-    return ids, mask
 
 
 def span_mask(spans: Sequence[tuple[int, int]], lengths: Sequence[int], width: int, side: str = "left") -> torch.Tensor:
@@ -162,38 +135,40 @@ class LabelScorer:
         self.fmt = get_format(fmt)
         self.values = torch.tensor(self.fmt.values, dtype=torch.float32)
         base = list(tokenizer(context, add_special_tokens=False)["input_ids"])
-        single: list[tuple[int, int]] = []  # (label, token)
-        double: list[tuple[int, int, int]] = []  # (label, first token, second token)
+        forms: list[tuple[int, tuple[int, ...]]] = []  # (label, the form's tokens after the context)
         for label, text in surface_forms(self.fmt.labels):
             full = list(tokenizer(context + text, add_special_tokens=False)["input_ids"])
-            tail = full[len(base) :]
-            if full[: len(base)] != base:
+            if full[: len(base)] != base or len(full) == len(base):
                 raise CandorError(
                     f"{self.fmt.name}: label form {text!r} merges with {context!r} when tokenized; "
                     "it cannot be read at the next position"
                 )
-            if not 1 <= len(tail) <= MAX_FORM_TOKENS:
-                raise CandorError(
-                    f"{self.fmt.name}: label form {text!r} is {len(tail)} tokens after {context!r}; "
-                    f"the differentiable scorer reads forms of at most {MAX_FORM_TOKENS} tokens "
-                    "(use candor.backends.prefix_scoring.candidate_distribution for this format)"
-                )
-            if len(tail) == 1:
-                single.append((label, tail[0]))
-            else:
-                double.append((label, tail[0], tail[1]))
-        self.first_tokens = list(dict.fromkeys(f for _, f, _ in double))  # one forward block each
-        n_forms = len(single) + len(double)
-        self._owner = torch.tensor([k for k, _ in single] + [k for k, _, _ in double], dtype=torch.long)
-        self._single_tokens = torch.tensor([t for _, t in single], dtype=torch.long)
-        self._double_first = torch.tensor([f for _, f, _ in double], dtype=torch.long)
-        self._double_block = torch.tensor([self.first_tokens.index(f) for _, f, _ in double], dtype=torch.long)
-        self._double_second = torch.tensor([t for _, _, t in double], dtype=torch.long)
-        self.n_forms = n_forms
+            forms.append((label, tuple(full[len(base) :])))
+        self.chains = _chains([t for _, t in forms])
+        self.extra = max((len(c) for c in self.chains), default=0)  # columns appended after each row
+        block_of = {}
+        for b, chain in enumerate(self.chains):
+            for k in range(1, len(chain) + 1):
+                block_of.setdefault(chain[:k], b)
+        # One read per form token: (form, block, columns after the last real token, token).
+        reads = []
+        for f, (_, form) in enumerate(forms):
+            block = block_of[form[:-1]] if len(form) > 1 else 0
+            reads.extend((f, block, j, token) for j, token in enumerate(form))
+        self.n_forms = len(forms)
+        self._owner = torch.tensor([label for label, _ in forms], dtype=torch.long)
+        self._read_form, self._read_block, self._read_offset, self._read_token = (
+            torch.tensor(column, dtype=torch.long) for column in zip(*reads, strict=True)
+        )
 
     @property
     def n_labels(self) -> int:
         return self.fmt.n_values
+
+    @property
+    def first_tokens(self) -> list[int]:
+        """The first token of each chain (the appended copies), without repeats."""
+        return list(dict.fromkeys(chain[0] for chain in self.chains))
 
     # ------------------------------------------------------------ public
 
@@ -251,17 +226,15 @@ class LabelScorer:
         inputs_embeds: torch.Tensor | None,
         targets: torch.Tensor | None,
     ) -> _Plan:
-        """Rows as given (any padding), each first token of a two-token form written after the last real token."""
+        """Rows as given (any padding), one copy per chain with the chain written after the last real token."""
         mask = attention_mask.long()
-        batch, width = mask.shape
-        device = mask.device
-        last = (mask * torch.arange(width, device=device)).argmax(-1)  # last real token of each row
-        if self.first_tokens:
-            input_ids, inputs_embeds, mask = self._append_first_tokens(model, input_ids, inputs_embeds, mask, last)
-        plan = _Plan(input_ids, inputs_embeds, mask, (mask.cumsum(-1) - 1).clamp(min=0), batch)
+        batch = mask.shape[0]
+        last = tokens.last_token_index(mask)
+        if self.chains:
+            input_ids, inputs_embeds, mask = self._append_chains(model, input_ids, inputs_embeds, mask, last)
+        plan = _Plan(input_ids, inputs_embeds, mask, positions_from_mask(mask), batch)
         plan.last = last
-        if self.first_tokens:
-            plan.slot = last + 1
+        plan.ahead = self.extra
         if targets is not None:
             rows, cols = torch.nonzero(targets, as_tuple=True)
             if bool((mask[rows, cols - 1] == 0).any()) or bool((cols == 0).any()):
@@ -276,32 +249,27 @@ class LabelScorer:
         mask = attention_mask.bool()
         real = [torch.nonzero(m).flatten() for m in mask]  # padded column of each real token, per row
         seqs = [ids[cols].tolist() for ids, cols in zip(input_ids, real, strict=True)]
-        limit = min(len(s) for s in seqs) - 1
+        prefix = tokens.shared_prefix_length(seqs)
         if targets is not None and bool(targets.any()):
             # Targets need the logits one position earlier, which the suffix pass must compute.
             firsts = [int(torch.nonzero(t[cols]).min()) for t, cols in zip(targets, real, strict=True) if t.any()]
-            limit = min(limit, min(firsts) - 1)
-        prefix = 0
-        while prefix < limit and all(s[prefix] == seqs[0][prefix] for s in seqs):
-            prefix += 1
+            prefix = min(prefix, min(firsts) - 1)
         if prefix < MIN_SHARED_PREFIX:
             return None
-        extra = 1 if self.first_tokens else 0
+        extra = self.extra
         suffixes = [s[prefix:] for s in seqs]
         width = max(len(s) for s in suffixes) + extra
         batch, device = len(seqs), input_ids.device
         blocks = []
-        for token in self.first_tokens or [None]:
-            tails = [s + ([token] if token is not None else []) for s in suffixes]
-            blocks.append(pad_batch(tails, 0, "left"))
+        for chain in self.chains or [()]:
+            blocks.append(pad_batch([s + _padded(chain, extra) for s in suffixes], 0, "left"))
         ids = torch.cat([b[0] for b in blocks]).to(device)
         suffix_mask = torch.cat([b[1] for b in blocks]).to(device)
         full_mask = torch.cat([suffix_mask.new_ones(len(ids), prefix), suffix_mask], dim=1)
-        plan = _Plan(ids, None, full_mask, prefix + (suffix_mask.cumsum(-1) - 1).clamp(min=0), batch)
+        plan = _Plan(ids, None, full_mask, prefix + positions_from_mask(suffix_mask), batch)
         plan.prefix_ids = input_ids[0, real[0][:prefix]].unsqueeze(0)
         plan.last = torch.full((batch,), width - 1 - extra, dtype=torch.long, device=device)
-        if self.first_tokens:
-            plan.slot = plan.last + 1
+        plan.ahead = extra
         if targets is not None:
             rows, cols = torch.nonzero(targets, as_tuple=True)
             # Padded column → real position → suffix column (suffixes end at column width - 1 - extra).
@@ -318,30 +286,26 @@ class LabelScorer:
     def _read(
         self, logits: torch.Tensor, plan: _Plan, input_ids: torch.Tensor | None, targets: torch.Tensor | None
     ) -> LabelForward:
-        batch = plan.batch
-        rows = torch.arange(batch, device=logits.device)
-        first = torch.log_softmax(plan.at(logits, rows, plan.last).float(), -1)
-        forms = [first[:, self._single_tokens.to(first.device)]]
-        if self.first_tokens:
-            second = torch.stack(
-                [
-                    torch.log_softmax(plan.at(logits, b * batch + rows, plan.slot).float(), -1)
-                    for b in range(len(self.first_tokens))
-                ]
-            )  # [blocks, B, V]
-            lp_first = first[:, self._double_first.to(first.device)]
-            block, token = self._double_block.to(first.device), self._double_second.to(first.device)
-            forms.append(lp_first + second[block, :, token].T)
-        label_lp = self._per_label(torch.cat(forms, dim=1))
+        batch, device = plan.batch, logits.device
+        log_z = torch.logsumexp(logits.float(), dim=-1)  # [fed rows, kept columns]
+        # Read i of row b: block (read_block[i]) copy of row b, read_offset[i] columns after its last token.
+        rows = self._read_block.to(device).unsqueeze(0) * batch + torch.arange(batch, device=device).unsqueeze(1)
+        cols = plan.last.to(device).unsqueeze(1) + self._read_offset.to(device).unsqueeze(0)
+        index = plan.kept_index(cols)
+        token = self._read_token.to(device).expand(batch, -1)
+        values = logits[rows, index, token].float() - log_z[rows, index]  # [B, reads]
+        form_lp = values.new_zeros(batch, self.n_forms).index_add(1, self._read_form.to(device), values)
+        label_lp = self._per_label(form_lp)
         token_lp = None
         if targets is not None:
             assert input_ids is not None
-            token_lp = torch.zeros(targets.shape, dtype=torch.float32, device=logits.device)
+            token_lp = torch.zeros(targets.shape, dtype=torch.float32, device=device)
             if plan.target_rows.numel():
-                picked = plan.at(logits, plan.target_rows, plan.target_read).float()  # [N, V]
-                tokens = input_ids[plan.target_rows, plan.target_cols]
-                values = picked.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(picked, dim=-1)
-                token_lp = token_lp.index_put((plan.target_rows, plan.target_cols), values)
+                rows_t, read_t = plan.target_rows.to(device), plan.kept_index(plan.target_read)
+                picked = logits[rows_t, read_t].float()  # [N, V]
+                toks = input_ids[plan.target_rows, plan.target_cols].to(device)
+                values_t = picked.gather(1, toks.unsqueeze(1)).squeeze(1) - log_z[rows_t, read_t]
+                token_lp = token_lp.index_put((plan.target_rows, plan.target_cols), values_t)
         return LabelForward(torch.log_softmax(label_lp, dim=-1), token_lp)
 
     def _per_label(self, form_lp: torch.Tensor) -> torch.Tensor:
@@ -350,7 +314,7 @@ class LabelScorer:
         cols = [torch.logsumexp(form_lp[:, owner == k], dim=1) for k in range(self.n_labels)]
         return torch.stack(cols, dim=1)
 
-    def _append_first_tokens(
+    def _append_chains(
         self,
         model: Any,
         input_ids: torch.Tensor | None,
@@ -358,25 +322,44 @@ class LabelScorer:
         mask: torch.Tensor,
         last: torch.Tensor,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-        """One block per first token: each row with that token written right after its last real token."""
+        """One copy of the rows per chain, the chain (padded to ``extra``) written right after the last real token."""
         batch, width = mask.shape
         device = mask.device
-        slot_hot = torch.nn.functional.one_hot(last + 1, width + 1).bool()  # [B, W+1]
-        ext_mask = torch.cat([mask, mask.new_zeros(batch, 1)], dim=1) | slot_hot.long()
+        extra = self.extra
+        cols = last.unsqueeze(1) + 1 + torch.arange(extra, device=device)  # [B, extra]
+        ext_mask = torch.cat([mask, mask.new_zeros(batch, extra)], dim=1).scatter(1, cols, 1)
         ids_blocks, emb_blocks = [], []
-        for token in self.first_tokens:
+        for chain in self.chains:
+            chain_ids = torch.tensor(_padded(chain, extra), dtype=torch.long, device=device)
             if input_ids is not None:
-                ext = torch.cat([input_ids, input_ids.new_zeros(batch, 1)], dim=1)
-                ids_blocks.append(torch.where(slot_hot, torch.full_like(ext, token), ext))
+                ext = torch.cat([input_ids, input_ids.new_zeros(batch, extra)], dim=1)
+                ids_blocks.append(ext.scatter(1, cols, chain_ids.expand(batch, -1)))
             if inputs_embeds is not None:
-                zero = inputs_embeds.new_zeros(batch, 1, inputs_embeds.shape[-1])
-                ext_emb = torch.cat([inputs_embeds, zero], dim=1)
-                vec = _unwrap(model).get_input_embeddings()(torch.tensor([token], device=device)).to(ext_emb.dtype)
-                emb_blocks.append(torch.where(slot_hot.unsqueeze(-1), vec.view(1, 1, -1), ext_emb))
-        blocks = len(self.first_tokens)
+                hidden = inputs_embeds.shape[-1]
+                ext_emb = torch.cat([inputs_embeds, inputs_embeds.new_zeros(batch, extra, hidden)], dim=1)
+                vecs = _unwrap(model).get_input_embeddings()(chain_ids).to(ext_emb.dtype)  # [extra, H]
+                at = cols.unsqueeze(-1).expand(-1, -1, hidden)
+                emb_blocks.append(ext_emb.scatter(1, at, vecs.unsqueeze(0).expand(batch, -1, -1)))
+        blocks = len(self.chains)
         new_ids = torch.cat(ids_blocks) if ids_blocks else None
         new_emb = torch.cat(emb_blocks) if emb_blocks else None
         return new_ids, new_emb, ext_mask.repeat(blocks, 1)
+
+
+def _chains(forms: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The leaves of the trie of the forms' proper prefixes, in first-seen order.
+
+    Appending a leaf after the prompt gives, in one row, the logits after each
+    of its prefixes, so the leaves cover every token of every form but the first.
+    """
+    prefixes = dict.fromkeys(form[:k] for form in forms for k in range(1, len(form)))
+    inner = {p[:k] for p in prefixes for k in range(1, len(p))}
+    return [p for p in prefixes if p not in inner]
+
+
+def _padded(chain: Sequence[int], width: int) -> list[int]:
+    """``chain`` filled up to ``width`` by repeating its last token (causal: nothing reads past the chain)."""
+    return list(chain) + [chain[-1]] * (width - len(chain)) if chain else []
 
 
 @dataclass
@@ -384,8 +367,8 @@ class _Plan:
     """One scoring forward: what to feed, and which (row, column) logits to read.
 
     ``last[b]`` is the column whose logits predict a label's first token in
-    row b, ``slot[b]`` the column of an appended first token (block k's rows
-    are ``k * batch + b``), and target token i sits at ``(target_rows[i],
+    row b; the ``ahead`` columns after it hold the appended chain (block k's
+    rows are ``k * batch + b``). Target token i sits at ``(target_rows[i],
     target_cols[i])`` of the caller's tensors and is read at column
     ``target_read[i]`` of the fed rows. With ``prefix_ids`` the fed rows are
     suffixes that continue a prefix run once.
@@ -398,7 +381,7 @@ class _Plan:
     batch: int
     prefix_ids: torch.Tensor | None = None
     last: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    slot: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    ahead: int = 0
     target_rows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     target_cols: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     target_read: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
@@ -406,7 +389,8 @@ class _Plan:
 
     def run(self, model: Any) -> torch.Tensor:
         """Logits ``[R, K, V]`` at :attr:`columns` only (position ids from the mask)."""
-        self.columns = torch.unique(torch.cat([self.last, self.slot, self.target_read]))
+        label_cols = self.last.unsqueeze(1) + torch.arange(self.ahead + 1, device=self.last.device)
+        self.columns = torch.unique(torch.cat([label_cols.flatten(), self.target_read.to(self.last.device)]))
         kwargs: dict[str, Any] = {"attention_mask": self.mask, "position_ids": self.position_ids}
         if self.input_ids is not None and self.inputs_embeds is None:
             kwargs["input_ids"] = self.input_ids
@@ -416,46 +400,32 @@ class _Plan:
             kwargs.update(_prefix_cache(model, self.prefix_ids, len(self.mask)))
         else:
             kwargs["use_cache"] = False
-        keeps = _accepts_logits_to_keep(model)
+        keeps = tokens.accepts_logits_to_keep(model)
         if keeps:
             kwargs["logits_to_keep"] = self.columns.to(self.mask.device)
         logits = model(**kwargs).logits
         return logits if keeps else logits[:, self.columns.to(logits.device)]
 
-    def at(self, logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """``logits`` of fed rows ``rows`` at fed columns ``cols`` (pairwise): ``[N, V]``."""
-        index = torch.searchsorted(self.columns.to(cols.device), cols)
-        return logits[rows.to(logits.device), index.to(logits.device)]
+    def kept_index(self, cols: torch.Tensor) -> torch.Tensor:
+        """Where fed columns ``cols`` sit among the kept logits' columns."""
+        return torch.searchsorted(self.columns.to(cols.device), cols.contiguous())
 
 
 def _prefix_cache(model: Any, prefix_ids: torch.Tensor, rows: int) -> dict[str, Any]:
     """Run the shared prefix once (with gradients) and return the forward kwargs of its cache, one copy per row."""
-    from transformers import DynamicCache
-
-    base = _unwrap_all(model)
-    name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-    try:
-        cache = DynamicCache(config=base.config)
-    except TypeError:  # older transformers: no per-layer config
-        cache = DynamicCache()
+    name = tokens.cache_keyword(model)
+    cache = tokens.new_cache(model)
     length = prefix_ids.shape[1]
     positions = torch.arange(length, device=prefix_ids.device).unsqueeze(0)
     kwargs: dict[str, Any] = {
         "input_ids": prefix_ids, "attention_mask": torch.ones_like(prefix_ids), "position_ids": positions,
         name: cache, "use_cache": True,
     }  # fmt: skip
-    if _accepts_logits_to_keep(model):
+    if tokens.accepts_logits_to_keep(model):
         kwargs["logits_to_keep"] = 1
     model(**kwargs)
     cache.batch_repeat_interleave(rows)
     return {name: cache, "use_cache": True}
-
-
-def _unwrap_all(model: Any) -> Any:
-    """The plain transformers model inside DDP-style and PEFT wrappers."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _unwrap(model: Any) -> Any:
@@ -463,11 +433,3 @@ def _unwrap(model: Any) -> Any:
     while hasattr(model, "module") and not hasattr(model, "get_input_embeddings"):
         model = model.module
     return model
-
-
-def _accepts_logits_to_keep(model: Any) -> bool:
-    """Whether the model's forward takes ``logits_to_keep`` (PEFT's forward passes it through)."""
-    try:
-        return "logits_to_keep" in inspect.signature(_unwrap_all(model).forward).parameters
-    except (TypeError, ValueError):
-        return False

@@ -18,7 +18,7 @@ To score a given answer ``a`` the prompt ends with the assistant turn
 the labels at the next position, renormalized over the labels; the
 answer-level confidence is μ = Σ_c P(c)·value(c). Each label is read in two
 surface forms, with and without a leading space, whose probabilities add up;
-see :func:`candor.backends.prefix_scoring.candidate_distribution` for how
+see :func:`candor.verbal.distribution.candidate_distribution` for how
 single-token and multi-token labels are scored.
 
 Two choices made here:
@@ -56,11 +56,11 @@ import numpy as np
 from jinja2 import TemplateError
 
 from candor.backends.base import NEXT_TOKEN_LOGPROBS, SCORE, Backend, SamplingParams, backend_capabilities
-from candor.backends.prefix_scoring import candidate_distribution
 from candor.data.items import QAItem
 from candor.errors import CandorError
 from candor.prompts import question_text
 from candor.registry import Registry
+from candor.verbal.distribution import candidate_distribution
 
 logger = logging.getLogger(__name__)
 

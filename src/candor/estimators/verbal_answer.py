@@ -1,10 +1,13 @@
 """Answer-level verbalized confidence estimators: one per format × variant (DESIGN.md §4.3, §4.5).
 
+They score a given answer; the question-level ``verbal-0``/``verbal-10`` live
+in :mod:`candor.estimators.verbal_question`.
+
 ``verbal-letter``, ``verbal-number``, ``verbal-text``, ``verbal-float`` and
 ``verbal-percent`` use the Default prompt; each has a ``…-prompting`` twin
 with the Prompting sentence. They score the record's greedy answer (its option
 letter for multiple choice) with μ = Σ_c P(c | q, a)·value(c); see
-:mod:`candor.verbal_formats`.
+:mod:`candor.verbal.formats`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from candor.backends.base import Backend
 from candor.estimators.answers import record_answer
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.records import Record
-from candor.verbal_formats import (
+from candor.verbal.formats import (
     FORMATS,
     VARIANTS,
     distribution_from_prompts,
