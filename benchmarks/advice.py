@@ -54,7 +54,7 @@ from common import CACHE, RESULTS, peak_rss_mib, setup_logging, write_json
 
 from candor.advice import LossWeights, build_triplets, method_config, read_triplets, train, write_triplets
 from candor.advice.config import AdviceConfig
-from candor.advice.train import is_trained, load_result
+from candor.advice.pipeline import is_trained, load_result
 from candor.annotation import AnnotateConfig, annotate
 from candor.backends.base import SamplingParams
 from candor.backends.hf import HFBackend

@@ -18,7 +18,7 @@ from candor.advice.data import (
     scored_examples,
 )
 from candor.advice.losses import brier, jsd, jsd_hinge, margin_hinge, sum_penalty
-from candor.advice.train import DONE_MARKER, build_trainer, is_trained, load_result
+from candor.advice.pipeline import DONE_MARKER, build_trainer, is_trained, load_result
 from candor.backends.base import Completion
 from candor.backends.tokens import pad_batch
 from candor.contamination import fingerprints, read_manifest

@@ -14,7 +14,7 @@ from candor.contamination import fingerprints, read_manifest
 from candor.elical import EliCalConfig, carve_dev, draw_budget
 from candor.errors import CandorError
 from candor.records import write_records
-from candor.trainers import TRAINERS, build_config, parse_settings
+from candor.train_registry import TRAINERS, build_config, parse_settings
 
 
 def test_settings_are_converted_to_the_config_field_types():

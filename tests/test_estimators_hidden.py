@@ -108,7 +108,7 @@ def test_probe_refuses_one_class_and_another_backbone(tiny_backend, tmp_path):
 
 def test_candor_train_probe(tiny_model_dir, tmp_path):
     from candor.records import write_records
-    from candor.trainers import TrainJob, run_training
+    from candor.train_registry import TrainJob, run_training
 
     write_records(tmp_path / "train.jsonl", training_records(8))
     job = TrainJob(records=tmp_path / "train.jsonl", out=tmp_path / "probe", model=tiny_model_dir,

@@ -125,7 +125,7 @@ def test_an_advice_adapter_gives_answer_level_confidence_and_travels_with_the_mo
     lora = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=4, target_modules=["q_proj"],
                                                                 init_lora_weights=False))  # fmt: skip
     lora.save_pretrained(adapter)
-    # The adapter's training record names the format it was trained on (as candor.advice.train writes it).
+    # The adapter's training record names the format it was trained on (as candor.advice.pipeline writes it).
     (adapter / "training.json").write_text(json.dumps({"config": {"formats": ["number"], "variant": "default"}}))
     model = build_model(tiny_model_dir, adapter=adapter, threshold=0.0, max_new_tokens=3)
     assert model.method == "verbal-number" and model.backend.adapter == str(adapter)

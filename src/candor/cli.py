@@ -376,7 +376,7 @@ def train_command(
     ] = None,
 ) -> None:
     """Train a confidence method and save it (a head for EliCal, a LoRA adapter for ADVICE/ConfTuner)."""
-    from candor.trainers import TrainJob, parse_settings, run_training
+    from candor.train_registry import TrainJob, parse_settings, run_training
 
     job = TrainJob(records=records, out=out, model=model, dev=dev, seed=seed, settings=parse_settings(setting or []),
                    tests=list(test or []))  # fmt: skip

@@ -5,12 +5,12 @@
 - :mod:`candor.advice.data`: tokenized examples, one-format-per-batch sampler, collators.
 - :mod:`candor.advice.trainer`: the ``transformers.Trainer`` subclasses.
 - :mod:`candor.advice.config`: one config class per method (AdviceConfig, ConfTunerConfig) and the presets.
-- :mod:`candor.advice.train`: the one call that trains and saves a LoRA adapter.
+- :mod:`candor.advice.pipeline`: the one call that trains and saves a LoRA adapter.
 """
 
 from candor.advice.config import METHODS, AdviceConfig, ConfTunerConfig, method_config
 from candor.advice.losses import LossWeights, brier, jsd, jsd_hinge, margin_hinge, sum_penalty
-from candor.advice.train import is_trained, load_result, train
+from candor.advice.pipeline import is_trained, load_result, train
 from candor.advice.triplets import Triplet, TripletSet, TripletStats, build_triplets, read_triplets, write_triplets
 from candor.training import TrainResult
 

@@ -10,7 +10,7 @@ ADVICE+ConfTuner is ADVICE with the Brier term switched on. Each field is a
 Why not ``transformers.TrainingArguments`` subclasses: a config is frozen
 and hashed (the benchmarks key their run caches by :meth:`AdviceConfig.as_dict`),
 which ``TrainingArguments``' output folders, device probing and logging fields
-would break; :func:`candor.advice.train.build_trainer` builds the arguments
+would break; :func:`candor.advice.pipeline.build_trainer` builds the arguments
 from the config instead.
 """
 
@@ -34,7 +34,7 @@ DATA_KINDS = ("pairs", "answers")
 
 @dataclass(frozen=True)
 class AdviceConfig:
-    """Everything that defines one ADVICE run (see :mod:`candor.advice.train` for the presets' table)."""
+    """Everything that defines one ADVICE run (see :mod:`candor.advice.pipeline` for the presets' table)."""
 
     method: str = "advice"
     model: str = DEFAULT_MODEL

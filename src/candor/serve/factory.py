@@ -23,7 +23,7 @@ DEFAULT_METHOD = "n-prob"
 
 def adapter_method(adapter: Path) -> str:
     """The verbalized estimator matching the format an ADVICE/ConfTuner adapter was trained on."""
-    from candor.advice.train import load_result
+    from candor.advice.pipeline import load_result
 
     config = load_result(adapter).get("config") or {}
     formats = config.get("formats") or ["letter"]

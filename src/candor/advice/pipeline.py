@@ -1,4 +1,7 @@
-"""Train ADVICE, ConfTuner or ADVICE+ConfTuner into a LoRA adapter: one config, one call.
+"""The ADVICE / ConfTuner training pipeline: records → triplets or scored answers → the Trainer → a saved adapter.
+
+(``trainer.py`` beside it holds the ``Trainer`` subclasses and their ``compute_loss``;
+``config.py`` the method presets; this module runs them end to end.)
 
     from candor.advice import method_config, train
     config = method_config("advice", epochs=2)
