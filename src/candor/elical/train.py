@@ -60,6 +60,7 @@ from candor.elical.trainer import (
     BestOnDev,
     EliCalTrainer,
     PromptCollator,
+    auroc_metrics,
     collate_features,
     epoch_history,
     feature_examples,
@@ -88,6 +89,8 @@ class StageResult:
     best_epoch: float
     best_dev_loss: float
     stopped_early: bool
+    stop_metric: str = "loss"
+    best_dev_score: float | None = None
     history: list[dict[str, float]] = field(default_factory=list)
     cost: dict[str, float] = field(default_factory=dict)
 
@@ -191,6 +194,10 @@ def train_stage(
     kind = stage_target(stage, config.cal_target)
     y, y_dev = targets(records, kind, what="the training set"), targets(dev, kind, what="the dev slice")
     epochs = config.epochs_for(len(records), full_set)
+    # Stage 2's own rules: what picks its best epoch, and L2-SP toward the weights it resumes (not from scratch).
+    stop = config.cal_stop if stage == "cal" else "loss"
+    anchor = config.cal_anchor if stage == "cal" and not fresh else 0.0
+    metrics = auroc_metrics(targets(dev, "hard", what="the dev slice")) if stop == "auroc" else None
     logger.info(
         "EliCal %s (%s mode): %d train, %d dev, up to %d epochs", stage, config.mode, len(records), len(dev), epochs
     )
@@ -203,8 +210,8 @@ def train_stage(
             model, train_set, dev_set, collate, head_lr = _lora_mode_data(head, records, dev, y, y_dev, config, fresh)
         inputs_s = time.perf_counter() - inputs_start
         with tempfile.TemporaryDirectory(prefix="candor-elical-") as scratch:
-            args = _arguments(scratch, config, epochs, head_lr)
-            stopper = BestOnDev(patience=config.patience)
+            args = _arguments(scratch, config, epochs, head_lr, loss_only=metrics is None)
+            stopper = BestOnDev(patience=config.patience, metric=stop)
             trainer = EliCalTrainer(
                 model=model,
                 args=args,
@@ -214,6 +221,8 @@ def train_stage(
                 callbacks=[stopper],
                 head_parameters=head.head.parameters() if config.mode == "lora" else (),
                 head_learning_rate=config.head_learning_rate if config.mode == "lora" else None,
+                anchor=anchor,
+                compute_metrics=metrics,
             )
             trainer.train()
     history = epoch_history(trainer.state.log_history)
@@ -229,6 +238,8 @@ def train_stage(
         best_epoch=stopper.best_epoch,
         best_dev_loss=stopper.best_loss,
         stopped_early=stopper.stopped_early,
+        stop_metric=stop,
+        best_dev_score=stopper.best_score,
         history=history,
         cost=cost,
     )
@@ -345,8 +356,8 @@ def _lora_mode_data(
     return head, prompt_examples(ids, y), prompt_examples(ids_dev, y_dev), collate, None
 
 
-def _arguments(scratch: str, config: EliCalConfig, epochs: int, head_lr: float | None) -> Any:
-    """The paper's optimizer settings, dev loss each epoch, no checkpoints (see BestOnDev)."""
+def _arguments(scratch: str, config: EliCalConfig, epochs: int, head_lr: float | None, loss_only: bool = True) -> Any:
+    """The paper's optimizer settings, dev loss (and predictions when ``not loss_only``) each epoch, no checkpoints."""
     return training_arguments(
         scratch,
         learning_rate=head_lr if head_lr is not None else config.learning_rate,
@@ -359,7 +370,7 @@ def _arguments(scratch: str, config: EliCalConfig, epochs: int, head_lr: float |
         eval_strategy="epoch",
         per_device_eval_batch_size=config.eval_batch_size,
         label_names=["labels"],
-        prediction_loss_only=True,
+        prediction_loss_only=loss_only,
     )
 
 
