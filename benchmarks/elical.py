@@ -96,6 +96,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lora-epochs", type=int, default=1, help="epochs per stage in lora mode (CPU cap)")
     p.add_argument("--quick", action="store_true", help="1 seed, budgets 100 and all, 100 resamples, no lora")
     p.add_argument("--select-budgets", default=SELECT_BUDGETS, help="budgets of the dev-slice rule selection")
+    p.add_argument("--only", choices=("select", "before"), default=None,
+                   help="run only the dev-slice rule selection (prints it) or only the before sweep, then stop")
+    p.add_argument("--candidates", default=None, help="comma-separated stage-2 rule names to compare (default: all)")
+    p.add_argument("--plain-budgets", default="100,1000", help="budgets of the plain-resume comparison")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     args = p.parse_args()
@@ -184,7 +188,9 @@ def select_rule(args: argparse.Namespace, data: SweepData) -> dict[str, Any]:
     halves = dev_folds(list(data.dev))
     budgets = [parse_budget(b) for b in args.select_budgets.split(",") if b]
     evidence: dict[str, Any] = {}
-    for rule in RULE_CANDIDATES:
+    wanted = args.candidates.split(",") if args.candidates else [rule[0] for rule in RULE_CANDIDATES]
+    candidates = [rule for rule in RULE_CANDIDATES if rule[0] in wanted]
+    for rule in candidates:
         folds = []
         for k, (stop_on, score_on) in enumerate((halves, halves[::-1])):
             # Pooled: the dev slice has 15 correct greedy answers in all, too few to score per dataset.
@@ -212,9 +218,15 @@ def select_rule(args: argparse.Namespace, data: SweepData) -> dict[str, Any]:
         aurocs = [v["auroc"] for v in evidence[rule[0]]["by_budget"].values()]
         evidence[rule[0]]["mean_auroc"] = _num(sum(aurocs) / len(aurocs))
         evidence[rule[0]]["auroc_all_minus_100"] = _num(aurocs[-1] - aurocs[0])
-    best = max(RULE_CANDIDATES, key=lambda rule: evidence[rule[0]]["mean_auroc"])
+    best = max(candidates, key=lambda rule: evidence[rule[0]]["mean_auroc"])
     logger.info("dev-slice rule selection: %s", {k: v["mean_auroc"] for k, v in evidence.items()})
-    return {"candidates": evidence, "selected": best[0], "budgets": [str(b) for b in budgets], "rule": best}
+    return {
+        "candidates": evidence,
+        "selected": best[0],
+        "budgets": [str(b) for b in budgets],
+        "seeds": list(args.seeds),
+        "rule": best,
+    }
 
 
 def head_sweep(
@@ -239,7 +251,7 @@ def plain_resume_sweep(args: argparse.Namespace, data: SweepData, rule: tuple[st
         data,
         out_dir=args.cache / "head-plain" / _slug(rule[0]),
         config=config,
-        budgets=args.budgets,
+        budgets=[parse_budget(b) for b in args.plain_budgets.split(",") if b],
         seeds=args.seeds,
         methods=("elical",),
         eli_only=False,
@@ -339,7 +351,7 @@ def add_rule_change(payload: dict, before: dict, selection: dict, rule: tuple[st
         "dev_evidence": {
             **selection,
             "protocol": "2-fold on the 200-question dev slice (halves per dataset by id hash): early stopping on "
-            "one half, EliCal scored on the other (AUROC, ECE against greedy correctness), both ways, 3 seeds; "
+            "one half, EliCal scored on the other (AUROC, ECE against greedy correctness), both ways, over the seeds; "
             "the candidate with the best mean dev AUROC over the budgets is selected. No test or OOD item is used.",
         },
     }
@@ -454,10 +466,16 @@ def main() -> None:
     baselines = load_baselines(args.annotations, tests)
     seconds: dict[str, float] = {}
 
+    if args.only == "before":
+        head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE[0]))
+        return
     start = time.perf_counter()
     selection = select_rule(args, data)
     seconds["dev_selection"] = time.perf_counter() - start
     rule = selection.pop("rule")
+    if args.only == "select":
+        print(json.dumps(selection, indent=2))
+        return
     start = time.perf_counter()
     before = head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE[0]))
     seconds["head_sweep_before"] = time.perf_counter() - start

@@ -32,6 +32,13 @@ except:
   dev-slice loss stayed at 0.050 with 100 labels and 0.033 with 1000, against
   0.024 and 0.022 with it (head mode, two seeds; chosen on the dev slice,
   never on test data). ``recenter_bias=False`` resumes exactly as the paper.
+- stage 2's own rules (issue 13: with up to 1,800 in-domain labels at 11%
+  positives, stage 2 overwrote the stage-1 ranking, and AUROC fell with more
+  labels, most out of domain): ``cal_stop`` picks stage 2's best epoch by the
+  dev slice's loss (the paper) or its AUROC against greedy correctness, and
+  ``cal_anchor`` adds an L2-SP penalty holding the resumed head's weights near
+  stage 1's. Stage 1 always stops on the dev loss, and Cal-Only has no anchor
+  (nothing to hold it to).
 """
 
 from __future__ import annotations
