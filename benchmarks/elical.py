@@ -75,7 +75,7 @@ RULE_CANDIDATES = (
     ("L2-SP 0.01", "loss", 0.01),
     ("L2-SP 0.1", "loss", 0.1),
 )
-SELECT_BUDGETS = "100,500,all"
+SELECT_BUDGETS = "100,all"
 METRICS = ("auroc", "ece", "alignment")
 LORA_SUFFIX = " (lora)"
 PLAIN_SUFFIX = " (plain resume)"
@@ -98,6 +98,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--select-budgets", default=SELECT_BUDGETS, help="budgets of the dev-slice rule selection")
     p.add_argument("--only", choices=("select", "before"), default=None,
                    help="run only the dev-slice rule selection (prints it) or only the before sweep, then stop")
+    p.add_argument("--report-rules", default="",
+                   help="comma-separated candidates not selected to sweep anyway, reported apart (never selected)")
     p.add_argument("--candidates", default=None, help="comma-separated stage-2 rule names to compare (default: all)")
     p.add_argument("--plain-budgets", default="100,1000", help="budgets of the plain-resume comparison")
     p.add_argument("--out", type=Path, default=None)
@@ -323,6 +325,10 @@ def results_payload(
         "notes": [
             "Early stopping (patience 4) on the 200-question dev slice carved from the training pool; "
             "its labels are used only to stop, and no test item is used.",
+            "Stage-1 targets are consistency rates from the re-judged records (default consistency judge "
+            "lexical-echo; see results/consistency_agreement.json), so Eli-Only and EliCal differ from earlier "
+            "versions of this file; the 'before' curve is rerun on the same records so before/after compare like "
+            "with like.",
             "Stage 2 stops early on the rule in stage2_rule.after (chosen on the dev slice, see dev_evidence); "
             "the 'before' section is the same sweep with the old rule (dev MSE, no anchor) on the same records.",
             "EliCal re-centres the head's bias on the stage-2 targets when stage 2 starts (recenter_bias, "
@@ -338,7 +344,8 @@ def results_payload(
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "command": "python benchmarks/elical.py"
         + (" --quick" if args.quick else "")
-        + (" --skip-lora" if args.skip_lora and not args.quick else ""),
+        + (" --skip-lora" if args.skip_lora and not args.quick else "")
+        + (f" --report-rules '{args.report_rules}'" if args.report_rules else ""),
     }
 
 
@@ -485,6 +492,12 @@ def main() -> None:
     start = time.perf_counter()
     plain = plain_resume_sweep(args, data, rule)
     seconds["plain_resume_sweep"] = time.perf_counter() - start
+    report_only = {}
+    for name in [n for n in args.report_rules.split(",") if n and n != rule[0]]:
+        other = next(r for r in RULE_CANDIDATES if r[0] == name)
+        start = time.perf_counter()
+        report_only[name] = head_sweep(args, data, {}, other, args.cache / "head" / _slug(name))
+        seconds[f"head_sweep {name}"] = time.perf_counter() - start
     lora = None
     if not args.skip_lora:
         start = time.perf_counter()
@@ -493,6 +506,14 @@ def main() -> None:
 
     payload = results_payload(args, head, plain, lora, data, seconds)
     add_rule_change(payload, before, selection, rule)
+    payload["stage2_rule"]["report_only"] = {
+        name: {
+            "note": "not selected on the dev slice; swept for the record only (test/OOD numbers never fed a choice)",
+            "methods": {k: {g: v[g] for g in ("id", "ood", "ci95")} for k, v in
+                        ((k, method_entry(e, "head")) for k, e in sweep["methods"].items())},
+        }
+        for name, sweep in report_only.items()
+    }
     if lora is None:
         keep_previous_lora(payload, args.out)
     write_json(args.out, payload)
