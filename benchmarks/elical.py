@@ -39,6 +39,8 @@ Writes benchmarks/results/elical.json and benchmarks/results/elical_budget.png
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -62,6 +64,18 @@ BASELINES = {
     "Verbal-0": "verbal-0",
 }
 REFERENCE = "N-Prob"
+# Stage 2's rule before issue 13 (early stopping on dev MSE, no anchor) and the candidates compared on the dev
+# slice: (name, cal_stop, cal_anchor). The benchmark picks the one with the best mean dev AUROC (2-fold, below).
+BEFORE_RULE = ("loss-stop", "loss", 0.0)
+RULE_CANDIDATES = (
+    BEFORE_RULE,
+    ("auroc-stop", "auroc", 0.0),
+    # L2-SP from free to nearly frozen (at 0.1 only the bias moves much: the "bias and scale only" candidate).
+    ("L2-SP 0.001", "loss", 0.001),
+    ("L2-SP 0.01", "loss", 0.01),
+    ("L2-SP 0.1", "loss", 0.1),
+)
+SELECT_BUDGETS = "100,all"
 METRICS = ("auroc", "ece", "alignment")
 LORA_SUFFIX = " (lora)"
 PLAIN_SUFFIX = " (plain resume)"
@@ -81,6 +95,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lora-budget", default="1000")
     p.add_argument("--lora-epochs", type=int, default=1, help="epochs per stage in lora mode (CPU cap)")
     p.add_argument("--quick", action="store_true", help="1 seed, budgets 100 and all, 100 resamples, no lora")
+    p.add_argument("--select-budgets", default=SELECT_BUDGETS, help="budgets of the dev-slice rule selection")
+    p.add_argument("--only", choices=("select", "before"), default=None,
+                   help="run only the dev-slice rule selection (prints it) or only the before sweep, then stop")
+    p.add_argument("--report-rules", default="",
+                   help="comma-separated candidates not selected to sweep anyway, reported apart (never selected)")
+    p.add_argument("--candidates", default=None, help="comma-separated stage-2 rule names to compare (default: all)")
+    p.add_argument("--plain-budgets", default="100,1000", help="budgets of the plain-resume comparison")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
     args = p.parse_args()
@@ -119,21 +140,104 @@ def load_baselines(root: Path, tests: dict[str, list[Record]]) -> dict[str, dict
         for name, column in BASELINES.items():
             missing = [r.id for r in records if r.id not in rows or column not in rows[r.id].confidence]
             if missing:
-                sys.exit(f"{path}: no {column!r} confidence for {missing[0]}; rerun benchmarks/baselines.py")
-            out[name][dataset] = np.array([rows[r.id].confidence[column] for r in records])
-    return out
+                out[name] = None  # a baseline not scored on every test set is left out, not half-reported
+                continue
+            if out[name] is not None:
+                out[name][dataset] = np.array([rows[r.id].confidence[column] for r in records])
+    skipped = [name for name, v in out.items() if v is None]
+    if REFERENCE in skipped:
+        sys.exit(f"no {BASELINES[REFERENCE]!r} confidences under {root / 'confidences'}; run benchmarks/baselines.py")
+    if skipped:
+        logger.warning("baselines without cached confidences, left out: %s", ", ".join(skipped))
+    return {name: v for name, v in out.items() if v is not None}
 
 
 # ---------------------------------------------------------------- runs
 
 
-def head_sweep(args: argparse.Namespace, data: SweepData, baselines: dict) -> dict[str, Any]:
-    config = EliCalConfig(
-        mode="head", model=args.model, max_epochs=args.max_epochs, feature_cache=str(args.cache / "features")
+def head_config(args: argparse.Namespace, rule: tuple[str, str, float], **changes: Any) -> EliCalConfig:
+    _, stop, anchor = rule
+    return EliCalConfig(
+        mode="head",
+        model=args.model,
+        max_epochs=args.max_epochs,
+        feature_cache=str(args.cache / "features"),
+        cal_stop=stop,
+        cal_anchor=anchor,
+        **changes,
     )
+
+
+def dev_folds(dev: list[Record]) -> tuple[list[Record], list[Record]]:
+    """The dev slice in two halves, per dataset, by a hash of the id (fixed, independent of order)."""
+    by_dataset: dict[str, list[Record]] = {}
+    for r in dev:
+        by_dataset.setdefault(r.item.dataset, []).append(r)
+    halves: tuple[list[Record], list[Record]] = ([], [])
+    for records in by_dataset.values():
+        ordered = sorted(records, key=lambda r: hashlib.sha256(r.id.encode()).hexdigest())
+        halves[0].extend(ordered[: len(ordered) // 2])
+        halves[1].extend(ordered[len(ordered) // 2 :])
+    return halves
+
+
+def select_rule(args: argparse.Namespace, data: SweepData) -> dict[str, Any]:
+    """Compare stage-2 rules on the dev slice only: stop on one half, score EliCal on the other, both ways.
+
+    The half that scores a run never picks its epoch, so stopping on dev AUROC gets no optimistic edge.
+    Returns each candidate's dev AUROC/ECE per budget (mean over seeds and both folds) and the pick.
+    """
+    halves = dev_folds(list(data.dev))
+    budgets = [parse_budget(b) for b in args.select_budgets.split(",") if b]
+    evidence: dict[str, Any] = {}
+    wanted = args.candidates.split(",") if args.candidates else [rule[0] for rule in RULE_CANDIDATES]
+    candidates = [rule for rule in RULE_CANDIDATES if rule[0] in wanted]
+    for rule in candidates:
+        folds = []
+        for k, (stop_on, score_on) in enumerate((halves, halves[::-1])):
+            # Pooled: the dev slice has 15 correct greedy answers in all, too few to score per dataset.
+            scored = {"dev": score_on}
+            fold = SweepData(data.train, stop_on, scored, {name: "id" for name in scored})
+            folds.append(
+                run_sweep(
+                    fold,
+                    out_dir=args.cache / "select" / _slug(rule[0]) / f"fold{k}",
+                    config=head_config(args, rule),
+                    budgets=budgets,
+                    seeds=args.seeds,
+                    methods=("elical",),
+                    bootstrap=0,
+                )["methods"]
+            )
+        evidence[rule[0]] = {
+            "cal_stop": rule[1],
+            "cal_anchor": rule[2],
+            "by_budget": {
+                str(b): {m: _num(sum(f[f"EliCal@{b}"]["id"][m] for f in folds) / len(folds)) for m in ("auroc", "ece")}
+                for b in budgets
+            },
+        }
+        aurocs = [v["auroc"] for v in evidence[rule[0]]["by_budget"].values()]
+        evidence[rule[0]]["mean_auroc"] = _num(sum(aurocs) / len(aurocs))
+        evidence[rule[0]]["auroc_all_minus_100"] = _num(aurocs[-1] - aurocs[0])
+    best = max(candidates, key=lambda rule: evidence[rule[0]]["mean_auroc"])
+    logger.info("dev-slice rule selection: %s", {k: v["mean_auroc"] for k, v in evidence.items()})
+    return {
+        "candidates": evidence,
+        "selected": best[0],
+        "budgets": [str(b) for b in budgets],
+        "seeds": list(args.seeds),
+        "rule": best,
+    }
+
+
+def head_sweep(
+    args: argparse.Namespace, data: SweepData, baselines: dict, rule: tuple[str, str, float], out_dir: Path
+) -> dict[str, Any]:
+    config = head_config(args, rule)
     return run_sweep(
         data,
-        out_dir=args.cache / "head",
+        out_dir=out_dir,
         config=config,
         budgets=args.budgets,
         seeds=args.seeds,
@@ -142,20 +246,14 @@ def head_sweep(args: argparse.Namespace, data: SweepData, baselines: dict) -> di
     )
 
 
-def plain_resume_sweep(args: argparse.Namespace, data: SweepData) -> dict[str, Any]:
+def plain_resume_sweep(args: argparse.Namespace, data: SweepData, rule: tuple[str, str, float]) -> dict[str, Any]:
     """EliCal with the paper's plain resume (no bias re-centring in stage 2), to show what that choice does."""
-    config = EliCalConfig(
-        mode="head",
-        model=args.model,
-        max_epochs=args.max_epochs,
-        feature_cache=str(args.cache / "features"),
-        recenter_bias=False,
-    )
+    config = head_config(args, rule, recenter_bias=False)
     return run_sweep(
         data,
-        out_dir=args.cache / "head-plain",
+        out_dir=args.cache / "head-plain" / _slug(rule[0]),
         config=config,
-        budgets=args.budgets,
+        budgets=[parse_budget(b) for b in args.plain_budgets.split(",") if b],
         seeds=args.seeds,
         methods=("elical",),
         eli_only=False,
@@ -227,6 +325,12 @@ def results_payload(
         "notes": [
             "Early stopping (patience 4) on the 200-question dev slice carved from the training pool; "
             "its labels are used only to stop, and no test item is used.",
+            "Stage-1 targets are consistency rates from the re-judged records (default consistency judge "
+            "lexical-echo; see results/consistency_agreement.json), so Eli-Only and EliCal differ from earlier "
+            "versions of this file; the 'before' curve is rerun on the same records so before/after compare like "
+            "with like.",
+            "Stage 2 stops early on the rule in stage2_rule.after (chosen on the dev slice, see dev_evidence); "
+            "the 'before' section is the same sweep with the old rule (dev MSE, no anchor) on the same records.",
             "EliCal re-centres the head's bias on the stage-2 targets when stage 2 starts (recenter_bias, "
             "chosen on dev-slice loss); the '(plain resume)' rows are the paper's plain resume, for comparison.",
             "head mode: frozen backbone, last-layer last-token features, head lr 1e-3, batch 32, up to the paper's "
@@ -240,8 +344,49 @@ def results_payload(
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "command": "python benchmarks/elical.py"
         + (" --quick" if args.quick else "")
-        + (" --skip-lora" if args.skip_lora and not args.quick else ""),
+        + (" --skip-lora" if args.skip_lora and not args.quick else "")
+        + (f" --report-rules '{args.report_rules}'" if args.report_rules else ""),
     }
+
+
+def add_rule_change(payload: dict, before: dict, selection: dict, rule: tuple[str, str, float]) -> None:
+    """The stage-2 rule before and after issue 13, the dev evidence that picked it, and the before curve."""
+    payload["stage2_rule"] = {
+        "before": {"name": BEFORE_RULE[0], "cal_stop": BEFORE_RULE[1], "cal_anchor": BEFORE_RULE[2]},
+        "after": {"name": rule[0], "cal_stop": rule[1], "cal_anchor": rule[2]},
+        "library_default": {"cal_stop": EliCalConfig().cal_stop, "cal_anchor": EliCalConfig().cal_anchor},
+        "dev_evidence": {
+            **selection,
+            "protocol": "2-fold on the 200-question dev slice (halves per dataset by id hash): early stopping on "
+            "one half, EliCal scored on the other (AUROC, ECE against greedy correctness), both ways, over the seeds; "
+            "the candidate with the best mean dev AUROC over the budgets is selected. No test or OOD item is used.",
+        },
+    }
+    payload["before"] = {
+        "rule": BEFORE_RULE[0],
+        "methods": {
+            name: {k: v for k, v in method_entry(entry, "head").items() if k != "runs"}
+            for name, entry in before["methods"].items()
+            if name not in BASELINES
+        },
+    }
+
+
+def keep_previous_lora(payload: dict, path: Path) -> None:
+    """Without a lora run, carry the previous file's lora rows over unchanged (they predate this run)."""
+    if not path.exists():
+        return
+    previous = json.loads(path.read_text())
+    rows = {k: v for k, v in previous.get("methods", {}).items() if k.endswith(LORA_SUFFIX)}
+    if not rows:
+        return
+    payload["methods"].update(rows)
+    payload["training_runs"] += [r for r in previous.get("training_runs", []) if r.get("mode") == "lora"]
+    payload["lora"] = {**previous["lora"], "carried_over": True}
+    payload["notes"].append(
+        "The '(lora)' rows are carried over from the previous run: they predate the re-judged consistency "
+        "verdicts (lexical-echo) and the stage-2 rule change, so they are not comparable with the head rows."
+    )
 
 
 def method_entry(entry: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -306,6 +451,10 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a - b, 4)
 
 
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in name)
+
+
 def _num(x: float | None) -> float | None:
     return None if x is None or x != x else round(float(x), 4)
 
@@ -324,12 +473,31 @@ def main() -> None:
     baselines = load_baselines(args.annotations, tests)
     seconds: dict[str, float] = {}
 
+    if args.only == "before":
+        head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE[0]))
+        return
     start = time.perf_counter()
-    head = head_sweep(args, data, baselines)
+    selection = select_rule(args, data)
+    seconds["dev_selection"] = time.perf_counter() - start
+    rule = selection.pop("rule")
+    if args.only == "select":
+        print(json.dumps(selection, indent=2))
+        return
+    start = time.perf_counter()
+    before = head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE[0]))
+    seconds["head_sweep_before"] = time.perf_counter() - start
+    start = time.perf_counter()
+    head = head_sweep(args, data, baselines, rule, args.cache / "head" / _slug(rule[0]))
     seconds["head_sweep"] = time.perf_counter() - start
     start = time.perf_counter()
-    plain = plain_resume_sweep(args, data)
+    plain = plain_resume_sweep(args, data, rule)
     seconds["plain_resume_sweep"] = time.perf_counter() - start
+    report_only = {}
+    for name in [n for n in args.report_rules.split(",") if n and n != rule[0]]:
+        other = next(r for r in RULE_CANDIDATES if r[0] == name)
+        start = time.perf_counter()
+        report_only[name] = head_sweep(args, data, {}, other, args.cache / "head" / _slug(name))
+        seconds[f"head_sweep {name}"] = time.perf_counter() - start
     lora = None
     if not args.skip_lora:
         start = time.perf_counter()
@@ -337,6 +505,17 @@ def main() -> None:
         seconds["lora"] = time.perf_counter() - start
 
     payload = results_payload(args, head, plain, lora, data, seconds)
+    add_rule_change(payload, before, selection, rule)
+    payload["stage2_rule"]["report_only"] = {
+        name: {
+            "note": "not selected on the dev slice; swept for the record only (test/OOD numbers never fed a choice)",
+            "methods": {k: {g: v[g] for g in ("id", "ood", "ci95")} for k, v in
+                        ((k, method_entry(e, "head")) for k, e in sweep["methods"].items())},
+        }
+        for name, sweep in report_only.items()
+    }
+    if lora is None:
+        keep_previous_lora(payload, args.out)
     write_json(args.out, payload)
     plot_sweep(head, args.plot, references=["N-Prob", "Consis-Sem"])
     print(markdown_table(payload))

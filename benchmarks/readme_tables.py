@@ -199,6 +199,8 @@ def elical(r: Path) -> dict[str, str]:
     methods = d["methods"]
     rows, id_auroc, id_ece = [], [], []
     for key, label in ELICAL_ROWS:
+        if key not in methods:  # a baseline not scored in this run (e.g. Verbal-0) is left out
+            continue
         m = methods[key]
         rows.append([label, with_ci(m["id"]["auroc"], m["ci95"]["id"]["auroc"]),
                      signed(m["delta_vs_n_prob"]["id"]["auroc"]), with_ci(m["id"]["ece"], m["ci95"]["id"]["ece"]),
@@ -225,6 +227,7 @@ def elical(r: Path) -> dict[str, str]:
     head_runs = len(d["seeds"]) * (1 + 2 * len(d["budgets"]))  # Eli-Only, then Cal-Only and EliCal per budget
     return {
         "table:elical": table,
+        **elical_rule(d),
         "value:elical-gap-100": (f"{points(gaps['100'])} AUROC points in-domain ({with_ci(e100['auroc'], ci_e)} "
                                  f"vs {with_ci(c100['auroc'], ci_c)})"),
         "value:elical-gaps": (f"{points(gaps['250'])} at 250, {points(gaps['500'])} at 500, and "
@@ -236,6 +239,35 @@ def elical(r: Path) -> dict[str, str]:
         "value:elical-sweep-time": (f"the whole {len(d['seeds'])}-seed sweep ({head_runs} runs) in "
                                     f"{d['seconds']['head_sweep']:.1f} s"),
     }
+
+
+def elical_rule(d: Json) -> dict[str, str]:
+    """The stage-2 rule change of issue 13: dev evidence per candidate, and EliCal before/after per budget."""
+    rule = d.get("stage2_rule")
+    if rule is None:
+        return {}
+    evidence = rule["dev_evidence"]
+    budgets = evidence["budgets"]
+    dev_rows = []
+    for name, c in evidence["candidates"].items():
+        label = f"**{name}**" if name == evidence["selected"] else name
+        dev_rows.append([label, *(pct(c["by_budget"][b]["auroc"]) for b in budgets), pct(c["mean_auroc"]),
+                         *(pct(c["by_budget"][b]["ece"]) for b in budgets)])
+    dev_table = md_table(["stage-2 rule", *(f"dev AUROC @{b}" for b in budgets), "mean",
+                          *(f"dev ECE @{b}" for b in budgets)], "l" + "r" * (2 * len(budgets) + 1), dev_rows)
+    before, after = d["before"]["methods"], d["methods"]
+    rows = []
+    for key in ["Eli-Only", *(f"EliCal@{b}" for b in d["budgets"])]:
+        cells = [key]
+        for g in ("id", "ood"):
+            for side in (before, after):
+                cells.append(with_ci(side[key][g]["auroc"], side[key]["ci95"][g]["auroc"]))
+        for g in ("id", "ood"):
+            cells += [pct(before[key][g]["ece"]), pct(after[key][g]["ece"])]
+        rows.append(cells)
+    head = ["method", "ID AUROC before", "after", "OOD AUROC before", "after",
+            "ID ECE before", "after", "OOD ECE before", "after"]
+    return {"table:elical-dev-rules": dev_table, "table:elical-before-after": md_table(head, "l" + "r" * 8, rows)}
 
 
 # ---------------------------------------------------------------- ADVICE

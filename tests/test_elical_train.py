@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from candor.elical import (
     targets,
     train_elical,
 )
-from candor.elical.trainer import BestOnDev, EliCalTrainer, collate_features, feature_examples
+from candor.elical.trainer import BestOnDev, EliCalTrainer, auroc_metrics, collate_features, feature_examples
 from candor.errors import CandorError
 from candor.records import Record
 from candor.training import training_arguments
@@ -335,3 +336,108 @@ def test_stage_two_keeps_the_stage_one_weights_and_recentres_only_the_bias(tiny_
     mean_target = float(targets(draw_budget(train, 12, seed=0), "soft").mean())
     expected = math.log(mean_target / (1 - mean_target)) if recenter else before.linear.bias.item()
     assert after.linear.bias.item() == pytest.approx(expected, rel=1e-6)
+
+
+# ------------------------------------------------------------ stage 2's rule (issue 13)
+
+
+def _evaluate(stopper: BestOnDev, head: LinearHead, epoch: int, auroc: float, loss: float) -> SimpleNamespace:
+    """One epoch's evaluation as the Trainer reports it; the head's weight is set to the epoch number."""
+    with torch.no_grad():
+        head.linear.weight.fill_(float(epoch))
+    control = SimpleNamespace(should_training_stop=False)
+    stopper.on_evaluate(
+        None, SimpleNamespace(epoch=float(epoch)), control, metrics={"eval_auroc": auroc, "eval_loss": loss}, model=head
+    )
+    return control
+
+
+@pytest.mark.parametrize(("metric", "best"), [("auroc", 2), ("loss", 3)])
+def test_early_stopping_on_dev_auroc_keeps_the_epoch_with_the_best_auroc(metric, best):
+    # Epoch 2 ranks the dev slice best; epoch 3 has the lowest dev loss. Each rule keeps its own epoch.
+    history = [(0.60, 0.10), (0.80, 0.30), (0.70, 0.05), (0.65, 0.20), (0.62, 0.25), (0.61, 0.26)]
+    head, stopper = LinearHead(2), BestOnDev(patience=3, metric=metric)
+    stops = [_evaluate(stopper, head, epoch, auroc, loss).should_training_stop
+             for epoch, (auroc, loss) in enumerate(history, start=1)]
+    assert stopper.best_epoch == best
+    assert stopper.best_score == (history[best - 1][0] if metric == "auroc" else history[best - 1][1])
+    assert stopper.best_loss == history[best - 1][1]  # the dev loss at the chosen epoch, whichever rule chose it
+    assert stops.index(True) + 1 == best + 3  # three epochs without improvement, then stop
+    stopper.on_train_end(None, None, None, model=head)
+    assert head.linear.weight.unique().tolist() == [float(best)]  # the chosen epoch's weights are restored
+
+
+def test_the_dev_auroc_metric_scores_greedy_correctness_and_is_neutral_on_one_class():
+    compute = auroc_metrics(np.array([0, 1, 0, 1]))
+    # positives 0.9 and 0.3 against negatives 0.1 and 0.8: three of four pairs ordered right
+    assert compute(SimpleNamespace(predictions=np.array([0.1, 0.9, 0.8, 0.3]))) == {"auroc": 0.75}
+    assert auroc_metrics(np.zeros(3))(SimpleNamespace(predictions=np.array([0.2, 0.4, 0.1]))) == {"auroc": 0.5}
+
+
+def test_the_trainer_stops_on_dev_auroc_and_restores_that_epoch(tmp_path):
+    rng = np.random.default_rng(1)
+    x, x_dev = rng.normal(size=(32, 3)).astype(np.float32), rng.normal(size=(12, 3)).astype(np.float32)
+    y, y_dev = (x[:, 0] > 0).astype(float), (x_dev[:, 0] + x_dev[:, 1] > 0).astype(int)
+    head, stopper = LinearHead(3), BestOnDev(patience=2, metric="auroc")
+    args = training_arguments(tmp_path, learning_rate=0.1, epochs=6, batch_size=8, eval_strategy="epoch",
+                              label_names=["labels"], prediction_loss_only=False)
+    trainer = EliCalTrainer(
+        model=head, args=args, train_dataset=feature_examples(x, y), eval_dataset=feature_examples(x_dev, y_dev),
+        data_collator=collate_features, callbacks=[stopper], compute_metrics=auroc_metrics(y_dev),
+    )  # fmt: skip
+    trainer.train()
+    aurocs = [e["eval_auroc"] for e in trainer.state.log_history if "eval_auroc" in e]
+    assert stopper.best_score == max(aurocs)
+    with torch.no_grad():
+        restored = head(torch.from_numpy(x_dev)).numpy()
+    from sklearn.metrics import roc_auc_score
+
+    assert roc_auc_score(y_dev, restored) == pytest.approx(stopper.best_score)
+
+
+def test_the_l2_sp_penalty_pulls_weights_to_their_start_and_leaves_the_bias_free(tmp_path):
+    head = LinearHead(2)
+    with torch.no_grad():
+        head.linear.weight.copy_(torch.tensor([[1.0, -1.0]]))
+        head.linear.bias.fill_(0.5)
+    trainer = EliCalTrainer(model=head, args=arguments(tmp_path, 1, evaluate=False), anchor=0.5)
+    with torch.no_grad():  # the stage moves away from where it started
+        head.linear.weight.copy_(torch.tensor([[2.0, 1.0]]))
+        head.linear.bias.fill_(-3.0)
+    batch = {"features": torch.tensor([[0.0, 0.0]]), "labels": torch.tensor([0.3])}
+    head.train()
+    loss = trainer.compute_loss(head, batch)
+    mse = (torch.sigmoid(torch.tensor(-3.0)) - 0.3) ** 2
+    assert loss.item() == pytest.approx(mse.item() + 0.5 * (1.0**2 + 2.0**2), rel=1e-6)
+    loss.backward()
+    # d/dw of 0.5*||w - w0||^2 is (w - w0); the MSE adds nothing to w at a zero input; the bias has no penalty term
+    torch.testing.assert_close(head.linear.weight.grad, torch.tensor([[1.0, 2.0]]))
+    expected_bias_grad = 2 * (torch.sigmoid(torch.tensor(-3.0)) - 0.3) * torch.sigmoid(torch.tensor(-3.0)) * (
+        1 - torch.sigmoid(torch.tensor(-3.0)))
+    assert head.linear.bias.grad.item() == pytest.approx(expected_bias_grad.item(), rel=1e-5)
+    head.eval()  # the dev loss is the plain MSE, comparable across rules
+    assert trainer.compute_loss(head, batch).item() == pytest.approx(mse.item(), rel=1e-6)
+
+
+def test_a_strong_anchor_holds_stage_two_at_the_stage_one_weights(tiny_model_dir, tmp_path):
+    train, dev = make_records(30), make_records(8, 100)
+    eli_config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3)
+    eli = train_elical(train, dev, method="eli-only", config=eli_config, out_dir=tmp_path / "eli")
+    moved = {}
+    for anchor in (0.0, 1e4):
+        # Adam steps about lr per step whatever the penalty, so an anchored weight still jitters by ~lr;
+        # many small steps let the free head drift far beyond that. No weight decay: it pulls toward zero.
+        config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3, head_learning_rate=0.02,
+                              batch_size=2, weight_decay=0.0, cal_anchor=anchor, cal_stop="auroc")
+        cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=20, config=config,
+                           out_dir=tmp_path / f"cal{anchor}")
+        moved[anchor] = (cal.model.head.linear.weight - eli.model.head.linear.weight).abs().max().item()
+        assert cal.stages[0].stop_metric == "auroc" and cal.stages[0].best_dev_score is not None
+    assert moved[1e4] < 0.3 * moved[0.0]
+
+
+def test_bad_stage_two_rules_are_named():
+    with pytest.raises(CandorError, match="unknown cal_stop 'ece'"):
+        EliCalConfig(cal_stop="ece")
+    with pytest.raises(CandorError, match="cannot be negative"):
+        EliCalConfig(cal_anchor=-1.0)

@@ -20,6 +20,7 @@ from typing import Any
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.elical.model import MODES
 from candor.elical.targets import stage_target
+from candor.elical.trainer import STOP_METRICS
 from candor.errors import CandorError
 from candor.training import ALL_PROJECTIONS, check_settings
 
@@ -47,6 +48,8 @@ class EliCalConfig:
     template: str = "auto"
     layer: int = -1
     cal_target: str = "soft"
+    cal_stop: str = "loss"
+    cal_anchor: float = 0.0
     learning_rate: float = 5e-5
     head_learning_rate: float = 1e-3
     weight_decay: float = 0.1
@@ -71,6 +74,10 @@ class EliCalConfig:
         if self.mode not in MODES:
             raise CandorError(f"unknown EliCal mode {self.mode!r}; known: {', '.join(MODES)}")
         stage_target("cal", self.cal_target)
+        if self.cal_stop not in STOP_METRICS:
+            raise CandorError(f"unknown cal_stop {self.cal_stop!r}; known: {', '.join(STOP_METRICS)}")
+        if self.cal_anchor < 0:
+            raise CandorError(f"cal_anchor is a penalty weight and cannot be negative, got {self.cal_anchor}")
         check_settings(self)
 
     @property

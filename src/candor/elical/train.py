@@ -32,6 +32,13 @@ except:
   dev-slice loss stayed at 0.050 with 100 labels and 0.033 with 1000, against
   0.024 and 0.022 with it (head mode, two seeds; chosen on the dev slice,
   never on test data). ``recenter_bias=False`` resumes exactly as the paper.
+- stage 2's own rules (issue 13: with up to 1,800 in-domain labels at 11%
+  positives, stage 2 overwrote the stage-1 ranking, and AUROC fell with more
+  labels, most out of domain): ``cal_stop`` picks stage 2's best epoch by the
+  dev slice's loss (the paper) or its AUROC against greedy correctness, and
+  ``cal_anchor`` adds an L2-SP penalty holding the resumed head's weights near
+  stage 1's. Stage 1 always stops on the dev loss, and Cal-Only has no anchor
+  (nothing to hold it to).
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ from candor.elical.trainer import (
     BestOnDev,
     EliCalTrainer,
     PromptCollator,
+    auroc_metrics,
     collate_features,
     epoch_history,
     feature_examples,
@@ -91,6 +99,8 @@ class StageResult:
     best_epoch: float
     best_dev_loss: float
     stopped_early: bool
+    stop_metric: str = "loss"
+    best_dev_score: float | None = None
     history: list[dict[str, float]] = field(default_factory=list)
     cost: dict[str, float] = field(default_factory=dict)
 
@@ -200,6 +210,10 @@ def train_stage(
     kind = stage_target(stage, config.cal_target)
     y, y_dev = targets(records, kind, what="the training set"), targets(dev, kind, what="the dev slice")
     epochs = config.epochs_for(len(records), full_set)
+    # Stage 2's own rules: what picks its best epoch, and L2-SP toward the weights it resumes (not from scratch).
+    stop = config.cal_stop if stage == "cal" else "loss"
+    anchor = config.cal_anchor if stage == "cal" and not fresh else 0.0
+    metrics = auroc_metrics(targets(dev, "hard", what="the dev slice")) if stop == "auroc" else None
     logger.info(
         "EliCal %s (%s mode): %d train, %d dev, up to %d epochs", stage, config.mode, len(records), len(dev), epochs
     )
@@ -212,8 +226,8 @@ def train_stage(
             model, train_set, dev_set, collate, head_lr = _lora_mode_data(head, records, dev, y, y_dev, config, fresh)
         inputs_s = time.perf_counter() - inputs_start
         with tempfile.TemporaryDirectory(prefix="candor-elical-") as scratch:
-            args = _arguments(scratch, config, epochs, head_lr)
-            stopper = BestOnDev(patience=config.patience)
+            args = _arguments(scratch, config, epochs, head_lr, loss_only=metrics is None)
+            stopper = BestOnDev(patience=config.patience, metric=stop)
             trainer = EliCalTrainer(
                 model=model,
                 args=args,
@@ -223,6 +237,8 @@ def train_stage(
                 callbacks=[stopper],
                 head_parameters=head.head.parameters() if config.mode == "lora" else (),
                 head_learning_rate=config.head_learning_rate if config.mode == "lora" else None,
+                anchor=anchor,
+                compute_metrics=metrics,
             )
             trainer.train()
     history = epoch_history(trainer.state.log_history)
@@ -238,6 +254,8 @@ def train_stage(
         best_epoch=stopper.best_epoch,
         best_dev_loss=stopper.best_loss,
         stopped_early=stopper.stopped_early,
+        stop_metric=stop,
+        best_dev_score=stopper.best_score,
         history=history,
         cost=cost,
     )
@@ -354,8 +372,8 @@ def _lora_mode_data(
     return head, prompt_examples(ids, y), prompt_examples(ids_dev, y_dev), collate, None
 
 
-def _arguments(scratch: str, config: EliCalConfig, epochs: int, head_lr: float | None) -> Any:
-    """The paper's optimizer settings, dev loss each epoch, no checkpoints (see BestOnDev)."""
+def _arguments(scratch: str, config: EliCalConfig, epochs: int, head_lr: float | None, loss_only: bool = True) -> Any:
+    """The paper's optimizer settings, dev loss (and predictions when ``not loss_only``) each epoch, no checkpoints."""
     return training_arguments(
         scratch,
         learning_rate=head_lr if head_lr is not None else config.learning_rate,
@@ -368,7 +386,7 @@ def _arguments(scratch: str, config: EliCalConfig, epochs: int, head_lr: float |
         eval_strategy="epoch",
         per_device_eval_batch_size=config.eval_batch_size,
         label_names=["labels"],
-        prediction_loss_only=True,
+        prediction_loss_only=loss_only,
     )
 
 

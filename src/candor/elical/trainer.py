@@ -9,23 +9,27 @@ multi-GPU training unchanged. It trains either model the package has:
 - a bare :class:`~candor.elical.model.LinearHead` on cached features (``head``
   mode), batches made by :func:`collate_features`.
 
-Early stopping is :class:`BestOnDev`: it evaluates the dev loss every epoch,
+Early stopping is :class:`BestOnDev`: it evaluates the dev slice every epoch
+(its loss, or its AUROC against greedy correctness, see :data:`STOP_METRICS`),
 keeps an in-memory copy of the trainable weights at the best epoch, stops
 after ``patience`` epochs without improvement and restores the best weights at
-the end. Keeping only the trainable weights (head, LoRA) avoids the Trainer's
+the end. ``anchor`` adds an L2-SP penalty, ``anchor * sum ||w - w_start||^2``
+over the trainable weights (not biases), that keeps a resumed stage near the
+weights it started from. Keeping only the trainable weights (head, LoRA) avoids the Trainer's
 per-epoch checkpoints, which would write the whole frozen backbone each epoch.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
 from torch import nn
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback
@@ -36,6 +40,9 @@ from candor.backends.tokens import pad_batch
 logger = logging.getLogger(__name__)
 
 TARGET_KEY = "labels"
+
+# Early-stopping metrics: name -> (key in the Trainer's eval metrics, whether higher is better).
+STOP_METRICS: dict[str, tuple[str, bool]] = {"loss": ("eval_loss", False), "auroc": ("eval_auroc", True)}
 
 
 class Examples(Dataset):
@@ -88,11 +95,15 @@ class EliCalTrainer(Trainer):
         *args: Any,
         head_parameters: Iterable[nn.Parameter] = (),
         head_learning_rate: float | None = None,
+        anchor: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.head_parameters = list(head_parameters)
         self.head_learning_rate = head_learning_rate
+        self.anchor = anchor
+        # L2-SP's reference point: the trainable weights as the stage starts (biases move freely).
+        self._start = {n: p.detach().clone() for n, p in anchored_parameters(self.model)} if anchor > 0 else {}
         self.remove_callback(PrinterCallback)  # library code logs; it does not print
 
     def compute_loss(
@@ -105,6 +116,8 @@ class EliCalTrainer(Trainer):
         targets = inputs[TARGET_KEY]
         confidence = model(**{k: v for k, v in inputs.items() if k != TARGET_KEY})
         loss = F.mse_loss(confidence.float(), targets.float())
+        if self._start and model.training:
+            loss = loss + self.anchor * l2_sp(model, self._start)
         return (loss, {"confidence": confidence}) if return_outputs else loss
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
@@ -112,6 +125,34 @@ class EliCalTrainer(Trainer):
         if self.head_learning_rate is not None and self.head_parameters:
             _split_head_groups(optimizer, self.head_parameters, self.head_learning_rate)
         return optimizer
+
+
+def anchored_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The weights L2-SP holds near their start: trainable, and not a bias."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad and not n.endswith("bias")]
+
+
+def l2_sp(model: nn.Module, start: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``sum ||w - w_start||^2`` over ``start``'s weights (Li et al., 2018, "L2-SP")."""
+    params = dict(model.named_parameters())
+    return sum(((params[n].float() - w.float()) ** 2).sum() for n, w in start.items())
+
+
+def auroc_metrics(labels: np.ndarray) -> Callable[[Any], dict[str, float]]:
+    """A Trainer ``compute_metrics`` scoring dev confidences by AUROC against ``labels`` (greedy correctness).
+
+    The eval loader keeps the dev order, so predictions line up with ``labels``. A dev slice with one
+    class has no AUROC; the score is then 0.5 (no ranking), so stopping falls back to the first epoch.
+    """
+    labels = np.asarray(labels).astype(int)
+
+    def compute(prediction: Any) -> dict[str, float]:
+        scores = np.asarray(prediction.predictions, dtype=float).reshape(-1)
+        if labels.min() == labels.max():
+            return {"auroc": 0.5}
+        return {"auroc": float(roc_auc_score(labels, scores))}
+
+    return compute
 
 
 def _split_head_groups(optimizer: torch.optim.Optimizer, head: list[nn.Parameter], lr: float) -> None:
@@ -127,10 +168,15 @@ def _split_head_groups(optimizer: torch.optim.Optimizer, head: list[nn.Parameter
 
 @dataclass
 class BestOnDev(TrainerCallback):
-    """Early stopping on the dev loss with the best trainable weights kept in memory and restored."""
+    """Early stopping on a dev metric (:data:`STOP_METRICS`) with the best trainable weights kept and restored.
+
+    ``best_loss`` is the dev loss at the best epoch, whichever metric picks it; ``best_score`` the metric there.
+    """
 
     patience: int = 4
+    metric: str = "loss"
     best_loss: float = float("inf")
+    best_score: float | None = None
     best_epoch: float = 0.0
     bad_epochs: int = 0
     stopped_early: bool = False
@@ -139,18 +185,25 @@ class BestOnDev(TrainerCallback):
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, model: Any = None, **kwargs: Any
     ) -> None:
-        loss = (metrics or {}).get("eval_loss")
-        if loss is None or model is None:
+        key, higher = STOP_METRICS[self.metric]
+        score, loss = (metrics or {}).get(key), (metrics or {}).get("eval_loss")
+        if score is None or model is None:
             return
-        logger.info("epoch %.0f: dev loss %.5f", state.epoch or 0, loss)
-        if loss < self.best_loss:
-            self.best_loss, self.best_epoch, self.bad_epochs = float(loss), float(state.epoch or 0), 0
+        logger.info("epoch %.0f: dev %s %.5f", state.epoch or 0, self.metric, score)
+        if self._improves(float(score), higher):
+            self.best_score, self.best_epoch, self.bad_epochs = float(score), float(state.epoch or 0), 0
+            self.best_loss = float(loss) if loss is not None else float("nan")
             self._best = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
             return
         self.bad_epochs += 1
         if self.bad_epochs >= self.patience:
             self.stopped_early = True
             control.should_training_stop = True
+
+    def _improves(self, score: float, higher: bool) -> bool:
+        if self.best_score is None:
+            return True
+        return score > self.best_score if higher else score < self.best_score
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if model is None or not self._best:
