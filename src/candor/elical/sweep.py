@@ -36,7 +36,7 @@ from candor.elical.splits import ALL, Budget, budget_size, check_disjoint, parse
 from candor.elical.targets import check_field, stage_target, targets
 from candor.elical.train import STAGES, head_features, train_elical
 from candor.errors import CandorError
-from candor.files import atomic_write_text
+from candor.files import atomic_write_text, read_keyed_json, write_keyed_json
 from candor.leakage import HeldOutQuestions
 from candor.records import Record
 from candor.training import TrainResult
@@ -202,21 +202,21 @@ class _Runner:
             }
         )
         path = self.out_dir / "runs" / f"{key.slug}.json"
-        cached = _read_json(path)
-        if cached is not None and cached.get("fingerprint") == fingerprint and self._head_ok(key):
+        cached = read_keyed_json(path, fingerprint)
+        if cached is not None and self._head_ok(key):
             logger.info("%s seed %d: reusing cached run", key.column, key.seed)
             self.results[key] = cached
             return cached
         result = self._train(key)
         record = {
-            "fingerprint": fingerprint,
             "column": key.column,
             "seed": key.seed,
             "ids": [r.id for r in self.data.test_records()],
             "confidence": [round(float(c), 6) for c in self._predict(result)],
             "training": result.to_dict(),
         }
-        write_json(path, record)
+        write_keyed_json(path, fingerprint, json.loads(json.dumps(_nan_to_none(record), default=str)))
+        record = {"key": fingerprint, **record}
         self.results[key] = record
         return record
 
@@ -299,16 +299,6 @@ def _cost(trainings: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        logger.warning("%s is not valid JSON; the run is redone", path)
-        return None
 
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
