@@ -35,3 +35,16 @@ def test_keyed_cache_returns_only_an_entry_written_under_the_same_key(tmp_path):
     path.write_text("{half")
     assert read_keyed_json(path, "k1") is None
     assert read_keyed_json(None, "k1") is None
+
+
+def test_atomic_folder_swaps_in_whole_or_keeps_the_old_one(tmp_path):
+    from candor.files import atomic_folder
+
+    target = tmp_path / "model"
+    with atomic_folder(target) as tmp:
+        (tmp / "a.txt").write_text("1")
+    with pytest.raises(RuntimeError), atomic_folder(target) as tmp:
+        (tmp / "a.txt").write_text("half")
+        raise RuntimeError("killed")
+    assert (target / "a.txt").read_text() == "1"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]

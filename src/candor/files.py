@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,3 +73,23 @@ def read_keyed_json(path: str | Path | None, key: str) -> dict[str, Any] | None:
         logger.info("%s: cached from other inputs (model, weights, settings or data); recomputing", path)
         return None
     return doc
+
+
+@contextmanager
+def atomic_folder(folder: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to fill; on success it replaces ``folder`` whole.
+
+    A reader never sees half a saved model: either the old folder or the new one.
+    On an exception the temporary folder is removed and ``folder`` is left as it was.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        yield tmp
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)

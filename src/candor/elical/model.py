@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +43,7 @@ from candor.backends.tokens import encode, last_token_index, positions_from_mask
 from candor.data.items import QAItem
 from candor.elical.inputs import render_prompts
 from candor.errors import CandorError
+from candor.files import atomic_folder
 from candor.records import Record
 
 logger = logging.getLogger(__name__)
@@ -262,20 +261,12 @@ class ConfidenceHead(nn.Module):
 def save_head(folder: str | Path, config: HeadConfig, head: LinearHead, adapter_model: nn.Module | None) -> Path:
     """Write a head folder (see the module docstring) into a temporary sibling, then swap it in."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    with atomic_folder(folder) as tmp:
         (tmp / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2) + "\n")
         state = {k: v.detach().float().cpu().contiguous() for k, v in head.state_dict().items()}
         save_file(state, str(tmp / HEAD_FILE))
         if adapter_model is not None:
             adapter_model.save_pretrained(str(tmp / ADAPTER_DIR))  # type: ignore[operator]
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return folder
 
 

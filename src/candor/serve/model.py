@@ -27,7 +27,6 @@ import hashlib
 import json
 import logging
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ import numpy as np
 from candor.backends.base import Backend, Completion, SamplingParams
 from candor.calibrators import Calibrator, calibrator_from_dict, get_calibrator
 from candor.errors import CandorError
+from candor.files import atomic_folder
 from candor.prompts import QATemplate, resolve_template
 from candor.records import Record
 from candor.serve import thresholds as th
@@ -260,9 +260,7 @@ class HonestModel:
     def save_pretrained(self, folder: str | Path) -> Path:
         """Write everything needed to answer into one folder (swapped in whole)."""
         folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        try:
+        with atomic_folder(folder) as tmp:
             config = {
                 "generator": self._generator_config(tmp),
                 "confidence": self.source.save(tmp),
@@ -270,12 +268,6 @@ class HonestModel:
                 "threshold": None if self.threshold is None else self.threshold.to_dict(),
             }
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-            if folder.exists():
-                shutil.rmtree(folder)
-            tmp.rename(folder)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
         return folder
 
     def _generator_config(self, folder: Path) -> dict[str, Any]:
