@@ -6,6 +6,7 @@ import logging
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,15 @@ def peak_rss_mib() -> float:
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     atomic_write_json(path, payload)
+
+
+class Timer:
+    """Wall-clock and process CPU seconds of a block (CPU time is steadier on a shared machine)."""
+
+    def __enter__(self) -> Timer:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu

@@ -35,23 +35,13 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
 
 import numpy as np  # noqa: E402
-from common import RESULTS, load_mini_or_exit, setup_logging, write_json  # noqa: E402
+from common import RESULTS, Timer, load_mini_or_exit, setup_logging, write_json  # noqa: E402
 
 logger = logging.getLogger("benchmarks.elical_cost")
 MODEL = "smollm2-135m"
 OUT = RESULTS / "elical_cost.json"
 
 
-class Timer:
-    """Wall-clock and process CPU seconds of a block."""
-
-    def __enter__(self) -> Timer:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall = time.perf_counter() - self.wall
-        self.cpu = time.process_time() - self.cpu
 
 
 def left_padded_head(head: Any, records: list[Any], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
