@@ -28,7 +28,6 @@ import argparse
 import logging
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
