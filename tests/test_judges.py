@@ -588,3 +588,19 @@ def test_thresholds_bounds_and_small_lexical_cases() -> None:
     assert "Question: Why?\n" in consistency_prompt("a", "b", "Why?")
     assert correctness_prompt("a", ["b"]) == correctness_prompt("a", ["b"], "", style="candor")
     assert "Question: \nReference answers: b\n" in correctness_prompt("a", ["b"])
+
+
+def test_paper_judge_puts_the_system_turn_atop_the_user_turn_when_the_template_rejects_it(tiny_model, smollm_dir):
+    from transformers import AutoTokenizer
+
+    from candor.backends.hf import HFBackend
+    from candor.judges import PAPER_SYSTEM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm_dir)  # a fresh copy: the template is changed below
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+    )
+    judge = get_correctness_judge("llm", backend=HFBackend(tiny_model, tokenizer))
+    assert judge.render("Is it Paris?") == f"<user>{PAPER_SYSTEM}\n\nIs it Paris?</user>"
+    assert (judge.batch_size, judge.params.max_new_tokens) == (16, 8)
