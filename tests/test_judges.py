@@ -604,3 +604,16 @@ def test_paper_judge_puts_the_system_turn_atop_the_user_turn_when_the_template_r
     judge = get_correctness_judge("llm", backend=HFBackend(tiny_model, tokenizer))
     assert judge.render("Is it Paris?") == f"<user>{PAPER_SYSTEM}\n\nIs it Paris?</user>"
     assert (judge.batch_size, judge.params.max_new_tokens) == (16, 8)
+
+
+def test_empty_llm_replies_are_judged_0_counted_and_logged(request, caplog) -> None:
+    tokenizer = request.getfixturevalue("tokenizer")
+    backend = fixed_reply_backend(tokenizer, tokenizer.eos_token)  # the model ends its reply at once
+    assert backend.generate(["Q"], 0, SamplingParams(max_new_tokens=8), greedy=True)[0].greedy.text.strip() == ""
+    judge = get_consistency_judge("llm", backend=backend)
+    with caplog.at_level("WARNING", logger="candor.judges"):
+        assert judge.judge(["Paris", "Rome", ""], ["Paris", "Milan", "Paris"]) == [0, 0, 0]
+    assert judge.empty_replies == 2 and "llm judge: 2 of 2 replies were empty and judged 0" in caplog.text
+    judge.judge(["Paris"], ["Paris"])
+    assert judge.empty_replies == 3  # counted over calls
+    assert judge.last_asked == [True] and judge.last_unparsed == [True]
