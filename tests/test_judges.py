@@ -617,3 +617,15 @@ def test_empty_llm_replies_are_judged_0_counted_and_logged(request, caplog) -> N
     judge.judge(["Paris"], ["Paris"])
     assert judge.empty_replies == 3  # counted over calls
     assert judge.last_asked == [True] and judge.last_unparsed == [True]
+
+
+@needs_embed_wheel
+def test_embedding_judge_bounds_name_and_length_message() -> None:
+    judge = get_consistency_judge("embedding", threshold=-1.0)  # the lowest cosine is allowed
+    assert judge.describe() == {"name": "embedding", "model": "all-MiniLM-L6-v2", "threshold": -1.0}
+    with pytest.raises(CandorError, match=r"^embedding judge threshold must be a cosine in \[-1, 1\], got -1.5$"):
+        get_consistency_judge("embedding", threshold=-1.5)
+    message = r"^embedding consistency judge: inputs have different lengths \[1, 2\]$"
+    for a, b, qs in ((["x"], ["x"], ["q1", "q2"]), (["x"], ["x", "y"], None)):
+        with pytest.raises(CandorError, match=message):
+            judge.judge(a, b, qs)
