@@ -260,3 +260,47 @@ def test_the_report_interval_survives_resamples_with_one_class():
     low, high = result.ci["m"]["a"]["auroc"]
     assert np.isfinite(low) and np.isfinite(high) and 0.0 <= low <= high <= 1.0
     assert 0 < result.bootstrap_dropped["m"]["a"]["auroc"] < 300
+
+
+def test_evaluate_records_its_setup_and_defaults():
+    """The result carries the exact setup (sizes, metrics, bins, bootstrap, seed, alpha) and the documented defaults."""
+    labels = {"a": [1, 0, 1, 1], "b": [0, 1, 0]}
+    conf = {"a": [0.9, 0.2, 0.6, 0.8], "b": [0.1, 0.7, 0.3]}
+    groups = [Group("g", ("a", "b"))]
+    plain = evaluate({"m": conf}, labels, groups=groups, metrics=["accuracy", "ece"])
+    assert plain.sizes == {"a": 4, "b": 3, "g": 7}
+    assert (plain.bootstrap, plain.seed, plain.n_bins, plain.alpha) == (0, 0, 10, 0.05)
+    assert plain.ci_metrics == [] and plain.methods["m"].ci == {} and plain.methods["m"].bootstrap_dropped == {}
+    boot = evaluate({"m": conf}, labels, groups=groups, metrics=["accuracy", "ece"], ci_metrics=["ece", "nope"],
+                    bootstrap=30, n_bins=3, alpha=0.2)
+    assert boot.ci_metrics == ["ece"]
+    assert (boot.bootstrap, boot.seed, boot.n_bins, boot.alpha) == (30, 0, 3, 0.2)
+    assert {col: set(per) for col, per in boot.methods["m"].ci.items()} == {"a": {"ece"}, "b": {"ece"}, "g": {"ece"}}
+    # The default seed is 0: the same intervals as asking for seed 0, other than seed 1's.
+    args = ({"m": {"c": np.linspace(0.0, 1.0, 30)}}, {"c": [1, 0, 0] * 10})
+    kwargs = {"metrics": ["accuracy"], "bootstrap": 50}
+    assert evaluate(*args, **kwargs).methods["m"].ci == evaluate(*args, seed=0, **kwargs).methods["m"].ci
+    assert evaluate(*args, **kwargs).methods["m"].ci != evaluate(*args, seed=1, **kwargs).methods["m"].ci
+    # The default bins are 10: ECE with the default equals ECE with n_bins=10 and differs from n_bins=11.
+    wide = {"m": {"a": np.linspace(0.02, 0.98, 40)}}, {"a": [1, 0, 0, 1] * 10}
+    assert (evaluate(*wide, metrics=["ece"]).methods["m"].values
+            == evaluate(*wide, metrics=["ece"], n_bins=10).methods["m"].values)
+    assert (evaluate(*wide, metrics=["ece"]).methods["m"].values
+            != evaluate(*wide, metrics=["ece"], n_bins=11).methods["m"].values)
+
+
+def test_evaluate_rejects_empty_setups_and_alpha_outside_the_open_interval():
+    labels = {"a": [1, 0]}
+    conf = {"m": {"a": [0.1, 0.2]}}
+    with pytest.raises(CandorError, match="^nothing to evaluate: no methods$"):
+        evaluate({}, labels)
+    with pytest.raises(CandorError, match="^nothing to evaluate: no datasets$"):
+        evaluate(conf, {})
+    for alpha in (0.0, 1.0, 1.5):
+        with pytest.raises(CandorError, match=rf"^alpha must be in \(0, 1\), got {alpha}$"):
+            evaluate(conf, labels, alpha=alpha)
+    with pytest.raises(CandorError, match="^n_bins must be at least 1, got 0$"):
+        evaluate(conf, labels, n_bins=0)
+    for name in ("g", "h"):  # a name used twice is a clash even when it is no dataset's name
+        with pytest.raises(CandorError, match=rf"must differ from each other and from the datasets: \['{name}'\]"):
+            evaluate(conf, labels, groups=[Group(name, ("a",)), Group(name, ("a",))])

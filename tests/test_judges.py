@@ -486,3 +486,146 @@ def test_verdict_parsed(reply: str, parsed: bool) -> None:
     from candor.judges import verdict_parsed
 
     assert verdict_parsed(reply) is parsed
+
+
+# ---------------------------------------------------------------- exact wiring (mutation-testing survivors, issue 17)
+
+
+def recording_backend(tiny_model, tokenizer):
+    """A real HFBackend that also keeps what the judge sent it: each call's prompts, sample count and greedy flag."""
+    from candor.backends.hf import HFBackend
+
+    class Recording(HFBackend):
+        def generate(self, prompts, n, params, *, greedy=True, **kwargs):  # the same default as HFBackend
+            self.calls.append((list(prompts), n, params.max_new_tokens, greedy))
+            return super().generate(prompts, n, params, greedy=greedy, **kwargs)
+
+    backend = Recording(tiny_model, tokenizer, batch_size=4)
+    backend.calls = []
+    return backend
+
+
+@pytest.mark.parametrize("style", ["paper", "candor"])
+def test_llm_judges_send_exactly_the_rendered_prompts(tiny_model, tokenizer, style: str) -> None:
+    from candor.judges import PAPER_SYSTEM
+
+    backend = recording_backend(tiny_model, tokenizer)
+
+    def rendered(text: str) -> str:
+        system = [{"role": "system", "content": PAPER_SYSTEM}] if style == "paper" else []
+        return backend.render_chat([*system, {"role": "user", "content": text}])
+
+    correctness = get_correctness_judge("llm", backend=backend, style=style)
+    assert correctness.render("hello") == rendered("hello")
+    assert correctness.empty_replies == 0 and correctness.last_asked == [] and correctness.last_unparsed == []
+    responses, qs = ["Paris", " ", "Rome"], ["Q1?", "Q2?", "Q3?"]
+    golds = [["Paris", "City of Light"], ["Paris"], ["Roma"]]
+    correctness.judge(responses, golds, qs)
+    expected = [rendered(correctness_prompt(responses[i], golds[i], qs[i], style=style)) for i in (0, 2)]
+    assert backend.calls == [(expected, 0, 8, True)]  # one greedy batch of 16, 8 new tokens, no samples
+    backend.calls.clear()
+    correctness.judge(responses, golds)  # no questions: an empty question line
+    assert backend.calls[0][0] == [rendered(correctness_prompt(responses[i], golds[i], "", style=style))
+                                   for i in (0, 2)]
+
+    backend.calls.clear()
+    consistency = get_consistency_judge("llm", backend=backend, style=style, batch_size=1, max_new_tokens=3)
+    a, b = ["Paris", "", "Rome", "Milan"], ["the capital is Paris", "Paris", " ", "Turin"]
+    consistency.judge(a, b, ["Q1?", "Q2?", "Q3?", "Q4?"])
+    sent = [rendered(consistency_prompt(a[i], b[i], f"Q{i + 1}?", style=style)) for i in (0, 3)]
+    assert backend.calls == [([sent[0]], 0, 3, True), ([sent[1]], 0, 3, True)]  # batches of one
+    backend.calls.clear()
+    consistency.judge(a, b)
+    assert [c[0][0] for c in backend.calls] == [rendered(consistency_prompt(a[i], b[i], "", style=style))
+                                                for i in (0, 3)]
+    assert consistency.describe() == {"name": "llm", "model": backend.model_name, "max_new_tokens": 3, "style": style}
+
+
+def test_llm_judge_options_are_checked(tiny_backend) -> None:
+    with pytest.raises(CandorError, match="^llm judge needs a backend, got str$"):
+        get_correctness_judge("llm", backend="model")
+    with pytest.raises(CandorError, match="^llm judge batch_size must be at least 1, got 0$"):
+        get_correctness_judge("llm", backend=tiny_backend, batch_size=0)
+    get_correctness_judge("llm", backend=tiny_backend, batch_size=1)  # one is allowed
+    with pytest.raises(CandorError, match=r"^llm judge prompt style must be one of \('paper', 'candor'\), got 'x'$"):
+        get_correctness_judge("llm", backend=tiny_backend, style="x")
+
+
+def test_every_judge_names_itself_when_lengths_differ(tiny_backend) -> None:
+    for name in ("contains", "exact", "f1"):
+        with pytest.raises(CandorError, match=rf"^{name} judge: inputs have different lengths \[1, 2\]$"):
+            get_correctness_judge(name).judge(["Paris"], [["Paris"]], ["q1", "q2"])
+    with pytest.raises(CandorError, match=r"^llm correctness judge: inputs have different lengths \[1, 2\]$"):
+        get_correctness_judge("llm", backend=tiny_backend).judge(["Paris"], [["Paris"]], ["q1", "q2"])
+    with pytest.raises(CandorError, match=r"^llm correctness judge: inputs have different lengths \[1, 2\]$"):
+        get_correctness_judge("llm", backend=tiny_backend).judge(["Paris"], [["Paris"], ["Rome"]])
+    for name, label in (("lexical", "lexical"), ("lexical-echo", "lexical-echo"), ("llm", "llm")):
+        kwargs = {"backend": tiny_backend} if name == "llm" else {}
+        judge = get_consistency_judge(name, **kwargs)
+        message = rf"^{label} consistency judge: inputs have different lengths \[1, 2\]$"
+        for a, b, qs in ((["x"], ["x"], ["q1", "q2"]), (["x"], ["x", "y"], None), (["x", "y"], ["x"], None)):
+            with pytest.raises(CandorError, match=message):
+                judge.judge(a, b, qs)
+
+
+def test_thresholds_bounds_and_small_lexical_cases() -> None:
+    assert get_correctness_judge("f1", threshold=1.0).judge(["Paris"], [["Paris"]]) == [1]
+    assert get_consistency_judge("lexical", threshold=1.0).judge(["Paris"], ["Paris"]) == [1]
+    for bad in (0.0, 1.5):
+        with pytest.raises(CandorError, match=rf"^f1 judge threshold must be in \(0, 1\], got {bad}$"):
+            get_correctness_judge("f1", threshold=bad)
+        with pytest.raises(CandorError, match=rf"^lexical judge threshold must be in \(0, 1\], got {bad}$"):
+            get_consistency_judge("lexical", threshold=bad)
+    # Exact letters ignore punctuation and spaces inside the head: "B )" is option B.
+    assert get_correctness_judge("exact").judge(["B )", "B c"], [["B"], ["B"]]) == [1, 0]
+    # Without a question nothing is removed as an echo, whatever the words.
+    echo = get_consistency_judge("lexical-echo")
+    assert echo.judge(["XXXX"], ["XXXX tower"]) == [1]
+    assert echo.equivalent("XXXX", "XXXX tower") is True
+    # The prompts' default question is empty, and the default style is "candor".
+    assert consistency_prompt("a", "b") == consistency_prompt("a", "b", "", style="candor")
+    assert "Question: \nAnswer 1: a\nAnswer 2: b\n" in consistency_prompt("a", "b")
+    assert "Question: Why?\n" in consistency_prompt("a", "b", "Why?")
+    assert correctness_prompt("a", ["b"]) == correctness_prompt("a", ["b"], "", style="candor")
+    assert "Question: \nReference answers: b\n" in correctness_prompt("a", ["b"])
+
+
+def test_paper_judge_puts_the_system_turn_atop_the_user_turn_when_the_template_rejects_it(tiny_model, smollm_dir):
+    from transformers import AutoTokenizer
+
+    from candor.backends.hf import HFBackend
+    from candor.judges import PAPER_SYSTEM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm_dir)  # a fresh copy: the template is changed below
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        "<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+    )
+    judge = get_correctness_judge("llm", backend=HFBackend(tiny_model, tokenizer))
+    assert judge.render("Is it Paris?") == f"<user>{PAPER_SYSTEM}\n\nIs it Paris?</user>"
+    assert (judge.batch_size, judge.params.max_new_tokens) == (16, 8)
+
+
+def test_empty_llm_replies_are_judged_0_counted_and_logged(request, caplog) -> None:
+    tokenizer = request.getfixturevalue("tokenizer")
+    backend = fixed_reply_backend(tokenizer, tokenizer.eos_token)  # the model ends its reply at once
+    assert backend.generate(["Q"], 0, SamplingParams(max_new_tokens=8), greedy=True)[0].greedy.text.strip() == ""
+    judge = get_consistency_judge("llm", backend=backend)
+    with caplog.at_level("WARNING", logger="candor.judges"):
+        assert judge.judge(["Paris", "Rome", ""], ["Paris", "Milan", "Paris"]) == [0, 0, 0]
+    assert judge.empty_replies == 2 and "llm judge: 2 of 2 replies were empty and judged 0" in caplog.text
+    judge.judge(["Paris"], ["Paris"])
+    assert judge.empty_replies == 3  # counted over calls
+    assert judge.last_asked == [True] and judge.last_unparsed == [True]
+
+
+@needs_embed_wheel
+def test_embedding_judge_bounds_name_and_length_message() -> None:
+    judge = get_consistency_judge("embedding", threshold=-1.0)  # the lowest cosine is allowed
+    assert judge.describe() == {"name": "embedding", "model": "all-MiniLM-L6-v2", "threshold": -1.0}
+    with pytest.raises(CandorError, match=r"^embedding judge threshold must be a cosine in \[-1, 1\], got -1.5$"):
+        get_consistency_judge("embedding", threshold=-1.5)
+    message = r"^embedding consistency judge: inputs have different lengths \[1, 2\]$"
+    for a, b, qs in ((["x"], ["x"], ["q1", "q2"]), (["x"], ["x", "y"], None)):
+        with pytest.raises(CandorError, match=message):
+            judge.judge(a, b, qs)

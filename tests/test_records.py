@@ -210,3 +210,39 @@ def test_cli_import_export_bad_input_exit_2_with_one_line(tmp_path, command, con
     assert result.exit_code == 2
     assert needle in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_every_documented_verdict_spelling_reads_as_its_bit():
+    """Verdicts arrive as bools, numbers (≥ 0.5 is 1) or words; anything else is a bad line."""
+    yes = ["1", "true", "yes", "correct", "certain", "consistent", " Yes ", "CERTAIN"]
+    no = ["0", "false", "no", "uncertain", "maybe"]
+    rec = from_honestybench({
+        "question": "q", "answer": ["a"], "greedy_response": "a", "greedy_correctness": 0.5,
+        "sampling_response": ["x"] * (len(yes) + len(no)), "sampling_correctness": yes + no,
+        "consistency_judgement": [0.49, 0.5, 1, 0, True, False, 1.0, 0.0, "1", "0", "correct", "no", "consistent"],
+    })
+    assert rec.greedy_correct == 1
+    assert rec.sample_correct == [1] * len(yes) + [0] * len(no)
+    assert rec.consistency == [0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1]
+    with pytest.raises(ValueError, match=r"^cannot read \[1\] as 0/1$"):
+        from_honestybench({"question": "q", "answer": ["a"], "greedy_response": "a", "greedy_correctness": [1]})
+
+
+def test_import_fields_and_their_defaults_and_the_appender_writes_utf8_into_new_folders(tmp_path):
+    from candor.records import RecordAppender
+
+    base = {"question": "q", "greedy_response": ["Zürich"]}
+    rec = from_honestybench({**base, "answers": ["Zürich"], "id": "x7", "dataset": "hq", "split": "test"})
+    assert (rec.id, rec.item.dataset, rec.item.split, rec.item.answers) == ("x7", "hq", "test", ("Zürich",))
+    plain = from_honestybench({**base, "answer": ["a"]})
+    assert (plain.id, plain.item.dataset, plain.item.split) == ("hb:0", "", "")
+    assert from_honestybench({**base, "answer": ["a"]}, index=4).id == "hb:4"
+    with pytest.raises(ValueError, match=r"^'sampling_response' must be \[str\], got \['a', 3\]$"):
+        from_honestybench({**base, "answer": ["a"], "sampling_response": ["a", 3]})
+    with pytest.raises(ValueError, match=r"^'greedy_response' must be \[str\], got \[3\]$"):
+        from_honestybench({**base, "answer": ["a"], "greedy_response": [3]})
+    path = tmp_path / "new" / "deeper" / "records.jsonl"
+    with RecordAppender(path) as out:
+        out.append([rec])
+    assert "Zürich" in path.read_text(encoding="utf-8")  # written as UTF-8, not \u escapes
+    assert read_records(path)[0].greedy.text == "Zürich"
