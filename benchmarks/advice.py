@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, RESULTS, peak_rss_mib, setup_logging, write_json
+from common import CACHE, RESULTS, annotate_part, peak_rss_mib, setup_logging, write_json
 
 from candor.advice import LossWeights, build_triplets, method_config, read_triplets, train, write_triplets
 from candor.advice.config import AdviceConfig
@@ -60,11 +60,14 @@ from candor.backends.base import SamplingParams
 from candor.backends.hf import HFBackend
 from candor.confidences import ConfidenceTable, read_confidences, write_confidences
 from candor.data import IN_DOMAIN, OUT_OF_DOMAIN, load_items, seeded_shuffle
+from candor.data.items import QAItem
+from candor.data.loaders import load_named
+from candor.data.splits import dedupe_questions, split_items
 from candor.errors import CandorError
 from candor.evaluation import Group, evaluate
 from candor.metrics import ece
 from candor.plots import reliability_diagram
-from candor.prompts import TEMPLATES
+from candor.prompts import TEMPLATES, resolve_template
 from candor.records import Record, read_records
 from candor.report import safe_filenames
 from candor.scoring import score_into
@@ -107,6 +110,9 @@ class Settings:
     sc_samples: int = 5
     ablation: bool = True
     seed: int = 0
+    # Extra in-domain training-part questions for the triplet pool, beyond the mini pool (dataset=n or =all).
+    extra_train: str = ""
+    mini_pool: int = 500  # the mini pool (train + dev) those extra questions come after
 
 
 QUICK = Settings(eval_size=6, percent_size=3, logiqa_size=6, max_triplets=6, epochs=1.0, pairs_per_step=2,
@@ -122,7 +128,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/advice.json")
     p.add_argument("--quick", action="store_true", help="tiny sizes to check the pipeline end to end")
     p.add_argument("--no-ablation", action="store_true")
-    kinds = {"int": int, "float": float, "float | None": float, "tuple[float, ...]": _floats}
+    kinds = {"int": int, "str": str, "float": float, "float | None": float, "tuple[float, ...]": _floats}
     for field in dataclasses.fields(Settings):
         if field.type in kinds:
             p.add_argument("--" + field.name.replace("_", "-"), type=kinds[field.type], default=None)
@@ -153,6 +159,44 @@ def cached_part(mini_cache: Path, part: str, datasets: Sequence[str]) -> dict[st
             raise SystemExit(f"SKIP: {path} is missing; run benchmarks/baselines.py first (it annotates the pool)")
         out[dataset] = read_records(path)
     return out
+
+
+def extra_pool_items(data_dir: str | None, spec: str, pool_offset: int, seed: int) -> dict[str, list[QAItem]]:
+    """More in-domain *training-part* questions for the triplet pool: ``"dataset=n,..."`` (``n`` or ``all``).
+
+    They continue the mini pool's own seeded order past its first
+    ``pool_offset`` questions (the mini train pool and dev slice), so they
+    never overlap the dev slice or the test part, and a larger ``n`` only
+    appends. OOD files are refused.
+    """
+    out = {}
+    for name, count in parse_pool_spec(spec).items():
+        train_part, _test_part = split_items(dedupe_questions(load_named(name, data_dir=data_dir)))
+        rest = seeded_shuffle(train_part, f"{seed}:{name}:pool")[pool_offset:]
+        out[name] = rest if count is None else rest[:count]
+    return out
+
+
+def parse_pool_spec(spec: str) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, count = part.partition("=")
+        if name not in IN_DOMAIN:
+            raise SystemExit(f"--extra-train: {name!r} is not an in-domain dataset ({', '.join(IN_DOMAIN)})")
+        out[name] = None if count in ("", "all") else int(count)
+    return out
+
+
+def annotate_extra_pool(
+    args: argparse.Namespace, s: Settings, backend: HFBackend, cache: Path
+) -> dict[str, list[Record]]:
+    """Annotate the extra training questions like the mini pool (greedy + k samples, resumable)."""
+    if not s.extra_train:
+        return {}
+    items = extra_pool_items(args.data_dir, s.extra_train, s.mini_pool, s.seed)
+    template = resolve_template("auto", args.model, backend)
+    config = AnnotateConfig(k=5, params=SamplingParams(max_new_tokens=32))
+    return annotate_part(items, "train", backend, template, config, cache / "pool")
 
 
 def logiqa_records(args: argparse.Namespace, s: Settings, backend: HFBackend, cache: Path) -> list[Record]:

@@ -14,6 +14,9 @@ pool*, never its test part):
 4. head-left: the head on plain left-padded batches of 16 in input order, the
    path before the shared prefix (``ConfidenceHead.features``), timed, and its
    confidences and features compared with (3).
+5. head-bf16: the same head reloaded with ``dtype="bfloat16"`` (the estimator's
+   opt-in ``-O elical.dtype=bfloat16``), timed; its confidences are compared
+   with float32's (largest difference, rank correlation).
 
 Model loading is outside every timed region. Wall and process CPU time are
 both reported; on a shared machine the ratios (measured in the same run) are
@@ -35,6 +38,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see c
 
 import numpy as np  # noqa: E402
 from common import RESULTS, Timer, load_mini_or_exit, setup_logging, write_json  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
 
 logger = logging.getLogger("benchmarks.elical_cost")
 MODEL = "smollm2-135m"
@@ -106,6 +110,11 @@ def main() -> None:
         estimator.estimate(records[:2])  # warm-up
         with Timer() as head_time:
             confidences = np.asarray(estimator.estimate(records))
+        half = get_estimator("elical", head=str(Path(tmp) / "head"), batch_size=args.head_batch_size,
+                             dtype="bfloat16")
+        half.estimate(records[:2])  # loads the bf16 backbone; warm-up
+        with Timer() as half_time:
+            half_confidences = np.asarray(half.estimate(records))
         with Timer() as left_time:
             left_confidences, left_features = left_padded_head(trained.head, records, 16)
         features = trained.head.prompt_features(trained.head.prompts(records), batch_size=args.head_batch_size)
@@ -115,6 +124,7 @@ def main() -> None:
         "annotate_k5": annotate_time.wall / n,
         "head_shared_prefix": head_time.wall / n,
         "head_left_padded": left_time.wall / n,
+        "head_bf16": half_time.wall / n,
     }
     result = {
         "model": MODEL,
@@ -132,11 +142,19 @@ def main() -> None:
             "annotate_k5": round(annotate_time.cpu / n, 4),
             "head_shared_prefix": round(head_time.cpu / n, 4),
             "head_left_padded": round(left_time.cpu / n, 4),
+            "head_bf16": round(half_time.cpu / n, 4),
         },
         "ratio_head_to_annotate": round(head_time.wall / annotate_time.wall, 4),
         "ratio_head_to_annotate_cpu": round(head_time.cpu / annotate_time.cpu, 4),
         "ratio_left_padded_head_to_annotate": round(left_time.wall / annotate_time.wall, 4),
         "speedup_shared_prefix_over_left_padded": round(left_time.wall / head_time.wall, 2),
+        "ratio_head_bf16_to_annotate": round(half_time.wall / annotate_time.wall, 4),
+        "ratio_head_bf16_to_annotate_cpu": round(half_time.cpu / annotate_time.cpu, 4),
+        "bf16_vs_float32": {
+            "max_abs_confidence_difference": float(np.max(np.abs(half_confidences - confidences))),
+            "mean_abs_confidence_difference": float(np.mean(np.abs(half_confidences - confidences))),
+            "spearman": float(spearmanr(half_confidences, confidences).statistic),
+        },
         "max_abs_confidence_difference": float(np.max(np.abs(confidences - left_confidences))),
         "max_abs_feature_difference": float(np.max(np.abs(features - left_features))),
         "goal": "ratio_head_to_annotate <= 0.1",
@@ -148,7 +166,10 @@ def main() -> None:
         f"annotate k={args.k}: {per_q['annotate_k5']:.3f} s/question; head: {per_q['head_shared_prefix']:.4f} "
         f"s/question (ratio {result['ratio_head_to_annotate']}, CPU ratio {result['ratio_head_to_annotate_cpu']}); "
         f"left-padded head: {per_q['head_left_padded']:.4f} s/question "
-        f"(ratio {result['ratio_left_padded_head_to_annotate']}); max |Δconfidence| "
+        f"(ratio {result['ratio_left_padded_head_to_annotate']}); bf16 head: {per_q['head_bf16']:.4f} s/question "
+        f"(ratio {result['ratio_head_bf16_to_annotate']}, CPU ratio {result['ratio_head_bf16_to_annotate_cpu']}, "
+        f"max |Δconfidence| vs fp32 {result['bf16_vs_float32']['max_abs_confidence_difference']:.2e}); "
+        "max |Δconfidence| "
         f"{result['max_abs_confidence_difference']:.2e}, max |Δfeature| {result['max_abs_feature_difference']:.2e}"
     )
     print(f"wrote {args.out}")

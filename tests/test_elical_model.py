@@ -234,6 +234,24 @@ def test_elical_estimator_scores_records_and_raw_questions(tiny_model_dir, tmp_p
     np.testing.assert_allclose(est.score_questions(QUESTIONS), result.model.predict(QUESTIONS), rtol=1e-6)
 
 
+def test_elical_estimator_in_bfloat16_is_close_to_float32_and_cached_apart(tiny_model_dir, tmp_path):
+    config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=2)
+    train_elical(make_records(20), make_records(6, 50), method="eli-only", config=config, out_dir=tmp_path / "eli")
+    records = make_records(8, 300)
+    full = get_estimator("elical", head=str(tmp_path / "eli"))
+    half = get_estimator("elical", head=str(tmp_path / "eli"), dtype="bfloat16")
+    assert next(half.head.backbone.parameters()).dtype == torch.bfloat16
+    assert next(full.head.backbone.parameters()).dtype == torch.float32
+    a, b = full.estimate(records), half.estimate(records)
+    assert not np.array_equal(a, b)  # bf16 really ran
+    # A random tiny model amplifies bf16 rounding; the embedded model's drift is in benchmarks/elical_cost.py.
+    np.testing.assert_allclose(b, a, atol=0.08)
+    assert np.corrcoef(a, b)[0, 1] > 0.9
+    assert half.describe()["dtype"] == "bfloat16" and "dtype" not in full.describe()
+    with pytest.raises(CandorError, match="unknown dtype"):
+        get_estimator("elical", head=str(tmp_path / "eli"), dtype="float7").estimate(records)
+
+
 def test_elical_estimator_without_a_head_says_how_to_get_one():
     with pytest.raises(CandorError, match="needs a trained head"):
         get_estimator("elical").estimate(make_records(1))

@@ -10,7 +10,7 @@ import pytest
 from candor.confidences import ConfidenceRow, ConfidenceTable
 from candor.elical.curve import summarize_column
 from candor.errors import CandorError
-from candor.evaluation import Group, evaluate, json_number, percentile_interval
+from candor.evaluation import Group, evaluate, json_number, metric_ratios, percentile_interval
 from candor.metrics import METRICS, accuracy, auroc, ece
 from candor.report import evaluate as report_evaluate
 
@@ -304,3 +304,45 @@ def test_evaluate_rejects_empty_setups_and_alpha_outside_the_open_interval():
     for name in ("g", "h"):  # a name used twice is a clash even when it is no dataset's name
         with pytest.raises(CandorError, match=rf"must differ from each other and from the datasets: \['{name}'\]"):
             evaluate(conf, labels, groups=[Group(name, ("a",)), Group(name, ("a",))])
+
+
+# ------------------------------------------------------------ metric ratios (paired bootstrap)
+
+
+def _two_methods(seed: int = 3) -> tuple[dict, dict, dict]:
+    rng = np.random.default_rng(seed)
+    labels = {"a": rng.integers(0, 2, 120), "b": rng.integers(0, 2, 80)}
+    worse = {d: np.clip(0.9 - 0.1 * y + rng.normal(0, 0.05, y.size), 0, 1) for d, y in labels.items()}
+    better = {d: np.clip(0.3 + 0.4 * y + rng.normal(0, 0.1, y.size), 0, 1) for d, y in labels.items()}
+    return worse, better, labels
+
+
+def test_metric_ratio_is_the_ratio_of_the_metrics_per_dataset_and_pooled_group():
+
+    worse, better, labels = _two_methods()
+    out = metric_ratios(worse, better, labels, groups=[Group("all", ("a", "b"), "pooled")], bootstrap=200)
+    for d in ("a", "b"):
+        assert out[d].value == pytest.approx(ece(worse[d], labels[d]) / ece(better[d], labels[d]))
+    pooled = [np.concatenate([m["a"], m["b"]]) for m in (worse, better)]
+    y = np.concatenate([labels["a"], labels["b"]])
+    assert out["all"].value == pytest.approx(ece(pooled[0], y) / ece(pooled[1], y))
+    low, high = out["all"].ci
+    assert 1 < low < out["all"].value < high and out["all"].dropped == 0
+
+
+def test_metric_ratio_interval_is_paired():
+
+    worse, _, labels = _two_methods()
+    # The same method on both sides: a paired draw gives exactly 1 in every resample, an unpaired one would not.
+    out = metric_ratios(worse, {d: c.copy() for d, c in worse.items()}, labels, bootstrap=100)
+    assert out["a"].value == 1.0 and out["a"].ci == (1.0, 1.0)
+
+
+def test_metric_ratio_with_a_zero_denominator_is_undefined_and_counted():
+
+    labels = {"a": np.array([0, 1, 0, 1])}
+    perfect = {"a": labels["a"].astype(float)}  # ECE 0
+    out = metric_ratios({"a": np.full(4, 0.5)}, perfect, labels, bootstrap=50)
+    assert np.isnan(out["a"].value) and out["a"].dropped == 50
+    with pytest.raises(CandorError, match="at least one bootstrap"):
+        metric_ratios(perfect, perfect, labels, bootstrap=0)

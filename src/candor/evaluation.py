@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -222,15 +222,10 @@ def _bootstrap(
     runs: Sequence[Run], fns: Mapping[str, MetricFn], groups: Sequence[Group], n: int, seed: int, alpha: float
 ) -> tuple[dict[str, dict[str, tuple[float, float]]], dict[str, dict[str, int]]]:
     """Percentile intervals of every cell's seed mean, and the resamples dropped per cell."""
-    datasets = list(runs[0])
-    # Independent streams per dataset, so equal-sized datasets do not share index draws.
-    streams = np.random.SeedSequence(seed).spawn(len(datasets))
-    rngs = {ds: np.random.default_rng(s) for ds, s in zip(datasets, streams, strict=True)}
     draws: list[Cells] = []
     # Inputs were validated once by check_arrays; skipping sklearn's per-call checks saves time.
     with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
-        for _ in range(n):
-            index = {ds: rngs[ds].integers(0, y.size, size=y.size) for ds, (_, y) in runs[0].items()}
+        for index in _resample_indices(runs[0], n, seed):
             per_run = [_cells({ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in run.items()}, fns, groups)
                        for run in runs]
             draws.append({c: {k: float(np.mean([r[c][k] for r in per_run])) for k in fns} for c in per_run[0]})
@@ -244,6 +239,68 @@ def _bootstrap(
                 logger.info("bootstrap: %s on %s is undefined in %d of %d resamples (left out)",
                             metric, col, dropped[col][metric], n)
     return ci, dropped
+
+
+def _resample_indices(run: Run, n: int, seed: int) -> Iterator[dict[str, np.ndarray]]:
+    """``n`` stratified resamples (row indices per dataset); the same seed and sizes give the same draws."""
+    datasets = list(run)
+    # Independent streams per dataset, so equal-sized datasets do not share index draws.
+    streams = np.random.SeedSequence(seed).spawn(len(datasets))
+    rngs = {ds: np.random.default_rng(s) for ds, s in zip(datasets, streams, strict=True)}
+    for _ in range(n):
+        yield {ds: rngs[ds].integers(0, y.size, size=y.size) for ds, (_, y) in run.items()}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``metric(numerator) / metric(denominator)`` in one column, with its paired bootstrap interval."""
+
+    value: float
+    ci: tuple[float, float]
+    dropped: int  # resamples where either metric was undefined or the denominator was 0
+
+
+def metric_ratios(
+    numerator: PerDataset,
+    denominator: PerDataset,
+    labels: Mapping[str, ArrayLike],
+    *,
+    metric: str = "ece",
+    groups: Sequence[Group] = (),
+    n_bins: int = 10,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    alpha: float = CI_ALPHA,
+) -> dict[str, Ratio]:
+    """How many times one method's metric is another's, per dataset and group (e.g. ECE Default / ECE ADVICE).
+
+    The interval is a *paired* bootstrap: each resample draws the same rows
+    for both methods (the draws :func:`evaluate` makes with this seed), so
+    the shared question difficulty cancels out of the ratio.
+    """
+    if bootstrap < 1:
+        raise CandorError(f"metric_ratios needs at least one bootstrap resample, got {bootstrap}")
+    fns = metric_functions([metric], n_bins)
+    ys = {ds: _check_labels(ds, y) for ds, y in labels.items()}
+    _check_groups(groups, ys)
+    top, bottom = _runs("numerator", numerator, ys)[0], _runs("denominator", denominator, ys)[0]
+    with quietly(), np.errstate(invalid="ignore", divide="ignore"):
+        point_top, point_bottom = _cells(top, fns, groups), _cells(bottom, fns, groups)
+        draws: list[dict[str, float]] = []
+        with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+            for index in _resample_indices(top, bootstrap, seed):
+                a = _cells({ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in top.items()}, fns, groups)
+                b = _cells({ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in bottom.items()}, fns, groups)
+                draws.append({col: _ratio(a[col][metric], b[col][metric]) for col in a})
+    out = {}
+    for col in point_top:
+        ci, dropped = percentile_interval([d[col] for d in draws], alpha)
+        out[col] = Ratio(_ratio(point_top[col][metric], point_bottom[col][metric]), ci, dropped)
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b != 0 and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
 def percentile_interval(values: Sequence[float], alpha: float = CI_ALPHA) -> tuple[tuple[float, float], int]:

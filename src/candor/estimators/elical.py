@@ -12,6 +12,12 @@ both) unless ``allow_other_backbone=True`` (``-O elical.allow_other_backbone=1``
 which scores them with a warning. Records that name no model (an import) are
 scored with a warning that the match cannot be checked.
 
+``dtype="bfloat16"`` (``-O elical.dtype=bfloat16``) runs the backbone in bf16
+when the estimator loads it: about half the cost on CPUs with AVX512-BF16 or
+AMX, with confidences that drift by about 1e-3 from float32 (measured in
+``benchmarks/elical_cost.py``). Opt-in on CPU; the default follows the loader
+(float32 on CPU, bfloat16 on CUDA).
+
 torch and transformers are imported only when a head is loaded, so importing
 the estimator registry stays fast.
 """
@@ -46,10 +52,12 @@ class EliCalEstimator(Estimator):
         batch_size: int = 16,
         device: str | None = None,
         allow_other_backbone: bool = False,
+        dtype: str | None = None,
     ) -> None:
         self.head_source = head
         self.batch_size = batch_size
         self.device = device
+        self.dtype = dtype
         self.allow_other_backbone = bool(allow_other_backbone)
         self._head: Any = None
 
@@ -64,7 +72,7 @@ class EliCalEstimator(Estimator):
             if isinstance(self.head_source, (str, Path)):
                 from candor.elical import ConfidenceHead
 
-                self._head = ConfidenceHead.from_pretrained(self.head_source, device=self.device)
+                self._head = ConfidenceHead.from_pretrained(self.head_source, device=self.device, dtype=self.dtype)
             else:
                 self._head = self.head_source
         return self._head
@@ -112,6 +120,8 @@ class EliCalEstimator(Estimator):
         if isinstance(self.head_source, (str, Path)):
             out["head"] = str(self.head_source)
         out["allow_other_backbone"] = self.allow_other_backbone
+        if self.dtype is not None:
+            out["dtype"] = self.dtype
         return out
 
 
