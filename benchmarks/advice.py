@@ -45,12 +45,14 @@ import hashlib
 import json
 import logging
 import math
+import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, RESULTS, annotate_part, peak_rss_mib, setup_logging, write_json
+from common import CACHE, RESULTS, annotate_part, load_mini_or_exit, peak_rss_mib, setup_logging, write_json
 
 from candor.advice import LossWeights, build_triplets, method_config, read_triplets, train, write_triplets
 from candor.advice.config import AdviceConfig
@@ -64,7 +66,7 @@ from candor.data.items import QAItem
 from candor.data.loaders import load_named
 from candor.data.splits import dedupe_questions, split_items
 from candor.errors import CandorError
-from candor.evaluation import Group, evaluate
+from candor.evaluation import Group, evaluate, metric_ratios
 from candor.metrics import ece
 from candor.plots import reliability_diagram
 from candor.prompts import TEMPLATES, resolve_template
@@ -95,28 +97,40 @@ PAPER_LR = 1e-5
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """The benchmark's CPU-scale settings (all recorded in the results file)."""
+    """The benchmark's settings (all recorded in the results file); the default is the CPU preset."""
 
-    eval_size: int = 40  # test questions per dataset (seeded subset of the cached 200)
-    percent_size: int = 20  # of those, scored in ScorePercent (101 labels)
-    logiqa_size: int = 30  # LogiQA questions annotated and evaluated (long passages: ~7x the cost of a question)
-    max_triplets: int = 48  # seeded cap on training triplets (ConfTuner: twice as many answers)
-    epochs: float = 2.0
+    eval_size: int = 200  # test questions per dataset (the mini test sets hold 200)
+    percent_size: int = 100  # of those, scored in ScorePercent (101 labels, ~5x the cost of a one-token format)
+    logiqa_size: int = 200  # LogiQA questions annotated and evaluated (long passages: ~7x the cost of a question)
+    max_triplets: int | None = None  # None: every triplet (ConfTuner: twice as many answers)
+    epochs: float = 1.0  # CPU budget; the paper (and --preset gpu) trains 4
     learning_rate: float | None = None  # None: chosen on the dev slice among lr_candidates (min dev Brier)
     lr_candidates: tuple[float, ...] = (1e-5, 2e-4, 1e-3)
+    lr_proxy_triplets: int | None = 150  # the lr choice trains ADVICE on this many triplets (None: all of them)
     dev_size: int = 50  # dev questions per dataset for the lr choice (the mini dev slice has 50)
-    pairs_per_step: int = 4
-    accumulation: int = 2  # effective batch 8 pairs: more optimizer steps than the paper's 32 at this size
+    pairs_per_step: int = 8
+    accumulation: int = 4  # 32 pairs per optimizer step: the paper's effective batch (16 x 2)
     sc_samples: int = 5
-    ablation: bool = True
+    ablation: str = "sum"  # "full" (the paper's seven loss sets), "sum" (+Sum only beside ADVICE) or "none"
+    bootstrap: int = 1000  # resamples for the intervals (ECE, AUROC, and the Default/method ECE factor)
+    methods: str = ",".join(METHODS)  # which methods to score (a subset gives a partial, clearly marked run)
     seed: int = 0
     # Extra in-domain training-part questions for the triplet pool, beyond the mini pool (dataset=n or =all).
-    extra_train: str = ""
+    extra_train: str = "pararel=all,2wikimultihopqa=6600"
     mini_pool: int = 500  # the mini pool (train + dev) those extra questions come after
+    annotate_batch_size: int = 16
 
 
 QUICK = Settings(eval_size=6, percent_size=3, logiqa_size=6, max_triplets=6, epochs=1.0, pairs_per_step=2,
-                 accumulation=2, lr_candidates=(1e-5, 1e-3), dev_size=6)  # fmt: skip
+                 accumulation=2, lr_candidates=(1e-5, 1e-3), lr_proxy_triplets=None, dev_size=6, ablation="none",
+                 bootstrap=50, extra_train="")  # fmt: skip
+# The paper's scale for a GPU (one call of the device machine, an instruct model given by --model): every
+# training-part question of the four in-domain sets annotated for triplets, 4 epochs at batch 16 x 2, the lr
+# chosen among full runs, 1,000 test questions per dataset, the full ablation.
+GPU = Settings(eval_size=1000, percent_size=1000, logiqa_size=1000, epochs=4.0, lr_candidates=(1e-5, 5e-5, 2e-4),
+               lr_proxy_triplets=None, pairs_per_step=16, accumulation=2, ablation="full",
+               extra_train="nq=all,hq=all,2wikimultihopqa=all,pararel=all", annotate_batch_size=64)  # fmt: skip
+PRESETS = {"cpu": Settings(), "quick": QUICK, "gpu": GPU}
 
 
 def parse_args() -> argparse.Namespace:
@@ -126,9 +140,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mini-cache", type=Path, default=CACHE / "mini", help="baselines.py's annotations")
     p.add_argument("--cache", type=Path, default=None, help="default: benchmarks/cache/advice[-quick]")
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/advice.json")
-    p.add_argument("--quick", action="store_true", help="tiny sizes to check the pipeline end to end")
-    p.add_argument("--no-ablation", action="store_true")
-    kinds = {"int": int, "str": str, "float": float, "float | None": float, "tuple[float, ...]": _floats}
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                   help="cpu (default), gpu (the paper's scale, for the device machine) or quick (tiny, minutes)")
+    p.add_argument("--quick", action="store_true", help="same as --preset quick")
+    kinds = {"int": int, "str": str, "float": float, "float | None": float, "int | None": int,
+             "tuple[float, ...]": _floats}  # fmt: skip
     for field in dataclasses.fields(Settings):
         if field.type in kinds:
             p.add_argument("--" + field.name.replace("_", "-"), type=kinds[field.type], default=None)
@@ -140,25 +156,69 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    base = QUICK if args.quick else Settings()
+    if args.quick:
+        args.preset = "quick"
     names = [f.name for f in dataclasses.fields(Settings)]
     given = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-    if args.no_ablation:
-        given["ablation"] = False
-    return dataclasses.replace(base, **given)
+    s = dataclasses.replace(PRESETS[args.preset], **given)
+    if s.ablation not in ("full", "sum", "none"):
+        raise SystemExit(f"--ablation must be full, sum or none, got {s.ablation!r}")
+    unknown = [m for m in chosen_methods(s) if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; known: {', '.join(METHODS)}")
+    return s
+
+
+def chosen_methods(s: Settings) -> list[str]:
+    return [m.strip() for m in s.methods.split(",") if m.strip()]
 
 
 # ---------------------------------------------------------------- data
 
 
-def cached_part(mini_cache: Path, part: str, datasets: Sequence[str]) -> dict[str, list[Record]]:
-    out = {}
-    for dataset in datasets:
-        path = mini_cache / part / f"{dataset}.jsonl"
-        if not path.exists():
-            raise SystemExit(f"SKIP: {path} is missing; run benchmarks/baselines.py first (it annotates the pool)")
-        out[dataset] = read_records(path)
-    return out
+def mini_parts(
+    args: argparse.Namespace, s: Settings, backend: HFBackend, cache: Path
+) -> tuple[list[Record], dict[str, list[Record]], dict[str, list[Record]]]:
+    """(training pool, dev slice, test sets) of HonestyBench-mini, annotated by ``args.model``.
+
+    baselines.py's cache is used when it holds this model's records and
+    enough test questions; otherwise the parts are annotated here (same
+    template and decoding, resumable) into ``<cache>/mini``.
+    """
+    if _cache_fits(args.mini_cache, args.model, s.eval_size):
+        parts = {part: _read_part(args.mini_cache, part) for part in ("train", "dev", "test")}
+    else:
+        logger.info("annotating HonestyBench-mini with %s into %s", args.model, cache / "mini")
+        mini = load_mini_or_exit(args.data_dir, test_size=s.eval_size, train_pool=s.mini_pool)
+        config = annotate_config(s)
+        template = resolve_template("auto", args.model, backend)
+        parts = {
+            "test": annotate_part({**mini.test_id, **mini.test_ood}, "test", backend, template, config, cache / "mini"),
+            "dev": annotate_part(mini.dev, "dev", backend, template, config, cache / "mini"),
+            "train": annotate_part(mini.train, "train", backend, template, config, cache / "mini"),
+        }
+    train = [r for recs in parts["train"].values() for r in recs]
+    return train, parts["dev"], parts["test"]
+
+
+def annotate_config(s: Settings) -> AnnotateConfig:
+    """The annotation of every training and test question (baselines.py's: greedy + 5 samples, 32 tokens)."""
+    return AnnotateConfig(k=5, params=SamplingParams(max_new_tokens=32), batch_size=s.annotate_batch_size)
+
+
+def _cache_fits(folder: Path, model: str, eval_size: int) -> bool:
+    test = folder / "test" / f"{IN_DOMAIN[0]}.jsonl"
+    files = [folder / part / f"{d}.jsonl" for part, names in
+             (("train", IN_DOMAIN), ("dev", IN_DOMAIN), ("test", (*IN_DOMAIN, *OUT_OF_DOMAIN))) for d in names]
+    if not all(f.exists() for f in files):
+        return False
+    records = read_records(test)
+    return bool(records) and records[0].provenance.get("model") == model and len(records) >= eval_size
+
+
+def _read_part(folder: Path, part: str) -> dict[str, list[Record]]:
+    names = (*IN_DOMAIN, *OUT_OF_DOMAIN) if part == "test" else IN_DOMAIN
+    return {d: read_records(folder / part / f"{d}.jsonl") for d in names}
 
 
 def extra_pool_items(data_dir: str | None, spec: str, pool_offset: int, seed: int) -> dict[str, list[QAItem]]:
@@ -195,8 +255,7 @@ def annotate_extra_pool(
         return {}
     items = extra_pool_items(args.data_dir, s.extra_train, s.mini_pool, s.seed)
     template = resolve_template("auto", args.model, backend)
-    config = AnnotateConfig(k=5, params=SamplingParams(max_new_tokens=32))
-    return annotate_part(items, "train", backend, template, config, cache / "pool")
+    return annotate_part(items, "train", backend, template, annotate_config(s), cache / "pool")
 
 
 def logiqa_records(args: argparse.Namespace, s: Settings, backend: HFBackend, cache: Path) -> list[Record]:
@@ -241,24 +300,33 @@ def common_settings(args: argparse.Namespace, s: Settings, lr: float) -> dict[st
             "batch_size": s.pairs_per_step, "gradient_accumulation": s.accumulation, "logging_steps": 1}  # fmt: skip
 
 
-def run_configs(args: argparse.Namespace, s: Settings, lr: float) -> dict[str, AdviceConfig]:
-    """Every training run of the benchmark at the chosen learning rate, by run name."""
+def run_configs(args: argparse.Namespace, s: Settings, lr: float, n_triplets: int) -> dict[str, AdviceConfig]:
+    """The training runs the chosen methods and ablation need, at the chosen learning rate, by run name."""
     common = common_settings(args, s, lr)
-    runs = {
+    cap = s.max_triplets if s.max_triplets is not None else n_triplets
+    every = {
         "advice": advice_at(args, s, lr),
         "advice+conftuner": method_config("advice+conftuner", max_examples=s.max_triplets, **common),
         # ConfTuner sees as many sequences as ADVICE (two per triplet), in batches of as many rows.
         "conftuner": method_config(
-            "conftuner", max_examples=2 * s.max_triplets, **{**common, "batch_size": 2 * s.pairs_per_step}
+            "conftuner", max_examples=2 * cap, **{**common, "batch_size": 2 * s.pairs_per_step}
         ),
     }
-    if s.ablation:
-        for name, weights in ABLATION.items():
-            if name != "all":
-                runs[ablation_run(name)] = advice_at(args, s, lr, weights=weights)
-        if lr != PAPER_LR:
-            runs["advice-lr1e-5"] = advice_at(args, s, PAPER_LR)
+    wanted = {TRAINED[m] for m in chosen_methods(s) if m in TRAINED}
+    if s.ablation != "none":
+        wanted.add("advice")
+    runs = {name: config for name, config in every.items() if name in wanted}
+    for name in ablation_names(s):
+        if name != "all":
+            runs[ablation_run(name)] = advice_at(args, s, lr, weights=ABLATION[name])
+    if s.ablation == "full" and lr != PAPER_LR:
+        runs["advice-lr1e-5"] = advice_at(args, s, PAPER_LR)
     return runs
+
+
+def ablation_names(s: Settings) -> list[str]:
+    """The loss sets trained beside ADVICE: all seven, "+Sum" alone (the small budget's main carrier), or none."""
+    return {"full": list(ABLATION), "sum": ["+Sum", "all"], "none": []}[s.ablation]
 
 
 def run_path(cache: Path, config: AdviceConfig) -> Path:
@@ -294,6 +362,7 @@ def train_all(
             "wall_s": saved["cost"]["wall_s"],
             "peak_rss_mib": saved["cost"]["peak_rss_mib"],
             "losses_by_epoch": _epoch_losses(saved["history"]),
+            "curve": _curve(saved["history"]),
         }
         logger.info("%s: %s", name, out[name])
     return out
@@ -312,6 +381,14 @@ def _epoch_losses(history: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return {e: {k: round(sum(v) / len(v), 4) for k, v in terms.items()} for e, terms in out.items()}
 
 
+def _curve(history: list[dict[str, Any]], points: int = 60) -> list[dict[str, float]]:
+    """The training curve: every logged loss term at up to ``points`` evenly spaced logged steps."""
+    logged = [h for h in history if "loss" in h]
+    stride = max(1, math.ceil(len(logged) / points))
+    return [{k: round(float(v), 4) for k, v in h.items() if k.startswith("loss") or k in ("step", "epoch")}
+            for h in logged[::stride]]  # fmt: skip
+
+
 def choose_lr(
     args: argparse.Namespace, s: Settings, triplets: list, dev: dict[str, list[Record]], base: HFBackend, cache: Path
 ) -> tuple[float, dict[str, Any]]:
@@ -326,7 +403,8 @@ def choose_lr(
         return s.learning_rate, {"chosen": s.learning_rate, "how": "given (--learning-rate)"}
     folder = cache / "dev"
     table: dict[str, Any] = {"base model": _dev_scores(base, dev, s, folder / "confidences" / "base")}
-    runs = {f"{lr:g}": advice_at(args, s, lr) for lr in s.lr_candidates}
+    proxy = {} if s.lr_proxy_triplets is None else {"max_examples": s.lr_proxy_triplets}
+    runs = {f"{lr:g}": advice_at(args, s, lr, **proxy) for lr in s.lr_candidates}
     training = train_all(runs, triplets, [], cache)
     for key, run in training.items():
         backend = HFBackend.from_pretrained(args.model, adapter=run["dir"])
@@ -334,6 +412,8 @@ def choose_lr(
     mean_brier = {k: round((v["ScoreLetter"]["brier"] + v["ScoreNumber"]["brier"]) / 2, 4) for k, v in table.items()}
     chosen = min(s.lr_candidates, key=lambda lr: mean_brier[f"{lr:g}"])
     how = "lowest dev Brier (mean of ScoreLetter and ScoreNumber) among the candidates"
+    if s.lr_proxy_triplets is not None:
+        how += f", each an ADVICE run on a seeded {s.lr_proxy_triplets} of the triplets (a proxy of the full run)"
     return chosen, {"chosen": chosen, "how": how, "dev_mean_brier": mean_brier, "dev": table, "runs": training}
 
 
@@ -422,7 +502,7 @@ BLOCK_KEYS = {"ece": "ece", "abs_nce": "nce", "brier": "brier", "auroc": "auroc"
 
 
 def group_blocks(
-    per_dataset: dict[str, Any], groups: dict[str, Sequence[str]]
+    per_dataset: dict[str, Any], groups: dict[str, Sequence[str]], bootstrap: int = 0
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Metric blocks per dataset and per group, from the one evaluation engine.
 
@@ -436,17 +516,22 @@ def group_blocks(
     # A group may share its name with its one dataset ("logiqa"), so the engine sees it as "group:<name>".
     engine_groups = [Group(f"group:{g}", ds, "pooled") for g, ds in present.items()]
     result = evaluate({"m": {d: c for d, (c, _) in per_dataset.items()}},
-                      {d: y for d, (_, y) in per_dataset.items()},
-                      groups=engine_groups, metrics=tuple(BLOCK_KEYS)).methods["m"]
+                      {d: y for d, (_, y) in per_dataset.items()}, groups=engine_groups, metrics=tuple(BLOCK_KEYS),
+                      ci_metrics=("ece", "auroc"), bootstrap=bootstrap, seed=0).methods["m"]  # fmt: skip
     sizes = {d: len(y) for d, (_, y) in per_dataset.items()}
-    datasets = {d: _block(result.values[d], sizes[d]) for d in per_dataset}
-    return datasets, {g: _block(result.values[f"group:{g}"], sum(sizes[d] for d in ds)) for g, ds in present.items()}
+    datasets = {d: _block(result.values[d], sizes[d], result.ci.get(d)) for d in per_dataset}
+    groups_out = {g: _block(result.values[f"group:{g}"], sum(sizes[d] for d in ds), result.ci.get(f"group:{g}"))
+                  for g, ds in present.items()}  # fmt: skip
+    return datasets, groups_out
 
 
-def _block(values: dict[str, float], n: int) -> dict[str, float | None]:
+def _block(values: dict[str, float], n: int, ci: dict[str, tuple[float, float]] | None) -> dict[str, Any]:
     out = {BLOCK_KEYS[k]: _num(v) for k, v in values.items()}
-    return {**{k: out[k] for k in ("ece", "nce", "brier", "auroc", "nce_signed")}, "n": n,
-            "accuracy": out["accuracy"]}
+    block: dict[str, Any] = {**{k: out[k] for k in ("ece", "nce", "brier", "auroc", "nce_signed")}, "n": n,
+                             "accuracy": out["accuracy"]}  # fmt: skip
+    for metric, (low, high) in (ci or {}).items():
+        block[f"{metric}_ci"] = [_num(low), _num(high)]
+    return block
 
 
 def in_domain_block(per_dataset: dict[str, Any]) -> dict[str, float | None]:
@@ -454,13 +539,65 @@ def in_domain_block(per_dataset: dict[str, Any]) -> dict[str, float | None]:
     return group_blocks(per_dataset, {"id": IN_DOMAIN})[1]["id"]
 
 
-def method_metrics(per_format: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def method_metrics(per_format: dict[str, dict[str, Any]], bootstrap: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fmt, per_dataset in per_format.items():
-        per_ds, blocks = group_blocks(per_dataset, GROUPS)
+        per_ds, blocks = group_blocks(per_dataset, GROUPS, bootstrap)
         block: dict[str, Any] = dict(blocks)
         block["per_dataset"] = per_ds
         out[FORMATS.get(fmt).name] = block
+    return out
+
+
+def ece_factors(scored: dict[str, dict[str, dict[str, Any]]], bootstrap: int) -> dict[str, Any]:
+    """ECE of Default / ECE of each other method, per format and group, with paired bootstrap intervals.
+
+    A factor above 1 means the method's ECE is lower than Default's (the
+    paper's "cuts ECE several-fold"); the interval resamples the same
+    questions for both methods.
+    """
+    if "Default" not in scored:
+        return {}
+    out: dict[str, Any] = {}
+    for method, per_format in scored.items():
+        if method == "Default":
+            continue
+        for fmt, per_dataset in per_format.items():
+            default = scored["Default"].get(fmt, {})
+            datasets = [d for d in per_dataset if d in default]
+            groups = [Group(f"group:{g}", tuple(d for d in ds if d in datasets), "pooled")
+                      for g, ds in GROUPS.items() if any(d in datasets for d in ds)]  # fmt: skip
+            ratios = metric_ratios({d: default[d][0] for d in datasets}, {d: per_dataset[d][0] for d in datasets},
+                                   {d: per_dataset[d][1] for d in datasets}, metric="ece", groups=groups,
+                                   bootstrap=bootstrap)  # fmt: skip
+            out.setdefault(method, {})[FORMATS.get(fmt).name] = {
+                col.removeprefix("group:"): {"factor": _num(r.value), "ci": [_num(r.ci[0]), _num(r.ci[1])],
+                                             "undefined_resamples": r.dropped}
+                for col, r in ratios.items() if col.startswith("group:")
+            }  # fmt: skip
+    return out
+
+
+def adapter_accuracy(
+    backend: HFBackend, subsets: dict[str, list[Record]], folder: Path, s: Settings
+) -> dict[str, dict[str, float | int]]:
+    """Task accuracy of a model (base or adapter) on the evaluation questions: its own greedy answers, judged.
+
+    The same template and decoding as the annotation, greedy only; so a
+    trained adapter that damages answering shows here.
+    """
+    out = {}
+    for dataset, records in subsets.items():
+        items = [r.item for r in records]
+        name = records[0].provenance.get("template") if records else None
+        template = TEMPLATES.get(name) if name in TEMPLATES else TEMPLATES.get("fewshot")
+        path = folder / f"{dataset}.jsonl"
+        config = AnnotateConfig(k=0, params=SamplingParams(max_new_tokens=32), batch_size=s.annotate_batch_size)
+        annotate(items, backend, path, template, config, progress=False)
+        wanted = {item.id for item in items}
+        mine = [r for r in read_records(path) if r.id in wanted]
+        out[dataset] = {"n": len(mine), "accuracy": _num(sum(r.greedy_correct == 1 for r in mine) / max(1, len(mine))),
+                        "base_accuracy": _num(sum(r.greedy_correct == 1 for r in records) / max(1, len(records)))}
     return out
 
 
@@ -502,74 +639,104 @@ def main() -> None:
     setup_logging()
     args = parse_args()
     s = settings_from(args)
-    cache = args.cache or (CACHE / ("advice-quick" if args.quick else "advice"))
-    out_path = args.out or (cache / "advice.json" if args.quick else RESULTS / "advice.json")
-    plots = (cache / "plots") if args.quick else RESULTS / "advice"
+    cache = args.cache or default_cache(args)
+    out_path = args.out or (RESULTS / "advice.json" if args.preset == "cpu" else cache / "advice.json")
+    plots = RESULTS / "advice" if args.preset == "cpu" else cache / "plots"
     seconds: dict[str, float] = {}
-    clock = time.perf_counter()
+    payload: dict[str, Any] = {
+        "benchmark": "ADVICE / ConfTuner on HonestyBench-mini",
+        "model": args.model,
+        "preset": args.preset,
+        "settings": dataclasses.asdict(s),
+        "notes": NOTES,
+        "groups": {g: list(d) for g, d in GROUPS.items()},
+        "command": command_line(args),
+    }
 
-    train_records = [r for recs in cached_part(args.mini_cache, "train", IN_DOMAIN).values() for r in recs]
-    tests = cached_part(args.mini_cache, "test", (*IN_DOMAIN, *OUT_OF_DOMAIN))
-    base = HFBackend.from_pretrained(args.model)
+    clock = time.perf_counter()
+    base = HFBackend.from_pretrained(args.model, batch_size=s.annotate_batch_size)
+    train_records, dev_parts, tests = mini_parts(args, s, base, cache)
+    extra = annotate_extra_pool(args, s, base, cache)
+    train_records += [r for recs in extra.values() for r in recs]
     tests["logiqa"] = logiqa_records(args, s, base, cache)
     subsets = eval_subsets(tests, s)
     seconds["data"] = time.perf_counter() - clock
+    payload["training_pool"] = pool_summary(train_records, extra, s)
+    payload["eval_sizes"] = {d: {"all_formats": len(r), "ScorePercent": min(len(r), s.percent_size)}
+                             for d, r in subsets.items()}  # fmt: skip
 
     clock = time.perf_counter()
     built = training_triplets(train_records, base, cache, s)
     seconds["triplets"] = time.perf_counter() - clock
+    payload["triplets"] = {**built["stats"], "by_dataset": dict(Counter(t.item.dataset for t in built["triplets"]))}
 
     clock = time.perf_counter()
-    dev = {d: recs[: s.dev_size] for d, recs in cached_part(args.mini_cache, "dev", IN_DOMAIN).items()}
-    lr, lr_choice = choose_lr(args, s, built["triplets"], dev, base, cache)
+    dev = {d: recs[: s.dev_size] for d, recs in dev_parts.items()}
+    lr, payload["learning_rate"] = choose_lr(args, s, built["triplets"], dev, base, cache)
     seconds["lr_choice"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    runs = run_configs(args, s, lr)
-    training = train_all(runs, built["triplets"], train_records, cache)
+    runs = run_configs(args, s, lr, len(built["triplets"]))
+    payload["training"] = train_all(runs, built["triplets"], train_records, cache)
     seconds["training"] = time.perf_counter() - clock
 
-    results: dict[str, Any] = {}
-    files: list[str] = []
-    for method in METHODS:
+    payload.update(methods={}, ece_factor_vs_default={}, task_accuracy={}, reliability_diagrams=[])
+    scored: dict[str, dict[str, dict[str, Any]]] = {}
+    for method in chosen_methods(s):
         clock = time.perf_counter()
         backend, run_dir = base, None
         if method in TRAINED:
-            run_dir = training[TRAINED[method]]["dir"]
-            backend = HFBackend.from_pretrained(args.model, adapter=run_dir)
+            run_dir = payload["training"][TRAINED[method]]["dir"]
+            backend = HFBackend.from_pretrained(args.model, adapter=run_dir, batch_size=s.annotate_batch_size)
+            accuracy_folder = cache / "accuracy" / f"run-{Path(run_dir).name}"
+            payload["task_accuracy"][method] = adapter_accuracy(backend, subsets, accuracy_folder, s)
         folder = score_folder(cache, method, run_dir)
-        per_format = score_method(method, backend, subsets, s, folder, args.mini_cache)
-        results[method] = method_metrics(per_format)
-        files += diagrams(method, per_format, plots)
+        scored[method] = score_method(method, backend, subsets, s, folder, args.mini_cache)
+        payload["methods"][method] = method_metrics(scored[method], s.bootstrap)
+        payload["ece_factor_vs_default"] = ece_factors(scored, s.bootstrap)
+        payload["reliability_diagrams"] += diagrams(method, scored[method], plots)
         seconds[f"score_{method}"] = time.perf_counter() - clock
+        write_progress(out_path, payload, seconds, done=False)
 
     clock = time.perf_counter()
-    ablation = run_ablation(args, s, runs, training, subsets, cache) if s.ablation else {}
+    payload["ablation"] = run_ablation(args, s, runs, payload["training"], subsets, cache)
     seconds["ablation_scoring"] = time.perf_counter() - clock
-
-    payload = {
-        "benchmark": "ADVICE / ConfTuner on HonestyBench-mini",
-        "model": args.model,
-        "quick": args.quick,
-        "settings": dataclasses.asdict(s),
-        "learning_rate": lr_choice,
-        "notes": NOTES,
-        "eval_sizes": {
-            d: {"all_formats": len(r), "ScorePercent": min(len(r), s.percent_size)} for d, r in subsets.items()
-        },  # fmt: skip
-        "groups": {g: list(d) for g, d in GROUPS.items()},
-        "triplets": built["stats"],
-        "methods": results,
-        "ablation": ablation,
-        "training": training,
-        "reliability_diagrams": files,
-        "seconds": {k: round(v, 1) for k, v in seconds.items()},
-        "peak_rss_mib": round(peak_rss_mib(), 1),
-        "command": "python benchmarks/advice.py" + (" --quick" if args.quick else ""),
-    }
-    write_json(out_path, payload)
-    logger.info("wrote %s", out_path)
+    write_progress(out_path, payload, seconds, done=True)
     print(summary_table(payload))
+
+
+def default_cache(args: argparse.Namespace) -> Path:
+    """The benchmark's cache: one per preset, and per model away from the embedded default."""
+    folder = {"cpu": "advice", "quick": "advice-quick", "gpu": "advice-gpu"}[args.preset]
+    if args.model != "smollm2-135m":
+        folder += "-" + hashlib.sha1(args.model.encode()).hexdigest()[:8]
+    return CACHE / folder
+
+
+def pool_summary(train_records: list[Record], extra: dict[str, list[Record]], s: Settings) -> dict[str, Any]:
+    """Where the training questions came from, and how many the model answered correctly."""
+    by_dataset = Counter(r.item.dataset for r in train_records)
+    correct = Counter(r.item.dataset for r in train_records if r.greedy_correct == 1)
+    return {
+        "questions": len(train_records),
+        "extra_train": s.extra_train,
+        "extra_questions": {d: len(v) for d, v in extra.items()},
+        "by_dataset": {d: {"questions": n, "greedy_correct": correct[d]} for d, n in sorted(by_dataset.items())},
+        "source": "in-domain training parts only (hash split); no test part, no OOD file",
+    }
+
+
+def write_progress(path: Path, payload: dict[str, Any], seconds: dict[str, float], done: bool) -> None:
+    """Write what is finished so far; ``complete`` says whether every chosen method and the ablation are in."""
+    payload["complete"] = done
+    payload["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
+    payload["peak_rss_mib"] = round(peak_rss_mib(), 1)
+    write_json(path, payload)
+    logger.info("wrote %s (%s)", path, "complete" if done else "partial")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    return "python benchmarks/advice.py " + " ".join(sys.argv[1:])
 
 
 def run_ablation(
@@ -582,7 +749,7 @@ def run_ablation(
 ) -> dict[str, Any]:
     """The loss ablation (and ADVICE at the paper's lr) on the in-domain subsets, ScoreLetter and ScoreNumber."""
     in_domain = {d: subsets[d] for d in IN_DOMAIN}
-    names = {name: ablation_run(name) for name in ABLATION}
+    names = {name: ablation_run(name) for name in ablation_names(s)}
     if "advice-lr1e-5" in runs:
         names["all, lr 1e-5 (paper)"] = "advice-lr1e-5"
     out = {}
