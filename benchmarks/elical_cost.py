@@ -106,7 +106,7 @@ def main() -> None:
             records, dev, method="cal-only", config=EliCalConfig(mode="head", max_epochs=20),
             out_dir=Path(tmp) / "head", model=backend.model, tokenizer=backend.tokenizer,
         )
-        estimator = get_estimator("elical", head=trained.head, batch_size=args.head_batch_size)
+        estimator = get_estimator("elical", head=trained.model, batch_size=args.head_batch_size)
         estimator.estimate(records[:2])  # warm-up
         with Timer() as head_time:
             confidences = np.asarray(estimator.estimate(records))
@@ -116,8 +116,8 @@ def main() -> None:
         with Timer() as half_time:
             half_confidences = np.asarray(half.estimate(records))
         with Timer() as left_time:
-            left_confidences, left_features = left_padded_head(trained.head, records, 16)
-        features = trained.head.prompt_features(trained.head.prompts(records), batch_size=args.head_batch_size)
+            left_confidences, left_features = left_padded_head(trained.model, records, 16)
+        features = trained.model.prompt_features(trained.model.prompts(records), batch_size=args.head_batch_size)
 
     n = len(records)
     per_q = {

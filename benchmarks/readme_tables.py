@@ -322,10 +322,30 @@ def advice(r: Path) -> dict[str, str]:
     }
 
 
+def elical_cost(r: Path) -> dict[str, str]:
+    d = load("elical_cost", r)
+    cpu, drift = d["cpu_seconds_per_question"], d["bf16_vs_float32"]
+    return {
+        "value:elical-cost": (
+            f"annotating one question (k = {d['k']}) costs {cpu['annotate_k5']:.3f} CPU s; the float32 head "
+            f"{cpu['head_shared_prefix']:.4f} (ratio {d['ratio_head_to_annotate_cpu']:.3f} CPU, "
+            f"{d['ratio_head_to_annotate']:.3f} wall), the bf16 head {cpu['head_bf16']:.4f} (ratio "
+            f"{d['ratio_head_bf16_to_annotate_cpu']:.3f} CPU, {d['ratio_head_bf16_to_annotate']:.3f} wall), "
+            f"and the head before the shared prefix {cpu['head_left_padded']:.4f} (ratio "
+            f"{d['ratio_left_padded_head_to_annotate']:.3f} wall)"
+        ),
+        "value:elical-bf16-drift": (
+            f"largest confidence change {drift['max_abs_confidence_difference']:.1e}, mean "
+            f"{drift['mean_abs_confidence_difference']:.1e}, Spearman {drift['spearman']:.4f} over "
+            f"{d['questions']} questions"
+        ),
+    }
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
-    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice,
+    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice, elical_cost,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
