@@ -78,6 +78,7 @@ from candor.verbal.formats import FORMATS
 logger = logging.getLogger("benchmarks.advice")
 
 FORMAT_KEYS = ("letter", "number", "text", "float", "percent")
+FORMAT_ORDER = (("letter", "number"), ("text", "float"), ("percent",))  # the scoring order (trained ones first)
 METHODS = ("Default", "Prompting", "Self-Consistency", "ConfTuner", "ADVICE", "ADVICE+ConfTuner")
 TRAINED = {"ConfTuner": "conftuner", "ADVICE": "advice", "ADVICE+ConfTuner": "advice+conftuner"}
 GROUPS = {"id": IN_DOMAIN, "ood": OUT_OF_DOMAIN, "logiqa": ("logiqa",)}
@@ -114,6 +115,7 @@ class Settings:
     ablation: str = "sum"  # "full" (the paper's seven loss sets), "sum" (+Sum only beside ADVICE) or "none"
     bootstrap: int = 1000  # resamples for the intervals (ECE, AUROC, and the Default/method ECE factor)
     methods: str = ",".join(METHODS)  # which methods to score (a subset gives a partial, clearly marked run)
+    formats: str = ",".join(FORMAT_KEYS)  # which formats to score (the same)
     seed: int = 0
     # Extra in-domain training-part questions for the triplet pool, beyond the mini pool (dataset=n or =all).
     extra_train: str = "pararel=all,2wikimultihopqa=6600"
@@ -166,7 +168,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
     unknown = [m for m in chosen_methods(s) if m not in METHODS]
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; known: {', '.join(METHODS)}")
+    unknown = [f for f in chosen_formats(s) if f not in FORMAT_KEYS]
+    if unknown:
+        raise SystemExit(f"--formats: unknown {unknown}; known: {', '.join(FORMAT_KEYS)}")
     return s
+
+
+def chosen_formats(s: Settings) -> list[str]:
+    return [f.strip() for f in s.formats.split(",") if f.strip()]
 
 
 def chosen_methods(s: Settings) -> list[str]:
@@ -453,22 +462,25 @@ def score_method(
     Self-Consistency, the same under every format, is computed once.
     """
     per_format: dict[str, dict[str, Any]] = {f: {} for f in formats}
-    for dataset, records in subsets.items():
-        if method == "Self-Consistency":
-            names, options = estimator_names(method, formats, s.sc_samples)
+    if method == "Self-Consistency":
+        names, options = estimator_names(method, formats, s.sc_samples)
+        for dataset, records in subsets.items():
             table = score_into(records, names, folder / f"{dataset}.jsonl", backend, options=options, progress=False)
             conf, correct = table.arrays(names[0])
             for key in formats:
                 cut = s.percent_size if key == "percent" else len(records)
                 per_format[key][dataset] = (conf[:cut], correct[:cut])
+        return per_format
+    # The trained formats first, then the unseen ones: a run stopped midway keeps the headline numbers cached.
+    for keys in FORMAT_ORDER:
+        keys = tuple(k for k in keys if k in formats)
+        if not keys:
             continue
-        parts = (([f for f in formats if f != "percent"], records, ""),
-                 ([f for f in formats if f == "percent"], records[: s.percent_size], ".percent"))  # fmt: skip
-        for keys, recs, suffix in parts:
-            if not keys:
-                continue
-            names, options = estimator_names(method, keys)
-            path = folder / f"{dataset}{suffix}.jsonl"
+        names, options = estimator_names(method, keys)
+        for dataset, records in subsets.items():
+            percent = keys == ("percent",)
+            recs = records[: s.percent_size] if percent else records
+            path = folder / f"{dataset}{'.percent' if percent else ''}.jsonl"
             if method == "Default" and mini_cache is not None:
                 seed_from_baselines(mini_cache / "confidences" / f"{dataset}.jsonl", path, recs, names)
             table = score_into(recs, names, path, backend, options=options, progress=False)
@@ -691,7 +703,7 @@ def main() -> None:
             accuracy_folder = cache / "accuracy" / f"run-{Path(run_dir).name}"
             payload["task_accuracy"][method] = adapter_accuracy(backend, subsets, accuracy_folder, s)
         folder = score_folder(cache, method, run_dir)
-        scored[method] = score_method(method, backend, subsets, s, folder, args.mini_cache)
+        scored[method] = score_method(method, backend, subsets, s, folder, args.mini_cache, chosen_formats(s))
         payload["methods"][method] = method_metrics(scored[method], s.bootstrap)
         payload["ece_factor_vs_default"] = ece_factors(scored, s.bootstrap)
         payload["reliability_diagrams"] += diagrams(method, scored[method], plots)
