@@ -279,7 +279,7 @@ UNSEEN = ("ScoreText", "ScoreFloat", "ScorePercent")
 
 
 def advice(r: Path) -> dict[str, str]:
-    d = load("advice", r)
+    d = load("advice_small", r)
     methods = d["methods"]
     rows, id_ece = [], []
     for method, fmt in ADVICE_ROWS:
