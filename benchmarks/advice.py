@@ -68,7 +68,7 @@ from candor.data.splits import dedupe_questions, split_items
 from candor.errors import CandorError
 from candor.evaluation import Group, evaluate, metric_ratios
 from candor.metrics import ece
-from candor.plots import reliability_diagram
+from candor.plots import loss_curves, reliability_diagram
 from candor.prompts import TEMPLATES, resolve_template
 from candor.records import Record, read_records
 from candor.report import safe_filenames
@@ -390,6 +390,13 @@ def _epoch_losses(history: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return {e: {k: round(sum(v) / len(v), 4) for k, v in terms.items()} for e, terms in out.items()}
 
 
+def training_curve(name: str, run: dict[str, Any], folder: Path) -> str:
+    """A run's per-term loss curve as a PNG; its path for the results file."""
+    history = load_result(run["dir"])["history"]
+    title = f"{name} (lr {run['learning_rate']:g})"
+    return relative(loss_curves(history, folder / f"training_{name}.png", title=title))
+
+
 def _curve(history: list[dict[str, Any]], points: int = 60) -> list[dict[str, float]]:
     """The training curve: every logged loss term at up to ``points`` evenly spaced logged steps."""
     logged = [h for h in history if "loss" in h]
@@ -634,8 +641,13 @@ def diagrams(method: str, per_format: dict[str, dict[str, Any]], folder: Path) -
             stem = safe_filenames([f"{method}_{fmt}_{group}"])[f"{method}_{fmt}_{group}"]
             title = f"{method}, {FORMATS.get(fmt).name}, {group}"
             path = reliability_diagram(conf, correct, folder / f"{stem}.png", title=title, ece=ece(conf, correct))
-            files.append(str(path.relative_to(RESULTS.parent)) if path.is_relative_to(RESULTS.parent) else str(path))
+            files.append(relative(path))
     return files
+
+
+def relative(path: Path) -> str:
+    """A results path as the README cites it (relative to benchmarks/), others as they are."""
+    return str(path.relative_to(RESULTS.parent)) if path.is_relative_to(RESULTS.parent) else str(path)
 
 
 def _num(x: Any) -> Any:
@@ -691,6 +703,7 @@ def main() -> None:
     runs = run_configs(args, s, lr, len(built["triplets"]))
     payload["training"] = train_all(runs, built["triplets"], train_records, cache)
     seconds["training"] = time.perf_counter() - clock
+    payload["training_curves"] = [training_curve(name, run, plots) for name, run in payload["training"].items()]
 
     payload.update(methods={}, ece_factor_vs_default={}, task_accuracy={}, reliability_diagrams=[])
     scored: dict[str, dict[str, dict[str, Any]]] = {}

@@ -7,7 +7,7 @@ a temporary name and renamed, so a killed run never leaves half a PNG.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from candor.errors import CandorError
 from candor.files import atomic_target
 from candor.metrics import aurc, bin_indices, risk_coverage
 
@@ -171,5 +172,28 @@ def risk_coverage_plot(
     ax.set_ylabel("risk (error rate of the kept answers)")
     ax.set_title(title, fontsize="medium")
     ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return save_png(fig, path)
+
+
+def loss_curves(history: Sequence[Mapping[str, float]], path: str | Path, title: str = "") -> Path:
+    """Each logged loss term (keys starting ``loss``) against the optimizer step, one line per term.
+
+    ``history`` is a trainer's log (``TrainResult.history``); rows without a
+    loss (evaluation, the final summary) are skipped.
+    """
+    rows = [h for h in history if any(k.startswith("loss") for k in h)]
+    if not rows:
+        raise CandorError(f"no loss was logged, so there is no curve to draw into {path}")
+    terms = sorted({k for h in rows for k in h if k.startswith("loss")}, key=lambda k: (k != "loss", k))
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.add_subplot()
+    for term in terms:
+        points = [(h.get("step", i + 1), h[term]) for i, h in enumerate(rows) if term in h]
+        ax.plot(*zip(*points, strict=True), label=term, linewidth=2.0 if term == "loss" else 1.2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return save_png(fig, path)
