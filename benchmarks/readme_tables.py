@@ -322,6 +322,78 @@ def advice(r: Path) -> dict[str, str]:
     }
 
 
+GROUP_NAMES = {"id": "in-domain", "ood": "OOD", "logiqa": "LogiQA"}
+
+
+def advice_budget(r: Path) -> dict[str, str]:
+    """Issue 13's ADVICE run (results/advice.json): whichever methods and formats it holds."""
+    d = load("advice", r)
+    methods, pool, trip = d["methods"], d["training_pool"], d["triplets"]
+    rows = []
+    for fmt in next(iter(methods.values())):
+        for method, per_format in methods.items():
+            b = per_format[fmt]
+            rows.append([method, fmt] + [with_ci(b[g][k], b[g].get(f"{k}_ci")) if g in b else DASH
+                                         for g in GROUP_NAMES for k in ("ece", "auroc")])  # fmt: skip
+    table = md_table(["method", "format", "ID ECE", "ID AUROC", "OOD ECE", "OOD AUROC", "LogiQA ECE",
+                      "LogiQA AUROC"], "llrrrrrr", rows)  # fmt: skip
+    factor_rows = []
+    for method, per_format in d["ece_factor_vs_default"].items():
+        for fmt, groups in per_format.items():
+            factor_rows.append([method, fmt] + [_factor(groups.get(g)) for g in GROUP_NAMES])
+    factors = md_table(["method", "format", "in-domain", "OOD", "LogiQA"], "llrrr", factor_rows)
+    accuracy = "; ".join(f"{m}: {_accuracy(per_dataset)}" for m, per_dataset in d["task_accuracy"].items())
+    train = "; ".join(
+        f"{name}: {run['examples']} examples, {run['epochs']:g} epoch(s) at lr {run['learning_rate']:g}, "
+        f"{run['wall_s']:.0f} s, peak RSS {gib(run['peak_rss_mib'])}"
+        for name, run in d["training"].items()
+    )
+    lr = d["learning_rate"]
+    first = next(iter(methods.values()))
+    n_id = first[next(iter(first))]["id"]
+    pool_sizes = ", ".join(f"{k} {v['questions']}" for k, v in pool["by_dataset"].items())
+    pool_correct = sum(v["greedy_correct"] for v in pool["by_dataset"].values())
+    trip_sizes = ", ".join(f"{k} {v}" for k, v in trip["by_dataset"].items())
+    dev_brier = ", ".join(f"{k} {v:.4f}" for k, v in lr.get("dev_mean_brier", {}).items())
+    eval_sizes = ", ".join(f"{k} {v['all_formats']} (ScorePercent {v['ScorePercent']})"
+                           for k, v in d["eval_sizes"].items())  # fmt: skip
+    return {
+        "table:advice13": table,
+        "table:advice13-factor": factors,
+        "value:advice13-pool": (
+            f"{pool['questions']} training-part questions ({pool_sizes}), {pool_correct} answered correctly"
+        ),
+        "value:advice13-triplets": (
+            f"{trip['eligible'] - trip['dropped']} triplets ({trip['from_samples']} with a wrong sample, "
+            f"{trip['from_resamples']} after drawing more samples, {trip['from_other_questions']} borrowed from "
+            f"another question, {trip['dropped']} dropped; by dataset: {trip_sizes})"
+        ),
+        "value:advice13-lr": f"{lr['chosen']:g} ({lr['how']}; dev mean Brier: {dev_brier})",
+        "value:advice13-training": train,
+        "value:advice13-accuracy": accuracy or "no trained method scored yet",
+        "value:advice13-eval": (f"in-domain {n_id['n']} questions ({100 * n_id['accuracy']:.1f}% answered "
+                                f"correctly); per dataset {eval_sizes}"),
+        "value:advice13-scope": (
+            f"methods {', '.join(methods)}; formats {', '.join(first)}; "
+            + ("complete" if d.get("complete") else "a partial run (the remaining methods are not scored yet)")
+        ),
+    }
+
+
+def _factor(cell: Json | None) -> str:
+    if not cell or cell["factor"] is None:
+        return DASH
+    low, high = cell["ci"]
+    return f"{cell['factor']:.2f}× [{low:.2f}, {high:.2f}]" if low is not None else f"{cell['factor']:.2f}×"
+
+
+def _accuracy(per_dataset: Json) -> str:
+    n = sum(v["n"] for v in per_dataset.values())
+    mine = sum(v["accuracy"] * v["n"] for v in per_dataset.values())
+    base = sum(v["base_accuracy"] * v["n"] for v in per_dataset.values())
+    return f"{100 * mine / n:.1f}% of {n} questions answered correctly (base model {100 * base / n:.1f}%)"
+
+
 def elical_cost(r: Path) -> dict[str, str]:
     d = load("elical_cost", r)
     cpu, drift = d["cpu_seconds_per_question"], d["bf16_vs_float32"]
