@@ -301,7 +301,8 @@ def training_triplets(train_records: list[Record], backend: HFBackend, cache: Pa
 
 def advice_at(args: argparse.Namespace, s: Settings, lr: float, **overrides: Any) -> AdviceConfig:
     """ADVICE with the benchmark's settings at learning rate ``lr``."""
-    return method_config("advice", max_examples=s.max_triplets, **{**common_settings(args, s, lr), **overrides})
+    settings = {"max_examples": s.max_triplets, **common_settings(args, s, lr), **overrides}
+    return method_config("advice", **settings)
 
 
 def common_settings(args: argparse.Namespace, s: Settings, lr: float) -> dict[str, Any]:
