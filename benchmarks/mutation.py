@@ -41,7 +41,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "judges": ("src/candor/judges.py", ["tests/test_judges.py"]),
     "records": ("src/candor/records.py", ["tests/test_records.py", "tests/test_annotate.py"]),
     "splits": ("src/candor/data/splits.py", ["tests/test_splits.py"]),
-    "scoring": ("src/candor/scoring.py", ["tests/test_scoring_and_demo.py"]),
+    "scoring": ("src/candor/scoring.py", [
+        "tests/test_scoring_and_demo.py",
+        "tests/test_elical_model.py::test_score_with_another_head_in_the_same_folder_recomputes_and_warns_of_overlap",
+    ]),
     "confidences": ("src/candor/confidences.py", ["tests/test_scoring_and_demo.py", "tests/test_calibration_cli.py"]),
     "calibrators": ("src/candor/calibrators.py", ["tests/test_calibrators.py", "tests/test_calibration_cli.py"]),
     "estimators-logprob": ("src/candor/estimators/logprob.py", ["tests/test_estimators_logprob.py"]),
@@ -92,7 +95,7 @@ def prepare_scratch(key: str, source: str, tests: list[str]) -> Path:
         shared = ROOT.parent / "shared"
         if shared.exists():
             (work / "shared").symlink_to(shared.resolve())
-    existing = [t for t in tests if (ROOT / t).exists()]
+    existing = [t for t in tests if (ROOT / t.split("::")[0]).exists()]  # a test id may name one test
     pyproject = (ROOT / "pyproject.toml").read_text()
     # The whole src/ is copied (a partial tree would let the installed package shadow the mutants);
     # only_mutate picks the one module.
