@@ -37,7 +37,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "metrics": ("src/candor/metrics.py", ["tests/test_metrics.py", "tests/test_selective_metrics.py",
                                           "tests/test_evaluation.py"]),
     "evaluation": ("src/candor/evaluation.py", ["tests/test_evaluation.py", "tests/test_report.py"]),
-    "annotate": ("src/candor/annotation.py", ["tests/test_annotate.py"]),
+    "annotate": ("src/candor/annotation.py", ["tests/test_annotate.py", "tests/test_annotate_judge.py"]),
     "judges": ("src/candor/judges.py", ["tests/test_judges.py"]),
     "records": ("src/candor/records.py", ["tests/test_records.py", "tests/test_annotate.py"]),
     "splits": ("src/candor/data/splits.py", ["tests/test_splits.py"]),
