@@ -175,6 +175,9 @@ def main() -> None:
         if earlier is None or not (SCRATCH / key).exists():
             sys.exit(f"{key}: no earlier run to recheck; run it first")
         copy_tree(SCRATCH / key)
+        # mutmut maps each function to the tests that call it once, and later only adds new test names:
+        # an edited test that now calls a function would never be run on its mutants. Recollect the map.
+        (SCRATCH / key / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
         rechecks[key] = [s["name"] for s in earlier["survivors"]]
     write_results(payload)
     for key in dict.fromkeys([*args.recheck, *args.modules]):
