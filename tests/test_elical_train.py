@@ -427,6 +427,21 @@ def test_an_evaluation_without_the_stopping_metric_changes_nothing():
     assert not control.should_training_stop
 
 
+@pytest.mark.parametrize("metric", ["auroc", "loss"])
+def test_a_tie_is_no_improvement_so_the_earlier_epoch_stays_best(metric):
+    values = [0.6, 0.7, 0.7, 0.65] if metric == "auroc" else [0.3, 0.2, 0.2, 0.25]  # epoch 3 ties epoch 2
+    head, stopper = LinearHead(2), BestOnDev(patience=2, metric=metric)
+    stops = [_evaluate(stopper, head, epoch, v, v).should_training_stop for epoch, v in enumerate(values, start=1)]
+    assert stopper.best_epoch == 2 and stops == [False, False, False, True]
+
+
+def test_an_evaluation_before_training_counts_as_epoch_0_and_a_missing_dev_loss_is_nan():
+    head, stopper = LinearHead(2), BestOnDev(metric="auroc")
+    control = SimpleNamespace(should_training_stop=False)
+    stopper.on_evaluate(None, SimpleNamespace(epoch=None), control, metrics={"eval_auroc": 0.6}, model=head)
+    assert (stopper.best_epoch, stopper.best_score) == (0.0, 0.6) and math.isnan(stopper.best_loss)
+
+
 def test_the_dev_auroc_metric_scores_greedy_correctness_and_is_neutral_on_one_class():
     compute = auroc_metrics(np.array([0, 1, 0, 1]))
     # positives 0.9 and 0.3 against negatives 0.1 and 0.8: three of four pairs ordered right
@@ -477,6 +492,22 @@ def test_the_l2_sp_penalty_pulls_weights_to_their_start_and_leaves_the_bias_free
     assert head.linear.bias.grad.item() == pytest.approx(expected_bias_grad.item(), rel=1e-5)
     head.eval()  # the dev loss is the plain MSE, comparable across rules
     assert trainer.compute_loss(head, batch).item() == pytest.approx(mse.item(), rel=1e-6)
+    # Without an anchor (the default) there is no penalty, however far the weights move; arguments go
+    # positionally as to any Trainer.
+    plain = EliCalTrainer(head, arguments(tmp_path, 1, evaluate=False))
+    with torch.no_grad():
+        head.linear.weight.copy_(torch.tensor([[5.0, 5.0]]))
+    head.train()
+    assert plain.compute_loss(head, batch).item() == pytest.approx(mse.item(), rel=1e-6)
+
+
+def test_without_a_head_rate_every_parameter_trains_at_the_trainers_rate(tmp_path):
+    head = LinearHead(2)
+    trainer = EliCalTrainer(model=head, args=arguments(tmp_path, 1, lr=0.05, evaluate=False),
+                            head_parameters=head.parameters())
+    optimizer = trainer.create_optimizer()
+    assert [g["lr"] for g in optimizer.param_groups] == [0.05, 0.05]  # decay and no-decay groups, untouched
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == 2
 
 
 def test_a_strong_anchor_holds_stage_two_at_the_stage_one_weights(tiny_model_dir, tmp_path):
