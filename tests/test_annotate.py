@@ -188,7 +188,7 @@ def test_merge_refuses_duplicates_unfinished_shards_and_mixed_settings(tiny_back
     # An id in two shards: shard 1 with one of its records swapped for one of shard 0's.
     dup = tmp_path / "dup.jsonl"
     write_records(dup, [replace_shard(read_records(parts[0])[0], "1/3"), read_records(parts[1])[1]])
-    with pytest.raises(CandorError, match=r"id 't:0' is in both"):
+    with pytest.raises(CandorError, match=rf"id 't:0' is in both {parts[0]} and {dup}"):
         merge_shards([parts[0], dup, *parts[2:]], tmp_path / "m.jsonl")
     plain = tmp_path / "plain.jsonl"
     annotate(items[:2], tiny_backend, plain, FEWSHOT, config(), progress=False)
@@ -206,6 +206,47 @@ def test_merge_accepts_empty_shards_of_a_small_input(tiny_backend, tmp_path):
     parts = make_shards(tiny_backend, tmp_path, items, n=4)  # shards 0/4 and 2/4 hold nothing
     assert [len(read_records(p)) for p in parts] == [0, 1, 0, 1]
     assert merge_shards(parts, tmp_path / "m.jsonl") == 2
+
+
+def test_merge_refuses_files_mixing_shards_or_input_sizes_and_names_what_it_found(tiny_backend, tmp_path):
+    items = make_items()
+    parts = make_shards(tiny_backend, tmp_path, items)
+    with pytest.raises(CandorError, match=r"^merge: no input files$"):
+        merge_shards([], tmp_path / "m.jsonl")
+    empty = [write_jsonl(tmp_path / f"empty{i}.jsonl", []) for i in range(2)]
+    with pytest.raises(CandorError, match=rf"^merge: no records in {empty[0]}, {empty[1]}$"):
+        merge_shards(empty, tmp_path / "m.jsonl")
+    mixed = tmp_path / "mixed.jsonl"
+    write_records(mixed, read_records(parts[0]) + read_records(parts[1]))
+    with pytest.raises(CandorError, match=r"mixed\.jsonl: not one shard of .*\(shard in provenance: 0/3, 1/3\)"):
+        merge_shards([mixed, parts[2]], tmp_path / "m.jsonl")
+    smaller = tmp_path / "smaller"
+    smaller.mkdir()
+    sizes = tmp_path / "sizes.jsonl"  # shard 2/3 of the 7 items and of 5 of them: one shard name, two inputs
+    write_records(sizes, read_records(parts[2]) + read_records(make_shards(tiny_backend, smaller, items[:5])[2]))
+    with pytest.raises(CandorError, match=r"sizes\.jsonl: records made from inputs of different sizes \['5', '7'\]"):
+        merge_shards([parts[0], parts[1], sizes], tmp_path / "m.jsonl")
+
+
+def test_merge_of_one_shard_and_of_shards_written_before_input_items_was_kept(tiny_backend, tmp_path):
+    items = make_items()
+    whole = tmp_path / "whole.jsonl"
+    annotate(items, tiny_backend, whole, FEWSHOT, config(), shard=Shard.parse("0/1"), progress=False)
+    assert merge_shards([whole], tmp_path / "m1.jsonl") == len(items)
+    parts = make_shards(tiny_backend, tmp_path, items)
+    for part in parts:  # as older candor wrote them: no input_items in the provenance
+        records = read_records(part)
+        for rec in records:
+            rec.provenance = {**rec.provenance, "input_items": None}
+        write_records(part, records)
+    assert merge_shards(parts, tmp_path / "m3.jsonl") == len(items)
+    with pytest.raises(CandorError, match=r"shard 1/3 is missing \(given: 0/3, 2/3\)"):
+        merge_shards([parts[0], parts[2]], tmp_path / "m.jsonl")
+
+
+def test_good_shard_specs_parse():
+    assert [Shard.parse(t) for t in ("0/1", "2/3")] == [Shard(0, 1), Shard(2, 3)]
+    assert str(Shard.parse("2/3")) == "2/3"
 
 
 @pytest.mark.parametrize("text", ["1/1", "3/2", "x", "-1/2", "0/0"])
