@@ -14,12 +14,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import candor
 from candor.annotation import AnnotateConfig, Shard, annotate, merge_shards
 from candor.backends.base import SamplingParams
 from candor.cli import app
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.judges import get_consistency_judge, get_correctness_judge, normalize, rouge_tokens
+from candor.judges import (
+    DEFAULT_CONSISTENCY_JUDGE,
+    get_consistency_judge,
+    get_correctness_judge,
+    normalize,
+    rouge_tokens,
+)
 from candor.prompts import TEMPLATES, QATemplate
 from candor.records import HONESTYBENCH_FIELDS, from_honestybench, read_records, to_honestybench, write_records
 
@@ -93,6 +100,14 @@ def test_annotate_writes_complete_records(tiny_backend, tmp_path):
         assert rec.sample_correct == judge.judge([s.text for s in rec.samples], [rec.item.answers] * 3)
         assert rec.provenance["template"] == "fewshot" and rec.provenance["k"] == 3
         assert "\n" in rec.provenance["decoding"]["samples"]["stop"]
+    # What made the records, in full: settings that a resume compares, and how the samples were drawn.
+    assert records[0].provenance == {
+        "model": tiny_backend.model_name, "template": "fewshot", "k": 3, "seed": 1,
+        "decoding": {"greedy": {"temperature": 0.0},
+                     "samples": {**SamplingParams(max_new_tokens=6).to_dict(), "stop": ["\n"]}},
+        "correctness_judge": "contains", "consistency_judge": DEFAULT_CONSISTENCY_JUDGE,
+        "candor_version": candor.__version__, "shard": None, "input_items": None, "skipped_items": 0,
+    }  # fmt: skip
 
 
 def test_greedy_answer_marked_correct_when_it_matches_gold(tiny_backend, tmp_path):
@@ -126,7 +141,7 @@ def test_resume_skips_done_items_and_equals_single_run(tiny_backend, tmp_path):
 def test_rerun_with_other_settings_is_refused(tiny_backend, tmp_path):
     out = tmp_path / "r.jsonl"
     annotate(make_items()[:2], tiny_backend, out, FEWSHOT, config(k=2), progress=False)
-    with pytest.raises(CandorError, match="other settings"):
+    with pytest.raises(CandorError, match=r"other settings \{'k': \(2, 3\)\} \(found, requested\)"):
         annotate(make_items(), tiny_backend, out, FEWSHOT, config(k=3), progress=False)
     assert len(read_records(out)) == 2  # nothing already written is lost
 
@@ -422,7 +437,8 @@ def test_resume_refuses_records_made_for_another_question(tiny_backend, tmp_path
     with pytest.raises(CandorError) as err:
         annotate(edited, tiny_backend, out, FEWSHOT, config(), progress=False)
     message = str(err.value)
-    assert "'t:1'" in message and "'Who wrote Hamlet?'" in message and "'Who wrote Macbeth?'" in message
+    assert message.startswith(f"{out}: the record for id 't:1' was made for question 'Who wrote Hamlet?'")
+    assert "'Who wrote Macbeth?'" in message
     regolded = [items[0], items[1], replace(items[2], answers=("Gold",))]
     with pytest.raises(CandorError, match=r"'t:2'.*changed \(answers\)"):
         annotate(regolded, tiny_backend, out, FEWSHOT, config(), progress=False)
