@@ -408,10 +408,13 @@ def test_consistency_verdicts_judge_each_sample_against_its_greedy_answer(tiny_b
                          consistency_judge="lexical")
     out = tmp_path / "r.jsonl"
     annotate(make_items(), tiny_backend, out, ECHO_GOLD, cfg, progress=False)
-    lexical = get_consistency_judge("lexical")
+    lexical, contains = get_consistency_judge("lexical"), get_correctness_judge("contains")
     verdicts = []
     for rec in read_records(out):
         greedy = rec.greedy.text
+        # Correctness too, one answer at a time: the greedy answer's verdict and each sample's, not a neighbour's.
+        assert rec.greedy_correct == contains.judge([greedy], [rec.item.answers])[0]
+        assert rec.sample_correct == contains.judge([s.text for s in rec.samples], [rec.item.answers] * 4)
         # Recomputed pair by pair, outside annotate's batching.
         assert rec.consistency == [int(lexical.equivalent(s.text, greedy)) for s in rec.samples]
         for sample, verdict in zip(rec.samples, rec.consistency, strict=True):
