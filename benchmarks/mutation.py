@@ -10,6 +10,7 @@ are deliberately left alone get a reason in benchmarks/mutation_reasons.json.
     python benchmarks/mutation.py --modules metrics judges
     python benchmarks/mutation.py --fresh metrics      # forget a module's earlier run
     python benchmarks/mutation.py --recheck metrics    # new tests: retest only the recorded survivors
+    python benchmarks/mutation.py --collect annotate   # record a scratch run as it stands (e.g. stopped part-way)
 
 Writes benchmarks/results/mutation.json after each module, so a killed run keeps
 what it finished and picks up at the next module.
@@ -37,11 +38,14 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "metrics": ("src/candor/metrics.py", ["tests/test_metrics.py", "tests/test_selective_metrics.py",
                                           "tests/test_evaluation.py"]),
     "evaluation": ("src/candor/evaluation.py", ["tests/test_evaluation.py", "tests/test_report.py"]),
-    "annotate": ("src/candor/annotation.py", ["tests/test_annotate.py"]),
+    "annotate": ("src/candor/annotation.py", ["tests/test_annotate.py", "tests/test_annotate_judge.py"]),
     "judges": ("src/candor/judges.py", ["tests/test_judges.py"]),
     "records": ("src/candor/records.py", ["tests/test_records.py", "tests/test_annotate.py"]),
     "splits": ("src/candor/data/splits.py", ["tests/test_splits.py"]),
-    "scoring": ("src/candor/scoring.py", ["tests/test_scoring_and_demo.py"]),
+    "scoring": ("src/candor/scoring.py", [
+        "tests/test_scoring_and_demo.py",
+        "tests/test_elical_model.py::test_score_with_another_head_in_the_same_folder_recomputes_and_warns_of_overlap",
+    ]),
     "confidences": ("src/candor/confidences.py", ["tests/test_scoring_and_demo.py", "tests/test_calibration_cli.py"]),
     "calibrators": ("src/candor/calibrators.py", ["tests/test_calibrators.py", "tests/test_calibration_cli.py"]),
     "estimators-logprob": ("src/candor/estimators/logprob.py", ["tests/test_estimators_logprob.py"]),
@@ -60,6 +64,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--recheck", nargs="*", default=[],
                    help="copy the current src/ and tests/ into these modules' scratch runs and retest their recorded "
                         "survivors (and any mutant of a changed function); killed mutants stay killed")
+    p.add_argument("--collect", nargs="*", default=[],
+                   help="record these modules' scratch runs as they stand (after an interrupted or hand-run mutmut), "
+                        "running nothing")
     p.add_argument("--max-children", type=int, default=2)
     return p.parse_args()
 
@@ -92,7 +99,7 @@ def prepare_scratch(key: str, source: str, tests: list[str]) -> Path:
         shared = ROOT.parent / "shared"
         if shared.exists():
             (work / "shared").symlink_to(shared.resolve())
-    existing = [t for t in tests if (ROOT / t).exists()]
+    existing = [t for t in tests if (ROOT / t.split("::")[0]).exists()]  # a test id may name one test
     pyproject = (ROOT / "pyproject.toml").read_text()
     # The whole src/ is copied (a partial tree would let the installed package shadow the mutants);
     # only_mutate picks the one module.
@@ -135,9 +142,14 @@ def collect(work: Path, key: str, reasons: dict[str, str]) -> dict:
         survivors.append({"name": name, "diff": diff.strip(), "reason": reasons.get(name)})
     killed = int(stats.get("killed", 0)) + int(stats.get("timeout", 0))
     tested = killed + int(stats.get("survived", 0))
+    # mutants with no verdict yet (a run stopped part-way); the score is over the tested ones only
+    decided = ("killed", "timeout", "survived", "no_tests", "skipped", "suspicious", "segfault",
+               "check_was_interrupted_by_user")
+    not_checked = int(stats.get("total", 0)) - sum(int(stats.get(k, 0)) for k in decided)
     return {"source": MODULES[key][0], "tests": MODULES[key][1], "killed": stats.get("killed", 0),
             "timeout": stats.get("timeout", 0), "survived": stats.get("survived", 0),
             "no_tests": stats.get("no_tests", 0), "suspicious": stats.get("suspicious", 0),
+            "total": stats.get("total"), "not_checked": not_checked,
             "score": round(100 * killed / tested, 1) if tested else None,
             "unexplained_survivors": sum(1 for s in survivors if not s["reason"]),
             "survivors": survivors}
@@ -154,8 +166,8 @@ def refresh_reasons(payload: dict, reasons: dict[str, str]) -> None:
 def main() -> None:
     args = parse_args()
     if args.modules is None:
-        args.modules = [] if args.recheck else list(MODULES)
-    unknown = sorted((set(args.modules) | set(args.recheck) | set(args.fresh)) - set(MODULES))
+        args.modules = [] if args.recheck or args.collect else list(MODULES)
+    unknown = sorted((set(args.modules) | set(args.recheck) | set(args.fresh) | set(args.collect)) - set(MODULES))
     if unknown:
         sys.exit(f"unknown module(s) {unknown}; known: {', '.join(MODULES)}")
     payload = load_json(RESULTS)
@@ -172,7 +184,16 @@ def main() -> None:
         if earlier is None or not (SCRATCH / key).exists():
             sys.exit(f"{key}: no earlier run to recheck; run it first")
         copy_tree(SCRATCH / key)
+        # mutmut maps each function to the tests that call it once, and later only adds new test names:
+        # an edited test that now calls a function would never be run on its mutants. Recollect the map.
+        (SCRATCH / key / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
         rechecks[key] = [s["name"] for s in earlier["survivors"]]
+    for key in args.collect:
+        if not (SCRATCH / key / "mutants").exists():
+            sys.exit(f"{key}: no scratch run to collect")
+        earlier = payload["modules"].get(key, {})
+        payload["modules"][key] = {**collect(SCRATCH / key, key, reasons),
+                                   **{k: earlier[k] for k in ("seconds", "rechecked_survivors") if k in earlier}}
     write_results(payload)
     for key in dict.fromkeys([*args.recheck, *args.modules]):
         if key in payload["modules"] and key not in rechecks:

@@ -14,12 +14,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import candor
 from candor.annotation import AnnotateConfig, Shard, annotate, merge_shards
 from candor.backends.base import SamplingParams
 from candor.cli import app
 from candor.data.items import QAItem
 from candor.errors import CandorError
-from candor.judges import get_consistency_judge, get_correctness_judge, normalize, rouge_tokens
+from candor.judges import (
+    DEFAULT_CONSISTENCY_JUDGE,
+    get_consistency_judge,
+    get_correctness_judge,
+    normalize,
+    rouge_tokens,
+)
 from candor.prompts import TEMPLATES, QATemplate
 from candor.records import HONESTYBENCH_FIELDS, from_honestybench, read_records, to_honestybench, write_records
 
@@ -93,6 +100,14 @@ def test_annotate_writes_complete_records(tiny_backend, tmp_path):
         assert rec.sample_correct == judge.judge([s.text for s in rec.samples], [rec.item.answers] * 3)
         assert rec.provenance["template"] == "fewshot" and rec.provenance["k"] == 3
         assert "\n" in rec.provenance["decoding"]["samples"]["stop"]
+    # What made the records, in full: settings that a resume compares, and how the samples were drawn.
+    assert records[0].provenance == {
+        "model": tiny_backend.model_name, "template": "fewshot", "k": 3, "seed": 1,
+        "decoding": {"greedy": {"temperature": 0.0},
+                     "samples": {**SamplingParams(max_new_tokens=6).to_dict(), "stop": ["\n"]}},
+        "correctness_judge": "contains", "consistency_judge": DEFAULT_CONSISTENCY_JUDGE,
+        "candor_version": candor.__version__, "shard": None, "input_items": None, "skipped_items": 0,
+    }  # fmt: skip
 
 
 def test_greedy_answer_marked_correct_when_it_matches_gold(tiny_backend, tmp_path):
@@ -126,7 +141,7 @@ def test_resume_skips_done_items_and_equals_single_run(tiny_backend, tmp_path):
 def test_rerun_with_other_settings_is_refused(tiny_backend, tmp_path):
     out = tmp_path / "r.jsonl"
     annotate(make_items()[:2], tiny_backend, out, FEWSHOT, config(k=2), progress=False)
-    with pytest.raises(CandorError, match="other settings"):
+    with pytest.raises(CandorError, match=r"other settings \{'k': \(2, 3\)\} \(found, requested\)"):
         annotate(make_items(), tiny_backend, out, FEWSHOT, config(k=3), progress=False)
     assert len(read_records(out)) == 2  # nothing already written is lost
 
@@ -188,7 +203,7 @@ def test_merge_refuses_duplicates_unfinished_shards_and_mixed_settings(tiny_back
     # An id in two shards: shard 1 with one of its records swapped for one of shard 0's.
     dup = tmp_path / "dup.jsonl"
     write_records(dup, [replace_shard(read_records(parts[0])[0], "1/3"), read_records(parts[1])[1]])
-    with pytest.raises(CandorError, match=r"id 't:0' is in both"):
+    with pytest.raises(CandorError, match=rf"id 't:0' is in both {parts[0]} and {dup}"):
         merge_shards([parts[0], dup, *parts[2:]], tmp_path / "m.jsonl")
     plain = tmp_path / "plain.jsonl"
     annotate(items[:2], tiny_backend, plain, FEWSHOT, config(), progress=False)
@@ -206,6 +221,47 @@ def test_merge_accepts_empty_shards_of_a_small_input(tiny_backend, tmp_path):
     parts = make_shards(tiny_backend, tmp_path, items, n=4)  # shards 0/4 and 2/4 hold nothing
     assert [len(read_records(p)) for p in parts] == [0, 1, 0, 1]
     assert merge_shards(parts, tmp_path / "m.jsonl") == 2
+
+
+def test_merge_refuses_files_mixing_shards_or_input_sizes_and_names_what_it_found(tiny_backend, tmp_path):
+    items = make_items()
+    parts = make_shards(tiny_backend, tmp_path, items)
+    with pytest.raises(CandorError, match=r"^merge: no input files$"):
+        merge_shards([], tmp_path / "m.jsonl")
+    empty = [write_jsonl(tmp_path / f"empty{i}.jsonl", []) for i in range(2)]
+    with pytest.raises(CandorError, match=rf"^merge: no records in {empty[0]}, {empty[1]}$"):
+        merge_shards(empty, tmp_path / "m.jsonl")
+    mixed = tmp_path / "mixed.jsonl"
+    write_records(mixed, read_records(parts[0]) + read_records(parts[1]))
+    with pytest.raises(CandorError, match=r"mixed\.jsonl: not one shard of .*\(shard in provenance: 0/3, 1/3\)"):
+        merge_shards([mixed, parts[2]], tmp_path / "m.jsonl")
+    smaller = tmp_path / "smaller"
+    smaller.mkdir()
+    sizes = tmp_path / "sizes.jsonl"  # shard 2/3 of the 7 items and of 5 of them: one shard name, two inputs
+    write_records(sizes, read_records(parts[2]) + read_records(make_shards(tiny_backend, smaller, items[:5])[2]))
+    with pytest.raises(CandorError, match=r"sizes\.jsonl: records made from inputs of different sizes \['5', '7'\]"):
+        merge_shards([parts[0], parts[1], sizes], tmp_path / "m.jsonl")
+
+
+def test_merge_of_one_shard_and_of_shards_written_before_input_items_was_kept(tiny_backend, tmp_path):
+    items = make_items()
+    whole = tmp_path / "whole.jsonl"
+    annotate(items, tiny_backend, whole, FEWSHOT, config(), shard=Shard.parse("0/1"), progress=False)
+    assert merge_shards([whole], tmp_path / "m1.jsonl") == len(items)
+    parts = make_shards(tiny_backend, tmp_path, items)
+    for part in parts:  # as older candor wrote them: no input_items in the provenance
+        records = read_records(part)
+        for rec in records:
+            rec.provenance = {**rec.provenance, "input_items": None}
+        write_records(part, records)
+    assert merge_shards(parts, tmp_path / "m3.jsonl") == len(items)
+    with pytest.raises(CandorError, match=r"shard 1/3 is missing \(given: 0/3, 2/3\)"):
+        merge_shards([parts[0], parts[2]], tmp_path / "m.jsonl")
+
+
+def test_good_shard_specs_parse():
+    assert [Shard.parse(t) for t in ("0/1", "2/3")] == [Shard(0, 1), Shard(2, 3)]
+    assert str(Shard.parse("2/3")) == "2/3"
 
 
 @pytest.mark.parametrize("text", ["1/1", "3/2", "x", "-1/2", "0/0"])
@@ -352,10 +408,13 @@ def test_consistency_verdicts_judge_each_sample_against_its_greedy_answer(tiny_b
                          consistency_judge="lexical")
     out = tmp_path / "r.jsonl"
     annotate(make_items(), tiny_backend, out, ECHO_GOLD, cfg, progress=False)
-    lexical = get_consistency_judge("lexical")
+    lexical, contains = get_consistency_judge("lexical"), get_correctness_judge("contains")
     verdicts = []
     for rec in read_records(out):
         greedy = rec.greedy.text
+        # Correctness too, one answer at a time: the greedy answer's verdict and each sample's, not a neighbour's.
+        assert rec.greedy_correct == contains.judge([greedy], [rec.item.answers])[0]
+        assert rec.sample_correct == contains.judge([s.text for s in rec.samples], [rec.item.answers] * 4)
         # Recomputed pair by pair, outside annotate's batching.
         assert rec.consistency == [int(lexical.equivalent(s.text, greedy)) for s in rec.samples]
         for sample, verdict in zip(rec.samples, rec.consistency, strict=True):
@@ -381,7 +440,8 @@ def test_resume_refuses_records_made_for_another_question(tiny_backend, tmp_path
     with pytest.raises(CandorError) as err:
         annotate(edited, tiny_backend, out, FEWSHOT, config(), progress=False)
     message = str(err.value)
-    assert "'t:1'" in message and "'Who wrote Hamlet?'" in message and "'Who wrote Macbeth?'" in message
+    assert message.startswith(f"{out}: the record for id 't:1' was made for question 'Who wrote Hamlet?'")
+    assert "'Who wrote Macbeth?'" in message
     regolded = [items[0], items[1], replace(items[2], answers=("Gold",))]
     with pytest.raises(CandorError, match=r"'t:2'.*changed \(answers\)"):
         annotate(regolded, tiny_backend, out, FEWSHOT, config(), progress=False)

@@ -23,7 +23,15 @@ from candor.elical import (
     targets,
     train_elical,
 )
-from candor.elical.trainer import BestOnDev, EliCalTrainer, auroc_metrics, collate_features, feature_examples
+from candor.elical.trainer import (
+    BestOnDev,
+    EliCalTrainer,
+    PromptCollator,
+    auroc_metrics,
+    collate_features,
+    epoch_history,
+    feature_examples,
+)
 from candor.errors import CandorError
 from candor.records import Record
 from candor.training import training_arguments
@@ -84,12 +92,13 @@ def test_target_errors_name_the_record_the_field_and_where_it_came_from():
 # ------------------------------------------------------------ the trainer
 
 
-def arguments(tmp_path, epochs: int, lr: float = 0.1, evaluate: bool = True):
+def arguments(tmp_path, epochs: int, lr: float = 0.1, evaluate: bool = True, weight_decay: float = 0.0):
     return training_arguments(
         tmp_path,
         learning_rate=lr,
         epochs=epochs,
         batch_size=4,
+        weight_decay=weight_decay,
         eval_strategy="epoch" if evaluate else "no",
         label_names=["labels"],
         prediction_loss_only=True,
@@ -128,6 +137,45 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_weights(tmp_p
     with torch.no_grad():
         final_dev_loss = torch.mean(head(torch.from_numpy(x_dev)) ** 2).item()
     assert final_dev_loss == pytest.approx(stopper.best_loss, rel=1e-5)
+    history = epoch_history(trainer.state.log_history)
+    assert [h["epoch"] for h in history] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    log = trainer.state.log_history
+    assert [h["dev_loss"] for h in history] == [e["eval_loss"] for e in log if "eval_loss" in e]
+    assert [h["train_loss"] for h in history] == [e["loss"] for e in log if "loss" in e]
+
+
+def test_epoch_history_merges_a_trainer_log_by_epoch_and_drops_rows_without_a_loss():
+    # A Trainer's log_history with 3 steps per epoch, a loss logged every 2 steps, evaluation every epoch,
+    # and max_steps=7: epochs are fractions of 3 steps, and the closing summary entry carries no loss.
+    log = [
+        {"loss": 0.9, "grad_norm": 1.5, "learning_rate": 0.08, "epoch": 2 / 3, "step": 2},
+        {"eval_loss": 0.8, "eval_runtime": 0.01, "epoch": 1.0, "step": 3},
+        {"loss": 0.7, "grad_norm": 1.1, "learning_rate": 0.04, "epoch": 4 / 3, "step": 4},
+        {"loss": 0.6, "grad_norm": 0.9, "learning_rate": 0.02, "epoch": 2.0, "step": 6},
+        {"eval_loss": 0.65, "eval_runtime": 0.01, "epoch": 2.0, "step": 6},
+        {"train_runtime": 0.3, "train_loss": 0.73, "epoch": 7 / 3, "step": 7},
+    ]
+    assert epoch_history(log) == [
+        {"epoch": 0.667, "train_loss": 0.9},
+        {"epoch": 1.0, "dev_loss": 0.8},
+        {"epoch": 1.333, "train_loss": 0.7},
+        {"epoch": 2.0, "train_loss": 0.6, "dev_loss": 0.65},
+    ]
+
+
+def test_feature_rows_are_float32_and_prompts_pad_on_the_side_asked():
+    examples = feature_examples(np.arange(6, dtype=np.float64).reshape(3, 2), np.array([1, 0, 1]))
+    batch = collate_features([examples[i] for i in range(3)])
+    assert batch["features"].dtype == torch.float32
+    assert batch["features"].tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    assert batch["labels"].dtype == torch.float32 and batch["labels"].tolist() == [1.0, 0.0, 1.0]
+    prompts = [{"input_ids": [5, 6, 7], "labels": 1.0}, {"input_ids": [8], "labels": 0.0}]
+    left, right = PromptCollator(pad_id=0)(prompts), PromptCollator(pad_id=0, side="right")(prompts)
+    assert left["input_ids"].tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert left["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert right["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert right["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert right["labels"].dtype == torch.float32 and right["labels"].tolist() == [1.0, 0.0]
 
 
 def test_the_head_gets_its_own_learning_rate_in_lora_mode(tiny_model_dir, tmp_path):
@@ -139,13 +187,16 @@ def test_the_head_gets_its_own_learning_rate_in_lora_mode(tiny_model_dir, tmp_pa
     head = ConfidenceHead.create(model, tokenizer, HeadConfig(tiny_model_dir, "fewshot", mode="lora", lora=lora))
     trainer = EliCalTrainer(
         model=head,
-        args=arguments(tmp_path, 1, lr=5e-5, evaluate=False),
+        args=arguments(tmp_path, 1, lr=5e-5, evaluate=False, weight_decay=0.1),
         head_parameters=head.head.parameters(),
         head_learning_rate=1e-3,
     )
     optimizer = trainer.create_optimizer()
     rates = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
     assert {rates[id(p)] for p in head.head.parameters()} == {1e-3}
+    # The head's groups keep the rest of their settings: weight decay on its weight, none on its bias.
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    assert {n: decay[id(p)] for n, p in head.head.named_parameters()} == {"linear.weight": 0.1, "linear.bias": 0.0}
     lora_params = [p for n, p in head.backbone.named_parameters() if "lora_" in n]
     assert lora_params and {rates[id(p)] for p in lora_params} == {5e-5}
     assert len(rates) == len(lora_params) + 2  # nothing frozen is optimized
@@ -367,6 +418,30 @@ def test_early_stopping_on_dev_auroc_keeps_the_epoch_with_the_best_auroc(metric,
     assert head.linear.weight.unique().tolist() == [float(best)]  # the chosen epoch's weights are restored
 
 
+def test_an_evaluation_without_the_stopping_metric_changes_nothing():
+    # e.g. stopping on AUROC with a Trainer that computes no metrics: the dev loss alone is reported
+    head, stopper = LinearHead(2), BestOnDev(patience=1, metric="auroc")
+    control = SimpleNamespace(should_training_stop=False)
+    stopper.on_evaluate(None, SimpleNamespace(epoch=1.0), control, metrics={"eval_loss": 0.3}, model=head)
+    assert (stopper.best_score, stopper.best_loss, stopper.bad_epochs) == (None, float("inf"), 0)
+    assert not control.should_training_stop
+
+
+@pytest.mark.parametrize("metric", ["auroc", "loss"])
+def test_a_tie_is_no_improvement_so_the_earlier_epoch_stays_best(metric):
+    values = [0.6, 0.7, 0.7, 0.65] if metric == "auroc" else [0.3, 0.2, 0.2, 0.25]  # epoch 3 ties epoch 2
+    head, stopper = LinearHead(2), BestOnDev(patience=2, metric=metric)
+    stops = [_evaluate(stopper, head, epoch, v, v).should_training_stop for epoch, v in enumerate(values, start=1)]
+    assert stopper.best_epoch == 2 and stops == [False, False, False, True]
+
+
+def test_an_evaluation_before_training_counts_as_epoch_0_and_a_missing_dev_loss_is_nan():
+    head, stopper = LinearHead(2), BestOnDev(metric="auroc")
+    control = SimpleNamespace(should_training_stop=False)
+    stopper.on_evaluate(None, SimpleNamespace(epoch=None), control, metrics={"eval_auroc": 0.6}, model=head)
+    assert (stopper.best_epoch, stopper.best_score) == (0.0, 0.6) and math.isnan(stopper.best_loss)
+
+
 def test_the_dev_auroc_metric_scores_greedy_correctness_and_is_neutral_on_one_class():
     compute = auroc_metrics(np.array([0, 1, 0, 1]))
     # positives 0.9 and 0.3 against negatives 0.1 and 0.8: three of four pairs ordered right
@@ -417,6 +492,22 @@ def test_the_l2_sp_penalty_pulls_weights_to_their_start_and_leaves_the_bias_free
     assert head.linear.bias.grad.item() == pytest.approx(expected_bias_grad.item(), rel=1e-5)
     head.eval()  # the dev loss is the plain MSE, comparable across rules
     assert trainer.compute_loss(head, batch).item() == pytest.approx(mse.item(), rel=1e-6)
+    # Without an anchor (the default) there is no penalty, however far the weights move; arguments go
+    # positionally as to any Trainer.
+    plain = EliCalTrainer(head, arguments(tmp_path, 1, evaluate=False))
+    with torch.no_grad():
+        head.linear.weight.copy_(torch.tensor([[5.0, 5.0]]))
+    head.train()
+    assert plain.compute_loss(head, batch).item() == pytest.approx(mse.item(), rel=1e-6)
+
+
+def test_without_a_head_rate_every_parameter_trains_at_the_trainers_rate(tmp_path):
+    head = LinearHead(2)
+    trainer = EliCalTrainer(model=head, args=arguments(tmp_path, 1, lr=0.05, evaluate=False),
+                            head_parameters=head.parameters())
+    optimizer = trainer.create_optimizer()
+    assert [g["lr"] for g in optimizer.param_groups] == [0.05, 0.05]  # decay and no-decay groups, untouched
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == 2
 
 
 def test_a_strong_anchor_holds_stage_two_at_the_stage_one_weights(tiny_model_dir, tmp_path):

@@ -133,6 +133,18 @@ def test_item_without_alias_in_the_middle_is_skipped_and_counted(tmp_path, caplo
     assert len(warnings) == 1 and "skipped 1 item(s)" in warnings[0] and "(lines 2)" in warnings[0]
     with pytest.raises(CandorError, match=r"nq\.jsonl:2: no non-empty answer alias"):
         read_honestybench(path, strict=True)
+    # read_records imports the same lines the same way: skipping by default, refusing when strict.
+    assert [r.to_dict() for r in read_records(path)] == [r.to_dict() for r in recs]
+    with pytest.raises(CandorError, match=r"nq\.jsonl:2: no non-empty answer alias"):
+        read_records(path, strict=True)
+
+
+def test_a_file_whose_every_item_is_skipped_is_an_error_not_an_empty_list(tmp_path):
+    blank = {**fixture_lines()[0], "answer": [""]}
+    path = write_lines(tmp_path / "nq.jsonl", [blank, blank])
+    for read in (read_records, read_honestybench):
+        with pytest.raises(CandorError, match=r"nq\.jsonl:1: no item can be judged: all 2 have no non-empty"):
+            read(path)
 
 
 BAD_LINES = [
@@ -144,6 +156,7 @@ BAD_LINES = [
     ({"greedy_tokens": [["William"]]}, "1 tokens but 'greedy_logprobs' 2 values"),
     ({"sampling_correctness": [1, 0]}, "'sampling_correctness' must be a list of 20 verdicts"),
     ({"consistency_judgement": [1] * 21}, "'consistency_judgement' must be a list of 20 verdicts"),
+    ({"answer": {"text": "Shakespeare"}}, "'answer' must be [str], got {'text': 'Shakespeare'}"),
 ]
 
 

@@ -12,15 +12,18 @@ from conftest import build_tiny_model
 from helpers import BlackBox
 from typer.testing import CliRunner
 
+import candor
 from candor.backends.base import Completion
 from candor.cli import app
 from candor.confidences import columns_path, read_confidences, table_from_records, write_confidences
-from candor.contamination import write_manifest
+from candor.contamination import Overlap, write_manifest
 from candor.data.items import QAItem
 from candor.demo import run_demo
+from candor.digests import records_digest
 from candor.errors import CandorError
+from candor.estimators import score_records
 from candor.records import Record, write_records
-from candor.scoring import score_into
+from candor.scoring import score_into, trained_folders, warn_contamination
 from candor.verbal.formats import distribution_from_prompts, format_prompt
 
 
@@ -62,7 +65,10 @@ def test_score_into_writes_values_and_reuses_cached_columns(records, tmp_path, c
     rows[0]["confidence"]["n-prob"] = 0.123
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert read_confidences(out).provenance("n-prob") is None
-    assert score_into(records, ["n-prob"], out).arrays("n-prob")[0][0] == pytest.approx(math.exp(-2.0))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        assert score_into(records, ["n-prob"], out).arrays("n-prob")[0][0] == pytest.approx(math.exp(-2.0))
+    assert "n-prob: recomputing (no recorded provenance)" in caplog.text
     # ... and force recomputes whatever is there.
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="candor.scoring"):
@@ -117,12 +123,96 @@ def test_changed_options_or_records_recompute_and_say_what_changed(records, tmp_
     assert table.arrays("n-prob")[0][0] == pytest.approx(math.exp(-3.0))
 
 
+def test_force_recomputes_the_requested_methods_and_keeps_the_files_other_columns(records, tmp_path, caplog):
+    out = tmp_path / "conf.jsonl"
+    score_into(records, ["n-prob", "consis-sem"], out)
+    table = read_confidences(out)
+    table.rows[0].confidence["n-prob"] = 0.123  # a value force must replace (re-signed, so it looks valid)
+    write_confidences(out, table)
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        forced = score_into(records, ["n-prob"], out, force=True)
+    assert "n-prob: recomputing (--force)" in caplog.text
+    assert forced.arrays("n-prob")[0][0] == pytest.approx(math.exp(-2.0))
+    kept = read_confidences(out)
+    assert kept.methods == ["n-prob", "consis-sem"]
+    assert kept.arrays("consis-sem")[0] == pytest.approx([0.5, 1.0, 0.25])
+
+
+def test_a_column_made_by_another_candor_version_is_recomputed(records, tmp_path, caplog):
+    out = tmp_path / "conf.jsonl"
+    score_into(records, ["n-prob"], out)
+    table = read_confidences(out)
+    assert table.provenance("n-prob")["produced_by"]["candor_version"] == candor.__version__
+    table.columns["n-prob"]["produced_by"]["candor_version"] = "0.0.1"
+    write_confidences(out, table)
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        score_into(records, ["n-prob"], out)
+    assert "n-prob: recomputing (changed: candor_version)" in caplog.text
+    assert read_confidences(out).provenance("n-prob")["produced_by"]["candor_version"] == candor.__version__
+
+
+def test_more_records_than_the_file_holds_recompute_the_column(records, tmp_path, caplog):
+    out = tmp_path / "conf.jsonl"
+    score_into(records[:2], ["n-prob"], out)
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        table = score_into(records, ["n-prob"], out)
+    assert "n-prob: recomputing (missing for 1 of 3 records)" in caplog.text
+    assert table.arrays("n-prob")[0] == pytest.approx([math.exp(-2.0), math.exp(-0.5), math.exp(-0.1)])
+
+
+def test_other_columns_of_other_records_or_unknown_provenance_are_dropped(records, tmp_path, caplog):
+    out = tmp_path / "conf.jsonl"
+    score_into(records, ["n-prob", "consis-sem"], out)
+    # The same ids holding other content: consis-sem, complete in every row, no longer describes them.
+    edited = [record(0, [-3.0], [1, 1, 1, 1], 1), *records[1:]]
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        table = score_into(edited, ["n-prob"], out)
+    assert "consis-sem: dropped from the file (not produced from these records" in caplog.text
+    assert read_confidences(out).methods == table.methods == ["n-prob"]
+    # A column with provenance but no produced_by (written by score_records, not score_into) is dropped too.
+    bare = score_records(records, ["prob"], progress=False)
+    assert "produced_by" not in bare.provenance("prob")
+    write_confidences(out, bare)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+        score_into(records, ["n-prob"], out)
+    assert "prob: dropped from the file" in caplog.text
+    assert read_confidences(out).methods == ["n-prob"]
+
+
+def test_trained_folders_are_options_naming_a_manifest_folder_and_overlap_is_returned(records, tmp_path,
+                                                                                     monkeypatch):
+    head = tmp_path / "head"
+    write_manifest(head, ["Question 1!", "question 2", "not among the records"])
+    write_manifest(tmp_path, ["question 0"])
+    monkeypatch.chdir(tmp_path)  # an empty option value must not stand for the working folder and its manifest
+    folders = trained_folders({"elical": {"head": str(head), "other": "", "judge": "lexical"}}, None)
+    assert folders == {f"elical.head {head}": head}
+    assert warn_contamination(records, folders) == {f"elical.head {head}": Overlap(2, 3, "question 1")}
+    assert warn_contamination(records[:1], folders) == {}
+
+
+def test_an_estimator_that_runs_the_model_only_with_some_options_keys_its_column_by_the_model(
+    records, tiny_backend, tmp_path
+):
+    out = tmp_path / "conf.jsonl"
+    options = {"consis-sem": {"judge": "llm"}}
+    score_into(records, ["consis-sem", "n-prob"], out, tiny_backend, options=options, progress=False)
+    table = read_confidences(out)
+    llm_judged, plain = table.provenance("consis-sem")["produced_by"], table.provenance("n-prob")["produced_by"]
+    assert (llm_judged["estimator"], llm_judged["model"]) == ("consis-sem", tiny_backend.model_name)
+    assert llm_judged["weights"] is not None and llm_judged["records"] == records_digest(records)
+    assert (plain["model"], plain["weights"], plain["records"]) == (None, None, records_digest(records))
+
+
 def test_another_model_under_the_same_name_gets_its_own_column(records, tiny_backend, tokenizer, tmp_path, caplog):
     from candor.backends.hf import HFBackend
 
     out = tmp_path / "conf.jsonl"
     first = score_into(records, ["verbal-letter"], out, tiny_backend, progress=False).arrays("verbal-letter")[0]
-    assert read_confidences(out).provenance("verbal-letter")["produced_by"]["model"] == tiny_backend.model_name
+    produced_by = read_confidences(out).provenance("verbal-letter")["produced_by"]
+    assert (produced_by["estimator"], produced_by["model"]) == ("verbal-letter", tiny_backend.model_name)
+    assert produced_by["records"] == records_digest(records)
     other = HFBackend(build_tiny_model(len(tokenizer), seed=3), tokenizer, model_name=tiny_backend.model_name)
     with caplog.at_level(logging.INFO, logger="candor.scoring"):
         second = score_into(records, ["verbal-letter"], out, other, progress=False).arrays("verbal-letter")[0]

@@ -132,7 +132,7 @@ def score_into(
     out = Path(out)
     options = options or {}
     warn_contamination(records, trained_folders(options, backend))
-    previous = table_from_records(records) if force else _previous(out, records)
+    previous = _previous(out, records)  # even with force: the file's other columns are kept, not lost
     records_sha = records_digest(records)
     table = table_from_records(records)
     _keep_others(previous, table, records_sha, methods)
