@@ -65,6 +65,7 @@ from candor.data import IN_DOMAIN, OUT_OF_DOMAIN, load_items, seeded_shuffle
 from candor.data.items import QAItem
 from candor.data.loaders import load_named
 from candor.data.splits import dedupe_questions, split_items
+from candor.digests import records_digest
 from candor.errors import CandorError
 from candor.evaluation import Group, evaluate, metric_ratios
 from candor.metrics import ece
@@ -287,13 +288,19 @@ def eval_subsets(tests: dict[str, list[Record]], s: Settings) -> dict[str, list[
 
 
 def training_triplets(train_records: list[Record], backend: HFBackend, cache: Path, s: Settings) -> dict:
-    path, stats_path = cache / "triplets.jsonl", cache / "triplets_stats.json"
+    """The triplets of the training pool, cached under a key of the pool's records and the seed.
+
+    ``key`` (also in every training run's folder name) changes when the pool
+    does, so a larger pool never reuses triplets or adapters of a smaller one.
+    """
+    key = f"{records_digest(train_records)[:10]}-s{s.seed}"
+    path, stats_path = cache / f"triplets-{key}.jsonl", cache / f"triplets-{key}.stats.json"
     if path.exists() and stats_path.exists():
-        return {"triplets": read_triplets(path), "stats": json.loads(stats_path.read_text())}
+        return {"triplets": read_triplets(path), "stats": json.loads(stats_path.read_text()), "key": key}
     built = build_triplets(train_records, backend=backend, seed=s.seed)
     write_triplets(path, built.triplets)
     write_json(stats_path, built.stats.as_dict())
-    return {"triplets": built.triplets, "stats": built.stats.as_dict()}
+    return {"triplets": built.triplets, "stats": built.stats.as_dict(), "key": key}
 
 
 # ---------------------------------------------------------------- training
@@ -339,9 +346,9 @@ def ablation_names(s: Settings) -> list[str]:
     return {"full": list(ABLATION), "sum": ["+Sum", "all"], "none": []}[s.ablation]
 
 
-def run_path(cache: Path, config: AdviceConfig) -> Path:
-    """A run's folder, named by a hash of its settings: the same run is trained once, a changed one anew."""
-    digest = hashlib.sha1(json.dumps(config.as_dict(), sort_keys=True).encode()).hexdigest()[:10]
+def run_path(cache: Path, config: AdviceConfig, data_key: str) -> Path:
+    """A run's folder, named by a hash of its settings and data: the same run is trained once, a changed one anew."""
+    digest = hashlib.sha1(json.dumps([config.as_dict(), data_key], sort_keys=True).encode()).hexdigest()[:10]
     return cache / "runs" / f"{config.method}-{digest}"
 
 
@@ -350,12 +357,12 @@ def ablation_run(name: str) -> str:
 
 
 def train_all(
-    runs: dict[str, AdviceConfig], triplets: list, train_records: list[Record], cache: Path
+    runs: dict[str, AdviceConfig], triplets: list, train_records: list[Record], cache: Path, data_key: str
 ) -> dict[str, dict[str, Any]]:
     """Train every run not already done; their training records (cost, history) by run name."""
     out = {}
     for name, config in runs.items():
-        run_dir = run_path(cache, config)
+        run_dir = run_path(cache, config, data_key)
         if not is_trained(run_dir):
             logger.info("training %s (%s) → %s", name, config.weights.active(), run_dir)
             if config.data == "pairs":
@@ -407,7 +414,8 @@ def _curve(history: list[dict[str, Any]], points: int = 60) -> list[dict[str, fl
 
 
 def choose_lr(
-    args: argparse.Namespace, s: Settings, triplets: list, dev: dict[str, list[Record]], base: HFBackend, cache: Path
+    args: argparse.Namespace, s: Settings, built: dict[str, Any], dev: dict[str, list[Record]], base: HFBackend,
+    cache: Path,
 ) -> tuple[float, dict[str, Any]]:
     """The learning rate: given, or the candidate whose ADVICE adapter has the lowest dev Brier.
 
@@ -422,7 +430,7 @@ def choose_lr(
     table: dict[str, Any] = {"base model": _dev_scores(base, dev, s, folder / "confidences" / "base")}
     proxy = {} if s.lr_proxy_triplets is None else {"max_examples": s.lr_proxy_triplets}
     runs = {f"{lr:g}": advice_at(args, s, lr, **proxy) for lr in s.lr_candidates}
-    training = train_all(runs, triplets, [], cache)
+    training = train_all(runs, built["triplets"], [], cache, built["key"])
     for key, run in training.items():
         backend = HFBackend.from_pretrained(args.model, adapter=run["dir"])
         table[key] = _dev_scores(backend, dev, s, score_folder(folder, key, run["dir"]))
@@ -697,12 +705,12 @@ def main() -> None:
 
     clock = time.perf_counter()
     dev = {d: recs[: s.dev_size] for d, recs in dev_parts.items()}
-    lr, payload["learning_rate"] = choose_lr(args, s, built["triplets"], dev, base, cache)
+    lr, payload["learning_rate"] = choose_lr(args, s, built, dev, base, cache)
     seconds["lr_choice"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
     runs = run_configs(args, s, lr, len(built["triplets"]))
-    payload["training"] = train_all(runs, built["triplets"], train_records, cache)
+    payload["training"] = train_all(runs, built["triplets"], train_records, cache, built["key"])
     seconds["training"] = time.perf_counter() - clock
     payload["training_curves"] = [training_curve(name, run, plots) for name, run in payload["training"].items()]
 
