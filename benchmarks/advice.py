@@ -59,6 +59,7 @@ from candor.advice.config import AdviceConfig
 from candor.advice.pipeline import is_trained, load_result
 from candor.annotation import AnnotateConfig, annotate
 from candor.backends.base import SamplingParams
+from candor.backends.default_model import DEFAULT_MODEL
 from candor.backends.hf import HFBackend
 from candor.confidences import ConfidenceTable, read_confidences, write_confidences
 from candor.data import IN_DOMAIN, OUT_OF_DOMAIN, load_items, seeded_shuffle
@@ -139,7 +140,7 @@ PRESETS = {"cpu": Settings(), "quick": QUICK, "gpu": GPU}
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None, help="HonestyBench data dir (LogiQA is read from ../logiqa2)")
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--mini-cache", type=Path, default=CACHE / "mini", help="baselines.py's annotations")
     p.add_argument("--cache", type=Path, default=None, help="default: benchmarks/cache/advice[-quick]")
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/advice.json")
@@ -742,7 +743,7 @@ def main() -> None:
 def default_cache(args: argparse.Namespace) -> Path:
     """The benchmark's cache: one per preset, and per model away from the embedded default."""
     folder = {"cpu": "advice", "quick": "advice-quick", "gpu": "advice-gpu"}[args.preset]
-    if args.model != "smollm2-135m":
+    if args.model != DEFAULT_MODEL:
         folder += "-" + hashlib.sha1(args.model.encode()).hexdigest()[:8]
     return CACHE / folder
 
