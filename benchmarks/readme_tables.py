@@ -373,11 +373,43 @@ def advice_budget(r: Path) -> dict[str, str]:
         "value:advice13-accuracy": accuracy or "no trained method scored yet",
         "value:advice13-eval": (f"in-domain {n_id['n']} questions ({100 * n_id['accuracy']:.1f}% answered "
                                 f"correctly); per dataset {eval_sizes}"),
+        "value:advice13-ablation": _ablation13(d.get("ablation", {})),
+        "value:advice13-constant": _constant13(d.get("constant_reference")),
+        "value:advice13-terms": "; ".join(f"{name}: {_term_moves(run['curve'])}"
+                                          for name, run in d["training"].items()),  # fmt: skip
         "value:advice13-scope": (
             f"methods {', '.join(methods)}; formats {', '.join(first)}; "
             + ("complete" if d.get("complete") else "a partial run (the remaining methods are not scored yet)")
         ),
     }
+
+
+def _ablation13(ablation: Json) -> str:
+    """In-domain ECE (with its interval) of each loss set, ScoreLetter / ScoreNumber."""
+    if not ablation:
+        return "not run"
+    return "; ".join(
+        f"{label}: {with_ci(b['ScoreLetter']['ece'], b['ScoreLetter'].get('ece_ci'))} / "
+        f"{with_ci(b['ScoreNumber']['ece'], b['ScoreNumber'].get('ece_ci'))}"
+        for label, b in ablation.items()
+    )
+
+
+def _constant13(ref: Json | None) -> str:
+    """ECE of the one-number confidence (the training pool's accuracy), per group."""
+    if not ref:
+        return "not computed"
+    groups = [g for g in GROUP_NAMES if g in ref]
+    cells = ", ".join(f"{GROUP_NAMES[g]} {with_ci(ref[g]['ece'], ref[g].get('ece_ci'))}" for g in groups)
+    return f"confidence {100 * ref['confidence']:.1f}% for every question: ECE {cells}"
+
+
+def _term_moves(curve: list[Json], window: int = 5) -> str:
+    """Each loss term's mean over the first and the last ``window`` logged steps: did it move?"""
+    head, tail = curve[:window], curve[-window:]
+    terms = [k for k in curve[0] if k.startswith("loss_")]
+    mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+    return ", ".join(f"{k[5:]} {mean(head, k):.3f} → {mean(tail, k):.3f}" for k in terms)
 
 
 def _factor(cell: Json | None) -> str:
