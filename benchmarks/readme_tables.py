@@ -323,6 +323,7 @@ def advice(r: Path) -> dict[str, str]:
 
 
 GROUP_NAMES = {"id": "in-domain", "ood": "OOD", "logiqa": "LogiQA"}
+ADVICE_IN_DOMAIN = ("nq", "hq", "2wikimultihopqa", "pararel")
 
 
 def advice_budget(r: Path) -> dict[str, str]:
@@ -373,6 +374,8 @@ def advice_budget(r: Path) -> dict[str, str]:
         "value:advice13-accuracy": accuracy or "no trained method scored yet",
         "value:advice13-eval": (f"in-domain {n_id['n']} questions ({100 * n_id['accuracy']:.1f}% answered "
                                 f"correctly); per dataset {eval_sizes}"),
+        "value:advice13-command": f"`{d['command']}`",
+        "value:advice13-auroc-by-dataset": _auroc_by_dataset(methods),
         "value:advice13-ablation": _ablation13(d.get("ablation", {})),
         "value:advice13-constant": _constant13(d.get("constant_reference")),
         "value:advice13-terms": "; ".join(f"{name}: {_term_moves(run['curve'])}"
@@ -393,6 +396,23 @@ def _ablation13(ablation: Json) -> str:
         f"{with_ci(b['ScoreNumber']['ece'], b['ScoreNumber'].get('ece_ci'))}"
         for label, b in ablation.items()
     )
+
+
+def _auroc_by_dataset(methods: Json) -> str:
+    """AUROC ×100 within each in-domain dataset, Default → each trained method, so a pooled gain that only
+    sorts the datasets by their base rates cannot pass for ranking within a dataset."""
+    default, out = methods.get("Default", {}), []
+    for method, per_format in methods.items():
+        if method in ("Default", "Prompting", "Self-Consistency"):
+            continue
+        for fmt in ("ScoreLetter", "ScoreNumber"):
+            if fmt not in per_format or fmt not in default:
+                continue
+            before, after = default[fmt]["per_dataset"], per_format[fmt]["per_dataset"]
+            cells = ", ".join(f"{DATASET_NAMES.get(ds, ds)} {pct(before[ds]['auroc'])} → {pct(after[ds]['auroc'])}"
+                              for ds in ADVICE_IN_DOMAIN if ds in after)  # fmt: skip
+            out.append(f"{method} {fmt}: {cells}")
+    return "; ".join(out) or "no trained method scored"
 
 
 def _constant13(ref: Json | None) -> str:
@@ -449,7 +469,7 @@ def elical_cost(r: Path) -> dict[str, str]:
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
-    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice, elical_cost,
+    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, advice, elical_cost,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

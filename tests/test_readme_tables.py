@@ -54,3 +54,25 @@ def test_an_unknown_marker_is_an_error():
     rt = _script()
     with pytest.raises(SystemExit, match="no generator"):
         rt.render("<!-- value:nope -->1<!-- /value -->", rt.generated())
+
+
+def test_the_advice_section_reports_factors_with_intervals_and_whether_each_loss_term_moved():
+    rt = _script()
+    assert rt._factor({"factor": 1.4588, "ci": [1.4339, 1.4864]}) == "1.46× [1.43, 1.49]"
+    assert rt._factor({"factor": None, "ci": [None, None]}) == "–"
+    curve = [{"loss_jsd": 0.6, "loss_sum": 0.2 - 0.01 * i, "epoch": i / 10} for i in range(10)]
+    # First five steps average 0.18, last five 0.13; a term that stayed put reads the same on both sides.
+    assert rt._term_moves(curve) == "jsd 0.600 → 0.600, sum 0.180 → 0.130"
+    ref = {"confidence": 0.144, "id": {"ece": 0.0352, "ece_ci": [0.014, 0.0552]}}
+    assert rt._constant13(ref) == "confidence 14.4% for every question: ECE in-domain 3.5 [1, 6]"
+    assert rt._constant13(None) == "not computed"
+
+
+def test_the_advice_section_compares_auroc_within_each_in_domain_dataset():
+    rt = _script()
+    block = {"per_dataset": {"nq": {"auroc": 0.3}, "hq": {"auroc": None}, "squad": {"auroc": 0.9}}}
+    trained = {"per_dataset": {"nq": {"auroc": 0.75}, "hq": {"auroc": 0.7}, "squad": {"auroc": 0.1}}}
+    methods = {"Default": {"ScoreLetter": block}, "Prompting": {"ScoreLetter": trained},
+               "ADVICE": {"ScoreLetter": trained}}  # fmt: skip
+    # Only trained methods, only in-domain datasets (SQuAD is OOD), and an undefined AUROC shows as a dash.
+    assert rt._auroc_by_dataset(methods) == "ADVICE ScoreLetter: NQ 30.0 → 75.0, HotpotQA – → 70.0"
