@@ -376,6 +376,7 @@ def advice_budget(r: Path) -> dict[str, str]:
                                 f"correctly); per dataset {eval_sizes}"),
         "value:advice13-command": f"`{d['command']}`",
         "value:advice13-auroc-by-dataset": _auroc_by_dataset(methods),
+        "value:advice13-mean-confidence": _mean_confidence(methods),
         "value:advice13-ablation": _ablation13(d.get("ablation", {})),
         "value:advice13-constant": _constant13(d.get("constant_reference")),
         "value:advice13-terms": "; ".join(f"{name}: {_term_moves(run['curve'])}"
@@ -413,6 +414,18 @@ def _auroc_by_dataset(methods: Json) -> str:
                               for ds in ADVICE_IN_DOMAIN if ds in after)  # fmt: skip
             out.append(f"{method} {fmt}: {cells}")
     return "; ".join(out) or "no trained method scored"
+
+
+def _mean_confidence(methods: Json) -> str:
+    """In-domain mean confidence against accuracy (nce_signed = accuracy − mean confidence), per method and format."""
+    out = []
+    for method, per_format in methods.items():
+        for fmt in ("ScoreLetter", "ScoreNumber"):
+            if fmt in per_format:
+                b = per_format[fmt]["id"]
+                out.append(f"{method} {fmt} {pct(b['accuracy'] - b['nce_signed'])}")
+    accuracy = next(iter(next(iter(methods.values())).values()))["id"]["accuracy"]
+    return f"{'; '.join(out)} (accuracy {pct(accuracy)})"
 
 
 def _constant13(ref: Json | None) -> str:

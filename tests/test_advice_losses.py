@@ -92,3 +92,21 @@ def test_loss_weights():
         LossWeights(jsd=-1)
     with pytest.raises(CandorError, match="switched off"):
         LossWeights(lm=0, jsd=0, margin=0, sum=0, brier=0)
+
+
+def test_the_jsd_hinge_starts_flat_where_both_answers_get_the_same_distribution():
+    # Why the JSD term barely moves from an answer-blind model (benchmarks/README.md, issue 13): JSD is
+    # second order in P − Q, so its gradient vanishes at P = Q and grows with the gap. The margin's does not.
+    logits = torch.tensor([[0.3, -0.2, 1.0, 0.1]])
+    grads = []
+    for gap in (0.0, 0.01, 0.1, 1.0):
+        p = logits.clone().requires_grad_(True)
+        q = (logits + torch.tensor([[gap, 0.0, 0.0, -gap]])).detach()
+        jsd_hinge(torch.log_softmax(p, -1), torch.log_softmax(q, -1)).sum().backward()
+        grads.append(p.grad.abs().max().item())
+    assert grads[0] == 0.0
+    assert 0 < grads[1] < grads[2] < grads[3]
+    assert grads[1] < 0.01 * grads[3]
+    mu_c = torch.tensor([0.5], requires_grad=True)
+    margin_hinge(mu_c, torch.tensor([0.5])).sum().backward()
+    assert mu_c.grad.item() == -1.0
