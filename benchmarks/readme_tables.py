@@ -459,6 +459,30 @@ def _accuracy(per_dataset: Json) -> str:
     return f"{100 * mine / n:.1f}% of {n} questions answered correctly (base model {100 * base / n:.1f}%)"
 
 
+DIAGNOSE13 = {"diagnose_advice13": "advice13", "diagnose_advicect13": "advicect13"}
+DIAGNOSE13_LABELS = {"base": "base model", "advice13": "ADVICE", "advicect13": "ADVICE+ConfTuner"}
+
+
+def diagnose13(r: Path) -> dict[str, str]:
+    """Diagnostics of issue 13's adapters beside the base model (one results file per adapter)."""
+    runs: dict[str, Json] = {}
+    for name, key in DIAGNOSE13.items():
+        if (r / f"{name}.json").exists():
+            d = load(name, r)
+            runs.setdefault("base", d["base"])
+            runs[key] = d[key]
+    rows = []
+    for key, run in runs.items():
+        s, m, ro = run["sensitivity"], run["masking"], run["rollout"]["excl_bos"]
+        rows.append([DIAGNOSE13_LABELS[key], pct(s["share_jsd_le_0.1"]), f"{s['mean_jsd']:.4f}",
+                     pct(s["auroc_mu_correct"]), f"{s['within_question_corr_mu_correct']:.3f}",
+                     f"{m['mask_shift']:.3f}", f"{ro['answer']:.1e}"])  # fmt: skip
+    header = ["model", "pairs with JSD ≤ 0.1 (%)", "mean JSD (nats)", "AUROC of μ for the candidate",
+              "within-question corr(μ, correct)", "answer masked: mean abs Δμ",
+              "rollout to the answer (excl. BOS)"]  # fmt: skip
+    return {"table:diagnose13": md_table(header, "lrrrrrr", rows)}
+
+
 def elical_cost(r: Path) -> dict[str, str]:
     d = load("elical_cost", r)
     cpu, drift = d["cpu_seconds_per_question"], d["bf16_vs_float32"]
@@ -482,7 +506,8 @@ def elical_cost(r: Path) -> dict[str, str]:
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
-    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, advice, elical_cost,
+    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
+    elical_cost,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
