@@ -375,6 +375,7 @@ def advice_budget(r: Path) -> dict[str, str]:
         "value:advice13-eval": (f"in-domain {n_id['n']} questions ({100 * n_id['accuracy']:.1f}% answered "
                                 f"correctly); per dataset {eval_sizes}"),
         "value:advice13-command": f"`{d['command']}`",
+        "value:advice13-unseen": _unseen13(r),
         "value:advice13-auroc-by-dataset": _auroc_by_dataset(methods),
         "value:advice13-mean-confidence": _mean_confidence(methods),
         "value:advice13-ablation": _ablation13(d.get("ablation", {})),
@@ -426,6 +427,19 @@ def _mean_confidence(methods: Json) -> str:
                 out.append(f"{method} {fmt} {pct(b['accuracy'] - b['nce_signed'])}")
     accuracy = next(iter(next(iter(methods.values())).values()))["id"]["accuracy"]
     return f"{'; '.join(out)} (accuracy {pct(accuracy)})"
+
+
+def _unseen13(r: Path) -> str:
+    """Default → ADVICE on the formats it was not trained on (results/advice_unseen.json), with the ECE factor."""
+    if not (r / "advice_unseen.json").exists():
+        return "not run"
+    d = load("advice_unseen", r)
+    default, trained, factors = d["methods"]["Default"], d["methods"]["ADVICE"], d["ece_factor_vs_default"]["ADVICE"]
+    return "; ".join(
+        f"{fmt} {GROUP_NAMES[g]} ECE {pct(default[fmt][g]['ece'])} → {pct(trained[fmt][g]['ece'])} "
+        f"({_factor(factors[fmt][g])}), AUROC {pct(default[fmt][g]['auroc'])} → {pct(trained[fmt][g]['auroc'])}"
+        for fmt in trained for g in GROUP_NAMES
+    )
 
 
 def _constant13(ref: Json | None) -> str:
