@@ -20,9 +20,12 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from statistics import fmean
 from typing import Any
+
+from candor.data.mini import IN_DOMAIN
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -323,7 +326,6 @@ def advice(r: Path) -> dict[str, str]:
 
 
 GROUP_NAMES = {"id": "in-domain", "ood": "OOD", "logiqa": "LogiQA"}
-ADVICE_IN_DOMAIN = ("nq", "hq", "2wikimultihopqa", "pararel")
 
 
 def advice_budget(r: Path) -> dict[str, str]:
@@ -376,7 +378,7 @@ def advice_budget(r: Path) -> dict[str, str]:
                                 f"correctly); per dataset {eval_sizes}"),
         "value:advice13-command": f"`{d['command']}`",
         "value:advice13-unseen": _unseen13(r),
-        "value:advice13-auroc-by-dataset": _auroc_by_dataset(methods),
+        "value:advice13-auroc-by-dataset": _auroc_by_dataset(methods, d["groups"]["id"]),
         "value:advice13-mean-confidence": _mean_confidence(methods),
         "value:advice13-ablation": _ablation13(d.get("ablation", {})),
         "value:advice13-constant": _constant13(d.get("constant_reference")),
@@ -400,7 +402,7 @@ def _ablation13(ablation: Json) -> str:
     )
 
 
-def _auroc_by_dataset(methods: Json) -> str:
+def _auroc_by_dataset(methods: Json, in_domain: Sequence[str] = IN_DOMAIN) -> str:
     """AUROC ×100 within each in-domain dataset, Default → each trained method, so a pooled gain that only
     sorts the datasets by their base rates cannot pass for ranking within a dataset."""
     default, out = methods.get("Default", {}), []
@@ -412,7 +414,7 @@ def _auroc_by_dataset(methods: Json) -> str:
                 continue
             before, after = default[fmt]["per_dataset"], per_format[fmt]["per_dataset"]
             cells = ", ".join(f"{DATASET_NAMES.get(ds, ds)} {pct(before[ds]['auroc'])} → {pct(after[ds]['auroc'])}"
-                              for ds in ADVICE_IN_DOMAIN if ds in after)  # fmt: skip
+                              for ds in in_domain if ds in after)  # fmt: skip
             out.append(f"{method} {fmt}: {cells}")
     return "; ".join(out) or "no trained method scored"
 
@@ -455,8 +457,7 @@ def _term_moves(curve: list[Json], window: int = 5) -> str:
     """Each loss term's mean over the first and the last ``window`` logged steps: did it move?"""
     head, tail = curve[:window], curve[-window:]
     terms = [k for k in curve[0] if k.startswith("loss_")]
-    mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
-    return ", ".join(f"{k[5:]} {mean(head, k):.3f} → {mean(tail, k):.3f}" for k in terms)
+    return ", ".join(f"{k[5:]} {fmean(r[k] for r in head):.3f} → {fmean(r[k] for r in tail):.3f}" for k in terms)
 
 
 def _factor(cell: Json | None) -> str:
