@@ -55,27 +55,26 @@ from typing import Any
 import numpy as np
 from common import CACHE, RESULTS, annotate_part, load_mini_or_exit, peak_rss_mib, setup_logging, write_json
 
-from candor.advice import LossWeights, build_triplets, method_config, read_triplets, train, write_triplets
-from candor.advice.config import AdviceConfig
-from candor.advice.pipeline import is_trained, load_result
-from candor.annotation import AnnotateConfig, annotate
+from candor.annotation.builder import AnnotateConfig, annotate
+from candor.annotation.prompts import TEMPLATES, resolve_template
+from candor.annotation.records import Record, read_records
 from candor.backends.base import SamplingParams
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.backends.hf import HFBackend
-from candor.confidences import ConfidenceTable, read_confidences, write_confidences
 from candor.data import IN_DOMAIN, OUT_OF_DOMAIN, load_items, seeded_shuffle
 from candor.data.items import QAItem
 from candor.data.loaders import load_named
 from candor.data.splits import dedupe_questions, split_items
-from candor.digests import records_digest
-from candor.errors import CandorError
-from candor.evaluation import Group, evaluate, metric_ratios
-from candor.metrics import ece
-from candor.plots import loss_curves, reliability_diagram
-from candor.prompts import TEMPLATES, resolve_template
-from candor.records import Record, read_records
-from candor.report import safe_filenames
-from candor.scoring import score_into
+from candor.estimators.confidences import ConfidenceTable, read_confidences, score_into, write_confidences
+from candor.evaluation.engine import Group, evaluate, metric_ratios
+from candor.evaluation.metrics import ece
+from candor.evaluation.plots import loss_curves, reliability_diagram
+from candor.evaluation.report import safe_filenames
+from candor.train.advice import LossWeights, build_triplets, method_config, read_triplets, train, write_triplets
+from candor.train.advice.config import AdviceConfig
+from candor.train.advice.pipeline import is_trained, load_result
+from candor.util.digests import records_digest
+from candor.util.errors import CandorError
 from candor.verbal.formats import FORMATS
 
 logger = logging.getLogger("benchmarks.advice")

@@ -8,7 +8,7 @@ newline), keeping every token's log-prob.
 - candor: ``HFBackend.generate`` on all questions (chunks of ``batch_size``).
 - naive: what per-question toolkits do: for each question one greedy
   ``model.generate`` call and k sampled calls, with the same stop string.
-- annotate: the full ``candor.annotation.annotate`` (generation and judges,
+- annotate: the full ``candor.annotation.builder.annotate`` (generation and judges,
   records written to a temporary file), when that module is present.
 
 Each path runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its
@@ -82,7 +82,7 @@ def sampling_params() -> Any:
 
 
 def prompts_for(items: list[Any], backend: Any) -> list[str]:
-    from candor.prompts import TEMPLATES
+    from candor.annotation.prompts import TEMPLATES
 
     template = TEMPLATES.get("fewshot")
     return [template(item, backend) for item in items]
@@ -164,9 +164,9 @@ def run_naive(items: list[Any], k: int, dtype: str) -> dict[str, Any]:
 
 
 def run_annotate(items: list[Any], k: int, batch_size: int, dtype: str) -> dict[str, Any]:
-    from candor.annotation import AnnotateConfig, annotate
+    from candor.annotation.builder import AnnotateConfig, annotate
+    from candor.annotation.prompts import TEMPLATES
     from candor.backends.hf import HFBackend
-    from candor.prompts import TEMPLATES
 
     backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size, dtype=dtype)
     backend.generate(prompts_for(items[:1], backend), 1, sampling_params())  # same warm-up as candor
@@ -233,7 +233,7 @@ def omp_wait_policy() -> str:
 
 def has_annotate() -> bool:
     try:
-        from candor.annotation import annotate  # noqa: F401
+        from candor.annotation.builder import annotate  # noqa: F401
     except ImportError:
         return False
     return True

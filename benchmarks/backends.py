@@ -1,6 +1,6 @@
 """Annotation throughput of the three engines on the same NQ questions: hf, vllm and openai (a local server).
 
-Every path runs the full ``candor.annotation.annotate`` (generation, judges,
+Every path runs the full ``candor.annotation.builder.annotate`` (generation, judges,
 records written) on the same first ``--questions`` NQ test questions with the
 ``fewshot`` template, k samples (temperature 1, top-p 0.95, top-k 50, at most
 32 new tokens, cut at the first newline):
@@ -59,10 +59,10 @@ def load_items(n: int, data: Path = DATA) -> list[Any]:
 
 
 def timed_annotate(backend: Any, items: list[Any], k: int, batch_size: int, keep: Path | None = None) -> dict[str, Any]:
-    from candor.annotation import AnnotateConfig, annotate
+    from candor.annotation.builder import AnnotateConfig, annotate
+    from candor.annotation.prompts import TEMPLATES
+    from candor.annotation.records import read_records
     from candor.backends.base import SamplingParams
-    from candor.prompts import TEMPLATES
-    from candor.records import read_records
 
     template = TEMPLATES.get("fewshot")
     config = AnnotateConfig(k=k, params=SamplingParams(**SETTINGS), batch_size=batch_size)

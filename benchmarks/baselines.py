@@ -23,14 +23,13 @@ from pathlib import Path
 
 from common import CACHE, RESULTS, annotate_part, load_mini_or_exit, logger, peak_rss_mib, setup_logging, write_json
 
-from candor.annotation import AnnotateConfig
+from candor.annotation.builder import AnnotateConfig
+from candor.annotation.prompts import resolve_template
 from candor.backends import load_backend
 from candor.backends.base import SamplingParams
-from candor.confidences import ConfidenceTable
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
-from candor.prompts import resolve_template
-from candor.report import write_report
-from candor.scoring import score_into
+from candor.estimators.confidences import ConfidenceTable, score_into
+from candor.evaluation.report import write_report
 
 METHODS = (
     "prob",

@@ -12,14 +12,14 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
 
-from candor.annotation import AnnotateConfig, annotate
+from candor.annotation.builder import AnnotateConfig, annotate
+from candor.annotation.prompts import QATemplate
+from candor.annotation.records import Record, read_records
 from candor.backends.base import Backend
 from candor.data import honestybench_mini, resolve_data_dir
 from candor.data.mini import MiniBench
-from candor.errors import CandorError
-from candor.files import atomic_write_json
-from candor.prompts import QATemplate
-from candor.records import Record, read_records
+from candor.util.errors import CandorError
+from candor.util.files import atomic_write_json
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"

@@ -35,8 +35,7 @@ from typing import Any
 
 from common import CACHE, RESULTS, write_json
 
-from candor.errors import CandorError
-from candor.judges import (
+from candor.annotation.judges import (
     CONSISTENCY_JUDGES,
     EMBEDDING_THRESHOLD,
     contains_words,
@@ -44,7 +43,8 @@ from candor.judges import (
     normalize,
     rouge_l_f1,
 )
-from candor.records import read_records
+from candor.annotation.records import read_records
+from candor.util.errors import CandorError
 
 LABELS = RESULTS.parent / "consistency_labels.json"
 PARTS = ("test", "dev")
@@ -241,7 +241,7 @@ def choose_threshold(sims: list[float], labels: list[dict[str, Any]]) -> float:
 
 def embedding_tuning(labels: list[dict[str, Any]]) -> dict[str, Any]:
     """Choose the cosine threshold on the design half; report it on the report half."""
-    from candor.embeddings import pair_similarity
+    from candor.backends.embeddings import pair_similarity
 
     sims = [float(s) for s in pair_similarity([x["sample"] for x in labels], [x["greedy"] for x in labels])]
     design = [(s, x) for s, x in zip(sims, labels, strict=True) if x["half"] == "design"]
@@ -299,7 +299,7 @@ def with_questions(labels: list[dict[str, Any]]) -> list[dict[str, Any]]:
     the id ``dataset:line`` finds the question again.
     """
     from candor.data import load_items
-    from candor.errors import CandorError
+    from candor.util.errors import CandorError
 
     datasets = sorted({x["dataset"] for x in labels})
     try:

@@ -44,13 +44,13 @@ def main() -> None:
 
     import torch
 
-    from candor.annotation import AnnotateConfig, annotate
+    from candor.annotation.builder import AnnotateConfig, annotate
+    from candor.annotation.prompts import resolve_template
+    from candor.annotation.records import read_records
     from candor.backends import load_backend
     from candor.data import load_items
     from candor.demo import DEMO_ESTIMATORS
     from candor.estimators import get_estimator
-    from candor.prompts import resolve_template
-    from candor.records import read_records
 
     torch.set_num_threads(args.threads)
     items = load_items("starter", limit=args.questions)

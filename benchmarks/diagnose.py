@@ -29,10 +29,10 @@ from pathlib import Path
 
 from common import CACHE, RESULTS, logger, setup_logging, write_json
 
-from candor.cost import ResourceMeter
+from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN
 from candor.diagnose import DiagnoseConfig, build_candidates, run_diagnosis
-from candor.records import Record, read_records
+from candor.util.cost import ResourceMeter
 
 
 def parse_args() -> argparse.Namespace:

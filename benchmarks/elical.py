@@ -48,12 +48,12 @@ from typing import Any
 
 from common import CACHE, RESULTS, logger, peak_rss_mib, setup_logging, write_json
 
-from candor.confidences import read_confidences
+from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
-from candor.elical import EliCalConfig
-from candor.elical.splits import parse_budget
-from candor.elical.sweep import SweepData, plot_sweep, run_sweep
-from candor.records import Record, read_records
+from candor.estimators.confidences import read_confidences
+from candor.train.elical import EliCalConfig
+from candor.train.elical.splits import parse_budget
+from candor.train.elical.sweep import SweepData, plot_sweep, run_sweep
 
 BASELINES = {
     "N-Prob": "n-prob",

@@ -79,13 +79,13 @@ def main() -> None:
 
     import torch
 
-    from candor.annotation import AnnotateConfig, annotate
+    from candor.annotation.builder import AnnotateConfig, annotate
+    from candor.annotation.prompts import TEMPLATES
+    from candor.annotation.records import read_records
     from candor.backends.base import SamplingParams
     from candor.backends.hf import HFBackend
-    from candor.elical import EliCalConfig, train_elical
     from candor.estimators import get_estimator
-    from candor.prompts import TEMPLATES
-    from candor.records import read_records
+    from candor.train.elical import EliCalConfig, train_elical
 
     torch.set_num_threads(args.threads)
     bench = load_mini_or_exit(args.data_dir, test_size=0, train_pool=max(args.questions + 20, 120))

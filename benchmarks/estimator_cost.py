@@ -18,9 +18,9 @@ from pathlib import Path
 
 from common import CACHE, RESULTS, logger, setup_logging, write_json
 
+from candor.annotation.records import read_records
 from candor.backends import load_backend
 from candor.estimators import get_estimator
-from candor.records import read_records
 
 BASELINE = "consis-lex"
 METHODS = (

@@ -13,8 +13,8 @@ import sys
 
 from common import CACHE, RESULTS, write_json
 
-from candor.judges import get_correctness_judge
-from candor.records import read_records
+from candor.annotation.judges import get_correctness_judge
+from candor.annotation.records import read_records
 
 
 def main() -> None:

@@ -167,10 +167,10 @@ def export_inputs(records, backend) -> tuple[dict, dict]:
     """lm-polygraph's inputs from candor's machinery, and candor's own confidences."""
     import numpy as np
 
+    from candor.annotation.prompts import record_prompts
     from candor.backends.default_model import resolve_embedded
     from candor.estimators import get_estimator
     from candor.estimators.hidden_layers import middle_layer
-    from candor.estimators.record_prompts import record_prompts
     from candor.estimators.semantic import (
         consistency_judge,
         cross_similarities,
@@ -274,8 +274,8 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from common import setup_logging, write_json
 
+    from candor.annotation.records import read_records
     from candor.backends import load_backend
-    from candor.records import read_records
 
     setup_logging()
     python = ensure_venv(args.venv)

@@ -166,9 +166,9 @@ def run_child(python: str, side: str, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_job(n: int, threads: int) -> dict[str, Any]:
+    from candor.annotation.prompts import TEMPLATES
     from candor.backends.default_model import resolve_embedded
     from candor.data.items import QAItem
-    from candor.prompts import TEMPLATES
 
     items = []
     with DATA.open() as f:

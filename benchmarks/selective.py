@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 from common import CACHE, RESULTS, logger, setup_logging, write_json
 
+from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators import get_estimator
-from candor.metrics import auroc
-from candor.records import Record, read_records
+from candor.evaluation.metrics import auroc
 from candor.serve import Decoding, HonestModel
 from candor.serve import thresholds as th
 from candor.serve.confidence import HeadSource
@@ -83,8 +83,8 @@ def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> list[Record]:
 
 
 def train_head(args: argparse.Namespace, train: list[Record], dev: list[Record]) -> Path:
-    from candor.digests import json_digest, records_digest
-    from candor.elical import EliCalConfig, train_elical
+    from candor.train.elical import EliCalConfig, train_elical
+    from candor.util.digests import json_digest, records_digest
 
     config = EliCalConfig(mode="head", model=args.model, seed=args.seed, feature_cache=feature_root(args))
     # Keyed by what determines the head: its training and dev records (verdicts included) and its settings.
@@ -103,9 +103,9 @@ def feature_root(args: argparse.Namespace) -> str:
 
 def prefetch(args: argparse.Namespace, records: list[Record]) -> None:
     """Fill the feature cache for ``records``' prompts (head mode reads the frozen backbone only)."""
-    from candor.elical import ConfidenceHead, HeadConfig
-    from candor.elical.train import head_features
-    from candor.training import load_causal_lm
+    from candor.train.elical import ConfidenceHead, HeadConfig
+    from candor.train.elical.pipeline import head_features
+    from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm(args.model)
     template = str(records[0].provenance.get("template") or "fewshot")
@@ -117,8 +117,8 @@ def elical_scores(args: argparse.Namespace, folder: Path, records: list[Record])
     """The head's confidences through the feature cache (the same numbers as ``predict``, computed once)."""
     import torch
 
-    from candor.elical import ConfidenceHead
-    from candor.elical.train import head_features
+    from candor.train.elical import ConfidenceHead
+    from candor.train.elical.pipeline import head_features
 
     head = ConfidenceHead.from_pretrained(folder)
     features = head_features(head, head.prompts(records), feature_root(args))

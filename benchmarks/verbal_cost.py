@@ -64,9 +64,9 @@ def main() -> None:
 
     import torch
 
+    from candor.annotation.records import read_records
     from candor.backends.hf import HFBackend
     from candor.estimators import get_estimator
-    from candor.records import read_records
 
     torch.set_num_threads(args.threads)
     records = list(read_records(args.records))[: args.n]

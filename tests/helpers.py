@@ -19,9 +19,9 @@ class BlackBox:
 
 def annotated_records(n: int, start: int = 0, dataset: str = "toy"):
     """``n`` complete records (correctness, samples, consistency) with a fixed, learnable pattern."""
+    from candor.annotation.records import Record
     from candor.backends.base import Completion
     from candor.data.items import QAItem
-    from candor.records import Record
 
     out = []
     for i in range(start, start + n):

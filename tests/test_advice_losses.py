@@ -8,8 +8,8 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
-from candor.advice.losses import LossWeights, brier, jsd, jsd_hinge, margin_hinge, sum_penalty
-from candor.errors import CandorError
+from candor.train.advice.losses import LossWeights, brier, jsd, jsd_hinge, margin_hinge, sum_penalty
+from candor.util.errors import CandorError
 
 
 def logs(*rows: list[float]) -> torch.Tensor:

@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from candor.advice import LossWeights, build_triplets, method_config, train
-from candor.advice.data import (
+from candor.annotation.contamination import fingerprints, read_manifest
+from candor.annotation.records import Record
+from candor.backends.base import Completion
+from candor.backends.tokens import pad_batch
+from candor.data.items import QAItem
+from candor.train.advice import LossWeights, build_triplets, method_config, train
+from candor.train.advice.data import (
     ExampleDataset,
     FormatBatchSampler,
     PairCollator,
@@ -17,15 +22,10 @@ from candor.advice.data import (
     pair_examples,
     scored_examples,
 )
-from candor.advice.losses import brier, jsd, jsd_hinge, margin_hinge, sum_penalty
-from candor.advice.pipeline import DONE_MARKER, build_trainer, is_trained, load_result
-from candor.backends.base import Completion
-from candor.backends.tokens import pad_batch
-from candor.contamination import fingerprints, read_manifest
-from candor.data.items import QAItem
-from candor.errors import CandorError
-from candor.records import Record
-from candor.training import ATTENTION_PROJECTIONS, QUERY_VALUE
+from candor.train.advice.losses import brier, jsd, jsd_hinge, margin_hinge, sum_penalty
+from candor.train.advice.pipeline import DONE_MARKER, build_trainer, is_trained, load_result
+from candor.train.trainers import ATTENTION_PROJECTIONS, QUERY_VALUE
+from candor.util.errors import CandorError
 from candor.verbal.scorer import LabelScorer, build_prompt
 
 QUESTIONS = [
@@ -63,7 +63,7 @@ def tiny_dir(tmp_path_factory, tokenizer):
 
 
 def fresh(tiny_dir):
-    from candor.training import load_causal_lm
+    from candor.train.trainers import load_causal_lm
 
     return load_causal_lm(str(tiny_dir), device="cpu")
 

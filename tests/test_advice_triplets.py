@@ -1,4 +1,4 @@
-"""ADVICE triplet builder (candor.advice.triplets)."""
+"""ADVICE triplet builder (candor.train.advice.triplets)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import string
 
 import pytest
 
-from candor.advice.triplets import Triplet, build_triplets, read_triplets, write_triplets
+from candor.annotation.judges import get_correctness_judge, normalize
+from candor.annotation.prompts import TEMPLATES, resolve_template
+from candor.annotation.records import Record
 from candor.backends.base import Completion, SamplingParams
 from candor.data.items import QAItem
-from candor.errors import CandorError
-from candor.judges import get_correctness_judge, normalize
-from candor.prompts import TEMPLATES, resolve_template
-from candor.records import Record
-from candor.seeds import item_seed
+from candor.train.advice.triplets import Triplet, build_triplets, read_triplets, write_triplets
+from candor.util.errors import CandorError
+from candor.util.seeds import item_seed
 
 PROVENANCE = {"template": "fewshot", "correctness_judge": "contains",
               "decoding": {"samples": {"max_new_tokens": 8, "temperature": 1.0, "top_p": 0.95, "top_k": 50,

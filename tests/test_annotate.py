@@ -15,20 +15,26 @@ import pytest
 from typer.testing import CliRunner
 
 import candor
-from candor.annotation import AnnotateConfig, Shard, annotate, merge_shards
-from candor.backends.base import SamplingParams
-from candor.cli import app
-from candor.data.items import QAItem
-from candor.errors import CandorError
-from candor.judges import (
+from candor.annotation.builder import AnnotateConfig, Shard, annotate, merge_shards
+from candor.annotation.judges import (
     DEFAULT_CONSISTENCY_JUDGE,
     get_consistency_judge,
     get_correctness_judge,
     normalize,
     rouge_tokens,
 )
-from candor.prompts import TEMPLATES, QATemplate
-from candor.records import HONESTYBENCH_FIELDS, from_honestybench, read_records, to_honestybench, write_records
+from candor.annotation.prompts import TEMPLATES, QATemplate
+from candor.annotation.records import (
+    HONESTYBENCH_FIELDS,
+    from_honestybench,
+    read_records,
+    to_honestybench,
+    write_records,
+)
+from candor.backends.base import SamplingParams
+from candor.cli import app
+from candor.data.items import QAItem
+from candor.util.errors import CandorError
 
 FEWSHOT = TEMPLATES.get("fewshot")
 QUESTIONS = [

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from candor.annotation import AnnotateConfig, annotate
+from candor.annotation.builder import AnnotateConfig, annotate
+from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, verdict_parsed
+from candor.annotation.prompts import TEMPLATES
+from candor.annotation.records import read_records
 from candor.backends.base import SamplingParams
 from candor.cli import app
 from candor.data.items import QAItem
-from candor.judges import DEFAULT_CONSISTENCY_JUDGE, verdict_parsed
-from candor.prompts import TEMPLATES
-from candor.records import read_records
 
 ITEMS = [
     QAItem("t:0", "toy", "test", "What is the capital of France?", ("Paris",)),

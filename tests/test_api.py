@@ -7,9 +7,9 @@ import pytest
 from test_elical_train import make_records
 
 import candor
-from candor.confidences import ConfidenceRow, ConfidenceTable
-from candor.elical import ConfidenceHead
-from candor.errors import CandorError
+from candor.estimators.confidences import ConfidenceRow, ConfidenceTable
+from candor.train.elical import ConfidenceHead
+from candor.util.errors import CandorError
 
 
 def test_elical_fit_predict_save_and_reload(tiny_model_dir, tmp_path):

@@ -12,7 +12,7 @@ from candor.backends import BACKENDS, load_backend
 from candor.backends.base import SamplingParams
 from candor.backends.hf import HFBackend, StopMatcher, sample_tokens
 from candor.backends.tokens import pad_batch, positions_from_mask, shared_prefix_length
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 SHOTS = "Question: What is the largest planet?\nAnswer: Jupiter\nQuestion: Who painted the Mona Lisa?\nAnswer:"
 PROMPTS = [
@@ -384,8 +384,8 @@ def test_adapter_is_loaded_and_merged(lively_model, tokenizer, tmp_path):
 
 @pytest.mark.integration
 def test_embedded_model_answers_easy_questions():
+    from candor.annotation.prompts import TEMPLATES
     from candor.data.items import QAItem
-    from candor.prompts import TEMPLATES
 
     backend = HFBackend.from_pretrained("smollm2-135m")
     template = TEMPLATES.get("fewshot")

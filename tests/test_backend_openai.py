@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from candor.backends.base import GENERATE, LOGPROBS, TOKENIZER, TOP_LOGPROBS, SamplingParams
 from candor.backends.openai import SAMPLES_N, OpenAIBackend
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 HAVE_SERVING = all(importlib.util.find_spec(m) is not None for m in ("fastapi", "uvicorn"))
 _skip_without_serving = pytest.mark.skipif(
@@ -154,10 +154,10 @@ def test_logprob_estimators_refuse_and_black_box_ones_run(remote) -> None:
 
 @needs_serve
 def test_annotate_through_the_server(remote, tmp_path) -> None:
-    from candor.annotation import AnnotateConfig, annotate
+    from candor.annotation.builder import AnnotateConfig, annotate
+    from candor.annotation.prompts import TEMPLATES
+    from candor.annotation.records import read_records
     from candor.data.items import QAItem
-    from candor.prompts import TEMPLATES
-    from candor.records import read_records
 
     items = [QAItem("q:1", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",)),
              QAItem("q:2", "toy", "test", "What is the capital of Italy?", ("Rome",))]

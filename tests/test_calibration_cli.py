@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from typer.testing import CliRunner
 
-from candor.calibrators import get_calibrator, load_calibrator
 from candor.cli import app
-from candor.confidences import ConfidenceRow, ConfidenceTable, read_confidences, write_confidences
+from candor.estimators.confidences import ConfidenceRow, ConfidenceTable, read_confidences, write_confidences
+from candor.evaluation.calibration import get_calibrator, load_calibrator
 
 
 def table(prefix: str, n: int, seed: int) -> ConfidenceTable:

@@ -9,9 +9,9 @@ import pytest
 from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 
-from candor.calibrators import CALIBRATORS, get_calibrator, load_calibrator, logit, save_calibrator, sigmoid
-from candor.errors import CandorError
-from candor.metrics import ece
+from candor.evaluation.calibration import CALIBRATORS, get_calibrator, load_calibrator, logit, save_calibrator, sigmoid
+from candor.evaluation.metrics import ece
+from candor.util.errors import CandorError
 
 
 def synthetic(true_p, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from candor.annotation.records import read_records
 from candor.cli import app
-from candor.records import read_records
 
 
 def lines_by_name(output: str) -> dict[str, str]:

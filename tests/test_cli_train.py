@@ -8,13 +8,13 @@ import pytest
 from helpers import annotated_records
 from typer.testing import CliRunner
 
+from candor.annotation.contamination import fingerprints, read_manifest
+from candor.annotation.records import write_records
 from candor.cli import app
-from candor.confidences import read_confidences
-from candor.contamination import fingerprints, read_manifest
-from candor.elical import EliCalConfig, carve_dev, draw_budget
-from candor.errors import CandorError
-from candor.records import write_records
-from candor.train_registry import TRAINERS, build_config, parse_settings
+from candor.estimators.confidences import read_confidences
+from candor.train.elical import EliCalConfig, carve_dev, draw_budget
+from candor.train.trainers import TRAINERS, build_config, parse_settings
+from candor.util.errors import CandorError
 
 
 def test_settings_are_converted_to_the_config_field_types():
@@ -181,9 +181,9 @@ def test_cli_diagnose_writes_the_report(tiny_model_dir, tmp_path):
 
 def verbal_records(n: int) -> list:
     """Records whose correct greedy answers each have a different, wrong sample (what ADVICE pairs)."""
+    from candor.annotation.records import Record
     from candor.backends.base import Completion
     from candor.data.items import QAItem
-    from candor.records import Record
 
     out = []
     for i in range(n):
@@ -376,7 +376,7 @@ def test_bad_train_settings_are_one_line_and_exit_2_before_any_model_loads(tmp_p
 
 
 def test_each_verbal_method_has_its_own_config_class():
-    from candor.advice import AdviceConfig, ConfTunerConfig, method_config
+    from candor.train.advice import AdviceConfig, ConfTunerConfig, method_config
 
     assert type(method_config("advice")) is AdviceConfig and type(method_config("conftuner")) is ConfTunerConfig
     both = method_config("advice+conftuner")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from candor.contamination import (
+from candor.annotation.contamination import (
     MANIFEST_NAME,
     find_overlap,
     fingerprints,
@@ -10,7 +10,7 @@ from candor.contamination import (
     read_manifest,
     write_manifest,
 )
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 
 def test_fingerprint_ignores_case_punctuation_and_spacing():

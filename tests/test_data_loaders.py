@@ -18,7 +18,7 @@ from candor.data import (
     load_items,
     resolve_data_dir,
 )
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

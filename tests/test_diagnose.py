@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import jensenshannon
 
+from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.data.items import QAItem
 from candor.diagnose import DiagnoseConfig, build_candidates
@@ -24,8 +25,7 @@ from candor.diagnose.sensitivity import (
     pearson,
     within_question_correlation,
 )
-from candor.errors import CandorError
-from candor.records import Record
+from candor.util.errors import CandorError
 
 
 def _record(qid: str, dataset: str, question: str, gold: list[str], greedy: str, samples: list[str]) -> Record:

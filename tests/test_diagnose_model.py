@@ -17,7 +17,7 @@ from candor.diagnose.masking import mask_answer, masking_counterfactual
 from candor.diagnose.regions import prompt_regions
 from candor.diagnose.rollout import rollout_masses
 from candor.diagnose.sensitivity import answer_sensitivity, pairwise_jsd
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 from candor.verbal.formats import confidence_distribution
 
 ITEMS = [

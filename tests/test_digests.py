@@ -6,7 +6,7 @@ import hashlib
 
 import torch
 
-from candor.digests import canonical, module_digest, path_digest
+from candor.util.digests import canonical, module_digest, path_digest
 
 
 def test_path_digest_of_a_file_is_its_sha256(tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from test_elical_train import make_records
 
-from candor.records import write_records
+from candor.annotation.records import write_records
 
 ACCELERATE = shutil.which("accelerate", path=str(Path(sys.executable).parent))
 

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
+from candor.annotation.prompts import records_template
+from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.backends.chat import TokenizerChat
 from candor.backends.hf import HFBackend
 from candor.backends.tokens import encode, last_token_index, pad_batch
 from candor.data.items import QAItem
-from candor.elical import ConfidenceHead, EliCalConfig, FeatureCache, HeadConfig, train_elical
-from candor.elical.inputs import records_template
-from candor.errors import CandorError
 from candor.estimators import get_estimator
-from candor.records import Record
+from candor.train.elical import ConfidenceHead, EliCalConfig, FeatureCache, HeadConfig, train_elical
+from candor.util.errors import CandorError
 
 QUESTIONS = [
     "Who wrote Hamlet?",
@@ -48,7 +48,7 @@ def make_records(n: int, start: int = 0, template: str | None = "fewshot") -> li
 
 
 def fresh_head(tiny_model_dir: str, mode: str = "head", layer: int = -1, seed: int = 0) -> ConfidenceHead:
-    from candor.training import load_causal_lm
+    from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj"]} if mode == "lora" else None
@@ -279,9 +279,8 @@ def test_elical_refuses_records_annotated_by_another_backbone(tiny_model_dir, tm
 def test_score_with_another_head_in_the_same_folder_recomputes_and_warns_of_overlap(tiny_model_dir, tmp_path, caplog):
     import logging
 
-    from candor.confidences import read_confidences
-    from candor.contamination import write_manifest
-    from candor.scoring import score_into
+    from candor.annotation.contamination import write_manifest
+    from candor.estimators.confidences import read_confidences, score_into
 
     records, head, out = make_records(4), tmp_path / "head", tmp_path / "conf.jsonl"
     fresh_head(tiny_model_dir, seed=0).save_pretrained(head)

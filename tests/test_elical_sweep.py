@@ -10,12 +10,12 @@ import pytest
 from helpers import annotated_records
 from sklearn.metrics import roc_auc_score
 
-from candor.contamination import fingerprints, read_manifest
-from candor.elical import EliCalConfig
-from candor.elical.curve import summarize_column
-from candor.elical.sweep import SweepData, run_sweep
-from candor.errors import CandorError
-from candor.metrics import alignment, auroc, ece
+from candor.annotation.contamination import fingerprints, read_manifest
+from candor.evaluation.metrics import alignment, auroc, ece
+from candor.train.elical import EliCalConfig
+from candor.train.elical.curve import summarize_column
+from candor.train.elical.sweep import SweepData, run_sweep
+from candor.util.errors import CandorError
 
 
 def test_rank_sum_auroc_equals_scikit_learn_with_ties():
@@ -99,7 +99,7 @@ def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_model_dir, tmp_p
     assert not read_manifest(heads / "elical@all" / "seed0") & tests
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="candor.elical"):
+    with caplog.at_level(logging.INFO, logger="candor.train.elical"):
         again = run_sweep(data, **kwargs)
     assert sum("reusing cached run" in m for m in caplog.messages) == 5
     assert not any(m.startswith("training ") for m in caplog.messages)

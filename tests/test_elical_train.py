@@ -10,9 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.data.items import QAItem
-from candor.elical import (
+from candor.train.elical import (
     ConfidenceHead,
     EliCalConfig,
     LinearHead,
@@ -23,7 +24,7 @@ from candor.elical import (
     targets,
     train_elical,
 )
-from candor.elical.trainer import (
+from candor.train.elical.trainer import (
     BestOnDev,
     EliCalTrainer,
     PromptCollator,
@@ -32,9 +33,8 @@ from candor.elical.trainer import (
     epoch_history,
     feature_examples,
 )
-from candor.errors import CandorError
-from candor.records import Record
-from candor.training import training_arguments
+from candor.train.trainers import training_arguments
+from candor.util.errors import CandorError
 
 
 def make_records(n: int, start: int = 0, **drop: bool) -> list[Record]:
@@ -179,8 +179,8 @@ def test_feature_rows_are_float32_and_prompts_pad_on_the_side_asked():
 
 
 def test_the_head_gets_its_own_learning_rate_in_lora_mode(tiny_model_dir, tmp_path):
-    from candor.elical.model import HeadConfig
-    from candor.training import load_causal_lm
+    from candor.train.elical.model import HeadConfig
+    from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj"]}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import get_estimator
-from candor.records import Record
+from candor.util.errors import CandorError
 
 
 def record(
@@ -66,7 +66,7 @@ def test_consis_sem_with_an_llm_judge_needs_a_backend():
 
 
 def test_consis_sem_judges_with_the_judge_asked_for_not_the_stored_one(tiny_backend):
-    from candor.judges import get_consistency_judge
+    from candor.annotation.judges import get_consistency_judge
 
     # Stored verdicts of the lexical judge (all 1) must not stand in for the llm judge's.
     recs = [record("a", "Paris", ["Paris", "Lyon"], [1, 1], judge="lexical"),

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from helpers import BlackBox
 
-from candor.answer_probe import AnswerProbe, ProbeConfig, answer_features, train_probe
+from candor.annotation.contamination import read_manifest
+from candor.annotation.prompts import record_prompts
+from candor.annotation.records import Record
 from candor.backends.base import Completion
-from candor.contamination import read_manifest
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import get_estimator
 from candor.estimators.eigenscore import eigenscore
-from candor.estimators.record_prompts import record_prompts
-from candor.records import Record
+from candor.train.probe import AnswerProbe, ProbeConfig, answer_features, train_probe
+from candor.util.errors import CandorError
 
 
 def rec(i: int, samples: list[str], greedy: str = "Paris", correct: int | None = None) -> Record:
@@ -107,8 +107,8 @@ def test_probe_refuses_one_class_and_another_backbone(tiny_backend, tmp_path):
 
 
 def test_candor_train_probe(tiny_model_dir, tmp_path):
-    from candor.records import write_records
-    from candor.train_registry import TrainJob, run_training
+    from candor.annotation.records import write_records
+    from candor.train.trainers import TrainJob, run_training
 
     write_records(tmp_path / "train.jsonl", training_records(8))
     job = TrainJob(records=tmp_path / "train.jsonl", out=tmp_path / "probe", model=tiny_model_dir,

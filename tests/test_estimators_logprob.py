@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
+from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import get_estimator
-from candor.records import Record
+from candor.util.errors import CandorError
 
 
 def record(rid: str, logprobs: list[float], text: str = "Paris") -> Record:

@@ -7,7 +7,7 @@ import pytest
 
 from candor.backends.base import SCORE_CANDIDATES, WHITE_BOX, backend_capabilities, score_candidates, score_pairs
 from candor.backends.prefix_scoring import _CachedScorer, _encode_all, _split, _Trie
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 from candor.verbal.distribution import candidate_distribution, single_token_ids, surface_forms
 
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from helpers import BlackBox
 
+from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import ESTIMATORS, Estimator, get_estimator, score_records
-from candor.records import Record
+from candor.util.errors import CandorError
 
 QUESTION_LEVEL = ["prob", "n-prob", "min-prob", "consis-lex", "consis-sem", "verbal-0", "verbal-10"]
 ANSWER_LEVEL = ["p-true", "self-consistency"] + [

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from scipy.linalg import expm
 
+from candor.annotation.judges import rouge_l_f1
+from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import get_estimator
 from candor.estimators.semantic import cluster_ids, get_similarity, similarity_matrices
-from candor.judges import rouge_l_f1
-from candor.records import Record
+from candor.util.errors import CandorError
 
 SIMILARITY_ESTIMATORS = ["eigv", "degree", "eccentricity", "kle", "cocoa"]
 CLUSTER_ESTIMATORS = ["semantic-entropy", "semantic-entropy-discrete", "num-sem-sets"]
@@ -166,7 +166,7 @@ def test_failures_are_clear():
 
 
 def test_embedding_similarity_when_installed():
-    from candor.embeddings import embedding_model_dir
+    from candor.backends.embeddings import embedding_model_dir
 
     try:
         embedding_model_dir()

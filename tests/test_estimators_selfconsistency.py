@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import get_estimator
 from candor.estimators.answers import option_letter, record_answer, stated_answer
-from candor.records import Record
+from candor.util.errors import CandorError
 
 OPEN = QAItem("o1", "toy", "test", "What is the capital of France?", ("Paris",))
 MC = QAItem(

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from candor.annotation.prompts import record_prompts
+from candor.annotation.records import Record
 from candor.backends.base import Completion, SamplingParams
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import get_estimator
-from candor.estimators.record_prompts import record_prompts
-from candor.records import Record
+from candor.util.errors import CandorError
 
 
 def topk_record(tops: list[dict[str, float]], logprobs: list[float] | None = None) -> Record:

@@ -7,14 +7,14 @@ import copy
 import numpy as np
 import pytest
 
+from candor.annotation.records import Record
 from candor.backends.base import Completion, SamplingParams
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import get_estimator
 from candor.estimators.answers import record_answer
 from candor.estimators.ptrue import ptrue_prompt
 from candor.estimators.verbal_question import BUILTIN_EXAMPLES, FALLBACK_SCORE, parse_verbal_score
-from candor.records import Record
+from candor.util.errors import CandorError
 
 
 def record(rid: str, question: str, greedy: str = "Paris", sample_correct=None, choices=None) -> Record:

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from candor.confidences import ConfidenceRow, ConfidenceTable
-from candor.elical.curve import summarize_column
-from candor.errors import CandorError
-from candor.evaluation import Group, evaluate, json_number, metric_ratios, percentile_interval
-from candor.metrics import METRICS, accuracy, auroc, ece
-from candor.report import evaluate as report_evaluate
+from candor.estimators.confidences import ConfidenceRow, ConfidenceTable
+from candor.evaluation.engine import Group, evaluate, json_number, metric_ratios, percentile_interval
+from candor.evaluation.metrics import METRICS, accuracy, auroc, ece
+from candor.evaluation.report import evaluate as report_evaluate
+from candor.train.elical.curve import summarize_column
+from candor.util.errors import CandorError
 
 
 def test_weighted_and_pooled_groups_by_hand():
@@ -95,7 +95,7 @@ def test_bootstrap_leaves_out_single_class_resamples_and_counts_them():
 def test_bootstrap_alpha_one_resample_and_the_log_of_dropped_resamples(caplog):
     labels = {"a": [1, 0, 0, 0, 0, 0]}
     conf = {"a": [0.9, 0.5, 0.4, 0.6, 0.2, 0.1]}
-    with caplog.at_level("INFO", logger="candor.evaluation"):
+    with caplog.at_level("INFO", logger="candor.evaluation.engine"):
         wide = evaluate({"m": conf}, labels, metrics=["auroc"], bootstrap=400, seed=7).methods["m"]
     dropped = wide.bootstrap_dropped["a"]["auroc"]
     assert f"bootstrap: auroc on a is undefined in {dropped} of 400 resamples (left out)" in caplog.text
@@ -185,7 +185,7 @@ def test_metric_metadata_is_registered_with_the_metric():
 
 
 def _confidence_file(tmp_path):
-    from candor.confidences import write_confidences
+    from candor.estimators.confidences import write_confidences
 
     labels, conf, _ = _arrays()
     rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i]), "flat": 0.5})
@@ -223,7 +223,7 @@ def test_cli_eval_writes_selective_metrics_counts_and_the_risk_coverage_plot(tmp
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "metrics.json").read_text())
     labels, conf, _ = _arrays()
-    from candor.metrics import aurc, prr
+    from candor.evaluation.metrics import aurc, prr
 
     assert doc["metrics"]["m"]["nq"]["aurc"] == pytest.approx(aurc(conf["nq"], labels["nq"]))
     assert doc["metrics"]["m"]["nq"]["prr"] == pytest.approx(prr(conf["nq"], labels["nq"]))
@@ -241,7 +241,7 @@ def test_cli_eval_writes_selective_metrics_counts_and_the_risk_coverage_plot(tmp
 def test_counts_given_to_the_report_land_in_its_json(tmp_path):
     import json
 
-    from candor.report import write_report
+    from candor.evaluation.report import write_report
 
     labels, conf, _ = _arrays()
     rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i])})

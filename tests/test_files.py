@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from candor.files import atomic_target, atomic_write_json, atomic_write_text
+from candor.util.files import atomic_target, atomic_write_json, atomic_write_text
 
 
 def test_atomic_write_replaces_whole_file_and_leaves_no_temporary(tmp_path):
@@ -25,7 +25,7 @@ def test_failed_write_keeps_the_old_file(tmp_path):
 
 
 def test_keyed_cache_returns_only_an_entry_written_under_the_same_key(tmp_path):
-    from candor.files import read_keyed_json, write_keyed_json
+    from candor.util.files import read_keyed_json, write_keyed_json
 
     path = tmp_path / "c" / "stage.json"
     assert read_keyed_json(path, "k1") is None
@@ -38,7 +38,7 @@ def test_keyed_cache_returns_only_an_entry_written_under_the_same_key(tmp_path):
 
 
 def test_atomic_folder_swaps_in_whole_or_keeps_the_old_one(tmp_path):
-    from candor.files import atomic_folder
+    from candor.util.files import atomic_folder
 
     target = tmp_path / "model"
     with atomic_folder(target) as tmp:

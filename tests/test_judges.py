@@ -7,9 +7,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from candor.backends.base import SamplingParams
-from candor.errors import CandorError
-from candor.judges import (
+from candor.annotation.judges import (
     CONSISTENCY_JUDGES,
     CORRECTNESS_JUDGES,
     EMBEDDING_THRESHOLD,
@@ -23,6 +21,8 @@ from candor.judges import (
     rouge_l_f1,
     token_f1,
 )
+from candor.backends.base import SamplingParams
+from candor.util.errors import CandorError
 
 # ---------------------------------------------------------------- text helpers
 
@@ -381,7 +381,7 @@ needs_embed_wheel = pytest.mark.skipif(
 
 @needs_embed_wheel
 def test_embeddings_are_unit_vectors_from_the_real_model() -> None:
-    from candor.embeddings import embed
+    from candor.backends.embeddings import embed
 
     vectors = embed(["Paris", "The capital of France is Paris.", ""])
     assert vectors.shape == (3, 384)
@@ -390,7 +390,7 @@ def test_embeddings_are_unit_vectors_from_the_real_model() -> None:
 
 @needs_embed_wheel
 def test_embedding_similarity_matches_sentence_transformers_reference() -> None:
-    from candor.embeddings import embedding_similarity
+    from candor.backends.embeddings import embedding_similarity
 
     # The similarity matrix the sentence-transformers quickstart prints for
     # all-MiniLM-L6-v2 (sbert.net); our own pooling must reproduce it.
@@ -401,7 +401,7 @@ def test_embedding_similarity_matches_sentence_transformers_reference() -> None:
 
 @needs_embed_wheel
 def test_embedding_similarity_shapes_and_ordering() -> None:
-    from candor.embeddings import embedding_similarity, pair_similarity
+    from candor.backends.embeddings import embedding_similarity, pair_similarity
 
     sims = embedding_similarity(["William Shakespeare", "Paris"], ["William Shakespeare", "Shakespeare", "banana"])
     assert sims.shape == (2, 3)
@@ -435,7 +435,7 @@ def test_embedding_judge_verdicts_and_options() -> None:
 
 
 def test_embedding_wheel_absent_names_the_pip_command(monkeypatch) -> None:
-    import candor.embeddings as embeddings
+    import candor.backends.embeddings as embeddings
 
     # Point the lookup at a module that is not installed: the real find_spec misses it.
     monkeypatch.setattr(embeddings, "EMBED_MODULE", "candor_no_such_embedding_wheel")
@@ -449,7 +449,7 @@ def test_embedding_wheel_absent_names_the_pip_command(monkeypatch) -> None:
 
 
 def test_paper_prompts_follow_the_papers_figures() -> None:
-    from candor.judges import PAPER_SYSTEM
+    from candor.annotation.judges import PAPER_SYSTEM
 
     p = correctness_prompt("Paris", ["Paris", "City of Light"], "What is the capital of France?", style="paper")
     assert p.startswith("We are assessing the quality of answers to the following question: What is the capital")
@@ -463,7 +463,7 @@ def test_paper_prompts_follow_the_papers_figures() -> None:
 
 
 def test_paper_judge_renders_the_system_turn_and_records_unparsed_replies(tiny_backend) -> None:
-    from candor.judges import PAPER_SYSTEM, verdict_parsed
+    from candor.annotation.judges import PAPER_SYSTEM, verdict_parsed
 
     judge = get_correctness_judge("llm", backend=tiny_backend, batch_size=2)  # style "paper" by default
     assert judge.describe()["style"] == "paper"
@@ -483,7 +483,7 @@ def test_paper_judge_renders_the_system_turn_and_records_unparsed_replies(tiny_b
     [("Certain.", True), ("uncertain", True), ("No, it is wrong", True), ("Paris", False), ("", False)],
 )
 def test_verdict_parsed(reply: str, parsed: bool) -> None:
-    from candor.judges import verdict_parsed
+    from candor.annotation.judges import verdict_parsed
 
     assert verdict_parsed(reply) is parsed
 
@@ -507,7 +507,7 @@ def recording_backend(tiny_model, tokenizer):
 
 @pytest.mark.parametrize("style", ["paper", "candor"])
 def test_llm_judges_send_exactly_the_rendered_prompts(tiny_model, tokenizer, style: str) -> None:
-    from candor.judges import PAPER_SYSTEM
+    from candor.annotation.judges import PAPER_SYSTEM
 
     backend = recording_backend(tiny_model, tokenizer)
 
@@ -593,8 +593,8 @@ def test_thresholds_bounds_and_small_lexical_cases() -> None:
 def test_paper_judge_puts_the_system_turn_atop_the_user_turn_when_the_template_rejects_it(tiny_model, smollm_dir):
     from transformers import AutoTokenizer
 
+    from candor.annotation.judges import PAPER_SYSTEM
     from candor.backends.hf import HFBackend
-    from candor.judges import PAPER_SYSTEM
 
     tokenizer = AutoTokenizer.from_pretrained(smollm_dir)  # a fresh copy: the template is changed below
     tokenizer.chat_template = (
@@ -611,7 +611,7 @@ def test_empty_llm_replies_are_judged_0_counted_and_logged(request, caplog) -> N
     backend = fixed_reply_backend(tokenizer, tokenizer.eos_token)  # the model ends its reply at once
     assert backend.generate(["Q"], 0, SamplingParams(max_new_tokens=8), greedy=True)[0].greedy.text.strip() == ""
     judge = get_consistency_judge("llm", backend=backend)
-    with caplog.at_level("WARNING", logger="candor.judges"):
+    with caplog.at_level("WARNING", logger="candor.annotation.judges"):
         assert judge.judge(["Paris", "Rome", ""], ["Paris", "Milan", "Paris"]) == [0, 0, 0]
     assert judge.empty_replies == 2 and "llm judge: 2 of 2 replies were empty and judged 0" in caplog.text
     judge.judge(["Paris"], ["Paris"])

@@ -11,8 +11,7 @@ import torch
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 from torchmetrics.functional.classification import binary_calibration_error
 
-from candor.errors import CandorError
-from candor.metrics import (
+from candor.evaluation.metrics import (
     DEFAULT_METRICS,
     METRICS,
     abs_nce,
@@ -31,6 +30,7 @@ from candor.metrics import (
     nce,
     prr,
 )
+from candor.util.errors import CandorError
 
 SEEDS = [0, 1, 2, 3, 4]
 
@@ -200,7 +200,7 @@ def test_bad_input_raises(name: str, conf: list, correct: list, message: str) ->
 @pytest.mark.parametrize("label", [0, 1])
 def test_single_class_is_nan_with_warning(fn, label: int, caplog: pytest.LogCaptureFixture) -> None:
     with (
-        caplog.at_level(logging.WARNING, logger="candor.metrics"),
+        caplog.at_level(logging.WARNING, logger="candor.evaluation.metrics"),
         pytest.warns(RuntimeWarning, match="undefined"),
     ):
         value = fn([0.2, 0.5, 0.9], [label] * 3)

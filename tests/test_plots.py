@@ -4,8 +4,8 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
-from candor.errors import CandorError
-from candor.plots import loss_curves
+from candor.evaluation.plots import loss_curves
+from candor.util.errors import CandorError
 
 HISTORY = [
     {"loss": 3.0, "loss_lm": 2.0, "loss_jsd": 0.6, "epoch": 0.5, "step": 1},

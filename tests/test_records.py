@@ -18,10 +18,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from candor.cli import app
-from candor.errors import CandorError
-from candor.estimators import get_estimator
-from candor.records import (
+from candor.annotation.records import (
     HONESTYBENCH_FIELDS,
     from_honestybench,
     read_honestybench,
@@ -29,6 +26,9 @@ from candor.records import (
     to_honestybench,
     write_records,
 )
+from candor.cli import app
+from candor.estimators import get_estimator
+from candor.util.errors import CandorError
 
 FIXTURE = Path(__file__).parent / "data" / "honestybench" / "nq.jsonl"
 
@@ -242,7 +242,7 @@ def test_every_documented_verdict_spelling_reads_as_its_bit():
 
 
 def test_import_fields_and_their_defaults_and_the_appender_writes_utf8_into_new_folders(tmp_path):
-    from candor.records import RecordAppender
+    from candor.annotation.records import RecordAppender
 
     base = {"question": "q", "greedy_response": ["Zürich"]}
     rec = from_honestybench({**base, "answers": ["Zürich"], "id": "x7", "dataset": "hq", "split": "test"})

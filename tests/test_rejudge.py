@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
+from candor.annotation.judges import get_consistency_judge, judge_consistency
+from candor.annotation.records import Record, read_records, write_records
 from candor.backends.base import Completion
 from candor.cli import app
 from candor.data.items import QAItem
-from candor.judges import get_consistency_judge, judge_consistency
-from candor.records import Record, read_records, write_records
 
 
 class Recorder:

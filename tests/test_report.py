@@ -14,10 +14,17 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from candor.confidences import ConfidenceRow, ConfidenceTable
-from candor.errors import CandorError
-from candor.metrics import compute_metrics, ece
-from candor.report import CI_METRICS, REPORT_METRICS, evaluate, format_table_rich, safe_filenames, write_report
+from candor.estimators.confidences import ConfidenceRow, ConfidenceTable
+from candor.evaluation.metrics import compute_metrics, ece
+from candor.evaluation.report import (
+    CI_METRICS,
+    REPORT_METRICS,
+    evaluate,
+    format_table_rich,
+    safe_filenames,
+    write_report,
+)
+from candor.util.errors import CandorError
 
 ROLES = {"a": "id", "b": "id", "c": "ood"}
 

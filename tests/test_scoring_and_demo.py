@@ -13,17 +13,22 @@ from helpers import BlackBox
 from typer.testing import CliRunner
 
 import candor
+from candor.annotation.contamination import Overlap, trained_folders, warn_contamination, write_manifest
+from candor.annotation.records import Record, write_records
 from candor.backends.base import Completion
 from candor.cli import app
-from candor.confidences import columns_path, read_confidences, table_from_records, write_confidences
-from candor.contamination import Overlap, write_manifest
 from candor.data.items import QAItem
 from candor.demo import run_demo
-from candor.digests import records_digest
-from candor.errors import CandorError
 from candor.estimators import score_records
-from candor.records import Record, write_records
-from candor.scoring import score_into, trained_folders, warn_contamination
+from candor.estimators.confidences import (
+    columns_path,
+    read_confidences,
+    score_into,
+    table_from_records,
+    write_confidences,
+)
+from candor.util.digests import records_digest
+from candor.util.errors import CandorError
 from candor.verbal.formats import distribution_from_prompts, format_prompt
 
 
@@ -55,7 +60,7 @@ def test_score_into_writes_values_and_reuses_cached_columns(records, tmp_path, c
     assert produced_by["estimator"] == "n-prob" and len(produced_by["records"]) == 64
 
     # The same run again reuses the column; a new method is added after it.
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         again = score_into(records, ["n-prob", "prob"], out)
     assert "n-prob: reusing cached confidences" in caplog.text
     assert again.arrays("prob")[0] == pytest.approx([math.exp(-6.0), math.exp(-0.5), math.exp(-0.2)])
@@ -66,12 +71,12 @@ def test_score_into_writes_values_and_reuses_cached_columns(records, tmp_path, c
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert read_confidences(out).provenance("n-prob") is None
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         assert score_into(records, ["n-prob"], out).arrays("n-prob")[0][0] == pytest.approx(math.exp(-2.0))
     assert "n-prob: recomputing (no recorded provenance)" in caplog.text
     # ... and force recomputes whatever is there.
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         forced = score_into(records, ["n-prob"], out, force=True)
     assert "n-prob: recomputing (--force)" in caplog.text
     assert forced.arrays("n-prob")[0][0] == pytest.approx(math.exp(-2.0))
@@ -97,7 +102,7 @@ def test_a_column_present_for_only_some_records_is_not_reused(records, tmp_path,
     del table.rows[1].confidence["n-prob"]
     write_confidences(out, table)
     assert read_confidences(out).provenance("n-prob") is not None
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         again = score_into(records, ["n-prob"], out)
     assert "n-prob: recomputing (missing for 1 of 3 records)" in caplog.text
     assert again.arrays("n-prob")[0] == pytest.approx([math.exp(-2.0), math.exp(-0.5), math.exp(-0.1)])
@@ -107,7 +112,7 @@ def test_changed_options_or_records_recompute_and_say_what_changed(records, tmp_
     out = tmp_path / "conf.jsonl"
     stored = score_into(records, ["consis-sem"], out).arrays("consis-sem")[0]
     assert stored == pytest.approx([0.5, 1.0, 0.25])  # the annotation's verdicts
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         rejudged = score_into(records, ["consis-sem"], out,
                               options={"consis-sem": {"judge": "lexical", "threshold": 0.9}})
     assert "consis-sem: recomputing (changed: options)" in caplog.text
@@ -116,7 +121,7 @@ def test_changed_options_or_records_recompute_and_say_what_changed(records, tmp_
     # Other records under the same ids: the records' content changed.
     edited = [record(0, [-3.0], [1, 1, 0, 0], 1), *records[1:]]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         table = score_into(edited, ["consis-sem", "n-prob"], out, options={"consis-sem": {"judge": "lexical",
                                                                                         "threshold": 0.9}})
     assert "consis-sem: recomputing (changed: records)" in caplog.text
@@ -129,7 +134,7 @@ def test_force_recomputes_the_requested_methods_and_keeps_the_files_other_column
     table = read_confidences(out)
     table.rows[0].confidence["n-prob"] = 0.123  # a value force must replace (re-signed, so it looks valid)
     write_confidences(out, table)
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         forced = score_into(records, ["n-prob"], out, force=True)
     assert "n-prob: recomputing (--force)" in caplog.text
     assert forced.arrays("n-prob")[0][0] == pytest.approx(math.exp(-2.0))
@@ -145,7 +150,7 @@ def test_a_column_made_by_another_candor_version_is_recomputed(records, tmp_path
     assert table.provenance("n-prob")["produced_by"]["candor_version"] == candor.__version__
     table.columns["n-prob"]["produced_by"]["candor_version"] = "0.0.1"
     write_confidences(out, table)
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         score_into(records, ["n-prob"], out)
     assert "n-prob: recomputing (changed: candor_version)" in caplog.text
     assert read_confidences(out).provenance("n-prob")["produced_by"]["candor_version"] == candor.__version__
@@ -154,7 +159,7 @@ def test_a_column_made_by_another_candor_version_is_recomputed(records, tmp_path
 def test_more_records_than_the_file_holds_recompute_the_column(records, tmp_path, caplog):
     out = tmp_path / "conf.jsonl"
     score_into(records[:2], ["n-prob"], out)
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         table = score_into(records, ["n-prob"], out)
     assert "n-prob: recomputing (missing for 1 of 3 records)" in caplog.text
     assert table.arrays("n-prob")[0] == pytest.approx([math.exp(-2.0), math.exp(-0.5), math.exp(-0.1)])
@@ -165,7 +170,7 @@ def test_other_columns_of_other_records_or_unknown_provenance_are_dropped(record
     score_into(records, ["n-prob", "consis-sem"], out)
     # The same ids holding other content: consis-sem, complete in every row, no longer describes them.
     edited = [record(0, [-3.0], [1, 1, 1, 1], 1), *records[1:]]
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         table = score_into(edited, ["n-prob"], out)
     assert "consis-sem: dropped from the file (not produced from these records" in caplog.text
     assert read_confidences(out).methods == table.methods == ["n-prob"]
@@ -174,7 +179,7 @@ def test_other_columns_of_other_records_or_unknown_provenance_are_dropped(record
     assert "produced_by" not in bare.provenance("prob")
     write_confidences(out, bare)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         score_into(records, ["n-prob"], out)
     assert "prob: dropped from the file" in caplog.text
     assert read_confidences(out).methods == ["n-prob"]
@@ -214,7 +219,7 @@ def test_another_model_under_the_same_name_gets_its_own_column(records, tiny_bac
     assert (produced_by["estimator"], produced_by["model"]) == ("verbal-letter", tiny_backend.model_name)
     assert produced_by["records"] == records_digest(records)
     other = HFBackend(build_tiny_model(len(tokenizer), seed=3), tokenizer, model_name=tiny_backend.model_name)
-    with caplog.at_level(logging.INFO, logger="candor.scoring"):
+    with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
         second = score_into(records, ["verbal-letter"], out, other, progress=False).arrays("verbal-letter")[0]
     assert "verbal-letter: recomputing (changed: weights)" in caplog.text
     expected = score_into(records, ["verbal-letter"], tmp_path / "fresh.jsonl", other, progress=False)

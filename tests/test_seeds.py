@@ -1,8 +1,8 @@
-"""candor.seeds: the one per-item seed rule."""
+"""candor.util.seeds: the one per-item seed rule."""
 
 import hashlib
 
-from candor.seeds import item_rng, item_seed
+from candor.util.seeds import item_rng, item_seed
 
 
 def test_item_seed_is_the_annotation_rule_and_labels_separate_streams():

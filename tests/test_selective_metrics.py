@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss as sk_log_loss
 
-from candor.metrics import METRICS, aurc, log_loss, prr, risk_coverage
+from candor.evaluation.metrics import METRICS, aurc, log_loss, prr, risk_coverage
 
 
 def test_risk_coverage_and_aurc_by_hand():

@@ -9,10 +9,10 @@ import pytest
 from helpers import annotated_records
 
 from candor.backends.hf import HFBackend
-from candor.errors import CandorError
 from candor.serve import Decoding, HonestModel, Threshold
 from candor.serve import thresholds as th
 from candor.serve.confidence import HeadSource
+from candor.util.errors import CandorError
 
 QUESTIONS = [f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?" for i in range(8)]
 
@@ -34,8 +34,8 @@ def midway(values) -> float:
 
 @pytest.fixture()
 def head_dir(tiny_model_dir, tmp_path):
-    from candor.elical import ConfidenceHead, HeadConfig
-    from candor.training import load_causal_lm
+    from candor.train.elical import ConfidenceHead, HeadConfig
+    from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     head = ConfidenceHead.create(model, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=3)
@@ -125,7 +125,7 @@ def test_an_advice_adapter_gives_answer_level_confidence_and_travels_with_the_mo
     lora = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=4, target_modules=["q_proj"],
                                                                 init_lora_weights=False))  # fmt: skip
     lora.save_pretrained(adapter)
-    # The adapter's training record names the format it was trained on (as candor.advice.pipeline writes it).
+    # The adapter's training record names the format it was trained on (as candor.train.advice.pipeline writes it).
     (adapter / "training.json").write_text(json.dumps({"config": {"formats": ["number"], "variant": "default"}}))
     model = build_model(tiny_model_dir, adapter=adapter, threshold=0.0, max_new_tokens=3)
     assert model.method == "verbal-number" and model.backend.adapter == str(adapter)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from candor.errors import CandorError
 from candor.serve import thresholds as th
+from candor.util.errors import CandorError
 
 # Five dev questions, sorted by confidence: answered accuracy at each cut is
 #   t=0.9 → 1/1, t=0.8 → 2/2, t=0.6 → 2/3, t=0.4 → 3/4, t=0.2 → 3/5.

@@ -23,7 +23,7 @@ from candor.data import (
     seeded_shuffle,
     split_items,
 )
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 QUESTIONS = [f"synthetic question number {i}?" for i in range(1000)]
 

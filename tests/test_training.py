@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import Trainer
 
-from candor.errors import CandorError
-from candor.training import training_arguments, warmup_settings
+from candor.train.trainers import training_arguments, warmup_settings
+from candor.util.errors import CandorError
 
 
 def scheduled_learning_rates(tmp_path, warmup_ratio: float, steps: int, lr: float = 1e-3) -> list[float]:

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from helpers import BlackBox
 
+from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import get_estimator
-from candor.records import Record
+from candor.util.errors import CandorError
 from candor.verbal.formats import (
     FORMATS,
     PROMPTING_SENTENCE,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from candor.util.version import __version__
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -23,9 +23,9 @@ _EXPORTS = {
     "score": "candor.api",
     "evaluate": "candor.api",
     "EliCal": "candor.api",
-    "CandorError": "candor.errors",
-    "get_calibrator": "candor.calibrators",
-    "load_calibrator": "candor.calibrators",
+    "CandorError": "candor.util.errors",
+    "get_calibrator": "candor.evaluation.calibration",
+    "load_calibrator": "candor.evaluation.calibration",
 }
 
 __all__ = ["__version__", *_EXPORTS]

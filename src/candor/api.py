@@ -4,8 +4,8 @@
     records = candor.annotate("starter", "runs/starter.jsonl", limit=20)
     print(candor.evaluate(candor.score(records, ["n-prob", "consis-lex"])).markdown())
 
-Each call is a thin layer over the module that owns the work (``annotation``,
-``estimators``, ``report``), so anything here can also be done piece by piece.
+Each call is a thin layer over the stage that owns the work (``annotation``,
+``estimators``, ``evaluation``), so anything here can also be done piece by piece.
 A model may be given by name (loaded once, here) or as a loaded backend.
 """
 
@@ -15,11 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from candor.annotation.records import Record, read_records
 from candor.backends import DEFAULT_MODEL, Backend, load_backend
-from candor.confidences import ConfidenceTable, read_confidences
-from candor.records import Record, read_records
-from candor.report import REPORT_METRICS, Evaluation, roles_from_ood
-from candor.report import evaluate as evaluate_table
+from candor.estimators.confidences import ConfidenceTable, read_confidences
+from candor.evaluation.report import REPORT_METRICS, Evaluation, roles_from_ood
+from candor.evaluation.report import evaluate as evaluate_table
 
 
 def load_model(model: str = DEFAULT_MODEL, *, backend: str = "hf", **kwargs: Any) -> Backend:
@@ -45,12 +45,12 @@ def annotate(
     """Answer a dataset (a name from ``candor datasets`` or a file) greedily and ``k`` times; judged records.
 
     Records go to ``out`` as they are made and a rerun resumes there. ``config``
-    holds further :class:`candor.annotation.AnnotateConfig` fields (judges, seed, batch size).
+    holds further :class:`candor.annotation.builder.AnnotateConfig` fields (judges, seed, batch size).
     """
-    from candor.annotation import AnnotateConfig
-    from candor.annotation import annotate as run_annotate
+    from candor.annotation.builder import AnnotateConfig
+    from candor.annotation.builder import annotate as run_annotate
+    from candor.annotation.prompts import resolve_template
     from candor.data import load_items
-    from candor.prompts import resolve_template
 
     backend = _backend(model)
     items = load_items(str(data), data_dir=data_dir, limit=limit)
@@ -94,7 +94,7 @@ class EliCal:
     consistency rates, stage 2 on ``budget`` of their labels; DESIGN.md §4.4)
     with early stopping on ``dev`` (default: a slice carved from ``records``).
     ``predict`` gives one confidence per question before any answer exists.
-    ``settings`` are :class:`candor.elical.EliCalConfig` fields (``mode``, ``layer``, ...).
+    ``settings`` are :class:`candor.train.elical.EliCalConfig` fields (``mode``, ``layer``, ...).
     """
 
     def __init__(
@@ -116,7 +116,7 @@ class EliCal:
     def fit(self, records: Sequence[Record] | str | Path, dev: Sequence[Record] | str | Path | None = None) -> EliCal:
         import tempfile
 
-        from candor.elical import EliCalConfig, carve_dev, parse_budget, train_elical
+        from candor.train.elical import EliCalConfig, carve_dev, parse_budget, train_elical
 
         pool = read_records(records) if isinstance(records, str | Path) else list(records)
         dev_records = read_records(dev) if isinstance(dev, str | Path) else dev
@@ -132,7 +132,7 @@ class EliCal:
     def predict(self, questions: Sequence[str | Record]) -> Any:
         """Confidence in [0, 1] per question (or record), as a numpy array."""
         if self.head_ is None:
-            from candor.errors import CandorError
+            from candor.util.errors import CandorError
 
             raise CandorError("EliCal: call fit(records) or EliCal.from_pretrained(folder) before predict")
         return self.head_.predict(list(questions))
@@ -142,7 +142,7 @@ class EliCal:
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> EliCal:
-        from candor.elical import ConfidenceHead
+        from candor.train.elical import ConfidenceHead
 
         head = ConfidenceHead.from_pretrained(folder)
         out = cls(head.config.backbone)

@@ -20,7 +20,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 app = typer.Typer(
     help="candor: make language models honest about what they know.",
@@ -93,7 +93,9 @@ def annotate(
     shard: Annotated[str | None, typer.Option(help="i/n: annotate the i-th of n slices (0-based).")] = None,
     template: Annotated[str, typer.Option(help="Prompt template: auto, chat or fewshot.")] = "auto",
     judge: Annotated[str, typer.Option(help="Correctness judge: contains, exact, f1, llm.")] = "contains",
-    consistency: Annotated[str, typer.Option(help="Consistency judge (see candor.judges).")] = "lexical-echo",
+    consistency: Annotated[
+        str, typer.Option(help="Consistency judge (see candor.annotation.judges).")
+    ] = "lexical-echo",
     max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling.")] = 0.95,
@@ -122,12 +124,12 @@ def annotate(
     ] = None,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
-    from candor.annotation import AnnotateConfig, Shard
-    from candor.annotation import annotate as run_annotate
+    from candor.annotation.builder import AnnotateConfig, Shard
+    from candor.annotation.builder import annotate as run_annotate
+    from candor.annotation.prompts import resolve_template
     from candor.backends import load_backend
     from candor.backends.base import SamplingParams
     from candor.data import load_items
-    from candor.prompts import resolve_template
 
     # Every option is checked before the model loads, so a typo fails fast.
     shard_spec = Shard.parse(shard) if shard else None
@@ -154,7 +156,7 @@ def _print_annotation_summary(path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from candor.records import read_records
+    from candor.annotation.records import read_records
 
     records = read_records(path)
     by_dataset: dict[str, list] = {}
@@ -179,7 +181,7 @@ def merge(
     out: Annotated[Path, typer.Option("--out", "-o", help="Merged records JSONL.")],
 ) -> None:
     """Merge shard record files into one file, in input order."""
-    from candor.annotation import merge_shards
+    from candor.annotation.builder import merge_shards
 
     n = merge_shards(shards, out)
     typer.echo(f"merged {n} records from {len(shards)} shards into {out}")
@@ -190,11 +192,13 @@ def merge(
 def rejudge(
     records: Annotated[Path, typer.Option("--records", "-r", help="Records JSONL to judge again.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Records JSONL to write (may be --records itself).")],
-    consistency: Annotated[str, typer.Option(help="Consistency judge (see candor.judges).")] = "lexical-echo",
+    consistency: Annotated[
+        str, typer.Option(help="Consistency judge (see candor.annotation.judges).")
+    ] = "lexical-echo",
 ) -> None:
     """Recompute the samples' consistency verdicts with another judge, from the stored texts (no generation)."""
-    from candor.records import read_records, write_records
-    from candor.rejudge import rejudge_consistency
+    from candor.annotation.records import read_records, write_records
+    from candor.annotation.rejudge import rejudge_consistency
 
     recs = rejudge_consistency(read_records(records), consistency)
     write_records(out, recs)
@@ -208,8 +212,8 @@ def export_honestybench(
     out: Annotated[Path, typer.Option("--out", "-o", help="JSONL with HonestyBench field names.")],
 ) -> None:
     """Export records with the released HonestyBench field names."""
-    from candor.jsonl import write_json_lines
-    from candor.records import read_records, to_honestybench
+    from candor.annotation.records import read_records, to_honestybench
+    from candor.util.jsonl import write_json_lines
 
     recs = read_records(records)
     write_json_lines(out, (to_honestybench(r) for r in recs))
@@ -227,7 +231,7 @@ def import_honestybench(
     ] = False,
 ) -> None:
     """Import released HonestyBench annotations as candor records."""
-    from candor.records import read_honestybench, write_records
+    from candor.annotation.records import read_honestybench, write_records
 
     recs = read_honestybench(source, dataset, strict=strict)
     write_records(out, recs)
@@ -260,9 +264,9 @@ def score(
     write its confidences to their own --out file so they stay apart from the
     base model's.
     """
+    from candor.annotation.records import read_records
     from candor.estimators import ESTIMATORS, get_estimator
-    from candor.records import read_records
-    from candor.scoring import score_into
+    from candor.estimators.confidences import score_into
 
     if estimators == "list":
         for name in ESTIMATORS.names():
@@ -319,8 +323,8 @@ def evaluate(
     metrics: Annotated[str, typer.Option(help="Comma-separated metrics (default: all the report's).")] = "",
 ) -> None:
     """Evaluate confidences: tables (Markdown, CSV, JSON), reliability and risk-coverage plots, histograms."""
-    from candor.confidences import read_confidences
-    from candor.report import REPORT_METRICS, format_table_rich, roles_from_ood, write_report
+    from candor.estimators.confidences import read_confidences
+    from candor.evaluation.report import REPORT_METRICS, format_table_rich, roles_from_ood, write_report
 
     table = read_confidences(confidences)
     roles = roles_from_ood(table, ood.split(","), str(confidences))
@@ -341,8 +345,8 @@ def calibrate(
     save_dir: Annotated[Path | None, typer.Option(help="Also save each fitted calibrator as JSON here.")] = None,
 ) -> None:
     """Fit a calibrator per method on dev confidences and add calibrated columns (METHOD+CALIBRATOR)."""
-    from candor.calibration import calibrate_tables, save_calibrators
-    from candor.confidences import read_confidences, write_confidences
+    from candor.estimators.confidences import read_confidences, write_confidences
+    from candor.evaluation.calibration import calibrate_tables, save_calibrators
 
     names = [m.strip() for m in methods.split(",") if m.strip()]
     result = calibrate_tables(read_confidences(dev), read_confidences(confidences), names, calibrator)
@@ -376,7 +380,7 @@ def train_command(
     ] = None,
 ) -> None:
     """Train a confidence method and save it (a head for EliCal, a LoRA adapter for ADVICE/ConfTuner)."""
-    from candor.train_registry import TrainJob, parse_settings, run_training
+    from candor.train.trainers import TrainJob, parse_settings, run_training
 
     job = TrainJob(records=records, out=out, model=model, dev=dev, seed=seed, settings=parse_settings(setting or []),
                    tests=list(test or []))  # fmt: skip
@@ -406,10 +410,10 @@ def sweep(
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the intervals.")] = 200,
 ) -> None:
     """EliCal's label-budget curve: Cal-Only and EliCal at each budget and seed (AUROC, ECE, Alignment)."""
-    from candor.elical import EliCalConfig, carve_dev, parse_budget
-    from candor.elical.sweep import SweepData, run_sweep
-    from candor.leakage import HeldOutQuestions
-    from candor.records import read_records
+    from candor.annotation.contamination import HeldOutQuestions
+    from candor.annotation.records import read_records
+    from candor.train.elical import EliCalConfig, carve_dev, parse_budget
+    from candor.train.elical.sweep import SweepData, run_sweep
 
     budget_list = [parse_budget(b) for b in _comma_list(budgets, "--budgets")]
     seed_list = [_integer(s, "--seeds") for s in _comma_list(seeds, "--seeds")]
@@ -480,8 +484,8 @@ def diagnose(
     """Is the verbalized confidence grounded in the answer? Sensitivity, masking, rollout, attributions."""
     import json
 
+    from candor.annotation.records import read_records
     from candor.diagnose import DiagnoseConfig, run_diagnosis
-    from candor.records import read_records
 
     recs = read_records(records)[:limit]
     config = DiagnoseConfig(
@@ -515,7 +519,7 @@ def demo(
 ) -> None:
     """The whole pipeline on the embedded default and the built-in starter set."""
     from candor.demo import DEMO_ESTIMATORS, run_demo
-    from candor.report import format_table_rich
+    from candor.evaluation.report import format_table_rich
 
     names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else DEMO_ESTIMATORS
     result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names)

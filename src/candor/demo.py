@@ -12,16 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from candor.annotation import AnnotateConfig, annotate
+from candor.annotation.builder import AnnotateConfig, annotate
+from candor.annotation.prompts import resolve_template
+from candor.annotation.records import read_records
 from candor.backends import load_backend
 from candor.backends.default_model import DEFAULT_MODEL
-from candor.confidences import ConfidenceTable
 from candor.data import load_items
 from candor.estimators import ESTIMATORS
-from candor.prompts import resolve_template
-from candor.records import read_records
-from candor.report import ReportResult, write_report
-from candor.scoring import score_into
+from candor.estimators.confidences import ConfidenceTable, score_into
+from candor.evaluation.report import ReportResult, write_report
 
 logger = logging.getLogger(__name__)
 

@@ -3,6 +3,12 @@
 Each entry of :data:`BACKENDS` is a loader ``(model, **kwargs) -> Backend``.
 Loaders import their engine lazily, so importing candor (and ``candor --help``)
 never pays for torch or transformers.
+
+Also here: the embedded default model (:mod:`~candor.backends.default_model`), token
+plumbing shared by every torch path (:mod:`~candor.backends.tokens`), and the offline
+sentence-embedding model (:mod:`~candor.backends.embeddings`).
+
+May import: :mod:`candor.util`, :mod:`candor.data`.
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ from typing import Any
 
 from candor.backends.base import Backend, Completion, Generations, SamplingParams
 from candor.backends.default_model import DEFAULT_MODEL
-from candor.errors import CandorError
-from candor.registry import Registry
+from candor.util.errors import CandorError
+from candor.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Every method in candor talks to a model through these calls only, so the same
 estimator runs on transformers (``hf``), vLLM or an OpenAI-compatible server.
-Prompts are plain strings that are already templated (see ``candor.prompts``).
+Prompts are plain strings that are already templated (see ``candor.annotation.prompts``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 # What a backend can do, by name. An estimator lists the ones it needs
 # (``Estimator.requires``) and is refused before any request when one is missing.

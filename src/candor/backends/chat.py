@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 
 class TokenizerChat:

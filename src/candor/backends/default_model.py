@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 

@@ -71,7 +71,7 @@ from candor.backends.tokens import (
 )
 from candor.backends.tokens import encode as encode_tokens
 from candor.backends.tokens import new_cache as new_kv_cache
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
@@ -319,8 +319,8 @@ class HFBackend:
         if seeds is None:
             seeds = [row_seed(self.seed, i) for i in range(len(prompts))]
         encoded = self.encode(prompts)
-        prefix = self._shared_prefix(encoded, params.max_new_tokens)
-        prefix_cache = self._prefill_prefix(encoded[0][:prefix]) if prefix else None
+        prefix = usable_prefix_length(self.model, encoded, params.max_new_tokens)
+        prefix_cache = prefill_shared_prefix(self.model, encoded[0][:prefix]) if prefix else None
         matcher = self._stop_matcher(params.stop)
         # Similar lengths in a chunk waste less on padding; results do not depend on the order.
         order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
@@ -471,12 +471,6 @@ class HFBackend:
             vocab = decoded_vocab(self.tokenizer) if key else []
             self._stop_matchers[key] = StopMatcher(self.tokenizer, vocab, key)
         return self._stop_matchers[key]
-
-    def _shared_prefix(self, encoded: list[list[int]], max_new_tokens: int) -> int:
-        return usable_prefix_length(self.model, encoded, max_new_tokens)
-
-    def _prefill_prefix(self, prefix_ids: list[int]) -> DynamicCache:
-        return prefill_shared_prefix(self.model, prefix_ids)
 
     # --------------------------------------------------------------- scoring
 

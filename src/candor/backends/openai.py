@@ -49,7 +49,7 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 # A prefix shared by all rows shorter than this is not worth a separate forward pass.
 MIN_SHARED_PREFIX = 8

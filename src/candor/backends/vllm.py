@@ -48,7 +48,7 @@ from candor.backends.base import (
 from candor.backends.chat import TokenizerChat
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.backends.tokens import encode as encode_tokens
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 

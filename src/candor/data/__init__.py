@@ -7,6 +7,12 @@ The usual entry point is :func:`load_items`::
     items = load_items("nq", data_dir=...)   # a named benchmark file
     items = load_items("my_questions.csv")   # a file, format by suffix
     items = load_items("hf:./saved_dataset:test")
+
+What lives here: :mod:`~candor.data.items`, :mod:`~candor.data.loaders`, the named sets
+(:mod:`~candor.data.registry`, :mod:`~candor.data.starter`), :mod:`~candor.data.splits`,
+:mod:`~candor.data.judgeable` and the mini protocol (:mod:`~candor.data.mini`).
+
+May import: :mod:`candor.util`.
 """
 
 from candor.data.items import OPTION_LETTERS, QAItem, QAItems

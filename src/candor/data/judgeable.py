@@ -15,7 +15,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from candor.errors import CandorError, at_line
+from candor.util.errors import CandorError, at_line
 
 log = logging.getLogger(__name__)
 

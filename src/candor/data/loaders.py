@@ -32,9 +32,9 @@ from typing import Any
 from candor.data.items import OPTION_LETTERS, QAItem, QAItems
 from candor.data.judgeable import SkippedItems, UnjudgeableItem, judgeable_aliases
 from candor.data.registry import DATASETS, get_dataset
-from candor.errors import CandorError, at_line
-from candor.jsonl import iter_json_lines
-from candor.registry import Registry
+from candor.util.errors import CandorError, at_line
+from candor.util.jsonl import iter_json_lines
+from candor.util.registry import Registry
 
 log = logging.getLogger(__name__)
 

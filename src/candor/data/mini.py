@@ -20,7 +20,7 @@ from pathlib import Path
 from candor.data.items import QAItem
 from candor.data.loaders import load_named
 from candor.data.splits import dedupe_questions, seeded_shuffle, split_items, with_split
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 log = logging.getLogger(__name__)
 

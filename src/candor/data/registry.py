@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from candor.errors import CandorError
-from candor.registry import Registry
+from candor.util.errors import CandorError
+from candor.util.registry import Registry
 
 Role = Literal["in-domain", "ood", "demo"]
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Literal, TypeVar
 
 from candor.data.items import QAItem
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 T = TypeVar("T")
 

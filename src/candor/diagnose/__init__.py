@@ -17,6 +17,9 @@ The stages, one module each:
 - ``attribution``: integrated gradients (captum) of μ on the input embeddings.
 
 ``report`` writes Markdown, JSON and plots with the models side by side.
+
+May import every stage before it (util, data, backends, annotation, verbal, estimators,
+evaluation, train); nothing imports it but :mod:`candor.serve` and the front door.
 """
 
 from candor.diagnose.candidates import CandidateSet, build_candidates

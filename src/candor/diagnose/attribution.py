@@ -33,7 +33,7 @@ import numpy as np
 
 from candor.data.items import QAItem
 from candor.diagnose.regions import ANSWER, REGIONS, prompt_regions
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 from candor.verbal.formats import get_format
 from candor.verbal.scorer import LabelScorer
 

@@ -10,7 +10,7 @@ from candor.diagnose.candidates import MAX_CANDIDATES
 from candor.diagnose.masking import MaskingResult
 from candor.diagnose.rollout import RolloutResult
 from candor.diagnose.sensitivity import SensitivityResult
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 STAGE_NAMES = ("sensitivity", "masking", "rollout", "attribution")
 

@@ -25,7 +25,7 @@ from candor.backends.tokens import pad_batch
 from candor.data.items import QAItem
 from candor.diagnose.regions import PromptRegions, prompt_regions
 from candor.diagnose.sensitivity import JSD_THRESHOLD, jensen_shannon
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 from candor.verbal.formats import get_format
 from candor.verbal.scorer import LabelScorer
 

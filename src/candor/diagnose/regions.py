@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.prompts import question_text
 from candor.backends.tokens import encode_with_offsets
 from candor.data.items import QAItem
-from candor.errors import CandorError
-from candor.prompts import question_text
+from candor.util.errors import CandorError
 from candor.verbal.scorer import build_prompt, token_span
 
 REGIONS = ("bos", "template", "question", "answer")

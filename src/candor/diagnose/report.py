@@ -32,9 +32,9 @@ from candor.diagnose.attribution import AttributionExample
 from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
 from candor.diagnose.regions import REGIONS
 from candor.diagnose.sensitivity import JSD_THRESHOLD
-from candor.files import atomic_write_text
-from candor.plots import BAR_COLOR, CORRECT_COLOR, UNDER_COLOR, WRONG_COLOR, confidence_histograms, save_png
-from candor.report import safe_filenames
+from candor.evaluation.plots import BAR_COLOR, CORRECT_COLOR, UNDER_COLOR, WRONG_COLOR, confidence_histograms, save_png
+from candor.evaluation.report import safe_filenames
+from candor.util.files import atomic_write_text
 from candor.verbal.formats import get_format
 
 logger = logging.getLogger(__name__)

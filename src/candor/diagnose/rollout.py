@@ -24,7 +24,7 @@ import numpy as np
 
 from candor.data.items import QAItem
 from candor.diagnose.regions import REGIONS, prompt_regions
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ backend, those candidate sets and the config, and the result type it returns,
 so a cached result can be read back. With a ``cache_dir`` every finished
 stage of every model is saved as JSON, keyed by the model's name and weights,
 the adapter's weights, the config and the stage's questions
-(:mod:`candor.digests`); a rerun with the same inputs loads it instead of
+(:mod:`candor.util.digests`); a rerun with the same inputs loads it instead of
 recomputing, so a killed run resumes at the stage it was in, and another
 model (or a retrained adapter) saved under the same name is recomputed.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from candor.annotation.records import Record
 from candor.backends.default_model import DEFAULT_MODEL
-from candor.cost import ResourceMeter
 from candor.diagnose.attribution import AttributionResult, integrated_gradients
 from candor.diagnose.candidates import CandidateSet, build_candidates
 from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
@@ -30,11 +30,11 @@ from candor.diagnose.masking import MaskingResult, masking_counterfactual
 from candor.diagnose.report import write_diagnosis_report
 from candor.diagnose.rollout import RolloutResult, rollout_masses
 from candor.diagnose.sensitivity import SensitivityResult, answer_sensitivity
-from candor.digests import backend_identity, path_digest
-from candor.errors import CandorError
-from candor.files import read_keyed_json, write_keyed_json
-from candor.records import Record
-from candor.registry import Registry
+from candor.util.cost import ResourceMeter
+from candor.util.digests import backend_identity, path_digest
+from candor.util.errors import CandorError
+from candor.util.files import read_keyed_json, write_keyed_json
+from candor.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 

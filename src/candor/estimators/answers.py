@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
+from candor.annotation.records import Record
 from candor.data.items import OPTION_LETTERS, QAItem
-from candor.records import Record
 
 _STATED = re.compile(r"(?i:answer|option)\s*(?:is|:)?\s*[(\[*]*([A-J])(?![A-Za-z])")
 _LEADING = re.compile(r"^[\s(\[*\"'`]*([A-J])(?![A-Za-z])")

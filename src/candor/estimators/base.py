@@ -21,10 +21,10 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from candor.annotation.records import Record
 from candor.backends.base import Backend, backend_capabilities
-from candor.errors import CandorError
-from candor.records import Record
-from candor.registry import Registry
+from candor.util.errors import CandorError
+from candor.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Estimator:
 
 EstimatorFactory = Callable[..., Estimator]
 
-ESTIMATORS: Registry[EstimatorFactory] = Registry("estimator")
+ESTIMATORS: Registry[EstimatorFactory] = Registry("estimator", plugins="candor.estimators")
 
 
 def get_estimator(name: str, **kwargs: Any) -> Estimator:

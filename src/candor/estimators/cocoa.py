@@ -15,11 +15,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from candor.annotation.records import Record
 from candor.backends.base import Backend
 from candor.estimators.base import ESTIMATORS
 from candor.estimators.logprob import greedy_logprobs
 from candor.estimators.semantic import SimilarityEstimator, cross_similarities, get_similarity, require_samples
-from candor.records import Record
 
 
 def cocoa_uncertainty(greedy_logprob: float, similarities: np.ndarray) -> float:

@@ -8,17 +8,17 @@ from typing import Any
 
 import numpy as np
 
-from candor.backends.base import Backend
-from candor.errors import CandorError
-from candor.estimators.base import ESTIMATORS, Estimator
-from candor.judges import (
+from candor.annotation.judges import (
     CONSISTENCY_JUDGES,
     DEFAULT_CONSISTENCY_JUDGE,
     get_consistency_judge,
     judge_consistency,
     rouge_l_f1,
 )
-from candor.records import Record
+from candor.annotation.records import Record
+from candor.backends.base import Backend
+from candor.estimators.base import ESTIMATORS, Estimator
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 

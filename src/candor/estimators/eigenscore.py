@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.prompts import record_prompts
+from candor.annotation.records import Record
 from candor.backends.base import Backend
-from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.estimators.hidden_layers import answer_texts, middle_layer
-from candor.estimators.record_prompts import record_prompts
 from candor.estimators.semantic import require_samples
-from candor.records import Record
+from candor.util.errors import CandorError
 
 
 def eigenscore(embeddings: np.ndarray, alpha: float = 1e-3) -> float:

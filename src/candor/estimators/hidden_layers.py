@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from candor.backends.base import Backend
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 
 def middle_layer(backend: Backend) -> int:

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from scipy.linalg import expm
 
-from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS
 from candor.estimators.semantic import SimilarityEstimator
+from candor.util.errors import CandorError
 
 
 def heat_kernel_density(w: np.ndarray, t: float) -> np.ndarray:

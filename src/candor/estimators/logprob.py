@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from candor.annotation.records import Record
 from candor.backends.base import Backend
-from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.records import Record
+from candor.util.errors import CandorError
 
 
 def greedy_logprobs(record: Record) -> np.ndarray:

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from candor.annotation.prompts import question_text
+from candor.annotation.records import Record
 from candor.backends.base import NEXT_TOKEN_LOGPROBS, Backend
 from candor.estimators.answers import record_answer
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.prompts import question_text
-from candor.records import Record
 from candor.verbal.distribution import candidate_distribution
 from candor.verbal.formats import render_turns
 

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from candor.annotation.records import Record
 from candor.backends.base import Backend
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.estimators.semantic import ClusterEstimator, require_samples, sequence_logprob
-from candor.records import Record
 
 
 def entropy(p: np.ndarray) -> float:

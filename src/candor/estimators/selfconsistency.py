@@ -6,7 +6,7 @@ record's greedy answer is the fraction of them that agree with it.
 - ``prompt="format"`` (default) samples with the §4.3 format prompt (the
   format's system text, an open assistant turn) and reads the ``Answer:`` line
   of each reply; ``prompt="qa"`` samples with the QA template that annotation
-  uses for this model (``candor.prompts.resolve_template``).
+  uses for this model (``candor.annotation.prompts.resolve_template``).
 - Agreement for multiple choice is the same option letter; for open QA it is
   the consistency judge (``lexical`` by default). An empty sample never agrees.
 - Sampling follows DESIGN.md §4.1 (temperature 1.0, top-p 0.95, top-k 50),
@@ -22,14 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.judges import CONSISTENCY_JUDGES, get_consistency_judge
+from candor.annotation.prompts import resolve_template
+from candor.annotation.records import Record
 from candor.backends.base import Backend, SamplingParams
-from candor.errors import CandorError
 from candor.estimators.answers import option_letter, record_answer
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.judges import CONSISTENCY_JUDGES, get_consistency_judge
-from candor.prompts import resolve_template
-from candor.records import Record
-from candor.seeds import item_seed
+from candor.util.errors import CandorError
+from candor.util.seeds import item_seed
 from candor.verbal.formats import answer_prompt, get_format, parse_answer
 
 PROMPTS = ("format", "qa")

@@ -2,12 +2,12 @@
 
 Similarities (``SIMILARITIES``, chosen per estimator with ``similarity=``):
 
-- ``lexical``: ROUGE-L F1 (:func:`candor.judges.rouge_l_f1`);
+- ``lexical``: ROUGE-L F1 (:func:`candor.annotation.judges.rouge_l_f1`);
 - ``judge``: the consistency judge named by ``judge`` (``lexical`` by default),
   averaged over both orders, so a pair scores 0, 0.5 or 1;
 - ``llm``: the same with the ``llm`` consistency judge on the estimator's backend;
 - ``embedding``: cosine similarity of sentence embeddings from
-  ``candor.embeddings.pair_similarity`` (the offline MiniLM extra), clipped to [0, 1].
+  ``candor.backends.embeddings.pair_similarity`` (the offline MiniLM extra), clipped to [0, 1].
 
 Every similarity scores lists of pairs in one batched call, so an LLM judge
 sees all the pairs of a chunk of records at once. A similarity matrix has 1 on
@@ -25,12 +25,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from candor.annotation.judges import CONSISTENCY_JUDGES, get_consistency_judge, rouge_l_f1
+from candor.annotation.records import Record
 from candor.backends.base import Backend
-from candor.errors import CandorError
 from candor.estimators.base import Estimator
-from candor.judges import CONSISTENCY_JUDGES, get_consistency_judge, rouge_l_f1
-from candor.records import Record
-from candor.registry import Registry
+from candor.util.errors import CandorError
+from candor.util.registry import Registry
 
 
 class Similarity(Protocol):
@@ -83,7 +83,7 @@ class LLMSimilarity(JudgeSimilarity):
 
 @SIMILARITIES.register("embedding")
 class EmbeddingSimilarity:
-    """Cosine similarity of sentence embeddings (``candor.embeddings.pair_similarity``), clipped to [0, 1].
+    """Cosine similarity of sentence embeddings (``candor.backends.embeddings.pair_similarity``), clipped to [0, 1].
 
     The MiniLM wheel loads on first use; without it that call names the pip command.
     """
@@ -91,7 +91,7 @@ class EmbeddingSimilarity:
     name = "embedding"
 
     def __init__(self, backend: Backend | None = None, judge: str = "lexical") -> None:
-        from candor.embeddings import pair_similarity
+        from candor.backends.embeddings import pair_similarity
 
         self.score = pair_similarity
 

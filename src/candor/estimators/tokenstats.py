@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.prompts import record_prompts
+from candor.annotation.records import Record
 from candor.backends.base import Backend
-from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.estimators.logprob import greedy_logprobs
-from candor.estimators.record_prompts import record_prompts
-from candor.records import Record
+from candor.util.errors import CandorError
 
 SOURCES = ("model", "topk")
 

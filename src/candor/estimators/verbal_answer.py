@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.records import Record
 from candor.backends.base import Backend
 from candor.estimators.answers import record_answer
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.records import Record
 from candor.verbal.formats import (
     FORMATS,
     VARIANTS,

@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.prompts import question_text
+from candor.annotation.records import Record
 from candor.backends.base import Backend, SamplingParams
-from candor.errors import CandorError
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.prompts import question_text
-from candor.records import Record
+from candor.util.errors import CandorError
 from candor.verbal.formats import render_turns
 
 logger = logging.getLogger(__name__)

@@ -4,6 +4,8 @@
 - :mod:`~candor.serve.confidence`: where the confidence comes from (EliCal head or any estimator);
 - :mod:`~candor.serve.thresholds`: choosing the abstention threshold on dev (accuracy, coverage, risk control);
 - :mod:`~candor.serve.batching`, :mod:`~candor.serve.app`: the OpenAI-compatible service (``candor serve``).
+
+The last stage: it may import every other one (util through diagnose).
 """
 
 from candor.serve.model import Decoding, HonestAnswer, HonestModel

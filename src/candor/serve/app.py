@@ -34,10 +34,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from candor.errors import CandorError
 from candor.serve.batching import MicroBatcher, QueueFull
 from candor.serve.model import DEFAULT_REFUSAL, Decoding, HonestAnswer, HonestModel
 from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from candor.annotation.records import Record
 from candor.backends.base import Backend, Completion
 from candor.data.items import QAItem
-from candor.errors import CandorError
 from candor.estimators import get_estimator
-from candor.estimators.elical import EliCalEstimator
-from candor.records import Record
-from candor.registry import Registry
+from candor.train.elical.estimator import EliCalEstimator
+from candor.util.errors import CandorError
+from candor.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from candor.errors import CandorError
 from candor.serve.confidence import ConfidenceSource, EstimatorSource, HeadSource
 from candor.serve.model import Decoding, HonestModel
 from candor.serve.thresholds import Threshold
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ DEFAULT_METHOD = "n-prob"
 
 def adapter_method(adapter: Path) -> str:
     """The verbalized estimator matching the format an ADVICE/ConfTuner adapter was trained on."""
-    from candor.advice.pipeline import load_result
+    from candor.train.advice.pipeline import load_result
 
     config = load_result(adapter).get("config") or {}
     formats = config.get("formats") or ["letter"]

@@ -34,14 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.prompts import QATemplate, resolve_template
+from candor.annotation.records import Record
 from candor.backends.base import Backend, Completion, SamplingParams
-from candor.calibrators import Calibrator, calibrator_from_dict, get_calibrator
-from candor.errors import CandorError
-from candor.files import atomic_folder
-from candor.prompts import QATemplate, resolve_template
-from candor.records import Record
+from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
 from candor.serve import thresholds as th
 from candor.serve.confidence import ConfidenceSource, answer_records, as_source, load_source, question_item
+from candor.util.errors import CandorError
+from candor.util.files import atomic_folder
 
 logger = logging.getLogger(__name__)
 

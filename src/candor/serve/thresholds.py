@@ -47,7 +47,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.stats import binom
 
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 

@@ -7,6 +7,8 @@
 - :mod:`candor.verbal.scorer`: the same distribution as a differentiable torch
   expression of the model, for training (ADVICE, ConfTuner) and diagnostics.
 
-Inference and training must give the same numbers; ``tests/test_label_distribution.py``
+Inference and training must give the same numbers; ``tests/test_verbal_scorer.py``
 checks that on every format.
+
+May import: :mod:`candor.util`, :mod:`candor.data`, :mod:`candor.backends`, :mod:`candor.annotation`.
 """

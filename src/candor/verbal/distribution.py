@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from candor.backends.base import SCORE_CANDIDATES, Backend, backend_capabilities, score_candidates
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 
 SURFACE_PREFIXES = ("", " ")
 

@@ -55,11 +55,11 @@ from decimal import ROUND_FLOOR, Decimal
 import numpy as np
 from jinja2 import TemplateError
 
+from candor.annotation.prompts import question_text
 from candor.backends.base import NEXT_TOKEN_LOGPROBS, SCORE, Backend, SamplingParams, backend_capabilities
 from candor.data.items import QAItem
-from candor.errors import CandorError
-from candor.prompts import question_text
-from candor.registry import Registry
+from candor.util.errors import CandorError
+from candor.util.registry import Registry
 from candor.verbal.distribution import candidate_distribution
 
 logger = logging.getLogger(__name__)

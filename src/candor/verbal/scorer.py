@@ -47,7 +47,7 @@ from candor.backends import tokens
 from candor.backends.chat import TokenizerChat
 from candor.backends.tokens import MIN_SHARED_PREFIX, encode_with_offsets, pad_batch, positions_from_mask
 from candor.data.items import QAItem
-from candor.errors import CandorError
+from candor.util.errors import CandorError
 from candor.verbal.distribution import surface_forms
 from candor.verbal.formats import CONFIDENCE_CUE, VerbalFormat, format_prompt, get_format
 

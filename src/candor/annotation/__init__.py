@@ -1,0 +1,12 @@
+"""Annotation: a model answers QA items, and judges say which answers are right (DESIGN.md §4.1).
+
+- :mod:`~candor.annotation.builder`: the HonestyBench builder (batching, resume, shards, merge).
+- :mod:`~candor.annotation.prompts`: the QA prompt templates, and the prompt each record was answered with.
+- :mod:`~candor.annotation.judges`: correctness and consistency judges, in registries.
+- :mod:`~candor.annotation.rejudge`: new verdicts on existing records, without generating again.
+- :mod:`~candor.annotation.records`: the records file, and HonestyBench import and export.
+- :mod:`~candor.annotation.contamination`: the guard on which questions a file holds or a
+  trained folder has seen (trainers refuse test questions; scoring warns about seen ones).
+
+May import: :mod:`candor.util`, :mod:`candor.data`, :mod:`candor.backends`.
+"""

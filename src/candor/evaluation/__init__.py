@@ -1,0 +1,11 @@
+"""Evaluation: how good a confidence is, with the numbers, tables and plots people read (DESIGN.md §4.6).
+
+- :mod:`~candor.evaluation.metrics`: ECE, Brier, AUROC, NCE, Alignment and the selective metrics, with metadata.
+- :mod:`~candor.evaluation.engine`: the one evaluation engine (per dataset, groups, seeds, bootstrap intervals).
+- :mod:`~candor.evaluation.calibration`: post-hoc calibrators, and calibrating a confidences file.
+- :mod:`~candor.evaluation.report`: the report a confidences file turns into (tables, files, index).
+- :mod:`~candor.evaluation.plots`: reliability diagrams, histograms, risk-coverage curves.
+
+May import: :mod:`candor.util`, :mod:`candor.data`, :mod:`candor.backends`,
+:mod:`candor.annotation`, :mod:`candor.verbal`, :mod:`candor.estimators`.
+"""

@@ -1,0 +1,21 @@
+"""Training confidence: EliCal, ADVICE, ConfTuner and the answer probe, behind ``candor train METHOD``.
+
+- :mod:`~candor.train.trainers`: what every trainer shares, and :data:`TRAINERS`, the table of methods.
+- :mod:`~candor.train.elical`: the question-level head (DESIGN.md §4.4).
+- :mod:`~candor.train.advice`: answer-dependent verbalized confidence and ConfTuner (§4.5).
+- :mod:`~candor.train.probe`: the answer-level linear probe.
+
+Each method package has ``config.py`` (its settings), ``trainer.py`` (the
+``transformers.Trainer`` subclass) and ``pipeline.py`` (the one call that
+trains and saves). The estimators that read a trained artifact (``elical``,
+``probe``) live beside their trainer and join the estimator registry through
+the ``candor.estimators`` entry point, so :mod:`candor.estimators` never
+imports this stage. Every trainer refuses test questions and writes the
+fingerprints of its training questions into what it saves, through the
+contamination guard (:mod:`candor.annotation.contamination`, one stage down
+because scoring reads the same manifests).
+
+May import every stage before it: :mod:`candor.util`, :mod:`candor.data`,
+:mod:`candor.backends`, :mod:`candor.annotation`, :mod:`candor.verbal`,
+:mod:`candor.estimators`, :mod:`candor.evaluation`.
+"""

@@ -1,0 +1,74 @@
+"""EliCal (Ni et al., 2025): question-level confidence elicited, then calibrated (DESIGN.md §4.4).
+
+A confidence head on a causal LM reads the QA prompt and predicts, before any
+answer exists, how likely the model is to answer correctly. Stage 1 (Eli)
+trains it on the consistency rate of sampled answers, which needs no gold
+labels; stage 2 (Cal) calibrates it on a small labelled budget.
+
+    from candor.train.elical import EliCalConfig, train_elical, ConfidenceHead
+
+    result = train_elical(train, dev, method="elical", budget=1000,
+                          config=EliCalConfig(mode="head"), out_dir="heads/elical")
+    head = ConfidenceHead.from_pretrained("heads/elical")
+    head.predict(["Who wrote Hamlet?"])        # array([0.31])
+
+Modules: :mod:`~candor.train.elical.model` (the head, save/load),
+:mod:`~candor.train.elical.features` (cached features for ``head`` mode),
+:mod:`~candor.train.elical.targets` (stage targets and their checks),
+:mod:`~candor.train.elical.splits` (budgets, dev slice), :mod:`~candor.train.elical.trainer`
+(the Trainer subclass), :mod:`~candor.train.elical.config` (the settings),
+:mod:`~candor.train.elical.pipeline` (the stages),
+:mod:`~candor.train.elical.sweep` (the label-budget sweep) and its
+:mod:`~candor.train.elical.curve`, :mod:`~candor.train.elical.estimator` (the
+``elical`` estimator, which scores records with a trained head).
+
+Names load lazily, so the estimator registry can find the ``elical`` estimator
+without importing torch.
+
+May import the stages before :mod:`candor.train` and the rest of it (see :mod:`candor.train`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Eager: the function shares its module's name, and a lazy name would be shadowed by the
+# submodule once anything imports it.
+from candor.train.elical.targets import targets  # noqa: F401 (in __all__)
+
+# public name -> module of this package that defines it
+_EXPORTS = {
+    "EliCalConfig": "config",
+    "FeatureCache": "features",
+    "ConfidenceHead": "model",
+    "HeadConfig": "model",
+    "LinearHead": "model",
+    "carve_dev": "splits",
+    "check_disjoint": "splits",
+    "draw_budget": "splits",
+    "parse_budget": "splits",
+    "DEFAULT_BUDGETS": "sweep",
+    "SweepData": "sweep",
+    "run_sweep": "sweep",
+    "STAGES": "pipeline",
+    "StageResult": "pipeline",
+    "train_elical": "pipeline",
+    "train_stage": "pipeline",
+    "TrainResult": "candor.train.trainers",
+}
+
+__all__ = sorted([*_EXPORTS, "targets"])
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _EXPORTS[name]
+    value = getattr(importlib.import_module(module if "." in module else f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

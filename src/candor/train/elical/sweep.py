@@ -1,0 +1,315 @@
+"""The label-budget sweep: Cal-Only and EliCal at several budgets and seeds, and Eli-Only (DESIGN.md §4.4).
+
+For each seed, stage 1 (Eli-Only) trains once on the whole pool; then, for
+each budget N, Cal-Only trains stage 2 from scratch on N labels and EliCal
+resumes that seed's stage-1 head on the same N labels (budgets are drawn per
+seed, nested across budgets). Every run's test confidences are cached under
+``out_dir/runs`` with a fingerprint of its settings and data, so a killed or
+repeated sweep redoes only what changed; trained heads are kept under
+``out_dir/heads``, each with the manifest of its training questions
+(``training_questions.json``, see :func:`candor.train.elical.pipeline.train_elical`).
+The summary (:mod:`candor.train.elical.curve`) goes to
+``out_dir/curve.json`` and the plot to ``out_dir/budget_curve.png``.
+
+In ``head`` mode one backbone serves every run and features are computed once
+(the feature cache); in ``lora`` mode each run loads a fresh backbone, since
+LoRA is added to the model in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from candor.annotation.contamination import MANIFEST_NAME, HeldOutQuestions
+from candor.annotation.records import Record
+from candor.train.elical.config import EliCalConfig
+from candor.train.elical.curve import plot_curve, summarize_column
+from candor.train.elical.pipeline import STAGES, head_features, train_elical
+from candor.train.elical.splits import ALL, Budget, budget_size, check_disjoint, parse_budget
+from candor.train.elical.targets import check_field, stage_target, targets
+from candor.train.trainers import TrainResult
+from candor.util.errors import CandorError
+from candor.util.files import atomic_write_text, read_keyed_json, write_keyed_json
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BUDGETS: tuple[Budget, ...] = (100, 250, 500, 1000, ALL)
+DEFAULT_SEEDS = (0, 1, 2)
+SWEEP_METHODS = ("cal-only", "elical")
+LABELS = {"eli-only": "Eli-Only", "cal-only": "Cal-Only", "elical": "EliCal"}
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """One training run of the sweep."""
+
+    method: str
+    budget: Budget | None
+    seed: int
+
+    @property
+    def column(self) -> str:
+        """The method's name in tables: ``Eli-Only``, ``Cal-Only@100``, ``EliCal@all``."""
+        name = LABELS[self.method]
+        return name if self.budget is None else f"{name}@{self.budget}"
+
+    @property
+    def slug(self) -> str:
+        name = self.method if self.budget is None else f"{self.method}@{self.budget}"
+        return f"{name}/seed{self.seed}"
+
+
+@dataclass
+class SweepData:
+    """The records a sweep trains, stops and tests on, and each test dataset's role (``id``/``ood``)."""
+
+    train: Sequence[Record]
+    dev: Sequence[Record]
+    tests: Mapping[str, Sequence[Record]]
+    roles: Mapping[str, str]
+
+    def test_records(self) -> list[Record]:
+        return [r for records in self.tests.values() for r in records]
+
+    def labels(self) -> dict[str, np.ndarray]:
+        return {ds: targets(recs, "hard", what=f"test set {ds!r}").astype(int) for ds, recs in self.tests.items()}
+
+
+def run_sweep(
+    data: SweepData,
+    *,
+    out_dir: str | Path,
+    config: EliCalConfig | None = None,
+    budgets: Sequence[Budget] = DEFAULT_BUDGETS,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    methods: Sequence[str] = SWEEP_METHODS,
+    eli_only: bool = True,
+    bootstrap: int = 200,
+    baselines: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    model: Any = None,
+    tokenizer: Any = None,
+) -> dict[str, Any]:
+    """Train every run (reusing cached ones), summarize, write ``curve.json`` and ``budget_curve.png``.
+
+    Eli-Only trains once per seed whenever EliCal runs (it is EliCal's stage
+    1), and otherwise when ``eli_only``. ``baselines`` maps a name
+    (``"N-Prob"``) to its test confidences per dataset, in the order of
+    ``data.tests``; they are summarized the same way and drawn as flat lines.
+    Returns the summary: ``{"methods": {column: ...}, "budgets", "n_labels", "seeds", "mode", "config"}``.
+    """
+    config = config or EliCalConfig()
+    budgets = [parse_budget(b) for b in budgets]
+    if bootstrap < 0:
+        raise CandorError(f"bootstrap resamples must be at least 0, got {bootstrap}")
+    if not seeds or not budgets:
+        raise CandorError("the sweep needs at least one seed and one budget")
+    _validate(data, config, budgets, methods)
+    out_dir = Path(out_dir)
+    if config.mode == "head" and (model is None or tokenizer is None):
+        from candor.train.trainers import load_causal_lm
+
+        model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
+    runner = _Runner(data, config, out_dir, model, tokenizer)
+    for seed in seeds:
+        if eli_only or "elical" in methods:
+            runner.run(RunKey("eli-only", None, seed))
+        for budget in budgets:
+            for method in methods:
+                runner.run(RunKey(method, budget, seed))
+    summary = summarize_runs(runner.results, data, bootstrap)
+    labels = data.labels()
+    for name, confidences in (baselines or {}).items():
+        summary["methods"][name] = summarize_column([confidences], labels, data.roles, bootstrap=bootstrap)
+    summary.update(
+        budgets=budgets,
+        n_labels={str(b): budget_size(b, len(data.train)) for b in budgets},
+        seeds=list(seeds),
+        mode=config.mode,
+        config=config.fingerprint(),
+    )
+    write_json(out_dir / "curve.json", summary)
+    plot_sweep(summary, out_dir / "budget_curve.png", references=list(baselines or {}))
+    return summary
+
+
+def summarize_runs(results: Mapping[RunKey, dict[str, Any]], data: SweepData, bootstrap: int) -> dict[str, Any]:
+    """Group runs by column (method@budget) over seeds and summarize each, with its training costs."""
+    labels = data.labels()
+    ids = {ds: [r.id for r in recs] for ds, recs in data.tests.items()}
+    columns: dict[str, list[RunKey]] = {}
+    for key in results:
+        columns.setdefault(key.column, []).append(key)
+    methods = {}
+    for column, keys in columns.items():
+        per_seed = [_per_dataset(results[k], ids) for k in keys]
+        entry = summarize_column(per_seed, labels, data.roles, bootstrap=bootstrap)
+        entry.update(
+            method=keys[0].method,
+            budget=keys[0].budget,
+            seeds=[k.seed for k in keys],
+            training=[results[k]["training"] for k in keys],
+            cost=_cost([results[k]["training"] for k in keys]),
+        )
+        methods[column] = entry
+    return {"methods": methods}
+
+
+def plot_sweep(summary: Mapping[str, Any], path: str | Path, references: Sequence[str] = ()) -> Path:
+    """The budget curve of Cal-Only and EliCal, with Eli-Only and ``references`` as flat lines."""
+    n_labels = summary["n_labels"]
+    curves: dict[str, list[tuple[int, str]]] = {}
+    for column, entry in summary["methods"].items():
+        if entry.get("budget") is not None and entry.get("method") in LABELS:
+            curves.setdefault(LABELS[entry["method"]], []).append((n_labels[str(entry["budget"])], column))
+    flat = [c for c in ("Eli-Only", *references) if c in summary["methods"]]
+    return plot_curve(summary["methods"], curves, flat, path, title=f"EliCal label-budget sweep ({summary['mode']})")
+
+
+# ---------------------------------------------------------------- running
+
+
+class _Runner:
+    """Trains runs or reuses their cached test confidences."""
+
+    def __init__(self, data: SweepData, config: EliCalConfig, out_dir: Path, model: Any, tokenizer: Any) -> None:
+        self.data = data
+        self.config = config
+        self.out_dir = out_dir
+        self.model = model
+        self.tokenizer = tokenizer
+        self.results: dict[RunKey, dict[str, Any]] = {}
+        self._data_hash = _hash(
+            [[r.id for r in data.train], [r.id for r in data.dev], [r.id for r in data.test_records()]]
+        )
+
+    def run(self, key: RunKey) -> dict[str, Any]:
+        fingerprint = _hash(
+            {
+                "config": replace(self.config, seed=key.seed).fingerprint(),
+                "method": key.method,
+                "budget": key.budget,
+                "data": self._data_hash,
+            }
+        )
+        path = self.out_dir / "runs" / f"{key.slug}.json"
+        cached = read_keyed_json(path, fingerprint)
+        if cached is not None and self._head_ok(key):
+            logger.info("%s seed %d: reusing cached run", key.column, key.seed)
+            self.results[key] = cached
+            return cached
+        result = self._train(key)
+        record = {
+            "column": key.column,
+            "seed": key.seed,
+            "ids": [r.id for r in self.data.test_records()],
+            "confidence": [round(float(c), 6) for c in self._predict(result)],
+            "training": result.to_dict(),
+        }
+        write_keyed_json(path, fingerprint, json.loads(json.dumps(_nan_to_none(record), default=str)))
+        record = {"key": fingerprint, **record}
+        self.results[key] = record
+        return record
+
+    def _train(self, key: RunKey) -> TrainResult:
+        config = replace(self.config, seed=key.seed)
+        init_from = self._head_dir(RunKey("eli-only", None, key.seed)) if key.method == "elical" else None
+        logger.info("training %s, seed %d (%s mode)", key.column, key.seed, config.mode)
+        return train_elical(
+            self.data.train,
+            self.data.dev,
+            method=key.method,
+            config=config,
+            out_dir=self._head_dir(key),
+            budget=key.budget if key.budget is not None else ALL,
+            init_from=init_from,
+            model=self.model if config.mode == "head" else None,
+            tokenizer=self.tokenizer,
+        )
+
+    def _predict(self, result: TrainResult) -> np.ndarray:
+        head = result.model
+        assert head is not None
+        records = self.data.test_records()
+        if self.config.mode == "lora":
+            return head.predict(records, batch_size=self.config.eval_batch_size)
+        features = head_features(head, head.prompts(records), self.config.feature_cache)
+        with torch.no_grad():
+            return head.head(torch.from_numpy(features).to(head.device)).cpu().numpy()
+
+    def _head_dir(self, key: RunKey) -> Path:
+        return self.out_dir / "heads" / key.slug
+
+    def _head_ok(self, key: RunKey) -> bool:
+        """A cached run is reusable only with its head's training-questions manifest (heads saved before
+        manifests existed are retrained once), and a stage-1 run only with its head, which EliCal runs resume."""
+        head = self._head_dir(key)
+        if not (head / MANIFEST_NAME).exists():
+            return False
+        return key.method != "eli-only" or (head / "elical_config.json").exists()
+
+
+def _validate(data: SweepData, config: EliCalConfig, budgets: Sequence[Budget], methods: Sequence[str]) -> None:
+    """Fail before training: unknown methods, overlap with test, missing fields, budgets over the pool."""
+    unknown = [m for m in methods if m not in STAGES or m == "eli-only"]
+    if unknown:
+        raise CandorError(f"sweep methods are 'cal-only' and 'elical' (Eli-Only runs once per seed); got {unknown}")
+    if not data.tests:
+        raise CandorError("the sweep needs at least one test set")
+    missing_roles = [ds for ds in data.tests if data.roles.get(ds) not in ("id", "ood")]
+    if missing_roles:
+        raise CandorError(f"test sets {missing_roles} need a role, 'id' or 'ood'")
+    tests = data.test_records()
+    guard = HeldOutQuestions.of(r.item.question for r in tests)
+    guard.refuse_overlap((r.item.question for r in data.train), "the training pool")
+    guard.refuse_overlap((r.item.question for r in data.dev), "the dev slice")
+    check_disjoint(data.train, tests, "training")  # also refuses a shared id
+    check_disjoint(data.dev, tests, "dev")
+    check_disjoint(data.dev, data.train, "dev", "training")
+    for kind in ("consistency", stage_target("cal", config.cal_target)):
+        check_field(data.train, kind, what="the training pool")
+        check_field(data.dev, kind, what="the dev slice")
+    data.labels()
+    for budget in budgets:
+        budget_size(budget, len(data.train))
+
+
+def _per_dataset(run: Mapping[str, Any], ids: Mapping[str, list[str]]) -> dict[str, np.ndarray]:
+    by_id = dict(zip(run["ids"], run["confidence"], strict=True))
+    return {ds: np.array([by_id[i] for i in wanted], dtype=float) for ds, wanted in ids.items()}
+
+
+def _cost(trainings: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    walls = [t["cost"]["wall_s"] for t in trainings]
+    return {
+        "wall_s_mean": round(float(np.mean(walls)), 2),
+        "wall_s_total": round(float(np.sum(walls)), 2),
+        "peak_rss_mib": max(t["cost"]["peak_rss_mib"] for t in trainings),
+    }
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write JSON atomically (temporary file, then rename); NaN becomes null."""
+    atomic_write_text(path, json.dumps(_nan_to_none(payload), indent=2, default=str) + "\n")
+
+
+def _nan_to_none(obj: Any) -> Any:
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, Mapping):
+        return {str(k): _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_nan_to_none(v) for v in obj]
+    return obj
