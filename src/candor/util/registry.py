@@ -37,6 +37,7 @@ class Registry(Generic[T]):
         self.plugins = plugins
         self._entries: dict[str, T] = {}
         self._plugins_loaded = plugins is None
+        self._no_plugins_found = False
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -52,7 +53,9 @@ class Registry(Generic[T]):
         if self._plugins_loaded:
             return
         self._plugins_loaded = True  # before loading: a plugin's own lookups must not recurse
-        for entry in importlib.metadata.entry_points(group=self.plugins):
+        entries = importlib.metadata.entry_points(group=self.plugins)
+        self._no_plugins_found = not entries
+        for entry in entries:
             try:
                 entry.load()
             except Exception as exc:  # one broken plugin must not hide the others
@@ -65,7 +68,10 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries)) or "(none)"
-            raise CandorError(f"unknown {self.kind} {name!r}; known: {known}") from None
+            hint = ""
+            if self._no_plugins_found:  # e.g. run from a source tree that was never pip-installed
+                hint = f" (no {self.plugins!r} entry points are installed: `pip install -e .` registers them)"
+            raise CandorError(f"unknown {self.kind} {name!r}; known: {known}{hint}") from None
 
     def build(self, name: str, **kwargs: Any) -> Any:
         """Call the registered factory with ``kwargs``; bad options are a user error."""
