@@ -103,3 +103,23 @@ def test_an_upward_import_is_caught_with_its_file_and_line(tmp_path):
 )
 def test_stage_of(module, stage):
     assert stage_of(module) == stage
+
+
+def test_the_front_door_and_the_estimator_registry_load_without_torch():
+    """Lazy names (candor.util.lazy) keep ``import candor`` and the registry's plugin lookup free of torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, candor\n"
+        "from candor.estimators import ESTIMATORS\n"
+        "assert 'elical' in ESTIMATORS and 'probe' in ESTIMATORS\n"
+        "assert candor.CandorError.__module__ == 'candor.util.errors'\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "import candor.train.elical as elical\n"
+        "assert callable(elical.targets) and 'train_elical' in dir(elical) and 'torch' not in sys.modules\n"
+        "print(sorted(dir(candor))[:2])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['CandorError', 'EliCal']"

@@ -11,9 +11,7 @@ Names load lazily, so ``import candor`` stays cheap (no torch until a model is u
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from candor.util.lazy import lazy_exports
 from candor.util.version import __version__
 
 # public name -> module that defines it
@@ -31,13 +29,4 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'candor' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, also=__all__)

@@ -7,5 +7,6 @@
 - :mod:`~candor.util.seeds`: seeding every random source.
 - :mod:`~candor.util.cost`: what a run cost (time, CPU, memory).
 - :mod:`~candor.util.registry`: :class:`Registry`, one per kind of named thing.
+- :mod:`~candor.util.lazy`: package names imported on first use.
 - :mod:`~candor.util.version`: candor's version.
 """

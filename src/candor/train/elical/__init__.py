@@ -30,45 +30,34 @@ May import the stages before :mod:`candor.train` and the rest of it (see :mod:`c
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 # Eager: the function shares its module's name, and a lazy name would be shadowed by the
 # submodule once anything imports it.
 from candor.train.elical.targets import targets  # noqa: F401 (in __all__)
+from candor.util.lazy import lazy_exports
 
 # public name -> module of this package that defines it
 _EXPORTS = {
-    "EliCalConfig": "config",
-    "FeatureCache": "features",
-    "ConfidenceHead": "model",
-    "HeadConfig": "model",
-    "LinearHead": "model",
-    "carve_dev": "splits",
-    "check_disjoint": "splits",
-    "draw_budget": "splits",
-    "parse_budget": "splits",
-    "DEFAULT_BUDGETS": "sweep",
-    "SweepData": "sweep",
-    "run_sweep": "sweep",
-    "STAGES": "pipeline",
-    "StageResult": "pipeline",
-    "train_elical": "pipeline",
-    "train_stage": "pipeline",
+    "EliCalConfig": ".config",
+    "FeatureCache": ".features",
+    "ConfidenceHead": ".model",
+    "HeadConfig": ".model",
+    "LinearHead": ".model",
+    "carve_dev": ".splits",
+    "check_disjoint": ".splits",
+    "draw_budget": ".splits",
+    "parse_budget": ".splits",
+    "DEFAULT_BUDGETS": ".sweep",
+    "SweepData": ".sweep",
+    "run_sweep": ".sweep",
+    "STAGES": ".pipeline",
+    "StageResult": ".pipeline",
+    "train_elical": ".pipeline",
+    "train_stage": ".pipeline",
     "TrainResult": "candor.train.trainers",
 }
 
 __all__ = sorted([*_EXPORTS, "targets"])
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = _EXPORTS[name]
-    value = getattr(importlib.import_module(module if "." in module else f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
 
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, also=__all__)
