@@ -406,3 +406,20 @@ def test_embedded_model_answers_easy_questions():
         assert all(lp <= 0 for lp in gen.greedy.logprobs)
     assert gens[0].greedy.text == "Paris"
     assert np.exp(gens[0].greedy.logprobs[0]) > 0.5
+
+
+def test_generate_reports_finish_reason_and_token_counts(backend):
+    """Each completion says why it ended and how many tokens the engine generated; each prompt its length."""
+    from candor.backends.base import SamplingParams
+
+    prompts = ["Question: a\nAnswer:", "Question: a longer one\nAnswer:"]
+    gens = backend.generate(prompts, 2, SamplingParams(max_new_tokens=3), greedy=True, seeds=[1, 2])
+    for prompt, g in zip(prompts, gens, strict=True):
+        assert g.prompt_tokens == len(backend.encode([prompt])[0])
+        for c in [g.greedy, *g.samples]:
+            assert c.finish_reason in {"stop", "length"}
+            # A row that hit the cap keeps all its tokens; one that ended on EOS/stop dropped the last one.
+            if c.finish_reason == "length":
+                assert c.completion_tokens == len(c.token_ids) == 3
+            else:
+                assert c.completion_tokens == len(c.token_ids) + 1

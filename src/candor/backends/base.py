@@ -98,6 +98,12 @@ class Completion:
     them) to their log-probs under the same distribution; it is empty when
     the backend cannot give them, and records written before it existed
     simply lack the key.
+
+    ``finish_reason`` is why generation ended, as OpenAI names it: ``"stop"``
+    (end of sequence or a stop string) or ``"length"`` (the token cap); None
+    when the backend cannot tell. ``completion_tokens`` counts the tokens the
+    engine generated for it (the stop token included, as servers report
+    usage); None when unknown. Neither is written to records.
     """
 
     text: str
@@ -105,6 +111,9 @@ class Completion:
     tokens: list[str] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[str, float]] = field(default_factory=list)
+    # Engine metadata, not part of what a record holds: left out of equality and of ``to_dict``.
+    finish_reason: str | None = field(default=None, compare=False)
+    completion_tokens: int | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -130,10 +139,15 @@ class Completion:
 
 @dataclass
 class Generations:
-    """What one prompt produced: an optional greedy answer and ``n`` samples."""
+    """What one prompt produced: an optional greedy answer and ``n`` samples.
+
+    ``prompt_tokens`` is the length of the prompt the engine read, in its own
+    tokens (None when the backend cannot tell).
+    """
 
     greedy: Completion | None
     samples: list[Completion]
+    prompt_tokens: int | None = field(default=None, compare=False)
 
 
 @runtime_checkable

@@ -326,7 +326,10 @@ class HFBackend:
         order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
         chunks = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         capacity = self.batch_size * (int(greedy) + n)
-        results: list[Generations] = [Generations(greedy=None, samples=[None] * n) for _ in prompts]  # type: ignore[list-item]
+        results: list[Generations] = [
+            Generations(greedy=None, samples=[None] * n, prompt_tokens=len(encoded[i]))  # type: ignore[list-item]
+            for i in range(len(prompts))
+        ]
         running: _Running | None = None
         while chunks or running is not None:
             # Top the batch up with the next chunk once enough rows have finished.
@@ -462,8 +465,9 @@ class HFBackend:
                 alternatives.setdefault(token_text(i), lp)
             tops.append(alternatives)
         return Completion(
-            text=text.strip(), token_ids=list(ids), tokens=tokens, logprobs=list(logprobs), top_logprobs=tops
-        )
+            text=text.strip(), token_ids=list(ids), tokens=tokens, logprobs=list(logprobs), top_logprobs=tops,
+            finish_reason="length" if row.ended_by == "length" else "stop", completion_tokens=len(row.ids),
+        )  # fmt: skip
 
     def _stop_matcher(self, stops: Sequence[str]) -> StopMatcher:
         key = tuple(stops)
