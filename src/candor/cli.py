@@ -606,15 +606,30 @@ def serve(
     max_batch: Annotated[int, typer.Option(help="Requests per batched forward pass (1 turns batching off).")] = 16,
     batch_wait_ms: Annotated[float, typer.Option(help="How long a batch waits to fill.")] = 5.0,
     max_new_tokens: Annotated[int, typer.Option(help="Default answer length cap in tokens.")] = 32,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option("--cors-origin", help="A browser origin allowed by CORS (repeatable); none: no CORS."),
+    ] = None,
+    log_prompts: Annotated[
+        bool, typer.Option("--log-prompts", help="Write each request's messages or prompt into the access log.")
+    ] = False,
 ) -> None:
-    """An OpenAI-compatible service: answers carry a confidence and abstain when unsure."""
+    """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
+
+    Also /health, /ready, /metrics (Prometheus), an x-request-id on every response and one JSON
+    access-log line per request on stderr; SIGTERM finishes in-flight requests and exits 0.
+    """
     import importlib.util
 
-    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
-        raise CandorError("candor serve needs fastapi and uvicorn: pip install 'candor[serve]'")
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "prometheus_client")):
+        raise CandorError("candor serve needs fastapi, uvicorn and prometheus-client: pip install 'candor[serve]'")
     from candor.serve.app import ServeSettings, create_app
     from candor.serve.factory import build_model
+    from candor.serve.operations import check_cors_origins, send_access_log_to
     from candor.serve.server import run
+
+    origins = tuple(cors_origin or ())
+    check_cors_origins(origins)  # before the model loads
 
     key = os.environ.get(api_key_env) or None
     if key is None:
@@ -623,8 +638,11 @@ def serve(
                                threshold=threshold, max_new_tokens=max_new_tokens, batch_size=max_batch,
                                base_url=base_url)  # fmt: skip
     settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
-                             max_batch=max_batch, batch_wait_ms=batch_wait_ms)  # fmt: skip
-    run(create_app(honest_model, settings), host=host, port=port)
+                             max_batch=max_batch, batch_wait_ms=batch_wait_ms, cors_origins=origins,
+                             log_prompts=log_prompts)  # fmt: skip
+    service = create_app(honest_model, settings)
+    send_access_log_to(sys.stderr)
+    run(service, host=host, port=port, on_signal=service.state.lifecycle.begin_draining)
 
 
 def run(argv: list[str] | None = None) -> None:

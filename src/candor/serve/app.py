@@ -5,10 +5,14 @@
   is rendered with the model's QA template. Each choice carries a
   ``confidence`` object; an abstained choice has ``finish_reason:
   "abstained"`` and the refusal text as its content.
-- ``GET /health``, ``GET /v1/models``.
+- ``GET /health`` (alive), ``GET /ready``, ``GET /metrics``, ``GET /v1/models``,
+  ``GET /v1/models/{id}``; request ids, the access log, CORS and protocol-level
+  errors are :mod:`candor.serve.operations`, the metrics :mod:`candor.serve.metrics`.
 - Limits (body size, question length, ``n``, ``max_tokens``) answer 4xx in the
   OpenAI error shape; a full queue answers 503; with an API key set, a request
-  without the right ``Authorization: Bearer`` key answers 401.
+  without the right ``Authorization: Bearer`` key answers 401 (the scheme is
+  case-insensitive). Bodies are parsed strictly: ``"n": true`` or
+  ``"max_tokens": "10"`` answer 400 naming the field, never coerced.
 - Concurrent requests are gathered by a :class:`MicroBatcher` into one
   backend call.
 
@@ -35,7 +39,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from candor.serve.batching import MicroBatcher, QueueFull
+from candor.serve.metrics import ServeMetrics
 from candor.serve.model import DEFAULT_REFUSAL, Decoding, HonestAnswer, HonestModel
+from candor.serve.operations import Lifecycle, install_operations
 from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
 from candor.util.errors import CandorError
 
@@ -60,6 +66,8 @@ class ServeSettings:
     queue_size: int = 64
     max_batch: int = 16
     batch_wait_ms: float = 5.0
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed by CORS; none: no CORS headers
+    log_prompts: bool = False  # the access log carries each request's messages or prompt
 
 
 class APIError(Exception):
@@ -94,8 +102,14 @@ def run_batch(model: HonestModel, works: Sequence[Work]) -> list[list[HonestAnsw
 def create_app(model: HonestModel, settings: ServeSettings | None = None) -> FastAPI:
     """The FastAPI app; run it with uvicorn (``candor serve`` does)."""
     settings = settings or ServeSettings()
+    metrics, lifecycle = ServeMetrics(), Lifecycle()
+
+    def answer_works(works: Sequence[Work]) -> list[list[HonestAnswer]]:
+        metrics.observe_batch(len(works))
+        return run_batch(model, works)
+
     batcher = MicroBatcher(
-        lambda works: run_batch(model, works),
+        answer_works,
         max_batch=settings.max_batch,
         max_wait_ms=settings.batch_wait_ms,
         queue_size=settings.queue_size,
@@ -104,11 +118,15 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await batcher.start()
+        lifecycle.mark_started()
         yield
+        lifecycle.begin_draining()
         await batcher.stop()
 
     app = FastAPI(title="candor", lifespan=lifespan)
-    app.state.batcher = batcher
+    app.state.batcher, app.state.metrics, app.state.lifecycle = batcher, metrics, lifecycle
+    metrics.watch_queue(lambda: batcher.waiting)
+    install_operations(app, metrics, lifecycle, cors_origins=settings.cors_origins, log_prompts=settings.log_prompts)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -118,11 +136,6 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     async def _user_error(_: Request, exc: CandorError) -> JSONResponse:
         return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
 
-    @app.exception_handler(Exception)
-    async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("request failed")
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
-
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": settings.model_id, "waiting": batcher.waiting, "batches": batcher.batches}
@@ -130,14 +143,23 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         _authorize(request, settings)
-        return {"object": "list", "data": [{"id": settings.model_id, "object": "model", "created": 0,
-                                            "owned_by": "candor"}]}  # fmt: skip
+        return {"object": "list", "data": [_model_card(settings)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str, request: Request) -> dict[str, Any]:
+        _authorize(request, settings)
+        if model_id != settings.model_id:
+            raise APIError(404, f"the model {model_id!r} does not exist; this server serves {settings.model_id!r}",
+                           "invalid_request_error", "model", "model_not_found")  # fmt: skip
+        return _model_card(settings)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> dict[str, Any]:
         _authorize(request, settings)
         body = await _parse(request, ChatRequest, settings)
         answers = await _answer(batcher, [body.question()], body, settings, model)
+        metrics.observe_first_token()
+        metrics.observe_answers(answers)
         choices = [
             {"index": i, "message": {"role": "assistant", "content": _text(a, settings)},
              "finish_reason": a.finish_reason, "logprobs": None, "confidence": _confidence(a, model)}
@@ -154,6 +176,8 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
             raise APIError(400, f"prompt must hold 1 to {settings.max_prompts} strings", "invalid_request_error",
                            "prompt")  # fmt: skip
         answers = await _answer(batcher, questions, body, settings, model)
+        metrics.observe_first_token()
+        metrics.observe_answers(answers)
         choices = [
             {"index": j * body.n + i, "text": _text(a, settings), "finish_reason": a.finish_reason,
              "logprobs": None, "confidence": _confidence(a, model)}
@@ -164,12 +188,16 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     return app
 
 
+def _model_card(settings: ServeSettings) -> dict[str, Any]:
+    return {"id": settings.model_id, "object": "model", "created": 0, "owned_by": "candor"}
+
+
 def _authorize(request: Request, settings: ServeSettings) -> None:
     if settings.api_key is None:
         return
-    given = request.headers.get("authorization", "")
-    expected = f"Bearer {settings.api_key}"
-    if not hmac.compare_digest(given.encode(), expected.encode()):
+    scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+    # The scheme is case-insensitive (RFC 9110 §11.1): "bearer KEY" is as good as "Bearer KEY".
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), settings.api_key.encode()):
         raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
                        "authentication_error", None, "invalid_api_key")  # fmt: skip
 
@@ -204,7 +232,7 @@ async def _parse(request: Request, schema: type[BaseModel], settings: ServeSetti
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
-        raise APIError(422, f"{param}: {first['msg']}", "invalid_request_error", param, "invalid_value") from None
+        raise APIError(400, f"{param}: {first['msg']}", "invalid_request_error", param, "invalid_value") from None
     _check_limits(body, settings)
     return body
 

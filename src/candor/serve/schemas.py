@@ -1,7 +1,9 @@
 """OpenAI-compatible request bodies and the OpenAI error shape.
 
 Only the fields candor acts on are declared; others an OpenAI client may send
-(``user``, ``presence_penalty`` …) are accepted and ignored.
+(``user``, ``presence_penalty`` …) are accepted and ignored. Types are strict,
+as the OpenAI API checks them: ``"n": true``, ``"max_tokens": "10"`` or
+``"temperature": "0"`` are refused, never coerced (an integer is a valid number).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: str
     content: str | list[dict[str, Any]] | None = None
@@ -25,7 +27,7 @@ class ChatMessage(BaseModel):
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     n: int = 1

@@ -1,13 +1,20 @@
-"""Run the app under uvicorn: in the foreground (``candor serve``) or in a thread (tests, benchmarks)."""
+"""Run the app under uvicorn: in the foreground (``candor serve``) or in a thread (tests, benchmarks).
+
+In the foreground, ``SIGTERM`` (and a first ``Ctrl-C``) drains: uvicorn stops
+accepting connections, in-flight requests finish, the app shuts down, and the
+process exits 0 on ``SIGTERM``.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -15,9 +22,33 @@ from fastapi import FastAPI
 logger = logging.getLogger(__name__)
 
 
-def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve until interrupted."""
-    uvicorn.run(app, host=host, port=port, log_level="info")
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server that calls ``on_signal`` (e.g. to answer ``/ready`` 503) when told to stop."""
+
+    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self.on_signal = on_signal
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.on_signal is not None:
+            self.on_signal()
+        super().handle_exit(sig, frame)
+
+
+def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, on_signal: Callable[[], None] | None = None) -> None:
+    """Serve until SIGTERM or Ctrl-C, then drain; uvicorn's access log is off (the app writes its own)."""
+    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False), on_signal)
+    # After draining, uvicorn re-raises the signal it stopped on to the handler that was in place
+    # before it; for SIGTERM that handler is this no-op, so a requested stop ends with exit 0.
+    previous = signal.signal(signal.SIGTERM, _drained)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _drained(sig: int, frame: FrameType | None) -> None:
+    logger.info("stopped on SIGTERM after finishing in-flight requests")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,148 @@
+"""The service's Prometheus metrics (``GET /metrics``), one registry per app.
+
+Each app owns its :class:`ServeMetrics`, so several apps in one process (tests,
+a benchmark) never share counts. The answering code reports events with one
+call each (:meth:`ServeMetrics.observe_answer`, :meth:`ServeMetrics.observe_batch`,
+:meth:`ServeMetrics.observe_first_token`); the operations middleware opens a
+:meth:`ServeMetrics.request_scope` per HTTP request, which also keeps the
+request's own tally (answers, abstentions) for the access log.
+
+==========================================  =========  ======================  ============================
+name                                        type       labels                  meaning
+==========================================  =========  ======================  ============================
+``candor_requests_total``                   counter    method, route, status   HTTP requests answered
+``candor_request_duration_seconds``         histogram  route                   request latency
+``candor_requests_in_flight``               gauge                              requests being served now
+``candor_time_to_first_token_seconds``      histogram                          request start to first token
+``candor_answers_total``                    counter                            choices returned
+``candor_abstentions_total``                counter                            choices that abstained
+``candor_confidence``                       histogram                          confidence of each choice
+``candor_queue_depth``                      gauge                              requests waiting for a batch
+``candor_batch_size``                       histogram                          questions per backend batch
+==========================================  =========  ======================  ============================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from candor.serve.model import HonestAnswer
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+CONFIDENCE_BUCKETS = tuple(i / 10 for i in range(11))  # raw estimator scores below 0 fall in le="0.0"
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass
+class RequestTally:
+    """What one HTTP request did, for its access-log line."""
+
+    started: float  # time.monotonic() at arrival
+    answers: int = 0
+    abstained: int = 0
+    first_token_seen: bool = False
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+# The request being served in this task (asyncio copies it into the route's context).
+_current_request: ContextVar[RequestTally | None] = ContextVar("candor_current_request", default=None)
+
+
+class ServeMetrics:
+    """The counters, gauges and histograms of one app, in their own ``CollectorRegistry``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.requests = Counter("candor_requests", "HTTP requests answered, by method, route and status.",
+                                ["method", "route", "status"], registry=reg)  # fmt: skip
+        self.latency = Histogram("candor_request_duration_seconds", "Request latency, arrival to last byte.",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=reg)  # fmt: skip
+        self.in_flight = Gauge("candor_requests_in_flight", "Requests being served now (a scrape counts itself).",
+                               registry=reg)  # fmt: skip
+        self.first_token = Histogram("candor_time_to_first_token_seconds",
+                                     "Request arrival to its first generated token reaching the client.",
+                                     buckets=LATENCY_BUCKETS, registry=reg)  # fmt: skip
+        self.answers = Counter("candor_answers", "Choices returned, answered or abstained.", registry=reg)
+        self.abstentions = Counter("candor_abstentions", "Choices that abstained.", registry=reg)
+        self.confidence = Histogram("candor_confidence", "The confidence of each returned choice.",
+                                    buckets=CONFIDENCE_BUCKETS, registry=reg)  # fmt: skip
+        self.queue_depth = Gauge("candor_queue_depth", "Requests waiting for the batcher.", registry=reg)
+        self.batch_size = Histogram("candor_batch_size", "Questions gathered into one backend batch.",
+                                    buckets=BATCH_BUCKETS, registry=reg)  # fmt: skip
+
+    # ------------------------------------------------------------ events
+
+    def watch_queue(self, depth: Callable[[], float]) -> None:
+        """Read the queue depth from ``depth()`` at each scrape."""
+        self.queue_depth.set_function(depth)
+
+    def observe_answer(self, answer: HonestAnswer) -> None:
+        """One returned choice: its confidence, and whether it abstained."""
+        self.answers.inc()
+        self.confidence.observe(answer.confidence)
+        if answer.abstained:
+            self.abstentions.inc()
+        tally = _current_request.get()
+        if tally is not None:
+            tally.answers += 1
+            tally.abstained += int(answer.abstained)
+
+    def observe_answers(self, answers: Iterable[Iterable[HonestAnswer]]) -> None:
+        """Every choice of a response (one list per question)."""
+        for per_question in answers:
+            for answer in per_question:
+                self.observe_answer(answer)
+
+    def observe_batch(self, size: int) -> None:
+        """One backend batch of ``size`` questions (thread-safe: called from the batch worker)."""
+        self.batch_size.observe(size)
+
+    def observe_first_token(self, seconds: float | None = None) -> None:
+        """The first token reached the client; by default timed from the current request's arrival.
+
+        Counted once per request, so a stream may call it for every chunk.
+        """
+        tally = _current_request.get()
+        if tally is not None:
+            if tally.first_token_seen:
+                return
+            tally.first_token_seen = True
+        if seconds is None:
+            if tally is None:
+                return  # outside a request there is no arrival to time from
+            seconds = tally.elapsed()
+        self.first_token.observe(seconds)
+
+    # ------------------------------------------------------------ requests
+
+    @contextlib.contextmanager
+    def request_scope(self) -> Iterator[RequestTally]:
+        """Around one HTTP request: counts it in flight and makes its tally current."""
+        tally = RequestTally(time.monotonic())
+        token = _current_request.set(tally)
+        self.in_flight.inc()
+        try:
+            yield tally
+        finally:
+            self.in_flight.dec()
+            _current_request.reset(token)
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method=method, route=route, status=str(status)).inc()
+        self.latency.labels(route=route).observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this app's metrics."""
+        return generate_latest(self.registry)
