@@ -290,6 +290,47 @@ def test_the_access_log_counts_abstentions_and_carries_prompts_only_when_asked(h
     assert lines["p-2"]["prompt"] == QUESTIONS[:3]
 
 
+def test_an_unexpected_error_is_a_500_in_the_openai_shape_that_keeps_its_request_id(honest, caplog):
+    app = create_app(honest, ServeSettings())
+
+    async def broken() -> None:
+        raise RuntimeError("a defect in a route")
+
+    app.add_api_route("/v1/broken", broken)  # a real route of the real app, broken on purpose
+    with caplog.at_level(logging.INFO), serve_in_thread(app) as url:
+        got = httpx.get(f"{url}/v1/broken", headers={"x-request-id": "boom-1"})
+        assert httpx.get(f"{url}/health").status_code == 200  # the server is still up
+    assert got.status_code == 500 and got.headers["x-request-id"] == "boom-1"
+    assert got.json()["error"] == {"message": "internal error: RuntimeError", "type": "server_error", "param": None,
+                                   "code": None}  # fmt: skip
+    line = next(x for x in access_lines(caplog.records) if x["request_id"] == "boom-1")
+    assert line["status"] == 500 and "incomplete" not in line
+    assert any("boom-1" in r.getMessage() and r.exc_info for r in caplog.records)  # the traceback is logged once
+
+
+def test_a_stream_the_client_drops_is_logged_as_incomplete(honest, caplog):
+    import asyncio
+
+    from fastapi.responses import StreamingResponse
+
+    app = create_app(honest, ServeSettings())
+
+    async def endless():  # what a streamed answer looks like to the middleware, with no end
+        yield b"data: {}\n\n"
+        await asyncio.sleep(3600)
+
+    app.add_api_route("/v1/endless", lambda: StreamingResponse(endless(), media_type="text/event-stream"))
+    with caplog.at_level(logging.INFO), serve_in_thread(app) as url:
+        with httpx.stream("GET", f"{url}/v1/endless", headers={"x-request-id": "drop-1"}) as resp:
+            assert next(resp.iter_bytes()).startswith(b"data:")
+        deadline = time.monotonic() + 30  # the server notices the closed connection on its own schedule
+        while not any(x["request_id"] == "drop-1" for x in access_lines(caplog.records)):
+            assert time.monotonic() < deadline, "the dropped stream was never logged"
+            time.sleep(0.05)
+    line = next(x for x in access_lines(caplog.records) if x["request_id"] == "drop-1")
+    assert line["status"] == 200 and line["incomplete"] is True
+
+
 # ---------------------------------------------------------------- CORS
 
 

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -196,17 +197,22 @@ class OperationsMiddleware:
                 logger.exception("request %s failed", exchange.request_id)
                 await JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"),
                                    status_code=500)(scope, receive, exchange.send)  # fmt: skip
+            except asyncio.CancelledError:  # the request was cancelled (a client that went away)
+                exchange.cancelled = True
+                raise
             finally:
                 exchange.finish()  # when no complete response went out (an error, a dropped client)
 
     def account(self, exchange: Exchange) -> None:
         """Count the request and write its access-log line."""
         scope, tally = exchange.scope, exchange.tally
-        seconds, status = tally.elapsed(), exchange.status or 500
+        seconds, status = tally.elapsed(), exchange.final_status()
         self.metrics.observe_request(scope["method"], route_label(self.router, scope), status, seconds)
         line: dict[str, Any] = {"request_id": exchange.request_id, "method": scope["method"], "path": scope["path"],
                                 "status": status, "latency_ms": round(seconds * 1000, 3), "answers": tally.answers,
                                 "abstained": tally.abstained}  # fmt: skip
+        if not exchange.complete:
+            line["incomplete"] = True  # the response was cut off (an error or a cancel mid-way)
         if self.log_prompts:
             line["prompt"] = logged_prompt(bytes(exchange.body))
         access_logger.info(json.dumps(line, ensure_ascii=False))
@@ -222,7 +228,15 @@ class Exchange:
         self.downstream = send
         self.status: int | None = None  # set when the response starts
         self.body = bytearray()  # the request body, kept only for --log-prompts
+        self.complete = False  # the last body byte went out
+        self.cancelled = False
         self.finished = False
+
+    def final_status(self) -> int:
+        """The status sent; 499 (client closed request) or 500 when the response never started."""
+        if self.status is not None:
+            return self.status
+        return 499 if self.cancelled else 500
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -232,6 +246,7 @@ class Exchange:
             if self.status == 503 and "retry-after" not in out:
                 out["Retry-After"] = str(RETRY_AFTER_SECONDS)
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.complete = True
             self.finish()  # before the last byte leaves, so a client that saw the response sees it counted
         await self.downstream(message)
 
