@@ -385,7 +385,8 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
     env.pop("CANDOR_API_KEY", None)
     # A batch waits 4 s to fill, so a lone request is surely in flight when the signal comes.
     cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", tiny_model_dir, "--port", str(port),
-           "--max-new-tokens", "4", "--threshold", "0.0", "--batch-wait-ms", "4000", "--max-batch", "4"]  # fmt: skip
+           "--max-new-tokens", "4", "--threshold", "0.0", "--batch-wait-ms", "4000", "--max-batch", "4",
+           "--log-prompts", "--cors-origin", "https://app.example"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def answers(path: str) -> bool:
@@ -398,9 +399,9 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
     result: dict = {}
 
     def slow() -> None:
-        resp = httpx.post(f"{base}/v1/chat/completions", json=chat(), headers={"x-request-id": "in-flight-1"},
-                          timeout=120)  # fmt: skip
-        result.update(status=resp.status_code, body=resp.json())
+        headers = {"x-request-id": "in-flight-1", "Origin": "https://app.example"}
+        resp = httpx.post(f"{base}/v1/chat/completions", json=chat(), headers=headers, timeout=120)
+        result.update(status=resp.status_code, body=resp.json(), cors=resp.headers.get("access-control-allow-origin"))
 
     caller = threading.Thread(target=slow)
     caller.start()
@@ -414,6 +415,8 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
     assert proc.returncode == 0, stderr.decode()[-3000:]
     logged = {x["request_id"]: x for x in map(json.loads, filter(is_json_line, stderr.decode().splitlines()))}
     assert logged["in-flight-1"]["status"] == 200 and logged["in-flight-1"]["answers"] == 1
+    # --log-prompts and --cors-origin reach the running service.
+    assert logged["in-flight-1"]["prompt"] == chat()["messages"] and result["cors"] == "https://app.example"
 
 
 def is_json_line(line: str) -> bool:
