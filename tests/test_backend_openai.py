@@ -137,6 +137,13 @@ def test_samples_come_from_repeated_requests_when_n_is_ignored(remote) -> None:
 
 
 @needs_serve
+def test_63_bit_prompt_seeds_are_taken_by_transformers_serve(remote) -> None:
+    # The serve path seeds each question with a 63-bit hash; the server seeds torch with what it is sent.
+    gens = remote.generate(PROMPTS[:1], 2, PARAMS, greedy=False, seeds=[2**63 - 1])
+    assert len(gens[0].samples) == 2 and all(isinstance(s.text, str) for s in gens[0].samples)
+
+
+@needs_serve
 def test_logprob_estimators_refuse_and_black_box_ones_run(remote) -> None:
     from helpers import annotated_records
 

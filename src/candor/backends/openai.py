@@ -19,6 +19,10 @@ is the backend's ``capabilities``: estimators that need more refuse before
 any real request. Without server-side ``n``, samples come from repeated
 requests with distinct seeds.
 
+Every seed sent is derived from the prompt's seed (and the sample's index)
+by :func:`request_seed`, which lands in [0, 2^31 - 1]: servers seed torch or
+numpy with it, and a 63-bit prompt seed times anything overflows them.
+
 The official ``openai`` client does the HTTP: timeouts, and retries with
 exponential backoff (0.5 s doubling, capped at 8 s, with jitter) on 408,
 409, 429, 5xx and dropped connections. Requests run on a thread pool of
@@ -50,6 +54,7 @@ from candor.backends.base import (
     SamplingParams,
 )
 from candor.util.errors import CandorError
+from candor.util.seeds import item_seed
 
 logger = logging.getLogger(__name__)
 
@@ -211,11 +216,11 @@ class OpenAIBackend:
             if greedy:
                 tasks.append((i, -1, self._bind(prompt, params, 0.0, 1, None, top)))
             if n and SAMPLES_N in caps:
-                tasks.append((i, 0, self._bind(prompt, params, params.temperature, n, seeds[i], top)))
+                tasks.append((i, 0, self._bind(prompt, params, params.temperature, n, request_seed(seeds[i]), top)))
             else:
                 # No server-side n: one request per sample, each with its own seed.
-                tasks.extend((i, j, self._bind(prompt, params, params.temperature, 1, seeds[i] * 1000 + j, top))
-                             for j in range(n))
+                tasks.extend((i, j, self._bind(prompt, params, params.temperature, 1, seed, top))
+                             for j, seed in enumerate(sample_seeds(seeds[i], n)))
         results = [Generations(greedy=None, samples=[None] * n) for _ in prompts]  # type: ignore[list-item]
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
             outputs = list(pool.map(lambda task: task[2](), tasks))
@@ -379,6 +384,35 @@ class OpenAIBackend:
 
     def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
         raise CandorError(f"the server at {self.base_url} gives no hidden states; use a white-box backend such as hf")
+
+
+# ---------------------------------------------------------------- seeds
+
+# Servers seed 32-bit generators (numpy) or reject what torch cannot take: stay below 2^31.
+MAX_SEED = 2**31 - 1
+
+
+def request_seed(prompt_seed: int, *sample: int) -> int:
+    """The seed sent for a prompt (and one of its samples): deterministic, in [0, MAX_SEED]."""
+    return item_seed("openai", prompt_seed, *sample)
+
+
+def sample_seeds(prompt_seed: int, n: int) -> list[int]:
+    """``n`` distinct request seeds for one prompt's samples, one request each.
+
+    Hashing into 31 bits can collide; a collision is redrawn with a counter, so
+    the seeds stay distinct and depend only on the prompt's seed, never on the batch.
+    """
+    seeds: list[int] = []
+    taken: set[int] = set()
+    for j in range(n):
+        seed, retry = request_seed(prompt_seed, j), 0
+        while seed in taken:
+            retry += 1
+            seed = request_seed(prompt_seed, j, retry)
+        taken.add(seed)
+        seeds.append(seed)
+    return seeds
 
 
 # ---------------------------------------------------------------- helpers

@@ -1,0 +1,144 @@
+"""The openai backend against an OpenAI-compatible server on 127.0.0.1 that answers from fixtures.
+
+The server is real HTTP (the standard library's ``http.server`` in a thread);
+what it answers is built in the documented response format of the legacy
+completions endpoint as vLLM fills it (``vllm/entrypoints/openai``:
+``CompletionResponse`` with ``usage``, choices with ``finish_reason`` and a
+``logprobs`` block of ``text_offset``, ``token_logprobs``, ``tokens`` and
+``top_logprobs``, where ``text_offset`` is the running sum of the token
+strings' lengths and a position without log-probs, the first echoed prompt
+token, has ``None`` in ``token_logprobs`` and ``top_logprobs``). Each test
+drops or changes one field the way a real server does and checks what the
+backend makes of it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from candor.backends.base import GENERATE, SamplingParams
+from candor.backends.openai import SAMPLES_N, OpenAIBackend
+
+MAX_SEED = 2**31 - 1  # what servers take (numpy's and torch's generators)
+
+Responder = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
+
+
+class FixtureServer:
+    """``POST /v1/completions`` answered by ``responder(body) -> (status, json)``; every body is kept."""
+
+    def __init__(self, responder: Responder) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    outer.bodies.append(body)
+                status, answer = responder(body)
+                payload = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> FixtureServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# ---------------------------------------------------------------- the documented response format
+
+
+def logprobs_block(tokens: list[str], lps: list[float | None], tops: list[dict[str, float] | None],
+                   start: int = 0) -> dict[str, Any]:  # fmt: skip
+    """vLLM's ``CompletionLogProbs``: offsets are the running sum of the token strings' lengths."""
+    offsets, at = [], start
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": tops}
+
+
+def choice(text: str, index: int = 0, finish: str = "length", logprobs: dict[str, Any] | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None}
+
+
+def completion(body: dict[str, Any], choices: list[dict], prompt_tokens: int | None, completion_tokens: int | None
+               ) -> dict[str, Any]:  # fmt: skip
+    out: dict[str, Any] = {"id": "cmpl-fixture", "object": "text_completion", "created": 0,
+                           "model": body["model"], "choices": choices}  # fmt: skip
+    if prompt_tokens is not None:
+        out["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + (completion_tokens or 0)}  # fmt: skip
+    return out
+
+
+def ignores_n(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Like transformers serve: one choice whatever ``n``, no log-probs."""
+    return 200, completion(body, [choice(" Paris")], prompt_tokens=5, completion_tokens=2)
+
+
+PARAMS = SamplingParams(max_new_tokens=4)
+
+
+# ---------------------------------------------------------------- seeds (issue 23, item 6)
+
+
+def test_seeds_sent_to_a_server_that_ignores_n_stay_31_bit_distinct_and_deterministic() -> None:
+    # Prompt seeds as the serve path makes them (63-bit hashes of the question).
+    prompt_seeds = [2**62 + 12345, 2**63 - 1]
+    with FixtureServer(ignores_n) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE])
+        backend.generate(["q1", "q2"], 5, PARAMS, greedy=False, seeds=prompt_seeds)
+        first = [(b["prompt"], b["seed"]) for b in server.bodies]
+        server.bodies.clear()
+        backend.generate(["q2"], 5, PARAMS, greedy=False, seeds=prompt_seeds[1:])
+        again = [(b["prompt"], b["seed"]) for b in server.bodies]
+    seeds = [s for _, s in first]
+    assert len(seeds) == 10 and all(0 <= s <= MAX_SEED for s in seeds)
+    assert len(set(seeds)) == 10  # every (prompt, sample) its own seed
+    # The same prompt seed gives the same seeds, whatever shares its batch.
+    assert sorted(s for p, s in again) == sorted(s for p, s in first if p == "q2")
+
+
+def test_one_request_with_server_side_n_sends_a_31_bit_seed() -> None:
+    with FixtureServer(ignores_n) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE, SAMPLES_N])
+        with pytest.raises(Exception, match="fewer samples"):  # this server ignores n, so the count is checked
+            backend.generate(["q"], 3, PARAMS, greedy=False, seeds=[2**62])
+    assert [b["n"] for b in server.bodies] == [3]
+    assert 0 <= server.bodies[0]["seed"] <= MAX_SEED
+
+
+def test_sample_seeds_stay_distinct_where_the_31_bit_hash_collides() -> None:
+    from candor.backends.openai import MAX_SEED as BACKEND_MAX
+    from candor.backends.openai import request_seed, sample_seeds
+
+    assert BACKEND_MAX == MAX_SEED
+    plain = [request_seed(0, j) for j in range(100_000)]
+    assert len(set(plain)) < len(plain)  # the hash does collide at this size ...
+    seeds = sample_seeds(0, 100_000)
+    assert len(set(seeds)) == len(seeds)  # ... and the redraw keeps every sample's seed its own
+    assert all(0 <= s <= MAX_SEED for s in seeds)
+    assert seeds == sample_seeds(0, 100_000)
