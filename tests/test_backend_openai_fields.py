@@ -142,3 +142,69 @@ def test_sample_seeds_stay_distinct_where_the_31_bit_hash_collides() -> None:
     assert len(set(seeds)) == len(seeds)  # ... and the redraw keeps every sample's seed its own
     assert all(0 <= s <= MAX_SEED for s in seeds)
     assert seeds == sample_seeds(0, 100_000)
+
+
+# ---------------------------------------------------------------- usage and finish_reason (issue 23, item 5)
+
+
+def test_a_request_with_one_choice_owns_its_usage() -> None:
+    with FixtureServer(ignores_n) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE])
+        gen = backend.generate(["q"], 2, PARAMS, greedy=True, seeds=[7])[0]
+    assert gen.prompt_tokens == 5
+    assert [c.completion_tokens for c in (gen.greedy, *gen.samples)] == [2, 2, 2]
+    assert [c.finish_reason for c in (gen.greedy, *gen.samples)] == ["length"] * 3
+
+
+def with_logprobs(counts: list[int], total: int | None, finish: str = "stop") -> Responder:
+    """A server that honours ``n``: choice i generated ``counts[i]`` tokens; usage says ``total``."""
+
+    def respond(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        n = body.get("n", 1)
+        choices = []
+        for i in range(n):
+            tokens = [" Par", "is", "\n", " and"][: counts[i % len(counts)]]
+            block = logprobs_block(tokens, [-0.5] * len(tokens), [{t: -0.5} for t in tokens])
+            choices.append(choice("".join(tokens), index=i, finish=finish, logprobs=block))
+        return 200, completion(body, choices, prompt_tokens=9, completion_tokens=total)
+
+    return respond
+
+
+@pytest.mark.parametrize(("total", "expected"), [(7, [3, 4]), (8, [None, None]), (None, [None, None])])
+def test_choices_that_share_a_request_split_its_usage_only_when_their_tokens_account_for_it(total, expected) -> None:
+    with FixtureServer(with_logprobs([3, 4], total)) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE, SAMPLES_N, "logprobs"])
+        gen = backend.generate(["q"], 2, PARAMS, greedy=False, seeds=[7])[0]
+    assert [s.completion_tokens for s in gen.samples] == expected
+    assert gen.prompt_tokens == 9  # usage gives the prompt's count in every case
+    assert [s.finish_reason for s in gen.samples] == ["stop", "stop"]
+
+
+def test_usage_left_out_is_none_not_zero() -> None:
+    def no_usage(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return 200, completion(body, [choice(" Paris")], prompt_tokens=None, completion_tokens=None)
+
+    with FixtureServer(no_usage) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE])
+        gen = backend.generate(["q"], 0, PARAMS)[0]
+    assert gen.greedy.text == "Paris" and gen.greedy.finish_reason == "length"
+    assert gen.prompt_tokens is None and gen.greedy.completion_tokens is None
+
+
+@pytest.mark.parametrize(("server_says", "stop", "expected"), [
+    ("length", ("\n",), "stop"),  # cut here at a stop string the server ignored
+    ("length", (), "length"),
+    ("stop", (), "stop"),
+    ("content_filter", (), None),  # not a reason a Completion knows: cannot tell
+])  # fmt: skip
+def test_finish_reason_is_the_servers_or_stop_where_cut_here(server_says, stop, expected) -> None:
+    def respond(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return 200, completion(body, [choice(" Paris\nRome", finish=server_says)], prompt_tokens=3,
+                               completion_tokens=4)  # fmt: skip
+
+    with FixtureServer(respond) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE])
+        greedy = backend.generate(["q"], 0, SamplingParams(max_new_tokens=4, stop=stop))[0].greedy
+    assert greedy.finish_reason == expected
+    assert greedy.completion_tokens == 4  # what the engine generated, the part cut here included

@@ -23,6 +23,13 @@ Every seed sent is derived from the prompt's seed (and the sample's index)
 by :func:`request_seed`, which lands in [0, 2^31 - 1]: servers seed torch or
 numpy with it, and a 63-bit prompt seed times anything overflows them.
 
+Token counts come from the server's ``usage`` (the prompt's, and the
+generated tokens of a request with one choice; several choices share theirs
+only when their log-prob token lists account for it exactly) and are None
+where the server does not tell: nothing on the generation path needs a
+local tokenizer. ``finish_reason`` is the server's, or ``stop`` where the
+text was cut here at a stop string the server ignored.
+
 The official ``openai`` client does the HTTP: timeouts, and retries with
 exponential backoff (0.5 s doubling, capped at 8 s, with jitter) on 408,
 409, 429, 5xx and dropped connections. Requests run on a thread pool of
@@ -37,7 +44,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -67,6 +74,17 @@ CHAT_MARK = "\x00candor-chat\x00"
 MAX_TOP_LOGPROBS = 20
 
 SAMPLES_N = "n"  # the server returns n choices per request (an internal capability)
+
+# The finish reasons a Completion carries; others (content_filter, tool_calls, abort) are "cannot tell".
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+class Reply(NamedTuple):
+    """What one request returned: its choices and the response's ``usage`` (None where absent)."""
+
+    choices: list[Any]
+    prompt_tokens: int | None
+    completion_tokens: int | None
 
 
 def _openai_module() -> Any:
@@ -223,10 +241,13 @@ class OpenAIBackend:
                              for j, seed in enumerate(sample_seeds(seeds[i], n)))
         results = [Generations(greedy=None, samples=[None] * n) for _ in prompts]  # type: ignore[list-item]
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            outputs = list(pool.map(lambda task: task[2](), tasks))
-        for (i, first, _), choices in zip(tasks, outputs, strict=True):
-            ordered = sorted(choices, key=lambda c: _get(c, "index") or 0)
-            completions = [self._completion(c, params.stop) for c in ordered]
+            replies = list(pool.map(lambda task: task[2](), tasks))
+        for (i, first, _), reply in zip(tasks, replies, strict=True):
+            ordered = sorted(reply.choices, key=lambda c: _get(c, "index") or 0)
+            counts = self._completion_token_counts(ordered, reply.completion_tokens)
+            completions = [self._completion(c, params.stop, k) for c, k in zip(ordered, counts, strict=True)]
+            if results[i].prompt_tokens is None:
+                results[i].prompt_tokens = reply.prompt_tokens
             if first < 0:
                 results[i].greedy = completions[0]
             else:
@@ -237,7 +258,7 @@ class OpenAIBackend:
 
     def _bind(
         self, prompt: str, params: SamplingParams, temperature: float, n: int, seed: int | None, top: int | None
-    ) -> Callable[[], list[Any]]:
+    ) -> Callable[[], Reply]:
         sampled = temperature > 0
         kwargs: dict[str, Any] = {
             "max_tokens": params.max_new_tokens,
@@ -251,9 +272,13 @@ class OpenAIBackend:
             kwargs["top_p"] = params.top_p
             if params.top_k > 0 and self._takes_top_k:
                 kwargs["extra_body"] = {"top_k": params.top_k}  # vLLM, TGI and llama.cpp read it
-        return lambda: self._request(prompt, **kwargs)
+        return lambda: self._call(prompt, **kwargs)
 
-    def _request(
+    def _request(self, prompt: str, **kwargs: Any) -> list[Any]:
+        """The choices of one request (at least one)."""
+        return self._call(prompt, **kwargs).choices
+
+    def _call(
         self,
         prompt: str,
         *,
@@ -266,8 +291,8 @@ class OpenAIBackend:
         top_p: float | None = None,
         echo: bool = False,
         extra_body: dict[str, Any] | None = None,
-    ) -> list[Any]:
-        """One request; the choices of the response. Transport errors become one CandorError."""
+    ) -> Reply:
+        """One request: its choices and token usage. Transport errors become one CandorError."""
         openai = _openai_module()
         common: dict[str, Any] = {"model": self.model_name, "max_tokens": max_tokens, "temperature": temperature}
         for key, value in (("n", n if n != 1 else None), ("stop", stop), ("seed", seed), ("top_p", top_p)):
@@ -296,9 +321,29 @@ class OpenAIBackend:
                 f"the server at {self.base_url} answered {exc.status_code} for model {self.model_name!r}: "
                 f"{_short(exc.message)}"
             ) from None
-        return list(response.choices or [])
+        choices = list(response.choices or [])
+        if not choices:
+            raise CandorError(f"the server at {self.base_url} answered no choices for model {self.model_name!r}")
+        usage = _get(response, "usage")
+        return Reply(choices, _count(_get(usage, "prompt_tokens")), _count(_get(usage, "completion_tokens")))
 
-    def _completion(self, choice: Any, stop: Sequence[str] = ()) -> Completion:
+    def _completion_token_counts(self, choices: Sequence[Any], total: int | None) -> list[int | None]:
+        """Each choice's generated tokens, from the response's usage (which counts all choices together).
+
+        One choice owns the total. Several share it: each gets the length of its
+        own log-prob token list only when those lengths add up to the total (so
+        they count what usage counts); otherwise nobody can tell, and it is None.
+        """
+        if total is None:
+            return [None] * len(choices)
+        if len(choices) == 1:
+            return [total]
+        lengths = [len(self._choice_logprobs(c)[0]) if _get(c, "logprobs") is not None else None for c in choices]
+        if None in lengths or sum(lengths) != total:  # type: ignore[arg-type]
+            return [None] * len(choices)
+        return lengths  # type: ignore[return-value]
+
+    def _completion(self, choice: Any, stop: Sequence[str] = (), completion_tokens: int | None = None) -> Completion:
         if self.endpoint == "chat":
             message = _get(choice, "message")
             raw = (_get(message, "content") if message is not None else "") or ""
@@ -307,6 +352,8 @@ class OpenAIBackend:
         # Some servers (transformers serve) ignore ``stop``: cut here too, as the hf backend does.
         ends = [k for k in (raw.find(x) for x in stop if x) if k >= 0]
         raw = raw[: min(ends)] if ends else raw
+        # A text cut at a stop string here stopped there, whatever the server says.
+        finish = "stop" if ends else FINISH_REASONS.get(_get(choice, "finish_reason"))
         tokens, lps, tops = self._choice_logprobs(choice)
         if tokens and all(x is not None for x in lps):
             # Drop tokens past the returned text: the EOS or the token that completed a stop string.
@@ -319,6 +366,8 @@ class OpenAIBackend:
             tokens=list(tokens),
             logprobs=[float(x) for x in lps],
             top_logprobs=[t for t in tops if t] if any(tops) else [],
+            finish_reason=finish,
+            completion_tokens=completion_tokens,
         )
 
     def _choice_logprobs(self, choice: Any) -> tuple[list[str], list[float | None], list[dict[str, float]]]:
@@ -460,6 +509,11 @@ def _get(obj: Any, key: str) -> Any:
     if isinstance(obj, dict):
         return obj.get(key)
     return getattr(obj, key, None)
+
+
+def _count(value: Any) -> int | None:
+    """A token count from ``usage``; None when the server left it out or sent something else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _short(text: Any, limit: int = 200) -> str:
