@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from candor.backends.base import GENERATE, SamplingParams
+from candor.backends.base import GENERATE, LOGPROBS, SCORE, TOP_LOGPROBS, SamplingParams
 from candor.backends.openai import SAMPLES_N, OpenAIBackend
+from candor.util.errors import CandorError
 
 MAX_SEED = 2**31 - 1  # what servers take (numpy's and torch's generators)
 
@@ -208,3 +209,91 @@ def test_finish_reason_is_the_servers_or_stop_where_cut_here(server_says, stop, 
         greedy = backend.generate(["q"], 0, SamplingParams(max_new_tokens=4, stop=stop))[0].greedy
     assert greedy.finish_reason == expected
     assert greedy.completion_tokens == 4  # what the engine generated, the part cut here included
+
+
+# ---------------------------------------------------------------- prompt scoring, probing, alignment (issue 28, item 5)
+
+PROMPT, CONTINUATION = "Question: Who wrote Hamlet?\nAnswer:", " William Shakespeare"
+
+
+def lp_of(i: int) -> float:
+    """The fixture's log-prob of the token at position ``i``: distinct, so a wrong pick shows."""
+    return -0.1 * (i + 1)
+
+
+class EchoServer:
+    """vLLM's echo: the prompt's tokens (decoded one by one, as vLLM shows them) and one generated token.
+
+    ``bos``: a leading special token that vLLM echoes and counts in ``text_offset``;
+    ``omit``: a field of the ``logprobs`` block to leave out.
+    """
+
+    def __init__(self, tokenizer: Any, bos: str | None = None, omit: str | None = None, pieces: bool = False):
+        self.tokenizer, self.bos, self.omit, self.pieces = tokenizer, bos, omit, pieces
+
+    def tokens(self, text: str) -> list[str]:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if self.pieces:  # the vocabulary pieces ("Ġthere"), as older vLLM sent them
+            return list(self.tokenizer.convert_ids_to_tokens(ids))
+        return [self.tokenizer.decode([i]) for i in ids]
+
+    def __call__(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        prompt = body["prompt"]
+        tokens = ([self.bos] if self.bos else []) + (self.tokens(prompt) if body.get("echo") else [])
+        tokens.append(" Paris")  # the one generated token
+        lps: list[float | None] = [lp_of(i) for i in range(len(tokens))]
+        tops: list[dict[str, float] | None] = [{t: lp_of(i)} for i, t in enumerate(tokens)]
+        if body.get("echo"):
+            lps[0], tops[0] = None, None  # the first prompt token has no log-prob
+        block = logprobs_block(tokens, lps, tops)
+        if self.omit:
+            del block[self.omit]
+        text = (prompt if body.get("echo") else "") + " Paris"
+        return 200, completion(body, [choice(text, logprobs=block)], prompt_tokens=len(tokens) - 1,
+                               completion_tokens=1)  # fmt: skip
+
+
+def expected_scores(tokenizer: Any, bos: bool = False) -> list[float]:
+    """The fixture's log-probs of the continuation's tokens (they follow the prompt's)."""
+    n_prompt = len(tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
+    n_cont = len(tokenizer(PROMPT + CONTINUATION, add_special_tokens=False)["input_ids"]) - n_prompt
+    first = n_prompt + (1 if bos else 0)
+    return [lp_of(i) for i in range(first, first + n_cont)]
+
+
+def scorer(url: str) -> OpenAIBackend:
+    return OpenAIBackend("m", base_url=url, capabilities=[GENERATE, "logprobs", "score"])
+
+
+@pytest.mark.parametrize("server_kind", ["text_offset left out", "a leading BOS counted in text_offset"])
+def test_score_reads_the_continuation_without_trusting_text_offset(tokenizer, server_kind) -> None:
+    bos = "<|begin_of_text|>" if "BOS" in server_kind else None
+    omit = "text_offset" if "left out" in server_kind else None
+    with FixtureServer(EchoServer(tokenizer, bos=bos, omit=omit)) as server:
+        scores = scorer(server.url).score([PROMPT], [CONTINUATION])[0]
+    assert scores == pytest.approx(expected_scores(tokenizer, bos=bos is not None))
+    assert len(scores) >= 2  # " William Shakespeare" is more than one token
+
+
+@pytest.mark.parametrize("omit", ["tokens", "token_logprobs"])
+def test_score_refuses_an_echo_it_cannot_read_and_the_probe_does_not_grant_it(tokenizer, omit) -> None:
+    with FixtureServer(EchoServer(tokenizer, omit=omit)) as server:
+        with pytest.raises(CandorError, match="echoed no tokens with log-probs; cannot score continuations"):
+            scorer(server.url).score([PROMPT], [CONTINUATION])
+        assert SCORE not in OpenAIBackend("m", base_url=server.url).capabilities
+
+
+def test_an_echo_of_vocabulary_pieces_is_not_scored(tokenizer) -> None:
+    # "Ġthere" is not the text " there": offsets and pieces say nothing about where the prompt ends.
+    with FixtureServer(EchoServer(tokenizer, pieces=True)) as server:
+        probed = OpenAIBackend("m", base_url=server.url).capabilities
+        assert LOGPROBS in probed and SCORE not in probed
+        with pytest.raises(CandorError, match="do not spell the prompt"):
+            scorer(server.url).score([PROMPT], [CONTINUATION])
+
+
+def test_the_probe_grants_score_to_an_echo_that_spells_the_prompt(tokenizer) -> None:
+    with FixtureServer(EchoServer(tokenizer, bos="<|begin_of_text|>")) as server:
+        backend = OpenAIBackend("m", base_url=server.url)
+        assert {GENERATE, LOGPROBS, TOP_LOGPROBS, SCORE} <= backend.capabilities
+        assert backend.score([PROMPT], [CONTINUATION])[0] == pytest.approx(expected_scores(tokenizer, bos=True))
