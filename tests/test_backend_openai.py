@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from candor.backends.base import GENERATE, LOGPROBS, TOKENIZER, TOP_LOGPROBS, SamplingParams
+from candor.backends.base import GENERATE, LOGPROBS, SCORE, TOKENIZER, TOP_LOGPROBS, SamplingParams
 from candor.backends.openai import SAMPLES_N, OpenAIBackend
 from candor.util.errors import CandorError
 
@@ -182,6 +182,14 @@ def test_candor_serve_over_transformers_serve_reports_the_servers_usage(served, 
     assert status == 200, answer
     assert answer["usage"]["completion_tokens"] > 0
     assert answer["choices"][0]["finish_reason"] == "length"
+
+
+@needs_serve
+def test_scoring_where_transformers_serve_echoes_nothing_is_an_error_not_probability_1(served, smollm_dir) -> None:
+    # A user who claims prompt scoring for a server that ignores echo and logprobs gets an error, not [].
+    claimed = OpenAIBackend(str(smollm_dir), base_url=served, capabilities=[GENERATE, LOGPROBS, SCORE])
+    with pytest.raises(CandorError, match="cannot score continuations"):
+        claimed.score([PROMPTS[1]], [" Paris"])
 
 
 @needs_serve

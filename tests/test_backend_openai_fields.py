@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from candor.backends.base import GENERATE, LOGPROBS, SCORE, TOP_LOGPROBS, SamplingParams
+from candor.backends.base import GENERATE, LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOP_LOGPROBS, SamplingParams
 from candor.backends.openai import SAMPLES_N, OpenAIBackend
 from candor.util.errors import CandorError
 
@@ -297,3 +297,116 @@ def test_the_probe_grants_score_to_an_echo_that_spells_the_prompt(tokenizer) -> 
         backend = OpenAIBackend("m", base_url=server.url)
         assert {GENERATE, LOGPROBS, TOP_LOGPROBS, SCORE} <= backend.capabilities
         assert backend.score([PROMPT], [CONTINUATION])[0] == pytest.approx(expected_scores(tokenizer, bos=True))
+
+
+def openai_error(message: str, param: str | None = None) -> dict[str, Any]:
+    """The error body OpenAI-compatible servers send."""
+    return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
+
+
+def rejects_top_k(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """A strict server: the non-standard ``top_k`` field is an error (as the hosted API answers it)."""
+    if "top_k" in body:
+        return 400, openai_error("Unrecognized request argument supplied: top_k", "top_k")
+    return ignores_n(body)
+
+
+def fails_first(status: int) -> Responder:
+    """A server whose first answer is ``status`` (auth, a missing model, a rate limit), then fine."""
+    seen = []
+
+    def respond(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        seen.append(body)
+        return (status, openai_error(f"status {status}")) if len(seen) == 1 else ignores_n(body)
+
+    return respond
+
+
+def test_only_a_refusal_of_top_k_drops_it_for_later_samples() -> None:
+    with FixtureServer(rejects_top_k) as server:
+        backend = OpenAIBackend("m", base_url=server.url, max_retries=0)
+        backend.generate(["q"], 2, PARAMS, greedy=False, seeds=[1])
+        assert [b.get("top_k") for b in server.bodies if b["prompt"] == "q"] == [None, None]
+    for status in (401, 404, 429):
+        with FixtureServer(fails_first(status)) as server:
+            backend = OpenAIBackend("m", base_url=server.url, max_retries=0)
+            with pytest.raises(CandorError, match=f"answered {status}"):
+                _ = backend.capabilities  # surfaced, not read as "no top_k"
+            backend.generate(["q"], 2, PARAMS, greedy=False, seeds=[1])  # the probe runs again, and passes
+            assert [b.get("top_k") for b in server.bodies if b["prompt"] == "q"] == [50, 50], status
+
+
+def test_top_logprobs_stay_in_line_with_their_tokens_when_a_position_has_none() -> None:
+    def respond(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        tokens = [" Par", "is", " today"]
+        tops = [{" Par": -0.1, " Rome": -2.5}, None, {" today": -0.3, " now": -1.9}]
+        block = logprobs_block(tokens, [-0.1, -0.2, -0.3], tops)
+        return 200, completion(body, [choice("".join(tokens), logprobs=block)], prompt_tokens=3, completion_tokens=3)
+
+    with FixtureServer(respond) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE, LOGPROBS, TOP_LOGPROBS])
+        greedy = backend.generate(["q"], 0, PARAMS)[0].greedy
+    assert greedy.tokens == [" Par", "is", " today"]
+    assert greedy.top_logprobs == [{" Par": -0.1, " Rome": -2.5}, {}, {" today": -0.3, " now": -1.9}]
+
+
+# ---------------------------------------------------------------- next-token log-probs by token name
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_tokenizer():
+    """A SentencePiece-style tokenizer as Llama 2 and Mistral ship it: "▁" marks a space, bytes fall back to <0xNN>."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<0x0A>": 3, "A": 4, "▁A": 5, "▁B": 6, "x": 7, "▁x": 8, "▁": 9, "B": 10}
+    merges = [("▁", "A"), ("▁", "B"), ("▁", "x")]
+    model = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    model.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    model.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                       decoders.Strip(" ", 1, 0)])  # fmt: skip
+    tok = PreTrainedTokenizerFast(tokenizer_object=model, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    assert tok.decode([5]) == "A" == tok.decode([4])  # decoding one id drops the word's space: the trap
+    assert tok("x A")["input_ids"] == [8, 5]
+    return tok
+
+
+def next_token_server(top: dict[str, float]) -> Responder:
+    def respond(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        first = max(top, key=top.get)
+        block = logprobs_block([first], [top[first]], [top])
+        return 200, completion(body, [choice(first, logprobs=block)], prompt_tokens=4, completion_tokens=1)
+
+    return respond
+
+
+@pytest.mark.parametrize("names", [
+    {"▁A": -0.2, "A": -1.5, "<0x0A>": -2.0, "▁B": -3.0},  # vocabulary pieces (llama.cpp, older vLLM)
+    {" A": -0.2, "A": -1.5, "\n": -2.0, " B": -3.0},  # decoded tokens (vLLM)
+    {"token_id:5": -0.2, "token_id:4": -1.5, "token_id:3": -2.0, "token_id:6": -3.0},  # return_tokens_as_token_ids
+])  # fmt: skip
+def test_next_token_logprobs_find_sentencepiece_tokens_however_the_server_names_them(sentencepiece_tokenizer,
+                                                                                     names) -> None:  # fmt: skip
+    with FixtureServer(next_token_server(names)) as server:
+        backend = OpenAIBackend("m", base_url=server.url, tokenizer=sentencepiece_tokenizer,
+                                capabilities=[GENERATE, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS])  # fmt: skip
+        got = backend.next_token_logprobs(["Q: x?\nA:"], [5, 4, 3])  # "▁A", "A", the newline byte
+    assert got.tolist() == [[-0.2, -1.5, -2.0]]
+    assert backend.last_fallbacks == 0
+
+
+@pytest.mark.parametrize("pieces", [False, True], ids=["decoded (vLLM)", "vocabulary pieces (older vLLM)"])
+def test_next_token_logprobs_on_a_byte_level_tokenizer(tokenizer, pieces) -> None:
+    space_paris, paris, space_rome = (tokenizer(t, add_special_tokens=False)["input_ids"][0]
+                                      for t in (" Paris", "Paris", " Rome"))  # fmt: skip
+    name = (lambda i: tokenizer.convert_ids_to_tokens(i)) if pieces else (lambda i: tokenizer.decode([i]))
+    assert name(space_paris) == ("ĠParis" if pieces else " Paris")
+    shown = {name(space_paris): -0.3, name(paris): -2.2, name(space_rome): -2.9}
+    with FixtureServer(next_token_server(shown)) as server:
+        backend = OpenAIBackend("m", base_url=server.url, tokenizer=tokenizer,
+                                capabilities=[GENERATE, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS])  # fmt: skip
+        got = backend.next_token_logprobs(["Q: capital of France?\nA:"], [space_paris, paris])
+        assert got.tolist() == [[-0.3, -2.2]] and backend.last_fallbacks == 0
+        berlin = tokenizer(" Berlin", add_special_tokens=False)["input_ids"][:1]
+        unseen = backend.next_token_logprobs(["Q"], berlin)
+    assert unseen.tolist() == [[-2.9]] and backend.last_fallbacks == 1  # outside the top: the smallest shown
