@@ -17,7 +17,19 @@ and ``top_logprobs``; vLLM gives all of them and prompt log-probs. One small
 probe request finds out (unless ``capabilities`` is given), and the result
 is the backend's ``capabilities``: estimators that need more refuse before
 any real request. Without server-side ``n``, samples come from repeated
-requests with distinct seeds.
+requests with distinct seeds. The probe drops the non-standard ``top_k``
+only when the server refuses the request's content and takes it without
+``top_k``; an auth error, a wrong model or a rate limit is raised.
+
+Prompt scoring reads the log-probs of an echoed prompt. Which echoed tokens
+belong to the continuation is found by laying the token strings over the
+text, not from ``text_offset`` (absent on some servers, and counted over a
+leading ``<|begin_of_text|>`` by vLLM); an echo that does not spell the
+prompt is not scored (the probe does not grant ``score``, and ``score``
+raises) rather than read as an empty continuation of probability 1.
+Next-token log-probs find a token in the server's ``top_logprobs`` under
+any of the names servers give it (``token_id:N``, its text with a leading
+space, its vocabulary piece such as ``▁A``).
 
 Every seed sent is derived from the prompt's seed (and the sample's index)
 by :func:`request_seed`, which lands in [0, 2^31 - 1]: servers seed torch or
