@@ -58,14 +58,14 @@ def wait_healthy(url: str, proc: subprocess.Popen, limit: float = 240.0) -> None
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"transformers serve exited with {proc.returncode}")
+            raise RuntimeError(f"the server exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
                     return
         except OSError:
             time.sleep(1.0)
-    raise RuntimeError(f"transformers serve was not healthy within {limit:.0f} s")
+    raise RuntimeError(f"the server was not healthy within {limit:.0f} s")
 
 
 @pytest.fixture(scope="module")
