@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from candor.backends.base import GENERATE, LOGPROBS, TOKENIZER, TOP_LOGPROBS, SamplingParams
+from candor.backends.base import GENERATE, LOGPROBS, SCORE, TOKENIZER, TOP_LOGPROBS, SamplingParams
 from candor.backends.openai import SAMPLES_N, OpenAIBackend
 from candor.util.errors import CandorError
 
@@ -57,14 +58,14 @@ def wait_healthy(url: str, proc: subprocess.Popen, limit: float = 240.0) -> None
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"transformers serve exited with {proc.returncode}")
+            raise RuntimeError(f"the server exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
                     return
         except OSError:
             time.sleep(1.0)
-    raise RuntimeError(f"transformers serve was not healthy within {limit:.0f} s")
+    raise RuntimeError(f"the server was not healthy within {limit:.0f} s")
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +135,61 @@ def test_samples_come_from_repeated_requests_when_n_is_ignored(remote) -> None:
     assert [g.greedy for g in gens] == [None, None]
     assert [len(g.samples) for g in gens] == [3, 3]
     assert all(isinstance(s.text, str) for g in gens for s in g.samples)
+
+
+@needs_serve
+def test_63_bit_prompt_seeds_are_taken_by_transformers_serve(remote) -> None:
+    # The serve path seeds each question with a 63-bit hash; the server seeds torch with what it is sent.
+    gens = remote.generate(PROMPTS[:1], 2, PARAMS, greedy=False, seeds=[2**63 - 1])
+    assert len(gens[0].samples) == 2 and all(isinstance(s.text, str) for s in gens[0].samples)
+
+
+@needs_serve
+def test_usage_and_finish_reason_come_from_transformers_serve(served, smollm_dir) -> None:
+    bare = OpenAIBackend(str(smollm_dir), base_url=served, max_concurrency=2)  # no tokenizer: none is needed
+    params = SamplingParams(max_new_tokens=2)
+    gen = bare.generate([PROMPTS[0]], 1, params, greedy=True, seeds=[3])[0]
+    assert [c.finish_reason for c in (gen.greedy, *gen.samples)] == ["length", "length"]
+    assert [c.completion_tokens for c in (gen.greedy, *gen.samples)] == [2, 2]
+    from transformers import AutoTokenizer
+
+    local_count = len(AutoTokenizer.from_pretrained(smollm_dir)(PROMPTS[0])["input_ids"])
+    assert gen.prompt_tokens == local_count  # the server's own count of what it read
+
+
+@needs_serve
+def test_candor_serve_over_transformers_serve_reports_the_servers_usage(served, smollm_dir) -> None:
+    """``HonestModel`` + ``create_app`` over the openai backend, with no local tokenizer anywhere."""
+    pytest.importorskip("fastapi")
+    from candor.serve import Decoding, HonestModel
+    from candor.serve.app import ServeSettings, create_app
+    from candor.serve.confidence import EstimatorSource
+    from candor.serve.server import serve_in_thread
+
+    backend = OpenAIBackend(str(smollm_dir), base_url=served, max_concurrency=2)
+    model = HonestModel(backend, confidence=EstimatorSource("consis-lex", samples=2), template="fewshot",
+                        decoding=Decoding(max_new_tokens=2), backend_name="openai")  # fmt: skip
+    with serve_in_thread(create_app(model, ServeSettings(max_tokens=2))) as url:
+        body = {"model": "candor", "max_tokens": 2,
+                "messages": [{"role": "user", "content": "Who wrote the play Romeo and Juliet?"}]}  # fmt: skip
+        request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=300) as response:
+                status, answer = response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            status, answer = exc.code, json.loads(exc.read())
+    assert status == 200, answer
+    assert answer["usage"]["completion_tokens"] > 0
+    assert answer["choices"][0]["finish_reason"] == "length"
+
+
+@needs_serve
+def test_scoring_where_transformers_serve_echoes_nothing_is_an_error_not_probability_1(served, smollm_dir) -> None:
+    # A user who claims prompt scoring for a server that ignores echo and logprobs gets an error, not [].
+    claimed = OpenAIBackend(str(smollm_dir), base_url=served, capabilities=[GENERATE, LOGPROBS, SCORE])
+    with pytest.raises(CandorError, match="cannot score continuations"):
+        claimed.score([PROMPTS[1]], [" Paris"])
 
 
 @needs_serve

@@ -17,7 +17,30 @@ and ``top_logprobs``; vLLM gives all of them and prompt log-probs. One small
 probe request finds out (unless ``capabilities`` is given), and the result
 is the backend's ``capabilities``: estimators that need more refuse before
 any real request. Without server-side ``n``, samples come from repeated
-requests with distinct seeds.
+requests with distinct seeds. The probe drops the non-standard ``top_k``
+only when the server refuses the request's content and takes it without
+``top_k``; an auth error, a wrong model or a rate limit is raised.
+
+Prompt scoring reads the log-probs of an echoed prompt. Which echoed tokens
+belong to the continuation is found by laying the token strings over the
+text, not from ``text_offset`` (absent on some servers, and counted over a
+leading ``<|begin_of_text|>`` by vLLM); an echo that does not spell the
+prompt is not scored (the probe does not grant ``score``, and ``score``
+raises) rather than read as an empty continuation of probability 1.
+Next-token log-probs find a token in the server's ``top_logprobs`` under
+any of the names servers give it (``token_id:N``, its text with a leading
+space, its vocabulary piece such as ``▁A``).
+
+Every seed sent is derived from the prompt's seed (and the sample's index)
+by :func:`request_seed`, which lands in [0, 2^31 - 1]: servers seed torch or
+numpy with it, and a 63-bit prompt seed times anything overflows them.
+
+Token counts come from the server's ``usage`` (the prompt's, and the
+generated tokens of a request with one choice; several choices share theirs
+only when their log-prob token lists account for it exactly) and are None
+where the server does not tell: nothing on the generation path needs a
+local tokenizer. ``finish_reason`` is the server's, or ``stop`` where the
+text was cut here at a stop string the server ignored.
 
 The official ``openai`` client does the HTTP: timeouts, and retries with
 exponential backoff (0.5 s doubling, capped at 8 s, with jitter) on 408,
@@ -31,9 +54,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -50,6 +74,7 @@ from candor.backends.base import (
     SamplingParams,
 )
 from candor.util.errors import CandorError
+from candor.util.seeds import item_seed
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +87,29 @@ CHAT_MARK = "\x00candor-chat\x00"
 MAX_TOP_LOGPROBS = 20
 
 SAMPLES_N = "n"  # the server returns n choices per request (an internal capability)
+
+# The finish reasons a Completion carries; others (content_filter, tool_calls, abort) are "cannot tell".
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+class ServerAnswered(CandorError):
+    """The server answered a request with an error status (after the client's retries)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# Statuses with which a server refuses a request's content (an unknown or invalid field).
+REJECTED = (400, 422)
+
+
+class Reply(NamedTuple):
+    """What one request returned: its choices and the response's ``usage`` (None where absent)."""
+
+    choices: list[Any]
+    prompt_tokens: int | None
+    completion_tokens: int | None
 
 
 def _openai_module() -> Any:
@@ -128,15 +176,17 @@ class OpenAIBackend:
         probe = "Hello"
         if self.endpoint == "chat":
             probe = CHAT_MARK + json.dumps([{"role": "user", "content": "Hello"}]) + CHAT_MARK
+        ask = {"max_tokens": 1, "temperature": 1.0, "n": 2, "logprobs": 2}
         try:
-            choices = self._request(probe, max_tokens=1, temperature=1.0, n=2, logprobs=2, extra_body={"top_k": 50})
-        except CandorError as exc:
-            if "answered 4" not in str(exc):
-                raise
-            # A strict server refuses the non-standard top_k field: sample without it.
+            choices = self._request(probe, **ask, extra_body={"top_k": 50})
+        except ServerAnswered as exc:
+            if exc.status not in REJECTED:
+                raise  # auth, a wrong model or URL, rate limits: the user must see them
+            # Refused content: top_k is the one non-standard field, so ask again without it. Only if
+            # that succeeds was top_k the cause; otherwise the second refusal is the server's answer.
+            choices = self._request(probe, **ask)
             self._takes_top_k = False
             logger.warning("%s does not take top_k; samples use temperature and top_p only", self.base_url)
-            choices = self._request(probe, max_tokens=1, temperature=1.0, n=2, logprobs=2)
         if len(choices) == 2:
             caps.add(SAMPLES_N)
         tokens, lps, tops = self._choice_logprobs(choices[0])
@@ -146,17 +196,25 @@ class OpenAIBackend:
             caps.add(TOP_LOGPROBS)
             if TOKENIZER in caps:
                 caps.add(NEXT_TOKEN_LOGPROBS)
-        if self.endpoint == "completions" and LOGPROBS in caps and self._echoes_prompt():
+        if self.endpoint == "completions" and LOGPROBS in caps and self._scores_echoed_prompts():
             caps.add(SCORE)
         return frozenset(caps)
 
-    def _echoes_prompt(self) -> bool:
+    def _scores_echoed_prompts(self) -> bool:
+        """Whether an echoed prompt comes back with log-probs on tokens that spell the prompt."""
+        prompt, continuation = "Hello there", " my friend"
         try:
-            choice = self._request("Hello there", max_tokens=1, temperature=0.0, logprobs=1, echo=True)[0]
-        except CandorError:
+            choice = self._request(prompt + continuation, max_tokens=1, temperature=0.0, logprobs=0, echo=True)[0]
+        except ServerAnswered as exc:
+            if exc.status in REJECTED:
+                return False  # no echo here
+            raise
+        try:
+            self._continuation_logprobs(choice, prompt, continuation)
+        except CandorError as exc:
+            logger.info("%s: no prompt scoring (%s)", self.base_url, exc)
             return False
-        _, lps, _ = self._choice_logprobs(choice)
-        return len(lps) > 1
+        return True
 
     def require(self, capability: str, what: str) -> None:
         if capability not in self.capabilities:
@@ -211,17 +269,20 @@ class OpenAIBackend:
             if greedy:
                 tasks.append((i, -1, self._bind(prompt, params, 0.0, 1, None, top)))
             if n and SAMPLES_N in caps:
-                tasks.append((i, 0, self._bind(prompt, params, params.temperature, n, seeds[i], top)))
+                tasks.append((i, 0, self._bind(prompt, params, params.temperature, n, request_seed(seeds[i]), top)))
             else:
                 # No server-side n: one request per sample, each with its own seed.
-                tasks.extend((i, j, self._bind(prompt, params, params.temperature, 1, seeds[i] * 1000 + j, top))
-                             for j in range(n))
+                tasks.extend((i, j, self._bind(prompt, params, params.temperature, 1, seed, top))
+                             for j, seed in enumerate(sample_seeds(seeds[i], n)))
         results = [Generations(greedy=None, samples=[None] * n) for _ in prompts]  # type: ignore[list-item]
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            outputs = list(pool.map(lambda task: task[2](), tasks))
-        for (i, first, _), choices in zip(tasks, outputs, strict=True):
-            ordered = sorted(choices, key=lambda c: _get(c, "index") or 0)
-            completions = [self._completion(c, params.stop) for c in ordered]
+            replies = list(pool.map(lambda task: task[2](), tasks))
+        for (i, first, _), reply in zip(tasks, replies, strict=True):
+            ordered = sorted(reply.choices, key=lambda c: _get(c, "index") or 0)
+            counts = self._completion_token_counts(ordered, reply.completion_tokens)
+            completions = [self._completion(c, params.stop, k) for c, k in zip(ordered, counts, strict=True)]
+            if results[i].prompt_tokens is None:
+                results[i].prompt_tokens = reply.prompt_tokens
             if first < 0:
                 results[i].greedy = completions[0]
             else:
@@ -232,7 +293,7 @@ class OpenAIBackend:
 
     def _bind(
         self, prompt: str, params: SamplingParams, temperature: float, n: int, seed: int | None, top: int | None
-    ) -> Callable[[], list[Any]]:
+    ) -> Callable[[], Reply]:
         sampled = temperature > 0
         kwargs: dict[str, Any] = {
             "max_tokens": params.max_new_tokens,
@@ -246,9 +307,13 @@ class OpenAIBackend:
             kwargs["top_p"] = params.top_p
             if params.top_k > 0 and self._takes_top_k:
                 kwargs["extra_body"] = {"top_k": params.top_k}  # vLLM, TGI and llama.cpp read it
-        return lambda: self._request(prompt, **kwargs)
+        return lambda: self._call(prompt, **kwargs)
 
-    def _request(
+    def _request(self, prompt: str, **kwargs: Any) -> list[Any]:
+        """The choices of one request (at least one)."""
+        return self._call(prompt, **kwargs).choices
+
+    def _call(
         self,
         prompt: str,
         *,
@@ -261,8 +326,8 @@ class OpenAIBackend:
         top_p: float | None = None,
         echo: bool = False,
         extra_body: dict[str, Any] | None = None,
-    ) -> list[Any]:
-        """One request; the choices of the response. Transport errors become one CandorError."""
+    ) -> Reply:
+        """One request: its choices and token usage. Transport errors become one CandorError."""
         openai = _openai_module()
         common: dict[str, Any] = {"model": self.model_name, "max_tokens": max_tokens, "temperature": temperature}
         for key, value in (("n", n if n != 1 else None), ("stop", stop), ("seed", seed), ("top_p", top_p)):
@@ -287,13 +352,34 @@ class OpenAIBackend:
         except openai.APIConnectionError as exc:
             raise CandorError(f"cannot reach the server at {self.base_url} ({exc}); is it running?") from None
         except openai.APIStatusError as exc:
-            raise CandorError(
+            raise ServerAnswered(
                 f"the server at {self.base_url} answered {exc.status_code} for model {self.model_name!r}: "
-                f"{_short(exc.message)}"
+                f"{_short(exc.message)}",
+                exc.status_code,
             ) from None
-        return list(response.choices or [])
+        choices = list(response.choices or [])
+        if not choices:
+            raise CandorError(f"the server at {self.base_url} answered no choices for model {self.model_name!r}")
+        usage = _get(response, "usage")
+        return Reply(choices, _count(_get(usage, "prompt_tokens")), _count(_get(usage, "completion_tokens")))
 
-    def _completion(self, choice: Any, stop: Sequence[str] = ()) -> Completion:
+    def _completion_token_counts(self, choices: Sequence[Any], total: int | None) -> list[int | None]:
+        """Each choice's generated tokens, from the response's usage (which counts all choices together).
+
+        One choice owns the total. Several share it: each gets the length of its
+        own log-prob token list only when those lengths add up to the total (so
+        they count what usage counts); otherwise nobody can tell, and it is None.
+        """
+        if total is None:
+            return [None] * len(choices)
+        if len(choices) == 1:
+            return [total]
+        lengths = [len(self._choice_logprobs(c)[0]) if _get(c, "logprobs") is not None else None for c in choices]
+        if None in lengths or sum(lengths) != total:  # type: ignore[arg-type]
+            return [None] * len(choices)
+        return lengths  # type: ignore[return-value]
+
+    def _completion(self, choice: Any, stop: Sequence[str] = (), completion_tokens: int | None = None) -> Completion:
         if self.endpoint == "chat":
             message = _get(choice, "message")
             raw = (_get(message, "content") if message is not None else "") or ""
@@ -302,6 +388,8 @@ class OpenAIBackend:
         # Some servers (transformers serve) ignore ``stop``: cut here too, as the hf backend does.
         ends = [k for k in (raw.find(x) for x in stop if x) if k >= 0]
         raw = raw[: min(ends)] if ends else raw
+        # A text cut at a stop string here stopped there, whatever the server says.
+        finish = "stop" if ends else FINISH_REASONS.get(_get(choice, "finish_reason"))
         tokens, lps, tops = self._choice_logprobs(choice)
         if tokens and all(x is not None for x in lps):
             # Drop tokens past the returned text: the EOS or the token that completed a stop string.
@@ -313,7 +401,9 @@ class OpenAIBackend:
             text=raw.strip(),
             tokens=list(tokens),
             logprobs=[float(x) for x in lps],
-            top_logprobs=[t for t in tops if t] if any(tops) else [],
+            top_logprobs=tops if any(tops) else [],  # an empty position stays, in line with its token
+            finish_reason=finish,
+            completion_tokens=completion_tokens,
         )
 
     def _choice_logprobs(self, choice: Any) -> tuple[list[str], list[float | None], list[dict[str, float]]]:
@@ -327,11 +417,11 @@ class OpenAIBackend:
             lps = [_get(e, "logprob") for e in content]
             tops = [{_get(t, "token"): float(_get(t, "logprob")) for t in (_get(e, "top_logprobs") or [])}
                     for e in content]
-            return tokens, lps, tops
+            return _aligned(tokens, lps, tops)
         tokens = list(_get(block, "tokens") or [])
         lps = list(_get(block, "token_logprobs") or [])
         tops = [{str(k): float(v) for k, v in (d or {}).items()} for d in (_get(block, "top_logprobs") or [])]
-        return tokens, lps, tops
+        return _aligned(tokens, lps, tops)
 
     # ------------------------------------------------------------ scoring
 
@@ -344,16 +434,37 @@ class OpenAIBackend:
         def one(pair: tuple[str, str]) -> list[float]:
             prompt, cont = pair
             choice = self._request(prompt + cont, max_tokens=1, temperature=0.0, logprobs=0, echo=True)[0]
-            block = _get(choice, "logprobs")
-            offsets = list(_get(block, "text_offset") or [])
-            tokens, lps, _ = self._choice_logprobs(choice)
-            end = len(prompt + cont)
-            # Continuation tokens: those ending past the prompt (a token merged across the boundary counts).
-            return [float(lp) for tok, off, lp in zip(tokens, offsets, lps, strict=False)
-                    if off + len(tok) > len(prompt) and off < end and lp is not None]
+            return self._continuation_logprobs(choice, prompt, cont)
 
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
             return list(pool.map(one, zip(prompts, continuations, strict=True)))
+
+    def _continuation_logprobs(self, choice: Any, prompt: str, continuation: str) -> list[float]:
+        """The log-probs of the continuation's tokens in an echoed ``prompt + continuation``.
+
+        The echoed tokens are laid over the text (see :func:`echoed_spans`);
+        the continuation's are those ending past the prompt (a token merged
+        across the boundary counts). Anything that does not line up is an
+        error: an empty list would read as log-prob 0, probability 1.
+        """
+        tokens, lps, _ = self._choice_logprobs(choice)
+        if not tokens:
+            raise CandorError(
+                f"the server at {self.base_url} echoed no tokens with log-probs; cannot score continuations"
+            )
+        text = prompt + continuation
+        spans = echoed_spans(tokens, text)
+        if spans is None:
+            raise CandorError(
+                f"the server at {self.base_url} echoed tokens that do not spell the prompt "
+                f"({_short(repr(tokens[:8]), 80)} for {_short(repr(text), 80)}); cannot score continuations"
+            )
+        picked = [lps[i] for i, (start, end) in spans if end > len(prompt)]
+        if continuation and not picked:
+            raise CandorError(f"the server at {self.base_url} echoed no token of the continuation {continuation!r}")
+        if any(lp is None for lp in picked):
+            raise CandorError(f"the server at {self.base_url} gave no log-prob for a token of {continuation!r}")
+        return [float(lp) for lp in picked]  # type: ignore[arg-type]
 
     def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
         """Log-probs of ``token_ids`` at the next position, read from the server's top log-probs.
@@ -363,22 +474,77 @@ class OpenAIBackend:
         where that happened.
         """
         self.require(NEXT_TOKEN_LOGPROBS, "next-token log-probs")
-        texts = [self.decode([t]) for t in token_ids]
+        wanted = [self._token_keys(t) for t in token_ids]
 
         def one(prompt: str) -> tuple[list[float], bool]:
             choice = self._request(prompt, max_tokens=1, temperature=0.0, logprobs=MAX_TOP_LOGPROBS)[0]
             _, _, tops = self._choice_logprobs(choice)
-            shown = tops[0] if tops else {}
+            shown = shown_tokens(tops[0] if tops else {})
             floor = min(shown.values()) if shown else float("-inf")
-            return [shown.get(t, floor) for t in texts], any(t not in shown for t in texts)
+            found = [next((shown[k] for k in keys if k in shown), None) for keys in wanted]
+            return [floor if lp is None else lp for lp in found], None in found
 
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
             rows = list(pool.map(one, prompts))
         self.last_fallbacks = sum(missed for _, missed in rows)
         return np.array([values for values, _ in rows], dtype=float).reshape(len(prompts), len(token_ids))
 
+    def _token_keys(self, token_id: int) -> list[str]:
+        """What a server may call ``token_id`` in its top log-probs, most specific first.
+
+        vLLM's ``token_id:N`` form; the token's text as it reads inside a text
+        (`` A``: decoding the id alone drops a SentencePiece word's leading
+        space, and would then match the different token ``A``); and its
+        vocabulary piece (``▁A``, ``ĠA``, ``<0x0A>``), which some servers send
+        as it is. Server names go through :func:`canonical_token` as well.
+        """
+        tokenizer = self._need_tokenizer()
+        token_id = int(token_id)
+        keys = [f"token_id:{token_id}", canonical_token(self._text_in_context(token_id))]
+        piece = tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            keys.append(canonical_token(piece))
+        return list(dict.fromkeys(keys))
+
+    def _text_in_context(self, token_id: int) -> str:
+        """The text ``token_id`` adds after a plain word (its leading space kept)."""
+        tokenizer = self._need_tokenizer()
+        anchor = list(tokenizer("x", add_special_tokens=False)["input_ids"])
+        before = tokenizer.decode(anchor)
+        after = tokenizer.decode([*anchor, token_id])
+        return after[len(before) :] if after.startswith(before) else tokenizer.decode([token_id])
+
     def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
         raise CandorError(f"the server at {self.base_url} gives no hidden states; use a white-box backend such as hf")
+
+
+# ---------------------------------------------------------------- seeds
+
+# Servers seed 32-bit generators (numpy) or reject what torch cannot take: stay below 2^31.
+MAX_SEED = 2**31 - 1
+
+
+def request_seed(prompt_seed: int, *sample: int) -> int:
+    """The seed sent for a prompt (and one of its samples): deterministic, in [0, MAX_SEED]."""
+    return item_seed("openai", prompt_seed, *sample)
+
+
+def sample_seeds(prompt_seed: int, n: int) -> list[int]:
+    """``n`` distinct request seeds for one prompt's samples, one request each.
+
+    Hashing into 31 bits can collide; a collision is redrawn with a counter, so
+    the seeds stay distinct and depend only on the prompt's seed, never on the batch.
+    """
+    seeds: list[int] = []
+    taken: set[int] = set()
+    for j in range(n):
+        seed, retry = request_seed(prompt_seed, j), 0
+        while seed in taken:
+            retry += 1
+            seed = request_seed(prompt_seed, j, retry)
+        taken.add(seed)
+        seeds.append(seed)
+    return seeds
 
 
 # ---------------------------------------------------------------- helpers
@@ -409,6 +575,65 @@ def _messages(prompt: str) -> list[dict[str, str]]:
     return messages
 
 
+def _aligned(
+    tokens: list[str], lps: list[float | None], tops: list[dict[str, float]]
+) -> tuple[list[str], list[float | None], list[dict[str, float]]]:
+    """The three lists position by position; a list that does not match the tokens' length is dropped."""
+    if len(lps) != len(tokens):
+        return [], [], []
+    return tokens, lps, tops if len(tops) == len(tokens) else []
+
+
+def echoed_spans(tokens: Sequence[str], text: str, max_leading: int = 4) -> list[tuple[int, tuple[int, int]]] | None:
+    """``(token index, (start, end))`` of the echoed tokens that spell ``text``; None when they do not.
+
+    Servers echo the prompt's tokens as strings, and vLLM counts ``text_offset``
+    over those strings, a leading special token (``<|begin_of_text|>``) included,
+    so offsets need not index the text. The strings are laid over the text
+    instead: after at most ``max_leading`` leading tokens the text lacks, they
+    must spell it exactly; what follows is the generated token.
+    """
+    for first in range(min(max_leading, len(tokens)) + 1):
+        spans, at = [], 0
+        for i in range(first, len(tokens)):
+            if at == len(text):
+                break
+            token = tokens[i]
+            if not token or not text.startswith(token, at):
+                break
+            spans.append((i, (at, at + len(token))))
+            at += len(token)
+        if at == len(text) and spans:
+            return spans
+    return None
+
+
+# SentencePiece marks a word-initial space with U+2581 and spells a byte-fallback token as <0xNN>.
+SENTENCEPIECE_SPACE = "\u2581"
+BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def canonical_token(token: str) -> str:
+    """A token string as text: SentencePiece's space marker as a space, an ASCII byte token as its character.
+
+    Servers differ in how they name a token in ``top_logprobs`` (llama.cpp
+    and older vLLM send the vocabulary piece ``▁A``, current vLLM the decoded
+    `` A``); both sides of a comparison go through this. A non-ASCII byte
+    token stays as it is (one byte of a character is no text).
+    """
+    token = token.replace(SENTENCEPIECE_SPACE, " ")
+    return BYTE_TOKEN.sub(lambda m: chr(int(m.group(1), 16)) if int(m.group(1), 16) < 0x80 else m.group(0), token)
+
+
+def shown_tokens(top: dict[str, float]) -> dict[str, float]:
+    """A position's top log-probs keyed by :func:`canonical_token`; names that collide keep the larger."""
+    out: dict[str, float] = {}
+    for token, lp in top.items():
+        key = canonical_token(token)
+        out[key] = max(lp, out.get(key, float("-inf")))
+    return out
+
+
 def _tokens_within(tokens: Sequence[str], text_length: int) -> int:
     """How many leading tokens lie inside a text of ``text_length`` characters."""
     seen = 0
@@ -426,6 +651,11 @@ def _get(obj: Any, key: str) -> Any:
     if isinstance(obj, dict):
         return obj.get(key)
     return getattr(obj, key, None)
+
+
+def _count(value: Any) -> int | None:
+    """A token count from ``usage``; None when the server left it out or sent something else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _short(text: Any, limit: int = 200) -> str:
