@@ -198,8 +198,11 @@ class VLLMBackend:
         ids = list(out.token_ids)
         positions = list(out.logprobs or [])
         ended_by_stop = out.finish_reason == "stop"
-        # Drop the EOS, or the token that completed a stop string, with its log-prob (as hf does).
+        stop_logprob = None
+        # Drop the EOS, or the token that completed a stop string, keeping its log-prob aside (as hf does).
         if ids and ended_by_stop and (ids[-1] in self._eos_ids or isinstance(out.stop_reason, str)):
+            if len(positions) == len(ids):
+                stop_logprob = float(positions[-1][ids[-1]].logprob)
             ids, positions = ids[:-1], positions[:-1]
         lps, tops, tokens = [], [], []
         for token, pos in zip(ids, positions, strict=True):
@@ -213,7 +216,7 @@ class VLLMBackend:
             tops.append(alternatives)
         return Completion(
             text=out.text.strip(), token_ids=ids, tokens=tokens, logprobs=lps,
-            top_logprobs=tops if self.top_logprobs else [],
+            top_logprobs=tops if self.top_logprobs else [], stop_logprob=stop_logprob,
         )
 
     # ------------------------------------------------------------ scoring
