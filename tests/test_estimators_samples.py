@@ -40,10 +40,20 @@ SAME = rec([("Paris", [-0.1]), ("Paris", [-0.3]), ("paris.", [-0.2, -0.4])])
 DIFF = rec([("Paris", [-1.0]), ("Rome", [-2.0]), ("Berlin", [-3.0])])
 
 
+@pytest.mark.parametrize("name", CLUSTER_ESTIMATORS + ["eigv", "degree", "eccentricity", "kle"])
+def test_one_sample_is_refused_by_estimators_that_compare_samples(name):
+    # One sample has nothing to compare with: these scored 1.0 whatever it said.
+    assert get_estimator(name).min_samples == 2  # what a caller choosing k can check up front
+    with pytest.raises(CandorError, match=rf"^{name} compares sampled answers .* needs k >= 2 per record; "
+                                          r"record 'q' has k = 1 \(annotate with --k 2 or more\)$"):
+        score(name, [SAME, ONE])
+    for judge in ["lexical", "llm"] if name in CLUSTER_ESTIMATORS else []:  # refused before any model is asked
+        with pytest.raises(CandorError, match="needs k >= 2"):
+            get_estimator(name, judge=judge).estimate([ONE], backend=object())
+
+
 def test_one_sample():
     assert score("mc-entropy", [ONE])[0] == pytest.approx(math.exp(-0.3))
-    for name in CLUSTER_ESTIMATORS + ["eigv", "degree", "eccentricity", "kle"]:
-        assert score(name, [ONE])[0] == pytest.approx(1.0), name
     # CoCoA: the sample equals the greedy answer, so no dissimilarity is left to scale the uncertainty.
     assert score("cocoa", [ONE])[0] == pytest.approx(1.0)
 
@@ -180,7 +190,7 @@ def test_embedding_similarity_when_installed():
 
 
 def test_batched_records_equal_single_records():
-    records = [ONE, SAME, DIFF, MIXED]
+    records = [SAME, DIFF, MIXED]
     for name in ["mc-entropy", *CLUSTER_ESTIMATORS, *SIMILARITY_ESTIMATORS]:
         together = score(name, records)
         alone = [score(name, [r])[0] for r in records]

@@ -133,10 +133,20 @@ def get_similarity(name: str, backend: Backend | None = None, judge: str = "lexi
     return SIMILARITIES.build(name, backend=backend, judge=judge)
 
 
-def require_samples(record: Record, name: str) -> list[str]:
-    """The record's sample texts; a record without samples is a :class:`CandorError`."""
+# Estimators that compare samples with each other: one sample has nothing to compare with,
+# and would score 1.0 whatever it says.
+PAIRWISE_MIN_SAMPLES = 2
+
+
+def require_samples(record: Record, name: str, at_least: int = 1) -> list[str]:
+    """The record's sample texts; fewer than ``at_least`` of them (none, by default) is a :class:`CandorError`."""
     if not record.samples:
         raise CandorError(f"record {record.id!r} has no sampled answers; {name} needs them")
+    if record.k < at_least:
+        raise CandorError(
+            f"{name} compares sampled answers with each other and needs k >= {at_least} per record; "
+            f"record {record.id!r} has k = {record.k} (annotate with --k {at_least} or more)"
+        )
     return [s.text for s in record.samples]
 
 
@@ -288,6 +298,7 @@ class SimilarityEstimator(Estimator):
     """An estimator over each record's sample-similarity matrix (``similarity=``, ``judge=`` options)."""
 
     level = "question"
+    min_samples = PAIRWISE_MIN_SAMPLES
 
     def __init__(self, similarity: str = "lexical", judge: str = "lexical") -> None:
         check_similarity(similarity, judge)
@@ -296,7 +307,7 @@ class SimilarityEstimator(Estimator):
         self.needs_backend = needs_backend(similarity, judge)
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
-        groups = [require_samples(r, self.name) for r in records]
+        groups = [require_samples(r, self.name, self.min_samples) for r in records]
         sim = get_similarity(self.similarity, backend, self.judge_name)
         matrices = similarity_matrices(groups, [r.item.question for r in records], sim)
         return np.array([self.from_matrix(m) for m in matrices])
@@ -315,6 +326,7 @@ class ClusterEstimator(Estimator):
     """An estimator over each record's semantic clusters under a consistency judge (``judge=`` option)."""
 
     level = "question"
+    min_samples = PAIRWISE_MIN_SAMPLES
 
     def __init__(self, judge: str = "lexical") -> None:
         CONSISTENCY_JUDGES.get(judge)
@@ -327,7 +339,7 @@ class ClusterEstimator(Estimator):
 
     def clusters(self, records: Sequence[Record], backend: Backend | None) -> list[list[int]]:
         """Every record's semantic cluster ids, all pairs judged in one batch."""
-        groups = [require_samples(r, self.name) for r in records]
+        groups = [require_samples(r, self.name, self.min_samples) for r in records]
         judge = consistency_judge(self.judge_name, backend)
         return semantic_clusters(groups, [r.item.question for r in records], judge)
 
