@@ -256,7 +256,9 @@ def score(
         list[str] | None,
         typer.Option("--option", "-O", help="Estimator setting NAME.KEY=VALUE, e.g. elical.head=runs/elical."),
     ] = None,
-    force: Annotated[bool, typer.Option(help="Recompute methods already in --out.")] = False,
+    force: Annotated[
+        bool, typer.Option(help="Recompute methods already in --out; replace an --out about other records.")
+    ] = False,
 ) -> None:
     """Turn records into confidences with any registered estimators.
 
@@ -266,7 +268,7 @@ def score(
     """
     from candor.annotation.records import read_records
     from candor.estimators import ESTIMATORS, get_estimator
-    from candor.estimators.confidences import score_into
+    from candor.estimators.confidences import check_nothing_lost, score_into
 
     if estimators == "list":
         for name in ESTIMATORS.names():
@@ -275,12 +277,13 @@ def score(
     names = [n.strip() for n in estimators.split(",") if n.strip()]
     options = parse_estimator_options(option or [], names)
     needs_model = any(get_estimator(n, **options.get(n, {})).needs_backend for n in names)
+    recs = read_records(records)
+    check_nothing_lost(out, recs, force)  # before the model loads
     backend = None
     if needs_model:
         from candor.backends import load_backend
 
         backend = load_backend(model, adapter=str(adapter) if adapter else None)
-    recs = read_records(records)
     table = score_into(recs, names, out, backend, force=force, options=options)
     typer.echo(f"wrote {len(table.methods)} methods × {len(table.rows)} records to {out}")
 
