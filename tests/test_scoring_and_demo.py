@@ -385,4 +385,5 @@ def test_score_refuses_a_file_about_other_records_unless_forced(records, tmp_pat
         score_into(dev, ["prob"], out)
     forced = runner.invoke(app, ["score", "-r", str(dev_recs), "-o", str(out), "-e", "prob", "--force"])
     assert forced.exit_code == 0, forced.output
+    assert f"wrote 1 method × 3 records to {out}" in forced.output.replace("\n", "")  # not "1 methods"
     assert read_confidences(out).methods == ["prob"] and read_confidences(out).rows[0].id == "dev:r:0"

@@ -241,10 +241,14 @@ def import_honestybench(
 @app.command()
 @user_errors
 def score(
-    records: Annotated[Path, typer.Option("--records", "-r", help="Records JSONL from `candor annotate`.")],
+    records: Annotated[
+        Path | None, typer.Option("--records", "-r", help="Records JSONL from `candor annotate` (required).")
+    ] = None,
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Confidences JSONL (columns made exactly as this run would are reused).")
-    ],
+        Path | None,
+        typer.Option("--out", "-o", help="Confidences JSONL (required; columns made exactly as this run would are "
+                                         "reused)."),
+    ] = None,
     estimators: Annotated[
         str, typer.Option("--estimators", "-e", help="Comma-separated estimator names, or 'list'.")
     ] = "prob,n-prob,min-prob,consis-lex,consis-sem",
@@ -274,6 +278,10 @@ def score(
         for name in ESTIMATORS.names():
             typer.echo(name)
         return
+    missing = [flag for flag, value in (("--records", records), ("--out", out)) if value is None]
+    if missing:
+        raise CandorError(f"candor score needs {' and '.join(missing)} (only `-e list` runs without them)")
+    assert records is not None and out is not None  # for the type checker: checked just above
     names = [n.strip() for n in estimators.split(",") if n.strip()]
     options = parse_estimator_options(option or [], names)
     needs_model = any(get_estimator(n, **options.get(n, {})).needs_backend for n in names)
@@ -285,7 +293,12 @@ def score(
 
         backend = load_backend(model, adapter=str(adapter) if adapter else None)
     table = score_into(recs, names, out, backend, force=force, options=options)
-    typer.echo(f"wrote {len(table.methods)} methods × {len(table.rows)} records to {out}")
+    typer.echo(f"wrote {counted(len(table.methods), 'method')} × {counted(len(table.rows), 'record')} to {out}")
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 method``, ``2 methods``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def parse_estimator_options(pairs: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
