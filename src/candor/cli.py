@@ -551,12 +551,27 @@ def _print_rich(renderable: Any) -> None:
 
 @app.command()
 @user_errors
-def datasets(data_dir: DataDirOpt = None) -> None:
-    """List the named datasets and where they resolve."""
+def datasets(
+    names: Annotated[list[str] | None, typer.Argument(help="With --download: only these datasets.")] = None,
+    data_dir: DataDirOpt = None,
+    download: Annotated[
+        bool, typer.Option("--download", help="Fetch the named datasets from their public sources into the data dir.")
+    ] = False,
+) -> None:
+    """List the named datasets and where they resolve; --download fetches them."""
     from candor.data import describe_datasets
+    from candor.data.download import ANNOTATED_HONESTYBENCH, download_datasets
 
+    if names and not download:
+        raise CandorError(f"dataset names ({', '.join(names)}) are for --download; `candor datasets` lists them all")
+    if download:
+        for fetched in download_datasets(names or (), data_dir):
+            state = "already there" if fetched.already_there else "fetched"
+            typer.echo(f"{fetched.name}: {state}: {fetched.path}")
+        return
     for line in describe_datasets(data_dir):
         typer.echo(line)
+    typer.echo(f"Also: the {ANNOTATED_HONESTYBENCH}")
 
 
 HonestOpt = Annotated[Path | None, typer.Option("--honest", help="A saved honest-model folder (HonestModel).")]
