@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from candor.util.errors import CandorError
+from candor.util.version import install_hint
 
 app = typer.Typer(
     help="candor: make language models honest about what they know.",
@@ -642,7 +643,7 @@ def serve(
     import importlib.util
 
     if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
-        raise CandorError("candor serve needs fastapi and uvicorn: pip install 'candor[serve]'")
+        raise CandorError(f"candor serve needs fastapi and uvicorn: {install_hint('serve')}")
     from candor.serve.app import ServeSettings, create_app
     from candor.serve.factory import build_model
     from candor.serve.server import run

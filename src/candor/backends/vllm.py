@@ -49,6 +49,7 @@ from candor.backends.chat import TokenizerChat
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.backends.tokens import encode as encode_tokens
 from candor.util.errors import CandorError
+from candor.util.version import install_hint
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def _vllm() -> Any:
         import vllm
     except ImportError:
         raise CandorError(
-            "the vllm backend needs vLLM: pip install 'candor[vllm]' (on CPU, in its own venv; see README)"
+            f"the vllm backend needs vLLM: {install_hint('vllm')} (on CPU, in its own venv; see README)"
         ) from None
     return vllm
 
