@@ -225,6 +225,13 @@ def test_empty_answer_weighs_its_stop_token_not_probability_one():
     assert weighted == pytest.approx(math.exp(p_empty * math.log(p_empty) + (1 - p_empty) * math.log(1 - p_empty)))
 
 
+def test_an_answer_carried_by_its_stop_token_weighs_that_token():
+    # "Paris\n" with "\n" as the stop: the one generated token is dropped with the stop, the text kept.
+    carried = from_lines([{"text": "Paris", "logprobs": [], "stop_logprob": -0.5},
+                          {"text": "Rome", "logprobs": [-0.5]}])
+    assert score("mc-entropy", [carried])[0] == pytest.approx(math.exp(-0.5))
+
+
 def test_backend_keeps_the_stop_tokens_logprob_in_records():
     kept = Completion(text="", stop_logprob=-2.5)
     assert Completion.from_dict(kept.to_dict()).stop_logprob == -2.5

@@ -241,25 +241,29 @@ def cluster_ids(equivalent: np.ndarray) -> list[int]:
 def sequence_logprob(record: Record, index: int, mean: bool = False) -> float | None:
     """Sum (or with ``mean``, the mean) of sample ``index``'s token log-probs; None when unknown.
 
-    An answer that is only a stop has no tokens of its own (backends drop the
-    stop token from ``logprobs``): its probability is that of the stop token,
-    ``Completion.stop_logprob``, a one-token sequence, as Farquhar et al.'s
-    semantic-entropy code takes it. Records written before candor stored that
-    log-prob give None: the answer's probability is unknown, and callers leave
-    it out (:func:`sample_logprobs`). A non-empty answer without log-probs (an
+    An answer with no tokens of its own (backends drop the stop token from
+    ``logprobs``) is the stop token alone: its probability is that token's,
+    ``Completion.stop_logprob``, as a one-token sequence, the way Farquhar et
+    al.'s semantic-entropy code takes an answer that is only a stop word. (The
+    stop token may also carry the whole answer, as "Paris\n" does when "\n"
+    stops.) An empty answer from a record written before candor kept that
+    log-prob gives None: its probability is unknown, and callers leave it out
+    (:func:`sample_logprobs`). A non-empty answer without any log-prob (an
     import that dropped them) is a :class:`CandorError`.
     """
     sample = record.samples[index]
-    if not sample.logprobs and sample.text.strip():
+    if sample.logprobs:
+        lps = np.asarray(sample.logprobs, dtype=float)
+    elif sample.stop_logprob is not None:
+        lps = np.asarray([sample.stop_logprob], dtype=float)
+    elif sample.text.strip():
         raise CandorError(
             f"record {record.id!r}: sample {index} has no token log-probs; this estimator needs them"
         )
-    lps = np.asarray(sample.logprobs if sample.logprobs else
-                     ([] if sample.stop_logprob is None else [sample.stop_logprob]), dtype=float)
+    else:
+        return None
     if not np.isfinite(lps).all():
         raise CandorError(f"record {record.id!r}: sample {index} has non-finite token log-probs")
-    if lps.size == 0:
-        return None
     lps = np.minimum(lps, 0.0)
     return float(lps.mean() if mean else lps.sum())
 
