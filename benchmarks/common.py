@@ -24,6 +24,10 @@ from candor.util.files import atomic_write_json
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 CACHE = ROOT / "cache"
+# Developers and CI keep the benchmark data beside the checkout; a run without it skips (load_mini_or_exit).
+SHARED_DATA = ROOT.parent.parent / "shared" / "data" / "honestybench"
+if SHARED_DATA.is_dir():
+    os.environ.setdefault("CANDOR_DATA_DIR", str(SHARED_DATA))
 
 logger = logging.getLogger("benchmarks")
 

@@ -15,6 +15,9 @@ import pytest
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# Developers and CI keep the benchmark data beside the checkout; the product's default is its own folder.
+if (SHARED_DATA / "honestybench").is_dir():
+    os.environ.setdefault("CANDOR_DATA_DIR", str(SHARED_DATA / "honestybench"))
 
 
 @pytest.fixture(scope="session")

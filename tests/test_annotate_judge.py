@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from candor.annotation.builder import AnnotateConfig, annotate
-from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, verdict_parsed
+from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, is_empty_answer, verdict_parsed
 from candor.annotation.prompts import TEMPLATES
 from candor.annotation.records import read_records
 from candor.backends.base import SamplingParams
@@ -38,7 +38,9 @@ def test_llm_judges_on_a_judge_backend_record_model_and_parse_failures(tiny_back
         counts = rec.provenance["judge_parse"]
         answers = [rec.greedy.text, *(s.text for s in rec.samples)]
         pairs = [(rec.greedy.text, s.text) for s in rec.samples]
-        expected_asked = sum(bool(a.strip()) for a in answers) + sum(bool(a.strip() and b.strip()) for a, b in pairs)
+        # A pair with an empty answer (no letter or digit) is not equivalent and is not asked.
+        expected_asked = (sum(bool(a.strip()) for a in answers)
+                          + sum(not (is_empty_answer(a) or is_empty_answer(b)) for a, b in pairs))
         assert counts["asked"] == expected_asked
         # The tiny random judge states a verdict in none of these replies: every asked reply of both judges,
         # correctness and consistency, counts as unparsed (a count of one judge alone would be smaller).

@@ -229,6 +229,9 @@ def test_stop_string_cuts_text_and_drops_the_stop_token(backend):
     first = next(i for i in range(len(ids)) if stop_text in backend.decode(ids[: i + 1]))
     assert cut.greedy.token_ids == ids[:first]
     assert cut.greedy.logprobs == pytest.approx(free.greedy.logprobs[:first], abs=1e-5)
+    # The dropped stop token's log-prob is kept aside (an answer that is only a stop weighs it).
+    assert cut.greedy.stop_logprob == pytest.approx(free.greedy.logprobs[first], abs=1e-5)
+    assert free.greedy.finish_reason != "length" or free.greedy.stop_logprob is None
     full_text = backend.decode(ids[: first + 1])
     assert cut.greedy.text == full_text[: full_text.find(stop_text)].strip()
 

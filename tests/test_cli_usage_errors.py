@@ -12,7 +12,8 @@ from candor.cli import run
     [
         (["eval", "--no-such-option"], "No such option"),
         (["annotate", "--data", "starter", "--out", "x.jsonl", "--k", "many"], "'--k'"),
-        (["score"], "Missing option"),
+        (["score"], "candor score needs --records and --out (only `-e list` runs without them)"),
+        (["score", "-r", "x.jsonl"], "candor score needs --out"),
         (["no-such-command"], "No such command"),
     ],
 )
@@ -40,3 +41,19 @@ def test_candor_errors_keep_exit_2(tmp_path, capsys):
         run(["eval", "--confidences", str(tmp_path / "missing.jsonl"), "--out-dir", str(tmp_path / "r")])
     assert exit_info.value.code == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_score_list_needs_no_records_or_out(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(["score", "-e", "list"])
+    assert exit_info.value.code == 0
+    names = capsys.readouterr().out.split()
+    assert {"n-prob", "semantic-entropy", "consis-sem"} <= set(names)
+
+
+def test_elical_without_a_head_names_the_command_line_option():
+    from candor.estimators import get_estimator
+    from candor.util.errors import CandorError
+
+    with pytest.raises(CandorError, match="on the command line -O elical.head=<folder>"):
+        _ = get_estimator("elical").head

@@ -451,8 +451,8 @@ def test_missing_registered_file(tmp_path):
 
 def test_data_dir_resolution(tmp_path, monkeypatch, data_dir):
     monkeypatch.delenv(DATA_DIR_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)  # no ../shared/data/honestybench from here
-    with pytest.raises(CandorError, match="pass --data-dir"):
+    monkeypatch.setenv("CANDOR_CACHE", str(tmp_path / "cache"))  # candor's own folder, with no data/ yet
+    with pytest.raises(CandorError, match="run `candor datasets --download`.*or pass --data-dir"):
         resolve_data_dir()
     with pytest.raises(CandorError, match=r"nope: data dir not found \(from --data-dir\)"):
         resolve_data_dir(tmp_path / "nope")
@@ -460,14 +460,17 @@ def test_data_dir_resolution(tmp_path, monkeypatch, data_dir):
     assert resolve_data_dir() == data_dir
     assert load_items("hq")[0].question == "hq/dev.jsonl?"
     assert resolve_data_dir(tmp_path) == tmp_path  # an explicit dir beats the environment
-    # The checkout convention: ../shared/data/honestybench from the working directory.
+    # The default: data/ in candor's own folder (where `candor datasets --download` writes), never a
+    # folder found relative to the working directory.
     monkeypatch.delenv(DATA_DIR_ENV)
-    default = tmp_path / "shared" / "data" / "honestybench"
-    default.mkdir(parents=True)
+    (tmp_path / "shared" / "data" / "honestybench").mkdir(parents=True)
     work = tmp_path / "main"
     work.mkdir()
     monkeypatch.chdir(work)
-    assert resolve_data_dir().resolve() == default.resolve()
+    with pytest.raises(CandorError, match="no benchmark data dir"):
+        resolve_data_dir()
+    (tmp_path / "cache" / "data").mkdir(parents=True)
+    assert resolve_data_dir() == tmp_path / "cache" / "data"
 
 
 def test_describe_datasets(data_dir, tmp_path):

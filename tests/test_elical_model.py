@@ -298,3 +298,23 @@ def test_score_with_another_head_in_the_same_folder_recomputes_and_warns_of_over
     assert not np.allclose(first, second)
     np.testing.assert_allclose(second, get_estimator("elical", head=str(head)).estimate(records), rtol=1e-6)
     assert read_confidences(out).provenance("elical")["produced_by"]["options"]["head"]["path"] == str(head)
+
+
+def test_feature_cache_progress_counts_the_uncached_prompts_once(tmp_path, caplog):
+    import logging
+
+    cache = FeatureCache(tmp_path, "tiny", -1, "fewshot")
+    prompts = [f"question {i}" for i in range(300)]
+    cache.get(prompts[:44], lambda batch: np.ones((len(batch), 2)))
+    with caplog.at_level(logging.INFO, logger="candor.train.elical.features"):
+        cache.get(prompts, lambda batch: np.ones((len(batch), 2)))
+    lines = [r.getMessage().split(": ", 1)[1] for r in caplog.records]
+    # Was "256/256 new prompts": read as how many were new, while 44 of the 300 were cached.
+    assert lines == ["256 of 300 prompts not cached yet", "extracted 256 of those 256"]
+    caplog.clear()
+    fresh = FeatureCache(tmp_path / "other", "tiny", -1, "fewshot")
+    with caplog.at_level(logging.INFO, logger="candor.train.elical.features"):
+        fresh.get(prompts, lambda batch: np.ones((len(batch), 2)))
+    # Was "256/300 new prompts" then "300/300 new prompts": progress that read like two different counts.
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+        "300 of 300 prompts not cached yet", "extracted 256 of those 300", "extracted 300 of those 300"]

@@ -389,6 +389,24 @@ def test_stage_two_keeps_the_stage_one_weights_and_recentres_only_the_bias(tiny_
     assert after.linear.bias.item() == pytest.approx(expected, rel=1e-6)
 
 
+def test_patience_running_out_on_the_last_planned_epoch_is_not_an_early_stop(tmp_path):
+    # The same run as above, planned for exactly the 5 epochs it runs: it ran every epoch, so it did not stop early.
+    rng = np.random.default_rng(0)
+    x, x_dev = rng.normal(size=(16, 3)).astype(np.float32), rng.normal(size=(8, 3)).astype(np.float32)
+    stopper = BestOnDev(patience=4)
+    trainer = EliCalTrainer(
+        model=LinearHead(3),
+        args=arguments(tmp_path, 5),
+        train_dataset=feature_examples(x, np.ones(16)),
+        eval_dataset=feature_examples(x_dev, np.zeros(8)),
+        data_collator=collate_features,
+        callbacks=[stopper],
+    )
+    trainer.train()
+    assert trainer.state.epoch == 5.0 and stopper.bad_epochs == 4 and stopper.best_epoch == 1.0
+    assert not stopper.stopped_early
+
+
 # ------------------------------------------------------------ stage 2's rule (issue 13)
 
 

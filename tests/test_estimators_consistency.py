@@ -127,3 +127,34 @@ def test_verdicts_without_a_recorded_judge_are_described_as_unrecorded():
     est = get_estimator("consis-sem")
     np.testing.assert_allclose(est.estimate([record("a", "Paris", ["Paris", "Rome"], consistency=[1, 0])]), [0.5])
     assert est.describe()["verdicts_by"] == ["unrecorded"] and est.judged == 0
+
+
+def test_judge_options_without_a_judge_are_refused_not_ignored():
+    # Before, threshold=0.99 returned the stored verdicts unchanged. The default judge (lexical-echo) takes
+    # no threshold, so the options cannot be used: refused when the estimator is built, naming judge=.
+    with pytest.raises(CandorError, match=r"judge options \['threshold'\] were given without judge=.*lexical-echo"):
+        get_estimator("consis-sem", threshold=0.99)
+
+
+def test_judge_options_always_judge_anew():
+    # The stored verdicts claim the lexical judge found all four samples consistent; given an option, the
+    # judge runs again (the provenance names a judge, not its settings) and only "Paris" matches.
+    recs = [record("a", "Paris", ["Paris", "Lyon", "Rome", "Nice"], [1, 1, 1, 1], judge="lexical")]
+    assert get_estimator("consis-sem", judge="lexical").estimate(recs)[0] == 1.0  # stored verdicts
+    strict = get_estimator("consis-sem", judge="lexical", threshold=0.99)
+    assert strict.estimate(recs)[0] == 0.25 and strict.judged == 1
+    assert strict.describe()["judge_options"] == {"threshold": 0.99}
+
+
+def test_score_cli_refuses_judge_options_without_a_judge(tmp_path):
+    from typer.testing import CliRunner
+
+    from candor.annotation.records import write_records
+    from candor.cli import app
+
+    path = tmp_path / "recs.jsonl"
+    write_records(path, [record("a", "Paris", ["Paris", "Lyon"], [1, 1], judge="lexical-echo")])
+    result = CliRunner().invoke(app, ["score", "-r", str(path), "-o", str(tmp_path / "c.jsonl"),
+                                      "-e", "consis-sem", "-O", "consis-sem.threshold=0.99"])
+    assert result.exit_code == 2, result.output
+    assert "without judge=" in result.output and not (tmp_path / "c.jsonl").exists()

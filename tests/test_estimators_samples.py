@@ -40,10 +40,20 @@ SAME = rec([("Paris", [-0.1]), ("Paris", [-0.3]), ("paris.", [-0.2, -0.4])])
 DIFF = rec([("Paris", [-1.0]), ("Rome", [-2.0]), ("Berlin", [-3.0])])
 
 
+@pytest.mark.parametrize("name", CLUSTER_ESTIMATORS + ["eigv", "degree", "eccentricity", "kle"])
+def test_one_sample_is_refused_by_estimators_that_compare_samples(name):
+    # One sample has nothing to compare with: these scored 1.0 whatever it said.
+    assert get_estimator(name).min_samples == 2  # what a caller choosing k can check up front
+    with pytest.raises(CandorError, match=rf"^{name} compares sampled answers .* needs k >= 2 per record; "
+                                          r"record 'q' has k = 1 \(annotate with --k 2 or more\)$"):
+        score(name, [SAME, ONE])
+    for judge in ["lexical", "llm"] if name in CLUSTER_ESTIMATORS else []:  # refused before any model is asked
+        with pytest.raises(CandorError, match="needs k >= 2"):
+            get_estimator(name, judge=judge).estimate([ONE], backend=object())
+
+
 def test_one_sample():
     assert score("mc-entropy", [ONE])[0] == pytest.approx(math.exp(-0.3))
-    for name in CLUSTER_ESTIMATORS + ["eigv", "degree", "eccentricity", "kle"]:
-        assert score(name, [ONE])[0] == pytest.approx(1.0), name
     # CoCoA: the sample equals the greedy answer, so no dissimilarity is left to scale the uncertainty.
     assert score("cocoa", [ONE])[0] == pytest.approx(1.0)
 
@@ -180,8 +190,88 @@ def test_embedding_similarity_when_installed():
 
 
 def test_batched_records_equal_single_records():
-    records = [ONE, SAME, DIFF, MIXED]
+    records = [SAME, DIFF, MIXED]
     for name in ["mc-entropy", *CLUSTER_ESTIMATORS, *SIMILARITY_ESTIMATORS]:
         together = score(name, records)
         alone = [score(name, [r])[0] for r in records]
         np.testing.assert_allclose(together, alone, err_msg=name)
+
+
+# ---------------------------------------------------------------- empty answers (issue 28, item 1)
+
+
+def from_lines(samples: list[dict]) -> Record:
+    """A record read back from its JSON form, so a field the reader drops is noticed."""
+    return Record.from_dict(rec([]).to_dict() | {"samples": samples})
+
+
+FIVE = ["Paris", "Rome", "Berlin", "Madrid", "Vienna"]
+
+
+def test_empty_answer_weighs_its_stop_token_not_probability_one():
+    distinct = from_lines([{"text": t, "logprobs": [-1.0]} for t in FIVE])
+    assert score("semantic-entropy", [distinct])[0] == pytest.approx(0.2)
+    # The last answer is only a stop, as likely as any other answer: the five still weigh alike.
+    one_empty = from_lines([{"text": t, "logprobs": [-1.0]} for t in FIVE[:4]]
+                           + [{"text": "", "logprobs": [], "stop_logprob": -1.0}])
+    assert score("semantic-entropy", [one_empty])[0] == pytest.approx(0.2)
+    assert score("mc-entropy", [one_empty])[0] == pytest.approx(math.exp(-1.0))
+    # Four agreeing answers and one unlikely empty one: the probability weights can only favour the agreeing cluster.
+    empty = {"text": "", "logprobs": [], "stop_logprob": -3.0}
+    agree = from_lines([{"text": "Paris", "logprobs": [-0.7]}] * 4 + [empty])
+    weighted = score("semantic-entropy", [agree])[0]
+    assert weighted >= score("semantic-entropy-discrete", [agree])[0]
+    p_empty = math.exp(-3.0) / (4 * math.exp(-0.7) + math.exp(-3.0))
+    assert weighted == pytest.approx(math.exp(p_empty * math.log(p_empty) + (1 - p_empty) * math.log(1 - p_empty)))
+
+
+def test_an_answer_carried_by_its_stop_token_weighs_that_token():
+    # "Paris\n" with "\n" as the stop: the one generated token is dropped with the stop, the text kept.
+    carried = from_lines([{"text": "Paris", "logprobs": [], "stop_logprob": -0.5},
+                          {"text": "Rome", "logprobs": [-0.5]}])
+    assert score("mc-entropy", [carried])[0] == pytest.approx(math.exp(-0.5))
+
+
+def test_backend_keeps_the_stop_tokens_logprob_in_records():
+    kept = Completion(text="", stop_logprob=-2.5)
+    assert Completion.from_dict(kept.to_dict()).stop_logprob == -2.5
+    assert "stop_logprob" not in Completion(text="x").to_dict()  # unknown stays absent, not 0
+
+
+def test_empty_answer_without_its_stop_logprob_is_left_out_with_a_count(caplog):
+    old = from_lines([{"text": t, "logprobs": [-1.0]} for t in FIVE[:4]] + [{"text": "", "logprobs": []}])
+    with caplog.at_level("WARNING"):
+        assert score("mc-entropy", [old])[0] == pytest.approx(math.exp(-1.0))
+        assert score("semantic-entropy", [old])[0] == pytest.approx(0.25)
+    assert "1 empty sampled answer(s) have no stop-token log-prob" in caplog.text
+    nothing = from_lines([{"text": "", "logprobs": []}] * 2)
+    with pytest.raises(CandorError, match="every sample is an empty answer"):
+        score("semantic-entropy", [nothing])
+
+
+@pytest.mark.parametrize("pair", [("", ""), ("...", ""), (" ", "?"), ("Paris", "")])
+def test_an_empty_answer_agrees_with_nothing_under_every_similarity_and_judge(pair):
+    from candor.annotation.judges import get_consistency_judge
+    from candor.backends.embeddings import embedding_model_dir
+
+    names = ["lexical", "judge"]
+    try:
+        embedding_model_dir()
+        names.append("embedding")
+    except CandorError:
+        pass
+    for name in names:
+        (w,) = similarity_matrices([list(pair)], ["q"], get_similarity(name))
+        assert w[0, 1] == 0.0, name
+    for judge in ["lexical", "lexical-echo"]:
+        assert get_consistency_judge(judge).judge([pair[0]], [pair[1]], ["q"]) == [0], judge
+
+
+def test_rouge_l_and_the_judges_agree_on_what_an_empty_answer_is():
+    # "The" and "a" have ROUGE-L tokens; before, normalization made them empty to the judges only.
+    texts = ["The", "the.", ""]
+    (lex,) = similarity_matrices([texts], ["q"], get_similarity("lexical"))
+    (jud,) = similarity_matrices([texts], ["q"], get_similarity("judge"))
+    assert lex[0, 1] == 1.0 and jud[0, 1] == 1.0
+    assert lex[0, 2] == jud[0, 2] == 0.0
+    assert score("num-sem-sets", [from_lines([{"text": t, "logprobs": [-1.0]} for t in ["A", "a", ""]])])[0] == 0.5

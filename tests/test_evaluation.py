@@ -346,3 +346,29 @@ def test_metric_ratio_with_a_zero_denominator_is_undefined_and_counted():
     assert np.isnan(out["a"].value) and out["a"].dropped == 50
     with pytest.raises(CandorError, match="at least one bootstrap"):
         metric_ratios(perfect, perfect, labels, bootstrap=0)
+
+
+def test_alignment_interval_is_computed_the_way_the_point_is():
+    """The threshold is fit on a fixed 20% of the rows and scored on the rest; a resample must keep that apart.
+
+    Rows built so the fit slice misleads: there confidence runs against correctness, on the scored rows with
+    it. The point is poor; a plain bootstrap copied scored rows into the fit slice, learned the right
+    direction and put the whole interval above the point (issue 28: "45.0 [46.2, 79.4]").
+    """
+    from candor.evaluation.metrics import alignment, alignment_fit_rows
+
+    rng = np.random.default_rng(3)
+    n = 300
+    fit = alignment_fit_rows(n)
+    conf = rng.uniform(0.05, 0.95, n)
+    correct = np.where(fit, conf < 0.5, conf >= 0.5).astype(int)
+    flip = rng.random(n) < 0.1
+    correct[flip] = 1 - correct[flip]
+    other_conf, other_y = conf[::-1].copy(), correct[::-1].copy()  # a second dataset for the groups
+    result = evaluate({"m": {"a": conf, "b": other_conf}}, {"a": correct, "b": other_y}, metrics=["alignment"],
+                      groups=[Group("pooled", ("a", "b"), "pooled"), Group("avg", ("a", "b"))], bootstrap=300)
+    m = result.methods["m"]
+    assert m.values["a"]["alignment"] == pytest.approx(alignment(conf, correct)) and m.values["a"]["alignment"] < 0.5
+    for col in ("a", "b", "pooled", "avg"):
+        low, high = m.ci[col]["alignment"]
+        assert low <= m.values[col]["alignment"] <= high, (col, low, m.values[col]["alignment"], high)

@@ -259,3 +259,15 @@ def test_import_fields_and_their_defaults_and_the_appender_writes_utf8_into_new_
         out.append([rec])
     assert "Zürich" in path.read_text(encoding="utf-8")  # written as UTF-8, not \u escapes
     assert read_records(path)[0].greedy.text == "Zürich"
+
+
+def test_read_records_skips_unjudgeable_imported_lines_by_default(tmp_path):
+    """Pins ``read_records``' ``strict=False`` default: every command that reads records (score, eval, train)
+    keeps going past an imported item with no answer alias, counting it; only ``strict=True`` refuses."""
+    import inspect
+
+    assert inspect.signature(read_records).parameters["strict"].default is False
+    lines = fixture_lines()
+    path = write_lines(tmp_path / "nq.jsonl", [lines[0], {**lines[1], "answer": [""]}])
+    (rec,) = read_records(path)
+    assert rec.id == "nq:1" and rec.provenance["skipped_items"] == 1

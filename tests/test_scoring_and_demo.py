@@ -363,3 +363,27 @@ def test_confidences_arrays_name_missing_values_and_labels(tmp_path):
     out.write_text('{"id": "a", "confidence": {"m": 0.5}}\n{"id": "b"}\n')
     with pytest.raises(CandorError, match=r"conf.jsonl:2: not a confidences row"):
         read_confidences(out)
+
+
+def test_score_refuses_a_file_about_other_records_unless_forced(records, tmp_path):
+    # Test records scored first; then dev records (no id in common) into the same file would erase them.
+    test_recs, dev_recs = tmp_path / "test.jsonl", tmp_path / "dev.jsonl"
+    write_records(test_recs, records)
+    dev = [Record(QAItem(f"dev:{r.id}", "toy", "dev", r.item.question, r.item.answers), r.greedy, r.samples,
+                  r.greedy_correct, r.sample_correct, r.consistency, r.provenance) for r in records]
+    write_records(dev_recs, dev)
+    out = tmp_path / "conf.jsonl"
+    runner = CliRunner()
+    first = runner.invoke(app, ["score", "-r", str(test_recs), "-o", str(out), "-e", "n-prob,consis-sem"])
+    assert first.exit_code == 0, first.output
+    before = out.read_bytes()
+    lost = runner.invoke(app, ["score", "-r", str(dev_recs), "-o", str(out), "-e", "prob"])
+    assert lost.exit_code == 2, lost.output
+    assert str(out) in lost.output.replace("\n", "") and "n-prob, consis-sem" in lost.output
+    assert "Traceback" not in lost.output and out.read_bytes() == before  # nothing written
+    with pytest.raises(CandorError, match="no id in common"):
+        score_into(dev, ["prob"], out)
+    forced = runner.invoke(app, ["score", "-r", str(dev_recs), "-o", str(out), "-e", "prob", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert f"wrote 1 method × 3 records to {out}" in forced.output.replace("\n", "")  # not "1 methods"
+    assert read_confidences(out).methods == ["prob"] and read_confidences(out).rows[0].id == "dev:r:0"

@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from candor.util.errors import CandorError
+from candor.util.version import install_hint
 
 app = typer.Typer(
     help="candor: make language models honest about what they know.",
@@ -241,10 +242,14 @@ def import_honestybench(
 @app.command()
 @user_errors
 def score(
-    records: Annotated[Path, typer.Option("--records", "-r", help="Records JSONL from `candor annotate`.")],
+    records: Annotated[
+        Path | None, typer.Option("--records", "-r", help="Records JSONL from `candor annotate` (required).")
+    ] = None,
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Confidences JSONL (columns made exactly as this run would are reused).")
-    ],
+        Path | None,
+        typer.Option("--out", "-o", help="Confidences JSONL (required; columns made exactly as this run would are "
+                                         "reused)."),
+    ] = None,
     estimators: Annotated[
         str, typer.Option("--estimators", "-e", help="Comma-separated estimator names, or 'list'.")
     ] = "prob,n-prob,min-prob,consis-lex,consis-sem",
@@ -256,7 +261,9 @@ def score(
         list[str] | None,
         typer.Option("--option", "-O", help="Estimator setting NAME.KEY=VALUE, e.g. elical.head=runs/elical."),
     ] = None,
-    force: Annotated[bool, typer.Option(help="Recompute methods already in --out.")] = False,
+    force: Annotated[
+        bool, typer.Option(help="Recompute methods already in --out; replace an --out about other records.")
+    ] = False,
 ) -> None:
     """Turn records into confidences with any registered estimators.
 
@@ -266,23 +273,33 @@ def score(
     """
     from candor.annotation.records import read_records
     from candor.estimators import ESTIMATORS, get_estimator
-    from candor.estimators.confidences import score_into
+    from candor.estimators.confidences import check_nothing_lost, score_into
 
     if estimators == "list":
         for name in ESTIMATORS.names():
             typer.echo(name)
         return
+    missing = [flag for flag, value in (("--records", records), ("--out", out)) if value is None]
+    if missing:
+        raise CandorError(f"candor score needs {' and '.join(missing)} (only `-e list` runs without them)")
+    assert records is not None and out is not None  # for the type checker: checked just above
     names = [n.strip() for n in estimators.split(",") if n.strip()]
     options = parse_estimator_options(option or [], names)
     needs_model = any(get_estimator(n, **options.get(n, {})).needs_backend for n in names)
+    recs = read_records(records)
+    check_nothing_lost(out, recs, force)  # before the model loads
     backend = None
     if needs_model:
         from candor.backends import load_backend
 
         backend = load_backend(model, adapter=str(adapter) if adapter else None)
-    recs = read_records(records)
     table = score_into(recs, names, out, backend, force=force, options=options)
-    typer.echo(f"wrote {len(table.methods)} methods × {len(table.rows)} records to {out}")
+    typer.echo(f"wrote {counted(len(table.methods), 'method')} × {counted(len(table.rows), 'record')} to {out}")
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 method``, ``2 methods``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def parse_estimator_options(pairs: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
@@ -535,12 +552,27 @@ def _print_rich(renderable: Any) -> None:
 
 @app.command()
 @user_errors
-def datasets(data_dir: DataDirOpt = None) -> None:
-    """List the named datasets and where they resolve."""
+def datasets(
+    names: Annotated[list[str] | None, typer.Argument(help="With --download: only these datasets.")] = None,
+    data_dir: DataDirOpt = None,
+    download: Annotated[
+        bool, typer.Option("--download", help="Fetch the named datasets from their public sources into the data dir.")
+    ] = False,
+) -> None:
+    """List the named datasets and where they resolve; --download fetches them."""
     from candor.data import describe_datasets
+    from candor.data.download import ANNOTATED_HONESTYBENCH, download_datasets
 
+    if names and not download:
+        raise CandorError(f"dataset names ({', '.join(names)}) are for --download; `candor datasets` lists them all")
+    if download:
+        for fetched in download_datasets(names or (), data_dir):
+            state = "already there" if fetched.already_there else "fetched"
+            typer.echo(f"{fetched.name}: {state}: {fetched.path}")
+        return
     for line in describe_datasets(data_dir):
         typer.echo(line)
+    typer.echo(f"Also: the {ANNOTATED_HONESTYBENCH}")
 
 
 HonestOpt = Annotated[Path | None, typer.Option("--honest", help="A saved honest-model folder (HonestModel).")]
@@ -622,7 +654,7 @@ def serve(
     import importlib.util
 
     if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "prometheus_client")):
-        raise CandorError("candor serve needs fastapi, uvicorn and prometheus-client: pip install 'candor[serve]'")
+        raise CandorError(f"candor serve needs fastapi, uvicorn and prometheus-client: {install_hint('serve')}")
     from candor.serve.app import ServeSettings, create_app
     from candor.serve.factory import build_model
     from candor.serve.operations import check_cors_origins, send_access_log_to

@@ -21,6 +21,11 @@ Text matching choices, made once here and used by every lexical judge:
   Punctuation is deleted, not replaced by a space, as in SQuAD: "U.S." -> "us".
 - Containment is on word boundaries: the alias "5" is not found in "15", and
   "paris" is not found in "parisian".
+- An *empty answer* is one with no letter or digit (:func:`is_empty_answer`:
+  "", ".", "..."), exactly the answers ROUGE-L finds no tokens in. It is never
+  equivalent to anything, another empty answer included: saying nothing twice
+  is not agreeing on an answer. Every consistency judge and every sample
+  similarity (:mod:`candor.estimators.semantic`) applies this one rule.
 - A single-letter alias (a multiple-choice option letter such as "B") cannot go
   through :func:`normalize` ("A" is an article), so it has its own rule: it
   matches a response that is exactly that letter, or starts with it followed by
@@ -99,6 +104,11 @@ def _lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
             cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
         prev = cur
     return prev[-1]
+
+
+def is_empty_answer(text: str) -> bool:
+    """Whether an answer says nothing: no letter or digit, so no ROUGE-L token."""
+    return not rouge_tokens(text)
 
 
 def rouge_l_f1(a: str, b: str) -> float:
@@ -274,7 +284,7 @@ class LexicalConsistencyJudge:
     """Equivalent when one normalized answer contains the other, or ROUGE-L F1 ≥ ``threshold``.
 
     Containment is on word boundaries, as for the ``contains`` judge; an empty
-    answer is never equivalent to anything.
+    answer (:func:`is_empty_answer`) is never equivalent to anything.
     """
 
     name = "lexical"
@@ -291,9 +301,9 @@ class LexicalConsistencyJudge:
         return [int(self.equivalent(x, y)) for x, y in zip(a, b, strict=True)]
 
     def equivalent(self, a: str, b: str) -> bool:
-        na, nb = normalize(a), normalize(b)
-        if not na or not nb:
+        if is_empty_answer(a) or is_empty_answer(b):
             return False
+        na, nb = normalize(a), normalize(b)
         return contains_words(na, nb) or contains_words(nb, na) or rouge_l_f1(a, b) >= self.threshold
 
     def describe(self) -> dict[str, Any]:
@@ -334,9 +344,9 @@ class EchoAwareConsistencyJudge:
         return [int(self.equivalent(x, y, q)) for x, y, q in zip(a, b, qs, strict=True)]
 
     def equivalent(self, a: str, b: str, question: str = "") -> bool:
-        na, nb = normalize(a), normalize(b)
-        if not na or not nb:
+        if is_empty_answer(a) or is_empty_answer(b):
             return False
+        na, nb = normalize(a), normalize(b)
         words = frozenset(normalize(question).split())
         ra, rb = _residual(na, words), _residual(nb, words)
         if not ra and not rb:
@@ -376,7 +386,7 @@ class EmbeddingConsistencyJudge:
         from candor.backends.embeddings import pair_similarity
 
         _check_lengths("embedding consistency judge", a, b, questions)
-        asked = [i for i in range(len(a)) if normalize(a[i]) and normalize(b[i])]
+        asked = [i for i in range(len(a)) if not (is_empty_answer(a[i]) or is_empty_answer(b[i]))]
         out = [0] * len(a)
         sims = pair_similarity([a[i] for i in asked], [b[i] for i in asked])
         for i, sim in zip(asked, sims, strict=True):
@@ -578,7 +588,7 @@ class LLMConsistencyJudge(_LLMJudge):
     ) -> list[int]:
         _check_lengths("llm consistency judge", a, b, questions)
         qs = questions if questions is not None else [""] * len(a)
-        asked = [i for i in range(len(a)) if a[i].strip() and b[i].strip()]
+        asked = [i for i in range(len(a)) if not (is_empty_answer(a[i]) or is_empty_answer(b[i]))]
         texts = [consistency_prompt(a[i], b[i], qs[i], self.style) for i in asked]
         return self._judge_asked(len(a), asked, texts)
 

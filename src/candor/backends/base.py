@@ -104,6 +104,14 @@ class Completion:
     when the backend cannot tell. ``completion_tokens`` counts the tokens the
     engine generated for it (the stop token included, as servers report
     usage); None when unknown. Neither is written to records.
+
+    ``stop_logprob`` is the log-prob of the token that ended the answer (the
+    end-of-sequence token, or the one that completed a stop string), which
+    ``logprobs`` leaves out; None when the answer ran to the token cap or the
+    backend cannot give it. An answer that is only a stop has no tokens of its
+    own, and this is its probability (see
+    :func:`candor.estimators.semantic.sequence_logprob`). Written to records
+    when known.
     """
 
     text: str
@@ -111,6 +119,7 @@ class Completion:
     tokens: list[str] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[str, float]] = field(default_factory=list)
+    stop_logprob: float | None = None
     # Engine metadata, not part of what a record holds: left out of equality and of ``to_dict``.
     finish_reason: str | None = field(default=None, compare=False)
     completion_tokens: int | None = field(default=None, compare=False)
@@ -124,6 +133,8 @@ class Completion:
         }
         if self.top_logprobs:  # optional: older readers and records without it stay as they were
             out["top_logprobs"] = [{t: float(v) for t, v in pos.items()} for pos in self.top_logprobs]
+        if self.stop_logprob is not None:  # optional too: records written before it lack the key
+            out["stop_logprob"] = float(self.stop_logprob)
         return out
 
     @classmethod
@@ -134,6 +145,7 @@ class Completion:
             tokens=list(d.get("tokens", [])),
             logprobs=[float(x) for x in d.get("logprobs", [])],
             top_logprobs=[{str(t): float(v) for t, v in pos.items()} for pos in d.get("top_logprobs") or []],
+            stop_logprob=None if d.get("stop_logprob") is None else float(d["stop_logprob"]),
         )
 
 

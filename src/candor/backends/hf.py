@@ -443,6 +443,7 @@ class HFBackend:
 
     def _completion(self, row: _Row, matcher: StopMatcher) -> Completion:
         ids, logprobs, top = row.ids, row.logprobs, row.top
+        stop_logprob = logprobs[-1] if row.ended_by != "length" and logprobs else None
         if row.ended_by == "stop":
             # The stop token may carry text before the stop string ("Paris\n"), so cut the full text.
             text = matcher.cut(self.tokenizer.decode(ids, skip_special_tokens=True))
@@ -466,6 +467,7 @@ class HFBackend:
             tops.append(alternatives)
         return Completion(
             text=text.strip(), token_ids=list(ids), tokens=tokens, logprobs=list(logprobs), top_logprobs=tops,
+            stop_logprob=stop_logprob,
             finish_reason="length" if row.ended_by == "length" else "stop", completion_tokens=len(row.ids),
         )  # fmt: skip
 

@@ -75,6 +75,7 @@ from candor.backends.base import (
 )
 from candor.util.errors import CandorError
 from candor.util.seeds import item_seed
+from candor.util.version import install_hint
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def _openai_module() -> Any:
     try:
         import openai
     except ImportError:
-        raise CandorError("the openai backend needs the openai client: pip install 'candor[openai]'") from None
+        raise CandorError(f"the openai backend needs the openai client: {install_hint('openai')}") from None
     return openai
 
 

@@ -49,6 +49,7 @@ from candor.backends.chat import TokenizerChat
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.backends.tokens import encode as encode_tokens
 from candor.util.errors import CandorError
+from candor.util.version import install_hint
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def _vllm() -> Any:
         import vllm
     except ImportError:
         raise CandorError(
-            "the vllm backend needs vLLM: pip install 'candor[vllm]' (on CPU, in its own venv; see README)"
+            f"the vllm backend needs vLLM: {install_hint('vllm')} (on CPU, in its own venv; see README)"
         ) from None
     return vllm
 
@@ -198,8 +199,11 @@ class VLLMBackend:
         ids = list(out.token_ids)
         positions = list(out.logprobs or [])
         ended_by_stop = out.finish_reason == "stop"
-        # Drop the EOS, or the token that completed a stop string, with its log-prob (as hf does).
+        stop_logprob = None
+        # Drop the EOS, or the token that completed a stop string, keeping its log-prob aside (as hf does).
         if ids and ended_by_stop and (ids[-1] in self._eos_ids or isinstance(out.stop_reason, str)):
+            if len(positions) == len(ids):
+                stop_logprob = float(positions[-1][ids[-1]].logprob)
             ids, positions = ids[:-1], positions[:-1]
         lps, tops, tokens = [], [], []
         for token, pos in zip(ids, positions, strict=True):
@@ -213,7 +217,7 @@ class VLLMBackend:
             tops.append(alternatives)
         return Completion(
             text=out.text.strip(), token_ids=ids, tokens=tokens, logprobs=lps,
-            top_logprobs=tops if self.top_logprobs else [],
+            top_logprobs=tops if self.top_logprobs else [], stop_logprob=stop_logprob,
         )
 
     # ------------------------------------------------------------ scoring

@@ -2,11 +2,15 @@
 
 Benchmark files live under a data dir laid out like HonestyBench's raw release
 (``nq/test.jsonl``, ``hq/dev.jsonl``, ...). The dir is found by
-:func:`resolve_data_dir`; a user's machine never needs it, since the built-in
-``starter`` set ships inside the package.
+:func:`resolve_data_dir`: ``--data-dir``, else ``$CANDOR_DATA_DIR``, else
+``data/`` in candor's own folder (``$CANDOR_CACHE`` or ``~/.cache/candor``),
+where ``candor datasets --download`` puts the files
+(:mod:`candor.data.download`). No command needs it unless a named dataset is
+asked for: the built-in ``starter`` set ships inside the package.
 
-Each entry records its role in HonestyBench-mini (DESIGN.md §4.7): ``in-domain``
-sets are split into train and test, ``ood`` sets are evaluated only.
+Each entry records its role in HonestyBench-mini: ``in-domain`` sets are split
+into train and test, ``ood`` sets are evaluated only; and ``source``, the
+public place :mod:`candor.data.download` fetches it from.
 """
 
 from __future__ import annotations
@@ -17,13 +21,12 @@ from pathlib import Path
 from typing import Literal
 
 from candor.util.errors import CandorError
+from candor.util.files import cache_root
 from candor.util.registry import Registry
 
 Role = Literal["in-domain", "ood", "demo"]
 
 DATA_DIR_ENV = "CANDOR_DATA_DIR"
-# Where developers and CI keep the benchmark data, relative to the checkout.
-DEFAULT_DATA_DIR = Path("..") / "shared" / "data" / "honestybench"
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -35,7 +38,8 @@ class DatasetSpec:
     for a ``builtin`` set); the first that exists wins. ``name`` becomes the
     items' ``dataset`` field, so ids like ``nq:12`` are unique across entries.
     ``id_field`` names the file's id column; ``None`` numbers lines instead
-    (LogiQA's own ids repeat).
+    (LogiQA's own ids repeat). ``source`` names the entry of
+    :data:`candor.data.download.SOURCES` that fetches the file (None: built in).
     """
 
     name: str
@@ -45,6 +49,7 @@ class DatasetSpec:
     description: str
     builtin: bool = False
     id_field: str | None = "id"
+    source: str | None = "elical-qa"
 
     def resolve(self, data_dir: str | Path | None = None) -> Path:
         """The file this name stands for; a clear error when it is missing."""
@@ -90,10 +95,11 @@ _add(
         "ood",
         "LogiQA 2.0 multiple choice, test",
         id_field=None,
+        source="logiqa2",
     ),
     "logiqa2",
 )
-_add(DatasetSpec("starter", ("starter.jsonl",), "test", "demo", "built-in starter set", builtin=True))
+_add(DatasetSpec("starter", ("starter.jsonl",), "test", "demo", "built-in starter set", builtin=True, source=None))
 
 
 def get_dataset(name: str) -> DatasetSpec:
@@ -107,11 +113,16 @@ def dataset_names(role: Role | None = None) -> list[str]:
     return sorted(name for name, spec in specs.items() if role is None or spec.role == role)
 
 
-def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
-    """The benchmark data dir: explicit, else $CANDOR_DATA_DIR, else ../shared/data/honestybench.
+def default_data_dir() -> Path:
+    """Where named datasets live when no dir is given: ``data/`` in candor's own folder."""
+    return cache_root() / "data"
 
-    An explicit choice (argument or environment) beats the guess relative to
-    the working directory, and must exist.
+
+def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
+    """The benchmark data dir: explicit, else ``$CANDOR_DATA_DIR``, else :func:`default_data_dir`.
+
+    An explicit choice (argument or environment) must exist; so must the
+    default, which ``candor datasets --download`` creates.
     """
     for given, origin in ((data_dir, "--data-dir"), (os.environ.get(DATA_DIR_ENV), DATA_DIR_ENV)):
         if given:
@@ -119,11 +130,13 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
             if not path.is_dir():
                 raise CandorError(f"{path}: data dir not found (from {origin})")
             return path
-    if DEFAULT_DATA_DIR.is_dir():
-        return DEFAULT_DATA_DIR
+    default = default_data_dir()
+    if default.is_dir():
+        return default
     raise CandorError(
-        "no benchmark data dir: pass --data-dir DIR (the folder holding nq/, hq/, squad/, ...) "
-        f"or set {DATA_DIR_ENV}; the built-in 'starter' set needs none"
+        f"no benchmark data dir: run `candor datasets --download` (it fetches the named datasets into "
+        f"{default}), or pass --data-dir DIR (the folder holding nq/, hq/, squad/, ...) or set {DATA_DIR_ENV}; "
+        "the built-in 'starter' set needs none"
     )
 
 
@@ -131,7 +144,8 @@ def _where(spec: DatasetSpec, data_dir: str | Path | None) -> str:
     try:
         return str(spec.resolve(data_dir))
     except CandorError as exc:
-        return f"not available ({exc})"
+        fetch = f"candor datasets --download {spec.name}" + (f" --data-dir {data_dir}" if data_dir else "")
+        return f"not available ({exc}); get it with `{fetch}`"
 
 
 def describe_datasets(data_dir: str | Path | None = None) -> list[str]:

@@ -18,7 +18,7 @@ the rank of the answer's first token says whether the answer is among what μ
 reads. The interpolation steps run ``internal_batch_size`` at a time, so
 memory stays that of a small batch whatever the number of steps.
 
-captum is an optional extra: ``pip install 'candor[diagnose]'``.
+captum is an optional extra: ``pip install -e '.[diagnose]'`` in candor's source folder.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import numpy as np
 from candor.data.items import QAItem
 from candor.diagnose.regions import ANSWER, REGIONS, prompt_regions
 from candor.util.errors import CandorError
+from candor.util.version import install_hint
 from candor.verbal.formats import get_format
 from candor.verbal.scorer import LabelScorer
 
@@ -135,7 +136,7 @@ def _captum_ig() -> Any:
         from captum.attr import IntegratedGradients
     except ImportError:
         raise CandorError(
-            "integrated gradients need captum: pip install 'candor[diagnose]' (or pip install captum)"
+            f"integrated gradients need captum: {install_hint('diagnose')} (or pip install captum)"
         ) from None
     return IntegratedGradients
 

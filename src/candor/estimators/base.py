@@ -44,6 +44,8 @@ class Estimator:
     # Backend capabilities this estimator needs (names from candor.backends.base), checked up front.
     requires: ClassVar[frozenset[str]] = frozenset()
     level: Level = "question"
+    # Sampled answers per record this estimator needs (0: none); a caller choosing k can check it up front.
+    min_samples: ClassVar[int] = 0
     # Values slightly outside [0, 1] from float round-off are clipped; anything further is a bug.
     _tolerance: ClassVar[float] = 1e-6
 

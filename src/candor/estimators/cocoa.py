@@ -32,6 +32,7 @@ class CoCoA(SimilarityEstimator):
     """exp(-(-log p(greedy)) · (1 - mean similarity of the greedy answer to the samples))."""
 
     name = "cocoa"
+    min_samples = 1  # it compares the samples with the greedy answer, not with each other
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         groups = [require_samples(r, self.name) for r in records]

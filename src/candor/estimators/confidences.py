@@ -294,6 +294,31 @@ def _stale_reason(table: ConfidenceTable, method: str, key: Mapping[str, Any]) -
     return f"changed: {', '.join(changed)}" if changed else None
 
 
+def check_nothing_lost(out: str | Path, records: Sequence[Record], force: bool = False) -> None:
+    """Refuse to score ``records`` into an ``out`` that holds only other records' confidences (unless ``force``).
+
+    Scoring rewrites ``out`` over ``records``' ids, so a file about other
+    records (test confidences, when dev records are scored) would lose every
+    column. Rows partly shared lose the others' rows, with a warning.
+    """
+    out = Path(out)
+    if not out.exists():
+        return
+    old = read_confidences(out)
+    ids = {r.id for r in records}
+    shared = sum(row.id in ids for row in old.rows)
+    if not old.rows or shared == len(old.rows):
+        return
+    if shared == 0 and not force:
+        raise CandorError(
+            f"{out} holds confidences of {len(old.rows)} other records (no id in common with these records); "
+            f"scoring into it would lose its columns {', '.join(old.methods)}. Write to another --out, "
+            "or pass --force to replace it"
+        )
+    logger.warning("%s: %d of its %d records are not among these records and are dropped from it",
+                   out, len(old.rows) - shared, len(old.rows))
+
+
 def _previous(out: Path, records: Sequence[Record]) -> ConfidenceTable:
     """The file's columns over ``records``' ids, in their order, with their provenance (empty without a file)."""
     table = table_from_records(records)
@@ -321,10 +346,13 @@ def score_into(
 
     ``options`` maps an estimator name to its constructor keywords (see
     :func:`candor.estimators.score_records`). Columns of other methods already
-    in ``out`` are kept when they belong to the same records.
+    in ``out`` are kept when they belong to the same records. An ``out`` about
+    other records only is refused (:func:`check_nothing_lost`); ``force``
+    replaces it, and recomputes every method asked for.
     """
     out = Path(out)
     options = options or {}
+    check_nothing_lost(out, records, force)
     warn_contamination(records, trained_folders(options, backend))
     previous = _previous(out, records)  # even with force: the file's other columns are kept, not lost
     records_sha = records_digest(records)

@@ -47,14 +47,16 @@ class LexicalConsistency(Estimator):
 class SemanticConsistency(Estimator):
     """Mean consistency verdict over the k samples (the consistency rate).
 
-    With no ``judge`` given, the verdicts the annotation stored are used
-    whichever judge produced them, and records without verdicts are judged
-    lexically. With ``judge`` named (``lexical``, or ``llm``, which asks the
-    backend passed to :meth:`estimate`), stored verdicts are used only where
-    the record's provenance says that judge produced them
-    (``provenance["consistency_judge"]``) and no judge options are given (the
-    provenance records the judge's name, not its settings); every other record
-    is judged anew with it, in one batched call. :meth:`describe` names the judges whose
+    With no ``judge`` and no judge options given, the verdicts the annotation
+    stored are used whichever judge produced them, and records without verdicts
+    are judged with the default judge. With ``judge`` named (``lexical``, or
+    ``llm``, which asks the backend passed to :meth:`estimate`), stored verdicts
+    are used only where the record's provenance says that judge produced them
+    (``provenance["consistency_judge"]``). Judge options (``threshold=0.9``)
+    always mean judging anew, since the provenance records a judge's name, not
+    its settings; without ``judge`` they go to the default judge, and options
+    that judge does not take are refused when the estimator is built. Records
+    are judged in one batched call. :meth:`describe` names the judges whose
     verdicts went into the scores.
     """
 
@@ -67,16 +69,31 @@ class SemanticConsistency(Estimator):
         self.requested = judge
         self.judge_name = judge or DEFAULT_CONSISTENCY_JUDGE  # the judge for records whose verdicts cannot be used
         self.judge_options = judge_options
-        self.needs_backend = judge == "llm"
+        self.needs_backend = self.judge_name == "llm"
         self.judged = 0  # records whose verdicts were computed here, not read from the annotation
         self.verdicts_by: set[str] = set()  # judges whose verdicts went into the scores so far
+        if judge_options and not self.needs_backend:
+            self._check_options()
+
+    def _check_options(self) -> None:
+        """Build the judge once so options it does not take fail now, not after the records are read."""
+        try:
+            get_consistency_judge(self.judge_name, **self.judge_options)
+        except CandorError as exc:
+            if self.requested is not None:
+                raise
+            raise CandorError(
+                f"consis-sem: judge options {sorted(self.judge_options)} were given without judge=, so they go "
+                f"to the default judge {self.judge_name!r}, which does not take them; name the judge they are "
+                f"for (e.g. judge=lexical). ({exc})"
+            ) from None
 
     def _usable(self, record: Record) -> bool:
-        if not record.consistency:
+        if not record.consistency or self.judge_options:
             return False
         if self.requested is None:
             return True
-        return not self.judge_options and record.provenance.get("consistency_judge") == self.requested
+        return record.provenance.get("consistency_judge") == self.requested
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         verdicts: list[list[int] | None] = [list(r.consistency) if self._usable(r) else None for r in records]
@@ -110,5 +127,8 @@ class SemanticConsistency(Estimator):
         )
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "judge": self.requested or "as annotated",
-                "verdicts_by": sorted(self.verdicts_by)}
+        judge = self.requested or (self.judge_name if self.judge_options else "as annotated")
+        out = {**super().describe(), "judge": judge, "verdicts_by": sorted(self.verdicts_by)}
+        if self.judge_options:
+            out["judge_options"] = {k: v for k, v in self.judge_options.items() if k != "backend"}
+        return out

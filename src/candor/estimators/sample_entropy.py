@@ -19,6 +19,9 @@ discrete entropy lies in [0, log k], so its confidence lies in [1/k, 1].
   black-box models).
 - ``num-sem-sets``: confidence 1 / (number of semantic clusters).
 
+An answer that is only a stop weighs what its stop token's probability says
+(:func:`candor.estimators.semantic.sequence_logprob`), not probability 1.
+
 Published with an NLI model (DeBERTa-MNLI) as the equivalence judge; here the
 judge is any consistency judge (``lexical`` by default, ``llm``, or
 ``embedding`` where installed), named in the estimator's provenance.
@@ -33,7 +36,7 @@ import numpy as np
 from candor.annotation.records import Record
 from candor.backends.base import Backend
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.estimators.semantic import ClusterEstimator, require_samples, sequence_logprob
+from candor.estimators.semantic import ClusterEstimator, sample_logprobs
 
 
 def entropy(p: np.ndarray) -> float:
@@ -43,9 +46,13 @@ def entropy(p: np.ndarray) -> float:
 
 
 def cluster_probabilities(logprobs: np.ndarray, clusters: Sequence[int]) -> np.ndarray:
-    """Each cluster's share of the samples' total probability mass (log-sum-exp, so long answers do not underflow)."""
+    """Each cluster's share of the samples' total probability mass (log-sum-exp, so long answers do not underflow).
+
+    A sample whose log-prob is unknown (NaN) adds no mass.
+    """
     ids = np.asarray(clusters)
-    shifted = np.exp(logprobs - logprobs.max())
+    known = ~np.isnan(logprobs)
+    shifted = np.where(known, np.exp(logprobs - np.max(logprobs[known])), 0.0)
     mass = np.array([shifted[ids == c].sum() for c in range(ids.max() + 1)])
     return mass / mass.sum()
 
@@ -58,12 +65,7 @@ class MonteCarloEntropy(Estimator):
     level = "question"
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
-        out = []
-        for rec in records:
-            require_samples(rec, self.name)
-            h = -np.mean([sequence_logprob(rec, j) for j in range(rec.k)])
-            out.append(float(np.exp(-h)))
-        return np.array(out)
+        return np.array([float(np.exp(np.nanmean(lps))) for lps in sample_logprobs(records, self.name)])
 
 
 @ESTIMATORS.register("semantic-entropy")
@@ -72,9 +74,11 @@ class SemanticEntropy(ClusterEstimator):
 
     name = "semantic-entropy"
 
-    def from_clusters(self, record: Record, clusters: list[int]) -> float:
-        logprobs = np.array([sequence_logprob(record, j, mean=True) for j in range(record.k)])
-        return float(np.exp(-entropy(cluster_probabilities(logprobs, clusters))))
+    def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
+        logprobs = sample_logprobs(records, self.name, mean=True)
+        clusters = self.clusters(records, backend)
+        pairs = zip(logprobs, clusters, strict=True)
+        return np.array([float(np.exp(-entropy(cluster_probabilities(lps, ids)))) for lps, ids in pairs])
 
 
 @ESTIMATORS.register("semantic-entropy-discrete")

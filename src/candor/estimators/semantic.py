@@ -11,7 +11,15 @@ Similarities (``SIMILARITIES``, chosen per estimator with ``similarity=``):
 
 Every similarity scores lists of pairs in one batched call, so an LLM judge
 sees all the pairs of a chunk of records at once. A similarity matrix has 1 on
-its diagonal (an answer is equivalent to itself) and is symmetric.
+its diagonal (an answer is equivalent to itself) and is symmetric. A pair with
+an empty answer (:func:`candor.annotation.judges.is_empty_answer`) scores 0
+under every similarity and is never equivalent in a cluster, the rule the
+consistency judges follow, so two empty samples are two clusters whichever
+similarity or judge is chosen (an embedding would otherwise call them identical).
+
+The probability-weighted estimators read each sample's probability through
+:func:`sequence_logprob`; an answer that is only a stop takes its stop token's
+probability, as the semantic-entropy reference code does.
 
 Semantic clusters follow Kuhn et al. (2023): samples are taken in order, and
 each joins the first cluster whose first member it is equivalent to in both
@@ -20,17 +28,20 @@ directions under a consistency judge, else starts a new cluster.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from candor.annotation.judges import CONSISTENCY_JUDGES, get_consistency_judge, rouge_l_f1
+from candor.annotation.judges import CONSISTENCY_JUDGES, get_consistency_judge, is_empty_answer, rouge_l_f1
 from candor.annotation.records import Record
 from candor.backends.base import Backend
 from candor.estimators.base import Estimator
 from candor.util.errors import CandorError
 from candor.util.registry import Registry
+
+logger = logging.getLogger(__name__)
 
 
 class Similarity(Protocol):
@@ -122,11 +133,30 @@ def get_similarity(name: str, backend: Backend | None = None, judge: str = "lexi
     return SIMILARITIES.build(name, backend=backend, judge=judge)
 
 
-def require_samples(record: Record, name: str) -> list[str]:
-    """The record's sample texts; a record without samples is a :class:`CandorError`."""
+# Estimators that compare samples with each other: one sample has nothing to compare with,
+# and would score 1.0 whatever it says.
+PAIRWISE_MIN_SAMPLES = 2
+
+
+def require_samples(record: Record, name: str, at_least: int = 1) -> list[str]:
+    """The record's sample texts; fewer than ``at_least`` of them (none, by default) is a :class:`CandorError`."""
     if not record.samples:
         raise CandorError(f"record {record.id!r} has no sampled answers; {name} needs them")
+    if record.k < at_least:
+        raise CandorError(
+            f"{name} compares sampled answers with each other and needs k >= {at_least} per record; "
+            f"record {record.id!r} has k = {record.k} (annotate with --k {at_least} or more)"
+        )
     return [s.text for s in record.samples]
+
+
+def scored_pairs(similarity: Similarity, a: Sequence[str], b: Sequence[str], q: Sequence[str]) -> np.ndarray:
+    """``similarity.pairs`` on the pairs without an empty answer; pairs with one score 0 unasked."""
+    out = np.zeros(len(a), dtype=float)
+    asked = [i for i in range(len(a)) if not (is_empty_answer(a[i]) or is_empty_answer(b[i]))]
+    if asked:
+        out[asked] = similarity.pairs([a[i] for i in asked], [b[i] for i in asked], [q[i] for i in asked])
+    return out
 
 
 def similarity_matrices(
@@ -141,7 +171,7 @@ def similarity_matrices(
                 b.append(texts[j])
                 q.append(question)
                 where.append((g, i, j))
-    scores = similarity.pairs(a, b, q) if a else np.zeros(0)
+    scores = scored_pairs(similarity, a, b, q)
     out = [np.eye(len(texts)) for texts in groups]
     for (g, i, j), s in zip(where, scores, strict=True):
         out[g][i, j] = out[g][j, i] = s
@@ -159,7 +189,7 @@ def cross_similarities(
             b.append(text)
             q.append(question)
             owner.append(g)
-    scores = similarity.pairs(a, b, q) if a else np.zeros(0)
+    scores = scored_pairs(similarity, a, b, q)
     out: list[list[float]] = [[] for _ in groups]
     for g, s in zip(owner, scores, strict=True):
         out[g].append(float(s))
@@ -174,11 +204,14 @@ def semantic_clusters(
     All candidate pairs are judged in one batch first: every pair (i, j), i < j,
     in both orders. That is more verdicts than the sequential algorithm needs
     (it compares only with each cluster's first member) but the same clusters.
+    A pair with an empty answer is not equivalent and is not asked.
     """
     a, b, q, where = [], [], [], []
     for g, (texts, question) in enumerate(zip(groups, questions, strict=True)):
         for i in range(len(texts)):
             for j in range(i + 1, len(texts)):
+                if is_empty_answer(texts[i]) or is_empty_answer(texts[j]):
+                    continue
                 a.extend([texts[i], texts[j]])
                 b.extend([texts[j], texts[i]])
                 q.extend([question, question])
@@ -205,25 +238,61 @@ def cluster_ids(equivalent: np.ndarray) -> list[int]:
     return ids
 
 
-def sequence_logprob(record: Record, index: int, mean: bool = False) -> float:
-    """Sum (or with ``mean``, the mean) of sample ``index``'s token log-probs.
+def sequence_logprob(record: Record, index: int, mean: bool = False) -> float | None:
+    """Sum (or with ``mean``, the mean) of sample ``index``'s token log-probs; None when unknown.
 
-    An empty answer may have no tokens (the backend drops the stop token's
-    log-prob), so its stored log-prob is 0; a non-empty answer without
-    log-probs (an import that dropped them) is a :class:`CandorError`.
+    An answer with no tokens of its own (backends drop the stop token from
+    ``logprobs``) is the stop token alone: its probability is that token's,
+    ``Completion.stop_logprob``, as a one-token sequence, the way Farquhar et
+    al.'s semantic-entropy code takes an answer that is only a stop word. (The
+    stop token may also carry the whole answer, as "Paris\n" does when "\n"
+    stops.) An empty answer from a record written before candor kept that
+    log-prob gives None: its probability is unknown, and callers leave it out
+    (:func:`sample_logprobs`). A non-empty answer without any log-prob (an
+    import that dropped them) is a :class:`CandorError`.
     """
     sample = record.samples[index]
-    if not sample.logprobs and sample.text.strip():
+    if sample.logprobs:
+        lps = np.asarray(sample.logprobs, dtype=float)
+    elif sample.stop_logprob is not None:
+        lps = np.asarray([sample.stop_logprob], dtype=float)
+    elif sample.text.strip():
         raise CandorError(
             f"record {record.id!r}: sample {index} has no token log-probs; this estimator needs them"
         )
-    lps = np.asarray(sample.logprobs, dtype=float)
+    else:
+        return None
     if not np.isfinite(lps).all():
         raise CandorError(f"record {record.id!r}: sample {index} has non-finite token log-probs")
-    if lps.size == 0:
-        return 0.0
     lps = np.minimum(lps, 0.0)
     return float(lps.mean() if mean else lps.sum())
+
+
+def sample_logprobs(records: Sequence[Record], name: str, mean: bool = False) -> list[np.ndarray]:
+    """Every record's :func:`sequence_logprob` per sample, NaN where unknown (logged with a count).
+
+    A record whose every sample is unknown is a :class:`CandorError`: there is
+    no probability left to weigh by.
+    """
+    out, unknown = [], 0
+    for rec in records:
+        require_samples(rec, name)
+        values = [sequence_logprob(rec, j, mean=mean) for j in range(rec.k)]
+        row = np.array([np.nan if v is None else v for v in values], dtype=float)
+        if np.isnan(row).all():
+            raise CandorError(
+                f"record {rec.id!r}: every sample is an empty answer without its stop token's log-prob "
+                f"(records written before candor kept it); {name} needs them: annotate again"
+            )
+        unknown += int(np.isnan(row).sum())
+        out.append(row)
+    if unknown:
+        logger.warning(
+            "%s: %d empty sampled answer(s) have no stop-token log-prob (records written before candor "
+            "kept it) and are left out of the probability weights; annotate again to include them",
+            name, unknown,
+        )
+    return out
 
 
 # ---------------------------------------------------------------- estimator bases
@@ -233,6 +302,7 @@ class SimilarityEstimator(Estimator):
     """An estimator over each record's sample-similarity matrix (``similarity=``, ``judge=`` options)."""
 
     level = "question"
+    min_samples = PAIRWISE_MIN_SAMPLES
 
     def __init__(self, similarity: str = "lexical", judge: str = "lexical") -> None:
         check_similarity(similarity, judge)
@@ -241,7 +311,7 @@ class SimilarityEstimator(Estimator):
         self.needs_backend = needs_backend(similarity, judge)
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
-        groups = [require_samples(r, self.name) for r in records]
+        groups = [require_samples(r, self.name, self.min_samples) for r in records]
         sim = get_similarity(self.similarity, backend, self.judge_name)
         matrices = similarity_matrices(groups, [r.item.question for r in records], sim)
         return np.array([self.from_matrix(m) for m in matrices])
@@ -260,6 +330,7 @@ class ClusterEstimator(Estimator):
     """An estimator over each record's semantic clusters under a consistency judge (``judge=`` option)."""
 
     level = "question"
+    min_samples = PAIRWISE_MIN_SAMPLES
 
     def __init__(self, judge: str = "lexical") -> None:
         CONSISTENCY_JUDGES.get(judge)
@@ -267,10 +338,14 @@ class ClusterEstimator(Estimator):
         self.needs_backend = judge == "llm"
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
-        groups = [require_samples(r, self.name) for r in records]
-        judge = consistency_judge(self.judge_name, backend)
-        clusters = semantic_clusters(groups, [r.item.question for r in records], judge)
+        clusters = self.clusters(records, backend)
         return np.array([self.from_clusters(r, c) for r, c in zip(records, clusters, strict=True)])
+
+    def clusters(self, records: Sequence[Record], backend: Backend | None) -> list[list[int]]:
+        """Every record's semantic cluster ids, all pairs judged in one batch."""
+        groups = [require_samples(r, self.name, self.min_samples) for r in records]
+        judge = consistency_judge(self.judge_name, backend)
+        return semantic_clusters(groups, [r.item.question for r in records], judge)
 
     def from_clusters(self, record: Record, clusters: list[int]) -> float:
         raise NotImplementedError

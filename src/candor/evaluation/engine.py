@@ -19,6 +19,13 @@ recomputes the seed mean of every cell; percentile intervals at level
 1 − ``alpha``. A resample where a metric is undefined (AUROC on a draw of one
 class) is left out of that cell's interval, and the number left out is kept
 in :attr:`MethodResult.bootstrap_dropped`, so results files can report it.
+
+A metric that fits on some rows and scores the others (Alignment: a threshold
+fit on a seeded 20% of the rows, accuracy on the rest; its ``split``) is
+resampled within each part and position, so each resample is computed exactly
+as the point is: the threshold fit on a draw of the fit rows and scored on a
+draw of the other rows. A plain resample would put copies of a row on both
+sides and bias the interval upwards, past the point itself.
 """
 
 from __future__ import annotations
@@ -222,13 +229,21 @@ def _bootstrap(
     runs: Sequence[Run], fns: Mapping[str, MetricFn], groups: Sequence[Group], n: int, seed: int, alpha: float
 ) -> tuple[dict[str, dict[str, tuple[float, float]]], dict[str, dict[str, int]]]:
     """Percentile intervals of every cell's seed mean, and the resamples dropped per cell."""
+    splits = {k: METRICS.get(k).split for k in fns if k in METRICS and METRICS.get(k).split is not None}
+    plain = {k: fn for k, fn in fns.items() if k not in splits}
     draws: list[Cells] = []
+    split_draws = {k: _split_resamples(runs[0], groups, split, n, seed) for k, split in splits.items()}
     # Inputs were validated once by check_arrays; skipping sklearn's per-call checks saves time.
     with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
         for index in _resample_indices(runs[0], n, seed):
-            per_run = [_cells({ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in run.items()}, fns, groups)
+            per_run = [_cells({ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in run.items()}, plain, groups)
                        for run in runs]
-            draws.append({c: {k: float(np.mean([r[c][k] for r in per_run])) for k in fns} for c in per_run[0]})
+            draws.append({c: {k: float(np.mean([r[c][k] for r in per_run])) for k in plain} for c in per_run[0]})
+        for k, resamples in split_draws.items():
+            for draw, index in zip(draws, resamples, strict=True):
+                values = [_split_cells(run, index, fns[k], groups) for run in runs]
+                for col in draw:
+                    draw[col][k] = float(np.mean([v[col] for v in values]))
     ci: dict[str, dict[str, tuple[float, float]]] = {}
     dropped: dict[str, dict[str, int]] = {}
     for col in draws[0]:
@@ -249,6 +264,64 @@ def _resample_indices(run: Run, n: int, seed: int) -> Iterator[dict[str, np.ndar
     rngs = {ds: np.random.default_rng(s) for ds, s in zip(datasets, streams, strict=True)}
     for _ in range(n):
         yield {ds: rngs[ds].integers(0, y.size, size=y.size) for ds, (_, y) in run.items()}
+
+
+SplitIndex = dict[str, np.ndarray]  # column (a dataset, or a pooled group) → row indices of one resample
+
+
+def _split_resamples(
+    run: Run, groups: Sequence[Group], split: Any, n: int, seed: int
+) -> Iterator[SplitIndex]:
+    """``n`` resamples that keep every position in its part of ``split`` (fit or scored), per dataset and pooled group.
+
+    A pooled group's rows are the concatenation of its datasets', so its split
+    is over that concatenation and each position is drawn from the same
+    dataset and the same part.
+    """
+    sizes = {ds: y.size for ds, (_, y) in run.items()}
+    strata = {ds: [split(size)] for ds, size in sizes.items()}
+    for g in groups:
+        if g.average == "pooled":
+            mask, start = split(sum(sizes[d] for d in g.datasets)), 0
+            strata[g.name] = []
+            for d in g.datasets:
+                strata[g.name].append(mask[start : start + sizes[d]])
+                start += sizes[d]
+    # A stream per column, apart from the plain draws': a dataset's interval does not depend on the groups asked.
+    rngs = {col: np.random.default_rng(np.random.SeedSequence([seed, 1, *col.encode()])) for col in strata}
+    for _ in range(n):
+        yield {col: np.concatenate([_within_parts(m, rngs[col]) for m in masks]) for col, masks in strata.items()}
+
+
+def _within_parts(mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Row indices where each position is drawn, with replacement, from the positions of its own part."""
+    out = np.empty(mask.size, dtype=int)
+    for part in (mask, ~mask):
+        where = np.flatnonzero(part)
+        if where.size:
+            out[where] = rng.choice(where, size=where.size)
+    return out
+
+
+def _split_cells(run: Run, index: SplitIndex, fn: MetricFn, groups: Sequence[Group]) -> dict[str, float]:
+    """One split metric on one split-keeping resample: per dataset, then per group (weighted or pooled)."""
+    out = {ds: float(fn(c[index[ds]], y[index[ds]])) for ds, (c, y) in run.items()}
+    for g in groups:
+        if g.average == "pooled":
+            conf = np.concatenate([run[d][0] for d in g.datasets])[_pooled_rows(run, g, index[g.name])]
+            correct = np.concatenate([run[d][1] for d in g.datasets])[_pooled_rows(run, g, index[g.name])]
+            out[g.name] = float(fn(conf, correct))
+        else:
+            sizes = {d: run[d][1].size for d in g.datasets}
+            out[g.name] = sum(sizes[d] * out[d] for d in g.datasets) / sum(sizes.values())
+    return out
+
+
+def _pooled_rows(run: Run, group: Group, index: np.ndarray) -> np.ndarray:
+    """A pooled group's per-dataset indices (each within its dataset) as indices into the concatenation."""
+    offsets = np.repeat(np.cumsum([0] + [run[d][1].size for d in group.datasets[:-1]]),
+                        [run[d][1].size for d in group.datasets])
+    return index + offsets
 
 
 @dataclass(frozen=True)
@@ -287,8 +360,13 @@ def metric_ratios(
     with quietly(), np.errstate(invalid="ignore", divide="ignore"):
         point_top, point_bottom = _cells(top, fns, groups), _cells(bottom, fns, groups)
         draws: list[dict[str, float]] = []
+        split = METRICS.get(metric).split
         with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
-            for index in _resample_indices(top, bootstrap, seed):
+            if split is not None:  # fit and scored rows resampled apart, as in evaluate
+                for index in _split_resamples(top, groups, split, bootstrap, seed):
+                    a, b = (_split_cells(run, index, fns[metric], groups) for run in (top, bottom))
+                    draws.append({col: _ratio(a[col], b[col]) for col in a})
+            for index in _resample_indices(top, bootstrap if split is None else 0, seed):
                 a = _cells({ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in top.items()}, fns, groups)
                 b = _cells({ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in bottom.items()}, fns, groups)
                 draws.append({col: _ratio(a[col][metric], b[col][metric]) for col in a})

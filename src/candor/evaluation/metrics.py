@@ -70,6 +70,9 @@ class Metric:
     label: str
     better: Better | None
     binned: bool = False  # takes ``n_bins`` (ECE and relatives)
+    # For a metric that fits on some rows and scores the others (Alignment): n → the boolean mask of the
+    # rows it fits on. A bootstrap then resamples within each part, so no row is both fit and scored.
+    split: Callable[[int], np.ndarray] | None = None
 
     def __call__(self, confidence: ArrayLike, correct: ArrayLike, **kwargs: object) -> float:
         return self.fn(confidence, correct, **kwargs)
@@ -93,12 +96,17 @@ SELECTIVE_METRICS = ("aurc", "prr", "log_loss")  # issue 14: selective predictio
 
 
 def register_metric(
-    name: str, *, label: str, better: Better | None, binned: bool = False
+    name: str,
+    *,
+    label: str,
+    better: Better | None,
+    binned: bool = False,
+    split: Callable[[int], np.ndarray] | None = None,
 ) -> Callable[[Callable[..., float]], Callable[..., float]]:
     """Register a metric function with its label and better direction; returns the function unchanged."""
 
     def decorator(fn: Callable[..., float]) -> Callable[..., float]:
-        METRICS.register(name)(Metric(name, fn, label, better, binned))
+        METRICS.register(name)(Metric(name, fn, label, better, binned, split))
         return fn
 
     return decorator
@@ -323,22 +331,34 @@ def alignment(
     not, since that number reflects the fallback rather than the confidences.
     """
     conf, y = check_arrays(confidence, correct)
-    if not 0.0 < fit_fraction < 1.0:
-        raise CandorError(f"fit_fraction must be in (0, 1), got {fit_fraction}")
     if y.size < 2:
         return _undefined("Alignment needs at least 2 rows (a fit slice and an eval slice); returning NaN")
-    perm = np.random.default_rng(seed).permutation(y.size)
-    n_fit = min(max(round(fit_fraction * y.size), 1), y.size - 1)
-    fit, held = perm[:n_fit], perm[n_fit:]
+    fit = alignment_fit_rows(y.size, seed, fit_fraction)
     threshold = _best_threshold(conf[fit], y[fit])
     if threshold is None:
         return _undefined(
-            f"Alignment is undefined: every threshold puts all {n_fit} fit rows in one class; returning NaN"
+            f"Alignment is undefined: every threshold puts all {int(fit.sum())} fit rows in one class; returning NaN"
         )
-    return float(np.mean((conf[held] >= threshold).astype(int) == y[held]))
+    return float(np.mean((conf[~fit] >= threshold).astype(int) == y[~fit]))
 
 
-register_metric("alignment", label="Alignment", better="higher")(alignment)
+def alignment_fit_rows(n: int, seed: int = 0, fit_fraction: float = 0.2) -> np.ndarray:
+    """The boolean mask of the rows Alignment fits its threshold on: a seeded ``fit_fraction`` of ``n`` (≥ 1 each side).
+
+    A bootstrap of Alignment must resample the fit rows and the scored rows
+    apart: a row drawn into both would score the threshold on the rows it was
+    fit to, and lift the interval above the point (issue 28 saw "45.0 [46.2, 79.4]").
+    """
+    if not 0.0 < fit_fraction < 1.0:
+        raise CandorError(f"fit_fraction must be in (0, 1), got {fit_fraction}")
+    perm = np.random.default_rng(seed).permutation(n)
+    n_fit = min(max(round(fit_fraction * n), 1), n - 1)
+    mask = np.zeros(n, dtype=bool)
+    mask[perm[:n_fit]] = True
+    return mask
+
+
+register_metric("alignment", label="Alignment", better="higher", split=alignment_fit_rows)(alignment)
 
 
 def _best_threshold(conf: np.ndarray, y: np.ndarray) -> float | None:

@@ -387,8 +387,8 @@ def _boolean(text: str) -> bool:
 
 def _elical(method: str) -> Trainer:
     def run(job: TrainJob) -> TrainResult:
-        from candor.backends.default_model import cache_root
         from candor.train.elical import EliCalConfig, carve_dev, parse_budget, train_elical
+        from candor.util.files import cache_root
 
         settings = dict(job.settings)
         budget = parse_budget(settings.pop("budget", "all"))
@@ -445,8 +445,8 @@ for _method in ("advice", "conftuner", "advice+conftuner"):
 def _probe(job: TrainJob) -> TrainResult:
     """The SAPLMA-style answer probe on the greedy answers' hidden states (candor.train.probe)."""
     from candor.backends import load_backend
-    from candor.backends.default_model import cache_root
     from candor.train.probe import ProbeConfig, train_probe
+    from candor.util.files import cache_root
 
     settings = dict(job.settings)
     settings.setdefault("feature_cache", str(cache_root() / "features"))  # reruns skip the backbone

@@ -20,6 +20,11 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+def cache_root() -> Path:
+    """candor's own folder for caches and fetched data: ``$CANDOR_CACHE`` or ``~/.cache/candor``."""
+    return Path(os.environ.get("CANDOR_CACHE") or Path.home() / ".cache" / "candor")
+
+
 @contextmanager
 def atomic_target(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path to write; on success it is fsynced and renamed to ``path``.

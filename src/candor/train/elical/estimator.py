@@ -67,7 +67,8 @@ class EliCalEstimator(Estimator):
         if self._head is None:
             if self.head_source is None:
                 raise CandorError(
-                    "estimator 'elical' needs a trained head: pass head=<folder> (train one with `candor train elical`)"
+                    "estimator 'elical' needs a trained head: on the command line -O elical.head=<folder>, "
+                    "in Python head=<folder> (train one with `candor train elical`)"
                 )
             if isinstance(self.head_source, (str, Path)):
                 from candor.train.elical import ConfidenceHead

@@ -62,11 +62,13 @@ class FeatureCache:
         self.misses += len(todo)
         self.hits += sum(k in self._rows for k in keys)
         by_key = {k: p for k, p in zip(keys, prompts, strict=True)}
+        if todo:
+            logger.info("feature cache %s: %d of %d prompts not cached yet", self.folder.name, len(todo), len(keys))
         for start in range(0, len(todo), CHUNK):
             chunk = todo[start : start + CHUNK]
             values = np.asarray(extract([by_key[k] for k in chunk]), dtype=np.float32)
             self._store(chunk, values)
-            logger.info("feature cache %s: %d/%d new prompts", self.folder.name, start + len(chunk), len(todo))
+            logger.info("feature cache %s: extracted %d of those %d", self.folder.name, start + len(chunk), len(todo))
         if not keys:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack([self._rows[k] for k in keys])

@@ -197,8 +197,10 @@ class BestOnDev(TrainerCallback):
             return
         self.bad_epochs += 1
         if self.bad_epochs >= self.patience:
-            self.stopped_early = True
             control.should_training_stop = True
+            # Patience running out on the last planned epoch stops nothing: training ends there anyway.
+            planned = getattr(args, "num_train_epochs", None)
+            self.stopped_early = planned is None or (state.epoch or 0) < planned
 
     def _improves(self, score: float, higher: bool) -> bool:
         if self.best_score is None:
