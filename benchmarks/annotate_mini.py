@@ -55,7 +55,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--skip-test", action="store_true")
+    p.add_argument("--skip-test", action="store_true", help="stop before the test parts")
+    p.add_argument("--only-test", action="store_true",
+                   help="annotate the test parts only (e.g. in a second process while another does the rest)")
     args = p.parse_args()
     mini = load_mini_or_exit(args.data_dir, test_size=200, train_pool=MINI_POOL)
     resolve_data_dir(args.data_dir)
@@ -63,10 +65,11 @@ def main() -> None:
     template = resolve_template("auto", args.model, backend)
     cache = CACHE / "mini"
     config = AnnotateConfig(k=5, params=SamplingParams(max_new_tokens=32))
-    annotate_part(mini.train, "train", backend, template, config, cache)
-    annotate_part(mini.dev, "dev", backend, template, config, cache)
-    greedy_only = AnnotateConfig(k=0, params=SamplingParams(max_new_tokens=32), batch_size=32)
-    annotate_part(lodo_items(args.data_dir, LODO_SIZES), "lodo", backend, template, greedy_only, cache)
+    if not args.only_test:
+        annotate_part(mini.train, "train", backend, template, config, cache)
+        annotate_part(mini.dev, "dev", backend, template, config, cache)
+        greedy_only = AnnotateConfig(k=0, params=SamplingParams(max_new_tokens=32), batch_size=32)
+        annotate_part(lodo_items(args.data_dir, LODO_SIZES), "lodo", backend, template, greedy_only, cache)
     if not args.skip_test:
         annotate_part({**mini.test_id, **mini.test_ood}, "test", backend, template, config, cache)
     logger.info("annotation done")
