@@ -56,6 +56,7 @@ class MonteCarloEntropy(Estimator):
 
     name = "mc-entropy"
     level = "question"
+    default_samples = 5
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         out = []

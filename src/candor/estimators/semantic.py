@@ -233,6 +233,7 @@ class SimilarityEstimator(Estimator):
     """An estimator over each record's sample-similarity matrix (``similarity=``, ``judge=`` options)."""
 
     level = "question"
+    default_samples = 5
 
     def __init__(self, similarity: str = "lexical", judge: str = "lexical") -> None:
         check_similarity(similarity, judge)
@@ -260,6 +261,7 @@ class ClusterEstimator(Estimator):
     """An estimator over each record's semantic clusters under a consistency judge (``judge=`` option)."""
 
     level = "question"
+    default_samples = 5
 
     def __init__(self, judge: str = "lexical") -> None:
         CONSISTENCY_JUDGES.get(judge)
