@@ -11,7 +11,8 @@ from helpers import annotated_records
 from candor.backends.hf import HFBackend
 from candor.serve import Decoding, HonestModel, Threshold
 from candor.serve import thresholds as th
-from candor.serve.confidence import HeadSource
+from candor.estimators import ESTIMATORS
+from candor.serve.confidence import EstimatorSource, HeadSource
 from candor.util.errors import CandorError
 
 QUESTIONS = [f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?" for i in range(8)]
@@ -137,3 +138,51 @@ def test_an_advice_adapter_gives_answer_level_confidence_and_travels_with_the_mo
     assert reloaded.answer(QUESTIONS[0]).to_dict() == first.to_dict()
     plain = build_model(tiny_model_dir, method="verbal-number", threshold=0.0, max_new_tokens=3)
     assert plain.answer(QUESTIONS[0]).confidence != pytest.approx(first.confidence, abs=1e-6)
+
+
+class StatsCapturingBackend(HFBackend):
+    """The real HF backend, recording the prompts and token ids an estimator teacher-forces."""
+
+    forced: list[tuple[str, list[int]]]
+
+    def token_distribution_stats(self, prompts, continuations):
+        self.forced = [*getattr(self, "forced", []), *zip(prompts, [list(c) for c in continuations], strict=True)]
+        return super().token_distribution_stats(prompts, continuations)
+
+
+def test_served_answers_are_scored_under_the_prompt_they_were_generated_with(tiny_model, tokenizer):
+    """Issue 23, defect 4: the scored token ids and prompt are the generated ones (fewshot here, though the
+    tiny model has a chat template that ``auto`` would pick)."""
+    backend = StatsCapturingBackend(tiny_model, tokenizer)
+    model = HonestModel(backend, "token-entropy-mean", template="fewshot", decoding=Decoding(max_new_tokens=5))
+    answers = [a[0] for a in model.answer_batch(QUESTIONS[:3])]
+    for q, a in zip(QUESTIONS[:3], answers, strict=True):
+        assert a.record.provenance["template"] == "fewshot" and a.record.provenance["model"] == backend.model_name
+        assert a.record.provenance["decoding"]["greedy"]["max_new_tokens"] == 5
+        prompt, ids = next((p, i) for p, i in backend.forced if p == model.prepare(q).prompt)
+        assert ids == a.completion.token_ids and ids
+        # Teacher-forced under the generation's prompt, a greedy token is the top-1 at its step, with its log-prob.
+        stats = backend.token_distribution_stats([prompt], [ids])[0]
+        np.testing.assert_allclose(stats[:, 1], a.completion.logprobs, atol=1e-4)
+
+
+SERVABLE_SKIP = {"elical", "probe"}  # trained artefacts: served through --head, or refused (below)
+
+
+@pytest.mark.parametrize("name", sorted(set(ESTIMATORS.names()) - SERVABLE_SKIP))
+def test_every_registered_estimator_serves(tiny_backend, name):
+    """Issue 23, defect 3: sample-based estimators get their own k of samples instead of none."""
+    source = EstimatorSource(name)
+    model = HonestModel(tiny_backend, source, template="fewshot", decoding=Decoding(max_new_tokens=3))
+    assert model.source.samples == getattr(source.estimator, "default_samples", 0)
+    answer = model.answer(QUESTIONS[0])
+    assert 0.0 <= answer.confidence <= 1.0 and answer.method == name
+    assert "could not be scored" not in answer.reason
+
+
+def test_samples_are_checked_against_the_estimator(tiny_backend):
+    assert HonestModel(tiny_backend, EstimatorSource("semantic-entropy", samples=2)).source.samples == 2
+    with pytest.raises(CandorError, match="reads sampled answers"):
+        EstimatorSource("semantic-entropy", samples=0)
+    with pytest.raises(CandorError, match="reads no sampled answers"):
+        EstimatorSource("n-prob", samples=3)

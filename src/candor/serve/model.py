@@ -271,7 +271,7 @@ class HonestModel:
         live = [i for i, a in enumerate(asks) if a.alive()]
         for i in set(range(len(asks))) - set(live):
             out[i] = Cancelled()
-        decided: dict[int, float] = {}
+        decided: dict[int, tuple[float, Record | None]] = {}
         protocol: dict[int, Generations] = {}
         if self.source.before_generation:
             for i, c in zip(live, isolated(self._score_questions, [asks[i] for i in live]), strict=True):
@@ -281,30 +281,28 @@ class HonestModel:
                 if self._declines(c):
                     out[i] = [self._abstention(c, "declined before generating")] * asks[i].reply.n
                 else:
-                    decided[i] = c
+                    decided[i] = (c, None)
                 if asks[i].listener is not None:
                     first = out[i][0] if isinstance(out[i], list) else self._undecided(c)  # type: ignore[index]
                     asks[i].listener.decided(first)  # type: ignore[union-attr]
-            live = list(decided)
         else:
             for i, g in zip(live, self._protocol([asks[i] for i in live]), strict=True):
-                if isinstance(g, Exception):
-                    out[i] = g
+                if isinstance(g, Exception) or not asks[i].alive():
+                    out[i] = g if isinstance(g, Exception) else Cancelled()
                 else:
                     protocol[i] = g
-            live = list(protocol)
-        replies = self._replies(asks, live, protocol)
+            decided = self._score_answers(asks, list(protocol), protocol, out)
+        live = list(decided)
+        replies = self._replies(asks, live, protocol)  # only for questions answered: an abstention generates no reply
         for i in live:
             reply = replies[i]
             if isinstance(reply, Exception) or not asks[i].alive():
                 out[i] = reply if isinstance(reply, Exception) else Cancelled()
-        live = [i for i in live if out[i] is None]
-        if self.source.before_generation:
-            for i in live:
-                out[i] = [self._answered(c, decided[i], asks[i], True, None, protocol[i].prompt_tokens)
-                          for c in replies[i]]  # type: ignore[union-attr]  # fmt: skip
-        else:
-            self._score_answers(asks, live, protocol, replies, out)
+                continue
+            conf, rec = decided[i]
+            scored = [rec is None or c is rec.greedy for c in reply]
+            out[i] = [self._answered(c, conf, asks[i], sc, rec, protocol[i].prompt_tokens)
+                      for c, sc in zip(reply, scored, strict=True)]  # fmt: skip
         return out  # type: ignore[return-value]
 
     def _score_questions(self, asks: Sequence[Ask]) -> list[float]:
@@ -389,13 +387,9 @@ class HonestModel:
         return SamplingParams(cap, reply.temperature, reply.top_p, 0, stop)
 
     def _score_answers(
-        self,
-        asks: Sequence[Ask],
-        live: Sequence[int],
-        protocol: dict[int, Generations],
-        replies: dict[int, list[Completion] | Exception],
-        out: list[Outcome | None],
-    ) -> None:
+        self, asks: Sequence[Ask], live: Sequence[int], protocol: dict[int, Generations], out: list[Outcome | None]
+    ) -> dict[int, tuple[float, Record | None]]:
+        """Score each protocol answer; abstentions and failures go to ``out``, the answered are returned."""
         records = answer_records(
             [asks[i].prompted.question for i in live],
             [protocol[i].greedy for i in live],
@@ -403,24 +397,19 @@ class HonestModel:
             self.provenance(),
         )  # type: ignore[misc]
         scores = isolated(lambda recs: list(self._calibrated(self.source.score_records(recs, self.backend))), records)
+        answered: dict[int, tuple[float, Record | None]] = {}
         for i, rec, conf in zip(live, records, scores, strict=True):
-            choices: list[Completion] = replies[i]  # type: ignore[assignment]
+            n = asks[i].reply.n
             if isinstance(conf, CandorError):  # an answer the method cannot score (an empty one) abstains
                 reason = f"the answer could not be scored: {conf}"
-                out[i] = [self._abstention(0.0, reason, rec=rec, below=False)] * len(choices)
-                continue
-            if isinstance(conf, Exception):
+                out[i] = [self._abstention(0.0, reason, rec=rec, below=False)] * n
+            elif isinstance(conf, Exception):
                 out[i] = conf
-                continue
-            if self._declines(conf):
-                out[i] = [self._abstention(conf, "answer scored below the threshold", rec.greedy.text, rec)] * len(
-                    choices
-                )
-                continue
-            out[i] = [
-                self._answered(c, float(conf), asks[i], c is rec.greedy, rec, protocol[i].prompt_tokens)
-                for c in choices
-            ]
+            elif self._declines(conf):
+                out[i] = [self._abstention(conf, "answer scored below the threshold", rec.greedy.text, rec)] * n
+            else:
+                answered[i] = (float(conf), rec)
+        return answered
 
     def provenance(self) -> dict[str, Any]:
         """What a served record was made with (as annotation writes it), so re-scoring uses the same prompt."""
