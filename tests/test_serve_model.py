@@ -9,9 +9,9 @@ import pytest
 from helpers import annotated_records
 
 from candor.backends.hf import HFBackend
+from candor.estimators import ESTIMATORS
 from candor.serve import Decoding, HonestModel, Threshold
 from candor.serve import thresholds as th
-from candor.estimators import ESTIMATORS
 from candor.serve.confidence import EstimatorSource, HeadSource
 from candor.util.errors import CandorError
 

@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -46,6 +47,7 @@ from candor.serve.model import (
     Reply,
     check_text,
 )
+from candor.serve.record_log import RecordLog
 from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
 from candor.serve.streaming import DONE, RequestListener, TextDelta, sse
 from candor.util.errors import CandorError
@@ -71,6 +73,7 @@ class ServeSettings:
     queue_size: int = 64
     max_batch: int = 16
     batch_wait_ms: float = 5.0
+    log_records: Path | None = None  # append served answers as candor records (JSONL)
 
 
 class APIError(Exception):
@@ -94,14 +97,19 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
         queue_size=settings.queue_size,
     )
 
+    log = RecordLog(settings.log_records) if settings.log_records is not None else None
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await batcher.start()
         yield
         await batcher.stop()
+        if log is not None:
+            log.close()
 
     app = FastAPI(title="candor", lifespan=lifespan)
     app.state.batcher = batcher
+    app.state.record_log = log
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -130,7 +138,7 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     async def chat(request: Request) -> Any:
         _authorize(request, settings)
         body = await _parse(request, ChatRequest, settings)
-        return await _serve(request, [_single_question(body)], body, settings, model, batcher, CHAT)
+        return await _serve(request, [_single_question(body)], body, settings, model, batcher, CHAT, log)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -140,7 +148,7 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
         if not 1 <= len(questions) <= settings.max_prompts:
             raise APIError(400, f"prompt must hold 1 to {settings.max_prompts} strings", "invalid_request_error",
                            "prompt")  # fmt: skip
-        return await _serve(request, questions, body, settings, model, batcher, COMPLETION)
+        return await _serve(request, questions, body, settings, model, batcher, COMPLETION, log)
 
     return app
 
@@ -293,7 +301,7 @@ def _cancel(asks: Sequence[Ask], futures: Sequence[asyncio.Future[Any]]) -> None
 
 async def _serve(
     request: Request, questions: list[str], body: Any, settings: ServeSettings, model: HonestModel,
-    batcher: MicroBatcher, endpoint: Endpoint,
+    batcher: MicroBatcher, endpoint: Endpoint, log: RecordLog | None,
 ) -> Any:  # fmt: skip
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[Any, ...]] | None = asyncio.Queue() if body.stream else None
@@ -302,9 +310,11 @@ async def _serve(
     if body.stream:
         for ask, f in zip(asks, futures, strict=True):
             f.add_done_callback(lambda _, ask=ask: ask.listener.done())  # type: ignore[union-attr,misc]
-        stream = _stream(asks, futures, events, body, settings, model, endpoint)  # type: ignore[arg-type]
+        stream = _stream(asks, futures, events, body, settings, model, endpoint, log)  # type: ignore[arg-type]
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     answers = await _wait(request, asks, futures)
+    for ask, per_q in zip(asks, answers, strict=True):
+        _log(log, ask, per_q, model)
     choices = [_choice(endpoint, j * body.n + i, a, body, settings, model)
                for j, per_q in enumerate(answers) for i, a in enumerate(per_q)]  # fmt: skip
     return {**_head(endpoint.object, endpoint.prefix, settings), "choices": choices, "usage": _usage(asks, answers)}
@@ -334,7 +344,7 @@ def _outcome(future: asyncio.Future[Any]) -> list[HonestAnswer]:
 
 async def _stream(
     asks: list[Ask], futures: list[asyncio.Future[Any]], events: asyncio.Queue[tuple[Any, ...]], body: Any,
-    settings: ServeSettings, model: HonestModel, endpoint: Endpoint,
+    settings: ServeSettings, model: HonestModel, endpoint: Endpoint, log: RecordLog | None,
 ) -> AsyncIterator[str]:  # fmt: skip
     """OpenAI chunks as server-sent events; leaving early (a client that drops) cancels the work."""
     head = _head(endpoint.chunk_object, endpoint.prefix, settings)
@@ -376,6 +386,7 @@ async def _stream(
                 except APIError as exc:
                     yield sse(exc.body)
                     continue
+                _log(log, asks[j], answers, model)
                 for i, a in enumerate(answers):
                     k = j * n + i
                     if a.abstained:
@@ -394,6 +405,11 @@ async def _stream(
     finally:
         if not all(f.done() for f in futures):
             _cancel(asks, futures)
+
+
+def _log(log: RecordLog | None, ask: Ask, answers: list[HonestAnswer], model: HonestModel) -> None:
+    if log is not None:
+        log.write(ask, answers, model.provenance(), lambda a: _confidence(a, model))
 
 
 def _head(obj: str, prefix: str, settings: ServeSettings) -> dict[str, Any]:
