@@ -22,6 +22,7 @@ openai = pytest.importorskip("openai")
 from candor.backends.hf import HFBackend  # noqa: E402
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
 from candor.serve.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.confidence import question_item  # noqa: E402
 from candor.serve.server import serve_in_thread  # noqa: E402
 
 QUESTIONS = [f"Who wrote book number {i}?" for i in range(8)]
@@ -42,6 +43,11 @@ class CountingBackend(HFBackend):
 
     def tokens_for(self, marker: str) -> int:
         return sum(r for prompts, rows in self.calls for p, r in zip(prompts, rows, strict=True) if marker in p)
+
+
+def prompt_of(honest: HonestModel, question: str) -> str:
+    """The templated prompt the model reads for ``question``."""
+    return honest.template(question_item(question), honest.backend)
 
 
 def post(url: str, body: dict | bytes, timeout: float = 120) -> tuple[int, dict]:
@@ -92,7 +98,7 @@ def check_same_as_alone(honest, question: str, status: int, body: dict) -> None:
 def test_a_stop_that_empties_the_answer_fails_nobody(server, honest):
     """Defect 1: the stop string cuts the greedy answer to ''; it is answered, and its batch-mates are unharmed."""
     q = QUESTIONS[0]
-    first = honest.backend.generate([honest.prepare(q).prompt], 0, honest.decoding.params(honest.template.stop))
+    first = honest.backend.generate([prompt_of(honest, q)], 0, honest.decoding.params(honest.template.stop))
     stop = first[0].greedy.text[:1]
     assert stop.strip()
     results = concurrently(server, [chat(q, stop=[stop])] + [chat(x) for x in QUESTIONS[1:6]])
@@ -144,7 +150,7 @@ def test_the_request_temperature_never_moves_the_confidence(server, honest):
 def test_usage_counts_the_templated_prompt_and_each_distinct_answer_once(server, honest):
     """Serve side of defect 5 / defect 10: the engine's counts, not the question's tokens."""
     q = QUESTIONS[1]
-    prompt_tokens = len(honest.backend.encode([honest.prepare(q).prompt])[0])
+    prompt_tokens = len(honest.backend.encode([prompt_of(honest, q)])[0])
     status, one = post(f"{server}/v1/chat/completions", chat(q))
     status4, four = post(f"{server}/v1/chat/completions", chat(q, n=4))
     assert status == status4 == 200

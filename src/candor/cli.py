@@ -525,6 +525,7 @@ def demo(
     result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names)
     _print_rich(format_table_rich(result.report))
     typer.echo(f"report: {result.report.files['index']}")
+    typer.echo(f"honest model: {result.honest} (serve it: candor serve --honest {result.honest})")
 
 
 def _print_rich(renderable: Any) -> None:
