@@ -19,11 +19,13 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+from candor.backends.base import TOKENIZER  # noqa: E402
 from candor.backends.hf import HFBackend  # noqa: E402
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
 from candor.serve.app import ServeSettings, create_app  # noqa: E402
 from candor.serve.confidence import question_item  # noqa: E402
 from candor.serve.server import serve_in_thread  # noqa: E402
+from candor.util.errors import CandorError  # noqa: E402
 
 QUESTIONS = [f"Who wrote book number {i}?" for i in range(8)]
 
@@ -255,3 +257,89 @@ def test_a_503_part_way_through_a_multi_prompt_request_computes_none_of_it(hones
         time.sleep(1.0)
         assert honest.backend.tokens_for("of a refused request") == 0
         assert post(f"{url}/v1/completions", {"model": "candor", "prompt": QUESTIONS[0]})[0] == 200
+
+
+@pytest.fixture(scope="module")
+def head_model(tiny_model_dir, tmp_path_factory):
+    from candor.serve.confidence import HeadSource
+    from candor.train.elical import ConfidenceHead, HeadConfig
+    from candor.train.trainers import load_causal_lm
+
+    model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
+    head = ConfidenceHead.create(model, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=3)
+    folder = head.save_pretrained(tmp_path_factory.mktemp("head") / "head")
+    source = HeadSource(folder)
+    conf = sorted(source.score_questions(QUESTIONS))
+    backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
+    return HonestModel(backend, source, threshold=(conf[3] + conf[4]) / 2, template="fewshot",
+                       decoding=Decoding(max_new_tokens=5))  # fmt: skip
+
+
+def test_a_head_streams_its_confidence_first_and_an_abstention_as_one_chunk(head_model, tmp_path):
+    log = tmp_path / "served.jsonl"
+    with serve_in_thread(create_app(head_model, ServeSettings(log_records=log))) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        for q in QUESTIONS:
+            alone = head_model.answer(q)
+            chunks = list(client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}],
+                                                         stream=True))  # fmt: skip
+            first = chunks[0].choices[0]
+            assert first.model_extra["confidence"]["value"] == pytest.approx(alone.confidence, abs=1e-6)
+            if alone.abstained:  # one chunk, nothing generated
+                assert len(chunks) == 1 and first.finish_reason == "abstained"
+                assert first.delta.content == "I don't know."
+            else:
+                assert first.finish_reason is None and first.delta.role == "assistant"
+                assert "".join(c.choices[0].delta.content or "" for c in chunks) == alone.answer
+    from candor.annotation.records import read_records
+
+    records = read_records(log)
+    assert len(records) == len(QUESTIONS)
+    for rec, q in zip(records, QUESTIONS, strict=True):
+        served = rec.provenance["served"]
+        assert rec.item.question == q and rec.provenance["template"] == "fewshot"
+        assert served["confidence"][0]["value"] == pytest.approx(head_model.answer(q).confidence, abs=1e-6)
+
+
+class NoTokenizerBackend(HFBackend):
+    """The real HF engine declared without a tokenizer, as a remote server without --tokenizer is."""
+
+    capabilities = HFBackend.capabilities - {TOKENIZER}
+
+    def tokenize(self, text):
+        raise CandorError("this backend has no tokenizer (pass --tokenizer)")
+
+
+def test_usage_comes_from_the_engine_not_from_a_tokenizer(tiny_model, tokenizer):
+    """Serve side of defect 5: a backend without a tokenizer still answers, with the engine's counts."""
+    backend = NoTokenizerBackend(tiny_model, tokenizer)
+    model = HonestModel(backend, "n-prob", template="fewshot", decoding=Decoding(max_new_tokens=4))
+    with serve_in_thread(create_app(model, ServeSettings())) as url:
+        status, body = post(f"{url}/v1/chat/completions", chat(QUESTIONS[0]))
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] == len(backend.encode([prompt_of(model, QUESTIONS[0])])[0])
+    assert body["usage"]["completion_tokens"] >= len(model.answer(QUESTIONS[0]).completion.token_ids)
+
+
+def test_the_token_hook_sees_every_kept_token_and_can_end_a_row(tiny_model, tokenizer):
+    """The hf decode loop's per-row hook: outputs unchanged when it keeps going; False ends the row there."""
+    from candor.backends.base import SamplingParams
+
+    backend = HFBackend(tiny_model, tokenizer)
+    prompts = [f"Question: {q}\nAnswer:" for q in QUESTIONS[:3]]
+    params = SamplingParams(max_new_tokens=8)
+    plain = backend.generate(prompts, 2, params, seeds=[1, 2, 3])
+    seen: dict[tuple[int, int], list[int]] = {}
+
+    def keep(prompt: int, sample: int, token: int) -> bool:
+        seen.setdefault((prompt, sample), []).append(token)
+        return True
+
+    hooked = backend.generate(prompts, 2, params, seeds=[1, 2, 3], on_token=keep)
+    assert hooked == plain
+    for p, g in enumerate(plain):
+        assert seen[(p, -1)] == g.greedy.token_ids and seen[(p, 0)] == g.samples[0].token_ids
+
+    short = backend.generate(prompts, 2, params, seeds=[1, 2, 3], on_token=lambda p, s, t: s != 0)
+    for g, full in zip(short, plain, strict=True):
+        assert len(g.samples[0].token_ids) <= 1 and g.greedy == full.greedy and g.samples[1] == full.samples[1]

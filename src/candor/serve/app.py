@@ -399,8 +399,8 @@ async def _stream(
                     yield chunk(k, None, a.finish_reason, confidence=_confidence(a, model))
         options = body.stream_options or {}
         if options.get("include_usage"):
-            answers = [f.result() for f in futures if not f.exception()]
-            yield sse({**head, "choices": [], "usage": _usage(asks, answers)})
+            done = [(a, f.result()) for a, f in zip(asks, futures, strict=True) if not f.exception()]
+            yield sse({**head, "choices": [], "usage": _usage([a for a, _ in done], [r for _, r in done])})
         yield DONE
     finally:
         if not all(f.done() for f in futures):
