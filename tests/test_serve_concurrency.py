@@ -227,12 +227,26 @@ def test_a_raw_sse_reader_sees_completion_chunks_and_done(server, honest):
             assert "".join(c["text"] for c in mine) == alone.answer
 
 
-def test_a_client_that_drops_mid_stream_stops_its_generation(honest):
-    """Defect 7: the departed client's rows end; only a few of the 400 asked tokens are generated."""
-    with serve_in_thread(create_app(honest, ServeSettings(max_tokens=400))) as url:
+@pytest.fixture()
+def long_answers(honest):
+    """The counting backend answering up to 400 tokens, never abstaining: the greedy answer is the streamed one."""
+    return HonestModel(honest.backend, "n-prob", template="fewshot", decoding=Decoding(max_new_tokens=400))
+
+
+def wait_for_call(backend: CountingBackend, marker: str) -> int:
+    """Tokens generated for ``marker`` once its generate call returned."""
+    deadline = time.monotonic() + 120
+    while not any(marker in p for prompts, _ in backend.calls for p in prompts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return backend.tokens_for(marker)
+
+
+def test_a_client_that_drops_mid_stream_stops_its_generation(long_answers):
+    """Defect 7: the departed client's row ends; only a few of the 400 tokens it would run to are generated."""
+    with serve_in_thread(create_app(long_answers, ServeSettings(max_tokens=400))) as url:
         host, port = url.removeprefix("http://").split(":")
         marker = "Which river is the longest, asked by a client that leaves?"
-        body = json.dumps(chat(marker, max_tokens=400, temperature=1.0, seed=3, stream=True)).encode()
+        body = json.dumps(chat(marker, stream=True)).encode()
         with socket.create_connection((host, int(port)), timeout=60) as sock:
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
@@ -241,11 +255,20 @@ def test_a_client_that_drops_mid_stream_stops_its_generation(honest):
                 got = sock.recv(4096)
                 assert got and b"text/event-stream" in seen + got, (seen + got)[:300]
                 seen += got
-        deadline = time.monotonic() + 60
-        while honest.backend.tokens_for(marker) == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        generated = honest.backend.tokens_for(marker)
-        assert 0 < generated < 200
+        assert 0 < wait_for_call(long_answers.backend, marker) < 200
+
+
+def test_a_client_that_leaves_before_its_plain_answer_stops_its_generation(long_answers):
+    """Defect 7 without streaming: the server notices the closed connection and ends the row."""
+    with serve_in_thread(create_app(long_answers, ServeSettings(max_tokens=400))) as url:
+        host, port = url.removeprefix("http://").split(":")
+        marker = "Which mountain is the highest, asked by a client that hangs up?"
+        body = json.dumps(chat(marker)).encode()
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            time.sleep(1.0)
+        assert wait_for_call(long_answers.backend, marker) < 200
 
 
 def test_a_503_part_way_through_a_multi_prompt_request_computes_none_of_it(honest):
@@ -343,3 +366,4 @@ def test_the_token_hook_sees_every_kept_token_and_can_end_a_row(tiny_model, toke
     short = backend.generate(prompts, 2, params, seeds=[1, 2, 3], on_token=lambda p, s, t: s != 0)
     for g, full in zip(short, plain, strict=True):
         assert len(g.samples[0].token_ids) <= 1 and g.greedy == full.greedy and g.samples[1] == full.samples[1]
+

@@ -1,20 +1,26 @@
 """The OpenAI-compatible service around a :class:`~candor.serve.HonestModel` (``candor serve``).
 
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: OpenAI request and
-  response shapes. The last user message (or each prompt) is the question; it
-  is rendered with the model's QA template. Each choice carries a
-  ``confidence`` object; an abstained choice has ``finish_reason:
-  "abstained"`` and the refusal text as its content.
+  response shapes, plain or streamed (``stream: true``: server-sent chunks,
+  ``data: [DONE]``). A chat request holds one user message, the question
+  (system messages and earlier turns are refused, 400 ``unsupported``); each
+  completion prompt is a question too. Either is rendered with the model's QA
+  template. Each choice carries a ``confidence`` object; an abstained choice
+  has ``finish_reason: "abstained"`` and the refusal text as its content.
 - ``GET /health``, ``GET /v1/models``.
 - Limits (body size, question length, ``n``, ``max_tokens``) answer 4xx in the
   OpenAI error shape; a full queue answers 503; with an API key set, a request
   without the right ``Authorization: Bearer`` key answers 401.
-- Concurrent requests are gathered by a :class:`MicroBatcher` into one
-  backend call.
+- Every question is checked, templated and counted in tokens before it is
+  queued (a bad one is its own request's 400); concurrent questions are then
+  gathered by a :class:`MicroBatcher` into shared backend calls, and a failure
+  inside a batch stays with its own request. A client that leaves (or a 503
+  part-way through a multi-prompt request) cancels its queued and running work.
 
-Decoding defaults to greedy (temperature 0), the answer the confidence was
-calibrated for, and ``n`` > 1 then repeats it; ``temperature > 0`` samples
-``n`` answers, each scored on its own by an answer-level source.
+The confidence is the method's own (:meth:`HonestModel.answer_asks`): the
+request's ``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``seed`` and
+``n`` shape the returned text only, and ``scores_returned_text`` says when that
+text is not the answer the confidence was computed for.
 """
 
 from __future__ import annotations

@@ -10,6 +10,14 @@ declined question is never generated. An answer-level source generates first,
 then scores the answer. The question is rendered with the QA prompt template
 the confidence was made for (``fewshot`` for the embedded default).
 
+The confidence always follows the method's own protocol (DESIGN.md §4.1): the
+greedy answer up to the model's token cap, plus the source's samples at
+temperature 1, top-p 0.95, top-k 50, seeded by the question's text, so it
+never depends on a caller's sampling parameters nor on the batch a question
+shares. A :class:`Reply` (a request's decoding) changes the returned text only.
+Served records carry the model, template and decoding they were made with, so
+an estimator that re-reads the prompt scores the sequence that was generated.
+
 One folder holds a tuned model (:meth:`HonestModel.save_pretrained`)::
 
     honest.json   generator (model, backend, template, decoding), confidence source,
