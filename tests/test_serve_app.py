@@ -139,7 +139,8 @@ def test_sampled_choices_keep_the_protocol_confidence_and_say_so(server, honest)
     direct = honest.answer(QUESTIONS[2])
     for c in body["choices"]:  # the value is the greedy answer's, whatever the request's sampling (DESIGN §4.1)
         assert c["confidence"]["value"] == pytest.approx(direct.confidence, rel=1e-5)
-        assert c["confidence"]["scores_returned_text"] is False
+        assert c["confidence"]["abstained"] == direct.abstained
+        assert c["confidence"]["abstained"] or c["confidence"]["scores_returned_text"] is False
     status, body = post(f"{server}/v1/completions", {"model": "candor", "prompt": QUESTIONS[:2], "max_tokens": 4})
     assert status == 200 and len(body["choices"]) == 2 and body["object"] == "text_completion"
 
