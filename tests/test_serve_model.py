@@ -186,3 +186,23 @@ def test_samples_are_checked_against_the_estimator(tiny_backend):
         EstimatorSource("semantic-entropy", samples=0)
     with pytest.raises(CandorError, match="reads no sampled answers"):
         EstimatorSource("n-prob", samples=3)
+
+
+def test_an_empty_greedy_answer_abstains_with_its_reason_instead_of_failing(tiny_backend):
+    """Issue 23, defect 1: n-prob cannot score an empty answer; the question abstains, saying why."""
+    from candor.annotation.prompts import QATemplate
+
+    model = HonestModel(tiny_backend, "n-prob", decoding=Decoding(max_new_tokens=4))
+
+    def render(item, backend):
+        return f"Question: {item.question}\nAnswer:"
+
+    model.template = QATemplate("plain", render)
+    first = model.answer(QUESTIONS[0]).answer
+    # The same prompt with a stop string that ends the answer at its first character: nothing is left.
+    model.template = QATemplate("cut", render, stop=(first[:1],))
+    answers = [a[0] for a in model.answer_batch(QUESTIONS[:3])]
+    empty = [a for a in answers if a.abstained]
+    assert empty, [a.answer for a in answers]
+    for a in empty:
+        assert a.reason.startswith("the answer could not be scored") and a.finish_reason == "abstained"

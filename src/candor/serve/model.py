@@ -204,7 +204,9 @@ class HonestModel:
         self.backend = backend
         self.backend_name = backend_name  # the registry name that reloads the generator
         self.source = as_source(confidence)
-        self.source.check(backend)
+        check = getattr(self.source, "check", None)  # a source from a plugin may predate ``check``
+        if check is not None:
+            check(backend)  # a method the backend cannot run is refused here, at startup
         self.calibrator = calibrator
         self._calibrated_on = 0  # dev questions the calibrator was fitted on (0: unknown)
         self.threshold = th.Threshold(float(threshold)) if isinstance(threshold, (int, float)) else threshold
