@@ -528,7 +528,14 @@ def serve_hostile(r: Path) -> dict[str, str]:
             got += (f"; confidence equal to the greedy request's in {cold['requests'] - cold['confidence_mismatches']}"
                     f" of {cold['requests']} (largest difference {cold['max_confidence_difference']:.1e})")
         rows.append([kind, got])
+    u = load("serve_load", r)["hostile_max_batch_1"]["well_formed"]
     return {
+        "value:serve-load-unbatched": (
+            f"{u['requests']} well-formed requests, {u['failures']} failed, {u['answer_mismatches']} answers and "
+            f"{u['confidence_mismatches']} confidences differed from the lone question's (largest difference "
+            f"{u['max_confidence_difference']:.1e}); p50 / p99 latency {u['p50_latency_ms'] / 1000:.1f} / "
+            f"{u['p99_latency_ms'] / 1000:.1f} s"
+        ),
         "table:serve-hostile": md_table(["hostile request", "what it got (count)"], "ll", rows),
         "value:serve-load": (
             f"{d['clients']} clients for {d['seconds']:.0f} s sent {w['requests']} well-formed requests "

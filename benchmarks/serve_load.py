@@ -117,6 +117,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50, help="hostile: concurrent clients")
     parser.add_argument("--seconds", type=float, default=60.0, help="hostile: how long the clients send")
     parser.add_argument("--threshold", type=float, default=0.5, help="hostile: the server's abstention threshold")
+    parser.add_argument("--max-batch", type=int, default=16,
+                        help="hostile: the server's batch size (1 turns batching off; stored as hostile_max_batch_1)")
     parser.add_argument("--out", default=str(RESULTS / "serve_load.json"))
     args = parser.parse_args()
     setup_logging()
@@ -131,21 +133,22 @@ def main() -> None:
         payload["batching"]["command"] = command
     if "hostile" in phases:
         port = free_port()
-        proc = start_server(args.model, port, 16, 10.0, args.threads, args.max_new_tokens,
+        key = "hostile" if args.max_batch == 16 else f"hostile_max_batch_{args.max_batch}"
+        proc = start_server(args.model, port, args.max_batch, 10.0, args.threads, args.max_new_tokens,
                             ("--threshold", str(args.threshold)))  # fmt: skip
         try:
-            payload["hostile"] = {"command": command, "model": args.model, "confidence": "n-prob",
-                                  "threshold": args.threshold, "max_new_tokens": args.max_new_tokens,
-                                  "server_omp_threads": args.threads, "cpu_count": os.cpu_count(),
-                                  **run_hostile(port, args.clients, args.seconds)}  # fmt: skip
-            payload["hostile"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+            payload[key] = {"command": command, "model": args.model, "confidence": "n-prob",
+                            "threshold": args.threshold, "max_new_tokens": args.max_new_tokens,
+                            "max_batch": args.max_batch, "server_omp_threads": args.threads,
+                            "cpu_count": os.cpu_count(), **run_hostile(port, args.clients, args.seconds)}  # fmt: skip
+            payload[key]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-        w = payload["hostile"]["well_formed"]
+        w = payload[key]["well_formed"]
         print(f"hostile: {w['requests']} well-formed requests, {w['failures']} failures, {w['answer_mismatches']} "
               f"answer and {w['confidence_mismatches']} confidence mismatches, server up afterwards: "
-              f"{payload['hostile']['server_up_afterwards']}")  # fmt: skip
+              f"{payload[key]['server_up_afterwards']}")  # fmt: skip
     write_json(out, payload)
     print(f"wrote {args.out}")
 
