@@ -206,3 +206,16 @@ def test_an_empty_greedy_answer_abstains_with_its_reason_instead_of_failing(tiny
     assert empty, [a.answer for a in answers]
     for a in empty:
         assert a.reason.startswith("the answer could not be scored") and a.finish_reason == "abstained"
+
+
+def test_a_method_the_backend_cannot_run_is_refused_when_the_model_is_built(tiny_model, tokenizer):
+    """Issue 23, defect 3: refused at startup, not on every request."""
+    from candor.backends.base import GENERATE, LOGPROBS
+
+    class GenerateOnly(HFBackend):
+        capabilities = frozenset({GENERATE, LOGPROBS})  # as a server that gives no next-token log-probs
+
+    backend = GenerateOnly(tiny_model, tokenizer)
+    with pytest.raises(CandorError, match="needs next_token_logprobs"):
+        HonestModel(backend, "p-true")
+    assert HonestModel(backend, "n-prob").method == "n-prob"
