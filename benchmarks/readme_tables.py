@@ -518,11 +518,43 @@ def elical_cost(r: Path) -> dict[str, str]:
     }
 
 
+def serve_hostile(r: Path) -> dict[str, str]:
+    d = load("serve_load", r)["hostile"]
+    w, cold = d["well_formed"], d["temperature_0.01"]
+    rows = []
+    for kind, outcomes in d["hostile"].items():
+        got = ", ".join(f"{outcome} ({count}×)" for outcome, count in sorted(outcomes.items())) or "not sent"
+        if kind == "temperature 0.01":
+            got += (f"; confidence equal to the greedy request's in {cold['requests'] - cold['confidence_mismatches']}"
+                    f" of {cold['requests']} (largest difference {cold['max_confidence_difference']:.1e})")
+        rows.append([kind, got])
+    u = load("serve_load", r)["hostile_max_batch_1"]["well_formed"]
+    return {
+        "value:serve-load-unbatched": (
+            f"{u['requests']} well-formed requests, {u['failures']} failed, {u['answer_mismatches']} answers and "
+            f"{u['confidence_mismatches']} confidences differed from the lone question's (largest difference "
+            f"{u['max_confidence_difference']:.1e}); p50 / p99 latency {u['p50_latency_ms'] / 1000:.1f} / "
+            f"{u['p99_latency_ms'] / 1000:.1f} s"
+        ),
+        "table:serve-hostile": md_table(["hostile request", "what it got (count)"], "ll", rows),
+        "value:serve-load": (
+            f"{d['clients']} clients for {d['seconds']:.0f} s sent {w['requests']} well-formed requests "
+            f"({w['streaming']} streaming) among the hostile ones: {w['failures']} failed, {w['answer_mismatches']} "
+            f"answers differed from the same question asked alone, {w['confidence_mismatches']} confidences "
+            f"differed by more than 1e-6 (largest difference {w['max_confidence_difference']:.1e}); p50 / p99 "
+            f"latency {w['p50_latency_ms'] / 1000:.1f} / {w['p99_latency_ms'] / 1000:.1f} s, time to first token "
+            f"{w.get('p50_ttft_ms', 0) / 1000:.1f} / {w.get('p99_ttft_ms', 0) / 1000:.1f} s (SmolLM2-135M, "
+            f"{d['cpu_count']} shared CPU cores at load average {d['load_average_at_end'][0]:.0f}); the server "
+            f"{'was up' if d['server_up_afterwards'] else 'was DOWN'} afterwards"
+        ),
+    }
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
-    elical_cost,
+    elical_cost, serve_hostile,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

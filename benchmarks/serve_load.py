@@ -1,14 +1,21 @@
-"""Load test of ``candor serve`` on loopback: throughput and latency, micro-batching on vs off.
+"""Load tests of ``candor serve`` on loopback, against a real ``candor serve`` subprocess (embedded model).
 
-For each batching setting a real ``candor serve`` subprocess is started on
-127.0.0.1 with the embedded model (n-prob confidence, greedy answers). Then a
-fixed number of chat requests (built-in starter questions) is sent at
-concurrency 1, 8 and 32; each setting reports requests per second and the
-p50/p99 latency, and the script prints the throughput ratio batching-on /
-batching-off measured in this same run. The answers of both settings are
-compared (greedy decoding should give the same text) and mismatches counted.
+Two phases, each stored under its own key of the results file (a phase not run keeps its old entry):
 
-    PYTHONPATH=src python benchmarks/serve_load.py [--requests 32] [--threads 1]
+- ``batching``: a fixed number of chat requests (built-in starter questions) at
+  concurrency 1, 8 and 32, micro-batching on and off; requests per second,
+  p50/p99 latency, and the throughput ratio on/off measured in the same run.
+- ``hostile``: the acceptance test of issue 23. ``--clients`` threads with the
+  official ``openai`` client send chat requests for ``--seconds``, half of them
+  streaming; every fifth request is hostile (a stop string that empties the
+  answer, a lone surrogate, a prompt over the context, a huge ``n``, a client
+  that drops mid-stream, ``temperature: 0.01``). Afterwards every question is
+  asked again alone; the phase counts failures of well-formed requests,
+  answers and confidences (beyond 1e-6) that differ from the lone answer, what
+  each hostile kind got, p50/p99 latency and time to first token, and checks
+  the server is still up.
+
+    PYTHONPATH=src python benchmarks/serve_load.py --phases hostile [--clients 50] [--seconds 60]
 
 Results: ``benchmarks/results/serve_load.json``.
 """
@@ -30,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from common import RESULTS, logger, setup_logging, write_json
+from serve_hostile import run_hostile
 
 from candor.data import load_items
 
@@ -46,12 +54,12 @@ def free_port() -> int:
 
 
 def start_server(model: str, port: int, max_batch: int, batch_wait_ms: float, threads: int,
-                 max_new_tokens: int) -> subprocess.Popen:  # fmt: skip
+                 max_new_tokens: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(threads)}
     env.pop("CANDOR_API_KEY", None)
     cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", model, "--port", str(port),
            "--max-batch", str(max_batch), "--batch-wait-ms", str(batch_wait_ms), "--queue-size", "256",
-           "--max-new-tokens", str(max_new_tokens)]  # fmt: skip
+           "--max-new-tokens", str(max_new_tokens), *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while True:
@@ -102,12 +110,50 @@ def run_level(port: int, questions: list[str], concurrency: int) -> dict[str, An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
+    parser.add_argument("--phases", default="batching,hostile", help="comma-separated: batching, hostile")
+    parser.add_argument("--requests", type=int, default=32, help="batching: requests per concurrency level")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads of the server (a shared CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=50, help="hostile: concurrent clients")
+    parser.add_argument("--seconds", type=float, default=60.0, help="hostile: how long the clients send")
+    parser.add_argument("--threshold", type=float, default=0.5, help="hostile: the server's abstention threshold")
+    parser.add_argument("--max-batch", type=int, default=16,
+                        help="hostile: the server's batch size (1 turns batching off; stored as hostile_max_batch_1)")
     parser.add_argument("--out", default=str(RESULTS / "serve_load.json"))
     args = parser.parse_args()
     setup_logging()
+    out = Path(args.out)
+    payload = json.loads(out.read_text()) if out.exists() else {}
+    if payload and "batching" not in payload and "hostile" not in payload:
+        payload = {"batching": payload}  # the file before the hostile phase existed
+    command = "PYTHONPATH=src python benchmarks/serve_load.py " + " ".join(sys.argv[1:])
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    if "batching" in phases:
+        payload["batching"] = run_batching(args)
+        payload["batching"]["command"] = command
+    if "hostile" in phases:
+        port = free_port()
+        key = "hostile" if args.max_batch == 16 else f"hostile_max_batch_{args.max_batch}"
+        proc = start_server(args.model, port, args.max_batch, 10.0, args.threads, args.max_new_tokens,
+                            ("--threshold", str(args.threshold)))  # fmt: skip
+        try:
+            payload[key] = {"command": command, "model": args.model, "confidence": "n-prob",
+                            "threshold": args.threshold, "max_new_tokens": args.max_new_tokens,
+                            "max_batch": args.max_batch, "server_omp_threads": args.threads,
+                            "cpu_count": os.cpu_count(), **run_hostile(port, args.clients, args.seconds)}  # fmt: skip
+            payload[key]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        w = payload[key]["well_formed"]
+        print(f"hostile: {w['requests']} well-formed requests, {w['failures']} failures, {w['answer_mismatches']} "
+              f"answer and {w['confidence_mismatches']} confidence mismatches, server up afterwards: "
+              f"{payload[key]['server_up_afterwards']}")  # fmt: skip
+    write_json(out, payload)
+    print(f"wrote {args.out}")
+
+
+def run_batching(args: argparse.Namespace) -> dict[str, Any]:
     items = load_items("starter")
     questions = [items[i % len(items)].question for i in range(args.requests)]
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -126,12 +172,11 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    payload = summarize(runs, args)
-    write_json(Path(args.out), payload)
-    for row in payload["ratio_on_over_off"]:
+    result = summarize(runs, args)
+    for row in result["ratio_on_over_off"]:
         print(f"c={row['concurrency']:>2}: throughput on/off = {row['throughput']:.2f}x, "
               f"p50 on/off = {row['p50']:.2f}x, answer mismatches = {row['answer_mismatches']}")  # fmt: skip
-    print(f"wrote {args.out}")
+    return result
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> dict[str, Any]:
@@ -149,7 +194,6 @@ def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
         for level in levels:
             level.pop("answers")
     return {
-        "command": "PYTHONPATH=src python benchmarks/serve_load.py " + " ".join(sys.argv[1:]),
         "model": args.model,
         "confidence": "n-prob",
         "max_new_tokens": args.max_new_tokens,

@@ -58,6 +58,13 @@ def test_cli_demo_on_the_tiny_model(tiny_model_dir, tmp_path):
     assert {r.k for r in records} == {2}
     rows = [json.loads(line) for line in (out / "confidences.jsonl").read_text().splitlines()]
     assert [row["id"] for row in rows] == [r.id for r in records]
+    # Issue 23, defect 11: the demo leaves a tuned honest model that `candor serve --honest` loads.
+    from candor.serve import HonestModel
+
+    honest = HonestModel.from_pretrained(out / "honest", device="cpu")
+    assert honest.threshold is not None and honest.threshold.rule == "coverage" and honest.threshold.n_dev == 4
+    assert honest.template.name == "chat" and honest.method == "n-prob"
+    assert f"candor serve --honest {out / 'honest'}" in result.output
 
 
 @pytest.mark.parametrize(

@@ -116,7 +116,12 @@ def test_abstained_choices_carry_the_refusal(server, honest):
         (chat("hi", max_tokens=10_000), 400, "max_tokens"),
         (chat("x" * 2000), 400, "messages"),
         (chat("hi", temperature=5), 400, "temperature"),
-        (chat("hi", stream=True), 400, "stream"),
+        (chat("hi", response_format={"type": "json_object"}), 400, "response_format"),
+        (chat("hi", tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+        ({**chat("hi"), "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]},
+         400, "messages"),
+        ({**chat("hi"), "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         400, "messages"),
         ({**chat("hi"), "model": "gpt-9"}, 404, "model"),
         (chat("hi", stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ],
@@ -128,11 +133,14 @@ def test_bad_requests_get_openai_shaped_errors(server, body, status, param):
     assert err["error"]["message"] and err["error"]["param"] == param
 
 
-def test_sampled_choices_are_scored_one_by_one(server):
+def test_sampled_choices_keep_the_protocol_confidence_and_say_so(server, honest):
     status, body = post(f"{server}/v1/chat/completions", chat(QUESTIONS[2], n=3, temperature=1.0))
     assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1, 2]
-    values = [c["confidence"]["value"] for c in body["choices"]]
-    assert len(set(values)) > 1  # each sampled answer has its own n-prob
+    direct = honest.answer(QUESTIONS[2])
+    for c in body["choices"]:  # the value is the greedy answer's, whatever the request's sampling (DESIGN §4.1)
+        assert c["confidence"]["value"] == pytest.approx(direct.confidence, rel=1e-5)
+        assert c["confidence"]["abstained"] == direct.abstained
+        assert c["confidence"]["abstained"] or c["confidence"]["scores_returned_text"] is False
     status, body = post(f"{server}/v1/completions", {"model": "candor", "prompt": QUESTIONS[:2], "max_tokens": 4})
     assert status == 200 and len(body["choices"]) == 2 and body["object"] == "text_completion"
 

@@ -94,3 +94,45 @@ def test_ask_loads_a_saved_honest_model(tiny_model_dir, tmp_path):
     out = json.loads(line[line.index('{"answer"') :])
     assert out["method"] == "min-prob" and out["threshold"] == 0.0 and out["abstained"] is False
     assert out["completion_tokens"] <= 3
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["serve", "--method", "probe"], "needs a trained probe"),
+        (["serve", "--method", "semantic-entropy", "--samples", "0"], "reads sampled answers"),
+        (["serve", "--method", "elical"], "--head"),
+        (["serve", "--threshold", "1.5"], "--threshold must be a confidence in [0, 1]"),
+        (["serve", "--threshold", "nan"], "--threshold must be a confidence in [0, 1]"),
+        (["ask", ""], "the question is empty"),
+        (["ask", "   "], "the question is empty"),
+    ],
+)
+def test_bad_choices_are_refused_in_one_line_before_the_model_loads(args, says, tmp_path):
+    """Issue 23, defects 3 and 11: a model path that does not exist proves nothing was loaded first."""
+    result = CliRunner().invoke(app, [*args, "--model", str(tmp_path / "no-such-model")])
+    assert result.exit_code == 2, result.output
+    assert says in result.output and "no-such-model" not in result.output
+    assert "Traceback" not in result.output
+
+
+def test_serve_without_a_threshold_warns_at_startup(tiny_model_dir):
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", tiny_model_dir, "--port", str(port),
+           "--max-new-tokens", "4"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "no threshold" in line or "Uvicorn running" in line:
+                break
+        assert any("no threshold" in x and "none abstains" in x for x in lines), lines
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

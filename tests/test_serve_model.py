@@ -9,9 +9,10 @@ import pytest
 from helpers import annotated_records
 
 from candor.backends.hf import HFBackend
+from candor.estimators import ESTIMATORS
 from candor.serve import Decoding, HonestModel, Threshold
 from candor.serve import thresholds as th
-from candor.serve.confidence import HeadSource
+from candor.serve.confidence import EstimatorSource, HeadSource
 from candor.util.errors import CandorError
 
 QUESTIONS = [f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?" for i in range(8)]
@@ -56,7 +57,7 @@ def test_a_head_declines_before_generating(tiny_model_dir, head_dir):
     for a, c in zip(answers, conf, strict=True):
         assert a.confidence == pytest.approx(c, rel=1e-5)
         assert a.method == "elical" and (a.answer is None) == a.abstained
-        assert a.finish_reason == ("abstained" if a.abstained else a.finish_reason)
+        assert a.finish_reason == "abstained" if a.abstained else a.finish_reason in ("stop", "length")
     assert set(answers[0].to_dict()) >= {"answer", "confidence", "abstained", "reason", "method"}
 
 
@@ -137,3 +138,91 @@ def test_an_advice_adapter_gives_answer_level_confidence_and_travels_with_the_mo
     assert reloaded.answer(QUESTIONS[0]).to_dict() == first.to_dict()
     plain = build_model(tiny_model_dir, method="verbal-number", threshold=0.0, max_new_tokens=3)
     assert plain.answer(QUESTIONS[0]).confidence != pytest.approx(first.confidence, abs=1e-6)
+
+
+class StatsCapturingBackend(HFBackend):
+    """The real HF backend, recording the prompts and token ids an estimator teacher-forces."""
+
+    forced: list[tuple[str, list[int]]]
+
+    def token_distribution_stats(self, prompts, continuations):
+        self.forced = [*getattr(self, "forced", []), *zip(prompts, [list(c) for c in continuations], strict=True)]
+        return super().token_distribution_stats(prompts, continuations)
+
+
+def test_served_answers_are_scored_under_the_prompt_they_were_generated_with(tiny_model, tokenizer):
+    """Issue 23, defect 4: the scored token ids and prompt are the generated ones (fewshot here, though the
+    tiny model has a chat template that ``auto`` would pick)."""
+    backend = StatsCapturingBackend(tiny_model, tokenizer)
+    model = HonestModel(backend, "token-entropy-mean", template="fewshot", decoding=Decoding(max_new_tokens=5))
+    answers = [a[0] for a in model.answer_batch(QUESTIONS[:3])]
+    for q, a in zip(QUESTIONS[:3], answers, strict=True):
+        assert a.record.provenance["template"] == "fewshot" and a.record.provenance["model"] == backend.model_name
+        assert a.record.provenance["decoding"]["greedy"]["max_new_tokens"] == 5
+        prompt, ids = next((p, i) for p, i in backend.forced if p == model.prepare(q).prompt)
+        assert ids == a.completion.token_ids and ids
+        # Teacher-forced under the generation's prompt, a greedy token is the top-1 at its step, with its log-prob.
+        stats = backend.token_distribution_stats([prompt], [ids])[0]
+        np.testing.assert_allclose(stats[:, 1], a.completion.logprobs, atol=1e-4)
+
+
+SERVABLE_SKIP = {"elical", "probe"}  # trained artefacts: served through --head, or refused (below)
+
+
+@pytest.mark.parametrize("name", sorted(set(ESTIMATORS.names()) - SERVABLE_SKIP))
+def test_every_registered_estimator_serves(tiny_backend, name):
+    """Issue 23, defect 3: sample-based estimators get their own k of samples instead of none."""
+    source = EstimatorSource(name)
+    model = HonestModel(tiny_backend, source, template="fewshot", decoding=Decoding(max_new_tokens=3))
+    assert model.source.samples == getattr(source.estimator, "default_samples", 0)
+    answer = model.answer(QUESTIONS[0])
+    assert 0.0 <= answer.confidence <= 1.0 and answer.method == name
+    assert "could not be scored" not in answer.reason
+
+
+def test_samples_are_checked_against_the_estimator(tiny_backend):
+    assert HonestModel(tiny_backend, EstimatorSource("semantic-entropy", samples=2)).source.samples == 2
+    with pytest.raises(CandorError, match="reads sampled answers"):
+        EstimatorSource("semantic-entropy", samples=0)
+    with pytest.raises(CandorError, match="reads no sampled answers"):
+        EstimatorSource("n-prob", samples=3)
+
+
+def test_an_empty_greedy_answer_abstains_with_its_reason_instead_of_failing(tiny_backend):
+    """Issue 23, defect 1: n-prob cannot score an empty answer; the question abstains, saying why."""
+    from candor.annotation.prompts import QATemplate
+
+    model = HonestModel(tiny_backend, "n-prob", decoding=Decoding(max_new_tokens=4))
+
+    def render(item, backend):
+        return f"Question: {item.question}\nAnswer:"
+
+    model.template = QATemplate("plain", render)
+    first = model.answer(QUESTIONS[0]).answer
+    # The same prompt with a stop string that ends the answer at its first character: nothing is left.
+    model.template = QATemplate("cut", render, stop=(first[:1],))
+    answers = [a[0] for a in model.answer_batch(QUESTIONS[:3])]
+    empty = [a for a in answers if a.abstained]
+    assert empty, [a.answer for a in answers]
+    for a in empty:
+        assert a.reason.startswith("the answer could not be scored") and a.finish_reason == "abstained"
+
+
+def test_a_method_the_backend_cannot_run_is_refused_when_the_model_is_built(tiny_model, tokenizer):
+    """Issue 23, defect 3: refused at startup, not on every request."""
+    from candor.backends.base import GENERATE, LOGPROBS
+
+    class GenerateOnly(HFBackend):
+        capabilities = frozenset({GENERATE, LOGPROBS})  # as a server that gives no next-token log-probs
+
+    backend = GenerateOnly(tiny_model, tokenizer)
+    with pytest.raises(CandorError, match="needs next_token_logprobs"):
+        HonestModel(backend, "p-true")
+    assert HonestModel(backend, "n-prob").method == "n-prob"
+
+
+def test_a_source_with_fewer_samples_than_its_estimator_needs_is_refused_when_built():
+    """k = 1 for an estimator that compares samples pairwise is refused up front, not at the first request."""
+    with pytest.raises(CandorError, match="semantic-entropy.*--samples 2"):
+        EstimatorSource("semantic-entropy", samples=1)
+    assert EstimatorSource("semantic-entropy", samples=2).samples == 2

@@ -133,3 +133,10 @@ def test_min_evidence_by_hand():
     # 0.85^14 ≈ 0.103 > 0.1 but 0.85^15 ≈ 0.087 ≤ 0.1
     assert th.min_evidence(0.15, 0.1) == 15
     assert th.min_evidence(0.2, 0.1) == 11  # 0.8^10 ≈ 0.107, 0.8^11 ≈ 0.086
+
+
+def test_risk_control_with_alpha_one_answers_everything_even_when_the_top_answer_is_wrong():
+    """Issue 23, defect 12: an error rate ≤ 1 always holds, so α = 1 never abstains."""
+    t = th.risk_control([0.9, 0.5, 0.2], [0, 1, 1], alpha=1.0, delta=0.1, grid=[0.9, 0.5, 0.2, 0.0])
+    assert t.value == 0.0 and t.expected_coverage == 1.0
+    assert th.binomial_pvalue(3, 3, 1.0) == 0.0

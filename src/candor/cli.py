@@ -542,6 +542,7 @@ def demo(
     result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names)
     _print_rich(format_table_rich(result.report))
     typer.echo(f"report: {result.report.files['index']}")
+    typer.echo(f"honest model: {result.honest} (serve it: candor serve --honest {result.honest})")
 
 
 def _print_rich(renderable: Any) -> None:
@@ -582,6 +583,10 @@ AdapterOpt = Annotated[
 ]
 MethodOpt = Annotated[str | None, typer.Option("--method", help="A confidence estimator name (default n-prob).")]
 ThresholdOpt = Annotated[float | None, typer.Option("--threshold", help="Abstain below this confidence.")]
+SamplesOpt = Annotated[
+    int | None,
+    typer.Option("--samples", help="Sampled answers a sample-based --method reads (default: the method's own k)."),
+]
 BackendOpt = Annotated[str, typer.Option("--backend", help="The generator's engine (see candor.backends).")]
 
 
@@ -595,6 +600,7 @@ def ask(
     adapter: AdapterOpt = None,
     method: MethodOpt = None,
     threshold: ThresholdOpt = None,
+    samples: SamplesOpt = None,
     backend: BackendOpt = "hf",
     base_url: BaseUrlOpt = None,
     max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
@@ -604,9 +610,14 @@ def ask(
     import json
 
     from candor.serve.factory import build_model
+    from candor.serve.model import check_text
 
+    if not question.strip():
+        raise CandorError("the question is empty")  # refused as the server refuses it, before the model loads
+    check_text(question, "the question")
     honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
-                               threshold=threshold, max_new_tokens=max_new_tokens, base_url=base_url)  # fmt: skip
+                               threshold=threshold, max_new_tokens=max_new_tokens, base_url=base_url,
+                               samples=samples)  # fmt: skip
     result = honest_model.answer(question)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -625,8 +636,14 @@ def serve(
     adapter: AdapterOpt = None,
     method: MethodOpt = None,
     threshold: ThresholdOpt = None,
+    samples: SamplesOpt = None,
     backend: BackendOpt = "hf",
     base_url: BaseUrlOpt = None,
+    log_records: Annotated[
+        Path | None,
+        typer.Option("--log-records", help="Append every served answer to this JSONL file (candor records, with "
+                     "the confidence), to re-score, re-judge or calibrate on later."),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     model_id: Annotated[str, typer.Option(help="The model name clients send.")] = "candor",
@@ -668,10 +685,15 @@ def serve(
         logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
     honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
                                threshold=threshold, max_new_tokens=max_new_tokens, batch_size=max_batch,
-                               base_url=base_url)  # fmt: skip
+                               base_url=base_url, samples=samples)  # fmt: skip
+    if honest_model.threshold is None:
+        logging.getLogger("candor.serve").warning(
+            "no threshold: every question is answered and none abstains; pass --threshold or --honest DIR "
+            "(a tuned folder, such as the one `candor demo` leaves in OUT_DIR/honest)"
+        )
     settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
                              max_batch=max_batch, batch_wait_ms=batch_wait_ms, cors_origins=origins,
-                             log_prompts=log_prompts)  # fmt: skip
+                             log_prompts=log_prompts, log_records=log_records)  # fmt: skip
     service = create_app(honest_model, settings)
     send_access_log_to(sys.stderr)
     run(service, host=host, port=port, on_signal=service.state.lifecycle.begin_draining)

@@ -1,8 +1,15 @@
 """``candor demo``: the whole pipeline on the embedded default and the starter set.
 
 Annotate (small k) → score with the training-free and verbalized estimators →
-evaluate → report. Every stage caches to files under the output folder, so a
-rerun reuses the annotations and the confidences already computed.
+evaluate → report → a tuned honest model in ``OUT_DIR/honest`` (n-prob, the
+threshold that answers the more confident half of the starter questions), ready
+for ``candor serve --honest OUT_DIR/honest``. Every stage caches to files under
+the output folder, so a rerun reuses the annotations and the confidences
+already computed.
+
+The honest model's threshold is tuned on the starter questions themselves: it
+is a working example, not an evaluated one; tune on your own dev set
+(``HonestModel.tune``) for real use.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from candor.data import load_items
 from candor.estimators import ESTIMATORS
 from candor.estimators.confidences import ConfidenceTable, score_into
 from candor.evaluation.report import ReportResult, write_report
+from candor.serve.model import Decoding, HonestModel
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +47,17 @@ DEMO_ESTIMATORS: tuple[str, ...] = (
 # verbal-percent, exact over its 101 values, costs about 5x a single-token format.
 
 
+HONEST_METHOD = "n-prob"
+HONEST_COVERAGE = 0.5  # the demo's honest model answers the more confident half of its questions
+
+
 @dataclass
 class DemoResult:
     records: Path
     confidences: Path
     report: ReportResult
     table: ConfidenceTable
+    honest: Path | None = None
 
 
 def run_demo(
@@ -64,15 +77,22 @@ def run_demo(
     backend = load_backend(model, batch_size=batch_size)
     template = resolve_template("auto", model, backend)
     records_path = out_dir / "records.jsonl"
-    logger.info("1/3 annotate %d starter questions (k=%d) → %s", len(items), k, records_path)
+    logger.info("1/4 annotate %d starter questions (k=%d) → %s", len(items), k, records_path)
     annotate(items, backend, records_path, template, AnnotateConfig(k=k, batch_size=batch_size))
 
     wanted = {item.id for item in items}
     records = [r for r in read_records(records_path) if r.id in wanted]
     confidences_path = out_dir / "confidences.jsonl"
-    logger.info("2/3 score with %d estimators → %s", len(estimators), confidences_path)
+    logger.info("2/4 score with %d estimators → %s", len(estimators), confidences_path)
     table = score_into(records, estimators, confidences_path, backend)
 
-    logger.info("3/3 evaluate → %s", out_dir / "report")
+    logger.info("3/4 evaluate → %s", out_dir / "report")
     report = write_report(table, out_dir / "report", title=f"candor demo: {model} on the starter set")
-    return DemoResult(records_path, confidences_path, report, table)
+
+    honest = out_dir / "honest"
+    logger.info("4/4 tune an honest model (%s, coverage %.1f) → %s", HONEST_METHOD, HONEST_COVERAGE, honest)
+    tuned = HonestModel(backend, HONEST_METHOD, template=template.name,
+                        decoding=Decoding(max_new_tokens=AnnotateConfig().params.max_new_tokens))  # fmt: skip
+    tuned.tune(records, "coverage", HONEST_COVERAGE)
+    tuned.save_pretrained(honest)
+    return DemoResult(records_path, confidences_path, report, table, honest)

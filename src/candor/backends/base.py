@@ -7,7 +7,7 @@ Prompts are plain strings that are already templated (see ``candor.annotation.pr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,6 +27,9 @@ TOKENIZER = "tokenizer"  # tokenize/decode with the served model's tokenizer
 # ``score_candidates``: a closed set of continuations after many prompts, sharing the work
 # (see :func:`score_candidates`; backends without it are served through ``score``).
 SCORE_CANDIDATES = "score_candidates"
+# ``generate(..., on_token=...)``: a per-row callback after each kept token, which can end the row
+# (token streaming and cancellation when serving); see :data:`TokenHook`.
+TOKEN_HOOK = "token_hook"
 
 WHITE_BOX = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, HIDDEN_STATES, TOKENIZER})
 
@@ -65,6 +68,10 @@ def score_pairs(backend: Any, prompts: Sequence[str], candidates: Sequence[str])
     pairs_c = [c for _ in prompts for c in candidates]
     sums = [float(np.sum(lps)) for lps in backend.score(pairs_p, pairs_c)]
     return np.asarray(sums, dtype=float).reshape(len(prompts), len(candidates))
+
+
+# ``on_token(prompt, sample, token_id) -> keep going``: ``sample`` is -1 for the greedy row.
+TokenHook = Callable[[int, int, int], bool]
 
 
 @dataclass(frozen=True)

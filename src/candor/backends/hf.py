@@ -54,10 +54,12 @@ from transformers.cache_utils import DynamicLayer
 from candor.backends.base import (
     DEFAULT_TOP_LOGPROBS,
     SCORE_CANDIDATES,
+    TOKEN_HOOK,
     WHITE_BOX,
     Completion,
     Generations,
     SamplingParams,
+    TokenHook,
 )
 from candor.backends.chat import TokenizerChat
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
@@ -218,7 +220,7 @@ class HFBackend:
     """A white-box backend around a transformers causal LM and its tokenizer."""
 
     white_box = True
-    capabilities = WHITE_BOX | {SCORE_CANDIDATES}
+    capabilities = WHITE_BOX | {SCORE_CANDIDATES, TOKEN_HOOK}
 
     def __init__(
         self,
@@ -279,6 +281,12 @@ class HFBackend:
         backend.adapter = adapter
         return backend
 
+    @property
+    def context_length(self) -> int | None:
+        """Tokens the model attends to (prompt plus answer); None when its config does not say."""
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if value else None
+
     # ------------------------------------------------------------------ text
 
     def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
@@ -301,11 +309,15 @@ class HFBackend:
         *,
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
+        on_token: TokenHook | None = None,
     ) -> list[Generations]:
         """Greedy answer (if ``greedy``) and ``n`` samples per prompt; see the module docstring.
 
         Without ``seeds``, prompt i gets a seed derived from the backend's
         ``seed`` and i, so the same call twice gives the same samples.
+        ``on_token(prompt, sample, token_id)`` is called after each token a
+        row keeps (not the EOS or stop token); returning False ends the row
+        there (its completion is then partial).
         """
         if n < 0:
             raise CandorError(f"the number of samples must be non-negative, got {n}")
@@ -339,7 +351,7 @@ class HFBackend:
                 fresh = self._prefill_chunk(chunk, suffixes, prefix_cache, prefix, seeds, n, greedy, params)
                 running = fresh if running is None else running.merge(fresh)
             assert running is not None
-            for row in self._step(running, params, matcher):
+            for row in self._step(running, params, matcher, on_token):
                 completion = self._completion(row, matcher)
                 if row.sample < 0:
                     results[row.prompt].greedy = completion
@@ -384,7 +396,9 @@ class HFBackend:
             logits=logits.repeat_interleave(per_prompt, dim=0),
         )
 
-    def _step(self, running: _Running, params: SamplingParams, matcher: StopMatcher) -> list[_Row]:
+    def _step(
+        self, running: _Running, params: SamplingParams, matcher: StopMatcher, on_token: TokenHook | None = None
+    ) -> list[_Row]:
         """Pick one token per row, drop the rows that finished (returned), run the rest one step."""
         steps = torch.tensor([len(r.ids) for r in running.rows], device=self.device)
         uniforms = running.uniforms.gather(1, steps.unsqueeze(1)).squeeze(1)
@@ -400,6 +414,8 @@ class HFBackend:
                 row.ended_by = "eos"
             elif matcher.stops and matcher.hit(row.ids):
                 row.ended_by = "stop"
+            elif on_token is not None and not on_token(row.prompt, row.sample, token):
+                row.ended_by = "length"  # ended by the caller: what is there is kept, as at the cap
             elif len(row.ids) < params.max_new_tokens:
                 keep.append(j)
                 continue

@@ -46,6 +46,9 @@ class Estimator:
     level: Level = "question"
     # Sampled answers per record this estimator needs (0: none); a caller choosing k can check it up front.
     min_samples: ClassVar[int] = 0
+    # Sampled answers per record it reads (``record.samples``) when nobody says how many (DESIGN.md §4.7: k = 5);
+    # 0 for an estimator that reads none.
+    default_samples: ClassVar[int] = 0
     # Values slightly outside [0, 1] from float round-off are clipped; anything further is a bug.
     _tolerance: ClassVar[float] = 1e-6
 

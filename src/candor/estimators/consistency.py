@@ -34,6 +34,7 @@ class LexicalConsistency(Estimator):
 
     name = "consis-lex"
     level = "question"
+    default_samples = 5
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         out = []
@@ -62,6 +63,7 @@ class SemanticConsistency(Estimator):
 
     name = "consis-sem"
     level = "question"
+    default_samples = 5
 
     def __init__(self, judge: str | None = None, **judge_options: Any) -> None:
         if judge is not None:

@@ -45,6 +45,7 @@ class EigenScore(Estimator):
 
     name = "eigenscore"
     level = "question"
+    default_samples = 5
     needs_backend = True
     needs_hidden_states = True
 

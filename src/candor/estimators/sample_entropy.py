@@ -63,6 +63,7 @@ class MonteCarloEntropy(Estimator):
 
     name = "mc-entropy"
     level = "question"
+    default_samples = 5
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         return np.array([float(np.exp(np.nanmean(lps))) for lps in sample_logprobs(records, self.name)])

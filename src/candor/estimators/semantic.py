@@ -303,6 +303,7 @@ class SimilarityEstimator(Estimator):
 
     level = "question"
     min_samples = PAIRWISE_MIN_SAMPLES
+    default_samples = 5
 
     def __init__(self, similarity: str = "lexical", judge: str = "lexical") -> None:
         check_similarity(similarity, judge)
@@ -331,6 +332,7 @@ class ClusterEstimator(Estimator):
 
     level = "question"
     min_samples = PAIRWISE_MIN_SAMPLES
+    default_samples = 5
 
     def __init__(self, judge: str = "lexical") -> None:
         CONSISTENCY_JUDGES.get(judge)

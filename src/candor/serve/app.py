@@ -1,10 +1,12 @@
 """The OpenAI-compatible service around a :class:`~candor.serve.HonestModel` (``candor serve``).
 
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: OpenAI request and
-  response shapes. The last user message (or each prompt) is the question; it
-  is rendered with the model's QA template. Each choice carries a
-  ``confidence`` object; an abstained choice has ``finish_reason:
-  "abstained"`` and the refusal text as its content.
+  response shapes, plain or streamed (``stream: true``: server-sent chunks,
+  ``data: [DONE]``). A chat request holds one user message, the question
+  (system messages and earlier turns are refused, 400 ``unsupported``); each
+  completion prompt is a question too. Either is rendered with the model's QA
+  template. Each choice carries a ``confidence`` object; an abstained choice
+  has ``finish_reason: "abstained"`` and the refusal text as its content.
 - ``GET /health`` (alive), ``GET /ready``, ``GET /metrics``, ``GET /v1/models``,
   ``GET /v1/models/{id}``; request ids, the access log, CORS and protocol-level
   errors are :mod:`candor.serve.operations`, the metrics :mod:`candor.serve.metrics`.
@@ -13,12 +15,16 @@
   without the right ``Authorization: Bearer`` key answers 401 (the scheme is
   case-insensitive). Bodies are parsed strictly: ``"n": true`` or
   ``"max_tokens": "10"`` answer 400 naming the field, never coerced.
-- Concurrent requests are gathered by a :class:`MicroBatcher` into one
-  backend call.
+- Every question is checked, templated and counted in tokens before it is
+  queued (a bad one is its own request's 400); concurrent questions are then
+  gathered by a :class:`MicroBatcher` into shared backend calls, and a failure
+  inside a batch stays with its own request. A client that leaves (or a 503
+  part-way through a multi-prompt request) cancels its queued and running work.
 
-Decoding defaults to greedy (temperature 0), the answer the confidence was
-calibrated for, and ``n`` > 1 then repeats it; ``temperature > 0`` samples
-``n`` answers, each scored on its own by an answer-level source.
+The confidence is the method's own (:meth:`HonestModel.answer_asks`): the
+request's ``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``seed`` and
+``n`` shape the returned text only, and ``scores_returned_text`` says when that
+text is not the answer the confidence was computed for.
 """
 
 from __future__ import annotations
@@ -31,18 +37,31 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from candor.serve.batching import MicroBatcher, QueueFull
 from candor.serve.metrics import ServeMetrics
-from candor.serve.model import DEFAULT_REFUSAL, Decoding, HonestAnswer, HonestModel
+from candor.serve.model import (
+    DEFAULT_REFUSAL,
+    Ask,
+    Cancelled,
+    ContextLengthExceeded,
+    HonestAnswer,
+    HonestModel,
+    Outcome,
+    Reply,
+    check_text,
+)
 from candor.serve.operations import Lifecycle, install_operations
+from candor.serve.record_log import RecordLog
 from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
+from candor.serve.streaming import DONE, RequestListener, TextDelta, sse
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
@@ -68,6 +87,7 @@ class ServeSettings:
     batch_wait_ms: float = 5.0
     cors_origins: tuple[str, ...] = ()  # browser origins allowed by CORS; none: no CORS headers
     log_prompts: bool = False  # the access log carries each request's messages or prompt
+    log_records: Path | None = None  # append served answers as candor records (JSONL)
 
 
 class APIError(Exception):
@@ -76,27 +96,9 @@ class APIError(Exception):
         self.status, self.body = status, error_body(message, type_, param, code)
 
 
-@dataclass(frozen=True)
-class Work:
-    """One question to answer: the unit the micro-batcher gathers."""
-
-    question: str
-    n: int
-    decoding: Decoding
-    stop: tuple[str, ...]
-
-
-def run_batch(model: HonestModel, works: Sequence[Work]) -> list[list[HonestAnswer]]:
-    """Answer gathered work; questions with the same decoding share one backend call."""
-    groups: dict[tuple[int, Decoding, tuple[str, ...]], list[int]] = {}
-    for i, w in enumerate(works):
-        groups.setdefault((w.n, w.decoding, w.stop), []).append(i)
-    out: list[list[HonestAnswer]] = [[] for _ in works]
-    for (n, decoding, stop), idx in groups.items():
-        answers = model.answer_batch([works[i].question for i in idx], n=n, decoding=decoding, stop=stop)
-        for i, a in zip(idx, answers, strict=True):
-            out[i] = a
-    return out
+def run_batch(model: HonestModel, asks: Sequence[Ask]) -> list[Outcome]:
+    """Answer gathered questions; each gets its answers or its own failure (never a neighbour's)."""
+    return model.answer_asks(asks)
 
 
 def create_app(model: HonestModel, settings: ServeSettings | None = None) -> FastAPI:
@@ -104,16 +106,18 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     settings = settings or ServeSettings()
     metrics, lifecycle = ServeMetrics(), Lifecycle()
 
-    def answer_works(works: Sequence[Work]) -> list[list[HonestAnswer]]:
-        metrics.observe_batch(len(works))
-        return run_batch(model, works)
+    def answer_asks(asks: Sequence[Ask]) -> list[Outcome]:
+        metrics.observe_batch(len(asks))
+        return run_batch(model, asks)
 
     batcher = MicroBatcher(
-        answer_works,
+        answer_asks,
         max_batch=settings.max_batch,
         max_wait_ms=settings.batch_wait_ms,
         queue_size=settings.queue_size,
     )
+
+    log = RecordLog(settings.log_records) if settings.log_records is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -122,11 +126,14 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
         yield
         lifecycle.begin_draining()
         await batcher.stop()
+        if log is not None:
+            log.close()
 
     app = FastAPI(title="candor", lifespan=lifespan)
     app.state.batcher, app.state.metrics, app.state.lifecycle = batcher, metrics, lifecycle
     metrics.watch_queue(lambda: batcher.waiting)
     install_operations(app, metrics, lifecycle, cors_origins=settings.cors_origins, log_prompts=settings.log_prompts)
+    app.state.record_log = log
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -154,36 +161,20 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
         return _model_card(settings)
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> dict[str, Any]:
+    async def chat(request: Request) -> Any:
         _authorize(request, settings)
         body = await _parse(request, ChatRequest, settings)
-        answers = await _answer(batcher, [body.question()], body, settings, model)
-        metrics.observe_first_token()
-        metrics.observe_answers(answers)
-        choices = [
-            {"index": i, "message": {"role": "assistant", "content": _text(a, settings)},
-             "finish_reason": a.finish_reason, "logprobs": None, "confidence": _confidence(a, model)}
-            for i, a in enumerate(answers[0])
-        ]  # fmt: skip
-        return _response("chat.completion", "chatcmpl", choices, [body.question()], answers, settings, model)
+        return await _serve(request, [_single_question(body)], body, settings, model, batcher, CHAT, log)
 
     @app.post("/v1/completions")
-    async def completions(request: Request) -> dict[str, Any]:
+    async def completions(request: Request) -> Any:
         _authorize(request, settings)
         body = await _parse(request, CompletionRequest, settings)
         questions = body.questions()
         if not 1 <= len(questions) <= settings.max_prompts:
             raise APIError(400, f"prompt must hold 1 to {settings.max_prompts} strings", "invalid_request_error",
                            "prompt")  # fmt: skip
-        answers = await _answer(batcher, questions, body, settings, model)
-        metrics.observe_first_token()
-        metrics.observe_answers(answers)
-        choices = [
-            {"index": j * body.n + i, "text": _text(a, settings), "finish_reason": a.finish_reason,
-             "logprobs": None, "confidence": _confidence(a, model)}
-            for j, per_q in enumerate(answers) for i, a in enumerate(per_q)
-        ]  # fmt: skip
-        return _response("text_completion", "cmpl", choices, questions, answers, settings, model)
+        return await _serve(request, questions, body, settings, model, batcher, COMPLETION, log)
 
     return app
 
@@ -238,14 +229,19 @@ async def _parse(request: Request, schema: type[BaseModel], settings: ServeSetti
 
 
 def _check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings) -> None:
-    if body.stream:
-        raise APIError(400, "streaming is not supported", "invalid_request_error", "stream", "unsupported")
+    for name in body.unsupported():
+        raise APIError(400, f"{name} is not supported by candor", "invalid_request_error", name, "unsupported")
     if body.model != settings.model_id:
         raise APIError(404, f"the model {body.model!r} does not exist; this server serves {settings.model_id!r}",
                        "invalid_request_error", "model", "model_not_found")  # fmt: skip
     if not 1 <= body.n <= settings.max_n:
         raise APIError(400, f"n must be between 1 and {settings.max_n}", "invalid_request_error", "n", "invalid_value")
     stops = body.stops()
+    try:
+        for stop in stops:
+            check_text(stop, "a stop string")
+    except CandorError as exc:
+        raise APIError(400, str(exc), "invalid_request_error", "stop", "invalid_value") from None
     if len(stops) > MAX_STOPS or any(not s or len(s) > 64 for s in stops):
         raise APIError(400, f"stop takes at most {MAX_STOPS} non-empty strings of up to 64 characters",
                        "invalid_request_error", "stop", "invalid_value")  # fmt: skip
@@ -264,26 +260,232 @@ def _check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings
                            "context_length_exceeded")  # fmt: skip
 
 
-async def _answer(
-    batcher: MicroBatcher, questions: list[str], body: Any, settings: ServeSettings, model: HonestModel
-) -> list[list[HonestAnswer]]:
-    cap = body.token_cap()
-    decoding = replace(model.decoding, temperature=body.temperature, top_p=body.top_p,
-                       max_new_tokens=cap if cap is not None else model.decoding.max_new_tokens)  # fmt: skip
-    works = [Work(q, body.n, decoding, body.stops()) for q in questions]
+def _single_question(body: ChatRequest) -> str:
+    """The one user message candor answers; anything else is refused rather than silently dropped."""
+    others = [m.role for m in body.messages if m.role != "user"]
+    if others or len(body.messages) != 1:
+        raise APIError(400, "candor answers one question per request: send exactly one user message (its "
+                       "confidence is calibrated for the question alone, so system messages and earlier turns "
+                       f"are not used; got roles {[m.role for m in body.messages]})", "invalid_request_error",
+                       "messages", "unsupported")  # fmt: skip
+    message = body.messages[0]
+    if isinstance(message.content, list) and any(p.get("type") != "text" for p in message.content):
+        raise APIError(400, "only text content parts are supported (no images or audio)", "invalid_request_error",
+                       "messages", "unsupported")  # fmt: skip
+    return message.text()
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How one endpoint shapes its choices (chat messages or completion texts)."""
+
+    object: str
+    chunk_object: str
+    prefix: str
+    chat: bool
+
+
+CHAT = Endpoint("chat.completion", "chat.completion.chunk", "chatcmpl", True)
+COMPLETION = Endpoint("text_completion", "text_completion", "cmpl", False)
+
+
+def _asks(
+    questions: list[str], body: Any, model: HonestModel, loop: asyncio.AbstractEventLoop,
+    events: asyncio.Queue[tuple[Any, ...]] | None,
+) -> list[Ask]:  # fmt: skip
+    """Every question checked, templated and counted before anything is queued: a bad one is this request's 400."""
+    reply = Reply(n=body.n, max_new_tokens=body.token_cap(), temperature=body.temperature, top_p=body.top_p,
+                  stop=body.stops(), seed=body.seed)  # fmt: skip
+    param = "prompt" if isinstance(body, CompletionRequest) else "messages"
+    asks = []
+    for j, q in enumerate(questions):
+        try:
+            prompted = model.prepare(q, reply.max_new_tokens)
+        except ContextLengthExceeded as exc:
+            raise APIError(400, str(exc), "invalid_request_error", param, "context_length_exceeded") from None
+        except CandorError as exc:
+            raise APIError(400, str(exc), "invalid_request_error", param, "invalid_value") from None
+        asks.append(Ask(prompted, reply, RequestListener(loop, events, j)))
+    return asks
+
+
+def _enqueue(batcher: MicroBatcher, asks: list[Ask]) -> list[asyncio.Future[Any]]:
+    """Queue every ask; when the queue fills part-way, the ones already queued are cancelled (503)."""
+    futures: list[asyncio.Future[Any]] = []
     try:
-        return [await batcher.submit(w) for w in works] if len(works) == 1 else await _gather(batcher, works)
+        for ask in asks:
+            futures.append(batcher.enqueue(ask))
     except QueueFull as exc:
+        _cancel(asks, futures)
         raise APIError(503, f"the server is busy ({exc}); retry later", "server_error", None,
                        "queue_full") from None  # fmt: skip
+    return futures
 
 
-async def _gather(batcher: MicroBatcher, works: list[Work]) -> list[list[HonestAnswer]]:
-    return list(await asyncio.gather(*(batcher.submit(w) for w in works)))
+def _cancel(asks: Sequence[Ask], futures: Sequence[asyncio.Future[Any]]) -> None:
+    for ask in asks:
+        ask.listener.cancel()  # type: ignore[union-attr]
+    for f in futures:
+        f.cancel()
 
 
-def _text(answer: HonestAnswer, settings: ServeSettings) -> str:
-    return settings.refusal if answer.abstained else (answer.answer or "")
+async def _serve(
+    request: Request, questions: list[str], body: Any, settings: ServeSettings, model: HonestModel,
+    batcher: MicroBatcher, endpoint: Endpoint, log: RecordLog | None,
+) -> Any:  # fmt: skip
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[Any, ...]] | None = asyncio.Queue() if body.stream else None
+    asks = _asks(questions, body, model, loop, events)
+    futures = _enqueue(batcher, asks)
+    metrics: ServeMetrics = request.app.state.metrics
+    if body.stream:
+        for ask, f in zip(asks, futures, strict=True):
+            f.add_done_callback(lambda _, ask=ask: ask.listener.done())  # type: ignore[union-attr,misc]
+        stream = _stream(asks, futures, events, body, settings, model, endpoint, log, metrics)  # type: ignore[arg-type]
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    answers = await _wait(request, asks, futures)
+    metrics.observe_first_token()  # a plain response's first token reaches the client with the whole answer
+    metrics.observe_answers(answers)
+    for ask, per_q in zip(asks, answers, strict=True):
+        _log(log, ask, per_q, model)
+    choices = [_choice(endpoint, j * body.n + i, a, body, settings, model)
+               for j, per_q in enumerate(answers) for i, a in enumerate(per_q)]  # fmt: skip
+    return {**_head(endpoint.object, endpoint.prefix, settings), "choices": choices, "usage": _usage(asks, answers)}
+
+
+async def _wait(request: Request, asks: list[Ask], futures: list[asyncio.Future[Any]]) -> list[list[HonestAnswer]]:
+    """The answers; a client that disconnects meanwhile cancels its work (checked every quarter second)."""
+    pending = set(futures)
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=0.25)
+        if pending and await request.is_disconnected():
+            _cancel(asks, futures)
+            raise APIError(499, "the client closed the request", "invalid_request_error", None, "client_closed")
+    return [_outcome(f) for f in futures]
+
+
+def _outcome(future: asyncio.Future[Any]) -> list[HonestAnswer]:
+    exc = future.exception()
+    if exc is None:
+        return future.result()  # type: ignore[no-any-return]
+    if isinstance(exc, CandorError):
+        raise APIError(400, str(exc), "invalid_request_error", None, "invalid_value")
+    if isinstance(exc, Cancelled):
+        raise APIError(499, "the request was cancelled", "invalid_request_error", None, "client_closed")
+    raise exc
+
+
+async def _stream(
+    asks: list[Ask], futures: list[asyncio.Future[Any]], events: asyncio.Queue[tuple[Any, ...]], body: Any,
+    settings: ServeSettings, model: HonestModel, endpoint: Endpoint, log: RecordLog | None, metrics: ServeMetrics,
+) -> AsyncIterator[str]:  # fmt: skip
+    """OpenAI chunks as server-sent events; leaving early (a client that drops) cancels the work."""
+    head = _head(endpoint.chunk_object, endpoint.prefix, settings)
+    n = body.n
+    stops = [*model.template.stop, *body.stops()]
+    deltas = {k: TextDelta(model.backend.decode, stops) for k in range(len(asks) * n)}
+    opened: set[int] = set()
+
+    def chunk(k: int, text: str | None = None, finish: str | None = None, **extra: Any) -> str:
+        if endpoint.chat:
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            if k not in opened:
+                opened.add(k)
+                delta = {"role": "assistant", "content": text or ""}
+            choice = {"index": k, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
+        else:
+            choice = {"index": k, "text": text or "", "finish_reason": finish, "logprobs": None, **extra}
+        return sse({**head, "choices": [choice]})
+
+    try:
+        if not model.source.before_generation:
+            for k in deltas:
+                yield chunk(k)
+        left = len(asks)
+        while left:
+            kind, j, *rest = await events.get()
+            if kind == "decided" and not rest[0].abstained:
+                metrics.observe_first_token()
+                for i in range(n):
+                    yield chunk(j * n + i, confidence=_confidence(rest[0], model))
+            elif kind == "token":
+                k = j * n + rest[0]
+                text = deltas[k].add(rest[1])
+                if text:
+                    metrics.observe_first_token()  # counted once per request
+                    yield chunk(k, text)
+            elif kind == "done":
+                left -= 1
+                try:
+                    answers = _outcome(futures[j])
+                except APIError as exc:
+                    yield sse(exc.body)
+                    continue
+                _log(log, asks[j], answers, model)
+                metrics.observe_first_token()  # an abstention or an empty answer is the first (and last) chunk
+                metrics.observe_answers([answers])
+                for i, a in enumerate(answers):
+                    k = j * n + i
+                    if a.abstained:
+                        text = settings.refusal if not deltas[k].sent else None
+                        yield chunk(k, text, "abstained", confidence=_confidence(a, model))
+                        continue
+                    rest_text = deltas[k].finish(a.answer or "")
+                    if rest_text:
+                        yield chunk(k, rest_text)
+                    yield chunk(k, None, a.finish_reason, confidence=_confidence(a, model))
+        options = body.stream_options or {}
+        if options.get("include_usage"):
+            done = [(a, f.result()) for a, f in zip(asks, futures, strict=True) if not f.exception()]
+            yield sse({**head, "choices": [], "usage": _usage([a for a, _ in done], [r for _, r in done])})
+        yield DONE
+    finally:
+        if not all(f.done() for f in futures):
+            _cancel(asks, futures)
+
+
+def _log(log: RecordLog | None, ask: Ask, answers: list[HonestAnswer], model: HonestModel) -> None:
+    if log is not None:
+        log.write(ask, answers, model.provenance(), lambda a: _confidence(a, model))
+
+
+def _head(obj: str, prefix: str, settings: ServeSettings) -> dict[str, Any]:
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()),
+            "model": settings.model_id}  # fmt: skip
+
+
+def _choice(endpoint: Endpoint, index: int, a: HonestAnswer, body: Any, settings: ServeSettings,
+            model: HonestModel) -> dict[str, Any]:  # fmt: skip
+    text = settings.refusal if a.abstained else (a.answer or "")
+    logprobs = _logprobs(a, body, endpoint)
+    if endpoint.chat:
+        return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": a.finish_reason,
+                "logprobs": logprobs, "confidence": _confidence(a, model)}  # fmt: skip
+    return {"index": index, "text": text, "finish_reason": a.finish_reason, "logprobs": logprobs,
+            "confidence": _confidence(a, model)}  # fmt: skip
+
+
+def _logprobs(a: HonestAnswer, body: Any, endpoint: Endpoint) -> dict[str, Any] | None:
+    """The returned tokens' log-probs in the endpoint's OpenAI shape, when asked for."""
+    top = body.top_logprobs_wanted()
+    if top is None or a.completion is None or a.abstained:
+        return None
+    c = a.completion
+    alts = c.top_logprobs or [{} for _ in c.tokens]
+    if endpoint.chat:
+
+        def entry(tok: str, lp: float) -> dict[str, Any]:
+            return {"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8", "replace"))}
+
+        content = [{**entry(t, lp), "top_logprobs": [entry(x, v) for x, v in list(alt.items())[:top]]}
+                   for t, lp, alt in zip(c.tokens, c.logprobs, alts, strict=True)]  # fmt: skip
+        return {"content": content}
+    offsets, at = [], 0
+    for t in c.tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": list(c.tokens), "token_logprobs": list(c.logprobs),
+            "top_logprobs": [dict(list(alt.items())[:top]) for alt in alts], "text_offset": offsets}  # fmt: skip
 
 
 def _confidence(answer: HonestAnswer, model: HonestModel) -> dict[str, Any]:
@@ -297,20 +499,19 @@ def _confidence(answer: HonestAnswer, model: HonestModel) -> dict[str, Any]:
         "expected_accuracy": None if t is None else t.expected_accuracy,
         "expected_coverage": None if t is None else t.expected_coverage,
         "reason": answer.reason,
+        # False: the text was decoded with the request's parameters, the value is the greedy answer's (§4.1)
+        "scores_returned_text": answer.scores_returned_text,
     }
 
 
-def _response(
-    obj: str, prefix: str, choices: list[dict[str, Any]], questions: list[str],
-    answers: list[list[HonestAnswer]], settings: ServeSettings, model: HonestModel,
-) -> dict[str, Any]:  # fmt: skip
-    completion = sum(a.completion_tokens for per_q in answers for a in per_q)
-    prompt = sum(len(model.backend.tokenize(q)) for q in questions)  # the question's tokens, without the template
-    return {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
-        "object": obj,
-        "created": int(time.time()),
-        "model": settings.model_id,
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
-    }
+def _usage(asks: Sequence[Ask], answers: Sequence[list[HonestAnswer]]) -> dict[str, int]:
+    """The engine's own counts: the templated prompt once per question, each distinct returned text once."""
+    prompt = completion = 0
+    for ask, per_q in zip(asks, answers, strict=False):
+        prompt += max((a.prompt_tokens for a in per_q), default=0) or ask.prompted.prompt_tokens or 0
+        seen: set[int] = set()
+        for a in per_q:
+            if a.completion is not None and id(a.completion) not in seen:
+                seen.add(id(a.completion))
+                completion += a.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

@@ -33,7 +33,11 @@ class _Job:
 
 
 class MicroBatcher:
-    """Runs ``run_batch(payloads) -> results`` (same length, same order) on gathered batches."""
+    """Runs ``run_batch(payloads) -> results`` (same length, same order) on gathered batches.
+
+    A result that is an exception fails its own job only; a batch function that
+    raises has its jobs run again one by one, so the failure stays with its job.
+    """
 
     def __init__(
         self,
@@ -72,6 +76,10 @@ class MicroBatcher:
 
     async def submit(self, payload: Any) -> Any:
         """Queue one job and wait for its result; raises :class:`QueueFull` at once when full."""
+        return await self.enqueue(payload)
+
+    def enqueue(self, payload: Any) -> asyncio.Future[Any]:
+        """Queue one job and return its future (cancel it to drop the job); :class:`QueueFull` when full."""
         if self._queue is None:
             raise RuntimeError("the batcher is not started")
         job = _Job(payload, asyncio.get_running_loop().create_future())
@@ -79,7 +87,7 @@ class MicroBatcher:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
             raise QueueFull(f"{self.queue_size} requests are already waiting") from None
-        return await job.future
+        return job.future
 
     async def _run(self) -> None:
         assert self._queue is not None
@@ -103,14 +111,20 @@ class MicroBatcher:
             return
         try:
             results = await loop.run_in_executor(self._executor, self.run_batch, [j.payload for j in live])
-        except Exception as exc:  # one bad batch fails its requests, never the worker
-            logger.exception("batch of %d failed", len(live))
-            for j in live:
-                if not j.future.done():
-                    j.future.set_exception(exc)
-            return
+        except Exception as exc:
+            if len(live) > 1:  # never hand one job's failure to the others: run each alone
+                logger.warning("batch of %d failed (%s); running its jobs one by one", len(live), exc)
+                for j in live:
+                    await self._dispatch(loop, [j])
+                return
+            logger.exception("a job failed")
+            results = [exc]
         self.batches += 1
         self.batched_jobs += len(live)
         for j, r in zip(live, results, strict=True):
-            if not j.future.done():
+            if j.future.done():
+                continue
+            if isinstance(r, BaseException):  # the batch function's per-job failure
+                j.future.set_exception(r)
+            else:
                 j.future.set_result(r)

@@ -13,6 +13,7 @@ Two kinds, in a registry so a saved model names its kind and reloads it:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 from collections.abc import Callable, Sequence
@@ -33,9 +34,6 @@ logger = logging.getLogger(__name__)
 
 HEAD_DIR = "head"
 
-# Estimators that read sampled answers, and how many they get by default (DESIGN.md §4.7: k = 5).
-SAMPLES_BY_DEFAULT = {"consis-lex": 5, "consis-sem": 5, "self-consistency": 5}
-
 
 def question_item(question: str, index: int = 0) -> QAItem:
     return QAItem(id=f"q{index}", dataset="", split="", question=question, answers=())
@@ -48,6 +46,10 @@ class ConfidenceSource(Protocol):
     name: str
     before_generation: bool
     samples: int  # sampled answers per question the source reads (0: none)
+
+    def check(self, backend: Backend) -> None:
+        """Raise :class:`CandorError` (one line) when the source cannot serve on ``backend``."""
+        ...
 
     def score_questions(self, questions: Sequence[str]) -> np.ndarray: ...
 
@@ -66,6 +68,9 @@ class HeadSource:
 
     def __init__(self, head: str | Path | Any, batch_size: int = 16, device: str | None = None) -> None:
         self.estimator = EliCalEstimator(head=head, batch_size=batch_size, device=device)
+
+    def check(self, backend: Backend) -> None:
+        return None  # the head carries its own backbone
 
     def score_questions(self, questions: Sequence[str]) -> np.ndarray:
         return self.estimator.score_questions(list(questions))
@@ -88,7 +93,11 @@ class HeadSource:
 
 
 class EstimatorSource:
-    """A registered estimator applied to the generated answer (and ``samples`` sampled ones)."""
+    """A registered estimator applied to the generated answer (and ``samples`` sampled ones).
+
+    ``samples`` defaults to the estimator's own ``default_samples`` (0 for one
+    that reads no samples); an estimator that reads samples refuses 0.
+    """
 
     kind = "estimator"
     before_generation = False
@@ -97,9 +106,22 @@ class EstimatorSource:
         self.name = name
         self.options = dict(options or {})
         self.estimator = get_estimator(name, **self.options)
-        self.samples = SAMPLES_BY_DEFAULT.get(name, 0) if samples is None else samples
+        wanted = int(getattr(self.estimator, "default_samples", 0))
+        self.samples = wanted if samples is None else samples
         if self.samples < 0:
             raise CandorError(f"samples must be >= 0, got {self.samples}")
+        if wanted and not self.samples:
+            raise CandorError(
+                f"estimator {name!r} reads sampled answers: give --samples of at least 1 (default {wanted})"
+            )
+        if not wanted and self.samples:
+            raise CandorError(f"estimator {name!r} reads no sampled answers: drop --samples")
+        needed = self.estimator.min_samples
+        if self.samples and self.samples < needed:  # e.g. k = 1 for an estimator comparing samples pairwise
+            raise CandorError(f"estimator {name!r} compares samples with each other: give --samples {needed} or more")
+
+    def check(self, backend: Backend) -> None:
+        self.estimator.check_backend(backend)
 
     def score_questions(self, questions: Sequence[str]) -> np.ndarray:
         raise CandorError(f"estimator {self.name!r} scores answers; generate first")
@@ -132,10 +154,23 @@ def as_source(confidence: str | ConfidenceSource) -> ConfidenceSource:
 
 
 def answer_records(
-    questions: Sequence[str], answers: Sequence[Completion], samples: Sequence[list[Completion]]
+    questions: Sequence[str],
+    answers: Sequence[Completion],
+    samples: Sequence[list[Completion]],
+    provenance: dict[str, Any] | None = None,
 ) -> list[Record]:
-    """Unlabelled records for an estimator: each answer as the record's greedy answer."""
+    """Unlabelled records for an estimator: each answer as the record's greedy answer.
+
+    ``provenance`` (model, template, decoding) travels with each record, so an
+    estimator that re-reads the prompt renders the one the answer was made with.
+    """
     return [
-        Record(item=question_item(q, i), greedy=a, samples=list(s))
-        for i, (q, a, s) in enumerate(zip(questions, answers, samples, strict=True))
+        Record(item=served_item(q), greedy=a, samples=list(s), provenance=dict(provenance or {}))
+        for q, a, s in zip(questions, answers, samples, strict=True)
     ]
+
+
+def served_item(question: str) -> QAItem:
+    """A served question as a QA item whose id comes from its text, never from its place in a batch."""
+    return QAItem(id="q-" + hashlib.sha256(question.encode("utf-8")).hexdigest()[:16], dataset="served", split="",
+                  question=question, answers=())  # fmt: skip

@@ -9,6 +9,7 @@ estimator ``method``, or by default the adapter's first verbalized format
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 from candor.serve.confidence import ConfidenceSource, EstimatorSource, HeadSource
@@ -43,34 +44,50 @@ def build_model(
     max_new_tokens: int = 32,
     batch_size: int = 16,
     base_url: str | None = None,
+    samples: int | None = None,
 ) -> HonestModel:
     """An honest model from a saved folder or from its parts; ``threshold`` overrides a saved one.
 
     ``backend`` names the generator's engine in :data:`candor.backends.BACKENDS` (``hf`` in process;
-    a remote engine when one is registered), while the confidence is computed locally.
+    a remote engine when one is registered), while the confidence is computed locally. Every choice
+    that can be checked without the model (the threshold, the method and its ``samples``) is checked
+    before the model loads; the method's needs of the backend right after.
     """
     from candor.backends import load_backend
 
+    check_threshold(threshold)
     if honest is not None:
-        if head or adapter or method:
-            raise CandorError("--honest already holds the confidence source; drop --head/--adapter/--method")
+        if head or adapter or method or samples is not None:
+            raise CandorError("--honest already holds the confidence source; drop --head/--adapter/--method/--samples")
         loaded = HonestModel.from_pretrained(honest, batch_size=batch_size)
         if threshold is not None:
             loaded.threshold = Threshold(threshold)
         return loaded
     if head is not None and method is not None:
         raise CandorError("give either --head (EliCal) or --method (an estimator), not both")
+    if head is not None and samples is not None:
+        raise CandorError("--samples is for a sample-based --method; an EliCal --head reads the question alone")
+    if method == "elical":
+        raise CandorError("an EliCal head is served with --head DIR (the folder `candor train elical` wrote)")
+    source: ConfidenceSource | None = None
+    if head is None and (method is not None or adapter is None):
+        source = EstimatorSource(method or DEFAULT_METHOD, samples=samples)
     kwargs: dict[str, object] = {"batch_size": batch_size}
     if base_url is not None:  # a remote OpenAI-compatible generator (--backend openai)
         kwargs["base_url"] = base_url
     if adapter is not None:
         kwargs["adapter"] = str(adapter)
     generator = load_backend(model, backend, **kwargs)
-    source: ConfidenceSource
     if head is not None:
         source = HeadSource(head)
-    else:
-        source = EstimatorSource(method or (adapter_method(adapter) if adapter else DEFAULT_METHOD))
+    elif source is None:
+        source = EstimatorSource(adapter_method(adapter), samples=samples)  # type: ignore[arg-type]
     logger.info("confidence: %s (%s)", source.name, source.kind)
     return HonestModel(generator, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens),
                        backend_name=backend)  # fmt: skip
+
+
+def check_threshold(threshold: float | None) -> None:
+    """A threshold is a confidence in [0, 1] (refused before any model loads)."""
+    if threshold is not None and not (math.isfinite(threshold) and 0.0 <= threshold <= 1.0):
+        raise CandorError(f"--threshold must be a confidence in [0, 1], got {threshold}")

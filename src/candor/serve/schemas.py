@@ -36,6 +36,18 @@ class _Sampling(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    seed: int | None = None
+    # Declared so that they are refused (``unsupported``) rather than silently ignored.
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+
+    def unsupported(self) -> list[str]:
+        """Fields a client set that candor cannot honour (answered 400 ``unsupported``)."""
+        return [name for name in ("response_format", "tools", "tool_choice", "functions")
+                if getattr(self, name) is not None]  # fmt: skip
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -46,6 +58,12 @@ class _Sampling(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def top_logprobs_wanted(self) -> int | None:
+        """Alternatives per token when log-probs are asked for; None when they are not."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def question(self) -> str:
         """The last user message: the question the model answers (earlier turns are not used)."""
@@ -60,6 +78,10 @@ class ChatRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
     def questions(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)

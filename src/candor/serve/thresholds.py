@@ -172,6 +172,8 @@ def binomial_pvalue(errors: int, answered: int, alpha: float) -> float:
     """P(Binomial(answered, α) ≤ errors): small when the error rate is convincingly below α."""
     if answered == 0:
         return 1.0
+    if alpha >= 1.0:
+        return 0.0  # an error rate of at most 1 always holds: nothing to reject
     return float(binom.cdf(errors, answered, alpha))
 
 
