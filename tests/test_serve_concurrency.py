@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -365,5 +366,10 @@ def test_the_token_hook_sees_every_kept_token_and_can_end_a_row(tiny_model, toke
 
     short = backend.generate(prompts, 2, params, seeds=[1, 2, 3], on_token=lambda p, s, t: s != 0)
     for g, full in zip(short, plain, strict=True):
-        assert len(g.samples[0].token_ids) <= 1 and g.greedy == full.greedy and g.samples[1] == full.samples[1]
+        assert len(g.samples[0].token_ids) <= 1
+        # The other rows keep their tokens; their log-probs move only by float32 rounding once the batch
+        # shrinks (a smaller matrix product), hence the tolerance.
+        for mine, theirs in ((g.greedy, full.greedy), (g.samples[1], full.samples[1])):
+            assert mine.token_ids == theirs.token_ids and mine.text == theirs.text
+            np.testing.assert_allclose(mine.logprobs, theirs.logprobs, atol=1e-5)
 
