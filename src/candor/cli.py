@@ -261,6 +261,30 @@ def export(
     typer.echo(EXPORT_FORMATS[to](source, out_arg or out, dtype))  # type: ignore[arg-type]
 
 
+@app.command("import-head")
+@user_errors
+def import_head(
+    lora_dir: Annotated[Path, typer.Argument(help="The authors' PEFT LoRA folder (e.g. lora_epoch_best/).")],
+    vector_head: Annotated[
+        Path, typer.Argument(help="The state dict of nn.Linear(hidden, 1) (e.g. vector_head_epoch_best.pt).")
+    ],
+    backbone: Annotated[str, typer.Option("--backbone", help="The model the head was trained on (id or path).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The candor head folder to write.")],
+    template: Annotated[
+        str, typer.Option(help="The prompt template the head reads (chat, fewshot; auto: the model's default).")
+    ] = "auto",
+    dtype: Annotated[str | None, typer.Option(help="The backbone's dtype while importing (float32 on CPU).")] = None,
+) -> None:
+    """Turn an EliCal head saved in the authors' layout (LoRA folder + linear head) into a candor head folder."""
+    from candor.train.elical.model import HeadConfig
+    from candor.train.elical.released import import_released_head
+
+    import_released_head(lora_dir, vector_head, backbone, out, template=template, dtype=dtype)
+    config = HeadConfig.read(out)
+    typer.echo(f"imported a {config.mode} head on {config.backbone} (template {config.template!r}) into {out}\n"
+               f"score with: candor score -r RECORDS -o OUT -e elical -O elical.head={out}")  # fmt: skip
+
+
 @app.command("import")
 @user_errors
 def import_honestybench(
