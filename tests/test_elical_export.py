@@ -119,6 +119,31 @@ def test_a_head_on_the_last_layer_by_index_exports(tiny_model_dir, tmp_path):
     np.testing.assert_allclose(got, head.predict(QUESTIONS), atol=1e-5)
 
 
+def test_a_bos_the_chat_template_writes_is_not_doubled_by_the_exported_tokenizer(tiny_model, smollm_dir, tmp_path):
+    """SmolLM2's BOS is <|im_start|>, which its chat template writes: a tokenizer that also adds a BOS would
+    feed the engine [BOS, BOS, ...] where the head read one (candor drops the doubled BOS)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    from candor.backends.tokens import encode
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm_dir, add_bos_token=True)
+    tiny_model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    head = saved_head(str(tmp_path / "model"), tmp_path / "head", "head")
+    head.config.template = "chat"
+    head.save_pretrained(tmp_path / "head")
+    prompts = head.prompts(QUESTIONS)
+    assert tokenizer(prompts[0])["input_ids"][:2] == [tokenizer.bos_token_id] * 2  # the trap is real
+    result = export_seq_cls(tmp_path / "head", tmp_path / "out")
+    exported = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert [exported(p)["input_ids"] for p in prompts] == encode(head.tokenizer, prompts)
+    classify = pipeline("text-classification", model=str(tmp_path / "out"), device="cpu")
+    raw = np.array([r["score"] for r in classify(prompts, function_to_apply="none")])
+    np.testing.assert_allclose(1 / (1 + np.exp(-(raw + result.logit_bias))), head.predict(QUESTIONS), atol=1e-5)
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()
+    np.testing.assert_allclose(seq_cls_confidence(model, exported, prompts), head.predict(QUESTIONS), atol=1e-5)
+
+
 def test_a_folder_that_is_not_a_head_is_refused(tmp_path):
     (tmp_path / "nothead").mkdir()
     with pytest.raises(CandorError, match="not a saved EliCal head"):

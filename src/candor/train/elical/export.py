@@ -91,11 +91,9 @@ def export_seq_cls(
         raise _layer_error(head_dir, config.layer)
     head = ConfidenceHead.from_pretrained(head_dir, device=device, dtype=dtype)
     check_final_layer(head_dir, config, int(head.backbone.config.num_hidden_layers))
-    check_pooling(head)
+    tokenizer = exported_tokenizer(head)
     weight, bias = folded_linear(head.head)
     model = seq_cls_model(merged_backbone(head), weight, int(head.tokenizer.pad_token_id), bias)
-    tokenizer = copy.deepcopy(head.tokenizer)
-    tokenizer.padding_side = "right"  # positions of real tokens stay those of the unpadded prompt
     result = SeqClsExport(
         folder=str(out), source=str(head_dir), architecture=type(model).__name__, mode=config.mode,
         template=config.template, backbone=config.backbone, logit_bias=bias,
@@ -122,15 +120,37 @@ def _layer_error(head_dir: Path, layer: int) -> CandorError:
     )
 
 
-def check_pooling(head: ConfidenceHead) -> None:
-    """Refuse a template whose prompts end with the pad token: transformers would pool an earlier token."""
+def exported_tokenizer(head: ConfidenceHead) -> Any:
+    """The head's tokenizer, set so that engines tokenize a rendered prompt to the ids the head reads.
+
+    It pads on the right (real tokens keep the positions of the unpadded prompt),
+    and it does not add a BOS that the template already writes (candor drops such
+    a doubled BOS; an engine would not). Refused when the ids still differ, or
+    when a prompt ends with the pad token (transformers would pool the token before it).
+    """
+    tokenizer = copy.deepcopy(head.tokenizer)
+    tokenizer.padding_side = "right"
     prompt = head.prompts(["What is the capital of France?"])[0]
-    last = encode(head.tokenizer, [prompt])[0][-1]
-    if last == head.tokenizer.pad_token_id:
+    expected = encode(head.tokenizer, [prompt])[0]
+    if _engine_ids(tokenizer, prompt) != expected and hasattr(tokenizer, "add_bos_token"):
+        # the template writes the BOS itself (the flag may read False on a reloaded tokenizer that still adds one)
+        tokenizer.add_bos_token = False
+    if _engine_ids(tokenizer, prompt) != expected:
+        raise CandorError(
+            f"the tokenizer of {head.config.backbone!r} encodes {head.config.template!r} prompts differently "
+            "from the head (special tokens); an engine would not read the head's input"
+        )
+    if expected[-1] == tokenizer.pad_token_id:
         raise CandorError(
             f"template {head.config.template!r} ends its prompts with the pad token "
-            f"{head.tokenizer.pad_token!r}; transformers' sequence classifiers would pool the token before it"
+            f"{tokenizer.pad_token!r}; transformers' sequence classifiers would pool the token before it"
         )
+    return tokenizer
+
+
+def _engine_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """What transformers' pipeline and vLLM feed the model for ``prompt``: the tokenizer with its special tokens."""
+    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
 @torch.no_grad()
