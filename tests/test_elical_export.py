@@ -144,6 +144,23 @@ def test_a_bos_the_chat_template_writes_is_not_doubled_by_the_exported_tokenizer
     np.testing.assert_allclose(seq_cls_confidence(model, exported, prompts), head.predict(QUESTIONS), atol=1e-5)
 
 
+def test_the_export_never_replaces_its_head_or_an_unrelated_folder(tiny_model_dir, tmp_path):
+    saved_head(tiny_model_dir, tmp_path / "head", "head")
+    before = sorted(p.name for p in (tmp_path / "head").iterdir())
+    for out in (tmp_path / "head", tmp_path / "head" / "cls", tmp_path):
+        with pytest.raises(CandorError, match="would overwrite the input"):
+            export_seq_cls(tmp_path / "head", out)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(CandorError, match="exists and is not an earlier output"):
+        export_seq_cls(tmp_path / "head", tmp_path / "notes")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+    assert sorted(p.name for p in (tmp_path / "head").iterdir()) == before
+    export_seq_cls(tmp_path / "head", tmp_path / "cls")
+    export_seq_cls(tmp_path / "head", tmp_path / "cls")  # an earlier export is replaced whole
+    assert read_export(tmp_path / "cls")["mode"] == "head"
+
+
 def test_a_folder_that_is_not_a_head_is_refused(tmp_path):
     (tmp_path / "nothead").mkdir()
     with pytest.raises(CandorError, match="not a saved EliCal head"):

@@ -138,6 +138,9 @@ def test_a_folder_that_is_not_a_lora_adapter_is_a_clear_error(released, tiny_mod
         import_released_head(tmp_path / "empty", root / "vector_head_epoch_best.pt", tiny_model_dir, tmp_path / "h")
     with pytest.raises(CandorError, match="no such file"):
         import_released_head(root / "lora_epoch_best", tmp_path / "missing.pt", tiny_model_dir, tmp_path / "h")
+    with pytest.raises(CandorError, match="would overwrite the input"):  # -o pointed at the release itself
+        import_released_head(root / "lora_epoch_best", root / "vector_head_epoch_best.pt", tiny_model_dir, root)
+    assert (root / "lora_epoch_best" / "adapter_config.json").exists()
 
 
 def test_an_adapter_for_another_model_is_a_clear_error(released, tiny_model_dir, tmp_path):

@@ -51,7 +51,7 @@ from torch import nn
 from candor.backends.tokens import encode, pad_batch
 from candor.train.elical.model import ConfidenceHead, HeadConfig, LinearHead
 from candor.util.errors import CandorError
-from candor.util.files import atomic_folder
+from candor.util.files import atomic_folder, check_replaceable
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ def export_seq_cls(
     """Write the head in ``head_dir`` to ``out`` as a ``*ForSequenceClassification`` checkpoint (swapped in whole)."""
     head_dir, out = Path(head_dir), Path(out)
     config = HeadConfig.read(head_dir)
+    check_replaceable(out, EXPORT_FILE, inputs=(head_dir,))
     if config.layer < -1:  # a positive layer is checked against the backbone's depth once it is loaded
         raise _layer_error(head_dir, config.layer)
     head = ConfidenceHead.from_pretrained(head_dir, device=device, dtype=dtype)

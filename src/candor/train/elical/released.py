@@ -31,8 +31,9 @@ import torch
 
 from candor.annotation.prompts import resolve_template
 from candor.backends.chat import TokenizerChat
-from candor.train.elical.model import HeadConfig, LinearHead, decoder_of, save_head
+from candor.train.elical.model import CONFIG_FILE, HeadConfig, LinearHead, decoder_of, save_head
 from candor.util.errors import CandorError
+from candor.util.files import check_replaceable
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def import_released_head(
     from candor.train.trainers import load_causal_lm
 
     lora_dir, vector_head = Path(lora_dir), Path(vector_head)
+    check_replaceable(out, CONFIG_FILE, inputs=(lora_dir, vector_head))
     lora = read_lora_config(lora_dir)
     model, tokenizer = load_causal_lm(backbone, dtype=dtype, device="cpu")
     hidden = int(model.config.hidden_size)
