@@ -66,7 +66,7 @@ def test_the_export_is_a_one_label_sequence_classifier_with_the_bias_written_dow
     info = read_export(out)
     assert info["mode"] == head.config.mode and info["template"] == "fewshot"
     assert config[BIAS_KEY] == pytest.approx(info["logit_bias"]) == pytest.approx(result.logit_bias)
-    assert json.loads(result.vllm_pooler_config()) == {"logit_bias": -result.logit_bias}
+    assert json.loads(result.vllm_pooler_config()) == {"logit_mean": -result.logit_bias}
     assert abs(result.logit_bias) > 0.1  # a real bias, so the tests below would see it dropped
 
 
@@ -169,38 +169,6 @@ def test_a_folder_that_is_not_a_head_is_refused(tmp_path):
         read_export(tmp_path / "nothead")
 
 
-VLLM_CLASSIFY = """
-import json, sys
-from vllm import LLM
-from vllm.config import PoolerConfig
-
-if __name__ == "__main__":
-    folder, bias, prompts, out = sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
-    llm = LLM(folder, runner="pooling", pooler_config=PoolerConfig(logit_bias=-bias), enforce_eager=True,
-              max_model_len=512)
-    json.dump([o.outputs.probs[0] for o in llm.classify(prompts)], open(out, "w"))
-"""
-
-
-@pytest.mark.vllm
-def test_vllm_pooling_runner_classifies_with_the_heads_confidence(exported, tmp_path):
-    """vLLM's engine must start under ``__main__``: it runs in a subprocess (see tests/test_backend_vllm.py)."""
-    pytest.importorskip("vllm", reason="vllm is not importable here; run this test in the vllm venv (see README)")
-    import os
-    import subprocess
-    import sys
-
-    head, result, out = exported
-    script, got = tmp_path / "classify.py", tmp_path / "probs.json"
-    script.write_text(VLLM_CLASSIFY)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    args = [sys.executable, str(script), str(out), repr(result.logit_bias), json.dumps(head.prompts(QUESTIONS)),
-            str(got)]
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    np.testing.assert_allclose(json.loads(got.read_text()), head.predict(QUESTIONS), atol=1e-3)
-
-
 # Measured on the embedded model (random head and LoRA, 10 questions): head mode within 3.7e-6;
 # LoRA mode within 1.2e-5, of which merging the adapter into float32 weights changes the features
 # by up to 3.4e-5 (on values up to 45) and the logit by 3.7e-5, and folding the standardization into
@@ -208,11 +176,8 @@ def test_vllm_pooling_runner_classifies_with_the_heads_confidence(exported, tmp_
 REAL_MODEL_TOLERANCE = {"head": 1e-5, "lora": 3e-5}
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("mode", ["head", "lora"])
-def test_on_the_embedded_model_the_export_gives_the_heads_confidence(mode, tmp_path):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
+def embedded_head(mode: str, folder) -> ConfidenceHead:
+    """A head on the embedded SmolLM2-135M (random LoRA and head, standardized on real features), saved and reloaded."""
     from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm("smollm2-135m", device="cpu")
@@ -228,14 +193,60 @@ def test_on_the_embedded_model_the_export_gives_the_heads_confidence(mode, tmp_p
         head.head.standardize_on(torch.tensor(head.prompt_features(head.prompts(QUESTIONS))))
         head.head.linear.weight.copy_(torch.randn(head.head.linear.weight.shape, generator=gen) * 0.1)
         head.head.linear.bias.fill_(0.3)
-    head.save_pretrained(tmp_path / "head")
-    head = ConfidenceHead.from_pretrained(tmp_path / "head", device="cpu")
+    head.save_pretrained(folder)
+    return ConfidenceHead.from_pretrained(folder, device="cpu")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["head", "lora"])
+def test_on_the_embedded_model_the_export_gives_the_heads_confidence(mode, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    head = embedded_head(mode, tmp_path / "head")
     export_seq_cls(tmp_path / "head", tmp_path / "cls")
     classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls").eval()
     got = seq_cls_confidence(classifier, AutoTokenizer.from_pretrained(tmp_path / "cls"), head.prompts(QUESTIONS))
     expected = head.predict(QUESTIONS)
     assert expected.max() - expected.min() > 0.1
     np.testing.assert_allclose(got, expected, atol=REAL_MODEL_TOLERANCE[mode])
+
+
+VLLM_CLASSIFY = """
+import json, sys
+from vllm import LLM
+from vllm.config import PoolerConfig
+
+if __name__ == "__main__":
+    folder, pooler, dtype, prompts, out = sys.argv[1:]
+    pooler, prompts = json.loads(pooler), json.loads(prompts)
+    llm = LLM(folder, runner="pooling", pooler_config=PoolerConfig(**pooler), dtype=dtype, enforce_eager=True,
+              max_model_len=512)
+    json.dump([o.outputs.probs[0] for o in llm.classify(prompts)], open(out, "w"))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["head", "lora"])
+def test_vllm_pooling_runner_classifies_with_the_heads_confidence(mode, tmp_path):
+    """On the embedded model (vLLM's CPU attention has no kernel for the tiny model's head size 16), with the
+    pooler config and dtype the export prints. vLLM's engine must start under ``__main__``: it runs in a
+    subprocess (see tests/test_backend_vllm.py)."""
+    pytest.importorskip("vllm", reason="vllm is not importable here; run this test in the vllm venv (see README)")
+    import os
+    import subprocess
+    import sys
+
+    head = embedded_head(mode, tmp_path / "head")
+    result = export_seq_cls(tmp_path / "head", tmp_path / "cls")
+    script, got = tmp_path / "classify.py", tmp_path / "probs.json"
+    script.write_text(VLLM_CLASSIFY)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    args = [sys.executable, str(script), result.folder, result.vllm_pooler_config(), result.dtype,
+            json.dumps(head.prompts(QUESTIONS)), str(got)]  # fmt: skip
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(json.loads(got.read_text()), head.predict(QUESTIONS), atol=1e-3)
 
 
 # ------------------------------------------------------------ the command line
@@ -251,7 +262,7 @@ def test_cli_export_to_seq_cls_writes_the_classifier_and_says_how_to_serve_it(ti
     assert result.exit_code == 0, result.output
     info = read_export(tmp_path / "out")
     assert info["architecture"] == "LlamaForSequenceClassification"
-    assert "--runner pooling" in result.output and f'"logit_bias": {-info["logit_bias"]}' in result.output
+    assert "--runner pooling" in result.output and f'"logit_mean": {-info["logit_bias"]}' in result.output
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,9 @@ can stand in for one: the pooled state is the output of the final RMSNorm,
 and a constant term cannot be written as one. The exported checkpoint's raw
 logit is therefore the head's logit minus its bias ``b``:
 
-- vLLM adds it back exactly with ``--pooler-config '{"logit_bias": -b}'``
-  (its classify pooler subtracts ``logit_bias`` before the sigmoid);
+- vLLM adds it back exactly with ``--pooler-config '{"logit_mean": -b}'``
+  (its classify pooler subtracts ``logit_mean`` before the sigmoid; vLLM
+  releases before 0.32 named the field ``logit_bias``);
 - transformers users add ``config.candor_logit_bias`` to the logit before the
   sigmoid (``function_to_apply="none"`` in the pipeline), as
   :func:`seq_cls_confidence` does.
@@ -58,6 +59,7 @@ logger = logging.getLogger(__name__)
 EXPORT_FILE = "candor_export.json"
 BIAS_KEY = "candor_logit_bias"  # in config.json: add to the raw logit before the sigmoid
 LABEL = "confident"
+VLLM_BIAS_FIELD = "logit_mean"  # vLLM's PoolerConfig field subtracted from the logit (0.32; earlier: logit_bias)
 
 
 @dataclass
@@ -71,13 +73,15 @@ class SeqClsExport:
     template: str
     backbone: str
     logit_bias: float
+    dtype: str = "float32"
 
     def vllm_pooler_config(self) -> str:
         """The ``--pooler-config`` value that makes vLLM's classify sigmoid the head's confidence."""
-        return json.dumps({"logit_bias": -self.logit_bias})
+        return json.dumps({VLLM_BIAS_FIELD: -self.logit_bias})
 
     def vllm_command(self) -> str:
-        return (f"vllm serve {shlex.quote(self.folder)} --runner pooling "
+        """``vllm serve`` for the folder; ``--dtype`` keeps the exported precision (vLLM would pick half)."""
+        return (f"vllm serve {shlex.quote(self.folder)} --runner pooling --dtype {self.dtype} "
                 f"--pooler-config {shlex.quote(self.vllm_pooler_config())}")  # fmt: skip
 
 
@@ -98,6 +102,7 @@ def export_seq_cls(
     result = SeqClsExport(
         folder=str(out), source=str(head_dir), architecture=type(model).__name__, mode=config.mode,
         template=config.template, backbone=config.backbone, logit_bias=bias,
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
     )  # fmt: skip
     with atomic_folder(out) as tmp:
         model.save_pretrained(str(tmp))
