@@ -206,19 +206,84 @@ def rejudge(
     typer.echo(f"rejudged {len(recs)} records with {consistency} into {out}")
 
 
-@app.command("export")
-@user_errors
-def export_honestybench(
-    records: Annotated[Path, typer.Argument(help="candor records JSONL.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL with HonestyBench field names.")],
-) -> None:
-    """Export records with the released HonestyBench field names."""
+def _export_honestybench(source: Path, out: Path, dtype: str | None) -> str:
     from candor.annotation.records import read_records, to_honestybench
     from candor.util.jsonl import write_json_lines
 
-    recs = read_records(records)
+    if dtype is not None:
+        raise CandorError("--dtype applies to --to seq-cls only (records have no weights)")
+    if (source / "elical_config.json").exists():
+        raise CandorError(f"{source} is an EliCal head folder; export it with --to seq-cls")
+    recs = read_records(source)
     write_json_lines(out, (to_honestybench(r) for r in recs))
-    typer.echo(f"exported {len(recs)} records to {out}")
+    return f"exported {len(recs)} records to {out}"
+
+
+def _export_seq_cls(source: Path, out: Path, dtype: str | None) -> str:
+    from candor.train.elical.export import export_seq_cls
+
+    result = export_seq_cls(source, out, dtype=dtype)
+    return (f"exported the {result.mode} head {source} to {out} as {result.architecture} (num_labels=1)\n"
+            f"its raw logit lacks the head's bias {result.logit_bias:+.6f}; serve it with the exact confidence:\n"
+            f"  {result.vllm_command()}\n"
+            f"inputs are prompts rendered with the {result.template!r} template")  # fmt: skip
+
+
+# --to FORMAT -> (source, out, dtype) -> summary line(s): what `candor export` can write.
+EXPORT_FORMATS: dict[str, Callable[[Path, Path, str | None], str]] = {
+    "honestybench": _export_honestybench,
+    "seq-cls": _export_seq_cls,
+}
+
+
+@app.command("export")
+@user_errors
+def export(
+    source: Annotated[
+        Path, typer.Argument(help="candor records JSONL (--to honestybench) or an EliCal head folder (--to seq-cls).")
+    ],
+    out_arg: Annotated[Path | None, typer.Argument(metavar="[OUT]", help="Where to write (or give --out).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Where to write (or give OUT).")] = None,
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="honestybench: records with the released HonestyBench field names (JSONL). "
+            "seq-cls: an EliCal head as a transformers *ForSequenceClassification checkpoint (folder).",
+        ),
+    ] = "honestybench",
+    dtype: Annotated[str | None, typer.Option(help="seq-cls: the weights' dtype (float32 by default).")] = None,
+) -> None:
+    """Export records (HonestyBench field names) or a trained EliCal head (a standard sequence classifier)."""
+    if to not in EXPORT_FORMATS:
+        raise CandorError(f"--to {to!r}: unknown export format; known: {', '.join(EXPORT_FORMATS)}")
+    if (out_arg is None) == (out is None):
+        raise CandorError("give where to write once: as OUT or as --out")
+    typer.echo(EXPORT_FORMATS[to](source, out_arg or out, dtype))  # type: ignore[arg-type]
+
+
+@app.command("import-head")
+@user_errors
+def import_head(
+    lora_dir: Annotated[Path, typer.Argument(help="The authors' PEFT LoRA folder (e.g. lora_epoch_best/).")],
+    vector_head: Annotated[
+        Path, typer.Argument(help="The state dict of nn.Linear(hidden, 1) (e.g. vector_head_epoch_best.pt).")
+    ],
+    backbone: Annotated[str, typer.Option("--backbone", help="The model the head was trained on (id or path).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The candor head folder to write.")],
+    template: Annotated[
+        str, typer.Option(help="The prompt template the head reads (chat, fewshot; auto: the model's default).")
+    ] = "auto",
+    dtype: Annotated[str | None, typer.Option(help="The backbone's dtype while importing (float32 on CPU).")] = None,
+) -> None:
+    """Turn an EliCal head saved in the authors' layout (LoRA folder + linear head) into a candor head folder."""
+    from candor.train.elical.model import HeadConfig
+    from candor.train.elical.released import import_released_head
+
+    import_released_head(lora_dir, vector_head, backbone, out, template=template, dtype=dtype)
+    config = HeadConfig.read(out)
+    typer.echo(f"imported a {config.mode} head on {config.backbone} (template {config.template!r}) into {out}\n"
+               f"score with: candor score -r RECORDS -o OUT -e elical -O elical.head={out}")  # fmt: skip
 
 
 @app.command("import")

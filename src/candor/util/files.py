@@ -98,3 +98,20 @@ def atomic_folder(folder: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def check_replaceable(folder: str | Path, marker: str, *, inputs: tuple[str | Path, ...] = ()) -> None:
+    """Refuse to let :func:`atomic_folder` replace anything but an earlier output of the same kind.
+
+    ``folder`` may be new, empty, or hold ``marker`` (a file every such output has); it must
+    not be, hold or lie inside one of ``inputs``.
+    """
+    from candor.util.errors import CandorError
+
+    folder = Path(folder).resolve()
+    for source in inputs:
+        source = Path(source).resolve()
+        if folder == source or source.is_relative_to(folder) or folder.is_relative_to(source):
+            raise CandorError(f"{folder}: the output folder would overwrite the input {source}; choose another")
+    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / marker).exists())):
+        raise CandorError(f"{folder} exists and is not an earlier output (no {marker}); choose a new folder")

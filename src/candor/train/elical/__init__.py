@@ -20,7 +20,8 @@ Modules: :mod:`~candor.train.elical.model` (the head, save/load),
 :mod:`~candor.train.elical.pipeline` (the stages),
 :mod:`~candor.train.elical.sweep` (the label-budget sweep) and its
 :mod:`~candor.train.elical.curve`, :mod:`~candor.train.elical.estimator` (the
-``elical`` estimator, which scores records with a trained head).
+``elical`` estimator, which scores records with a trained head) and
+:mod:`~candor.train.elical.export` (a head as a standard sequence classifier).
 
 Names load lazily, so the estimator registry can find the ``elical`` estimator
 without importing torch.
@@ -53,6 +54,7 @@ _EXPORTS = {
     "StageResult": ".pipeline",
     "train_elical": ".pipeline",
     "train_stage": ".pipeline",
+    "export_seq_cls": ".export",
     "TrainResult": "candor.train.trainers",
 }
 

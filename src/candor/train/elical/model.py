@@ -129,7 +129,7 @@ class ConfidenceHead(nn.Module):
     @classmethod
     def create(cls, causal_lm: nn.Module, tokenizer: Any, config: HeadConfig, seed: int = 0) -> ConfidenceHead:
         """A fresh head (seeded) on ``causal_lm``'s decoder: LoRA added in ``lora`` mode, frozen in ``head`` mode."""
-        backbone = _decoder(causal_lm)
+        backbone = decoder_of(causal_lm)
         config.hidden_size = int(causal_lm.config.hidden_size)  # type: ignore[union-attr]
         if config.mode == "lora":
             from peft import get_peft_model
@@ -166,7 +166,7 @@ class ConfidenceHead(nn.Module):
             from candor.train.trainers import load_causal_lm
 
             model, tokenizer = load_causal_lm(config.backbone, dtype=dtype, device=device)
-        backbone = _decoder(model)
+        backbone = decoder_of(model)
         hidden = int(model.config.hidden_size)  # type: ignore[union-attr]
         if config.hidden_size and hidden != config.hidden_size:
             raise CandorError(
@@ -270,7 +270,7 @@ def save_head(folder: str | Path, config: HeadConfig, head: LinearHead, adapter_
     return folder
 
 
-def _decoder(causal_lm: nn.Module) -> nn.Module:
+def decoder_of(causal_lm: nn.Module) -> nn.Module:
     """The transformer under the LM head (``model.model`` for Llama/Qwen/Gemma): no logits to compute."""
     base = getattr(causal_lm, "base_model", causal_lm)
     if base is causal_lm and hasattr(causal_lm, "lm_head"):
