@@ -1,0 +1,109 @@
+"""The pages in a real headless Chromium: no console error, no request leaves the page, controls do what they say."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from browser import screenshot, watched  # noqa: F401  (a fixture)
+from browser import browser_context  # noqa: F401  (a fixture)
+from pages_data import ROLES, page_records
+
+from candor.evaluation.pages import selective_stats
+from candor.evaluation.report import write_report
+
+
+def pct(x: float) -> str:
+    return "–" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+@pytest.fixture(scope="module")
+def report_page(tmp_path_factory):
+    records, table = page_records(n=150, methods=3, seed=2)
+    out = tmp_path_factory.mktemp("report")
+    result = write_report(table, out, roles=ROLES, bootstrap=50, title="candor report: page test", records=records,
+                          command="candor eval -c confidences.jsonl -o report --bootstrap 50 --records records.jsonl")
+    return table, result
+
+
+def open_page(w, url: str) -> None:
+    w.page.goto(url)
+    w.page.wait_for_selector("body[data-ready]", timeout=60_000)
+    assert w.page.evaluate("document.body.dataset.ready") == "1", w.errors
+
+
+def set_slider(page, value: float) -> None:
+    page.eval_on_selector("#sel-threshold", "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }",
+                          str(value))
+
+
+def test_report_loads_offline_without_errors(watched, report_page):  # noqa: F811
+    _, result = report_page
+    open_page(watched, result.files["html"].as_uri())
+    watched.assert_no_errors()
+    watched.assert_offline()
+    # every chart rendered an SVG
+    for chart in ("reliability", "histogram", "risk", "selective"):
+        assert watched.page.locator(f"#chart-{chart} svg").count() >= 1, chart
+    assert watched.page.locator("#provenance-list dd").first.is_visible()
+    screenshot(watched, "report.png")
+
+
+def test_report_slider_updates_the_selective_numbers(watched, report_page):  # noqa: F811
+    table, result = report_page
+    page = watched.page
+    open_page(watched, result.files["html"].as_uri())
+    page.select_option("#sel-method", "method-1")
+    conf, y = table.arrays("method-1")
+    for t in (0.3, 0.72):
+        set_slider(page, t)
+        ref = selective_stats(conf, y, t)
+        assert page.text_content("#sel-threshold-value") == f"{t:.2f}"
+        assert page.text_content("#sel-accuracy") == pct(ref.accuracy)
+        assert page.text_content("#sel-coverage") == pct(ref.coverage)
+        assert page.text_content("#sel-over") == pct(ref.over_abstention)
+        assert page.text_content("#sel-answered") == f"{ref.answered} / {len(conf)}"
+    # the chart's threshold rule follows the slider
+    assert page.evaluate("candorPage.views.selective.signal('threshold')") == pytest.approx(0.72)
+    watched.assert_no_errors()
+
+
+def test_report_filters_pick_confident_wrong_and_unsure_right(watched, report_page):  # noqa: F811
+    table, result = report_page
+    page = watched.page
+    open_page(watched, result.files["html"].as_uri())
+    page.select_option("#sel-method", "method-2")
+    set_slider(page, 0.4)
+    conf, y = table.arrays("method-2")
+    expected = {"confident-wrong": int(((conf >= 0.4) & (y == 0)).sum()),
+                "unsure-right": int(((conf < 0.4) & (y == 1)).sum()), "all": len(conf)}
+    assert 0 < expected["confident-wrong"] < len(conf) and 0 < expected["unsure-right"] < len(conf)
+    for kind, count in expected.items():
+        page.select_option("#rec-filter", kind)
+        assert page.get_attribute("#rec-count", "data-count") == str(count)
+        assert page.locator("#rec-table tbody tr").count() == min(count, 200)
+    page.select_option("#rec-filter", "confident-wrong")
+    marks = page.locator("#rec-table tbody tr td:nth-child(6)").all_text_contents()
+    assert set(marks) == {"✗"}
+    page.fill("#rec-search", "number 7 about")
+    assert page.get_attribute("#rec-count", "data-count") == str(int(conf[7] >= 0.4 and y[7] == 0))
+    page.select_option("#rec-filter", "all")
+    assert page.get_attribute("#rec-count", "data-count") == "1"
+    assert "gold 7 | alias 7" in page.text_content("#rec-table tbody")
+    watched.assert_no_errors()
+
+
+def test_report_table_sorts_and_method_picker_switches(watched, report_page):  # noqa: F811
+    _, result = report_page
+    page = watched.page
+    open_page(watched, result.files["html"].as_uri())
+    ev = result.evaluation
+    header = page.locator("#main-table th.sortable", has_text="ID AUROC")
+    header.click()  # ascending
+    header.click()  # descending
+    first = page.locator("#main-table tbody tr").first.get_attribute("data-method")
+    assert first == max(ev.methods, key=lambda m: ev.metrics[m]["id"]["auroc"])
+    page.select_option("#method-select", "method-2")
+    assert page.text_content("#method-aurc") == f"{100 * ev.metrics['method-2']['all']['aurc']:.1f}"
+    assert page.evaluate("candorPage.views.reliability.signal('method')") == "method-2"
+    watched.assert_no_errors()
