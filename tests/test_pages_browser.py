@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from browser import screenshot, watched  # noqa: F401  (a fixture)
-from browser import browser_context  # noqa: F401  (a fixture)
+from browser import (  # noqa: F401  (a fixture)
+    browser_context,  # noqa: F401  (a fixture)
+    screenshot,
+    watched,
+)
 from pages_data import ROLES, page_records
 
 from candor.evaluation.pages import selective_stats
