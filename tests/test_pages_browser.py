@@ -110,3 +110,33 @@ def test_report_table_sorts_and_method_picker_switches(watched, report_page):  #
     assert page.text_content("#method-aurc") == f"{100 * ev.metrics['method-2']['all']['aurc']:.1f}"
     assert page.evaluate("candorPage.views.reliability.signal('method')") == "method-2"
     watched.assert_no_errors()
+
+
+@pytest.fixture(scope="module")
+def diagnose_page(tmp_path_factory):
+    from test_diagnose_page import committed_run
+
+    from candor.diagnose.report import write_diagnosis_report
+
+    doc, diagnoses, config = committed_run()
+    files = write_diagnosis_report(diagnoses, tmp_path_factory.mktemp("diag"), config, doc["title"])
+    return diagnoses, files["html"]
+
+
+def test_diagnose_page_loads_offline_and_the_ig_view_switches(watched, diagnose_page):  # noqa: F811
+    diagnoses, path = diagnose_page
+    page = watched.page
+    open_page(watched, path.as_uri())
+    for chart in ("jsd", "mu", "masking", "shift", "rollout"):
+        assert page.locator(f"#chart-{chart} svg").count() >= 1, chart
+    page.select_option("#ig-model", "advice")
+    page.select_option("#ig-example", "3")
+    example = diagnoses["advice"].attribution.examples[3]
+    assert page.locator("#ig-tokens span").count() == len(example.tokens)
+    assert f"μ(input) = {example.mu_input:.4f}" in page.text_content("#ig-summary")
+    assert f"ranked {example.first_answer_rank} of {len(example.tokens)}" in page.text_content("#ig-summary")
+    scores = [float(s) for s in page.locator("#ig-tokens span").evaluate_all("els => els.map(e => e.dataset.score)")]
+    assert scores == pytest.approx(example.scores.tolist(), abs=1e-6)  # the page keeps 6 decimals
+    watched.assert_no_errors()
+    watched.assert_offline()
+    screenshot(watched, "diagnose.png")
