@@ -160,7 +160,8 @@ def _jsd_chart(rows: list[dict[str, Any]], threshold: float) -> alt.TopLevelMixi
     bars = alt.Chart(alt.Data(values=rows)).mark_bar(opacity=0.6, stroke="white").encode(
         x=alt.X("lo:Q", title="JSD between candidates' P(C) (nats)", scale=alt.Scale(domain=[0, math.log(2)])),
         x2="hi:Q", y=alt.Y("share:Q", title="share of pairs", stack=None), y2=alt.datum(0),
-        color=alt.Color("model:N"), tooltip=["model:N", "lo:Q", "hi:Q", "pairs:Q", alt.Tooltip("share:Q", format=".3f")])
+        color=alt.Color("model:N"),
+        tooltip=["model:N", "lo:Q", "hi:Q", "pairs:Q", alt.Tooltip("share:Q", format=".3f")])
     rule = alt.Chart(alt.Data(values=[{"t": threshold}])).mark_rule(strokeDash=[4, 4], color="#222").encode(x="t:Q")
     return alt.layer(bars, rule).properties(width=460, height=260, title=f"Answer sensitivity (dashed: {threshold})")
 
