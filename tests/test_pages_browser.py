@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from browser import (  # noqa: F401  (a fixture)
@@ -140,3 +141,94 @@ def test_diagnose_page_loads_offline_and_the_ig_view_switches(watched, diagnose_
     watched.assert_no_errors()
     watched.assert_offline()
     screenshot(watched, "diagnose.png")
+
+
+# ---------------------------------------------------------------- the playground at candor serve's /
+
+KEY = "playground-key-not-secret"
+REFUSAL = "I am not sure."
+QUESTIONS = [f"What is the capital of country number {i}?" + " really" * (i % 5) for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def playground(tiny_model, tokenizer):
+    pytest.importorskip("fastapi")
+    from candor.backends.hf import HFBackend
+    from candor.serve import Decoding, HonestModel, Threshold
+    from candor.serve.app import ServeSettings, create_app
+    from candor.serve.server import serve_in_thread
+
+    backend = HFBackend(tiny_model, tokenizer, batch_size=16)
+    model = HonestModel(backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=6))
+    conf = sorted(a[0].confidence for a in model.answer_batch(QUESTIONS))
+    middle = (conf[len(conf) // 2 - 1] + conf[len(conf) // 2]) / 2  # some questions answer, some abstain
+    model.threshold = Threshold(middle, "accuracy", target=0.8, expected_accuracy=0.8,
+                                expected_coverage=0.45, n_dev=40)
+    settings = ServeSettings(api_key=KEY, max_tokens=16, refusal=REFUSAL)
+    with serve_in_thread(create_app(model, settings)) as url:
+        yield model, url
+
+
+def server_streams(url: str) -> bool:
+    """Whether this server answers ``stream: true`` with server-sent events (the page must work either way)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = {"model": "candor", "messages": [{"role": "user", "content": QUESTIONS[0]}], "stream": True}
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return "text/event-stream" in resp.headers.get("content-type", "")
+    except urllib.error.HTTPError:
+        return False
+
+
+def ask(page, question: str) -> None:
+    page.fill("#question", question)
+    page.click("#ask")
+    # Selectors, not wait_for_function: the playground's policy forbids the eval the latter needs.
+    page.wait_for_selector("body[data-state=done], body[data-state=error]", timeout=120_000)
+    assert page.get_attribute("body", "data-state") == "done", page.text_content("#status")
+
+
+def test_playground_shows_an_answer_and_an_abstention(watched, playground):  # noqa: F811
+    model, url = playground
+    page = watched.page
+    page.goto(f"{url}/")
+    page.fill("#api-key", KEY)
+    page.wait_for_selector("#model-id:text-is('candor')", timeout=30_000)
+    direct = {q: model.answer(q) for q in QUESTIONS}
+    answered = next(q for q, a in direct.items() if not a.abstained)
+    declined = next(q for q, a in direct.items() if a.abstained)
+    mode = "streamed" if server_streams(url) else "not streamed"
+
+    ask(page, answered)
+    a = direct[answered]
+    assert page.text_content("#verdict") == "Answered"
+    assert page.text_content("#answer") == a.answer
+    assert float(page.get_attribute("#conf-value", "data-value")) == pytest.approx(a.confidence, rel=1e-4)
+    width = re.search(r"width:\s*([\d.]+)%", page.get_attribute("#conf-bar", "style")).group(1)
+    assert float(width) == pytest.approx(100 * a.confidence, abs=0.06)
+    info = page.text_content("#threshold-info")
+    assert info.startswith("Threshold ")
+    assert float(info.split()[1]) == pytest.approx(model.threshold.value, rel=5e-3)
+    assert "expected accuracy 80.0%" in info and "coverage 45.0%" in info
+    assert page.get_attribute("#mode", "data-mode") == mode
+    screenshot(watched, "playground.png")
+
+    ask(page, declined)
+    d = direct[declined]
+    assert page.text_content("#verdict") == "Abstained"
+    assert page.text_content("#answer") == REFUSAL
+    assert float(page.get_attribute("#conf-value", "data-value")) == pytest.approx(d.confidence, rel=1e-4)
+    assert page.is_visible("#reason") and d.reason and d.reason in page.text_content("#reason")
+    screenshot(watched, "playground_abstained.png")
+
+    watched.assert_offline(allow_local=True)
+    assert all(r.startswith(url) for r in watched.requests), watched.requests
+    # Before the service streams, the page's one streaming attempt is refused (400) and it asks again
+    # plainly: the browser logs that refused request, and nothing else may be logged.
+    expected = [] if mode == "streamed" else ["Failed to load resource: the server responded with a status of 400"]
+    assert [e for e in watched.errors if not any(e.startswith(x) for x in expected)] == []

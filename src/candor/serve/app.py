@@ -5,7 +5,7 @@
   is rendered with the model's QA template. Each choice carries a
   ``confidence`` object; an abstained choice has ``finish_reason:
   "abstained"`` and the refusal text as its content.
-- ``GET /health``, ``GET /v1/models``.
+- ``GET /health``, ``GET /v1/models``; ``GET /`` the playground page (:mod:`candor.serve.playground`).
 - Limits (body size, question length, ``n``, ``max_tokens``) answer 4xx in the
   OpenAI error shape; a full queue answers 503; with an API key set, a request
   without the right ``Authorization: Bearer`` key answers 401.
@@ -31,11 +31,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from candor.serve.batching import MicroBatcher, QueueFull
 from candor.serve.model import DEFAULT_REFUSAL, Decoding, HonestAnswer, HonestModel
+from candor.serve.playground import playground_html
 from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
 from candor.util.errors import CandorError
 
@@ -122,6 +123,10 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("request failed")
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
+
+    @app.get("/", include_in_schema=False)
+    async def playground() -> HTMLResponse:
+        return HTMLResponse(playground_html())
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
