@@ -519,6 +519,8 @@ def diagnose(
         headline = {k: summary[k] for k in ("share_jsd_le_0.1", "mean_jsd", "mask_shift") if k in summary}
         typer.echo(f"{name}: {json.dumps(headline)}")
     typer.echo(f"report: {report.files.get('md', out_dir)}")
+    if "html" in report.files:
+        typer.echo(f"page: {report.files['html']}")
 
 
 @app.command()
