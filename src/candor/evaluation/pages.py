@@ -24,6 +24,7 @@ the browser shows ids, datasets, labels and confidences.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ HIST_BINS = 20
 CURVE_POINTS = 200  # risk–coverage points kept per method (the curve has one per record)
 THRESHOLDS = np.round(np.linspace(0.0, 1.0, 101), 2)
 DEFAULT_THRESHOLD = 0.5
+OPTIONS_CHARS = 200  # an estimator's options shown in the provenance
 GROUP_TITLES = {"id": "In-domain (size-weighted average)", "ood": "Out-of-domain (size-weighted average)",
                 "all": "All (pooled)"}
 CORRECT, WRONG = "correct", "wrong"
@@ -140,6 +142,7 @@ def provenance(table: ConfidenceTable, records: Sequence[Record] | None, command
                                      if first.get(f"{k}_judge")}
     columns = {m: (table.provenance(m) or {}).get("produced_by") for m in table.methods}
     models = sorted({str(p.get("model")) for p in columns.values() if p and p.get("model")})
+    described = {m: _column_text(p) for m, p in columns.items() if p}
     return {
         "model": first.get("model") or (", ".join(models) if models else None),
         "template": first.get("template"),
@@ -148,8 +151,19 @@ def provenance(table: ConfidenceTable, records: Sequence[Record] | None, command
         "annotated_with_candor": first.get("candor_version"),
         "candor_version": __version__,
         "command": command,
-        "columns": {m: p for m, p in columns.items() if p},
+        **{f"column {m}": text for m, text in described.items()},
     }
+
+
+def _column_text(produced_by: Mapping[str, Any]) -> str:
+    """What produced one confidence column, in a line: estimator, options, model and adapter when set."""
+    parts = [str(produced_by.get("estimator", "?"))]
+    if produced_by.get("options"):
+        options = json.dumps(produced_by["options"], sort_keys=True, ensure_ascii=False)
+        # Record-valued options (length's dev set, verbal-10's examples) would fill the page: cut them short.
+        parts.append(f"options {options if len(options) <= OPTIONS_CHARS else options[:OPTIONS_CHARS] + '…'}")
+    parts += [f"{key} {produced_by[key]}" for key in ("model", "adapter") if produced_by.get(key)]
+    return ", ".join(parts)
 
 
 # ---------------------------------------------------------------- chart data
