@@ -135,7 +135,9 @@ def main() -> None:
         merge_into(args, evaluate(ConfidenceTable(rows), roles=roles, bootstrap=args.bootstrap), timings, fits)
         return
     report = write_report(ConfidenceTable(rows), args.out.with_suffix(""), roles=roles, bootstrap=args.bootstrap,
-                          title=f"HonestyBench-mini baselines: {args.model}")
+                          title=f"HonestyBench-mini baselines: {args.model}",
+                          records=[r for recs in tests.values() for r in recs],
+                          command=" ".join(["python benchmarks/baselines.py", *sys.argv[1:]]))
     payload = results_payload(report.evaluation, args, timings)
     payload.update({"fits": fits} if fits else {})
     write_json(args.out, payload)
