@@ -12,11 +12,19 @@ Every stage caches under benchmarks/cache/mini, so a killed run resumes:
     nohup .venv/bin/python benchmarks/baselines.py > benchmarks/cache/baselines.log 2>&1 &
 
 Writes benchmarks/results/baselines.json and benchmarks/results/baselines/ (the report).
+
+``length`` (the answer-length baseline) fits its direction on the dev slice, never on test.
+``--merge`` adds the ``--methods`` to an existing ``--out`` file and leaves every number already
+there as it is (no report folder is written), e.g. to add a new baseline to a committed run:
+
+    python benchmarks/baselines.py --methods length --merge --skip-train \
+        --scores benchmarks/cache/pages/confidences --out benchmarks/results/baselines_strong.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -28,8 +36,9 @@ from candor.annotation.prompts import resolve_template
 from candor.backends import load_backend
 from candor.backends.base import SamplingParams
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
+from candor.estimators import get_estimator
 from candor.estimators.confidences import ConfidenceTable, score_into
-from candor.evaluation.report import write_report
+from candor.evaluation.report import evaluate, write_report
 
 METHODS = (
     "prob",
@@ -59,6 +68,7 @@ METHODS = (
     "kle",
     "cocoa",
     "eigenscore",
+    "length",
 )
 MAIN_METRICS = ("auroc", "ece", "alignment", "brier", "aurc", "prr")
 TABLE_METRICS = ("auroc", "ece", "alignment", "brier")
@@ -77,7 +87,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--bootstrap", type=int, default=1000)
     p.add_argument("--skip-train", action="store_true", help="do not annotate the training pool")
     p.add_argument("--cache", type=Path, default=CACHE / "mini")
+    p.add_argument("--scores", type=Path, default=None,
+                   help="folder for the confidences files (default: <cache>/confidences)")
     p.add_argument("--out", type=Path, default=RESULTS / "baselines.json")
+    p.add_argument("--merge", action="store_true",
+                   help="add --methods to the existing --out, keeping every number already there")
     return p.parse_args()
 
 
@@ -98,30 +112,60 @@ def main() -> None:
     timings["annotate_dev"] = time.perf_counter() - start
 
     methods = [m for m in args.methods.split(",") if m]
-    # verbal-10's in-context examples come from the dev slice of the training part, never from test data.
-    options = {"verbal-10": {"examples": [r for recs in dev.values() for r in recs]}}
+    # verbal-10's in-context examples and length's direction come from the dev slice of the training part,
+    # never from test data.
+    dev_records = [r for recs in dev.values() for r in recs]
+    options = {"verbal-10": {"examples": dev_records}, "length": {"dev": dev_records}}
     if args.probe is not None:
         methods.append("probe")
         options["probe"] = {"path": str(args.probe)}
+    options = {m: o for m, o in options.items() if m in methods}
+    scores = args.scores or args.cache / "confidences"
     rows = []
     for dataset, records in tests.items():
         start = time.perf_counter()
-        table = score_into(records, methods, args.cache / "confidences" / f"{dataset}.jsonl", backend,
-                           options=options)
+        table = score_into(records, methods, scores / f"{dataset}.jsonl", backend, options=options)
         timings[f"score_{dataset}"] = time.perf_counter() - start
         rows.extend(table.rows)
 
     roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
     roles = {d: r for d, r in roles.items() if d in tests}
+    fits = {"length": get_estimator("length", **options["length"]).describe()} if "length" in methods else {}
+    if args.merge:
+        merge_into(args, evaluate(ConfidenceTable(rows), roles=roles, bootstrap=args.bootstrap), timings, fits)
+        return
     report = write_report(ConfidenceTable(rows), args.out.with_suffix(""), roles=roles, bootstrap=args.bootstrap,
-                          title=f"HonestyBench-mini baselines: {args.model}")
+                          title=f"HonestyBench-mini baselines: {args.model}",
+                          records=[r for recs in tests.values() for r in recs],
+                          command=" ".join(["python benchmarks/baselines.py", *sys.argv[1:]]))
     payload = results_payload(report.evaluation, args, timings)
+    payload.update({"fits": fits} if fits else {})
     write_json(args.out, payload)
     print(markdown_table(payload))
     logger.info("wrote %s and %s", args.out, report.files["index"])
     if not args.skip_train:
         # The training pool is for the EliCal / ADVICE benchmarks; annotated last so results come first.
         annotate_part(mini.train, "train", backend, template, config, args.cache)
+
+
+def merge_into(args: argparse.Namespace, ev, timings: dict[str, float], fits: dict) -> None:
+    """Add this run's methods to the existing results file; the numbers already there stay as they are."""
+    payload = json.loads(args.out.read_text())
+    new = results_payload(ev, args, timings)
+    if new["sizes"] != payload["sizes"]:
+        raise SystemExit(f"--merge: the test sets differ from {args.out} ({new['sizes']} vs {payload['sizes']})")
+    if new["greedy_accuracy"] != payload["greedy_accuracy"]:  # other annotations: the numbers would not compare
+        raise SystemExit(f"--merge: the records' greedy accuracy differs from {args.out}'s "
+                         f"({new['greedy_accuracy']} vs {payload['greedy_accuracy']}); rerun every method instead")
+    if new["bootstrap"] != payload["bootstrap"]:
+        raise SystemExit(f"--merge: --bootstrap {new['bootstrap']} differs from {args.out}'s {payload['bootstrap']}")
+    payload["methods"].update(new["methods"])
+    payload.setdefault("fits", {}).update(fits)
+    payload.setdefault("merged", []).append({"methods": list(new["methods"]), "command": new["command"],
+                                             "seconds": new["seconds"]})
+    write_json(args.out, payload)
+    print(markdown_table(new))
+    logger.info("added %s to %s", ", ".join(new["methods"]), args.out)
 
 
 def results_payload(ev, args: argparse.Namespace, timings: dict[str, float]) -> dict:

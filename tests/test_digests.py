@@ -49,3 +49,17 @@ def test_canonical_hashes_paths_and_sorts_keys(tmp_path):
     (head / "w").write_bytes(b"2")
     assert canonical({"head": str(head), "z": 1}) != one
     assert canonical({"judge": "lexical"}) == {"judge": "lexical"}  # not a path: kept as is
+
+
+def test_strings_inside_a_record_are_text_not_paths(tmp_path):
+    # An answer that names an existing folder ("/", ".") used to be hashed as that folder: the whole disk for "/".
+    from candor.annotation.records import Record
+    from candor.backends.base import Completion
+    from candor.data.items import QAItem
+
+    item = QAItem("q:1", "toy", "dev", "Which folder?", (str(tmp_path),))
+    rec = Record(item=item, greedy=Completion("/"), samples=[Completion(".")], greedy_correct=0)
+    out = canonical({"dev": [rec]})
+    assert out["dev"][0]["greedy"]["text"] == "/" and out["dev"][0]["samples"][0]["text"] == "."
+    assert out["dev"][0]["item"]["answers"] == [str(tmp_path)]
+    assert canonical({"dev": str(tmp_path)})["dev"]["path"] == str(tmp_path)  # an option that is a path still is

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import candor
 from candor.annotation.contamination import Overlap, trained_folders, warn_contamination, write_manifest
-from candor.annotation.records import Record, write_records
+from candor.annotation.records import Record, read_records, write_records
 from candor.backends.base import Completion
 from candor.cli import app
 from candor.data.items import QAItem
@@ -294,6 +294,10 @@ def test_demo_runs_end_to_end_and_reuses_its_cache(tiny_model_dir, tmp_path):
     assert len(first.table.rows) == 6 and first.table.methods == list(methods)
     assert first.report.files["index"].exists()
     assert set(first.report.reliability) == set(methods)
+    page = first.report.files["html"].read_text()  # report.html, with the records' questions and provenance
+    records = read_records(first.records)
+    assert first.report.files["html"].name == "report.html" and records[0].item.question in page
+    assert first.report.evaluation.bootstrap > 0  # the demo's main table has 95% intervals
     before = (first.records.read_text(), first.confidences.read_text())
     second = run_demo(tmp_path, model=str(tiny_model_dir), k=2, limit=6, estimators=methods, batch_size=4)
     assert (second.records.read_text(), second.confidences.read_text()) == before

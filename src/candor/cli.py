@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shlex
 import sys
 
 # Before torch loads: OpenMP threads that spin while waiting made every forward
@@ -403,17 +404,33 @@ def evaluate(
     n_bins: Annotated[int, typer.Option(help="ECE bins.")] = 10,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for 95% intervals (0: none).")] = 0,
     metrics: Annotated[str, typer.Option(help="Comma-separated metrics (default: all the report's).")] = "",
+    records: Annotated[
+        Path | None,
+        typer.Option("--records", "-r", help="The records behind the confidences: report.html then shows each "
+                     "question, gold and answer, and the model, template and judges."),
+    ] = None,
 ) -> None:
-    """Evaluate confidences: tables (Markdown, CSV, JSON), reliability and risk-coverage plots, histograms."""
+    """Evaluate confidences: tables (Markdown, CSV, JSON), plots, and report.html (all of it on one offline page)."""
+    from candor.annotation.records import read_records
     from candor.estimators.confidences import read_confidences
     from candor.evaluation.report import REPORT_METRICS, format_table_rich, roles_from_ood, write_report
 
     table = read_confidences(confidences)
     roles = roles_from_ood(table, ood.split(","), str(confidences))
     chosen = [m.strip() for m in metrics.split(",") if m.strip()] or list(REPORT_METRICS)
-    result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap, metrics=chosen)
+    recs = read_records(records) if records is not None else None
+    if recs is not None and not {r.id for r in recs} & {row.id for row in table.rows}:
+        raise CandorError(f"--records {records}: no record id matches a row of {confidences}")
+    result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap, metrics=chosen,
+                          records=recs, command=invoked_command())
     _print_rich(format_table_rich(result))
     typer.echo(f"report: {result.files['index']}")
+    typer.echo(f"page: {result.files['html']}")
+
+
+def invoked_command() -> str:
+    """The command line that is running, for a report's provenance."""
+    return shlex.join(["candor", *sys.argv[1:]])
 
 
 @app.command()
@@ -584,6 +601,8 @@ def diagnose(
         headline = {k: summary[k] for k in ("share_jsd_le_0.1", "mean_jsd", "mask_shift") if k in summary}
         typer.echo(f"{name}: {json.dumps(headline)}")
     typer.echo(f"report: {report.files.get('md', out_dir)}")
+    if "html" in report.files:
+        typer.echo(f"page: {report.files['html']}")
 
 
 @app.command()
@@ -604,9 +623,10 @@ def demo(
     from candor.evaluation.report import format_table_rich
 
     names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else DEMO_ESTIMATORS
-    result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names)
+    result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names, command=invoked_command())
     _print_rich(format_table_rich(result.report))
     typer.echo(f"report: {result.report.files['index']}")
+    typer.echo(f"page: {result.report.files['html']}")
     typer.echo(f"honest model: {result.honest} (serve it: candor serve --honest {result.honest})")
 
 

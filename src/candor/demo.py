@@ -39,12 +39,16 @@ DEMO_ESTIMATORS: tuple[str, ...] = (
     "consis-lex",
     "consis-sem",
     "verbal-number",
+    "length",
 )
 # One verbalized format keeps `make demo` near 3 minutes on 2 cores: each LM-scored estimator
 # costs about as much CPU as half the annotation (benchmarks/demo_cost.py). The training-free
 # estimators read the annotations and cost nothing. Ask for more with `candor demo -e ...`
 # (p-true, verbal-0, verbal-letter, verbal-text, verbal-float, verbal-percent) or `candor score`;
 # verbal-percent, exact over its 101 values, costs about 5x a single-token format.
+# `length` (the answer-length baseline, 1/(1+tokens) without a dev set) is there so every table
+# shows what a method must beat.
+DEMO_BOOTSTRAP = 200  # resamples for the 95% intervals of the report's main table
 
 
 HONEST_METHOD = "n-prob"
@@ -68,6 +72,7 @@ def run_demo(
     limit: int | None = None,
     estimators: Sequence[str] = DEMO_ESTIMATORS,
     batch_size: int = 16,
+    command: str | None = None,
 ) -> DemoResult:
     """Run the demo pipeline; each stage resumes from the files already in ``out_dir``."""
     out_dir = Path(out_dir)
@@ -87,7 +92,8 @@ def run_demo(
     table = score_into(records, estimators, confidences_path, backend)
 
     logger.info("3/4 evaluate → %s", out_dir / "report")
-    report = write_report(table, out_dir / "report", title=f"candor demo: {model} on the starter set")
+    report = write_report(table, out_dir / "report", title=f"candor demo: {model} on the starter set",
+                          bootstrap=DEMO_BOOTSTRAP, records=records, command=command)
 
     honest = out_dir / "honest"
     logger.info("4/4 tune an honest model (%s, coverage %.1f) → %s", HONEST_METHOD, HONEST_COVERAGE, honest)

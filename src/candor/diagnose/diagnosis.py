@@ -49,6 +49,11 @@ class DiagnoseConfig:
         d["stages"] = list(self.stages)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DiagnoseConfig:
+        """The inverse of :meth:`to_dict` (the ``config`` of a diagnose.json)."""
+        return cls(**{**d, "stages": tuple(d.get("stages", STAGE_NAMES))})
+
 
 @dataclass
 class ModelDiagnosis:
@@ -81,6 +86,14 @@ class ModelDiagnosis:
             out["attribution"] = self.attribution.summary(top_k)
         out["cost"] = self.costs
         return out
+
+    @classmethod
+    def from_details(cls, d: dict[str, Any]) -> ModelDiagnosis:
+        """A diagnosis back from its details file (``details/<model>.json``); costs are not kept there."""
+        stages = {"sensitivity": SensitivityResult, "masking": MaskingResult, "rollout": RolloutResult,
+                  "attribution": AttributionResult}
+        return cls(d["name"], d["model"], d.get("adapter"),
+                   **{name: kind.from_dict(d[name]) for name, kind in stages.items() if d.get(name) is not None})
 
     def details(self) -> dict[str, Any]:
         """Every per-question and per-example value, for the details file."""

@@ -11,6 +11,8 @@
       masking.png          mean P(C) with the real answer and with it masked
       rollout.png          rollout mass from the confidence position per region
       attribution_<model>.html  one example's tokens shaded by IG attribution
+      diagnose.html        all of it on one self-contained page, an IG view per candidate
+                           (:mod:`candor.diagnose.page`)
 
 A plot whose stage did not run is left out, and so is its section.
 """
@@ -30,6 +32,7 @@ from matplotlib.figure import Figure
 
 from candor.diagnose.attribution import AttributionExample
 from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
+from candor.diagnose.page import PAGE_FILE, write_diagnosis_page
 from candor.diagnose.regions import REGIONS
 from candor.diagnose.sensitivity import JSD_THRESHOLD
 from candor.evaluation.plots import BAR_COLOR, CORRECT_COLOR, UNDER_COLOR, WRONG_COLOR, confidence_histograms, save_png
@@ -60,6 +63,7 @@ def write_diagnosis_report(
     summaries = {name: d.summary(config.top_k) for name, d in diagnoses.items()}
     files["json"] = _write_text(out / "diagnose.json", _json({"title": title, "config": config.to_dict(),
                                                               "models": summaries}))
+    files["html"] = write_diagnosis_page(out / PAGE_FILE, diagnoses, config, headline_rows(summaries), title=title)
     files["md"] = _write_text(out / "diagnose.md", _markdown(diagnoses, summaries, files, out, config, title))
     logger.info("diagnose report written to %s", out)
     return files
@@ -271,6 +275,16 @@ def _cell(summary: Mapping[str, Any], path: tuple[str, ...], scale: float | None
     return f"{scale * value:{spec}}"
 
 
+def headline_rows(summaries: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The headline table: (label, one formatted cell per model), rows no model has left out."""
+    rows = []
+    for label, path, scale, spec in _ROWS:
+        cells = [_cell(summary, path, scale, spec) for summary in summaries.values()]
+        if any(c != MISSING for c in cells):
+            rows.append((label, cells))
+    return rows
+
+
 def _markdown(
     diagnoses: Mapping[str, ModelDiagnosis],
     summaries: Mapping[str, Mapping[str, Any]],
@@ -289,10 +303,7 @@ def _markdown(
     parts += [f"| {n} | `{d.model}`" + (f" + adapter `{d.adapter}`" if d.adapter else "") + " |"
               for n, d in diagnoses.items()]
     parts += ["", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for label, path, scale, spec in _ROWS:
-        cells = [_cell(summaries[n], path, scale, spec) for n in names]
-        if any(c != MISSING for c in cells):
-            parts.append(f"| {_md(label)} | " + " | ".join(cells) + " |")
+    parts += [f"| {_md(label)} | " + " | ".join(cells) + " |" for label, cells in headline_rows(summaries)]
     parts += ["", "Untrained models keep most candidate pairs at JSD ≤ 0.1 (their confidence barely depends on "
               "the answer); a mask shift near 0 says the same. JSD uses the natural log (at most ln 2 ≈ 0.693).",
               ""]
@@ -302,7 +313,9 @@ def _markdown(
             parts += [f"## {caption}", "", f"![{caption}]({_rel(files[key], root)})", ""]
     parts += _attribution_md(diagnoses, files, root, config)
     parts += _cost_md(diagnoses)
-    parts += ["## Files", "", f"- [diagnose.json]({_rel(files['json'], root)}): config and summaries"]
+    parts += ["## Files", "", f"- [diagnose.html]({_rel(files['html'], root)}): everything on one page that opens "
+              "offline, with an integrated-gradients view per candidate",
+              f"- [diagnose.json]({_rel(files['json'], root)}): config and summaries"]
     parts += [f"- [{_rel(p, root)}]({_rel(p, root)})" for k, p in files.items() if k.startswith("details/")]
     return "\n".join(parts) + "\n"
 

@@ -11,7 +11,8 @@ distributions ``token-entropy-mean``, ``token-entropy-max``, ``prob-margin``,
 ``semantic-entropy-discrete``, ``num-sem-sets``, ``eigv``, ``degree``,
 ``eccentricity``, ``kle``, ``cocoa`` (similarity-based ones take
 ``similarity=lexical|judge|llm|embedding``); from hidden states
-``eigenscore``.
+``eigenscore``. The answer-length baseline ``length`` (direction fitted on
+dev records when given).
 
 Importing this package registers every estimator module listed below; a new
 estimator is one module with one ``@ESTIMATORS.register`` and one import here.
@@ -36,6 +37,7 @@ from candor.estimators import (  # noqa: F401
     consistency,
     eigenscore,
     kernel_entropy,
+    length,
     logprob,
     ptrue,
     sample_entropy,

@@ -20,6 +20,7 @@ adds the labels, notes, tables and files.
       confidence_hist.png
       risk_coverage.png   risk vs coverage per method (AURC, PRR in the tables)
       reliability/<method>.png
+      report.html         all of it on one self-contained page (:mod:`candor.evaluation.pages`)
 
 Undefined values (AUROC on a dataset with one class) are NaN in memory,
 ``null`` in JSON, ``nan`` in CSV and "–" in the tables, with a note saying why.
@@ -41,10 +42,12 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
+from candor.annotation.records import Record
 from candor.estimators.confidences import ConfidenceTable
 from candor.evaluation.engine import CI_ALPHA, Group
 from candor.evaluation.engine import evaluate as run_engine
 from candor.evaluation.metrics import DEFAULT_METRICS, METRICS, SELECTIVE_METRICS, check_arrays, metric_label
+from candor.evaluation.pages import PAGE_FILE, write_report_page
 from candor.evaluation.plots import confidence_histograms, reliability_diagram, risk_coverage_plot
 from candor.util.errors import CandorError
 from candor.util.files import atomic_write_text
@@ -56,6 +59,7 @@ ROLES = ("id", "ood")
 GROUP_LABELS = {ALL: "All (pooled)", "id": "In-domain (avg)", "ood": "OOD (avg)"}
 SHORT_LABELS = {ALL: "All", "id": "ID", "ood": "OOD"}  # main-table headers
 MAIN_METRICS = ("auroc", "ece", "brier", "alignment")
+PAGE_METRICS = (*MAIN_METRICS, "aurc")  # report.html's main table adds the selective-prediction area
 REPORT_METRICS = (*DEFAULT_METRICS, *SELECTIVE_METRICS)
 CI_METRICS = ("auroc", "ece", "brier", "alignment", "aurc", "prr", "log_loss")
 MISSING = "–"
@@ -276,6 +280,7 @@ def _notes(result: Evaluation, labels: Mapping[str, np.ndarray]) -> list[str]:
 class Cell:
     text: str
     best: bool = False
+    value: float = math.nan  # the unformatted value (report.html sorts by it)
 
 
 @dataclass(frozen=True)
@@ -285,6 +290,7 @@ class SummaryTable:
     title: str
     headers: list[str]
     rows: list[tuple[str, list[Cell]]]
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # (column, metric) behind each header
 
 
 def column_label(col: str) -> str:
@@ -324,8 +330,8 @@ def summary_table(result: Evaluation, pairs: Sequence[tuple[str, str]], title: s
         for (method, cells), value in zip(rows, values, strict=True):
             ci = result.ci.get(method, {}).get(col, {}).get(metric)
             best = not math.isnan(value) and f"{100 * value:.1f}" in winners
-            cells.append(Cell(_fmt(value, ci), best))
-    return SummaryTable(title, [header(c, k) for c, k in pairs], rows)
+            cells.append(Cell(_fmt(value, ci), best, value))
+    return SummaryTable(title, [header(c, k) for c, k in pairs], rows, list(pairs))
 
 
 def main_columns(result: Evaluation) -> list[str]:
@@ -409,8 +415,14 @@ def write_report(
     seed: int = 0,
     title: str = "candor report",
     counts: Mapping[str, Mapping[str, Any]] | None = None,
+    records: Sequence[Record] | None = None,
+    command: str | None = None,
 ) -> ReportResult:
-    """Evaluate ``table`` and write the report folder (see the module docstring)."""
+    """Evaluate ``table`` and write the report folder (see the module docstring).
+
+    ``records`` (the annotated records behind the table) give report.html its questions,
+    gold and greedy answers and provenance; ``command`` is what made the report, for provenance.
+    """
     result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed,
                       counts=counts)
     out_dir = Path(out_dir)
@@ -434,6 +446,8 @@ def write_report(
     files["risk_coverage"] = risk_coverage_plot(
         pooled, out_dir / "risk_coverage.png", title=f"{title}: risk vs coverage (all datasets pooled)"
     )
+    files["html"] = write_report_page(out_dir / PAGE_FILE, table, result, main_table(result, PAGE_METRICS),
+                                      title=title, records=records, command=command)
     files["index"] = _write_text(out_dir / "index.md", _index_md(result, title, files, reliability, out_dir))
     logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods),
                 len(result.datasets))
@@ -561,6 +575,8 @@ def _index_md(result: Evaluation, title: str, files: Mapping[str, Path], reliabi
         parts.append(f"| {_md_cell(column_label(col))} | {role} | {result.sizes[col]} | "
                      f"{100 * result.accuracy[col]:.1f} |")
     parts += ["", "## Files", ""]
+    parts.append(f"- [report.html]({_rel(files['html'], root)}): everything on one page that opens offline "
+                 "(sortable table, plots, threshold slider, records browser)")
     parts.append(f"- [metrics.md]({_rel(files['md'], root)}): the tables")
     parts.append(f"- [metrics.json]({_rel(files['json'], root)}): every value, method → dataset → metric")
     parts.append(f"- [metrics.csv]({_rel(files['csv'], root)}): the same, long format")

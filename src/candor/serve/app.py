@@ -10,6 +10,7 @@
 - ``GET /health`` (alive), ``GET /ready``, ``GET /metrics``, ``GET /v1/models``,
   ``GET /v1/models/{id}``; request ids, the access log, CORS and protocol-level
   errors are :mod:`candor.serve.operations`, the metrics :mod:`candor.serve.metrics`.
+- ``GET /`` the playground page (:mod:`candor.serve.playground`).
 - Limits (body size, question length, ``n``, ``max_tokens``) answer 4xx in the
   OpenAI error shape; a full queue answers 503; with an API key set, a request
   without the right ``Authorization: Bearer`` key answers 401 (the scheme is
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from candor.serve.batching import MicroBatcher, QueueFull
@@ -59,6 +60,7 @@ from candor.serve.model import (
     check_text,
 )
 from candor.serve.operations import Lifecycle, install_operations
+from candor.serve.playground import playground_html
 from candor.serve.record_log import RecordLog
 from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
 from candor.serve.streaming import DONE, RequestListener, TextDelta, sse
@@ -142,6 +144,10 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     @app.exception_handler(CandorError)
     async def _user_error(_: Request, exc: CandorError) -> JSONResponse:
         return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
+
+    @app.get("/", include_in_schema=False)
+    async def playground() -> HTMLResponse:
+        return HTMLResponse(playground_html())
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

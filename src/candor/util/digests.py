@@ -68,7 +68,7 @@ def backend_identity(backend: Any) -> dict[str, Any]:
     }
 
 
-def canonical(value: Any) -> Any:
+def canonical(value: Any, *, paths: bool = True) -> Any:
     """``value`` as plain JSON data that is equal exactly when the setting is.
 
     Mappings are sorted by key; a string or path naming an existing file or
@@ -76,20 +76,22 @@ def canonical(value: Any) -> Any:
     becomes its dict, a torch module its weights' digest; anything else becomes
     its type and ``repr`` (an object's default repr holds its address, so it
     never matches another run: a cache recomputes rather than guesses).
+    Inside a record's dict strings are data (an answer "/" or "." is text, not a
+    folder to hash), so ``paths`` is off there.
     """
     if isinstance(value, Mapping):
-        return {str(k): canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {str(k): canonical(v, paths=paths) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, (list, tuple)):
-        return [canonical(v) for v in value]
+        return [canonical(v, paths=paths) for v in value]
     if isinstance(value, (bool, int, float)) or value is None:
         return value
     if isinstance(value, (str, Path)):
         path = Path(value)
-        if str(value) and path.exists():
+        if paths and str(value) and path.exists():
             return {"path": str(value), "sha256": path_digest(path)}
         return str(value)
     if hasattr(value, "to_dict"):
-        return canonical(value.to_dict())
+        return canonical(value.to_dict(), paths=False)
     if hasattr(value, "state_dict"):  # a loaded model or head: its repr shows the architecture, not the weights
         return {"type": type(value).__name__, "sha256": module_digest(value)}
     return {"type": type(value).__name__, "repr": repr(value)}
