@@ -200,7 +200,8 @@ def test_streaming_with_the_openai_client_equals_the_plain_answer(server, honest
         conf = finals[0].model_extra["confidence"]  # the answer-level confidence, in the last choice chunk
         assert conf["value"] == pytest.approx(alone.confidence, abs=1e-6)
         if alone.abstained:
-            assert finals[0].finish_reason == "abstained"
+            # The abstained chunk names the text to show in place of what was streamed.
+            assert finals[0].finish_reason == "abstained" and finals[0].model_extra["refusal"] == "I don't know."
         else:
             assert text == alone.answer and finals[0].finish_reason == alone.finish_reason
 

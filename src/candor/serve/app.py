@@ -434,7 +434,9 @@ async def _stream(
                     k = j * n + i
                     if a.abstained:
                         text = settings.refusal if not deltas[k].sent else None
-                        yield chunk(k, text, "abstained", confidence=_confidence(a, model))
+                        # ``refusal``: what to show instead of text already streamed (an answer-level source
+                        # decides after generating), so a client can withdraw it.
+                        yield chunk(k, text, "abstained", confidence=_confidence(a, model), refusal=settings.refusal)
                         continue
                     rest_text = deltas[k].finish(a.answer or "")
                     if rest_text:
