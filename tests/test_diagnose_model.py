@@ -44,10 +44,11 @@ def test_sensitivity_matches_inference_scoring(tiny_backend):
     assert [q.item_id for q in result.questions] == ["nq:1", "nq:2", "hq:3"]
     expected = confidence_distribution(tiny_backend, [ITEMS[0]] * 3, list(sets[0].answers), "number")
     q = result.questions[0]
-    np.testing.assert_allclose(q.distributions, expected, atol=1e-9)
+    # Both paths run the same float32 model on batches of other shapes: equal up to float32 rounding.
+    np.testing.assert_allclose(q.distributions, expected, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(q.distributions.sum(1), 1.0, atol=1e-9)
     np.testing.assert_allclose(q.mu, expected @ (np.arange(10) / 9), atol=1e-9)
-    np.testing.assert_allclose(q.jsd, pairwise_jsd(expected))
+    np.testing.assert_allclose(q.jsd, pairwise_jsd(expected), rtol=1e-4, atol=1e-9)
     assert result.summary()["n_pairs"] == 3 + 1 + 3
 
 
@@ -113,7 +114,7 @@ def test_integrated_gradients_errors(tiny_backend, monkeypatch):
     with pytest.raises(CandorError, match="steps"):
         integrated_gradients(tiny_backend, ITEMS[:1], ["x"], steps=0)
     monkeypatch.setitem(sys.modules, "captum.attr", None)  # as if captum were not installed
-    with pytest.raises(CandorError, match="candor\\[diagnose\\]"):
+    with pytest.raises(CandorError, match=r"\.\[diagnose\]"):
         integrated_gradients(tiny_backend, ITEMS[:1], ["Shakespeare"])
 
 
