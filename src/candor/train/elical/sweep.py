@@ -46,6 +46,8 @@ DEFAULT_BUDGETS: tuple[Budget, ...] = (100, 250, 500, 1000, ALL)
 DEFAULT_SEEDS = (0, 1, 2)
 SWEEP_METHODS = ("cal-only", "elical")
 LABELS = {"eli-only": "Eli-Only", "cal-only": "Cal-Only", "elical": "EliCal"}
+# A summary entry's test confidences, one {dataset: array} per seed (returned, not written to curve.json).
+CONFIDENCES = "confidences"
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ def run_sweep(
     1), and otherwise when ``eli_only``. ``baselines`` maps a name
     (``"N-Prob"``) to its test confidences per dataset, in the order of
     ``data.tests``; they are summarized the same way and drawn as flat lines.
-    Returns the summary: ``{"methods": {column: ...}, "budgets", "n_labels", "seeds", "mode", "config"}``.
+    Returns the summary: ``{"methods": {column: ...}, "budgets", "n_labels", "seeds", "mode", "config"}``;
+    each trained column also holds its test confidences under :data:`CONFIDENCES` (not in ``curve.json``).
     """
     config = config or EliCalConfig()
     budgets = [parse_budget(b) for b in budgets]
@@ -136,7 +139,9 @@ def run_sweep(
         mode=config.mode,
         config=config.fingerprint(),
     )
-    write_json(out_dir / "curve.json", summary)
+    write_json(out_dir / "curve.json", {**summary, "methods": {
+        name: {k: v for k, v in entry.items() if k != CONFIDENCES} for name, entry in summary["methods"].items()
+    }})
     plot_sweep(summary, out_dir / "budget_curve.png", references=list(baselines or {}))
     return summary
 
@@ -153,6 +158,7 @@ def summarize_runs(results: Mapping[RunKey, dict[str, Any]], data: SweepData, bo
         per_seed = [_per_dataset(results[k], ids) for k in keys]
         entry = summarize_column(per_seed, labels, data.roles, bootstrap=bootstrap)
         entry.update(
+            {CONFIDENCES: per_seed},
             method=keys[0].method,
             budget=keys[0].budget,
             seeds=[k.seed for k in keys],
