@@ -66,6 +66,8 @@ BASELINES = {
     "Verbal-0": "verbal-0",
 }
 REFERENCE = "N-Prob"
+# The baselines computed from the annotated records alone (greedy log-probabilities, stored consistency verdicts).
+RECORD_ONLY = ("prob", "n-prob", "min-prob", "consis-lex", "consis-sem")
 # Stage 2's rule before issue 25 (early stopping on dev MSE, no anchor, every weight trains); the candidates
 # are candor.train.elical.selection.RULES, compared by leaving one in-domain dataset out (issue 25).
 BEFORE_RULE = RULES["loss-stop"]
@@ -96,6 +98,8 @@ def parse_args() -> argparse.Namespace:
                    help="comma-separated candidates not selected to sweep anyway, reported apart (never selected)")
     p.add_argument("--candidates", default=None,
                    help=f"comma-separated stage-2 rules to compare (default: all of {', '.join(RULES)})")
+    p.add_argument("--score-pool", action=argparse.BooleanOptionalAction, default=True,
+                   help="held-out-domain folds also score the held-out dataset's training-pool questions")
     p.add_argument("--plain-budgets", default="100,1000", help="budgets of the plain-resume comparison")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
@@ -117,20 +121,34 @@ def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> dict[str, lis
     for dataset in datasets:
         path = root / part / f"{dataset}.jsonl"
         if not path.exists():
-            sys.exit(f"missing {path}: run benchmarks/baselines.py first (it annotates and caches HonestyBench-mini)")
+            sys.exit(f"missing {path}: run benchmarks/annotate_mini.py (it annotates and caches HonestyBench-mini)")
         out[dataset] = read_records(path)
     return out
 
 
-def load_baselines(root: Path, tests: dict[str, list[Record]]) -> dict[str, dict[str, Any]]:
-    """Baseline name → dataset → confidences in the test records' order (from baselines.py's cache)."""
+def baseline_dir(args: argparse.Namespace, tests: dict[str, list[Record]]) -> Path:
+    """baselines.py's confidences when it has scored every test set; else the baselines that need only the
+    records (no model), scored here into this benchmark's own cache (Verbal-0 is then left out)."""
+    shared = args.annotations / "confidences"
+    if all((shared / f"{dataset}.jsonl").exists() for dataset in tests):
+        return shared
+    from candor.estimators.confidences import score_into
+
+    logger.info("no baselines.py confidences under %s: scoring %s from the records", shared, ", ".join(RECORD_ONLY))
+    for dataset, records in tests.items():
+        score_into(records, RECORD_ONLY, args.cache / "confidences" / f"{dataset}.jsonl", None, progress=False)
+    return args.cache / "confidences"
+
+
+def load_baselines(folder: Path, tests: dict[str, list[Record]]) -> dict[str, dict[str, Any]]:
+    """Baseline name → dataset → confidences in the test records' order (from ``folder``, see baseline_dir)."""
     import numpy as np
 
     out: dict[str, dict[str, Any]] = {name: {} for name in BASELINES}
     for dataset, records in tests.items():
-        path = root / "confidences" / f"{dataset}.jsonl"
+        path = folder / f"{dataset}.jsonl"
         if not path.exists():
-            sys.exit(f"missing {path}: run benchmarks/baselines.py first (it scores the training-free baselines)")
+            sys.exit(f"missing {path}: run benchmarks/baselines.py (it scores the training-free baselines)")
         rows = {row.id: row for row in read_confidences(path).rows}
         for name, column in BASELINES.items():
             missing = [r.id for r in records if r.id not in rows or column not in rows[r.id].confidence]
@@ -141,7 +159,7 @@ def load_baselines(root: Path, tests: dict[str, list[Record]]) -> dict[str, dict
                 out[name][dataset] = np.array([rows[r.id].confidence[column] for r in records])
     skipped = [name for name, v in out.items() if v is None]
     if REFERENCE in skipped:
-        sys.exit(f"no {BASELINES[REFERENCE]!r} confidences under {root / 'confidences'}; run benchmarks/baselines.py")
+        sys.exit(f"no {BASELINES[REFERENCE]!r} confidences under {folder}; run benchmarks/baselines.py")
     if skipped:
         logger.warning("baselines without cached confidences, left out: %s", ", ".join(skipped))
     return {name: v for name, v in out.items() if v is not None}
@@ -157,11 +175,28 @@ def head_config(args: argparse.Namespace, rule: StageTwoRule, **changes: Any) ->
     return rule.apply(base)
 
 
+def load_lodo(root: Path) -> list[Record]:
+    """The extra dev questions of each in-domain dataset (annotate_mini.py's ``lodo`` part), those that exist."""
+    out = []
+    for dataset in IN_DOMAIN:
+        path = root / "lodo" / f"{dataset}.jsonl"
+        if not path.exists():
+            logger.warning("missing %s: the %s fold is scored without extra dev questions", path, dataset)
+            continue
+        out.extend(read_records(path))
+    return out
+
+
 def lodo_selection(args: argparse.Namespace, data: SweepData, lodo: list[Record]) -> dict[str, Any]:
-    """Every candidate rule with one in-domain dataset held out in turn (the library's protocol; no test item)."""
+    """Every candidate rule with one in-domain dataset held out in turn (the library's protocol; no test item).
+
+    A fold scores the held-out dataset's dev slice and extra dev questions and, with ``--score-pool``, its
+    training-pool questions too: that fold never trains or stops on them, so they are dev questions for it.
+    """
     names = args.candidates.split(",") if args.candidates else list(RULES)
+    scored = [*lodo, *data.train] if args.score_pool else lodo
     return select_rule(
-        data.train, data.dev, lodo, out_dir=args.cache / "lodo", config=head_config(args, BEFORE_RULE),
+        data.train, data.dev, scored, out_dir=args.cache / "lodo", config=head_config(args, BEFORE_RULE),
         rules=names, budgets=[parse_budget(b) for b in args.select_budgets.split(",") if b], seeds=args.seeds,
     )  # fmt: skip
 
@@ -182,7 +217,8 @@ def in_domain_check(args: argparse.Namespace, data: SweepData, lodo: list[Record
     sweeps = {
         name: run_sweep(scored, out_dir=args.cache / "in-domain-check" / _slug(name),
                         config=head_config(args, RULES[name]), budgets=budgets, seeds=args.seeds,
-                        methods=("elical",), bootstrap=0)["methods"]
+                        methods=("elical",), bootstrap=0,
+                        stage1_dir=args.cache / "in-domain-check" / "stage1")["methods"]
         for name in dict.fromkeys([chosen, BEFORE_RULE.name])
     }  # fmt: skip
     group = [Group("id", tuple(by_dataset))]
@@ -223,6 +259,7 @@ def head_sweep(
         seeds=args.seeds,
         bootstrap=args.bootstrap,
         baselines=baselines,
+        stage1_dir=args.cache / "head" / "stage1",  # every rule's curve resumes the same stage 1
     )
 
 
@@ -238,6 +275,7 @@ def plain_resume_sweep(args: argparse.Namespace, data: SweepData, rule: StageTwo
         methods=("elical",),
         eli_only=False,
         bootstrap=args.bootstrap,
+        stage1_dir=args.cache / "head" / "stage1",
     )
 
 
@@ -328,7 +366,8 @@ def results_payload(
         + (" --quick" if args.quick else "")
         + (" --skip-lora" if args.skip_lora and not args.quick else "")
         + (f" --report-rules '{args.report_rules}'" if args.report_rules else "")
-        + (f" --cache {args.cache}" if args.cache != CACHE / "elical" else ""),
+        + (f" --cache {args.cache}" if args.cache != CACHE / "elical" else "")
+        + ("" if args.score_pool else " --no-score-pool"),
     }
 
 
@@ -453,7 +492,7 @@ def main() -> None:
 
     if args.only != "before":
         # The rule is chosen before any test part is read: training pool, dev slice and extra dev questions only.
-        lodo = [r for recs in load_part(args.annotations, "lodo", IN_DOMAIN).values() for r in recs]
+        lodo = load_lodo(args.annotations)
         pool = SweepData(train, dev, {}, {})
         start = time.perf_counter()
         selection = lodo_selection(args, pool, lodo)
@@ -469,7 +508,7 @@ def main() -> None:
     tests = load_part(args.annotations, "test", IN_DOMAIN + OUT_OF_DOMAIN)
     roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
     data = SweepData(train, dev, tests, roles)
-    baselines = load_baselines(args.annotations, tests)
+    baselines = load_baselines(baseline_dir(args, tests), tests)
     if args.only == "before":
         head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE.name))
         return

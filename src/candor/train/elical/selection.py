@@ -54,6 +54,7 @@ SELECT_BUDGETS: tuple[Budget, ...] = (100, ALL)
 TIE = 1e-3
 GAP_BOOTSTRAP = 1000
 HELD_OUT = "held-out"
+STAGE1 = "stage1"
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,7 @@ def select_rule(
                 bootstrap=0,
                 model=model,
                 tokenizer=tokenizer,
+                stage1_dir=Path(out_dir) / STAGE1 / fold.held_out,  # one stage 1 per fold and seed, for every rule
             )["methods"]
     labels = {f.held_out: targets(f.score, "hard", what=f"held-out {f.held_out!r}").astype(int) for f in folds}
     candidates = {name: _candidate(RULES[name], runs[name], budgets, labels) for name in names}

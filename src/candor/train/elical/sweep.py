@@ -46,6 +46,8 @@ DEFAULT_BUDGETS: tuple[Budget, ...] = (100, 250, 500, 1000, ALL)
 DEFAULT_SEEDS = (0, 1, 2)
 SWEEP_METHODS = ("cal-only", "elical")
 LABELS = {"eli-only": "Eli-Only", "cal-only": "Cal-Only", "elical": "EliCal"}
+# EliCalConfig fields that only stage 2 reads (an Eli-Only run's cache key leaves them out).
+STAGE2_FIELDS = ("cal_target", "cal_stop", "cal_anchor", "cal_scope", "recenter_bias")
 # A summary entry's test confidences, one {dataset: array} per seed (returned, not written to curve.json).
 CONFIDENCES = "confidences"
 
@@ -99,8 +101,12 @@ def run_sweep(
     baselines: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     model: Any = None,
     tokenizer: Any = None,
+    stage1_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train every run (reusing cached ones), summarize, write ``curve.json`` and ``budget_curve.png``.
+
+    ``stage1_dir`` keeps the Eli-Only runs and heads there instead of under ``out_dir``, so sweeps that differ
+    only in stage 2's settings (the rules of :mod:`candor.train.elical.selection`) share one stage 1 per seed.
 
     Eli-Only trains once per seed whenever EliCal runs (it is EliCal's stage
     1), and otherwise when ``eli_only``. ``baselines`` maps a name
@@ -121,7 +127,7 @@ def run_sweep(
         from candor.train.trainers import load_causal_lm
 
         model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
-    runner = _Runner(data, config, out_dir, model, tokenizer)
+    runner = _Runner(data, config, out_dir, model, tokenizer, Path(stage1_dir) if stage1_dir else out_dir)
     for seed in seeds:
         if eli_only or "elical" in methods:
             runner.run(RunKey("eli-only", None, seed))
@@ -186,10 +192,13 @@ def plot_sweep(summary: Mapping[str, Any], path: str | Path, references: Sequenc
 class _Runner:
     """Trains runs or reuses their cached test confidences."""
 
-    def __init__(self, data: SweepData, config: EliCalConfig, out_dir: Path, model: Any, tokenizer: Any) -> None:
+    def __init__(
+        self, data: SweepData, config: EliCalConfig, out_dir: Path, model: Any, tokenizer: Any, stage1_dir: Path
+    ) -> None:
         self.data = data
         self.config = config
         self.out_dir = out_dir
+        self.stage1_dir = stage1_dir
         self.model = model
         self.tokenizer = tokenizer
         self.results: dict[RunKey, dict[str, Any]] = {}
@@ -198,15 +207,11 @@ class _Runner:
         )
 
     def run(self, key: RunKey) -> dict[str, Any]:
-        fingerprint = _hash(
-            {
-                "config": replace(self.config, seed=key.seed).fingerprint(),
-                "method": key.method,
-                "budget": key.budget,
-                "data": self._data_hash,
-            }
-        )
-        path = self.out_dir / "runs" / f"{key.slug}.json"
+        config = replace(self.config, seed=key.seed).fingerprint()
+        if key.method == "eli-only":  # stage 1 alone: stage 2's settings cannot change it
+            config = {k: v for k, v in config.items() if k not in STAGE2_FIELDS}
+        fingerprint = _hash({"config": config, "method": key.method, "budget": key.budget, "data": self._data_hash})
+        path = self._root(key) / "runs" / f"{key.slug}.json"
         cached = read_keyed_json(path, fingerprint)
         if cached is not None and self._head_ok(key):
             logger.info("%s seed %d: reusing cached run", key.column, key.seed)
@@ -251,8 +256,11 @@ class _Runner:
         with torch.no_grad():
             return head.head(torch.from_numpy(features).to(head.device)).cpu().numpy()
 
+    def _root(self, key: RunKey) -> Path:
+        return self.stage1_dir if key.method == "eli-only" else self.out_dir
+
     def _head_dir(self, key: RunKey) -> Path:
-        return self.out_dir / "heads" / key.slug
+        return self._root(key) / "heads" / key.slug
 
     def _head_ok(self, key: RunKey) -> bool:
         """A cached run is reusable only with its head's training-questions manifest (heads saved before
