@@ -12,6 +12,16 @@ test 6x200, k=5) and trains nothing the baselines already measured:
   about 0.35 s per training question on 2 CPU cores, one epoch of stage 1
   over the 1800-question pool is ~10 minutes. Skip it with ``--skip-lora``.
 
+Stage 2's rule is chosen first, on training and dev questions only (issue 25;
+:mod:`candor.train.elical.selection`): each candidate rule trains with one
+in-domain dataset left out (stages 1 and 2 on the other three datasets' pool)
+and is scored on the held-out dataset's dev questions (its dev slice, its
+``lodo`` part from annotate_mini.py and, with ``--score-pool``, its own pool
+questions); the best mean held-out AUROC wins (ties by ECE), then an
+in-domain check on the ``lodo`` questions refuses it if it is worse in domain
+than the old rule beyond the paired interval. No test part is read until the
+rule is fixed (``--only select`` stops there).
+
 Early stopping watches the 200-question dev slice (its consistency rates in
 stage 1, its sample accuracies in stage 2); no test item is ever used. Each
 method is reported as the mean over seeds with a 95% bootstrap interval of
@@ -25,6 +35,11 @@ confidences, heads), so a killed run resumes and a rerun only re-summarizes:
     .venv/bin/python benchmarks/elical.py               # everything
     .venv/bin/python benchmarks/elical.py --skip-lora   # head mode and baselines only
     .venv/bin/python benchmarks/elical.py --quick       # 1 seed, budgets 100 and all, no lora
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/elical.py --only select   # the rule selection alone
+
+On shared, busy cores run it with ``OMP_NUM_THREADS=1``: with two torch threads
+competing with other processes, the feature extraction burned about 7x the CPU
+time for the same prompts (measured on this machine at load ~12).
 
 Measured on 2 shared CPU cores (load ~4): features of the 3,200 prompts
 ~9 min once (then cached); the head-mode sweep (33 runs) and 1000-resample
@@ -92,12 +107,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lora-epochs", type=int, default=1, help="epochs per stage in lora mode (CPU cap)")
     p.add_argument("--quick", action="store_true", help="1 seed, budgets 100 and all, 100 resamples, no lora")
     p.add_argument("--select-budgets", default=SELECT_BUDGETS, help="budgets of the held-out-domain rule selection")
-    p.add_argument("--only", choices=("select", "before"), default=None,
-                   help="run only the held-out-domain rule selection (prints it) or only the before sweep, then stop")
+    p.add_argument("--only", choices=("select", "before", "sweep"), default=None,
+                   help="run only the held-out-domain rule selection (prints it), only the before sweep, or only the "
+                   "curves of the before rule and --report-rules (to fill the cache), then stop")
     p.add_argument("--report-rules", default="",
                    help="comma-separated candidates not selected to sweep anyway, reported apart (never selected)")
     p.add_argument("--candidates", default=None,
                    help=f"comma-separated stage-2 rules to compare (default: all of {', '.join(RULES)})")
+    p.add_argument("--lodo", default=",".join(IN_DOMAIN),
+                   help="in-domain datasets whose extra dev questions (the lodo part) are read; '' for none")
     p.add_argument("--score-pool", action=argparse.BooleanOptionalAction, default=True,
                    help="held-out-domain folds also score the held-out dataset's training-pool questions")
     p.add_argument("--plain-budgets", default="100,1000", help="budgets of the plain-resume comparison")
@@ -175,10 +193,10 @@ def head_config(args: argparse.Namespace, rule: StageTwoRule, **changes: Any) ->
     return rule.apply(base)
 
 
-def load_lodo(root: Path) -> list[Record]:
-    """The extra dev questions of each in-domain dataset (annotate_mini.py's ``lodo`` part), those that exist."""
+def load_lodo(root: Path, datasets: list[str]) -> list[Record]:
+    """The extra dev questions of ``datasets`` (annotate_mini.py's ``lodo`` part), those that exist."""
     out = []
-    for dataset in IN_DOMAIN:
+    for dataset in datasets:
         path = root / "lodo" / f"{dataset}.jsonl"
         if not path.exists():
             logger.warning("missing %s: the %s fold is scored without extra dev questions", path, dataset)
@@ -211,6 +229,9 @@ def in_domain_check(args: argparse.Namespace, data: SweepData, lodo: list[Record
     by_dataset: dict[str, list[Record]] = {}
     for r in lodo:
         by_dataset.setdefault(r.item.dataset, []).append(r)
+    if not by_dataset:
+        return {"chosen": chosen, "before": BEFORE_RULE.name, "skipped": "no extra dev questions (lodo part) read",
+                "worse_beyond_interval_at": []}
     scored = SweepData(data.train, data.dev, by_dataset, {d: "id" for d in by_dataset})
     labels = {d: targets(recs, "hard", what=f"lodo {d}").astype(int) for d, recs in by_dataset.items()}
     budgets = [parse_budget(b) for b in args.select_budgets.split(",") if b]
@@ -367,7 +388,8 @@ def results_payload(
         + (" --skip-lora" if args.skip_lora and not args.quick else "")
         + (f" --report-rules '{args.report_rules}'" if args.report_rules else "")
         + (f" --cache {args.cache}" if args.cache != CACHE / "elical" else "")
-        + ("" if args.score_pool else " --no-score-pool"),
+        + ("" if args.score_pool else " --no-score-pool")
+        + (f" --lodo '{args.lodo}'" if args.lodo != ",".join(IN_DOMAIN) else ""),
     }
 
 
@@ -490,9 +512,9 @@ def main() -> None:
     dev = [r for recs in load_part(args.annotations, "dev", IN_DOMAIN).values() for r in recs]
     seconds: dict[str, float] = {}
 
-    if args.only != "before":
+    if args.only not in ("before", "sweep"):
         # The rule is chosen before any test part is read: training pool, dev slice and extra dev questions only.
-        lodo = load_lodo(args.annotations)
+        lodo = load_lodo(args.annotations, [d for d in args.lodo.split(",") if d])
         pool = SweepData(train, dev, {}, {})
         start = time.perf_counter()
         selection = lodo_selection(args, pool, lodo)
@@ -509,8 +531,10 @@ def main() -> None:
     roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
     data = SweepData(train, dev, tests, roles)
     baselines = load_baselines(baseline_dir(args, tests), tests)
-    if args.only == "before":
-        head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE.name))
+    if args.only in ("before", "sweep"):
+        names = [BEFORE_RULE.name, *(n for n in args.report_rules.split(",") if n and args.only == "sweep")]
+        for name in names:
+            head_sweep(args, data, baselines, RULES[name], args.cache / "head" / _slug(name))
         return
     if rule_of(EliCalConfig()) != rule.name:
         logger.warning("the library default stage-2 rule is %s, the selected one %s: update EliCalConfig's defaults",
