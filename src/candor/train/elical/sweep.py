@@ -33,6 +33,7 @@ from candor.annotation.contamination import MANIFEST_NAME, HeldOutQuestions
 from candor.annotation.records import Record
 from candor.train.elical.config import EliCalConfig
 from candor.train.elical.curve import plot_curve, summarize_column
+from candor.train.elical.model import ConfidenceHead
 from candor.train.elical.pipeline import STAGES, head_features, train_elical
 from candor.train.elical.splits import ALL, Budget, budget_size, check_disjoint, parse_budget
 from candor.train.elical.targets import check_field, stage_target, targets
@@ -210,25 +211,42 @@ class _Runner:
         config = replace(self.config, seed=key.seed).fingerprint()
         if key.method == "eli-only":  # stage 1 alone: stage 2's settings cannot change it
             config = {k: v for k, v in config.items() if k not in STAGE2_FIELDS}
-        fingerprint = _hash({"config": config, "method": key.method, "budget": key.budget, "data": self._data_hash})
+        identity = {"config": config, "method": key.method, "budget": key.budget}
+        fingerprint = _hash({**identity, "data": self._data_hash})
         path = self._root(key) / "runs" / f"{key.slug}.json"
         cached = read_keyed_json(path, fingerprint)
         if cached is not None and self._head_ok(key):
             logger.info("%s seed %d: reusing cached run", key.column, key.seed)
             self.results[key] = cached
             return cached
-        result = self._train(key)
+        training = self._same_training(path, identity, key)
+        if training is not None:  # the same head, asked about other test questions: score it, do not retrain
+            logger.info("%s seed %d: rescoring the cached head on new test questions", key.column, key.seed)
+            head = ConfidenceHead.from_pretrained(self._head_dir(key), model=self.model, tokenizer=self.tokenizer)
+            confidence = self._predict(head)
+        else:
+            result = self._train(key)
+            confidence, training = self._predict(result.model), result.to_dict()
         record = {
             "column": key.column,
             "seed": key.seed,
             "ids": [r.id for r in self.data.test_records()],
-            "confidence": [round(float(c), 6) for c in self._predict(result)],
-            "training": result.to_dict(),
+            "confidence": [round(float(c), 6) for c in confidence],
+            "training": training,
         }
         write_keyed_json(path, fingerprint, json.loads(json.dumps(_nan_to_none(record), default=str)))
         record = {"key": fingerprint, **record}
         self.results[key] = record
         return record
+
+    def _same_training(self, path: Path, identity: dict[str, Any], key: RunKey) -> dict[str, Any] | None:
+        """The training of a cached run made with these settings and training/dev records but other test
+        questions (its key, recomputed with its own test ids, matches), when its head is still there."""
+        previous = _read_json(path)
+        if previous is None or "ids" not in previous or not self._head_ok(key):
+            return None
+        data = _hash([[r.id for r in self.data.train], [r.id for r in self.data.dev], list(previous["ids"])])
+        return previous.get("training") if previous.get("key") == _hash({**identity, "data": data}) else None
 
     def _train(self, key: RunKey) -> TrainResult:
         config = replace(self.config, seed=key.seed)
@@ -246,8 +264,7 @@ class _Runner:
             tokenizer=self.tokenizer,
         )
 
-    def _predict(self, result: TrainResult) -> np.ndarray:
-        head = result.model
+    def _predict(self, head: ConfidenceHead | None) -> np.ndarray:
         assert head is not None
         records = self.data.test_records()
         if self.config.mode == "lora":
@@ -308,6 +325,14 @@ def _cost(trainings: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "wall_s_total": round(float(np.sum(walls)), 2),
         "peak_rss_mib": max(t["cost"]["peak_rss_mib"] for t in trainings),
     }
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _hash(obj: Any) -> str:
