@@ -277,7 +277,7 @@ def elical_rule(d: Json) -> dict[str, str]:
     folds = md_table(fold_head, "lrrr" + "r" * (len(fold_head) - 4), fold_rows)
     check_rows = [[b, pct(r["chosen"]["auroc"]), pct(r["before"]["auroc"]),
                    f"{signed(r['auroc_diff'])} [{signed(r['ci95'][0])}, {signed(r['ci95'][1])}]",
-                   pct(r["chosen"]["ece"]), pct(r["before"]["ece"])] for b, r in check["by_budget"].items()]
+                   pct(r["chosen"]["ece"]), pct(r["before"]["ece"])] for b, r in check.get("by_budget", {}).items()]
     in_domain = md_table(["budget", f"AUROC {check['chosen']}", f"AUROC {check['before']}", "Δ [95% paired]",
                           f"ECE {check['chosen']}", f"ECE {check['before']}"], "lrrrrr", check_rows)
     before_m, after = d["before"]["methods"], d["methods"]
@@ -292,15 +292,18 @@ def elical_rule(d: Json) -> dict[str, str]:
         ba_rows.append(cells)
     head = ["method", "ID AUROC before", "after", "OOD AUROC before", "after",
             "ID ECE before", "after", "OOD ECE before", "after"]
-    n_correct = ", ".join(f"{k} {v['n_correct']}" for k, v in check["scored_on"].items())
+    n_correct = ", ".join(f"{k} {v['n_correct']} of {v['n']}" for k, v in check.get("scored_on", {}).items())
     return {
         "table:elical-lodo-rules": selection,
         "table:elical-lodo-folds": folds,
         "table:elical-in-domain-check": in_domain,
         "table:elical-before-after": md_table(head, "l" + "r" * 8, ba_rows),
         "value:elical-selected": rule["after"]["name"],
+        "value:elical-heldout-gaps": "; ".join(
+            f"{name} {signed(c['last_vs_first']['auroc_diff'])} [{signed(c['last_vs_first']['ci95'][0])}, "
+            f"{signed(c['last_vs_first']['ci95'][1])}]" for name, c in sel["candidates"].items()),
+        "value:elical-eli-heldout": f"{pct(eli['auroc'])} (ECE {pct(eli['ece'])})",
         "value:elical-lodo-correct": n_correct,
-        "value:elical-selection-time": f"{d['seconds'].get('held_out_selection', 0) / 60:.0f} min",
     }
 
 

@@ -114,3 +114,12 @@ def test_metric_differences_are_seed_mean_gaps_with_a_paired_interval():
     assert same.value == 0 and same.ci == (0.0, 0.0)
     with pytest.raises(CandorError, match="at least one bootstrap"):
         metric_differences(good, noise, labels, bootstrap=0)
+
+
+def test_the_library_default_is_the_rule_the_benchmark_selected():
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "elical.json"
+    after = json.loads(results.read_text())["stage2_rule"]["after"]
+    assert rule_of(EliCalConfig()) == after["name"]
