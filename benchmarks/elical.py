@@ -12,6 +12,16 @@ test 6x200, k=5) and trains nothing the baselines already measured:
   about 0.35 s per training question on 2 CPU cores, one epoch of stage 1
   over the 1800-question pool is ~10 minutes. Skip it with ``--skip-lora``.
 
+Stage 2's rule is chosen first, on training and dev questions only (issue 25;
+:mod:`candor.train.elical.selection`): each candidate rule trains with one
+in-domain dataset left out (stages 1 and 2 on the other three datasets' pool)
+and is scored on the held-out dataset's dev questions (its dev slice, its
+``lodo`` part from annotate_mini.py and, with ``--score-pool``, its own pool
+questions); the best mean held-out AUROC wins (ties by ECE), then an
+in-domain check on the ``lodo`` questions refuses it if it is worse in domain
+than the old rule beyond the paired interval. No test part is read until the
+rule is fixed (``--only select`` stops there).
+
 Early stopping watches the 200-question dev slice (its consistency rates in
 stage 1, its sample accuracies in stage 2); no test item is ever used. Each
 method is reported as the mean over seeds with a 95% bootstrap interval of
@@ -25,6 +35,11 @@ confidences, heads), so a killed run resumes and a rerun only re-summarizes:
     .venv/bin/python benchmarks/elical.py               # everything
     .venv/bin/python benchmarks/elical.py --skip-lora   # head mode and baselines only
     .venv/bin/python benchmarks/elical.py --quick       # 1 seed, budgets 100 and all, no lora
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/elical.py --only select   # the rule selection alone
+
+On shared, busy cores run it with ``OMP_NUM_THREADS=1``: with two torch threads
+competing with other processes, the feature extraction burned about 7x the CPU
+time for the same prompts (measured on this machine at load ~12).
 
 Measured on 2 shared CPU cores (load ~4): features of the 3,200 prompts
 ~9 min once (then cached); the head-mode sweep (33 runs) and 1000-resample
@@ -39,7 +54,6 @@ Writes benchmarks/results/elical.json and benchmarks/results/elical_budget.png
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -51,9 +65,12 @@ from common import CACHE, RESULTS, logger, peak_rss_mib, setup_logging, write_js
 from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators.confidences import read_confidences
+from candor.evaluation.engine import Group, metric_differences
 from candor.train.elical import EliCalConfig
+from candor.train.elical.selection import RULES, StageTwoRule, rule_of, select_rule
 from candor.train.elical.splits import parse_budget
-from candor.train.elical.sweep import SweepData, plot_sweep, run_sweep
+from candor.train.elical.sweep import CONFIDENCES, SweepData, plot_sweep, run_sweep
+from candor.train.elical.targets import targets
 
 BASELINES = {
     "N-Prob": "n-prob",
@@ -64,17 +81,11 @@ BASELINES = {
     "Verbal-0": "verbal-0",
 }
 REFERENCE = "N-Prob"
-# Stage 2's rule before issue 13 (early stopping on dev MSE, no anchor) and the candidates compared on the dev
-# slice: (name, cal_stop, cal_anchor). The benchmark picks the one with the best mean dev AUROC (2-fold, below).
-BEFORE_RULE = ("loss-stop", "loss", 0.0)
-RULE_CANDIDATES = (
-    BEFORE_RULE,
-    ("auroc-stop", "auroc", 0.0),
-    # L2-SP from free to nearly frozen (at 0.1 only the bias moves much: the "bias and scale only" candidate).
-    ("L2-SP 0.001", "loss", 0.001),
-    ("L2-SP 0.01", "loss", 0.01),
-    ("L2-SP 0.1", "loss", 0.1),
-)
+# The baselines computed from the annotated records alone (greedy log-probabilities, stored consistency verdicts).
+RECORD_ONLY = ("prob", "n-prob", "min-prob", "consis-lex", "consis-sem")
+# Stage 2's rule before issue 25 (early stopping on dev MSE, no anchor, every weight trains); the candidates
+# are candor.train.elical.selection.RULES, compared by leaving one in-domain dataset out (issue 25).
+BEFORE_RULE = RULES["loss-stop"]
 SELECT_BUDGETS = "100,all"
 METRICS = ("auroc", "ece", "alignment")
 LORA_SUFFIX = " (lora)"
@@ -95,12 +106,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lora-budget", default="1000")
     p.add_argument("--lora-epochs", type=int, default=1, help="epochs per stage in lora mode (CPU cap)")
     p.add_argument("--quick", action="store_true", help="1 seed, budgets 100 and all, 100 resamples, no lora")
-    p.add_argument("--select-budgets", default=SELECT_BUDGETS, help="budgets of the dev-slice rule selection")
-    p.add_argument("--only", choices=("select", "before"), default=None,
-                   help="run only the dev-slice rule selection (prints it) or only the before sweep, then stop")
+    p.add_argument("--select-budgets", default=SELECT_BUDGETS, help="budgets of the held-out-domain rule selection")
+    p.add_argument("--only", choices=("select", "before", "sweep"), default=None,
+                   help="run only the held-out-domain rule selection (prints it), only the before sweep, or only the "
+                   "curves of the before rule and --report-rules (to fill the cache), then stop")
     p.add_argument("--report-rules", default="",
                    help="comma-separated candidates not selected to sweep anyway, reported apart (never selected)")
-    p.add_argument("--candidates", default=None, help="comma-separated stage-2 rule names to compare (default: all)")
+    p.add_argument("--candidates", default=None,
+                   help=f"comma-separated stage-2 rules to compare (default: all of {', '.join(RULES)})")
+    p.add_argument("--lodo", default=",".join(IN_DOMAIN),
+                   help="in-domain datasets whose extra dev questions (the lodo part) are read; '' for none")
+    p.add_argument("--score-pool", action=argparse.BooleanOptionalAction, default=True,
+                   help="held-out-domain folds also score the held-out dataset's training-pool questions")
     p.add_argument("--plain-budgets", default="100,1000", help="budgets of the plain-resume comparison")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
@@ -122,20 +139,34 @@ def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> dict[str, lis
     for dataset in datasets:
         path = root / part / f"{dataset}.jsonl"
         if not path.exists():
-            sys.exit(f"missing {path}: run benchmarks/baselines.py first (it annotates and caches HonestyBench-mini)")
+            sys.exit(f"missing {path}: run benchmarks/annotate_mini.py (it annotates and caches HonestyBench-mini)")
         out[dataset] = read_records(path)
     return out
 
 
-def load_baselines(root: Path, tests: dict[str, list[Record]]) -> dict[str, dict[str, Any]]:
-    """Baseline name → dataset → confidences in the test records' order (from baselines.py's cache)."""
+def baseline_dir(args: argparse.Namespace, tests: dict[str, list[Record]]) -> Path:
+    """baselines.py's confidences when it has scored every test set; else the baselines that need only the
+    records (no model), scored here into this benchmark's own cache (Verbal-0 is then left out)."""
+    shared = args.annotations / "confidences"
+    if all((shared / f"{dataset}.jsonl").exists() for dataset in tests):
+        return shared
+    from candor.estimators.confidences import score_into
+
+    logger.info("no baselines.py confidences under %s: scoring %s from the records", shared, ", ".join(RECORD_ONLY))
+    for dataset, records in tests.items():
+        score_into(records, RECORD_ONLY, args.cache / "confidences" / f"{dataset}.jsonl", None, progress=False)
+    return args.cache / "confidences"
+
+
+def load_baselines(folder: Path, tests: dict[str, list[Record]]) -> dict[str, dict[str, Any]]:
+    """Baseline name → dataset → confidences in the test records' order (from ``folder``, see baseline_dir)."""
     import numpy as np
 
     out: dict[str, dict[str, Any]] = {name: {} for name in BASELINES}
     for dataset, records in tests.items():
-        path = root / "confidences" / f"{dataset}.jsonl"
+        path = folder / f"{dataset}.jsonl"
         if not path.exists():
-            sys.exit(f"missing {path}: run benchmarks/baselines.py first (it scores the training-free baselines)")
+            sys.exit(f"missing {path}: run benchmarks/baselines.py (it scores the training-free baselines)")
         rows = {row.id: row for row in read_confidences(path).rows}
         for name, column in BASELINES.items():
             missing = [r.id for r in records if r.id not in rows or column not in rows[r.id].confidence]
@@ -146,7 +177,7 @@ def load_baselines(root: Path, tests: dict[str, list[Record]]) -> dict[str, dict
                 out[name][dataset] = np.array([rows[r.id].confidence[column] for r in records])
     skipped = [name for name, v in out.items() if v is None]
     if REFERENCE in skipped:
-        sys.exit(f"no {BASELINES[REFERENCE]!r} confidences under {root / 'confidences'}; run benchmarks/baselines.py")
+        sys.exit(f"no {BASELINES[REFERENCE]!r} confidences under {folder}; run benchmarks/baselines.py")
     if skipped:
         logger.warning("baselines without cached confidences, left out: %s", ", ".join(skipped))
     return {name: v for name, v in out.items() if v is not None}
@@ -155,84 +186,90 @@ def load_baselines(root: Path, tests: dict[str, list[Record]]) -> dict[str, dict
 # ---------------------------------------------------------------- runs
 
 
-def head_config(args: argparse.Namespace, rule: tuple[str, str, float], **changes: Any) -> EliCalConfig:
-    _, stop, anchor = rule
-    return EliCalConfig(
-        mode="head",
-        model=args.model,
-        max_epochs=args.max_epochs,
-        feature_cache=str(args.cache / "features"),
-        cal_stop=stop,
-        cal_anchor=anchor,
-        **changes,
+def head_config(args: argparse.Namespace, rule: StageTwoRule, **changes: Any) -> EliCalConfig:
+    base = EliCalConfig(
+        mode="head", model=args.model, max_epochs=args.max_epochs, feature_cache=str(args.cache / "features"), **changes
     )
+    return rule.apply(base)
 
 
-def dev_folds(dev: list[Record]) -> tuple[list[Record], list[Record]]:
-    """The dev slice in two halves, per dataset, by a hash of the id (fixed, independent of order)."""
-    by_dataset: dict[str, list[Record]] = {}
-    for r in dev:
-        by_dataset.setdefault(r.item.dataset, []).append(r)
-    halves: tuple[list[Record], list[Record]] = ([], [])
-    for records in by_dataset.values():
-        ordered = sorted(records, key=lambda r: hashlib.sha256(r.id.encode()).hexdigest())
-        halves[0].extend(ordered[: len(ordered) // 2])
-        halves[1].extend(ordered[len(ordered) // 2 :])
-    return halves
+def load_lodo(root: Path, datasets: list[str]) -> list[Record]:
+    """The extra dev questions of ``datasets`` (annotate_mini.py's ``lodo`` part), those that exist."""
+    out = []
+    for dataset in datasets:
+        path = root / "lodo" / f"{dataset}.jsonl"
+        if not path.exists():
+            logger.warning("missing %s: the %s fold is scored without extra dev questions", path, dataset)
+            continue
+        out.extend(read_records(path))
+    return out
 
 
-def select_rule(args: argparse.Namespace, data: SweepData) -> dict[str, Any]:
-    """Compare stage-2 rules on the dev slice only: stop on one half, score EliCal on the other, both ways.
+def lodo_selection(args: argparse.Namespace, data: SweepData, lodo: list[Record]) -> dict[str, Any]:
+    """Every candidate rule with one in-domain dataset held out in turn (the library's protocol; no test item).
 
-    The half that scores a run never picks its epoch, so stopping on dev AUROC gets no optimistic edge.
-    Returns each candidate's dev AUROC/ECE per budget (mean over seeds and both folds) and the pick.
+    A fold scores the held-out dataset's dev slice and extra dev questions and, with ``--score-pool``, its
+    training-pool questions too: that fold never trains or stops on them, so they are dev questions for it.
     """
-    halves = dev_folds(list(data.dev))
+    names = args.candidates.split(",") if args.candidates else list(RULES)
+    scored = [*lodo, *data.train] if args.score_pool else lodo
+    return select_rule(
+        data.train, data.dev, scored, out_dir=args.cache / "lodo", config=head_config(args, BEFORE_RULE),
+        rules=names, budgets=[parse_budget(b) for b in args.select_budgets.split(",") if b], seeds=args.seeds,
+    )  # fmt: skip
+
+
+def in_domain_check(args: argparse.Namespace, data: SweepData, lodo: list[Record], chosen: str) -> dict[str, Any]:
+    """The chosen rule against the old one in domain, on dev questions only: heads trained on the whole pool
+    (all four datasets), scored on the extra dev questions of all four (never trained or stopped on).
+
+    The chosen rule is adopted unless, at some budget, its in-domain AUROC is below the old rule's beyond the
+    paired bootstrap interval of the difference (the interval's upper end below zero).
+    """
+    by_dataset: dict[str, list[Record]] = {}
+    for r in lodo:
+        by_dataset.setdefault(r.item.dataset, []).append(r)
+    if not by_dataset:
+        return {"chosen": chosen, "before": BEFORE_RULE.name, "skipped": "no extra dev questions (lodo part) read",
+                "worse_beyond_interval_at": []}
+    scored = SweepData(data.train, data.dev, by_dataset, {d: "id" for d in by_dataset})
+    labels = {d: targets(recs, "hard", what=f"lodo {d}").astype(int) for d, recs in by_dataset.items()}
     budgets = [parse_budget(b) for b in args.select_budgets.split(",") if b]
-    evidence: dict[str, Any] = {}
-    wanted = args.candidates.split(",") if args.candidates else [rule[0] for rule in RULE_CANDIDATES]
-    candidates = [rule for rule in RULE_CANDIDATES if rule[0] in wanted]
-    for rule in candidates:
-        folds = []
-        for k, (stop_on, score_on) in enumerate((halves, halves[::-1])):
-            # Pooled: the dev slice has 15 correct greedy answers in all, too few to score per dataset.
-            scored = {"dev": score_on}
-            fold = SweepData(data.train, stop_on, scored, {name: "id" for name in scored})
-            folds.append(
-                run_sweep(
-                    fold,
-                    out_dir=args.cache / "select" / _slug(rule[0]) / f"fold{k}",
-                    config=head_config(args, rule),
-                    budgets=budgets,
-                    seeds=args.seeds,
-                    methods=("elical",),
-                    bootstrap=0,
-                )["methods"]
-            )
-        evidence[rule[0]] = {
-            "cal_stop": rule[1],
-            "cal_anchor": rule[2],
-            "by_budget": {
-                str(b): {m: _num(sum(f[f"EliCal@{b}"]["id"][m] for f in folds) / len(folds)) for m in ("auroc", "ece")}
-                for b in budgets
-            },
+    sweeps = {
+        name: run_sweep(scored, out_dir=args.cache / "in-domain-check" / _slug(name),
+                        config=head_config(args, RULES[name]), budgets=budgets, seeds=args.seeds,
+                        methods=("elical",), bootstrap=0,
+                        stage1_dir=args.cache / "in-domain-check" / "stage1")["methods"]
+        for name in dict.fromkeys([chosen, BEFORE_RULE.name])
+    }  # fmt: skip
+    group = [Group("id", tuple(by_dataset))]
+    rows = {}
+    for b in budgets:
+        new, old = sweeps[chosen][f"EliCal@{b}"], sweeps[BEFORE_RULE.name][f"EliCal@{b}"]
+        gap = metric_differences(new[CONFIDENCES], old[CONFIDENCES], labels, groups=group,
+                                 bootstrap=max(args.bootstrap, 1))["id"]  # fmt: skip
+        rows[str(b)] = {
+            "chosen": {m: _num(new["id"][m]) for m in ("auroc", "ece")},
+            "before": {m: _num(old["id"][m]) for m in ("auroc", "ece")},
+            "auroc_diff": _num(gap.value),
+            "ci95": [_num(x) for x in gap.ci],
         }
-        aurocs = [v["auroc"] for v in evidence[rule[0]]["by_budget"].values()]
-        evidence[rule[0]]["mean_auroc"] = _num(sum(aurocs) / len(aurocs))
-        evidence[rule[0]]["auroc_all_minus_100"] = _num(aurocs[-1] - aurocs[0])
-    best = max(candidates, key=lambda rule: evidence[rule[0]]["mean_auroc"])
-    logger.info("dev-slice rule selection: %s", {k: v["mean_auroc"] for k, v in evidence.items()})
+    worse = [b for b, row in rows.items() if row["ci95"][1] is not None and row["ci95"][1] < 0]
     return {
-        "candidates": evidence,
-        "selected": best[0],
-        "budgets": [str(b) for b in budgets],
-        "seeds": list(args.seeds),
-        "rule": best,
+        "chosen": chosen,
+        "before": BEFORE_RULE.name,
+        "scored_on": {d: {"n": len(recs), "n_correct": int(labels[d].sum())} for d, recs in by_dataset.items()},
+        "by_budget": rows,
+        "worse_beyond_interval_at": worse,
+        "protocol": "heads trained on the whole in-domain pool (stages 1 and 2) and stopped on the dev slice, "
+        "scored on the extra in-domain dev questions (training-part questions outside the pool, greedy only); "
+        "paired bootstrap of the AUROC difference (chosen - before), questions resampled per dataset. "
+        "No test item is used.",
     }
 
 
 def head_sweep(
-    args: argparse.Namespace, data: SweepData, baselines: dict, rule: tuple[str, str, float], out_dir: Path
+    args: argparse.Namespace, data: SweepData, baselines: dict, rule: StageTwoRule, out_dir: Path
 ) -> dict[str, Any]:
     config = head_config(args, rule)
     return run_sweep(
@@ -243,21 +280,23 @@ def head_sweep(
         seeds=args.seeds,
         bootstrap=args.bootstrap,
         baselines=baselines,
+        stage1_dir=args.cache / "head" / "stage1",  # every rule's curve resumes the same stage 1
     )
 
 
-def plain_resume_sweep(args: argparse.Namespace, data: SweepData, rule: tuple[str, str, float]) -> dict[str, Any]:
+def plain_resume_sweep(args: argparse.Namespace, data: SweepData, rule: StageTwoRule) -> dict[str, Any]:
     """EliCal with the paper's plain resume (no bias re-centring in stage 2), to show what that choice does."""
     config = head_config(args, rule, recenter_bias=False)
     return run_sweep(
         data,
-        out_dir=args.cache / "head-plain" / _slug(rule[0]),
+        out_dir=args.cache / "head-plain" / _slug(rule.name),
         config=config,
         budgets=[parse_budget(b) for b in args.plain_budgets.split(",") if b],
         seeds=args.seeds,
         methods=("elical",),
         eli_only=False,
         bootstrap=args.bootstrap,
+        stage1_dir=args.cache / "head" / "stage1",
     )
 
 
@@ -329,8 +368,10 @@ def results_payload(
             "lexical-echo; see results/consistency_agreement.json), so Eli-Only and EliCal differ from earlier "
             "versions of this file; the 'before' curve is rerun on the same records so before/after compare like "
             "with like.",
-            "Stage 2 stops early on the rule in stage2_rule.after (chosen on the dev slice, see dev_evidence); "
-            "the 'before' section is the same sweep with the old rule (dev MSE, no anchor) on the same records.",
+            "Stage 2 follows the rule in stage2_rule.after, chosen by leaving one in-domain dataset out "
+            "(stage2_rule.held_out_selection: train on three datasets' pool, score on the fourth's dev questions) and "
+            "checked in domain on dev questions (stage2_rule.in_domain_check); the 'before' section is the same sweep "
+            "with the old rule (dev MSE, no anchor, every weight) on the same records.",
             "EliCal re-centres the head's bias on the stage-2 targets when stage 2 starts (recenter_bias, "
             "chosen on dev-slice loss); the '(plain resume)' rows are the paper's plain resume, for comparison.",
             "head mode: frozen backbone, last-layer last-token features, head lr 1e-3, batch 32, up to the paper's "
@@ -345,25 +386,27 @@ def results_payload(
         "command": "python benchmarks/elical.py"
         + (" --quick" if args.quick else "")
         + (" --skip-lora" if args.skip_lora and not args.quick else "")
-        + (f" --report-rules '{args.report_rules}'" if args.report_rules else ""),
+        + (f" --report-rules '{args.report_rules}'" if args.report_rules else "")
+        + (f" --cache {args.cache}" if args.cache != CACHE / "elical" else "")
+        + ("" if args.score_pool else " --no-score-pool")
+        + (f" --lodo '{args.lodo}'" if args.lodo != ",".join(IN_DOMAIN) else ""),
     }
 
 
-def add_rule_change(payload: dict, before: dict, selection: dict, rule: tuple[str, str, float]) -> None:
-    """The stage-2 rule before and after issue 13, the dev evidence that picked it, and the before curve."""
+def add_rule_change(payload: dict, before: dict, selection: dict, check: dict, rule: StageTwoRule) -> None:
+    """The stage-2 rule before and after issue 25, the held-out-domain evidence that chose it, the in-domain
+    check, and the before curve."""
+    default = EliCalConfig()
     payload["stage2_rule"] = {
-        "before": {"name": BEFORE_RULE[0], "cal_stop": BEFORE_RULE[1], "cal_anchor": BEFORE_RULE[2]},
-        "after": {"name": rule[0], "cal_stop": rule[1], "cal_anchor": rule[2]},
-        "library_default": {"cal_stop": EliCalConfig().cal_stop, "cal_anchor": EliCalConfig().cal_anchor},
-        "dev_evidence": {
-            **selection,
-            "protocol": "2-fold on the 200-question dev slice (halves per dataset by id hash): early stopping on "
-            "one half, EliCal scored on the other (AUROC, ECE against greedy correctness), both ways, over the seeds; "
-            "the candidate with the best mean dev AUROC over the budgets is selected. No test or OOD item is used.",
-        },
+        "before": {"name": BEFORE_RULE.name, **BEFORE_RULE.settings()},
+        "after": {"name": rule.name, **rule.settings()},
+        "library_default": {"name": rule_of(default), "cal_stop": default.cal_stop,
+                            "cal_anchor": default.cal_anchor, "cal_scope": default.cal_scope},
+        "held_out_selection": selection,
+        "in_domain_check": check,
     }
     payload["before"] = {
-        "rule": BEFORE_RULE[0],
+        "rule": BEFORE_RULE.name,
         "methods": {
             name: {k: v for k, v in method_entry(entry, "head").items() if k != "runs"}
             for name, entry in before["methods"].items()
@@ -465,38 +508,50 @@ def main() -> None:
     args.budgets = [parse_budget(b) for b in args.budgets.split(",") if b]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.lora_budget = parse_budget(args.lora_budget)
-    tests = load_part(args.annotations, "test", IN_DOMAIN + OUT_OF_DOMAIN)
     train = [r for recs in load_part(args.annotations, "train", IN_DOMAIN).values() for r in recs]
     dev = [r for recs in load_part(args.annotations, "dev", IN_DOMAIN).values() for r in recs]
-    roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
-    data = SweepData(train, dev, tests, roles)
-    baselines = load_baselines(args.annotations, tests)
     seconds: dict[str, float] = {}
 
-    if args.only == "before":
-        head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE[0]))
+    if args.only not in ("before", "sweep"):
+        # The rule is chosen before any test part is read: training pool, dev slice and extra dev questions only.
+        lodo = load_lodo(args.annotations, [d for d in args.lodo.split(",") if d])
+        pool = SweepData(train, dev, {}, {})
+        start = time.perf_counter()
+        selection = lodo_selection(args, pool, lodo)
+        seconds["held_out_selection"] = time.perf_counter() - start
+        start = time.perf_counter()
+        check = in_domain_check(args, pool, lodo, selection["selected"])
+        seconds["in_domain_check"] = time.perf_counter() - start
+        rule = BEFORE_RULE if check["worse_beyond_interval_at"] else RULES[selection["selected"]]
+        if args.only == "select":
+            print(json.dumps({"selection": selection, "in_domain_check": check, "rule": rule.name}, indent=2,
+                             default=float))
+            return
+    tests = load_part(args.annotations, "test", IN_DOMAIN + OUT_OF_DOMAIN)
+    roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
+    data = SweepData(train, dev, tests, roles)
+    baselines = load_baselines(baseline_dir(args, tests), tests)
+    if args.only in ("before", "sweep"):
+        names = [BEFORE_RULE.name, *(n for n in args.report_rules.split(",") if n and args.only == "sweep")]
+        for name in names:
+            head_sweep(args, data, baselines, RULES[name], args.cache / "head" / _slug(name))
         return
+    if rule_of(EliCalConfig()) != rule.name:
+        logger.warning("the library default stage-2 rule is %s, the selected one %s: update EliCalConfig's defaults",
+                       rule_of(EliCalConfig()), rule.name)
     start = time.perf_counter()
-    selection = select_rule(args, data)
-    seconds["dev_selection"] = time.perf_counter() - start
-    rule = selection.pop("rule")
-    if args.only == "select":
-        print(json.dumps(selection, indent=2))
-        return
-    start = time.perf_counter()
-    before = head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE[0]))
+    before = head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE.name))
     seconds["head_sweep_before"] = time.perf_counter() - start
     start = time.perf_counter()
-    head = head_sweep(args, data, baselines, rule, args.cache / "head" / _slug(rule[0]))
+    head = head_sweep(args, data, baselines, rule, args.cache / "head" / _slug(rule.name))
     seconds["head_sweep"] = time.perf_counter() - start
     start = time.perf_counter()
     plain = plain_resume_sweep(args, data, rule)
     seconds["plain_resume_sweep"] = time.perf_counter() - start
     report_only = {}
-    for name in [n for n in args.report_rules.split(",") if n and n != rule[0]]:
-        other = next(r for r in RULE_CANDIDATES if r[0] == name)
+    for name in [n for n in args.report_rules.split(",") if n and n != rule.name]:
         start = time.perf_counter()
-        report_only[name] = head_sweep(args, data, {}, other, args.cache / "head" / _slug(name))
+        report_only[name] = head_sweep(args, data, {}, RULES[name], args.cache / "head" / _slug(name))
         seconds[f"head_sweep {name}"] = time.perf_counter() - start
     lora = None
     if not args.skip_lora:
@@ -505,10 +560,10 @@ def main() -> None:
         seconds["lora"] = time.perf_counter() - start
 
     payload = results_payload(args, head, plain, lora, data, seconds)
-    add_rule_change(payload, before, selection, rule)
+    add_rule_change(payload, before, selection, check, rule)
     payload["stage2_rule"]["report_only"] = {
         name: {
-            "note": "not selected on the dev slice; swept for the record only (test/OOD numbers never fed a choice)",
+            "note": "not selected on held-out domains; swept for the record only (test/OOD never fed a choice)",
             "methods": {k: {g: v[g] for g in ("id", "ood", "ci95")} for k, v in
                         ((k, method_entry(e, "head")) for k, e in sweep["methods"].items())},
         }

@@ -245,32 +245,66 @@ def elical(r: Path) -> dict[str, str]:
 
 
 def elical_rule(d: Json) -> dict[str, str]:
-    """The stage-2 rule change of issue 13: dev evidence per candidate, and EliCal before/after per budget."""
+    """Stage 2's rule (issue 25): the held-out-domain selection, its folds, the in-domain check, before/after."""
     rule = d.get("stage2_rule")
-    if rule is None:
+    if rule is None or "held_out_selection" not in rule:
         return {}
-    evidence = rule["dev_evidence"]
-    budgets = evidence["budgets"]
-    dev_rows = []
-    for name, c in evidence["candidates"].items():
-        label = f"**{name}**" if name == evidence["selected"] else name
-        dev_rows.append([label, *(pct(c["by_budget"][b]["auroc"]) for b in budgets), pct(c["mean_auroc"]),
-                         *(pct(c["by_budget"][b]["ece"]) for b in budgets)])
-    dev_table = md_table(["stage-2 rule", *(f"dev AUROC @{b}" for b in budgets), "mean",
-                          *(f"dev ECE @{b}" for b in budgets)], "l" + "r" * (2 * len(budgets) + 1), dev_rows)
-    before, after = d["before"]["methods"], d["methods"]
+    sel, check = rule["held_out_selection"], rule["in_domain_check"]
+    budgets, first, last = sel["budgets"], sel["budgets"][0], sel["budgets"][-1]
     rows = []
+    for name, c in sel["candidates"].items():
+        gap = c["last_vs_first"]
+        rows.append([f"**{name}**" if name == sel["selected"] else name,
+                     *(pct(c["by_budget"][b]["auroc"]) for b in budgets), pct(c["mean_auroc"]),
+                     *(pct(c["by_budget"][b]["ece"]) for b in budgets),
+                     f"{signed(gap['auroc_diff'])} [{signed(gap['ci95'][0])}, {signed(gap['ci95'][1])}]"])
+    eli = sel["eli_only"]
+    rows.append(["Eli-Only (stage 1 alone)", *(pct(eli["auroc"]) for _ in budgets), pct(eli["auroc"]),
+                 *(pct(eli["ece"]) for _ in budgets), DASH])
+    selection = md_table(["stage-2 rule", *(f"AUROC @{b}" for b in budgets), "mean",
+                          *(f"ECE @{b}" for b in budgets), f"AUROC @{last} − @{first} [95%]"],
+                         "l" + "r" * (2 * len(budgets) + 2), rows)
+    chosen, before = sel["selected"], rule["before"]["name"]
+    fold_rows = []
+    for domain, sizes in sel["folds"].items():
+        cells = [domain, str(sizes["n_scored"]), str(sizes["n_correct"]), pct(eli["by_fold"][domain]["auroc"])]
+        for name in dict.fromkeys([chosen, before]):
+            cells += [pct(sel["candidates"][name]["by_budget"][b]["by_fold"][domain]["auroc"]) for b in (first, last)]
+        fold_rows.append(cells)
+    fold_head = ["held out", "dev questions", "correct", "Eli-Only"]
+    for name in dict.fromkeys([chosen, before]):
+        fold_head += [f"{name} @{first}", f"@{last}"]
+    folds = md_table(fold_head, "lrrr" + "r" * (len(fold_head) - 4), fold_rows)
+    check_rows = [[b, pct(r["chosen"]["auroc"]), pct(r["before"]["auroc"]),
+                   f"{signed(r['auroc_diff'])} [{signed(r['ci95'][0])}, {signed(r['ci95'][1])}]",
+                   pct(r["chosen"]["ece"]), pct(r["before"]["ece"])] for b, r in check.get("by_budget", {}).items()]
+    in_domain = md_table(["budget", f"AUROC {check['chosen']}", f"AUROC {check['before']}", "Δ [95% paired]",
+                          f"ECE {check['chosen']}", f"ECE {check['before']}"], "lrrrrr", check_rows)
+    before_m, after = d["before"]["methods"], d["methods"]
+    ba_rows = []
     for key in ["Eli-Only", *(f"EliCal@{b}" for b in d["budgets"])]:
         cells = [key]
         for g in ("id", "ood"):
-            for side in (before, after):
+            for side in (before_m, after):
                 cells.append(with_ci(side[key][g]["auroc"], side[key]["ci95"][g]["auroc"]))
         for g in ("id", "ood"):
-            cells += [pct(before[key][g]["ece"]), pct(after[key][g]["ece"])]
-        rows.append(cells)
+            cells += [pct(before_m[key][g]["ece"]), pct(after[key][g]["ece"])]
+        ba_rows.append(cells)
     head = ["method", "ID AUROC before", "after", "OOD AUROC before", "after",
             "ID ECE before", "after", "OOD ECE before", "after"]
-    return {"table:elical-dev-rules": dev_table, "table:elical-before-after": md_table(head, "l" + "r" * 8, rows)}
+    n_correct = ", ".join(f"{k} {v['n_correct']} of {v['n']}" for k, v in check.get("scored_on", {}).items())
+    return {
+        "table:elical-lodo-rules": selection,
+        "table:elical-lodo-folds": folds,
+        "table:elical-in-domain-check": in_domain,
+        "table:elical-before-after": md_table(head, "l" + "r" * 8, ba_rows),
+        "value:elical-selected": rule["after"]["name"],
+        "value:elical-heldout-gaps": "; ".join(
+            f"{name} {signed(c['last_vs_first']['auroc_diff'])} [{signed(c['last_vs_first']['ci95'][0])}, "
+            f"{signed(c['last_vs_first']['ci95'][1])}]" for name, c in sel["candidates"].items()),
+        "value:elical-eli-heldout": f"{pct(eli['auroc'])} (ECE {pct(eli['ece'])})",
+        "value:elical-lodo-correct": n_correct,
+    }
 
 
 # ---------------------------------------------------------------- ADVICE

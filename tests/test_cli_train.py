@@ -383,3 +383,43 @@ def test_each_verbal_method_has_its_own_config_class():
     assert type(both) is AdviceConfig and both.method == "advice+conftuner" and both.weights.brier == 1.0
     with pytest.raises(CandorError, match="not by a 'method' setting"):
         method_config("conftuner", method="advice")
+
+
+def test_train_elical_prints_the_held_out_domain_auroc_of_a_multi_dataset_pool(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("CANDOR_CACHE", str(tmp_path / "cache"))
+    pool, single = tmp_path / "pool.jsonl", tmp_path / "single.jsonl"
+    write_records(pool, annotated_records(24, 0, "a") + annotated_records(24, 100, "b"))
+    write_records(single, annotated_records(24, 0, "a"))
+    runner = CliRunner()
+    args = ["--model", tiny_model_dir, "-s", "max_epochs=2", "-s", "budget=10"]
+    result = runner.invoke(app, ["train", "elical", "-r", str(pool), "-o", str(tmp_path / "h"), *args])
+    assert result.exit_code == 0, result.output
+    assert "held-out-domain AUROC" in result.output and "a " in result.output and "mean" in result.output
+    report = json.loads((tmp_path / "h" / "training.json").read_text())["held_out_domains"]
+    # each dataset scored on all its records (pool and carved dev), none of which its fold trained on
+    assert {d: v["n"] for d, v in report["domains"].items()} == {"a": 24, "b": 24}
+    assert all(0.0 <= v["auroc"] <= 1.0 for v in report["domains"].values())
+    one = runner.invoke(app, ["train", "elical", "-r", str(single), "-o", str(tmp_path / "s"), *args])
+    assert one.exit_code == 0, one.output
+    assert "held-out-domain" not in one.output
+    assert "held_out_domains" not in json.loads((tmp_path / "s" / "training.json").read_text())
+
+
+def test_sweep_select_chooses_a_rule_on_held_out_domains_and_reads_no_test(tiny_model_dir, tmp_path):
+    pool, extra = tmp_path / "pool.jsonl", tmp_path / "extra.jsonl"
+    write_records(pool, annotated_records(24, 0, "a") + annotated_records(24, 100, "b"))
+    write_records(extra, annotated_records(9, 500, "a") + annotated_records(9, 600, "b"))
+    runner = CliRunner()
+    base = ["sweep", "--select", "-r", str(pool), "--held-out-dev", str(extra), "-o", str(tmp_path / "sel"),
+            "--model", tiny_model_dir, "--budgets", "all", "--seeds", "0"]
+    result = runner.invoke(app, [*base, "--rules", "loss-stop,bias-scale"])
+    assert result.exit_code == 0, result.output
+    chosen = json.loads((tmp_path / "sel" / "selection.json").read_text())
+    assert set(chosen["candidates"]) == {"loss-stop", "bias-scale"}
+    assert f"selected: {chosen['selected']}" in result.output and "held out a:" in result.output
+    with_test = runner.invoke(app, [*base, "-t", str(extra)])
+    assert with_test.exit_code == 2 and "no --test" in with_test.output
+    bad_rule = runner.invoke(app, [*base, "--rules", "nope"])
+    assert bad_rule.exit_code == 2 and "unknown stage-2 rules" in bad_rule.output
+    stray = runner.invoke(app, ["sweep", "-r", str(pool), "-o", str(tmp_path / "x"), "--rules", "loss-stop"])
+    assert stray.exit_code == 2 and "belong to --select" in stray.output

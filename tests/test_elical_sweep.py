@@ -105,6 +105,24 @@ def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_model_dir, tmp_p
     assert not any(m.startswith("training ") for m in caplog.messages)
     assert again["methods"]["EliCal@all"]["id"] == summary["methods"]["EliCal@all"]["id"]
 
+    # Other test questions, same training: every head is rescored, none retrained, and the old test
+    # questions score as before.
+    more = SweepData(data.train, data.dev, {**data.tests, "extra": annotated_records(9, 900, "extra")},
+                     {**data.roles, "extra": "id"})
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="candor.train.elical"):
+        rescored = run_sweep(more, **{**kwargs, "baselines": None})
+    assert sum("rescoring the cached head" in m for m in caplog.messages) == 5
+    assert not any(m.startswith("training ") for m in caplog.messages)
+    column = "EliCal@10"
+    assert rescored["methods"][column]["per_dataset"]["near"] == summary["methods"][column]["per_dataset"]["near"]
+    # Other training records: retrained.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="candor.train.elical"):
+        fewer = SweepData(data.train[1:], data.dev, more.tests, more.roles)
+        run_sweep(fewer, **{**kwargs, "budgets": [10], "baselines": None})
+    assert sum(m.startswith("training ") for m in caplog.messages) == 3
+
 
 def test_the_sweep_refuses_a_dev_slice_that_overlaps_test_before_training(tiny_model_dir, tmp_path):
     data = sweep_data()

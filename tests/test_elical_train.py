@@ -550,3 +550,37 @@ def test_bad_stage_two_rules_are_named():
         EliCalConfig(cal_stop="ece")
     with pytest.raises(CandorError, match="cannot be negative"):
         EliCalConfig(cal_anchor=-1.0)
+
+
+def test_bias_scale_stage_two_keeps_the_stage_one_ranking_and_saves_a_plain_head(tiny_model_dir, tmp_path):
+    train, dev = make_records(30), make_records(8, 100)
+    eli = train_elical(train, dev, method="eli-only", config=EliCalConfig(mode="head", model=tiny_model_dir,
+                       max_epochs=3), out_dir=tmp_path / "eli")
+    config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3, head_learning_rate=0.05, batch_size=2,
+                          cal_scope="bias-scale")
+    cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=20, config=config,
+                       out_dir=tmp_path / "cal")
+    w_eli, w_cal = eli.model.head.linear.weight.detach(), cal.model.head.linear.weight.detach()
+    ratio = (w_cal / w_eli).flatten()
+    # Only a common scale moved the weights (same direction), so the ranking of any inputs is unchanged.
+    assert torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-4)
+    assert ratio[0].item() > 0 and abs(ratio[0].item() - 1.0) > 1e-4
+    reloaded = ConfidenceHead.from_pretrained(tmp_path / "cal", model=cal.model.backbone, tokenizer=cal.model.tokenizer)
+    assert isinstance(reloaded.head, LinearHead) and all(p.requires_grad for p in cal.model.head.parameters())
+    x = torch.randn(12, w_eli.shape[1])
+    order_eli = torch.argsort(eli.model.head(x)).tolist()
+    order_cal = torch.argsort(reloaded.head(x)).tolist()
+    assert order_eli == order_cal
+    with pytest.raises(CandorError, match="unknown cal_scope 'weights'"):
+        EliCalConfig(cal_scope="weights")
+
+
+def test_bias_scale_freezes_the_lora_weights_for_stage_two_and_thaws_them(tiny_model_dir, tmp_path):
+    train, dev = make_records(12), make_records(4, 100)
+    eli = train_elical(train, dev, method="eli-only", config=lora_config(tiny_model_dir), out_dir=tmp_path / "eli")
+    before = {n: p.detach().clone() for n, p in eli.model.backbone.named_parameters() if "lora" in n}
+    cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=8, out_dir=tmp_path / "cal",
+                       config=lora_config(tiny_model_dir, cal_scope="bias-scale"))
+    after = dict(cal.model.backbone.named_parameters())
+    assert before and all(torch.equal(after[n], w) for n, w in before.items())
+    assert all(after[n].requires_grad for n in before)

@@ -27,6 +27,7 @@ What a run cost is measured by :mod:`candor.util.cost`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import types
 import typing
@@ -40,6 +41,7 @@ from candor.annotation.records import Record, read_records
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.util.cost import ResourceMeter
 from candor.util.errors import CandorError
+from candor.util.files import atomic_write_text
 from candor.util.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -236,6 +238,7 @@ class TrainResult:
     stages: list[Any] = field(default_factory=list)
     budget: int | str | None = None
     triplet_stats: Any = None
+    held_out: dict[str, Any] | None = None  # EliCal: AUROC on each pool dataset when trained without it
     model: Any = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -253,6 +256,8 @@ class TrainResult:
             out["stages"] = [dataclasses.asdict(stage) for stage in self.stages]
         if self.triplet_stats is not None:
             out["triplet_stats"] = self.triplet_stats.as_dict()
+        if self.held_out is not None:
+            out["held_out_domains"] = self.held_out
         return out
 
 
@@ -388,6 +393,7 @@ def _boolean(text: str) -> bool:
 def _elical(method: str) -> Trainer:
     def run(job: TrainJob) -> TrainResult:
         from candor.train.elical import EliCalConfig, carve_dev, parse_budget, train_elical
+        from candor.train.elical.selection import held_out_report
         from candor.util.files import cache_root
 
         settings = dict(job.settings)
@@ -400,10 +406,21 @@ def _elical(method: str) -> Trainer:
         if dev is None:
             pool, dev = carve_dev(pool, seed=job.seed)
             logger.info("no --dev file: carved a dev slice of %d records from the training pool", len(dev))
-        return train_elical(
+        # One frozen backbone for the head and its held-out retrainings (lora mode loads a fresh one per run).
+        model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device) \
+            if config.mode == "head" else (None, None)
+        result = train_elical(
             pool, dev, method=method, config=config, out_dir=job.out, budget=budget, init_from=init_from,
             source=job.records, dev_source=job.dev if job.dev is not None else f"dev slice carved from {job.records}",
+            model=model, tokenizer=tokenizer,
         )
+        # Generality, not just in-domain dev loss: retrain without each dataset of the pool and score it.
+        result.held_out = held_out_report(pool, dev, method=method, config=config, budget=budget, model=model,
+                                          tokenizer=tokenizer)
+        if result.held_out is not None:
+            atomic_write_text(Path(result.path) / "training.json", json.dumps(result.to_dict(), indent=2,
+                                                                              default=str) + "\n")
+        return result
 
     return run
 

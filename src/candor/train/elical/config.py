@@ -31,6 +31,11 @@ EPOCHS_FULL, EPOCHS_SMALL, EPOCHS_LARGE = 10, 50, 15
 
 DEFAULT_BATCH = {"head": 32, "lora": 8}
 
+# What stage 2 trains when it resumes stage 1 (``cal_scope``): every trainable weight (the paper), or only a
+# scale and a bias on the head's logit, which recalibrates without reordering (Cal-Only, from scratch, trains all).
+ALL_WEIGHTS, BIAS_SCALE = "all", "bias-scale"
+CAL_SCOPES = (ALL_WEIGHTS, BIAS_SCALE)
+
 
 def paper_epochs(n: int, full_set: bool) -> int:
     """The paper's epochs for a stage: 10 on the full set, else 50 for up to 10k labels and 15 above."""
@@ -48,8 +53,11 @@ class EliCalConfig:
     template: str = "auto"
     layer: int = -1
     cal_target: str = "soft"
+    # Stage 2's rule, chosen by leaving one in-domain dataset out (issue 25, benchmarks/README.md): early stopping
+    # on dev loss with an L2-SP anchor of 0.1 toward the stage-1 weights ("L2-SP 0.1" in selection.RULES).
     cal_stop: str = "loss"
-    cal_anchor: float = 0.0
+    cal_anchor: float = 0.1
+    cal_scope: str = ALL_WEIGHTS
     learning_rate: float = 5e-5
     head_learning_rate: float = 1e-3
     weight_decay: float = 0.1
@@ -76,6 +84,8 @@ class EliCalConfig:
         stage_target("cal", self.cal_target)
         if self.cal_stop not in STOP_METRICS:
             raise CandorError(f"unknown cal_stop {self.cal_stop!r}; known: {', '.join(STOP_METRICS)}")
+        if self.cal_scope not in CAL_SCOPES:
+            raise CandorError(f"unknown cal_scope {self.cal_scope!r}; known: {', '.join(CAL_SCOPES)}")
         if self.cal_anchor < 0:
             raise CandorError(f"cal_anchor is a penalty weight and cannot be negative, got {self.cal_anchor}")
         check_settings(self)

@@ -108,6 +108,36 @@ class LinearHead(nn.Module):
         self.linear.bias.fill_(math.log(p / (1 - p)))
 
 
+class BiasScale(nn.Module):
+    """``sigmoid(scale * logit + bias)`` around a :class:`LinearHead` whose own weights stay frozen.
+
+    Stage 2's ``cal_scope="bias-scale"``: a monotone recalibration (Platt scaling of the head's
+    logit) that cannot reorder questions, so the stage-1 ranking survives any number of labels.
+    :meth:`fold_into_head` writes the result back into the linear layer (``w <- scale * w``,
+    ``b <- scale * b + bias``): the saved head is the same family and format as any other.
+    """
+
+    def __init__(self, head: LinearHead) -> None:
+        super().__init__()
+        self.head = head
+        head.requires_grad_(False)
+        self.scale = nn.Parameter(torch.ones(()))
+        self.bias = nn.Parameter(torch.zeros(()))  # named "bias" so an L2-SP anchor leaves it free
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x = (features.float() - self.head.mean) / self.head.scale
+        return torch.sigmoid(self.scale * self.head.linear(x) + self.bias).squeeze(-1)
+
+    @torch.no_grad()
+    def fold_into_head(self) -> LinearHead:
+        """The wrapped head with the scale and bias folded into its weights, trainable again."""
+        linear = self.head.linear
+        linear.weight.mul_(self.scale)
+        linear.bias.mul_(self.scale).add_(self.bias)
+        self.head.requires_grad_(True)
+        return self.head
+
+
 class ConfidenceHead(nn.Module):
     """A backbone (LoRA-adapted in ``lora`` mode, frozen in ``head`` mode) and a :class:`LinearHead`.
 

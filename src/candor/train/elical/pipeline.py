@@ -37,8 +37,12 @@ except:
   labels, most out of domain): ``cal_stop`` picks stage 2's best epoch by the
   dev slice's loss (the paper) or its AUROC against greedy correctness, and
   ``cal_anchor`` adds an L2-SP penalty holding the resumed head's weights near
-  stage 1's. Stage 1 always stops on the dev loss, and Cal-Only has no anchor
-  (nothing to hold it to).
+  stage 1's. ``cal_scope="bias-scale"`` trains only a scale and a bias on the
+  resumed head's logit (Platt scaling: calibrates without reordering). Stage 1
+  always stops on the dev loss, and Cal-Only has no anchor and trains every
+  weight (nothing to hold it to). The default (``cal_anchor=0.1``, dev-loss
+  stopping) is the rule that ranked unseen datasets best when each in-domain
+  dataset was left out in turn (:mod:`candor.train.elical.selection`).
 """
 
 from __future__ import annotations
@@ -61,9 +65,9 @@ from candor.annotation.prompts import records_template
 from candor.annotation.records import Record
 from candor.backends.chat import TokenizerChat
 from candor.backends.tokens import encode
-from candor.train.elical.config import EliCalConfig
+from candor.train.elical.config import ALL_WEIGHTS, BIAS_SCALE, EliCalConfig
 from candor.train.elical.features import FeatureCache
-from candor.train.elical.model import ConfidenceHead, HeadConfig
+from candor.train.elical.model import BiasScale, ConfidenceHead, HeadConfig
 from candor.train.elical.splits import ALL, Budget, budget_size, draw_budget, parse_budget
 from candor.train.elical.targets import check_field, stage_target, targets
 from candor.train.elical.trainer import (
@@ -225,7 +229,9 @@ def train_stage(
         else:
             model, train_set, dev_set, collate, head_lr = _lora_mode_data(head, records, dev, y, y_dev, config, fresh)
         inputs_s = time.perf_counter() - inputs_start
-        with tempfile.TemporaryDirectory(prefix="candor-elical-") as scratch:
+        scope = _Scope(head, config.cal_scope if stage == "cal" and not fresh else ALL_WEIGHTS)
+        model = scope.model if config.mode == "head" else model
+        with scope, tempfile.TemporaryDirectory(prefix="candor-elical-") as scratch:
             args = _arguments(scratch, config, epochs, head_lr, loss_only=metrics is None)
             stopper = BestOnDev(patience=config.patience, metric=stop)
             trainer = EliCalTrainer(
@@ -259,6 +265,34 @@ def train_stage(
         history=history,
         cost=cost,
     )
+
+
+class _Scope:
+    """What a stage trains (``cal_scope``): every trainable weight, or only a scale and bias on the head's logit.
+
+    For ``bias-scale`` the head is wrapped in :class:`BiasScale` and the LoRA weights are frozen for the
+    stage; on exit the scale and bias are folded back into the head and the LoRA weights thaw.
+    """
+
+    def __init__(self, head: ConfidenceHead, scope: str) -> None:
+        self.head = head
+        self.wrapper = BiasScale(head.head) if scope == BIAS_SCALE else None
+        self.model = self.wrapper if self.wrapper is not None else head.head
+        self.frozen: list[torch.nn.Parameter] = []
+
+    def __enter__(self) -> _Scope:
+        if self.wrapper is not None:
+            self.head.head = self.wrapper
+            self.frozen = [p for p in self.head.backbone.parameters() if p.requires_grad]
+            for p in self.frozen:
+                p.requires_grad_(False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.wrapper is not None:
+            self.head.head = self.wrapper.fold_into_head()
+            for p in self.frozen:
+                p.requires_grad_(True)
 
 
 def head_features(head: ConfidenceHead, prompts: Sequence[str], cache_root: str | Path | None) -> np.ndarray:

@@ -33,6 +33,7 @@ from candor.annotation.contamination import MANIFEST_NAME, HeldOutQuestions
 from candor.annotation.records import Record
 from candor.train.elical.config import EliCalConfig
 from candor.train.elical.curve import plot_curve, summarize_column
+from candor.train.elical.model import ConfidenceHead
 from candor.train.elical.pipeline import STAGES, head_features, train_elical
 from candor.train.elical.splits import ALL, Budget, budget_size, check_disjoint, parse_budget
 from candor.train.elical.targets import check_field, stage_target, targets
@@ -46,6 +47,10 @@ DEFAULT_BUDGETS: tuple[Budget, ...] = (100, 250, 500, 1000, ALL)
 DEFAULT_SEEDS = (0, 1, 2)
 SWEEP_METHODS = ("cal-only", "elical")
 LABELS = {"eli-only": "Eli-Only", "cal-only": "Cal-Only", "elical": "EliCal"}
+# EliCalConfig fields that only stage 2 reads (an Eli-Only run's cache key leaves them out).
+STAGE2_FIELDS = ("cal_target", "cal_stop", "cal_anchor", "cal_scope", "recenter_bias")
+# A summary entry's test confidences, one {dataset: array} per seed (returned, not written to curve.json).
+CONFIDENCES = "confidences"
 
 
 @dataclass(frozen=True)
@@ -97,14 +102,19 @@ def run_sweep(
     baselines: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     model: Any = None,
     tokenizer: Any = None,
+    stage1_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train every run (reusing cached ones), summarize, write ``curve.json`` and ``budget_curve.png``.
+
+    ``stage1_dir`` keeps the Eli-Only runs and heads there instead of under ``out_dir``, so sweeps that differ
+    only in stage 2's settings (the rules of :mod:`candor.train.elical.selection`) share one stage 1 per seed.
 
     Eli-Only trains once per seed whenever EliCal runs (it is EliCal's stage
     1), and otherwise when ``eli_only``. ``baselines`` maps a name
     (``"N-Prob"``) to its test confidences per dataset, in the order of
     ``data.tests``; they are summarized the same way and drawn as flat lines.
-    Returns the summary: ``{"methods": {column: ...}, "budgets", "n_labels", "seeds", "mode", "config"}``.
+    Returns the summary: ``{"methods": {column: ...}, "budgets", "n_labels", "seeds", "mode", "config"}``;
+    each trained column also holds its test confidences under :data:`CONFIDENCES` (not in ``curve.json``).
     """
     config = config or EliCalConfig()
     budgets = [parse_budget(b) for b in budgets]
@@ -118,7 +128,7 @@ def run_sweep(
         from candor.train.trainers import load_causal_lm
 
         model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
-    runner = _Runner(data, config, out_dir, model, tokenizer)
+    runner = _Runner(data, config, out_dir, model, tokenizer, Path(stage1_dir) if stage1_dir else out_dir)
     for seed in seeds:
         if eli_only or "elical" in methods:
             runner.run(RunKey("eli-only", None, seed))
@@ -136,7 +146,9 @@ def run_sweep(
         mode=config.mode,
         config=config.fingerprint(),
     )
-    write_json(out_dir / "curve.json", summary)
+    write_json(out_dir / "curve.json", {**summary, "methods": {
+        name: {k: v for k, v in entry.items() if k != CONFIDENCES} for name, entry in summary["methods"].items()
+    }})
     plot_sweep(summary, out_dir / "budget_curve.png", references=list(baselines or {}))
     return summary
 
@@ -153,6 +165,7 @@ def summarize_runs(results: Mapping[RunKey, dict[str, Any]], data: SweepData, bo
         per_seed = [_per_dataset(results[k], ids) for k in keys]
         entry = summarize_column(per_seed, labels, data.roles, bootstrap=bootstrap)
         entry.update(
+            {CONFIDENCES: per_seed},
             method=keys[0].method,
             budget=keys[0].budget,
             seeds=[k.seed for k in keys],
@@ -180,10 +193,13 @@ def plot_sweep(summary: Mapping[str, Any], path: str | Path, references: Sequenc
 class _Runner:
     """Trains runs or reuses their cached test confidences."""
 
-    def __init__(self, data: SweepData, config: EliCalConfig, out_dir: Path, model: Any, tokenizer: Any) -> None:
+    def __init__(
+        self, data: SweepData, config: EliCalConfig, out_dir: Path, model: Any, tokenizer: Any, stage1_dir: Path
+    ) -> None:
         self.data = data
         self.config = config
         self.out_dir = out_dir
+        self.stage1_dir = stage1_dir
         self.model = model
         self.tokenizer = tokenizer
         self.results: dict[RunKey, dict[str, Any]] = {}
@@ -192,32 +208,45 @@ class _Runner:
         )
 
     def run(self, key: RunKey) -> dict[str, Any]:
-        fingerprint = _hash(
-            {
-                "config": replace(self.config, seed=key.seed).fingerprint(),
-                "method": key.method,
-                "budget": key.budget,
-                "data": self._data_hash,
-            }
-        )
-        path = self.out_dir / "runs" / f"{key.slug}.json"
+        config = replace(self.config, seed=key.seed).fingerprint()
+        if key.method == "eli-only":  # stage 1 alone: stage 2's settings cannot change it
+            config = {k: v for k, v in config.items() if k not in STAGE2_FIELDS}
+        identity = {"config": config, "method": key.method, "budget": key.budget}
+        fingerprint = _hash({**identity, "data": self._data_hash})
+        path = self._root(key) / "runs" / f"{key.slug}.json"
         cached = read_keyed_json(path, fingerprint)
         if cached is not None and self._head_ok(key):
             logger.info("%s seed %d: reusing cached run", key.column, key.seed)
             self.results[key] = cached
             return cached
-        result = self._train(key)
+        training = self._same_training(path, identity, key)
+        if training is not None:  # the same head, asked about other test questions: score it, do not retrain
+            logger.info("%s seed %d: rescoring the cached head on new test questions", key.column, key.seed)
+            head = ConfidenceHead.from_pretrained(self._head_dir(key), model=self.model, tokenizer=self.tokenizer)
+            confidence = self._predict(head)
+        else:
+            result = self._train(key)
+            confidence, training = self._predict(result.model), result.to_dict()
         record = {
             "column": key.column,
             "seed": key.seed,
             "ids": [r.id for r in self.data.test_records()],
-            "confidence": [round(float(c), 6) for c in self._predict(result)],
-            "training": result.to_dict(),
+            "confidence": [round(float(c), 6) for c in confidence],
+            "training": training,
         }
         write_keyed_json(path, fingerprint, json.loads(json.dumps(_nan_to_none(record), default=str)))
         record = {"key": fingerprint, **record}
         self.results[key] = record
         return record
+
+    def _same_training(self, path: Path, identity: dict[str, Any], key: RunKey) -> dict[str, Any] | None:
+        """The training of a cached run made with these settings and training/dev records but other test
+        questions (its key, recomputed with its own test ids, matches), when its head is still there."""
+        previous = _read_json(path)
+        if previous is None or "ids" not in previous or not self._head_ok(key):
+            return None
+        data = _hash([[r.id for r in self.data.train], [r.id for r in self.data.dev], list(previous["ids"])])
+        return previous.get("training") if previous.get("key") == _hash({**identity, "data": data}) else None
 
     def _train(self, key: RunKey) -> TrainResult:
         config = replace(self.config, seed=key.seed)
@@ -235,8 +264,7 @@ class _Runner:
             tokenizer=self.tokenizer,
         )
 
-    def _predict(self, result: TrainResult) -> np.ndarray:
-        head = result.model
+    def _predict(self, head: ConfidenceHead | None) -> np.ndarray:
         assert head is not None
         records = self.data.test_records()
         if self.config.mode == "lora":
@@ -245,8 +273,11 @@ class _Runner:
         with torch.no_grad():
             return head.head(torch.from_numpy(features).to(head.device)).cpu().numpy()
 
+    def _root(self, key: RunKey) -> Path:
+        return self.stage1_dir if key.method == "eli-only" else self.out_dir
+
     def _head_dir(self, key: RunKey) -> Path:
-        return self.out_dir / "heads" / key.slug
+        return self._root(key) / "heads" / key.slug
 
     def _head_ok(self, key: RunKey) -> bool:
         """A cached run is reusable only with its head's training-questions manifest (heads saved before
@@ -294,6 +325,14 @@ def _cost(trainings: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "wall_s_total": round(float(np.sum(walls)), 2),
         "peak_rss_mib": max(t["cost"]["peak_rss_mib"] for t in trainings),
     }
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _hash(obj: Any) -> str:

@@ -1,0 +1,332 @@
+"""Choosing stage 2's rule by held-out domains: leave one domain out (DESIGN.md §4.4; issue 25).
+
+EliCal's claim is a head that generalizes to domains it never saw, so its
+stage-2 rule is chosen where that claim is tested: for each dataset of a
+multi-domain pool in turn (a *fold*),
+
+- stage 1 **and** stage 2 train on the other datasets' training pool only,
+  and stop early on the other datasets' dev slice only;
+- the head is scored (AUROC and ECE against greedy correctness) on the
+  held-out dataset's dev questions: its part of the dev slice plus any extra
+  held-out dev questions (``held_out_dev``, e.g. more training-part
+  questions annotated greedy-only).
+
+Stage 1 excludes the held-out domain too: its targets need no gold labels,
+but it fits the head's input standardization and its ranking on the
+training prompts, and a head meant for unseen domains never had those
+prompts. With them, the fold would measure a head that had seen the domain,
+which is the optimistic case the protocol exists to rule out.
+
+:data:`RULES` lists the candidates (each a set of ``EliCalConfig`` fields);
+:func:`select_rule` trains every rule on every fold at each budget and seed
+(through :func:`candor.train.elical.sweep.run_sweep`, so runs are cached and
+resumable) and picks the best mean held-out AUROC over folds, budgets and
+seeds, ties (equal to 0.1 point ×100) broken by the lower mean ECE. Test
+sets are never an input here.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from candor.annotation.records import Record
+from candor.evaluation.engine import Group, metric_differences
+from candor.evaluation.metrics import auroc
+from candor.train.elical.config import ALL_WEIGHTS, BIAS_SCALE, EliCalConfig
+from candor.train.elical.pipeline import head_features, train_elical
+from candor.train.elical.splits import ALL, Budget, check_disjoint, parse_budget
+from candor.train.elical.sweep import CONFIDENCES, SweepData, run_sweep
+from candor.train.elical.targets import targets
+from candor.util.errors import CandorError
+
+logger = logging.getLogger(__name__)
+
+SELECT_BUDGETS: tuple[Budget, ...] = (100, ALL)
+# Two rules whose mean held-out AUROC agree to this (0.1 point ×100) are tied; ECE decides.
+TIE = 1e-3
+GAP_BOOTSTRAP = 1000
+HELD_OUT = "held-out"
+STAGE1 = "stage1"
+
+
+@dataclass(frozen=True)
+class StageTwoRule:
+    """One candidate for how stage 2 trains: what stops it, how hard it is held to stage 1, what it trains."""
+
+    name: str
+    cal_stop: str = "loss"
+    cal_anchor: float = 0.0
+    cal_scope: str = ALL_WEIGHTS
+
+    def settings(self) -> dict[str, Any]:
+        """The ``EliCalConfig`` fields this rule sets (``candor train elical -s KEY=VALUE``)."""
+        return {k: v for k, v in asdict(self).items() if k != "name"}
+
+    def apply(self, config: EliCalConfig) -> EliCalConfig:
+        return replace(config, **self.settings())
+
+
+RULES: dict[str, StageTwoRule] = {
+    rule.name: rule
+    for rule in (
+        StageTwoRule("loss-stop"),  # the paper: early stopping on the dev loss, every weight trains
+        StageTwoRule("auroc-stop", cal_stop="auroc"),
+        # L2-SP toward the stage-1 weights, from nearly free to nearly frozen
+        StageTwoRule("L2-SP 0.01", cal_anchor=0.01),
+        StageTwoRule("L2-SP 0.1", cal_anchor=0.1),
+        StageTwoRule("L2-SP 1", cal_anchor=1.0),
+        StageTwoRule("L2-SP 10", cal_anchor=10.0),
+        StageTwoRule("bias-scale", cal_scope=BIAS_SCALE),  # Platt scaling of the stage-1 logit: no reordering
+    )
+}
+
+
+def rule_of(config: EliCalConfig) -> str | None:
+    """The name of the rule ``config`` follows, or None when its stage-2 fields match no candidate."""
+    fields = {"cal_stop": config.cal_stop, "cal_anchor": config.cal_anchor, "cal_scope": config.cal_scope}
+    return next((name for name, rule in RULES.items() if rule.settings() == fields), None)
+
+
+@dataclass
+class Fold:
+    """One held-out domain: what trains and stops (other domains only) and what is scored (that domain)."""
+
+    held_out: str
+    train: list[Record]
+    dev: list[Record]
+    score: list[Record]
+
+    def data(self) -> SweepData:
+        return SweepData(self.train, self.dev, {self.held_out: self.score}, {self.held_out: "id"})
+
+
+def domains_of(records: Sequence[Record]) -> list[str]:
+    """The datasets of ``records`` in order of first appearance."""
+    return list(dict.fromkeys(r.item.dataset for r in records))
+
+
+def lodo_folds(
+    pool: Sequence[Record], dev: Sequence[Record], held_out_dev: Sequence[Record] = ()
+) -> list[Fold]:
+    """One fold per dataset of ``pool``: train and stop on the others, score on its dev questions.
+
+    Refuses a pool of one dataset, held-out dev questions of a dataset the pool lacks, a held-out
+    domain without dev questions, and a scored question that any of its fold's training or
+    stopping records shares (by id or text).
+    """
+    domains = domains_of(pool)
+    if len(domains) < 2:
+        raise CandorError(f"leave-one-domain-out needs a pool of at least two datasets; got {domains}")
+    strangers = sorted(set(domains_of(list(dev) + list(held_out_dev))) - set(domains))
+    if strangers:
+        raise CandorError(f"dev questions of datasets the pool lacks: {', '.join(strangers)}; known: {domains}")
+    folds = []
+    for domain in domains:
+        fold = Fold(
+            held_out=domain,
+            train=[r for r in pool if r.item.dataset != domain],
+            dev=[r for r in dev if r.item.dataset != domain],
+            score=[r for r in [*dev, *held_out_dev] if r.item.dataset == domain],
+        )
+        if not fold.score:
+            raise CandorError(f"held-out domain {domain!r} has no dev questions to score")
+        if not fold.dev:
+            raise CandorError(f"fold {domain!r}: no dev questions of the other datasets to stop on")
+        check_disjoint(fold.train, fold.score, "training", f"held-out {domain!r}")
+        check_disjoint(fold.dev, fold.score, "dev", f"held-out {domain!r}")
+        folds.append(fold)
+    return folds
+
+
+def select_rule(
+    pool: Sequence[Record],
+    dev: Sequence[Record],
+    held_out_dev: Sequence[Record] = (),
+    *,
+    out_dir: str | Path,
+    config: EliCalConfig | None = None,
+    rules: Sequence[str] | None = None,
+    budgets: Sequence[Budget] = SELECT_BUDGETS,
+    seeds: Sequence[int] = (0, 1, 2),
+    model: Any = None,
+    tokenizer: Any = None,
+) -> dict[str, Any]:
+    """Every rule on every fold (EliCal at each budget and seed, Eli-Only beside); the table and the pick.
+
+    Returns ``{"protocol", "folds": {domain: {"n_train", "n_dev", "n_scored", "n_correct"}},
+    "budgets", "seeds", "candidates": {rule: {"settings", "by_budget": {b: {"auroc", "ece", "by_fold"}},
+    "mean_auroc", "mean_ece", "auroc_all_minus_first"}}, "eli_only": {...}, "selected"}``.
+    """
+    config = config or EliCalConfig()
+    names = list(rules) if rules is not None else list(RULES)
+    unknown = [n for n in names if n not in RULES]
+    if unknown:
+        raise CandorError(f"unknown stage-2 rules {unknown}; known: {', '.join(RULES)}")
+    budgets = [parse_budget(b) for b in budgets]
+    folds = lodo_folds(pool, dev, held_out_dev)
+    if config.mode == "head" and (model is None or tokenizer is None):
+        from candor.train.trainers import load_causal_lm
+
+        model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
+    runs: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in names}
+    for fold in folds:
+        for name in names:
+            logger.info("held-out %s, rule %s", fold.held_out, name)
+            runs[name][fold.held_out] = run_sweep(
+                fold.data(),
+                out_dir=Path(out_dir) / _slug(name) / fold.held_out,
+                config=RULES[name].apply(config),
+                budgets=budgets,
+                seeds=seeds,
+                methods=("elical",),
+                bootstrap=0,
+                model=model,
+                tokenizer=tokenizer,
+                stage1_dir=Path(out_dir) / STAGE1 / fold.held_out,  # one stage 1 per fold and seed, for every rule
+            )["methods"]
+    labels = {f.held_out: targets(f.score, "hard", what=f"held-out {f.held_out!r}").astype(int) for f in folds}
+    candidates = {name: _candidate(RULES[name], runs[name], budgets, labels) for name in names}
+    selected = pick(candidates)
+    logger.info("held-out-domain selection: %s → %s",
+                {n: round(c["mean_auroc"], 4) for n, c in candidates.items()}, selected)
+    return {
+        "protocol": PROTOCOL,
+        "folds": {f.held_out: _fold_sizes(f) for f in folds},
+        "budgets": [str(b) for b in budgets],
+        "seeds": list(seeds),
+        "candidates": candidates,
+        "eli_only": _eli_only(runs[names[0]]),
+        "selected": selected,
+    }
+
+
+PROTOCOL = (
+    "leave one domain out: for each in-domain dataset in turn, stage 1 and stage 2 train on the other datasets' "
+    "training pool and stop early on their dev slice; AUROC and ECE (against greedy correctness) are scored on the "
+    "held-out dataset's dev questions (its dev slice and its extra held-out dev questions). Mean over folds, "
+    "budgets and seeds; the best mean AUROC wins, ties (0.1 point) broken by the lower mean ECE. "
+    "No test or OOD question is read."
+)
+
+
+def pick(candidates: Mapping[str, Mapping[str, Any]]) -> str:
+    """The best mean held-out AUROC; among rules within :data:`TIE` of it, the lowest mean ECE."""
+    best = max(c["mean_auroc"] for c in candidates.values())
+    tied = [n for n, c in candidates.items() if c["mean_auroc"] >= best - TIE]
+    return min(tied, key=lambda n: candidates[n]["mean_ece"])
+
+
+def _candidate(
+    rule: StageTwoRule, by_fold: Mapping[str, Mapping[str, Any]], budgets: Sequence[Budget],
+    labels: Mapping[str, np.ndarray],
+) -> dict:
+    by_budget = {}
+    for b in budgets:
+        cells = {domain: _metrics(methods[f"EliCal@{b}"]) for domain, methods in by_fold.items()}
+        by_budget[str(b)] = {
+            "auroc": _mean(c["auroc"] for c in cells.values()),
+            "ece": _mean(c["ece"] for c in cells.values()),
+            "by_fold": cells,
+        }
+    aurocs = [v["auroc"] for v in by_budget.values()]
+    return {
+        "settings": rule.settings(),
+        "by_budget": by_budget,
+        "mean_auroc": _mean(aurocs),
+        "mean_ece": _mean(v["ece"] for v in by_budget.values()),
+        "last_vs_first": budget_gap(by_fold, labels, budgets[0], budgets[-1]),
+    }
+
+
+def budget_gap(
+    by_fold: Mapping[str, Mapping[str, Any]], labels: Mapping[str, np.ndarray], first: Budget, last: Budget,
+    bootstrap: int = GAP_BOOTSTRAP,
+) -> dict[str, Any]:
+    """Held-out AUROC of EliCal@``last`` minus EliCal@``first``, pooled over folds (size-weighted), with a
+    paired bootstrap interval: what more labels do to generality (issue 25's acceptance, on held-out domains)."""
+    group = Group(HELD_OUT, tuple(labels))
+
+    def seeds(column: str) -> list[dict[str, np.ndarray]]:
+        per_fold = {d: by_fold[d][column][CONFIDENCES] for d in labels}
+        n_seeds = min(len(v) for v in per_fold.values())
+        return [{d: per_fold[d][i][d] for d in labels} for i in range(n_seeds)]
+
+    gap = metric_differences(seeds(f"EliCal@{last}"), seeds(f"EliCal@{first}"), labels, metric="auroc",
+                             groups=[group], bootstrap=bootstrap)[HELD_OUT]
+    return {"first": str(first), "last": str(last), "auroc_diff": gap.value, "ci95": list(gap.ci)}
+
+
+def _eli_only(by_fold: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Stage 1 alone on each fold: the held-out ranking that stage 2 starts from."""
+    cells = {domain: _metrics(methods["Eli-Only"]) for domain, methods in by_fold.items()}
+    return {"auroc": _mean(c["auroc"] for c in cells.values()), "ece": _mean(c["ece"] for c in cells.values()),
+            "by_fold": cells}
+
+
+def _metrics(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Seed mean and per-seed AUROC/ECE of one column on one fold (its only group is ``id``)."""
+    return {
+        "auroc": float(entry["id"]["auroc"]),
+        "ece": float(entry["id"]["ece"]),
+        "per_seed": {m: [float(v) for v in entry["per_seed"]["id"][m]] for m in ("auroc", "ece")},
+    }
+
+
+def _fold_sizes(fold: Fold) -> dict[str, int]:
+    labels = [int(bool(r.greedy_correct)) for r in fold.score]
+    return {"n_train": len(fold.train), "n_dev": len(fold.dev), "n_scored": len(labels), "n_correct": sum(labels)}
+
+
+def _mean(values: Any) -> float:
+    return float(np.mean(list(values)))
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in name)
+
+
+def held_out_report(
+    pool: Sequence[Record],
+    dev: Sequence[Record],
+    *,
+    method: str,
+    config: EliCalConfig,
+    budget: Budget = ALL,
+    model: Any = None,
+    tokenizer: Any = None,
+) -> dict[str, Any] | None:
+    """How a head trained like this one ranks a dataset it never saw: ``method`` retrained once per dataset of
+    ``pool`` without it, scored on that dataset's pool and dev records. None for a one-dataset pool.
+
+    Head mode only (each fold is seconds on cached features); a lora run says it skipped. Returns
+    ``{"domains": {name: {"auroc", "n", "n_correct"} or {"skipped"}}, "mean_auroc"}``.
+    """
+    if len(domains_of(pool)) < 2:
+        return None
+    if config.mode != "head":
+        return {"skipped": "head mode only: in lora mode it would retrain the backbone once per dataset"}
+    domains: dict[str, dict[str, Any]] = {}
+    for fold in lodo_folds(pool, dev, pool):
+        if parse_budget(budget) != ALL and len(fold.train) < int(budget):
+            domains[fold.held_out] = {"skipped": f"budget {budget} is over the other datasets' {len(fold.train)}"}
+            continue
+        with tempfile.TemporaryDirectory(prefix="candor-heldout-") as tmp:
+            result = train_elical(fold.train, fold.dev, method=method, config=config, out_dir=tmp, budget=budget,
+                                  model=model, tokenizer=tokenizer)  # fmt: skip
+        head = result.model
+        features = head_features(head, head.prompts(fold.score), config.feature_cache)
+        with torch.no_grad():
+            confidence = head.head(torch.from_numpy(features).to(head.device)).cpu().numpy()
+        labels = targets(fold.score, "hard", what=f"held-out {fold.held_out!r}").astype(int)
+        value = auroc(confidence, labels) if 0 < labels.sum() < labels.size else None
+        domains[fold.held_out] = {"auroc": value, "n": int(labels.size), "n_correct": int(labels.sum())}
+    scored = [d["auroc"] for d in domains.values() if d.get("auroc") is not None]
+    return {"domains": domains, "mean_auroc": _mean(scored) if scored else None}

@@ -1,0 +1,125 @@
+"""Choosing stage 2 by held-out domains: the folds never let a held-out domain in; the pick; a tiny real run."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import annotated_records
+
+from candor.annotation.contamination import fingerprints, read_manifest
+from candor.train.elical import EliCalConfig
+from candor.train.elical.selection import RULES, lodo_folds, pick, rule_of, select_rule
+from candor.util.errors import CandorError
+
+DOMAINS = ("nq", "hq", "pararel")
+
+
+def pool_dev_extra(n_pool: int = 12, n_dev: int = 4, n_extra: int = 6):
+    pool = [r for i, d in enumerate(DOMAINS) for r in annotated_records(n_pool, 1000 * i, d)]
+    dev = [r for i, d in enumerate(DOMAINS) for r in annotated_records(n_dev, 1000 * i + 500, d)]
+    extra = [r for i, d in enumerate(DOMAINS) for r in annotated_records(n_extra, 1000 * i + 700, d)]
+    return pool, dev, extra
+
+
+def test_each_fold_trains_and_stops_on_the_other_domains_and_scores_the_held_out_one():
+    pool, dev, extra = pool_dev_extra()
+    folds = lodo_folds(pool, dev, extra)
+    assert [f.held_out for f in folds] == list(DOMAINS)
+    for fold in folds:
+        others = set(DOMAINS) - {fold.held_out}
+        assert {r.item.dataset for r in fold.train} == others
+        assert {r.item.dataset for r in fold.dev} == others
+        assert {r.item.dataset for r in fold.score} == {fold.held_out}
+        assert len(fold.train) == 2 * 12 and len(fold.dev) == 2 * 4 and len(fold.score) == 4 + 6
+        # no question text of the held-out domain reaches training or stopping
+        scored = {r.item.question for r in fold.score}
+        assert not scored & {r.item.question for r in fold.train + fold.dev}
+
+
+def test_a_held_out_question_hidden_in_another_domains_pool_is_refused():
+    pool, dev, extra = pool_dev_extra()
+    leaked = annotated_records(1, 700, "nq")[0]  # nq's extra dev question ...
+    leaked.item = type(leaked.item)("hq:leak", "hq", "train", leaked.item.question, ("x",))  # ... filed under hq
+    with pytest.raises(CandorError, match="held-out 'nq'"):
+        lodo_folds([*pool, leaked], dev, extra)
+
+
+def test_bad_fold_inputs_are_named():
+    pool, dev, extra = pool_dev_extra()
+    with pytest.raises(CandorError, match="at least two datasets"):
+        lodo_folds([r for r in pool if r.item.dataset == "nq"], dev)
+    with pytest.raises(CandorError, match="datasets the pool lacks: squad"):
+        lodo_folds(pool, dev, annotated_records(2, 9000, "squad"))
+    with pytest.raises(CandorError, match="'pararel' has no dev questions"):
+        lodo_folds(pool, [r for r in dev if r.item.dataset != "pararel"])
+
+
+def test_the_pick_is_the_best_mean_auroc_with_near_ties_broken_by_ece():
+    candidates = {
+        "a": {"mean_auroc": 0.700, "mean_ece": 0.02},
+        "b": {"mean_auroc": 0.7005, "mean_ece": 0.09},  # within 0.1 point of a: a tie, a's ECE is lower
+        "c": {"mean_auroc": 0.650, "mean_ece": 0.01},
+    }
+    assert pick(candidates) == "a"
+    candidates["b"]["mean_auroc"] = 0.72
+    assert pick(candidates) == "b"
+
+
+def test_rules_are_config_settings_and_the_default_is_one_of_them():
+    assert rule_of(EliCalConfig()) in RULES
+    for name, rule in RULES.items():
+        assert rule_of(rule.apply(EliCalConfig())) == name
+    assert rule_of(EliCalConfig(cal_anchor=0.5)) is None
+
+
+def test_a_tiny_selection_runs_every_rule_on_every_fold_and_no_head_saw_its_held_out_domain(tiny_model_dir, tmp_path):
+    pool, dev, extra = pool_dev_extra()
+    config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=2, feature_cache=str(tmp_path / "features"))
+    result = select_rule(pool, dev, extra, out_dir=tmp_path / "select", config=config,
+                         rules=["loss-stop", "bias-scale"], budgets=["all"], seeds=[0])
+    assert set(result["candidates"]) == {"loss-stop", "bias-scale"}
+    assert result["selected"] in result["candidates"]
+    assert result["folds"]["nq"] == {"n_train": 24, "n_dev": 8, "n_scored": 10, "n_correct": 3}
+    for c in result["candidates"].values():
+        assert set(c["by_budget"]) == {"all"} and set(c["by_budget"]["all"]["by_fold"]) == set(DOMAINS)
+        assert 0.0 <= c["mean_auroc"] <= 1.0
+    heads = list((tmp_path / "select").glob("*/*/heads/*/seed0"))
+    # EliCal@all per rule and fold, and one Eli-Only per fold that every rule's stage 2 resumed
+    assert sorted(h.parents[3].name for h in heads) == ["bias-scale"] * 3 + ["loss-stop"] * 3 + ["stage1"] * 3
+    for head in heads:
+        held_out = head.parents[2].name
+        assert held_out in DOMAINS
+        seen = read_manifest(head)
+        unseen = fingerprints(r.item.question for r in [*pool, *dev, *extra] if r.item.dataset == held_out)
+        assert seen and not seen & unseen, head
+    with pytest.raises(CandorError, match="unknown stage-2 rules"):
+        select_rule(pool, dev, extra, out_dir=tmp_path / "x", config=config, rules=["nope"])
+
+
+def test_metric_differences_are_seed_mean_gaps_with_a_paired_interval():
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    from candor.evaluation.engine import Group, metric_differences
+
+    rng = np.random.default_rng(0)
+    labels = {"a": rng.integers(0, 2, 80), "b": rng.integers(0, 2, 60)}
+    good = [{d: 1 / (1 + np.exp(1 - 2 * y - rng.normal(0, s, y.size))) for d, y in labels.items()} for s in (0.8, 1.0)]
+    noise = [{d: rng.random(y.size) for d, y in labels.items()}]
+    out = metric_differences(good, noise, labels, groups=[Group("both", ("a", "b"))], bootstrap=200)
+    expected_a = np.mean([roc_auc_score(labels["a"], g["a"]) for g in good]) - roc_auc_score(labels["a"], noise[0]["a"])
+    assert out["a"].value == pytest.approx(expected_a)
+    assert out["a"].ci[0] < out["a"].value < out["a"].ci[1]
+    assert set(out) == {"a", "b", "both"} and out["both"].value > 0
+    same = metric_differences(good, good, labels, bootstrap=50)["a"]  # paired: identical methods never differ
+    assert same.value == 0 and same.ci == (0.0, 0.0)
+    with pytest.raises(CandorError, match="at least one bootstrap"):
+        metric_differences(good, noise, labels, bootstrap=0)
+
+
+def test_the_library_default_is_the_rule_the_benchmark_selected():
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "elical.json"
+    after = json.loads(results.read_text())["stage2_rule"]["after"]
+    assert rule_of(EliCalConfig()) == after["name"]
