@@ -60,7 +60,7 @@ def test_mu_is_within_the_stated_bound_of_the_exact_mu(tiny_backend, prompts, ex
     mu = expected_confidence(dist, PERCENT)
     bound = mu_error_bound(share, mu, PERCENT)
     assert (np.abs(mu - exact_mu) <= bound + 1e-6).all()
-    assert ((0 <= share) & (share <= 1)).all()
+    assert ((share >= 0) & (share <= 1)).all()
 
 
 def test_the_bound_by_hand():

@@ -243,6 +243,7 @@ class HFBackend:
         self.seed = seed
         self.top_logprobs = max(0, top_logprobs)  # alternatives kept per generated token (0: none)
         self.device = next(model.parameters()).device
+        self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")  # e.g. "float32", for provenance
         self.model_name = model_name or str(getattr(model.config, "name_or_path", "") or "model")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
