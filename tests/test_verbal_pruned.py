@@ -91,3 +91,16 @@ def test_the_estimator_option_is_used_recorded_and_refused_where_it_cannot_run(t
             get_estimator("verbal-percent", min_mass=bad)
     with pytest.raises(CandorError, match="min_mass must be in"):
         pruned_candidate_distribution(tiny_backend, ["x"], PERCENT.labels, 0.0)
+
+
+def test_small_batches_and_few_nodes_per_pass_give_the_same_pruned_scores(tiny_backend, prompts, exact, monkeypatch):
+    import candor.backends.prefix_scoring as ps
+
+    min_mass = float(np.median(np.exp(exact))) * 1e4
+    whole, whole_unexpanded = tiny_backend.score_candidates_pruned(prompts, FORMS, min_mass)
+    monkeypatch.setattr(ps, "MAX_BATCH_TOKENS", 40)  # one row per batch, a few nodes per pass
+    split, split_unexpanded = tiny_backend.score_candidates_pruned(prompts, FORMS, min_mass)
+    assert (np.isneginf(split) == np.isneginf(whole)).all()
+    kept = ~np.isneginf(whole)
+    np.testing.assert_allclose(split[kept], whole[kept], atol=1e-4)
+    np.testing.assert_allclose(split_unexpanded, whole_unexpanded, rtol=1e-3)

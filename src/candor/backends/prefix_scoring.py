@@ -317,13 +317,30 @@ class _CachedScorer:
         # Pruning reads a node's probability from its path's reads; a candidate that starts with
         # the prompt's own (unscored) tokens has no such path, so those calls stay exact.
         prune = self.min_mass > 0 and not any(t.unscored_heads for t in tries)
-        for chunk in self._row_chunks(encoded, tries, prefix):
+        chunks = self._suffix_chunks(encoded, prefix) if prune else self._row_chunks(encoded, tries, prefix)
+        for chunk in chunks:
             batch = _TreeBatch(b, [encoded[i] for i in chunk], [tries[i] for i in chunk], prefix_cache, prefix)
             if prune:
-                out[chunk], unexpanded[chunk] = batch.run_pruned(self.min_mass)
+                out[chunk], unexpanded[chunk] = batch.run_pruned(self.min_mass, self.max_nodes)
             else:
                 out[chunk] = batch.run(self.max_nodes)
         return out, unexpanded
+
+    def _suffix_chunks(self, encoded: list[_Encoded], prefix: int) -> list[list[int]]:
+        """Rows per batch when pruning: sized by the suffixes alone (each later pass caps its own nodes)."""
+        order = sorted(range(len(encoded)), key=lambda i: encoded[i].keep - prefix)
+        chunks: list[list[int]] = []
+        widest = 0
+        for i in order:
+            width = encoded[i].keep - prefix
+            n = len(chunks[-1]) + 1 if chunks else 0
+            if chunks and n * max(widest, width) <= MAX_BATCH_TOKENS and n <= self.max_nodes:
+                chunks[-1].append(i)
+                widest = max(widest, width)
+            else:
+                chunks.append([i])
+                widest = width
+        return chunks
 
     def _row_chunks(self, encoded: list[_Encoded], tries: list[_Trie], prefix: int) -> list[list[int]]:
         """Rows per batch: similar rows together, within the token and logit bounds of every pass."""
@@ -441,7 +458,7 @@ class _TreeBatch:
             self._feed([p[k] if k < len(p) else [] for p in plans])
         return np.stack([t.candidate_scores(lp) for t, lp in zip(self.tries, self.read_logprobs, strict=True)])
 
-    def run_pruned(self, min_mass: float) -> tuple[np.ndarray, np.ndarray]:
+    def run_pruned(self, min_mass: float, max_nodes: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores expanding only trie nodes whose path probability is at least ``min_mass``, level by level.
 
         A candidate under a node left unexpanded scores -inf. Also returns, per
@@ -450,6 +467,7 @@ class _TreeBatch:
         under one of them, so it bounds the probability dropped.
         """
         n_rows = len(self.rows)
+        per_row = max(1, min(MAX_BATCH_TOKENS, max_nodes) // n_rows)  # nodes a row feeds per pass
         self._feed([[] for _ in range(n_rows)])  # the suffix: the first tokens' log-probs
         node_lp = [np.full(len(t.tokens), np.nan) for t in self.tries]
         fed = [np.zeros(len(t.tokens), dtype=bool) for t in self.tries]
@@ -457,8 +475,9 @@ class _TreeBatch:
             todo = []
             for r in range(len(self.tries)):
                 self._update_node_logprobs(r, node_lp[r])
-                ready = ~fed[r] & (node_lp[r] >= np.log(min_mass))  # NaN (unknown) compares False
-                todo.append(np.flatnonzero(ready).tolist())
+                # NaN (not reached yet) compares False; parents come first, so a pass never needs a later node.
+                ready = np.flatnonzero(~fed[r] & (node_lp[r] >= np.log(min_mass)))[:per_row]
+                todo.append(ready.tolist())
                 fed[r][ready] = True
             if not any(todo):
                 break
