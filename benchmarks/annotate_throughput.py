@@ -108,6 +108,8 @@ def run_candor(items: list[Any], k: int, batch_size: int, dtype: str) -> dict[st
         "cpu_seconds": timer.cpu,
         "tokens": tokens,
         "greedy": [g.greedy.text for g in gens],
+        "greedy_token_ids": [list(g.greedy.token_ids) for g in gens],
+        "greedy_logprobs": [list(g.greedy.logprobs) for g in gens],
         "samples": [[c.text for c in g.samples] for g in gens],
     }
 

@@ -584,11 +584,49 @@ def serve_hostile(r: Path) -> dict[str, str]:
     }
 
 
+def eigenscore_cost(r: Path) -> dict[str, str]:
+    d = load("eigenscore_cost", r)
+    old, new = d["paths"]["one_by_one"], d["paths"]["shared"]
+    return {
+        "value:eigenscore-cost": (
+            f"{new['cpu_seconds_per_record']:.2f} CPU s per record against {old['cpu_seconds_per_record']:.2f} "
+            f"with one pass per sample ({d['speedup_cpu']:.1f}x CPU, {d['speedup_wall']:.1f}x wall; k = {d['k']}, "
+            f"{d['n']} NQ records, confidences equal within {d['max_abs_confidence_difference']:.0e})"
+        ),
+    }
+
+
+def verbal_pruned(r: Path) -> dict[str, str]:
+    d = load("verbal_pruned", r)
+    rows = [
+        [f"{float(m):g}", f"{run['cpu_ratio_to_number']:.2f}x", f"{run['mean_abs_mu_difference']:.4f}",
+         f"{run['max_abs_mu_difference']:.4f}", f"{run['mean_bound']:.3f}", str(run["records_over_bound"])]
+        for m, run in d["percent_pruned"].items()
+    ]
+    rows.insert(0, ["exact", f"{d['percent_exact']['cpu_ratio_to_number']:.2f}x", "0", "0", "0", "0"])
+    header = ["min_mass", "CPU vs verbal-number", r"mean \|Δμ\|", r"max \|Δμ\|", "mean bound", "over bound"]
+    return {"table:verbal-pruned": md_table(header, "l" + "r" * 5, rows), "value:verbal-pruned-n": str(d["n"])}
+
+
+def annotate_dtype(r: Path) -> dict[str, str]:
+    d = load("annotate_dtype", r)
+    fp32, bf16, drift = d["dtypes"]["float32"], d["dtypes"]["bfloat16"], d["bf16_vs_fp32"]
+    return {
+        "value:annotate-bf16": (
+            f"{bf16['tokens_per_second']:.0f} generated tokens/s against {fp32['tokens_per_second']:.0f} in float32 "
+            f"({d['bf16_speedup_wall']:.2f}x wall, {d['bf16_speedup_cpu']:.2f}x per CPU second; {d['questions']} "
+            f"NQ questions, k = {d['samples_per_question']}); {drift['greedy_answers_changed']} of "
+            f"{d['questions']} greedy answers change, and where the greedy tokens agree the log-probs move by "
+            f"{drift['logprob_abs_diff_mean']:.3f} on average (largest {drift['logprob_abs_diff_max']:.3f})"
+        ),
+    }
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
-    elical_cost, serve_hostile,
+    elical_cost, serve_hostile, eigenscore_cost, verbal_pruned, annotate_dtype,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

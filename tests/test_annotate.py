@@ -108,7 +108,7 @@ def test_annotate_writes_complete_records(tiny_backend, tmp_path):
         assert "\n" in rec.provenance["decoding"]["samples"]["stop"]
     # What made the records, in full: settings that a resume compares, and how the samples were drawn.
     assert records[0].provenance == {
-        "model": tiny_backend.model_name, "template": "fewshot", "k": 3, "seed": 1,
+        "model": tiny_backend.model_name, "dtype": "float32", "template": "fewshot", "k": 3, "seed": 1,
         "decoding": {"greedy": {"temperature": 0.0},
                      "samples": {**SamplingParams(max_new_tokens=6).to_dict(), "stop": ["\n"]}},
         "correctness_judge": "contains", "consistency_judge": DEFAULT_CONSISTENCY_JUDGE,
@@ -150,6 +150,35 @@ def test_rerun_with_other_settings_is_refused(tiny_backend, tmp_path):
     with pytest.raises(CandorError, match=r"other settings \{'k': \(2, 3\)\} \(found, requested\)"):
         annotate(make_items(), tiny_backend, out, FEWSHOT, config(k=3), progress=False)
     assert len(read_records(out)) == 2  # nothing already written is lost
+
+
+def test_dtype_is_in_the_provenance_and_a_resume_in_another_dtype_is_refused(tiny_model_dir, tmp_path):
+    """bf16 records never join a float32 file (nor the reverse); files from before the key count as float32."""
+    data = write_jsonl(tmp_path / "qa.jsonl", [{"question": q, "answer": a} for q, a in QUESTIONS[:3]])
+    def args(out: Path, limit: int, *extra: str) -> list[str]:
+        return ["annotate", "--data", str(data), "--out", str(out), "--model", str(tiny_model_dir), "--k", "1",
+                "--max-new-tokens", "3", "--template", "fewshot", "--limit", str(limit), *extra]
+
+    runner = CliRunner()
+    out = tmp_path / "out.jsonl"
+    assert runner.invoke(app, args(out, 2, "--dtype", "bfloat16")).exit_code == 0
+    assert [r.provenance["dtype"] for r in read_records(out)] == ["bfloat16", "bfloat16"]
+    before = out.read_text()
+    refused = runner.invoke(app, args(out, 3))  # the default dtype, float32 on CPU
+    assert refused.exit_code == 2
+    assert "other settings {'dtype': ('bfloat16', 'float32')}" in one_error_line(refused.output)
+    assert out.read_text() == before  # nothing already written is lost
+    # A file written before records named their dtype: float32, so a float32 resume continues it.
+    legacy = tmp_path / "legacy.jsonl"
+    assert runner.invoke(app, args(legacy, 2)).exit_code == 0
+    rows = [json.loads(line) for line in legacy.read_text().splitlines()]
+    for row in rows:
+        del row["provenance"]["dtype"]
+    write_jsonl(legacy, rows)
+    resumed = runner.invoke(app, args(legacy, 3))
+    assert resumed.exit_code == 0, resumed.output
+    assert len(read_records(legacy)) == 3
+    assert runner.invoke(app, args(legacy, 3, "--dtype", "bfloat16")).exit_code == 2
 
 
 def test_shards_then_merge_equal_single_run(tiny_backend, tmp_path):
@@ -547,6 +576,9 @@ def test_cli_merge_bad_input_exits_2_with_one_line(tmp_path, make, needle):
         (["--judge", "nosuch"], "unknown correctness judge 'nosuch'"),
         (["--consistency", "nosuch"], "unknown consistency judge 'nosuch'"),
         (["--template", "nosuch"], "nosuch"),
+        (["--dtype", "float8"], "--dtype 'float8': expected one of auto, float32, bfloat16, float16"),
+        (["--dtype", "bfloat16", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"],
+         "--dtype applies to the hf and vllm backends"),
     ],
 )
 def test_cli_annotate_bad_options_exit_2_with_one_line(tiny_model_dir, tmp_path, extra, needle):

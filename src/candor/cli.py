@@ -54,6 +54,11 @@ RetriesOpt = Annotated[int | None, typer.Option(help="openai backend: retries on
 ApiKeyEnvOpt = Annotated[
     str | None, typer.Option(help="openai backend: environment variable holding the API key (OPENAI_API_KEY).")
 ]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(help="hf and vllm backends: the weights' dtype: auto, float32, bfloat16 or float16 "
+                 "(default: float32 on CPU, bfloat16 on GPU)."),
+]
 TensorParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: tensor-parallel GPUs.")]
 DataParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: data-parallel replicas.")]
 
@@ -117,6 +122,7 @@ def annotate(
     api_key_env: ApiKeyEnvOpt = None,
     tensor_parallel_size: TensorParallelOpt = None,
     data_parallel_size: DataParallelOpt = None,
+    dtype: DtypeOpt = None,
     judge_model: Annotated[
         str | None, typer.Option(help="Model for the llm judges (default: the answering model).")
     ] = None,
@@ -141,9 +147,10 @@ def annotate(
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
     config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
                             seed=seed, batch_size=batch_size)
+    _check_dtype(dtype, backend)
     engine = dict(base_url=base_url, endpoint=endpoint, tokenizer=tokenizer, max_concurrency=max_concurrency,
                   max_retries=max_retries, api_key_env=api_key_env, tensor_parallel_size=tensor_parallel_size,
-                  data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed)
+                  data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed, dtype=dtype)
     answering = load_backend(model, backend, **engine)
     judging = None
     if judge_model is not None:
@@ -152,6 +159,20 @@ def annotate(
     qa_template = resolve_template(template, model, answering)
     result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec, judge_backend=judging)
     _print_annotation_summary(result.path)
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _check_dtype(dtype: str | None, backend: str) -> None:
+    """--dtype is a name candor knows, for a backend that loads weights (a server chose its own)."""
+    if dtype is None:
+        return
+    if dtype not in DTYPES:
+        raise CandorError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if backend not in ("hf", "vllm"):
+        raise CandorError(f"--dtype applies to the hf and vllm backends, which load the weights; "
+                          f"the {backend} backend's server chose its own")
 
 
 def _print_annotation_summary(path: Path) -> None:

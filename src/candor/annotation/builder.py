@@ -45,7 +45,10 @@ logger = logging.getLogger(__name__)
 CALL_BATCHES = 4
 
 # Provenance keys that must agree for records to live in one file.
-SETTINGS_KEYS = ("model", "template", "k", "seed", "decoding", "correctness_judge", "consistency_judge")
+SETTINGS_KEYS = ("model", "dtype", "template", "k", "seed", "decoding", "correctness_judge", "consistency_judge")
+# What a record written before a key existed was made with: records without a dtype come from
+# candor versions that annotated in the hf backend's CPU default, float32.
+LEGACY_SETTINGS = {"dtype": "float32"}
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,7 @@ def _provenance(
     decoding = {"greedy": {"temperature": 0.0}, "samples": {**params.to_dict(), "stop": list(stop)}}
     return {
         "model": backend.model_name,
+        "dtype": getattr(backend, "dtype", None),  # the weights' dtype where the engine says (hf)
         "template": template.name,
         "k": config.k,
         "seed": config.seed,
@@ -176,7 +180,7 @@ def _provenance(
 
 
 def _settings(provenance: dict[str, Any]) -> dict[str, Any]:
-    return {key: provenance.get(key) for key in SETTINGS_KEYS}
+    return {key: provenance.get(key, LEGACY_SETTINGS.get(key)) for key in SETTINGS_KEYS}
 
 
 def _finished_ids(path: Path, expected: dict[str, Any], items: Sequence[QAItem]) -> set[str]:
@@ -187,9 +191,9 @@ def _finished_ids(path: Path, expected: dict[str, Any], items: Sequence[QAItem])
     done = read_records(path)
     by_id = {item.id: item for item in items}
     for rec in done:
-        found = _settings(rec.provenance)
-        if found != _settings(expected):
-            diff = {k: (found[k], expected[k]) for k in SETTINGS_KEYS if found[k] != expected.get(k)}
+        found, wanted = _settings(rec.provenance), _settings(expected)
+        if found != wanted:
+            diff = {k: (found[k], wanted[k]) for k in SETTINGS_KEYS if found[k] != wanted[k]}
             raise CandorError(
                 f"{path} holds records made with other settings {diff} (found, requested); "
                 "use another --out or delete the file"

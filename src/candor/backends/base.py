@@ -30,6 +30,12 @@ SCORE_CANDIDATES = "score_candidates"
 # ``generate(..., on_token=...)``: a per-row callback after each kept token, which can end the row
 # (token streaming and cancellation when serving); see :data:`TokenHook`.
 TOKEN_HOOK = "token_hook"
+# ``score_candidates_pruned``: ``score_candidates`` that skips candidates of low probability
+# (an opt-in approximation with a bound on what it drops; the ``hf`` backend).
+PRUNED_CANDIDATES = "score_candidates_pruned"
+# ``continuation_hidden_states``: the hidden states after a prompt's several continuations, the
+# prompt run once (see :func:`continuation_hidden_states`; others go through ``hidden_states``).
+CONTINUATION_STATES = "continuation_hidden_states"
 
 WHITE_BOX = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, HIDDEN_STATES, TOKENIZER})
 
@@ -60,6 +66,36 @@ def score_candidates(backend: Any, prompts: Sequence[str], candidates: Sequence[
     if SCORE_CANDIDATES in backend_capabilities(backend):
         return np.asarray(backend.score_candidates(list(prompts), list(candidates)), dtype=float)
     return score_pairs(backend, prompts, candidates)
+
+
+def continuation_hidden_states(
+    backend: Any, prompts: Sequence[str], continuations: Sequence[Sequence[str]], layer: int = -1
+) -> list[np.ndarray]:
+    """Per prompt, the ``hidden_states`` of ``prompt + c`` for each of its continuations c.
+
+    One ``(len(continuations[i]), hidden)`` array per prompt. A backend with the
+    :data:`CONTINUATION_STATES` capability runs each prompt once for all its
+    continuations (the ``hf`` backend); any other runs ``hidden_states`` on
+    every joined text. Either way the numbers are those of ``hidden_states``.
+    """
+    if len(prompts) != len(continuations):
+        raise CandorError(f"got {len(prompts)} prompts but {len(continuations)} lists of continuations")
+    if CONTINUATION_STATES in backend_capabilities(backend):
+        return list(backend.continuation_hidden_states(list(prompts), [list(c) for c in continuations], layer))
+    return hidden_states_one_by_one(backend, prompts, continuations, layer)
+
+
+def hidden_states_one_by_one(
+    backend: Any, prompts: Sequence[str], continuations: Sequence[Sequence[str]], layer: int = -1
+) -> list[np.ndarray]:
+    """:func:`continuation_hidden_states` through ``backend.hidden_states`` on every joined text."""
+    texts = [p + c for p, conts in zip(prompts, continuations, strict=True) for c in conts]
+    states = backend.hidden_states(texts, layer=layer) if texts else None
+    out, start = [], 0
+    for conts in continuations:
+        out.append(states[start : start + len(conts)] if states is not None else np.zeros((0, 0), dtype=np.float32))
+        start += len(conts)
+    return out
 
 
 def score_pairs(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:

@@ -52,7 +52,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from candor.backends.base import (
+    CONTINUATION_STATES,
     DEFAULT_TOP_LOGPROBS,
+    PRUNED_CANDIDATES,
     SCORE_CANDIDATES,
     TOKEN_HOOK,
     WHITE_BOX,
@@ -220,7 +222,7 @@ class HFBackend:
     """A white-box backend around a transformers causal LM and its tokenizer."""
 
     white_box = True
-    capabilities = WHITE_BOX | {SCORE_CANDIDATES, TOKEN_HOOK}
+    capabilities = WHITE_BOX | {SCORE_CANDIDATES, PRUNED_CANDIDATES, CONTINUATION_STATES, TOKEN_HOOK}
 
     def __init__(
         self,
@@ -243,6 +245,7 @@ class HFBackend:
         self.seed = seed
         self.top_logprobs = max(0, top_logprobs)  # alternatives kept per generated token (0: none)
         self.device = next(model.parameters()).device
+        self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")  # e.g. "float32", for provenance
         self.model_name = model_name or str(getattr(model.config, "name_or_path", "") or "model")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -613,6 +616,19 @@ class HFBackend:
             return np.zeros((0, int(self.model.config.hidden_size)), dtype=np.float32)
         return torch.cat(rows).numpy()
 
+    @torch.inference_mode()
+    def continuation_hidden_states(
+        self, prompts: Sequence[str], continuations: Sequence[Sequence[str]], layer: int = -1
+    ) -> list[np.ndarray]:
+        """:meth:`hidden_states` of ``prompt + c`` for each continuation c of each prompt, each prompt run once.
+
+        Call it through :func:`candor.backends.base.continuation_hidden_states`
+        (:mod:`candor.backends.continuation_states`).
+        """
+        from candor.backends.continuation_states import continuation_hidden_states
+
+        return continuation_hidden_states(self, prompts, continuations, layer)
+
     # ------------------------------------------------ public model plumbing
     # The building blocks of the methods above, public for the candidate-scoring kernel
     # (candor.backends.prefix_scoring); they keep its numbers equal to ``score``'s.
@@ -657,6 +673,20 @@ class HFBackend:
         from candor.backends.prefix_scoring import score_candidates
 
         return score_candidates(self, prompts, candidates)
+
+    @torch.inference_mode()
+    def score_candidates_pruned(
+        self, prompts: Sequence[str], candidates: Sequence[str], min_mass: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`score_candidates` expanding only candidate-trie nodes of probability ``min_mass`` or more.
+
+        Returns the scores (-inf for the candidates skipped) and, per prompt,
+        the probability of the nodes left unexpanded, an upper bound on the
+        probability of what was skipped (:func:`candor.backends.prefix_scoring.score_candidates_pruned`).
+        """
+        from candor.backends.prefix_scoring import score_candidates_pruned
+
+        return score_candidates_pruned(self, prompts, candidates, min_mass)
 
     def _find_eos_ids(self) -> frozenset[int]:
         ids = set()

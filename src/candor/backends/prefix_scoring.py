@@ -192,6 +192,8 @@ class _Trie:
                     self.reads.append(key)
                 owners.append(j)
                 picks.append(read_index[key])
+        self.read_index = read_index  # (context node, target token) -> read
+        self.unscored_heads = any(offsets or [])  # some candidate starts with the prompt's own tokens
         self.n_candidates = len(tails)
         self._owners = np.array(owners, dtype=np.int64)
         self._picks = np.array(picks, dtype=np.int64)
@@ -246,8 +248,10 @@ class _CachedScorer:
     match ``HFBackend.score`` (same tokens, positions and dtype).
     """
 
-    def __init__(self, backend: Any, strategy: str | None = None) -> None:
+    def __init__(self, backend: Any, strategy: str | None = None, min_mass: float = 0.0) -> None:
         self.backend = backend
+        self.min_mass = min_mass
+        self.unexpanded = np.zeros(0)  # per prompt of the last call: probability of the trie nodes not expanded
         config = backend.model.config
         tree_ok = getattr(config, "_attn_implementation", None) in ("eager", "sdpa")
         self.strategy = strategy or ("tree" if tree_ok else "repeat")
@@ -260,6 +264,7 @@ class _CachedScorer:
         import torch
 
         out = np.zeros((len(prompts), len(candidates)))
+        self.unexpanded = np.zeros(len(prompts))
         with torch.inference_mode():
             encoded = _encode_all(self.backend, prompts, candidates)
             plain = [i for i, e in enumerate(encoded) if e.keep == 0]
@@ -267,10 +272,10 @@ class _CachedScorer:
                 out[plain] = score_pairs(self.backend, [prompts[i] for i in plain], candidates)
             cached = [i for i, e in enumerate(encoded) if e.keep > 0]
             if cached:
-                out[cached] = self._score_cached([encoded[i] for i in cached])
+                out[cached], self.unexpanded[cached] = self._score_cached([encoded[i] for i in cached])
         return out
 
-    def _score_cached(self, encoded: list[_Encoded]) -> np.ndarray:
+    def _score_cached(self, encoded: list[_Encoded]) -> tuple[np.ndarray, np.ndarray]:
         tries: dict[tuple[Any, Any], _Trie] = {}
         for e in encoded:
             if (e.tails, e.offsets) not in tries:
@@ -280,7 +285,8 @@ class _CachedScorer:
             prefix = self._shared_prefix(encoded)
             if self.window is None or self._columns(encoded, tries.values(), prefix) <= self.window:
                 return self._tree(encoded, row_tries, prefix)
-        return np.stack([self._repeat(e, t) for e, t in zip(encoded, row_tries, strict=True)])
+        exact = np.stack([self._repeat(e, t) for e, t in zip(encoded, row_tries, strict=True)])
+        return exact, np.zeros(len(encoded))  # the repeat path expands every node
 
     # ---------------------------------------------------------------- tree
 
@@ -297,7 +303,7 @@ class _CachedScorer:
                 widths[k] = max(widths.get(k, 0), len(nodes))
         return max(e.keep for e in encoded) + sum(widths.values())
 
-    def _tree(self, encoded: list[_Encoded], tries: list[_Trie], prefix: int) -> np.ndarray:
+    def _tree(self, encoded: list[_Encoded], tries: list[_Trie], prefix: int) -> tuple[np.ndarray, np.ndarray]:
         b = self.backend
         prefix_cache = None
         if prefix:
@@ -307,10 +313,34 @@ class _CachedScorer:
             prefix_cache = b.new_cache()
             b.forward(ids, torch.ones_like(ids), prefix_cache, _arange(0, prefix, b.device))
         out = np.zeros((len(encoded), len(encoded[0].tails)))
-        for chunk in self._row_chunks(encoded, tries, prefix):
+        unexpanded = np.zeros(len(encoded))
+        # Pruning reads a node's probability from its path's reads; a candidate that starts with
+        # the prompt's own (unscored) tokens has no such path, so those calls stay exact.
+        prune = self.min_mass > 0 and not any(t.unscored_heads for t in tries)
+        chunks = self._suffix_chunks(encoded, prefix) if prune else self._row_chunks(encoded, tries, prefix)
+        for chunk in chunks:
             batch = _TreeBatch(b, [encoded[i] for i in chunk], [tries[i] for i in chunk], prefix_cache, prefix)
-            out[chunk] = batch.run(self.max_nodes)
-        return out
+            if prune:
+                out[chunk], unexpanded[chunk] = batch.run_pruned(self.min_mass, self.max_nodes)
+            else:
+                out[chunk] = batch.run(self.max_nodes)
+        return out, unexpanded
+
+    def _suffix_chunks(self, encoded: list[_Encoded], prefix: int) -> list[list[int]]:
+        """Rows per batch when pruning: sized by the suffixes alone (each later pass caps its own nodes)."""
+        order = sorted(range(len(encoded)), key=lambda i: encoded[i].keep - prefix)
+        chunks: list[list[int]] = []
+        widest = 0
+        for i in order:
+            width = encoded[i].keep - prefix
+            n = len(chunks[-1]) + 1 if chunks else 0
+            if chunks and n * max(widest, width) <= MAX_BATCH_TOKENS and n <= self.max_nodes:
+                chunks[-1].append(i)
+                widest = max(widest, width)
+            else:
+                chunks.append([i])
+                widest = width
+        return chunks
 
     def _row_chunks(self, encoded: list[_Encoded], tries: list[_Trie], prefix: int) -> list[list[int]]:
         """Rows per batch: similar rows together, within the token and logit bounds of every pass."""
@@ -428,6 +458,42 @@ class _TreeBatch:
             self._feed([p[k] if k < len(p) else [] for p in plans])
         return np.stack([t.candidate_scores(lp) for t, lp in zip(self.tries, self.read_logprobs, strict=True)])
 
+    def run_pruned(self, min_mass: float, max_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scores expanding only trie nodes whose path probability is at least ``min_mass``, level by level.
+
+        A candidate under a node left unexpanded scores -inf. Also returns, per
+        row, the summed probability of the unexpanded nodes whose probability
+        is known (their parent was expanded): every dropped candidate lies
+        under one of them, so it bounds the probability dropped.
+        """
+        n_rows = len(self.rows)
+        per_row = max(1, min(MAX_BATCH_TOKENS, max_nodes) // n_rows)  # nodes a row feeds per pass
+        self._feed([[] for _ in range(n_rows)])  # the suffix: the first tokens' log-probs
+        node_lp = [np.full(len(t.tokens), np.nan) for t in self.tries]
+        fed = [np.zeros(len(t.tokens), dtype=bool) for t in self.tries]
+        while True:
+            todo = []
+            for r in range(len(self.tries)):
+                self._update_node_logprobs(r, node_lp[r])
+                # NaN (not reached yet) compares False; parents come first, so a pass never needs a later node.
+                ready = np.flatnonzero(~fed[r] & (node_lp[r] >= np.log(min_mass)))[:per_row]
+                todo.append(ready.tolist())
+                fed[r][ready] = True
+            if not any(todo):
+                break
+            self._feed(todo)
+        scores = np.stack([t.candidate_scores(lp) for t, lp in zip(self.tries, self.read_logprobs, strict=True)])
+        unexpanded = np.array([np.exp(lp[~f & ~np.isnan(lp)]).sum() for lp, f in zip(node_lp, fed, strict=True)])
+        return np.where(np.isnan(scores), -np.inf, scores), unexpanded
+
+    def _update_node_logprobs(self, r: int, node_lp: np.ndarray) -> None:
+        """Fill each node's path log-prob from its parent's and the read that reaches it (parents come first)."""
+        trie, reads = self.tries[r], self.read_logprobs[r]
+        for n, (parent, token) in enumerate(zip(trie.parents, trie.tokens, strict=True)):
+            if np.isnan(node_lp[n]):
+                base = 0.0 if parent < 0 else node_lp[parent]
+                node_lp[n] = base + reads[trie.read_index[(parent, token)]]
+
     def _feed(self, nodes: list[list[int]]) -> None:
         """One forward pass: each row's suffix (the first time) and then the given nodes."""
         import torch
@@ -517,6 +583,21 @@ class _TreeBatch:
         for r, reads in dest:
             self.read_logprobs[r][reads] = values[k : k + len(reads)]
             k += len(reads)
+
+
+def score_candidates_pruned(
+    backend: Any, prompts: Sequence[str], candidates: Sequence[str], min_mass: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`score_candidates` expanding only the candidate-trie nodes of probability ``min_mass`` or more.
+
+    Returns the scores (-inf for a candidate under an unexpanded node; the
+    others exact) and, per prompt, the probability of the unexpanded nodes,
+    which bounds the total probability of the dropped candidates. Only the
+    tree path prunes; elsewhere every candidate is scored and that mass is 0.
+    """
+    scorer = _CachedScorer(backend, min_mass=min_mass)
+    scores = scorer.score(prompts, candidates)
+    return scores, scorer.unexpanded
 
 
 def scoring_work(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """``eigenscore``: INSIDE's EigenScore (Chen et al., 2024) from the samples' hidden states.
 
 Each sample j is embedded as the hidden state z_j of the last token of
-``prompt + sample`` at a middle layer (see :mod:`candor.estimators.hidden_layers`).
+``prompt + sample`` at a middle layer (see :mod:`candor.estimators.hidden_layers`);
+the ``hf`` backend runs each record's prompt once for all its samples
+(:func:`candor.backends.base.continuation_hidden_states`).
 With Z the k×d matrix of embeddings and J_d = I_d - (1/d) 1 1ᵀ the centring
 matrix over features, Σ = Z J_d Zᵀ is the k×k covariance between samples
 (the paper's Eq. 4, unscaled), and
@@ -24,9 +26,9 @@ import numpy as np
 
 from candor.annotation.prompts import record_prompts
 from candor.annotation.records import Record
-from candor.backends.base import Backend
+from candor.backends.base import Backend, continuation_hidden_states
 from candor.estimators.base import ESTIMATORS, Estimator
-from candor.estimators.hidden_layers import answer_texts, middle_layer
+from candor.estimators.hidden_layers import middle_layer
 from candor.estimators.semantic import require_samples
 from candor.util.errors import CandorError
 
@@ -59,14 +61,10 @@ class EigenScore(Estimator):
         assert backend is not None  # checked by estimate()
         layer = self.layer if self.layer is not None else middle_layer(backend)
         prompts, _ = record_prompts(records, backend)
-        texts, owner = [], []
-        for i, (rec, prompt) in enumerate(zip(records, prompts, strict=True)):
-            samples = require_samples(rec, self.name)
-            texts.extend(answer_texts([prompt] * len(samples), samples))
-            owner.extend([i] * len(samples))
-        states = backend.hidden_states(texts, layer=layer)
-        owner_arr = np.asarray(owner)
-        scores = [eigenscore(states[owner_arr == i], self.alpha) for i in range(len(records))]
+        samples = [require_samples(rec, self.name) for rec in records]
+        # Each record's prompt runs once for all its samples (backends that can share it).
+        states = continuation_hidden_states(backend, prompts, samples, layer=layer)
+        scores = [eigenscore(s, self.alpha) for s in states]
         return 1.0 / (1.0 + np.exp(np.array(scores)))
 
     def describe(self) -> dict[str, Any]:

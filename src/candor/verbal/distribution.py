@@ -15,7 +15,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from candor.backends.base import SCORE_CANDIDATES, Backend, backend_capabilities, score_candidates
+from candor.backends.base import (
+    PRUNED_CANDIDATES,
+    SCORE_CANDIDATES,
+    Backend,
+    backend_capabilities,
+    score_candidates,
+)
 from candor.util.errors import CandorError
 
 SURFACE_PREFIXES = ("", " ")
@@ -86,10 +92,50 @@ def candidate_distribution(
     return _softmax(label_lp)
 
 
+def pruned_candidate_distribution(
+    backend: Backend,
+    prompts: Sequence[str],
+    labels: Sequence[str],
+    min_mass: float,
+    prefixes: Sequence[str] = SURFACE_PREFIXES,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`candidate_distribution` that expands the label trie only under nodes of probability ``min_mass`` or more.
+
+    Labels whose every surface form lies under an unexpanded node get
+    probability 0. Also returns, per prompt, the share ``u = U / (A + U)``
+    where U is the probability of the unexpanded nodes and A that of the labels
+    kept (before renormalizing): the exact distribution puts at most ``u`` of
+    its mass on the labels dropped, so ``|μ_exact - μ| <= u · max_c |value(c) - μ|``
+    (see :func:`candor.verbal.formats.mu_error_bound`). A prompt that keeps no
+    label is scored exactly.
+    """
+    if not 0 < min_mass < 1:
+        raise CandorError(f"min_mass must be in (0, 1), got {min_mass}")
+    if PRUNED_CANDIDATES not in backend_capabilities(backend):
+        kind = type(backend).__name__
+        raise CandorError(
+            f"the pruned label distribution (min_mass={min_mass}) needs a backend with {PRUNED_CANDIDATES} "
+            f"(the hf backend); {kind} has none: drop the option to score exactly"
+        )
+    if not labels:
+        raise CandorError("candidate_distribution: no labels")
+    forms = surface_forms(labels, prefixes)
+    form_lp, unexpanded = backend.score_candidates_pruned(list(prompts), [text for _, text in forms], min_mass)
+    owner = np.array([k for k, _ in forms])
+    label_lp = np.stack([_logsumexp(form_lp[:, owner == k]) for k in range(len(labels))], axis=1)
+    kept = np.exp(label_lp).sum(axis=1)
+    empty = np.flatnonzero(kept == 0)
+    if len(empty):  # nothing kept: the exact distribution for those prompts
+        exact = candidate_distribution(backend, [prompts[i] for i in empty], labels, prefixes)
+        label_lp[empty], kept[empty], unexpanded[empty] = np.log(exact), 1.0, 0.0
+    return _softmax(label_lp), unexpanded / (kept + unexpanded)
+
+
 def _logsumexp(x: np.ndarray) -> np.ndarray:
     top = x.max(axis=1, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
-    return (top + np.log(np.exp(x - top).sum(axis=1, keepdims=True)))[:, 0]
+    with np.errstate(divide="ignore"):  # all -inf (every form dropped): log 0 = -inf
+        return (top + np.log(np.exp(x - top).sum(axis=1, keepdims=True)))[:, 0]
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

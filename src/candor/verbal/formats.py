@@ -305,6 +305,19 @@ def confidence_distribution(
     return distribution_from_prompts(backend, prompts, fmt)[0]
 
 
+def mu_error_bound(dropped_share: np.ndarray, mu: np.ndarray, fmt: str | VerbalFormat) -> np.ndarray:
+    """The most μ can differ from the exact μ when at most ``dropped_share`` of the exact mass was dropped.
+
+    With the kept labels renormalized, μ_exact = (1 - s)·μ + s·μ_dropped for
+    the share s ≤ ``dropped_share`` of the exact distribution on the dropped
+    labels, so |μ_exact - μ| = s·|μ_dropped - μ| ≤ ``dropped_share`` · max_c |value(c) - μ|.
+    """
+    values = get_format(fmt).value_array
+    mu = np.asarray(mu, dtype=float)
+    spread = np.maximum(np.abs(values.max() - mu), np.abs(mu - values.min()))
+    return np.asarray(dropped_share, dtype=float) * spread
+
+
 def expected_confidence(distribution: np.ndarray, fmt: str | VerbalFormat) -> np.ndarray:
     """μ = Σ_c P(c)·value(c) for each row of ``distribution``."""
     fmt = get_format(fmt)

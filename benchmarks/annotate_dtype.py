@@ -1,0 +1,101 @@
+"""Annotation in bfloat16 against float32: tokens per second, changed greedy answers, log-prob drift, one run.
+
+Runs candor's decode loop (the ``candor`` path of
+``benchmarks/annotate_throughput.py``, same questions and settings: NQ, the
+``fewshot`` template, greedy + k=5 samples, top-p 0.95, top-k 50, at most 32
+new tokens) once per dtype, each in its own subprocess, and compares them:
+
+- generated tokens per second (wall) and per CPU second, and the bf16/fp32 ratios;
+- how many greedy answers differ in text;
+- the drift of the greedy log-probs: over the answers whose greedy tokens are
+  identical, the mean and largest |log p_bf16 - log p_fp32| per token.
+
+    PYTHONPATH=src python benchmarks/annotate_dtype.py [--questions 64] [--threads 2]
+
+Writes benchmarks/results/annotate_dtype.json. Timings on a shared CPU are noisy; read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import annotate_throughput as throughput
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results" / "annotate_dtype.json"
+DTYPES = ("float32", "bfloat16")
+
+
+def drift(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Changed greedy answers, and per-token |Δ log-prob| over the answers with identical tokens."""
+    changed = sum(a != b for a, b in zip(base["greedy"], other["greedy"], strict=True))
+    deltas = [
+        np.abs(np.asarray(lb) - np.asarray(lo))
+        for ib, io, lb, lo in zip(base["greedy_token_ids"], other["greedy_token_ids"], base["greedy_logprobs"],
+                                  other["greedy_logprobs"], strict=True)
+        if ib == io and ib
+    ]
+    flat = np.concatenate(deltas) if deltas else np.zeros(0)
+    return {
+        "greedy_answers_changed": changed,
+        "greedy_token_sequences_identical": len(deltas),
+        "logprob_abs_diff_mean": float(flat.mean()) if len(flat) else None,
+        "logprob_abs_diff_max": float(flat.max()) if len(flat) else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=64)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if not throughput.DATA.exists():
+        print(f"skipped: NQ test data not found at {throughput.DATA}")
+        return
+    runs = {}
+    for dtype in DTYPES:
+        print(f"running candor in {dtype} ...", flush=True)
+        runs[dtype] = throughput.run_child("candor", argparse.Namespace(**{**vars(args), "dtype": dtype}))
+    rows = {
+        dtype: {
+            "seconds": round(run["seconds"], 2),
+            "cpu_seconds": round(run["cpu_seconds"], 2),
+            "generated_tokens": run["tokens"],
+            "tokens_per_second": round(run["tokens"] / run["seconds"], 1),
+            "tokens_per_cpu_second": round(run["tokens"] / run["cpu_seconds"], 1),
+            "peak_rss_mib": round(run["peak_rss_mib"]),
+        }
+        for dtype, run in runs.items()
+    }
+    fp32, bf16 = rows["float32"], rows["bfloat16"]
+    result = {
+        "model": throughput.MODEL,
+        "questions": args.questions,
+        "samples_per_question": args.k,
+        "settings": {**throughput.SETTINGS, "template": "fewshot", "batch_size": args.batch_size,
+                     "torch_threads": args.threads, "omp_wait_policy": throughput.omp_wait_policy()},
+        "load_average_1min": os.getloadavg()[0],
+        "dtypes": rows,
+        "bf16_speedup_wall": round(bf16["tokens_per_second"] / fp32["tokens_per_second"], 2),
+        "bf16_speedup_cpu": round(bf16["tokens_per_cpu_second"] / fp32["tokens_per_cpu_second"], 2),
+        "bf16_vs_fp32": drift(runs["float32"], runs["bfloat16"]),
+        "command": "PYTHONPATH=src python benchmarks/annotate_dtype.py " + " ".join(sys.argv[1:]),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for dtype, row in rows.items():
+        print(f"{dtype:>9}: {row['tokens_per_second']} tokens/s wall, {row['tokens_per_cpu_second']} per CPU s")
+    print(f"bf16/fp32: {result['bf16_speedup_wall']}x wall, {result['bf16_speedup_cpu']}x CPU")
+    print(result["bf16_vs_fp32"])
+
+
+if __name__ == "__main__":
+    main()
