@@ -37,8 +37,17 @@ class CountingBackend(HFBackend):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[list[str], list[int]]] = []
+        self.token_delay = 0.0  # seconds per generated token: a model slow enough for a client to leave mid-way
 
     def generate(self, prompts, *args, **kwargs):
+        hook = kwargs.get("on_token")
+        if self.token_delay and hook is not None:
+
+            def slow(prompt: int, sample: int, token: int) -> bool:
+                time.sleep(self.token_delay)
+                return hook(prompt, sample, token)
+
+            kwargs["on_token"] = slow
         gens = super().generate(prompts, *args, **kwargs)
         rows = [sum(len(c.token_ids) for c in ([g.greedy] if g.greedy else []) + list(g.samples)) for g in gens]
         self.calls.append((list(prompts), rows))
@@ -231,8 +240,14 @@ def test_a_raw_sse_reader_sees_completion_chunks_and_done(server, honest):
 
 @pytest.fixture()
 def long_answers(honest):
-    """The counting backend answering up to 400 tokens, never abstaining: the greedy answer is the streamed one."""
-    return HonestModel(honest.backend, "n-prob", template="fewshot", decoding=Decoding(max_new_tokens=400))
+    """The counting backend answering up to 400 tokens, never abstaining: the greedy answer is the streamed one.
+
+    Each token takes at least 10 ms, so the 400 take 4 s or more: a client leaving after 1 s leaves
+    mid-way however fast the machine is.
+    """
+    honest.backend.token_delay = 0.01
+    yield HonestModel(honest.backend, "n-prob", template="fewshot", decoding=Decoding(max_new_tokens=400))
+    honest.backend.token_delay = 0.0
 
 
 def wait_for_call(backend: CountingBackend, marker: str) -> int:
