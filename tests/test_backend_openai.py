@@ -162,23 +162,12 @@ def test_candor_serve_over_transformers_serve_reports_the_servers_usage(served, 
     """``HonestModel`` + ``create_app`` over the openai backend, with no local tokenizer anywhere."""
     pytest.importorskip("fastapi")
     from candor.serve import Decoding, HonestModel
-    from candor.serve.app import ServeSettings, create_app
     from candor.serve.confidence import EstimatorSource
-    from candor.serve.server import serve_in_thread
 
     backend = OpenAIBackend(str(smollm_dir), base_url=served, max_concurrency=2)
     model = HonestModel(backend, confidence=EstimatorSource("consis-lex", samples=2), template="fewshot",
                         decoding=Decoding(max_new_tokens=2), backend_name="openai")  # fmt: skip
-    with serve_in_thread(create_app(model, ServeSettings(max_tokens=2))) as url:
-        body = {"model": "candor", "max_tokens": 2,
-                "messages": [{"role": "user", "content": "Who wrote the play Romeo and Juliet?"}]}  # fmt: skip
-        request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
-        try:
-            with urllib.request.urlopen(request, timeout=300) as response:
-                status, answer = response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            status, answer = exc.code, json.loads(exc.read())
+    status, answer = ask_candor_serve(model)
     assert status == 200, answer
     assert answer["usage"]["completion_tokens"] > 0
     assert answer["choices"][0]["finish_reason"] == "length"
@@ -329,3 +318,19 @@ def test_unreachable_server_is_one_error_and_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "cannot reach the server at" in result.output and url in result.output
     assert "Traceback" not in result.output
+
+
+def ask_candor_serve(model, question: str = "Who wrote the play Romeo and Juliet?") -> tuple[int, dict]:
+    """Status and body of one 2-token chat request to a real ``candor serve`` app around ``model``."""
+    from candor.serve.app import ServeSettings, create_app
+    from candor.serve.server import serve_in_thread
+
+    with serve_in_thread(create_app(model, ServeSettings(max_tokens=2))) as url:
+        body = {"model": "candor", "max_tokens": 2, "messages": [{"role": "user", "content": question}]}
+        request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=300) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())

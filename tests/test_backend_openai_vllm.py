@@ -9,20 +9,17 @@ the vllm tests); elsewhere the module skips.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import pytest
 
 pytest.importorskip("vllm", reason="vllm is not importable here; run these tests in the vllm venv (see README)")
 pytest.importorskip("fastapi")
 
-from test_backend_openai import PROMPTS, free_port, wait_healthy  # noqa: E402
+from test_backend_openai import PROMPTS, ask_candor_serve, free_port, wait_healthy  # noqa: E402
 
 from candor.backends.base import (  # noqa: E402
     GENERATE,
@@ -99,22 +96,10 @@ def test_next_token_logprobs_equal_the_in_process_backend(remote, local) -> None
 
 def test_candor_serve_over_vllm_reports_the_servers_usage(vllm_url, smollm_dir) -> None:
     from candor.serve import Decoding, HonestModel
-    from candor.serve.app import ServeSettings, create_app
-    from candor.serve.server import serve_in_thread
-
     backend = OpenAIBackend(str(smollm_dir), base_url=vllm_url, max_concurrency=2)  # no local tokenizer
     model = HonestModel(backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=2),
                         backend_name="openai")  # fmt: skip
-    with serve_in_thread(create_app(model, ServeSettings(max_tokens=2))) as url:
-        body = {"model": "candor", "max_tokens": 2,
-                "messages": [{"role": "user", "content": "Who wrote the play Romeo and Juliet?"}]}  # fmt: skip
-        request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
-        try:
-            with urllib.request.urlopen(request, timeout=300) as response:
-                status, answer = response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            status, answer = exc.code, json.loads(exc.read())
+    status, answer = ask_candor_serve(model)
     assert status == 200, answer
     assert answer["usage"]["completion_tokens"] > 0
     assert answer["choices"][0]["finish_reason"] == "length"
