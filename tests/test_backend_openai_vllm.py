@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 pytest.importorskip("vllm", reason="vllm is not importable here; run these tests in the vllm venv (see README)")
@@ -91,7 +92,7 @@ def test_next_token_logprobs_equal_the_in_process_backend(remote, local) -> None
     paris = local.tokenize(" Paris")
     theirs = remote.next_token_logprobs(PROMPTS[1:], paris)
     assert remote.last_fallbacks == 0
-    assert theirs.tolist() == pytest.approx(local.next_token_logprobs(PROMPTS[1:], paris).tolist(), abs=TOLERANCE)
+    np.testing.assert_allclose(theirs, local.next_token_logprobs(PROMPTS[1:], paris), atol=TOLERANCE)
 
 
 def test_candor_serve_over_vllm_reports_the_servers_usage(vllm_url, smollm_dir) -> None:
