@@ -210,6 +210,18 @@ def test_feature_cache_is_keyed_by_layer_and_template(tiny_model_dir, tmp_path):
     assert len(extract.prompts) == 6
 
 
+def test_feature_cache_is_keyed_by_the_backbones_dtype(tiny_model_dir, tmp_path):
+    """bf16 features never serve a float32 run (or back); float32 keeps the folder of older caches."""
+    head = fresh_head(tiny_model_dir)
+    extract = CountingExtractor(head)
+    prompts = head.prompts(QUESTIONS[:2])
+    FeatureCache(tmp_path, "tiny", -1, "fewshot").get(prompts, extract)
+    FeatureCache(tmp_path, "tiny", -1, "fewshot", "bfloat16").get(prompts, extract)
+    FeatureCache(tmp_path, "tiny", -1, "fewshot", "float32").get(prompts, extract)  # the first one's rows
+    assert len(extract.prompts) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny--layer-1--fewshot", "tiny--layer-1--fewshot--bfloat16"]
+
+
 def test_a_half_written_shard_is_ignored(tiny_model_dir, tmp_path):
     head = fresh_head(tiny_model_dir)
     cache = FeatureCache(tmp_path, "tiny", -1, "fewshot")

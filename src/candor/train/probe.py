@@ -89,7 +89,8 @@ def answer_features(
         return extract(texts), template
     from candor.train.elical.features import FeatureCache
 
-    cache = FeatureCache(cache_root, backbone_name(backend), layer, f"{template}+greedy")
+    dtype = getattr(backend, "dtype", None) or "float32"
+    cache = FeatureCache(cache_root, backbone_name(backend), layer, f"{template}+greedy", dtype)
     return cache.get(texts, extract), template
 
 

@@ -1,10 +1,10 @@
 """Last-token features of a frozen backbone, computed once and cached on disk (``head`` mode).
 
-The cache is a folder per (backbone, layer, template); a feature row is keyed
+The cache is a folder per (backbone, layer, template, weights dtype); a feature row is keyed
 by the SHA-256 of its prompt text, so the same prompts never run the model
 twice, whichever records or runs they come from::
 
-    <root>/<model>--layer<layer>--<template>/
+    <root>/<model>--layer<layer>--<template>[--<dtype>]/   (no suffix for float32)
       shard-<digest>.npy    float32 [rows, hidden]
       shard-<digest>.json   the prompt keys of those rows, in order (written last)
 
@@ -43,10 +43,13 @@ def _slug(text: str) -> str:
 
 
 class FeatureCache:
-    """Features of one backbone, layer and template, by prompt text."""
+    """Features of one backbone, layer, template and weights dtype, by prompt text."""
 
-    def __init__(self, root: str | Path, model: str, layer: int, template: str) -> None:
-        self.folder = Path(root) / f"{_slug(model)}--layer{layer}--{_slug(template)}"
+    def __init__(self, root: str | Path, model: str, layer: int, template: str, dtype: str = "float32") -> None:
+        # The weights' dtype changes the features: a bf16 backbone's rows must never serve a float32 run.
+        # float32 keeps the folder name caches had before the dtype was part of the key.
+        suffix = "" if dtype == "float32" else f"--{_slug(dtype)}"
+        self.folder = Path(root) / f"{_slug(model)}--layer{layer}--{_slug(template)}{suffix}"
         self.hits = 0
         self.misses = 0
         self._rows: dict[str, np.ndarray] = {}

@@ -299,7 +299,8 @@ def head_features(head: ConfidenceHead, prompts: Sequence[str], cache_root: str 
     """Frozen-backbone features of ``prompts``, through the on-disk cache when one is configured."""
     if cache_root is None:
         return head.prompt_features(prompts)
-    cache = FeatureCache(cache_root, head.config.backbone, head.config.layer, head.config.template)
+    dtype = str(next(head.backbone.parameters()).dtype).removeprefix("torch.")
+    cache = FeatureCache(cache_root, head.config.backbone, head.config.layer, head.config.template, dtype)
     return cache.get(prompts, head.prompt_features)
 
 
