@@ -8,8 +8,9 @@ Prompts are plain strings that are already templated (see ``candor.annotation.pr
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -36,6 +37,9 @@ PRUNED_CANDIDATES = "score_candidates_pruned"
 # ``continuation_hidden_states``: the hidden states after a prompt's several continuations, the
 # prompt run once (see :func:`continuation_hidden_states`; others go through ``hidden_states``).
 CONTINUATION_STATES = "continuation_hidden_states"
+# ``live_engine()``: a decode engine that requests join at its next step and leave when they finish
+# (continuous batching, for serving); see :class:`LiveEngine`.
+LIVE_DECODE = "live_decode"
 
 WHITE_BOX = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, HIDDEN_STATES, TOKENIZER})
 
@@ -262,3 +266,50 @@ class Backend(Protocol):
 
     # Optional, with the SCORE_CANDIDATES capability (call it through :func:`score_candidates`):
     # def score_candidates(self, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray
+
+
+# ``on_prefill(states) -> keep going``: called once a request's prompt is prefilled, before its
+# first token is picked, with the hidden states at the prompt's last position, one float32 vector
+# per layer (embeddings first, as transformers' ``output_hidden_states``). False ends the request
+# there: nothing is decoded, its rows are freed (a question declined before generating).
+PrefillHook = Callable[[Sequence[np.ndarray]], bool]
+
+# ``on_token(sample, token_id) -> keep going`` for one request (``sample`` is -1 for the greedy row).
+RequestTokenHook = Callable[[int, int], bool]
+
+T = TypeVar("T")
+
+
+@dataclass
+class DecodeRequest:
+    """One prompt's greedy answer (if ``greedy``) and ``n`` samples, as ``generate`` makes them.
+
+    ``seed`` seeds the samples as ``generate``'s per-prompt seed does, so a
+    request's samples equal those of ``generate([prompt], n, params, seeds=[seed])``.
+    """
+
+    prompt: str
+    n: int
+    params: SamplingParams
+    greedy: bool = True
+    seed: int = 0
+    on_token: RequestTokenHook | None = None
+    on_prefill: PrefillHook | None = None
+
+
+class LiveEngine(Protocol):
+    """A running decode loop that requests join between steps (capability :data:`LIVE_DECODE`).
+
+    One engine thread owns the model. ``submit`` queues a request; it joins
+    the running batch at the next step, its prompt prefilled alone (so what a
+    request gets never depends on which others are running), and its future
+    resolves when its last row ends. ``call`` runs other model work (scoring)
+    in the same thread between steps. ``close`` finishes nothing new, fails
+    what is queued, and stops the thread.
+    """
+
+    def submit(self, request: DecodeRequest) -> Future[Generations]: ...
+
+    def call(self, work: Callable[[], T]) -> Future[T]: ...
+
+    def close(self) -> None: ...
