@@ -158,7 +158,7 @@ def test_models_retrieve_works_with_the_official_client(server, honest):
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
 def test_a_body_that_is_not_declared_json_is_refused_before_any_work(server, content_type):
     url, app = server
-    before = app.state.batcher.batched_jobs
+    before = app.state.admission.admitted
     headers = auth() | ({"Content-Type": content_type} if content_type else {})
     request = httpx.Request("POST", f"{url}/v1/chat/completions", content=json.dumps(chat()).encode(), headers=headers)
     if content_type is None:  # httpx sends none for raw bytes; make sure
@@ -166,10 +166,10 @@ def test_a_body_that_is_not_declared_json_is_refused_before_any_work(server, con
     with httpx.Client() as client:
         got = client.send(request)
     assert got.status_code == 415 and got.json()["error"]["code"] == "unsupported_media_type"
-    assert app.state.batcher.batched_jobs == before  # nothing was generated
+    assert app.state.admission.admitted == before  # nothing was generated
     ok = httpx.post(f"{url}/v1/chat/completions", content=json.dumps(chat()).encode(),
                     headers=auth() | {"Content-Type": "application/json; charset=utf-8"})  # fmt: skip
-    assert ok.status_code == 200 and app.state.batcher.batched_jobs == before + 1
+    assert ok.status_code == 200 and app.state.admission.admitted == before + 1
 
 
 def test_a_full_queue_answers_503_with_retry_after(honest):
@@ -189,7 +189,7 @@ def test_a_full_queue_answers_503_with_retry_after(honest):
 
 def test_health_is_alive_and_ready_turns_503_with_retry_after_while_draining(honest):
     app = create_app(honest, ServeSettings())
-    assert not app.state.lifecycle.ready  # not started: the batcher is not running yet
+    assert not app.state.lifecycle.ready  # not started: the engine is not running yet
     with serve_in_thread(app) as url:
         assert httpx.get(f"{url}/ready").status_code == 200
         app.state.lifecycle.begin_draining()  # what SIGTERM calls (see the subprocess test below)

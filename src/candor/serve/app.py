@@ -16,11 +16,13 @@
   without the right ``Authorization: Bearer`` key answers 401 (the scheme is
   case-insensitive). Bodies are parsed strictly: ``"n": true`` or
   ``"max_tokens": "10"`` answer 400 naming the field, never coerced.
-- Every question is checked, templated and counted in tokens before it is
-  queued (a bad one is its own request's 400); concurrent questions are then
-  gathered by a :class:`MicroBatcher` into shared backend calls, and a failure
-  inside a batch stays with its own request. A client that leaves (or a 503
-  part-way through a multi-prompt request) cancels its queued and running work.
+- Every question is checked, templated and counted in tokens before any work
+  (a bad one is its own request's 400); a request's questions are then
+  admitted together (or 503, with nothing started) and each runs as its own
+  flow on the engine (:mod:`candor.serve.batching`): the backend's live decode
+  loop, where a question joins the running batch at the next step, or
+  micro-batches of ``generate`` for a backend without one. A failure stays with
+  its own request; a client that leaves cancels its queued and running work.
 
 The confidence is the method's own (:meth:`HonestModel.answer_asks`): the
 request's ``temperature``, ``top_p``, ``max_tokens``, ``stop``, ``seed`` and
@@ -46,7 +48,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from candor.serve.batching import MicroBatcher, QueueFull
+from candor.backends.base import LiveEngine
+from candor.serve.batching import Admission, QueueFull, open_engine
 from candor.serve.metrics import ServeMetrics
 from candor.serve.model import (
     DEFAULT_REFUSAL,
@@ -55,7 +58,6 @@ from candor.serve.model import (
     ContextLengthExceeded,
     HonestAnswer,
     HonestModel,
-    Outcome,
     Reply,
     check_text,
 )
@@ -84,8 +86,8 @@ class ServeSettings:
     max_n: int = 4
     max_tokens: int = 256
     max_prompts: int = 16  # prompts in one /v1/completions request
-    queue_size: int = 64
-    max_batch: int = 16
+    queue_size: int = 64  # questions in flight (answering or waiting) before 503
+    max_batch: int = 16  # requests per generate call, for a backend without a live engine
     batch_wait_ms: float = 5.0
     cors_origins: tuple[str, ...] = ()  # browser origins allowed by CORS; none: no CORS headers
     log_prompts: bool = False  # the access log carries each request's messages or prompt
@@ -98,42 +100,29 @@ class APIError(Exception):
         self.status, self.body = status, error_body(message, type_, param, code)
 
 
-def run_batch(model: HonestModel, asks: Sequence[Ask]) -> list[Outcome]:
-    """Answer gathered questions; each gets its answers or its own failure (never a neighbour's)."""
-    return model.answer_asks(asks)
-
-
 def create_app(model: HonestModel, settings: ServeSettings | None = None) -> FastAPI:
     """The FastAPI app; run it with uvicorn (``candor serve`` does)."""
     settings = settings or ServeSettings()
     metrics, lifecycle = ServeMetrics(), Lifecycle()
-
-    def answer_asks(asks: Sequence[Ask]) -> list[Outcome]:
-        metrics.observe_batch(len(asks))
-        return run_batch(model, asks)
-
-    batcher = MicroBatcher(
-        answer_asks,
-        max_batch=settings.max_batch,
-        max_wait_ms=settings.batch_wait_ms,
-        queue_size=settings.queue_size,
-    )
-
+    admission = Admission(settings.queue_size)
+    service = Service(model, admission)
     log = RecordLog(settings.log_records) if settings.log_records is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await batcher.start()
+        service.engine = open_engine(model.backend, max_batch=settings.max_batch, max_wait_ms=settings.batch_wait_ms,
+                                     on_batch=metrics.observe_batch)  # fmt: skip
         lifecycle.mark_started()
         yield
         lifecycle.begin_draining()
-        await batcher.stop()
+        await asyncio.to_thread(service.engine.close)
         if log is not None:
             log.close()
 
     app = FastAPI(title="candor", lifespan=lifespan)
-    app.state.batcher, app.state.metrics, app.state.lifecycle = batcher, metrics, lifecycle
-    metrics.watch_queue(lambda: batcher.waiting)
+    app.state.service, app.state.admission = service, admission
+    app.state.metrics, app.state.lifecycle = metrics, lifecycle
+    metrics.watch_queue(lambda: admission.in_flight)
     install_operations(app, metrics, lifecycle, cors_origins=settings.cors_origins, log_prompts=settings.log_prompts)
     app.state.record_log = log
 
@@ -151,7 +140,8 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": settings.model_id, "waiting": batcher.waiting, "batches": batcher.batches}
+        return {"status": "ok", "model": settings.model_id, "in_flight": admission.in_flight,
+                "admitted": admission.admitted}  # fmt: skip
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -170,7 +160,7 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     async def chat(request: Request) -> Any:
         _authorize(request, settings)
         body = await _parse(request, ChatRequest, settings)
-        return await _serve(request, [_single_question(body)], body, settings, model, batcher, CHAT, log)
+        return await _serve(request, [_single_question(body)], body, settings, model, service, CHAT, log)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -180,7 +170,7 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
         if not 1 <= len(questions) <= settings.max_prompts:
             raise APIError(400, f"prompt must hold 1 to {settings.max_prompts} strings", "invalid_request_error",
                            "prompt")  # fmt: skip
-        return await _serve(request, questions, body, settings, model, batcher, COMPLETION, log)
+        return await _serve(request, questions, body, settings, model, service, COMPLETION, log)
 
     return app
 
@@ -315,17 +305,36 @@ def _asks(
     return asks
 
 
-def _enqueue(batcher: MicroBatcher, asks: list[Ask]) -> list[asyncio.Future[Any]]:
-    """Queue every ask; when the queue fills part-way, the ones already queued are cancelled (503)."""
-    futures: list[asyncio.Future[Any]] = []
-    try:
-        for ask in asks:
-            futures.append(batcher.enqueue(ask))
-    except QueueFull as exc:
-        _cancel(asks, futures)
-        raise APIError(503, f"the server is busy ({exc}); retry later", "server_error", None,
-                       "queue_full") from None  # fmt: skip
-    return futures
+class Service:
+    """The running engine and the admission of questions to it: one flow (an asyncio task) per question."""
+
+    def __init__(self, model: HonestModel, admission: Admission) -> None:
+        self.model = model
+        self.admission = admission
+        self.engine: LiveEngine | None = None  # opened when the app starts
+
+    def start(self, asks: list[Ask]) -> list[asyncio.Future[Any]]:
+        """Admit every ask (or 503 with nothing started) and start each one's flow."""
+        if self.engine is None:
+            raise APIError(503, "the server is not started", "server_error", None, "not_ready")
+        try:
+            self.admission.admit(len(asks))
+        except QueueFull as exc:
+            raise APIError(503, f"the server is busy ({exc}); retry later", "server_error", None,
+                           "queue_full") from None  # fmt: skip
+        tasks = [asyncio.ensure_future(self._flow(ask, self.engine)) for ask in asks]
+        for task in tasks:
+            task.add_done_callback(lambda _: self.admission.release())
+        return tasks  # type: ignore[return-value]
+
+    async def _flow(self, ask: Ask, engine: LiveEngine) -> list[HonestAnswer]:
+        try:
+            return await self.model.answer_one(ask, engine)
+        except (CandorError, Cancelled, asyncio.CancelledError):
+            raise
+        except Exception:
+            logger.exception("answering failed")
+            raise
 
 
 def _cancel(asks: Sequence[Ask], futures: Sequence[asyncio.Future[Any]]) -> None:
@@ -337,12 +346,12 @@ def _cancel(asks: Sequence[Ask], futures: Sequence[asyncio.Future[Any]]) -> None
 
 async def _serve(
     request: Request, questions: list[str], body: Any, settings: ServeSettings, model: HonestModel,
-    batcher: MicroBatcher, endpoint: Endpoint, log: RecordLog | None,
+    service: Service, endpoint: Endpoint, log: RecordLog | None,
 ) -> Any:  # fmt: skip
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[Any, ...]] | None = asyncio.Queue() if body.stream else None
     asks = _asks(questions, body, model, loop, events)
-    futures = _enqueue(batcher, asks)
+    futures = service.start(asks)
     metrics: ServeMetrics = request.app.state.metrics
     if body.stream:
         for ask, f in zip(asks, futures, strict=True):
@@ -371,6 +380,8 @@ async def _wait(request: Request, asks: list[Ask], futures: list[asyncio.Future[
 
 
 def _outcome(future: asyncio.Future[Any]) -> list[HonestAnswer]:
+    if future.cancelled():
+        raise APIError(499, "the request was cancelled", "invalid_request_error", None, "client_closed")
     exc = future.exception()
     if exc is None:
         return future.result()  # type: ignore[no-any-return]
@@ -444,7 +455,8 @@ async def _stream(
                     yield chunk(k, None, a.finish_reason, confidence=_confidence(a, model))
         options = body.stream_options or {}
         if options.get("include_usage"):
-            done = [(a, f.result()) for a, f in zip(asks, futures, strict=True) if not f.exception()]
+            ok = [not f.cancelled() and not f.exception() for f in futures]
+            done = [(a, f.result()) for a, f, good in zip(asks, futures, ok, strict=True) if good]
             yield sse({**head, "choices": [], "usage": _usage([a for a, _ in done], [r for _, r in done])})
         yield DONE
     finally:

@@ -1,130 +1,257 @@
-"""A micro-batcher: concurrent requests wait a few milliseconds and share one backend call.
+"""The engine a served question runs on: the backend's live decode loop, or micro-batches of ``generate``.
 
-Requests enter a bounded asyncio queue (:class:`QueueFull` when it is full, so
-memory never grows with load). One worker takes the first waiting job, gathers
-more for up to ``max_wait_ms`` or until ``max_batch`` are in hand, and runs the
-batch function once in a single worker thread (the model is not thread-safe,
-and one thread keeps batches strictly one after another). ``max_batch=1``
-turns batching off.
+Every served question is one flow over a :class:`~candor.backends.base.LiveEngine`
+(:meth:`candor.serve.model.HonestModel.answer_one`): it submits decode
+requests and runs its scoring as ``call`` work in the engine's thread.
+:func:`open_engine` gives a backend's own live engine when it declares
+:data:`~candor.backends.base.LIVE_DECODE` (continuous batching: a request joins
+the running batch at the next step), and otherwise a :class:`MicroBatchEngine`,
+which gives the same interface over ``backend.generate``:
+
+- one worker thread owns the backend (the model is not thread-safe); it takes
+  the first waiting request, gathers more for up to ``max_wait_ms`` or until
+  ``max_batch`` are in hand, and runs each group of requests that decode alike
+  (same samples, parameters and greedy row) as one ``generate`` call;
+- a ``generate`` call that raises is run again request by request, so a
+  failure reaches only its own request's future;
+- a request whose future was cancelled before its batch ran is skipped, and a
+  request's ``on_token`` streams its rows and ends them (with the backend's
+  ``token_hook`` capability);
+- ``call`` work runs in the same thread between batches.
+
+:class:`Admission` bounds the questions in flight (503 beyond it); it is used
+from the event loop only.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from candor.backends.base import (
+    LIVE_DECODE,
+    TOKEN_HOOK,
+    Backend,
+    DecodeRequest,
+    Generations,
+    LiveEngine,
+    SamplingParams,
+    backend_capabilities,
+)
+from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+
+class EngineClosed(CandorError):
+    """The engine was closed before this work ran."""
+
 
 class QueueFull(Exception):
-    """The request queue is at its limit; the caller should answer 503."""
+    """As many questions as the service takes are already being answered; the caller should answer 503."""
+
+
+class Admission:
+    """Bounds the questions in flight (being answered or waiting), so memory never grows with load.
+
+    A request's questions are admitted together or not at all, so a request
+    refused part-way never leaves work behind.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("the admission limit must be >= 1")
+        self.limit = limit
+        self.in_flight = 0
+        self.admitted = 0  # questions admitted since start (tests and /health)
+
+    def admit(self, count: int) -> None:
+        """Take ``count`` questions in, or raise :class:`QueueFull` taking none."""
+        if self.in_flight + count > self.limit:
+            raise QueueFull(f"{self.in_flight} questions are already in flight (the limit is {self.limit})")
+        self.in_flight += count
+        self.admitted += count
+
+    def release(self) -> None:
+        """One admitted question finished (answered, failed or cancelled)."""
+        self.in_flight -= 1
+
+
+def open_engine(
+    backend: Backend,
+    *,
+    max_batch: int = 16,
+    max_wait_ms: float = 5.0,
+    on_batch: Callable[[int], None] | None = None,
+) -> LiveEngine:
+    """The backend's live engine (continuous batching) when it has one, else a :class:`MicroBatchEngine`.
+
+    ``max_batch``, ``max_wait_ms`` and ``on_batch`` (called with each batch's size)
+    shape the micro-batches; a live engine batches by itself.
+    """
+    if LIVE_DECODE in backend_capabilities(backend):
+        return backend.live_engine()  # type: ignore[attr-defined,no-any-return]
+    return MicroBatchEngine(backend, max_batch=max_batch, max_wait_ms=max_wait_ms, on_batch=on_batch)
 
 
 @dataclass
-class _Job:
-    payload: Any
-    future: asyncio.Future[Any]
+class _Decode:
+    request: DecodeRequest
+    future: Future[Generations]
+
+    def key(self) -> tuple[int, bool, SamplingParams]:
+        return (self.request.n, self.request.greedy, self.request.params)
 
 
-class MicroBatcher:
-    """Runs ``run_batch(payloads) -> results`` (same length, same order) on gathered batches.
+@dataclass
+class _Call:
+    work: Callable[[], Any]
+    future: Future[Any]
 
-    A result that is an exception fails its own job only; a batch function that
-    raises has its jobs run again one by one, so the failure stays with its job.
-    """
+
+class MicroBatchEngine:
+    """A :class:`~candor.backends.base.LiveEngine` over ``backend.generate`` (see the module docstring)."""
 
     def __init__(
         self,
-        run_batch: Callable[[Sequence[Any]], Sequence[Any]],
+        backend: Backend,
         *,
         max_batch: int = 16,
         max_wait_ms: float = 5.0,
-        queue_size: int = 64,
+        on_batch: Callable[[int], None] | None = None,
     ) -> None:
-        if max_batch < 1 or queue_size < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch and queue_size must be >= 1 and max_wait_ms >= 0")
-        self.run_batch = run_batch
+        if max_batch < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
+        self.backend = backend
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
-        self.queue_size = queue_size
-        self._queue: asyncio.Queue[_Job] | None = None
-        self._worker: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="candor-batch")
-        self.batches = 0  # counters for /health and the load benchmark
-        self.batched_jobs = 0
+        self.on_batch = on_batch
+        self.batches = 0  # generate calls made, for tests and the load benchmark
+        self._hooks = TOKEN_HOOK in backend_capabilities(backend)
+        self._inbox: queue.SimpleQueue[_Decode | _Call | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="candor-engine", daemon=True)
+        self._thread.start()
 
-    async def start(self) -> None:
-        self._queue = asyncio.Queue(maxsize=self.queue_size)
-        self._worker = asyncio.create_task(self._run(), name="candor-batcher")
+    def submit(self, request: DecodeRequest) -> Future[Generations]:
+        if request.on_prefill is not None:
+            raise CandorError("reading a confidence from the prefill needs a backend with a live engine")
+        return self._put(_Decode(request, Future()))  # type: ignore[return-value]
 
-    async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-        self._executor.shutdown(wait=True)
+    def call(self, work: Callable[[], T]) -> Future[T]:
+        return self._put(_Call(work, Future()))
 
-    @property
-    def waiting(self) -> int:
-        return 0 if self._queue is None else self._queue.qsize()
-
-    async def submit(self, payload: Any) -> Any:
-        """Queue one job and wait for its result; raises :class:`QueueFull` at once when full."""
-        return await self.enqueue(payload)
-
-    def enqueue(self, payload: Any) -> asyncio.Future[Any]:
-        """Queue one job and return its future (cancel it to drop the job); :class:`QueueFull` when full."""
-        if self._queue is None:
-            raise RuntimeError("the batcher is not started")
-        job = _Job(payload, asyncio.get_running_loop().create_future())
-        try:
-            self._queue.put_nowait(job)
-        except asyncio.QueueFull:
-            raise QueueFull(f"{self.queue_size} requests are already waiting") from None
-        return job.future
-
-    async def _run(self) -> None:
-        assert self._queue is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            jobs = [await self._queue.get()]
-            deadline = time.monotonic() + self.max_wait
-            while len(jobs) < self.max_batch:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    jobs.append(await asyncio.wait_for(self._queue.get(), remaining))
-                except TimeoutError:
-                    break
-            await self._dispatch(loop, jobs)
-
-    async def _dispatch(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job]) -> None:
-        live = [j for j in jobs if not j.future.done()]  # a client that went away cancelled its future
-        if not live:
-            return
-        try:
-            results = await loop.run_in_executor(self._executor, self.run_batch, [j.payload for j in live])
-        except Exception as exc:
-            if len(live) > 1:  # never hand one job's failure to the others: run each alone
-                logger.warning("batch of %d failed (%s); running its jobs one by one", len(live), exc)
-                for j in live:
-                    await self._dispatch(loop, [j])
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
                 return
-            logger.exception("a job failed")
-            results = [exc]
+            self._closed = True
+            self._inbox.put(None)
+        self._thread.join()
+        while True:  # whatever is still queued fails
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(EngineClosed("the engine was closed"))
+
+    def _put(self, item: _Decode | _Call) -> Future[Any]:
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("the engine is closed")
+            self._inbox.put(item)
+        return item.future
+
+    # ------------------------------------------------------------ the worker thread
+
+    def _run(self) -> None:
+        while True:
+            first = self._inbox.get()
+            if first is None:
+                return
+            decodes, calls, closing = self._gather(first)
+            for c in calls:
+                _resolve(c.future, c.work)
+            self._decode(decodes)
+            if closing:
+                return
+
+    def _gather(self, first: _Decode | _Call) -> tuple[list[_Decode], list[_Call], bool]:
+        """The first item and those arriving within the wait, up to ``max_batch`` decode requests."""
+        decodes: list[_Decode] = []
+        calls: list[_Call] = []
+        item: _Decode | _Call | None = first
+        deadline = time.monotonic() + self.max_wait
+        while True:
+            if isinstance(item, _Call):
+                calls.append(item)
+            elif item is not None:
+                decodes.append(item)
+            if not decodes or len(decodes) >= self.max_batch:
+                return decodes, calls, False  # a lone call runs at once
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._inbox.get(timeout=remaining) if remaining > 0 else self._inbox.get_nowait()
+            except queue.Empty:
+                return decodes, calls, False
+            if item is None:
+                return decodes, calls, True
+
+    def _decode(self, decodes: list[_Decode]) -> None:
+        live = [d for d in decodes if d.future.set_running_or_notify_cancel()]  # a departed client cancelled
+        groups: dict[tuple[int, bool, SamplingParams], list[_Decode]] = {}
+        for d in live:
+            groups.setdefault(d.key(), []).append(d)
+        for group in groups.values():
+            self._generate(group)
+
+    def _generate(self, group: list[_Decode]) -> None:
+        n, greedy, params = group[0].key()
+        requests = [d.request for d in group]
+        try:
+            gens = self.backend.generate([r.prompt for r in requests], n, params, greedy=greedy,
+                                         seeds=[r.seed for r in requests], **self._hook(requests))  # fmt: skip
+        except Exception as exc:
+            if len(group) > 1:  # never hand one request's failure to the others: run each alone
+                logger.warning("a batch of %d failed (%s); running its requests one by one", len(group), exc)
+                for d in group:
+                    self._generate([d])
+                return
+            if not isinstance(exc, CandorError):
+                logger.exception("generation failed")
+            group[0].future.set_exception(exc)
+            return
         self.batches += 1
-        self.batched_jobs += len(live)
-        for j, r in zip(live, results, strict=True):
-            if j.future.done():
-                continue
-            if isinstance(r, BaseException):  # the batch function's per-job failure
-                j.future.set_exception(r)
-            else:
-                j.future.set_result(r)
+        if self.on_batch is not None:
+            self.on_batch(len(group))
+        for d, g in zip(group, gens, strict=True):
+            d.future.set_result(g)
+
+    def _hook(self, requests: Sequence[DecodeRequest]) -> dict[str, Any]:
+        if not self._hooks or all(r.on_token is None for r in requests):
+            return {}
+
+        def on_token(prompt: int, sample: int, token: int) -> bool:
+            hook = requests[prompt].on_token
+            return True if hook is None else hook(sample, token)
+
+        return {"on_token": on_token}
+
+
+def _resolve(future: Future[T], work: Callable[[], T]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(work())
+    except Exception as exc:
+        future.set_exception(exc)

@@ -31,12 +31,14 @@ the number of dev questions it was fitted on.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import secrets
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -46,18 +48,21 @@ import numpy as np
 from candor.annotation.prompts import QATemplate, resolve_template
 from candor.annotation.records import Record
 from candor.backends.base import (
-    TOKEN_HOOK,
     TOKENIZER,
     Backend,
     Completion,
+    DecodeRequest,
     Generations,
+    LiveEngine,
+    RequestTokenHook,
     SamplingParams,
-    TokenHook,
     backend_capabilities,
 )
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
 from candor.serve import thresholds as th
+from candor.serve.batching import open_engine
 from candor.serve.confidence import ConfidenceSource, answer_records, as_source, load_source, question_item
+from candor.serve.rescoring import can_read_alone, read_alone
 from candor.util.errors import CandorError
 from candor.util.files import atomic_folder
 from candor.util.version import __version__
@@ -69,7 +74,6 @@ ADAPTER_DIR = "adapter"
 DEFAULT_REFUSAL = "I don't know."
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ class Listener(Protocol):
 
 @dataclass
 class Ask:
-    """One question with its reply settings: the unit the micro-batcher gathers."""
+    """One question with its reply settings: the unit a serving flow answers."""
 
     prompted: Prompted
     reply: Reply = field(default_factory=Reply)
@@ -151,9 +155,41 @@ class Ask:
     def alive(self) -> bool:
         return self.listener is None or self.listener.alive()
 
+    def check_alive(self) -> None:
+        """Raise :class:`Cancelled` once nobody waits for the answer."""
+        if not self.alive():
+            raise Cancelled()
+
+    def decided(self, answer: HonestAnswer) -> None:
+        if self.listener is not None:
+            self.listener.decided(answer)
+
+    def token_hook(self, choices: Callable[[int], Sequence[int]]) -> RequestTokenHook | None:
+        """An engine token hook streaming a row to the ``choices(sample)`` it feeds; it ends rows nobody waits for."""
+        listener = self.listener
+        if listener is None:
+            return None
+
+        def on_token(sample: int, token: int) -> bool:
+            for choice in choices(sample):
+                listener.token(choice, token)
+            return listener.alive()
+
+        return on_token
+
 
 class Cancelled(Exception):
     """Nobody waits for the answer any more (a client left); its work was stopped."""
+
+
+@dataclass
+class Scored:
+    """A question's confidence, the record scored (answer-level sources), or its whole abstention."""
+
+    confidence: float
+    record: Record | None = None
+    abstained: list[HonestAnswer] | None = None
+    prompt_tokens: int | None = None  # the protocol prompt's tokens, when it was generated
 
 
 @dataclass
@@ -270,122 +306,100 @@ class HonestModel:
     def answer_asks(self, asks: Sequence[Ask]) -> list[Outcome]:
         """Per ask, its ``n`` answers or the exception that failed it alone (never its neighbours).
 
+        Each ask runs as its own flow (:meth:`answer_one`) on an engine opened
+        for the call, so concurrent asks share decode batches but nothing else.
+        """
+        if not asks:
+            return []
+        engine = open_engine(self.backend, max_batch=max(1, len(asks)))
+        try:
+            return run_sync(self._answer_all(asks, engine))
+        finally:
+            engine.close()
+
+    async def _answer_all(self, asks: Sequence[Ask], engine: LiveEngine) -> list[Outcome]:
+        outcomes = await asyncio.gather(*(self.answer_one(a, engine) for a in asks), return_exceptions=True)
+        for o in outcomes:
+            if isinstance(o, Exception) and not isinstance(o, (CandorError, Cancelled)):
+                logger.error("answering failed", exc_info=o)
+        return list(outcomes)  # type: ignore[arg-type]
+
+    async def answer_one(self, ask: Ask, engine: LiveEngine) -> list[HonestAnswer]:
+        """One question's ``n`` answers, as one flow over ``engine``; raises what failed it alone.
+
         The confidence follows the method's own protocol whatever the reply's
         parameters: a head scores the question; an estimator scores the greedy
         answer (the model's cap, the template's stops) with its samples at
-        :data:`PROTOCOL_SAMPLES`, seeded by the question. The returned text is
-        that greedy answer unless the reply asks for other decoding, which is
-        then generated apart.
+        :data:`PROTOCOL_SAMPLES`, seeded by the question. Scoring runs as one
+        ``engine.call`` holding this question alone, and an answer-level
+        source reads log-probs recomputed over this question's rows alone
+        (:mod:`candor.serve.rescoring`), so the value never depends on the
+        requests decoded beside it. The returned text is that greedy answer
+        unless the reply asks for other decoding, which is then generated
+        (only for a question answered: an abstention generates no reply).
         """
-        out: list[Outcome | None] = [None] * len(asks)
-        live = [i for i, a in enumerate(asks) if a.alive()]
-        for i in set(range(len(asks))) - set(live):
-            out[i] = Cancelled()
-        decided: dict[int, tuple[float, Record | None]] = {}
-        protocol: dict[int, Generations] = {}
+        ask.check_alive()
         if self.source.before_generation:
-            for i, c in zip(live, isolated(self._score_questions, [asks[i] for i in live]), strict=True):
-                if isinstance(c, Exception):
-                    out[i] = c
-                    continue
-                if self._declines(c):
-                    out[i] = [self._abstention(c, "declined before generating")] * asks[i].reply.n
-                else:
-                    decided[i] = (c, None)
-                if asks[i].listener is not None:
-                    first = out[i][0] if isinstance(out[i], list) else self._undecided(c)  # type: ignore[index]
-                    asks[i].listener.decided(first)  # type: ignore[union-attr]
+            confidence = await done(engine.call(lambda: self._score_question(ask.prompted.question)))
+            if self._declines(confidence):
+                declined = self._abstention(confidence, "declined before generating")
+                ask.decided(declined)
+                return [declined] * ask.reply.n
+            ask.decided(self._undecided(confidence))
+            scored = Scored(confidence)
         else:
-            for i, g in zip(live, self._protocol([asks[i] for i in live]), strict=True):
-                if isinstance(g, Exception) or not asks[i].alive():
-                    out[i] = g if isinstance(g, Exception) else Cancelled()
-                else:
-                    protocol[i] = g
-            decided = self._score_answers(asks, list(protocol), protocol, out)
-        live = list(decided)
-        replies = self._replies(asks, live, protocol)  # only for questions answered: an abstention generates no reply
-        for i in live:
-            reply = replies[i]
-            if isinstance(reply, Exception) or not asks[i].alive():
-                out[i] = reply if isinstance(reply, Exception) else Cancelled()
-                continue
-            conf, rec = decided[i]
-            scored = [rec is None or c is rec.greedy for c in reply]
-            out[i] = [self._answered(c, conf, asks[i], sc, rec, protocol[i].prompt_tokens)
-                      for c, sc in zip(reply, scored, strict=True)]  # fmt: skip
-        return out  # type: ignore[return-value]
+            protocol = await done(engine.submit(self._protocol_request(ask)))
+            ask.check_alive()
+            scored = await done(engine.call(lambda: self._score_answer(ask, protocol)))
+            if scored.abstained is not None:
+                return scored.abstained
+        ask.check_alive()
+        completions, prompt_tokens = await self._reply(ask, engine, scored)
+        ask.check_alive()
+        rec = scored.record
+        return [self._answered(c, scored.confidence, ask, rec is None or c is rec.greedy, rec, prompt_tokens)
+                for c in completions]  # fmt: skip
 
-    def _score_questions(self, asks: Sequence[Ask]) -> list[float]:
-        return [float(c) for c in self._calibrated(self.source.score_questions([a.prompted.question for a in asks]))]
+    def _score_question(self, question: str) -> float:
+        return float(self._calibrated(self.source.score_questions([question]))[0])
 
-    def _protocol(self, asks: Sequence[Ask]) -> list[Generations | Exception]:
-        """The greedy answer and the source's samples of each question, in one backend call."""
+    def _protocol_request(self, ask: Ask) -> DecodeRequest:
+        """The greedy answer and the source's samples, seeded by the question (DESIGN.md §4.1)."""
+        params = replace(PROTOCOL_SAMPLES, max_new_tokens=self.decoding.max_new_tokens, stop=self.template.stop)
+        streamed = range(ask.reply.n) if self._returns_greedy(ask.reply) else range(0)
+        return DecodeRequest(ask.prompted.prompt, self.source.samples, params, greedy=True,
+                             seed=question_seed(ask.prompted.question),
+                             on_token=ask.token_hook(lambda sample: streamed if sample < 0 else ()))  # fmt: skip
 
-        def run(group: Sequence[Ask]) -> list[Generations]:
-            params = replace(PROTOCOL_SAMPLES, max_new_tokens=self.decoding.max_new_tokens, stop=self.template.stop)
-            reuse = [self._returns_greedy(a.reply) for a in group]
-            hook = self._hook(group, lambda k, sample: range(group[k].reply.n) if sample < 0 and reuse[k] else ())
-            return self._generate(group, self.source.samples, params, True,
-                                  [question_seed(a.prompted.question) for a in group], hook)  # fmt: skip
+    def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:
+        """The protocol's answer scored (in the engine thread, this question alone); an abstention is returned whole."""
+        if can_read_alone(self.backend):
+            protocol = read_alone(self.backend, ask.prompted.prompt, protocol)  # type: ignore[arg-type]
+        rec = answer_records([ask.prompted.question], [protocol.greedy], [protocol.samples],  # type: ignore[list-item]
+                             self.provenance())[0]  # fmt: skip
+        n = ask.reply.n
+        try:
+            confidence = float(self._calibrated(self.source.score_records([rec], self.backend))[0])
+        except CandorError as exc:  # an answer the method cannot score (an empty one) abstains
+            reason = f"the answer could not be scored: {exc}"
+            return Scored(0.0, rec, [self._abstention(0.0, reason, rec=rec, below=False)] * n)
+        if self._declines(confidence):
+            declined = self._abstention(confidence, "answer scored below the threshold", rec.greedy.text, rec)
+            return Scored(confidence, rec, [declined] * n)
+        return Scored(confidence, rec, prompt_tokens=protocol.prompt_tokens)
 
-        return isolated(run, asks)
-
-    def _replies(
-        self, asks: Sequence[Ask], live: Sequence[int], protocol: dict[int, Generations]
-    ) -> dict[int, list[Completion] | Exception]:
+    async def _reply(self, ask: Ask, engine: LiveEngine, scored: Scored) -> tuple[list[Completion], int | None]:
         """The returned texts: the protocol's greedy answer, or a generation with the reply's own decoding."""
-        out: dict[int, list[Completion] | Exception] = {}
-        groups: dict[tuple[SamplingParams, bool], list[int]] = {}
-        for i in live:
-            reply = asks[i].reply
-            if i in protocol and self._returns_greedy(reply):
-                out[i] = [protocol[i].greedy] * reply.n  # type: ignore[list-item]
-                continue
-            groups.setdefault((self._reply_params(reply), reply.temperature == 0), []).append(i)
-        for (params, greedy), idx in groups.items():
-            group = [asks[i] for i in idx]
-
-            def run(part: Sequence[Ask], params: SamplingParams = params, greedy: bool = greedy) -> list[Generations]:
-                seeds = [reply_seed(a) for a in part]
-                hook = self._hook(part, lambda k, sample: range(part[k].reply.n) if sample < 0 else (sample,))
-                return self._generate(part, 0 if greedy else max(a.reply.n for a in part), params, greedy, seeds, hook)
-
-            for i, g in zip(idx, isolated(run, group), strict=True):
-                if isinstance(g, Exception):
-                    out[i] = g
-                else:
-                    n = asks[i].reply.n
-                    out[i] = [g.greedy] * n if greedy else g.samples[:n]  # type: ignore[list-item]
-                    if i not in protocol:
-                        protocol[i] = Generations(None, [], g.prompt_tokens)  # usage: the prompt was read here
-        return out
-
-    def _generate(
-        self,
-        asks: Sequence[Ask],
-        n: int,
-        params: SamplingParams,
-        greedy: bool,
-        seeds: list[int],
-        hook: TokenHook | None,
-    ) -> list[Generations]:
-        extra = {"on_token": hook} if hook is not None else {}
-        return self.backend.generate([a.prompted.prompt for a in asks], n, params, greedy=greedy, seeds=seeds, **extra)
-
-    def _hook(self, asks: Sequence[Ask], choices: Any) -> TokenHook | None:
-        """A backend token hook that streams rows to their listeners and ends rows nobody waits for."""
-        if all(a.listener is None for a in asks) or TOKEN_HOOK not in backend_capabilities(self.backend):
-            return None
-
-        def on_token(prompt: int, sample: int, token: int) -> bool:
-            listener = asks[prompt].listener
-            if listener is None:
-                return True
-            for choice in choices(prompt, sample):
-                listener.token(choice, token)
-            return listener.alive()
-
-        return on_token
+        reply = ask.reply
+        if scored.record is not None and self._returns_greedy(reply):
+            return [scored.record.greedy] * reply.n, scored.prompt_tokens
+        greedy = reply.temperature == 0
+        request = DecodeRequest(ask.prompted.prompt, 0 if greedy else reply.n, self._reply_params(reply),
+                                greedy=greedy, seed=reply_seed(ask),
+                                on_token=ask.token_hook(lambda s: range(reply.n) if s < 0 else (s,)))  # fmt: skip
+        g = await done(engine.submit(request))
+        completions = [g.greedy] * reply.n if greedy else g.samples[: reply.n]
+        return completions, scored.prompt_tokens or g.prompt_tokens  # type: ignore[return-value]
 
     def _returns_greedy(self, reply: Reply) -> bool:
         cap = reply.max_new_tokens
@@ -395,31 +409,6 @@ class HonestModel:
         cap = reply.max_new_tokens or self.decoding.max_new_tokens
         stop = tuple(dict.fromkeys((*self.template.stop, *reply.stop)))
         return SamplingParams(cap, reply.temperature, reply.top_p, 0, stop)
-
-    def _score_answers(
-        self, asks: Sequence[Ask], live: Sequence[int], protocol: dict[int, Generations], out: list[Outcome | None]
-    ) -> dict[int, tuple[float, Record | None]]:
-        """Score each protocol answer; abstentions and failures go to ``out``, the answered are returned."""
-        records = answer_records(
-            [asks[i].prompted.question for i in live],
-            [protocol[i].greedy for i in live],
-            [protocol[i].samples for i in live],
-            self.provenance(),
-        )  # type: ignore[misc]
-        scores = isolated(lambda recs: list(self._calibrated(self.source.score_records(recs, self.backend))), records)
-        answered: dict[int, tuple[float, Record | None]] = {}
-        for i, rec, conf in zip(live, records, scores, strict=True):
-            n = asks[i].reply.n
-            if isinstance(conf, CandorError):  # an answer the method cannot score (an empty one) abstains
-                reason = f"the answer could not be scored: {conf}"
-                out[i] = [self._abstention(0.0, reason, rec=rec, below=False)] * n
-            elif isinstance(conf, Exception):
-                out[i] = conf
-            elif self._declines(conf):
-                out[i] = [self._abstention(conf, "answer scored below the threshold", rec.greedy.text, rec)] * n
-            else:
-                answered[i] = (float(conf), rec)
-        return answered
 
     def provenance(self) -> dict[str, Any]:
         """What a served record was made with (as annotation writes it), so re-scoring uses the same prompt."""
@@ -613,15 +602,16 @@ def check_text(text: str, what: str) -> None:
         raise CandorError(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
 
 
-def isolated(run: Callable[[Sequence[T]], Sequence[R]], items: Sequence[T]) -> list[R | Exception]:
-    """``run(items)``; when it raises, each item is run alone, so a failure is the failing item's only."""
-    if not items:
-        return []
+async def done(future: Future[T]) -> T:
+    """Await an engine future; cancelling the awaiting task cancels the work if it has not started."""
+    return await asyncio.wrap_future(future)
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end from synchronous code, also where an event loop already runs (a notebook)."""
     try:
-        return list(run(items))
-    except Exception as exc:
-        if len(items) == 1:
-            if not isinstance(exc, CandorError):
-                logger.exception("answering failed")
-            return [exc]
-    return [isolated(run, [item])[0] for item in items]
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="candor-answer") as pool:
+        return pool.submit(asyncio.run, coro).result()

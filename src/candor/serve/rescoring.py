@@ -1,0 +1,106 @@
+"""A question's answers re-read alone, so its confidence never depends on the requests decoded beside it.
+
+A continuous (or micro-) batch decodes a question's rows next to other
+questions' rows, and float32 matrix products round differently for different
+batch shapes: a token's log-prob moves by ~1e-6 with its neighbours. The
+token ids do not move (the greedy pick and the seeded sampling draws are the
+same), so :func:`read_alone` recomputes the log-probs (and top-k alternatives)
+of a question's greedy answer and samples in one teacher-forced pass whose
+batch holds that question's rows only: the prompt once, its KV cache repeated
+once per answer, the answers right-padded after it. What an answer-level
+estimator reads then depends on the question alone, bit for bit.
+
+Only the ``hf`` backend's public plumbing is used (``encode``, ``new_cache``,
+``forward``, ``device``, ``tokenizer``, ``top_logprobs``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from candor.backends.base import Completion, Generations
+from candor.backends.hf import HFBackend, decoded_vocab
+from candor.backends.tokens import positions_from_mask
+
+# Logit floats held at once (rows × answer tokens × vocabulary): 2^26 floats is 256 MiB.
+MAX_LOGIT_FLOATS = 1 << 26
+
+
+def can_read_alone(backend: Any) -> bool:
+    """Whether :func:`read_alone` can re-read ``backend``'s answers (an in-process ``hf`` model)."""
+    return isinstance(backend, HFBackend)
+
+
+@torch.inference_mode()
+def read_alone(backend: HFBackend, prompt: str, gens: Generations) -> Generations:
+    """``gens`` with each completion's log-probs and top-k recomputed over this question's rows alone.
+
+    Texts, token ids, finish reasons and ``stop_logprob`` are kept as generated.
+    """
+    rows = [c for c in (gens.greedy, *gens.samples) if c is not None and c.token_ids]
+    if not rows:
+        return gens
+    prompt_ids = backend.encode([prompt])[0]
+    ids = torch.tensor([prompt_ids], device=backend.device)
+    mask = torch.ones_like(ids)
+    cache = backend.new_cache()
+    first = backend.forward(ids, mask, cache, positions_from_mask(mask))[0]  # predicts each answer's first token
+    vocab = first.shape[-1]
+    width = max(len(c.token_ids) for c in rows)
+    per_pass = max(1, MAX_LOGIT_FLOATS // (width * vocab))
+    reread: dict[int, Completion] = {}
+    for start in range(0, len(rows), per_pass):
+        part = rows[start : start + per_pass]
+        logits = _answer_logits(backend, cache, len(prompt_ids), first, part)
+        for c, row in zip(part, logits, strict=True):
+            reread[id(c)] = _with_logprobs(backend, c, row[: len(c.token_ids)])
+
+    def new(c: Completion | None) -> Completion | None:
+        return reread.get(id(c), c) if c is not None else None
+
+    return Generations(new(gens.greedy), [new(s) for s in gens.samples], gens.prompt_tokens)  # type: ignore[misc]
+
+
+def _answer_logits(
+    backend: HFBackend, prompt_cache: Any, prompt_len: int, first: torch.Tensor, part: list[Completion]
+) -> torch.Tensor:
+    """``[rows, width, vocab]``: at step t, the logits that predicted each row's token t."""
+    width = max(len(c.token_ids) for c in part)
+    head = first.expand(len(part), 1, first.shape[-1])
+    if width == 1:
+        return head
+    fed = width - 1  # each answer's tokens but its last, right-padded
+    ids = torch.zeros((len(part), fed), dtype=torch.long, device=backend.device)
+    own = torch.zeros((len(part), fed), dtype=torch.long, device=backend.device)
+    for j, c in enumerate(part):
+        tokens = c.token_ids[:-1]
+        ids[j, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        own[j, : len(tokens)] = 1
+    cache = copy.deepcopy(prompt_cache)
+    cache.batch_repeat_interleave(len(part))
+    mask = torch.cat([own.new_ones(len(part), prompt_len), own], dim=1)
+    positions = torch.arange(prompt_len, prompt_len + fed, device=backend.device).expand(len(part), fed)
+    rest = backend.forward(ids, mask, cache, positions, keep=fed, last_only=False)
+    return torch.cat([head, rest], dim=1)
+
+
+def _with_logprobs(backend: HFBackend, c: Completion, logits: torch.Tensor) -> Completion:
+    """``c`` with the log-probs of its tokens (raw distribution, as generation reports them) from ``logits``."""
+    log_z = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(1, torch.tensor(c.token_ids, device=logits.device).unsqueeze(1)).squeeze(1)
+    logprobs = (chosen - log_z).tolist()
+    tops = c.top_logprobs
+    if c.top_logprobs and backend.top_logprobs:
+        values, top_ids = logits.topk(min(backend.top_logprobs, logits.shape[-1]), dim=-1)
+        text = decoded_vocab(backend.tokenizer)
+        tops = []
+        for step_ids, step_lps in zip(top_ids.tolist(), (values - log_z.unsqueeze(1)).tolist(), strict=True):
+            alternatives: dict[str, float] = {}
+            for i, lp in zip(step_ids, step_lps, strict=True):  # keyed by text, the larger log-prob kept
+                alternatives.setdefault(text[i] if i < len(text) else backend.tokenizer.decode([i]), lp)
+            tops.append(alternatives)
+    return replace(c, logprobs=logprobs, top_logprobs=tops)
