@@ -1,0 +1,271 @@
+"""The hf backend's live engine: requests joining the running decode loop, checked against ``generate``."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+import torch
+
+from candor.backends.base import LIVE_DECODE, DecodeRequest, Generations, SamplingParams, backend_capabilities
+from candor.backends.hf import HFBackend
+from candor.util.errors import CandorError
+
+PROMPTS = [
+    "Question: What is the largest planet?\nAnswer:",
+    "Question: Who painted the Mona Lisa? Give the full name of the painter.\nAnswer:",
+    "Hello",
+    "Question: 2+2?\nAnswer:",
+]
+LONG = SamplingParams(max_new_tokens=24, stop=())
+WAIT = 60  # seconds a test waits for the engine before failing (never reached when it works)
+
+
+@pytest.fixture(scope="module")
+def lively_model(tokenizer):
+    """The tiny Llama with weights scaled up, so tokens depend on the context (see test_backend_hf)."""
+    from conftest import build_tiny_model
+
+    model = build_tiny_model(len(tokenizer), seed=1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.mul_(20.0)
+    return model
+
+
+@pytest.fixture()
+def backend(lively_model, tokenizer):
+    return HFBackend(lively_model, tokenizer, batch_size=4, model_name="lively")
+
+
+def assert_same(got: Generations, expected: Generations) -> None:
+    got_rows, expected_rows = [got.greedy, *got.samples], [expected.greedy, *expected.samples]
+    assert len(got_rows) == len(expected_rows)
+    for a, b in zip(got_rows, expected_rows, strict=True):
+        assert (a is None) == (b is None)
+        if a is None:
+            continue
+        assert a.token_ids == b.token_ids
+        assert a.text == b.text
+        # 1e-5, plus float32 rounding relative to the value (the scaled-up weights give large logits).
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_backend_declares_live_decode(backend):
+    assert LIVE_DECODE in backend_capabilities(backend)
+
+
+def test_requests_joining_at_different_steps_equal_generate_alone(backend):
+    # Different settings per request: each row samples with its own request's parameters.
+    settings = [
+        (PROMPTS[0], 3, LONG, 11),
+        (PROMPTS[1], 2, SamplingParams(max_new_tokens=9, temperature=0.7, top_k=5, stop=("e",)), 12),
+        (PROMPTS[2], 0, SamplingParams(max_new_tokens=6, stop=()), 13),
+        (PROMPTS[3], 4, SamplingParams(max_new_tokens=12, top_p=0.5, stop=("\n",)), 14),
+    ]
+    futures: list[Future[Generations]] = []
+    joined_at: list[int] = []
+    first_tokens: list[int] = []
+
+    with backend.live_engine(max_rows=64) as engine:
+
+        def first_request_hook(sample: int, token: int) -> bool:
+            # The long request's greedy row submits the others at its steps 2, 4 and 7.
+            if sample == -1:
+                first_tokens.append(token)
+                if len(first_tokens) in (2, 4, 7):
+                    prompt, n, params, seed = settings[len(futures)]
+                    joined_at.append(len(first_tokens))
+                    futures.append(engine.submit(DecodeRequest(prompt, n, params, seed=seed)))
+            return True
+
+        prompt, n, params, seed = settings[0]
+        futures.append(engine.submit(DecodeRequest(prompt, n, params, seed=seed, on_token=first_request_hook)))
+        results = [futures[0].result(WAIT)]
+        results += [f.result(WAIT) for f in futures[1:]]
+    assert len(futures) == 4 and joined_at == [2, 4, 7]
+    for (prompt, n, params, seed), got in zip(settings, results, strict=True):
+        expected = backend.generate([prompt], n, params, seeds=[seed])[0]
+        assert_same(got, expected)
+        assert got.prompt_tokens == expected.prompt_tokens
+    # Rows ended at various steps, so the batch really changed while the requests ran.
+    assert len({len(c.token_ids) for g in results for c in [g.greedy, *g.samples]}) > 2
+
+
+def test_a_request_starts_before_the_running_one_ends(backend):
+    long_tokens: list[int] = []
+    seen_by_short: list[int] = []
+    at_third = threading.Event()
+    submitted = threading.Event()
+
+    def long_hook(sample: int, token: int) -> bool:
+        long_tokens.append(token)
+        if len(long_tokens) == 3:
+            at_third.set()
+            assert submitted.wait(WAIT)  # the engine holds here until the other request is queued
+        return True
+
+    def short_hook(sample: int, token: int) -> bool:
+        seen_by_short.append(len(long_tokens))  # how far the long request was at each of our steps
+        return True
+
+    with backend.live_engine() as engine:
+        long = engine.submit(DecodeRequest(PROMPTS[0], 0, LONG, on_token=long_hook))
+        assert at_third.wait(WAIT)
+        short = engine.submit(
+            DecodeRequest(PROMPTS[3], 0, SamplingParams(max_new_tokens=4, stop=()), on_token=short_hook)
+        )
+        submitted.set()
+        short_result = short.result(WAIT)
+        long_result = long.result(WAIT)
+    assert len(long_result.greedy.token_ids) == LONG.max_new_tokens
+    assert len(short_result.greedy.token_ids) == 4
+    # The short request decoded its first token at the long one's 4th step and ended long before its last.
+    assert seen_by_short == [4, 5, 6, 7]
+
+
+def test_prefill_hook_sees_the_hidden_states_and_can_decline(backend):
+    seen: list[list[np.ndarray]] = []
+    tokens: list[int] = []
+
+    def decline(states) -> bool:
+        seen.append(list(states))
+        return False
+
+    def count(sample: int, token: int) -> bool:
+        tokens.append(token)
+        return True
+
+    with backend.live_engine() as engine:
+        declined = engine.submit(DecodeRequest(PROMPTS[1], 3, LONG, on_prefill=decline, on_token=count)).result(WAIT)
+        kept_states: list[list[np.ndarray]] = []
+        kept = engine.submit(
+            DecodeRequest(PROMPTS[1], 1, LONG, seed=5, on_prefill=lambda s: kept_states.append(list(s)) or True)
+        ).result(WAIT)
+    assert tokens == []  # nothing was decoded for the declined request
+    assert declined.greedy is None and declined.samples == []
+    assert declined.prompt_tokens == len(backend.encode([PROMPTS[1]])[0])
+    assert len(seen) == 1 and len(seen[0]) == backend.model.config.num_hidden_layers + 1
+    for layer, state in enumerate(seen[0]):
+        assert state.dtype == np.float32 and state.shape == (backend.model.config.hidden_size,)
+        np.testing.assert_allclose(state, backend.hidden_states([PROMPTS[1]], layer=layer)[0], atol=1e-5, rtol=0)
+    for a, b in zip(kept_states[0], seen[0], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert_same(kept, backend.generate([PROMPTS[1]], 1, LONG, seeds=[5])[0])
+
+
+def test_call_runs_on_the_engine_thread_between_steps(backend):
+    hook_threads: set[int] = set()
+
+    def hook(sample: int, token: int) -> bool:
+        hook_threads.add(threading.get_ident())
+        return True
+
+    with backend.live_engine() as engine:
+        running = engine.submit(DecodeRequest(PROMPTS[0], 1, LONG, on_token=hook))
+        scored = engine.call(lambda: (threading.get_ident(), backend.score([PROMPTS[0]], [" Jupiter"])))
+        thread, scores = scored.result(WAIT)
+        running.result(WAIT)
+        failing = engine.call(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failing.result(WAIT)
+    assert hook_threads == {thread} and thread != threading.get_ident()
+    assert scores == backend.score([PROMPTS[0]], [" Jupiter"])
+
+
+def test_a_failing_request_leaves_the_others_intact(backend):
+    def explode_at_third(sample: int, token: int) -> bool:
+        if sample == 0 and explode_at_third.count == 2:
+            raise RuntimeError("hook failed")
+        explode_at_third.count += sample == 0
+        return True
+
+    explode_at_third.count = 0
+
+    def bad_prefill(states) -> bool:
+        raise ValueError("prefill hook failed")
+
+    params = SamplingParams(max_new_tokens=10, stop=())
+    with backend.live_engine() as engine:
+        good = [engine.submit(DecodeRequest(p, 2, params, seed=i)) for i, p in enumerate(PROMPTS[:2])]
+        bad = engine.submit(DecodeRequest(PROMPTS[2], 2, params, on_token=explode_at_third))
+        bad_start = engine.submit(DecodeRequest(PROMPTS[3], 2, params, on_prefill=bad_prefill))
+        after = engine.submit(DecodeRequest(PROMPTS[3], 2, params, seed=9))
+        with pytest.raises(RuntimeError, match="hook failed"):
+            bad.result(WAIT)
+        with pytest.raises(ValueError, match="prefill hook failed"):
+            bad_start.result(WAIT)
+        results = [f.result(WAIT) for f in good] + [after.result(WAIT)]
+    for (prompt, seed), got in zip([(PROMPTS[0], 0), (PROMPTS[1], 1), (PROMPTS[3], 9)], results, strict=True):
+        assert_same(got, backend.generate([prompt], 2, params, seeds=[seed])[0])
+
+
+def test_close_fails_what_is_queued_and_running(backend):
+    started, release = threading.Event(), threading.Event()
+
+    def hold(sample: int, token: int) -> bool:
+        started.set()
+        assert release.wait(WAIT)
+        return True
+
+    engine = backend.live_engine()
+    running = engine.submit(DecodeRequest(PROMPTS[0], 0, LONG, on_token=hold))
+    assert started.wait(WAIT)
+    queued = engine.submit(DecodeRequest(PROMPTS[1], 1, LONG))
+    queued_call = engine.call(lambda: "never")
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    # close() refuses new work at once, while the engine thread is still held in the hook.
+    for _ in range(10_000):
+        try:
+            engine.submit(DecodeRequest(PROMPTS[2], 0, LONG)).cancel()
+        except CandorError:
+            break
+        threading.Event().wait(0.01)
+    else:
+        pytest.fail("close() never refused new requests")
+    release.set()
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    for future in (running, queued, queued_call):
+        with pytest.raises(CandorError, match="closed"):
+            future.result(WAIT)
+    with pytest.raises(CandorError, match="closed"):
+        engine.call(lambda: None)
+    engine.close()  # twice is fine
+
+
+def test_bad_requests_are_refused_at_submit(backend):
+    with backend.live_engine() as engine:
+        with pytest.raises(CandorError, match="non-negative"):
+            engine.submit(DecodeRequest(PROMPTS[0], -1, LONG))
+        with pytest.raises(CandorError, match="max_new_tokens"):
+            engine.submit(DecodeRequest(PROMPTS[0], 1, SamplingParams(max_new_tokens=0)))
+        nothing = engine.submit(DecodeRequest(PROMPTS[0], 0, LONG, greedy=False)).result(WAIT)
+    assert nothing.greedy is None and nothing.samples == []
+    with pytest.raises(CandorError, match="max_rows"):
+        backend.live_engine(max_rows=0)
+
+
+def test_a_request_waits_for_free_rows(backend):
+    # max_rows=4: a request of 3 rows runs; the next one (3 rows) waits until it has ended.
+    order: list[str] = []
+
+    def track(name: str):
+        def hook(sample: int, token: int) -> bool:
+            order.append(name)
+            return True
+
+        return hook
+
+    params = SamplingParams(max_new_tokens=5, stop=())
+    with backend.live_engine(max_rows=4) as engine:
+        first = engine.submit(DecodeRequest(PROMPTS[0], 2, params, on_token=track("first")))
+        second = engine.submit(DecodeRequest(PROMPTS[1], 2, params, seed=3, on_token=track("second")))
+        first.result(WAIT)
+        got = second.result(WAIT)
+    assert order.index("second") > len(order) - 1 - order[::-1].index("first")  # no overlap
+    assert_same(got, backend.generate([PROMPTS[1]], 2, params, seeds=[3])[0])
