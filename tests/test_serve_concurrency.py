@@ -20,6 +20,8 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+from serve_counting import CountingBackend  # noqa: E402
+
 from candor.backends.base import TOKENIZER  # noqa: E402
 from candor.backends.hf import HFBackend  # noqa: E402
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
@@ -29,32 +31,6 @@ from candor.serve.server import serve_in_thread  # noqa: E402
 from candor.util.errors import CandorError  # noqa: E402
 
 QUESTIONS = [f"Who wrote book number {i}?" for i in range(8)]
-
-
-class CountingBackend(HFBackend):
-    """The real HF backend, recording every prompt it generates for and the tokens each row produced."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls: list[tuple[list[str], list[int]]] = []
-        self.token_delay = 0.0  # seconds per generated token: a model slow enough for a client to leave mid-way
-
-    def generate(self, prompts, *args, **kwargs):
-        hook = kwargs.get("on_token")
-        if self.token_delay and hook is not None:
-
-            def slow(prompt: int, sample: int, token: int) -> bool:
-                time.sleep(self.token_delay)
-                return hook(prompt, sample, token)
-
-            kwargs["on_token"] = slow
-        gens = super().generate(prompts, *args, **kwargs)
-        rows = [sum(len(c.token_ids) for c in ([g.greedy] if g.greedy else []) + list(g.samples)) for g in gens]
-        self.calls.append((list(prompts), rows))
-        return gens
-
-    def tokens_for(self, marker: str) -> int:
-        return sum(r for prompts, rows in self.calls for p, r in zip(prompts, rows, strict=True) if marker in p)
 
 
 def prompt_of(honest: HonestModel, question: str) -> str:

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from helpers import annotated_records
+from serve_counting import CountingBackend
 
 from candor.backends.hf import HFBackend
 from candor.estimators import ESTIMATORS
@@ -16,16 +17,6 @@ from candor.serve.confidence import EstimatorSource, HeadSource
 from candor.util.errors import CandorError
 
 QUESTIONS = [f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?" for i in range(8)]
-
-
-class CountingBackend(HFBackend):
-    """The real HF backend, counting the prompts it is asked to generate for."""
-
-    generated: list[str]
-
-    def generate(self, prompts, *args, **kwargs):
-        self.generated = [*getattr(self, "generated", []), *prompts]
-        return super().generate(prompts, *args, **kwargs)
 
 
 def midway(values) -> float:
@@ -51,7 +42,7 @@ def test_a_head_declines_before_generating(tiny_model_dir, head_dir):
     answers = [a[0] for a in model.answer_batch(QUESTIONS)]
     declined = [q for q, a in zip(QUESTIONS, answers, strict=True) if a.abstained]
     assert len(declined) == 4
-    # Only the answered questions reached the generator, in one call.
+    # Only the answered questions reached the generator.
     assert len(backend.generated) == 4
     assert not any(q in p for q in declined for p in backend.generated)
     for a, c in zip(answers, conf, strict=True):
