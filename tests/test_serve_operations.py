@@ -230,7 +230,9 @@ def test_metrics_count_exactly_what_the_requests_did(honest):
     expected_sum = sum(a.confidence for a in direct) + sum(a.confidence for a in direct[:2])
     assert moved("candor_confidence_sum") == pytest.approx(expected_sum, rel=1e-4)
     assert moved("candor_time_to_first_token_seconds_count") == 6  # one per answered request
-    assert moved("candor_batch_size_sum") == 7  # every question went through exactly one batch
+    # One observation per question: the questions in flight when it was admitted (the two prompts of the
+    # completions request are in flight together).
+    assert moved("candor_batch_size_count") == 7 and moved("candor_batch_size_sum") == 5 + 2 + 2
     assert value(after, "candor_queue_depth") == 0
     assert value(after, "candor_requests_in_flight") == 1  # the scrape itself
 

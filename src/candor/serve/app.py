@@ -105,13 +105,12 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     settings = settings or ServeSettings()
     metrics, lifecycle = ServeMetrics(), Lifecycle()
     admission = Admission(settings.queue_size)
-    service = Service(model, admission)
+    service = Service(model, admission, metrics)
     log = RecordLog(settings.log_records) if settings.log_records is not None else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        service.engine = open_engine(model.backend, max_batch=settings.max_batch, max_wait_ms=settings.batch_wait_ms,
-                                     on_batch=metrics.observe_batch)  # fmt: skip
+        service.engine = open_engine(model.backend, max_batch=settings.max_batch, max_wait_ms=settings.batch_wait_ms)
         lifecycle.mark_started()
         yield
         lifecycle.begin_draining()
@@ -308,9 +307,10 @@ def _asks(
 class Service:
     """The running engine and the admission of questions to it: one flow (an asyncio task) per question."""
 
-    def __init__(self, model: HonestModel, admission: Admission) -> None:
+    def __init__(self, model: HonestModel, admission: Admission, metrics: ServeMetrics) -> None:
         self.model = model
         self.admission = admission
+        self.metrics = metrics
         self.engine: LiveEngine | None = None  # opened when the app starts
 
     def start(self, asks: list[Ask]) -> list[asyncio.Future[Any]]:
@@ -322,6 +322,8 @@ class Service:
         except QueueFull as exc:
             raise APIError(503, f"the server is busy ({exc}); retry later", "server_error", None,
                            "queue_full") from None  # fmt: skip
+        for _ in asks:  # each question is answered together with those in flight (itself included)
+            self.metrics.observe_batch(self.admission.in_flight)
         tasks = [asyncio.ensure_future(self._flow(ask, self.engine)) for ask in asks]
         for task in tasks:
             task.add_done_callback(lambda _: self.admission.release())

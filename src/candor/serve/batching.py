@@ -90,16 +90,14 @@ def open_engine(
     *,
     max_batch: int = 16,
     max_wait_ms: float = 5.0,
-    on_batch: Callable[[int], None] | None = None,
 ) -> LiveEngine:
     """The backend's live engine (continuous batching) when it has one, else a :class:`MicroBatchEngine`.
 
-    ``max_batch``, ``max_wait_ms`` and ``on_batch`` (called with each batch's size)
-    shape the micro-batches; a live engine batches by itself.
+    ``max_batch`` and ``max_wait_ms`` shape the micro-batches; a live engine batches by itself.
     """
     if LIVE_DECODE in backend_capabilities(backend):
         return backend.live_engine()  # type: ignore[attr-defined,no-any-return]
-    return MicroBatchEngine(backend, max_batch=max_batch, max_wait_ms=max_wait_ms, on_batch=on_batch)
+    return MicroBatchEngine(backend, max_batch=max_batch, max_wait_ms=max_wait_ms)
 
 
 @dataclass
@@ -126,14 +124,12 @@ class MicroBatchEngine:
         *,
         max_batch: int = 16,
         max_wait_ms: float = 5.0,
-        on_batch: Callable[[int], None] | None = None,
     ) -> None:
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
         self.backend = backend
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
-        self.on_batch = on_batch
         self.batches = 0  # generate calls made, for tests and the load benchmark
         self._hooks = TOKEN_HOOK in backend_capabilities(backend)
         self._inbox: queue.SimpleQueue[_Decode | _Call | None] = queue.SimpleQueue()
@@ -232,8 +228,6 @@ class MicroBatchEngine:
             group[0].future.set_exception(exc)
             return
         self.batches += 1
-        if self.on_batch is not None:
-            self.on_batch(len(group))
         for d, g in zip(group, gens, strict=True):
             d.future.set_result(g)
 

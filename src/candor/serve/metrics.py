@@ -17,8 +17,8 @@ name                                        type       labels                  m
 ``candor_answers_total``                    counter                            choices returned
 ``candor_abstentions_total``                counter                            choices that abstained
 ``candor_confidence``                       histogram                          confidence of each choice
-``candor_queue_depth``                      gauge                              requests waiting for a batch
-``candor_batch_size``                       histogram                          questions per backend batch
+``candor_queue_depth``                      gauge                              questions in flight
+``candor_batch_size``                       histogram                          questions answered together
 ==========================================  =========  ======================  ============================
 """
 
@@ -78,8 +78,10 @@ class ServeMetrics:
         self.abstentions = Counter("candor_abstentions", "Choices that abstained.", registry=reg)
         self.confidence = Histogram("candor_confidence", "The confidence of each returned choice.",
                                     buckets=CONFIDENCE_BUCKETS, registry=reg)  # fmt: skip
-        self.queue_depth = Gauge("candor_queue_depth", "Requests waiting for the batcher.", registry=reg)
-        self.batch_size = Histogram("candor_batch_size", "Questions gathered into one backend batch.",
+        self.queue_depth = Gauge("candor_queue_depth", "Questions in flight (being answered or waiting).",
+                                 registry=reg)  # fmt: skip
+        self.batch_size = Histogram("candor_batch_size", "Questions in flight when a question is admitted (itself "
+                                    "included): the batch it joins.",
                                     buckets=BATCH_BUCKETS, registry=reg)  # fmt: skip
 
     # ------------------------------------------------------------ events
@@ -106,7 +108,7 @@ class ServeMetrics:
                 self.observe_answer(answer)
 
     def observe_batch(self, size: int) -> None:
-        """One backend batch of ``size`` questions (thread-safe: called from the batch worker)."""
+        """A question admitted while ``size`` questions (itself included) are being answered."""
         self.batch_size.observe(size)
 
     def observe_first_token(self, seconds: float | None = None) -> None:

@@ -1,0 +1,140 @@
+"""The engine a served question runs on: the live decode loop, or micro-batches of ``generate`` (issue 24).
+
+Real models only: the tiny real Llama behind the ``hf`` backend, declared without its live engine where
+the micro-batching adapter is under test (as a remote backend is).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from serve_counting import CountingBackend
+
+from candor.backends.base import LIVE_DECODE, DecodeRequest, SamplingParams
+from candor.backends.live_engine import HFLiveEngine
+from candor.serve.batching import Admission, EngineClosed, MicroBatchEngine, QueueFull, open_engine
+from candor.util.errors import CandorError
+
+PROMPTS = [f"Question: Who painted picture number {i}?\nAnswer:" for i in range(6)]
+PARAMS = SamplingParams(max_new_tokens=6)
+
+
+class BatchOnlyBackend(CountingBackend):
+    """The real hf backend without its live engine: served through micro-batches of ``generate``."""
+
+    capabilities = CountingBackend.capabilities - {LIVE_DECODE}
+
+
+@pytest.fixture()
+def batch_only(tiny_model, tokenizer):
+    return BatchOnlyBackend(tiny_model, tokenizer, batch_size=16)
+
+
+def test_open_engine_gives_the_live_engine_where_the_backend_has_one(tiny_model, tokenizer, batch_only):
+    from candor.backends.hf import HFBackend
+
+    live = open_engine(HFBackend(tiny_model, tokenizer))
+    batched = open_engine(batch_only)
+    try:
+        assert isinstance(live, HFLiveEngine) and isinstance(batched, MicroBatchEngine)
+    finally:
+        live.close()
+        batched.close()
+
+
+def test_concurrent_requests_share_one_generate_call_and_get_what_generate_gives_each(batch_only):
+    engine = MicroBatchEngine(batch_only, max_batch=16, max_wait_ms=300)
+    try:
+        futures = [engine.submit(DecodeRequest(p, 2, PARAMS, seed=10 + i)) for i, p in enumerate(PROMPTS)]
+        got = [f.result(timeout=120) for f in futures]
+    finally:
+        engine.close()
+    assert engine.batches == 1 and len(batch_only.calls) == 1
+    for i, (p, g) in enumerate(zip(PROMPTS, got, strict=True)):
+        alone = batch_only.generate([p], 2, PARAMS, seeds=[10 + i])[0]
+        assert g.greedy.token_ids == alone.greedy.token_ids
+        assert [s.token_ids for s in g.samples] == [s.token_ids for s in alone.samples]
+
+
+def test_a_request_that_fails_its_batch_fails_alone(batch_only):
+    """A failing request (its token hook raises) is isolated: the batch is rerun request by request."""
+
+    def broken(sample: int, token: int) -> bool:
+        raise RuntimeError("a listener bug")
+
+    engine = MicroBatchEngine(batch_only, max_wait_ms=300)
+    try:
+        futures = [engine.submit(DecodeRequest(p, 0, PARAMS, on_token=broken if i == 2 else None))
+                   for i, p in enumerate(PROMPTS)]  # fmt: skip
+        for i, f in enumerate(futures):
+            if i == 2:
+                with pytest.raises(RuntimeError, match="a listener bug"):
+                    f.result(timeout=120)
+            else:
+                assert f.result(timeout=120).greedy is not None
+    finally:
+        engine.close()
+
+
+def test_a_cancelled_request_is_never_generated_and_calls_run_in_the_engine_thread(batch_only):
+    engine = MicroBatchEngine(batch_only, max_wait_ms=300)
+    try:
+        kept = engine.submit(DecodeRequest(PROMPTS[0], 0, PARAMS))
+        dropped = engine.submit(DecodeRequest(PROMPTS[1], 0, PARAMS))
+        assert dropped.cancel()
+        where = engine.call(lambda: threading.current_thread().name).result(timeout=120)
+        assert kept.result(timeout=120).greedy is not None
+    finally:
+        engine.close()
+    assert where == "candor-engine"
+    assert batch_only.generated == [PROMPTS[0]]
+    with pytest.raises(EngineClosed):
+        engine.submit(DecodeRequest(PROMPTS[0], 0, PARAMS))
+    with pytest.raises(CandorError, match="live engine"):  # the adapter has no prefill to read
+        MicroBatchEngine(batch_only).submit(DecodeRequest(PROMPTS[0], 0, PARAMS, on_prefill=lambda s: True))
+
+
+def test_admission_takes_a_request_whole_or_not_at_all():
+    admission = Admission(3)
+    admission.admit(2)
+    with pytest.raises(QueueFull):
+        admission.admit(2)
+    assert admission.in_flight == 2
+    admission.release()
+    admission.admit(2)
+    assert admission.in_flight == 3 and admission.admitted == 4
+
+
+def test_a_short_request_finishes_while_a_long_one_is_still_decoding(tiny_model, tokenizer):
+    """Continuous batching through the real server: a request never waits for the running batch to end."""
+    from candor.serve import Decoding, HonestModel
+    from candor.serve.app import ServeSettings, create_app
+    from candor.serve.server import serve_in_thread
+
+    backend = CountingBackend(tiny_model, tokenizer, batch_size=16)
+    backend.token_delay = 0.01  # 400 tokens take 4 s or more
+    # The protocol answers are 4 tokens; the long request's sampled reply runs to 400.
+    model = HonestModel(backend, "n-prob", template="fewshot", decoding=Decoding(max_new_tokens=4))
+    long_q = "Which is the longest river, asked at length?"
+
+    def ask(question: str, max_tokens: int) -> float:
+        body = {"model": "candor", "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
+                "temperature": 0.5, "seed": 1}  # fmt: skip
+        req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            assert resp.status == 200
+        return time.monotonic()
+
+    with serve_in_thread(create_app(model, ServeSettings(max_tokens=400))) as url, ThreadPoolExecutor(2) as pool:
+        long_done = pool.submit(ask, long_q, 400)
+        deadline = time.monotonic() + 120
+        while not long_done.done() and time.monotonic() < deadline and backend.tokens_for(long_q) == 0:
+            time.sleep(0.05)  # the long request's protocol generation has finished; its reply is decoding
+        short_done = pool.submit(ask, "What is two plus two, asked briefly?", 2)
+        assert short_done.result() < long_done.result()  # the short one finished first
