@@ -193,6 +193,7 @@ def _compare(rows: list[dict[str, Any]], alone: dict[str, dict[str, Any]], failu
         "answer_mismatches": int(answer_mismatch),
         "confidence_mismatches": int(sum(d > TOLERANCE for d in diffs)),
         "max_confidence_difference": float(max(diffs, default=0.0)),
+        "confidences_bit_equal": int(sum(d == 0.0 for d in diffs)),
         "abstained": sum(r["abstained"] for r in rows),
         "p50_latency_ms": round(float(np.percentile(latency, 50)) * 1000, 1),
         "p99_latency_ms": round(float(np.percentile(latency, 99)) * 1000, 1),

@@ -89,7 +89,6 @@ def health(port: int) -> dict[str, Any]:
 
 
 def run_level(port: int, questions: list[str], concurrency: int) -> dict[str, Any]:
-    batches_before = health(port)["batches"]
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         results = list(pool.map(lambda q: ask(port, q), questions))
@@ -102,7 +101,7 @@ def run_level(port: int, questions: list[str], concurrency: int) -> dict[str, An
         "requests_per_s": round(len(questions) / wall, 3),
         "p50_ms": round(float(np.percentile(latencies, 50)) * 1000, 1),
         "p99_ms": round(float(np.percentile(latencies, 99)) * 1000, 1),
-        "batches": health(port)["batches"] - batches_before,
+        "in_flight_after": health(port)["in_flight"],
         "answers": [[r[1], r[2]] for r in results],
     }
 
@@ -166,8 +165,8 @@ def run_batching(args: argparse.Namespace) -> dict[str, Any]:
             runs[name] = []
             for c in CONCURRENCY:
                 level = run_level(port, questions, c)
-                logger.info("%s c=%d: %.2f req/s, p50 %.0f ms, p99 %.0f ms, %d batches", name, c,
-                            level["requests_per_s"], level["p50_ms"], level["p99_ms"], level["batches"])  # fmt: skip
+                logger.info("%s c=%d: %.2f req/s, p50 %.0f ms, p99 %.0f ms", name, c,
+                            level["requests_per_s"], level["p50_ms"], level["p99_ms"])  # fmt: skip
                 runs[name].append(level)
         finally:
             proc.terminate()

@@ -838,9 +838,11 @@ def serve(
         str, typer.Option(help="Environment variable holding the API key; unset means no key is required.")
     ] = "CANDOR_API_KEY",
     refusal: Annotated[str, typer.Option(help="The text of an abstained answer.")] = "I don't know.",
-    queue_size: Annotated[int, typer.Option(help="Requests waiting before 503.")] = 64,
-    max_batch: Annotated[int, typer.Option(help="Requests per batched forward pass (1 turns batching off).")] = 16,
-    batch_wait_ms: Annotated[float, typer.Option(help="How long a batch waits to fill.")] = 5.0,
+    queue_size: Annotated[int, typer.Option(help="Questions in flight (answering or waiting) before 503.")] = 64,
+    max_batch: Annotated[int, typer.Option(help="Questions decoded together (1 turns batching off).")] = 16,
+    batch_wait_ms: Annotated[
+        float, typer.Option(help="How long a micro-batch waits to fill (backends without a live engine).")
+    ] = 5.0,
     max_new_tokens: Annotated[int, typer.Option(help="Default answer length cap in tokens.")] = 32,
     cors_origin: Annotated[
         list[str] | None,

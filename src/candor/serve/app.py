@@ -49,7 +49,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from candor.backends.base import LiveEngine
-from candor.serve.batching import Admission, QueueFull, open_engine
+from candor.serve.batching import Admission, QueueFull
 from candor.serve.metrics import ServeMetrics
 from candor.serve.model import (
     DEFAULT_REFUSAL,
@@ -87,7 +87,7 @@ class ServeSettings:
     max_tokens: int = 256
     max_prompts: int = 16  # prompts in one /v1/completions request
     queue_size: int = 64  # questions in flight (answering or waiting) before 503
-    max_batch: int = 16  # requests per generate call, for a backend without a live engine
+    max_batch: int = 16  # questions decoded together (1 turns batching off)
     batch_wait_ms: float = 5.0
     cors_origins: tuple[str, ...] = ()  # browser origins allowed by CORS; none: no CORS headers
     log_prompts: bool = False  # the access log carries each request's messages or prompt
@@ -110,7 +110,7 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        service.engine = open_engine(model.backend, max_batch=settings.max_batch, max_wait_ms=settings.batch_wait_ms)
+        service.engine = model.open_engine(settings.max_batch, settings.batch_wait_ms)
         lifecycle.mark_started()
         yield
         lifecycle.begin_draining()

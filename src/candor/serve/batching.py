@@ -90,13 +90,19 @@ def open_engine(
     *,
     max_batch: int = 16,
     max_wait_ms: float = 5.0,
+    rows_per_request: int = 1,
 ) -> LiveEngine:
     """The backend's live engine (continuous batching) when it has one, else a :class:`MicroBatchEngine`.
 
-    ``max_batch`` and ``max_wait_ms`` shape the micro-batches; a live engine batches by itself.
+    ``max_batch`` requests decode together: a live engine holds up to
+    ``max_batch * rows_per_request`` rows (a request takes one per answer it
+    decodes), a micro-batch gathers up to ``max_batch`` requests for up to
+    ``max_wait_ms``. ``max_batch=1`` turns batching off.
     """
+    if max_batch < 1 or rows_per_request < 1:
+        raise CandorError("max_batch and rows_per_request must be at least 1")
     if LIVE_DECODE in backend_capabilities(backend):
-        return backend.live_engine()  # type: ignore[attr-defined,no-any-return]
+        return backend.live_engine(max_rows=max_batch * rows_per_request)  # type: ignore[attr-defined,no-any-return]
     return MicroBatchEngine(backend, max_batch=max_batch, max_wait_ms=max_wait_ms)
 
 

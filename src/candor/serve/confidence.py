@@ -21,12 +21,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import torch
+from safetensors.torch import load_file
 
 from candor.annotation.records import Record
-from candor.backends.base import Backend, Completion
+from candor.backends.base import LIVE_DECODE, Backend, Completion, backend_capabilities
+from candor.backends.default_model import is_embedded, resolve_embedded
 from candor.data.items import QAItem
 from candor.estimators import get_estimator
-from candor.train.elical.estimator import EliCalEstimator
+from candor.train.elical.estimator import EliCalEstimator, same_model
+from candor.train.elical.model import HEAD_FILE, HeadConfig, LinearHead
 from candor.util.errors import CandorError
 from candor.util.registry import Registry
 
@@ -58,8 +62,34 @@ class ConfidenceSource(Protocol):
     def save(self, folder: Path) -> dict[str, Any]: ...
 
 
+class PrefillReader:
+    """The head's linear layer on a hidden state the generator's prefill already computed.
+
+    Called with the prefill's states at the prompt's last position (one vector
+    per layer, embeddings first, as :data:`~candor.backends.base.PrefillHook`
+    gives them); returns the head's confidence, as :meth:`ConfidenceHead.predict`
+    computes it from its own pass over the same prompt.
+    """
+
+    def __init__(self, head: LinearHead, layer: int) -> None:
+        self.head = head.eval()
+        self.layer = layer
+
+    def __call__(self, states: Sequence[np.ndarray]) -> float:
+        if not -len(states) <= self.layer < len(states):
+            raise CandorError(f"layer {self.layer} is out of range: the prefill gave {len(states)} hidden states")
+        with torch.no_grad():
+            return float(self.head(torch.from_numpy(np.asarray(states[self.layer])).unsqueeze(0))[0])
+
+
 class HeadSource:
-    """An EliCal head: confidence from the question alone, before any answer."""
+    """An EliCal head: confidence from the question alone, before any answer.
+
+    Where the generator prefills the very prompt the head reads (same model and
+    weights, same template) and runs a live engine, the head is read from that
+    prefill (:meth:`prefill_reader`) and never loads a backbone of its own; the
+    separate pass (:meth:`score_questions`) loads it on first use.
+    """
 
     kind = "head"
     name = "elical"
@@ -68,15 +98,51 @@ class HeadSource:
 
     def __init__(self, head: str | Path | Any, batch_size: int = 16, device: str | None = None) -> None:
         self.estimator = EliCalEstimator(head=head, batch_size=batch_size, device=device)
+        self.ran_own_pass = False  # whether the head ran its own backbone (loading it)
 
     def check(self, backend: Backend) -> None:
         return None  # the head carries its own backbone
 
     def score_questions(self, questions: Sequence[str]) -> np.ndarray:
+        self.ran_own_pass = True
         return self.estimator.score_questions(list(questions))
 
     def score_records(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
+        self.ran_own_pass = True
         return self.estimator.estimate(records)
+
+    def config(self) -> HeadConfig:
+        source = self.estimator.head_source
+        return HeadConfig.read(Path(source)) if isinstance(source, (str, Path)) else source.config
+
+    def prefill_reader(self, backend: Backend, template: str) -> tuple[PrefillReader | None, str]:
+        """A reader of the generator's prefill when it computes what the head reads, else None; and why."""
+        config = self.config()
+        generator = str(backend.model_name)
+        if config.mode == "lora":
+            return None, "the head is in LoRA mode (it reads its own adapted backbone): a separate pass per question"
+        if LIVE_DECODE not in backend_capabilities(backend):
+            return None, "the generator has no live engine to read a prefill from: a separate pass per question"
+        if config.template != template:
+            return None, (f"the head reads the {config.template!r} template but the generator prefills {template!r}: "
+                          "a separate pass per question")  # fmt: skip
+        if not _same_weights(config.backbone, generator) or getattr(backend, "adapter", None):
+            return None, (f"the head's backbone {config.backbone!r} is not the generator's weights ({generator!r}"
+                          f"{' with an adapter' if getattr(backend, 'adapter', None) else ''}): a separate pass "
+                          "per question")  # fmt: skip
+        return PrefillReader(self._linear_head(config), config.layer), (
+            f"read from the generator's own prefill (layer {config.layer}, template {template!r}): one prefill for "
+            "confidence and answer, no second backbone"
+        )
+
+    def _linear_head(self, config: HeadConfig) -> LinearHead:
+        source = self.estimator.head_source
+        if not isinstance(source, (str, Path)):
+            return source.head  # type: ignore[no-any-return]
+        state = load_file(str(Path(source) / HEAD_FILE))
+        head = LinearHead(int(state["linear.weight"].shape[1]))
+        head.load_state_dict(state)
+        return head
 
     def save(self, folder: Path) -> dict[str, Any]:
         source = self.estimator.head_source
@@ -140,6 +206,12 @@ class EstimatorSource:
 SOURCES: Registry[Callable[[dict[str, Any], Path], ConfidenceSource]] = Registry("confidence source")
 SOURCES.register("head")(HeadSource.load)
 SOURCES.register("estimator")(EstimatorSource.load)
+
+
+def _same_weights(head_backbone: str, generator: str) -> bool:
+    """Whether the head's backbone and the generator name one model (the embedded default by name or path)."""
+    names = [str(resolve_embedded(n)) if is_embedded(n) else n for n in (head_backbone, generator)]
+    return same_model(*names)
 
 
 def load_source(config: dict[str, Any], folder: Path) -> ConfidenceSource:

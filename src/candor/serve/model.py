@@ -54,6 +54,7 @@ from candor.backends.base import (
     DecodeRequest,
     Generations,
     LiveEngine,
+    PrefillHook,
     RequestTokenHook,
     SamplingParams,
     backend_capabilities,
@@ -61,7 +62,14 @@ from candor.backends.base import (
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
 from candor.serve import thresholds as th
 from candor.serve.batching import open_engine
-from candor.serve.confidence import ConfidenceSource, answer_records, as_source, load_source, question_item
+from candor.serve.confidence import (
+    ConfidenceSource,
+    PrefillReader,
+    answer_records,
+    as_source,
+    load_source,
+    question_item,
+)
 from candor.serve.rescoring import can_read_alone, read_alone
 from candor.util.errors import CandorError
 from candor.util.files import atomic_folder
@@ -248,6 +256,11 @@ class HonestModel:
         self.threshold = th.Threshold(float(threshold)) if isinstance(threshold, (int, float)) else threshold
         self.template: QATemplate = resolve_template(template, backend.model_name, backend)
         self.decoding = decoding or Decoding()
+        self.prefill_reader: PrefillReader | None = None  # a head read from the generator's own prefill
+        reader = getattr(self.source, "prefill_reader", None)
+        if reader is not None:
+            self.prefill_reader, why = reader(backend, self.template.name)
+            logger.info("EliCal head: %s", why)
 
     @property
     def method(self) -> str:
@@ -311,11 +324,16 @@ class HonestModel:
         """
         if not asks:
             return []
-        engine = open_engine(self.backend, max_batch=max(1, len(asks)))
+        engine = self.open_engine(max_batch=min(len(asks), int(getattr(self.backend, "batch_size", 16))))
         try:
             return run_sync(self._answer_all(asks, engine))
         finally:
             engine.close()
+
+    def open_engine(self, max_batch: int = 16, max_wait_ms: float = 5.0) -> LiveEngine:
+        """The engine this model's questions run on (close it when done): ``max_batch`` questions decode together."""
+        return open_engine(self.backend, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                           rows_per_request=1 + self.source.samples)  # fmt: skip
 
     async def _answer_all(self, asks: Sequence[Ask], engine: LiveEngine) -> list[Outcome]:
         outcomes = await asyncio.gather(*(self.answer_one(a, engine) for a in asks), return_exceptions=True)
@@ -339,6 +357,8 @@ class HonestModel:
         (only for a question answered: an abstention generates no reply).
         """
         ask.check_alive()
+        if self.prefill_reader is not None:
+            return await self._answer_from_prefill(ask, engine, self.prefill_reader)
         if self.source.before_generation:
             confidence = await done(engine.call(lambda: self._score_question(ask.prompted.question)))
             if self._declines(confidence):
@@ -359,6 +379,29 @@ class HonestModel:
         rec = scored.record
         return [self._answered(c, scored.confidence, ask, rec is None or c is rec.greedy, rec, prompt_tokens)
                 for c in completions]  # fmt: skip
+
+    async def _answer_from_prefill(self, ask: Ask, engine: LiveEngine, reader: PrefillReader) -> list[HonestAnswer]:
+        """A head read from the reply's own prefill: declined there (its rows freed), or decoded from the same cache."""
+        verdict: list[HonestAnswer] = []
+
+        def on_prefill(states: Sequence[np.ndarray]) -> bool:
+            confidence = float(self._calibrated(np.array([reader(states)]))[0])
+            if self._declines(confidence):
+                verdict.append(self._abstention(confidence, "declined before generating"))
+            else:
+                verdict.append(self._undecided(confidence))
+            ask.decided(verdict[0])
+            return not verdict[0].abstained and ask.alive()
+
+        g = await done(engine.submit(self._reply_request(ask, on_prefill)))
+        ask.check_alive()
+        if not verdict:
+            raise CandorError("the engine never prefilled the question")
+        if verdict[0].abstained:
+            return [verdict[0]] * ask.reply.n
+        completions = [g.greedy] * ask.reply.n if g.greedy is not None else g.samples[: ask.reply.n]
+        return [self._answered(c, verdict[0].confidence, ask, True, None, g.prompt_tokens)
+                for c in completions]  # type: ignore[arg-type]  # fmt: skip
 
     def _score_question(self, question: str) -> float:
         return float(self._calibrated(self.source.score_questions([question]))[0])
@@ -393,13 +436,17 @@ class HonestModel:
         reply = ask.reply
         if scored.record is not None and self._returns_greedy(reply):
             return [scored.record.greedy] * reply.n, scored.prompt_tokens
-        greedy = reply.temperature == 0
-        request = DecodeRequest(ask.prompted.prompt, 0 if greedy else reply.n, self._reply_params(reply),
-                                greedy=greedy, seed=reply_seed(ask),
-                                on_token=ask.token_hook(lambda s: range(reply.n) if s < 0 else (s,)))  # fmt: skip
-        g = await done(engine.submit(request))
-        completions = [g.greedy] * reply.n if greedy else g.samples[: reply.n]
+        g = await done(engine.submit(self._reply_request(ask)))
+        completions = [g.greedy] * reply.n if reply.temperature == 0 else g.samples[: reply.n]
         return completions, scored.prompt_tokens or g.prompt_tokens  # type: ignore[return-value]
+
+    def _reply_request(self, ask: Ask, on_prefill: PrefillHook | None = None) -> DecodeRequest:
+        """The reply's decoding: greedy (one row, repeated to ``n`` choices) or ``n`` seeded samples."""
+        reply = ask.reply
+        greedy = reply.temperature == 0
+        return DecodeRequest(ask.prompted.prompt, 0 if greedy else reply.n, self._reply_params(reply), greedy=greedy,
+                             seed=reply_seed(ask), on_token=ask.token_hook(lambda s: range(reply.n) if s < 0 else (s,)),
+                             on_prefill=on_prefill)  # fmt: skip
 
     def _returns_greedy(self, reply: Reply) -> bool:
         cap = reply.max_new_tokens
