@@ -562,9 +562,9 @@ def serve_hostile(r: Path) -> dict[str, str]:
             got += (f"; confidence equal to the greedy request's in {cold['requests'] - cold['confidence_mismatches']}"
                     f" of {cold['requests']} (largest difference {cold['max_confidence_difference']:.1e})")
         rows.append([kind, got])
-    u = load("serve_load", r)["hostile_max_batch_1"]["well_formed"]
+    u = load("serve_load", r)["hostile_micro_batched"]["well_formed"]
     return {
-        "value:serve-load-unbatched": (
+        "value:serve-load-micro-batched": (
             f"{u['requests']} well-formed requests, {u['failures']} failed, {u['answer_mismatches']} answers and "
             f"{u['confidence_mismatches']} confidences differed from the lone question's (largest difference "
             f"{u['max_confidence_difference']:.1e}); p50 / p99 latency {u['p50_latency_ms'] / 1000:.1f} / "
@@ -575,7 +575,8 @@ def serve_hostile(r: Path) -> dict[str, str]:
             f"{d['clients']} clients for {d['seconds']:.0f} s sent {w['requests']} well-formed requests "
             f"({w['streaming']} streaming) among the hostile ones: {w['failures']} failed, {w['answer_mismatches']} "
             f"answers differed from the same question asked alone, {w['confidence_mismatches']} confidences "
-            f"differed by more than 1e-6 (largest difference {w['max_confidence_difference']:.1e}); p50 / p99 "
+            f"differed by more than 1e-6 (largest difference {w['max_confidence_difference']:.1e}; "
+            f"{w.get('confidences_bit_equal', 0)} of {w['requests']} equal bit for bit); p50 / p99 "
             f"latency {w['p50_latency_ms'] / 1000:.1f} / {w['p99_latency_ms'] / 1000:.1f} s, time to first token "
             f"{w.get('p50_ttft_ms', 0) / 1000:.1f} / {w.get('p99_ttft_ms', 0) / 1000:.1f} s (SmolLM2-135M, "
             f"{d['cpu_count']} shared CPU cores at load average {d['load_average_at_end'][0]:.0f}); the server "

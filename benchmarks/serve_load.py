@@ -5,6 +5,12 @@ Two phases, each stored under its own key of the results file (a phase not run k
 - ``batching``: a fixed number of chat requests (built-in starter questions) at
   concurrency 1, 8 and 32, micro-batching on and off; requests per second,
   p50/p99 latency, and the throughput ratio on/off measured in the same run.
+- ``head_memory``: resident memory of ``candor serve`` answering the same
+  questions with n-prob (no head), with an EliCal head read from the
+  generator's own prefill (issue 24: one prefill, no second backbone), and with
+  a head whose template differs from the generator's (the separate pass, its
+  own backbone). The head is an untrained one on the served model (its values
+  do not matter here, only what the process holds); ratios against n-prob.
 - ``hostile``: the acceptance test of issue 23. ``--clients`` threads with the
   official ``openai`` client send chat requests for ``--seconds``, half of them
   streaming; every fifth request is hostile (a stop string that empties the
@@ -109,7 +115,8 @@ def run_level(port: int, questions: list[str], concurrency: int) -> dict[str, An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--phases", default="batching,hostile", help="comma-separated: batching, hostile")
+    parser.add_argument("--phases", default="batching,hostile",
+                        help="comma-separated: batching, hostile, head_memory")
     parser.add_argument("--requests", type=int, default=32, help="batching: requests per concurrency level")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads of the server (a shared CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
@@ -130,6 +137,8 @@ def main() -> None:
     if "batching" in phases:
         payload["batching"] = run_batching(args)
         payload["batching"]["command"] = command
+    if "head_memory" in phases:
+        payload["head_memory"] = {"command": command, **run_head_memory(args)}
     if "hostile" in phases:
         port = free_port()
         key = "hostile" if args.max_batch == 16 else f"hostile_max_batch_{args.max_batch}"
@@ -176,6 +185,54 @@ def run_batching(args: argparse.Namespace) -> dict[str, Any]:
         print(f"c={row['concurrency']:>2}: throughput on/off = {row['throughput']:.2f}x, "
               f"p50 on/off = {row['p50']:.2f}x, answer mismatches = {row['answer_mismatches']}")  # fmt: skip
     return result
+
+
+def resident_mb(pid: int) -> dict[str, float]:
+    """Resident memory now and at its peak (Linux ``/proc``), in MB."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {"rss_mb": round(int(status["VmRSS"].split()[0]) / 1024, 1),
+            "peak_rss_mb": round(int(status["VmHWM"].split()[0]) / 1024, 1)}  # fmt: skip
+
+
+def untrained_head(model: str, folder: Path, template: str) -> Path:
+    """An EliCal head on ``model``'s backbone with seeded random weights (memory does not depend on training)."""
+    from candor.train.elical import ConfidenceHead, HeadConfig
+    from candor.train.trainers import load_causal_lm
+
+    lm, tokenizer = load_causal_lm(model, device="cpu")
+    return ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=model, template=template), seed=0).save_pretrained(
+        folder
+    )
+
+
+def run_head_memory(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+
+    items = load_items("starter")
+    questions = [items[i].question for i in range(args.requests)]
+    out: dict[str, Any] = {"model": args.model, "questions": len(questions), "max_new_tokens": args.max_new_tokens}
+    with tempfile.TemporaryDirectory() as tmp:
+        setups = {
+            "no_head": (),
+            "head_from_prefill": ("--head", str(untrained_head(args.model, Path(tmp) / "fewshot", "fewshot"))),
+            "head_own_pass": ("--head", str(untrained_head(args.model, Path(tmp) / "chat", "chat"))),
+        }
+        for name, extra in setups.items():
+            port = free_port()
+            proc = start_server(args.model, port, 16, 5.0, args.threads, args.max_new_tokens, extra)
+            try:
+                with ThreadPoolExecutor(max_workers=8) as pool:
+                    answers = list(pool.map(lambda q, port=port: ask(port, q), questions))
+                out[name] = {**resident_mb(proc.pid), "requests": len(answers)}
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+            logger.info("%s: %s", name, out[name])
+    base = out["no_head"]["rss_mb"]
+    out["rss_ratio_over_no_head"] = {k: round(out[k]["rss_mb"] / base, 3)
+                                     for k in ("head_from_prefill", "head_own_pass")}  # fmt: skip
+    print("resident memory over no head:", out["rss_ratio_over_no_head"])
+    return out
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> dict[str, Any]:
