@@ -563,7 +563,15 @@ def serve_hostile(r: Path) -> dict[str, str]:
                     f" of {cold['requests']} (largest difference {cold['max_confidence_difference']:.1e})")
         rows.append([kind, got])
     u = load("serve_load", r)["hostile_micro_batched"]["well_formed"]
+    m = load("serve_load", r)["head_memory"]
     return {
+        "value:serve-head-memory": (
+            f"resident memory {m['head_from_prefill']['rss_mb']:.0f} MB with the head read from the prefill, "
+            f"{m['rss_ratio_over_no_head']['head_from_prefill']:.3f}x the {m['no_head']['rss_mb']:.0f} MB of n-prob "
+            f"without a head, against {m['rss_ratio_over_no_head']['head_own_pass']:.2f}x when the head runs its own "
+            f"pass (SmolLM2-135M, {m['questions']} questions answered; `python benchmarks/serve_load.py --phases "
+            "head_memory`)"
+        ),
         "value:serve-load-micro-batched": (
             f"{u['requests']} well-formed requests, {u['failures']} failed, {u['answer_mismatches']} answers and "
             f"{u['confidence_mismatches']} confidences differed from the lone question's (largest difference "

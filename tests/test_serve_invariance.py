@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
@@ -103,3 +104,27 @@ def test_head_confidences_under_concurrency_equal_the_question_alone(tiny_model_
     model = HonestModel(backend, source, threshold=midway(source.score_questions(QUESTIONS)), template="fewshot",
                         decoding=Decoding(max_new_tokens=8))  # fmt: skip
     assert_each_equals_alone(model)
+
+
+def test_reading_answers_alone_keeps_their_tokens_and_gives_the_generations_log_probs(backend):
+    """The re-read log-probs are the generated ones up to float rounding, and the same bits every time."""
+    from candor.backends.base import SamplingParams
+    from candor.serve.confidence import question_item
+    from candor.serve.rescoring import SharedPrefix, read_alone
+
+    model = HonestModel(backend, "n-prob", template="fewshot")
+    prompts = [model.template(question_item(q), backend) for q in QUESTIONS[:3]]
+    prefix = SharedPrefix.of(backend, prompts)
+    assert prefix is not None and len(prefix.ids) > 50  # the few-shot block
+    gens = backend.generate(prompts, 3, SamplingParams(max_new_tokens=8), seeds=[1, 2, 3])
+    for prompt, g in zip(prompts, gens, strict=True):
+        once, again, whole = (read_alone(backend, prompt, g, prefix), read_alone(backend, prompt, g, prefix),
+                              read_alone(backend, prompt, g))  # fmt: skip
+        for made, mine, same, unsplit in zip([g.greedy, *g.samples], [once.greedy, *once.samples],
+                                             [again.greedy, *again.samples], [whole.greedy, *whole.samples],
+                                             strict=True):  # fmt: skip
+            assert mine.token_ids == made.token_ids and mine.text == made.text
+            assert mine.logprobs == same.logprobs and mine.top_logprobs == same.top_logprobs  # bit for bit
+            np.testing.assert_allclose(mine.logprobs, made.logprobs, atol=1e-4)
+            np.testing.assert_allclose(mine.logprobs, unsplit.logprobs, atol=1e-4)
+            assert [list(t)[:2] for t in mine.top_logprobs] == [list(t)[:2] for t in made.top_logprobs]

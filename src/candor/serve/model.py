@@ -70,7 +70,7 @@ from candor.serve.confidence import (
     load_source,
     question_item,
 )
-from candor.serve.rescoring import can_read_alone, read_alone
+from candor.serve.rescoring import SharedPrefix, can_read_alone, read_alone
 from candor.util.errors import CandorError
 from candor.util.files import atomic_folder
 from candor.util.version import __version__
@@ -256,6 +256,7 @@ class HonestModel:
         self.threshold = th.Threshold(float(threshold)) if isinstance(threshold, (int, float)) else threshold
         self.template: QATemplate = resolve_template(template, backend.model_name, backend)
         self.decoding = decoding or Decoding()
+        self._prefix: tuple[SharedPrefix | None] | None = None  # computed on first use
         self.prefill_reader: PrefillReader | None = None  # a head read from the generator's own prefill
         reader = getattr(self.source, "prefill_reader", None)
         if reader is not None:
@@ -406,6 +407,13 @@ class HonestModel:
     def _score_question(self, question: str) -> float:
         return float(self._calibrated(self.source.score_questions([question]))[0])
 
+    def _shared_prefix(self) -> SharedPrefix | None:
+        """The template's own prefix (the few-shot block), which re-reading answers runs once."""
+        if self._prefix is None:
+            prompts = [self.template(question_item(q), self.backend) for q in ("Who?", "Which river is longest?")]
+            self._prefix = (SharedPrefix.of(self.backend, prompts),)  # type: ignore[arg-type]
+        return self._prefix[0]
+
     def _protocol_request(self, ask: Ask) -> DecodeRequest:
         """The greedy answer and the source's samples, seeded by the question (DESIGN.md §4.1)."""
         params = replace(PROTOCOL_SAMPLES, max_new_tokens=self.decoding.max_new_tokens, stop=self.template.stop)
@@ -417,7 +425,7 @@ class HonestModel:
     def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:
         """The protocol's answer scored (in the engine thread, this question alone); an abstention is returned whole."""
         if can_read_alone(self.backend):
-            protocol = read_alone(self.backend, ask.prompted.prompt, protocol)  # type: ignore[arg-type]
+            protocol = read_alone(self.backend, ask.prompted.prompt, protocol, self._shared_prefix())  # type: ignore[arg-type]
         rec = answer_records([ask.prompted.question], [protocol.greedy], [protocol.samples],  # type: ignore[list-item]
                              self.provenance())[0]  # fmt: skip
         n = ask.reply.n

@@ -10,13 +10,20 @@ batch holds that question's rows only: the prompt once, its KV cache repeated
 once per answer, the answers right-padded after it. What an answer-level
 estimator reads then depends on the question alone, bit for bit.
 
+The token prefix every prompt of the template shares (the few-shot block) is
+run once and its KV cache reused (:class:`SharedPrefix`); a question's split
+between that prefix and the rest is always the same, so re-reading it gives
+the same numbers whatever ran before.
+
 Only the ``hf`` backend's public plumbing is used (``encode``, ``new_cache``,
-``forward``, ``device``, ``tokenizer``, ``top_logprobs``).
+``forward``, ``model``, ``device``, ``tokenizer``, ``top_logprobs``).
 """
 
 from __future__ import annotations
 
 import copy
+import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +31,7 @@ import torch
 
 from candor.backends.base import Completion, Generations
 from candor.backends.hf import HFBackend, decoded_vocab
-from candor.backends.tokens import positions_from_mask
+from candor.backends.tokens import positions_from_mask, prefill_shared_prefix, usable_prefix_length
 
 # Logit floats held at once (rows × answer tokens × vocabulary): 2^26 floats is 256 MiB.
 MAX_LOGIT_FLOATS = 1 << 26
@@ -35,8 +42,36 @@ def can_read_alone(backend: Any) -> bool:
     return isinstance(backend, HFBackend)
 
 
+class SharedPrefix:
+    """The tokens every prompt of a template starts with, and their KV cache (run once, alone, on first use)."""
+
+    def __init__(self, backend: HFBackend, ids: list[int]) -> None:
+        self.backend = backend
+        self.ids = ids
+        self._cache: Any = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, backend: HFBackend, prompts: Sequence[str]) -> SharedPrefix | None:
+        """The prefix ``prompts`` (the template around different questions) share, when worth reusing."""
+        encoded = backend.encode(list(prompts))
+        length = usable_prefix_length(backend.model, encoded)
+        return cls(backend, encoded[0][:length]) if length else None
+
+    def starts(self, ids: Sequence[int]) -> bool:
+        return len(ids) > len(self.ids) and list(ids[: len(self.ids)]) == self.ids
+
+    @torch.inference_mode()
+    def cache(self) -> Any:
+        """A fresh copy of the prefix's KV cache."""
+        with self._lock:
+            if self._cache is None:
+                self._cache = prefill_shared_prefix(self.backend.model, self.ids)
+            return copy.deepcopy(self._cache)
+
+
 @torch.inference_mode()
-def read_alone(backend: HFBackend, prompt: str, gens: Generations) -> Generations:
+def read_alone(backend: HFBackend, prompt: str, gens: Generations, prefix: SharedPrefix | None = None) -> Generations:
     """``gens`` with each completion's log-probs and top-k recomputed over this question's rows alone.
 
     Texts, token ids, finish reasons and ``stop_logprob`` are kept as generated.
@@ -45,10 +80,11 @@ def read_alone(backend: HFBackend, prompt: str, gens: Generations) -> Generation
     if not rows:
         return gens
     prompt_ids = backend.encode([prompt])[0]
-    ids = torch.tensor([prompt_ids], device=backend.device)
-    mask = torch.ones_like(ids)
-    cache = backend.new_cache()
-    first = backend.forward(ids, mask, cache, positions_from_mask(mask))[0]  # predicts each answer's first token
+    start = len(prefix.ids) if prefix is not None and prefix.starts(prompt_ids) else 0
+    cache = prefix.cache() if start else backend.new_cache()  # type: ignore[union-attr]
+    ids = torch.tensor([prompt_ids[start:]], device=backend.device)
+    mask = torch.ones((1, len(prompt_ids)), dtype=torch.long, device=backend.device)
+    first = backend.forward(ids, mask, cache, positions_from_mask(mask)[:, start:])[0]  # predicts the first token
     vocab = first.shape[-1]
     width = max(len(c.token_ids) for c in rows)
     per_pass = max(1, MAX_LOGIT_FLOATS // (width * vocab))
