@@ -138,3 +138,29 @@ def test_a_short_request_finishes_while_a_long_one_is_still_decoding(tiny_model,
             time.sleep(0.05)  # the long request's protocol generation has finished; its reply is decoding
         short_done = pool.submit(ask, "What is two plus two, asked briefly?", 2)
         assert short_done.result() < long_done.result()  # the short one finished first
+
+
+def test_a_question_source_that_runs_elsewhere_never_holds_the_engine(tiny_model, tokenizer, tiny_model_dir, tmp_path):
+    """A question-level source marked ``runs_in_engine = False`` (a remote classifier) scores in a worker thread."""
+    from candor.serve import Decoding, HonestModel
+    from candor.serve.confidence import HeadSource
+    from candor.train.elical import ConfidenceHead, HeadConfig
+    from candor.train.trainers import load_causal_lm
+
+    lm, tok = load_causal_lm(tiny_model_dir, device="cpu")
+    folder = ConfidenceHead.create(lm, tok, HeadConfig(backbone=tiny_model_dir, template="chat"), seed=1)
+    folder = folder.save_pretrained(tmp_path / "head")
+
+    class Apart(HeadSource):
+        runs_in_engine = False
+        threads: list[str] = []
+
+        def score_questions(self, questions):
+            self.threads.append(threading.current_thread().name)
+            return super().score_questions(questions)
+
+    model = HonestModel(BatchOnlyBackend(tiny_model, tokenizer), Apart(folder), template="fewshot",
+                        decoding=Decoding(max_new_tokens=3))  # fmt: skip
+    got = model.answer(PROMPTS[0]).confidence
+    assert Apart.threads and all(not t.startswith("candor-") for t in Apart.threads)
+    assert got == pytest.approx(float(HeadSource(folder).score_questions([PROMPTS[0]])[0]), abs=1e-6)

@@ -3,7 +3,9 @@
 - :mod:`~candor.serve.model`: :class:`HonestModel`, one folder via ``save_pretrained``;
 - :mod:`~candor.serve.confidence`: where the confidence comes from (EliCal head or any estimator);
 - :mod:`~candor.serve.thresholds`: choosing the abstention threshold on dev (accuracy, coverage, risk control);
-- :mod:`~candor.serve.batching`, :mod:`~candor.serve.app`: the OpenAI-compatible service (``candor serve``).
+- :mod:`~candor.serve.batching`: the engine a question runs on (live decode loop, or micro-batches of ``generate``);
+- :mod:`~candor.serve.rescoring`: a question's answers re-read alone, so its confidence is its own;
+- :mod:`~candor.serve.app`: the OpenAI-compatible service (``candor serve``).
 
 The last stage: it may import every other one (util through diagnose).
 """

@@ -50,6 +50,8 @@ class ConfidenceSource(Protocol):
     name: str
     before_generation: bool
     samples: int  # sampled answers per question the source reads (0: none)
+    # Optional ``runs_in_engine`` (default True): False for a question-level source whose scoring is a
+    # remote call (it then runs in a worker thread instead of holding the engine between decode steps).
 
     def check(self, backend: Backend) -> None:
         """Raise :class:`CandorError` (one line) when the source cannot serve on ``backend``."""

@@ -6,15 +6,23 @@
     # {"answer": ..., "confidence": 0.41, "abstained": False, "reason": "...", "method": "n-prob", ...}
 
 A question-level source (an EliCal head) decides before generating, so a
-declined question is never generated. An answer-level source generates first,
-then scores the answer. The question is rendered with the QA prompt template
-the confidence was made for (``fewshot`` for the embedded default).
+declined question is never generated; where the generator prefills the very
+prompt the head reads, the head is read from that prefill (one prefill for
+confidence and answer). An answer-level source generates first, then scores
+the answer. The question is rendered with the QA prompt template the
+confidence was made for (``fewshot`` for the embedded default).
+
+Each question is one flow (:meth:`HonestModel.answer_one`) over a
+:class:`~candor.backends.base.LiveEngine` (:mod:`candor.serve.batching`):
+its decode requests join the engine's running batch, and its scoring runs as
+one ``call`` in the engine thread holding this question alone.
 
 The confidence always follows the method's own protocol (DESIGN.md §4.1): the
 greedy answer up to the model's token cap, plus the source's samples at
 temperature 1, top-p 0.95, top-k 50, seeded by the question's text, so it
-never depends on a caller's sampling parameters nor on the batch a question
-shares. A :class:`Reply` (a request's decoding) changes the returned text only.
+never depends on a caller's sampling parameters nor on the requests decoded
+beside it (the answer's log-probs are re-read over its own rows alone,
+:mod:`candor.serve.rescoring`). A :class:`Reply` (a request's decoding) changes the returned text only.
 Served records carry the model, template and decoding they were made with, so
 an estimator that re-reads the prompt scores the sequence that was generated.
 
@@ -112,7 +120,7 @@ class ContextLengthExceeded(CandorError):
 
 @dataclass(frozen=True)
 class Prompted:
-    """A question rendered with the model's QA template, checked (and counted) before it is batched."""
+    """A question rendered with the model's QA template, checked (and counted) before any work."""
 
     question: str
     prompt: str
@@ -137,7 +145,7 @@ class Reply:
 
 
 class Listener(Protocol):
-    """What a caller hears while its question is answered (in the batch thread): streaming and cancellation."""
+    """What a caller hears while its question is answered (in the engine thread): streaming and cancellation."""
 
     def alive(self) -> bool:
         """False once nobody waits for the answer: its generation stops."""
@@ -361,7 +369,7 @@ class HonestModel:
         if self.prefill_reader is not None:
             return await self._answer_from_prefill(ask, engine, self.prefill_reader)
         if self.source.before_generation:
-            confidence = await done(engine.call(lambda: self._score_question(ask.prompted.question)))
+            confidence = await self._question_confidence(ask.prompted.question, engine)
             if self._declines(confidence):
                 declined = self._abstention(confidence, "declined before generating")
                 ask.decided(declined)
@@ -403,6 +411,12 @@ class HonestModel:
         completions = [g.greedy] * ask.reply.n if g.greedy is not None else g.samples[: ask.reply.n]
         return [self._answered(c, verdict[0].confidence, ask, True, None, g.prompt_tokens)
                 for c in completions]  # type: ignore[arg-type]  # fmt: skip
+
+    async def _question_confidence(self, question: str, engine: LiveEngine) -> float:
+        """A question-level source's value: in the engine thread (alone), or apart when it runs elsewhere."""
+        if getattr(self.source, "runs_in_engine", True):
+            return await done(engine.call(lambda: self._score_question(question)))
+        return await asyncio.to_thread(self._score_question, question)  # a remote call must not hold the engine
 
     def _score_question(self, question: str) -> float:
         return float(self._calibrated(self.source.score_questions([question]))[0])

@@ -1,7 +1,7 @@
-"""Streamed answers: OpenAI chunks as server-sent events, fed by the batch thread.
+"""Streamed answers: OpenAI chunks as server-sent events, fed by the engine thread.
 
 A :class:`RequestListener` is what a request's questions report to while the
-batch thread answers them (:class:`candor.serve.model.Listener`): the head's
+engine thread answers them (:class:`candor.serve.model.Listener`): the head's
 decision, each kept token, and whether anybody still waits. The event loop
 reads its queue; :class:`TextDelta` turns token ids into text deltas that never
 show a stop string or whitespace the final answer strips.
@@ -21,7 +21,7 @@ DONE = "data: [DONE]\n\n"
 
 
 class RequestListener:
-    """One question's ear in the batch thread; events go to the request's queue as ``(kind, ask, ...)``."""
+    """One question's ear in the engine thread; events go to the request's queue as ``(kind, ask, ...)``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[Any, ...]] | None, ask: int) -> None:
         self._loop = loop
