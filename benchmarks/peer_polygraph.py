@@ -215,6 +215,7 @@ def main() -> None:
         return
     job = build_job(args.questions, args.threads)
     python = str(ensure_venv(args.venv))
+    args.load_before = os.getloadavg()
     print("running lm-polygraph ...", flush=True)
     peer = run_child(python, "polygraph", job)
     print(f"  {peer['seconds']:.1f} s (UEManager), {peer['process_seconds']:.1f} s process", flush=True)
@@ -231,6 +232,11 @@ def report(job: dict[str, Any], peer: dict[str, Any], ours: dict[str, Any], args
             "questions": len(job["prompts"]), "dataset": "HonestyBench NQ test.jsonl (first rows)",
             "template": "fewshot", "model": MODEL, **SETTINGS, "torch_threads": args.threads,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+        },
+        # 1/5/15-minute load averages around both runs (the machine is shared; CPU-time ratios are steadier).
+        "load_average": {
+            "before": [round(x, 2) for x in args.load_before],
+            "after": [round(x, 2) for x in os.getloadavg()],
         },
         "polygraph": {
             "version": "lm-polygraph 0.7.0 (UEManager; GreedyProbsCalculator without attentions or hidden states, "

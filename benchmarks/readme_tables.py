@@ -116,6 +116,48 @@ def annotate_throughput(r: Path) -> dict[str, str]:
         "table:annotate-throughput": table,
         "value:annotate-identical": f"{d['greedy_identical_count']}",
         "value:annotate-peak": gib(rss["annotate"]),
+        "value:annotate-speed": _annotate_speed(d),
+    }
+
+
+def _annotate_speed(d: dict) -> str:
+    """Generated tokens per second of the decode loop, and where its time goes (the profile block)."""
+    notes = []
+    if "candor_tokens_per_cpu_second" in d:
+        notes.append(f"{d['candor_tokens_per_cpu_second']:.0f} per CPU second")
+    if "load_average" in d:
+        load_avg = d["load_average"]
+        notes.append(f"load average {load_avg['before'][0]:.1f} before the run, {load_avg['after'][0]:.1f} after")
+    text = f"{d['candor_tokens_per_second']:.0f} generated tokens/s"
+    if notes:
+        text += f" ({'; '.join(notes)})"
+    prof = d.get("profile")
+    if prof:
+        shares = ", ".join(f"{group} {100 * share:.0f}%" for group, share in prof["share_of_op_time"].items())
+        text += (f". Profiled (`{prof['command']}`): {prof['tokens_per_second']:.0f} tokens/s, "
+                 f"{prof['roofline_fraction']:.2f} of the measured float32 GEMM roofline by wall time "
+                 f"({prof['roofline_fraction_cpu_time']:.2f} per CPU second); operator time: {shares}")
+    return text
+
+
+def peer_polygraph(r: Path) -> dict[str, str]:
+    d = load("peer_polygraph", r)
+    peer, ours = d["polygraph"], d["candor"]
+    rows = [
+        ["lm-polygraph `UEManager` (every answer to the cap or EOS)", f"{peer['seconds']:.1f}",
+         f"{peer['cpu_seconds']:.1f}", "1×"],
+        ["candor, same token cap (no stop string)", f"{ours['seconds_to_token_cap']:.1f}",
+         f"{ours['cpu_seconds_to_token_cap']:.1f}", f"**{d['cpu_ratio_polygraph_to_candor_same_token_cap']:.2f}×**"],
+        ["candor, cut at the first newline (its annotation default)", f"{ours['seconds']:.1f}",
+         f"{ours['cpu_seconds']:.1f}", f"{d['cpu_ratio_polygraph_to_candor']:.2f}×"],
+    ]
+    load_avg = d.get("load_average")
+    note = (f"load average {load_avg['before'][0]:.1f} before, {load_avg['after'][0]:.1f} after"
+            if load_avg else "load average not recorded")
+    return {
+        "table:peer-polygraph": md_table(["run", "wall s", "CPU s", "CPU-time ratio"], "lrrr", rows),
+        "value:peer-polygraph-agreement": (f"{d['greedy_capped_agreement']}/{d['job']['questions']} greedy answers "
+                                           f"equal at the same cap; {note}"),
     }
 
 
@@ -635,7 +677,7 @@ def annotate_dtype(r: Path) -> dict[str, str]:
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
-    elical_cost, serve_hostile, eigenscore_cost, verbal_pruned, annotate_dtype,
+    elical_cost, serve_hostile, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

@@ -9,13 +9,17 @@ costing compute. A job's work is done when its last row ends.
 What joins the loop, and when, is a :class:`Feed`'s decision, asked before
 every step:
 
-- :class:`ChunkFeed` (``HFBackend.generate``): a finite list of prompts in
-  chunks of ``batch_size``, left-padded, over the KV cache of the token prefix
-  all prompts share; the next chunk joins once the batch is down to
-  :data:`REFILL_AT` of its size, so the long answers of one chunk decode
-  alongside the next chunk instead of alone;
+- :class:`ChunkFeed` (``HFBackend.generate``): a finite list of prompts,
+  prefilled up to ``batch_size`` at a time (left-padded, over the KV cache of
+  the token prefix all prompts share), joining as soon as their rows fit, so
+  the long answers of one prompt decode alongside the next prompts instead of
+  alone;
 - the live engine (:mod:`candor.backends.live_engine`): requests from a
   queue, each prefilled alone, joining at the next step.
+
+The rows' KV cache is written in place (:mod:`candor.backends.kv_slots`)
+where the model allows, else it is transformers' own cache joined by
+padding (:mod:`candor.backends.kv_batch`).
 
 Errors: a job's hook that raises fails that job only when the job has an
 ``on_error`` handler (its rows leave, the others go on); without one (as in
@@ -40,15 +44,12 @@ from candor.backends.base import (
     SamplingParams,
 )
 from candor.backends.kv_batch import KVBatch
+from candor.backends.kv_slots import SlotKV, slots_supported
 from candor.backends.sampling import pick_tokens, row_uniforms
 from candor.backends.stops import StopMatcher, decoded_vocab
 from candor.backends.tokens import pad_batch, positions_from_mask
 
 logger = logging.getLogger(__name__)
-
-# Prefill the next chunk once the running batch is down to this fraction of its full size.
-REFILL_AT = 0.5
-
 
 @dataclass(eq=False)
 class DecodeJob:
@@ -127,45 +128,88 @@ class Feed(Protocol):
         """Nothing more will come: the loop stops once its rows are done."""
         ...
 
+    @property
+    def pending(self) -> bool:
+        """Rows are waiting to join (so slots that free up will be taken soon)."""
+        ...
+
+
+@dataclass(eq=False)
+class Prefilled:
+    """Prompts run once whose rows wait to join: their KV cache, padding mask and next-token logits.
+
+    ``rows`` lists the waiting rows in order as ``(prompt, job, sample)``,
+    ``prompt`` being the job's row in the prefill batch.
+    """
+
+    cache: Any
+    mask: torch.Tensor
+    logits: torch.Tensor
+    rows: list[tuple[int, DecodeJob, int]]
+
 
 class DecodeLoop:
-    """Running rows and their KV cache; :meth:`run` decodes until the feed is exhausted."""
+    """Running rows by KV slot; :meth:`run` decodes until the feed is exhausted.
 
-    def __init__(self, backend: Any) -> None:
+    ``rows`` and ``columns`` size the KV cache at its first use (the rows
+    decoded together, and prompt plus answer tokens); it grows if a request
+    needs more.
+    """
+
+    def __init__(self, backend: Any, rows: int, columns: int) -> None:
         self.backend = backend
-        self.rows: list[Row] = []
-        self.kv: KVBatch | None = None
+        self.slots: list[Row | None] = []  # the row in each KV slot (None: free)
+        empty = backend.new_cache()
+        self.kv: SlotKV | KVBatch = (
+            SlotKV(backend, rows, columns) if slots_supported(backend.model, empty) else KVBatch(backend)
+        )
 
     # ------------------------------------------------------------ driving
 
     def run(self, feed: Feed) -> None:
         while True:
             feed.top_up(self)
-            if not self.rows:
+            if not self.kv.live:
                 if feed.exhausted:
                     return
                 continue
-            self.step()
+            self.step(pending=feed.pending)
+
+    @property
+    def live_rows(self) -> int:
+        return self.kv.live
 
     @property
     def mergeable(self) -> bool:
         """Whether new rows can join the running ones now."""
-        return self.kv is None or self.kv.mergeable
+        return not self.kv.live or self.kv.mergeable
+
+    @property
+    def partial_admission(self) -> bool:
+        """Whether the prompts of one prefill may join at different steps."""
+        return self.kv.partial_admission
+
+    @property
+    def refill_at(self) -> float:
+        """The share of its rows the batch is down to when new rows are worth admitting."""
+        return self.kv.refill_at
 
     def abort(self, exc: BaseException) -> None:
         """Fail every running job (each through its own handler) and drop all rows."""
-        jobs = {id(row.job): row.job for row in self.rows}
-        self.rows, self.kv = [], None
+        jobs = {id(row.job): row.job for row in self.slots if row is not None}
+        self.slots = []
+        self.kv.clear()
         for job in jobs.values():
             job.fail(exc)
 
     # ------------------------------------------------------------ joining
 
-    def prefill(self, jobs: Sequence[DecodeJob], prefix_cache: Any = None, prefix: int = 0) -> None:
-        """Run the jobs' prompts once (one left-padded batch), call their prefill hooks, and admit their rows.
+    def prefill(self, jobs: Sequence[DecodeJob], prefix_cache: Any = None, prefix: int = 0) -> Prefilled | None:
+        """Run the jobs' prompts once (one left-padded batch) and call their prefill hooks.
 
         ``prefix_cache`` holds the KV cache of the first ``prefix`` prompt
         tokens, shared by every job: only the rest of each prompt runs.
+        Returns the jobs still wanting rows, to :meth:`admit` (None if none).
         """
         backend = self.backend
         ready = [job for job in jobs if job.rows_needed > 0]
@@ -173,7 +217,7 @@ class DecodeLoop:
             if job.rows_needed == 0:
                 job.decline()
         if not ready:
-            return
+            return None
         ids, mask = pad_batch([job.prompt_ids[prefix:] for job in ready], backend.pad_id, device=backend.device)
         if prefix_cache is None:
             cache = backend.new_cache()
@@ -186,21 +230,31 @@ class DecodeLoop:
             logits, states = backend.forward_with_states(ids, mask, cache, positions)
         else:
             logits, states = backend.forward(ids, mask, cache, positions), None
-        kept = [i for i, job in enumerate(ready) if self._passes_prefill(job, states, i)]
-        rows = [Row(ready[i], s, self._uniforms(ready[i], s)) for i in kept for s in self._samples(ready[i])]
-        if not rows:
-            return
-        index = torch.tensor([i for i in kept for _ in range(ready[i].rows_needed)], device=backend.device)
-        cache.batch_select_indices(index)  # drops declined prompts, repeats the others once per row
-        mask = mask[index]
-        self.admit(rows, KVBatch(cache=cache, mask=mask, next_pos=mask.sum(-1), logits=logits[index]))
+        kept = [(i, job) for i, job in enumerate(ready) if self._passes_prefill(job, states, i)]
+        rows = [(i, job, s) for i, job in kept for s in self._samples(job)]
+        return Prefilled(cache, mask, logits, rows) if rows else None
 
-    def admit(self, rows: list[Row], kv: KVBatch) -> None:
-        if self.kv is None or not self.rows:
-            self.rows, self.kv = rows, kv
-        else:
-            self.kv.merge(kv)
-            self.rows = self.rows + rows
+    def admit(self, prefilled: Prefilled, count: int | None = None) -> None:
+        """Give the first ``count`` (default: all) waiting rows of ``prefilled`` their slots in the batch."""
+        count = len(prefilled.rows) if count is None else count
+        joining, prefilled.rows = prefilled.rows[:count], prefilled.rows[count:]
+        joining = [(i, job, s) for i, job, s in joining if not job.failed]
+        if not joining:
+            return
+        prompts: list[int] = []
+        repeats: list[int] = []
+        for i, _, _ in joining:  # consecutive rows of one prompt share its cache entry
+            if prompts and prompts[-1] == i:
+                repeats[-1] += 1
+            else:
+                prompts.append(i)
+                repeats.append(1)
+        slots = self.kv.admit(prefilled.cache, prefilled.mask, prefilled.logits, prompts, repeats)
+        rows = [Row(job, s, self._uniforms(job, s)) for _, job, s in joining]
+        if len(self.slots) <= max(slots):
+            self.slots += [None] * (max(slots) + 1 - len(self.slots))
+        for slot, row in zip(slots, rows, strict=True):
+            self.slots[slot] = row
 
     @staticmethod
     def _passes_prefill(job: DecodeJob, states: list[torch.Tensor] | None, i: int) -> bool:
@@ -226,39 +280,48 @@ class DecodeLoop:
 
     # ------------------------------------------------------------ stepping
 
-    def step(self) -> None:
-        """Pick one token per row, end the rows that finished, run the rest one step."""
-        assert self.kv is not None
-        rows = self.rows
-        tokens, logprobs, top = pick_tokens(self.kv.logits, self._samplers(rows), self.backend.top_logprobs)
-        keep, ended = [], []
+    def step(self, pending: bool = False) -> None:
+        """Pick one token per row, end the rows that finished, run the rest one step.
+
+        ``pending``: rows are waiting to join, so slots freed now will be taken soon.
+        """
+        slots = self.slots
+        tokens, logprobs, top = pick_tokens(self.kv.logits, self._samplers(slots), self.backend.top_logprobs)
+        ended: list[int] = []
         for j, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
-            row = rows[j]
+            row = slots[j]
+            if row is None:
+                continue
             if row.job.failed:
+                ended.append(j)
                 continue
             row.ids.append(token)
             row.logprobs.append(logprob)
             if top is not None:
                 row.top.append((top[0][j], top[1][j]))
             try:
-                finished = self._finished(row, token)
+                if self._finished(row, token):
+                    ended.append(j)
             except Exception as exc:  # a token hook that raises fails its own job
                 row.job.fail(exc)
-                continue
-            (ended if finished else keep).append(j)
+                ended.append(j)
+        for j, row in enumerate(slots):  # rows of a job that failed later in this step leave too
+            if row is not None and row.job.failed and j not in ended:
+                ended.append(j)
         for j in ended:
-            if not rows[j].job.failed:
-                rows[j].job.row_ended(rows[j].sample, self.completion(rows[j]))
-        keep = [j for j in keep if not rows[j].job.failed]
-        if not keep:
-            self.rows, self.kv = [], None
+            row = slots[j]
+            assert row is not None
+            if not row.job.failed:
+                row.job.row_ended(row.sample, self.completion(row))
+            slots[j] = None
+        self.kv.free(ended)
+        if not self.kv.live:
+            self.slots = []
+            self.kv.clear()
             return
-        if len(keep) < len(rows):
-            index = torch.tensor(keep, device=self.backend.device)
-            self.kv.select(index)
-            tokens = tokens[index]
-            self.rows = [rows[j] for j in keep]
-        self.kv.advance(self.backend, tokens)
+        order = self.kv.advance(tokens, pending)
+        if order is not None:
+            self.slots = [slots[j] for j in order]
 
     def _finished(self, row: Row, token: int) -> bool:
         job = row.job
@@ -273,11 +336,11 @@ class DecodeLoop:
         return True
 
     @staticmethod
-    def _samplers(rows: list[Row]) -> list[tuple[SamplingParams, list[int], list[float]]]:
+    def _samplers(slots: list[Row | None]) -> list[tuple[SamplingParams, list[int], list[float]]]:
         """The sample rows grouped by sampling settings, with this step's uniform for each."""
         groups: dict[SamplingParams, tuple[list[int], list[float]]] = {}
-        for j, row in enumerate(rows):
-            if row.sample >= 0:
+        for j, row in enumerate(slots):
+            if row is not None and row.sample >= 0:
                 index, draws = groups.setdefault(row.job.params, ([], []))
                 index.append(j)
                 draws.append(row.uniforms[len(row.ids)])
@@ -318,17 +381,48 @@ class DecodeLoop:
 
 
 class ChunkFeed:
-    """``generate``'s feed: chunks of prompts, the next one joining once half the rows have left."""
+    """``generate``'s feed: prompts prefilled ``batch_size`` at a time, joining as their rows fit.
 
-    def __init__(self, chunks: list[list[DecodeJob]], capacity: int, prefix_cache: Any = None, prefix: int = 0):
-        self.chunks = chunks
-        self.capacity = capacity
+    With the slot cache each row of a prefilled chunk joins as soon as a slot
+    is free (the batch stays full); with the fallback cache, whose
+    joins copy the whole cache, a full chunk joins once the batch is down to
+    its ``refill_at``.
+    """
+
+    def __init__(
+        self, jobs: list[DecodeJob], batch_size: int, capacity: int, prefix_cache: Any = None, prefix: int = 0
+    ) -> None:
+        self.jobs = jobs
+        self.batch_size, self.capacity = batch_size, capacity
         self.prefix_cache, self.prefix = prefix_cache, prefix
+        self.ready: Prefilled | None = None  # the prefilled chunk whose prompts are joining
 
     @property
     def exhausted(self) -> bool:
-        return not self.chunks
+        return not self.jobs and not self._waiting
+
+    @property
+    def pending(self) -> bool:
+        return not self.exhausted
+
+    @property
+    def _waiting(self) -> list[tuple[int, DecodeJob, int]]:
+        return self.ready.rows if self.ready is not None else []
 
     def top_up(self, loop: DecodeLoop) -> None:
-        while self.chunks and (not loop.rows or (loop.mergeable and len(loop.rows) <= self.capacity * REFILL_AT)):
-            loop.prefill(self.chunks.pop(0), self.prefix_cache, self.prefix)
+        while True:
+            live = loop.live_rows
+            if live and not (loop.mergeable and live <= self.capacity * loop.refill_at):
+                return
+            room = self.capacity - live if loop.partial_admission else self.capacity
+            if not self._waiting:
+                if not self.jobs or (live and room <= 0):
+                    return
+                chunk, self.jobs = self.jobs[: self.batch_size], self.jobs[self.batch_size :]
+                self.ready = loop.prefill(chunk, self.prefix_cache, self.prefix)
+                continue
+            count = min(room, len(self._waiting)) if loop.partial_admission else len(self._waiting)
+            if count <= 0:
+                return
+            assert self.ready is not None
+            loop.admit(self.ready, count)

@@ -5,18 +5,17 @@ instead of ``model.generate``, because annotation asks for a greedy answer
 and ``n`` samples of the same prompt, and a per-call ``generate`` recomputes
 the prompt for each of them:
 
-- prompts run in chunks of ``batch_size``, left-padded; a token prefix shared
-  by every prompt of the call (the few-shot block, a system prompt) is
-  computed once and its KV cache copied into each chunk;
-- each prompt's KV cache is prefilled once and then repeated, one row for the
+- prompts are prefilled in chunks of ``batch_size``, left-padded; a token
+  prefix shared by every prompt of the call (the few-shot block, a system
+  prompt) is computed once and its KV cache copied into each chunk;
+- each prompt's KV cache is prefilled once and copied into one row for the
   greedy answer and one per sample;
-- a row that finishes (EOS, a stop string, ``max_new_tokens``) leaves the
-  batch at once, so finished answers stop costing compute;
-- once half the rows have left, the next chunk is prefilled and its rows join
-  the running batch, so the long answers of one chunk decode alongside the
-  next chunk instead of alone. Pass many prompts per call to benefit: 64
-  prompts in one call ran about 1.3x faster than four calls of 16 (2-core
-  CPU, SmolLM2-135M).
+- the rows' KV cache is written in place (:mod:`candor.backends.kv_slots`):
+  a row that finishes (EOS, a stop string, ``max_new_tokens``) leaves the
+  batch at once, so finished answers stop costing compute, and the next
+  prompt's rows take its place, so the batch stays full and the long answers
+  of one chunk decode alongside the next prompts instead of alone. Pass many
+  prompts per call to benefit.
 
 :meth:`HFBackend.live_engine` runs the same loop in a thread of its own, fed
 by requests that join the running batch at the next step
@@ -202,11 +201,12 @@ class HFBackend:
             DecodeJob(ids, n, greedy, params, seeds[i], matcher, on_token=_prompt_hook(on_token, i))
             for i, ids in enumerate(encoded)
         ]
-        # Similar lengths in a chunk waste less on padding; results do not depend on the order.
+        # Similar lengths in a prefill waste less on padding; results do not depend on the order.
         order = sorted(range(len(jobs)), key=lambda i: len(encoded[i]))
-        chunks = [[jobs[i] for i in order[c : c + self.batch_size]] for c in range(0, len(order), self.batch_size)]
         capacity = self.batch_size * (int(greedy) + n)
-        DecodeLoop(self).run(ChunkFeed(chunks, capacity, prefix_cache, prefix))
+        columns = max(len(ids) for ids in encoded) + 2 * params.max_new_tokens
+        loop = DecodeLoop(self, rows=capacity, columns=columns)
+        loop.run(ChunkFeed([jobs[i] for i in order], self.batch_size, capacity, prefix_cache, prefix))
         return [job.result for job in jobs]
 
     def check_request(self, n: int, params: SamplingParams) -> None:

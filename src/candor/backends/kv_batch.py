@@ -1,39 +1,82 @@
-"""The KV cache of the rows decoded together, with their padding masks and positions.
+"""The fallback KV cache of the decode loop: transformers' own cache, rows joined by padding.
 
-Rows leave by index selection and join by left-padding the shorter cache to
-the longer one (masked, so outputs do not change).
+For models the in-place slot cache (:mod:`candor.backends.kv_slots`) cannot
+run (sliding-window or hybrid cache layers, other attention kernels): rows
+that end leave by index selection, and new rows join by left-padding the
+shorter cache to the longer one (masked, so outputs do not change), which
+only plain layers allow; otherwise new rows wait until the batch is empty.
+Every step copies the cache (transformers' ``cat``), so this path is slower.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 
-@dataclass
 class KVBatch:
-    """The cache, padding mask, next positions and next-token logits of the running rows."""
+    """The running rows' cache, padding mask, positions and next-token logits, rows in slot order."""
 
-    cache: DynamicCache
-    mask: torch.Tensor  # [rows, cache length], 0 on padding
-    next_pos: torch.Tensor  # [rows], position id of the next token
-    logits: torch.Tensor  # [rows, vocab], for the next pick
+    refill_at = 0.5  # joining copies the whole cache: wait until half the rows have left
+    partial_admission = False  # a prefill's rows join all at once
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.cache: Any = None
+        self.mask = torch.empty(0)  # [rows, cache length], 0 on padding
+        self.next_pos = torch.empty(0)  # [rows], position id of the next token
+        self.logits = torch.empty(0)  # [rows, vocab], for the next pick
+        self.rows = 0
+        self._freed: list[int] = []
 
     @property
     def mergeable(self) -> bool:
         # Merging edits per-layer keys/values, which only plain (full-attention) layers have.
-        return all(type(layer) is DynamicLayer for layer in getattr(self.cache, "layers", [None]))
+        return self.cache is None or all(type(layer) is DynamicLayer for layer in getattr(self.cache, "layers", [None]))
 
-    def select(self, index: torch.Tensor) -> None:
-        """Keep the rows at ``index`` (in that order)."""
-        self.cache.batch_select_indices(index)
-        self.mask, self.next_pos, self.logits = self.mask[index], self.next_pos[index], self.logits[index]
+    @property
+    def live(self) -> int:
+        return self.rows - len(self._freed)
 
-    def trim(self) -> None:
+    def admit(
+        self, cache: Any, mask: torch.Tensor, logits: torch.Tensor, prompts: list[int], repeats: list[int]
+    ) -> list[int]:
+        """Repeat prompt ``prompts[i]`` of a prefill ``repeats[i]`` times and append its rows; returns their slots."""
+        index = torch.tensor([p for p, r in zip(prompts, repeats, strict=True) for _ in range(r)], device=mask.device)
+        cache.batch_select_indices(index)  # drops declined prompts, repeats the others once per row
+        mask, logits = mask[index], logits[index]
+        first = self.rows
+        if self.cache is None or self.rows == 0:
+            self.cache, self.mask, self.next_pos, self.logits = cache, mask, mask.sum(-1), logits
+        else:
+            self._merge(cache, mask, logits)
+        self.rows += len(index)
+        return list(range(first, self.rows))
+
+    def free(self, slots: list[int]) -> None:
+        self._freed += slots
+
+    def clear(self) -> None:
+        self.cache, self.rows, self._freed = None, 0, []
+
+    def advance(self, tokens: torch.Tensor, pending: bool = False) -> list[int] | None:
+        """Drop the freed rows, then run one step. Returns the new order of the slots if rows were dropped."""
+        order = None
+        if self._freed:
+            freed = set(self._freed)
+            order = [s for s in range(self.rows) if s not in freed]
+            index = torch.tensor(order, device=self.mask.device)
+            self.cache.batch_select_indices(index)
+            self.mask, self.next_pos, tokens = self.mask[index], self.next_pos[index], tokens[index]
+            self.rows, self._freed = len(order), []
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
+        self.logits = self.backend.forward(tokens.unsqueeze(1), self.mask, self.cache, self.next_pos.unsqueeze(1))
+        self.next_pos = self.next_pos + 1
+        return order
+
+    def _trim(self) -> None:
         """Drop leading columns that are padding in every row (left by rows that finished)."""
         lead = int(self.mask.any(dim=0).int().argmax())
         if lead == 0:
@@ -42,23 +85,17 @@ class KVBatch:
             layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
         self.mask = self.mask[:, lead:]
 
-    def merge(self, other: KVBatch) -> None:
-        """Append ``other``'s rows, left-padding the shorter cache."""
-        self.trim()
-        width = max(self.mask.shape[1], other.mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+    def _merge(self, cache: Any, mask: torch.Tensor, logits: torch.Tensor) -> None:
+        """Append another prefill's rows, left-padding the shorter cache."""
+        self._trim()
+        width = max(self.mask.shape[1], mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
             mine.keys = torch.cat([_pad_seq(mine.keys, width), _pad_seq(theirs.keys, width)])
             mine.values = torch.cat([_pad_seq(mine.values, width), _pad_seq(theirs.values, width)])
             theirs.keys = theirs.values = None  # free layer by layer: the peak stays near one copy
-        self.mask = torch.cat([_pad_seq(self.mask, width, dim=1), _pad_seq(other.mask, width, dim=1)])
-        self.next_pos = torch.cat([self.next_pos, other.next_pos])
-        self.logits = torch.cat([self.logits, other.logits])
-
-    def advance(self, backend: Any, tokens: torch.Tensor) -> None:
-        """Run one step: feed each row its token, extend the cache, keep the next logits."""
-        self.mask = torch.cat([self.mask, self.mask.new_ones(len(tokens), 1)], dim=1)
-        self.logits = backend.forward(tokens.unsqueeze(1), self.mask, self.cache, self.next_pos.unsqueeze(1))
-        self.next_pos = self.next_pos + 1
+        self.mask = torch.cat([_pad_seq(self.mask, width, dim=1), _pad_seq(mask, width, dim=1)])
+        self.next_pos = torch.cat([self.next_pos, mask.sum(-1)])
+        self.logits = torch.cat([self.logits, logits])
 
 
 def _pad_seq(tensor: torch.Tensor, width: int, dim: int = 2) -> torch.Tensor:

@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Tokens per row the engine's KV cache holds at first (prompt and answer); it grows when a request needs more.
+LIVE_COLUMNS = 512
+
 _CLOSE = object()  # queued by close(): the engine thread stops when it reads it
 
 
@@ -41,7 +44,7 @@ class HFLiveEngine:
             raise CandorError(f"max_rows must be at least 1, got {max_rows}")
         self.backend = backend
         self.max_rows = max_rows
-        self.loop = DecodeLoop(backend)
+        self.loop = DecodeLoop(backend, rows=max_rows, columns=LIVE_COLUMNS)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False  # no new work accepted (set by close())
@@ -94,8 +97,12 @@ class HFLiveEngine:
     def exhausted(self) -> bool:
         return self._stopping
 
+    @property
+    def pending(self) -> bool:
+        return bool(self._waiting)
+
     def top_up(self, loop: DecodeLoop) -> None:
-        self._read_inbox(wait=not loop.rows and not self._waiting)
+        self._read_inbox(wait=not loop.live_rows and not self._waiting)
         if self._stopping:
             self._fail_everything(CandorError("the live engine was closed"))
             return
@@ -127,10 +134,10 @@ class HFLiveEngine:
                 self._calls.append(item)
 
     def _fits(self, loop: DecodeLoop, request: DecodeRequest) -> bool:
-        if not loop.rows:
+        if not loop.live_rows:
             return True
         needed = int(request.greedy) + request.n
-        return loop.mergeable and len(loop.rows) + needed <= self.max_rows
+        return loop.mergeable and loop.live_rows + needed <= self.max_rows
 
     def _start(self, loop: DecodeLoop, request: DecodeRequest, future: Future[Generations]) -> None:
         """Prefill one request alone and let its rows join the loop."""
@@ -147,7 +154,9 @@ class HFLiveEngine:
                 on_done=lambda job: future.set_result(job.result),
                 on_error=lambda job, exc: future.set_exception(exc),
             )
-            loop.prefill([job])
+            prefilled = loop.prefill([job])
+            if prefilled is not None:
+                loop.admit(prefilled)
         except Exception as exc:  # a prompt the model cannot run fails its own request
             if not future.done():
                 future.set_exception(exc)

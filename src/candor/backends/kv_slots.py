@@ -1,0 +1,279 @@
+"""An in-place KV cache for the decode loop: one buffer per layer, rows written where they run.
+
+Each layer's keys and values live in one buffer ``[slots, kv_heads, columns,
+head_dim]`` allocated once for the loop (grown, rarely, when a request needs
+more). Every row of the running batch owns a slot. All rows share one write
+column ``t``: a step writes each row's new key and value at column ``t``
+(one indexed write per layer) and attention reads the window
+``[lo, t]``, where ``lo`` is the first column a live row uses; a row that
+joins at column ``t`` gets its prompt's keys and values (the shared few-shot
+prefix copied, not recomputed) right-aligned in ``[t - L, t)`` of a free slot.
+An additive mask ``[slots, columns]`` hides the columns before each row's
+start, and position ids count each row's own tokens, so a row's numbers do
+not depend on where it sits. A finished row's slot is reused by the next
+prompt in place: a step runs only live rows, free slots below the last live
+one being filled by moving the last rows into them (only those rows are
+copied) and new rows joining at the end; when ``t`` reaches
+the last column the window moves back to column 0 (one copy).
+
+Works for models whose cache layers are all plain full-attention layers and
+whose attention takes a 4-D additive mask (``sdpa``, ``eager``): see
+:func:`slots_supported`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+# Free columns kept after the window when the buffer is (re)allocated, so the window moves rarely.
+SLACK_COLUMNS = 64
+
+
+def slots_supported(model: Any, cache: Any) -> bool:
+    """Whether the slot cache can run ``model`` (``cache``: an empty cache of it)."""
+    plain = all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
+    return plain and getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager")
+
+
+class _SlotLayer(DynamicLayer):
+    """One layer's buffers; ``update`` writes the step's column and returns the window."""
+
+    def __init__(self, store: SlotKV, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.store = store
+        self.keys, self.values = keys, values
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        s = self.store
+        self.keys[: s.active, :, s.t] = key_states[:, :, 0]
+        self.values[: s.active, :, s.t] = value_states[:, :, 0]
+        return self.keys[: s.active, :, s.lo : s.t + 1], self.values[: s.active, :, s.lo : s.t + 1]
+
+    def get_seq_length(self) -> int:
+        return self.store.t - self.store.lo
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.store.t - self.store.lo + query_length, 0
+
+
+class _SlotCache(Cache):
+    def __init__(self, layers: list[_SlotLayer]) -> None:
+        super().__init__(layers=layers)
+
+
+class SlotKV:
+    """The running rows' KV cache, positions and next-token logits, by slot (see the module docstring)."""
+
+    mergeable = True  # rows can always join
+    refill_at = 1.0  # and are worth admitting as soon as their slots are free
+    partial_admission = True  # the rows of one prefill can join one by one
+
+    def __init__(self, backend: Any, rows: int, columns: int) -> None:
+        self.backend = backend
+        self.capacity_rows, self.capacity_columns = max(1, rows), max(1, columns)
+        self.active = 0  # slots [0, active) run in each step
+        self.t = 0  # the column the next step writes
+        self.lo = 0  # the first column a live row reads
+        self.starts: list[int | None] = []  # per active slot, its row's first column (None: free)
+        self.cache: _SlotCache | None = None
+        # What the cache had to copy, for profiles and tests: window moves, rows moved, reallocations.
+        self.window_moves = self.rows_moved = self.reallocations = 0
+        self.mask = torch.empty(0)
+        self.positions = torch.empty(0, dtype=torch.long)
+        self.logits = torch.empty(0)
+
+    # ------------------------------------------------------------ rows joining and leaving
+
+    def admit(
+        self, cache: Any, mask: torch.Tensor, logits: torch.Tensor, prompts: list[int], repeats: list[int]
+    ) -> list[int]:
+        """Give prompt ``prompts[i]`` of a prefill (its ``cache``, ``mask``, ``logits``) ``repeats[i]`` slots.
+
+        Returns the slots of the new rows, prompt by prompt.
+        """
+        columns = [mask[p].nonzero().squeeze(1) for p in prompts]  # the prompt's real tokens, padding skipped
+        self._ensure_buffers(cache, max(len(c) for c in columns), sum(repeats))
+        assert self.cache is not None
+        free = [s for s, start in enumerate(self.starts) if start is None]
+        needed = sum(repeats) - len(free)
+        if needed > 0:
+            self._grow_active(needed, logits)
+            free += list(range(self.active - needed, self.active))
+        out: list[int] = []
+        for p, cols, count in zip(prompts, columns, repeats, strict=True):
+            slots, free = free[:count], free[count:]
+            self._write_prompt(cache, p, cols, slots)
+            self.logits[slots] = logits[p].to(self.logits.dtype)
+            out += slots
+        return out
+
+    def free(self, slots: list[int]) -> None:
+        """Release the slots of rows that ended: their columns stop counting, their slots are reused."""
+        if not slots:
+            return
+        for s in slots:
+            self.starts[s] = None
+        index = torch.tensor(slots, device=self.mask.device)
+        self.mask[index] = self._blocked
+        if all(start is None for start in self.starts):
+            self.clear()
+
+    @property
+    def live(self) -> int:
+        return sum(start is not None for start in self.starts)
+
+    # ------------------------------------------------------------ one step
+
+    def advance(self, tokens: torch.Tensor, pending: bool = False) -> list[int] | None:
+        """Run one step for the live rows. Returns the new order of the slots if rows moved.
+
+        ``pending`` (rows waiting to join) changes nothing here: free slots are filled by moving rows at once.
+        """
+        order = self._compact()
+        if order is not None:
+            tokens = tokens[torch.tensor(order, device=tokens.device)]
+        if self.t >= self.capacity_columns:
+            self._move_window(self.t - self._lowest_start())
+        self.lo = self._lowest_start()
+        self.mask[: self.active, self.t] = 0.0
+        window = self.mask[: self.active, None, None, self.lo : self.t + 1]
+        self.logits = self.backend.forward(
+            tokens.unsqueeze(1), window, self.cache, self.positions[: self.active].unsqueeze(1)
+        )
+        self.positions[: self.active] += 1
+        self.t += 1
+        return order
+
+    def clear(self) -> None:
+        self.active, self.starts = 0, []
+
+    # ------------------------------------------------------------ internals
+
+    @property
+    def _blocked(self) -> float:
+        return torch.finfo(self.mask.dtype).min
+
+    def _lowest_start(self) -> int:
+        return min((s for s in self.starts if s is not None), default=self.t)
+
+    def _layers(self) -> list[_SlotLayer]:
+        assert self.cache is not None
+        return self.cache.layers  # type: ignore[return-value]
+
+    def _ensure_buffers(self, cache: Any, prompt_length: int, new_rows: int) -> None:
+        """Allocate on first use; make room for ``new_rows`` slots and a prompt of ``prompt_length``."""
+        if self.cache is None:
+            self.t = self.lo = prompt_length
+            self.capacity_columns = max(self.capacity_columns, prompt_length + SLACK_COLUMNS)
+            self.capacity_rows = max(self.capacity_rows, new_rows)
+            self._allocate(cache)
+            return
+        free = sum(start is None for start in self.starts) + self.capacity_rows - self.active
+        if new_rows > free:
+            self._resize(rows=self.capacity_rows + new_rows - free)
+        if self.t < prompt_length or self.t >= self.capacity_columns:
+            self._move_window(max(prompt_length, self.t - self._lowest_start()))
+
+    def _allocate(self, cache: Any) -> None:
+        layers = []
+        for layer in cache.layers:
+            batch, heads, _, dim = layer.keys.shape
+            shape = (self.capacity_rows, heads, self.capacity_columns, dim)
+            keys = layer.keys.new_zeros(shape)
+            layers.append(_SlotLayer(self, keys, torch.zeros_like(keys)))
+        self.cache = _SlotCache(layers)
+        dtype, device = layers[0].keys.dtype, layers[0].keys.device
+        shape = (self.capacity_rows, self.capacity_columns)
+        self.mask = torch.full(shape, torch.finfo(dtype).min, dtype=dtype, device=device)
+        self.positions = torch.zeros(self.capacity_rows, dtype=torch.long, device=device)
+
+    def _resize(self, rows: int | None = None, columns: int | None = None) -> None:
+        """Reallocate the buffers larger (rare: a request bigger than the hints), keeping their content."""
+        rows, columns = rows or self.capacity_rows, columns or self.capacity_columns
+        self.reallocations += 1
+        for layer in self._layers():
+            for name in ("keys", "values"):
+                old = getattr(layer, name)
+                new = old.new_zeros((rows, old.shape[1], columns, old.shape[3]))
+                new[: old.shape[0], :, : old.shape[2]] = old
+                setattr(layer, name, new)
+        mask = self.mask.new_full((rows, columns), self._blocked)
+        mask[: self.mask.shape[0], : self.mask.shape[1]] = self.mask
+        positions = self.positions.new_zeros(rows)
+        positions[: self.positions.shape[0]] = self.positions
+        self.mask, self.positions = mask, positions
+        self.capacity_rows, self.capacity_columns = rows, columns
+
+    def _move_window(self, new_t: int) -> None:
+        """Move the live columns ``[lo, t)`` so that ``t`` becomes ``new_t`` (growing the buffers if needed)."""
+        lo = self._lowest_start()
+        if new_t + 1 > self.capacity_columns:
+            self._resize(columns=new_t + SLACK_COLUMNS)
+        shift = new_t - self.t
+        if shift != 0 and self.active:
+            self.window_moves += 1
+            rows, src, dst = slice(0, self.active), slice(lo, self.t), slice(lo + shift, new_t)
+            for layer in self._layers():
+                layer.keys[rows, :, dst] = layer.keys[rows, :, src].clone()
+                layer.values[rows, :, dst] = layer.values[rows, :, src].clone()
+            moved = self.mask[rows, src].clone()
+            self.mask[rows] = self._blocked
+            self.mask[rows, dst] = moved
+        self.starts = [None if s is None else s + shift for s in self.starts]
+        self.t, self.lo = new_t, lo + shift
+
+    def _grow_active(self, count: int, logits: torch.Tensor) -> None:
+        """Open ``count`` more slots at the end of the active range."""
+        start = self.active
+        self.active += count
+        self.starts += [None] * count
+        self.mask[start : self.active] = self._blocked
+        extra = logits.new_zeros((count, logits.shape[-1]))
+        self.logits = extra if start == 0 else torch.cat([self.logits, extra])
+
+    def _write_prompt(self, cache: Any, prompt: int, cols: torch.Tensor, slots: list[int]) -> None:
+        """Copy one prompt's keys and values into ``slots``, right-aligned before column ``t``."""
+        length = len(cols)
+        index = torch.tensor(slots, device=self.mask.device)
+        target = slice(self.t - length, self.t)
+        for mine, theirs in zip(self._layers(), cache.layers, strict=True):
+            mine.keys[index, :, target] = theirs.keys[prompt, :, cols].unsqueeze(0)
+            mine.values[index, :, target] = theirs.values[prompt, :, cols].unsqueeze(0)
+        self.mask[index] = self._blocked
+        self.mask[index, target] = 0.0
+        self.positions[index] = length
+        for s in slots:
+            self.starts[s] = self.t - length
+
+    def _compact(self) -> list[int] | None:
+        """Fill free slots below the live count with the last live rows; returns the new slot order.
+
+        Only the moved rows are copied: cheaper than running a free slot for
+        even one step (a row's KV window against a row of every weight matrix).
+        """
+        if all(start is not None for start in self.starts):
+            return None
+        live = [s for s, start in enumerate(self.starts) if start is not None]
+        count = len(live)
+        holes = [s for s in range(count) if self.starts[s] is None]
+        movers = [s for s in live if s >= count]
+        order = list(range(count))
+        for hole, mover in zip(holes, movers, strict=True):
+            order[hole] = mover
+        if holes:
+            self.rows_moved += len(holes)
+            dst = torch.tensor(holes, device=self.mask.device)
+            src = torch.tensor(movers, device=self.mask.device)
+            cols = slice(self._lowest_start(), self.t)
+            for layer in self._layers():
+                layer.keys[dst, :, cols] = layer.keys[src, :, cols]
+                layer.values[dst, :, cols] = layer.values[src, :, cols]
+            self.mask[dst] = self.mask[src]
+            self.positions[dst] = self.positions[src]
+        self.starts = [self.starts[s] for s in order]
+        self.active = count
+        return order

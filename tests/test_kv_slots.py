@@ -1,0 +1,189 @@
+"""The in-place KV cache of the decode loop, against references that do not use it.
+
+References: transformers' own ``model.generate(do_sample=False)`` for greedy
+token ids, and one teacher-forced forward pass over prompt + generated ids
+(no cache, batch of one) for every row's log-probs. Rows are refilled
+mid-run: more prompts than the batch holds, of different lengths, ending at
+different steps (stop strings, EOS, the token cap).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from candor.backends.base import DecodeRequest, Generations, SamplingParams
+from candor.backends.decode_loop import ChunkFeed, DecodeJob, DecodeLoop
+from candor.backends.hf import HFBackend
+from candor.backends.kv_slots import SlotKV
+
+PROMPTS = [
+    "Question: What is the largest planet?\nAnswer:",
+    "Hello",
+    "Question: Who painted the Mona Lisa? Give the full name of the painter, please.\nAnswer:",
+    "Question: 2+2?\nAnswer:",
+    "The weather today is",
+    "Question: Name a prime number larger than one hundred and twenty, and explain why it is prime.\nAnswer:",
+    "Once upon a time",
+]
+WAIT = 60
+
+
+@pytest.fixture(scope="module")
+def lively_model(tokenizer):
+    """The tiny Llama with weights scaled up, so tokens depend on the context (see test_backend_hf)."""
+    from conftest import build_tiny_model
+
+    model = build_tiny_model(len(tokenizer), seed=1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.mul_(20.0)
+    return model
+
+
+def transformers_greedy(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy decoding of one unpadded prompt (up to its EOS, which it keeps)."""
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    return out[0, ids.shape[1] :].tolist()
+
+
+def teacher_forced(model, prompt_ids: list[int], ids: list[int]) -> np.ndarray:
+    """Log-prob of each of ``ids`` after ``prompt_ids`` and the ids before it: one forward, no cache."""
+    with torch.inference_mode():
+        full = torch.tensor([prompt_ids + ids])
+        logprobs = torch.log_softmax(model(input_ids=full, use_cache=False).logits[0].float(), dim=-1)
+    start = len(prompt_ids)
+    return logprobs[start - 1 : start - 1 + len(ids)].gather(1, torch.tensor(ids).unsqueeze(1)).squeeze(1).numpy()
+
+
+def run_loop(
+    backend: HFBackend, prompts: list[str], n: int, params: SamplingParams
+) -> tuple[list[Generations], SlotKV]:
+    """What ``generate`` does, keeping the loop to read its cache's counters."""
+    encoded = backend.encode(prompts)
+    matcher = backend.stop_matcher(params.stop)
+    jobs = [DecodeJob(ids, n, True, params, seed, matcher) for seed, ids in enumerate(encoded)]
+    capacity = backend.batch_size * (1 + n)
+    loop = DecodeLoop(backend, rows=capacity, columns=max(map(len, encoded)) + 2 * params.max_new_tokens)
+    loop.run(ChunkFeed(jobs, backend.batch_size, capacity))
+    assert isinstance(loop.kv, SlotKV)
+    return [job.result for job in jobs], loop.kv
+
+
+def check_against_references(backend: HFBackend, prompts: list[str], gens: list[Generations], params) -> None:
+    model, matcher = backend.model, backend.stop_matcher(params.stop)
+    for prompt, gen in zip(prompts, gens, strict=True):
+        prompt_ids = backend.encode([prompt])[0]
+        reference = transformers_greedy(model, backend.tokenizer, prompt_ids, params.max_new_tokens)
+        greedy = gen.greedy
+        assert greedy is not None
+        generated = reference[: greedy.completion_tokens]  # what the loop generated, ending token included
+        kept = generated[: len(greedy.token_ids)]
+        assert greedy.token_ids == kept
+        if greedy.completion_tokens > len(greedy.token_ids):  # ended by EOS or a stop string
+            last = generated[-1]
+            assert last in backend.eos_ids or matcher.hit(generated)
+        for completion in [greedy, *gen.samples]:
+            ids = list(completion.token_ids)
+            if ids:
+                expected = teacher_forced(model, prompt_ids, ids)
+                np.testing.assert_allclose(completion.logprobs, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_and_logprobs_equal_references_with_rows_refilled(lively_model, tokenizer):
+    backend = HFBackend(lively_model, tokenizer, batch_size=2)  # 6 rows: every prompt after the second refills
+    params = SamplingParams(max_new_tokens=14, stop=("y",))  # rows end at every step from 1 to 14
+    gens, kv = run_loop(backend, PROMPTS, 2, params)
+    check_against_references(backend, PROMPTS, gens, params)
+    lengths = [c.completion_tokens for g in gens for c in [g.greedy, *g.samples]]
+    assert len(set(lengths)) > 3 and max(lengths) == params.max_new_tokens
+    assert any(c.finish_reason == "stop" for g in gens for c in [g.greedy, *g.samples])
+    # The cache really moved rows into freed slots and moved its window back to column 0.
+    assert kv.rows_moved > 0 and kv.window_moves > 0
+    # generate runs this same loop (its prompts sorted by length, so other prefill batches).
+    for got, ours in zip(backend.generate(PROMPTS, 2, params, seeds=list(range(len(PROMPTS)))), gens, strict=True):
+        for a, b in zip([got.greedy, *got.samples], [ours.greedy, *ours.samples], strict=True):
+            assert a.token_ids == b.token_ids
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_eos_ends_rows_and_leaves_the_others_exact(lively_model, tokenizer):
+    # The tiny model's tokens are arbitrary; make the most frequent greedy token an end-of-sequence id.
+    backend = HFBackend(lively_model, tokenizer, batch_size=2)
+    free = backend.generate(PROMPTS, 0, SamplingParams(max_new_tokens=10, stop=()))
+    counts = np.bincount([t for g in free for t in g.greedy.token_ids[1:]])
+    backend.eos_ids = backend.eos_ids | {int(counts.argmax())}
+    params = SamplingParams(max_new_tokens=10, stop=())
+    gens, kv = run_loop(backend, PROMPTS, 1, params)
+    assert any(c.stop_logprob is not None for g in gens for c in [g.greedy, *g.samples])
+    model, eos = backend.model, backend.eos_ids
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
+        prompt_ids = backend.encode([prompt])[0]
+        reference = transformers_greedy(model, tokenizer, prompt_ids, params.max_new_tokens)
+        cut = next((i for i, t in enumerate(reference) if t in eos), len(reference))
+        assert gen.greedy.token_ids == reference[:cut]
+        for completion in [gen.greedy, *gen.samples]:
+            ids = list(completion.token_ids)
+            if completion.stop_logprob is not None:  # the EOS token's own log-prob, from the same reference
+                ended = ids + [reference[cut]] if completion is gen.greedy else None
+                if ended is not None:
+                    np.testing.assert_allclose(
+                        completion.stop_logprob, teacher_forced(model, prompt_ids, ended)[-1], atol=1e-5, rtol=1e-5
+                    )
+            if ids:
+                np.testing.assert_allclose(
+                    completion.logprobs, teacher_forced(model, prompt_ids, ids), atol=1e-5, rtol=1e-5
+                )
+
+
+def test_live_requests_move_the_window_and_grow_the_cache(lively_model, tokenizer):
+    # The engine's cache starts sized for the first request; a longer prompt joining later needs
+    # room before the write column, so the live rows' window moves; a request with more rows than
+    # the engine's max_rows runs alone, in a reallocated (larger) cache.
+    backend = HFBackend(lively_model, tokenizer, batch_size=2)
+    long_prompt = " ".join(PROMPTS) * 3
+    params = SamplingParams(max_new_tokens=12, stop=())
+    joined: list[tuple[str, int, int, object]] = []
+    with backend.live_engine(max_rows=8) as engine:
+
+        def submit_more(sample: int, token: int) -> bool:
+            if sample == -1 and not joined:
+                for prompt, n, seed in ((long_prompt, 1, 4), (PROMPTS[2], 9, 5)):
+                    joined.append((prompt, n, seed, engine.submit(DecodeRequest(prompt, n, params, seed=seed))))
+            return True
+
+        first = engine.submit(DecodeRequest(PROMPTS[1], 1, params, seed=3, on_token=submit_more)).result(WAIT)
+        results = [(PROMPTS[1], 1, 3, first)] + [(p, n, s, f.result(WAIT)) for p, n, s, f in joined]  # type: ignore[attr-defined]
+        kv = engine.loop.kv
+    assert isinstance(kv, SlotKV) and kv.window_moves > 0 and kv.reallocations > 0
+    for prompt, n, seed, got in results:
+        expected = backend.generate([prompt], n, params, seeds=[seed])[0]
+        assert got.greedy.token_ids == expected.greedy.token_ids
+        assert [s.token_ids for s in got.samples] == [s.token_ids for s in expected.samples]
+        for a, b in zip([got.greedy, *got.samples], [expected.greedy, *expected.samples], strict=True):
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=1e-5)
+    check_against_references(backend, [long_prompt], [results[1][3]], params)
+
+
+def test_embedded_model_equals_references_with_rows_refilled():
+    backend = HFBackend.from_pretrained("smollm2-135m", batch_size=2)
+    shots = "Question: What is the capital of France?\nAnswer: Paris\n"
+    questions = [
+        "Who wrote Hamlet?",
+        "What is the boiling point of water in Celsius?",
+        "Which planet is known as the red planet?",
+        "How many legs does a spider have?",
+        "What is the chemical symbol for gold?",
+    ]
+    prompts = [f"{shots}Question: {q}\nAnswer:" for q in questions]
+    params = SamplingParams(max_new_tokens=12, stop=("\n",))
+    gens, kv = run_loop(backend, prompts, 2, params)
+    check_against_references(backend, prompts, gens, params)
+    assert kv.rows_moved > 0
+    assert any(c.finish_reason == "stop" for g in gens for c in [g.greedy, *g.samples])
