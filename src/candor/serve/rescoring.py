@@ -31,7 +31,7 @@ import torch
 
 from candor.backends.base import Completion, Generations
 from candor.backends.hf import HFBackend, decoded_vocab
-from candor.backends.tokens import positions_from_mask, prefill_shared_prefix, usable_prefix_length
+from candor.backends.tokens import prefill_shared_prefix, usable_prefix_length
 
 # Logit floats held at once (rows × answer tokens × vocabulary): 2^26 floats is 256 MiB.
 MAX_LOGIT_FLOATS = 1 << 26
@@ -74,24 +74,22 @@ class SharedPrefix:
 def read_alone(backend: HFBackend, prompt: str, gens: Generations, prefix: SharedPrefix | None = None) -> Generations:
     """``gens`` with each completion's log-probs and top-k recomputed over this question's rows alone.
 
-    Texts, token ids, finish reasons and ``stop_logprob`` are kept as generated.
+    One forward pass per question (per ``MAX_LOGIT_FLOATS`` of rows): each row is
+    the prompt past the shared prefix, then one answer, right-padded. Texts,
+    token ids, finish reasons and ``stop_logprob`` are kept as generated.
     """
     rows = [c for c in (gens.greedy, *gens.samples) if c is not None and c.token_ids]
     if not rows:
         return gens
     prompt_ids = backend.encode([prompt])[0]
     start = len(prefix.ids) if prefix is not None and prefix.starts(prompt_ids) else 0
-    cache = prefix.cache() if start else backend.new_cache()  # type: ignore[union-attr]
-    ids = torch.tensor([prompt_ids[start:]], device=backend.device)
-    mask = torch.ones((1, len(prompt_ids)), dtype=torch.long, device=backend.device)
-    first = backend.forward(ids, mask, cache, positions_from_mask(mask)[:, start:])[0]  # predicts the first token
-    vocab = first.shape[-1]
     width = max(len(c.token_ids) for c in rows)
-    per_pass = max(1, MAX_LOGIT_FLOATS // (width * vocab))
+    per_pass = max(1, MAX_LOGIT_FLOATS // (width * int(backend.model.config.vocab_size)))
     reread: dict[int, Completion] = {}
-    for start in range(0, len(rows), per_pass):
-        part = rows[start : start + per_pass]
-        logits = _answer_logits(backend, cache, len(prompt_ids), first, part)
+    for first in range(0, len(rows), per_pass):
+        part = rows[first : first + per_pass]
+        cache = prefix.cache() if start else backend.new_cache()  # type: ignore[union-attr]
+        logits = _answer_logits(backend, cache, prompt_ids, start, part)
         for c, row in zip(part, logits, strict=True):
             reread[id(c)] = _with_logprobs(backend, c, row[: len(c.token_ids)])
 
@@ -102,26 +100,28 @@ def read_alone(backend: HFBackend, prompt: str, gens: Generations, prefix: Share
 
 
 def _answer_logits(
-    backend: HFBackend, prompt_cache: Any, prompt_len: int, first: torch.Tensor, part: list[Completion]
+    backend: HFBackend, cache: Any, prompt_ids: list[int], start: int, part: list[Completion]
 ) -> torch.Tensor:
-    """``[rows, width, vocab]``: at step t, the logits that predicted each row's token t."""
+    """``[rows, width, vocab]``: at step t, the logits that predicted each row's answer token t.
+
+    ``cache`` holds the prompt's first ``start`` tokens; each row feeds the rest
+    of the prompt and its answer but the last token, right-padded.
+    """
+    rest = prompt_ids[start:]
     width = max(len(c.token_ids) for c in part)
-    head = first.expand(len(part), 1, first.shape[-1])
-    if width == 1:
-        return head
-    fed = width - 1  # each answer's tokens but its last, right-padded
+    fed = len(rest) + width - 1
     ids = torch.zeros((len(part), fed), dtype=torch.long, device=backend.device)
     own = torch.zeros((len(part), fed), dtype=torch.long, device=backend.device)
     for j, c in enumerate(part):
-        tokens = c.token_ids[:-1]
+        tokens = rest + c.token_ids[:-1]
         ids[j, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         own[j, : len(tokens)] = 1
-    cache = copy.deepcopy(prompt_cache)
-    cache.batch_repeat_interleave(len(part))
-    mask = torch.cat([own.new_ones(len(part), prompt_len), own], dim=1)
-    positions = torch.arange(prompt_len, prompt_len + fed, device=backend.device).expand(len(part), fed)
-    rest = backend.forward(ids, mask, cache, positions, keep=fed, last_only=False)
-    return torch.cat([head, rest], dim=1)
+    if start:
+        cache.batch_repeat_interleave(len(part))
+    mask = torch.cat([own.new_ones(len(part), start), own], dim=1)
+    positions = torch.arange(start, start + fed, device=backend.device).expand(len(part), fed)
+    # The prompt's last position predicts each answer's first token.
+    return backend.forward(ids, mask, cache, positions, keep=width, last_only=False)
 
 
 def _with_logprobs(backend: HFBackend, c: Completion, logits: torch.Tensor) -> Completion:
