@@ -6,8 +6,8 @@ batch shapes: a token's log-prob moves by ~1e-6 with its neighbours. The
 token ids do not move (the greedy pick and the seeded sampling draws are the
 same), so :func:`read_alone` recomputes the log-probs (and top-k alternatives)
 of a question's greedy answer and samples in one teacher-forced pass whose
-batch holds that question's rows only: the prompt once, its KV cache repeated
-once per answer, the answers right-padded after it. What an answer-level
+batch holds that question's rows only: one row per answer, the prompt (past
+the shared prefix) then the answer, right-padded. What an answer-level
 estimator reads then depends on the question alone, bit for bit.
 
 The token prefix every prompt of the template shares (the few-shot block) is
