@@ -48,6 +48,7 @@ class _SlotLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        # Only decode steps (one new token per row) run on this cache; prompts are prefilled apart.
         s = self.store
         self.keys[: s.active, :, s.t] = key_states[:, :, 0]
         self.values[: s.active, :, s.t] = value_states[:, :, 0]
@@ -128,11 +129,8 @@ class SlotKV:
 
     # ------------------------------------------------------------ one step
 
-    def advance(self, tokens: torch.Tensor, pending: bool = False) -> list[int] | None:
-        """Run one step for the live rows. Returns the new order of the slots if rows moved.
-
-        ``pending`` (rows waiting to join) changes nothing here: free slots are filled by moving rows at once.
-        """
+    def advance(self, tokens: torch.Tensor) -> list[int] | None:
+        """Run one step for the live rows. Returns the new order of the slots if rows moved."""
         order = self._compact()
         if order is not None:
             tokens = tokens[torch.tensor(order, device=tokens.device)]

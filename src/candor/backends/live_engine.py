@@ -99,10 +99,6 @@ class HFLiveEngine:
     def exhausted(self) -> bool:
         return self._stopping
 
-    @property
-    def pending(self) -> bool:
-        return bool(self._waiting)
-
     def top_up(self, loop: DecodeLoop) -> None:
         self._read_inbox(wait=not loop.live_rows and not self._waiting)
         if self._stopping:
