@@ -128,11 +128,6 @@ class Feed(Protocol):
         """Nothing more will come: the loop stops once its rows are done."""
         ...
 
-    @property
-    def pending(self) -> bool:
-        """Rows are waiting to join (so slots that free up will be taken soon)."""
-        ...
-
 
 @dataclass(eq=False)
 class Prefilled:
@@ -173,7 +168,7 @@ class DecodeLoop:
                 if feed.exhausted:
                     return
                 continue
-            self.step(pending=feed.pending)
+            self.step()
 
     @property
     def live_rows(self) -> int:
@@ -280,11 +275,8 @@ class DecodeLoop:
 
     # ------------------------------------------------------------ stepping
 
-    def step(self, pending: bool = False) -> None:
-        """Pick one token per row, end the rows that finished, run the rest one step.
-
-        ``pending``: rows are waiting to join, so slots freed now will be taken soon.
-        """
+    def step(self) -> None:
+        """Pick one token per row, end the rows that finished, run the rest one step."""
         slots = self.slots
         tokens, logprobs, top = pick_tokens(self.kv.logits, self._samplers(slots), self.backend.top_logprobs)
         ended: list[int] = []
@@ -319,7 +311,7 @@ class DecodeLoop:
             self.slots = []
             self.kv.clear()
             return
-        order = self.kv.advance(tokens, pending)
+        order = self.kv.advance(tokens)
         if order is not None:
             self.slots = [slots[j] for j in order]
 
@@ -400,10 +392,6 @@ class ChunkFeed:
     @property
     def exhausted(self) -> bool:
         return not self.jobs and not self._waiting
-
-    @property
-    def pending(self) -> bool:
-        return not self.exhausted
 
     @property
     def _waiting(self) -> list[tuple[int, DecodeJob, int]]:

@@ -61,7 +61,7 @@ class KVBatch:
     def clear(self) -> None:
         self.cache, self.rows, self._freed = None, 0, []
 
-    def advance(self, tokens: torch.Tensor, pending: bool = False) -> list[int] | None:
+    def advance(self, tokens: torch.Tensor) -> list[int] | None:
         """Drop the freed rows, then run one step. Returns the new order of the slots if rows were dropped."""
         order = None
         if self._freed:

@@ -48,6 +48,7 @@ class _SlotLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        # Only decode steps (one new token per row) run on this cache; prompts are prefilled apart.
         s = self.store
         self.keys[: s.active, :, s.t] = key_states[:, :, 0]
         self.values[: s.active, :, s.t] = value_states[:, :, 0]
@@ -128,11 +129,8 @@ class SlotKV:
 
     # ------------------------------------------------------------ one step
 
-    def advance(self, tokens: torch.Tensor, pending: bool = False) -> list[int] | None:
-        """Run one step for the live rows. Returns the new order of the slots if rows moved.
-
-        ``pending`` (rows waiting to join) changes nothing here: free slots are filled by moving rows at once.
-        """
+    def advance(self, tokens: torch.Tensor) -> list[int] | None:
+        """Run one step for the live rows. Returns the new order of the slots if rows moved."""
         order = self._compact()
         if order is not None:
             tokens = tokens[torch.tensor(order, device=tokens.device)]
@@ -174,7 +172,7 @@ class SlotKV:
             return
         free = sum(start is None for start in self.starts) + self.capacity_rows - self.active
         if new_rows > free:
-            self._resize(rows=self.capacity_rows + new_rows - free)
+            self._resize(rows=max(self.capacity_rows + new_rows - free, self.capacity_rows * 3 // 2))
         if self.t < prompt_length or self.t >= self.capacity_columns:
             self._move_window(max(prompt_length, self.t - self._lowest_start()))
 
@@ -192,7 +190,10 @@ class SlotKV:
         self.positions = torch.zeros(self.capacity_rows, dtype=torch.long, device=device)
 
     def _resize(self, rows: int | None = None, columns: int | None = None) -> None:
-        """Reallocate the buffers larger (rare: a request bigger than the hints), keeping their content."""
+        """Reallocate the buffers larger (when rows or tokens outgrow the hints), keeping their content.
+
+        Callers grow by at least half, so a cache that keeps growing is copied a logarithmic number of times.
+        """
         rows, columns = rows or self.capacity_rows, columns or self.capacity_columns
         self.reallocations += 1
         for layer in self._layers():
@@ -212,7 +213,7 @@ class SlotKV:
         """Move the live columns ``[lo, t)`` so that ``t`` becomes ``new_t`` (growing the buffers if needed)."""
         lo = self._lowest_start()
         if new_t + 1 > self.capacity_columns:
-            self._resize(columns=new_t + SLACK_COLUMNS)
+            self._resize(columns=max(new_t + SLACK_COLUMNS, self.capacity_columns * 3 // 2))
         shift = new_t - self.t
         if shift != 0 and self.active:
             self.window_moves += 1

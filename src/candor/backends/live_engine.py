@@ -30,8 +30,10 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Tokens per row the engine's KV cache holds at first (prompt and answer); it grows when a request needs more.
-LIVE_COLUMNS = 512
+# The engine's KV cache starts small (it holds every slot's tokens, so it costs rows x tokens) and grows by
+# half when requests need more: rows at first, and tokens per row beyond the first prompt's.
+LIVE_ROWS = 8
+LIVE_COLUMNS = 0
 
 _CLOSE = object()  # queued by close(): the engine thread stops when it reads it
 
@@ -44,7 +46,7 @@ class HFLiveEngine:
             raise CandorError(f"max_rows must be at least 1, got {max_rows}")
         self.backend = backend
         self.max_rows = max_rows
-        self.loop = DecodeLoop(backend, rows=max_rows, columns=LIVE_COLUMNS)
+        self.loop = DecodeLoop(backend, rows=min(max_rows, LIVE_ROWS), columns=LIVE_COLUMNS)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False  # no new work accepted (set by close())
@@ -96,10 +98,6 @@ class HFLiveEngine:
     @property
     def exhausted(self) -> bool:
         return self._stopping
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._waiting)
 
     def top_up(self, loop: DecodeLoop) -> None:
         self._read_inbox(wait=not loop.live_rows and not self._waiting)
