@@ -26,6 +26,7 @@ from candor.annotation.records import Record
 from candor.backends.base import Backend, Completion
 from candor.data.items import QAItem
 from candor.estimators import get_estimator
+from candor.serve.classify_client import ClassifySource
 from candor.train.elical.estimator import EliCalEstimator
 from candor.util.errors import CandorError
 from candor.util.registry import Registry
@@ -140,6 +141,7 @@ class EstimatorSource:
 SOURCES: Registry[Callable[[dict[str, Any], Path], ConfidenceSource]] = Registry("confidence source")
 SOURCES.register("head")(HeadSource.load)
 SOURCES.register("estimator")(EstimatorSource.load)
+SOURCES.register("classify")(ClassifySource.load)  # an exported head on a classify server
 
 
 def load_source(config: dict[str, Any], folder: Path) -> ConfidenceSource:
