@@ -106,7 +106,8 @@ def remote_head_model(
         raise CandorError("--confidence-url reads the confidence of one exported head: give --head OUT (the folder "
                           "`candor export HEAD --to seq-cls OUT` wrote) and no --honest/--adapter/--method/--samples")
     source = ClassifySource(confidence_url, export)
-    kwargs: dict[str, object] = {"batch_size": batch_size}
+    # a remote generator takes a whole micro-batch of questions at once (the openai backend's default is 8)
+    kwargs: dict[str, object] = {"batch_size": batch_size, "max_concurrency": batch_size}
     if base_url is not None:
         kwargs["base_url"] = base_url
     generator = load_backend(model, backend, **kwargs)
