@@ -331,7 +331,7 @@ def start_arm(arm: str, args: argparse.Namespace, payload: dict[str, Any], model
                      f"{servers[0].url}/v1", "--confidence-url", servers[1].url, "--head", str(export),
                      "--threshold", "0")  # fmt: skip
     servers.append(Server("candor", cmd, port, logs / "chain-candor.log", args.threads).wait())
-    return servers[-1], None, {"export": str(export)}
+    return servers[-1], None, {"export": str(export.relative_to(ROOT))}
 
 
 def commit() -> str:
