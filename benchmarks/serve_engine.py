@@ -177,6 +177,7 @@ def run_cell(ask: Asker, questions: list[str], concurrency: int, stop: list[str]
         # answers that ran on past a stop string: an engine that ignores ``stop`` (transformers serve) keeps
         # generating to the token cap, so its requests do more work than candor's
         "past_stop": sum(any(s in (r["text"] or "").strip() for s in stop) for r in replies),
+        "load_average": round(os.getloadavg()[0], 2),  # other jobs on the machine, at the cell's end
     }  # fmt: skip
 
 
@@ -218,7 +219,7 @@ def exported_head(head: Path, out: Path) -> Path:
 
 def setup_key(args: argparse.Namespace, questions: list[str]) -> str:
     what = {"questions": questions, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-            "head": str(args.head), "concurrency": args.concurrency}  # fmt: skip
+            "head": str(args.head), "concurrency": args.concurrency, "requests": args.requests}  # fmt: skip
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -227,9 +228,10 @@ def main() -> None:
     parser.add_argument("--head", type=Path, required=True, help="an EliCal head folder on the embedded model")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {', '.join(ARMS)}")
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
-    parser.add_argument("--requests", type=int, default=64, help="requests per cell (at least 2x the concurrency)")
+    parser.add_argument("--requests", type=int, default=32, help="requests per cell (at least 2x the concurrency)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="OMP threads of each server (a shared CPU)")
+    parser.add_argument("--fresh", action="store_true", help="start the results file over (a new setup)")
     parser.add_argument("--redo", action="store_true", help="measure the --arms again (drop their cells first)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run: concurrency 1 and 8, 8 requests")
     parser.add_argument("--data-dir", default=None)
@@ -250,6 +252,9 @@ def main() -> None:
     questions = questions_of(max(args.requests, 2 * max(args.concurrency)), args.data_dir)
     key = setup_key(args, questions)
     payload = json.loads(out.read_text()) if out.exists() else {}
+    if payload.get("cells") and payload.get("setup_key") != key and not args.fresh:
+        parser.error(f"{out} holds cells measured with another setup (questions, requests, tokens, threads, head or "
+                     "concurrency levels); give the same options, another --out, or --fresh to start over")
     if payload.get("setup_key") != key:
         payload = {"setup_key": key, "cells": {}, "servers": {}}
     payload.update({
