@@ -257,6 +257,16 @@ def test_an_honest_model_declines_before_generating_and_reloads_from_its_folder(
     np.testing.assert_allclose(again.source.score_questions(QUESTIONS), expected, atol=1e-5)
 
 
+def test_a_classify_server_that_goes_away_fails_the_questions_it_hits_with_its_message(exported, tiny_backend):
+    from candor.serve import HonestModel
+
+    _, out = exported
+    with serve_in_thread(load_classify_app(out)) as url:
+        model = HonestModel(tiny_backend, ClassifySource(url, out), threshold=0.5)
+    with pytest.raises(ClassifyServerError, match="unreachable"):
+        model.answer("Who wrote Hamlet?")
+
+
 def test_the_cli_refuses_a_dead_classify_server_and_wrong_combinations(exported, tmp_path):
     _, out = exported
     dead = f"http://127.0.0.1:{free_port()}"
