@@ -635,6 +635,79 @@ def serve_hostile(r: Path) -> dict[str, str]:
     }
 
 
+SERVE_ENGINE_ARMS = {
+    "generation": "transformers serve --continuous-batching (the engine alone)",
+    "candor": "candor serve, in process, n-prob",
+    "head": "candor serve --head (EliCal), threshold 0",
+    "head-abstain": "candor serve --head, threshold at the median confidence",
+    "chain": "candor serve → engine + candor serve-head (exported head)",
+}
+
+
+def _seconds(ms: float | None) -> str:
+    return DASH if ms is None else f"{ms / 1000:.2f}"
+
+
+def _times(x: float | None) -> str:
+    return DASH if x is None else f"{x:.2f}×"
+
+
+def _equal(counts: Json | None) -> str:
+    if not counts:
+        return DASH
+    return f"{sum(c['equal'] for c in counts.values())} / {sum(c['of'] for c in counts.values())}"
+
+
+def serve_engine(r: Path) -> dict[str, str]:
+    d = load("serve_engine", r)
+    conc = [str(c) for c in d["concurrency"]]
+    rows = []
+    for arm, label in SERVE_ENGINE_ARMS.items():
+        cells = d["cells"].get(arm)
+        if not cells:
+            continue
+        row = [label]
+        for c in conc:
+            cell = cells.get(c)
+            row.append(DASH if cell is None else f"{cell['requests_per_s']:.2f} / {_seconds(cell['p50_ms'])}")
+        rows.append(row)
+    table = md_table(["arm", *(f"c = {c}: req/s / p50 s" for c in conc)], "l" + "r" * len(conc), rows)
+    q = d["ratios"]
+    ratio_rows = [
+        ["(a) throughput, candor / engine, c = 32", _times(q["a_throughput_candor_over_engine_at_32"]), "≥ 1.0"],
+        ["(a) p50 latency, candor / engine, c = 1", _times(q["a_p50_candor_over_engine_at_1"]), "≤ 1.1"],
+        ["(a) generated tokens/s, candor / engine, c = 32", _times(q["a_tokens_per_s_candor_over_engine_at_32"]),
+         DASH],
+        ["(b) answered p50, head / no head, c = 1", _times(q["b_answered_p50_head_over_candor_at_1"]), "≤ 1.05"],
+        ["(b) peak resident memory, head / no head", _times(q["b_peak_rss_head_over_candor"]), "≤ 1.05"],
+        *[[f"(b) mean latency at {pct(row['abstention_share'], 0)}% abstention, c = 1",
+           f"{_seconds(row['mean_ms'])} s", "falls with the share"] for row in q["b_mean_latency_by_abstention_at_1"]],
+        *[[f"(c) p50 latency, chain / engine, c = {c}", _times(v), "≤ 1.15"]
+          for c, v in q["c_p50_chain_over_engine"].items()],
+    ]  # fmt: skip
+    rss = q.get("chain_candor_peak_rss_mib")
+    engine = d["cells"].get("generation") or {}
+    past = sum(cell.get("past_stop", 0) for cell in engine.values())
+    asked = sum(cell["requests"] for cell in engine.values())
+    return {
+        "value:serve-engine-answers": (
+            f"{_equal(q['a_answers_equal_engine'])} of candor's in-process answers and "
+            f"{_equal(q['c_answers_equal_engine'])} of the chain's equal the engine's to the same question (cut at "
+            f"the template's stop); the engine ran on past the stop string in {past} of its {asked} answers "
+            "(transformers serve ignores `stop`), generating up to the token cap where candor stops"
+        ),
+        "table:serve-engine": table,
+        "table:serve-engine-ratios": md_table(["ratio", "measured", "issue's target"], "lrr", ratio_rows),
+        "value:serve-engine-setup": (
+            f"SmolLM2-135M, greedy answers of at most {d['max_new_tokens']} tokens, "
+            f"{min(d['requests_per_cell'].values())}–{max(d['requests_per_cell'].values())} requests per cell, "
+            f"{d['cpu_count']} CPU cores shared with other jobs (load average {d['load_average_at_end'][0]:.0f} "
+            f"at the end), servers at {d['server_omp_threads']} OMP thread(s); candor's own process in the chain "
+            f"peaked at {DASH if rss is None else f'{rss:.0f} MiB'}"
+        ),
+    }
+
+
 def eigenscore_cost(r: Path) -> dict[str, str]:
     d = load("eigenscore_cost", r)
     old, new = d["paths"]["one_by_one"], d["paths"]["shared"]
@@ -677,7 +750,7 @@ def annotate_dtype(r: Path) -> dict[str, str]:
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
-    elical_cost, serve_hostile, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
+    elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

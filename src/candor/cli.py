@@ -770,6 +770,11 @@ AdapterOpt = Annotated[
 ]
 MethodOpt = Annotated[str | None, typer.Option("--method", help="A confidence estimator name (default n-prob).")]
 ThresholdOpt = Annotated[float | None, typer.Option("--threshold", help="Abstain below this confidence.")]
+ConfidenceUrlOpt = Annotated[
+    str | None,
+    typer.Option("--confidence-url", help="A classify server (vLLM --runner pooling, or candor serve-head) serving "
+                 "the exported head given with --head OUT: the confidence comes from there, no head weights load."),
+]
 SamplesOpt = Annotated[
     int | None,
     typer.Option("--samples", help="Sampled answers a sample-based --method reads (default: the method's own k)."),
@@ -790,6 +795,7 @@ def ask(
     samples: SamplesOpt = None,
     backend: BackendOpt = "hf",
     base_url: BaseUrlOpt = None,
+    confidence_url: ConfidenceUrlOpt = None,
     max_new_tokens: Annotated[int, typer.Option(help="Answer length cap in tokens.")] = 32,
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
 ) -> None:
@@ -804,7 +810,7 @@ def ask(
     check_text(question, "the question")
     honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
                                threshold=threshold, max_new_tokens=max_new_tokens, base_url=base_url,
-                               samples=samples)  # fmt: skip
+                               samples=samples, confidence_url=confidence_url)  # fmt: skip
     result = honest_model.answer(question)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -826,6 +832,7 @@ def serve(
     samples: SamplesOpt = None,
     backend: BackendOpt = "hf",
     base_url: BaseUrlOpt = None,
+    confidence_url: ConfidenceUrlOpt = None,
     log_records: Annotated[
         Path | None,
         typer.Option("--log-records", help="Append every served answer to this JSONL file (candor records, with "
@@ -874,7 +881,7 @@ def serve(
         logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
     honest_model = build_model(model, backend=backend, honest=honest, head=head, adapter=adapter, method=method,
                                threshold=threshold, max_new_tokens=max_new_tokens, batch_size=max_batch,
-                               base_url=base_url, samples=samples)  # fmt: skip
+                               base_url=base_url, samples=samples, confidence_url=confidence_url)  # fmt: skip
     if honest_model.threshold is None:
         logging.getLogger("candor.serve").warning(
             "no threshold: every question is answered and none abstains; pass --threshold or --honest DIR "
@@ -886,6 +893,30 @@ def serve(
     service = create_app(honest_model, settings)
     send_access_log_to(sys.stderr)
     run(service, host=host, port=port, on_signal=service.state.lifecycle.begin_draining)
+
+
+@app.command("serve-head")
+@user_errors
+def serve_head(
+    folder: Annotated[Path, typer.Argument(help="The folder `candor export HEAD --to seq-cls OUT` wrote.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8001,
+    name: Annotated[
+        str | None, typer.Option(help="The model name clients send (default: the folder, as vLLM names it).")
+    ] = None,
+) -> None:
+    """Serve an exported EliCal head on vLLM's classify API (POST /classify), for engines without one.
+
+    `candor serve --confidence-url http://HOST:PORT --head FOLDER` reads its confidence from here.
+    """
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn")):
+        raise CandorError(f"candor serve-head needs fastapi and uvicorn: {install_hint('serve')}")
+    from candor.serve.classify_server import load_classify_app
+    from candor.serve.server import run as run_server
+
+    run_server(load_classify_app(folder, name), host=host, port=port)
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ from candor.backends.base import LIVE_DECODE, Backend, Completion, backend_capab
 from candor.backends.default_model import is_embedded, resolve_embedded
 from candor.data.items import QAItem
 from candor.estimators import get_estimator
+from candor.serve.classify_client import ClassifySource
 from candor.train.elical.estimator import EliCalEstimator, same_model
 from candor.train.elical.model import HEAD_FILE, HeadConfig, LinearHead
 from candor.util.errors import CandorError
@@ -208,6 +209,7 @@ class EstimatorSource:
 SOURCES: Registry[Callable[[dict[str, Any], Path], ConfidenceSource]] = Registry("confidence source")
 SOURCES.register("head")(HeadSource.load)
 SOURCES.register("estimator")(EstimatorSource.load)
+SOURCES.register("classify")(ClassifySource.load)  # an exported head on a classify server
 
 
 def _same_weights(head_backbone: str, generator: str) -> bool:

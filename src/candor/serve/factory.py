@@ -3,7 +3,9 @@
 Precedence: a saved honest-model folder; else a generator (``model``, with an
 optional ADVICE ``adapter``) plus a confidence source: an EliCal ``head``, an
 estimator ``method``, or by default the adapter's first verbalized format
-(with an adapter) or ``n-prob`` (without).
+(with an adapter) or ``n-prob`` (without). With ``confidence_url``, ``head``
+is an exported head (``candor export --to seq-cls``) served at that address
+and no head weights load here (:mod:`candor.serve.classify_client`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def build_model(
     batch_size: int = 16,
     base_url: str | None = None,
     samples: int | None = None,
+    confidence_url: str | None = None,
 ) -> HonestModel:
     """An honest model from a saved folder or from its parts; ``threshold`` overrides a saved one.
 
@@ -56,6 +59,10 @@ def build_model(
     from candor.backends import load_backend
 
     check_threshold(threshold)
+    if confidence_url is not None:
+        other = any((honest, adapter, method, samples is not None))
+        return remote_head_model(model, backend, confidence_url, head, other, threshold, max_new_tokens, batch_size,
+                                 base_url)  # fmt: skip
     if honest is not None:
         if head or adapter or method or samples is not None:
             raise CandorError("--honest already holds the confidence source; drop --head/--adapter/--method/--samples")
@@ -83,6 +90,28 @@ def build_model(
     elif source is None:
         source = EstimatorSource(adapter_method(adapter), samples=samples)  # type: ignore[arg-type]
     logger.info("confidence: %s (%s)", source.name, source.kind)
+    return HonestModel(generator, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens),
+                       backend_name=backend)  # fmt: skip
+
+
+def remote_head_model(
+    model: str, backend: str, confidence_url: str, export: Path | None, other_source: bool,
+    threshold: float | None, max_new_tokens: int, batch_size: int, base_url: str | None,
+) -> HonestModel:  # fmt: skip
+    """A generator plus an exported head on a classify server; the server is probed before the generator loads."""
+    from candor.backends import load_backend
+    from candor.serve.classify_client import ClassifySource
+
+    if export is None or other_source:
+        raise CandorError("--confidence-url reads the confidence of one exported head: give --head OUT (the folder "
+                          "`candor export HEAD --to seq-cls OUT` wrote) and no --honest/--adapter/--method/--samples")
+    source = ClassifySource(confidence_url, export)
+    # a remote generator takes a whole micro-batch of questions at once (the openai backend's default is 8)
+    kwargs: dict[str, object] = {"batch_size": batch_size, "max_concurrency": batch_size}
+    if base_url is not None:
+        kwargs["base_url"] = base_url
+    generator = load_backend(model, backend, **kwargs)
+    logger.info("confidence: the exported head %s served at %s", export, source.url)
     return HonestModel(generator, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens),
                        backend_name=backend)  # fmt: skip
 

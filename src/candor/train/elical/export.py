@@ -29,7 +29,10 @@ logit is therefore the head's logit minus its bias ``b``:
   :func:`seq_cls_confidence` does.
 
 Both numbers, and the prompt template the inputs must be rendered with, are
-in ``candor_export.json`` and in ``config.json``.
+in ``candor_export.json`` and in ``config.json``. ``candor_export.json`` also
+holds a probe (one question, its rendered prompt and the head's confidence on
+it), so a client can check that a server answers with the head's confidence
+(the bias added back, the right precision) before trusting it.
 
 A head read from a layer other than the last cannot be exported: the
 classifier always scores the final layer. Such a head is refused.
@@ -60,6 +63,7 @@ EXPORT_FILE = "candor_export.json"
 BIAS_KEY = "candor_logit_bias"  # in config.json: add to the raw logit before the sigmoid
 LABEL = "confident"
 VLLM_BIAS_FIELD = "logit_mean"  # vLLM's PoolerConfig field subtracted from the logit (0.32; earlier: logit_bias)
+PROBE_QUESTION = "What is the capital of France?"
 
 
 @dataclass
@@ -107,10 +111,17 @@ def export_seq_cls(
     with atomic_folder(out) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        info = {**asdict(result), "vllm_pooler_config": result.vllm_pooler_config(), "head_config": asdict(config)}
+        info = {**asdict(result), "vllm_pooler_config": result.vllm_pooler_config(), "head_config": asdict(config),
+                "probe": export_probe(head)}
         (tmp / EXPORT_FILE).write_text(json.dumps(info, indent=2) + "\n")
     logger.info("exported %s (%s) to %s as %s; logit bias %.6g", head_dir, config.mode, out, result.architecture, bias)
     return result
+
+
+def export_probe(head: ConfidenceHead) -> dict[str, Any]:
+    """One question, its prompt as the head renders it, and the head's confidence on it (a server check)."""
+    return {"question": PROBE_QUESTION, "prompt": head.prompts([PROBE_QUESTION])[0],
+            "confidence": float(head.predict([PROBE_QUESTION])[0])}  # fmt: skip
 
 
 def check_final_layer(head_dir: Path, config: HeadConfig, num_layers: int) -> None:
@@ -136,7 +147,7 @@ def exported_tokenizer(head: ConfidenceHead) -> Any:
     """
     tokenizer = copy.deepcopy(head.tokenizer)
     tokenizer.padding_side = "right"
-    prompt = head.prompts(["What is the capital of France?"])[0]
+    prompt = head.prompts([PROBE_QUESTION])[0]
     expected = encode(head.tokenizer, [prompt])[0]
     if _engine_ids(tokenizer, prompt) != expected and hasattr(tokenizer, "add_bos_token"):
         # the template writes the BOS itself (the flag may read False on a reloaded tokenizer that still adds one)
