@@ -11,6 +11,12 @@ are deliberately left alone get a reason in benchmarks/mutation_reasons.json.
     python benchmarks/mutation.py --fresh metrics      # forget a module's earlier run
     python benchmarks/mutation.py --recheck metrics    # new tests: retest only the recorded survivors
     python benchmarks/mutation.py --collect annotate   # record a scratch run as it stands (e.g. stopped part-way)
+    python benchmarks/mutation.py --refresh annotate   # continue a stopped run with the current tests
+
+A run stopped part-way (killed, or the machine needed) resumes where it stopped:
+mutmut keeps each mutant's verdict as it comes, and rerunning the same command
+tests only the mutants without one. One worker by default (--max-children): the
+cores are usually shared, and mutmut's CPU-time limits do not depend on it.
 
 Writes benchmarks/results/mutation.json after each module, so a killed run keeps
 what it finished and picks up at the next module.
@@ -66,10 +72,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--recheck", nargs="*", default=[],
                    help="copy the current src/ and tests/ into these modules' scratch runs and retest their recorded "
                         "survivors (and any mutant of a changed function); killed mutants stay killed")
+    p.add_argument("--refresh", nargs="*", default=[],
+                   help="copy the current src/ and tests/ into these modules' unfinished scratch runs and continue "
+                        "them: verdicts so far are kept (mutants of a changed function are retested), the mutants "
+                        "not yet tested meet the new tests")
     p.add_argument("--collect", nargs="*", default=[],
                    help="record these modules' scratch runs as they stand (after an interrupted or hand-run mutmut), "
                         "running nothing")
-    p.add_argument("--max-children", type=int, default=2)
+    p.add_argument("--max-children", type=int, default=1)
     return p.parse_args()
 
 
@@ -168,8 +178,9 @@ def refresh_reasons(payload: dict, reasons: dict[str, str]) -> None:
 def main() -> None:
     args = parse_args()
     if args.modules is None:
-        args.modules = [] if args.recheck or args.collect else list(MODULES)
-    unknown = sorted((set(args.modules) | set(args.recheck) | set(args.fresh) | set(args.collect)) - set(MODULES))
+        args.modules = [] if args.recheck or args.collect or args.refresh else list(MODULES)
+    unknown = sorted((set(args.modules) | set(args.recheck) | set(args.fresh) | set(args.collect) | set(args.refresh))
+                     - set(MODULES))
     if unknown:
         sys.exit(f"unknown module(s) {unknown}; known: {', '.join(MODULES)}")
     payload = load_json(RESULTS)
@@ -190,6 +201,12 @@ def main() -> None:
         # an edited test that now calls a function would never be run on its mutants. Recollect the map.
         (SCRATCH / key / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
         rechecks[key] = [s["name"] for s in earlier["survivors"]]
+    for key in args.refresh:
+        if not (SCRATCH / key / "mutants").exists():
+            sys.exit(f"{key}: no scratch run to refresh")
+        if key in payload["modules"]:
+            sys.exit(f"{key}: its run finished (score {payload['modules'][key]['score']}); use --recheck {key}")
+        copy_tree(SCRATCH / key)  # new test names are mapped to the functions they call when mutmut starts
     for key in args.collect:
         if not (SCRATCH / key / "mutants").exists():
             sys.exit(f"{key}: no scratch run to collect")
@@ -197,7 +214,7 @@ def main() -> None:
         payload["modules"][key] = {**collect(SCRATCH / key, key, reasons),
                                    **{k: earlier[k] for k in ("seconds", "rechecked_survivors") if k in earlier}}
     write_results(payload)
-    for key in dict.fromkeys([*args.recheck, *args.modules]):
+    for key in dict.fromkeys([*args.recheck, *args.refresh, *args.modules]):
         if key in payload["modules"] and key not in rechecks:
             print(f"{key}: done earlier (score {payload['modules'][key]['score']}); --fresh {key} to rerun")
             continue

@@ -144,11 +144,30 @@ def test_resume_skips_done_items_and_equals_single_run(tiny_backend, tmp_path):
     assert_same_records(read_records(resumed), read_records(single))
 
 
+def test_a_resume_says_what_is_done_and_shows_its_progress_by_default(tiny_backend, tmp_path, caplog, capsys):
+    items = make_items()
+    out = tmp_path / "r.jsonl"
+    annotate(items[:4], tiny_backend, out, FEWSHOT, config(), progress=False)
+    assert "annotate:" not in capsys.readouterr().err  # progress=False: no bar
+    with caplog.at_level("INFO", logger="candor.annotation.builder"):
+        annotate(items, tiny_backend, out, FEWSHOT, config())  # the default: a progress bar on stderr
+    assert f"{out}: 7 items, 4 already done, 3 to annotate" in caplog.messages
+    # The bar counts questions of the whole input: it starts at the 4 done and ends at 7 of 7.
+    states = [s.strip() for s in capsys.readouterr().err.replace("\r", "\n").splitlines() if "annotate:" in s]
+    assert states[0].startswith("annotate:  57%|") and "| 4/7 [" in states[0]
+    assert states[-1].startswith("annotate: 100%|") and "| 7/7 [" in states[-1]
+    assert states[-1].endswith(("q/s]", "s/q]"))  # the unit: questions
+
+
 def test_rerun_with_other_settings_is_refused(tiny_backend, tmp_path):
     out = tmp_path / "r.jsonl"
     annotate(make_items()[:2], tiny_backend, out, FEWSHOT, config(k=2), progress=False)
-    with pytest.raises(CandorError, match=r"other settings \{'k': \(2, 3\)\} \(found, requested\)"):
+    with pytest.raises(CandorError) as err:
         annotate(make_items(), tiny_backend, out, FEWSHOT, config(k=3), progress=False)
+    assert str(err.value) == (
+        f"{out} holds records made with other settings {{'k': (2, 3)}} (found, requested); "
+        "use another --out or delete the file"
+    )
     assert len(read_records(out)) == 2  # nothing already written is lost
 
 
@@ -480,6 +499,15 @@ def test_resume_refuses_records_made_for_another_question(tiny_backend, tmp_path
     regolded = [items[0], items[1], replace(items[2], answers=("Gold",))]
     with pytest.raises(CandorError, match=r"'t:2'.*changed \(answers\)"):
         annotate(regolded, tiny_backend, out, FEWSHOT, config(), progress=False)
+    both = [items[0], replace(items[1], question="Who wrote Macbeth?", answers=("Shakespeare",)), items[2]]
+    with pytest.raises(CandorError) as err:
+        annotate(both, tiny_backend, out, FEWSHOT, config(), progress=False)
+    assert str(err.value) == (
+        f"{out}: the record for id 't:1' was made for question 'Who wrote Hamlet?' "
+        "(answers ['William Shakespeare', 'Shakespeare']), but the input now has question 'Who wrote Macbeth?' "
+        "(answers ['Shakespeare']) under that id; the input changed (question, answers): "
+        "use another --out or delete the file"
+    )
     assert out.read_text() == before  # nothing already written is lost
     result = annotate(items, tiny_backend, out, FEWSHOT, config(), progress=False)
     assert (result.written, result.skipped) == (0, 3)
