@@ -200,6 +200,25 @@ def test_dtype_is_in_the_provenance_and_a_resume_in_another_dtype_is_refused(tin
     assert runner.invoke(app, args(legacy, 3, "--dtype", "bfloat16")).exit_code == 2
 
 
+def test_annotate_through_an_engine_that_does_not_name_its_dtype_reaches_the_engine(tmp_path):
+    """The openai backend has no dtype (the server decides it): the provenance records None, and annotate goes on
+    to ask the server, here a closed port, which is one clear error."""
+    import socket
+
+    from candor.backends.base import GENERATE
+    from candor.backends.openai import OpenAIBackend
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"  # nothing listens there once the socket is closed
+    backend = OpenAIBackend("m", base_url=url, max_retries=0, capabilities=[GENERATE])
+    assert not hasattr(backend, "dtype")
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(CandorError, match=rf"^cannot reach the server at {url} "):
+        annotate(make_items()[:1], backend, out, FEWSHOT, config(), progress=False)
+    assert not out.exists() or out.read_text() == ""  # nothing half-written
+
+
 def test_shards_then_merge_equal_single_run(tiny_backend, tmp_path):
     items = make_items()
     single = tmp_path / "single.jsonl"
