@@ -94,11 +94,29 @@ def write_results(payload: dict) -> None:
     tmp.replace(RESULTS)
 
 
+# Appended to the scratch copy of tests/conftest.py. mutmut forks every mutant's test run from one
+# process, which has made tqdm's lock, a multiprocessing semaphore, so every run shares that one
+# semaphore; a run that ends while holding it (tqdm's monitor thread takes it every 10 s, and every
+# bar takes it when made) leaves it held, and every later run blocks in its first tqdm until mutmut's
+# CPU limit kills it: a timeout that is no verdict on the mutant. Each run gets a lock of its own.
+OWN_TQDM_LOCK = """
+
+def pytest_configure(config):  # added by benchmarks/mutation.py (see OWN_TQDM_LOCK there)
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+"""
+
+
 def copy_tree(work: Path) -> None:
     """The current src/ and tests/ into a scratch run (replacing older copies)."""
     for part, ignore in (("src", ("__pycache__", "*.egg-info")), ("tests", ("__pycache__",))):
         shutil.rmtree(work / part, ignore_errors=True)
         shutil.copytree(ROOT / part, work / part, ignore=shutil.ignore_patterns(*ignore))
+    conftest = work / "tests" / "conftest.py"
+    conftest.write_text(conftest.read_text() + OWN_TQDM_LOCK)
 
 
 def prepare_scratch(key: str, source: str, tests: list[str]) -> Path:
@@ -143,8 +161,10 @@ def collect(work: Path, key: str, reasons: dict[str, str]) -> dict:
                    capture_output=True)
     stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
     listing = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, capture_output=True, text=True)
-    survivors = []
+    survivors, timeouts = [], []
     for line in listing.stdout.splitlines():
+        if match := re.match(r"\s*(\S+): timeout", line):
+            timeouts.append(match.group(1))
         match = re.match(r"\s*(\S+): survived", line)
         if not match:
             continue
@@ -163,8 +183,9 @@ def collect(work: Path, key: str, reasons: dict[str, str]) -> dict:
             "no_tests": stats.get("no_tests", 0), "suspicious": stats.get("suspicious", 0),
             "total": stats.get("total"), "not_checked": not_checked,
             "score": round(100 * killed / tested, 1) if tested else None,
+            "explained_survivors": sum(1 for s in survivors if s["reason"]),
             "unexplained_survivors": sum(1 for s in survivors if not s["reason"]),
-            "survivors": survivors}
+            "timeouts": timeouts, "survivors": survivors}
 
 
 def refresh_reasons(payload: dict, reasons: dict[str, str]) -> None:
@@ -173,6 +194,7 @@ def refresh_reasons(payload: dict, reasons: dict[str, str]) -> None:
         for survivor in result["survivors"]:
             survivor["reason"] = reasons.get(survivor["name"])
         result["unexplained_survivors"] = sum(1 for s in result["survivors"] if not s["reason"])
+        result["explained_survivors"] = len(result["survivors"]) - result["unexplained_survivors"]
 
 
 def main() -> None:
@@ -200,7 +222,8 @@ def main() -> None:
         # mutmut maps each function to the tests that call it once, and later only adds new test names:
         # an edited test that now calls a function would never be run on its mutants. Recollect the map.
         (SCRATCH / key / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
-        rechecks[key] = [s["name"] for s in earlier["survivors"]]
+        # timeouts too: a run can time out for the harness's sake (see OWN_TQDM_LOCK)
+        rechecks[key] = [s["name"] for s in earlier["survivors"]] + earlier.get("timeouts", [])
     for key in args.refresh:
         if not (SCRATCH / key / "mutants").exists():
             sys.exit(f"{key}: no scratch run to refresh")
