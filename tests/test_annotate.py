@@ -116,6 +116,29 @@ def test_annotate_writes_complete_records(tiny_backend, tmp_path):
     }  # fmt: skip
 
 
+def test_records_hold_what_the_backend_answers_each_items_prompt_with_its_seed(tiny_backend, tmp_path):
+    """Against the backend called by hand: the chat template renders through the annotated model's own chat
+    template, and each item's samples are drawn with the seed of (config seed, item id)."""
+    from candor.util.seeds import item_seed
+
+    items, chat = make_items()[:3], TEMPLATES.get("chat")
+    cfg = AnnotateConfig(k=2, params=SamplingParams(max_new_tokens=5), batch_size=3, seed=7)
+    out = tmp_path / "r.jsonl"
+    annotate(items, tiny_backend, out, chat, cfg, progress=False)
+    records = read_records(out)
+    assert {r.provenance["template"] for r in records} == {"chat"}
+    prompts = [tiny_backend.render_chat([{"role": "user", "content": f"Answer the following question.\nQuestion: {q}"}])
+               for q, _ in QUESTIONS[:3]]
+    stop = tuple(records[0].provenance["decoding"]["samples"]["stop"])
+    params = SamplingParams(**{**cfg.params.to_dict(), "stop": stop})
+    by_hand = tiny_backend.generate(prompts, 2, params, greedy=True, seeds=[item_seed(7, item.id) for item in items])
+    assert [[r.greedy.text, *(s.text for s in r.samples)] for r in records] == [
+        [g.greedy.text, *(s.text for s in g.samples)] for g in by_hand]
+    # Another seed draws other samples (so the seed above is the one that was used).
+    other = tiny_backend.generate(prompts, 2, params, greedy=True, seeds=[item_seed(8, item.id) for item in items])
+    assert [[s.text for s in g.samples] for g in other] != [[s.text for s in r.samples] for r in records]
+
+
 def test_greedy_answer_marked_correct_when_it_matches_gold(tiny_backend, tmp_path):
     first = read_records_after(tiny_backend, tmp_path / "a.jsonl", make_items()[:2])
     # Reuse the model's own greedy answer as gold: contains must then say correct.
