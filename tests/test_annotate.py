@@ -139,6 +139,17 @@ def test_records_hold_what_the_backend_answers_each_items_prompt_with_its_seed(t
     assert [[s.text for s in g.samples] for g in other] != [[s.text for s in r.samples] for r in records]
 
 
+def test_a_run_of_several_backend_calls_counts_and_writes_every_record(tiny_backend, tmp_path):
+    """batch_size 1 hands the backend 4 questions a call (CALL_BATCHES): 7 items take two calls, and the file and
+    the count are those of a one-call run."""
+    one_call, two_calls = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    annotate(make_items(), tiny_backend, one_call, FEWSHOT, config(k=1), progress=False)
+    result = annotate(make_items(), tiny_backend, two_calls, FEWSHOT, replace(config(k=1), batch_size=1),
+                      progress=False)
+    assert (result.written, result.skipped, result.total) == (7, 0, 7)
+    assert_same_records(read_records(two_calls), read_records(one_call))
+
+
 def test_greedy_answer_marked_correct_when_it_matches_gold(tiny_backend, tmp_path):
     first = read_records_after(tiny_backend, tmp_path / "a.jsonl", make_items()[:2])
     # Reuse the model's own greedy answer as gold: contains must then say correct.
