@@ -150,6 +150,16 @@ def test_a_run_of_several_backend_calls_counts_and_writes_every_record(tiny_back
     assert_same_records(read_records(two_calls), read_records(one_call))
 
 
+def test_k_0_annotates_the_greedy_answer_alone(tiny_backend, tmp_path):
+    out = tmp_path / "r.jsonl"
+    result = annotate(make_items()[:2], tiny_backend, out, FEWSHOT, config(k=0), progress=False)
+    assert result.written == 2
+    contains = get_correctness_judge("contains")
+    for rec in read_records(out):
+        assert (rec.k, rec.samples, rec.sample_correct, rec.consistency) == (0, [], [], [])
+        assert rec.greedy.token_ids and rec.greedy_correct == contains.judge([rec.greedy.text], [rec.item.answers])[0]
+
+
 def test_greedy_answer_marked_correct_when_it_matches_gold(tiny_backend, tmp_path):
     first = read_records_after(tiny_backend, tmp_path / "a.jsonl", make_items()[:2])
     # Reuse the model's own greedy answer as gold: contains must then say correct.
