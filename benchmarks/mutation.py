@@ -11,6 +11,12 @@ are deliberately left alone get a reason in benchmarks/mutation_reasons.json.
     python benchmarks/mutation.py --fresh metrics      # forget a module's earlier run
     python benchmarks/mutation.py --recheck metrics    # new tests: retest only the recorded survivors
     python benchmarks/mutation.py --collect annotate   # record a scratch run as it stands (e.g. stopped part-way)
+    python benchmarks/mutation.py --refresh annotate   # continue a stopped run with the current tests
+
+A run stopped part-way (killed, or the machine needed) resumes where it stopped:
+mutmut keeps each mutant's verdict as it comes, and rerunning the same command
+tests only the mutants without one. One worker by default (--max-children): the
+cores are usually shared, and mutmut's CPU-time limits do not depend on it.
 
 Writes benchmarks/results/mutation.json after each module, so a killed run keeps
 what it finished and picks up at the next module.
@@ -66,10 +72,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--recheck", nargs="*", default=[],
                    help="copy the current src/ and tests/ into these modules' scratch runs and retest their recorded "
                         "survivors (and any mutant of a changed function); killed mutants stay killed")
+    p.add_argument("--refresh", nargs="*", default=[],
+                   help="copy the current src/ and tests/ into these modules' unfinished scratch runs and continue "
+                        "them: verdicts so far are kept (mutants of a changed function are retested), the mutants "
+                        "not yet tested meet the new tests")
     p.add_argument("--collect", nargs="*", default=[],
                    help="record these modules' scratch runs as they stand (after an interrupted or hand-run mutmut), "
                         "running nothing")
-    p.add_argument("--max-children", type=int, default=2)
+    p.add_argument("--max-children", type=int, default=1)
     return p.parse_args()
 
 
@@ -84,11 +94,29 @@ def write_results(payload: dict) -> None:
     tmp.replace(RESULTS)
 
 
+# Appended to the scratch copy of tests/conftest.py. mutmut forks every mutant's test run from one
+# process, which has made tqdm's lock, a multiprocessing semaphore, so every run shares that one
+# semaphore; a run that ends while holding it (tqdm's monitor thread takes it every 10 s, and every
+# bar takes it when made) leaves it held, and every later run blocks in its first tqdm until mutmut's
+# CPU limit kills it: a timeout that is no verdict on the mutant. Each run gets a lock of its own.
+OWN_TQDM_LOCK = """
+
+def pytest_configure(config):  # added by benchmarks/mutation.py (see OWN_TQDM_LOCK there)
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+"""
+
+
 def copy_tree(work: Path) -> None:
     """The current src/ and tests/ into a scratch run (replacing older copies)."""
     for part, ignore in (("src", ("__pycache__", "*.egg-info")), ("tests", ("__pycache__",))):
         shutil.rmtree(work / part, ignore_errors=True)
         shutil.copytree(ROOT / part, work / part, ignore=shutil.ignore_patterns(*ignore))
+    conftest = work / "tests" / "conftest.py"
+    conftest.write_text(conftest.read_text() + OWN_TQDM_LOCK)
 
 
 def prepare_scratch(key: str, source: str, tests: list[str]) -> Path:
@@ -133,8 +161,10 @@ def collect(work: Path, key: str, reasons: dict[str, str]) -> dict:
                    capture_output=True)
     stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
     listing = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, capture_output=True, text=True)
-    survivors = []
+    survivors, timeouts = [], []
     for line in listing.stdout.splitlines():
+        if match := re.match(r"\s*(\S+): timeout", line):
+            timeouts.append(match.group(1))
         match = re.match(r"\s*(\S+): survived", line)
         if not match:
             continue
@@ -153,8 +183,9 @@ def collect(work: Path, key: str, reasons: dict[str, str]) -> dict:
             "no_tests": stats.get("no_tests", 0), "suspicious": stats.get("suspicious", 0),
             "total": stats.get("total"), "not_checked": not_checked,
             "score": round(100 * killed / tested, 1) if tested else None,
+            "explained_survivors": sum(1 for s in survivors if s["reason"]),
             "unexplained_survivors": sum(1 for s in survivors if not s["reason"]),
-            "survivors": survivors}
+            "timeouts": timeouts, "survivors": survivors}
 
 
 def refresh_reasons(payload: dict, reasons: dict[str, str]) -> None:
@@ -163,13 +194,15 @@ def refresh_reasons(payload: dict, reasons: dict[str, str]) -> None:
         for survivor in result["survivors"]:
             survivor["reason"] = reasons.get(survivor["name"])
         result["unexplained_survivors"] = sum(1 for s in result["survivors"] if not s["reason"])
+        result["explained_survivors"] = len(result["survivors"]) - result["unexplained_survivors"]
 
 
 def main() -> None:
     args = parse_args()
     if args.modules is None:
-        args.modules = [] if args.recheck or args.collect else list(MODULES)
-    unknown = sorted((set(args.modules) | set(args.recheck) | set(args.fresh) | set(args.collect)) - set(MODULES))
+        args.modules = [] if args.recheck or args.collect or args.refresh else list(MODULES)
+    unknown = sorted((set(args.modules) | set(args.recheck) | set(args.fresh) | set(args.collect) | set(args.refresh))
+                     - set(MODULES))
     if unknown:
         sys.exit(f"unknown module(s) {unknown}; known: {', '.join(MODULES)}")
     payload = load_json(RESULTS)
@@ -189,7 +222,14 @@ def main() -> None:
         # mutmut maps each function to the tests that call it once, and later only adds new test names:
         # an edited test that now calls a function would never be run on its mutants. Recollect the map.
         (SCRATCH / key / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
-        rechecks[key] = [s["name"] for s in earlier["survivors"]]
+        # timeouts too: a run can time out for the harness's sake (see OWN_TQDM_LOCK)
+        rechecks[key] = [s["name"] for s in earlier["survivors"]] + earlier.get("timeouts", [])
+    for key in args.refresh:
+        if not (SCRATCH / key / "mutants").exists():
+            sys.exit(f"{key}: no scratch run to refresh")
+        if key in payload["modules"]:
+            sys.exit(f"{key}: its run finished (score {payload['modules'][key]['score']}); use --recheck {key}")
+        copy_tree(SCRATCH / key)  # new test names are mapped to the functions they call when mutmut starts
     for key in args.collect:
         if not (SCRATCH / key / "mutants").exists():
             sys.exit(f"{key}: no scratch run to collect")
@@ -197,7 +237,7 @@ def main() -> None:
         payload["modules"][key] = {**collect(SCRATCH / key, key, reasons),
                                    **{k: earlier[k] for k in ("seconds", "rechecked_survivors") if k in earlier}}
     write_results(payload)
-    for key in dict.fromkeys([*args.recheck, *args.modules]):
+    for key in dict.fromkeys([*args.recheck, *args.refresh, *args.modules]):
         if key in payload["modules"] and key not in rechecks:
             print(f"{key}: done earlier (score {payload['modules'][key]['score']}); --fresh {key} to rerun")
             continue

@@ -116,6 +116,50 @@ def test_annotate_writes_complete_records(tiny_backend, tmp_path):
     }  # fmt: skip
 
 
+def test_records_hold_what_the_backend_answers_each_items_prompt_with_its_seed(tiny_backend, tmp_path):
+    """Against the backend called by hand: the chat template renders through the annotated model's own chat
+    template, and each item's samples are drawn with the seed of (config seed, item id)."""
+    from candor.util.seeds import item_seed
+
+    items, chat = make_items()[:3], TEMPLATES.get("chat")
+    cfg = AnnotateConfig(k=2, params=SamplingParams(max_new_tokens=5), batch_size=3, seed=7)
+    out = tmp_path / "r.jsonl"
+    annotate(items, tiny_backend, out, chat, cfg, progress=False)
+    records = read_records(out)
+    assert {r.provenance["template"] for r in records} == {"chat"}
+    prompts = [tiny_backend.render_chat([{"role": "user", "content": f"Answer the following question.\nQuestion: {q}"}])
+               for q, _ in QUESTIONS[:3]]
+    stop = tuple(records[0].provenance["decoding"]["samples"]["stop"])
+    params = SamplingParams(**{**cfg.params.to_dict(), "stop": stop})
+    by_hand = tiny_backend.generate(prompts, 2, params, greedy=True, seeds=[item_seed(7, item.id) for item in items])
+    assert [[r.greedy.text, *(s.text for s in r.samples)] for r in records] == [
+        [g.greedy.text, *(s.text for s in g.samples)] for g in by_hand]
+    # Another seed draws other samples (so the seed above is the one that was used).
+    other = tiny_backend.generate(prompts, 2, params, greedy=True, seeds=[item_seed(8, item.id) for item in items])
+    assert [[s.text for s in g.samples] for g in other] != [[s.text for s in r.samples] for r in records]
+
+
+def test_a_run_of_several_backend_calls_counts_and_writes_every_record(tiny_backend, tmp_path):
+    """batch_size 1 hands the backend 4 questions a call (CALL_BATCHES): 7 items take two calls, and the file and
+    the count are those of a one-call run."""
+    one_call, two_calls = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    annotate(make_items(), tiny_backend, one_call, FEWSHOT, config(k=1), progress=False)
+    result = annotate(make_items(), tiny_backend, two_calls, FEWSHOT, replace(config(k=1), batch_size=1),
+                      progress=False)
+    assert (result.written, result.skipped, result.total) == (7, 0, 7)
+    assert_same_records(read_records(two_calls), read_records(one_call))
+
+
+def test_k_0_annotates_the_greedy_answer_alone(tiny_backend, tmp_path):
+    out = tmp_path / "r.jsonl"
+    result = annotate(make_items()[:2], tiny_backend, out, FEWSHOT, config(k=0), progress=False)
+    assert result.written == 2
+    contains = get_correctness_judge("contains")
+    for rec in read_records(out):
+        assert (rec.k, rec.samples, rec.sample_correct, rec.consistency) == (0, [], [], [])
+        assert rec.greedy.token_ids and rec.greedy_correct == contains.judge([rec.greedy.text], [rec.item.answers])[0]
+
+
 def test_greedy_answer_marked_correct_when_it_matches_gold(tiny_backend, tmp_path):
     first = read_records_after(tiny_backend, tmp_path / "a.jsonl", make_items()[:2])
     # Reuse the model's own greedy answer as gold: contains must then say correct.
@@ -144,11 +188,30 @@ def test_resume_skips_done_items_and_equals_single_run(tiny_backend, tmp_path):
     assert_same_records(read_records(resumed), read_records(single))
 
 
+def test_a_resume_says_what_is_done_and_shows_its_progress_by_default(tiny_backend, tmp_path, caplog, capsys):
+    items = make_items()
+    out = tmp_path / "r.jsonl"
+    annotate(items[:4], tiny_backend, out, FEWSHOT, config(), progress=False)
+    assert "annotate:" not in capsys.readouterr().err  # progress=False: no bar
+    with caplog.at_level("INFO", logger="candor.annotation.builder"):
+        annotate(items, tiny_backend, out, FEWSHOT, config())  # the default: a progress bar on stderr
+    assert f"{out}: 7 items, 4 already done, 3 to annotate" in caplog.messages
+    # The bar counts questions of the whole input: it starts at the 4 done and ends at 7 of 7.
+    states = [s.strip() for s in capsys.readouterr().err.replace("\r", "\n").splitlines() if "annotate:" in s]
+    assert states[0].startswith("annotate:  57%|") and "| 4/7 [" in states[0]
+    assert states[-1].startswith("annotate: 100%|") and "| 7/7 [" in states[-1]
+    assert states[-1].endswith(("q/s]", "s/q]"))  # the unit: questions
+
+
 def test_rerun_with_other_settings_is_refused(tiny_backend, tmp_path):
     out = tmp_path / "r.jsonl"
     annotate(make_items()[:2], tiny_backend, out, FEWSHOT, config(k=2), progress=False)
-    with pytest.raises(CandorError, match=r"other settings \{'k': \(2, 3\)\} \(found, requested\)"):
+    with pytest.raises(CandorError) as err:
         annotate(make_items(), tiny_backend, out, FEWSHOT, config(k=3), progress=False)
+    assert str(err.value) == (
+        f"{out} holds records made with other settings {{'k': (2, 3)}} (found, requested); "
+        "use another --out or delete the file"
+    )
     assert len(read_records(out)) == 2  # nothing already written is lost
 
 
@@ -179,6 +242,25 @@ def test_dtype_is_in_the_provenance_and_a_resume_in_another_dtype_is_refused(tin
     assert resumed.exit_code == 0, resumed.output
     assert len(read_records(legacy)) == 3
     assert runner.invoke(app, args(legacy, 3, "--dtype", "bfloat16")).exit_code == 2
+
+
+def test_annotate_through_an_engine_that_does_not_name_its_dtype_reaches_the_engine(tmp_path):
+    """The openai backend has no dtype (the server decides it): the provenance records None, and annotate goes on
+    to ask the server, here a closed port, which is one clear error."""
+    import socket
+
+    from candor.backends.base import GENERATE
+    from candor.backends.openai import OpenAIBackend
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"  # nothing listens there once the socket is closed
+    backend = OpenAIBackend("m", base_url=url, max_retries=0, capabilities=[GENERATE])
+    assert not hasattr(backend, "dtype")
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(CandorError, match=rf"^cannot reach the server at {url} "):
+        annotate(make_items()[:1], backend, out, FEWSHOT, config(), progress=False)
+    assert not out.exists() or out.read_text() == ""  # nothing half-written
 
 
 def test_shards_then_merge_equal_single_run(tiny_backend, tmp_path):
@@ -480,6 +562,15 @@ def test_resume_refuses_records_made_for_another_question(tiny_backend, tmp_path
     regolded = [items[0], items[1], replace(items[2], answers=("Gold",))]
     with pytest.raises(CandorError, match=r"'t:2'.*changed \(answers\)"):
         annotate(regolded, tiny_backend, out, FEWSHOT, config(), progress=False)
+    both = [items[0], replace(items[1], question="Who wrote Macbeth?", answers=("Shakespeare",)), items[2]]
+    with pytest.raises(CandorError) as err:
+        annotate(both, tiny_backend, out, FEWSHOT, config(), progress=False)
+    assert str(err.value) == (
+        f"{out}: the record for id 't:1' was made for question 'Who wrote Hamlet?' "
+        "(answers ['William Shakespeare', 'Shakespeare']), but the input now has question 'Who wrote Macbeth?' "
+        "(answers ['Shakespeare']) under that id; the input changed (question, answers): "
+        "use another --out or delete the file"
+    )
     assert out.read_text() == before  # nothing already written is lost
     result = annotate(items, tiny_backend, out, FEWSHOT, config(), progress=False)
     assert (result.written, result.skipped) == (0, 3)

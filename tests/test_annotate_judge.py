@@ -8,10 +8,18 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from candor.annotation.builder import AnnotateConfig, annotate
-from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, is_empty_answer, verdict_parsed
-from candor.annotation.prompts import TEMPLATES
+from candor.annotation.judges import (
+    DEFAULT_CONSISTENCY_JUDGE,
+    consistency_prompt,
+    correctness_prompt,
+    get_correctness_judge,
+    is_empty_answer,
+    verdict_parsed,
+)
+from candor.annotation.prompts import TEMPLATES, QATemplate
 from candor.annotation.records import read_records
 from candor.backends.base import SamplingParams
+from candor.backends.hf import HFBackend
 from candor.cli import app
 from candor.data.items import QAItem
 
@@ -64,3 +72,51 @@ def test_cli_judge_model_runs_the_llm_judge_on_another_model(tiny_model_dir, tmp
     assert rec.provenance["judges"]["correctness"]["model"] == str(tiny_model_dir)
     assert rec.provenance["judges"]["consistency"]["name"] == DEFAULT_CONSISTENCY_JUDGE
     assert "judge_parse" in rec.provenance
+
+
+# The tiny random model repeats a prompt's last token, so a prompt ending in a cue fixes the greedy answer:
+# "Paris Paris Paris" for "Paris", "! ! !" (an empty answer: no letter or digit) for "!". Records whose answers
+# differ in emptiness are asked different numbers of judge questions.
+CUES = {"t:0": "Paris", "t:1": "!", "t:2": "Mars"}
+ECHO_CUE = QATemplate("echo-cue", lambda item, _: f"Question: {item.question}\nAnswer: {CUES[item.id]}", ("\n",))
+THREE_ITEMS = [*ITEMS, QAItem("t:2", "toy", "test", "Which planet is known as the Red Planet?", ("Mars",))]
+
+
+class PromptKeepingBackend(HFBackend):
+    """The real tiny judge model, keeping every prompt it was given (what the judges asked, in order)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prompts: list[str] = []
+
+    def generate(self, prompts, n, params, **kwargs):
+        self.prompts += list(prompts)
+        return super().generate(prompts, n, params, **kwargs)
+
+
+def test_llm_judges_are_asked_about_each_answer_with_its_own_question(tiny_backend, tiny_model, tokenizer, tmp_path):
+    judge_backend = PromptKeepingBackend(tiny_model, tokenizer, model_name="the-judge", batch_size=4)
+    config = AnnotateConfig(k=2, params=SamplingParams(max_new_tokens=3, top_k=2), batch_size=3,
+                            correctness_judge="llm", consistency_judge="llm")
+    out = tmp_path / "r.jsonl"
+    annotate(THREE_ITEMS, tiny_backend, out, ECHO_CUE, config, judge_backend=judge_backend, progress=False)
+    records = read_records(out)
+    assert [r.greedy.text for r in records] == ["Paris Paris Paris", "! ! !", "Mars Mars Mars"]
+    # One batch of three records: every correctness question (each non-blank answer with its item's question
+    # and aliases), then every consistency question (each sample beside its greedy answer, both non-empty).
+    render = get_correctness_judge("llm", backend=judge_backend).render
+    correctness = [render(correctness_prompt(answer, rec.item.answers, rec.item.question, "paper"))
+                   for rec in records for answer in [rec.greedy.text, *(s.text for s in rec.samples)]
+                   if answer.strip()]
+    consistency = [render(consistency_prompt(s.text, rec.greedy.text, rec.item.question, "paper"))
+                   for rec in records for s in rec.samples
+                   if not (is_empty_answer(s.text) or is_empty_answer(rec.greedy.text))]
+    assert judge_backend.prompts == correctness + consistency
+    # Each record's parse counts cover its own answers: the middle record, whose greedy answer is empty, is
+    # asked no consistency question, so its count differs from its neighbours' and a misplaced window shows.
+    asked = [r.provenance["judge_parse"]["asked"] for r in records]
+    expected = [sum(bool(a.strip()) for a in [r.greedy.text, *(s.text for s in r.samples)])
+                + sum(not (is_empty_answer(s.text) or is_empty_answer(r.greedy.text)) for s in r.samples)
+                for r in records]
+    assert asked == expected and asked[1] < min(asked[0], asked[2])
+    assert [r.provenance["judge_parse"]["unparsed"] for r in records] == asked  # the tiny judge states no verdict
