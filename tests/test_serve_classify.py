@@ -267,6 +267,28 @@ def test_a_classify_server_that_goes_away_fails_the_questions_it_hits_with_its_m
         model.answer("Who wrote Hamlet?")
 
 
+def test_a_client_gets_502_not_400_when_the_classify_server_behind_candor_fails(exported, tiny_backend):
+    """The client's request is not at fault when a server candor relies on goes away: 502, OpenAI error shape."""
+    openai = pytest.importorskip("openai")
+    from candor.serve import HonestModel
+    from candor.serve.app import ServeSettings, create_app
+
+    _, out = exported
+    with serve_in_thread(load_classify_app(out)) as url:
+        model = HonestModel(tiny_backend, ClassifySource(url, out), threshold=0.5)
+    with serve_in_thread(create_app(model, ServeSettings(max_tokens=8))) as served:
+        client = openai.OpenAI(base_url=f"{served}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as failed:
+            client.chat.completions.create(model="candor", messages=[{"role": "user", "content": "Who wrote Hamlet?"}])
+        assert failed.value.status_code == 502
+        assert failed.value.body["type"] == "server_error" and failed.value.body["code"] == "upstream_error"
+        assert "unreachable" in failed.value.body["message"]
+        status, health = 0, {}
+        with urllib.request.urlopen(f"{served}/health") as r:  # the service itself is still up
+            status, health = r.status, json.load(r)
+        assert status == 200 and health
+
+
 def test_the_cli_refuses_a_dead_classify_server_and_wrong_combinations(exported, tmp_path):
     _, out = exported
     dead = f"http://127.0.0.1:{free_port()}"

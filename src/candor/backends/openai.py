@@ -73,7 +73,7 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
-from candor.util.errors import CandorError
+from candor.util.errors import CandorError, UpstreamError
 from candor.util.seeds import item_seed
 from candor.util.version import install_hint
 
@@ -93,7 +93,7 @@ SAMPLES_N = "n"  # the server returns n choices per request (an internal capabil
 FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 
-class ServerAnswered(CandorError):
+class ServerAnswered(UpstreamError):
     """The server answered a request with an error status (after the client's retries)."""
 
     def __init__(self, message: str, status: int) -> None:
@@ -289,7 +289,7 @@ class OpenAIBackend:
             else:
                 results[i].samples[first : first + len(completions)] = completions
         if any(len(g.samples) != n or any(s is None for s in g.samples) for g in results):
-            raise CandorError(f"{self.base_url} returned fewer samples than the {n} requested")
+            raise UpstreamError(f"{self.base_url} returned fewer samples than the {n} requested")
         return results
 
     def _bind(
@@ -351,7 +351,7 @@ class OpenAIBackend:
                     common["echo"] = True
                 response = self.client.completions.create(prompt=prompt, **common)
         except openai.APIConnectionError as exc:
-            raise CandorError(f"cannot reach the server at {self.base_url} ({exc}); is it running?") from None
+            raise UpstreamError(f"cannot reach the server at {self.base_url} ({exc}); is it running?") from None
         except openai.APIStatusError as exc:
             raise ServerAnswered(
                 f"the server at {self.base_url} answered {exc.status_code} for model {self.model_name!r}: "
@@ -360,7 +360,7 @@ class OpenAIBackend:
             ) from None
         choices = list(response.choices or [])
         if not choices:
-            raise CandorError(f"the server at {self.base_url} answered no choices for model {self.model_name!r}")
+            raise UpstreamError(f"the server at {self.base_url} answered no choices for model {self.model_name!r}")
         usage = _get(response, "usage")
         return Reply(choices, _count(_get(usage, "prompt_tokens")), _count(_get(usage, "completion_tokens")))
 

@@ -66,7 +66,7 @@ from candor.serve.playground import playground_html
 from candor.serve.record_log import RecordLog
 from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
 from candor.serve.streaming import DONE, RequestListener, TextDelta, sse
-from candor.util.errors import CandorError
+from candor.util.errors import CandorError, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +132,10 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     @app.exception_handler(CandorError)
     async def _user_error(_: Request, exc: CandorError) -> JSONResponse:
         return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(UpstreamError)
+    async def _upstream_error(_: Request, exc: UpstreamError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "server_error"), status_code=502)
 
     @app.get("/", include_in_schema=False)
     async def playground() -> HTMLResponse:
@@ -387,6 +391,8 @@ def _outcome(future: asyncio.Future[Any]) -> list[HonestAnswer]:
     exc = future.exception()
     if exc is None:
         return future.result()  # type: ignore[no-any-return]
+    if isinstance(exc, UpstreamError):  # the engine or classify server behind candor failed, not the request
+        raise APIError(502, str(exc), "server_error", None, "upstream_error")
     if isinstance(exc, CandorError):
         raise APIError(400, str(exc), "invalid_request_error", None, "invalid_value")
     if isinstance(exc, Cancelled):

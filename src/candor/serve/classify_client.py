@@ -43,7 +43,7 @@ from candor.backends.base import Backend
 from candor.backends.chat import TokenizerChat
 from candor.data.items import QAItem
 from candor.train.elical.export import EXPORT_FILE, read_export
-from candor.util.errors import CandorError
+from candor.util.errors import CandorError, UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ EXPORT_DIR = "classify-head"  # in a saved honest model: the export's tokenizer 
 PROBE_TOLERANCE = 2e-3
 
 
-class ClassifyServerError(CandorError):
+class ClassifyServerError(UpstreamError):
     """The classify server could not be reached, refused a request, or answered another shape."""
 
 
