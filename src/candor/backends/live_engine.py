@@ -6,7 +6,15 @@ work, then admits queued requests in order while their rows fit in
 ``max_rows`` (a request that needs more rows than that runs when the batch is
 empty). Each request's prompt is prefilled alone, unpadded, so its hidden
 states, logits and tokens never depend on which other requests run; its
-future resolves when its last row ends. A request whose hook raises fails
+future resolves when its last row ends.
+
+An engine opened with a ``shared_prefix`` (the token ids its template's
+prompts all start with: the few-shot block) runs that prefix once, alone, on
+first use (:class:`candor.backends.shared_prefix.SharedPrefix`), and prefills
+only the rest of each prompt that starts with it, over a copy of its KV
+cache; a prompt that does not is prefilled in full. The prefix is the
+engine's, never derived from the requests queued together, so a prompt's
+split, and what the request gets, is still the same whatever else runs. A request whose hook raises fails
 its own future; its rows leave and the others go on.
 """
 
@@ -16,7 +24,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -24,6 +32,7 @@ import torch
 
 from candor.backends.base import DecodeRequest, Generations
 from candor.backends.decode_loop import DecodeJob, DecodeLoop
+from candor.backends.shared_prefix import SharedPrefix
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
@@ -41,11 +50,12 @@ _CLOSE = object()  # queued by close(): the engine thread stops when it reads it
 class HFLiveEngine:
     """A running decode loop over an :class:`candor.backends.hf.HFBackend` (see the module docstring)."""
 
-    def __init__(self, backend: Any, max_rows: int) -> None:
+    def __init__(self, backend: Any, max_rows: int, shared_prefix: Sequence[int] | None = None) -> None:
         if max_rows < 1:
             raise CandorError(f"max_rows must be at least 1, got {max_rows}")
         self.backend = backend
         self.max_rows = max_rows
+        self.prefix = SharedPrefix(backend, shared_prefix) if shared_prefix else None
         self.loop = DecodeLoop(backend, rows=min(max_rows, LIVE_ROWS), columns=LIVE_COLUMNS)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -140,8 +150,9 @@ class HFLiveEngine:
     def _start(self, loop: DecodeLoop, request: DecodeRequest, future: Future[Generations]) -> None:
         """Prefill one request alone and let its rows join the loop."""
         try:
+            prompt_ids = self.backend.encode([request.prompt])[0]
             job = DecodeJob(
-                prompt_ids=self.backend.encode([request.prompt])[0],
+                prompt_ids=prompt_ids,
                 n=request.n,
                 greedy=request.greedy,
                 params=request.params,
@@ -152,12 +163,23 @@ class HFLiveEngine:
                 on_done=lambda job: future.set_result(job.result),
                 on_error=lambda job, exc: future.set_exception(exc),
             )
-            prefilled = loop.prefill([job])
+            if self._runs_past_prefix(prompt_ids, request.params.max_new_tokens):
+                assert self.prefix is not None
+                prefilled = loop.prefill([job], self.prefix.computed(), len(self.prefix))
+            else:
+                prefilled = loop.prefill([job])
             if prefilled is not None:
                 loop.admit(prefilled)
         except Exception as exc:  # a prompt the model cannot run fails its own request
             if not future.done():
                 future.set_exception(exc)
+
+    def _runs_past_prefix(self, prompt_ids: list[int], max_new_tokens: int) -> bool:
+        """Whether this prompt is prefilled past the shared prefix (it starts with it; no sliding window cut)."""
+        if self.prefix is None or not self.prefix.starts(prompt_ids):
+            return False
+        window = getattr(self.backend.model.config, "sliding_window", None)
+        return window is None or len(prompt_ids) + max_new_tokens <= window  # as generate() decides
 
     def _fail_everything(self, exc: BaseException) -> None:
         self.loop.abort(exc)

@@ -56,6 +56,7 @@ import numpy as np
 from candor.annotation.prompts import QATemplate, resolve_template
 from candor.annotation.records import Record
 from candor.backends.base import (
+    LIVE_DECODE,
     TOKENIZER,
     Backend,
     Completion,
@@ -67,6 +68,7 @@ from candor.backends.base import (
     SamplingParams,
     backend_capabilities,
 )
+from candor.backends.shared_prefix import SharedPrefix
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
 from candor.serve import thresholds as th
 from candor.serve.batching import open_engine
@@ -78,7 +80,7 @@ from candor.serve.confidence import (
     load_source,
     question_item,
 )
-from candor.serve.rescoring import SharedPrefix, can_read_alone, read_alone
+from candor.serve.rescoring import can_read_alone, read_alone
 from candor.util.errors import CandorError
 from candor.util.files import atomic_folder
 from candor.util.version import __version__
@@ -341,8 +343,14 @@ class HonestModel:
 
     def open_engine(self, max_batch: int = 16, max_wait_ms: float = 5.0) -> LiveEngine:
         """The engine this model's questions run on (close it when done): ``max_batch`` questions decode together."""
+        prefix = self._shared_prefix() if self._prefills_in_process() else None
         return open_engine(self.backend, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                           rows_per_request=1 + self.source.samples)  # fmt: skip
+                           rows_per_request=1 + self.source.samples,
+                           shared_prefix=prefix.ids if prefix is not None else None)  # fmt: skip
+
+    def _prefills_in_process(self) -> bool:
+        """Whether the live engine prefills in this process, where the template's prefix can be shared."""
+        return LIVE_DECODE in backend_capabilities(self.backend) and can_read_alone(self.backend)
 
     async def _answer_all(self, asks: Sequence[Ask], engine: LiveEngine) -> list[Outcome]:
         outcomes = await asyncio.gather(*(self.answer_one(a, engine) for a in asks), return_exceptions=True)
