@@ -343,14 +343,10 @@ class HonestModel:
 
     def open_engine(self, max_batch: int = 16, max_wait_ms: float = 5.0) -> LiveEngine:
         """The engine this model's questions run on (close it when done): ``max_batch`` questions decode together."""
-        prefix = self._shared_prefix() if self._prefills_in_process() else None
+        prefix = self.shared_prefix() if LIVE_DECODE in backend_capabilities(self.backend) else None
         return open_engine(self.backend, max_batch=max_batch, max_wait_ms=max_wait_ms,
                            rows_per_request=1 + self.source.samples,
                            shared_prefix=prefix.ids if prefix is not None else None)  # fmt: skip
-
-    def _prefills_in_process(self) -> bool:
-        """Whether the live engine prefills in this process, where the template's prefix can be shared."""
-        return LIVE_DECODE in backend_capabilities(self.backend) and can_read_alone(self.backend)
 
     async def _answer_all(self, asks: Sequence[Ask], engine: LiveEngine) -> list[Outcome]:
         outcomes = await asyncio.gather(*(self.answer_one(a, engine) for a in asks), return_exceptions=True)
@@ -429,8 +425,14 @@ class HonestModel:
     def _score_question(self, question: str) -> float:
         return float(self._calibrated(self.source.score_questions([question]))[0])
 
-    def _shared_prefix(self) -> SharedPrefix | None:
-        """The template's own prefix (the few-shot block), which re-reading answers runs once."""
+    def shared_prefix(self) -> SharedPrefix | None:
+        """The template's own prefix (the few-shot block), run once by the live engine and by re-reading answers.
+
+        Found from two renderings of the template; None where it is too short
+        to be worth sharing or the model does not run in this process.
+        """
+        if not can_read_alone(self.backend):
+            return None
         if self._prefix is None:
             prompts = [self.template(question_item(q), self.backend) for q in ("Who?", "Which river is longest?")]
             self._prefix = (SharedPrefix.of(self.backend, prompts),)  # type: ignore[arg-type]
@@ -447,7 +449,7 @@ class HonestModel:
     def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:
         """The protocol's answer scored (in the engine thread, this question alone); an abstention is returned whole."""
         if can_read_alone(self.backend):
-            protocol = read_alone(self.backend, ask.prompted.prompt, protocol, self._shared_prefix())  # type: ignore[arg-type]
+            protocol = read_alone(self.backend, ask.prompted.prompt, protocol, self.shared_prefix())  # type: ignore[arg-type]
         rec = answer_records([ask.prompted.question], [protocol.greedy], [protocol.samples],  # type: ignore[list-item]
                              self.provenance())[0]  # fmt: skip
         n = ask.reply.n
