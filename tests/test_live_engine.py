@@ -387,3 +387,14 @@ def test_a_prompt_s_answer_does_not_depend_on_the_requests_beside_it(backend):
     for a, b in zip([alone.greedy, *alone.samples], [together.greedy, *together.samples], strict=True):
         assert a.token_ids == b.token_ids
         assert a.logprobs[0] == b.logprobs[0]  # read from the request's own prefill: the same bits
+
+
+def test_a_prompt_past_a_sliding_window_is_prefilled_whole(counted, monkeypatch):
+    backend, widths, prefixes = counted
+    prefix = template_prefix(backend)
+    full = len(backend.encode([SHARED[0]])[0])
+    # A window the prompt and its answer overrun: the split cache would not be the model's own, as in generate().
+    monkeypatch.setattr(backend.model.config, "sliding_window", full + SHORT.max_new_tokens - 1, raising=False)
+    with backend.live_engine(max_rows=8, shared_prefix=prefix.ids) as engine:
+        engine.submit(DecodeRequest(SHARED[0], 0, SHORT)).result(WAIT)
+    assert widths == [full] and prefixes == []

@@ -6,7 +6,8 @@ work, then admits queued requests in order while their rows fit in
 ``max_rows`` (a request that needs more rows than that runs when the batch is
 empty). Each request's prompt is prefilled alone, unpadded, so its hidden
 states, logits and tokens never depend on which other requests run; its
-future resolves when its last row ends.
+future resolves when its last row ends. A request whose hook raises fails
+its own future; its rows leave and the others go on.
 
 An engine opened with a ``shared_prefix`` (the token ids its template's
 prompts all start with: the few-shot block) runs that prefix once, alone, on
@@ -14,8 +15,7 @@ first use (:class:`candor.backends.shared_prefix.SharedPrefix`), and prefills
 only the rest of each prompt that starts with it, over a copy of its KV
 cache; a prompt that does not is prefilled in full. The prefix is the
 engine's, never derived from the requests queued together, so a prompt's
-split, and what the request gets, is still the same whatever else runs. A request whose hook raises fails
-its own future; its rows leave and the others go on.
+split, and what the request gets, is still the same whatever else runs.
 """
 
 from __future__ import annotations
@@ -163,9 +163,9 @@ class HFLiveEngine:
                 on_done=lambda job: future.set_result(job.result),
                 on_error=lambda job, exc: future.set_exception(exc),
             )
-            if self._runs_past_prefix(prompt_ids, request.params.max_new_tokens):
-                assert self.prefix is not None
-                prefilled = loop.prefill([job], self.prefix.computed(), len(self.prefix))
+            prefix = self._prefix_for(prompt_ids, request.params.max_new_tokens)
+            if prefix is not None:
+                prefilled = loop.prefill([job], prefix.computed(), len(prefix))
             else:
                 prefilled = loop.prefill([job])
             if prefilled is not None:
@@ -174,12 +174,14 @@ class HFLiveEngine:
             if not future.done():
                 future.set_exception(exc)
 
-    def _runs_past_prefix(self, prompt_ids: list[int], max_new_tokens: int) -> bool:
-        """Whether this prompt is prefilled past the shared prefix (it starts with it; no sliding window cut)."""
+    def _prefix_for(self, prompt_ids: list[int], max_new_tokens: int) -> SharedPrefix | None:
+        """The prefix this prompt is prefilled past: None unless it starts with it and fits the model's window."""
         if self.prefix is None or not self.prefix.starts(prompt_ids):
-            return False
+            return None
         window = getattr(self.backend.model.config, "sliding_window", None)
-        return window is None or len(prompt_ids) + max_new_tokens <= window  # as generate() decides
+        if window is not None and len(prompt_ids) + max_new_tokens > window:
+            return None  # a sliding-window cache stays on the plain path, as generate() decides
+        return self.prefix
 
     def _fail_everything(self, exc: BaseException) -> None:
         self.loop.abort(exc)
