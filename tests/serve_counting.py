@@ -45,8 +45,8 @@ class CountingBackend(HFBackend):
         self._record(prompts, gens)
         return gens
 
-    def live_engine(self, max_rows=None):
-        return CountingEngine(self, super().live_engine(max_rows))
+    def live_engine(self, max_rows=None, shared_prefix=None):
+        return CountingEngine(self, super().live_engine(max_rows, shared_prefix=shared_prefix))
 
 
 class CountingEngine:

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from candor.backends import shared_prefix as shared_prefix_module
 from candor.backends.base import LIVE_DECODE, DecodeRequest, Generations, SamplingParams, backend_capabilities
 from candor.backends.hf import HFBackend
+from candor.backends.shared_prefix import SharedPrefix
 from candor.util.errors import CandorError
 
 PROMPTS = [
@@ -269,3 +271,130 @@ def test_a_request_waits_for_free_rows(backend):
         got = second.result(WAIT)
     assert order.index("second") > len(order) - 1 - order[::-1].index("first")  # no overlap
     assert_same(got, backend.generate([PROMPTS[1]], 2, params, seeds=[3])[0])
+
+
+# ---------------------------------------------------------------- a shared prefix, run once
+
+FEWSHOT = (
+    "Answer the question in a few words.\n"
+    "Question: What is the capital of France?\nAnswer: Paris\n\n"
+    "Question: Who wrote Hamlet?\nAnswer: William Shakespeare\n\n"
+)
+FEWSHOT_QUESTIONS = ["What is the largest planet?", "Who painted the Mona Lisa?", "How many legs has a spider?", "2+2?"]
+SHARED = [f"{FEWSHOT}Question: {q}\nAnswer:" for q in FEWSHOT_QUESTIONS]
+SHORT = SamplingParams(max_new_tokens=10, stop=("\n",))
+
+
+@pytest.fixture()
+def counted(backend, monkeypatch):
+    """``backend`` recording every prefill's width (tokens run per row) and every run of a shared prefix."""
+    widths: list[int] = []
+    prefixes: list[int] = []
+    forward, with_states = backend.forward, backend.forward_with_states
+    prefill = shared_prefix_module.prefill_shared_prefix
+
+    def count_forward(ids, *args):
+        if ids.shape[1] > 1:  # a decode step runs one token per row
+            widths.append(ids.shape[1])
+        return forward(ids, *args)
+
+    def count_with_states(ids, *args):
+        widths.append(ids.shape[1])
+        return with_states(ids, *args)
+
+    def count_prefix(model, ids):
+        prefixes.append(len(ids))
+        return prefill(model, ids)
+
+    monkeypatch.setattr(backend, "forward", count_forward)
+    monkeypatch.setattr(backend, "forward_with_states", count_with_states)
+    monkeypatch.setattr(shared_prefix_module, "prefill_shared_prefix", count_prefix)
+    return backend, widths, prefixes
+
+
+def template_prefix(backend) -> SharedPrefix:
+    prefix = SharedPrefix.of(backend, SHARED[:2])  # two renderings, as serving finds its template's
+    assert prefix is not None and len(prefix) > 20
+    return prefix
+
+
+def test_prompts_past_the_prefix_equal_generate_and_the_prefix_runs_once(counted):
+    backend, widths, prefixes = counted
+    prefix = template_prefix(backend)
+    encoded = backend.encode(SHARED)
+    with backend.live_engine(max_rows=32, shared_prefix=prefix.ids) as engine:
+        futures = [engine.submit(DecodeRequest(p, 2, SHORT, seed=i)) for i, p in enumerate(SHARED)]
+        got = [f.result(WAIT) for f in futures]
+        more = engine.submit(DecodeRequest(SHARED[0], 2, SHORT, seed=0)).result(WAIT)  # after the others ended
+    assert prefixes == [len(prefix)]  # once, for five requests
+    # Each request's prefill ran its own tokens past the prefix only.
+    assert sorted(widths) == sorted([len(ids) - len(prefix) for ids in encoded] + [len(encoded[0]) - len(prefix)])
+    widths.clear()
+    for i, (prompt, g) in enumerate(zip(SHARED, got, strict=True)):
+        expected = backend.generate([prompt], 2, SHORT, seeds=[i])[0]  # one prompt: prefilled whole
+        assert widths[-1] == len(encoded[i])
+        assert_same(g, expected)
+        assert g.prompt_tokens == expected.prompt_tokens == len(encoded[i])
+    assert_same(more, got[0])
+
+
+def test_a_prompt_without_the_prefix_is_prefilled_whole(counted):
+    backend, widths, prefixes = counted
+    prefix = template_prefix(backend)
+    other = "Question: What is the largest planet?\nAnswer:"
+    with backend.live_engine(max_rows=32, shared_prefix=prefix.ids) as engine:
+        alone = engine.submit(DecodeRequest(other, 2, SHORT, seed=5))
+        past = engine.submit(DecodeRequest(SHARED[1], 2, SHORT, seed=6))
+        got, got_past = alone.result(WAIT), past.result(WAIT)
+    assert widths == [len(backend.encode([other])[0]), len(backend.encode([SHARED[1]])[0]) - len(prefix)]
+    assert_same(got, backend.generate([other], 2, SHORT, seeds=[5])[0])
+    assert_same(got_past, backend.generate([SHARED[1]], 2, SHORT, seeds=[6])[0])
+    # The prefix itself (nothing past it) is no prompt of its own to split: prefilled whole.
+    assert SharedPrefix(backend, prefix.ids).starts(prefix.ids) is False
+
+
+def test_the_prefill_hook_reads_the_requests_own_last_position(counted):
+    backend, widths, _ = counted
+    prefix = template_prefix(backend)
+    seen: list[list] = []
+
+    def hook(states) -> bool:
+        seen.append(states)
+        return True
+
+    with backend.live_engine(max_rows=32) as plain:
+        plain.submit(DecodeRequest(SHARED[2], 0, SHORT, on_prefill=hook)).result(WAIT)
+    with backend.live_engine(max_rows=32, shared_prefix=prefix.ids) as engine:
+        engine.submit(DecodeRequest(SHARED[2], 0, SHORT, on_prefill=hook)).result(WAIT)
+    full = len(backend.encode([SHARED[2]])[0])
+    assert widths == [full, full - len(prefix)]
+    whole, split = seen
+    assert len(whole) == len(split) == backend.model.config.num_hidden_layers + 1
+    for a, b in zip(whole, split, strict=True):
+        assert a.shape == b.shape
+        assert abs(a - b).max() <= 1e-4 * max(1.0, abs(a).max())
+
+
+def test_a_prompt_s_answer_does_not_depend_on_the_requests_beside_it(backend):
+    """Bit for bit: the prefix is the engine's, so a prompt's split is the same whatever runs with it."""
+    prefix = template_prefix(backend)
+    with backend.live_engine(max_rows=64, shared_prefix=prefix.ids) as engine:
+        alone = engine.submit(DecodeRequest(SHARED[3], 3, SHORT, seed=9)).result(WAIT)
+        crowd = [engine.submit(DecodeRequest(p, 3, SHORT, seed=9)) for p in SHARED]
+        together = crowd[3].result(WAIT)
+        for f in crowd:
+            f.result(WAIT)
+    for a, b in zip([alone.greedy, *alone.samples], [together.greedy, *together.samples], strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs[0] == b.logprobs[0]  # read from the request's own prefill: the same bits
+
+
+def test_a_prompt_past_a_sliding_window_is_prefilled_whole(counted, monkeypatch):
+    backend, widths, prefixes = counted
+    prefix = template_prefix(backend)
+    full = len(backend.encode([SHARED[0]])[0])
+    # A window the prompt and its answer overrun: the split cache would not be the model's own, as in generate().
+    monkeypatch.setattr(backend.model.config, "sliding_window", full + SHORT.max_new_tokens - 1, raising=False)
+    with backend.live_engine(max_rows=8, shared_prefix=prefix.ids) as engine:
+        engine.submit(DecodeRequest(SHARED[0], 0, SHORT)).result(WAIT)
+    assert widths == [full] and prefixes == []

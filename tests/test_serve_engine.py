@@ -164,3 +164,33 @@ def test_a_question_source_that_runs_elsewhere_never_holds_the_engine(tiny_model
     got = model.answer(PROMPTS[0]).confidence
     assert Apart.threads and all(not t.startswith("candor-") for t in Apart.threads)
     assert got == pytest.approx(float(HeadSource(folder).score_questions([PROMPTS[0]])[0]), abs=1e-6)
+
+
+@pytest.mark.parametrize("template", ["fewshot", "chat"])
+def test_a_served_models_live_engine_runs_its_templates_prefix_once(tiny_model, tokenizer, template):
+    """The engine gets the template's own prefix (never one found from the questions queued together)."""
+    from candor.backends.hf import HFBackend
+    from candor.backends.shared_prefix import SharedPrefix
+    from candor.serve import HonestModel
+    from candor.serve.confidence import question_item
+
+    backend = HFBackend(tiny_model, tokenizer, batch_size=4)
+    model = HonestModel(backend, "n-prob", template=template)
+    renderings = [model.template(question_item(q), backend) for q in ("Who?", "Which river is longest?")]
+    expected = SharedPrefix.of(backend, renderings)
+    assert expected is not None and len(expected) >= 8
+    engine = model.open_engine(max_batch=4)
+    try:
+        assert isinstance(engine, HFLiveEngine)
+        assert engine.prefix is not None and engine.prefix.ids == expected.ids
+        prompt = model.template(question_item("What is the tallest mountain?"), backend)
+        assert engine.prefix.starts(backend.encode([prompt])[0])
+    finally:
+        engine.close()
+    # A backend without a live engine gets the micro-batcher, which finds its batches' prefix itself.
+    batched = HonestModel(BatchOnlyBackend(tiny_model, tokenizer, batch_size=4), "n-prob", template=template)
+    engine = batched.open_engine(max_batch=4)
+    try:
+        assert isinstance(engine, MicroBatchEngine)
+    finally:
+        engine.close()

@@ -306,6 +306,10 @@ class LiveEngine(Protocol):
     resolves when its last row ends. ``call`` runs other model work (scoring)
     in the same thread between steps. ``close`` finishes nothing new, fails
     what is queued, and stops the thread.
+
+    A backend's ``live_engine(max_rows=..., shared_prefix=...)`` may take the
+    token ids its prompts start with (a template's fixed prefix, fixed for the
+    engine): it runs them once and prefills each prompt past them only.
     """
 
     def submit(self, request: DecodeRequest) -> Future[Generations]: ...

@@ -223,17 +223,21 @@ class HFBackend:
             self._stop_matchers[key] = StopMatcher(self.tokenizer, vocab, key)
         return self._stop_matchers[key]
 
-    def live_engine(self, max_rows: int | None = None) -> LiveEngine:
+    def live_engine(self, max_rows: int | None = None, shared_prefix: Sequence[int] | None = None) -> LiveEngine:
         """A decode loop running in its own thread that requests join between steps.
 
         ``max_rows`` caps the rows decoded together (a request takes one row
         for its greedy answer and one per sample); by default
         ``batch_size`` x 6, a full batch of greedy answers with 5 samples.
+        ``shared_prefix``: token ids the prompts start with (a template's
+        few-shot block, see :class:`candor.backends.shared_prefix.SharedPrefix`),
+        run once; each prompt that starts with them is prefilled past them only.
         Close it when done (it is a context manager).
         """
         from candor.backends.live_engine import HFLiveEngine
 
-        return HFLiveEngine(self, max_rows if max_rows is not None else self.batch_size * 6)
+        rows = max_rows if max_rows is not None else self.batch_size * 6
+        return HFLiveEngine(self, rows, shared_prefix=shared_prefix)
 
     # --------------------------------------------------------------- scoring
 

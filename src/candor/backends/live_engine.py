@@ -8,6 +8,14 @@ empty). Each request's prompt is prefilled alone, unpadded, so its hidden
 states, logits and tokens never depend on which other requests run; its
 future resolves when its last row ends. A request whose hook raises fails
 its own future; its rows leave and the others go on.
+
+An engine opened with a ``shared_prefix`` (the token ids its template's
+prompts all start with: the few-shot block) runs that prefix once, alone, on
+first use (:class:`candor.backends.shared_prefix.SharedPrefix`), and prefills
+only the rest of each prompt that starts with it, over a copy of its KV
+cache; a prompt that does not is prefilled in full. The prefix is the
+engine's, never derived from the requests queued together, so a prompt's
+split, and what the request gets, is still the same whatever else runs.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -24,6 +32,7 @@ import torch
 
 from candor.backends.base import DecodeRequest, Generations
 from candor.backends.decode_loop import DecodeJob, DecodeLoop
+from candor.backends.shared_prefix import SharedPrefix
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
@@ -41,11 +50,12 @@ _CLOSE = object()  # queued by close(): the engine thread stops when it reads it
 class HFLiveEngine:
     """A running decode loop over an :class:`candor.backends.hf.HFBackend` (see the module docstring)."""
 
-    def __init__(self, backend: Any, max_rows: int) -> None:
+    def __init__(self, backend: Any, max_rows: int, shared_prefix: Sequence[int] | None = None) -> None:
         if max_rows < 1:
             raise CandorError(f"max_rows must be at least 1, got {max_rows}")
         self.backend = backend
         self.max_rows = max_rows
+        self.prefix = SharedPrefix(backend, shared_prefix) if shared_prefix else None
         self.loop = DecodeLoop(backend, rows=min(max_rows, LIVE_ROWS), columns=LIVE_COLUMNS)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -140,8 +150,9 @@ class HFLiveEngine:
     def _start(self, loop: DecodeLoop, request: DecodeRequest, future: Future[Generations]) -> None:
         """Prefill one request alone and let its rows join the loop."""
         try:
+            prompt_ids = self.backend.encode([request.prompt])[0]
             job = DecodeJob(
-                prompt_ids=self.backend.encode([request.prompt])[0],
+                prompt_ids=prompt_ids,
                 n=request.n,
                 greedy=request.greedy,
                 params=request.params,
@@ -152,12 +163,25 @@ class HFLiveEngine:
                 on_done=lambda job: future.set_result(job.result),
                 on_error=lambda job, exc: future.set_exception(exc),
             )
-            prefilled = loop.prefill([job])
+            prefix = self._prefix_for(prompt_ids, request.params.max_new_tokens)
+            if prefix is not None:
+                prefilled = loop.prefill([job], prefix.computed(), len(prefix))
+            else:
+                prefilled = loop.prefill([job])
             if prefilled is not None:
                 loop.admit(prefilled)
         except Exception as exc:  # a prompt the model cannot run fails its own request
             if not future.done():
                 future.set_exception(exc)
+
+    def _prefix_for(self, prompt_ids: list[int], max_new_tokens: int) -> SharedPrefix | None:
+        """The prefix this prompt is prefilled past: None unless it starts with it and fits the model's window."""
+        if self.prefix is None or not self.prefix.starts(prompt_ids):
+            return None
+        window = getattr(self.backend.model.config, "sliding_window", None)
+        if window is not None and len(prompt_ids) + max_new_tokens > window:
+            return None  # a sliding-window cache stays on the plain path, as generate() decides
+        return self.prefix
 
     def _fail_everything(self, exc: BaseException) -> None:
         self.loop.abort(exc)

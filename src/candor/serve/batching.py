@@ -91,18 +91,24 @@ def open_engine(
     max_batch: int = 16,
     max_wait_ms: float = 5.0,
     rows_per_request: int = 1,
+    shared_prefix: Sequence[int] | None = None,
 ) -> LiveEngine:
     """The backend's live engine (continuous batching) when it has one, else a :class:`MicroBatchEngine`.
 
     ``max_batch`` requests decode together: a live engine holds up to
     ``max_batch * rows_per_request`` rows (a request takes one per answer it
     decodes), a micro-batch gathers up to ``max_batch`` requests for up to
-    ``max_wait_ms``. ``max_batch=1`` turns batching off.
+    ``max_wait_ms``. ``max_batch=1`` turns batching off. ``shared_prefix``:
+    the token ids the template's prompts start with, which a live engine runs
+    once (a micro-batch's ``generate`` finds the prefix its prompts share itself).
     """
     if max_batch < 1 or rows_per_request < 1:
         raise CandorError("max_batch and rows_per_request must be at least 1")
     if LIVE_DECODE in backend_capabilities(backend):
-        return backend.live_engine(max_rows=max_batch * rows_per_request)  # type: ignore[attr-defined,no-any-return]
+        rows = max_batch * rows_per_request
+        if shared_prefix:
+            return backend.live_engine(max_rows=rows, shared_prefix=shared_prefix)  # type: ignore[attr-defined,no-any-return]
+        return backend.live_engine(max_rows=rows)  # type: ignore[attr-defined,no-any-return]
     return MicroBatchEngine(backend, max_batch=max_batch, max_wait_ms=max_wait_ms)
 
 

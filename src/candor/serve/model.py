@@ -56,6 +56,7 @@ import numpy as np
 from candor.annotation.prompts import QATemplate, resolve_template
 from candor.annotation.records import Record
 from candor.backends.base import (
+    LIVE_DECODE,
     TOKENIZER,
     Backend,
     Completion,
@@ -67,6 +68,7 @@ from candor.backends.base import (
     SamplingParams,
     backend_capabilities,
 )
+from candor.backends.shared_prefix import SharedPrefix
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
 from candor.serve import thresholds as th
 from candor.serve.batching import open_engine
@@ -78,7 +80,7 @@ from candor.serve.confidence import (
     load_source,
     question_item,
 )
-from candor.serve.rescoring import SharedPrefix, can_read_alone, read_alone
+from candor.serve.rescoring import can_read_alone, read_alone
 from candor.util.errors import CandorError
 from candor.util.files import atomic_folder
 from candor.util.version import __version__
@@ -341,8 +343,10 @@ class HonestModel:
 
     def open_engine(self, max_batch: int = 16, max_wait_ms: float = 5.0) -> LiveEngine:
         """The engine this model's questions run on (close it when done): ``max_batch`` questions decode together."""
+        prefix = self.shared_prefix() if LIVE_DECODE in backend_capabilities(self.backend) else None
         return open_engine(self.backend, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                           rows_per_request=1 + self.source.samples)  # fmt: skip
+                           rows_per_request=1 + self.source.samples,
+                           shared_prefix=prefix.ids if prefix is not None else None)  # fmt: skip
 
     async def _answer_all(self, asks: Sequence[Ask], engine: LiveEngine) -> list[Outcome]:
         outcomes = await asyncio.gather(*(self.answer_one(a, engine) for a in asks), return_exceptions=True)
@@ -421,8 +425,14 @@ class HonestModel:
     def _score_question(self, question: str) -> float:
         return float(self._calibrated(self.source.score_questions([question]))[0])
 
-    def _shared_prefix(self) -> SharedPrefix | None:
-        """The template's own prefix (the few-shot block), which re-reading answers runs once."""
+    def shared_prefix(self) -> SharedPrefix | None:
+        """The template's own prefix (the few-shot block), run once by the live engine and by re-reading answers.
+
+        Found from two renderings of the template; None where it is too short
+        to be worth sharing or the model does not run in this process.
+        """
+        if not can_read_alone(self.backend):
+            return None
         if self._prefix is None:
             prompts = [self.template(question_item(q), self.backend) for q in ("Who?", "Which river is longest?")]
             self._prefix = (SharedPrefix.of(self.backend, prompts),)  # type: ignore[arg-type]
@@ -439,7 +449,7 @@ class HonestModel:
     def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:
         """The protocol's answer scored (in the engine thread, this question alone); an abstention is returned whole."""
         if can_read_alone(self.backend):
-            protocol = read_alone(self.backend, ask.prompted.prompt, protocol, self._shared_prefix())  # type: ignore[arg-type]
+            protocol = read_alone(self.backend, ask.prompted.prompt, protocol, self.shared_prefix())  # type: ignore[arg-type]
         rec = answer_records([ask.prompted.question], [protocol.greedy], [protocol.samples],  # type: ignore[list-item]
                              self.provenance())[0]  # fmt: skip
         n = ask.reply.n

@@ -11,7 +11,7 @@ the shared prefix) then the answer, right-padded. What an answer-level
 estimator reads then depends on the question alone, bit for bit.
 
 The token prefix every prompt of the template shares (the few-shot block) is
-run once and its KV cache reused (:class:`SharedPrefix`); a question's split
+run once and its KV cache reused (:class:`candor.backends.shared_prefix.SharedPrefix`); a question's split
 between that prefix and the rest is always the same, so re-reading it gives
 the same numbers whatever ran before.
 
@@ -21,9 +21,6 @@ Only the ``hf`` backend's public plumbing is used (``encode``, ``new_cache``,
 
 from __future__ import annotations
 
-import copy
-import threading
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -31,7 +28,7 @@ import torch
 
 from candor.backends.base import Completion, Generations
 from candor.backends.hf import HFBackend, decoded_vocab
-from candor.backends.tokens import prefill_shared_prefix, usable_prefix_length
+from candor.backends.shared_prefix import SharedPrefix
 
 # Logit floats held at once (rows × answer tokens × vocabulary): 2^26 floats is 256 MiB.
 MAX_LOGIT_FLOATS = 1 << 26
@@ -40,34 +37,6 @@ MAX_LOGIT_FLOATS = 1 << 26
 def can_read_alone(backend: Any) -> bool:
     """Whether :func:`read_alone` can re-read ``backend``'s answers (an in-process ``hf`` model)."""
     return isinstance(backend, HFBackend)
-
-
-class SharedPrefix:
-    """The tokens every prompt of a template starts with, and their KV cache (run once, alone, on first use)."""
-
-    def __init__(self, backend: HFBackend, ids: list[int]) -> None:
-        self.backend = backend
-        self.ids = ids
-        self._cache: Any = None
-        self._lock = threading.Lock()
-
-    @classmethod
-    def of(cls, backend: HFBackend, prompts: Sequence[str]) -> SharedPrefix | None:
-        """The prefix ``prompts`` (the template around different questions) share, when worth reusing."""
-        encoded = backend.encode(list(prompts))
-        length = usable_prefix_length(backend.model, encoded)
-        return cls(backend, encoded[0][:length]) if length else None
-
-    def starts(self, ids: Sequence[int]) -> bool:
-        return len(ids) > len(self.ids) and list(ids[: len(self.ids)]) == self.ids
-
-    @torch.inference_mode()
-    def cache(self) -> Any:
-        """A fresh copy of the prefix's KV cache."""
-        with self._lock:
-            if self._cache is None:
-                self._cache = prefill_shared_prefix(self.backend.model, self.ids)
-            return copy.deepcopy(self._cache)
 
 
 @torch.inference_mode()
