@@ -82,3 +82,17 @@ def tiny_backend(tiny_model, tokenizer):
     from candor.backends.hf import HFBackend
 
     return HFBackend(tiny_model, tokenizer, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def lively_model(tokenizer):
+    """The tiny Llama with weights scaled up: at the default init its greedy output is one
+    token repeated, while this one gives peaked, context-dependent next-token distributions."""
+    import torch
+
+    model = build_tiny_model(len(tokenizer), seed=1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.mul_(20.0)
+    return model

@@ -24,20 +24,6 @@ PROMPTS = [
 NO_STOP = SamplingParams(max_new_tokens=10, stop=())
 
 
-@pytest.fixture(scope="module")
-def lively_model(tokenizer):
-    """The tiny Llama with weights scaled up: at the default init its greedy output is one
-    token repeated, while this one gives peaked, context-dependent next-token distributions."""
-    from conftest import build_tiny_model
-
-    model = build_tiny_model(len(tokenizer), seed=1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.mul_(20.0)
-    return model
-
-
 @pytest.fixture()
 def backend(lively_model, tokenizer):
     return HFBackend(lively_model, tokenizer, batch_size=4, model_name="lively")

@@ -10,7 +10,6 @@ different steps (stop strings, EOS, the token cap).
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from candor.backends.base import DecodeRequest, Generations, SamplingParams
@@ -28,19 +27,6 @@ PROMPTS = [
     "Once upon a time",
 ]
 WAIT = 60
-
-
-@pytest.fixture(scope="module")
-def lively_model(tokenizer):
-    """The tiny Llama with weights scaled up, so tokens depend on the context (see test_backend_hf)."""
-    from conftest import build_tiny_model
-
-    model = build_tiny_model(len(tokenizer), seed=1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.mul_(20.0)
-    return model
 
 
 def transformers_greedy(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

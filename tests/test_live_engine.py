@@ -7,7 +7,6 @@ from concurrent.futures import Future
 
 import numpy as np
 import pytest
-import torch
 
 from candor.backends import shared_prefix as shared_prefix_module
 from candor.backends.base import LIVE_DECODE, DecodeRequest, Generations, SamplingParams, backend_capabilities
@@ -23,19 +22,6 @@ PROMPTS = [
 ]
 LONG = SamplingParams(max_new_tokens=24, stop=())
 WAIT = 60  # seconds a test waits for the engine before failing (never reached when it works)
-
-
-@pytest.fixture(scope="module")
-def lively_model(tokenizer):
-    """The tiny Llama with weights scaled up, so tokens depend on the context (see test_backend_hf)."""
-    from conftest import build_tiny_model
-
-    model = build_tiny_model(len(tokenizer), seed=1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.mul_(20.0)
-    return model
 
 
 @pytest.fixture()
