@@ -269,11 +269,16 @@ def main() -> None:
         if args.redo:
             payload["cells"].pop(arm, None)
         run_arm(arm, args, questions, payload, out)
+    save(out, payload)
+    print(json.dumps(payload["ratios"], indent=2))
+    print(f"wrote {out}")
+
+
+def save(out: Path, payload: dict[str, Any]) -> None:
+    """Write the file with the ratios of the cells measured so far (a stopped run leaves a complete file)."""
     payload["ratios"] = ratios(payload)
     payload["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     write_json(out, payload)
-    print(json.dumps(payload["ratios"], indent=2))
-    print(f"wrote {out}")
 
 
 def run_arm(arm: str, args: argparse.Namespace, questions: list[str], payload: dict[str, Any], out: Path) -> None:
@@ -299,7 +304,7 @@ def run_arm(arm: str, args: argparse.Namespace, questions: list[str], payload: d
             cells[str(c)] = cell
             payload["servers"][arm] = {"peak_rss_mib": {s.name: s.peak_rss_mib() for s in servers},
                                        "commit": commit(), **extra}  # fmt: skip
-            write_json(out, payload)
+            save(out, payload)
     finally:
         for server in reversed(servers):
             server.stop()
