@@ -194,3 +194,36 @@ def test_a_served_models_live_engine_runs_its_templates_prefix_once(tiny_model, 
         assert isinstance(engine, MicroBatchEngine)
     finally:
         engine.close()
+
+
+def test_a_server_backed_engine_starts_a_request_while_another_ones_call_runs(tiny_model, tokenizer):
+    """With a backend whose server batches for itself (``concurrent_calls``), a group never waits for another.
+
+    The generation server is a real ``candor serve`` (slowed per token); the engine in front talks to it
+    through the openai backend, as ``candor serve --backend openai`` does.
+    """
+    from candor.backends.openai import OpenAIBackend
+    from candor.serve import Decoding, HonestModel
+    from candor.serve.app import ServeSettings, create_app
+    from candor.serve.server import serve_in_thread
+
+    backend = CountingBackend(tiny_model, tokenizer, batch_size=16)
+    backend.token_delay = 0.01  # 400 tokens take 4 s or more
+    generator = HonestModel(backend, "n-prob", template="fewshot", decoding=Decoding(max_new_tokens=4))
+    long_q, short_q = "Which is the longest river, asked at length?", "What is two plus two, asked briefly?"
+    with serve_in_thread(create_app(generator, ServeSettings(max_tokens=400))) as url:
+        remote = OpenAIBackend("candor", base_url=f"{url}/v1", capabilities=["generate"], max_retries=0)
+        engine = MicroBatchEngine(remote, max_batch=4, max_wait_ms=0)
+        try:
+            greedy = SamplingParams(max_new_tokens=400, temperature=0.0, stop=())
+            long_f = engine.submit(DecodeRequest(long_q, 0, greedy))
+            deadline = time.monotonic() + 120
+            while not long_f.done() and time.monotonic() < deadline and backend.tokens_for(long_q) == 0:
+                time.sleep(0.05)  # the long request is being answered by the server
+            short_f = engine.submit(DecodeRequest(short_q, 0, SamplingParams(max_new_tokens=2, temperature=0.0)))
+            short = short_f.result(timeout=300)
+            assert not long_f.done()  # the short one did not wait for the long one's call to return
+            assert short.greedy is not None and long_f.result(timeout=300).greedy is not None
+        finally:
+            engine.close()
+    assert engine.batches == 2

@@ -125,6 +125,9 @@ class OpenAIBackend:
     """A black- or grey-box backend that talks to an OpenAI-compatible server over HTTP."""
 
     white_box = False
+    # The server batches for itself: ``generate`` may run from several threads at once, so a caller
+    # never has to hold one request back until another's call returns (see serve.batching).
+    concurrent_calls = True
 
     def __init__(
         self,

@@ -17,7 +17,10 @@ which gives the same interface over ``backend.generate``:
 - a request whose future was cancelled before its batch ran is skipped, and a
   request's ``on_token`` streams its rows and ends them (with the backend's
   ``token_hook`` capability);
-- ``call`` work runs in the same thread between batches.
+- ``call`` work runs in the same thread between batches;
+- a backend whose server batches for itself (``concurrent_calls``, the
+  ``openai`` backend) gets each group in a thread of its own, so a request
+  never waits for another group's answers to end.
 
 :class:`Admission` bounds the questions in flight (503 beyond it); it is used
 from the event loop only.
@@ -30,7 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -144,6 +147,13 @@ class MicroBatchEngine:
         self.max_wait = max_wait_ms / 1000.0
         self.batches = 0  # generate calls made, for tests and the load benchmark
         self._hooks = TOKEN_HOOK in backend_capabilities(backend)
+        # A backend whose server batches for itself (``concurrent_calls``) gets each gathered group in a
+        # thread of its own, so requests arriving while a group decodes start at once instead of after it.
+        self._pool = (
+            ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="candor-generate")
+            if getattr(backend, "concurrent_calls", False) else None
+        )  # fmt: skip
+        self._count = threading.Lock()
         self._inbox: queue.SimpleQueue[_Decode | _Call | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -165,6 +175,8 @@ class MicroBatchEngine:
             self._closed = True
             self._inbox.put(None)
         self._thread.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         while True:  # whatever is still queued fails
             try:
                 item = self._inbox.get_nowait()
@@ -221,7 +233,10 @@ class MicroBatchEngine:
         for d in live:
             groups.setdefault(d.key(), []).append(d)
         for group in groups.values():
-            self._generate(group)
+            if self._pool is not None:
+                self._pool.submit(self._generate, group)
+            else:
+                self._generate(group)
 
     def _generate(self, group: list[_Decode]) -> None:
         n, greedy, params = group[0].key()
@@ -239,7 +254,8 @@ class MicroBatchEngine:
                 logger.exception("generation failed")
             group[0].future.set_exception(exc)
             return
-        self.batches += 1
+        with self._count:
+            self.batches += 1
         for d, g in zip(group, gens, strict=True):
             d.future.set_result(g)
 
