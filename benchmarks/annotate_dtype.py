@@ -50,13 +50,7 @@ def drift(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--questions", type=int, default=64)
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = throughput.job_parser(__doc__.split("\n")[0], out=RESULTS).parse_args()
     if not throughput.DATA.exists():
         print(f"skipped: NQ test data not found at {throughput.DATA}")
         return

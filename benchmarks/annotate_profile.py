@@ -19,17 +19,15 @@ credit: the fraction is that of useful generation work.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
 
-from annotate_throughput import RESULTS, load_items, prompts_for, sampling_params  # noqa: E402
+from annotate_throughput import job_parser, load_items, prompts_for, sampling_params  # noqa: E402
 
 MODEL = "smollm2-135m"
 # Operator name fragments → group, first match wins.
@@ -65,13 +63,7 @@ def group_of(name: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--questions", type=int, default=32)
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = job_parser(__doc__.split("\n")[0], questions=32).parse_args()
 
     import torch
     from torch.profiler import ProfilerActivity, profile

@@ -241,15 +241,21 @@ def has_annotate() -> bool:
     return True
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--questions", type=int, default=64)
+def job_parser(description: str, questions: int = 64, out: Path = RESULTS) -> argparse.ArgumentParser:
+    """The options of the annotation job these speed benchmarks share (questions, k, batch, threads, --out)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--questions", type=int, default=questions)
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
+
+
+def main() -> None:
+    parser = job_parser(__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--paths", default="candor,naive,annotate", help="comma-separated subset to run")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
