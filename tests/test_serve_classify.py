@@ -188,6 +188,15 @@ def test_an_unreachable_server_is_one_clear_error(exported):
         server_root("127.0.0.1:8001")
 
 
+def send_json(handler: BaseHTTPRequestHandler, status: int, data: bytes) -> None:
+    """Answer ``data`` (JSON bytes) with ``status`` from a stdlib request handler."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class _Canned(BaseHTTPRequestHandler):
     """Answers every request with the server's canned status and body."""
 
@@ -199,12 +208,7 @@ class _Canned(BaseHTTPRequestHandler):
         self._answer(*self.server.canned)  # type: ignore[attr-defined]
 
     def _answer(self, status: int, body: object) -> None:
-        data = json.dumps(body).encode() if not isinstance(body, bytes) else body
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, json.dumps(body).encode() if not isinstance(body, bytes) else body)
 
     def log_message(self, *args: object) -> None:
         return None
@@ -328,11 +332,7 @@ class CountingProxy(BaseHTTPRequestHandler):
                 status, data = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             status, data = exc.code, exc.read()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, data)
 
     def log_message(self, *args: object) -> None:
         return None
