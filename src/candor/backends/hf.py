@@ -60,6 +60,7 @@ from candor.backends.base import (
 from candor.backends.chat import TokenizerChat
 from candor.backends.decode_loop import ChunkFeed, DecodeJob, DecodeLoop
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
+from candor.backends.packed_linear import PackedLinears, packed_linears_of, with_packed_linears
 from candor.backends.sampling import row_seed
 from candor.backends.sampling import sample_tokens as sample_tokens  # re-exported: its public home before
 from candor.backends.stops import StopMatcher, decoded_vocab
@@ -96,6 +97,7 @@ class HFBackend:
         model_name: str | None = None,
         seed: int = 0,
         top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+        pack_linears: bool = True,
     ) -> None:
         if batch_size < 1:
             raise CandorError(f"batch_size must be at least 1, got {batch_size}")
@@ -117,6 +119,9 @@ class HFBackend:
         self._keeps_logits = accepts_logits_to_keep(model)
         self._stop_matchers: dict[tuple[str, ...], StopMatcher] = {}
         self.adapter: str | None = None
+        # Inference runs the linear layers on prepacked oneDNN weights (same math, faster on CPU);
+        # ``pack_linears=False`` keeps nn.Linear's own kernels (the benchmarks' baseline).
+        self.packed_linears = packed_linears_of(model) if pack_linears else PackedLinears(model, enabled=False)
 
     @classmethod
     def from_pretrained(
@@ -166,6 +171,7 @@ class HFBackend:
     # ------------------------------------------------------------ generation
 
     @torch.inference_mode()
+    @with_packed_linears
     def generate(
         self,
         prompts: Sequence[str],
@@ -242,6 +248,7 @@ class HFBackend:
     # --------------------------------------------------------------- scoring
 
     @torch.inference_mode()
+    @with_packed_linears
     def score(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[list[float]]:
         """Log-probs of each continuation's tokens after its prompt.
 
@@ -284,6 +291,7 @@ class HFBackend:
         return out
 
     @torch.inference_mode()
+    @with_packed_linears
     def token_distribution_stats(
         self, prompts: Sequence[str], continuations: Sequence[Sequence[int]]
     ) -> list[np.ndarray]:
@@ -318,6 +326,7 @@ class HFBackend:
         return [stats[row, keep - 1 - n : keep - 1].astype(float) for row, n in enumerate(lengths)]
 
     @torch.inference_mode()
+    @with_packed_linears
     def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
         columns = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
         rows = []
@@ -331,6 +340,7 @@ class HFBackend:
         return torch.cat(rows).numpy()
 
     @torch.inference_mode()
+    @with_packed_linears
     def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
         """Hidden state of the last prompt token at ``layer`` of ``output_hidden_states``.
 
@@ -359,6 +369,7 @@ class HFBackend:
         return torch.cat(rows).numpy()
 
     @torch.inference_mode()
+    @with_packed_linears
     def continuation_hidden_states(
         self, prompts: Sequence[str], continuations: Sequence[Sequence[str]], layer: int = -1
     ) -> list[np.ndarray]:
@@ -379,6 +390,7 @@ class HFBackend:
         """Token ids as every method here feeds them (special tokens, no doubled BOS)."""
         return encode_tokens(self.tokenizer, prompts)
 
+    @with_packed_linears
     def forward(
         self,
         ids: torch.Tensor,
@@ -400,6 +412,7 @@ class HFBackend:
         logits = out.logits[:, -keep:, :].float()
         return logits[:, -1, :] if last_only else logits
 
+    @with_packed_linears
     def forward_with_states(
         self, ids: torch.Tensor, mask: torch.Tensor, cache: DynamicCache | None, position_ids: torch.Tensor
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -422,6 +435,7 @@ class HFBackend:
         return new_kv_cache(self.model)
 
     @torch.inference_mode()
+    @with_packed_linears
     def score_candidates(self, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
         """Total log-prob of every candidate after every prompt, ``(len(prompts), len(candidates))``.
 
@@ -434,6 +448,7 @@ class HFBackend:
         return score_candidates(self, prompts, candidates)
 
     @torch.inference_mode()
+    @with_packed_linears
     def score_candidates_pruned(
         self, prompts: Sequence[str], candidates: Sequence[str], min_mass: float
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -193,7 +193,9 @@ class HFLiveEngine:
                 future.set_exception(exc)
 
     def _run(self) -> None:
-        with torch.inference_mode():
+        # The engine thread holds the packed-linear scope for its lifetime, so every
+        # forward on the model (the loop's, and re-reads from other threads) uses it.
+        with torch.inference_mode(), self.backend.packed_linears:
             while True:
                 try:
                     self.loop.run(self)

@@ -1,0 +1,210 @@
+"""A model's linear layers through oneDNN with prepacked weights, for inference on CPU.
+
+``nn.Linear`` on CPU calls MKL's GEMM, which reads the weight in its plain
+row-major layout at every call. oneDNN can reorder a weight once into the
+blocked layout its kernels stream from; on the 2-core AVX-512 machine the
+benchmarks run on, that made the LM head's product (vocabulary × hidden, at
+96 rows) 2.1× faster and the decoder's 1.2–1.4× faster, and 2× at the few
+rows of a batch's tail (``benchmarks/results/annotate_throughput.json``). The
+arithmetic is the same (float32 or bfloat16 in, float32 accumulation): the
+outputs differ from ``nn.Linear``'s by rounding only, as the outputs of two
+batch shapes already do.
+
+:class:`PackedLinears` is a re-entrant scope over one model. Inside it, each
+plain ``nn.Linear`` (exactly that type: LoRA wrappers, quantized layers and
+others keep their own forward, and a LoRA's base layer is packed) runs on its
+packed weight when gradients are off, the input is on the CPU and of the
+weight's dtype; anything else, and everything outside a scope, runs the
+layer's own forward untouched, so training never sees a packed weight.
+
+A packed weight is a copy, so it is keyed by what determines it: the
+parameter object, its storage, its version counter, and a content
+fingerprint taken when the outermost scope opens (an in-place change through
+``.data``, as PEFT's merge does, bumps no version counter but moves the
+fingerprint). A stale copy is repacked, never used.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+FINGERPRINT_SAMPLES = 4096  # elements read per weight for its fingerprint; a merge moves (nearly) all of them
+
+
+def packing_available() -> bool:
+    """Whether this torch build has oneDNN's packed linear kernels."""
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    return bool(
+        torch.backends.mkldnn.is_available()
+        and mkldnn is not None
+        and hasattr(mkldnn, "_reorder_linear_weight")
+        and hasattr(mkldnn, "_linear_pointwise")
+    )
+
+
+def weight_fingerprint(weight: torch.Tensor) -> float:
+    """A cheap content summary of ``weight``: the sum of an evenly strided sample of its elements."""
+    flat = weight.detach().reshape(-1)
+    stride = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+    return float(flat[::stride].double().sum())
+
+
+@dataclass(frozen=True)
+class WeightKey:
+    """Everything a packed copy depends on: which parameter, its storage, its version, its content."""
+
+    param_id: int
+    data_ptr: int
+    version: int
+    dtype: torch.dtype
+    fingerprint: float
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, fingerprint: float) -> WeightKey:
+        return cls(id(weight), weight.data_ptr(), weight._version, weight.dtype, fingerprint)
+
+
+class PackedLayer:
+    """One ``nn.Linear``'s packed weight and the forward that uses it inside a scope."""
+
+    def __init__(self, layer: torch.nn.Linear, scope: PackedLinears) -> None:
+        self.layer = layer
+        self.scope = scope
+        self.packed: torch.Tensor | None = None
+        self.key: WeightKey | None = None
+        self.fingerprint = 0.0
+
+    def refresh_fingerprint(self) -> None:
+        self.fingerprint = weight_fingerprint(self.layer.weight)
+
+    def current_key(self) -> WeightKey:
+        return WeightKey.of(self.layer.weight, self.fingerprint)
+
+    def usable(self, x: torch.Tensor) -> bool:
+        weight = self.layer.weight
+        return (
+            self.scope.active
+            and not torch.is_grad_enabled()
+            and x.device.type == "cpu"
+            and weight.device.type == "cpu"
+            and x.dtype == weight.dtype
+            and weight.dtype in PACKABLE_DTYPES
+        )
+
+    def packed_weight(self) -> torch.Tensor:
+        key = self.current_key()
+        packed = self.packed
+        if packed is None or key != self.key:
+            packed = torch.ops.mkldnn._reorder_linear_weight(self.layer.weight.detach(), None)
+            self.packed, self.key = packed, key
+        return packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.usable(x):
+            return torch.nn.Linear.forward(self.layer, x)
+        bias = self.layer.bias
+        return torch.ops.mkldnn._linear_pointwise(
+            x, self.packed_weight(), None if bias is None else bias.detach(), "none", [], ""
+        )
+
+
+class PackedLinears:
+    """A re-entrant scope in which ``model``'s plain linear layers run on prepacked oneDNN weights.
+
+    The outermost ``with packed:`` gives each plain ``nn.Linear`` a packing
+    forward (seen by every thread using the model) and the last one to close
+    gives the layers their own forward back, so outside a scope the model is
+    untouched (it copies, pickles and trains as before). Packed copies are
+    kept between scopes and repacked when their key moves. Without oneDNN the
+    scope does nothing.
+    """
+
+    def __init__(self, model: Any, *, enabled: bool = True) -> None:
+        self.model_ref = weakref.ref(model)  # weak: the registry below must not keep a model alive
+        self.depth = 0
+        self.lock = threading.RLock()
+        self.layers: dict[int, PackedLayer] = {}
+        self.enabled = enabled and packing_available()
+        if enabled and not self.enabled:
+            logger.info("oneDNN packed linear kernels unavailable in this torch build: using nn.Linear")
+
+    @property
+    def active(self) -> bool:
+        return self.depth > 0
+
+    def install(self) -> None:
+        model = self.model_ref()
+        if model is None:
+            return
+        for module in model.modules():
+            if type(module) is not torch.nn.Linear:
+                continue
+            packed = self.layers.get(id(module))
+            if packed is None or packed.layer is not module:
+                packed = self.layers[id(module)] = PackedLayer(module, self)
+            packed.refresh_fingerprint()
+            module.forward = packed.forward  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        for packed in self.layers.values():
+            if "forward" in vars(packed.layer):
+                del packed.layer.forward  # back to the class's forward
+
+    def release(self) -> None:
+        """Drop every packed copy (they are rebuilt at the next scope)."""
+        with self.lock:
+            self.layers = {}
+
+    def __enter__(self) -> PackedLinears:
+        with self.lock:
+            if self.depth == 0 and self.enabled:
+                self.install()
+            self.depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0:
+                self.uninstall()
+
+
+_SCOPES: weakref.WeakKeyDictionary[Any, PackedLinears] = weakref.WeakKeyDictionary()
+_SCOPES_LOCK = threading.Lock()
+
+
+def packed_linears_of(model: Any) -> PackedLinears:
+    """The one :class:`PackedLinears` of ``model``, shared by every backend around it.
+
+    One per model, so that two backends on one model (tests share one) never
+    install over each other's scope.
+    """
+    with _SCOPES_LOCK:
+        scope = _SCOPES.get(model)
+        if scope is None:
+            scope = _SCOPES[model] = PackedLinears(model)
+        return scope
+
+
+def with_packed_linears(method: F) -> F:
+    """Run a method of an object with a ``packed_linears`` scope (an ``HFBackend``) inside that scope."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self.packed_linears:
+            return method(self, *args, **kwargs)
+
+    return cast(F, wrapper)

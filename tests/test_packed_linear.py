@@ -1,0 +1,201 @@
+"""Prepacked oneDNN linear layers: same numbers as nn.Linear, never stale, invisible outside a scope."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import threading
+
+import pytest
+import torch
+
+from candor.backends.packed_linear import PackedLinears, packed_linears_of, packing_available, with_packed_linears
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
+
+
+def small_net(seed: int = 0, bias: bool = True) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(48, 96, bias=bias), torch.nn.SiLU(), torch.nn.Linear(96, 32, bias=False))
+
+
+def reference(net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The net computed with torch.nn.functional.linear, outside any scope."""
+    h = torch.nn.functional.linear(x, net[0].weight, net[0].bias)
+    return torch.nn.functional.linear(torch.nn.functional.silu(h), net[2].weight)
+
+
+def packed_weights(scope: PackedLinears) -> int:
+    return sum(layer.packed is not None for layer in scope.layers.values())
+
+
+def test_inside_a_scope_the_packed_kernel_gives_nn_linears_numbers():
+    net, x = small_net(), torch.randn(5, 7, 48)
+    scope = PackedLinears(net)
+    with torch.inference_mode(), scope:
+        out = net(x)
+    assert packed_weights(scope) == 2  # the packed path ran, for both layers
+    torch.testing.assert_close(out, reference(net, x), rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_layers_are_packed_too():
+    net = small_net().to(torch.bfloat16)
+    x = torch.randn(4, 48, dtype=torch.bfloat16)
+    scope = PackedLinears(net)
+    with torch.inference_mode(), scope:
+        out = net(x)
+    assert packed_weights(scope) == 2
+    torch.testing.assert_close(out.float(), reference(net, x).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_outside_a_scope_the_model_is_untouched():
+    net, x = small_net(), torch.randn(3, 48)
+    scope = PackedLinears(net)
+    with torch.inference_mode(), scope:
+        assert "forward" in vars(net[0])  # installed while the scope is open
+        net(x)
+    assert all("forward" not in vars(m) for m in net.modules())
+    assert torch.equal(net(x), reference(net, x))  # nn.Linear's own kernel: bit-equal
+    twin = copy.deepcopy(net)
+    assert torch.equal(twin(x), net(x))
+    assert torch.equal(pickle.loads(pickle.dumps(net))(x), net(x))
+
+
+def test_gradients_on_take_nn_linears_own_path():
+    net, x = small_net(), torch.randn(3, 48)
+    scope = PackedLinears(net)
+    with scope:
+        out = net(x)
+        out.sum().backward()
+    assert packed_weights(scope) == 0
+    assert torch.equal(out, reference(net, x))
+    assert net[0].weight.grad is not None
+
+
+def test_a_weight_changed_through_data_between_scopes_is_repacked():
+    """PEFT's merge adds to ``weight.data`` in place: no version bump, same storage; the fingerprint moves."""
+    net, x = small_net(), torch.randn(3, 48)
+    scope = PackedLinears(net)
+    with torch.inference_mode(), scope:
+        before = net(x)
+    net[0].weight.data.add_(0.5)
+    with torch.inference_mode(), scope:
+        after = net(x)
+    torch.testing.assert_close(after, reference(net, x), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(after, before)
+
+
+def test_a_weight_changed_in_place_inside_a_scope_is_repacked():
+    net, x = small_net(), torch.randn(3, 48)
+    scope = PackedLinears(net)
+    with scope:
+        with torch.no_grad():
+            net(x)
+            net[2].weight.mul_(2.0)  # bumps the version counter
+            out = net(x)
+        torch.testing.assert_close(out, reference(net, x).detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_replaced_parameter_is_repacked():
+    net, x = small_net(), torch.randn(3, 48)
+    scope = PackedLinears(net)
+    with torch.inference_mode(), scope:
+        net(x)
+    net[0].weight = torch.nn.Parameter(torch.randn(96, 48))
+    with torch.inference_mode(), scope:
+        out = net(x)
+    torch.testing.assert_close(out, reference(net, x), rtol=1e-5, atol=1e-6)
+
+
+def test_scopes_nest_and_the_outermost_one_restores():
+    net, x = small_net(), torch.randn(2, 48)
+    scope = PackedLinears(net)
+    with torch.inference_mode():
+        with scope:
+            with scope:
+                net(x)
+            assert "forward" in vars(net[0])  # the inner exit does not uninstall
+        assert "forward" not in vars(net[0])
+
+
+def test_a_disabled_scope_changes_nothing():
+    net, x = small_net(), torch.randn(2, 48)
+    scope = PackedLinears(net, enabled=False)
+    with torch.inference_mode(), scope:
+        assert "forward" not in vars(net[0])
+        assert torch.equal(net(x), reference(net, x))
+
+
+def test_one_scope_per_model():
+    net = small_net()
+    assert packed_linears_of(net) is packed_linears_of(net)
+    assert packed_linears_of(small_net()) is not packed_linears_of(net)
+
+
+def test_a_scope_held_by_one_thread_serves_another():
+    """The live engine's thread holds the scope; re-reads from server threads go through it too."""
+    net, x = small_net(), torch.randn(2, 48)
+    scope = PackedLinears(net)
+    opened, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with scope:
+            opened.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    opened.wait(10)
+    with torch.inference_mode():
+        out = net(x)
+    done.set()
+    thread.join()
+    assert packed_weights(scope) == 2
+    torch.testing.assert_close(out, reference(net, x), rtol=1e-5, atol=1e-6)
+    assert "forward" not in vars(net[0])
+
+
+def test_a_lora_base_layer_is_packed_and_the_adapter_still_adds():
+    from peft import LoraConfig, get_peft_model
+
+    net, x = small_net(), torch.randn(3, 48)
+    model = get_peft_model(net, LoraConfig(r=4, target_modules=["0"], init_lora_weights=False))
+    with torch.no_grad():
+        plain = model(x)
+    scope = PackedLinears(model)
+    with torch.inference_mode(), scope:
+        packed = model(x)
+    assert packed_weights(scope) >= 1
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_with_packed_linears_opens_the_owners_scope():
+    class Owner:
+        def __init__(self) -> None:
+            self.packed_linears = PackedLinears(small_net())
+
+        @with_packed_linears
+        def depth(self) -> int:
+            return self.packed_linears.depth
+
+    owner = Owner()
+    assert owner.depth() == 1
+    assert owner.packed_linears.depth == 0
+
+
+def test_hf_backend_generates_the_same_answers_packed_or_not(tiny_model, tokenizer):
+    from candor.backends.base import SamplingParams
+    from candor.backends.hf import HFBackend
+
+    prompts = ["Question: who wrote Hamlet?\nAnswer:", "Question: what is 2+2?\nAnswer:"]
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.95, top_k=50)
+    packed = HFBackend(tiny_model, tokenizer, batch_size=4)
+    stock = HFBackend(tiny_model, tokenizer, batch_size=4, pack_linears=False)
+    got = packed.generate(prompts, 2, params, seeds=[1, 2])
+    want = stock.generate(prompts, 2, params, seeds=[1, 2])
+    assert packed_weights(packed.packed_linears) > 0 and packed_weights(stock.packed_linears) == 0
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip([g.greedy, *g.samples], [w.greedy, *w.samples], strict=True):
+            assert a.token_ids == b.token_ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert all("forward" not in vars(m) for m in tiny_model.modules())
