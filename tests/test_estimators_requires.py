@@ -52,8 +52,7 @@ def shifted(x: float | None) -> float | None:
 
 
 LOGPROB_PERTURBATIONS: dict[str, Perturb] = {
-    "nan": lambda c: replace(c, logprobs=[NAN] * len(c.logprobs),
-                             stop_logprob=None if c.stop_logprob is None else NAN),  # fmt: skip
+    "nan": lambda c: replace(c, logprobs=[NAN] * len(c.logprobs), stop_logprob=None if c.stop_logprob is None else NAN),
     "removed": lambda c: replace(c, logprobs=[], stop_logprob=None),
     "shifted": lambda c: replace(c, logprobs=[shifted(x) for x in c.logprobs], stop_logprob=shifted(c.stop_logprob)),
 }
