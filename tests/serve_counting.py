@@ -1,7 +1,9 @@
 """A real ``hf`` backend that records what it generates, through ``generate`` or its live engine (serve tests).
 
 Not a mock: every token comes from the real decode loop. The record lets a test
-count the work done for a prompt (a declined question, a departed client).
+count the work done for a prompt (a declined question, a departed client), and
+the model passes run inside the engine's ``call``s (a question's scoring) apart
+from decoding.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class CountingBackend(HFBackend):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[list[str], list[int]]] = []
         self.token_delay = 0.0  # seconds per generated token: a model slow enough for a client to leave mid-way
+        self.scoring_forwards = 0  # model passes (``forward``) run inside live-engine calls, i.e. while scoring
+        self._in_call = False  # set by the engine thread while it runs a call, which never overlaps a decode step
 
     @property
     def generated(self) -> list[str]:
@@ -44,6 +48,11 @@ class CountingBackend(HFBackend):
         gens = super().generate(prompts, *args, **kwargs)
         self._record(prompts, gens)
         return gens
+
+    def forward(self, *args, **kwargs):
+        if self._in_call:
+            self.scoring_forwards += 1
+        return super().forward(*args, **kwargs)
 
     def live_engine(self, max_rows=None, shared_prefix=None):
         return CountingEngine(self, super().live_engine(max_rows, shared_prefix=shared_prefix))
@@ -72,7 +81,16 @@ class CountingEngine:
         return future
 
     def call(self, work):
-        return self.engine.call(work)
+        backend = self.backend
+
+        def counted():
+            backend._in_call = True
+            try:
+                return work()
+            finally:
+                backend._in_call = False
+
+        return self.engine.call(counted)
 
     def close(self) -> None:
         self.engine.close()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from candor.annotation.records import Record
-from candor.backends.base import Backend
+from candor.backends.base import LOGPROBS, Backend
 from candor.estimators.base import ESTIMATORS
 from candor.estimators.logprob import greedy_logprobs
 from candor.estimators.semantic import SimilarityEstimator, cross_similarities, get_similarity, require_samples
@@ -32,6 +32,7 @@ class CoCoA(SimilarityEstimator):
     """exp(-(-log p(greedy)) · (1 - mean similarity of the greedy answer to the samples))."""
 
     name = "cocoa"
+    requires = frozenset({LOGPROBS})
     min_samples = 1  # it compares the samples with the greedy answer, not with each other
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:

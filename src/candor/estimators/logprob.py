@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from candor.annotation.records import Record
-from candor.backends.base import Backend
+from candor.backends.base import LOGPROBS, Backend
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.util.errors import CandorError
 
@@ -37,6 +37,7 @@ def greedy_logprobs(record: Record) -> np.ndarray:
 
 class _LogprobEstimator(Estimator):
     level = "question"
+    requires = frozenset({LOGPROBS})
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         return np.array([self.reduce(greedy_logprobs(r)) for r in records])

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from candor.annotation.records import Record
-from candor.backends.base import Backend
+from candor.backends.base import LOGPROBS, Backend
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.estimators.semantic import ClusterEstimator, sample_logprobs
 
@@ -63,6 +63,7 @@ class MonteCarloEntropy(Estimator):
 
     name = "mc-entropy"
     level = "question"
+    requires = frozenset({LOGPROBS})
     default_samples = 5
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
@@ -74,6 +75,7 @@ class SemanticEntropy(ClusterEstimator):
     """exp(-H) over semantic clusters weighted by length-normalized probabilities (normalized over clusters)."""
 
     name = "semantic-entropy"
+    requires = frozenset({LOGPROBS})
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         logprobs = sample_logprobs(records, self.name, mean=True)

@@ -34,7 +34,7 @@ import numpy as np
 
 from candor.annotation.prompts import record_prompts
 from candor.annotation.records import Record
-from candor.backends.base import Backend
+from candor.backends.base import LOGPROBS, TOP_LOGPROBS, Backend
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.estimators.logprob import greedy_logprobs
 from candor.util.errors import CandorError
@@ -101,6 +101,8 @@ class _TokenStatsEstimator(Estimator):
             raise CandorError(f"{self.name}: source must be one of {', '.join(SOURCES)}, got {source!r}")
         self.source = source
         self.needs_backend = source == "model"
+        # The model source reads the answer's token ids alone; topk reads the stored alternatives.
+        self.requires = frozenset({TOP_LOGPROBS}) if source == "topk" else frozenset()
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         if self.source == "model":
@@ -154,6 +156,7 @@ class Perplexity(Estimator):
 
     name = "perplexity"
     level = "question"
+    requires = frozenset({LOGPROBS})
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         return np.array([float(np.exp(greedy_logprobs(r).mean())) for r in records])

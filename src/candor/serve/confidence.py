@@ -53,6 +53,8 @@ class ConfidenceSource(Protocol):
     samples: int  # sampled answers per question the source reads (0: none)
     # Optional ``runs_in_engine`` (default True): False for a question-level source whose scoring is a
     # remote call (it then runs in a worker thread instead of holding the engine between decode steps).
+    # Optional ``reads_token_logprobs`` (default True): False for an answer-level source that reads only
+    # the answers' texts and token ids, which serving then does not re-read alone (serve.rescoring).
 
     def check(self, backend: Backend) -> None:
         """Raise :class:`CandorError` (one line) when the source cannot serve on ``backend``."""
@@ -190,7 +192,12 @@ class EstimatorSource:
             raise CandorError(f"estimator {name!r} compares samples with each other: give --samples {needed} or more")
 
     def check(self, backend: Backend) -> None:
-        self.estimator.check_backend(backend)
+        self.estimator.check_generator(backend)  # the backend serving it both generates and scores
+
+    @property
+    def reads_token_logprobs(self) -> bool:
+        """Whether the estimator reads the answers' token log-probs or top-k (see ``Estimator.requires``)."""
+        return self.estimator.reads_token_logprobs
 
     def score_questions(self, questions: Sequence[str]) -> np.ndarray:
         raise CandorError(f"estimator {self.name!r} scores answers; generate first")

@@ -103,8 +103,10 @@ def remote_head_model(
     from candor.serve.classify_client import ClassifySource
 
     if export is None or other_source:
-        raise CandorError("--confidence-url reads the confidence of one exported head: give --head OUT (the folder "
-                          "`candor export HEAD --to seq-cls OUT` wrote) and no --honest/--adapter/--method/--samples")
+        raise CandorError(
+            "--confidence-url reads the confidence of one exported head: give --head OUT (the folder "
+            "`candor export HEAD --to seq-cls OUT` wrote) and no --honest/--adapter/--method/--samples"
+        )
     source = ClassifySource(confidence_url, export)
     # a remote generator takes a whole micro-batch of questions at once (the openai backend's default is 8)
     kwargs: dict[str, object] = {"batch_size": batch_size, "max_concurrency": batch_size}

@@ -21,8 +21,9 @@ The confidence always follows the method's own protocol (DESIGN.md §4.1): the
 greedy answer up to the model's token cap, plus the source's samples at
 temperature 1, top-p 0.95, top-k 50, seeded by the question's text, so it
 never depends on a caller's sampling parameters nor on the requests decoded
-beside it (the answer's log-probs are re-read over its own rows alone,
-:mod:`candor.serve.rescoring`). A :class:`Reply` (a request's decoding) changes the returned text only.
+beside it (for a method that reads log-probs, the answer's are re-read over
+its own rows alone, :mod:`candor.serve.rescoring`). A :class:`Reply` (a
+request's decoding) changes the returned text only.
 Served records carry the model, template and decoding they were made with, so
 an estimator that re-reads the prompt scores the sequence that was generated.
 
@@ -363,8 +364,8 @@ class HonestModel:
         answer (the model's cap, the template's stops) with its samples at
         :data:`PROTOCOL_SAMPLES`, seeded by the question. Scoring runs as one
         ``engine.call`` holding this question alone, and an answer-level
-        source reads log-probs recomputed over this question's rows alone
-        (:mod:`candor.serve.rescoring`), so the value never depends on the
+        source that reads log-probs reads them recomputed over this question's
+        rows alone (:attr:`rereads_answers`), so the value never depends on the
         requests decoded beside it. The returned text is that greedy answer
         unless the reply asks for other decoding, which is then generated
         (only for a question answered: an abstention generates no reply).
@@ -438,6 +439,16 @@ class HonestModel:
             self._prefix = (SharedPrefix.of(self.backend, prompts),)  # type: ignore[arg-type]
         return self._prefix[0]
 
+    @property
+    def rereads_answers(self) -> bool:
+        """Whether a question's answers are re-read over its own rows before scoring (:mod:`candor.serve.rescoring`).
+
+        Only log-probs move with the batch a question decodes in; texts and
+        token ids do not, so a source that reads neither log-probs nor top-k
+        (``consis-lex``, ``p-true``: ``Estimator.requires``) skips the pass.
+        """
+        return can_read_alone(self.backend) and bool(getattr(self.source, "reads_token_logprobs", True))
+
     def _protocol_request(self, ask: Ask) -> DecodeRequest:
         """The greedy answer and the source's samples, seeded by the question (DESIGN.md §4.1)."""
         params = replace(PROTOCOL_SAMPLES, max_new_tokens=self.decoding.max_new_tokens, stop=self.template.stop)
@@ -448,7 +459,7 @@ class HonestModel:
 
     def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:
         """The protocol's answer scored (in the engine thread, this question alone); an abstention is returned whole."""
-        if can_read_alone(self.backend):
+        if self.rereads_answers:
             protocol = read_alone(self.backend, ask.prompted.prompt, protocol, self.shared_prefix())  # type: ignore[arg-type]
         rec = answer_records([ask.prompted.question], [protocol.greedy], [protocol.samples],  # type: ignore[list-item]
                              self.provenance())[0]  # fmt: skip

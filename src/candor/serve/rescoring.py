@@ -8,7 +8,10 @@ same), so :func:`read_alone` recomputes the log-probs (and top-k alternatives)
 of a question's greedy answer and samples in one teacher-forced pass whose
 batch holds that question's rows only: one row per answer, the prompt (past
 the shared prefix) then the answer, right-padded. What an answer-level
-estimator reads then depends on the question alone, bit for bit.
+estimator reads then depends on the question alone, bit for bit. An estimator
+that reads neither log-probs nor top-k (``Estimator.requires``) is not re-read:
+texts and token ids are already the question's own
+(``HonestModel.rereads_answers``).
 
 The token prefix every prompt of the template shares (the few-shot block) is
 run once and its KV cache reused (:class:`candor.backends.shared_prefix.SharedPrefix`); a question's split
