@@ -5,14 +5,21 @@ the ``fewshot`` template: one greedy answer and k samples per question
 (temperature 1, top-p 0.95, top-k 50, at most 32 new tokens, cut at the first
 newline), keeping every token's log-prob.
 
-- candor: ``HFBackend.generate`` on all questions (chunks of ``batch_size``).
+- candor: ``HFBackend.generate`` on all questions (chunks of ``batch_size``),
+  its linear layers on prepacked oneDNN weights (the default,
+  :mod:`candor.backends.packed_linear`).
+- candor-stock: the same loop with ``pack_linears=False`` (``nn.Linear``'s own
+  MKL kernels): the packing's gain, greedy answers and log-prob drift,
+  measured in the same run.
 - naive: what per-question toolkits do: for each question one greedy
   ``model.generate`` call and k sampled calls, with the same stop string.
 - annotate: the full ``candor.annotation.builder.annotate`` (generation and judges,
   records written to a temporary file), when that module is present.
 
 Each path runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its
-own; model loading is outside the timed region. Results go to
+own; model loading is outside the timed region. The two candor paths run
+``--repeats`` times each, alternating, and report the median run (the machine
+is shared; alternation spreads its load over both). Results go to
 ``benchmarks/results/annotate_throughput.json``.
 
 The children run with ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets
@@ -20,7 +27,7 @@ it: on a 2-core machine shared with other processes, spinning OpenMP threads
 made every path five to six times slower (measured), and far more so for the
 naive path's small batch-1 steps, which would inflate the speedup.
 
-    python benchmarks/annotate_throughput.py [--questions 64] [--threads 2] [--dtype float32]
+    python benchmarks/annotate_throughput.py [--questions 64] [--threads 2] [--dtype float32] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -91,10 +98,12 @@ def prompts_for(items: list[Any], backend: Any) -> list[str]:
 # ------------------------------------------------------------------- paths
 
 
-def run_candor(items: list[Any], k: int, batch_size: int, dtype: str) -> dict[str, Any]:
+def run_candor(items: list[Any], k: int, batch_size: int, dtype: str, packed: bool = True) -> dict[str, Any]:
     from candor.backends.hf import HFBackend
 
     backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size, dtype=dtype)
+    if not packed:
+        backend.packed_linears.enabled = False  # nn.Linear's own kernels: the same loop, the baseline
     prompts = prompts_for(items, backend)
     params = sampling_params()
     backend.generate(prompts[:1], 1, params)  # warm-up: first-call allocations, decoded vocabulary
@@ -195,8 +204,8 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     items = load_items(args.questions)
-    if args.path == "candor":
-        out = run_candor(items, args.k, args.batch_size, args.dtype)
+    if args.path in ("candor", "candor-stock"):
+        out = run_candor(items, args.k, args.batch_size, args.dtype, packed=args.path == "candor")
     elif args.path == "naive":
         out = run_naive(items, args.k, args.dtype)
     else:
@@ -255,7 +264,8 @@ def job_parser(description: str, questions: int = 64, out: Path = RESULTS) -> ar
 def main() -> None:
     parser = job_parser(__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--paths", default="candor,naive,annotate", help="comma-separated subset to run")
+    parser.add_argument("--paths", default="candor,candor-stock,naive,annotate", help="comma-separated subset to run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each candor path (alternating); the median")
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -268,13 +278,36 @@ def main() -> None:
 
     paths = [p for p in args.paths.split(",") if p != "annotate" or has_annotate()]
     args.load_before = os.getloadavg()
-    runs = {}
-    for path in paths:
+    repeated = [p for p in paths if p.startswith("candor")]
+    order = [p for _ in range(max(1, args.repeats)) for p in repeated] + [p for p in paths if p not in repeated]
+    attempts: dict[str, list[dict[str, Any]]] = {}
+    for path in order:
         print(f"running {path} ...", flush=True)
-        runs[path] = run_child(path, args)
-        run = runs[path]
+        run = run_child(path, args)
+        attempts.setdefault(path, []).append(run)
         print(f"  {run['seconds']:.1f} s wall, {run['cpu_seconds']:.1f} s CPU, peak RSS {run['peak_rss_mib']:.0f} MiB")
+    runs = {path: median_run(tries) for path, tries in attempts.items()}
+    args.repeat_seconds = {
+        path: {"wall": [round(t["seconds"], 2) for t in tries], "cpu": [round(t["cpu_seconds"], 2) for t in tries]}
+        for path, tries in attempts.items() if len(tries) > 1
+    }
     report(runs, args)
+
+
+def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median wall time (its CPU time and outputs with it)."""
+    return sorted(tries, key=lambda t: t["seconds"])[len(tries) // 2]
+
+
+def logprob_drift(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Largest |Δ log-prob| between two runs' greedy answers, over the answers whose tokens are identical."""
+    drift = 0.0
+    for ids_a, ids_b, lp_a, lp_b in zip(
+        a["greedy_token_ids"], b["greedy_token_ids"], a["greedy_logprobs"], b["greedy_logprobs"], strict=True
+    ):
+        if ids_a == ids_b:
+            drift = max([drift, *(abs(x - y) for x, y in zip(lp_a, lp_b, strict=True))])
+    return drift
 
 
 def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
@@ -315,6 +348,19 @@ def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
         result["cpu_time_speedup"] = round(naive["cpu_seconds"] / candor["cpu_seconds"], 2)
         result["greedy_identical"] = same == len(candor["greedy"])
         result["greedy_identical_count"] = same
+    stock = runs.get("candor-stock")
+    if candor and stock:
+        result["stock_seconds"] = round(stock["seconds"], 2)
+        result["stock_cpu_seconds"] = round(stock["cpu_seconds"], 2)
+        result["stock_tokens_per_second"] = round(stock["tokens"] / stock["seconds"], 1)
+        result["packed_speedup"] = round(stock["seconds"] / candor["seconds"], 2)
+        result["packed_cpu_time_speedup"] = round(stock["cpu_seconds"] / candor["cpu_seconds"], 2)
+        result["packed_greedy_identical_count"] = sum(
+            a == b for a, b in zip(candor["greedy"], stock["greedy"], strict=True)
+        )
+        result["packed_greedy_logprob_max_abs_diff"] = float(f"{logprob_drift(candor, stock):.2e}")
+    if getattr(args, "repeat_seconds", None):
+        result["repeats"] = args.repeat_seconds
     result["peak_rss_mib"] = {name: round(run["peak_rss_mib"]) for name, run in runs.items()}
     if "annotate" in runs:
         result["annotate_seconds"] = round(runs["annotate"]["seconds"], 2)
@@ -330,9 +376,13 @@ def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
         wall, cpu = naive["seconds"], naive["cpu_seconds"]
         for name, run in runs.items():
             print(
-                f"{name:>9}: {run['seconds']:7.1f} s wall = {wall / run['seconds']:5.2f}x naive; "
+                f"{name:>12}: {run['seconds']:7.1f} s wall = {wall / run['seconds']:5.2f}x naive; "
                 f"{run['cpu_seconds']:7.1f} s CPU = {cpu / run['cpu_seconds']:5.2f}x naive"
             )
+    if "packed_speedup" in result:
+        print(f"packed / stock kernels: {result['packed_speedup']:.2f}x wall, {result['packed_cpu_time_speedup']:.2f}x "
+              f"CPU; greedy identical {result['packed_greedy_identical_count']}/{args.questions}, "
+              f"max |d logprob| {result['packed_greedy_logprob_max_abs_diff']:.1e}")
     if "greedy_identical_count" in result:
         print(f"greedy answers identical: {result['greedy_identical_count']}/{args.questions}")
     print(f"wrote {args.out}")
