@@ -199,3 +199,16 @@ def test_hf_backend_generates_the_same_answers_packed_or_not(tiny_model, tokeniz
             assert a.token_ids == b.token_ids
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     assert all("forward" not in vars(m) for m in tiny_model.modules())
+
+
+def test_copies_that_would_not_fit_in_half_the_free_memory_are_not_made():
+    from candor.backends.packed_linear import copies_fit, linear_weight_bytes
+
+    net = small_net(bias=False)
+    needed = linear_weight_bytes(net)
+    assert needed == (48 * 96 + 96 * 32) * 4
+    assert copies_fit(net, free=2 * needed)
+    assert not copies_fit(net, free=2 * needed - 1)
+    meta = torch.nn.Linear(4, 4, device="meta")  # no CPU weights: nothing to pack
+    assert linear_weight_bytes(meta) == 0 and not copies_fit(meta, free=1 << 40)
+    assert not PackedLinears(meta).enabled

@@ -121,7 +121,8 @@ class HFBackend:
         self.adapter: str | None = None
         # Inference runs the linear layers on prepacked oneDNN weights (same math, faster on CPU);
         # ``pack_linears=False`` keeps nn.Linear's own kernels (the benchmarks' baseline).
-        self.packed_linears = packed_linears_of(model) if pack_linears else PackedLinears(model, enabled=False)
+        packs = pack_linears and self.device.type == "cpu"
+        self.packed_linears = packed_linears_of(model) if packs else PackedLinears(model, enabled=False)
 
     @classmethod
     def from_pretrained(
