@@ -150,6 +150,12 @@ def _annotate_speed(d: dict) -> str:
         text += (f". Profiled (`{prof['command']}`): {prof['tokens_per_second']:.0f} tokens/s, "
                  f"{prof['roofline_fraction']:.2f} of the measured float32 GEMM roofline by wall time "
                  f"({prof['roofline_fraction_cpu_time']:.2f} per CPU second); operator time: {shares}")
+        kernels = prof.get("gemm_gflops_by_kernel", {})
+        if "lm_head" in kernels:
+            mlp, head = kernels["mlp"], kernels["lm_head"]
+            text += (f". float32 GEMM at 96 rows, MKL (`nn.Linear`) / prepacked oneDNN: MLP shape "
+                     f"{mlp['mkl']:.0f} / {mlp['onednn_packed']:.0f} GFLOP/s, LM head "
+                     f"{head['mkl']:.0f} / {head['onednn_packed']:.0f} GFLOP/s")
     return text
 
 

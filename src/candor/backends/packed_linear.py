@@ -2,10 +2,10 @@
 
 ``nn.Linear`` on CPU calls MKL's GEMM, which reads the weight in its plain
 row-major layout at every call. oneDNN can reorder a weight once into the
-blocked layout its kernels stream from; on the 2-core AVX-512 machine the
-benchmarks run on, that made the LM head's product (vocabulary × hidden, at
-96 rows) 2.1× faster and the decoder's 1.2–1.4× faster, and 2× at the few
-rows of a batch's tail (``benchmarks/results/annotate_throughput.json``). The
+blocked layout its kernels stream from, which is faster, most of all for the
+LM head's wide product and for the few rows of a batch's tail
+(``benchmarks/annotate_profile.py`` measures both kernels' rates, and
+``benchmarks/annotate_throughput.py`` the decode loop with each). The
 arithmetic is the same (float32 or bfloat16 in, float32 accumulation): the
 outputs differ from ``nn.Linear``'s by rounding only, as the outputs of two
 batch shapes already do.
