@@ -32,7 +32,7 @@ from annotate_throughput import job_parser, load_items, prompts_for, sampling_pa
 MODEL = "smollm2-135m"
 # Operator name fragments → group, first match wins.
 GROUPS = (
-    ("linear (matmul)", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm")),
+    ("linear (matmul)", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm", "mkldnn::_linear")),
     ("attention", ("scaled_dot_product", "aten::_softmax", "flash_attention")),
     ("cache copies (cat, index, pad)", ("aten::cat", "aten::index", "aten::copy_", "aten::repeat_interleave")),
     ("sampling (topk, softmax, searchsorted)", ("aten::topk", "aten::searchsorted", "aten::cumsum", "aten::sort")),
