@@ -3,14 +3,15 @@
 Runs candor's decode loop (the ``candor`` path of
 ``benchmarks/annotate_throughput.py``, same questions and settings: NQ, the
 ``fewshot`` template, greedy + k=5 samples, top-p 0.95, top-k 50, at most 32
-new tokens) once per dtype, each in its own subprocess, and compares them:
+new tokens) ``--repeats`` times per dtype, alternating, each run in its own
+subprocess, and compares the median runs:
 
 - generated tokens per second (wall) and per CPU second, and the bf16/fp32 ratios;
 - how many greedy answers differ in text;
 - the drift of the greedy log-probs: over the answers whose greedy tokens are
   identical, the mean and largest |log p_bf16 - log p_fp32| per token.
 
-    PYTHONPATH=src python benchmarks/annotate_dtype.py [--questions 64] [--threads 2]
+    PYTHONPATH=src python benchmarks/annotate_dtype.py [--questions 64] [--threads 2] [--repeats 3]
 
 Writes benchmarks/results/annotate_dtype.json. Timings on a shared CPU are noisy; read the ratios.
 """
@@ -50,14 +51,18 @@ def drift(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    args = throughput.job_parser(__doc__.split("\n")[0], out=RESULTS).parse_args()
+    parser = throughput.job_parser(__doc__.split("\n")[0], out=RESULTS)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per dtype, alternating; the median is kept")
+    args = parser.parse_args()
     if not throughput.DATA.exists():
         print(f"skipped: NQ test data not found at {throughput.DATA}")
         return
-    runs = {}
-    for dtype in DTYPES:
-        print(f"running candor in {dtype} ...", flush=True)
-        runs[dtype] = throughput.run_child("candor", argparse.Namespace(**{**vars(args), "dtype": dtype}))
+    attempts: dict[str, list[dict[str, Any]]] = {dtype: [] for dtype in DTYPES}
+    for _ in range(max(1, args.repeats)):
+        for dtype in DTYPES:  # alternating, so a change in the machine's load falls on both
+            print(f"running candor in {dtype} ...", flush=True)
+            attempts[dtype].append(throughput.run_child("candor", argparse.Namespace(**{**vars(args), "dtype": dtype})))
+    runs = {dtype: throughput.median_run(tries) for dtype, tries in attempts.items()}
     rows = {
         dtype: {
             "seconds": round(run["seconds"], 2),
@@ -78,6 +83,7 @@ def main() -> None:
                      "torch_threads": args.threads, "omp_wait_policy": throughput.omp_wait_policy()},
         "load_average_1min": os.getloadavg()[0],
         "dtypes": rows,
+        "repeats": {dtype: [round(t["seconds"], 2) for t in tries] for dtype, tries in attempts.items()},
         "bf16_speedup_wall": round(bf16["tokens_per_second"] / fp32["tokens_per_second"], 2),
         "bf16_speedup_cpu": round(bf16["tokens_per_cpu_second"] / fp32["tokens_per_cpu_second"], 2),
         "bf16_vs_fp32": drift(runs["float32"], runs["bfloat16"]),
