@@ -13,6 +13,7 @@ Writes benchmarks/results/estimator_cost.json. Timings on a shared CPU are noisy
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -53,8 +54,13 @@ def main() -> None:
         logger.info("%s: %.4f s/record", name, seconds[name] / len(records))
     base = seconds[BASELINE]
     rows = {m: {"seconds_per_record": s / len(records), "ratio_to_" + BASELINE: s / base} for m, s in seconds.items()}
-    write_json(args.out, {"records": str(args.records), "n": len(records), "model": args.model,
-                          "k": records[0].k if records else 0, "methods": rows})
+    root = Path(__file__).resolve().parents[1]
+    shown = args.records.resolve()
+    shown = shown.relative_to(root) if shown.is_relative_to(root) else shown
+    write_json(args.out, {"records": str(shown), "n": len(records), "model": args.model,
+                          "k": records[0].k if records else 0, "methods": rows,
+                          "command": "PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/estimator_cost.py "
+                                     + " ".join(sys.argv[1:])})
     for m, r in rows.items():
         print(f"{m:28s} {r['seconds_per_record'] * 1000:10.2f} ms/record  {r['ratio_to_' + BASELINE]:10.1f}x")
 
