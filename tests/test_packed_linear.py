@@ -212,3 +212,16 @@ def test_copies_that_would_not_fit_in_half_the_free_memory_are_not_made():
     meta = torch.nn.Linear(4, 4, device="meta")  # no CPU weights: nothing to pack
     assert linear_weight_bytes(meta) == 0 and not copies_fit(meta, free=1 << 40)
     assert not PackedLinears(meta).enabled
+
+
+def test_weights_made_under_inference_mode_are_packed_too():
+    """They carry no version counter (a head loaded inside inference_mode has such weights)."""
+    with torch.inference_mode():
+        net = small_net()
+    x = torch.randn(3, 48)
+    scope = PackedLinears(net)
+    with torch.inference_mode(), scope:
+        out = net(x)
+    assert packed_weights(scope) == 2
+    with torch.inference_mode():
+        torch.testing.assert_close(out, reference(net, x), rtol=1e-5, atol=1e-6)

@@ -106,7 +106,9 @@ class WeightKey:
 
     @classmethod
     def of(cls, weight: torch.Tensor, fingerprint: float) -> WeightKey:
-        return cls(id(weight), weight.data_ptr(), weight._version, weight.dtype, fingerprint)
+        # A weight made under inference_mode has no version counter: its storage and fingerprint key it.
+        version = -1 if weight.is_inference() else weight._version
+        return cls(id(weight), weight.data_ptr(), version, weight.dtype, fingerprint)
 
 
 class PackedLayer:

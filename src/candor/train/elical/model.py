@@ -41,6 +41,7 @@ from torch import nn
 from candor.annotation.prompts import render_prompts
 from candor.annotation.records import Record
 from candor.backends.chat import TokenizerChat
+from candor.backends.packed_linear import packed_linears_of
 from candor.backends.tokens import encode, last_token_index, positions_from_mask, shared_prefix_batches
 from candor.data.items import QAItem
 from candor.util.errors import CandorError
@@ -272,10 +273,12 @@ class ConfidenceHead(nn.Module):
             encoded = encode(self.tokenizer, prompts)
             out: list[np.ndarray] = [np.empty(0)] * len(prompts)
             pad_id = int(self.tokenizer.pad_token_id)
-            for indices, kwargs in shared_prefix_batches(self.backbone, encoded, pad_id, batch_size):
-                values = fn(self._last_token_states(kwargs)).float().cpu().numpy()
-                for row, index in enumerate(indices):
-                    out[index] = values[row]
+            # On a CPU the backbone's linear layers run on prepacked weights (gradients are off here).
+            with packed_linears_of(self.backbone):
+                for indices, kwargs in shared_prefix_batches(self.backbone, encoded, pad_id, batch_size):
+                    values = fn(self._last_token_states(kwargs)).float().cpu().numpy()
+                    for row, index in enumerate(indices):
+                        out[index] = values[row]
         finally:
             self.train(was_training)
         return np.stack(out)
