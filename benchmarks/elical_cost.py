@@ -51,11 +51,13 @@ def left_padded_head(head: Any, records: list[Any], batch_size: int) -> tuple[np
     """Confidences and features the way the head computed them before: every prompt in full, input order."""
     import torch
 
+    from candor.backends.packed_linear import packed_linears_of
     from candor.backends.tokens import encode, pad_batch
 
     prompts = head.prompts(records)
     confidences, features = [], []
-    with torch.no_grad():
+    # The same prepacked kernels as ``predict``, so the comparison is the shared prefix's alone.
+    with torch.no_grad(), packed_linears_of(head.backbone):
         for start in range(0, len(prompts), batch_size):
             seqs = encode(head.tokenizer, prompts[start : start + batch_size])
             ids, mask = pad_batch(seqs, int(head.tokenizer.pad_token_id))
