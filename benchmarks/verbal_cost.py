@@ -31,6 +31,12 @@ OUT = RESULTS / "verbal_cost.json"
 FORMATS = ("number", "percent")
 
 
+def repo_relative(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (results name no machine paths)."""
+    root, full = Path(__file__).resolve().parents[1], path.resolve()
+    return str(full.relative_to(root) if full.is_relative_to(root) else full)
+
+
 def work(backend: Any, records: list[Any], fmt: str) -> dict[str, Any]:
     """Tokens per record the scorer feeds: prompt suffix past the shared prefix, and trie nodes."""
     from candor.backends.prefix_scoring import scoring_work
@@ -99,7 +105,7 @@ def main() -> None:
     result = {
         "model": MODEL,
         "records": len(records),
-        "source": str(args.records),
+        "source": repo_relative(args.records),
         "torch_threads": args.threads,
         "ratio_percent_to_number": round(percent["seconds_per_record"] / number["seconds_per_record"], 2),
         "cpu_ratio_percent_to_number": round(percent["cpu_seconds_per_record"] / number["cpu_seconds_per_record"], 2),
