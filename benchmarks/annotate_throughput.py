@@ -101,9 +101,8 @@ def prompts_for(items: list[Any], backend: Any) -> list[str]:
 def run_candor(items: list[Any], k: int, batch_size: int, dtype: str, packed: bool = True) -> dict[str, Any]:
     from candor.backends.hf import HFBackend
 
-    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size, dtype=dtype)
-    if not packed:
-        backend.packed_linears.enabled = False  # nn.Linear's own kernels: the same loop, the baseline
+    # packed=False: nn.Linear's own kernels, the same loop (the candor-stock baseline)
+    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size, dtype=dtype, pack_linears=packed)
     prompts = prompts_for(items, backend)
     params = sampling_params()
     backend.generate(prompts[:1], 1, params)  # warm-up: first-call allocations, decoded vocabulary

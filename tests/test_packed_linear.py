@@ -225,3 +225,10 @@ def test_weights_made_under_inference_mode_are_packed_too():
     assert packed_weights(scope) == 2
     with torch.inference_mode():
         torch.testing.assert_close(out, reference(net, x), rtol=1e-5, atol=1e-6)
+
+
+def test_from_pretrained_passes_pack_linears_through(tiny_model_dir):
+    from candor.backends.hf import HFBackend
+
+    assert HFBackend.from_pretrained(tiny_model_dir, device="cpu").packed_linears.enabled
+    assert not HFBackend.from_pretrained(tiny_model_dir, device="cpu", pack_linears=False).packed_linears.enabled

@@ -135,11 +135,14 @@ class HFBackend:
         adapter: str | None = None,
         seed: int = 0,
         top_logprobs: int = DEFAULT_TOP_LOGPROBS,
+        pack_linears: bool = True,
     ) -> HFBackend:
         """Load the embedded default, a local directory, or a Hugging Face id already cached.
 
         ``dtype`` defaults to float32 on CPU and bfloat16 on CUDA. ``adapter``
         is a PEFT adapter directory, merged into the weights for speed.
+        ``pack_linears=False`` keeps ``nn.Linear``'s own CPU kernels
+        (:mod:`candor.backends.packed_linear`).
         """
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=resolve_dtype(dtype, device))
@@ -147,7 +150,7 @@ class HFBackend:
             model = _load_adapter(model, adapter)
         backend = cls(
             model, tokenizer, batch_size=batch_size, device=device, model_name=name_or_path, seed=seed,
-            top_logprobs=top_logprobs,
+            top_logprobs=top_logprobs, pack_linears=pack_linears,
         )
         backend.adapter = adapter
         return backend
