@@ -174,8 +174,10 @@ class PackedLinears:
         self.layers: dict[int, PackedLayer] = {}
         self.enabled = enabled and packing_available() and copies_fit(model)
         if enabled and not self.enabled:
-            logger.info("linear layers keep nn.Linear's kernels: no oneDNN packing in this torch build, "
-                        "or the packed copies would not fit in free memory")
+            logger.info(
+                "linear layers keep nn.Linear's kernels: no oneDNN packing in this torch build, "
+                "or the packed copies would not fit in free memory"
+            )
 
     @property
     def active(self) -> bool:
