@@ -49,15 +49,26 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 FINGERPRINT_SAMPLES = 4096  # elements read per weight for its fingerprint; a merge moves (nearly) all of them
 
 
+@functools.cache
 def packing_available() -> bool:
-    """Whether this torch build has oneDNN's packed linear kernels."""
+    """Whether this torch build has oneDNN's packed linear kernels, and they give ``F.linear``'s numbers.
+
+    The two ops are the ones torch's own compiler uses for CPU linear layers;
+    they are tried once on a small product, so a torch whose ops changed
+    falls back to ``nn.Linear`` instead of failing mid-run.
+    """
     mkldnn = getattr(torch.ops, "mkldnn", None)
-    return bool(
-        torch.backends.mkldnn.is_available()
-        and mkldnn is not None
-        and hasattr(mkldnn, "_reorder_linear_weight")
-        and hasattr(mkldnn, "_linear_pointwise")
-    )
+    if not (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        generator = torch.Generator().manual_seed(0)
+        weight, x = torch.randn(8, 16, generator=generator), torch.randn(3, 16, generator=generator)
+        with torch.inference_mode():
+            got = mkldnn._linear_pointwise(x, mkldnn._reorder_linear_weight(weight, None), None, "none", [], "")
+            return bool(torch.allclose(got, torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5))
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        logger.info("oneDNN packed linear kernels unusable here (%s): using nn.Linear", exc)
+        return False
 
 
 def linear_weight_bytes(model: Any) -> int:
