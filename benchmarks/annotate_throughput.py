@@ -364,10 +364,11 @@ def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     if "annotate" in runs:
         result["annotate_seconds"] = round(runs["annotate"]["seconds"], 2)
         result["annotate_cpu_seconds"] = round(runs["annotate"]["cpu_seconds"], 2)
-    if args.out.exists():  # the profile block comes from annotate_profile.py: keep it
+    if args.out.exists():  # the profile and steps blocks come from annotate_profile.py / annotate_steps.py: keep them
         previous = json.loads(args.out.read_text())
-        if "profile" in previous:
-            result["profile"] = previous["profile"]
+        for block in ("profile", "steps"):
+            if block in previous:
+                result[block] = previous[block]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -156,7 +156,25 @@ def _annotate_speed(d: dict) -> str:
             text += (f". float32 GEMM at 96 rows, MKL (`nn.Linear`) / prepacked oneDNN: MLP shape "
                      f"{mlp['mkl']:.0f} / {mlp['onednn_packed']:.0f} GFLOP/s, LM head "
                      f"{head['mkl']:.0f} / {head['onednn_packed']:.0f} GFLOP/s")
+    steps = d.get("steps")
+    if steps:
+        text += ". " + _annotate_steps(steps)
     return text
+
+
+def _annotate_steps(steps: dict) -> str:
+    """The step-by-step split of the decode loop's wall time (annotate_steps.py)."""
+    phases = steps["phases"]
+    by_rows = [f"{b['steps']} steps at {b['rows']} rows {b['seconds']:.1f} s"
+               + (f" ({b['ms_per_step']:.0f} ms each)" if b["ms_per_step"] else "")
+               for b in steps["decode_steps_by_rows"] if b["steps"]]
+    (one, one_ms), (full, full_ms) = steps["bare_step_ms"].items()
+    return (f"Step by step (`{steps['command']}`, {steps['seconds']:.1f} s in all): "
+            f"{'; '.join(by_rows)}; prefill {phases['prefill']['seconds']:.1f} s, admitting rows "
+            f"{phases['admit rows (KV writes)']['seconds']:.1f} s. One bare decode step of the model costs "
+            f"{one_ms:.0f} ms at {one} and {full_ms:.0f} ms at {full}: a step reads all the weights whatever its "
+            f"rows, so a 1-row step of the tail (long answers decoded after the last prompts joined) takes "
+            f"{one_ms / full_ms:.0%} of the time of a {full} step for one token instead of {full.split()[0]}")
 
 
 def peer_polygraph(r: Path) -> dict[str, str]:
