@@ -7,7 +7,9 @@ column ``t``: a step writes each row's new key and value at column ``t``
 (one indexed write per layer) and attention reads the window
 ``[lo, t]``, where ``lo`` is the first column a live row uses; a row that
 joins at column ``t`` gets its prompt's keys and values (the shared few-shot
-prefix copied, not recomputed) right-aligned in ``[t - L, t)`` of a free slot.
+prefix copied, not recomputed) in the columns just before ``t`` of a free slot,
+laid out as in its prefill batch (the rows joining together are copied in one
+indexed write per layer; the padding between them is masked).
 An additive mask ``[slots, columns]`` hides the columns before each row's
 start, and position ids count each row's own tokens, so a row's numbers do
 not depend on where it sits. A finished row's slot is reused by the next
@@ -96,21 +98,25 @@ class SlotKV:
 
         Returns the slots of the new rows, prompt by prompt.
         """
-        columns = [mask[p].nonzero().squeeze(1) for p in prompts]  # the prompt's real tokens, padding skipped
-        self._ensure_buffers(cache, max(len(c) for c in columns), sum(repeats))
+        width = mask.shape[1]
+        firsts = [int(mask[p].nonzero()[0]) for p in prompts]  # each prompt's first real column
+        # The prefill's columns from the earliest first real column on, copied as they lie (padding masked).
+        copied = width - min(firsts)
+        self._ensure_buffers(cache, copied, sum(repeats))
         assert self.cache is not None
         free = [s for s, start in enumerate(self.starts) if start is None]
         needed = sum(repeats) - len(free)
         if needed > 0:
             self._grow_active(needed, logits)
             free += list(range(self.active - needed, self.active))
-        out: list[int] = []
-        for p, cols, count in zip(prompts, columns, repeats, strict=True):
-            slots, free = free[:count], free[count:]
-            self._write_prompt(cache, p, cols, slots)
-            self.logits[slots] = logits[p].to(self.logits.dtype)
-            out += slots
-        return out
+        sources = [p for p, count in zip(prompts, repeats, strict=True) for _ in range(count)]
+        slots = free[: len(sources)]
+        self._write_rows(cache, mask, sources, slots, copied)
+        first_of = dict(zip(prompts, firsts, strict=True))
+        for slot, p in zip(slots, sources, strict=True):
+            self.starts[slot] = self.t - (width - first_of[p])  # where the row's first real token landed
+        self.logits[slots] = logits[sources].to(self.logits.dtype)
+        return slots
 
     def free(self, slots: list[int]) -> None:
         """Release the slots of rows that ended: their columns stop counting, their slots are reused."""
@@ -236,19 +242,24 @@ class SlotKV:
         extra = logits.new_zeros((count, logits.shape[-1]))
         self.logits = extra if start == 0 else torch.cat([self.logits, extra])
 
-    def _write_prompt(self, cache: Any, prompt: int, cols: torch.Tensor, slots: list[int]) -> None:
-        """Copy one prompt's keys and values into ``slots``, right-aligned before column ``t``."""
-        length = len(cols)
-        index = torch.tensor(slots, device=self.mask.device)
-        target = slice(self.t - length, self.t)
+    def _write_rows(self, cache: Any, mask: torch.Tensor, sources: list[int], slots: list[int], copied: int) -> None:
+        """Copy the last ``copied`` columns of prefill rows ``sources`` into ``slots``, ending before column ``t``.
+
+        One copy per layer for all the joining rows: the columns lie as in the
+        prefill (the shared prefix, then each prompt left-padded), and the slot
+        mask hides the padding, so a row sees exactly its own prompt's tokens.
+        """
+        device = self.mask.device
+        index = torch.tensor(slots, device=device)
+        source = torch.tensor(sources, device=mask.device)
+        target, columns = slice(self.t - copied, self.t), slice(mask.shape[1] - copied, mask.shape[1])
         for mine, theirs in zip(self._layers(), cache.layers, strict=True):
-            mine.keys[index, :, target] = theirs.keys[prompt, :, cols].unsqueeze(0)
-            mine.values[index, :, target] = theirs.values[prompt, :, cols].unsqueeze(0)
+            mine.keys[index, :, target] = theirs.keys[source, :, columns]
+            mine.values[index, :, target] = theirs.values[source, :, columns]
+        real = mask[source, columns].to(device=device, dtype=torch.bool)
         self.mask[index] = self._blocked
-        self.mask[index, target] = 0.0
-        self.positions[index] = length
-        for s in slots:
-            self.starts[s] = self.t - length
+        self.mask[index, target] = torch.where(real, 0.0, self._blocked).to(self.mask.dtype)
+        self.positions[index] = real.sum(dim=1).to(self.positions.dtype)
 
     def _compact(self) -> list[int] | None:
         """Fill free slots below the live count with the last live rows; returns the new slot order.
