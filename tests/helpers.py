@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
 
 class BlackBox:
     """The tiny HF model seen through a black-box engine (text in, text out; no hidden states)."""
@@ -38,3 +46,56 @@ def annotated_records(n: int, start: int = 0, dataset: str = "toy"):
             )
         )
     return out
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server the test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, limit: float = 240.0, log: Path | None = None) -> None:
+    """Wait until ``url`` answers 200; fail the test (with the tail of ``log``) if ``proc`` exits or time runs out."""
+    tail = (lambda: ": " + log.read_text()[-2000:]) if log is not None else (lambda: "")
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"{proc.args[:5]} exited with {proc.returncode}{tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"{proc.args[:5]} was not healthy within {limit:.0f} s{tail()}")
+
+
+def saved_elical_head(
+    model_dir: str, folder: Path, mode: str = "head", layer: int = -1, seed: int = 0,
+    weight_scale: float = 0.2, bias: float = 0.7,
+):  # fmt: skip
+    """An EliCal head on ``model_dir`` with a non-trivial standardization, bias and (lora mode) adapter, saved to
+    ``folder`` and loaded back."""
+    import torch
+
+    from candor.train.elical import ConfidenceHead, HeadConfig
+    from candor.train.trainers import load_causal_lm
+
+    model, tokenizer = load_causal_lm(model_dir, device="cpu")
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj"]} if mode == "lora" else None
+    config = HeadConfig(backbone=model_dir, template="fewshot", layer=layer, mode=mode, lora=lora)
+    head = ConfidenceHead.create(model, tokenizer, config, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        if mode == "lora":  # LoRA's B starts at zero; move it so the adapter changes the features
+            for name, p in head.backbone.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        hidden = head.head.mean.shape[0]
+        head.head.mean.copy_(torch.randn(hidden, generator=gen) * 0.3)
+        head.head.scale.copy_(torch.rand(hidden, generator=gen) + 0.5)
+        head.head.linear.weight.copy_(torch.randn(1, hidden, generator=gen) * weight_scale)
+        head.head.linear.bias.fill_(bias)
+    head.save_pretrained(folder)
+    return ConfidenceHead.from_pretrained(folder, device="cpu")

@@ -18,13 +18,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers import free_port, wait_healthy
 from typer.testing import CliRunner
 
 from candor.backends.base import GENERATE, LOGPROBS, SCORE, TOKENIZER, TOP_LOGPROBS, SamplingParams
@@ -46,26 +46,6 @@ PROMPTS = [
     "The capital of France is",
 ]
 PARAMS = SamplingParams(max_new_tokens=8, stop=("\n",))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, limit: float = 240.0) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(1.0)
-    raise RuntimeError(f"the server was not healthy within {limit:.0f} s")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("vllm", reason="vllm is not importable here; run these tests in the vllm venv (see README)")
 pytest.importorskip("fastapi")
 
-from test_backend_openai import PROMPTS, ask_candor_serve, free_port, wait_healthy  # noqa: E402
+from helpers import free_port, wait_healthy  # noqa: E402
+from test_backend_openai import PROMPTS, ask_candor_serve  # noqa: E402
 
 from candor.backends.base import (  # noqa: E402
     GENERATE,

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import saved_elical_head
 
 from candor.train.elical import ConfidenceHead, HeadConfig
 from candor.train.elical.export import (
@@ -26,33 +27,10 @@ QUESTIONS = [
 ]
 
 
-def saved_head(tiny_model_dir: str, folder, mode: str, layer: int = -1, seed: int = 0) -> ConfidenceHead:
-    """A head with a non-trivial standardization, bias and (lora mode) adapter, saved to ``folder``."""
-    from candor.train.trainers import load_causal_lm
-
-    model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
-    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj"]} if mode == "lora" else None
-    config = HeadConfig(backbone=tiny_model_dir, template="fewshot", layer=layer, mode=mode, lora=lora)
-    head = ConfidenceHead.create(model, tokenizer, config, seed=seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        if mode == "lora":  # LoRA's B starts at zero; move it so the adapter changes the features
-            for name, p in head.backbone.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-        hidden = head.head.mean.shape[0]
-        head.head.mean.copy_(torch.randn(hidden, generator=gen) * 0.3)
-        head.head.scale.copy_(torch.rand(hidden, generator=gen) + 0.5)
-        head.head.linear.weight.copy_(torch.randn(1, hidden, generator=gen) * 0.2)
-        head.head.linear.bias.fill_(0.7)
-    head.save_pretrained(folder)
-    return ConfidenceHead.from_pretrained(folder, device="cpu")
-
-
 @pytest.fixture(scope="module", params=["head", "lora"])
 def exported(request, tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"export-{request.param}")
-    head = saved_head(tiny_model_dir, root / "head", request.param)
+    head = saved_elical_head(tiny_model_dir, root / "head", request.param)
     result = export_seq_cls(root / "head", root / "seq-cls")
     return head, result, root / "seq-cls"
 
@@ -103,14 +81,14 @@ def test_the_text_classification_pipeline_gives_the_heads_logit(exported):
 
 
 def test_a_head_on_a_middle_layer_is_refused(tiny_model_dir, tmp_path):
-    saved_head(tiny_model_dir, tmp_path / "head", "head", layer=1)
+    saved_elical_head(tiny_model_dir, tmp_path / "head", "head", layer=1)
     with pytest.raises(CandorError, match="layer 1.*final layer"):
         export_seq_cls(tmp_path / "head", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
 def test_a_head_on_the_last_layer_by_index_exports(tiny_model_dir, tmp_path):
-    head = saved_head(tiny_model_dir, tmp_path / "head", "head", layer=2)  # the tiny model has 2 layers
+    head = saved_elical_head(tiny_model_dir, tmp_path / "head", "head", layer=2)  # the tiny model has 2 layers
     export_seq_cls(tmp_path / "head", tmp_path / "out")
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -129,7 +107,7 @@ def test_a_bos_the_chat_template_writes_is_not_doubled_by_the_exported_tokenizer
     tokenizer = AutoTokenizer.from_pretrained(smollm_dir, add_bos_token=True)
     tiny_model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    head = saved_head(str(tmp_path / "model"), tmp_path / "head", "head")
+    head = saved_elical_head(str(tmp_path / "model"), tmp_path / "head", "head")
     head.config.template = "chat"
     head.save_pretrained(tmp_path / "head")
     prompts = head.prompts(QUESTIONS)
@@ -145,7 +123,7 @@ def test_a_bos_the_chat_template_writes_is_not_doubled_by_the_exported_tokenizer
 
 
 def test_the_export_never_replaces_its_head_or_an_unrelated_folder(tiny_model_dir, tmp_path):
-    saved_head(tiny_model_dir, tmp_path / "head", "head")
+    saved_elical_head(tiny_model_dir, tmp_path / "head", "head")
     before = sorted(p.name for p in (tmp_path / "head").iterdir())
     for out in (tmp_path / "head", tmp_path / "head" / "cls", tmp_path):
         with pytest.raises(CandorError, match="would overwrite the input"):
@@ -257,7 +235,7 @@ def test_cli_export_to_seq_cls_writes_the_classifier_and_says_how_to_serve_it(ti
 
     from candor.cli import app
 
-    saved_head(tiny_model_dir, tmp_path / "head", "head")
+    saved_elical_head(tiny_model_dir, tmp_path / "head", "head")
     result = CliRunner().invoke(app, ["export", str(tmp_path / "head"), "--to", "seq-cls", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     info = read_export(tmp_path / "out")

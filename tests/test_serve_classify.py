@@ -12,11 +12,9 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,14 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from helpers import free_port, saved_elical_head, wait_healthy
 from typer.testing import CliRunner
 
 from candor.cli import app
 from candor.serve.classify_client import ClassifyClient, ClassifyServerError, ClassifySource, server_root
 from candor.serve.classify_server import load_classify_app
 from candor.serve.server import serve_in_thread
-from candor.train.elical import ConfidenceHead, HeadConfig
 from candor.train.elical.export import export_seq_cls, read_export
 from candor.util.errors import CandorError
 
@@ -46,28 +43,10 @@ QUESTIONS = [
 ]
 
 
-def saved_head(tiny_model_dir: str, folder: Path, seed: int = 0) -> ConfidenceHead:
-    """A head-mode head with a non-trivial standardization and bias (confidences spread over (0, 1))."""
-    from candor.train.trainers import load_causal_lm
-
-    model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
-    config = HeadConfig(backbone=tiny_model_dir, template="fewshot", mode="head")
-    head = ConfidenceHead.create(model, tokenizer, config, seed=seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        hidden = head.head.mean.shape[0]
-        head.head.mean.copy_(torch.randn(hidden, generator=gen) * 0.3)
-        head.head.scale.copy_(torch.rand(hidden, generator=gen) + 0.5)
-        head.head.linear.weight.copy_(torch.randn(1, hidden, generator=gen) * 0.5)
-        head.head.linear.bias.fill_(0.4)
-    head.save_pretrained(folder)
-    return ConfidenceHead.from_pretrained(folder, device="cpu")
-
-
 @pytest.fixture(scope="module")
 def exported(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("classify")
-    head = saved_head(tiny_model_dir, root / "head")
+    head = saved_elical_head(tiny_model_dir, root / "head", weight_scale=0.5, bias=0.4)
     export_seq_cls(root / "head", root / "seq-cls")
     return head, root / "seq-cls"
 
@@ -86,12 +65,6 @@ def post(url: str, body: object) -> tuple[int, dict]:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- the export's probe
@@ -343,20 +316,6 @@ def start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
         return subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_up(url: str, proc: subprocess.Popen, log: Path, limit: float = 240.0) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"{proc.args[:5]} exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    pytest.fail(f"{proc.args[:5]} was not up within {limit:.0f} s: {log.read_text()[-2000:]}")
-
-
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -385,14 +344,14 @@ def test_the_chain_candor_in_front_of_a_generation_server_and_a_classify_server(
                             "--port", str(gen_port), "--device", "cpu"], tmp_path / "gen.log", env))  # fmt: skip
         procs.append(start([sys.executable, "-m", "candor.cli", "serve-head", str(out), "--port", str(cls_port)],
                            tmp_path / "cls.log", env))  # fmt: skip
-        wait_up(f"http://127.0.0.1:{gen_port}/health", procs[0], tmp_path / "gen.log")
-        wait_up(f"http://127.0.0.1:{cls_port}/health", procs[1], tmp_path / "cls.log")
+        wait_healthy(f"http://127.0.0.1:{gen_port}/health", procs[0], log=tmp_path / "gen.log")
+        wait_healthy(f"http://127.0.0.1:{cls_port}/health", procs[1], log=tmp_path / "cls.log")
         procs.append(start([sys.executable, "-m", "candor.cli", "serve", "--backend", "openai", "--model",
                             tiny_model_dir, "--base-url", f"http://127.0.0.1:{proxy.server_address[1]}/v1",
                             "--confidence-url", f"http://127.0.0.1:{cls_port}", "--head", str(out),
                             "--threshold", str(threshold), "--max-new-tokens", "6", "--port", str(candor_port)],
                            tmp_path / "candor.log", env))  # fmt: skip
-        wait_up(f"http://127.0.0.1:{candor_port}/health", procs[2], tmp_path / "candor.log")
+        wait_healthy(f"http://127.0.0.1:{candor_port}/health", procs[2], log=tmp_path / "candor.log")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{candor_port}/v1", api_key="none")
         before = len(proxy.seen)  # the backend's own capability probe ("Hello")
         choices = []

@@ -19,8 +19,9 @@ import pytest
 pytest.importorskip("vllm", reason="vllm is not importable here; run these tests in the vllm venv (see README)")
 openai = pytest.importorskip("openai")
 
+from helpers import free_port, wait_healthy  # noqa: E402
 from test_elical_export import embedded_head  # noqa: E402
-from test_serve_classify import SRC, CountingProxy, free_port, start, stop, wait_up  # noqa: E402
+from test_serve_classify import SRC, CountingProxy, start, stop  # noqa: E402
 
 from candor.train.elical.export import export_seq_cls  # noqa: E402
 
@@ -54,14 +55,14 @@ def test_the_chain_on_vllm_generation_and_vllm_classify(smollm_dir, tmp_path):
         # the exact flags the export prints: the pooling runner, float32, the head's bias added back
         procs.append(start([*vllm, "--model", result.folder, "--port", str(cls_port), "--runner", "pooling",
                             "--pooler-config", result.vllm_pooler_config()], tmp_path / "cls.log", env))  # fmt: skip
-        wait_up(f"http://127.0.0.1:{gen_port}/health", procs[0], tmp_path / "gen.log", limit=900)
-        wait_up(f"http://127.0.0.1:{cls_port}/health", procs[1], tmp_path / "cls.log", limit=900)
+        wait_healthy(f"http://127.0.0.1:{gen_port}/health", procs[0], log=tmp_path / "gen.log", limit=900)
+        wait_healthy(f"http://127.0.0.1:{cls_port}/health", procs[1], log=tmp_path / "cls.log", limit=900)
         procs.append(start([sys.executable, "-m", "candor.cli", "serve", "--backend", "openai", "--model",
                             str(smollm_dir), "--base-url", f"http://127.0.0.1:{proxy.server_address[1]}/v1",
                             "--confidence-url", f"http://127.0.0.1:{cls_port}", "--head", result.folder,
                             "--threshold", str(threshold), "--max-new-tokens", "8", "--port", str(candor_port)],
                            tmp_path / "candor.log", env))  # fmt: skip
-        wait_up(f"http://127.0.0.1:{candor_port}/health", procs[2], tmp_path / "candor.log")
+        wait_healthy(f"http://127.0.0.1:{candor_port}/health", procs[2], log=tmp_path / "candor.log")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{candor_port}/v1", api_key="none")
         before = len(proxy.seen)  # the backend's own capability probes
         choices = [client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}]).choices[0]

@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ try:
     import httpx
 except ImportError:  # recent openai clients ship the same API as httpx2
     httpx = pytest.importorskip("httpx2")
+from helpers import free_port  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
@@ -363,12 +363,6 @@ def test_a_malformed_cors_origin_is_refused_before_the_model_loads():
 
 
 # ---------------------------------------------------------------- SIGTERM on a real `candor serve`
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(check, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
