@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -45,6 +46,7 @@ from candor.backends.base import (
 )
 from candor.backends.kv_batch import KVBatch
 from candor.backends.kv_slots import SlotKV, slots_supported
+from candor.backends.op_threads import SMALL_OP_ELEMENTS, all_threads
 from candor.backends.sampling import pick_tokens, row_uniforms
 from candor.backends.stops import StopMatcher, decoded_vocab
 from candor.backends.tokens import pad_batch, positions_from_mask
@@ -154,6 +156,8 @@ class DecodeLoop:
     def __init__(self, backend: Any, rows: int, columns: int) -> None:
         self.backend = backend
         self.slots: list[Row | None] = []  # the row in each KV slot (None: free)
+        # A row's activations in a step (its hidden state); unknown: never counted as small.
+        self.row_width: int = getattr(backend.model.config, "hidden_size", None) or SMALL_OP_ELEMENTS + 1
         empty = backend.new_cache()
         self.kv: SlotKV | KVBatch = (
             SlotKV(backend, rows, columns) if slots_supported(backend.model, empty) else KVBatch(backend)
@@ -276,9 +280,22 @@ class DecodeLoop:
     # ------------------------------------------------------------ stepping
 
     def step(self) -> None:
-        """Pick one token per row, end the rows that finished, run the rest one step."""
+        """Pick one token per row, end the rows that finished, run the rest one step.
+
+        The step's small ops run on one thread, its products, attention and
+        token picking on all (:mod:`candor.backends.op_threads`).
+        """
+        with self._small_ops(self.kv.live):
+            self._step()
+
+    def _small_ops(self, tokens: int) -> AbstractContextManager[None]:
+        """A block whose ops (but its products and attention) run on one thread, for ``tokens`` rows' activations."""
+        return self.backend.packed_linears.small_ops_on_one_thread(tokens * self.row_width)
+
+    def _step(self) -> None:
         slots = self.slots
-        tokens, logprobs, top = pick_tokens(self.kv.logits, self._samplers(slots), self.backend.top_logprobs)
+        with all_threads():  # argmax, softmax and top-k over the vocabulary for every row
+            tokens, logprobs, top = pick_tokens(self.kv.logits, self._samplers(slots), self.backend.top_logprobs)
         ended: list[int] = []
         for j, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
             row = slots[j]

@@ -18,6 +18,10 @@ one being filled by moving the last rows into them (only those rows are
 copied) and new rows joining at the end; when ``t`` reaches
 the last column the window moves back to column 0 (one copy).
 
+A decode step's small ops run on one thread (:mod:`candor.backends.op_threads`):
+a layer's ``update`` gives the attention that follows it the full count back,
+and the copies of rows moved by compaction run on it too.
+
 Works for models whose cache layers are all plain full-attention layers and
 whose attention takes a 4-D additive mask (``sdpa``, ``eager``): see
 :func:`slots_supported`.
@@ -29,6 +33,8 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+from candor.backends.op_threads import all_threads, widen
 
 # Free columns kept after the window when the buffer is (re)allocated, so the window moves rarely.
 SLACK_COLUMNS = 64
@@ -52,6 +58,7 @@ class _SlotLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         # Only decode steps (one new token per row) run on this cache; prompts are prefilled apart.
         s = self.store
+        widen()  # the attention over the window returned runs next, on all threads; the next product narrows
         self.keys[: s.active, :, s.t] = key_states[:, :, 0]
         self.values[: s.active, :, s.t] = value_states[:, :, 0]
         return self.keys[: s.active, :, s.lo : s.t + 1], self.values[: s.active, :, s.lo : s.t + 1]
@@ -137,7 +144,8 @@ class SlotKV:
 
     def advance(self, tokens: torch.Tensor) -> list[int] | None:
         """Run one step for the live rows. Returns the new order of the slots if rows moved."""
-        order = self._compact()
+        with all_threads():  # copies of whole rows' windows
+            order = self._compact()
         if order is not None:
             tokens = tokens[torch.tensor(order, device=tokens.device)]
         if self.t >= self.capacity_columns:

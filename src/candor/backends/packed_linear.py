@@ -21,6 +21,11 @@ The copies take as much memory as the weights they copy (0.5 GB for the
 embedded 135M model in float32), so a model whose copies would not fit in
 half the free memory is not packed.
 
+Every product of a layer in a scope runs on the thread's full OpenMP count,
+also inside a decode step whose small ops run on one thread
+(:mod:`candor.backends.op_threads`); a scope that does not pack leaves
+threads alone, since ``nn.Linear``'s own kernels are not widened.
+
 A packed weight is a copy, so it is keyed by what determines it: the
 parameter object, its storage, its version counter, and a content
 fingerprint taken when the outermost scope opens (an in-place change through
@@ -30,6 +35,7 @@ fingerprint). A stale copy is repacked, never used.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -40,6 +46,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import torch
+
+from candor.backends.op_threads import narrow, small_ops_on_one_thread, widen
 
 logger = logging.getLogger(__name__)
 
@@ -158,12 +166,16 @@ class PackedLayer:
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.usable(x):
-            return torch.nn.Linear.forward(self.layer, x)
-        bias = self.layer.bias
-        return torch.ops.mkldnn._linear_pointwise(
-            x, self.packed_weight(), None if bias is None else bias.detach(), "none", [], ""
-        )
+        widen()  # a product runs on all threads, also inside a decode step's one-thread block
+        try:
+            if not self.usable(x):
+                return torch.nn.Linear.forward(self.layer, x)
+            bias = self.layer.bias
+            return torch.ops.mkldnn._linear_pointwise(
+                x, self.packed_weight(), None if bias is None else bias.detach(), "none", [], ""
+            )
+        finally:
+            narrow()
 
 
 class PackedLinears:
@@ -193,6 +205,14 @@ class PackedLinears:
     @property
     def active(self) -> bool:
         return self.depth > 0
+
+    def small_ops_on_one_thread(self, elements: int) -> contextlib.AbstractContextManager[None]:
+        """:func:`candor.backends.op_threads.small_ops_on_one_thread`, when this scope packs.
+
+        Only then: the linear layers take their threads back through the
+        packing forward, and ``nn.Linear``'s own would run on one thread.
+        """
+        return small_ops_on_one_thread(elements) if self.enabled else contextlib.nullcontext()
 
     def install(self) -> None:
         model = self.model_ref()

@@ -1,0 +1,119 @@
+"""A decode step's threads on CPU: its small ops on one thread, its products and attention on all.
+
+A decode step of a small model runs hundreds of elementwise ops (norms,
+rotary embeddings, activations, residual adds) on tensors of rows × hidden
+elements: tens of thousands for the embedded model. ATen splits every op of
+more than 32k elements across its OpenMP threads, and waking a sleeping
+OpenMP thread (``OMP_WAIT_POLICY=PASSIVE``, which candor's CLI sets so that
+idle threads do not spin on a shared machine) costs more than such an op: on
+the 2-core machine here, a multiply of ``[80, 576]`` took about 90 µs on two
+threads and 5 µs on one.
+
+:func:`small_ops_on_one_thread` runs a block with the calling thread's OpenMP
+team cut to one thread; inside it, :func:`all_threads` (the packed linear
+layers, :mod:`candor.backends.packed_linear`) and :func:`widen` (the slot
+cache, for the attention that reads it) give the large ops their threads
+back. Elementwise ops compute each element the same way whatever the thread
+count, and a row's reduction runs on one thread either way, so the numbers
+do not change (``tests/test_op_threads.py`` checks generations bit for bit).
+
+The count is set through the OpenMP runtime's own ``omp_set_num_threads``,
+which changes the calling thread's setting only (``torch.set_num_threads``
+would also change the count every thread started later begins with: a
+server's worker threads). Where no OpenMP runtime is loaded (not Linux, or a
+torch built without OpenMP), nothing changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Blocks whose activations are larger run as before: on one thread, an op of
+# 400k elements took as long as on two waking ones (benchmarks/annotate_throughput.py's machine).
+SMALL_OP_ELEMENTS = 1 << 18
+OPENMP_LIBRARIES = ("libgomp", "libiomp", "libomp")
+
+_state = threading.local()  # .full: the thread's own count while its small ops run on one thread
+
+
+@functools.cache
+def openmp_runtime() -> Any | None:
+    """The OpenMP runtime torch runs on (a ``ctypes`` library), found among the loaded ones; None if none."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if not os.path.basename(path).startswith(OPENMP_LIBRARIES):
+            continue
+        try:
+            library = ctypes.CDLL(path)  # already loaded by torch: this only finds it
+        except OSError:
+            continue
+        if hasattr(library, "omp_set_num_threads") and hasattr(library, "omp_get_max_threads"):
+            return library
+    logger.info("no OpenMP runtime found: decode steps keep every op on torch's threads")
+    return None
+
+
+def _set_threads(count: int) -> None:
+    runtime = openmp_runtime()
+    if runtime is not None:
+        runtime.omp_set_num_threads(count)
+
+
+@contextlib.contextmanager
+def small_ops_on_one_thread(elements: int) -> Iterator[None]:
+    """Run the block's ops on one thread in this thread, when its activations have at most ``elements``.
+
+    ``elements``: the size of the block's activations (rows × hidden size).
+    A no-op when they are larger than :data:`SMALL_OP_ELEMENTS`, when torch
+    runs on one thread anyway, without an OpenMP runtime, or inside another
+    such block of this thread.
+    """
+    full = torch.get_num_threads()
+    if elements > SMALL_OP_ELEMENTS or full <= 1 or getattr(_state, "full", None) or openmp_runtime() is None:
+        yield
+        return
+    _state.full = full
+    _set_threads(1)
+    try:
+        yield
+    finally:
+        _state.full = None
+        _set_threads(full)
+
+
+def widen() -> None:
+    """Give this thread its full count back for the ops that follow, until :func:`narrow`."""
+    full = getattr(_state, "full", None)
+    if full:
+        _set_threads(full)
+
+
+def narrow() -> None:
+    """Back to one thread, inside a :func:`small_ops_on_one_thread` block (a no-op outside one)."""
+    if getattr(_state, "full", None):
+        _set_threads(1)
+
+
+@contextlib.contextmanager
+def all_threads() -> Iterator[None]:
+    """Run one large op (a matrix product) on this thread's full count, then back to one thread."""
+    widen()
+    try:
+        yield
+    finally:
+        narrow()
