@@ -6,11 +6,12 @@ the ``fewshot`` template: one greedy answer and k samples per question
 newline), keeping every token's log-prob.
 
 - candor: ``HFBackend.generate`` on all questions (chunks of ``batch_size``),
-  its linear layers on prepacked oneDNN weights (the default,
-  :mod:`candor.backends.packed_linear`).
+  its linear layers on prepacked oneDNN weights and each decode step's small
+  ops on one thread (the default, :mod:`candor.backends.packed_linear`,
+  :mod:`candor.backends.op_threads`).
 - candor-stock: the same loop with ``pack_linears=False`` (``nn.Linear``'s own
-  MKL kernels): the packing's gain, greedy answers and log-prob drift,
-  measured in the same run.
+  MKL kernels, every op on torch's threads): the gain of both, greedy answers
+  and log-prob drift, measured in the same run.
 - naive: what per-question toolkits do: for each question one greedy
   ``model.generate`` call and k sampled calls, with the same stop string.
 - annotate: the full ``candor.annotation.builder.annotate`` (generation and judges,

@@ -112,7 +112,7 @@ def annotate_throughput(r: Path) -> dict[str, str]:
                      f"{d['stock_cpu_seconds']:.1f}",
                      f"{naive / stock:.1f}× / {naive_cpu / d['stock_cpu_seconds']:.1f}×", f"{rss['candor-stock']} MiB"])
     rows += [
-        ["candor `HFBackend.generate` (prepacked oneDNN weights, the default)", f"{candor:.1f}",
+        ["candor `HFBackend.generate` (prepacked oneDNN weights, small ops of a step on one thread: the default)", f"{candor:.1f}",
          f"{d['candor_cpu_seconds']:.1f}",
          f"**{naive / candor:.1f}× / {naive_cpu / d['candor_cpu_seconds']:.1f}×**", f"{rss['candor']} MiB"],
         ["full `candor.annotate` (generation + judges + fsync'd records)", f"{annotate:.1f}",
@@ -140,7 +140,8 @@ def _annotate_speed(d: dict) -> str:
     if notes:
         text += f" ({'; '.join(notes)})"
     if "packed_speedup" in d:
-        text += (f"; the prepacked weights are {d['packed_speedup']:.2f}× faster by wall time "
+        text += (f"; the prepacked weights (with each decode step's small ops on one thread) are "
+                 f"{d['packed_speedup']:.2f}× faster by wall time "
                  f"({d['packed_cpu_time_speedup']:.2f}× by CPU time) than `nn.Linear`'s own kernels in the same run, "
                  f"with {d['packed_greedy_identical_count']}/{d['questions']} greedy answers identical and "
                  f"greedy log-probs within {d['packed_greedy_logprob_max_abs_diff']:.0e}")
