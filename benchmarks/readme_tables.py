@@ -112,7 +112,8 @@ def annotate_throughput(r: Path) -> dict[str, str]:
                      f"{d['stock_cpu_seconds']:.1f}",
                      f"{naive / stock:.1f}× / {naive_cpu / d['stock_cpu_seconds']:.1f}×", f"{rss['candor-stock']} MiB"])
     rows += [
-        ["candor `HFBackend.generate` (prepacked oneDNN weights, small ops of a step on one thread: the default)", f"{candor:.1f}",
+        ["candor `HFBackend.generate` (prepacked oneDNN weights, small ops of a step on one thread: the default)",
+         f"{candor:.1f}",
          f"{d['candor_cpu_seconds']:.1f}",
          f"**{naive / candor:.1f}× / {naive_cpu / d['candor_cpu_seconds']:.1f}×**", f"{rss['candor']} MiB"],
         ["full `candor.annotate` (generation + judges + fsync'd records)", f"{annotate:.1f}",
@@ -784,11 +785,27 @@ def annotate_dtype(r: Path) -> dict[str, str]:
     }
 
 
+def decode_threads(r: Path) -> dict[str, str]:
+    d = load("decode_threads", r)
+    parts = []
+    for name, label in (("first_newline", "cut at the first newline"), ("token_cap", "run to the 32-token cap")):
+        s = d["settings"][name]
+        split, wide = s["split"], s["all_threads"]
+        parts.append(
+            f"{label} ({s['prompts']} questions, {len(split['wall'])} pairs): {split['median_wall']:.2f} s "
+            f"against {wide['median_wall']:.2f} s wall ({s['speedup_wall']:.2f}×), {split['median_cpu']:.2f} "
+            f"against {wide['median_cpu']:.2f} CPU s ({s['speedup_cpu']:.2f}×), outputs "
+            f"{'bit-equal' if s['outputs_bit_equal'] else 'NOT bit-equal'}"
+        )
+    return {"value:decode-threads": "; ".join(parts)}
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
+    decode_threads,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

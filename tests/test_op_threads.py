@@ -9,6 +9,7 @@ import torch
 
 from candor.backends import op_threads
 from candor.backends.base import SamplingParams
+from candor.backends.decode_loop import DecodeLoop
 from candor.backends.op_threads import all_threads, narrow, openmp_runtime, small_ops_on_one_thread, widen
 from candor.backends.packed_linear import PackedLayer, PackedLinears, packing_available
 
@@ -128,3 +129,35 @@ def test_generations_are_bit_equal_with_the_split_and_the_split_happens(tiny_bac
     unsplit = run()
     assert counts == []
     assert split == unsplit
+
+
+def test_the_fallback_cache_keeps_every_op_on_torchs_threads(tokenizer, monkeypatch):
+    # A sliding-window layer sends the loop to transformers' own cache, whose attention
+    # cannot be widened: SDPA's CPU kernel on one thread was 30x slower, so nothing narrows.
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from candor.backends.hf import HFBackend
+    from candor.backends.kv_batch import KVBatch
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    backend = HFBackend(Gemma3ForCausalLM(config).eval(), tokenizer, batch_size=2)
+    kinds: list[type] = []
+    step = DecodeLoop.step
+
+    def recording(loop: DecodeLoop) -> None:
+        kinds.append(type(loop.kv))
+        step(loop)
+
+    counts: list[int] = []
+    set_threads = op_threads._set_threads
+    monkeypatch.setattr(op_threads, "_set_threads", lambda n: (counts.append(n), set_threads(n)))
+    monkeypatch.setattr(DecodeLoop, "step", recording)
+    prompts = ["The weather today is", "Question: Who wrote Hamlet?\nAnswer:"]
+    backend.generate(prompts, 2, SamplingParams(max_new_tokens=6))
+    assert kinds and set(kinds) == {KVBatch}
+    assert 1 not in counts

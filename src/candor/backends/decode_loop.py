@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -289,7 +289,12 @@ class DecodeLoop:
             self._step()
 
     def _small_ops(self, tokens: int) -> AbstractContextManager[None]:
-        """A block whose ops (but its products and attention) run on one thread, for ``tokens`` rows' activations."""
+        """A block whose ops (but its products and attention) run on one thread, for ``tokens`` rows' activations.
+
+        Only over a cache whose layers widen for attention (the slot cache).
+        """
+        if not self.kv.widens_attention:
+            return nullcontext()
         return self.backend.packed_linears.small_ops_on_one_thread(tokens * self.row_width)
 
     def _step(self) -> None:

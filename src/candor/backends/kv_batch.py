@@ -20,6 +20,9 @@ class KVBatch:
     """The running rows' cache, padding mask, positions and next-token logits, rows in slot order."""
 
     refill_at = 0.5  # joining copies the whole cache: wait until half the rows have left
+    # transformers' own cache layers cannot give attention its threads back, and SDPA's CPU
+    # kernel in a one-thread block was 30x slower (op_threads): a step keeps every op on torch's threads.
+    widens_attention = False
     partial_admission = False  # a prefill's rows join all at once
 
     def __init__(self, backend: Any) -> None:

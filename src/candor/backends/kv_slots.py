@@ -79,6 +79,7 @@ class SlotKV:
     """The running rows' KV cache, positions and next-token logits, by slot (see the module docstring)."""
 
     mergeable = True  # rows can always join
+    widens_attention = True  # its layers give attention all threads inside a one-thread step (op_threads)
     refill_at = 1.0  # and are worth admitting as soon as their slots are free
     partial_admission = True  # the rows of one prefill can join one by one
 

@@ -17,6 +17,13 @@ back. Elementwise ops compute each element the same way whatever the thread
 count, and a row's reduction runs on one thread either way, so the numbers
 do not change (``tests/test_op_threads.py`` checks generations bit for bit).
 
+Attention must not run in a one-thread block: SDPA's CPU kernel there took
+75 ms for a call that takes 2 ms on torch's threads (or after
+``torch.set_num_threads(1)``). Setting OpenMP's count alone leaves MKL's at
+its own, and the kernel's GEMMs inside ATen's one-thread parallel loop then
+seem to start a nested team per call. So only caches whose layers widen for
+attention (:class:`candor.backends.kv_slots.SlotKV`) get the split.
+
 The count is set through the OpenMP runtime's own ``omp_set_num_threads``,
 which changes the calling thread's setting only (``torch.set_num_threads``
 would also change the count every thread started later begins with: a

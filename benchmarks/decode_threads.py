@@ -1,0 +1,114 @@
+"""The decode loop with its small ops on one thread, against every op on torch's threads, in one process.
+
+The same ``HFBackend.generate`` job as ``annotate_throughput.py`` (few-shot NQ
+questions, 1 greedy + k samples, prepacked weights), run in alternating pairs:
+once with each decode step's small ops on one OpenMP thread (the default,
+:mod:`candor.backends.op_threads`) and once with the split off (its size
+bound set to 0, so every op runs on torch's threads, as before it). One
+process and alternation put both arms under the same load; the medians are
+kept. Two settings: cut at the first newline (the annotation job) and run to
+the 32-token cap (``peer_polygraph.py``'s capped comparison). The outputs of
+the two arms must be bit-equal (token ids and log-probs).
+
+    python benchmarks/decode_threads.py [--questions 32] [--cap-questions 16] [--pairs 6]
+
+Writes ``benchmarks/results/decode_threads.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
+
+from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "decode_threads.json"
+
+
+def outputs(gens: list[Any]) -> list[tuple[list[int], list[float]]]:
+    return [(list(c.token_ids), list(c.logprobs)) for g in gens for c in [g.greedy, *g.samples]]
+
+
+def race(backend: Any, prompts: list[str], k: int, params: Any, pairs: int) -> dict[str, Any]:
+    """Alternating runs of both arms; their median wall and CPU seconds, and whether the outputs agree."""
+    from candor.backends import op_threads
+
+    bound = op_threads.SMALL_OP_ELEMENTS
+    times: dict[str, list[tuple[float, float]]] = {"split": [], "all_threads": []}
+    seen: dict[str, Any] = {}
+    seeds = list(range(len(prompts)))
+    for i in range(pairs):
+        for arm in ("all_threads", "split") if i % 2 == 0 else ("split", "all_threads"):
+            op_threads.SMALL_OP_ELEMENTS = bound if arm == "split" else 0
+            wall, cpu = time.perf_counter(), time.process_time()
+            gens = backend.generate(prompts, k, params, seeds=seeds)
+            times[arm].append((time.perf_counter() - wall, time.process_time() - cpu))
+            seen.setdefault(arm, outputs(gens))
+    op_threads.SMALL_OP_ELEMENTS = bound
+    tokens = sum(len(ids) for ids, _ in seen["split"])
+    result: dict[str, Any] = {"prompts": len(prompts), "generated_tokens": tokens}
+    for arm, runs in times.items():
+        result[arm] = {
+            "wall": [round(w, 2) for w, _ in runs],
+            "cpu": [round(c, 2) for _, c in runs],
+            "median_wall": round(statistics.median(w for w, _ in runs), 2),
+            "median_cpu": round(statistics.median(c for _, c in runs), 2),
+        }
+    result["speedup_wall"] = round(result["all_threads"]["median_wall"] / result["split"]["median_wall"], 2)
+    result["speedup_cpu"] = round(result["all_threads"]["median_cpu"] / result["split"]["median_cpu"], 2)
+    result["outputs_bit_equal"] = seen["split"] == seen["all_threads"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=32)
+    parser.add_argument("--cap-questions", type=int, default=16)
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    import torch
+
+    from candor.backends.hf import HFBackend
+
+    torch.set_num_threads(args.threads)
+    backend = HFBackend.from_pretrained(MODEL, batch_size=16)
+    params = sampling_params()
+    capped = dataclasses.replace(params, stop=())
+    backend.generate(prompts_for(load_items(2), backend), 1, params)  # warm-up: packing, decoded vocabulary
+    load_before = os.getloadavg()
+    settings = {
+        "first_newline": race(backend, prompts_for(load_items(args.questions), backend), args.k, params, args.pairs),
+        "token_cap": race(backend, prompts_for(load_items(args.cap_questions), backend), args.k, capped, args.pairs),
+    }
+    report = {
+        "model": MODEL,
+        "samples_per_question": args.k,
+        "torch_threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        "settings": settings,
+        "command": "python benchmarks/decode_threads.py",
+        "note": "one process, arms alternating; read the same-run ratios, not the seconds (a shared 2-core machine)",
+    }
+    for name, r in settings.items():
+        print(f"{name}: split {r['split']['median_wall']} s wall / {r['split']['median_cpu']} CPU s, "
+              f"all threads {r['all_threads']['median_wall']} / {r['all_threads']['median_cpu']}: "
+              f"{r['speedup_wall']}x wall, {r['speedup_cpu']}x CPU; outputs bit-equal: {r['outputs_bit_equal']}")
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
