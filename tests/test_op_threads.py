@@ -161,3 +161,17 @@ def test_the_fallback_cache_keeps_every_op_on_torchs_threads(tokenizer, monkeypa
     backend.generate(prompts, 2, SamplingParams(max_new_tokens=6))
     assert kinds and set(kinds) == {KVBatch}
     assert 1 not in counts
+
+
+def test_the_runtime_found_is_torchs_even_when_another_openmp_is_loaded_first():
+    # scikit-learn ships its own libgomp; setting that one's count does nothing to torch.
+    import sklearn.ensemble  # noqa: F401  (loads its OpenMP runtime)
+
+    op_threads.openmp_runtime.cache_clear()
+    try:
+        full = torch.get_num_threads()
+        with small_ops_on_one_thread(SMALL):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == full
+    finally:
+        op_threads.openmp_runtime.cache_clear()

@@ -56,7 +56,12 @@ _state = threading.local()  # .full: the thread's own count while its small ops 
 
 @functools.cache
 def openmp_runtime() -> Any | None:
-    """The OpenMP runtime torch runs on (a ``ctypes`` library), found among the loaded ones; None if none."""
+    """The OpenMP runtime torch runs on (a ``ctypes`` library), found among the loaded ones; None if none.
+
+    Other libraries bring their own OpenMP runtimes (scikit-learn does), and
+    setting theirs would do nothing to torch, so each candidate is tried: it
+    is torch's when the count it sets is the one torch reads.
+    """
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "/" in line}
@@ -66,13 +71,25 @@ def openmp_runtime() -> Any | None:
         if not os.path.basename(path).startswith(OPENMP_LIBRARIES):
             continue
         try:
-            library = ctypes.CDLL(path)  # already loaded by torch: this only finds it
+            library = ctypes.CDLL(path)  # already loaded: this only finds it
         except OSError:
             continue
-        if hasattr(library, "omp_set_num_threads") and hasattr(library, "omp_get_max_threads"):
+        if hasattr(library, "omp_set_num_threads") and hasattr(library, "omp_get_max_threads") and (
+            _sets_torchs_count(library)
+        ):
             return library
-    logger.info("no OpenMP runtime found: decode steps keep every op on torch's threads")
+    logger.info("torch's OpenMP runtime not found: decode steps keep every op on torch's threads")
     return None
+
+
+def _sets_torchs_count(library: Any) -> bool:
+    """Whether ``library``'s ``omp_set_num_threads`` sets the count torch reads (its own count restored)."""
+    count = torch.get_num_threads()  # also runs torch's per-thread initialization first
+    own = library.omp_get_max_threads()
+    library.omp_set_num_threads(count + 1)
+    moved = torch.get_num_threads() == count + 1
+    library.omp_set_num_threads(own)
+    return moved
 
 
 def _set_threads(count: int) -> None:
