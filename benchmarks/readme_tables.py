@@ -635,7 +635,7 @@ def elical_cost(r: Path) -> dict[str, str]:
 
 def serve_hostile(r: Path) -> dict[str, str]:
     d = load("serve_load", r)["hostile"]
-    w, cold = d["well_formed"], d["temperature_0.01"]
+    cold = d["temperature_0.01"]
     rows = []
     for kind, outcomes in d["hostile"].items():
         got = ", ".join(f"{outcome} ({count}×)" for outcome, count in sorted(outcomes.items())) or "not sent"
@@ -660,18 +660,30 @@ def serve_hostile(r: Path) -> dict[str, str]:
             f"{u['p99_latency_ms'] / 1000:.1f} s"
         ),
         "table:serve-hostile": md_table(["hostile request", "what it got (count)"], "ll", rows),
-        "value:serve-load": (
-            f"{d['clients']} clients for {d['seconds']:.0f} s sent {w['requests']} well-formed requests "
-            f"({w['streaming']} streaming) among the hostile ones: {w['failures']} failed, {w['answer_mismatches']} "
-            f"answers differed from the same question asked alone, {w['confidence_mismatches']} confidences "
-            f"differed by more than 1e-6 (largest difference {w['max_confidence_difference']:.1e}; "
-            f"{w.get('confidences_bit_equal', 0)} of {w['requests']} equal bit for bit); p50 / p99 "
-            f"latency {w['p50_latency_ms'] / 1000:.1f} / {w['p99_latency_ms'] / 1000:.1f} s, time to first token "
-            f"{w.get('p50_ttft_ms', 0) / 1000:.1f} / {w.get('p99_ttft_ms', 0) / 1000:.1f} s (SmolLM2-135M, "
-            f"{d['cpu_count']} shared CPU cores at load average {d['load_average_at_end'][0]:.0f}); the server "
-            f"{'was up' if d['server_up_afterwards'] else 'was DOWN'} afterwards"
-        ),
+        "value:serve-load": _hostile_load(d),
     }
+
+
+def serve_hostile_threads2(r: Path) -> dict[str, str]:
+    """The hostile phase rerun with the server on 2 OpenMP threads (the decode step's split active)."""
+    d = load("serve_load_threads2", r)["hostile"]
+    return {"value:serve-load-threads2": _hostile_load(d)}
+
+
+def _hostile_load(d: Json) -> str:
+    """One hostile-phase run: the well-formed requests' failures, mismatches, latency, and the server afterwards."""
+    w = d["well_formed"]
+    return (
+        f"{d['clients']} clients for {d['seconds']:.0f} s sent {w['requests']} well-formed requests "
+        f"({w['streaming']} streaming) among the hostile ones: {w['failures']} failed, {w['answer_mismatches']} "
+        f"answers differed from the same question asked alone, {w['confidence_mismatches']} confidences "
+        f"differed by more than 1e-6 (largest difference {w['max_confidence_difference']:.1e}; "
+        f"{w.get('confidences_bit_equal', 0)} of {w['requests']} equal bit for bit); p50 / p99 "
+        f"latency {w['p50_latency_ms'] / 1000:.1f} / {w['p99_latency_ms'] / 1000:.1f} s, time to first token "
+        f"{w.get('p50_ttft_ms', 0) / 1000:.1f} / {w.get('p99_ttft_ms', 0) / 1000:.1f} s (SmolLM2-135M, "
+        f"{d['cpu_count']} shared CPU cores at load average {d['load_average_at_end'][0]:.0f}); the server "
+        f"{'was up' if d['server_up_afterwards'] else 'was DOWN'} afterwards"
+    )
 
 
 SERVE_ENGINE_ARMS = {
@@ -805,7 +817,7 @@ def decode_threads(r: Path) -> dict[str, str]:
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
-    decode_threads,
+    decode_threads, serve_hostile_threads2,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
