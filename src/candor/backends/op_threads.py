@@ -133,11 +133,19 @@ def narrow() -> None:
         _set_threads(1)
 
 
-@contextlib.contextmanager
-def all_threads() -> Iterator[None]:
-    """Run one large op (a matrix product) on this thread's full count, then back to one thread."""
-    widen()
-    try:
-        yield
-    finally:
+class _AllThreads:
+    """The context :func:`all_threads` returns: a plain class, as it wraps every product of a step."""
+
+    def __enter__(self) -> None:
+        widen()
+
+    def __exit__(self, *exc: object) -> None:
         narrow()
+
+
+_ALL_THREADS = _AllThreads()
+
+
+def all_threads() -> contextlib.AbstractContextManager[None]:
+    """Run one large op (a matrix product) on this thread's full count, then back to one thread."""
+    return _ALL_THREADS

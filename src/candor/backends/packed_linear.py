@@ -47,7 +47,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-from candor.backends.op_threads import narrow, small_ops_on_one_thread, widen
+from candor.backends.op_threads import all_threads, small_ops_on_one_thread
 
 logger = logging.getLogger(__name__)
 
@@ -166,16 +166,13 @@ class PackedLayer:
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        widen()  # a product runs on all threads, also inside a decode step's one-thread block
-        try:
+        with all_threads():  # also inside a decode step whose small ops run on one thread
             if not self.usable(x):
                 return torch.nn.Linear.forward(self.layer, x)
             bias = self.layer.bias
             return torch.ops.mkldnn._linear_pointwise(
                 x, self.packed_weight(), None if bias is None else bias.detach(), "none", [], ""
             )
-        finally:
-            narrow()
 
 
 class PackedLinears:
