@@ -790,7 +790,8 @@ def annotate_dtype(r: Path) -> dict[str, str]:
         "value:annotate-bf16": (
             f"{bf16['tokens_per_second']:.0f} generated tokens/s against {fp32['tokens_per_second']:.0f} in float32 "
             f"({d['bf16_speedup_wall']:.2f}x wall, {d['bf16_speedup_cpu']:.2f}x per CPU second; {d['questions']} "
-            f"NQ questions, k = {d['samples_per_question']}); {drift['greedy_answers_changed']} of "
+            f"NQ questions, k = {d['samples_per_question']}, {len(d['repeats']['float32'])} runs of each dtype); "
+            f"{drift['greedy_answers_changed']} of "
             f"{d['questions']} greedy answers change, and where the greedy tokens agree the log-probs move by "
             f"{drift['logprob_abs_diff_mean']:.3f} on average (largest {drift['logprob_abs_diff_max']:.3f})"
         ),
@@ -812,12 +813,30 @@ def decode_threads(r: Path) -> dict[str, str]:
     return {"value:decode-threads": "; ".join(parts)}
 
 
+def decode_step_parts(r: Path) -> dict[str, str]:
+    d = load("decode_step_parts", r)
+    labels = {
+        "pick_tokens": ("picking tokens", "separate_passes", "shared_sort", "separate passes"),
+        "admission_copy": ("admitting 96 rows", "advanced_index", "index_copy", "advanced-index assignment"),
+        "compaction_copy": ("compacting 15 rows", "advanced_index", "index_copy", "advanced-index assignment"),
+    }
+    parts = []
+    for name, (label, old, new, old_label) in labels.items():
+        p = d[name]
+        parts.append(
+            f"{label}: {p[new]['wall_ms']:.1f} ms against {p[old]['wall_ms']:.1f} ms for {old_label} "
+            f"({p['wall_ratio']:.2f}× wall, {p['cpu_ratio']:.2f}× CPU), "
+            f"{'identical' if p['identical'] else 'NOT identical'}"
+        )
+    return {"value:decode-step-parts": "; ".join(parts)}
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
-    decode_threads, serve_hostile_threads2,
+    decode_threads, serve_hostile_threads2, decode_step_parts,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

@@ -15,7 +15,7 @@ import torch
 from candor.backends.base import DecodeRequest, Generations, SamplingParams
 from candor.backends.decode_loop import ChunkFeed, DecodeJob, DecodeLoop
 from candor.backends.hf import HFBackend
-from candor.backends.kv_slots import SlotKV
+from candor.backends.kv_slots import SlotKV, copy_rows
 
 PROMPTS = [
     "Question: What is the largest planet?\nAnswer:",
@@ -173,3 +173,18 @@ def test_embedded_model_equals_references_with_rows_refilled():
     check_against_references(backend, prompts, gens, params)
     assert kv.rows_moved > 0
     assert any(c.finish_reason == "stop" for g in gens for c in [g.greedy, *g.samples])
+
+
+def test_copy_rows_writes_what_advanced_indexing_writes():
+    generator = torch.Generator().manual_seed(0)
+    buffer = torch.randn(12, 3, 20, 8, generator=generator)
+    prefill = torch.randn(4, 3, 9, 8, generator=generator)
+    rows, sources = torch.tensor([7, 2, 10, 3, 5]), torch.tensor([0, 0, 3, 1, 1])
+    want = buffer.clone()
+    want[rows, :, 11:18] = prefill[sources, :, 2:9]  # admission: prompts repeated into free slots
+    copy_rows(buffer[:, :, 11:18], rows, prefill[:, :, 2:9], sources)
+    assert torch.equal(buffer, want)
+    holes, movers = torch.tensor([1, 4]), torch.tensor([10, 11])
+    want[holes, :, 5:15] = want[movers, :, 5:15]  # compaction: within one buffer
+    copy_rows(buffer[:, :, 5:15], holes, buffer[:, :, 5:15], movers)
+    assert torch.equal(buffer, want)
