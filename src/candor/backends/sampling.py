@@ -9,7 +9,8 @@ distribution (temperature 1, no truncation), as ``Completion`` requires.
 A decode step sorts the top :data:`SHARED_TOP` logits of every row once and
 takes the greedy choice, the top-k draw and the reported top log-probs from
 that one sort (:func:`pick_tokens`): at the embedded model's 96 rows and 49k
-vocabulary this halved the time of picking tokens (21 to 12 ms per step).
+vocabulary, about half the time of separate passes
+(``benchmarks/decode_step_parts.py`` measures both).
 """
 
 from __future__ import annotations
