@@ -28,11 +28,9 @@ Writes ``benchmarks/results/decode_step_parts.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 import torch  # noqa: E402
+from common import Timer, write_json  # noqa: E402
 
 from candor.backends.base import SamplingParams  # noqa: E402
 from candor.backends.kv_slots import copy_rows  # noqa: E402
@@ -69,10 +68,10 @@ def race(arms: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[st
     for i in range(rounds):
         order = list(arms) if i % 2 == 0 else list(reversed(arms))
         for name in order:
-            wall, cpu = time.perf_counter(), time.process_time()
-            for _ in range(calls):
-                arms[name]()
-            times[name].append(((time.perf_counter() - wall) / calls, (time.process_time() - cpu) / calls))
+            with Timer() as timer:
+                for _ in range(calls):
+                    arms[name]()
+            times[name].append((timer.wall / calls, timer.cpu / calls))
     out: dict[str, Any] = {}
     for name, runs in times.items():
         out[name] = {
@@ -164,7 +163,7 @@ def main() -> None:
         arms = [k for k in r if isinstance(r[k], dict)]
         print(f"{part}: " + ", ".join(f"{a} {r[a]['wall_ms']} ms ({r[a]['cpu_ms']} CPU)" for a in arms)
               + f"; {r['wall_ratio']}x wall, {r['cpu_ratio']}x CPU; identical: {r['identical']}")  # fmt: skip
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
 
 

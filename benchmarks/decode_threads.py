@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
+from common import Timer, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_threads.json"
 
@@ -48,9 +47,9 @@ def race(backend: Any, prompts: list[str], k: int, params: Any, pairs: int) -> d
     for i in range(pairs):
         for arm in ("all_threads", "split") if i % 2 == 0 else ("split", "all_threads"):
             op_threads.SMALL_OP_ELEMENTS = bound if arm == "split" else 0
-            wall, cpu = time.perf_counter(), time.process_time()
-            gens = backend.generate(prompts, k, params, seeds=seeds)
-            times[arm].append((time.perf_counter() - wall, time.process_time() - cpu))
+            with Timer() as timer:
+                gens = backend.generate(prompts, k, params, seeds=seeds)
+            times[arm].append((timer.wall, timer.cpu))
             seen.setdefault(arm, outputs(gens))
     op_threads.SMALL_OP_ELEMENTS = bound
     tokens = sum(len(ids) for ids, _ in seen["split"])
@@ -106,7 +105,7 @@ def main() -> None:
         print(f"{name}: split {r['split']['median_wall']} s wall / {r['split']['median_cpu']} CPU s, "
               f"all threads {r['all_threads']['median_wall']} / {r['all_threads']['median_cpu']}: "
               f"{r['speedup_wall']}x wall, {r['speedup_cpu']}x CPU; outputs bit-equal: {r['outputs_bit_equal']}")
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -291,8 +291,8 @@ class SlotKV:
             src = torch.tensor(movers, device=self.mask.device)
             cols = slice(self._lowest_start(), self.t)
             for layer in self._layers():
-                copy_rows(layer.keys[:, :, cols], dst, layer.keys[:, :, cols], src)
-                copy_rows(layer.values[:, :, cols], dst, layer.values[:, :, cols], src)
+                for window in (layer.keys[:, :, cols], layer.values[:, :, cols]):
+                    copy_rows(window, dst, window, src)
             self.mask[dst] = self.mask[src]
             self.positions[dst] = self.positions[src]
         self.starts = [self.starts[s] for s in order]
