@@ -62,7 +62,9 @@ def run_loop(
     return [job.result for job in jobs], loop.kv
 
 
-def check_against_references(backend: HFBackend, prompts: list[str], gens: list[Generations], params) -> None:
+def check_against_references(
+    backend: HFBackend, prompts: list[str], gens: list[Generations], params, atol: float = 1e-5
+) -> None:
     model, matcher = backend.model, backend.stop_matcher(params.stop)
     for prompt, gen in zip(prompts, gens, strict=True):
         prompt_ids = backend.encode([prompt])[0]
@@ -79,7 +81,7 @@ def check_against_references(backend: HFBackend, prompts: list[str], gens: list[
             ids = list(completion.token_ids)
             if ids:
                 expected = teacher_forced(model, prompt_ids, ids)
-                np.testing.assert_allclose(completion.logprobs, expected, atol=1e-5, rtol=1e-5)
+                np.testing.assert_allclose(completion.logprobs, expected, atol=atol, rtol=1e-5)
 
 
 def test_greedy_and_logprobs_equal_references_with_rows_refilled(lively_model, tokenizer):
@@ -170,7 +172,9 @@ def test_embedded_model_equals_references_with_rows_refilled():
     prompts = [f"{shots}Question: {q}\nAnswer:" for q in questions]
     params = SamplingParams(max_new_tokens=12, stop=("\n",))
     gens, kv = run_loop(backend, prompts, 2, params)
-    check_against_references(backend, prompts, gens, params)
+    # 30 float32 layers: the reference's own two kernels (nn.Linear's MKL and the packed oneDNN,
+    # same full forward) already differ by up to 2.1e-5 in these log-probs, so 1e-5 would test rounding.
+    check_against_references(backend, prompts, gens, params, atol=5e-5)
     assert kv.rows_moved > 0
     assert any(c.finish_reason == "stop" for g in gens for c in [g.greedy, *g.samples])
 
@@ -188,3 +192,4 @@ def test_copy_rows_writes_what_advanced_indexing_writes():
     want[holes, :, 5:15] = want[movers, :, 5:15]  # compaction: within one buffer
     copy_rows(buffer[:, :, 5:15], holes, buffer[:, :, 5:15], movers)
     assert torch.equal(buffer, want)
+
