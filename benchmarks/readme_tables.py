@@ -831,12 +831,29 @@ def decode_step_parts(r: Path) -> dict[str, str]:
     return {"value:decode-step-parts": "; ".join(parts)}
 
 
+def decode_processes(r: Path) -> dict[str, str]:
+    d = load("decode_processes", r)
+    one, two = d["one_process_2_threads"], d["two_processes_1_thread"]
+    runs = len(one["seconds"])
+    return {
+        "value:decode-processes": (
+            f"{d['questions']} questions, median of {runs} runs each: one process on 2 threads "
+            f"{one['median_seconds']:.2f} s ({one['tokens_per_second']:.0f} tokens/s, "
+            f"{one['median_cpu_seconds']:.2f} CPU s, {one['peak_rss_mib_all_processes']} MiB peak RSS); "
+            f"two processes on 1 thread each {two['median_seconds']:.2f} s ({two['tokens_per_second']:.0f} "
+            f"tokens/s, {two['median_cpu_seconds']:.2f} CPU s, {two['peak_rss_mib_all_processes']} MiB "
+            f"peak RSS together): {d['wall_ratio']:.2f}× wall, {d['cpu_ratio']:.2f}× CPU; greedy answers "
+            f"identical {d['greedy_identical_count']}/{d['questions']}"
+        )
+    }
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
-    decode_threads, serve_hostile_threads2, decode_step_parts,
+    decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
