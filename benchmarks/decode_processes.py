@@ -17,7 +17,7 @@ candor runs; this measures whether a data-parallel annotate would pay, and
 what it would cost in memory (each process holds its own model).
 Greedy answers must be identical between the arms.
 
-    python benchmarks/decode_processes.py [--questions 64] [--repeats 3]
+    python benchmarks/decode_processes.py [--questions 64] [--repeats 3] [--batch-size 16]
 
 Writes ``benchmarks/results/decode_processes.json``.
 """
@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from common import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "decode_processes.json"
@@ -153,8 +155,6 @@ def main() -> None:
         "greedy_identical_count": sum(a == b for a, b in zip(greedy_one, greedy_two, strict=True)),
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    from common import write_json
-
     write_json(args.out, result)
     print(f"two processes / one: {result['wall_ratio']}x wall, {result['cpu_ratio']}x CPU; "
           f"greedy identical {result['greedy_identical_count']}/{args.questions}; wrote {args.out}")  # fmt: skip

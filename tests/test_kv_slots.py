@@ -192,4 +192,3 @@ def test_copy_rows_writes_what_advanced_indexing_writes():
     want[holes, :, 5:15] = want[movers, :, 5:15]  # compaction: within one buffer
     copy_rows(buffer[:, :, 5:15], holes, buffer[:, :, 5:15], movers)
     assert torch.equal(buffer, want)
-
