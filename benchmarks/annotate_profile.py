@@ -27,7 +27,13 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
 
-from annotate_throughput import job_parser, load_items, prompts_for, sampling_params  # noqa: E402
+from annotate_throughput import (  # noqa: E402
+    generated_tokens,
+    job_parser,
+    load_items,
+    prompts_for,
+    sampling_params,
+)
 
 MODEL = "smollm2-135m"
 # Operator name fragments → group, first match wins.
@@ -95,8 +101,7 @@ def main() -> None:
         start, cpu = time.perf_counter(), time.process_time()
         gens = backend.generate(prompts, args.k, params, seeds=list(range(len(prompts))))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    limit = params.max_new_tokens
-    tokens = sum(len(c.token_ids) + (len(c.token_ids) < limit) for g in gens for c in [g.greedy, *g.samples])
+    tokens = generated_tokens(gens, params.max_new_tokens)
 
     config = backend.model.config
     params_total = sum(p.numel() for p in backend.model.parameters())

@@ -89,6 +89,13 @@ def sampling_params() -> Any:
     return SamplingParams(**{**SETTINGS, "stop": tuple(SETTINGS["stop"])})
 
 
+def generated_tokens(gens: list[Any], max_new_tokens: int) -> int:
+    """Tokens generated for every answer, counting the stop token that ended one before the cap."""
+    return sum(
+        len(c.token_ids) + (len(c.token_ids) < max_new_tokens) for g in gens for c in [g.greedy, *g.samples]
+    )
+
+
 def prompts_for(items: list[Any], backend: Any) -> list[str]:
     from candor.annotation.prompts import TEMPLATES
 
@@ -109,9 +116,7 @@ def run_candor(items: list[Any], k: int, batch_size: int, dtype: str, packed: bo
     backend.generate(prompts[:1], 1, params)  # warm-up: first-call allocations, decoded vocabulary
     with Timer() as timer:
         gens = backend.generate(prompts, k, params, seeds=list(range(len(prompts))))
-    # Generated tokens, counting the stop token that ended an answer.
-    limit = params.max_new_tokens
-    tokens = sum(len(c.token_ids) + (len(c.token_ids) < limit) for g in gens for c in [g.greedy, *g.samples])
+    tokens = generated_tokens(gens, params.max_new_tokens)
     return {
         "seconds": timer.wall,
         "cpu_seconds": timer.cpu,

@@ -46,7 +46,7 @@ def child(job: dict[str, Any], out: Path, ready: Path, go: Path) -> None:
     import resource
 
     import torch
-    from annotate_throughput import MODEL, Timer, load_items, prompts_for, sampling_params
+    from annotate_throughput import MODEL, Timer, generated_tokens, load_items, prompts_for, sampling_params
 
     from candor.backends.hf import HFBackend
 
@@ -61,8 +61,7 @@ def child(job: dict[str, Any], out: Path, ready: Path, go: Path) -> None:
     seeds = list(range(job["start"], job["stop"]))
     with Timer() as timer:
         gens = backend.generate(prompts, job["k"], params, seeds=seeds)
-    limit = params.max_new_tokens
-    tokens = sum(len(c.token_ids) + (len(c.token_ids) < limit) for g in gens for c in [g.greedy, *g.samples])
+    tokens = generated_tokens(gens, params.max_new_tokens)
     out.write_text(json.dumps({
         "seconds": timer.wall, "cpu_seconds": timer.cpu, "tokens": tokens,
         "greedy": [g.greedy.text for g in gens],
