@@ -60,6 +60,7 @@ from candor.backends.base import (
 from candor.backends.chat import TokenizerChat
 from candor.backends.decode_loop import ChunkFeed, DecodeJob, DecodeLoop
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
+from candor.backends.llama_step import lean_decode_step
 from candor.backends.packed_linear import PackedLinears, packed_linears_of, with_packed_linears
 from candor.backends.sampling import row_seed
 from candor.backends.sampling import sample_tokens as sample_tokens  # re-exported: its public home before
@@ -123,6 +124,8 @@ class HFBackend:
         # ``pack_linears=False`` keeps nn.Linear's own kernels (the benchmarks' baseline).
         packs = pack_linears and self.device.type == "cpu"
         self.packed_linears = packed_linears_of(model) if packs else PackedLinears(model, enabled=False)
+        # Decode steps of a plain Llama run leaner than transformers' forward, same numbers (llama_step).
+        self.lean_step = lean_decode_step(model, self.packed_linears)
 
     @classmethod
     def from_pretrained(
@@ -415,6 +418,32 @@ class HFBackend:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, **kwargs)
         logits = out.logits[:, -keep:, :].float()
         return logits[:, -1, :] if last_only else logits
+
+    def decode_forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`forward` for one decode step over the slot cache (:mod:`candor.backends.kv_slots`).
+
+        ``ids`` ``[B, 1]``; ``mask`` the 4-D additive mask over the window the
+        cache's layers return. Runs the lean step of a plain Llama
+        (:mod:`candor.backends.llama_step`) when there is one, inference is on
+        and the linear layers are packed. Its first step also runs
+        transformers' forward on the same inputs (the slot cache writes a
+        fixed column, so the second write replaces the first) and keeps the
+        lean step only if their logits agree.
+        """
+        step = self.lean_step
+        if step is None or torch.is_grad_enabled() or not self.packed_linears.active:
+            return self.forward(ids, mask, cache, position_ids)
+        if step.checked:
+            return step(ids, mask, cache, position_ids)
+        lean = step(ids, mask, cache, position_ids)
+        reference = self.forward(ids, mask, cache, position_ids)
+        if step.agrees(lean, reference):
+            step.checked = True
+        else:
+            self.lean_step = None
+        return reference
 
     @with_packed_linears
     def forward_with_states(

@@ -154,7 +154,7 @@ class SlotKV:
         self.lo = self._lowest_start()
         self.mask[: self.active, self.t] = 0.0
         window = self.mask[: self.active, None, None, self.lo : self.t + 1]
-        self.logits = self.backend.forward(
+        self.logits = self.backend.decode_forward(
             tokens.unsqueeze(1), window, self.cache, self.positions[: self.active].unsqueeze(1)
         )
         self.positions[: self.active] += 1

@@ -101,7 +101,11 @@ def copies_fit(model: Any, free: int | None = None) -> bool:
 
     ``free``: bytes of free memory (default: what the OS says now).
     """
-    needed = linear_weight_bytes(model)
+    return bytes_fit(linear_weight_bytes(model), free)
+
+
+def bytes_fit(needed: int, free: int | None = None) -> bool:
+    """Whether ``needed`` bytes of copies fit in half the free memory (``free``: default, what the OS says)."""
     free = available_memory_bytes() if free is None else free
     return needed > 0 and (free is None or needed <= free // 2)
 
@@ -175,6 +179,54 @@ class PackedLayer:
             )
 
 
+class PackedStack:
+    """Sibling linear layers that read the same input (q, k, v; gate, up) as one packed product.
+
+    Their weights are concatenated along the outputs and packed once: one
+    product instead of one per layer, so one wake of the OpenMP team instead
+    of several (on the 2-core machine here a wake costs about 80 µs, as much
+    as a small product). Each output column is the same dot product as in its
+    own layer's product, so float32 outputs are those of the separate
+    products bit for bit. The copy is keyed by its layers' keys
+    (:class:`WeightKey`) and repacked when any of them moves.
+    """
+
+    def __init__(self, layers: tuple[torch.nn.Linear, ...], scope: PackedLinears) -> None:
+        self.members = layers
+        self.scope = scope
+        self.packed: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self.keys: tuple[WeightKey, ...] = ()
+
+    def nbytes(self) -> int:
+        return sum(m.weight.numel() * m.weight.element_size() for m in self.members)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The members' outputs side by side along the last dimension, in their order."""
+        layers = [self.scope.layers.get(id(m)) for m in self.members]
+        if any(layer is None or layer.layer is not m for layer, m in zip(layers, self.members, strict=True)):
+            return torch.cat([m(x) for m in self.members], dim=-1)  # the scope is not packing these layers
+        first = cast(PackedLayer, layers[0])
+        if not first.usable(x):
+            return torch.cat([m(x) for m in self.members], dim=-1)
+        keys = tuple(cast(PackedLayer, layer).current_key() for layer in layers)
+        if self.packed is None or keys != self.keys:
+            self._pack(keys)
+        with all_threads():
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def _pack(self, keys: tuple[WeightKey, ...]) -> None:
+        weight = torch.cat([m.weight.detach() for m in self.members])
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        biases = [m.bias for m in self.members]
+        if all(b is None for b in biases):
+            self.bias = None
+        else:  # a layer without a bias adds zeros, as its own product does
+            parts = zip(self.members, biases, strict=True)
+            self.bias = torch.cat([m.weight.new_zeros(m.out_features) if b is None else b.detach() for m, b in parts])
+        self.keys = keys
+
+
 class PackedLinears:
     """A re-entrant scope in which ``model``'s plain linear layers run on prepacked oneDNN weights.
 
@@ -210,6 +262,16 @@ class PackedLinears:
         packing forward, and ``nn.Linear``'s own would run on one thread.
         """
         return small_ops_on_one_thread(elements) if self.enabled else contextlib.nullcontext()
+
+    def stack(self, layers: tuple[torch.nn.Linear, ...]) -> PackedStack | None:
+        """One packed product for sibling ``layers`` (same input), or None when this scope does not pack them.
+
+        The stack's copy comes on top of the layers' own: callers check that
+        their stacks fit (:meth:`PackedStack.nbytes`, :func:`bytes_fit`).
+        """
+        if not self.enabled or any(type(m) is not torch.nn.Linear for m in layers):
+            return None
+        return PackedStack(layers, self)
 
     def install(self) -> None:
         model = self.model_ref()
