@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +84,34 @@ class Timer:
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.wall
         self.cpu = time.process_time() - self.cpu
+
+
+def alternate_arms(
+    run: Callable[[], list[Any]], arms: dict[str, Callable[[], None]], pairs: int
+) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[Any]]]:
+    """Run ``run`` ``pairs`` times under each arm (its setter called first), alternating which goes first.
+
+    Returns each arm's (wall, CPU) seconds per run and the outputs of its first run. One
+    process and alternation put the arms under the same load on a shared machine.
+    """
+    names = list(arms)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    seen: dict[str, list[Any]] = {}
+    for i in range(pairs):
+        for name in names if i % 2 == 0 else names[::-1]:
+            arms[name]()
+            with Timer() as timer:
+                out = run()
+            times[name].append((timer.wall, timer.cpu))
+            seen.setdefault(name, out)
+    return times, seen
+
+
+def arm_summary(runs: list[tuple[float, float]]) -> dict[str, Any]:
+    """One arm's runs: wall and CPU seconds of each, and their medians."""
+    return {
+        "wall": [round(w, 2) for w, _ in runs],
+        "cpu": [round(c, 2) for _, c in runs],
+        "median_wall": round(statistics.median(w for w, _ in runs), 2),
+        "median_cpu": round(statistics.median(c for _, c in runs), 2),
+    }

@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import Timer, write_json  # noqa: E402
+from common import alternate_arms, arm_summary, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_threads.json"
 
@@ -41,26 +41,20 @@ def race(backend: Any, prompts: list[str], k: int, params: Any, pairs: int) -> d
     from candor.backends import op_threads
 
     bound = op_threads.SMALL_OP_ELEMENTS
-    times: dict[str, list[tuple[float, float]]] = {"split": [], "all_threads": []}
-    seen: dict[str, Any] = {}
     seeds = list(range(len(prompts)))
-    for i in range(pairs):
-        for arm in ("all_threads", "split") if i % 2 == 0 else ("split", "all_threads"):
-            op_threads.SMALL_OP_ELEMENTS = bound if arm == "split" else 0
-            with Timer() as timer:
-                gens = backend.generate(prompts, k, params, seeds=seeds)
-            times[arm].append((timer.wall, timer.cpu))
-            seen.setdefault(arm, outputs(gens))
+
+    def set_bound(value: int) -> Callable[[], None]:
+        return lambda: setattr(op_threads, "SMALL_OP_ELEMENTS", value)
+
+    times, seen = alternate_arms(
+        lambda: outputs(backend.generate(prompts, k, params, seeds=seeds)),
+        {"all_threads": set_bound(0), "split": set_bound(bound)},
+        pairs,
+    )
     op_threads.SMALL_OP_ELEMENTS = bound
     tokens = sum(len(ids) for ids, _ in seen["split"])
     result: dict[str, Any] = {"prompts": len(prompts), "generated_tokens": tokens}
-    for arm, runs in times.items():
-        result[arm] = {
-            "wall": [round(w, 2) for w, _ in runs],
-            "cpu": [round(c, 2) for _, c in runs],
-            "median_wall": round(statistics.median(w for w, _ in runs), 2),
-            "median_cpu": round(statistics.median(c for _, c in runs), 2),
-        }
+    result.update({arm: arm_summary(runs) for arm, runs in times.items()})
     result["speedup_wall"] = round(result["all_threads"]["median_wall"] / result["split"]["median_wall"], 2)
     result["speedup_cpu"] = round(result["all_threads"]["median_cpu"] / result["split"]["median_cpu"], 2)
     result["outputs_bit_equal"] = seen["split"] == seen["all_threads"]

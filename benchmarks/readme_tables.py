@@ -848,12 +848,36 @@ def decode_processes(r: Path) -> dict[str, str]:
     }
 
 
+def decode_lean(r: Path) -> dict[str, str]:
+    d = load("decode_lean", r)
+    job, wakes = d["job"], d["wakes"]
+    lean, plain = job["lean_step"], job["transformers_forward"]
+    one = wakes["one_product_80_rows_us"]
+    threads = f"{d['torch_threads']} threads"
+    products = "; ".join(
+        f"{rows}: {w['separate_ms']:.1f} against {w['stacked_ms']:.1f} ms ({w['ratio']:.2f}×)"
+        for rows, w in wakes.items()
+        if rows.endswith(("row", "rows"))
+    )
+    return {
+        "value:decode-lean": (
+            f"{job['prompts']} questions, {len(lean['wall'])} alternating pairs, medians: lean step "
+            f"{lean['median_wall']:.2f} s ({lean['tokens_per_second']:.0f} tokens/s, {lean['median_cpu']:.2f} CPU s) "
+            f"against transformers' forward {plain['median_wall']:.2f} s ({plain['tokens_per_second']:.0f} tokens/s, "
+            f"{plain['median_cpu']:.2f} CPU s): {job['speedup_wall']:.2f}× wall, {job['speedup_cpu']:.2f}× CPU, "
+            f"outputs bit-equal: {'yes' if job['outputs_bit_equal'] else 'NO'}. A step's q, k, v, gate and up "
+            f"products over 30 layers, separate against stacked, at {products}. One [80, 576] × [576, 576] "
+            f"product: {one['1 thread']} µs on one thread, {one[threads]} µs on {threads}"
+        )
+    }
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
-    decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes,
+    decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

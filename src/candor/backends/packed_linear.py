@@ -26,6 +26,10 @@ also inside a decode step whose small ops run on one thread
 (:mod:`candor.backends.op_threads`); a scope that does not pack leaves
 threads alone, since ``nn.Linear``'s own kernels are not widened.
 
+:class:`PackedStack` packs sibling layers that read the same input (q, k
+and v; gate and up) as one weight, for the lean decode step of
+:mod:`candor.backends.llama_step`: one product where there were several.
+
 A packed weight is a copy, so it is keyed by what determines it: the
 parameter object, its storage, its version counter, and a content
 fingerprint taken when the outermost scope opens (an in-place change through
