@@ -107,6 +107,32 @@ def alternate_arms(
     return times, seen
 
 
+def generation_outputs(gens: list[Any]) -> list[tuple[list[int], list[float]]]:
+    """Every completion's token ids and log-probs, greedy first then samples, prompt by prompt."""
+    return [(list(c.token_ids), list(c.logprobs)) for g in gens for c in [g.greedy, *g.samples]]
+
+
+def race_generate(
+    backend: Any, prompts: list[str], k: int, params: Any, pairs: int, arms: dict[str, Callable[[], None]]
+) -> dict[str, Any]:
+    """``backend.generate`` under two arms (baseline first), alternating: medians, ratios, equal outputs.
+
+    The ratios are the baseline's median over the second arm's; the outputs are token ids and log-probs.
+    """
+    seeds = list(range(len(prompts)))
+    times, seen = alternate_arms(
+        lambda: generation_outputs(backend.generate(prompts, k, params, seeds=seeds)), arms, pairs
+    )
+    baseline, new = list(arms)
+    tokens = sum(len(ids) for ids, _ in seen[new])
+    result: dict[str, Any] = {"prompts": len(prompts), "generated_tokens": tokens}
+    result.update({arm: arm_summary(runs) for arm, runs in times.items()})
+    result["speedup_wall"] = round(result[baseline]["median_wall"] / result[new]["median_wall"], 2)
+    result["speedup_cpu"] = round(result[baseline]["median_cpu"] / result[new]["median_cpu"], 2)
+    result["outputs_bit_equal"] = seen[new] == seen[baseline]
+    return result
+
+
 def arm_summary(runs: list[tuple[float, float]]) -> dict[str, Any]:
     """One arm's runs: wall and CPU seconds of each, and their medians."""
     return {

@@ -31,8 +31,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import alternate_arms, arm_summary, write_json  # noqa: E402
-from decode_threads import outputs  # noqa: E402
+from common import race_generate, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_lean.json"
 LAYERS, HIDDEN, KV, INTERMEDIATE = 30, 576, 192, 1536  # the embedded model's shapes
@@ -87,26 +86,18 @@ def job(backend: Any, prompts: list[str], k: int, params: Any, pairs: int) -> di
     lean = backend.lean_step
     if lean is None:
         raise SystemExit("this torch build or model has no lean decode step: nothing to compare")
-    seeds = list(range(len(prompts)))
 
     def use(step: Any) -> Callable[[], None]:
         return lambda: setattr(backend, "lean_step", step)
 
-    times, seen = alternate_arms(
-        lambda: outputs(backend.generate(prompts, k, params, seeds=seeds)),
-        {"transformers_forward": use(None), "lean_step": use(lean)},
-        pairs,
-    )
-    backend.lean_step = lean
-    tokens = sum(len(ids) for ids, _ in seen["lean_step"])
-    result: dict[str, Any] = {"prompts": len(prompts), "generated_tokens": tokens}
-    for arm, runs in times.items():
-        result[arm] = arm_summary(runs)
-        result[arm]["tokens_per_second"] = round(tokens / result[arm]["median_wall"], 1)
-    before, after = result["transformers_forward"], result["lean_step"]
-    result["speedup_wall"] = round(before["median_wall"] / after["median_wall"], 2)
-    result["speedup_cpu"] = round(before["median_cpu"] / after["median_cpu"], 2)
-    result["outputs_bit_equal"] = seen["lean_step"] == seen["transformers_forward"]
+    try:
+        result = race_generate(
+            backend, prompts, k, params, pairs, {"transformers_forward": use(None), "lean_step": use(lean)}
+        )
+    finally:
+        backend.lean_step = lean
+    for arm in ("transformers_forward", "lean_step"):
+        result[arm]["tokens_per_second"] = round(result["generated_tokens"] / result[arm]["median_wall"], 1)
     result["lean_step_checked"] = lean.checked
     return result
 

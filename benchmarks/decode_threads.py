@@ -27,13 +27,9 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import alternate_arms, arm_summary, write_json  # noqa: E402
+from common import race_generate, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_threads.json"
-
-
-def outputs(gens: list[Any]) -> list[tuple[list[int], list[float]]]:
-    return [(list(c.token_ids), list(c.logprobs)) for g in gens for c in [g.greedy, *g.samples]]
 
 
 def race(backend: Any, prompts: list[str], k: int, params: Any, pairs: int) -> dict[str, Any]:
@@ -41,24 +37,15 @@ def race(backend: Any, prompts: list[str], k: int, params: Any, pairs: int) -> d
     from candor.backends import op_threads
 
     bound = op_threads.SMALL_OP_ELEMENTS
-    seeds = list(range(len(prompts)))
 
     def set_bound(value: int) -> Callable[[], None]:
         return lambda: setattr(op_threads, "SMALL_OP_ELEMENTS", value)
 
-    times, seen = alternate_arms(
-        lambda: outputs(backend.generate(prompts, k, params, seeds=seeds)),
-        {"all_threads": set_bound(0), "split": set_bound(bound)},
-        pairs,
-    )
-    op_threads.SMALL_OP_ELEMENTS = bound
-    tokens = sum(len(ids) for ids, _ in seen["split"])
-    result: dict[str, Any] = {"prompts": len(prompts), "generated_tokens": tokens}
-    result.update({arm: arm_summary(runs) for arm, runs in times.items()})
-    result["speedup_wall"] = round(result["all_threads"]["median_wall"] / result["split"]["median_wall"], 2)
-    result["speedup_cpu"] = round(result["all_threads"]["median_cpu"] / result["split"]["median_cpu"], 2)
-    result["outputs_bit_equal"] = seen["split"] == seen["all_threads"]
-    return result
+    try:
+        arms = {"all_threads": set_bound(0), "split": set_bound(bound)}
+        return race_generate(backend, prompts, k, params, pairs, arms)
+    finally:
+        op_threads.SMALL_OP_ELEMENTS = bound
 
 
 def main() -> None:
