@@ -145,3 +145,14 @@ def test_only_plain_packed_llamas_get_a_lean_step(tokenizer):
     assert lean_decode_step(inner, HFBackend(inner, tokenizer).packed_linears) is None
     plain = HFBackend(tiny_llama(tokenizer), tokenizer)
     assert isinstance(plain.lean_step, LlamaDecodeStep)
+
+
+def test_stacked_biases_follow_an_in_place_change(tokenizer):
+    backend = HFBackend(tiny_llama(tokenizer, attention_bias=True, mlp_bias=True), tokenizer)
+    step_both_ways(backend)  # packs the stacks
+    with torch.no_grad():
+        backend.model.model.layers[0].self_attn.v_proj.bias.data.add_(0.5)
+        backend.model.model.layers[1].mlp.gate_proj.bias.data.sub_(0.25)
+    lean, reference, lean_kv, ref_kv = step_both_ways(backend)
+    assert torch.equal(lean, reference)
+    assert_same_kv(lean_kv, ref_kv)

@@ -199,7 +199,6 @@ class PackedStack:
         self.members = layers
         self.scope = scope
         self.packed: torch.Tensor | None = None
-        self.bias: torch.Tensor | None = None
         self.keys: tuple[WeightKey, ...] = ()
 
     def nbytes(self) -> int:
@@ -215,20 +214,17 @@ class PackedStack:
             return torch.cat([m(x) for m in self.members], dim=-1)
         keys = tuple(cast(PackedLayer, layer).current_key() for layer in layers)
         if self.packed is None or keys != self.keys:
-            self._pack(keys)
+            weight = torch.cat([m.weight.detach() for m in self.members])
+            self.packed, self.keys = torch.ops.mkldnn._reorder_linear_weight(weight, None), keys
         with all_threads():
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self._bias(), "none", [], "")
 
-    def _pack(self, keys: tuple[WeightKey, ...]) -> None:
-        weight = torch.cat([m.weight.detach() for m in self.members])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        biases = [m.bias for m in self.members]
-        if all(b is None for b in biases):
-            self.bias = None
-        else:  # a layer without a bias adds zeros, as its own product does
-            parts = zip(self.members, biases, strict=True)
-            self.bias = torch.cat([m.weight.new_zeros(m.out_features) if b is None else b.detach() for m, b in parts])
-        self.keys = keys
+    def _bias(self) -> torch.Tensor | None:
+        """The members' biases side by side, read now (as each layer's own product reads its bias)."""
+        if all(m.bias is None for m in self.members):
+            return None
+        parts = [m.weight.new_zeros(m.out_features) if m.bias is None else m.bias.detach() for m in self.members]
+        return torch.cat(parts)  # a layer without a bias adds zeros, as its own product does
 
 
 class PackedLinears:
