@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import resource
@@ -84,6 +85,17 @@ class Timer:
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.wall
         self.cpu = time.process_time() - self.cpu
+
+
+def race_parser(description: str, *, questions: int, pairs: int, out: Path) -> argparse.ArgumentParser:
+    """The options of a same-process race of ``generate`` arms (questions, pairs, k, threads, --out)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--questions", type=int, default=questions)
+    parser.add_argument("--pairs", type=int, default=pairs)
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
 
 
 def alternate_arms(

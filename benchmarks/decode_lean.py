@@ -21,7 +21,6 @@ Writes ``benchmarks/results/decode_lean.json``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import race_generate, write_json  # noqa: E402
+from common import race_generate, race_parser, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_lean.json"
 LAYERS, HIDDEN, KV, INTERMEDIATE = 30, 576, 192, 1536  # the embedded model's shapes
@@ -64,6 +63,7 @@ def wakes(threads: int) -> dict[str, Any]:
     with torch.inference_mode():
         separate = [[pack(n) for n in (HIDDEN, KV, KV, INTERMEDIATE, INTERMEDIATE)] for _ in range(LAYERS)]
         stacked = [[pack(HIDDEN + 2 * KV), pack(2 * INTERMEDIATE)] for _ in range(LAYERS)]
+
         def step(x: torch.Tensor, layers: list[list[torch.Tensor]]) -> Callable[[], Any]:
             return lambda: [product(x, p) for layer in layers for p in layer]
 
@@ -103,13 +103,7 @@ def job(backend: Any, prompts: list[str], k: int, params: Any, pairs: int) -> di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--questions", type=int, default=64)
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = race_parser(__doc__.split("\n")[0], questions=64, pairs=5, out=RESULTS).parse_args()
 
     import torch
 

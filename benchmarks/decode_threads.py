@@ -17,7 +17,6 @@ Writes ``benchmarks/results/decode_threads.json``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import race_generate, write_json  # noqa: E402
+from common import race_generate, race_parser, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_threads.json"
 
@@ -49,13 +48,8 @@ def race(backend: Any, prompts: list[str], k: int, params: Any, pairs: int) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--questions", type=int, default=32)
+    parser = race_parser(__doc__.split("\n")[0], questions=32, pairs=6, out=RESULTS)
     parser.add_argument("--cap-questions", type=int, default=16)
-    parser.add_argument("--pairs", type=int, default=6)
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     import torch

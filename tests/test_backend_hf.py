@@ -415,21 +415,18 @@ def test_generate_reports_finish_reason_and_token_counts(backend):
 
 
 REPEAT_FIRST_CALL = """
-import json, sys
+import sys
 
 import torch
 
 from candor.annotation.prompts import TEMPLATES
 from candor.backends.base import SamplingParams
 from candor.backends.hf import HFBackend
-from candor.data.items import QAItem
+from candor.data.loaders import load_named
 
 torch.set_num_threads(2)  # as the benchmarks do
 backend = HFBackend.from_pretrained("smollm2-135m", batch_size=16)
-with open(sys.argv[1]) as f:
-    rows = [json.loads(line) for _, line in zip(range(16), f)]
-items = [QAItem(id=str(i), dataset="nq", split="test", question=r["question"], answers=tuple(r["answer"]))
-         for i, r in enumerate(rows)]
+items = load_named("nq", data_dir=sys.argv[1], limit=16)
 prompts = [TEMPLATES.get("fewshot")(item, backend) for item in items]
 params = SamplingParams(max_new_tokens=32, temperature=1.0, top_p=0.95, top_k=50, stop=("\\n",))
 first, second = (backend.generate(prompts, 5, params) for _ in range(2))
@@ -448,10 +445,9 @@ def test_the_first_generate_call_of_a_process_repeats_exactly(shared_data):
     import subprocess
     import sys
 
-    questions = shared_data / "honestybench" / "nq" / "test.jsonl"
     for _ in range(3):
         done = subprocess.run(
-            [sys.executable, "-c", REPEAT_FIRST_CALL, str(questions)],
+            [sys.executable, "-c", REPEAT_FIRST_CALL, str(shared_data / "honestybench")],
             capture_output=True, text=True, check=False, timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
