@@ -13,6 +13,9 @@ Two measurements, each against its baseline in the same process:
   alternating pairs with the lean step (:mod:`candor.backends.llama_step`, the
   default) and with it off (every decode step through transformers' forward).
   The outputs of the two arms must be bit-equal (token ids and log-probs).
+  Both arms keep the shared few-shot prefix in every row (``split_prefix``
+  off), so this measures the lean step alone; ``prefix_split.py`` measures
+  keeping the prefix once.
 
     python benchmarks/decode_lean.py [--questions 64] [--pairs 5] [--threads 2]
 
@@ -113,6 +116,7 @@ def main() -> None:
     products = wakes(args.threads)
     torch.set_num_threads(args.threads)
     backend = HFBackend.from_pretrained(MODEL, batch_size=16)
+    backend.split_prefix = False  # the lean step alone (see the module docstring)
     params = sampling_params()
     backend.generate(prompts_for(load_items(2), backend), 1, params)  # warm-up: packing, the lean step's check
     whole = job(backend, prompts_for(load_items(args.questions), backend), args.k, params, args.pairs)

@@ -872,12 +872,34 @@ def decode_lean(r: Path) -> dict[str, str]:
     }
 
 
+def prefix_split(r: Path) -> dict[str, str]:
+    d = load("prefix_split", r)
+    names = {"annotation": "Annotation (cut at the first newline)", "to_token_cap": "every row to the 32-token cap"}
+    parts = []
+    for name, job in d["jobs"].items():
+        once, every, out = job["prefix_kept_once"], job["prefix_in_every_row"], job["outputs"]
+        parts.append(
+            f"{names[name]}: kept once {once['median_wall']:.2f} s ({once['tokens_per_second']:.0f} tokens/s, "
+            f"{once['median_cpu']:.2f} CPU s) against a copy in every row {every['median_wall']:.2f} s "
+            f"({every['median_cpu']:.2f} CPU s), {job['speedup_wall']:.2f}× wall and {job['speedup_cpu']:.2f}× CPU; "
+            f"{out['same_tokens']} of {out['completions']} completions with the same tokens, log-probs within "
+            f"{out['max_abs_logprob_diff']:.1e}"
+        )
+    pairs = len(next(iter(d["jobs"].values()))["prefix_kept_once"]["wall"])
+    return {
+        "value:prefix-split": (
+            f"{d['shared_prefix_tokens']} shared tokens of prompts of {d['prompt_tokens']['min']}–"
+            f"{d['prompt_tokens']['max']}; {pairs} alternating pairs, medians. " + "; ".join(parts)
+        )
+    }
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
-    decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean,
+    decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean, prefix_split,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

@@ -10,12 +10,14 @@ different steps (stop strings, EOS, the token cap).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from candor.backends.base import DecodeRequest, Generations, SamplingParams
 from candor.backends.decode_loop import ChunkFeed, DecodeJob, DecodeLoop
 from candor.backends.hf import HFBackend
 from candor.backends.kv_slots import SlotKV, copy_rows
+from candor.backends.tokens import prefill_shared_prefix, usable_prefix_length
 
 PROMPTS = [
     "Question: What is the largest planet?\nAnswer:",
@@ -49,15 +51,23 @@ def teacher_forced(model, prompt_ids: list[int], ids: list[int]) -> np.ndarray:
 
 
 def run_loop(
-    backend: HFBackend, prompts: list[str], n: int, params: SamplingParams
+    backend: HFBackend, prompts: list[str], n: int, params: SamplingParams, prefix: int = 0, split: bool = False
 ) -> tuple[list[Generations], SlotKV]:
-    """What ``generate`` does, keeping the loop to read its cache's counters."""
+    """What ``generate`` does, keeping the loop to read its cache's counters.
+
+    ``prefix``: the prompts' first tokens prefilled once and shared, as
+    ``generate`` does for a common few-shot block; ``split``: the slot cache
+    keeps them apart (``generate`` does where the lean step runs).
+    """
     encoded = backend.encode(prompts)
     matcher = backend.stop_matcher(params.stop)
     jobs = [DecodeJob(ids, n, True, params, seed, matcher) for seed, ids in enumerate(encoded)]
     capacity = backend.batch_size * (1 + n)
-    loop = DecodeLoop(backend, rows=capacity, columns=max(map(len, encoded)) + 2 * params.max_new_tokens)
-    loop.run(ChunkFeed(jobs, backend.batch_size, capacity))
+    columns = max(map(len, encoded)) + 2 * params.max_new_tokens
+    loop = DecodeLoop(backend, rows=capacity, columns=columns, split_prefix=split)
+    with torch.inference_mode():
+        prefix_cache = prefill_shared_prefix(backend.model, encoded[0][:prefix]) if prefix else None
+        loop.run(ChunkFeed(jobs, backend.batch_size, capacity, prefix_cache, prefix))
     assert isinstance(loop.kv, SlotKV)
     return [job.result for job in jobs], loop.kv
 
@@ -171,12 +181,71 @@ def test_embedded_model_equals_references_with_rows_refilled():
     ]
     prompts = [f"{shots}Question: {q}\nAnswer:" for q in questions]
     params = SamplingParams(max_new_tokens=12, stop=("\n",))
-    gens, kv = run_loop(backend, prompts, 2, params)
+    prefix = usable_prefix_length(backend.model, backend.encode(prompts))
+    gens, kv = run_loop(backend, prompts, 2, params, prefix=prefix, split=True)  # as generate runs it
+    assert kv.prefix_length == prefix > 0
     # 30 float32 layers: the reference's own two kernels (nn.Linear's MKL and the packed oneDNN,
     # same full forward) already differ by up to 2.1e-5 in these log-probs, so 1e-5 would test rounding.
     check_against_references(backend, prompts, gens, params, atol=5e-5)
     assert kv.rows_moved > 0
     assert any(c.finish_reason == "stop" for g in gens for c in [g.greedy, *g.samples])
+
+
+SHOTS = "Question: What is the capital of France?\nAnswer: Paris\nQuestion: Who wrote Hamlet?\nAnswer: Shakespeare\n"
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["prefix-kept-once", "prefix-in-every-slot"])
+def test_a_shared_prefix_gives_the_references_kept_once_or_in_every_slot(lively_model, tokenizer, split):
+    backend = HFBackend(lively_model, tokenizer, batch_size=2)
+    assert backend.lean_step is not None  # split attention is the lean step's
+    prompts = [SHOTS + p for p in PROMPTS]
+    prefix = usable_prefix_length(backend.model, backend.encode(prompts))
+    assert prefix > 20
+    params = SamplingParams(max_new_tokens=14, stop=("y",))
+    gens, kv = run_loop(backend, prompts, 2, params, prefix=prefix, split=split)
+    check_against_references(backend, prompts, gens, params)
+    assert kv.rows_moved > 0
+    assert kv.prefix_length == (prefix if split else 0)
+    layer = kv.cache.layers[0]
+    if split:
+        assert layer.prefix_keys.shape[:3] == (1, layer.keys.shape[1], prefix)
+
+
+def test_generate_keeps_the_prefix_once_with_the_same_tokens(lively_model, tokenizer, monkeypatch):
+    backend = HFBackend(lively_model, tokenizer, batch_size=2)
+    prompts = [SHOTS + p for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=12, stop=("y",))
+    kept: list[int] = []
+    keep = SlotKV._keep_prefix
+    monkeypatch.setattr(SlotKV, "_keep_prefix", lambda self, cache, n: (kept.append(n), keep(self, cache, n))[1])
+    split = backend.generate(prompts, 2, params)
+    assert kept and kept[0] > 20  # generate really split the prefix
+    backend.split_prefix = False
+    whole = backend.generate(prompts, 2, params)
+    assert len(kept) == 1
+    for a, b in zip(split, whole, strict=True):
+        for x, y in zip([a.greedy, *a.samples], [b.greedy, *b.samples], strict=True):
+            assert x.token_ids == y.token_ids
+            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_without_the_kept_prefix_are_refused(lively_model, tokenizer):
+    backend = HFBackend(lively_model, tokenizer, batch_size=2)
+    prompts = [SHOTS + p for p in PROMPTS[:2]]
+    encoded = backend.encode(prompts)
+    prefix = usable_prefix_length(backend.model, encoded)
+    matcher = backend.stop_matcher(())
+    params = SamplingParams(max_new_tokens=4, stop=())
+    loop = DecodeLoop(backend, rows=4, columns=80, split_prefix=True)
+    jobs = [DecodeJob(ids, 1, True, params, seed, matcher) for seed, ids in enumerate(encoded)]
+    with torch.inference_mode():
+        loop.admit(loop.prefill(jobs[:1], prefill_shared_prefix(backend.model, encoded[0][:prefix]), prefix))
+        assert loop.kv.prefix_length == prefix
+        with pytest.raises(ValueError, match="without the shared prefix"):
+            loop.admit(loop.prefill(jobs[1:]))
+        shorter = prefill_shared_prefix(backend.model, encoded[0][: prefix - 1])
+        with pytest.raises(ValueError, match="keeping"):
+            loop.admit(loop.prefill(jobs[1:], shorter, prefix - 1))
 
 
 def test_copy_rows_writes_what_advanced_indexing_writes():

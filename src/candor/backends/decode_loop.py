@@ -136,13 +136,15 @@ class Prefilled:
     """Prompts run once whose rows wait to join: their KV cache, padding mask and next-token logits.
 
     ``rows`` lists the waiting rows in order as ``(prompt, job, sample)``,
-    ``prompt`` being the job's row in the prefill batch.
+    ``prompt`` being the job's row in the prefill batch; ``shared``, the
+    leading columns that are the same prefix in every prompt.
     """
 
     cache: Any
     mask: torch.Tensor
     logits: torch.Tensor
     rows: list[tuple[int, DecodeJob, int]]
+    shared: int = 0
 
 
 class DecodeLoop:
@@ -150,17 +152,21 @@ class DecodeLoop:
 
     ``rows`` and ``columns`` size the KV cache at its first use (the rows
     decoded together, and prompt plus answer tokens); it grows if a request
-    needs more.
+    needs more. ``split_prefix``: every prefill of this loop comes with the
+    same shared prefix, which the slot cache may keep once for all rows
+    (:mod:`candor.backends.kv_slots`).
     """
 
-    def __init__(self, backend: Any, rows: int, columns: int) -> None:
+    def __init__(self, backend: Any, rows: int, columns: int, split_prefix: bool = False) -> None:
         self.backend = backend
         self.slots: list[Row | None] = []  # the row in each KV slot (None: free)
         # A row's activations in a step (its hidden state); unknown: never counted as small.
         self.row_width: int = getattr(backend.model.config, "hidden_size", None) or SMALL_OP_ELEMENTS + 1
         empty = backend.new_cache()
         self.kv: SlotKV | KVBatch = (
-            SlotKV(backend, rows, columns) if slots_supported(backend.model, empty) else KVBatch(backend)
+            SlotKV(backend, rows, columns, split_prefix)
+            if slots_supported(backend.model, empty)
+            else KVBatch(backend)
         )
 
     # ------------------------------------------------------------ driving
@@ -231,7 +237,7 @@ class DecodeLoop:
             logits, states = backend.forward(ids, mask, cache, positions), None
         kept = [(i, job) for i, job in enumerate(ready) if self._passes_prefill(job, states, i)]
         rows = [(i, job, s) for i, job in kept for s in self._samples(job)]
-        return Prefilled(cache, mask, logits, rows) if rows else None
+        return Prefilled(cache, mask, logits, rows, shared=prefix if prefix_cache is not None else 0) if rows else None
 
     def admit(self, prefilled: Prefilled, count: int | None = None) -> None:
         """Give the first ``count`` (default: all) waiting rows of ``prefilled`` their slots in the batch."""
@@ -248,7 +254,7 @@ class DecodeLoop:
             else:
                 prompts.append(i)
                 repeats.append(1)
-        slots = self.kv.admit(prefilled.cache, prefilled.mask, prefilled.logits, prompts, repeats)
+        slots = self.kv.admit(prefilled.cache, prefilled.mask, prefilled.logits, prompts, repeats, prefilled.shared)
         rows = [Row(job, s, self._uniforms(job, s)) for _, job, s in joining]
         if len(self.slots) <= max(slots):
             self.slots += [None] * (max(slots) + 1 - len(self.slots))

@@ -126,6 +126,8 @@ class HFBackend:
         self.packed_linears = packed_linears_of(model) if packs else PackedLinears(model, enabled=False)
         # Decode steps of a plain Llama run leaner than transformers' forward, same numbers (llama_step).
         self.lean_step = lean_decode_step(model, self.packed_linears)
+        # With it, ``generate`` keeps a prefix all its prompts share once, not in every row (kv_slots).
+        self.split_prefix = True
         if self.device.type == "cpu":
             self._warm_up()
 
@@ -236,7 +238,8 @@ class HFBackend:
         order = sorted(range(len(jobs)), key=lambda i: len(encoded[i]))
         capacity = self.batch_size * (int(greedy) + n)
         columns = max(len(ids) for ids in encoded) + 2 * params.max_new_tokens
-        loop = DecodeLoop(self, rows=capacity, columns=columns)
+        split = self.split_prefix and self.lean_step is not None  # the lean step attends to it split
+        loop = DecodeLoop(self, rows=capacity, columns=columns, split_prefix=split)
         loop.run(ChunkFeed([jobs[i] for i in order], self.batch_size, capacity, prefix_cache, prefix))
         return [job.result for job in jobs]
 
@@ -445,23 +448,25 @@ class HFBackend:
         ``ids`` ``[B, 1]``; ``mask`` the 4-D additive mask over the window the
         cache's layers return. Runs the lean step of a plain Llama
         (:mod:`candor.backends.llama_step`) when there is one, inference is on
-        and the linear layers are packed. Its first step also runs
-        transformers' forward on the same inputs (the slot cache writes a
-        fixed column, so the second write replaces the first) and keeps the
-        lean step only if their logits agree.
+        and the linear layers are packed. Its first step runs transformers'
+        forward on the same inputs first and keeps the lean step only if their
+        logits agree; either way the step's result (and the KV column, which
+        the slot cache writes in place, so the last write stands) is the one
+        every later step would give, so a process's first call decodes as its
+        next ones.
         """
         step = self.lean_step
         if step is None or torch.is_grad_enabled() or not self.packed_linears.active:
             return self.forward(ids, mask, cache, position_ids)
         if step.checked:
             return step(ids, mask, cache, position_ids)
-        lean = step(ids, mask, cache, position_ids)
         reference = self.forward(ids, mask, cache, position_ids)
+        lean = step(ids, mask, cache, position_ids)
         if step.agrees(lean, reference):
             step.checked = True
-        else:
-            self.lean_step = None
-        return reference
+            return lean
+        self.lean_step = None
+        return self.forward(ids, mask, cache, position_ids)  # its keys and values replace the lean step's
 
     @with_packed_linears
     def forward_with_states(

@@ -44,9 +44,19 @@ class KVBatch:
         return self.rows - len(self._freed)
 
     def admit(
-        self, cache: Any, mask: torch.Tensor, logits: torch.Tensor, prompts: list[int], repeats: list[int]
+        self,
+        cache: Any,
+        mask: torch.Tensor,
+        logits: torch.Tensor,
+        prompts: list[int],
+        repeats: list[int],
+        shared: int = 0,
     ) -> list[int]:
-        """Repeat prompt ``prompts[i]`` of a prefill ``repeats[i]`` times and append its rows; returns their slots."""
+        """Repeat prompt ``prompts[i]`` of a prefill ``repeats[i]`` times and append its rows; returns their slots.
+
+        ``shared`` (the prefill's leading columns common to all prompts) needs
+        nothing here: this cache keeps every row's columns, those included.
+        """
         index = torch.tensor([p for p, r in zip(prompts, repeats, strict=True) for _ in range(r)], device=mask.device)
         cache.batch_select_indices(index)  # drops declined prompts, repeats the others once per row
         mask, logits = mask[index], logits[index]

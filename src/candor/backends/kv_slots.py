@@ -22,6 +22,15 @@ A decode step's small ops run on one thread (:mod:`candor.backends.op_threads`):
 a layer's ``update`` gives the attention that follows it the full count back,
 and the copies of rows moved by compaction run on it too.
 
+A cache opened with ``split_prefix`` (``generate`` with a lean decode step,
+:mod:`candor.backends.llama_step`) keeps the prefix every prompt of the call
+shares (the few-shot block) once per layer instead of in every slot: rows
+join with only their own columns copied, compaction moves only those, and the
+lean step's attention reads the prefix once for all rows
+(:mod:`candor.backends.prefix_attention`). transformers' forward over such a
+cache still sees each row's whole key sequence: ``update`` returns the prefix
+joined to the window, and the step's mask covers both.
+
 Works for models whose cache layers are all plain full-attention layers and
 whose attention takes a 4-D additive mask (``sdpa``, ``eager``): see
 :func:`slots_supported`.
@@ -34,6 +43,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from candor.backends import prefix_attention
 from candor.backends.op_threads import all_threads, widen
 
 # Free columns kept after the window when the buffer is (re)allocated, so the window moves rarely.
@@ -53,9 +63,30 @@ class _SlotLayer(DynamicLayer):
         super().__init__()
         self.store = store
         self.keys, self.values = keys, values
+        # The shared prefix's keys and values, [1, kv_heads, P, head_dim], when the store keeps it apart.
+        self.prefix_keys: torch.Tensor | None = None
+        self.prefix_values: torch.Tensor | None = None
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        """transformers' call: write the step's column; every row's keys and values, the shared prefix first."""
+        keys, values = self._write(key_states, value_states)
+        if self.prefix_keys is None or self.prefix_values is None:
+            return keys, values
+        rows = keys.shape[0]
+        return (
+            torch.cat([self.prefix_keys.expand(rows, -1, -1, -1), keys], dim=2),
+            torch.cat([self.prefix_values.expand(rows, -1, -1, -1), values], dim=2),
+        )
+
+    def update_split(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """The lean step's call: write the step's column; the shared prefix (None if not kept apart) and the window."""
+        keys, values = self._write(key_states, value_states)
+        return self.prefix_keys, self.prefix_values, keys, values
+
+    def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Only decode steps (one new token per row) run on this cache; prompts are prefilled apart.
         s = self.store
         widen()  # the attention over the window returned runs next, on all threads; the next product narrows
@@ -64,10 +95,10 @@ class _SlotLayer(DynamicLayer):
         return self.keys[: s.active, :, s.lo : s.t + 1], self.values[: s.active, :, s.lo : s.t + 1]
 
     def get_seq_length(self) -> int:
-        return self.store.t - self.store.lo
+        return self.store.prefix_length + self.store.t - self.store.lo
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.store.t - self.store.lo + query_length, 0
+        return self.get_seq_length() + query_length, 0
 
 
 class _SlotCache(Cache):
@@ -83,9 +114,12 @@ class SlotKV:
     refill_at = 1.0  # and are worth admitting as soon as their slots are free
     partial_admission = True  # the rows of one prefill can join one by one
 
-    def __init__(self, backend: Any, rows: int, columns: int) -> None:
+    def __init__(self, backend: Any, rows: int, columns: int, split_prefix: bool = False) -> None:
         self.backend = backend
         self.capacity_rows, self.capacity_columns = max(1, rows), max(1, columns)
+        # Keep a prefix all rows share once (see the module docstring), where attention can run split.
+        self.split_prefix = split_prefix and prefix_attention.available(backend.device)
+        self.prefix_length = 0  # the columns of that prefix, once kept
         self.active = 0  # slots [0, active) run in each step
         self.t = 0  # the column the next step writes
         self.lo = 0  # the first column a live row reads
@@ -100,18 +134,32 @@ class SlotKV:
     # ------------------------------------------------------------ rows joining and leaving
 
     def admit(
-        self, cache: Any, mask: torch.Tensor, logits: torch.Tensor, prompts: list[int], repeats: list[int]
+        self,
+        cache: Any,
+        mask: torch.Tensor,
+        logits: torch.Tensor,
+        prompts: list[int],
+        repeats: list[int],
+        shared: int = 0,
     ) -> list[int]:
         """Give prompt ``prompts[i]`` of a prefill (its ``cache``, ``mask``, ``logits``) ``repeats[i]`` slots.
 
-        Returns the slots of the new rows, prompt by prompt.
+        ``shared``: the prefill's first columns, the same tokens in every
+        prompt of the call (its shared prefix); a cache that splits the prefix
+        keeps them once. Returns the slots of the new rows, prompt by prompt.
         """
+        skip = self._split_columns(shared)
         width = mask.shape[1]
-        firsts = [int(mask[p].nonzero()[0]) for p in prompts]  # each prompt's first real column
+        # Each prompt's first real column past the prefix kept apart.
+        firsts = [skip + int(mask[p, skip:].nonzero()[0]) for p in prompts]
         # The prefill's columns from the earliest first real column on, copied as they lie (padding masked).
         copied = width - min(firsts)
+        if self.cache is None and skip:
+            self.capacity_columns = max(1, self.capacity_columns - skip)  # the hint counted the prefix
         self._ensure_buffers(cache, copied, sum(repeats))
         assert self.cache is not None
+        if skip and not self.prefix_length:
+            self._keep_prefix(cache, skip)
         free = [s for s, start in enumerate(self.starts) if start is None]
         needed = sum(repeats) - len(free)
         if needed > 0:
@@ -120,6 +168,8 @@ class SlotKV:
         sources = [p for p, count in zip(prompts, repeats, strict=True) for _ in range(count)]
         slots = free[: len(sources)]
         self._write_rows(cache, mask, sources, slots, copied)
+        if skip:  # the prefix's tokens count in the rows' positions
+            self.positions[torch.tensor(slots, device=self.mask.device)] += skip
         first_of = dict(zip(prompts, firsts, strict=True))
         for slot, p in zip(slots, sources, strict=True):
             self.starts[slot] = self.t - (width - first_of[p])  # where the row's first real token landed
@@ -154,6 +204,8 @@ class SlotKV:
         self.lo = self._lowest_start()
         self.mask[: self.active, self.t] = 0.0
         window = self.mask[: self.active, None, None, self.lo : self.t + 1]
+        if self.prefix_length:  # every row sees the prefix kept apart
+            window = torch.cat([window.new_zeros(self.active, 1, 1, self.prefix_length), window], dim=-1)
         self.logits = self.backend.decode_forward(
             tokens.unsqueeze(1), window, self.cache, self.positions[: self.active].unsqueeze(1)
         )
@@ -169,6 +221,23 @@ class SlotKV:
     @property
     def _blocked(self) -> float:
         return torch.finfo(self.mask.dtype).min
+
+    def _split_columns(self, shared: int) -> int:
+        """How many of a prefill's first columns this cache keeps apart (0: it copies every column to the slots)."""
+        if not self.split_prefix or not shared:
+            if self.prefix_length:
+                raise ValueError("rows without the shared prefix cannot join a slot cache that keeps it apart")
+            return 0
+        if self.prefix_length and shared != self.prefix_length:
+            raise ValueError(f"a shared prefix of {shared} columns joins a slot cache keeping {self.prefix_length}")
+        return shared
+
+    def _keep_prefix(self, cache: Any, length: int) -> None:
+        """Keep the first ``length`` columns of a prefill's first row, the prefix every row shares, once per layer."""
+        for mine, theirs in zip(self._layers(), cache.layers, strict=True):
+            mine.prefix_keys = theirs.keys[:1, :, :length].clone()
+            mine.prefix_values = theirs.values[:1, :, :length].clone()
+        self.prefix_length = length
 
     def _lowest_start(self) -> int:
         return min((s for s in self.starts if s is not None), default=self.t)

@@ -11,7 +11,11 @@ ops in the same order on the model's own weights, with q|k|v and gate|up
 each as one packed product (:class:`candor.backends.packed_linear.PackedStack`):
 four products per layer, and no module dispatch. In float32 its logits and
 KV writes are transformers' bit for bit (``tests/test_llama_step.py``); in
-bfloat16 a stacked product may round differently in the last bit.
+bfloat16 a stacked product may round differently in the last bit. Over a
+slot cache that keeps a shared prompt prefix apart
+(:mod:`candor.backends.kv_slots`), attention runs in two parts merged by
+their log-sum-exps (:mod:`candor.backends.prefix_attention`): the KV writes
+stay transformers', the logits differ by float32 rounding.
 
 Only exact Llama classes (``LlamaForCausalLM`` and its layers, plain
 ``nn.Linear`` products, ``sdpa`` attention) qualify, through
@@ -31,11 +35,13 @@ import torch
 from transformers.models.llama import modeling_llama as llama
 
 from candor.backends.packed_linear import PackedLinears, PackedStack, bytes_fit
+from candor.backends.prefix_attention import attend_with_shared_prefix
 
 logger = logging.getLogger(__name__)
 
 # How far the first lean step's logits may lie from transformers' (relative to their largest): float32
-# gives the same bits; a 16-bit stacked product may round one last bit differently, which the layers carry.
+# gives the same bits (rounding only, with a split prefix); a 16-bit stacked product may round one last
+# bit differently, which the layers carry.
 AGREEMENT = {torch.float32: 1e-5}
 AGREEMENT_16BIT = 2e-2
 
@@ -116,12 +122,21 @@ class LlamaDecodeStep:
         key = qkv[..., q_width : q_width + kv_width].view(rows, 1, -1, d).transpose(1, 2)
         value = qkv[..., q_width + kv_width :].view(rows, 1, -1, d).transpose(1, 2)
         query, key = llama.apply_rotary_pos_emb(query, key, cos, sin)
-        key, value = cached.update(key, value)
+        split = getattr(cached, "update_split", None)
+        if split is not None:
+            prefix_keys, prefix_values, key, value = split(key, value)
+        else:
+            prefix_keys = prefix_values = None
+            key, value = cached.update(key, value)
         if layer.groups > 1:  # one query per row: its heads packed per key/value head, no repeated keys
             query = query.reshape(rows, query.shape[1] // layer.groups, layer.groups, d)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=0.0, scale=layer.scaling, is_causal=False
-        )
+        if prefix_keys is not None and prefix_values is not None:  # the slot cache keeps a shared prefix apart
+            own_mask = mask[..., prefix_keys.shape[2] :]
+            out = attend_with_shared_prefix(query, prefix_keys, prefix_values, key, value, own_mask, layer.scaling)
+        else:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=mask, dropout_p=0.0, scale=layer.scaling, is_causal=False
+            )
         out = out.reshape(rows, -1, 1, d).transpose(1, 2).contiguous()
         return layer.o_proj.forward(out.reshape(rows, 1, -1).contiguous())
 
