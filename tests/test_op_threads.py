@@ -34,6 +34,36 @@ def test_a_block_runs_on_one_thread_and_gives_the_count_back():
     assert torch.get_num_threads() == full
 
 
+def mkl_local_count() -> int:
+    """This thread's own MKL thread count (0: none set, MKL's global count applies), left as it was."""
+    mkl = op_threads.mkl_runtime()
+    assert mkl is not None
+    previous = int(mkl.MKL_Set_Num_Threads_Local(0))
+    mkl.MKL_Set_Num_Threads_Local(previous)
+    return previous
+
+
+@pytest.mark.skipif(op_threads.mkl_runtime() is None, reason="torch is not linked with MKL here")
+def test_mkl_runs_on_one_thread_inside_a_block_too():
+    """MKL keeps its own count: an MKL call in the block (SDPA's products, a vector exp) must not wake a team."""
+    assert mkl_local_count() == 0
+    with small_ops_on_one_thread(SMALL):
+        assert mkl_local_count() == 1
+        with all_threads():
+            assert mkl_local_count() == 0
+        assert mkl_local_count() == 1
+    assert mkl_local_count() == 0
+
+
+def test_attention_over_few_rows_stays_on_one_thread():
+    full = torch.get_num_threads()
+    with small_ops_on_one_thread(SMALL):
+        op_threads.widen_for_attention(op_threads.ONE_THREAD_ATTENTION_ROWS)
+        assert torch.get_num_threads() == 1
+        op_threads.widen_for_attention(op_threads.ONE_THREAD_ATTENTION_ROWS + 1)
+        assert torch.get_num_threads() == full
+
+
 def test_the_count_comes_back_when_the_block_raises():
     full = torch.get_num_threads()
     with pytest.raises(ValueError), small_ops_on_one_thread(SMALL):

@@ -44,7 +44,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from candor.backends import prefix_attention
-from candor.backends.op_threads import all_threads, widen
+from candor.backends.op_threads import all_threads, widen_for_attention
 
 # Free columns kept after the window when the buffer is (re)allocated, so the window moves rarely.
 SLACK_COLUMNS = 64
@@ -89,7 +89,7 @@ class _SlotLayer(DynamicLayer):
     def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Only decode steps (one new token per row) run on this cache; prompts are prefilled apart.
         s = self.store
-        widen()  # the attention over the window returned runs next, on all threads; the next product narrows
+        widen_for_attention(s.active)  # the attention over the window returned runs next; the next product narrows
         self.keys[: s.active, :, s.t] = key_states[:, :, 0]
         self.values[: s.active, :, s.t] = value_states[:, :, 0]
         return self.keys[: s.active, :, s.lo : s.t + 1], self.values[: s.active, :, s.lo : s.t + 1]

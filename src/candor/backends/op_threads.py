@@ -17,12 +17,17 @@ back. Elementwise ops compute each element the same way whatever the thread
 count, and a row's reduction runs on one thread either way, so the numbers
 do not change (``tests/test_op_threads.py`` checks generations bit for bit).
 
-Attention must not run in a one-thread block: SDPA's CPU kernel there took
-75 ms for a call that takes 2 ms on torch's threads (or after
-``torch.set_num_threads(1)``). Setting OpenMP's count alone leaves MKL's at
-its own, and the kernel's GEMMs inside ATen's one-thread parallel loop then
-seem to start a nested team per call. So only caches whose layers widen for
-attention (:class:`candor.backends.kv_slots.SlotKV`) get the split.
+MKL keeps a thread count of its own: with OpenMP's count alone set to one,
+every MKL call in the block (SDPA's CPU kernel runs its small products
+through it; vector functions such as ``exp`` too) still started a team of
+two, so an attention took 75 ms where it takes 2 ms on torch's threads, and
+an ``exp`` of 855 values 75 µs instead of 4. The block therefore sets MKL's
+count for the calling thread as well (``MKL_Set_Num_Threads_Local``, which
+torch's MKL exports). Attention over more than
+:data:`ONE_THREAD_ATTENTION_ROWS` rows gets all threads back
+(:func:`widen_for_attention`); over fewer, one thread runs it sooner than two
+after a wake. Only caches whose layers widen for attention
+(:class:`candor.backends.kv_slots.SlotKV`) get the split.
 
 The count is set through the OpenMP runtime's own ``omp_set_num_threads``,
 which changes the calling thread's setting only (``torch.set_num_threads``
@@ -50,6 +55,11 @@ logger = logging.getLogger(__name__)
 # 400k elements took as long as on two waking ones (benchmarks/annotate_throughput.py's machine).
 SMALL_OP_ELEMENTS = 1 << 18
 OPENMP_LIBRARIES = ("libgomp", "libiomp", "libomp")
+MKL_LIBRARIES = ("libtorch_cpu", "libmkl")  # torch links MKL into libtorch_cpu
+# A decode step's attention over at most this many rows runs on one thread: there the wake costs more
+# than the second thread saves (the embedded model's fp32 split attention over 8 rows: 118 µs on one
+# thread, 267 on two; over 96 rows: 1019 against 776).
+ONE_THREAD_ATTENTION_ROWS = 48
 
 _state = threading.local()  # .full: the thread's own count while its small ops run on one thread
 
@@ -62,12 +72,7 @@ def openmp_runtime() -> Any | None:
     setting theirs would do nothing to torch, so each candidate is tried: it
     is torch's when the count it sets is the one torch reads.
     """
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
+    for path in _loaded_libraries():
         if not os.path.basename(path).startswith(OPENMP_LIBRARIES):
             continue
         try:
@@ -80,6 +85,34 @@ def openmp_runtime() -> Any | None:
             return library
     logger.info("torch's OpenMP runtime not found: decode steps keep every op on torch's threads")
     return None
+
+
+@functools.cache
+def mkl_runtime() -> Any | None:
+    """The loaded library exporting MKL's ``MKL_Set_Num_Threads_Local`` (torch's own MKL); None if none.
+
+    MKL keeps its own thread count: without it set too, an MKL product called
+    from a one-thread block (inside SDPA's kernel, or a vector ``exp``) still
+    wakes a team of its own for every call.
+    """
+    for path in _loaded_libraries():
+        if not os.path.basename(path).startswith(MKL_LIBRARIES):
+            continue
+        try:
+            library = ctypes.CDLL(path)  # already loaded: this only finds it
+        except OSError:
+            continue
+        if hasattr(library, "MKL_Set_Num_Threads_Local"):
+            return library
+    return None
+
+
+def _loaded_libraries() -> list[str]:
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({line.split()[-1] for line in maps if "/" in line})
+    except OSError:
+        return []
 
 
 def _sets_torchs_count(library: Any) -> bool:
@@ -96,6 +129,9 @@ def _set_threads(count: int) -> None:
     runtime = openmp_runtime()
     if runtime is not None:
         runtime.omp_set_num_threads(count)
+    mkl = mkl_runtime()
+    if mkl is not None:
+        mkl.MKL_Set_Num_Threads_Local(1 if count == 1 else 0)  # 0: back to MKL's global count
 
 
 @contextlib.contextmanager
@@ -118,6 +154,12 @@ def small_ops_on_one_thread(elements: int) -> Iterator[None]:
     finally:
         _state.full = None
         _set_threads(full)
+
+
+def widen_for_attention(rows: int) -> None:
+    """:func:`widen` for an attention over ``rows`` rows, unless so few that one thread runs it sooner."""
+    if rows > ONE_THREAD_ATTENTION_ROWS:
+        widen()
 
 
 def widen() -> None:

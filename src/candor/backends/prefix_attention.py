@@ -21,14 +21,15 @@ The log-sum-exp comes from ATen's CPU flash-attention kernel (the kernel
 ``scaled_dot_product_attention`` runs on CPU), which returns it alongside the
 output; :func:`available` says whether this torch build has it. Inside a
 decode step's one-thread block (:mod:`candor.backends.op_threads`) the two
-attention calls run on all threads and the small copies and merge on one.
+attention calls run on all threads (on one for few rows) and the small
+copies and merge on one.
 """
 
 from __future__ import annotations
 
 import torch
 
-from candor.backends.op_threads import narrow, widen
+from candor.backends.op_threads import narrow, widen_for_attention
 
 # ATen's CPU flash attention, which returns (output, logsumexp); the public SDPA call drops the latter.
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -62,13 +63,13 @@ def attend_with_shared_prefix(
     narrow()  # inside a decode step's one-thread block, the copies and the merge are small ops
     # Every row's queries of one key head against the shared keys: one call, rows * q queries per head.
     shared = query.transpose(0, 1).reshape(1, heads, rows * per_head, dim)
-    widen()
+    widen_for_attention(rows)
     out_prefix, lse_prefix = _FLASH_CPU(shared, prefix_keys, prefix_values, 0.0, False, attn_mask=None, scale=scale)
     out_own, lse_own = _FLASH_CPU(query, keys, values, 0.0, False, attn_mask=mask, scale=scale)
     narrow()
     out_prefix = out_prefix.reshape(heads, rows, per_head, dim).transpose(0, 1)
     lse_prefix = lse_prefix.reshape(heads, rows, per_head).transpose(0, 1)
     # The prefix's share of the softmax mass, exp(lse_prefix) / (exp(lse_prefix) + exp(lse_own)), is a
-    # sigmoid of the difference: stable, and on this CPU torch's exp of a few hundred values costs ~20x a sigmoid.
+    # sigmoid of the difference: one stable op, and one lerp merges the two outputs.
     weight = torch.sigmoid(lse_prefix - lse_own).unsqueeze(-1)
     return torch.lerp(out_own.float(), out_prefix.float(), weight).to(query.dtype)
