@@ -104,17 +104,22 @@ def test_generations_are_the_same_with_and_without_the_lean_step(tokenizer):
             assert x.token_ids == y.token_ids and x.logprobs == y.logprobs
 
 
-def test_a_lean_step_that_disagrees_is_turned_off_at_its_first_step(tokenizer, caplog):
+SHOTS = "Question: What is the capital of France?\nAnswer: Paris\nQuestion: Who wrote Hamlet?\nAnswer: Shakespeare\n"
+
+
+@pytest.mark.parametrize("shots", ["", SHOTS], ids=["own-prompts", "shared-prefix-kept-once"])
+def test_a_lean_step_that_disagrees_is_turned_off_at_its_first_step(tokenizer, caplog, shots):
     backend = HFBackend(tiny_llama(tokenizer), tokenizer, batch_size=2)
     params = SamplingParams(max_new_tokens=8)
+    prompts = [shots + p for p in PROMPTS]  # with shots, the call's rows keep the prefix once (kv_slots)
     expected = HFBackend(backend.model, tokenizer, batch_size=2)
     expected.lean_step = None
-    want = expected.generate(PROMPTS, 1, params)
+    want = expected.generate(prompts, 1, params)
     step = backend.lean_step
     assert step is not None
     step.layers[0].scaling *= 2.0  # a different attention: what a transformers release changing the layer would do
     with caplog.at_level(logging.WARNING, logger="candor.backends.llama_step"):
-        got = backend.generate(PROMPTS, 1, params)
+        got = backend.generate(prompts, 1, params)
     assert backend.lean_step is None and "lean decode step off" in caplog.text
     for a, b in zip(got, want, strict=True):  # the first step kept transformers' numbers, the rest ran them
         for x, y in zip([a.greedy, *a.samples], [b.greedy, *b.samples], strict=True):

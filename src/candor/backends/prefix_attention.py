@@ -14,8 +14,9 @@ The shared part is one attention call in which the queries of all rows meet
 the same keys (a matrix product, not a product per row), and each row's own
 part reads only its question and answer columns. Rounding differs from one
 attention over the concatenated keys by about one float32 ulp of the output
-(``tests/test_prefix_attention.py``), so decoding over a split prefix keeps
-greedy tokens but is not bit-equal to transformers' forward.
+(``tests/test_prefix_attention.py``): decoding over a split prefix is not
+bit-equal to transformers' forward (log-probs move by about 1e-5; tokens
+stayed the same in ``benchmarks/prefix_split.py``'s runs).
 
 The log-sum-exp comes from ATen's CPU flash-attention kernel (the kernel
 ``scaled_dot_product_attention`` runs on CPU), which returns it alongside the
