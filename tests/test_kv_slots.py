@@ -65,7 +65,7 @@ def run_loop(
     capacity = backend.batch_size * (1 + n)
     columns = max(map(len, encoded)) + 2 * params.max_new_tokens
     loop = DecodeLoop(backend, rows=capacity, columns=columns, split_prefix=split)
-    with torch.inference_mode():
+    with torch.inference_mode(), backend.packed_linears:  # as generate runs it (the lean step needs both)
         prefix_cache = prefill_shared_prefix(backend.model, encoded[0][:prefix]) if prefix else None
         loop.run(ChunkFeed(jobs, backend.batch_size, capacity, prefix_cache, prefix))
     assert isinstance(loop.kv, SlotKV)
@@ -203,6 +203,7 @@ def test_a_shared_prefix_gives_the_references_kept_once_or_in_every_slot(lively_
     assert prefix > 20
     params = SamplingParams(max_new_tokens=14, stop=("y",))
     gens, kv = run_loop(backend, prompts, 2, params, prefix=prefix, split=split)
+    assert backend.lean_step is not None and backend.lean_step.checked  # decode steps ran the lean step
     check_against_references(backend, prompts, gens, params)
     assert kv.rows_moved > 0
     assert kv.prefix_length == (prefix if split else 0)
@@ -229,23 +230,31 @@ def test_generate_keeps_the_prefix_once_with_the_same_tokens(lively_model, token
             np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=1e-5)
 
 
-def test_rows_without_the_kept_prefix_are_refused(lively_model, tokenizer):
+def test_rows_without_the_prefix_join_a_cache_keeping_it_and_do_not_see_it(lively_model, tokenizer):
+    """As in a live engine with a template: prompts with and without the prefix share one batch."""
     backend = HFBackend(lively_model, tokenizer, batch_size=2)
-    prompts = [SHOTS + p for p in PROMPTS[:2]]
+    prompts = [SHOTS + PROMPTS[0], PROMPTS[2], SHOTS + PROMPTS[3]]  # the second does not start with it
     encoded = backend.encode(prompts)
-    prefix = usable_prefix_length(backend.model, encoded)
+    prefix = usable_prefix_length(backend.model, [encoded[0], encoded[2]])
+    params = SamplingParams(max_new_tokens=10, stop=())
     matcher = backend.stop_matcher(())
-    params = SamplingParams(max_new_tokens=4, stop=())
-    loop = DecodeLoop(backend, rows=4, columns=80, split_prefix=True)
+    loop = DecodeLoop(backend, rows=4, columns=8, split_prefix=True)
     jobs = [DecodeJob(ids, 1, True, params, seed, matcher) for seed, ids in enumerate(encoded)]
-    with torch.inference_mode():
-        loop.admit(loop.prefill(jobs[:1], prefill_shared_prefix(backend.model, encoded[0][:prefix]), prefix))
-        assert loop.kv.prefix_length == prefix
-        with pytest.raises(ValueError, match="without the shared prefix"):
-            loop.admit(loop.prefill(jobs[1:]))
-        shorter = prefill_shared_prefix(backend.model, encoded[0][: prefix - 1])
-        with pytest.raises(ValueError, match="keeping"):
-            loop.admit(loop.prefill(jobs[1:], shorter, prefix - 1))
+    with torch.inference_mode(), backend.packed_linears:  # as generate and the live engine run the loop
+        prefix_cache = prefill_shared_prefix(backend.model, encoded[0][:prefix])
+        loop.admit(loop.prefill(jobs[1:2]))  # without the prefix, before the cache keeps one
+        loop.admit(loop.prefill(jobs[:1], prefix_cache, prefix))
+        loop.step()
+        loop.step()
+        loop.admit(loop.prefill(jobs[2:], prefix_cache, prefix))  # joins running rows, the cache grows
+        while loop.live_rows:
+            loop.step()
+        assert isinstance(loop.kv, SlotKV) and loop.kv.prefix_length == prefix
+        assert backend.lean_step is not None and backend.lean_step.checked  # the split attention ran
+        with pytest.raises(ValueError, match="keeping"):  # one cache keeps one prefix
+            shorter = prefill_shared_prefix(backend.model, encoded[0][: prefix - 1])
+            loop.admit(loop.prefill(jobs[:1], shorter, prefix - 1))
+    check_against_references(backend, prompts, [job.result for job in jobs], params)
 
 
 def test_copy_rows_writes_what_advanced_indexing_writes():

@@ -332,6 +332,8 @@ def test_a_prompt_without_the_prefix_is_prefilled_whole(counted):
         alone = engine.submit(DecodeRequest(other, 2, SHORT, seed=5))
         past = engine.submit(DecodeRequest(SHARED[1], 2, SHORT, seed=6))
         got, got_past = alone.result(WAIT), past.result(WAIT)
+        # Both decoded in one cache that keeps the prefix once; the first prompt's rows do not see it.
+        assert engine.loop.kv.prefix_length == len(prefix) and backend.lean_step.checked
     assert widths == [len(backend.encode([other])[0]), len(backend.encode([SHARED[1]])[0]) - len(prefix)]
     assert_same(got, backend.generate([other], 2, SHORT, seeds=[5])[0])
     assert_same(got_past, backend.generate([SHARED[1]], 2, SHORT, seeds=[6])[0])

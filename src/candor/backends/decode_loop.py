@@ -152,9 +152,9 @@ class DecodeLoop:
 
     ``rows`` and ``columns`` size the KV cache at its first use (the rows
     decoded together, and prompt plus answer tokens); it grows if a request
-    needs more. ``split_prefix``: every prefill of this loop comes with the
-    same shared prefix, which the slot cache may keep once for all rows
-    (:mod:`candor.backends.kv_slots`).
+    needs more. ``split_prefix``: the prefills of this loop that come with a
+    shared prefix all come with the same one, which the slot cache may keep
+    once for all rows (:mod:`candor.backends.kv_slots`).
     """
 
     def __init__(self, backend: Any, rows: int, columns: int, split_prefix: bool = False) -> None:

@@ -22,14 +22,16 @@ A decode step's small ops run on one thread (:mod:`candor.backends.op_threads`):
 a layer's ``update`` gives the attention that follows it the full count back,
 and the copies of rows moved by compaction run on it too.
 
-A cache opened with ``split_prefix`` (``generate`` with a lean decode step,
-:mod:`candor.backends.llama_step`) keeps the prefix every prompt of the call
-shares (the few-shot block) once per layer instead of in every slot: rows
-join with only their own columns copied, compaction moves only those, and the
-lean step's attention reads the prefix once for all rows
-(:mod:`candor.backends.prefix_attention`). transformers' forward over such a
-cache still sees each row's whole key sequence: ``update`` returns the prefix
-joined to the window, and the step's mask covers both.
+A cache opened with ``split_prefix`` (with a lean decode step,
+:mod:`candor.backends.llama_step`: ``generate``, and a live engine opened
+with a shared prefix) keeps the prefix prompts share (the few-shot block)
+once per layer instead of in every slot: rows join with only their own
+columns copied, compaction moves only those, and the lean step's attention
+reads the prefix once for all rows (:mod:`candor.backends.prefix_attention`).
+A row whose prompt does not start with the prefix joins whole and does not
+see it (an additive bias per row, as the mask). transformers' forward over
+such a cache still sees each row's whole key sequence: ``update`` returns the
+prefix joined to the window, and the step's mask covers both.
 
 Works for models whose cache layers are all plain full-attention layers and
 whose attention takes a 4-D additive mask (``sdpa``, ``eager``): see
@@ -38,7 +40,7 @@ whose attention takes a 4-D additive mask (``sdpa``, ``eager``): see
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -54,6 +56,20 @@ def slots_supported(model: Any, cache: Any) -> bool:
     """Whether the slot cache can run ``model`` (``cache``: an empty cache of it)."""
     plain = all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
     return plain and getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager")
+
+
+class SplitKV(NamedTuple):
+    """What a slot layer gives the lean step: the kept-apart prefix (None if none) and each row's window.
+
+    ``prefix_bias`` ``[rows]``: 0 for a row that sees the prefix, the mask's
+    blocked value for one whose prompt does not start with it.
+    """
+
+    prefix_keys: torch.Tensor | None
+    prefix_values: torch.Tensor | None
+    prefix_bias: torch.Tensor | None
+    keys: torch.Tensor
+    values: torch.Tensor
 
 
 class _SlotLayer(DynamicLayer):
@@ -79,12 +95,13 @@ class _SlotLayer(DynamicLayer):
             torch.cat([self.prefix_values.expand(rows, -1, -1, -1), values], dim=2),
         )
 
-    def update_split(
-        self, key_states: torch.Tensor, value_states: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-        """The lean step's call: write the step's column; the shared prefix (None if not kept apart) and the window."""
+    def update_split(self, key_states: torch.Tensor, value_states: torch.Tensor) -> SplitKV:
+        """The lean step's call: write the step's column; the shared prefix apart (if kept) and the window."""
         keys, values = self._write(key_states, value_states)
-        return self.prefix_keys, self.prefix_values, keys, values
+        if self.prefix_keys is None or self.prefix_values is None:
+            return SplitKV(None, None, None, keys, values)
+        bias = self.store.sees_prefix[: keys.shape[0]]
+        return SplitKV(self.prefix_keys, self.prefix_values, bias, keys, values)
 
     def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Only decode steps (one new token per row) run on this cache; prompts are prefilled apart.
@@ -128,6 +145,7 @@ class SlotKV:
         # What the cache had to copy, for profiles and tests: window moves, rows moved, reallocations.
         self.window_moves = self.rows_moved = self.reallocations = 0
         self.mask = torch.empty(0)
+        self.sees_prefix = torch.empty(0)  # per slot: 0 if its row sees the kept prefix, else blocked
         self.positions = torch.empty(0, dtype=torch.long)
         self.logits = torch.empty(0)
 
@@ -168,8 +186,10 @@ class SlotKV:
         sources = [p for p, count in zip(prompts, repeats, strict=True) for _ in range(count)]
         slots = free[: len(sources)]
         self._write_rows(cache, mask, sources, slots, copied)
-        if skip:  # the prefix's tokens count in the rows' positions
-            self.positions[torch.tensor(slots, device=self.mask.device)] += skip
+        if self.split_prefix:
+            index = torch.tensor(slots, device=self.mask.device)
+            self.sees_prefix[index] = 0.0 if skip else self._blocked
+            self.positions[index] += skip  # the prefix's tokens count in the rows' positions
         first_of = dict(zip(prompts, firsts, strict=True))
         for slot, p in zip(slots, sources, strict=True):
             self.starts[slot] = self.t - (width - first_of[p])  # where the row's first real token landed
@@ -204,8 +224,9 @@ class SlotKV:
         self.lo = self._lowest_start()
         self.mask[: self.active, self.t] = 0.0
         window = self.mask[: self.active, None, None, self.lo : self.t + 1]
-        if self.prefix_length:  # every row sees the prefix kept apart
-            window = torch.cat([window.new_zeros(self.active, 1, 1, self.prefix_length), window], dim=-1)
+        if self.prefix_length:  # the prefix kept apart, seen by the rows whose prompts start with it
+            prefix = self.sees_prefix[: self.active, None, None, None].expand(-1, 1, 1, self.prefix_length)
+            window = torch.cat([prefix, window], dim=-1)
         self.logits = self.backend.decode_forward(
             tokens.unsqueeze(1), window, self.cache, self.positions[: self.active].unsqueeze(1)
         )
@@ -225,8 +246,6 @@ class SlotKV:
     def _split_columns(self, shared: int) -> int:
         """How many of a prefill's first columns this cache keeps apart (0: it copies every column to the slots)."""
         if not self.split_prefix or not shared:
-            if self.prefix_length:
-                raise ValueError("rows without the shared prefix cannot join a slot cache that keeps it apart")
             return 0
         if self.prefix_length and shared != self.prefix_length:
             raise ValueError(f"a shared prefix of {shared} columns joins a slot cache keeping {self.prefix_length}")
@@ -271,6 +290,7 @@ class SlotKV:
         dtype, device = layers[0].keys.dtype, layers[0].keys.device
         shape = (self.capacity_rows, self.capacity_columns)
         self.mask = torch.full(shape, torch.finfo(dtype).min, dtype=dtype, device=device)
+        self.sees_prefix = self.mask.new_full((self.capacity_rows,), torch.finfo(dtype).min)
         self.positions = torch.zeros(self.capacity_rows, dtype=torch.long, device=device)
 
     def _resize(self, rows: int | None = None, columns: int | None = None) -> None:
@@ -290,7 +310,9 @@ class SlotKV:
         mask[: self.mask.shape[0], : self.mask.shape[1]] = self.mask
         positions = self.positions.new_zeros(rows)
         positions[: self.positions.shape[0]] = self.positions
-        self.mask, self.positions = mask, positions
+        sees_prefix = self.sees_prefix.new_full((rows,), self._blocked)
+        sees_prefix[: self.sees_prefix.shape[0]] = self.sees_prefix
+        self.mask, self.positions, self.sees_prefix = mask, positions, sees_prefix
         self.capacity_rows, self.capacity_columns = rows, columns
 
     def _move_window(self, new_t: int) -> None:
@@ -364,6 +386,7 @@ class SlotKV:
                     copy_rows(window, dst, window, src)
             self.mask[dst] = self.mask[src]
             self.positions[dst] = self.positions[src]
+            self.sees_prefix[dst] = self.sees_prefix[src]
         self.starts = [self.starts[s] for s in order]
         self.active = count
         return order

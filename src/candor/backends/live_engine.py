@@ -56,7 +56,9 @@ class HFLiveEngine:
         self.backend = backend
         self.max_rows = max_rows
         self.prefix = SharedPrefix(backend, shared_prefix) if shared_prefix else None
-        self.loop = DecodeLoop(backend, rows=min(max_rows, LIVE_ROWS), columns=LIVE_COLUMNS)
+        # Rows keep the prefix once where the lean step can attend to it split (kv_slots), as in generate.
+        split = self.prefix is not None and backend.split_prefix and backend.lean_step is not None
+        self.loop = DecodeLoop(backend, rows=min(max_rows, LIVE_ROWS), columns=LIVE_COLUMNS, split_prefix=split)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False  # no new work accepted (set by close())

@@ -122,17 +122,18 @@ class LlamaDecodeStep:
         key = qkv[..., q_width : q_width + kv_width].view(rows, 1, -1, d).transpose(1, 2)
         value = qkv[..., q_width + kv_width :].view(rows, 1, -1, d).transpose(1, 2)
         query, key = llama.apply_rotary_pos_emb(query, key, cos, sin)
-        split = getattr(cached, "update_split", None)
-        if split is not None:
-            prefix_keys, prefix_values, key, value = split(key, value)
-        else:
-            prefix_keys = prefix_values = None
+        split = cached.update_split(key, value) if hasattr(cached, "update_split") else None
+        if split is None:
             key, value = cached.update(key, value)
+        else:
+            key, value = split.keys, split.values
         if layer.groups > 1:  # one query per row: its heads packed per key/value head, no repeated keys
             query = query.reshape(rows, query.shape[1] // layer.groups, layer.groups, d)
-        if prefix_keys is not None and prefix_values is not None:  # the slot cache keeps a shared prefix apart
-            own_mask = mask[..., prefix_keys.shape[2] :]
-            out = attend_with_shared_prefix(query, prefix_keys, prefix_values, key, value, own_mask, layer.scaling)
+        if split is not None and split.prefix_keys is not None:  # the slot cache keeps a shared prefix apart
+            out = attend_with_shared_prefix(
+                query, split.prefix_keys, split.prefix_values, key, value,
+                mask[..., split.prefix_keys.shape[2] :], layer.scaling, split.prefix_bias,
+            )  # fmt: skip
         else:
             out = torch.nn.functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, dropout_p=0.0, scale=layer.scaling, is_causal=False

@@ -49,6 +49,7 @@ def attend_with_shared_prefix(
     values: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
+    prefix_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention of ``query`` over ``prefix_keys`` followed by each row's ``keys``.
 
@@ -56,8 +57,10 @@ def attend_with_shared_prefix(
     share each key head, or ``[rows, heads, 1, head_dim]`` without grouped
     queries); ``prefix_keys`` / ``prefix_values``: ``[1, kv_heads, P,
     head_dim]``, seen by every row; ``keys`` / ``values``: ``[rows, kv_heads,
-    T, head_dim]``; ``mask``: additive ``[rows, 1, 1, T]`` over ``keys`` only.
-    Returns ``[rows, kv_heads, q, head_dim]`` in ``query``'s dtype.
+    T, head_dim]``; ``mask``: additive ``[rows, 1, 1, T]`` over ``keys`` only;
+    ``prefix_bias``: additive ``[rows]`` over the whole prefix (0: the row
+    sees it; the dtype's lowest value: it does not). Returns ``[rows,
+    kv_heads, q, head_dim]`` in ``query``'s dtype.
     """
     assert _FLASH_CPU is not None, "split-prefix attention needs ATen's CPU flash kernel (see available())"
     rows, heads, per_head, dim = query.shape
@@ -72,5 +75,8 @@ def attend_with_shared_prefix(
     lse_prefix = lse_prefix.reshape(heads, rows, per_head).transpose(0, 1)
     # The prefix's share of the softmax mass, exp(lse_prefix) / (exp(lse_prefix) + exp(lse_own)), is a
     # sigmoid of the difference: one stable op, and one lerp merges the two outputs.
-    weight = torch.sigmoid(lse_prefix - lse_own).unsqueeze(-1)
+    gap = lse_prefix - lse_own
+    if prefix_bias is not None:  # a blocked row's prefix weighs exactly 0 (sigmoid of a huge negative)
+        gap = gap + prefix_bias.float().view(rows, 1, 1)
+    weight = torch.sigmoid(gap).unsqueeze(-1)
     return torch.lerp(out_own.float(), out_prefix.float(), weight).to(query.dtype)
