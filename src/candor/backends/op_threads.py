@@ -72,13 +72,7 @@ def openmp_runtime() -> Any | None:
     setting theirs would do nothing to torch, so each candidate is tried: it
     is torch's when the count it sets is the one torch reads.
     """
-    for path in _loaded_libraries():
-        if not os.path.basename(path).startswith(OPENMP_LIBRARIES):
-            continue
-        try:
-            library = ctypes.CDLL(path)  # already loaded: this only finds it
-        except OSError:
-            continue
+    for library in _loaded(OPENMP_LIBRARIES):
         if hasattr(library, "omp_set_num_threads") and hasattr(library, "omp_get_max_threads") and (
             _sets_torchs_count(library)
         ):
@@ -95,24 +89,25 @@ def mkl_runtime() -> Any | None:
     from a one-thread block (inside SDPA's kernel, or a vector ``exp``) still
     wakes a team of its own for every call.
     """
-    for path in _loaded_libraries():
-        if not os.path.basename(path).startswith(MKL_LIBRARIES):
-            continue
-        try:
-            library = ctypes.CDLL(path)  # already loaded: this only finds it
-        except OSError:
-            continue
+    for library in _loaded(MKL_LIBRARIES):
         if hasattr(library, "MKL_Set_Num_Threads_Local"):
             return library
     return None
 
 
-def _loaded_libraries() -> list[str]:
+def _loaded(names: tuple[str, ...]) -> Iterator[Any]:
+    """The loaded libraries whose file names start with one of ``names``, as ``ctypes`` handles."""
     try:
         with open("/proc/self/maps") as maps:
-            return sorted({line.split()[-1] for line in maps if "/" in line})
+            paths = sorted({line.split()[-1] for line in maps if "/" in line})
     except OSError:
-        return []
+        return
+    for path in paths:
+        if os.path.basename(path).startswith(names):
+            try:
+                yield ctypes.CDLL(path)  # already loaded: this only finds it
+            except OSError:
+                continue
 
 
 def _sets_torchs_count(library: Any) -> bool:
