@@ -98,6 +98,22 @@ def race_parser(description: str, *, questions: int, pairs: int, out: Path) -> a
     return parser
 
 
+def race_report(
+    model: str, args: argparse.Namespace, load_before: tuple[float, ...], command: str, **sections: Any
+) -> dict[str, Any]:
+    """A same-process race's results file: its settings, the load around it, ``sections``, command and note."""
+    return {
+        "model": model,
+        "samples_per_question": args.k,
+        "torch_threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        **sections,
+        "command": command,
+        "note": "one process, arms alternating; read the same-run ratios, not the seconds (a shared 2-core machine)",
+    }
+
+
 def alternate_arms(
     run: Callable[[], list[Any]], arms: dict[str, Callable[[], None]], pairs: int
 ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[Any]]]:

@@ -33,7 +33,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import race_generate, race_parser, write_json  # noqa: E402
+from common import race_generate, race_parser, race_report, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_lean.json"
 LAYERS, HIDDEN, KV, INTERMEDIATE = 30, 576, 192, 1536  # the embedded model's shapes
@@ -120,17 +120,7 @@ def main() -> None:
     params = sampling_params()
     backend.generate(prompts_for(load_items(2), backend), 1, params)  # warm-up: packing, the lean step's check
     whole = job(backend, prompts_for(load_items(args.questions), backend), args.k, params, args.pairs)
-    report = {
-        "model": MODEL,
-        "samples_per_question": args.k,
-        "torch_threads": args.threads,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
-        "wakes": products,
-        "job": whole,
-        "command": "python benchmarks/decode_lean.py",
-        "note": "one process, arms alternating; read the same-run ratios, not the seconds (a shared 2-core machine)",
-    }
+    report = race_report(MODEL, args, load_before, "python benchmarks/decode_lean.py", wakes=products, job=whole)
     for rows in ("1 row", "8 rows", "80 rows"):
         r = products[rows]
         print(f"products at {rows}: separate {r['separate_ms']} ms, stacked {r['stacked_ms']} ms ({r['ratio']}x)")

@@ -26,7 +26,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import race_generate, race_parser, write_json  # noqa: E402
+from common import race_generate, race_parser, race_report, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_threads.json"
 
@@ -66,16 +66,7 @@ def main() -> None:
         "first_newline": race(backend, prompts_for(load_items(args.questions), backend), args.k, params, args.pairs),
         "token_cap": race(backend, prompts_for(load_items(args.cap_questions), backend), args.k, capped, args.pairs),
     }
-    report = {
-        "model": MODEL,
-        "samples_per_question": args.k,
-        "torch_threads": args.threads,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
-        "settings": settings,
-        "command": "python benchmarks/decode_threads.py",
-        "note": "one process, arms alternating; read the same-run ratios, not the seconds (a shared 2-core machine)",
-    }
+    report = race_report(MODEL, args, load_before, "python benchmarks/decode_threads.py", settings=settings)
     for name, r in settings.items():
         print(f"{name}: split {r['split']['median_wall']} s wall / {r['split']['median_cpu']} CPU s, "
               f"all threads {r['all_threads']['median_wall']} / {r['all_threads']['median_cpu']}: "

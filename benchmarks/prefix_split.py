@@ -37,7 +37,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
 
 from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import alternate_arms, arm_summary, generation_outputs, race_parser, write_json  # noqa: E402
+from common import alternate_arms, arm_summary, generation_outputs, race_parser, race_report, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prefix_split.json"
 ARMS = ("prefix_in_every_row", "prefix_kept_once")  # baseline first
@@ -95,18 +95,12 @@ def main() -> None:
         "annotation": race(backend, prompts, args.k, params, args.pairs),
         "to_token_cap": race(backend, prompts, args.k, dataclasses.replace(params, stop=()), args.pairs),
     }
-    report = {
-        "model": MODEL,
-        "samples_per_question": args.k,
-        "torch_threads": args.threads,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "shared_prefix_tokens": usable_prefix_length(backend.model, encoded, params.max_new_tokens),
-        "prompt_tokens": {"min": min(map(len, encoded)), "max": max(map(len, encoded))},
-        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
-        "jobs": jobs,
-        "command": "python benchmarks/prefix_split.py",
-        "note": "one process, arms alternating; read the same-run ratios, not the seconds (a shared 2-core machine)",
-    }
+    report = race_report(
+        MODEL, args, load_before, "python benchmarks/prefix_split.py",
+        shared_prefix_tokens=usable_prefix_length(backend.model, encoded, params.max_new_tokens),
+        prompt_tokens={"min": min(map(len, encoded)), "max": max(map(len, encoded))},
+        jobs=jobs,
+    )  # fmt: skip
     for name, job in jobs.items():
         once, every = job[ARMS[1]], job[ARMS[0]]
         print(
