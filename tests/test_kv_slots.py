@@ -254,6 +254,9 @@ def test_rows_without_the_prefix_join_a_cache_keeping_it_and_do_not_see_it(livel
         with pytest.raises(ValueError, match="keeping"):  # one cache keeps one prefix
             shorter = prefill_shared_prefix(backend.model, encoded[0][: prefix - 1])
             loop.admit(loop.prefill(jobs[:1], shorter, prefix - 1))
+        other = [*encoded[0][: prefix - 1], encoded[0][prefix - 1] + 1]  # same length, last token changed
+        with pytest.raises(ValueError, match="different shared prefix"):
+            loop.admit(loop.prefill(jobs[:1], prefill_shared_prefix(backend.model, other), prefix))
     check_against_references(backend, prompts, [job.result for job in jobs], params)
 
 

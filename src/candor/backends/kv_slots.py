@@ -178,6 +178,8 @@ class SlotKV:
         assert self.cache is not None
         if skip and not self.prefix_length:
             self._keep_prefix(cache, skip)
+        elif skip:
+            self._check_prefix(cache)
         free = [s for s, start in enumerate(self.starts) if start is None]
         needed = sum(repeats) - len(free)
         if needed > 0:
@@ -257,6 +259,20 @@ class SlotKV:
             mine.prefix_keys = theirs.keys[:1, :, :length].clone()
             mine.prefix_values = theirs.values[:1, :, :length].clone()
         self.prefix_length = length
+
+    def _check_prefix(self, cache: Any) -> None:
+        """Refuse a prefill whose prefix is not the kept one (other tokens, or other weights since).
+
+        The last layer's keys and values depend on every token of the prefix and every layer below.
+        """
+        mine, theirs = self._layers()[-1], cache.layers[-1]
+        length = self.prefix_length
+        assert mine.prefix_keys is not None and mine.prefix_values is not None
+        if not (
+            torch.equal(mine.prefix_keys, theirs.keys[:1, :, :length])
+            and torch.equal(mine.prefix_values, theirs.values[:1, :, :length])
+        ):
+            raise ValueError("a different shared prefix joins a slot cache keeping another one")
 
     def _lowest_start(self) -> int:
         return min((s for s in self.starts if s is not None), default=self.t)
