@@ -28,6 +28,8 @@ from typing import Any
 import annotate_throughput as throughput
 import numpy as np
 
+from candor.util.cpu import describe
+
 RESULTS = Path(__file__).resolve().parent / "results" / "annotate_dtype.json"
 DTYPES = ("float32", "bfloat16")
 
@@ -80,7 +82,8 @@ def main() -> None:
         "questions": args.questions,
         "samples_per_question": args.k,
         "settings": {**throughput.SETTINGS, "template": "fewshot", "batch_size": args.batch_size,
-                     "torch_threads": args.threads, "omp_wait_policy": throughput.omp_wait_policy()},
+                     "torch_threads": args.threads, "omp_wait_policy": throughput.omp_wait_policy(),
+                     "machine": describe()},
         "load_average_1min": os.getloadavg()[0],
         "dtypes": rows,
         "repeats": {dtype: [round(t["seconds"], 2) for t in tries] for dtype, tries in attempts.items()},

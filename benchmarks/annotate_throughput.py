@@ -316,6 +316,8 @@ def logprob_drift(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 
 def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    from candor.util.cpu import describe  # here, not at the top: the parent loads no torch before its children
+
     candor, naive = runs.get("candor"), runs.get("naive")
     result: dict[str, Any] = {
         "model": MODEL,
@@ -330,6 +332,7 @@ def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
             "omp_wait_policy": omp_wait_policy(),
             "cpu": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(),
+            "machine": describe(),
         },
         # 1/5/15-minute load averages before and after the run: the machine is shared, so wall-clock
         # figures carry the other jobs' load; CPU seconds and same-run ratios are steadier.

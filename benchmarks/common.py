@@ -21,6 +21,7 @@ from candor.annotation.records import Record, read_records
 from candor.backends.base import Backend
 from candor.data import honestybench_mini, resolve_data_dir
 from candor.data.mini import MiniBench
+from candor.util.cpu import describe
 from candor.util.errors import CandorError
 from candor.util.files import atomic_write_json
 
@@ -107,6 +108,7 @@ def race_report(
         "samples_per_question": args.k,
         "torch_threads": args.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "machine": describe(),
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         **sections,
         "command": command,

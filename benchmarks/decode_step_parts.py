@@ -43,6 +43,7 @@ from common import Timer, write_json  # noqa: E402
 from candor.backends.base import SamplingParams  # noqa: E402
 from candor.backends.kv_slots import copy_rows  # noqa: E402
 from candor.backends.sampling import pick_tokens, sample_tokens  # noqa: E402
+from candor.util.cpu import describe  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_step_parts.json"
 VOCAB, ROWS, PROMPTS, TOP_LOGPROBS = 49152, 96, 16, 5
@@ -148,7 +149,7 @@ def main() -> None:
             "command": "python benchmarks/decode_step_parts.py",
             "settings": {"threads": args.threads, "rounds": args.rounds,
                          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu": platform.machine(),
-                         "cpu_count": os.cpu_count()},  # fmt: skip
+                         "cpu_count": os.cpu_count(), "machine": describe()},  # fmt: skip
             "pick_tokens": picking(args.rounds),
             "admission_copy": copying(
                 shuffled, [r // 6 for r in slots], (PROMPTS, KV_HEADS, 75, HEAD_DIM), 75, args.rounds

@@ -225,13 +225,15 @@ def main() -> None:
 
 
 def report(job: dict[str, Any], peer: dict[str, Any], ours: dict[str, Any], args: argparse.Namespace) -> None:
+    from candor.util.cpu import describe  # here: the polygraph child runs this file in a venv without candor
+
     newline, capped = ours["stop_at_newline"], ours["to_token_cap"]
     first_lines = [text.strip().split("\n")[0].strip() for text in peer["greedy"]]
     result = {
         "job": {
             "questions": len(job["prompts"]), "dataset": "HonestyBench NQ test.jsonl (first rows)",
             "template": "fewshot", "model": MODEL, **SETTINGS, "torch_threads": args.threads,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), "machine": describe(),
         },
         # 1/5/15-minute load averages around both runs (the machine is shared; CPU-time ratios are steadier).
         "load_average": {

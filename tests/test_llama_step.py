@@ -7,9 +7,11 @@ import logging
 import pytest
 import torch
 
+from candor.backends import packed_linear
 from candor.backends.base import SamplingParams
 from candor.backends.hf import HFBackend
 from candor.backends.llama_step import LlamaDecodeStep, lean_decode_step
+from candor.backends.packed_linear import packing_available
 
 PROMPTS = [
     "Question: What is the largest planet?\nAnswer:",
@@ -83,6 +85,28 @@ def test_embedded_model_lean_step_is_bit_for_bit():
         assert_same_kv(lean_kv, ref_kv)
 
 
+def test_a_dtype_the_cpu_cannot_pack_gets_no_lean_step_and_still_generates(tokenizer, monkeypatch):
+    """An AVX2-only CPU has no oneDNN bfloat16 path: transformers' forward decodes, as without packing."""
+    can_pack = packed_linear.packing_available
+
+    def no_bfloat16(dtype: torch.dtype = torch.float32) -> bool:
+        return dtype != torch.bfloat16 and can_pack(dtype)
+
+    monkeypatch.setattr(packed_linear, "packing_available", no_bfloat16)
+    model = tiny_llama(tokenizer).to(torch.bfloat16)
+    backend = HFBackend(model, tokenizer)
+    assert backend.lean_step is None
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    prompts = ["Question: Who wrote Hamlet?\nAnswer:"]
+    got = backend.generate(prompts, 0, params)[0].greedy
+    plain = HFBackend(model, tokenizer, pack_linears=False).generate(prompts, 0, params)[0].greedy
+    assert got.token_ids == plain.token_ids
+    assert got.logprobs == pytest.approx(plain.logprobs, abs=1e-2)  # the same kernels, bf16 rounding apart
+
+
+@pytest.mark.skipif(
+    not packing_available(torch.bfloat16), reason="this CPU has no oneDNN bfloat16 path, so no bfloat16 lean step"
+)
 def test_bfloat16_lean_step_stays_within_rounding(tokenizer):
     backend = HFBackend(tiny_llama(tokenizer).to(torch.bfloat16), tokenizer)
     lean, reference, _, _ = step_both_ways(backend, rows=4)

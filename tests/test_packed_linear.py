@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 
+from candor.backends import packed_linear
 from candor.backends.packed_linear import PackedLinears, packed_linears_of, packing_available, with_packed_linears
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
@@ -38,6 +39,10 @@ def test_inside_a_scope_the_packed_kernel_gives_nn_linears_numbers():
     torch.testing.assert_close(out, reference(net, x), rtol=1e-5, atol=1e-6)
 
 
+NO_BF16_PATH = "this CPU has no oneDNN bfloat16 path (it needs AVX512 or AVX-NE-CONVERT)"
+
+
+@pytest.mark.skipif(not packing_available(torch.bfloat16), reason=NO_BF16_PATH)
 def test_bfloat16_layers_are_packed_too():
     net = small_net().to(torch.bfloat16)
     x = torch.randn(4, 48, dtype=torch.bfloat16)
@@ -46,6 +51,38 @@ def test_bfloat16_layers_are_packed_too():
         out = net(x)
     assert packed_weights(scope) == 2
     torch.testing.assert_close(out.float(), reference(net, x).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_dtype_this_cpu_cannot_pack_runs_nn_linears_own_kernels(monkeypatch):
+    """An AVX2-only CPU refuses oneDNN's bfloat16 reorder: its layers keep nn.Linear's kernels, and no stack packs."""
+    can_pack = packed_linear.packing_available
+
+    def no_bfloat16(dtype: torch.dtype = torch.float32) -> bool:
+        return dtype != torch.bfloat16 and can_pack(dtype)
+
+    monkeypatch.setattr(packed_linear, "packing_available", no_bfloat16)
+    net = small_net().to(torch.bfloat16)
+    x = torch.randn(4, 48, dtype=torch.bfloat16)
+    scope = PackedLinears(net)
+    assert scope.enabled  # float32 packs: the scope is on, the bfloat16 layers stay unpacked
+    assert scope.stack((net[0],)) is None
+    with torch.inference_mode(), scope:
+        out = net(x)
+    assert packed_weights(scope) == 0
+    assert torch.equal(out, reference(net, x))  # nn.Linear's own kernels, bit for bit
+
+
+def test_the_packing_probe_refuses_dtypes_it_has_no_kernels_for():
+    assert not packing_available(torch.float64)
+    assert not packing_available(torch.int8)
+
+
+@pytest.mark.skipif(packing_available(torch.bfloat16), reason="this CPU packs bfloat16")
+def test_on_a_cpu_without_the_bfloat16_path_the_probe_says_so():
+    """Where the reorder refuses bfloat16 (AVX2 only), the probe is False rather than the first product raising."""
+    weight = torch.randn(8, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError):
+        torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
 
 def test_outside_a_scope_the_model_is_untouched():

@@ -57,7 +57,8 @@ ApiKeyEnvOpt = Annotated[
 DtypeOpt = Annotated[
     str | None,
     typer.Option(help="hf and vllm backends: the weights' dtype: auto, float32, bfloat16 or float16 "
-                 "(default: float32 on CPU, bfloat16 on GPU)."),
+                 "(default: float32 on CPU, bfloat16 on GPU). On a CPU, bfloat16 is fast only with "
+                 "AVX512-BF16 or AMX; elsewhere it is slower than float32, and a warning says so."),
 ]
 TensorParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: tensor-parallel GPUs.")]
 DataParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: data-parallel replicas.")]

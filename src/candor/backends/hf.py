@@ -75,6 +75,7 @@ from candor.backends.tokens import (
 )
 from candor.backends.tokens import encode as encode_tokens
 from candor.backends.tokens import new_cache as new_kv_cache
+from candor.util.cpu import NATIVE_16BIT, describe, native_16bit
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
@@ -582,7 +583,20 @@ def load_model_and_tokenizer(
         ) from None
     if device is not None:
         model = model.to(device)
+    warn_if_emulated(model.dtype, target)
     return model, tokenizer
+
+
+def warn_if_emulated(dtype: torch.dtype, device: str) -> bool:
+    """Log a warning (and return True) when ``dtype`` on this CPU is widened to float32 for every product."""
+    if not str(device).startswith("cpu") or native_16bit(dtype) is not False:
+        return False
+    logger.warning(
+        "%s on a CPU without %s instructions (%s): every product widens it to float32, so it is likely "
+        "no faster than float32 here, and its numbers differ from float32's",
+        str(dtype).removeprefix("torch."), " or ".join(NATIVE_16BIT[dtype]), describe()["name"],
+    )  # fmt: skip
+    return True
 
 
 def _load_adapter(model: Any, adapter: str) -> Any:

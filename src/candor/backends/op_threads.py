@@ -27,7 +27,11 @@ torch's MKL exports). Attention over more than
 :data:`ONE_THREAD_ATTENTION_ROWS` rows gets all threads back
 (:func:`widen_for_attention`); over fewer, one thread runs it sooner than two
 after a wake. Only caches whose layers widen for attention
-(:class:`candor.backends.kv_slots.SlotKV`) get the split.
+(:class:`candor.backends.kv_slots.SlotKV`) get the split. Attention on one
+thread keeps the tokens but not always the last bits: MKL picks its products'
+kernels by thread count on some CPUs (bit-equal on the AVX512/AMX machine the
+threshold was measured on; log-probs up to 1e-6 apart on an AVX2-only AMD
+EPYC, ``tests/test_op_threads.py``).
 
 The count is set through the OpenMP runtime's own ``omp_set_num_threads``,
 which changes the calling thread's setting only (``torch.set_num_threads``

@@ -57,29 +57,38 @@ logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# The dtypes oneDNN's packed kernels take, each where this CPU runs it (packing_available), and how
+# close a probe's product must come to F.linear's.
+PACKABLE_DTYPES = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 FINGERPRINT_SAMPLES = 4096  # elements read per weight for its fingerprint; a merge moves (nearly) all of them
 
 
 @functools.cache
-def packing_available() -> bool:
-    """Whether this torch build has oneDNN's packed linear kernels, and they give ``F.linear``'s numbers.
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and CPU run oneDNN's packed linear kernels in ``dtype``, with ``F.linear``'s numbers.
 
     The two ops are the ones torch's own compiler uses for CPU linear layers;
-    they are tried once on a small product, so a torch whose ops changed
-    falls back to ``nn.Linear`` instead of failing mid-run.
+    they are tried once per dtype on a small product, so a torch whose ops
+    changed, or a CPU that lacks a dtype's path, falls back to ``nn.Linear``
+    instead of failing mid-run. oneDNN's bfloat16 reorder needs AVX512
+    (BW, VL, DQ) or AVX-NE-CONVERT; an AVX2-only CPU refuses it.
     """
     mkldnn = getattr(torch.ops, "mkldnn", None)
+    if dtype not in PACKABLE_DTYPES:
+        return False
     if not (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")):
         return False
     try:
         generator = torch.Generator().manual_seed(0)
         weight, x = torch.randn(8, 16, generator=generator), torch.randn(3, 16, generator=generator)
+        weight, x = weight.to(dtype), x.to(dtype)
         with torch.inference_mode():
             got = mkldnn._linear_pointwise(x, mkldnn._reorder_linear_weight(weight, None), None, "none", [], "")
-            return bool(torch.allclose(got, torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5))
+            want = torch.nn.functional.linear(x, weight)
+        tolerance = PACKABLE_DTYPES[dtype]
+        return bool(torch.allclose(got.float(), want.float(), rtol=tolerance, atol=tolerance))
     except (RuntimeError, TypeError, AttributeError) as exc:
-        logger.info("oneDNN packed linear kernels unusable here (%s): using nn.Linear", exc)
+        logger.info("oneDNN packed linear kernels unusable here in %s (%s): using nn.Linear", dtype, exc)
         return False
 
 
@@ -162,7 +171,7 @@ class PackedLayer:
             and x.device.type == "cpu"
             and weight.device.type == "cpu"
             and x.dtype == weight.dtype
-            and weight.dtype in PACKABLE_DTYPES
+            and packing_available(weight.dtype)
         )
 
     def packed_weight(self) -> torch.Tensor:
@@ -270,6 +279,8 @@ class PackedLinears:
         their stacks fit (:meth:`PackedStack.nbytes`, :func:`bytes_fit`).
         """
         if not self.enabled or any(type(m) is not torch.nn.Linear for m in layers):
+            return None
+        if not all(packing_available(m.weight.dtype) for m in layers):  # their products would not be packed
             return None
         return PackedStack(layers, self)
 
