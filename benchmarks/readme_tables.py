@@ -200,6 +200,57 @@ def peer_polygraph(r: Path) -> dict[str, str]:
     }
 
 
+def machine_phrase(machine: Json) -> str:
+    """``AMD EPYC (x86_64, 2 cores, AVX2; no 16-bit products)``: the CPU a results file names."""
+    native = ", ".join(machine["native_16bit"]) or "no 16-bit products"
+    return (f"{machine['name']} ({machine['architecture']}, {machine['physical_cores']} cores, "
+            f"{machine['vector_level']}; {native})")
+
+
+def avx2_host(r: Path) -> dict[str, str]:
+    """The speed jobs rerun on a CPU without AVX512 (``results/avx2/``), each against its same-run baseline."""
+    throughput, dtype, race = (load(f"avx2/{name}", r) for name in ("annotate_throughput", "annotate_dtype",
+                                                                    "peer_polygraph"))
+    fp32, bf16 = dtype["dtypes"]["float32"], dtype["dtypes"]["bfloat16"]
+    return {
+        "value:avx2-machine": machine_phrase(throughput["settings"]["machine"]),
+        "value:avx2-throughput": (
+            f"{throughput['candor_tokens_per_second']:.0f} generated tokens/s ({throughput['candor_seconds']:.1f} s, "
+            f"{throughput['candor_cpu_seconds']:.1f} CPU s); `nn.Linear`'s own kernels "
+            f"{throughput['stock_tokens_per_second']:.0f} tokens/s, so packing gives "
+            f"{throughput['packed_speedup']:.2f}× wall and {throughput['packed_cpu_time_speedup']:.2f}× CPU; "
+            f"per-question `model.generate` calls "
+            f"{throughput['naive_seconds']:.0f} s ({throughput['speedup']:.1f}× wall, "
+            f"{throughput['cpu_time_speedup']:.1f}× CPU); {throughput['greedy_identical_count']}/"
+            f"{throughput['questions']} greedy answers identical to the naive path's"
+        ),
+        "value:avx2-bf16": (
+            f"bfloat16 {bf16['tokens_per_second']:.0f} generated tokens/s against {fp32['tokens_per_second']:.0f} in "
+            f"float32 ({dtype['bf16_speedup_wall']:.2f}x wall, {dtype['bf16_speedup_cpu']:.2f}x per CPU second; "
+            f"{len(dtype['repeats']['float32'])} runs of each dtype); "
+            f"{dtype['bf16_vs_fp32']['greedy_answers_changed']} of {dtype['questions']} greedy answers change"
+        ),
+        "value:avx2-slowdown": _slowdown(load("peer_polygraph", r), race),
+        "value:avx2-polygraph": (
+            f"lm-polygraph {race['polygraph']['seconds']:.1f} s ({race['polygraph']['cpu_seconds']:.1f} CPU s), "
+            f"candor to the same token cap {race['candor']['seconds_to_token_cap']:.1f} s "
+            f"({race['candor']['cpu_seconds_to_token_cap']:.1f} CPU s): "
+            f"**{race['cpu_ratio_polygraph_to_candor_same_token_cap']:.2f}× CPU**, "
+            f"{race['ratio_polygraph_to_candor_same_token_cap']:.2f}× wall; cut at the first newline "
+            f"{race['cpu_ratio_polygraph_to_candor']:.2f}× CPU; {race['greedy_capped_agreement']}/"
+            f"{race['job']['questions']} greedy answers equal at the same cap"
+        ),
+    }
+
+
+def _slowdown(first: Json, second: Json) -> str:
+    """How much more CPU time each side of the lm-polygraph race took in ``second``'s run than in ``first``'s."""
+    peer = second["polygraph"]["cpu_seconds"] / first["polygraph"]["cpu_seconds"]
+    ours = second["candor"]["cpu_seconds_to_token_cap"] / first["candor"]["cpu_seconds_to_token_cap"]
+    return (f"lm-polygraph took {peer:.2f}× the CPU time of the run above, and candor at the same cap "
+            f"{ours:.2f}×")
+
+
 def judge_agreement(r: Path) -> dict[str, str]:
     d = load("judge_agreement", r)
     agree = round(d["agreement"] * d["n"])
@@ -900,6 +951,7 @@ SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
     decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean, prefix_split,
+    avx2_host,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

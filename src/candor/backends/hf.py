@@ -592,8 +592,8 @@ def warn_if_emulated(dtype: torch.dtype, device: str) -> bool:
     if not str(device).startswith("cpu") or native_16bit(dtype) is not False:
         return False
     logger.warning(
-        "%s on a CPU without %s instructions (%s): every product widens it to float32, so it is likely "
-        "no faster than float32 here, and its numbers differ from float32's",
+        "%s on a CPU without %s instructions (%s): every product widens it to float32, so expect it to "
+        "run slower than float32 here (see benchmarks/README.md), with numbers that differ from float32's",
         str(dtype).removeprefix("torch."), " or ".join(NATIVE_16BIT[dtype]), describe()["name"],
     )  # fmt: skip
     return True
