@@ -160,7 +160,17 @@ def race_generate(
     result["speedup_wall"] = round(result[baseline]["median_wall"] / result[new]["median_wall"], 2)
     result["speedup_cpu"] = round(result[baseline]["median_cpu"] / result[new]["median_cpu"], 2)
     result["outputs_bit_equal"] = seen[new] == seen[baseline]
+    result.update(output_agreement(seen[baseline], seen[new]))
     return result
+
+
+def output_agreement(first: list[tuple[list[int], list[float]]], second: list[tuple[list[int], list[float]]]
+                     ) -> dict[str, Any]:
+    """How far two runs' completions agree when not bit for bit: equal token ids, and the log-prob gap on those."""
+    same = [(a, b) for a, b in zip(first, second, strict=True) if a[0] == b[0]]
+    gaps = [abs(x - y) for (_, lp_a), (_, lp_b) in same for x, y in zip(lp_a, lp_b, strict=True)]
+    return {"completions": len(first), "completions_same_tokens": len(same),
+            "max_logprob_gap_same_tokens": float(f"{max(gaps, default=0.0):.3g}")}
 
 
 def arm_summary(runs: list[tuple[float, float]]) -> dict[str, Any]:

@@ -859,9 +859,17 @@ def decode_threads(r: Path) -> dict[str, str]:
             f"{label} ({s['prompts']} questions, {len(split['wall'])} pairs): {split['median_wall']:.2f} s "
             f"against {wide['median_wall']:.2f} s wall ({s['speedup_wall']:.2f}×), {split['median_cpu']:.2f} "
             f"against {wide['median_cpu']:.2f} CPU s ({s['speedup_cpu']:.2f}×), outputs "
-            f"{'bit-equal' if s['outputs_bit_equal'] else 'NOT bit-equal'}"
+            f"{'bit-equal' if s['outputs_bit_equal'] else 'NOT bit-equal'}{_agreement(s)}"
         )
     return {"value:decode-threads": "; ".join(parts)}
+
+
+def _agreement(race: Json) -> str:
+    """How far a race's arms agree when not bit for bit (files written before these fields say nothing)."""
+    if race.get("outputs_bit_equal", True) or "completions_same_tokens" not in race:
+        return ""
+    return (f" ({race['completions_same_tokens']} of {race['completions']} completions with the same tokens, "
+            f"log-probs within {race['max_logprob_gap_same_tokens']:.1e})")
 
 
 def decode_step_parts(r: Path) -> dict[str, str]:
@@ -945,13 +953,45 @@ def prefix_split(r: Path) -> dict[str, str]:
     }
 
 
+def annotate_workers(r: Path) -> dict[str, str]:
+    d = load("annotate_workers", r)
+    job, one, many, agree = d["settings"], d["one_process"], d["workers"], d["agreement"]
+    cpu = job["machine"]
+    return {
+        "value:annotate-workers": (
+            f"on a {cpu['physical_cores']}-core {cpu['name']} ({cpu['vector_level']}), the whole `candor annotate` of "
+            f"{job['questions']} NQ questions (k = {job['samples']}, model loading included) took "
+            f"{many['median_seconds']:.1f} s with `--workers {job['workers']}` against {one['median_seconds']:.1f} s "
+            f"in one process ({d['wall_speedup']:.2f}× wall, {d['cpu_ratio']:.2f}× CPU; medians of "
+            f"{len(one['seconds'])} alternating runs, one process {_span(one['seconds'])} s, "
+            f"workers {_span(many['seconds'])} s; load average {d['load_average']['before'][0]:.1f} before the "
+            f"first run); {agree['greedy_identical']} of {job['questions']} greedy "
+            f"answers and {agree['answers_same_tokens']} of {agree['answers']} answers in all identical, "
+            f"log-probs within {agree['max_logprob_gap_same_tokens']:.1e}"
+        )
+    }
+
+
+def _span(values: list[float]) -> str:
+    """``89–119``: the range of a few runs' seconds."""
+    return f"{min(values):.0f}–{max(values):.0f}"
+
+
+def avx2_races(r: Path) -> dict[str, str]:
+    """The races behind the decode loop's defaults, rerun on the AVX2 host (``results/avx2/``), same wording."""
+    values: dict[str, str] = {}
+    for section in (decode_threads, decode_lean, prefix_split, decode_processes):
+        values.update({key.replace("value:", "value:avx2-", 1): text for key, text in section(r / "avx2").items()})
+    return values
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
     decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean, prefix_split,
-    avx2_host,
+    avx2_host, avx2_races, annotate_workers,
 ]
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)

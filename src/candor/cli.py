@@ -131,12 +131,15 @@ def annotate(
     judge_base_url: Annotated[
         str | None, typer.Option(help="Server for --judge-model on the openai backend (default: --base-url).")
     ] = None,
+    workers: Annotated[int, typer.Option(
+        help="hf on CPU: annotate in N processes, one shard and 1/N of the cores each, merged into --out "
+             "(shards kept in OUT.parts/ to resume; memory: one model per worker).")] = 1,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
     from candor.annotation.builder import AnnotateConfig, Shard
     from candor.annotation.builder import annotate as run_annotate
     from candor.annotation.prompts import resolve_template
-    from candor.backends import load_backend
+    from candor.annotation.workers import Engine, annotate_with_workers, check_cpu_engine, check_workers
     from candor.backends.base import SamplingParams
     from candor.data import load_items
 
@@ -149,16 +152,20 @@ def annotate(
     config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
                             seed=seed, batch_size=batch_size)
     _check_dtype(dtype, backend)
-    engine = dict(base_url=base_url, endpoint=endpoint, tokenizer=tokenizer, max_concurrency=max_concurrency,
-                  max_retries=max_retries, api_key_env=api_key_env, tensor_parallel_size=tensor_parallel_size,
-                  data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed, dtype=dtype)
-    answering = load_backend(model, backend, **engine)
-    judging = None
-    if judge_model is not None:
-        judge_engine = {**engine, "base_url": judge_base_url or base_url}
-        judging = load_backend(judge_model, judge_backend or backend, **judge_engine)
-    qa_template = resolve_template(template, model, answering)
-    result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec, judge_backend=judging)
+    options = dict(base_url=base_url, endpoint=endpoint, tokenizer=tokenizer, max_concurrency=max_concurrency,
+                   max_retries=max_retries, api_key_env=api_key_env, tensor_parallel_size=tensor_parallel_size,
+                   data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed, dtype=dtype)
+    engine = Engine(model, backend, options, template, judge_model, judge_backend,
+                    {**options, "base_url": judge_base_url or base_url})
+    if workers != 1:
+        if shard_spec is not None:
+            raise CandorError("--workers splits the input into shards itself; use it without --shard")
+        check_workers(workers, out)
+        check_cpu_engine(engine)
+        result = annotate_with_workers(items, engine, out, config, workers)
+    else:
+        answering, judging, qa_template = engine.load()
+        result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec, judge_backend=judging)
     _print_annotation_summary(result.path)
 
 

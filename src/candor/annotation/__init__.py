@@ -1,6 +1,7 @@
 """Annotation: a model answers QA items, and judges say which answers are right (DESIGN.md §4.1).
 
 - :mod:`~candor.annotation.builder`: the HonestyBench builder (batching, resume, shards, merge).
+- :mod:`~candor.annotation.workers`: ``annotate --workers``: shards in parallel processes on one CPU, merged.
 - :mod:`~candor.annotation.prompts`: the QA prompt templates, and the prompt each record was answered with.
 - :mod:`~candor.annotation.judges`: correctness and consistency judges, in registries.
 - :mod:`~candor.annotation.rejudge`: new verdicts on existing records, without generating again.
