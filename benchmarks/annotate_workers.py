@@ -10,7 +10,7 @@ arms are compared answer by answer: tokens, and log-probs where the tokens
 agree (the workers decode in other batches and on one thread each, which may
 round the last bits differently).
 
-    python benchmarks/annotate_workers.py [--questions 128] [--repeats 3] [--workers 2]
+    python benchmarks/annotate_workers.py [--questions 256] [--repeats 3] [--workers 2]
 
 Writes ``benchmarks/results/annotate_workers.json``.
 """
@@ -78,7 +78,7 @@ def compare(first: Path, second: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=128)
+    parser.add_argument("--questions", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--k", type=int, default=5)

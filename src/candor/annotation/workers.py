@@ -1,8 +1,9 @@
 """Data-parallel annotation on one CPU machine: n worker processes, one shard each, merged into one file.
 
 A decode step of a small model is many small products; torch's threads split
-each of them, and their gain shrinks as cores are added (each product also
-wakes every thread). Worker processes split the questions instead: each
+each of them, and every product wakes and waits for every thread. Worker
+processes split the questions instead (on the 2-core machine measured in
+benchmarks/README.md, two 1-thread processes beat one 2-thread process): each
 loads its own copy of the model, runs ``annotate --shard i/n`` on its share
 of the cores, and the parent merges the shards into ``out`` in input order
 (:func:`candor.annotation.builder.merge_shards`), as a single run writes it.
