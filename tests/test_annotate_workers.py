@@ -19,6 +19,7 @@ from candor.annotation.builder import Shard, annotate
 from candor.annotation.records import read_records
 from candor.annotation.workers import (
     Engine,
+    RecordCount,
     annotate_with_workers,
     available_cores,
     check_cpu_engine,
@@ -139,3 +140,14 @@ def test_cli_workers_killed_mid_run_resume_to_a_single_runs_records(tiny_model_d
     subprocess.run([sys.executable, "-m", "candor.cli", "annotate", "--out", str(single), *common], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     assert_same_records(read_records(out), read_records(single))
+
+
+def test_the_progress_count_reads_whole_records_as_they_are_appended(tmp_path):
+    path = tmp_path / "shard-0-of-2.jsonl"
+    count = RecordCount(path)
+    assert count.update() == 0  # not written yet
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a"')
+    assert count.update() == 2  # a record half written is not counted
+    with path.open("a") as f:
+        f.write(': 3}\n{"a": 4}\n')
+    assert count.update() == 4 and count.update() == 4

@@ -139,7 +139,7 @@ def annotate(
     from candor.annotation.builder import AnnotateConfig, Shard
     from candor.annotation.builder import annotate as run_annotate
     from candor.annotation.prompts import resolve_template
-    from candor.annotation.workers import Engine, annotate_with_workers, check_cpu_engine, check_workers
+    from candor.annotation.workers import Engine, annotate_with_workers
     from candor.backends.base import SamplingParams
     from candor.data import load_items
 
@@ -160,8 +160,6 @@ def annotate(
     if workers != 1:
         if shard_spec is not None:
             raise CandorError("--workers splits the input into shards itself; use it without --shard")
-        check_workers(workers, out)
-        check_cpu_engine(engine)
         result = annotate_with_workers(items, engine, out, config, workers)
     else:
         answering, judging, qa_template = engine.load()

@@ -120,6 +120,7 @@ def check_cpu_engine(engine: Engine) -> None:
 
 
 def refuse_gpu(backend: Backend) -> None:
+    """Refuse a worker whose model was placed on a GPU (checked once loaded, in the worker)."""
     device = str(getattr(backend, "device", "cpu"))
     if not device.startswith("cpu"):
         raise CandorError(f"--workers splits a CPU's cores; this model runs on {device}, where one process "
@@ -143,13 +144,14 @@ def annotate_with_workers(
     """
     out = Path(out)
     check_workers(workers, out)
+    check_cpu_engine(engine)
     check_unique_ids(items)
     threads = threads or threads_per_worker(workers)
     shards = [Shard(i, workers) for i in range(workers)]
     parts = [part_path(out, shard) for shard in shards]
     parts_folder(out).mkdir(parents=True, exist_ok=True)
-    done_before = sum(_line_count(p) for p in parts)
-    logger.info("%s: %d items in %d workers of %d threads each (%d already done)",
+    done_before = sum(RecordCount(p).update() for p in parts)
+    logger.info("%s: %d items in %d workers, %d thread(s) each (%d already done)",
                 out, len(items), workers, threads, done_before)  # fmt: skip
     written = _run_workers(items, engine, config, shards, parts, threads, progress, done_before)
     merged = merge_shards(parts, out)
@@ -169,13 +171,14 @@ def _run_workers(
         for shard, part in zip(shards, parts, strict=True)
     ]  # fmt: skip
     bar = tqdm(total=len(items), initial=done_before, desc="annotate", unit="q", disable=not progress)
+    counts = [RecordCount(p) for p in parts]
     written: dict[int, int] = {}
     try:
         for process in processes:
             process.start()
         while len(written) < len(processes):
             written.update(_collect(reports, processes, shards))
-            bar.update(sum(_line_count(p) for p in parts) - bar.n)
+            bar.update(sum(count.update() for count in counts) - bar.n)
         for process in processes:
             process.join()
     finally:
@@ -212,12 +215,22 @@ def _stop(processes: list[Any]) -> None:
             process.join(timeout=30)
 
 
-def _line_count(path: Path) -> int:
-    """Records appended so far (whole lines; a resumed worker drops a partial last one)."""
-    try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
+class RecordCount:
+    """Whole records appended to a worker's file so far, reading only the bytes added since the last look."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.lines = path, 0, 0
+
+    def update(self) -> int:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                added = f.read()
+        except FileNotFoundError:
+            return self.lines
+        self.offset += len(added)
+        self.lines += added.count(b"\n")
+        return self.lines
 
 
 def _work(
