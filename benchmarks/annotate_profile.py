@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
 
 from annotate_throughput import (  # noqa: E402
     generated_tokens,

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
 
 from annotate_throughput import job_parser, load_items, prompts_for, sampling_params  # noqa: E402
 

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
 
 import numpy as np  # noqa: E402
 from common import RESULTS, Timer, load_mini_or_exit, setup_logging, write_json  # noqa: E402

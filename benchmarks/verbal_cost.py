@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
 
 import numpy as np  # noqa: E402
 from common import CACHE, RESULTS, write_json  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 # Developers and CI keep the benchmark data beside the checkout; the product's default is its own folder.

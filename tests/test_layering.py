@@ -1,7 +1,9 @@
-"""The package reads as the pipeline: no module imports from a stage after its own (DESIGN.md §2).
+"""The package reads as the pipeline: no module imports from a stage after its own, and no import circle
+(docs/architecture.md, "The layering rule").
 
-Every ``import`` and ``from … import`` in ``src/candor`` is read with ``ast``,
-including those inside functions (a lazy import is still a dependency).
+Every ``import`` and ``from … import`` in ``src/candor`` is read with ``ast``, including those inside
+functions (a lazy import is still a dependency), and so are the module names written as strings:
+``importlib.import_module("candor.…")`` and the tables given to ``candor.util.lazy.lazy_exports``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ ORDER = (
     "serve",
     "front door",
 )
-FRONT_DOOR = {"__init__", "api", "cli", "demo"}
+FRONT_DOOR = {"__init__", "api", "cli", "demo"}  # modules at the root, and the cli package
 
 
 def stage_of(module: str) -> str:
@@ -45,20 +47,92 @@ def module_name(path: Path, root: Path = PACKAGE) -> str:
 
 
 def imported_modules(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
-    """``(line, module)`` for every candor module ``path`` imports, relative imports resolved."""
+    """``(line, module)`` for every candor module ``path`` imports, relative imports resolved.
+
+    ``from candor.a import b`` names ``candor.a.b``; whether that is a module or a name in ``candor.a``
+    is for :func:`import_graph` to decide. Module names in strings count too (see the module docstring).
+    """
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                found.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
-            else:
-                found.append((node.lineno, node.module or ""))
+            base = resolve_relative(node.module or "", node.level, package)
+            found += [(node.lineno, base if alias.name == "*" else f"{base}.{alias.name}") for alias in node.names]
+    found += [(line, resolve_relative(text.lstrip("."), len(text) - len(text.lstrip(".")), package))
+              for line, text in module_strings(tree)]  # fmt: skip
     return [(line, name) for line, name in found if name == "candor" or name.startswith("candor.")]
+
+
+def resolve_relative(module: str, level: int, package: str) -> str:
+    """``from ..x import y`` inside ``package``: the absolute name of ``..x``."""
+    if not level:
+        return module
+    base = package.split(".")[: len(package.split(".")) - level + 1]
+    return ".".join(base + ([module] if module else []))
+
+
+def module_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Module names written as strings: ``import_module("…")`` and the values of ``lazy_exports``' table."""
+    tables = {target.id: node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Name)}  # fmt: skip
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if callee == "import_module" and node.args and isinstance(node.args[0], ast.Constant):
+            found.append((node.lineno, str(node.args[0].value)))
+        elif callee == "lazy_exports" and len(node.args) > 1:
+            table = node.args[1]
+            table = tables.get(table.id, table) if isinstance(table, ast.Name) else table
+            if isinstance(table, ast.Dict):
+                found += [(v.lineno, v.value) for v in table.values if isinstance(v, ast.Constant)]
+    return [(line, text) for line, text in found if isinstance(text, str)]
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each candor module → the candor modules it imports (a name in a package counts as its ``__init__``)."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    graph = {}
+    for name, path in paths.items():
+        targets = {imported if imported in paths else imported.rpartition(".")[0]
+                   for _, imported in imported_modules(path, root)}  # fmt: skip
+        graph[name] = {target for target in targets if target in paths and target != name}
+    return graph
+
+
+def import_circles(root: Path = PACKAGE) -> list[list[str]]:
+    """Every import circle (a strongly connected set of two or more modules), each sorted."""
+    graph = import_graph(root)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in order:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], order[other])
+        if low[node] == order[node]:
+            members = []
+            while not members or members[-1] != node:
+                members.append(stack.pop())
+            if len(members) > 1:
+                circles.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in order:
+            visit(node)
+    return sorted(circles)
 
 
 def upward_imports(root: Path = PACKAGE) -> list[str]:
@@ -69,6 +143,8 @@ def upward_imports(root: Path = PACKAGE) -> list[str]:
         own = stage_of(module_name(path, root))
         for line, name in imported_modules(path, root):
             other = stage_of(name)
+            if other not in rank:  # ``from candor import x``: x is a name of the front door or a stage
+                continue
             if rank[other] > rank[own]:
                 bad.append(f"{path.relative_to(root)}:{line}: {own} imports {other} ({name})")
     return bad
@@ -76,8 +152,8 @@ def upward_imports(root: Path = PACKAGE) -> list[str]:
 
 def test_every_stage_is_in_the_order_and_the_root_holds_only_the_front_door():
     stages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert stages == set(ORDER) - {"front door"}
-    assert {p.stem for p in PACKAGE.glob("*.py")} == FRONT_DOOR
+    assert stages == set(ORDER) - {"front door"} | {"cli"}
+    assert {p.stem for p in PACKAGE.glob("*.py")} == FRONT_DOOR - {"cli"}
 
 
 def test_no_module_imports_from_a_later_stage():
@@ -93,13 +169,77 @@ def test_an_upward_import_is_caught_with_its_file_and_line(tmp_path):
         "from candor.util.errors import CandorError\n\ndef f():\n    from candor.serve import app\n"
     )
     (root / "serve" / "fine.py").write_text("from ..estimators import leak\nimport candor.util.files\n")
-    assert upward_imports(root) == ["estimators/leak.py:4: estimators imports serve (candor.serve)"]
+    assert upward_imports(root) == ["estimators/leak.py:4: estimators imports serve (candor.serve.app)"]
+
+
+def test_no_import_circle():
+    assert import_circles() == []
+
+
+def make_package(root: Path, files: dict[str, str]) -> Path:
+    """A throwaway ``candor`` tree: ``{"estimators/a.py": source}``, with the ``__init__.py`` files."""
+    for relative, source in files.items():
+        path = root / "candor" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in [path.parent, *path.parent.parents]:
+            if folder == root:
+                break
+            (folder / "__init__.py").touch()
+        path.write_text(source)
+    return root / "candor"
+
+
+def test_an_import_circle_inside_a_stage_is_caught_even_through_a_lazy_import(tmp_path):
+    files = {
+        "train/registry.py": "def methods():\n    from candor.train.elical.pipeline import run\n",
+        "train/elical/pipeline.py": "from candor.train.registry import methods\n",
+        "train/elical/config.py": "from candor.train.elical import pipeline\n",
+    }
+    root = make_package(tmp_path, files)
+    assert import_circles(root) == [["candor.train.elical.pipeline", "candor.train.registry"]]
+    (root / "train" / "elical" / "pipeline.py").write_text("X = 1\n")
+    assert import_circles(root) == []
+
+
+def test_an_import_circle_through_a_package_init_is_caught(tmp_path):
+    root = make_package(tmp_path, {"serve/model.py": "from candor.serve import app\n", "serve/app.py": "X = 1\n"})
+    (root / "serve" / "__init__.py").write_text("from .model import HonestModel\n")
+    assert import_circles(root) == []  # ``app`` is a module: model reads it, not the package's __init__
+    (root / "serve" / "model.py").write_text("from candor.serve import HonestModel\n")
+    assert import_circles(root) == [["candor.serve", "candor.serve.model"]]
+
+
+def test_a_module_name_in_a_string_that_climbs_is_caught(tmp_path):
+    files = {
+        "estimators/plugins.py": "import importlib\n\ndef load():\n"
+                                 "    return importlib.import_module('candor.serve.app')\n",
+        "util/lazy.py": "def lazy_exports(package, exports):\n    pass\n",
+        "data/__init__.py": "from candor.util.lazy import lazy_exports\n_EXPORTS = {'Thing': 'candor.train.thing'}\n"
+                            "__getattr__ = lazy_exports(__name__, _EXPORTS)\n",
+        "serve/app.py": "X = 1\n",
+        "train/thing.py": "Thing = 1\n",
+    }
+    root = make_package(tmp_path, files)
+    assert upward_imports(root) == [
+        "data/__init__.py:2: data imports train (candor.train.thing)",
+        "estimators/plugins.py:4: estimators imports serve (candor.serve.app)",
+    ]
+
+
+def test_a_relative_lazy_export_resolves_inside_its_package(tmp_path):
+    files = {
+        "train/elical/__init__.py": "from candor.util.lazy import lazy_exports\n"
+                                    "__getattr__ = lazy_exports(__name__, {'Config': '.config'})\n",
+        "train/elical/config.py": "from candor.train.elical import targets\n",  # a name of the package
+    }
+    root = make_package(tmp_path, files)
+    assert import_circles(root) == [["candor.train.elical", "candor.train.elical.config"]]
 
 
 @pytest.mark.parametrize(
     ("module", "stage"),
     [("candor", "front door"), ("candor.api", "front door"), ("candor.train.elical.model", "train"),
-     ("candor.util", "util")],
+     ("candor.util", "util"), ("candor.cli.serving", "front door")],
 )
 def test_stage_of(module, stage):
     assert stage_of(module) == stage

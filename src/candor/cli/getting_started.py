@@ -1,0 +1,64 @@
+"""The first-hour commands: ``demo`` (the whole pipeline on the embedded default) and ``datasets``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from candor.cli.common import invoked_command, print_rich, user_errors
+from candor.cli.options import (
+    DEFAULT_MODEL,
+    DataDirOpt,
+    ModelOpt,
+)
+from candor.util.errors import CandorError
+
+
+@user_errors
+def demo(
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Where records, confidences and report go.")] = Path(
+        "candor-out/demo"
+    ),
+    model: ModelOpt = DEFAULT_MODEL,
+    k: Annotated[int, typer.Option(help="Sampled answers per question.")] = 5,
+    limit: Annotated[int | None, typer.Option(help="Only the first N starter questions.")] = None,
+    estimators: Annotated[
+        str | None, typer.Option("--estimators", "-e", help="Comma-separated estimators (default: the demo set).")
+    ] = None,
+) -> None:
+    """The whole pipeline on the embedded default and the built-in starter set."""
+    from candor.demo import DEMO_ESTIMATORS, run_demo
+    from candor.evaluation.report import format_table_rich
+
+    names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else DEMO_ESTIMATORS
+    result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names, command=invoked_command())
+    print_rich(format_table_rich(result.report))
+    typer.echo(f"report: {result.report.files['index']}")
+    typer.echo(f"page: {result.report.files['html']}")
+    typer.echo(f"honest model: {result.honest} (serve it: candor serve --honest {result.honest})")
+
+
+@user_errors
+def datasets(
+    names: Annotated[list[str] | None, typer.Argument(help="With --download: only these datasets.")] = None,
+    data_dir: DataDirOpt = None,
+    download: Annotated[
+        bool, typer.Option("--download", help="Fetch the named datasets from their public sources into the data dir.")
+    ] = False,
+) -> None:
+    """List the named datasets and where they resolve; --download fetches them."""
+    from candor.data import describe_datasets
+    from candor.data.download import ANNOTATED_HONESTYBENCH, download_datasets
+
+    if names and not download:
+        raise CandorError(f"dataset names ({', '.join(names)}) are for --download; `candor datasets` lists them all")
+    if download:
+        for fetched in download_datasets(names or (), data_dir):
+            state = "already there" if fetched.already_there else "fetched"
+            typer.echo(f"{fetched.name}: {state}: {fetched.path}")
+        return
+    for line in describe_datasets(data_dir):
+        typer.echo(line)
+    typer.echo(f"Also: the {ANNOTATED_HONESTYBENCH}")

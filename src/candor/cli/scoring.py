@@ -1,0 +1,152 @@
+"""Commands from records to numbers: ``score`` (confidences), ``eval`` (the report), ``calibrate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from candor.cli.common import counted, invoked_command, print_rich, user_errors
+from candor.cli.options import (
+    DEFAULT_MODEL,
+    ModelOpt,
+)
+from candor.util.errors import CandorError
+
+
+@user_errors
+def score(
+    records: Annotated[
+        Path | None, typer.Option("--records", "-r", help="Records JSONL from `candor annotate` (required).")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Confidences JSONL (required; columns made exactly as this run would are "
+                                         "reused)."),
+    ] = None,
+    estimators: Annotated[
+        str, typer.Option("--estimators", "-e", help="Comma-separated estimator names, or 'list'.")
+    ] = "prob,n-prob,min-prob,consis-lex,consis-sem",
+    model: ModelOpt = DEFAULT_MODEL,
+    adapter: Annotated[
+        Path | None, typer.Option(help="PEFT adapter folder (e.g. from `candor train advice`) to load on --model.")
+    ] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--option", "-O", help="Estimator setting NAME.KEY=VALUE, e.g. elical.head=runs/elical."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option(help="Recompute methods already in --out; replace an --out about other records.")
+    ] = False,
+) -> None:
+    """Turn records into confidences with any registered estimators.
+
+    With --adapter the model-based estimators score with the fine-tuned model;
+    write its confidences to their own --out file so they stay apart from the
+    base model's.
+    """
+    from candor.annotation.records import read_records
+    from candor.estimators import ESTIMATORS, get_estimator
+    from candor.estimators.confidences import check_nothing_lost, score_into
+
+    if estimators == "list":
+        for name in ESTIMATORS.names():
+            typer.echo(name)
+        return
+    missing = [flag for flag, value in (("--records", records), ("--out", out)) if value is None]
+    if missing:
+        raise CandorError(f"candor score needs {' and '.join(missing)} (only `-e list` runs without them)")
+    assert records is not None and out is not None  # for the type checker: checked just above
+    names = [n.strip() for n in estimators.split(",") if n.strip()]
+    options = parse_estimator_options(option or [], names)
+    needs_model = any(get_estimator(n, **options.get(n, {})).needs_backend for n in names)
+    recs = read_records(records)
+    check_nothing_lost(out, recs, force)  # before the model loads
+    backend = None
+    if needs_model:
+        from candor.backends import load_backend
+
+        backend = load_backend(model, adapter=str(adapter) if adapter else None)
+    table = score_into(recs, names, out, backend, force=force, options=options)
+    typer.echo(f"wrote {counted(len(table.methods), 'method')} × {counted(len(table.rows), 'record')} to {out}")
+
+
+def parse_estimator_options(pairs: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
+    """``["elical.head=dir", "verbal-10.examples=f.jsonl"]`` → ``{"elical": {"head": "dir"}, …}``.
+
+    Values stay strings except integers and floats; an option for an
+    estimator that is not being run is an error, not silently ignored.
+    """
+    options: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        name, dot, field = key.rpartition(".")
+        if not sep or not dot or not name or not field:
+            raise CandorError(f"--option {pair!r}: expected NAME.KEY=VALUE, e.g. elical.head=runs/elical")
+        if name not in names:
+            raise CandorError(f"--option {pair!r}: estimator {name!r} is not among --estimators ({', '.join(names)})")
+        options.setdefault(name, {})[field] = _option_value(value)
+    return options
+
+
+def _option_value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+@user_errors
+def evaluate(
+    confidences: Annotated[Path, typer.Option("--confidences", "-c", help="Confidences JSONL.")],
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Report folder.")],
+    ood: Annotated[str, typer.Option(help="Comma-separated out-of-domain datasets (the rest are in-domain).")] = "",
+    n_bins: Annotated[int, typer.Option(help="ECE bins.")] = 10,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for 95% intervals (0: none).")] = 0,
+    metrics: Annotated[str, typer.Option(help="Comma-separated metrics (default: all the report's).")] = "",
+    records: Annotated[
+        Path | None,
+        typer.Option("--records", "-r", help="The records behind the confidences: report.html then shows each "
+                     "question, gold and answer, and the model, template and judges."),
+    ] = None,
+) -> None:
+    """Evaluate confidences: tables (Markdown, CSV, JSON), plots, and report.html (all of it on one offline page)."""
+    from candor.annotation.records import read_records
+    from candor.estimators.confidences import read_confidences
+    from candor.evaluation.report import REPORT_METRICS, format_table_rich, roles_from_ood, write_report
+
+    table = read_confidences(confidences)
+    roles = roles_from_ood(table, ood.split(","), str(confidences))
+    chosen = [m.strip() for m in metrics.split(",") if m.strip()] or list(REPORT_METRICS)
+    recs = read_records(records) if records is not None else None
+    if recs is not None and not {r.id for r in recs} & {row.id for row in table.rows}:
+        raise CandorError(f"--records {records}: no record id matches a row of {confidences}")
+    result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap, metrics=chosen,
+                          records=recs, command=invoked_command())
+    print_rich(format_table_rich(result))
+    typer.echo(f"report: {result.files['index']}")
+    typer.echo(f"page: {result.files['html']}")
+
+
+@user_errors
+def calibrate(
+    dev: Annotated[Path, typer.Option("--dev", help="Dev confidences JSONL with labels (fits the calibrator).")],
+    confidences: Annotated[Path, typer.Option("--confidences", "-c", help="Confidences JSONL to calibrate.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output confidences JSONL (input columns kept).")],
+    methods: Annotated[str, typer.Option("--methods", "-m", help="Comma-separated method columns.")],
+    calibrator: Annotated[str, typer.Option(help="platt, isotonic, temperature or histogram.")] = "isotonic",
+    save_dir: Annotated[Path | None, typer.Option(help="Also save each fitted calibrator as JSON here.")] = None,
+) -> None:
+    """Fit a calibrator per method on dev confidences and add calibrated columns (METHOD+CALIBRATOR)."""
+    from candor.estimators.confidences import read_confidences, write_confidences
+    from candor.evaluation.calibration import calibrate_tables, save_calibrators
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    result = calibrate_tables(read_confidences(dev), read_confidences(confidences), names, calibrator)
+    write_confidences(out, result.table)
+    if save_dir is not None:
+        save_calibrators(save_dir, result, dev)
+    typer.echo(f"wrote {', '.join(result.columns.values())} to {out}")

@@ -1,0 +1,132 @@
+"""Answering with a confidence: ``ask`` (one question), ``serve`` (the OpenAI-compatible service), ``serve-head``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from candor.cli.common import user_errors
+from candor.cli.options import (
+    HonestModelChoice,
+    MaxNewTokensOpt,
+    honest_model_options,
+)
+from candor.util.errors import CandorError
+from candor.util.version import install_hint
+
+
+@user_errors
+@honest_model_options
+def ask(
+    question: Annotated[str, typer.Argument(help="The question to answer.")],
+    choice: HonestModelChoice,
+    max_new_tokens: MaxNewTokensOpt = 32,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
+) -> None:
+    """Answer one question with a confidence, abstaining below the threshold."""
+    import json
+
+    from candor.serve.model import check_text
+
+    if not question.strip():
+        raise CandorError("the question is empty")  # refused as the server refuses it, before the model loads
+    check_text(question, "the question")
+    honest_model = choice.build(max_new_tokens=max_new_tokens)
+    result = honest_model.answer(question)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
+        return
+    typer.echo(f"{'(abstained)' if result.abstained else result.answer}")
+    typer.echo(f"confidence {result.confidence:.3f} ({result.method}{', calibrated' if result.calibrated else ''})"
+               f" - {result.reason}")  # fmt: skip
+
+
+@user_errors
+@honest_model_options
+def serve(
+    choice: HonestModelChoice,
+    log_records: Annotated[
+        Path | None,
+        typer.Option("--log-records", help="Append every served answer to this JSONL file (candor records, with "
+                     "the confidence), to re-score, re-judge or calibrate on later."),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    model_id: Annotated[str, typer.Option(help="The model name clients send.")] = "candor",
+    api_key_env: Annotated[
+        str, typer.Option(help="Environment variable holding the API key; unset means no key is required.")
+    ] = "CANDOR_API_KEY",
+    refusal: Annotated[str, typer.Option(help="The text of an abstained answer.")] = "I don't know.",
+    queue_size: Annotated[int, typer.Option(help="Questions in flight (answering or waiting) before 503.")] = 64,
+    max_batch: Annotated[int, typer.Option(help="Questions decoded together (1 turns batching off).")] = 16,
+    batch_wait_ms: Annotated[
+        float, typer.Option(help="How long a micro-batch waits to fill (backends without a live engine).")
+    ] = 5.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Default answer length cap in tokens.")] = 32,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option("--cors-origin", help="A browser origin allowed by CORS (repeatable); none: no CORS."),
+    ] = None,
+    log_prompts: Annotated[
+        bool, typer.Option("--log-prompts", help="Write each request's messages or prompt into the access log.")
+    ] = False,
+) -> None:
+    """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
+
+    Also /health, /ready, /metrics (Prometheus), an x-request-id on every response and one JSON
+    access-log line per request on stderr; SIGTERM finishes in-flight requests and exits 0.
+    """
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "prometheus_client")):
+        raise CandorError(f"candor serve needs fastapi, uvicorn and prometheus-client: {install_hint('serve')}")
+    from candor.serve.app import ServeSettings, create_app
+    from candor.serve.operations import check_cors_origins, send_access_log_to
+    from candor.serve.server import run
+
+    origins = tuple(cors_origin or ())
+    check_cors_origins(origins)  # before the model loads
+
+    key = os.environ.get(api_key_env) or None
+    if key is None:
+        logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
+    honest_model = choice.build(max_new_tokens=max_new_tokens, batch_size=max_batch)
+    if honest_model.threshold is None:
+        logging.getLogger("candor.serve").warning(
+            "no threshold: every question is answered and none abstains; pass --threshold or --honest DIR "
+            "(a tuned folder, such as the one `candor demo` leaves in OUT_DIR/honest)"
+        )
+    settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
+                             max_batch=max_batch, batch_wait_ms=batch_wait_ms, cors_origins=origins,
+                             log_prompts=log_prompts, log_records=log_records)  # fmt: skip
+    service = create_app(honest_model, settings)
+    send_access_log_to(sys.stderr)
+    run(service, host=host, port=port, on_signal=service.state.lifecycle.begin_draining)
+
+
+@user_errors
+def serve_head(
+    folder: Annotated[Path, typer.Argument(help="The folder `candor export HEAD --to seq-cls OUT` wrote.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8001,
+    name: Annotated[
+        str | None, typer.Option(help="The model name clients send (default: the folder, as vLLM names it).")
+    ] = None,
+) -> None:
+    """Serve an exported EliCal head on vLLM's classify API (POST /classify), for engines without one.
+
+    `candor serve --confidence-url http://HOST:PORT --head FOLDER` reads its confidence from here.
+    """
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn")):
+        raise CandorError(f"candor serve-head needs fastapi and uvicorn: {install_hint('serve')}")
+    from candor.serve.classify_server import load_classify_app
+    from candor.serve.server import run as run_server
+
+    run_server(load_classify_app(folder, name), host=host, port=port)
