@@ -1,4 +1,6 @@
-"""ADVICE and ConfTuner on HonestyBench-mini with the embedded default (DESIGN.md §4.5, §4.7).
+"""ADVICE and ConfTuner on HonestyBench-mini with the embedded default.
+
+See docs/methods.md "ADVICE and ConfTuner", "HonestyBench-mini".
 
 What it does, all cached and resumable at run granularity:
 

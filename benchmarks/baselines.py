@@ -1,4 +1,6 @@
-"""HonestyBench-mini baselines on the embedded default (DESIGN.md §4.2, §4.3, §4.7).
+"""HonestyBench-mini baselines on the embedded default.
+
+See docs/methods.md "Training-free estimators", "Verbalized answer-level confidence", "HonestyBench-mini".
 
 Annotates the mini in-domain and OOD test sets and the dev slice (k=5), then
 scores every training-free estimator and the five verbalized formats (Default)

@@ -1,4 +1,4 @@
-"""Is the embedded default's confidence grounded in its answer? (DESIGN.md §4.5 Diagnostics)
+"""Is the embedded default's confidence grounded in its answer? (docs/methods.md "ADVICE and ConfTuner" Diagnostics)
 
 Takes 100 in-domain questions from the cached HonestyBench-mini test records
 (benchmarks/cache/mini/test, written by baselines.py): 25 per dataset, drawn

@@ -1,4 +1,4 @@
-"""EliCal on HonestyBench-mini with the embedded default (DESIGN.md §4.4, §4.7).
+"""EliCal on HonestyBench-mini with the embedded default (docs/methods.md "EliCal", "HonestyBench-mini").
 
 Reuses the annotations and baseline confidences of benchmarks/baselines.py
 (benchmarks/cache/mini: train 4x450, dev 4x50 carved from the training pool,

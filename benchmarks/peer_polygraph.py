@@ -1,6 +1,6 @@
 """candor against lm-polygraph on one job, both measured in one invocation.
 
-The job (DESIGN.md's annotation defaults):
+The job (the annotation defaults, docs/methods.md "Generation and judging"):
 
 - the first 64 NQ questions of ``shared/data/honestybench/nq/test.jsonl``
   (a speed comparison only: nothing is tuned or evaluated on them);

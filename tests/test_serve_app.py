@@ -137,7 +137,8 @@ def test_sampled_choices_keep_the_protocol_confidence_and_say_so(server, honest)
     status, body = post(f"{server}/v1/chat/completions", chat(QUESTIONS[2], n=3, temperature=1.0))
     assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1, 2]
     direct = honest.answer(QUESTIONS[2])
-    for c in body["choices"]:  # the value is the greedy answer's, whatever the request's sampling (DESIGN §4.1)
+    # The value is the greedy answer's, whatever the request's sampling (docs/methods.md "Generation and judging").
+    for c in body["choices"]:
         assert c["confidence"]["value"] == pytest.approx(direct.confidence, rel=1e-5)
         assert c["confidence"]["abstained"] == direct.abstained
         assert c["confidence"]["abstained"] or c["confidence"]["scores_returned_text"] is False

@@ -1,4 +1,7 @@
-"""Verbalized answer-level confidence (DESIGN.md §4.3): formats, prompts, P(C | q, a) and μ."""
+"""Verbalized answer-level confidence: formats, prompts, P(C | q, a) and μ.
+
+See docs/methods.md "Verbalized answer-level confidence".
+"""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ class EliCal:
     """EliCal shaped like a scikit-learn estimator: ``EliCal(model).fit(records).predict(questions)``.
 
     ``fit`` trains a confidence head on annotated records (stage 1 on their
-    consistency rates, stage 2 on ``budget`` of their labels; DESIGN.md §4.4)
+    consistency rates, stage 2 on ``budget`` of their labels; docs/methods.md "EliCal")
     with early stopping on ``dev`` (default: a slice carved from ``records``).
     ``predict`` gives one confidence per question before any answer exists.
     ``settings`` are :class:`candor.train.elical.EliCalConfig` fields (``mode``, ``layer``, ...).

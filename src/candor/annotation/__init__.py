@@ -1,4 +1,6 @@
-"""Annotation: a model answers QA items, and judges say which answers are right (DESIGN.md §4.1).
+"""Annotation: a model answers QA items, and judges say which answers are right.
+
+See docs/methods.md "Generation and judging".
 
 - :mod:`~candor.annotation.builder`: the HonestyBench builder (batching, resume, shards, merge).
 - :mod:`~candor.annotation.workers`: ``annotate --workers``: shards in parallel processes on one CPU, merged.

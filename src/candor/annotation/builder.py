@@ -1,4 +1,4 @@
-"""The HonestyBench builder: QA items in, records JSONL out (DESIGN.md §4.1).
+"""The HonestyBench builder: QA items in, records JSONL out (docs/methods.md "Generation and judging").
 
 For every item: a greedy answer and ``k`` samples with token log-probs, the
 correctness of each (against the gold aliases) and the consistency of each

@@ -1,6 +1,6 @@
 """The contamination guard: which questions a trained head or adapter has seen, and refusing test questions.
 
-Two checks share one fingerprint (DESIGN.md §6.7):
+Two checks share one fingerprint (docs/architecture.md "Conventions"):
 
 - **Trainers refuse test questions.** ``candor train --test FILE`` and
   ``candor sweep --test FILE`` name the files the trained head or adapter will

@@ -1,6 +1,6 @@
 """Judges: does a response match a gold alias, and do two responses agree?
 
-Two kinds, one registry each (DESIGN.md §4.1):
+Two kinds, one registry each (docs/methods.md "Generation and judging"):
 
 - correctness judges (``CORRECTNESS_JUDGES``): ``contains`` (default),
   ``exact``, ``f1`` and ``llm``;

@@ -1,4 +1,6 @@
-"""QA prompts: the templates (DESIGN.md §4.1), in a registry, and the prompt each record was answered with.
+"""QA prompts: the templates, in a registry, and the prompt each record was answered with.
+
+See docs/methods.md "Generation and judging".
 
 A template turns a QA item into a prompt string for a backend and says where
 an answer stops. The template's name goes into every record's provenance.

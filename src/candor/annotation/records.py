@@ -25,7 +25,7 @@ from candor.util.jsonl import iter_json_lines, write_json_lines
 
 @dataclass
 class Record:
-    """One annotated QA item (DESIGN.md §1).
+    """One annotated QA item (docs/architecture.md "Vocabulary").
 
     ``consistency[i]`` says whether sample i is equivalent to the greedy answer;
     ``sample_correct[i]`` whether sample i is correct. ``provenance`` names the
@@ -195,7 +195,7 @@ def truncate_partial_last_line(path: Path) -> None:
 # ------------------------------------------------- HonestyBench interoperability
 #
 # The official repository's README documents one JSON object per line, with lists
-# because vLLM returns one entry per output (DESIGN.md §4.1):
+# because vLLM returns one entry per output (docs/methods.md "Generation and judging"):
 #   question: str, answer: [str],
 #   greedy_response: [str] (one string), greedy_correctness: 0|1,
 #   greedy_tokens: [[str]], greedy_cumulative_logprobs: [number] (the whole sequence's total),

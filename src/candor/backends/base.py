@@ -116,7 +116,7 @@ TokenHook = Callable[[int, int, int], bool]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Decoding settings for the sampled answers (DESIGN.md §4.1 defaults)."""
+    """Decoding settings for the sampled answers (docs/methods.md "Generation and judging" defaults)."""
 
     max_new_tokens: int = 32
     temperature: float = 1.0

@@ -1,6 +1,6 @@
 """The ``hf`` backend's ``score_candidates``: a closed set of continuations after many prompts, sharing prefixes.
 
-Verbalized confidence (DESIGN.md §4.3) and P(True) ask, for every prompt, how
+Verbalized confidence (docs/methods.md "Verbalized answer-level confidence") and P(True) ask, for every prompt, how
 likely each of a fixed set of short continuations is ("A".."E", "0%".."100%").
 Scoring each (prompt, candidate) pair with ``backend.score`` recomputes the
 prompt once per candidate. :func:`score_candidates` (what

@@ -102,7 +102,7 @@ def sweep(
 ) -> None:
     """EliCal's label-budget curve: Cal-Only and EliCal at each budget and seed (AUROC, ECE, Alignment).
 
-    With --select, the stage-2 rule selection by held-out domains instead (DESIGN.md §4.4).
+    With --select, the stage-2 rule selection by held-out domains instead (docs/methods.md "EliCal").
     """
     from candor.annotation.contamination import HeldOutQuestions
     from candor.annotation.records import read_records

@@ -8,7 +8,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class QAItem:
-    """One question with its gold answers (DESIGN.md §1).
+    """One question with its gold answers (docs/architecture.md "Vocabulary").
 
     ``answers`` holds gold aliases: a response is correct when it matches any.
     A multiple-choice item also has ``choices`` and ``answer_index``; its

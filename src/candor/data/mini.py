@@ -1,4 +1,4 @@
-"""HonestyBench-mini: the CPU-scale benchmark protocol (DESIGN.md §4.7).
+"""HonestyBench-mini: the CPU-scale benchmark protocol (docs/methods.md "HonestyBench-mini").
 
 - In-domain (NQ, HotpotQA, 2Wiki, ParaRel): each file is split by a hash of
   the question into train (80%) and test (20%). The test set is drawn from the

@@ -1,4 +1,4 @@
-"""Deterministic splits (DESIGN.md §4.7).
+"""Deterministic splits (docs/methods.md "HonestyBench-mini").
 
 A question's side (train or test) comes from a SHA-256 hash of its text, so it
 is the same on every machine, in every run and in every Python process

@@ -1,4 +1,6 @@
-"""Diagnostics: is a model's confidence grounded in its answer? (DESIGN.md §4.3, §4.5)
+"""Diagnostics: is a model's confidence grounded in its answer?
+
+See docs/methods.md "Verbalized answer-level confidence", "ADVICE and ConfTuner".
 
 One call runs every stage and writes the report::
 

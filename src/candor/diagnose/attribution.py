@@ -1,4 +1,4 @@
-"""Integrated gradients: which input tokens move the expected confidence μ? (DESIGN.md §4.5)
+"""Integrated gradients: which input tokens move the expected confidence μ? (docs/methods.md "ADVICE and ConfTuner")
 
 captum's :class:`~captum.attr.IntegratedGradients` runs on the input
 embeddings, toward μ = Σ_c P(c | q, a)·value(c) read at the confidence

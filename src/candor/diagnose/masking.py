@@ -1,4 +1,4 @@
-"""Answer masking: does confidence move when the answer is hidden? (DESIGN.md §4.5)
+"""Answer masking: does confidence move when the answer is hidden? (docs/methods.md "ADVICE and ConfTuner")
 
 The answer's tokens in the scoring prompt are replaced by as many pad tokens
 (the sequence keeps its length and every other token its position), and

@@ -1,4 +1,4 @@
-"""Attention rollout: where does the confidence position read from? (DESIGN.md §4.5)
+"""Attention rollout: where does the confidence position read from? (docs/methods.md "ADVICE and ConfTuner")
 
 Rollout (Abnar & Zuidema, 2020) treats each layer's head-averaged attention
 A_l, mixed with the residual connection as Â_l = ½·A_l + ½·I, as a

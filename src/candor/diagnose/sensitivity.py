@@ -1,4 +1,4 @@
-"""Answer sensitivity: does P(C | q, a) change when the answer changes? (DESIGN.md §4.5)
+"""Answer sensitivity: does P(C | q, a) change when the answer changes? (docs/methods.md "ADVICE and ConfTuner")
 
 For every question, P(C | q, a_i) is read for each candidate answer a_i
 (inference-time scoring, :func:`candor.verbal.formats.confidence_distribution`)

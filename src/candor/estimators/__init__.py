@@ -1,6 +1,6 @@
 """Confidence estimators by name, and running several of them into a confidences table or file.
 
-Training-free, question level (DESIGN.md §4.2): ``prob``, ``n-prob``,
+Training-free, question level (docs/methods.md "Training-free estimators"): ``prob``, ``n-prob``,
 ``min-prob``, ``consis-lex``, ``consis-sem``, ``verbal-0``, ``verbal-10``.
 Answer level: ``p-true``, ``verbal-{letter,number,text,float,percent}`` and
 their ``-prompting`` variants (§4.3, §4.5), ``self-consistency``.

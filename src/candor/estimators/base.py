@@ -1,4 +1,6 @@
-"""The estimator interface and its registry (DESIGN.md §1, §4.2).
+"""The estimator interface and its registry.
+
+See docs/architecture.md "Vocabulary"; docs/methods.md "Training-free estimators".
 
 An estimator turns records (and, for some, a model) into one confidence in
 [0, 1] per record. Every estimator is a small class registered by name::
@@ -61,7 +63,8 @@ class Estimator:
     level: Level = "question"
     # Sampled answers per record this estimator needs (0: none); a caller choosing k can check it up front.
     min_samples: ClassVar[int] = 0
-    # Sampled answers per record it reads (``record.samples``) when nobody says how many (DESIGN.md §4.7: k = 5);
+    # Sampled answers per record it reads (``record.samples``) when nobody says how many:
+    # k = 5, as in docs/methods.md "HonestyBench-mini".
     # 0 for an estimator that reads none.
     default_samples: ClassVar[int] = 0
     # Values slightly outside [0, 1] from float round-off are clipped; anything further is a bug.

@@ -27,7 +27,7 @@ recomputes) rather than a wrong one.
 **Columns get in** two ways. :func:`score_records` runs several estimators
 over records into a table in memory. :func:`score_into` adds columns to a
 file incrementally: re-scoring pre-generated records is the default workflow
-(DESIGN.md §6.2), so a column already in the file is kept only when what
+(docs/architecture.md "Conventions"), so a column already in the file is kept only when what
 produced it matches this run exactly (:func:`column_key`: estimator, options
 with path-valued ones hashed by content, model, adapter and weights for
 estimators that run a model, the records' content and the candor version);

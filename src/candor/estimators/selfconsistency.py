@@ -9,7 +9,7 @@ record's greedy answer is the fraction of them that agree with it.
   uses for this model (``candor.annotation.prompts.resolve_template``).
 - Agreement for multiple choice is the same option letter; for open QA it is
   the consistency judge (``lexical`` by default). An empty sample never agrees.
-- Sampling follows DESIGN.md §4.1 (temperature 1.0, top-p 0.95, top-k 50),
+- Sampling follows docs/methods.md "Generation and judging" (temperature 1.0, top-p 0.95, top-k 50),
   with one seed per record derived from ``seed`` and the record id, so a
   record's confidence does not depend on the batch it is scored in.
 """

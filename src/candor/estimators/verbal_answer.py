@@ -1,4 +1,6 @@
-"""Answer-level verbalized confidence estimators: one per format × variant (DESIGN.md §4.3, §4.5).
+"""Answer-level verbalized confidence estimators: one per format × variant.
+
+See docs/methods.md "Verbalized answer-level confidence", "ADVICE and ConfTuner".
 
 They score a given answer; the question-level ``verbal-0``/``verbal-10`` live
 in :mod:`candor.estimators.verbal_question`.

@@ -1,4 +1,4 @@
-"""Question-level verbal confidence: ``verbal-0`` and ``verbal-10`` (DESIGN.md §4.2).
+"""Question-level verbal confidence: ``verbal-0`` and ``verbal-10`` (docs/methods.md "Training-free estimators").
 
 Asked before any answer exists; the answer-level formats (``verbal-letter``
 and the rest) live in :mod:`candor.estimators.verbal_answer`.

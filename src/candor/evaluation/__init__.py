@@ -1,4 +1,4 @@
-"""Evaluation: how good a confidence is, with the numbers, tables and plots people read (DESIGN.md §4.6).
+"""Evaluation: how good a confidence is, with the numbers, tables and plots people read (docs/methods.md "Metrics").
 
 - :mod:`~candor.evaluation.metrics`: ECE, Brier, AUROC, NCE, Alignment and the selective metrics, with metadata.
 - :mod:`~candor.evaluation.engine`: the one evaluation engine (per dataset, groups, seeds, bootstrap intervals).

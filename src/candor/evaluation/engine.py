@@ -10,7 +10,7 @@ benchmarks) comes from :func:`evaluate`::
 A method is one confidence array per dataset, or a list of those, one per
 training seed; its value in a cell is the mean over seeds. A :class:`Group`
 averages its datasets either ``"weighted"`` (the per-dataset values weighted
-by test-set size, as the papers report and DESIGN.md §4.6 asks) or
+by test-set size, as the papers report and docs/methods.md "Metrics" asks) or
 ``"pooled"`` (the metric on all the group's rows at once), chosen explicitly.
 
 The bootstrap resamples each dataset's rows with replacement on its own (a

@@ -1,4 +1,4 @@
-"""Metrics of confidence against correctness (DESIGN.md §4.6).
+"""Metrics of confidence against correctness (docs/methods.md "Metrics").
 
 Every metric takes ``confidence`` (floats in [0, 1], higher = more confident)
 and ``correct`` (0/1) arrays of the same length and returns a float::

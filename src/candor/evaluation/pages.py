@@ -1,4 +1,4 @@
-"""``report.html``: the evaluation report as one self-contained page (DESIGN.md §4.6).
+"""``report.html``: the evaluation report as one self-contained page (docs/methods.md "Metrics").
 
 :func:`write_report_page` writes, beside the Markdown, CSV, JSON and PNG files
 of :func:`candor.evaluation.report.write_report`, one HTML file that opens

@@ -1,4 +1,4 @@
-"""The evaluation report: metric tables, reliability diagrams and an index (DESIGN.md §4.6).
+"""The evaluation report: metric tables, reliability diagrams and an index (docs/methods.md "Metrics").
 
 :func:`evaluate` turns a :class:`~candor.estimators.confidences.ConfidenceTable` into
 numbers: every metric for every method on every dataset, on all rows pooled

@@ -1,4 +1,6 @@
-"""Honest answering: a generator, a confidence, and a threshold to abstain below (DESIGN.md §2 ``serve/``).
+"""Honest answering: a generator, a confidence, and a threshold to abstain below.
+
+See docs/architecture.md "The stages" ``serve/``.
 
 - :mod:`~candor.serve.model`: :class:`HonestModel`, one folder via ``save_pretrained``;
 - :mod:`~candor.serve.confidence`: where the confidence comes from (EliCal head or any estimator);

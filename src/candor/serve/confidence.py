@@ -2,7 +2,7 @@
 
 Two kinds, in a registry so a saved model names its kind and reloads it:
 
-- ``head``: an EliCal confidence head (DESIGN.md §4.4). It reads the question
+- ``head``: an EliCal confidence head (docs/methods.md "EliCal"). It reads the question
   alone, so it decides *before* generating: a question it declines costs no
   generation at all.
 - ``estimator``: any estimator of :mod:`candor.estimators` (``n-prob``,

@@ -17,7 +17,7 @@ Each question is one flow (:meth:`HonestModel.answer_one`) over a
 its decode requests join the engine's running batch, and its scoring runs as
 one ``call`` in the engine thread holding this question alone.
 
-The confidence always follows the method's own protocol (DESIGN.md §4.1): the
+The confidence always follows the method's own protocol (docs/methods.md "Generation and judging"): the
 greedy answer up to the model's token cap, plus the source's samples at
 temperature 1, top-p 0.95, top-k 50, seeded by the question's text, so it
 never depends on a caller's sampling parameters nor on the requests decoded
@@ -97,7 +97,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Decoding:
-    """The answer the confidence is computed for: greedy, up to ``max_new_tokens`` (DESIGN.md §4.1).
+    """The answer the confidence is computed for: greedy, up to ``max_new_tokens``.
+
+    See docs/methods.md "Generation and judging".
 
     ``temperature``, ``top_p`` and ``top_k`` are kept for folders saved before
     :class:`Reply` existed; the confidence is always that of the greedy answer
@@ -113,7 +115,8 @@ class Decoding:
         return SamplingParams(self.max_new_tokens, self.temperature, self.top_p, self.top_k, tuple(stop))
 
 
-# The method's own samples (DESIGN.md §4.1): temperature 1, top-p 0.95, top-k 50, seeded per question.
+# The method's own samples: temperature 1, top-p 0.95, top-k 50, seeded per question.
+# (see docs/methods.md "Generation and judging")
 PROTOCOL_SAMPLES = SamplingParams()
 
 
@@ -450,7 +453,10 @@ class HonestModel:
         return can_read_alone(self.backend) and bool(getattr(self.source, "reads_token_logprobs", True))
 
     def _protocol_request(self, ask: Ask) -> DecodeRequest:
-        """The greedy answer and the source's samples, seeded by the question (DESIGN.md §4.1)."""
+        """The greedy answer and the source's samples, seeded by the question.
+
+        See docs/methods.md "Generation and judging".
+        """
         params = replace(PROTOCOL_SAMPLES, max_new_tokens=self.decoding.max_new_tokens, stop=self.template.stop)
         streamed = range(ask.reply.n) if self._returns_greedy(ask.reply) else range(0)
         return DecodeRequest(ask.prompted.prompt, self.source.samples, params, greedy=True,

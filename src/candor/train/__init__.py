@@ -1,7 +1,7 @@
 """Training confidence: EliCal, ADVICE, ConfTuner and the answer probe, behind ``candor train METHOD``.
 
 - :mod:`~candor.train.trainers`: what every trainer shares, and :data:`TRAINERS`, the table of methods.
-- :mod:`~candor.train.elical`: the question-level head (DESIGN.md §4.4).
+- :mod:`~candor.train.elical`: the question-level head (docs/methods.md "EliCal").
 - :mod:`~candor.train.advice`: answer-dependent verbalized confidence and ConfTuner (§4.5).
 - :mod:`~candor.train.probe`: the answer-level linear probe.
 

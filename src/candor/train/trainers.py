@@ -2,7 +2,7 @@
 
 The trainers themselves (EliCal, ADVICE, ConfTuner) are small
 ``transformers.Trainer`` subclasses that override ``compute_loss`` and nothing
-else (DESIGN.md §5, TRL style), so ``accelerate launch`` gives multi-GPU
+else (docs/architecture.md "Scale", TRL style), so ``accelerate launch`` gives multi-GPU
 training unchanged. This module holds what they have in common:
 
 - :func:`load_causal_lm`: the embedded default, a local directory or a cached

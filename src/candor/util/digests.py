@@ -1,7 +1,7 @@
 """Content hashes that key caches: weights on disk, weights in memory, canonical settings.
 
 A cache entry must change when anything that determines its value changes
-(DESIGN.md §6.7): the model's weights, an adapter's or head's weights, the
+(docs/architecture.md "Conventions"): the model's weights, an adapter's or head's weights, the
 options and the input. ``candor score`` and ``candor diagnose`` both key their
 caches with these helpers.
 

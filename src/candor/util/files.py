@@ -1,4 +1,4 @@
-"""Atomic file writes and keyed cache entries: the one way candor writes a file (DESIGN.md §6.2).
+"""Atomic file writes and keyed cache entries: the one way candor writes a file (docs/architecture.md "Conventions").
 
 Everything is written to a temporary file beside the target, flushed and
 fsynced, then renamed over the target, so a killed run leaves either the old

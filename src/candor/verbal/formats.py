@@ -1,4 +1,6 @@
-"""Verbalized answer-level confidence: the five formats of ADVICE and their prompt (DESIGN.md §4.3).
+"""Verbalized answer-level confidence: the five formats of ADVICE and their prompt.
+
+See docs/methods.md "Verbalized answer-level confidence".
 
 A format says how the model is asked to state its confidence ({SCORE} in the
 prompt), which values it may state, and what each value means on [0, 1]:

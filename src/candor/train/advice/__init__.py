@@ -1,4 +1,6 @@
-"""ADVICE and ConfTuner: training a model to state answer-dependent, calibrated confidence (DESIGN.md §4.5).
+"""ADVICE and ConfTuner: training a model to state answer-dependent, calibrated confidence.
+
+See docs/methods.md "ADVICE and ConfTuner".
 
 - :mod:`candor.train.advice.triplets`: (question, a_correct, a_wrong) from annotated records.
 - :mod:`candor.train.advice.losses`: L_LM, L_JSD, L_Margin, L_Sum and ConfTuner's tokenized Brier.

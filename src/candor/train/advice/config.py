@@ -1,4 +1,6 @@
-"""The settings of ADVICE, ConfTuner and ADVICE+ConfTuner: one config class per method (DESIGN.md §4.5).
+"""The settings of ADVICE, ConfTuner and ADVICE+ConfTuner: one config class per method.
+
+See docs/methods.md "ADVICE and ConfTuner".
 
 Beside :mod:`candor.train.advice.trainer` as TRL keeps ``dpo_config.py`` beside
 ``dpo_trainer.py``. :class:`AdviceConfig` holds ADVICE's paper settings;

@@ -1,4 +1,6 @@
-"""The loss terms of ADVICE and ConfTuner (DESIGN.md §4.5), on confidence distributions over a format's labels.
+"""The loss terms of ADVICE and ConfTuner, on confidence distributions over a format's labels.
+
+See docs/methods.md "ADVICE and ConfTuner".
 
 Every function takes log-probabilities ``[B, n]`` (rows summing to 1 in
 probability) and returns a ``[B]`` tensor per example; the trainers average

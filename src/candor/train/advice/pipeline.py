@@ -9,7 +9,7 @@
     backend = HFBackend.from_pretrained(config.model, adapter=str(result.path))
 
 The presets (:mod:`candor.train.advice.config`: :class:`AdviceConfig`,
-:class:`ConfTunerConfig`) are the papers' settings (DESIGN.md §4.5):
+:class:`ConfTunerConfig`) are the papers' settings (docs/methods.md "ADVICE and ConfTuner"):
 
 ============== =========================== ===================== ==========================
 method         losses                      LoRA                  optimizer

@@ -1,4 +1,6 @@
-"""The ADVICE and ConfTuner trainers: ``transformers.Trainer`` subclasses (DESIGN.md §4.5, §5).
+"""The ADVICE and ConfTuner trainers: ``transformers.Trainer`` subclasses.
+
+See docs/methods.md "ADVICE and ConfTuner"; docs/architecture.md "Scale".
 
 Each overrides ``compute_loss`` with its method's loss and nothing else, so
 ``accelerate launch`` runs them on many GPUs (DDP, FSDP, DeepSpeed) unchanged.

@@ -1,4 +1,6 @@
-"""ADVICE training triplets: (question, a_correct, a_wrong) from annotated records (DESIGN.md §4.5).
+"""ADVICE training triplets: (question, a_correct, a_wrong) from annotated records.
+
+See docs/methods.md "ADVICE and ConfTuner".
 
 - Only questions whose greedy answer is correct are used; ``a_correct`` is
   the model's own greedy answer (as an estimator shows it: the option letter

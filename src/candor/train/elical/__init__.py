@@ -1,4 +1,4 @@
-"""EliCal (Ni et al., 2025): question-level confidence elicited, then calibrated (DESIGN.md §4.4).
+"""EliCal (Ni et al., 2025): question-level confidence elicited, then calibrated (docs/methods.md "EliCal").
 
 A confidence head on a causal LM reads the QA prompt and predicts, before any
 answer exists, how likely the model is to answer correctly. Stage 1 (Eli)

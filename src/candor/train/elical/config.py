@@ -1,4 +1,4 @@
-"""EliCal's settings: :class:`EliCalConfig` and the paper's epoch rule (DESIGN.md §4.4).
+"""EliCal's settings: :class:`EliCalConfig` and the paper's epoch rule (docs/methods.md "EliCal").
 
 Beside :mod:`candor.train.elical.trainer` as TRL keeps ``dpo_config.py`` beside
 ``dpo_trainer.py``: what a run is asked to do, apart from how it runs. Each
@@ -24,7 +24,7 @@ from candor.train.elical.trainer import STOP_METRICS
 from candor.train.trainers import ALL_PROJECTIONS, check_settings
 from candor.util.errors import CandorError
 
-# The paper's epochs (DESIGN.md §4.4; the official training scripts): 10 for a stage that trains on the
+# The paper's epochs (docs/methods.md "EliCal"; the official training scripts): 10 for a stage that trains on the
 # full set (stage 1 always, stage 2 with budget "all"), else 50 when N ≤ 10k labels and 15 above.
 SMALL_N = 10_000
 EPOCHS_FULL, EPOCHS_SMALL, EPOCHS_LARGE = 10, 50, 15

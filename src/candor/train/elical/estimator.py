@@ -1,4 +1,4 @@
-"""``elical``: question-level confidence from a trained EliCal head (DESIGN.md §4.4).
+"""``elical``: question-level confidence from a trained EliCal head (docs/methods.md "EliCal").
 
 The head reads each record's QA prompt (the template it was trained with) and
 needs no answer, samples or backend: it loads its own backbone by the name it

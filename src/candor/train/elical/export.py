@@ -1,4 +1,6 @@
-"""An EliCal head as a standard transformers ``*ForSequenceClassification`` checkpoint (DESIGN.md §5, Serving).
+"""An EliCal head as a standard transformers ``*ForSequenceClassification`` checkpoint.
+
+See docs/architecture.md "Scale", Serving.
 
 A serving engine cannot host candor's head, but it can host a sequence
 classifier: vLLM's pooling runner (``--runner pooling``, the classify task)

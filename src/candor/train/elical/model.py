@@ -1,7 +1,7 @@
 """The EliCal confidence model: backbone (+ LoRA) → last prompt token → ``Linear(hidden, 1)`` → sigmoid.
 
 It reads the QA prompt alone and predicts, before any answer is generated,
-how likely the model is to answer correctly (DESIGN.md §4.4).
+how likely the model is to answer correctly (docs/methods.md "EliCal").
 
 - The last prompt token is gathered as the last position whose attention mask
   is 1, with position ids counted over real tokens only, so left and right

@@ -1,4 +1,4 @@
-"""Training EliCal: stage 1 (Eli), stage 2 (Cal), and the three methods built from them (DESIGN.md §4.4).
+"""Training EliCal: stage 1 (Eli), stage 2 (Cal), and the three methods built from them (docs/methods.md "EliCal").
 
 - ``eli-only``: stage 1 on the consistency rate of every training question.
 - ``cal-only``: stage 2 from scratch on N labelled questions.

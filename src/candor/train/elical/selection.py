@@ -1,4 +1,4 @@
-"""Choosing stage 2's rule by held-out domains: leave one domain out (DESIGN.md §4.4; issue 25).
+"""Choosing stage 2's rule by held-out domains: leave one domain out (docs/methods.md "EliCal"; issue 25).
 
 EliCal's claim is a head that generalizes to domains it never saw, so its
 stage-2 rule is chosen where that claim is tested: for each dataset of a

@@ -1,4 +1,6 @@
-"""Which records each run trains and stops on: label budgets and the dev slice (DESIGN.md §4.4, §4.7).
+"""Which records each run trains and stops on: label budgets and the dev slice.
+
+See docs/methods.md "EliCal", "HonestyBench-mini".
 
 - A budget N is drawn from the labelled pool by a seeded shuffle, so budgets
   of one seed are nested (the 100 labels are among the 250) and the same seed

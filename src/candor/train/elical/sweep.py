@@ -1,4 +1,4 @@
-"""The label-budget sweep: Cal-Only and EliCal at several budgets and seeds, and Eli-Only (DESIGN.md §4.4).
+"""The label-budget sweep: Cal-Only and EliCal at several budgets and seeds, and Eli-Only (docs/methods.md "EliCal").
 
 For each seed, stage 1 (Eli-Only) trains once on the whole pool; then, for
 each budget N, Cal-Only trains stage 2 from scratch on N labels and EliCal

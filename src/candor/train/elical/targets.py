@@ -1,4 +1,4 @@
-"""Training targets of the two EliCal stages, with the checks that make bad input fail early (DESIGN.md §4.4).
+"""Training targets of the two EliCal stages, with the checks that make bad input fail early (docs/methods.md "EliCal").
 
 - Stage 1 (Eli): the consistency rate, the mean consistency verdict of the k
   samples; no gold labels needed.

@@ -1,4 +1,6 @@
-"""The EliCal Trainer: MSE between predicted confidence and soft targets (DESIGN.md §4.4, §5).
+"""The EliCal Trainer: MSE between predicted confidence and soft targets.
+
+See docs/methods.md "EliCal"; docs/architecture.md "Scale".
 
 :class:`EliCalTrainer` is a ``transformers.Trainer`` whose ``compute_loss``
 holds the method's loss and nothing else, so ``accelerate launch`` gives

@@ -1,0 +1,74 @@
+"""The docs in the repository: the pages exist, the README links them, and what cites them resolves.
+
+Source comments cite a page and a section (``docs/methods.md "EliCal"``); a renamed section or a
+moved module would leave a reference to nothing, so both are checked here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = ("architecture.md", "methods.md", "engine.md")
+CITATION = re.compile(r'docs/([a-z_]+\.md)((?: "[^"]+",?)+)')
+
+
+def headings(page: Path) -> set[str]:
+    return {line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("#")}
+
+
+def source_files() -> list[Path]:
+    return [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+            ROOT / "benchmarks" / "README.md"]  # fmt: skip
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_each_page_exists_and_the_readme_links_the_architecture(page):
+    assert (DOCS / page).is_file()
+    assert "docs/architecture.md" in (ROOT / "README.md").read_text()
+
+
+def test_no_source_cites_a_file_outside_the_repository():
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in (ROOT / "src").rglob("*.py")
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if "DESIGN.md" in line or "../shared" in line]  # fmt: skip
+    assert offenders == []
+
+
+def test_every_citation_names_a_page_and_sections_that_exist():
+    cited = 0
+    for path in source_files():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for match in CITATION.finditer(line):
+                page = DOCS / match.group(1)
+                assert page.is_file(), f"{path}:{n}: no page {page.name}"
+                for title in re.findall(r'"([^"]+)"', match.group(2)):
+                    assert title in headings(page), f"{path}:{n}: {page.name} has no section {title!r}"
+                    cited += 1
+    assert cited > 40  # the sources do cite the pages
+
+
+def test_a_citation_of_a_missing_section_is_caught():
+    line = 'See docs/methods.md "EliCal", "No such section".'
+    titles = re.findall(r'"([^"]+)"', CITATION.search(line).group(2))
+    assert [t in headings(DOCS / "methods.md") for t in titles] == [True, False]
+
+
+def test_every_module_the_docs_name_exists():
+    named = {name for page in PAGES for name in re.findall(r"`(candor(?:\.[a-z_]+)+)", (DOCS / page).read_text())}
+    assert named
+    missing = []
+    for name in sorted(named):
+        parts = name.split(".")
+        # ``candor.a.b.Name``: the longest prefix that is a module or package must leave at most one name.
+        for cut in range(len(parts), 0, -1):
+            base = ROOT / "src" / Path(*parts[:cut])
+            if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+                break
+        if len(parts) - cut > 1 or cut == 1 and len(parts) > 2:
+            missing.append(name)
+    assert missing == []
