@@ -28,7 +28,8 @@ from candor.data import load_items
 from candor.estimators import ESTIMATORS
 from candor.estimators.confidences import ConfidenceTable, score_into
 from candor.evaluation.report import ReportResult, write_report
-from candor.serve.model import Decoding, HonestModel
+from candor.serve.answering import Decoding
+from candor.serve.model import HonestModel
 
 logger = logging.getLogger(__name__)
 

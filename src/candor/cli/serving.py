@@ -31,7 +31,7 @@ def ask(
     """Answer one question with a confidence, abstaining below the threshold."""
     import json
 
-    from candor.serve.model import check_text
+    from candor.serve.answering import check_text
 
     if not question.strip():
         raise CandorError("the question is empty")  # refused as the server refuses it, before the model loads

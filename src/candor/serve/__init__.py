@@ -1,8 +1,10 @@
 """Honest answering: a generator, a confidence, and a threshold to abstain below.
 
-See docs/architecture.md "The stages" ``serve/``.
+See docs/architecture.md "The stages".
 
 - :mod:`~candor.serve.model`: :class:`HonestModel`, one folder via ``save_pretrained``;
+- :mod:`~candor.serve.answering`: what one question's answering passes around (the ask, the reply
+  settings, the listener, the answer);
 - :mod:`~candor.serve.confidence`: where the confidence comes from (EliCal head or any estimator);
 - :mod:`~candor.serve.thresholds`: choosing the abstention threshold on dev (accuracy, coverage, risk control);
 - :mod:`~candor.serve.batching`: the engine a question runs on (live decode loop, or micro-batches of ``generate``);
@@ -12,7 +14,8 @@ See docs/architecture.md "The stages" ``serve/``.
 The last stage: it may import every other one (util through diagnose).
 """
 
-from candor.serve.model import Decoding, HonestAnswer, HonestModel
+from candor.serve.answering import Decoding, HonestAnswer
+from candor.serve.model import HonestModel
 from candor.serve.thresholds import Threshold
 
 __all__ = ["Decoding", "HonestAnswer", "HonestModel", "Threshold"]

@@ -49,18 +49,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 from candor.backends.base import LiveEngine
+from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer, Reply, check_text
 from candor.serve.batching import Admission, QueueFull
 from candor.serve.metrics import ServeMetrics
-from candor.serve.model import (
-    DEFAULT_REFUSAL,
-    Ask,
-    Cancelled,
-    ContextLengthExceeded,
-    HonestAnswer,
-    HonestModel,
-    Reply,
-    check_text,
-)
+from candor.serve.model import DEFAULT_REFUSAL, HonestModel
 from candor.serve.operations import Lifecycle, install_operations
 from candor.serve.playground import playground_html
 from candor.serve.record_log import RecordLog

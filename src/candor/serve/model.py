@@ -41,16 +41,14 @@ the number of dev questions it was fitted on.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import secrets
 import shutil
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -65,13 +63,27 @@ from candor.backends.base import (
     Generations,
     LiveEngine,
     PrefillHook,
-    RequestTokenHook,
     SamplingParams,
     backend_capabilities,
 )
 from candor.backends.shared_prefix import SharedPrefix
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
 from candor.serve import thresholds as th
+from candor.serve.answering import (
+    PROTOCOL_SAMPLES,
+    Ask,
+    Cancelled,
+    ContextLengthExceeded,
+    Decoding,
+    HonestAnswer,
+    Outcome,
+    Prompted,
+    Reply,
+    Scored,
+    check_text,
+    question_seed,
+    reply_seed,
+)
 from candor.serve.batching import open_engine
 from candor.serve.confidence import (
     ConfidenceSource,
@@ -95,154 +107,6 @@ DEFAULT_REFUSAL = "I don't know."
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Decoding:
-    """The answer the confidence is computed for: greedy, up to ``max_new_tokens``.
-
-    See docs/methods.md "Generation and judging".
-
-    ``temperature``, ``top_p`` and ``top_k`` are kept for folders saved before
-    :class:`Reply` existed; the confidence is always that of the greedy answer
-    plus the source's samples at :data:`PROTOCOL_SAMPLES`.
-    """
-
-    max_new_tokens: int = 32
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-    def params(self, stop: Sequence[str] = ()) -> SamplingParams:
-        return SamplingParams(self.max_new_tokens, self.temperature, self.top_p, self.top_k, tuple(stop))
-
-
-# The method's own samples: temperature 1, top-p 0.95, top-k 50, seeded per question.
-# (see docs/methods.md "Generation and judging")
-PROTOCOL_SAMPLES = SamplingParams()
-
-
-class ContextLengthExceeded(CandorError):
-    """The templated prompt plus the answer would not fit in the model's context."""
-
-
-@dataclass(frozen=True)
-class Prompted:
-    """A question rendered with the model's QA template, checked (and counted) before any work."""
-
-    question: str
-    prompt: str
-    prompt_tokens: int | None = None  # the template's tokens; None when the backend has no tokenizer
-
-
-@dataclass(frozen=True)
-class Reply:
-    """How the returned text is decoded (a request's parameters); the confidence never depends on it.
-
-    The default (greedy, the model's token cap, no extra stop strings) returns
-    the very answer the confidence was computed for. ``seed`` seeds sampled
-    replies; None draws fresh ones.
-    """
-
-    n: int = 1
-    max_new_tokens: int | None = None  # None: the model's own cap
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-
-
-class Listener(Protocol):
-    """What a caller hears while its question is answered (in the engine thread): streaming and cancellation."""
-
-    def alive(self) -> bool:
-        """False once nobody waits for the answer: its generation stops."""
-        ...
-
-    def decided(self, answer: HonestAnswer) -> None:
-        """A question-level source decided before generating (the first streamed chunk)."""
-        ...
-
-    def token(self, choice: int, token_id: int) -> None:
-        """Choice ``choice`` of the reply kept one more token."""
-        ...
-
-
-@dataclass
-class Ask:
-    """One question with its reply settings: the unit a serving flow answers."""
-
-    prompted: Prompted
-    reply: Reply = field(default_factory=Reply)
-    listener: Listener | None = None
-
-    def alive(self) -> bool:
-        return self.listener is None or self.listener.alive()
-
-    def check_alive(self) -> None:
-        """Raise :class:`Cancelled` once nobody waits for the answer."""
-        if not self.alive():
-            raise Cancelled()
-
-    def decided(self, answer: HonestAnswer) -> None:
-        if self.listener is not None:
-            self.listener.decided(answer)
-
-    def token_hook(self, choices: Callable[[int], Sequence[int]]) -> RequestTokenHook | None:
-        """An engine token hook streaming a row to the ``choices(sample)`` it feeds; it ends rows nobody waits for."""
-        listener = self.listener
-        if listener is None:
-            return None
-
-        def on_token(sample: int, token: int) -> bool:
-            for choice in choices(sample):
-                listener.token(choice, token)
-            return listener.alive()
-
-        return on_token
-
-
-class Cancelled(Exception):
-    """Nobody waits for the answer any more (a client left); its work was stopped."""
-
-
-@dataclass
-class Scored:
-    """A question's confidence, the record scored (answer-level sources), or its whole abstention."""
-
-    confidence: float
-    record: Record | None = None
-    abstained: list[HonestAnswer] | None = None
-    prompt_tokens: int | None = None  # the protocol prompt's tokens, when it was generated
-
-
-@dataclass
-class HonestAnswer:
-    """One answer with its confidence; ``answer`` is None when the model abstained.
-
-    ``scores_returned_text`` is False when the returned text is not the answer
-    the confidence was computed for (a reply decoded with other parameters).
-    """
-
-    answer: str | None
-    confidence: float
-    abstained: bool
-    reason: str
-    method: str
-    calibrated: bool = False
-    threshold: float | None = None
-    finish_reason: str = "stop"  # "stop", "length" or "abstained"
-    completion_tokens: int = 0
-    scores_returned_text: bool = True
-    withheld: str | None = field(default=None, repr=False)  # an answer-level source's answer it declined
-    completion: Completion | None = field(default=None, repr=False, compare=False)  # the returned text's tokens
-    prompt_tokens: int = field(default=0, repr=False, compare=False)
-    record: Record | None = field(default=None, repr=False, compare=False)  # what was scored, with provenance
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
-        return out
-
-
-Outcome = list[HonestAnswer] | Exception
 
 
 class HonestModel:
@@ -675,27 +539,6 @@ class HonestModel:
                     backend_name=gen.get("backend", "hf"))  # fmt: skip
         model._calibrated_on = int(cal.get("fitted_on", 0)) if cal else 0
         return model
-
-
-def question_seed(question: str) -> int:
-    """A seed from the question's text, so its samples never depend on the batch it shares."""
-    return int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "little") >> 1
-
-
-def reply_seed(ask: Ask) -> int:
-    """A sampled reply's seed: the request's (mixed with the question), else a fresh one."""
-    if ask.reply.seed is None:
-        return secrets.randbits(31)
-    digest = hashlib.sha256(f"{ask.reply.seed}\0{ask.prompted.question}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") >> 1
-
-
-def check_text(text: str, what: str) -> None:
-    """Refuse text that is not valid Unicode (a lone surrogate from JSON ``\\ud800``) before a tokenizer sees it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise CandorError(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
 
 
 async def done(future: Future[T]) -> T:

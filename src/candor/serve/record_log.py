@@ -18,8 +18,8 @@ from typing import Any
 
 from candor.annotation.records import Record
 from candor.backends.base import Completion
+from candor.serve.answering import Ask, HonestAnswer
 from candor.serve.confidence import served_item
-from candor.serve.model import Ask, HonestAnswer
 
 
 class RecordLog:

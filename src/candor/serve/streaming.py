@@ -1,7 +1,7 @@
 """Streamed answers: OpenAI chunks as server-sent events, fed by the engine thread.
 
 A :class:`RequestListener` is what a request's questions report to while the
-engine thread answers them (:class:`candor.serve.model.Listener`): the head's
+engine thread answers them (:class:`candor.serve.answering.Listener`): the head's
 decision, each kept token, and whether anybody still waits. The event loop
 reads its queue; :class:`TextDelta` turns token ids into text deltas that never
 show a stop string or whitespace the final answer strips.
@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from candor.serve.model import HonestAnswer
+from candor.serve.answering import HonestAnswer
 
 DONE = "data: [DONE]\n\n"
 
