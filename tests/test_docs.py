@@ -22,8 +22,10 @@ def headings(page: Path) -> set[str]:
 
 
 def source_files() -> list[Path]:
-    return [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
-            ROOT / "benchmarks" / "README.md"]  # fmt: skip
+    """Every file that may cite the docs (this test file's own example of a bad citation left out)."""
+    files = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+             ROOT / "benchmarks" / "README.md"]  # fmt: skip
+    return [path for path in files if path.resolve() != Path(__file__).resolve()]
 
 
 @pytest.mark.parametrize("page", PAGES)
