@@ -33,7 +33,7 @@ from candor.backends.base import DecodeRequest, Generations, SamplingParams
 from candor.backends.hf import HFBackend
 from candor.data import load_items
 from candor.serve import HonestModel
-from candor.serve.confidence import question_item
+from candor.serve.confidence_sources import question_item
 from candor.serve.model import question_seed
 
 ARMS = ("prefix_off", "prefix_on")

@@ -14,7 +14,7 @@ import logging
 import math
 from pathlib import Path
 
-from candor.serve.confidence import ConfidenceSource, EstimatorSource, HeadSource
+from candor.serve.confidence_sources import ConfidenceSource, EstimatorSource, HeadSource
 from candor.serve.model import Decoding, HonestModel
 from candor.serve.thresholds import Threshold
 from candor.util.errors import CandorError

@@ -73,7 +73,7 @@ from candor.backends.shared_prefix import SharedPrefix
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
 from candor.serve import thresholds as th
 from candor.serve.batching import open_engine
-from candor.serve.confidence import (
+from candor.serve.confidence_sources import (
     ConfidenceSource,
     PrefillReader,
     answer_records,

@@ -18,7 +18,7 @@ from typing import Any
 
 from candor.annotation.records import Record
 from candor.backends.base import Completion
-from candor.serve.confidence import served_item
+from candor.serve.confidence_sources import served_item
 from candor.serve.model import Ask, HonestAnswer
 
 
