@@ -40,7 +40,8 @@ from candor.backends.base import SamplingParams
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators import get_estimator
 from candor.estimators.confidences import ConfidenceTable, score_into
-from candor.evaluation.report import evaluate, write_report
+from candor.evaluation.report import write_report
+from candor.evaluation.summary import evaluate
 
 METHODS = (
     "prob",

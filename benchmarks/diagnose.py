@@ -32,7 +32,7 @@ from common import CACHE, RESULTS, logger, setup_logging, write_json
 from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN
 from candor.diagnose import DiagnoseConfig, build_candidates, run_diagnosis
-from candor.util.cost import ResourceMeter
+from candor.util.resource_meter import ResourceMeter
 
 
 def parse_args() -> argparse.Namespace:

@@ -34,7 +34,7 @@ from candor.backends.hf import HFBackend
 from candor.data import load_items
 from candor.serve import HonestModel
 from candor.serve.answering import question_seed
-from candor.serve.confidence import question_item
+from candor.serve.confidence_sources import question_item
 
 ARMS = ("prefix_off", "prefix_on")
 

@@ -42,8 +42,8 @@ SCRATCH = Path(os.environ.get("CANDOR_MUTATION_DIR", "/tmp/candor-mutation"))
 # module key -> (source file, the test files that cover it)
 MODULES: dict[str, tuple[str, list[str]]] = {
     "metrics": ("src/candor/evaluation/metrics.py", ["tests/test_metrics.py", "tests/test_selective_metrics.py",
-                                                     "tests/test_evaluation.py"]),
-    "evaluation": ("src/candor/evaluation/engine.py", ["tests/test_evaluation.py", "tests/test_report.py"]),
+                                                     "tests/test_evaluation_engine.py"]),
+    "evaluation": ("src/candor/evaluation/engine.py", ["tests/test_evaluation_engine.py", "tests/test_report.py"]),
     "annotate": ("src/candor/annotation/builder.py", ["tests/test_annotate.py", "tests/test_annotate_judge.py"]),
     "judges": ("src/candor/annotation/judges.py", ["tests/test_judges.py"]),
     "records": ("src/candor/annotation/records.py", ["tests/test_records.py", "tests/test_annotate.py"]),
@@ -51,13 +51,14 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # "scoring" and "confidences" were two modules when results/mutation.json was written; the
     # layout of issue 22 made them one, tested here once under the older results' second key.
     "confidences": ("src/candor/estimators/confidences.py", [
-        "tests/test_scoring_and_demo.py", "tests/test_calibration_cli.py",
+        "tests/test_estimators_confidences.py", "tests/test_calibration_cli.py",
         "tests/test_elical_model.py::test_score_with_another_head_in_the_same_folder_recomputes_and_warns_of_overlap",
     ]),
     "calibrators": ("src/candor/evaluation/calibration.py",
-                    ["tests/test_calibrators.py", "tests/test_calibration_cli.py"]),
+                    ["tests/test_calibration.py", "tests/test_calibration_cli.py"]),
     "estimators-logprob": ("src/candor/estimators/logprob.py", ["tests/test_estimators_logprob.py"]),
-    "estimators-consistency": ("src/candor/estimators/consistency.py", ["tests/test_estimators_consistency.py"]),
+    "estimators-consistency": ("src/candor/estimators/annotated_consistency.py",
+                               ["tests/test_estimators_annotated_consistency.py"]),
     "elical-targets": ("src/candor/train/elical/targets.py", ["tests/test_elical_train.py"]),
     "elical-trainer": ("src/candor/train/elical/trainer.py", ["tests/test_elical_train.py"]),
     "advice-losses": ("src/candor/train/advice/losses.py", ["tests/test_advice_losses.py"]),

@@ -44,7 +44,7 @@ from candor.estimators import get_estimator
 from candor.evaluation.metrics import auroc
 from candor.serve import Decoding, HonestModel
 from candor.serve import thresholds as th
-from candor.serve.confidence import HeadSource
+from candor.serve.confidence_sources import HeadSource
 
 CANDIDATES = ("prob", "n-prob", "min-prob", "consis-lex", "consis-sem")
 COVERAGES = tuple(round(0.1 * i, 1) for i in range(1, 11))

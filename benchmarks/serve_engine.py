@@ -195,7 +195,7 @@ def engine_prompts(questions: list[str], model_dir: str) -> tuple[dict[str, str]
 
     from candor.annotation.prompts import resolve_template
     from candor.backends.chat import TokenizerChat
-    from candor.serve.confidence import question_item
+    from candor.serve.confidence_sources import question_item
 
     template = resolve_template("auto", MODEL)
     chat = TokenizerChat(AutoTokenizer.from_pretrained(model_dir), MODEL)

@@ -142,7 +142,7 @@ def test_candor_serve_over_transformers_serve_reports_the_servers_usage(served, 
     """``HonestModel`` + ``create_app`` over the openai backend, with no local tokenizer anywhere."""
     pytest.importorskip("fastapi")
     from candor.serve import Decoding, HonestModel
-    from candor.serve.confidence import EstimatorSource
+    from candor.serve.confidence_sources import EstimatorSource
 
     backend = OpenAIBackend(str(smollm_dir), base_url=served, max_concurrency=2)
     model = HonestModel(backend, confidence=EstimatorSource("consis-lex", samples=2), template="fewshot",

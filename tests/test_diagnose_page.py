@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
-from candor.diagnose.report import write_diagnosis_report
+from candor.diagnose.config_and_results import DiagnoseConfig, ModelDiagnosis
+from candor.diagnose.diagnosis_report import write_diagnosis_report
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "diagnose"
 

@@ -13,8 +13,8 @@ from browser import (  # noqa: F401  (a fixture)
 )
 from pages_data import ROLES, page_records
 
-from candor.evaluation.pages import selective_stats
 from candor.evaluation.report import write_report
+from candor.evaluation.report_page import selective_stats
 
 
 def pct(x: float) -> str:
@@ -117,7 +117,7 @@ def test_report_table_sorts_and_method_picker_switches(watched, report_page):  #
 def diagnose_page(tmp_path_factory):
     from test_diagnose_page import committed_run
 
-    from candor.diagnose.report import write_diagnosis_report
+    from candor.diagnose.diagnosis_report import write_diagnosis_report
 
     doc, diagnoses, config = committed_run()
     files = write_diagnosis_report(diagnoses, tmp_path_factory.mktemp("diag"), config, doc["title"])

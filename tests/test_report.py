@@ -16,14 +16,8 @@ from rich.console import Console
 
 from candor.estimators.confidences import ConfidenceRow, ConfidenceTable
 from candor.evaluation.metrics import compute_metrics, ece
-from candor.evaluation.report import (
-    CI_METRICS,
-    REPORT_METRICS,
-    evaluate,
-    format_table_rich,
-    safe_filenames,
-    write_report,
-)
+from candor.evaluation.report import format_table_rich, safe_filenames, write_report
+from candor.evaluation.summary import CI_METRICS, REPORT_METRICS, evaluate
 from candor.util.errors import CandorError
 
 ROLES = {"a": "id", "b": "id", "c": "ood"}

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 from candor.annotation.records import write_records
 from candor.cli import app
 from candor.estimators.confidences import ConfidenceRow, ConfidenceTable, write_confidences
-from candor.evaluation.pages import page_data, selective_stats, write_report_page
-from candor.evaluation.report import PAGE_METRICS, evaluate, main_table, write_report
+from candor.evaluation.report import write_report
+from candor.evaluation.report_page import page_data, selective_stats, write_report_page
+from candor.evaluation.summary import PAGE_METRICS, evaluate, main_table
 from candor.util.pages import script_json
 
 

@@ -122,7 +122,7 @@ def test_serve_head_refuses_a_folder_that_is_not_an_export(exported, tmp_path):
 
 
 def test_the_classify_source_equals_the_heads_predict(exported, head_server):
-    from candor.serve.confidence import question_item
+    from candor.serve.confidence_sources import question_item
 
     head, out = exported
     source = ClassifySource(head_server + "/v1", out)  # a /v1 address is the same server

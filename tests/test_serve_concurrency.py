@@ -26,7 +26,7 @@ from candor.backends.base import TOKENIZER  # noqa: E402
 from candor.backends.hf import HFBackend  # noqa: E402
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
 from candor.serve.app import ServeSettings, create_app  # noqa: E402
-from candor.serve.confidence import question_item  # noqa: E402
+from candor.serve.confidence_sources import question_item  # noqa: E402
 from candor.serve.server import serve_in_thread  # noqa: E402
 from candor.util.errors import CandorError  # noqa: E402
 
@@ -277,7 +277,7 @@ def test_a_503_part_way_through_a_multi_prompt_request_computes_none_of_it(hones
 
 @pytest.fixture(scope="module")
 def head_model(tiny_model_dir, tmp_path_factory):
-    from candor.serve.confidence import HeadSource
+    from candor.serve.confidence_sources import HeadSource
     from candor.train.elical import ConfidenceHead, HeadConfig
     from candor.train.trainers import load_causal_lm
 

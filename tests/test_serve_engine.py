@@ -143,7 +143,7 @@ def test_a_short_request_finishes_while_a_long_one_is_still_decoding(tiny_model,
 def test_a_question_source_that_runs_elsewhere_never_holds_the_engine(tiny_model, tokenizer, tiny_model_dir, tmp_path):
     """A question-level source marked ``runs_in_engine = False`` (a remote classifier) scores in a worker thread."""
     from candor.serve import Decoding, HonestModel
-    from candor.serve.confidence import HeadSource
+    from candor.serve.confidence_sources import HeadSource
     from candor.train.elical import ConfidenceHead, HeadConfig
     from candor.train.trainers import load_causal_lm
 
@@ -172,7 +172,7 @@ def test_a_served_models_live_engine_runs_its_templates_prefix_once(tiny_model, 
     from candor.backends.hf import HFBackend
     from candor.backends.shared_prefix import SharedPrefix
     from candor.serve import HonestModel
-    from candor.serve.confidence import question_item
+    from candor.serve.confidence_sources import question_item
 
     backend = HFBackend(tiny_model, tokenizer, batch_size=4)
     model = HonestModel(backend, "n-prob", template=template)

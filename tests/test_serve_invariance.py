@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 from candor.backends.hf import HFBackend  # noqa: E402
 from candor.serve import Decoding, HonestModel  # noqa: E402
 from candor.serve.app import ServeSettings, create_app  # noqa: E402
-from candor.serve.confidence import EstimatorSource, HeadSource  # noqa: E402
+from candor.serve.confidence_sources import EstimatorSource, HeadSource  # noqa: E402
 from candor.serve.server import serve_in_thread  # noqa: E402
 
 QUESTIONS = [f"Which city hosted event number {i}?" + " Please." * (i % 3) for i in range(8)]
@@ -110,7 +110,7 @@ def test_reading_answers_alone_keeps_their_tokens_and_gives_the_generations_log_
     """The re-read log-probs are the generated ones up to float rounding, and the same bits every time."""
     from candor.backends.base import SamplingParams
     from candor.backends.shared_prefix import SharedPrefix
-    from candor.serve.confidence import question_item
+    from candor.serve.confidence_sources import question_item
     from candor.serve.rescoring import read_alone
 
     model = HonestModel(backend, "n-prob", template="fewshot")

@@ -13,7 +13,7 @@ from candor.backends.hf import HFBackend
 from candor.estimators import ESTIMATORS
 from candor.serve import Decoding, HonestModel, Threshold
 from candor.serve import thresholds as th
-from candor.serve.confidence import EstimatorSource, HeadSource
+from candor.serve.confidence_sources import EstimatorSource, HeadSource
 from candor.util.errors import CandorError
 
 QUESTIONS = [f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?" for i in range(8)]

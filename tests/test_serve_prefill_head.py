@@ -17,7 +17,7 @@ from serve_counting import CountingBackend
 from candor.backends.base import LIVE_DECODE
 from candor.backends.hf import HFBackend
 from candor.serve import Decoding, HonestModel, Threshold
-from candor.serve.confidence import HeadSource
+from candor.serve.confidence_sources import HeadSource
 
 QUESTIONS = [f"Who discovered element number {i}?" + " Exactly." * (i % 3) for i in range(8)]
 

@@ -13,7 +13,7 @@ from helpers import BlackBox
 from serve_counting import CountingBackend
 
 from candor.serve import Decoding, HonestModel
-from candor.serve.confidence import EstimatorSource
+from candor.serve.confidence_sources import EstimatorSource
 from candor.util.errors import CandorError
 
 QUESTIONS = [f"Which city hosted event number {i}?" + " Please." * (i % 3) for i in range(6)]

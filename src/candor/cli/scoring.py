@@ -116,7 +116,8 @@ def evaluate(
     """Evaluate confidences: tables (Markdown, CSV, JSON), plots, and report.html (all of it on one offline page)."""
     from candor.annotation.records import read_records
     from candor.estimators.confidences import read_confidences
-    from candor.evaluation.report import REPORT_METRICS, format_table_rich, roles_from_ood, write_report
+    from candor.evaluation.report import format_table_rich, write_report
+    from candor.evaluation.summary import REPORT_METRICS, roles_from_ood
 
     table = read_confidences(confidences)
     roles = roles_from_ood(table, ood.split(","), str(confidences))

@@ -9,12 +9,21 @@ The usual entry point is :func:`load_items`::
     items = load_items("hf:./saved_dataset:test")
 
 What lives here: :mod:`~candor.data.items`, :mod:`~candor.data.loaders`, the named sets
-(:mod:`~candor.data.registry`, :mod:`~candor.data.starter`), :mod:`~candor.data.splits`,
+(:mod:`~candor.data.datasets`, :mod:`~candor.data.starter`), :mod:`~candor.data.splits`,
 :mod:`~candor.data.judgeable` and the mini protocol (:mod:`~candor.data.mini`).
 
 May import: :mod:`candor.util`.
 """
 
+from candor.data.datasets import (
+    DATA_DIR_ENV,
+    DATASETS,
+    DatasetSpec,
+    dataset_names,
+    describe_datasets,
+    get_dataset,
+    resolve_data_dir,
+)
 from candor.data.items import OPTION_LETTERS, QAItem, QAItems
 from candor.data.judgeable import SkippedItems, UnjudgeableItem, judgeable_aliases
 from candor.data.loaders import (
@@ -29,15 +38,6 @@ from candor.data.loaders import (
     parse_row,
 )
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN, MiniBench, honestybench_mini
-from candor.data.registry import (
-    DATA_DIR_ENV,
-    DATASETS,
-    DatasetSpec,
-    dataset_names,
-    describe_datasets,
-    get_dataset,
-    resolve_data_dir,
-)
 from candor.data.splits import (
     dedupe_questions,
     hash_split,

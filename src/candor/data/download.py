@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from candor.data.datasets import DATA_DIR_ENV, DATASETS, DatasetSpec, dataset_names, default_data_dir
 from candor.data.loaders import load_items
-from candor.data.registry import DATA_DIR_ENV, DATASETS, DatasetSpec, dataset_names, default_data_dir
 from candor.util.errors import CandorError
 from candor.util.files import atomic_target
 from candor.util.registry import Registry
@@ -116,7 +116,7 @@ def download_datasets(
     sources: Mapping[str, str] | None = None,
 ) -> list[Fetched]:
     """Fetch ``names`` (default: every downloadable dataset) into ``data_dir`` (default: ``$CANDOR_DATA_DIR``, else
-    :func:`candor.data.registry.default_data_dir`), created if missing.
+    :func:`candor.data.datasets.default_data_dir`), created if missing.
 
     ``sources`` maps a source name to a base URL that replaces its default
     (and its environment variable). A file already in place is kept as it is.

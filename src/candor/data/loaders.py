@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from candor.data.datasets import DATASETS, get_dataset
 from candor.data.items import OPTION_LETTERS, QAItem, QAItems
 from candor.data.judgeable import SkippedItems, UnjudgeableItem, judgeable_aliases
-from candor.data.registry import DATASETS, get_dataset
 from candor.util.errors import CandorError, at_line
 from candor.util.jsonl import iter_json_lines
 from candor.util.registry import Registry
@@ -377,7 +377,7 @@ def load_named(
     limit: int | None = None,
     strict: bool = False,
 ) -> QAItems:
-    """Load a registered dataset (see :data:`candor.data.registry.DATASETS`)."""
+    """Load a registered dataset (see :data:`candor.data.datasets.DATASETS`)."""
     spec = get_dataset(name)
     fields = Fields(id=spec.id_field)
     return load_file(
@@ -403,7 +403,7 @@ def load_items(
 
     ``split`` picks the split of a Hugging Face dataset, and otherwise sets
     the items' ``split`` label. ``data_dir`` is where named benchmark files
-    live (see :func:`candor.data.registry.resolve_data_dir`). ``fields``
+    live (see :func:`candor.data.datasets.resolve_data_dir`). ``fields``
     renames the columns of a file or Hugging Face dataset. Items without a
     non-blank gold alias are skipped (counted in ``.skipped``); ``strict``
     refuses them with an error naming the file and line.

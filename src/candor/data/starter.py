@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from candor.data.datasets import get_dataset
 from candor.data.items import QAItem
 from candor.data.loaders import load_named
-from candor.data.registry import get_dataset
 
 STARTER = "starter"
 DIFFICULTIES = ("easy", "medium", "hard")

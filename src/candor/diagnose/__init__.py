@@ -18,15 +18,17 @@ The stages, one module each:
   template, question and answer tokens (``regions``);
 - ``attribution``: integrated gradients (captum) of μ on the input embeddings.
 
-``report`` writes Markdown, JSON and plots with the models side by side.
+``diagnosis_report`` writes Markdown, JSON and plots with the models side by side (and
+``diagnosis_page`` the HTML page); ``config_and_results`` holds the settings and each model's
+results; ``runner`` runs the stages, with a cache.
 
 May import every stage before it (util, data, backends, annotation, verbal, estimators,
 evaluation, train); nothing imports it but :mod:`candor.serve` and the front door.
 """
 
 from candor.diagnose.candidates import CandidateSet, build_candidates
-from candor.diagnose.diagnosis import STAGE_NAMES, DiagnoseConfig, ModelDiagnosis
-from candor.diagnose.report import write_diagnosis_report
+from candor.diagnose.config_and_results import STAGE_NAMES, DiagnoseConfig, ModelDiagnosis
+from candor.diagnose.diagnosis_report import write_diagnosis_report
 from candor.diagnose.runner import STAGES, DiagnosisReport, diagnose_model, run_diagnosis
 
 __all__ = [

@@ -25,16 +25,16 @@ from candor.annotation.records import Record
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.diagnose.attribution import AttributionResult, integrated_gradients
 from candor.diagnose.candidates import CandidateSet, build_candidates
-from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
+from candor.diagnose.config_and_results import DiagnoseConfig, ModelDiagnosis
+from candor.diagnose.diagnosis_report import write_diagnosis_report
 from candor.diagnose.masking import MaskingResult, masking_counterfactual
-from candor.diagnose.report import write_diagnosis_report
 from candor.diagnose.rollout import RolloutResult, rollout_masses
 from candor.diagnose.sensitivity import SensitivityResult, answer_sensitivity
-from candor.util.cost import ResourceMeter
 from candor.util.digests import backend_identity, path_digest
 from candor.util.errors import CandorError
 from candor.util.files import read_keyed_json, write_keyed_json
 from candor.util.registry import Registry
+from candor.util.resource_meter import ResourceMeter
 
 logger = logging.getLogger(__name__)
 

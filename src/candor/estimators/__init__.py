@@ -33,8 +33,8 @@ May import: :mod:`candor.util`, :mod:`candor.data`, :mod:`candor.backends`,
 from __future__ import annotations
 
 from candor.estimators import (  # noqa: F401
+    annotated_consistency,
     cocoa,
-    consistency,
     eigenscore,
     kernel_entropy,
     length,

@@ -5,7 +5,7 @@ See docs/architecture.md "The stages".
 - :mod:`~candor.serve.model`: :class:`HonestModel`, one folder via ``save_pretrained``;
 - :mod:`~candor.serve.answering`: what one question's answering passes around (the ask, the reply
   settings, the listener, the answer);
-- :mod:`~candor.serve.confidence`: where the confidence comes from (EliCal head or any estimator);
+- :mod:`~candor.serve.confidence_sources`: where the confidence comes from (EliCal head or any estimator);
 - :mod:`~candor.serve.thresholds`: choosing the abstention threshold on dev (accuracy, coverage, risk control);
 - :mod:`~candor.serve.batching`: the engine a question runs on (live decode loop, or micro-batches of ``generate``);
 - :mod:`~candor.serve.rescoring`: a question's answers re-read alone, so its confidence is its own;

@@ -9,7 +9,7 @@
   has ``finish_reason: "abstained"`` and the refusal text as its content.
 - ``GET /health`` (alive), ``GET /ready``, ``GET /metrics``, ``GET /v1/models``,
   ``GET /v1/models/{id}``; request ids, the access log, CORS and protocol-level
-  errors are :mod:`candor.serve.operations`, the metrics :mod:`candor.serve.metrics`.
+  errors are :mod:`candor.serve.operations`, the metrics :mod:`candor.serve.prometheus_metrics`.
 - ``GET /`` the playground page (:mod:`candor.serve.playground`).
 - Limits (body size, question length, ``n``, ``max_tokens``) answer 4xx in the
   OpenAI error shape; a full queue answers 503; with an API key set, a request
@@ -51,10 +51,10 @@ from pydantic import BaseModel, ValidationError
 from candor.backends.base import LiveEngine
 from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer, Reply, check_text
 from candor.serve.batching import Admission, QueueFull
-from candor.serve.metrics import ServeMetrics
 from candor.serve.model import DEFAULT_REFUSAL, HonestModel
 from candor.serve.operations import Lifecycle, install_operations
 from candor.serve.playground import playground_html
+from candor.serve.prometheus_metrics import ServeMetrics
 from candor.serve.record_log import RecordLog
 from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
 from candor.serve.streaming import DONE, RequestListener, TextDelta, sse

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from candor.serve.answering import Decoding
-from candor.serve.confidence import ConfidenceSource, EstimatorSource, HeadSource
+from candor.serve.confidence_sources import ConfidenceSource, EstimatorSource, HeadSource
 from candor.serve.model import HonestModel
 from candor.serve.thresholds import Threshold
 from candor.util.errors import CandorError

@@ -85,7 +85,7 @@ from candor.serve.answering import (
     reply_seed,
 )
 from candor.serve.batching import open_engine
-from candor.serve.confidence import (
+from candor.serve.confidence_sources import (
     ConfidenceSource,
     PrefillReader,
     answer_records,

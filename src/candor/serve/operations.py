@@ -13,7 +13,7 @@
 - a 503 carries ``Retry-After``; 404, 405 and validation errors answer in the
   OpenAI error shape (validation errors with 400, as OpenAI does);
 - ``GET /ready`` (200 once started, 503 before and while draining) and
-  ``GET /metrics`` (Prometheus text, :mod:`candor.serve.metrics`);
+  ``GET /metrics`` (Prometheus text, :mod:`candor.serve.prometheus_metrics`);
 - CORS only for the origins given (none: no CORS headers at all).
 """
 
@@ -36,7 +36,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from candor.serve.metrics import CONTENT_TYPE, RequestTally, ServeMetrics
+from candor.serve.prometheus_metrics import CONTENT_TYPE, RequestTally, ServeMetrics
 from candor.serve.schemas import error_body
 from candor.util.errors import CandorError
 

@@ -19,7 +19,7 @@ from typing import Any
 from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.serve.answering import Ask, HonestAnswer
-from candor.serve.confidence import served_item
+from candor.serve.confidence_sources import served_item
 
 
 class RecordLog:

@@ -21,7 +21,7 @@ artifact and returns its :class:`TrainResult`. Adding a method is one
 function and one decorator; the CLI never changes. The methods' packages are
 imported only when their entry runs, so reading this table stays cheap.
 
-What a run cost is measured by :mod:`candor.util.cost`.
+What a run cost is measured by :mod:`candor.util.resource_meter`.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from typing import Any
 from candor.annotation.contamination import HeldOutQuestions
 from candor.annotation.records import Record, read_records
 from candor.backends.default_model import DEFAULT_MODEL
-from candor.util.cost import ResourceMeter
 from candor.util.errors import CandorError
 from candor.util.files import atomic_write_text
 from candor.util.registry import Registry
+from candor.util.resource_meter import ResourceMeter
 
 logger = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ from candor.data.splits import seeded_shuffle
 from candor.train.advice.config import AdviceConfig
 from candor.train.advice.triplets import Triplet, TripletStats, build_triplets, write_triplets
 from candor.train.trainers import TrainResult
-from candor.util.cost import ResourceMeter
 from candor.util.errors import CandorError
+from candor.util.resource_meter import ResourceMeter
 
 logger = logging.getLogger(__name__)
 

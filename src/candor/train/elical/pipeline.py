@@ -81,9 +81,9 @@ from candor.train.elical.trainer import (
     prompt_examples,
 )
 from candor.train.trainers import TrainResult, training_arguments
-from candor.util.cost import ResourceMeter
 from candor.util.errors import CandorError
 from candor.util.files import atomic_write_text
+from candor.util.resource_meter import ResourceMeter
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@
       rollout.png          rollout mass from the confidence position per region
       attribution_<model>.html  one example's tokens shaded by IG attribution
       diagnose.html        all of it on one self-contained page, an IG view per candidate
-                           (:mod:`candor.diagnose.page`)
+                           (:mod:`candor.diagnose.diagnosis_page`)
 
 A plot whose stage did not run is left out, and so is its section.
 """
@@ -31,8 +31,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from candor.diagnose.attribution import AttributionExample
-from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
-from candor.diagnose.page import PAGE_FILE, write_diagnosis_page
+from candor.diagnose.config_and_results import DiagnoseConfig, ModelDiagnosis
+from candor.diagnose.diagnosis_page import PAGE_FILE, write_diagnosis_page
 from candor.diagnose.regions import REGIONS
 from candor.diagnose.sensitivity import JSD_THRESHOLD
 from candor.evaluation.plots import BAR_COLOR, CORRECT_COLOR, UNDER_COLOR, WRONG_COLOR, confidence_histograms, save_png

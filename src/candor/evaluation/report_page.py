@@ -43,7 +43,7 @@ from candor.util.pages import asset, esc, render_page
 from candor.util.version import __version__
 
 if TYPE_CHECKING:
-    from candor.evaluation.report import Evaluation, SummaryTable
+    from candor.evaluation.summary import Evaluation, SummaryTable
 
 PAGE_FILE = "report.html"
 HIST_BINS = 20

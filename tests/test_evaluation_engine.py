@@ -10,7 +10,7 @@ import pytest
 from candor.estimators.confidences import ConfidenceRow, ConfidenceTable
 from candor.evaluation.engine import Group, evaluate, json_number, metric_ratios, percentile_interval
 from candor.evaluation.metrics import METRICS, accuracy, auroc, ece
-from candor.evaluation.report import evaluate as report_evaluate
+from candor.evaluation.summary import evaluate as report_evaluate
 from candor.train.elical.curve import summarize_column
 from candor.util.errors import CandorError
 

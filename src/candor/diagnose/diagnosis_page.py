@@ -21,7 +21,7 @@ from typing import Any
 import altair as alt
 import numpy as np
 
-from candor.diagnose.diagnosis import DiagnoseConfig, ModelDiagnosis
+from candor.diagnose.config_and_results import DiagnoseConfig, ModelDiagnosis
 from candor.diagnose.regions import REGIONS
 from candor.diagnose.sensitivity import JSD_THRESHOLD
 from candor.util.files import atomic_write_text

@@ -1,4 +1,4 @@
-"""Incremental scoring into a confidences file, and the demo pipeline end to end on a tiny model."""
+"""The confidences file and incremental scoring into it (``candor score``), on hand-built records."""
 
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from typer.testing import CliRunner
 
 import candor
 from candor.annotation.contamination import Overlap, trained_folders, warn_contamination, write_manifest
-from candor.annotation.records import Record, read_records, write_records
+from candor.annotation.records import Record, write_records
 from candor.backends.base import Completion
 from candor.cli import app
 from candor.data.items import QAItem
-from candor.demo import run_demo
 from candor.estimators import score_records
 from candor.estimators.confidences import (
     columns_path,
@@ -285,22 +284,6 @@ def test_cli_score_then_eval(records, tmp_path):
     assert (tmp_path / "rep" / "index.md").exists() and (tmp_path / "rep" / "metrics.json").exists()
     bad = runner.invoke(app, ["score", "--records", str(recs), "--out", str(conf), "-e", "no-such-method"])
     assert bad.exit_code == 2 and "no-such-method" in bad.output
-
-
-
-def test_demo_runs_end_to_end_and_reuses_its_cache(tiny_model_dir, tmp_path):
-    methods = ("n-prob", "consis-lex", "p-true", "verbal-letter")
-    first = run_demo(tmp_path, model=str(tiny_model_dir), k=2, limit=6, estimators=methods, batch_size=4)
-    assert len(first.table.rows) == 6 and first.table.methods == list(methods)
-    assert first.report.files["index"].exists()
-    assert set(first.report.reliability) == set(methods)
-    page = first.report.files["html"].read_text()  # report.html, with the records' questions and provenance
-    records = read_records(first.records)
-    assert first.report.files["html"].name == "report.html" and records[0].item.question in page
-    assert first.report.evaluation.bootstrap > 0  # the demo's main table has 95% intervals
-    before = (first.records.read_text(), first.confidences.read_text())
-    second = run_demo(tmp_path, model=str(tiny_model_dir), k=2, limit=6, estimators=methods, batch_size=4)
-    assert (second.records.read_text(), second.confidences.read_text()) == before
 
 
 def test_cli_score_estimator_options_reach_the_estimator_and_bad_ones_fail(records, tmp_path):

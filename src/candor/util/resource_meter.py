@@ -1,4 +1,4 @@
-"""What a run cost: wall time and peak resident memory of a block of work.
+"""Measuring what a run cost (:class:`ResourceMeter`): wall time and peak resident memory of a block of work.
 
 Trainers, the diagnostics and the benchmarks all report it, so it lives here,
 apart from the training kit: measuring a block needs no torch or transformers.

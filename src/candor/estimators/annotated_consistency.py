@@ -1,4 +1,9 @@
-"""Estimators from agreement among the sampled answers: ``consis-lex`` and ``consis-sem`` (§4.2)."""
+"""Estimators from agreement among the sampled answers: ``consis-lex`` and ``consis-sem`` (§4.2).
+
+Both read the samples the annotation stored on each record (``record.samples``, and for
+``consis-sem`` the stored verdicts when usable); ``self-consistency``
+(:mod:`candor.estimators.selfconsistency`) draws fresh samples instead.
+"""
 
 from __future__ import annotations
 
