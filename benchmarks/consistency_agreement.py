@@ -35,15 +35,9 @@ from typing import Any
 
 from common import CACHE, RESULTS, write_json
 
-from candor.annotation.judges import (
-    CONSISTENCY_JUDGES,
-    EMBEDDING_THRESHOLD,
-    contains_words,
-    get_consistency_judge,
-    normalize,
-    rouge_l_f1,
-)
+from candor.annotation.judges import CONSISTENCY_JUDGES, EMBEDDING_THRESHOLD, get_consistency_judge
 from candor.annotation.records import read_records
+from candor.annotation.text_matching import contains_words, normalize, rouge_l_f1
 from candor.util.errors import CandorError
 
 LABELS = RESULTS.parent / "consistency_labels.json"

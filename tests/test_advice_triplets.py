@@ -8,9 +8,10 @@ import string
 
 import pytest
 
-from candor.annotation.judges import get_correctness_judge, normalize
+from candor.annotation.judges import get_correctness_judge
 from candor.annotation.prompts import TEMPLATES, resolve_template
 from candor.annotation.records import Record
+from candor.annotation.text_matching import normalize
 from candor.backends.base import Completion, SamplingParams
 from candor.data.items import QAItem
 from candor.train.advice.triplets import Triplet, build_triplets, read_triplets, write_triplets

@@ -16,13 +16,7 @@ from typer.testing import CliRunner
 
 import candor
 from candor.annotation.builder import AnnotateConfig, Shard, annotate, merge_shards
-from candor.annotation.judges import (
-    DEFAULT_CONSISTENCY_JUDGE,
-    get_consistency_judge,
-    get_correctness_judge,
-    normalize,
-    rouge_tokens,
-)
+from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, get_consistency_judge, get_correctness_judge
 from candor.annotation.prompts import TEMPLATES, QATemplate
 from candor.annotation.records import (
     HONESTYBENCH_FIELDS,
@@ -31,6 +25,7 @@ from candor.annotation.records import (
     to_honestybench,
     write_records,
 )
+from candor.annotation.text_matching import normalize, rouge_tokens
 from candor.backends.base import SamplingParams
 from candor.cli import app
 from candor.data.items import QAItem

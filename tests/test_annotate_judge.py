@@ -13,11 +13,11 @@ from candor.annotation.judges import (
     consistency_prompt,
     correctness_prompt,
     get_correctness_judge,
-    is_empty_answer,
     verdict_parsed,
 )
 from candor.annotation.prompts import TEMPLATES, QATemplate
 from candor.annotation.records import read_records
+from candor.annotation.text_matching import is_empty_answer
 from candor.backends.base import SamplingParams
 from candor.backends.hf import HFBackend
 from candor.cli import app

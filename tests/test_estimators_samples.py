@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.linalg import expm
 
-from candor.annotation.judges import rouge_l_f1
 from candor.annotation.records import Record
+from candor.annotation.text_matching import rouge_l_f1
 from candor.backends.base import Completion
 from candor.data.items import QAItem
 from candor.estimators import get_estimator

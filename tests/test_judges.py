@@ -16,11 +16,9 @@ from candor.annotation.judges import (
     correctness_prompt,
     get_consistency_judge,
     get_correctness_judge,
-    normalize,
     parse_verdict,
-    rouge_l_f1,
-    token_f1,
 )
+from candor.annotation.text_matching import normalize, rouge_l_f1, token_f1
 from candor.backends.base import SamplingParams
 from candor.util.errors import CandorError
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from candor.annotation.judges import normalize
 from candor.annotation.records import Record, read_records
+from candor.annotation.text_matching import normalize
 from candor.backends.base import Backend
 from candor.util.errors import CandorError
 from candor.util.files import atomic_write_json

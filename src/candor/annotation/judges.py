@@ -13,144 +13,35 @@ Every judge is batched, so the ``llm`` judges can send one batch to a backend::
     judge = get_correctness_judge("contains")
     judge.judge(["Paris, France."], [["Paris"]])  # -> [1]
 
-Text matching choices, made once here and used by every lexical judge:
-
-- :func:`normalize` is SQuAD-style (lower-case, drop punctuation and the
-  articles a/an/the, squeeze whitespace) and additionally folds accents with
-  Unicode NFKD, so "Zürich" matches "Zurich", and case-folds, so "ß" matches "ss".
-  Punctuation is deleted, not replaced by a space, as in SQuAD: "U.S." -> "us".
-- Containment is on word boundaries: the alias "5" is not found in "15", and
-  "paris" is not found in "parisian".
-- An *empty answer* is one with no letter or digit (:func:`is_empty_answer`:
-  "", ".", "..."), exactly the answers ROUGE-L finds no tokens in. It is never
-  equivalent to anything, another empty answer included: saying nothing twice
-  is not agreeing on an answer. Every consistency judge and every sample
-  similarity (:mod:`candor.estimators.semantic`) applies this one rule.
-- A single-letter alias (a multiple-choice option letter such as "B") cannot go
-  through :func:`normalize` ("A" is an article), so it has its own rule: it
-  matches a response that is exactly that letter, or starts with it followed by
-  a non-letter ("B", "B.", "(B) Paris"). It is not searched for inside longer
-  responses, where a lone letter is too ambiguous.
+Text matching (normalization, containment, ROUGE-L, option letters) is
+:mod:`candor.annotation.text_matching`, made once there for every lexical judge.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import string
-import unicodedata
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from candor.annotation.text_matching import (
+    contains_words,
+    is_empty_answer,
+    letter_equals,
+    letter_matches,
+    normalize,
+    rouge_l_f1,
+    single_letter,
+    token_f1,
+)
 from candor.backends.base import Backend, SamplingParams
 from candor.util.errors import CandorError
 from candor.util.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_ASCII_PUNCT = frozenset(string.punctuation)
-# Opening characters allowed before an option letter: "(B)", "[B]", '"B"'.
-_LETTER_OPENERS = "([{\"'*`"
 # Cosine threshold of the ``embedding`` consistency judge, chosen on the design
 # half of benchmarks/consistency_labels.json (benchmarks/consistency_agreement.py).
 EMBEDDING_THRESHOLD = 0.94
-
-
-# ---------------------------------------------------------------- text helpers
-
-
-def fold_accents(text: str) -> str:
-    """Strip combining marks after NFKD decomposition ("Zürich" -> "Zurich")."""
-    decomposed = unicodedata.normalize("NFKD", text)
-    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
-
-
-def _is_punct(ch: str) -> bool:
-    return ch in _ASCII_PUNCT or unicodedata.category(ch).startswith("P")
-
-
-def normalize(text: str) -> str:
-    """SQuAD-style normalization with accent folding (see the module docstring)."""
-    text = fold_accents(text).casefold()
-    text = "".join(ch for ch in text if not _is_punct(ch))
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
-
-
-def contains_words(haystack: str, needle: str) -> bool:
-    """Whether normalized ``needle`` occurs in normalized ``haystack`` on word boundaries."""
-    return bool(needle) and f" {needle} " in f" {haystack} "
-
-
-def rouge_tokens(text: str) -> list[str]:
-    """Tokens for ROUGE-L: accent-folded, lower-cased, punctuation split off.
-
-    Like the rouge-score package, articles are kept and every non-alphanumeric
-    character separates tokens.
-    """
-    text = fold_accents(text).casefold()
-    return "".join(ch if ch.isalnum() else " " for ch in text).split()
-
-
-def _lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
-    if len(a) < len(b):
-        a, b = b, a
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0]
-        for j, y in enumerate(b):
-            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
-        prev = cur
-    return prev[-1]
-
-
-def is_empty_answer(text: str) -> bool:
-    """Whether an answer says nothing: no letter or digit, so no ROUGE-L token."""
-    return not rouge_tokens(text)
-
-
-def rouge_l_f1(a: str, b: str) -> float:
-    """ROUGE-L F1 between two strings (0.0 when either has no tokens)."""
-    ta, tb = rouge_tokens(a), rouge_tokens(b)
-    if not ta or not tb:
-        return 0.0
-    # F1 of P = lcs/|b| and R = lcs/|a| simplifies to 2·lcs / (|a| + |b|).
-    return 2 * _lcs_length(ta, tb) / (len(ta) + len(tb))
-
-
-def token_f1(response: str, gold: str) -> float:
-    """SQuAD token F1 between the normalized strings (0.0 when either is empty)."""
-    pred, ref = normalize(response).split(), normalize(gold).split()
-    overlap = sum((Counter(pred) & Counter(ref)).values())
-    if overlap == 0:
-        return 0.0
-    return 2 * overlap / (len(pred) + len(ref))
-
-
-def _single_letter(alias: str) -> str | None:
-    """The lower-cased letter when ``alias`` is one letter (an option letter), else None."""
-    stripped = alias.strip()
-    if len(stripped) == 1 and stripped.isalpha():
-        return stripped.casefold()
-    return None
-
-
-def _letter_head(response: str) -> str:
-    return fold_accents(response).strip().lstrip(_LETTER_OPENERS).casefold()
-
-
-def letter_matches(response: str, letter: str) -> bool:
-    """Whether ``response`` is option ``letter`` alone or followed by a non-letter ("B. Paris")."""
-    head = _letter_head(response)
-    return head[:1] == letter and (len(head) == 1 or not head[1].isalpha())
-
-
-def letter_equals(response: str, letter: str) -> bool:
-    """Whether ``response`` is exactly option ``letter``, up to punctuation and case."""
-    head = "".join(ch for ch in _letter_head(response) if not _is_punct(ch)).strip()
-    return head == letter
 
 
 # ---------------------------------------------------------------- judge protocols
@@ -222,7 +113,7 @@ class _LexicalCorrectness:
             return False
         norm = normalize(response)
         for alias in aliases:
-            letter = _single_letter(alias)
+            letter = single_letter(alias)
             hit = self._letter(response, letter) if letter else self._match(norm, normalize(alias))
             if hit:
                 return True

@@ -5,7 +5,7 @@ sampled answers, the gold aliases, and answers borrowed from other questions
 (their greedy answers and first gold aliases; the same dataset first,
 shuffled with a seed per question, so a question's candidates depend on the
 pool they borrow from but not on its order).
-Candidates that normalize to the same text (``candor.annotation.judges.normalize``) are
+Candidates that normalize to the same text (``candor.annotation.text_matching.normalize``) are
 kept once, empty ones dropped, and the list is capped (30 by default). Each is
 labelled by the correctness judge against the question's gold aliases.
 """
@@ -16,8 +16,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from candor.annotation.judges import get_correctness_judge, normalize
+from candor.annotation.judges import get_correctness_judge
 from candor.annotation.records import Record
+from candor.annotation.text_matching import normalize
 from candor.data.items import QAItem
 from candor.util.errors import CandorError
 from candor.util.seeds import item_rng

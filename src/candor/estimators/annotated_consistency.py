@@ -18,9 +18,9 @@ from candor.annotation.judges import (
     DEFAULT_CONSISTENCY_JUDGE,
     get_consistency_judge,
     judge_consistency,
-    rouge_l_f1,
 )
 from candor.annotation.records import Record
+from candor.annotation.text_matching import rouge_l_f1
 from candor.backends.base import Backend
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.util.errors import CandorError

@@ -2,7 +2,7 @@
 
 Similarities (``SIMILARITIES``, chosen per estimator with ``similarity=``):
 
-- ``lexical``: ROUGE-L F1 (:func:`candor.annotation.judges.rouge_l_f1`);
+- ``lexical``: ROUGE-L F1 (:func:`candor.annotation.text_matching.rouge_l_f1`);
 - ``judge``: the consistency judge named by ``judge`` (``lexical`` by default),
   averaged over both orders, so a pair scores 0, 0.5 or 1;
 - ``llm``: the same with the ``llm`` consistency judge on the estimator's backend;
@@ -12,7 +12,7 @@ Similarities (``SIMILARITIES``, chosen per estimator with ``similarity=``):
 Every similarity scores lists of pairs in one batched call, so an LLM judge
 sees all the pairs of a chunk of records at once. A similarity matrix has 1 on
 its diagonal (an answer is equivalent to itself) and is symmetric. A pair with
-an empty answer (:func:`candor.annotation.judges.is_empty_answer`) scores 0
+an empty answer (:func:`candor.annotation.text_matching.is_empty_answer`) scores 0
 under every similarity and is never equivalent in a cluster, the rule the
 consistency judges follow, so two empty samples are two clusters whichever
 similarity or judge is chosen (an embedding would otherwise call them identical).
@@ -34,8 +34,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from candor.annotation.judges import CONSISTENCY_JUDGES, get_consistency_judge, is_empty_answer, rouge_l_f1
+from candor.annotation.judges import CONSISTENCY_JUDGES, get_consistency_judge
 from candor.annotation.records import Record
+from candor.annotation.text_matching import is_empty_answer, rouge_l_f1
 from candor.backends.base import Backend
 from candor.estimators.base import Estimator
 from candor.util.errors import CandorError

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from candor.annotation.judges import CorrectnessJudge, get_correctness_judge, normalize
+from candor.annotation.judges import CorrectnessJudge, get_correctness_judge
 from candor.annotation.prompts import TEMPLATES, QATemplate, resolve_template
 from candor.annotation.records import Record
+from candor.annotation.text_matching import normalize
 from candor.backends.base import Backend, SamplingParams
 from candor.data.items import QAItem
 from candor.data.splits import seeded_shuffle
