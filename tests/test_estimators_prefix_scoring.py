@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from candor.backends.base import SCORE_CANDIDATES, WHITE_BOX, backend_capabilities, score_candidates, score_pairs
-from candor.backends.prefix_scoring import _CachedScorer, _encode_all, _split, _Trie
+from candor.backends.engine.prefix_scoring import _CachedScorer, _encode_all, _split, _Trie
 from candor.util.errors import CandorError
 from candor.verbal.distribution import candidate_distribution, single_token_ids, surface_forms
 
@@ -113,7 +113,7 @@ def test_non_hf_backends_take_the_generic_path(tiny_backend, prompts):
 
 
 def test_small_chunks_give_the_same_scores(tiny_backend, prompts, monkeypatch):
-    import candor.backends.prefix_scoring as ps
+    import candor.backends.engine.prefix_scoring as ps
 
     full = score_candidates(tiny_backend, prompts, CANDIDATES)
     monkeypatch.setattr(ps, "MAX_CACHE_TOKENS", 1)  # repeat: one candidate per forward pass
@@ -194,7 +194,7 @@ def test_batched_prompts_with_a_shared_prefix_equal_backend_score(tiny_backend, 
 
 
 def test_one_row_per_batch_and_one_node_per_pass_give_the_same_scores(tiny_backend, chat_prompts, monkeypatch):
-    import candor.backends.prefix_scoring as ps
+    import candor.backends.engine.prefix_scoring as ps
 
     cands = ["80%", " 80%", " 100%", "A"]
     full = score_candidates(tiny_backend, chat_prompts, cands)
@@ -224,7 +224,7 @@ def test_generic_backends_get_the_same_distribution(tiny_backend, chat_prompts):
 
 
 def test_scoring_work_counts_the_shared_prefix_suffixes_and_trie_nodes(tiny_backend, chat_prompts):
-    from candor.backends.prefix_scoring import scoring_work
+    from candor.backends.engine.prefix_scoring import scoring_work
     from candor.backends.tokens import shared_prefix_length
 
     work = scoring_work(tiny_backend, chat_prompts, PERCENTS)
