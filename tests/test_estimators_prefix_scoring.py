@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from candor.backends.base import SCORE_CANDIDATES, WHITE_BOX, backend_capabilities, score_candidates, score_pairs
-from candor.backends.engine.prefix_scoring import _CachedScorer, _encode_all, _split, _Trie
+from candor.backends.engine.candidate_tokens import encode_candidates, split_candidates
+from candor.backends.engine.prefix_scoring import _CachedScorer, _Trie
 from candor.util.errors import CandorError
 from candor.verbal.distribution import candidate_distribution, single_token_ids, surface_forms
 
@@ -206,9 +207,9 @@ def test_one_row_per_batch_and_one_node_per_pass_give_the_same_scores(tiny_backe
 def test_shared_last_line_is_tokenized_once_like_the_full_prompts(tiny_backend, chat_prompts):
     prompts = [*chat_prompts, "no line break: Hello", "ends with a break\n"]
     cands = [*PERCENTS, "lo", "\n", " world"]
-    fast = _encode_all(tiny_backend, prompts, cands)
+    fast = encode_candidates(tiny_backend, prompts, cands)
     for prompt, enc in zip(prompts, fast, strict=True):
-        plain = _split(tiny_backend.encode([prompt])[0], tiny_backend.encode([prompt + c for c in cands]))
+        plain = split_candidates(tiny_backend.encode([prompt])[0], tiny_backend.encode([prompt + c for c in cands]))
         assert enc == plain
     # The four chat prompts share one tokenization of their tails.
     assert len({id(e.tails) for e in fast[:4]}) == 1
@@ -228,7 +229,7 @@ def test_scoring_work_counts_the_shared_prefix_suffixes_and_trie_nodes(tiny_back
     from candor.backends.tokens import shared_prefix_length
 
     work = scoring_work(tiny_backend, chat_prompts, PERCENTS)
-    encoded = _encode_all(tiny_backend, chat_prompts, PERCENTS)
+    encoded = encode_candidates(tiny_backend, chat_prompts, PERCENTS)
     prefix = shared_prefix_length([e.context[: e.keep] for e in encoded])
     assert work["shared_prefix"] == prefix > 8
     assert work["suffix"] == [e.keep - prefix for e in encoded]
