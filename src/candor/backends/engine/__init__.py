@@ -27,7 +27,8 @@ engine instead:
   :mod:`~candor.backends.engine.stops`: the next token of each row and where
   a row ends;
 - :mod:`~candor.backends.engine.continuation_states` and
-  :mod:`~candor.backends.engine.prefix_scoring`: the hidden states and
+  :mod:`~candor.backends.engine.prefix_scoring` (with
+  :mod:`~candor.backends.engine.candidate_tokens`): the hidden states and
   candidate log-probs of many continuations with each prompt run once.
 
 What it is not: a general inference server (no scheduler across models, no
