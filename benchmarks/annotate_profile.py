@@ -51,7 +51,7 @@ def gemm_rate(hidden: int, inner: int, rows: int, seconds: float = 3.0, packed: 
     """FLOP/s of ``[rows, hidden] @ [hidden, inner]`` fp32, the model's MLP shape, best of repeated runs.
 
     ``packed``: through oneDNN with the weight prepacked, the kernel candor's
-    linear layers use (:mod:`candor.backends.packed_linear`); else ``torch.mm`` (MKL).
+    linear layers use (:mod:`candor.backends.engine.packed_linear`); else ``torch.mm`` (MKL).
     """
     import torch
 

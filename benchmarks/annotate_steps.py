@@ -77,9 +77,9 @@ def main() -> None:
 
     import torch
 
-    from candor.backends.decode_loop import DecodeLoop
+    from candor.backends.engine.decode_loop import DecodeLoop
+    from candor.backends.engine.kv_slots import SlotKV
     from candor.backends.hf import HFBackend
-    from candor.backends.kv_slots import SlotKV
 
     torch.set_num_threads(args.threads)
     backend = HFBackend.from_pretrained(MODEL, batch_size=args.batch_size)

@@ -7,8 +7,8 @@ newline), keeping every token's log-prob.
 
 - candor: ``HFBackend.generate`` on all questions (chunks of ``batch_size``),
   its linear layers on prepacked oneDNN weights and each decode step's small
-  ops on one thread (the default, :mod:`candor.backends.packed_linear`,
-  :mod:`candor.backends.op_threads`).
+  ops on one thread (the default, :mod:`candor.backends.engine.packed_linear`,
+  :mod:`candor.backends.engine.op_threads`).
 - candor-stock: the same loop with ``pack_linears=False`` (``nn.Linear``'s own
   MKL kernels, every op on torch's threads): the gain of both, greedy answers
   and log-prob drift, measured in the same run.

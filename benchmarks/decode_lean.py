@@ -10,7 +10,7 @@ Two measurements, each against its baseline in the same process:
   waking the sleeping second thread;
 - ``job``: the ``annotate_throughput.py`` job (``HFBackend.generate``, few-shot
   NQ questions, 1 greedy + k samples, cut at the first newline) in
-  alternating pairs with the lean step (:mod:`candor.backends.llama_step`, the
+  alternating pairs with the lean step (:mod:`candor.backends.engine.llama_step`, the
   default) and with it off (every decode step through transformers' forward).
   The outputs of the two arms must be bit-equal (token ids and log-probs).
   Both arms keep the shared few-shot prefix in every row (``split_prefix``

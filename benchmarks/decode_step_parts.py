@@ -1,6 +1,6 @@
 """Two parts of a decode step, each against the way it was done before, at the embedded model's sizes.
 
-- **Picking tokens** (``candor.backends.sampling.pick_tokens``): one partial
+- **Picking tokens** (``candor.backends.engine.sampling.pick_tokens``): one partial
   sort of the top 64 logits per row serves the greedy choice, the top-k draw
   and the top log-probs; before, ``argmax``, the samplers' own ``topk`` and a
   second ``topk`` for the log-probs each passed over the vocabulary. The
@@ -8,7 +8,7 @@
   answer and 5 samples each: 80 sample at top-k 50, top-p 0.95), a
   49,152-token vocabulary, 5 top log-probs. Random logits, so no two tie,
   and both must pick the same tokens with the same log-probs.
-- **Copying rows' KV windows** (``candor.backends.kv_slots.copy_rows``),
+- **Copying rows' KV windows** (``candor.backends.engine.kv_slots.copy_rows``),
   which admission and compaction do for every layer's keys and values:
   ``index_select`` then ``index_copy_``, against advanced-index assignment
   (``dst[rows, :, cols] = src[source_rows, :, cols]``). Admission: 96 rows
@@ -41,8 +41,8 @@ import torch  # noqa: E402
 from common import Timer, write_json  # noqa: E402
 
 from candor.backends.base import SamplingParams  # noqa: E402
-from candor.backends.kv_slots import copy_rows  # noqa: E402
-from candor.backends.sampling import pick_tokens, sample_tokens  # noqa: E402
+from candor.backends.engine.kv_slots import copy_rows  # noqa: E402
+from candor.backends.engine.sampling import pick_tokens, sample_tokens  # noqa: E402
 from candor.util.cpu import describe  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_step_parts.json"

@@ -3,7 +3,7 @@
 The same ``HFBackend.generate`` job as ``annotate_throughput.py`` (few-shot NQ
 questions, 1 greedy + k samples, prepacked weights), run in alternating pairs:
 once with each decode step's small ops on one OpenMP thread (the default,
-:mod:`candor.backends.op_threads`) and once with the split off (its size
+:mod:`candor.backends.engine.op_threads`) and once with the split off (its size
 bound set to 0, so every op runs on torch's threads, as before it). One
 process and alternation put both arms under the same load; the medians are
 kept. Two settings: cut at the first newline (the annotation job) and run to
@@ -33,7 +33,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "decode_threads.json"
 
 def race(backend: Any, prompts: list[str], k: int, params: Any, pairs: int) -> dict[str, Any]:
     """Alternating runs of both arms; their median wall and CPU seconds, and whether the outputs agree."""
-    from candor.backends import op_threads
+    from candor.backends.engine import op_threads
 
     bound = op_threads.SMALL_OP_ELEMENTS
 

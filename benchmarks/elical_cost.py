@@ -51,7 +51,7 @@ def left_padded_head(head: Any, records: list[Any], batch_size: int) -> tuple[np
     """Confidences and features the way the head computed them before: every prompt in full, input order."""
     import torch
 
-    from candor.backends.packed_linear import packed_linears_of
+    from candor.backends.engine import packed_linears_of
     from candor.backends.tokens import encode, pad_batch
 
     prompts = head.prompts(records)

@@ -1,10 +1,10 @@
 """A shared prompt prefix kept once in the slot cache, against a copy of it in every row.
 
 When all prompts of a ``generate`` call start with the same few-shot block,
-the slot cache (:mod:`candor.backends.kv_slots`) can keep that block's keys
+the slot cache (:mod:`candor.backends.engine.kv_slots`) can keep that block's keys
 and values once, and the lean decode step attends to it and to each row's
 own columns in two parts merged by their log-sum-exps
-(:mod:`candor.backends.prefix_attention`); before, every row's slot held a
+(:mod:`candor.backends.engine.prefix_attention`); before, every row's slot held a
 copy, written when the row joined, moved when rows were compacted, and read
 by every step's attention. On the embedded model's ``fewshot`` template, 55
 of a prompt's 66-75 tokens are that block.

@@ -7,7 +7,7 @@ warm-up call first, model loading outside. Besides the wall and CPU ratio it
 reports why the ratio is what it is: the work each format needs per record,
 counted in tokens fed through the backbone (the prompt's own suffix past the
 prefix all prompts share, plus the candidate trie's nodes, see
-:mod:`candor.backends.prefix_scoring`), and the FLOP floor that follows from
+:mod:`candor.backends.engine.prefix_scoring`), and the FLOP floor that follows from
 it. Results: ``benchmarks/results/verbal_cost.json``.
 
     python benchmarks/verbal_cost.py [--records benchmarks/cache/mini/dev/nq.jsonl] [--n 24]
@@ -39,7 +39,7 @@ def repo_relative(path: Path) -> str:
 
 def work(backend: Any, records: list[Any], fmt: str) -> dict[str, Any]:
     """Tokens per record the scorer feeds: prompt suffix past the shared prefix, and trie nodes."""
-    from candor.backends.prefix_scoring import scoring_work
+    from candor.backends.engine.prefix_scoring import scoring_work
     from candor.estimators.answers import record_answer
     from candor.verbal.distribution import surface_forms
     from candor.verbal.formats import format_prompt, get_format

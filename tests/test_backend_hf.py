@@ -10,7 +10,8 @@ import torch
 
 from candor.backends import BACKENDS, load_backend
 from candor.backends.base import SamplingParams
-from candor.backends.hf import HFBackend, StopMatcher, sample_tokens
+from candor.backends.engine import StopMatcher, sample_tokens
+from candor.backends.hf import HFBackend
 from candor.backends.tokens import pad_batch, positions_from_mask, shared_prefix_length
 from candor.util.errors import CandorError
 

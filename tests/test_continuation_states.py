@@ -12,13 +12,13 @@ from helpers import BlackBox
 
 from candor.annotation.prompts import TEMPLATES, record_prompts
 from candor.annotation.records import Record
-from candor.backends import continuation_states
 from candor.backends.base import (
     CONTINUATION_STATES,
     backend_capabilities,
     continuation_hidden_states,
     hidden_states_one_by_one,
 )
+from candor.backends.engine import continuation_states
 from candor.data.items import QAItem
 from candor.estimators.eigenscore import eigenscore
 from candor.util.errors import CandorError

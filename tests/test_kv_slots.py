@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from candor.backends.base import DecodeRequest, Generations, SamplingParams
-from candor.backends.decode_loop import ChunkFeed, DecodeJob, DecodeLoop
+from candor.backends.engine.decode_loop import ChunkFeed, DecodeJob, DecodeLoop
+from candor.backends.engine.kv_slots import SlotKV, copy_rows
 from candor.backends.hf import HFBackend
-from candor.backends.kv_slots import SlotKV, copy_rows
 from candor.backends.tokens import prefill_shared_prefix, usable_prefix_length
 
 PROMPTS = [

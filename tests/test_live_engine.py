@@ -8,10 +8,10 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from candor.backends import shared_prefix as shared_prefix_module
 from candor.backends.base import LIVE_DECODE, DecodeRequest, Generations, SamplingParams, backend_capabilities
+from candor.backends.engine import shared_prefix as shared_prefix_module
+from candor.backends.engine.shared_prefix import SharedPrefix
 from candor.backends.hf import HFBackend
-from candor.backends.shared_prefix import SharedPrefix
 from candor.util.errors import CandorError
 
 PROMPTS = [

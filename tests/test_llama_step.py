@@ -7,11 +7,11 @@ import logging
 import pytest
 import torch
 
-from candor.backends import packed_linear
 from candor.backends.base import SamplingParams
+from candor.backends.engine import packed_linear
+from candor.backends.engine.llama_step import LlamaDecodeStep, lean_decode_step
+from candor.backends.engine.packed_linear import packing_available
 from candor.backends.hf import HFBackend
-from candor.backends.llama_step import LlamaDecodeStep, lean_decode_step
-from candor.backends.packed_linear import packing_available
 
 PROMPTS = [
     "Question: What is the largest planet?\nAnswer:",
@@ -142,7 +142,7 @@ def test_a_lean_step_that_disagrees_is_turned_off_at_its_first_step(tokenizer, c
     step = backend.lean_step
     assert step is not None
     step.layers[0].scaling *= 2.0  # a different attention: what a transformers release changing the layer would do
-    with caplog.at_level(logging.WARNING, logger="candor.backends.llama_step"):
+    with caplog.at_level(logging.WARNING, logger="candor.backends.engine.llama_step"):
         got = backend.generate(prompts, 1, params)
     assert backend.lean_step is None and "lean decode step off" in caplog.text
     for a, b in zip(got, want, strict=True):  # the first step kept transformers' numbers, the rest ran them

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from candor.backends import op_threads
 from candor.backends.base import SamplingParams
-from candor.backends.decode_loop import DecodeLoop
-from candor.backends.op_threads import all_threads, narrow, openmp_runtime, small_ops_on_one_thread, widen
-from candor.backends.packed_linear import PackedLayer, PackedLinears, packing_available
+from candor.backends.engine import op_threads
+from candor.backends.engine.decode_loop import DecodeLoop
+from candor.backends.engine.op_threads import all_threads, narrow, openmp_runtime, small_ops_on_one_thread, widen
+from candor.backends.engine.packed_linear import PackedLayer, PackedLinears, packing_available
 
 pytestmark = pytest.mark.skipif(
     openmp_runtime() is None or torch.get_num_threads() < 2,
@@ -178,8 +178,8 @@ def test_the_fallback_cache_keeps_every_op_on_torchs_threads(tokenizer, monkeypa
     # cannot be widened: SDPA's CPU kernel on one thread was 30x slower, so nothing narrows.
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
+    from candor.backends.engine.kv_batch import KVBatch
     from candor.backends.hf import HFBackend
-    from candor.backends.kv_batch import KVBatch
 
     torch.manual_seed(0)
     config = Gemma3TextConfig(

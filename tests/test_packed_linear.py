@@ -9,8 +9,13 @@ import threading
 import pytest
 import torch
 
-from candor.backends import packed_linear
-from candor.backends.packed_linear import PackedLinears, packed_linears_of, packing_available, with_packed_linears
+from candor.backends.engine import packed_linear
+from candor.backends.engine.packed_linear import (
+    PackedLinears,
+    packed_linears_of,
+    packing_available,
+    with_packed_linears,
+)
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN packed linear")
 
@@ -239,7 +244,7 @@ def test_hf_backend_generates_the_same_answers_packed_or_not(tiny_model, tokeniz
 
 
 def test_copies_that_would_not_fit_in_half_the_free_memory_are_not_made():
-    from candor.backends.packed_linear import copies_fit, linear_weight_bytes
+    from candor.backends.engine.packed_linear import copies_fit, linear_weight_bytes
 
     net = small_net(bias=False)
     needed = linear_weight_bytes(net)

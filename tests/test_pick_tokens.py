@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from candor.backends.base import SamplingParams
-from candor.backends.sampling import SHARED_TOP, pick_tokens, sample_tokens
+from candor.backends.engine.sampling import SHARED_TOP, pick_tokens, sample_tokens
 
 VOCAB = 3000
 

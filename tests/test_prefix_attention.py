@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from candor.backends.prefix_attention import attend_with_shared_prefix, available
+from candor.backends.engine.prefix_attention import attend_with_shared_prefix, available
 
 SCALE = 0.125
 

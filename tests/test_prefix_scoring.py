@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from candor.backends.base import SCORE_CANDIDATES, WHITE_BOX, backend_capabilities, score_candidates, score_pairs
-from candor.backends.prefix_scoring import _CachedScorer, _encode_all, _split, _Trie
+from candor.backends.engine.candidate_tokens import encode_candidates, split_candidates
+from candor.backends.engine.prefix_scoring import _CachedScorer, _Trie
 from candor.util.errors import CandorError
 from candor.verbal.distribution import candidate_distribution, single_token_ids, surface_forms
 
@@ -113,7 +114,7 @@ def test_non_hf_backends_take_the_generic_path(tiny_backend, prompts):
 
 
 def test_small_chunks_give_the_same_scores(tiny_backend, prompts, monkeypatch):
-    import candor.backends.prefix_scoring as ps
+    import candor.backends.engine.prefix_scoring as ps
 
     full = score_candidates(tiny_backend, prompts, CANDIDATES)
     monkeypatch.setattr(ps, "MAX_CACHE_TOKENS", 1)  # repeat: one candidate per forward pass
@@ -194,7 +195,7 @@ def test_batched_prompts_with_a_shared_prefix_equal_backend_score(tiny_backend, 
 
 
 def test_one_row_per_batch_and_one_node_per_pass_give_the_same_scores(tiny_backend, chat_prompts, monkeypatch):
-    import candor.backends.prefix_scoring as ps
+    import candor.backends.engine.prefix_scoring as ps
 
     cands = ["80%", " 80%", " 100%", "A"]
     full = score_candidates(tiny_backend, chat_prompts, cands)
@@ -206,9 +207,9 @@ def test_one_row_per_batch_and_one_node_per_pass_give_the_same_scores(tiny_backe
 def test_shared_last_line_is_tokenized_once_like_the_full_prompts(tiny_backend, chat_prompts):
     prompts = [*chat_prompts, "no line break: Hello", "ends with a break\n"]
     cands = [*PERCENTS, "lo", "\n", " world"]
-    fast = _encode_all(tiny_backend, prompts, cands)
+    fast = encode_candidates(tiny_backend, prompts, cands)
     for prompt, enc in zip(prompts, fast, strict=True):
-        plain = _split(tiny_backend.encode([prompt])[0], tiny_backend.encode([prompt + c for c in cands]))
+        plain = split_candidates(tiny_backend.encode([prompt])[0], tiny_backend.encode([prompt + c for c in cands]))
         assert enc == plain
     # The four chat prompts share one tokenization of their tails.
     assert len({id(e.tails) for e in fast[:4]}) == 1
@@ -224,11 +225,11 @@ def test_generic_backends_get_the_same_distribution(tiny_backend, chat_prompts):
 
 
 def test_scoring_work_counts_the_shared_prefix_suffixes_and_trie_nodes(tiny_backend, chat_prompts):
-    from candor.backends.prefix_scoring import scoring_work
+    from candor.backends.engine.prefix_scoring import scoring_work
     from candor.backends.tokens import shared_prefix_length
 
     work = scoring_work(tiny_backend, chat_prompts, PERCENTS)
-    encoded = _encode_all(tiny_backend, chat_prompts, PERCENTS)
+    encoded = encode_candidates(tiny_backend, chat_prompts, PERCENTS)
     prefix = shared_prefix_length([e.context[: e.keep] for e in encoded])
     assert work["shared_prefix"] == prefix > 8
     assert work["suffix"] == [e.keep - prefix for e in encoded]

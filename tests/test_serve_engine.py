@@ -16,7 +16,7 @@ import pytest
 from serve_counting import CountingBackend
 
 from candor.backends.base import LIVE_DECODE, DecodeRequest, SamplingParams
-from candor.backends.live_engine import HFLiveEngine
+from candor.backends.engine.live_engine import HFLiveEngine
 from candor.serve.batching import Admission, EngineClosed, MicroBatchEngine, QueueFull, open_engine
 from candor.util.errors import CandorError
 
@@ -169,8 +169,8 @@ def test_a_question_source_that_runs_elsewhere_never_holds_the_engine(tiny_model
 @pytest.mark.parametrize("template", ["fewshot", "chat"])
 def test_a_served_models_live_engine_runs_its_templates_prefix_once(tiny_model, tokenizer, template):
     """The engine gets the template's own prefix (never one found from the questions queued together)."""
+    from candor.backends.engine.shared_prefix import SharedPrefix
     from candor.backends.hf import HFBackend
-    from candor.backends.shared_prefix import SharedPrefix
     from candor.serve import HonestModel
     from candor.serve.confidence_sources import question_item
 

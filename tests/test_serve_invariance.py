@@ -109,7 +109,7 @@ def test_head_confidences_under_concurrency_equal_the_question_alone(tiny_model_
 def test_reading_answers_alone_keeps_their_tokens_and_gives_the_generations_log_probs(backend):
     """The re-read log-probs are the generated ones up to float rounding, and the same bits every time."""
     from candor.backends.base import SamplingParams
-    from candor.backends.shared_prefix import SharedPrefix
+    from candor.backends.engine.shared_prefix import SharedPrefix
     from candor.serve.confidence_sources import question_item
     from candor.serve.rescoring import read_alone
 

@@ -7,7 +7,7 @@ import math
 import torch
 
 from candor.backends.base import DEFAULT_TOP_LOGPROBS, Completion, SamplingParams
-from candor.backends.hf import decoded_vocab
+from candor.backends.engine import decoded_vocab
 
 PROMPT = "Question: Who wrote Hamlet?\nAnswer:"
 

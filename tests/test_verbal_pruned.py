@@ -94,7 +94,7 @@ def test_the_estimator_option_is_used_recorded_and_refused_where_it_cannot_run(t
 
 
 def test_small_batches_and_few_nodes_per_pass_give_the_same_pruned_scores(tiny_backend, prompts, exact, monkeypatch):
-    import candor.backends.prefix_scoring as ps
+    import candor.backends.engine.prefix_scoring as ps
 
     min_mass = float(np.median(np.exp(exact))) * 1e4
     whole, whole_unexpanded = tiny_backend.score_candidates_pruned(prompts, FORMS, min_mass)

@@ -4,9 +4,12 @@ Each entry of :data:`BACKENDS` is a loader ``(model, **kwargs) -> Backend``.
 Loaders import their engine lazily, so importing candor (and ``candor --help``)
 never pays for torch or transformers.
 
-Also here: the embedded default model (:mod:`~candor.backends.default_model`), token
-plumbing shared by every torch path (:mod:`~candor.backends.tokens`), and the offline
-sentence-embedding model (:mod:`~candor.backends.embeddings`).
+Also here: the engine the ``hf`` backend and live serving decode with
+(:mod:`~candor.backends.engine`), the text calls of backends that hold a tokenizer
+(:mod:`~candor.backends.tokenizer_mixin`), the embedded default model
+(:mod:`~candor.backends.default_model`), token plumbing shared by every torch path
+(:mod:`~candor.backends.tokens`), and the offline sentence-embedding model
+(:mod:`~candor.backends.embeddings`).
 
 May import: :mod:`candor.util`, :mod:`candor.data`.
 """

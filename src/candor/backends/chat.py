@@ -1,6 +1,7 @@
 """A chat-template renderer from a tokenizer alone, for code that has no backend (training, diagnostics).
 
-The ``hf`` and ``vllm`` backends render their ``render_chat`` through it, so
+The ``hf`` and ``vllm`` backends render their ``render_chat`` through it
+(:class:`candor.backends.tokenizer_mixin.TokenizerMixin`), so
 a prompt built from a tokenizer is exactly the prompt a backend scores.
 """
 

@@ -1,6 +1,6 @@
 """The ``hf`` backend: any transformers causal LM, on CPU or GPU.
 
-Generation uses candor's own decode loop (:mod:`candor.backends.decode_loop`)
+Generation uses candor's own decode loop (:mod:`candor.backends.engine.decode_loop`)
 instead of ``model.generate``, because annotation asks for a greedy answer
 and ``n`` samples of the same prompt, and a per-call ``generate`` recomputes
 the prompt for each of them:
@@ -10,7 +10,7 @@ the prompt for each of them:
   prompt) is computed once and its KV cache copied into each chunk;
 - each prompt's KV cache is prefilled once and copied into one row for the
   greedy answer and one per sample;
-- the rows' KV cache is written in place (:mod:`candor.backends.kv_slots`):
+- the rows' KV cache is written in place (:mod:`candor.backends.engine.kv_slots`):
   a row that finishes (EOS, a stop string, ``max_new_tokens``) leaves the
   batch at once, so finished answers stop costing compute, and the next
   prompt's rows take its place, so the batch stays full and the long answers
@@ -19,15 +19,15 @@ the prompt for each of them:
 
 :meth:`HFBackend.live_engine` runs the same loop in a thread of its own, fed
 by requests that join the running batch at the next step
-(:mod:`candor.backends.live_engine`).
+(:mod:`candor.backends.engine.live_engine`).
 
 On a CPU shared with other busy processes, OpenMP's default spin-waiting made
 every forward pass five to six times slower with 2 threads on 2 cores; set
 ``OMP_WAIT_POLICY=PASSIVE`` (before torch starts) or use one thread there.
 
-Sampling is described in :mod:`candor.backends.sampling` (seeded per prompt
+Sampling is described in :mod:`candor.backends.engine.sampling` (seeded per prompt
 and sample, so a prompt's samples never depend on its batch), stop strings in
-:mod:`candor.backends.stops`. The text is cut at the first stop string, and
+:mod:`candor.backends.engine.stops`. The text is cut at the first stop string, and
 the token that completed it is dropped together with its log-prob; when a
 stop string spans tokens, the earlier tokens of it stay in ``token_ids``.
 """
@@ -57,14 +57,24 @@ from candor.backends.base import (
     SamplingParams,
     TokenHook,
 )
-from candor.backends.chat import TokenizerChat
-from candor.backends.decode_loop import ChunkFeed, DecodeJob, DecodeLoop
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
-from candor.backends.llama_step import lean_decode_step
-from candor.backends.packed_linear import PackedLinears, packed_linears_of, with_packed_linears
-from candor.backends.sampling import row_seed
-from candor.backends.sampling import sample_tokens as sample_tokens  # re-exported: its public home before
-from candor.backends.stops import StopMatcher, decoded_vocab
+from candor.backends.engine import (
+    ChunkFeed,
+    DecodeJob,
+    DecodeLoop,
+    HFLiveEngine,
+    PackedLinears,
+    StopMatcher,
+    continuation_hidden_states,
+    decoded_vocab,
+    lean_decode_step,
+    packed_linears_of,
+    row_seed,
+    score_candidates,
+    score_candidates_pruned,
+    with_packed_linears,
+)
+from candor.backends.tokenizer_mixin import TokenizerMixin
 from candor.backends.tokens import (
     accepts_logits_to_keep,
     cache_keyword,
@@ -73,7 +83,6 @@ from candor.backends.tokens import (
     prefill_shared_prefix,
     usable_prefix_length,
 )
-from candor.backends.tokens import encode as encode_tokens
 from candor.backends.tokens import new_cache as new_kv_cache
 from candor.util.cpu import NATIVE_16BIT, describe, native_16bit
 from candor.util.errors import CandorError
@@ -83,7 +92,7 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class HFBackend:
+class HFBackend(TokenizerMixin):
     """A white-box backend around a transformers causal LM and its tokenizer."""
 
     white_box = True
@@ -166,7 +175,7 @@ class HFBackend:
         ``dtype`` defaults to float32 on CPU and bfloat16 on CUDA. ``adapter``
         is a PEFT adapter directory, merged into the weights for speed.
         ``pack_linears=False`` keeps ``nn.Linear``'s own CPU kernels
-        (:mod:`candor.backends.packed_linear`).
+        (:mod:`candor.backends.engine.packed_linear`).
         """
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype=resolve_dtype(dtype, device))
@@ -184,17 +193,6 @@ class HFBackend:
         """Tokens the model attends to (prompt plus answer); None when its config does not say."""
         value = getattr(self.model.config, "max_position_embeddings", None)
         return int(value) if value else None
-
-    # ------------------------------------------------------------------ text
-
-    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return TokenizerChat(self.tokenizer, self.model_name).render_chat(messages, add_generation_prompt)
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids))
 
     # ------------------------------------------------------------ generation
 
@@ -265,12 +263,10 @@ class HFBackend:
         for its greedy answer and one per sample); by default
         ``batch_size`` x 6, a full batch of greedy answers with 5 samples.
         ``shared_prefix``: token ids the prompts start with (a template's
-        few-shot block, see :class:`candor.backends.shared_prefix.SharedPrefix`),
+        few-shot block, see :class:`candor.backends.engine.shared_prefix.SharedPrefix`),
         run once; each prompt that starts with them is prefilled past them only.
         Close it when done (it is a context manager).
         """
-        from candor.backends.live_engine import HFLiveEngine
-
         rows = max_rows if max_rows is not None else self.batch_size * 6
         return HFLiveEngine(self, rows, shared_prefix=shared_prefix)
 
@@ -405,19 +401,13 @@ class HFBackend:
         """:meth:`hidden_states` of ``prompt + c`` for each continuation c of each prompt, each prompt run once.
 
         Call it through :func:`candor.backends.base.continuation_hidden_states`
-        (:mod:`candor.backends.continuation_states`).
+        (:mod:`candor.backends.engine.continuation_states`).
         """
-        from candor.backends.continuation_states import continuation_hidden_states
-
         return continuation_hidden_states(self, prompts, continuations, layer)
 
     # ------------------------------------------------ public model plumbing
-    # The building blocks of the methods above, public for the candidate-scoring kernel
-    # (candor.backends.prefix_scoring); they keep its numbers equal to ``score``'s.
-
-    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
-        """Token ids as every method here feeds them (special tokens, no doubled BOS)."""
-        return encode_tokens(self.tokenizer, prompts)
+    # The building blocks of the methods above (and ``encode``, from TokenizerMixin), public for the
+    # engine's scoring kernels (candor.backends.engine.prefix_scoring); they keep its numbers equal to ``score``'s.
 
     @with_packed_linears
     def forward(
@@ -444,11 +434,11 @@ class HFBackend:
     def decode_forward(
         self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, position_ids: torch.Tensor
     ) -> torch.Tensor:
-        """:meth:`forward` for one decode step over the slot cache (:mod:`candor.backends.kv_slots`).
+        """:meth:`forward` for one decode step over the slot cache (:mod:`candor.backends.engine.kv_slots`).
 
         ``ids`` ``[B, 1]``; ``mask`` the 4-D additive mask over the window the
         cache's layers return. Runs the lean step of a plain Llama
-        (:mod:`candor.backends.llama_step`) when there is one, inference is on
+        (:mod:`candor.backends.engine.llama_step`) when there is one, inference is on
         and the linear layers are packed. Its first step runs transformers'
         forward on the same inputs first and keeps the lean step only if their
         logits agree; either way the step's result (and the KV column, which
@@ -498,10 +488,8 @@ class HFBackend:
 
         The same numbers as summing :meth:`score` over every pair, with the
         shared prompt prefix, each prompt and the candidates' common tokens
-        computed once (:mod:`candor.backends.prefix_scoring`).
+        computed once (:mod:`candor.backends.engine.prefix_scoring`).
         """
-        from candor.backends.prefix_scoring import score_candidates
-
         return score_candidates(self, prompts, candidates)
 
     @torch.inference_mode()
@@ -513,10 +501,8 @@ class HFBackend:
 
         Returns the scores (-inf for the candidates skipped) and, per prompt,
         the probability of the nodes left unexpanded, an upper bound on the
-        probability of what was skipped (:func:`candor.backends.prefix_scoring.score_candidates_pruned`).
+        probability of what was skipped (:func:`candor.backends.engine.prefix_scoring.score_candidates_pruned`).
         """
-        from candor.backends.prefix_scoring import score_candidates_pruned
-
         return score_candidates_pruned(self, prompts, candidates, min_mass)
 
     def _find_eos_ids(self) -> frozenset[int]:

@@ -54,7 +54,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -73,6 +72,7 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
+from candor.backends.server_tokens import aligned, canonical_token, echoed_spans, shown_tokens, tokens_within
 from candor.util.errors import CandorError, UpstreamError
 from candor.util.seeds import item_seed
 from candor.util.version import install_hint
@@ -397,7 +397,7 @@ class OpenAIBackend:
         tokens, lps, tops = self._choice_logprobs(choice)
         if tokens and all(x is not None for x in lps):
             # Drop tokens past the returned text: the EOS or the token that completed a stop string.
-            keep = _tokens_within(tokens, len(raw))
+            keep = tokens_within(tokens, len(raw))
             tokens, lps, tops = tokens[:keep], lps[:keep], tops[:keep]
         else:
             tokens, lps, tops = [], [], []
@@ -421,11 +421,11 @@ class OpenAIBackend:
             lps = [_get(e, "logprob") for e in content]
             tops = [{_get(t, "token"): float(_get(t, "logprob")) for t in (_get(e, "top_logprobs") or [])}
                     for e in content]
-            return _aligned(tokens, lps, tops)
+            return aligned(tokens, lps, tops)
         tokens = list(_get(block, "tokens") or [])
         lps = list(_get(block, "token_logprobs") or [])
         tops = [{str(k): float(v) for k, v in (d or {}).items()} for d in (_get(block, "top_logprobs") or [])]
-        return _aligned(tokens, lps, tops)
+        return aligned(tokens, lps, tops)
 
     # ------------------------------------------------------------ scoring
 
@@ -446,7 +446,7 @@ class OpenAIBackend:
     def _continuation_logprobs(self, choice: Any, prompt: str, continuation: str) -> list[float]:
         """The log-probs of the continuation's tokens in an echoed ``prompt + continuation``.
 
-        The echoed tokens are laid over the text (see :func:`echoed_spans`);
+        The echoed tokens are laid over the text (see :func:`candor.backends.server_tokens.echoed_spans`);
         the continuation's are those ending past the prompt (a token merged
         across the boundary counts). Anything that does not line up is an
         error: an empty list would read as log-prob 0, probability 1.
@@ -500,7 +500,7 @@ class OpenAIBackend:
         (`` A``: decoding the id alone drops a SentencePiece word's leading
         space, and would then match the different token ``A``); and its
         vocabulary piece (``▁A``, ``ĠA``, ``<0x0A>``), which some servers send
-        as it is. Server names go through :func:`canonical_token` as well.
+        as it is. Server names go through :func:`~candor.backends.server_tokens.canonical_token` as well.
         """
         tokenizer = self._need_tokenizer()
         token_id = int(token_id)
@@ -577,75 +577,6 @@ def _messages(prompt: str) -> list[dict[str, str]]:
     if tail:
         messages[-1]["content"] = f"{messages[-1]['content']}\n{tail}"
     return messages
-
-
-def _aligned(
-    tokens: list[str], lps: list[float | None], tops: list[dict[str, float]]
-) -> tuple[list[str], list[float | None], list[dict[str, float]]]:
-    """The three lists position by position; a list that does not match the tokens' length is dropped."""
-    if len(lps) != len(tokens):
-        return [], [], []
-    return tokens, lps, tops if len(tops) == len(tokens) else []
-
-
-def echoed_spans(tokens: Sequence[str], text: str, max_leading: int = 4) -> list[tuple[int, tuple[int, int]]] | None:
-    """``(token index, (start, end))`` of the echoed tokens that spell ``text``; None when they do not.
-
-    Servers echo the prompt's tokens as strings, and vLLM counts ``text_offset``
-    over those strings, a leading special token (``<|begin_of_text|>``) included,
-    so offsets need not index the text. The strings are laid over the text
-    instead: after at most ``max_leading`` leading tokens the text lacks, they
-    must spell it exactly; what follows is the generated token.
-    """
-    for first in range(min(max_leading, len(tokens)) + 1):
-        spans, at = [], 0
-        for i in range(first, len(tokens)):
-            if at == len(text):
-                break
-            token = tokens[i]
-            if not token or not text.startswith(token, at):
-                break
-            spans.append((i, (at, at + len(token))))
-            at += len(token)
-        if at == len(text) and spans:
-            return spans
-    return None
-
-
-# SentencePiece marks a word-initial space with U+2581 and spells a byte-fallback token as <0xNN>.
-SENTENCEPIECE_SPACE = "\u2581"
-BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def canonical_token(token: str) -> str:
-    """A token string as text: SentencePiece's space marker as a space, an ASCII byte token as its character.
-
-    Servers differ in how they name a token in ``top_logprobs`` (llama.cpp
-    and older vLLM send the vocabulary piece ``▁A``, current vLLM the decoded
-    `` A``); both sides of a comparison go through this. A non-ASCII byte
-    token stays as it is (one byte of a character is no text).
-    """
-    token = token.replace(SENTENCEPIECE_SPACE, " ")
-    return BYTE_TOKEN.sub(lambda m: chr(int(m.group(1), 16)) if int(m.group(1), 16) < 0x80 else m.group(0), token)
-
-
-def shown_tokens(top: dict[str, float]) -> dict[str, float]:
-    """A position's top log-probs keyed by :func:`canonical_token`; names that collide keep the larger."""
-    out: dict[str, float] = {}
-    for token, lp in top.items():
-        key = canonical_token(token)
-        out[key] = max(lp, out.get(key, float("-inf")))
-    return out
-
-
-def _tokens_within(tokens: Sequence[str], text_length: int) -> int:
-    """How many leading tokens lie inside a text of ``text_length`` characters."""
-    seen = 0
-    for count, token in enumerate(tokens):
-        if seen >= text_length:
-            return count
-        seen += len(token)
-    return len(tokens)
 
 
 def _get(obj: Any, key: str) -> Any:

@@ -45,9 +45,8 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
-from candor.backends.chat import TokenizerChat
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
-from candor.backends.tokens import encode as encode_tokens
+from candor.backends.tokenizer_mixin import TokenizerMixin
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
 
@@ -67,7 +66,7 @@ def _vllm() -> Any:
     return vllm
 
 
-class VLLMBackend:
+class VLLMBackend(TokenizerMixin):
     """A grey-box backend: generation, token and prompt log-probs from vLLM; no hidden states."""
 
     white_box = False
@@ -133,21 +132,6 @@ class VLLMBackend:
         logger.info("starting vLLM on %s", path)
         llm = vllm.LLM(**args)
         return cls(llm, tokenizer, model_name=name_or_path, seed=seed, top_logprobs=top_logprobs, folder=path)
-
-    # ------------------------------------------------------------ text
-
-    def render_chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return TokenizerChat(self.tokenizer, self.model_name).render_chat(messages, add_generation_prompt)
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids))
-
-    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
-        """Token ids with special tokens, without doubling a BOS the prompt already has (as ``hf`` does)."""
-        return encode_tokens(self.tokenizer, prompts)
 
     # ------------------------------------------------------------ generation
 

@@ -66,7 +66,7 @@ from candor.backends.base import (
     SamplingParams,
     backend_capabilities,
 )
-from candor.backends.shared_prefix import SharedPrefix
+from candor.backends.engine import SharedPrefix
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
 from candor.serve import thresholds as th
 from candor.serve.answering import (

@@ -14,7 +14,7 @@ texts and token ids are already the question's own
 (``HonestModel.rereads_answers``).
 
 The token prefix every prompt of the template shares (the few-shot block) is
-run once and its KV cache reused (:class:`candor.backends.shared_prefix.SharedPrefix`); a question's split
+run once and its KV cache reused (:class:`candor.backends.engine.shared_prefix.SharedPrefix`); a question's split
 between that prefix and the rest is always the same, so re-reading it gives
 the same numbers whatever ran before.
 
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from candor.backends.base import Completion, Generations
-from candor.backends.hf import HFBackend, decoded_vocab
-from candor.backends.shared_prefix import SharedPrefix
+from candor.backends.engine import SharedPrefix, decoded_vocab
+from candor.backends.hf import HFBackend
 
 # Logit floats held at once (rows × answer tokens × vocabulary): 2^26 floats is 256 MiB.
 MAX_LOGIT_FLOATS = 1 << 26

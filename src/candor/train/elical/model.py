@@ -41,7 +41,7 @@ from torch import nn
 from candor.annotation.prompts import render_prompts
 from candor.annotation.records import Record
 from candor.backends.chat import TokenizerChat
-from candor.backends.packed_linear import packed_linears_of
+from candor.backends.engine import packed_linears_of
 from candor.backends.tokens import encode, last_token_index, positions_from_mask, shared_prefix_batches
 from candor.data.items import QAItem
 from candor.util.errors import CandorError

@@ -10,7 +10,7 @@ copy of that cache.
 The prefix is fixed by the template, never by which prompts happen to run
 together, so a prompt's split (and so every number computed from it) is the
 same whatever else runs: the live engine's prefill
-(:mod:`candor.backends.live_engine`) and serving's re-read of answers
+(:mod:`candor.backends.engine.live_engine`) and serving's re-read of answers
 (:mod:`candor.serve.rescoring`) both rely on that.
 """
 

@@ -14,12 +14,12 @@ every step:
   the token prefix all prompts share), joining as soon as their rows fit, so
   the long answers of one prompt decode alongside the next prompts instead of
   alone;
-- the live engine (:mod:`candor.backends.live_engine`): requests from a
+- the live engine (:mod:`candor.backends.engine.live_engine`): requests from a
   queue, each prefilled alone, joining at the next step.
 
-The rows' KV cache is written in place (:mod:`candor.backends.kv_slots`)
+The rows' KV cache is written in place (:mod:`candor.backends.engine.kv_slots`)
 where the model allows, else it is transformers' own cache joined by
-padding (:mod:`candor.backends.kv_batch`).
+padding (:mod:`candor.backends.engine.kv_batch`).
 
 Errors: a job's hook that raises fails that job only when the job has an
 ``on_error`` handler (its rows leave, the others go on); without one (as in
@@ -44,11 +44,11 @@ from candor.backends.base import (
     RequestTokenHook,
     SamplingParams,
 )
-from candor.backends.kv_batch import KVBatch
-from candor.backends.kv_slots import SlotKV, slots_supported
-from candor.backends.op_threads import SMALL_OP_ELEMENTS, all_threads
-from candor.backends.sampling import pick_tokens, row_uniforms
-from candor.backends.stops import StopMatcher, decoded_vocab
+from candor.backends.engine.kv_batch import KVBatch
+from candor.backends.engine.kv_slots import SlotKV, slots_supported
+from candor.backends.engine.op_threads import SMALL_OP_ELEMENTS, all_threads
+from candor.backends.engine.sampling import pick_tokens, row_uniforms
+from candor.backends.engine.stops import StopMatcher, decoded_vocab
 from candor.backends.tokens import pad_batch, positions_from_mask
 
 logger = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class DecodeLoop:
     decoded together, and prompt plus answer tokens); it grows if a request
     needs more. ``split_prefix``: the prefills of this loop that come with a
     shared prefix all come with the same one, which the slot cache may keep
-    once for all rows (:mod:`candor.backends.kv_slots`).
+    once for all rows (:mod:`candor.backends.engine.kv_slots`).
     """
 
     def __init__(self, backend: Any, rows: int, columns: int, split_prefix: bool = False) -> None:
@@ -289,7 +289,7 @@ class DecodeLoop:
         """Pick one token per row, end the rows that finished, run the rest one step.
 
         The step's small ops run on one thread, its products, attention and
-        token picking on all (:mod:`candor.backends.op_threads`).
+        token picking on all (:mod:`candor.backends.engine.op_threads`).
         """
         with self._small_ops(self.kv.live):
             self._step()

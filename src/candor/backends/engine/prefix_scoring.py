@@ -28,7 +28,7 @@ tokens, so a token merged across the boundary belongs to the candidate.
 Prompts that end with the same line (say ``\\nConfidence:``) are tokenized
 with the candidates once per line, not once per prompt, when the line's
 tokens do not depend on the text before it (checked on every prompt; see
-:func:`_encode_all`).
+:func:`~candor.backends.engine.candidate_tokens.encode_candidates`).
 
 The kernel runs only through the backend's public plumbing (``encode``,
 ``forward``, ``new_cache``, ``tokenize``, ``model``, ``device``).
@@ -40,12 +40,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from candor.backends.base import score_pairs
+from candor.backends.engine.candidate_tokens import CandidateTokens, encode_candidates
 from candor.backends.tokens import MIN_SHARED_PREFIX, shared_prefix_length
 
 # Bounds per forward pass: logits kept (rows × positions × vocab) and tokens fed (rows × width).
@@ -63,96 +63,6 @@ def score_candidates(backend: Any, prompts: Sequence[str], candidates: Sequence[
     Call it through :func:`candor.backends.base.score_candidates`, which checks the inputs.
     """
     return _CachedScorer(backend).score(prompts, candidates)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-# ---------------------------------------------------------------- tokens
-
-
-@dataclass(frozen=True)
-class _Encoded:
-    """A prompt's tokens and its candidates' tokens past the part they all keep."""
-
-    context: list[int]
-    keep: int  # leading context tokens every candidate keeps (0: nothing can be cached)
-    tails: tuple[tuple[int, ...], ...]  # per candidate, the tokens of prompt + candidate from ``keep`` on
-    offsets: tuple[int, ...]  # per candidate, leading tail tokens that are the prompt's own (not scored)
-
-
-def _split(context: Sequence[int], fulls: Sequence[Sequence[int]]) -> _Encoded:
-    """Encode one prompt from its own tokens and the tokens of ``prompt + candidate`` for each candidate."""
-    commons = [_common_prefix(context, f) for f in fulls]
-    keep = min(commons)
-    tails = tuple(tuple(f[keep:]) for f in fulls)
-    offsets = tuple(c - keep for c in commons)
-    return _Encoded(list(context), keep, tails, offsets)
-
-
-def _encode_all(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> list[_Encoded]:
-    """Every prompt's tokens and its candidates' tails, as ``HFBackend.score`` would cut them.
-
-    Tokenizing ``prompt + candidate`` for every pair dominates when candidates
-    are many (101 percentages × 2 forms), so prompts ending with the same line
-    share one tokenization of that line plus each candidate. This relies on
-    the line break before it being a token boundary no matter what follows;
-    it is checked on every prompt's own tokens and on all candidates of one
-    prompt per line, and prompts that fail the check are tokenized in full.
-    """
-    contexts = backend.encode(list(prompts))
-    out: list[_Encoded | None] = [None] * len(prompts)
-    for line, members in _line_groups(prompts):
-        _encode_group(backend, prompts, contexts, candidates, line, members, out)
-    rest = [i for i, e in enumerate(out) if e is None]
-    if rest:
-        flat = backend.encode([prompts[i] + c for i in rest for c in candidates])
-        n = len(candidates)
-        for k, i in enumerate(rest):
-            out[i] = _split(contexts[i], flat[k * n : (k + 1) * n])
-    return out  # type: ignore[return-value]
-
-
-def _line_groups(prompts: Sequence[str]) -> list[tuple[str, list[int]]]:
-    """Prompts grouped by their last line (when it starts with a non-space), two or more per group."""
-    groups: dict[str, list[int]] = {}
-    for i, prompt in enumerate(prompts):
-        cut = prompt.rfind("\n") + 1
-        if 0 < cut < len(prompt) and not prompt[cut].isspace():
-            groups.setdefault(prompt[cut:], []).append(i)
-    return [(line, members) for line, members in groups.items() if len(members) > 1]
-
-
-def _encode_group(
-    backend: Any,
-    prompts: Sequence[str],
-    contexts: list[list[int]],
-    candidates: Sequence[str],
-    line: str,
-    members: list[int],
-    out: list[_Encoded | None],
-) -> None:
-    """Fill ``out`` for the prompts ending with ``line`` from one tokenization of it with each candidate."""
-    line_ids = backend.tokenize(line)
-    n = len(line_ids)
-    if n == 0:
-        return
-    members = [i for i in members if len(contexts[i]) > n and contexts[i][-n:] == line_ids]
-    if len(members) < 2:
-        return
-    rep = members[0]
-    head = len(contexts[rep]) - n
-    fulls = backend.encode([prompts[rep] + c for c in candidates])
-    if any(f[:head] != contexts[rep][:head] for f in fulls):
-        return  # the line break is no token boundary for this tokenizer: tokenize in full
-    shared = _split(line_ids, [f[head:] for f in fulls])
-    for i in members:
-        start = len(contexts[i]) - n
-        out[i] = _Encoded(contexts[i], start + shared.keep, shared.tails, shared.offsets)
 
 
 # ---------------------------------------------------------------- the trie of candidate tails
@@ -266,7 +176,7 @@ class _CachedScorer:
         out = np.zeros((len(prompts), len(candidates)))
         self.unexpanded = np.zeros(len(prompts))
         with torch.inference_mode():
-            encoded = _encode_all(self.backend, prompts, candidates)
+            encoded = encode_candidates(self.backend, prompts, candidates)
             plain = [i for i, e in enumerate(encoded) if e.keep == 0]
             if plain:  # nothing to cache (the first token itself changed): score plainly
                 out[plain] = score_pairs(self.backend, [prompts[i] for i in plain], candidates)
@@ -275,7 +185,7 @@ class _CachedScorer:
                 out[cached], self.unexpanded[cached] = self._score_cached([encoded[i] for i in cached])
         return out
 
-    def _score_cached(self, encoded: list[_Encoded]) -> tuple[np.ndarray, np.ndarray]:
+    def _score_cached(self, encoded: list[CandidateTokens]) -> tuple[np.ndarray, np.ndarray]:
         tries: dict[tuple[Any, Any], _Trie] = {}
         for e in encoded:
             if (e.tails, e.offsets) not in tries:
@@ -291,11 +201,11 @@ class _CachedScorer:
     # ---------------------------------------------------------------- tree
 
     @staticmethod
-    def _shared_prefix(encoded: list[_Encoded]) -> int:
+    def _shared_prefix(encoded: list[CandidateTokens]) -> int:
         length = shared_prefix_length([e.context[: e.keep] for e in encoded])
         return length if length >= MIN_SHARED_PREFIX else 0
 
-    def _columns(self, encoded: list[_Encoded], tries: Any, prefix: int) -> int:
+    def _columns(self, encoded: list[CandidateTokens], tries: Any, prefix: int) -> int:
         """Cache columns a row may reach, padding included (for the sliding-window check)."""
         widths: dict[int, int] = {}
         for trie in tries:
@@ -303,7 +213,7 @@ class _CachedScorer:
                 widths[k] = max(widths.get(k, 0), len(nodes))
         return max(e.keep for e in encoded) + sum(widths.values())
 
-    def _tree(self, encoded: list[_Encoded], tries: list[_Trie], prefix: int) -> tuple[np.ndarray, np.ndarray]:
+    def _tree(self, encoded: list[CandidateTokens], tries: list[_Trie], prefix: int) -> tuple[np.ndarray, np.ndarray]:
         b = self.backend
         prefix_cache = None
         if prefix:
@@ -326,7 +236,7 @@ class _CachedScorer:
                 out[chunk] = batch.run(self.max_nodes)
         return out, unexpanded
 
-    def _suffix_chunks(self, encoded: list[_Encoded], prefix: int) -> list[list[int]]:
+    def _suffix_chunks(self, encoded: list[CandidateTokens], prefix: int) -> list[list[int]]:
         """Rows per batch when pruning: sized by the suffixes alone (each later pass caps its own nodes)."""
         order = sorted(range(len(encoded)), key=lambda i: encoded[i].keep - prefix)
         chunks: list[list[int]] = []
@@ -342,7 +252,7 @@ class _CachedScorer:
                 widest = width
         return chunks
 
-    def _row_chunks(self, encoded: list[_Encoded], tries: list[_Trie], prefix: int) -> list[list[int]]:
+    def _row_chunks(self, encoded: list[CandidateTokens], tries: list[_Trie], prefix: int) -> list[list[int]]:
         """Rows per batch: similar rows together, within the token and logit bounds of every pass."""
         order = sorted(range(len(encoded)), key=lambda i: (id(tries[i]), encoded[i].keep - prefix))
         chunks: list[list[int]] = []
@@ -365,7 +275,7 @@ class _CachedScorer:
 
     # ---------------------------------------------------------------- repeat
 
-    def _repeat(self, e: _Encoded, trie: _Trie) -> np.ndarray:
+    def _repeat(self, e: CandidateTokens, trie: _Trie) -> np.ndarray:
         import torch
 
         b = self.backend
@@ -438,7 +348,9 @@ class _TreeBatch:
     last column on.
     """
 
-    def __init__(self, backend: Any, rows: list[_Encoded], tries: list[_Trie], prefix_cache: Any, prefix: int) -> None:
+    def __init__(
+        self, backend: Any, rows: list[CandidateTokens], tries: list[_Trie], prefix_cache: Any, prefix: int
+    ) -> None:
         self.b = backend
         self.rows, self.tries, self.prefix = rows, tries, prefix
         if prefix_cache is None:
@@ -607,7 +519,7 @@ def scoring_work(backend: Any, prompts: Sequence[str], candidates: Sequence[str]
     (its own part) and ``trie_nodes`` (the candidates' proper prefixes) run
     once each, and logits are kept at the suffix's last position and at each node.
     """
-    encoded = _encode_all(backend, prompts, candidates)
+    encoded = encode_candidates(backend, prompts, candidates)
     prefix = shared_prefix_length([e.context[: e.keep] for e in encoded]) if len(encoded) > 1 else 0
     prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
     return {

@@ -1,6 +1,6 @@
 """The live engine: requests that join the ``hf`` decode loop while it runs (capability ``live_decode``).
 
-One thread owns the model and runs :class:`candor.backends.decode_loop.DecodeLoop`
+One thread owns the model and runs :class:`candor.backends.engine.decode_loop.DecodeLoop`
 with this engine as its feed. Before every step it runs the queued ``call``
 work, then admits queued requests in order while their rows fit in
 ``max_rows`` (a request that needs more rows than that runs when the batch is
@@ -11,7 +11,7 @@ its own future; its rows leave and the others go on.
 
 An engine opened with a ``shared_prefix`` (the token ids its template's
 prompts all start with: the few-shot block) runs that prefix once, alone, on
-first use (:class:`candor.backends.shared_prefix.SharedPrefix`), and prefills
+first use (:class:`candor.backends.engine.shared_prefix.SharedPrefix`), and prefills
 only the rest of each prompt that starts with it, over a copy of its KV
 cache; a prompt that does not is prefilled in full. The prefix is the
 engine's, never derived from the requests queued together, so a prompt's
@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 import torch
 
 from candor.backends.base import DecodeRequest, Generations
-from candor.backends.decode_loop import DecodeJob, DecodeLoop
-from candor.backends.shared_prefix import SharedPrefix
+from candor.backends.engine.decode_loop import DecodeJob, DecodeLoop
+from candor.backends.engine.shared_prefix import SharedPrefix
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)

@@ -23,12 +23,12 @@ half the free memory is not packed.
 
 Every product of a layer in a scope runs on the thread's full OpenMP count,
 also inside a decode step whose small ops run on one thread
-(:mod:`candor.backends.op_threads`); a scope that does not pack leaves
+(:mod:`candor.backends.engine.op_threads`); a scope that does not pack leaves
 threads alone, since ``nn.Linear``'s own kernels are not widened.
 
 :class:`PackedStack` packs sibling layers that read the same input (q, k
 and v; gate and up) as one weight, for the lean decode step of
-:mod:`candor.backends.llama_step`: one product where there were several.
+:mod:`candor.backends.engine.llama_step`: one product where there were several.
 
 A packed weight is a copy, so it is keyed by what determines it: the
 parameter object, its storage, its version counter, and a content
@@ -51,7 +51,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 
-from candor.backends.op_threads import all_threads, small_ops_on_one_thread
+from candor.backends.engine.op_threads import all_threads, small_ops_on_one_thread
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ class PackedLinears:
         return self.depth > 0
 
     def small_ops_on_one_thread(self, elements: int) -> contextlib.AbstractContextManager[None]:
-        """:func:`candor.backends.op_threads.small_ops_on_one_thread`, when this scope packs.
+        """:func:`candor.backends.engine.op_threads.small_ops_on_one_thread`, when this scope packs.
 
         Only then: the linear layers take their threads back through the
         packing forward, and ``nn.Linear``'s own would run on one thread.

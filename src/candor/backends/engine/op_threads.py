@@ -11,7 +11,7 @@ threads and 5 µs on one.
 
 :func:`small_ops_on_one_thread` runs a block with the calling thread's OpenMP
 team cut to one thread; inside it, :func:`all_threads` (the packed linear
-layers, :mod:`candor.backends.packed_linear`) and :func:`widen` (the slot
+layers, :mod:`candor.backends.engine.packed_linear`) and :func:`widen` (the slot
 cache, for the attention that reads it) give the large ops their threads
 back. Elementwise ops compute each element the same way whatever the thread
 count, and a row's reduction runs on one thread either way, so the numbers
@@ -27,7 +27,7 @@ torch's MKL exports). Attention over more than
 :data:`ONE_THREAD_ATTENTION_ROWS` rows gets all threads back
 (:func:`widen_for_attention`); over fewer, one thread runs it sooner than two
 after a wake. Only caches whose layers widen for attention
-(:class:`candor.backends.kv_slots.SlotKV`) get the split. Attention on one
+(:class:`candor.backends.engine.kv_slots.SlotKV`) get the split. Attention on one
 thread keeps the tokens but not always the last bits: MKL picks its products'
 kernels by thread count on some CPUs (bit-equal on the AVX512/AMX machine the
 threshold was measured on; log-probs up to 1e-6 apart on an AVX2-only AMD

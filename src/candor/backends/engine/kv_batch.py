@@ -1,6 +1,6 @@
 """The fallback KV cache of the decode loop: transformers' own cache, rows joined by padding.
 
-For models the in-place slot cache (:mod:`candor.backends.kv_slots`) cannot
+For models the in-place slot cache (:mod:`candor.backends.engine.kv_slots`) cannot
 run (sliding-window or hybrid cache layers, other attention kernels): rows
 that end leave by index selection, and new rows join by left-padding the
 shorter cache to the longer one (masked, so outputs do not change), which

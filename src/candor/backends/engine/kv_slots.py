@@ -18,16 +18,16 @@ one being filled by moving the last rows into them (only those rows are
 copied) and new rows joining at the end; when ``t`` reaches
 the last column the window moves back to column 0 (one copy).
 
-A decode step's small ops run on one thread (:mod:`candor.backends.op_threads`):
+A decode step's small ops run on one thread (:mod:`candor.backends.engine.op_threads`):
 a layer's ``update`` gives the attention that follows it the full count back,
 and the copies of rows moved by compaction run on it too.
 
 A cache opened with ``split_prefix`` (with a lean decode step,
-:mod:`candor.backends.llama_step`: ``generate``, and a live engine opened
+:mod:`candor.backends.engine.llama_step`: ``generate``, and a live engine opened
 with a shared prefix) keeps the prefix prompts share (the few-shot block)
 once per layer instead of in every slot: rows join with only their own
 columns copied, compaction moves only those, and the lean step's attention
-reads the prefix once for all rows (:mod:`candor.backends.prefix_attention`).
+reads the prefix once for all rows (:mod:`candor.backends.engine.prefix_attention`).
 A row whose prompt does not start with the prefix joins whole and does not
 see it (an additive bias per row, as the mask). transformers' forward over
 such a cache still sees each row's whole key sequence: ``update`` returns the
@@ -45,8 +45,8 @@ from typing import Any, NamedTuple
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from candor.backends import prefix_attention
-from candor.backends.op_threads import all_threads, widen_for_attention
+from candor.backends.engine import prefix_attention
+from candor.backends.engine.op_threads import all_threads, widen_for_attention
 
 # Free columns kept after the window when the buffer is (re)allocated, so the window moves rarely.
 SLACK_COLUMNS = 64

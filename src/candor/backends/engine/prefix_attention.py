@@ -2,7 +2,7 @@
 
 When every prompt of a ``generate`` call starts with the same few-shot
 block, every row's keys begin with the same prefix. The slot cache
-(:mod:`candor.backends.kv_slots`) can keep that prefix once instead of in
+(:mod:`candor.backends.engine.kv_slots`) can keep that prefix once instead of in
 every row's slot; attention then runs in two parts and merges them by their
 log-sum-exps (exact softmax algebra):
 
@@ -21,7 +21,7 @@ stayed the same in ``benchmarks/prefix_split.py``'s runs).
 The log-sum-exp comes from ATen's CPU flash-attention kernel (the kernel
 ``scaled_dot_product_attention`` runs on CPU), which returns it alongside the
 output; :func:`available` says whether this torch build has it. Inside a
-decode step's one-thread block (:mod:`candor.backends.op_threads`) the two
+decode step's one-thread block (:mod:`candor.backends.engine.op_threads`) the two
 attention calls run on all threads (on one for few rows) and the small
 copies and merge on one.
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from candor.backends.op_threads import narrow, widen_for_attention
+from candor.backends.engine.op_threads import narrow, widen_for_attention
 
 # ATen's CPU flash attention, which returns (output, logsumexp); the public SDPA call drops the latter.
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)

@@ -6,15 +6,15 @@ a few hundred Python calls (module dispatch, keyword plumbing, the
 attention interface) on tensors of a few rows. On CPU each product wakes
 the OpenMP team, which on the 2-core machine here costs about as much as a
 small product (``OMP_WAIT_POLICY=PASSIVE``; see
-:mod:`candor.backends.op_threads`). :class:`LlamaDecodeStep` runs the same
+:mod:`candor.backends.engine.op_threads`). :class:`LlamaDecodeStep` runs the same
 ops in the same order on the model's own weights, with q|k|v and gate|up
-each as one packed product (:class:`candor.backends.packed_linear.PackedStack`):
+each as one packed product (:class:`candor.backends.engine.packed_linear.PackedStack`):
 four products per layer, and no module dispatch. In float32 its logits and
 KV writes are transformers' bit for bit (``tests/test_llama_step.py``); in
 bfloat16 a stacked product may round differently in the last bit. Over a
 slot cache that keeps a shared prompt prefix apart
-(:mod:`candor.backends.kv_slots`), attention runs in two parts merged by
-their log-sum-exps (:mod:`candor.backends.prefix_attention`): the KV writes
+(:mod:`candor.backends.engine.kv_slots`), attention runs in two parts merged by
+their log-sum-exps (:mod:`candor.backends.engine.prefix_attention`): the KV writes
 stay transformers', the logits differ by float32 rounding.
 
 Only exact Llama classes (``LlamaForCausalLM`` and its layers, plain
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from transformers.models.llama import modeling_llama as llama
 
-from candor.backends.packed_linear import PackedLinears, PackedStack, bytes_fit
-from candor.backends.prefix_attention import attend_with_shared_prefix
+from candor.backends.engine.packed_linear import PackedLinears, PackedStack, bytes_fit
+from candor.backends.engine.prefix_attention import attend_with_shared_prefix
 
 logger = logging.getLogger(__name__)
 
