@@ -53,7 +53,7 @@ from candor.data.items import QAItem
 from candor.data.splits import seeded_shuffle
 from candor.train.advice.config import AdviceConfig
 from candor.train.advice.triplets import Triplet, TripletStats, build_triplets, write_triplets
-from candor.train.trainers import TrainResult
+from candor.train.common import TrainResult
 from candor.util.cost import ResourceMeter
 from candor.util.errors import CandorError
 
@@ -101,7 +101,7 @@ def train(
     """
     from transformers import set_seed
 
-    from candor.train.trainers import load_causal_lm
+    from candor.train.common import load_causal_lm
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,7 @@ def build_trainer(config: AdviceConfig, model: Any, tokenizer: Any, train_set: A
 
     from candor.train.advice.data import PairCollator, ScoredCollator
     from candor.train.advice.trainer import AdviceTrainer, ConfTunerTrainer
-    from candor.train.trainers import lora_config, training_arguments
+    from candor.train.common import lora_config, training_arguments
     from candor.verbal.scorer import LabelScorer
 
     peft_model = get_peft_model(
