@@ -24,7 +24,7 @@ from candor.train.advice.data import (
 )
 from candor.train.advice.losses import brier, jsd, jsd_hinge, margin_hinge, sum_penalty
 from candor.train.advice.pipeline import DONE_MARKER, build_trainer, is_trained, load_result
-from candor.train.trainers import ATTENTION_PROJECTIONS, QUERY_VALUE
+from candor.train.common import ATTENTION_PROJECTIONS, QUERY_VALUE
 from candor.util.errors import CandorError
 from candor.verbal.scorer import LabelScorer, build_prompt
 
@@ -63,7 +63,7 @@ def tiny_dir(tmp_path_factory, tokenizer):
 
 
 def fresh(tiny_dir):
-    from candor.train.trainers import load_causal_lm
+    from candor.train.common import load_causal_lm
 
     return load_causal_lm(str(tiny_dir), device="cpu")
 
