@@ -194,7 +194,7 @@ def build_trainer(config: AdviceConfig, model: Any, tokenizer: Any, train_set: A
     """The method's Trainer around a fresh LoRA on ``model`` (exposed for tests and custom loops)."""
     from peft import get_peft_model
 
-    from candor.train.advice.data import PairCollator, ScoredCollator
+    from candor.train.advice.data import ExampleCollator
     from candor.train.advice.trainer import AdviceTrainer, ConfTunerTrainer
     from candor.train.common import lora_config, training_arguments
     from candor.verbal.scorer import LabelScorer
@@ -220,7 +220,7 @@ def build_trainer(config: AdviceConfig, model: Any, tokenizer: Any, train_set: A
     )
     pad = int(tokenizer.pad_token_id)
     pairs = config.data == "pairs"
-    collator = PairCollator(pad, config.padding_side) if pairs else ScoredCollator(pad, config.padding_side)
+    collator = ExampleCollator(pad, config.padding_side)
     trainer_cls = AdviceTrainer if pairs else ConfTunerTrainer
     return trainer_cls(
         model=peft_model,
