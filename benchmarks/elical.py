@@ -66,9 +66,8 @@ from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators.confidences import read_confidences
 from candor.evaluation.engine import Group, metric_differences
-from candor.train.elical import EliCalConfig
+from candor.train.elical import Budget, EliCalConfig
 from candor.train.elical.selection import RULES, StageTwoRule, rule_of, select_rule
-from candor.train.elical.splits import parse_budget
 from candor.train.elical.sweep import CONFIDENCES, SweepData, plot_sweep, run_sweep
 from candor.train.elical.targets import targets
 
@@ -215,7 +214,7 @@ def lodo_selection(args: argparse.Namespace, data: SweepData, lodo: list[Record]
     scored = [*lodo, *data.train] if args.score_pool else lodo
     return select_rule(
         data.train, data.dev, scored, out_dir=args.cache / "lodo", config=head_config(args, BEFORE_RULE),
-        rules=names, budgets=[parse_budget(b) for b in args.select_budgets.split(",") if b], seeds=args.seeds,
+        rules=names, budgets=[Budget.parse(b) for b in args.select_budgets.split(",") if b], seeds=args.seeds,
     )  # fmt: skip
 
 
@@ -234,7 +233,7 @@ def in_domain_check(args: argparse.Namespace, data: SweepData, lodo: list[Record
                 "worse_beyond_interval_at": []}
     scored = SweepData(data.train, data.dev, by_dataset, {d: "id" for d in by_dataset})
     labels = {d: targets(recs, "hard", what=f"lodo {d}").astype(int) for d, recs in by_dataset.items()}
-    budgets = [parse_budget(b) for b in args.select_budgets.split(",") if b]
+    budgets = [Budget.parse(b) for b in args.select_budgets.split(",") if b]
     sweeps = {
         name: run_sweep(scored, out_dir=args.cache / "in-domain-check" / _slug(name),
                         config=head_config(args, RULES[name]), budgets=budgets, seeds=args.seeds,
@@ -291,7 +290,7 @@ def plain_resume_sweep(args: argparse.Namespace, data: SweepData, rule: StageTwo
         data,
         out_dir=args.cache / "head-plain" / _slug(rule.name),
         config=config,
-        budgets=[parse_budget(b) for b in args.plain_budgets.split(",") if b],
+        budgets=[Budget.parse(b) for b in args.plain_budgets.split(",") if b],
         seeds=args.seeds,
         methods=("elical",),
         eli_only=False,
@@ -355,7 +354,7 @@ def results_payload(
         "lora": None
         if lora is None
         else {
-            "budget": args.lora_budget,
+            "budget": args.lora_budget.as_json(),
             "epochs_per_stage": args.lora_epochs,
             "seed": args.seeds[0],
             "peak_memory_mib": max(lora_peaks, default=None),
@@ -505,9 +504,9 @@ def _num(x: float | None) -> float | None:
 def main() -> None:
     setup_logging()
     args = parse_args()
-    args.budgets = [parse_budget(b) for b in args.budgets.split(",") if b]
+    args.budgets = [Budget.parse(b) for b in args.budgets.split(",") if b]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    args.lora_budget = parse_budget(args.lora_budget)
+    args.lora_budget = Budget.parse(args.lora_budget)
     train = [r for recs in load_part(args.annotations, "train", IN_DOMAIN).values() for r in recs]
     dev = [r for recs in load_part(args.annotations, "dev", IN_DOMAIN).values() for r in recs]
     seconds: dict[str, float] = {}

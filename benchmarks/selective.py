@@ -83,7 +83,7 @@ def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> list[Record]:
 
 
 def train_head(args: argparse.Namespace, train: list[Record], dev: list[Record]) -> Path:
-    from candor.train.elical import EliCalConfig, train_elical
+    from candor.train.elical import WHOLE_POOL, EliCalConfig, train_elical
     from candor.util.digests import json_digest, records_digest
 
     config = EliCalConfig(mode="head", model=args.model, seed=args.seed, feature_cache=feature_root(args))
@@ -93,7 +93,7 @@ def train_head(args: argparse.Namespace, train: list[Record], dev: list[Record])
     if (folder / "elical_config.json").exists():
         logger.info("reusing the EliCal head in %s", folder)
         return folder
-    train_elical(train, dev, method="elical", budget="all", config=config, out_dir=folder)
+    train_elical(train, dev, method="elical", budget=WHOLE_POOL, config=config, out_dir=folder)
     return folder
 
 
@@ -103,9 +103,9 @@ def feature_root(args: argparse.Namespace) -> str:
 
 def prefetch(args: argparse.Namespace, records: list[Record]) -> None:
     """Fill the feature cache for ``records``' prompts (head mode reads the frozen backbone only)."""
+    from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
     from candor.train.elical.pipeline import head_features
-    from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm(args.model)
     template = str(records[0].provenance.get("template") or "fewshot")

@@ -196,8 +196,8 @@ def resident_mb(pid: int) -> dict[str, float]:
 
 def untrained_head(model: str, folder: Path, template: str) -> Path:
     """An EliCal head on ``model``'s backbone with seeded random weights (memory does not depend on training)."""
+    from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
-    from candor.train.trainers import load_causal_lm
 
     lm, tokenizer = load_causal_lm(model, device="cpu")
     return ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=model, template=template), seed=0).save_pretrained(

@@ -79,8 +79,8 @@ def saved_elical_head(
     ``folder`` and loaded back."""
     import torch
 
+    from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
-    from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm(model_dir, device="cpu")
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj"]} if mode == "lora" else None

@@ -15,16 +15,15 @@ from candor.backends.tokens import pad_batch
 from candor.data.items import QAItem
 from candor.train.advice import LossWeights, build_triplets, method_config, train
 from candor.train.advice.data import (
+    ExampleCollator,
     ExampleDataset,
     FormatBatchSampler,
-    PairCollator,
-    ScoredCollator,
     pair_examples,
     scored_examples,
 )
 from candor.train.advice.losses import brier, jsd, jsd_hinge, margin_hinge, sum_penalty
 from candor.train.advice.pipeline import DONE_MARKER, build_trainer, is_trained, load_result
-from candor.train.trainers import ATTENTION_PROJECTIONS, QUERY_VALUE
+from candor.train.common import ATTENTION_PROJECTIONS, QUERY_VALUE
 from candor.util.errors import CandorError
 from candor.verbal.scorer import LabelScorer, build_prompt
 
@@ -63,7 +62,7 @@ def tiny_dir(tmp_path_factory, tokenizer):
 
 
 def fresh(tiny_dir):
-    from candor.train.trainers import load_causal_lm
+    from candor.train.common import load_causal_lm
 
     return load_causal_lm(str(tiny_dir), device="cpu")
 
@@ -105,7 +104,7 @@ def test_pair_collator_puts_correct_rows_first(tokenizer):
     triplets = build_triplets(make_records()).triplets
     examples = pair_examples(tokenizer, triplets[:2], ["letter", "number"])
     assert [e["format"] for e in examples] == [0, 0, 1, 1]
-    batch = PairCollator(tokenizer.pad_token_id)(examples[:2])
+    batch = ExampleCollator(tokenizer.pad_token_id)(examples[:2])
     assert batch["input_ids"].shape[0] == 4 and batch["format"].tolist() == [0, 0]
     first = build_prompt(tokenizer, triplets[0].item, triplets[0].a_wrong, "letter")
     width = batch["input_ids"].shape[1]
@@ -114,14 +113,14 @@ def test_pair_collator_puts_correct_rows_first(tokenizer):
     answer = batch["input_ids"][0][batch["targets"][0]]
     assert tokenizer.decode(answer).strip() == triplets[0].a_correct
     with pytest.raises(CandorError, match="mixes formats"):
-        PairCollator(tokenizer.pad_token_id)([examples[0], examples[2]])
+        ExampleCollator(tokenizer.pad_token_id)([examples[0], examples[2]])
 
 
 def test_scored_examples_carry_correctness(tokenizer):
     records = make_records()
     examples = scored_examples(tokenizer, records, ["number"])
     assert [e["correct"] for e in examples] == [r.greedy_correct for r in records]
-    batch = ScoredCollator(tokenizer.pad_token_id, "right")(examples[:3])
+    batch = ExampleCollator(tokenizer.pad_token_id, "right")(examples[:3])
     assert batch["correct"].tolist() == [1.0, 1.0, 1.0] and batch["attention_mask"][:, 0].all()
     unlabeled = Record(records[0].item, records[0].greedy, [], None)
     with pytest.raises(CandorError, match="no greedy correctness"):

@@ -12,8 +12,9 @@ from candor.annotation.contamination import fingerprints, read_manifest
 from candor.annotation.records import write_records
 from candor.cli import app
 from candor.estimators.confidences import read_confidences
-from candor.train.elical import EliCalConfig, carve_dev, draw_budget
-from candor.train.trainers import TRAINERS, build_config, parse_settings
+from candor.train.elical import Budget, EliCalConfig, carve_dev
+from candor.train.settings import build_config, parse_settings
+from candor.train.trainers import TRAINERS
 from candor.util.errors import CandorError
 
 
@@ -85,7 +86,7 @@ def test_train_then_score_with_the_head_then_sweep(tiny_model_dir, tmp_path, mon
     assert training["budget"] == 20 and (head / "head.safetensors").exists()
     # The manifest: the 20 budget questions and the 4 carved dev questions (early stopping chose on them).
     rest, carved = carve_dev(annotated_records(40), seed=0)
-    drawn = draw_budget(rest, 20, seed=0)
+    drawn = Budget(20).draw(rest, seed=0)
     assert read_manifest(head) == fingerprints(r.item.question for r in drawn + carved)
     assert len(read_manifest(head)) == 24
     assert any((tmp_path / "cache" / "features").rglob("*")), "head-mode features are cached under $CANDOR_CACHE"

@@ -156,7 +156,7 @@ REAL_MODEL_TOLERANCE = {"head": 1e-5, "lora": 3e-5}
 
 def embedded_head(mode: str, folder) -> ConfidenceHead:
     """A head on the embedded SmolLM2-135M (random LoRA and head, standardized on real features), saved and reloaded."""
-    from candor.train.trainers import load_causal_lm
+    from candor.train.common import load_causal_lm
 
     model, tokenizer = load_causal_lm("smollm2-135m", device="cpu")
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

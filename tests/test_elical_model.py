@@ -14,7 +14,7 @@ from candor.backends.hf import HFBackend
 from candor.backends.tokens import encode, last_token_index, pad_batch
 from candor.data.items import QAItem
 from candor.estimators import get_estimator
-from candor.train.elical import ConfidenceHead, EliCalConfig, FeatureCache, HeadConfig, train_elical
+from candor.train.elical import Budget, ConfidenceHead, EliCalConfig, FeatureCache, HeadConfig, train_elical
 from candor.util.errors import CandorError
 
 QUESTIONS = [
@@ -48,7 +48,7 @@ def make_records(n: int, start: int = 0, template: str | None = "fewshot") -> li
 
 
 def fresh_head(tiny_model_dir: str, mode: str = "head", layer: int = -1, seed: int = 0) -> ConfidenceHead:
-    from candor.train.trainers import load_causal_lm
+    from candor.train.common import load_causal_lm
 
     model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj"]} if mode == "lora" else None
@@ -148,7 +148,8 @@ def test_the_records_template_is_the_one_they_were_annotated_with(tokenizer):
 def test_save_then_load_gives_identical_predictions(tiny_model_dir, tmp_path, mode):
     config = EliCalConfig(mode=mode, model=tiny_model_dir, max_epochs=2, lora_r=4, lora_alpha=8)
     result = train_elical(
-        make_records(24), make_records(8, 100), method="elical", budget=12, config=config, out_dir=tmp_path / "head"
+        make_records(24), make_records(8, 100), method="elical", budget=Budget(12), config=config,
+        out_dir=tmp_path / "head",
     )
     inputs = [*make_records(3, 200), *QUESTIONS]
     before = result.model.predict(inputs)

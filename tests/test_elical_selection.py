@@ -6,7 +6,7 @@ import pytest
 from helpers import annotated_records
 
 from candor.annotation.contamination import fingerprints, read_manifest
-from candor.train.elical import EliCalConfig
+from candor.train.elical import WHOLE_POOL, EliCalConfig
 from candor.train.elical.selection import RULES, lodo_folds, pick, rule_of, select_rule
 from candor.util.errors import CandorError
 
@@ -75,7 +75,7 @@ def test_a_tiny_selection_runs_every_rule_on_every_fold_and_no_head_saw_its_held
     pool, dev, extra = pool_dev_extra()
     config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=2, feature_cache=str(tmp_path / "features"))
     result = select_rule(pool, dev, extra, out_dir=tmp_path / "select", config=config,
-                         rules=["loss-stop", "bias-scale"], budgets=["all"], seeds=[0])
+                         rules=["loss-stop", "bias-scale"], budgets=[WHOLE_POOL], seeds=[0])
     assert set(result["candidates"]) == {"loss-stop", "bias-scale"}
     assert result["selected"] in result["candidates"]
     assert result["folds"]["nq"] == {"n_train": 24, "n_dev": 8, "n_scored": 10, "n_correct": 3}

@@ -12,7 +12,7 @@ from sklearn.metrics import roc_auc_score
 
 from candor.annotation.contamination import fingerprints, read_manifest
 from candor.evaluation.metrics import alignment, auroc, ece
-from candor.train.elical import EliCalConfig
+from candor.train.elical import WHOLE_POOL, Budget, EliCalConfig
 from candor.train.elical.curve import summarize_column
 from candor.train.elical.sweep import SweepData, run_sweep
 from candor.util.errors import CandorError
@@ -66,7 +66,7 @@ def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_model_dir, tmp_p
     kwargs = dict(
         out_dir=tmp_path / "sweep",
         config=config,
-        budgets=[10, "all"],
+        budgets=[Budget(10), WHOLE_POOL],
         seeds=[0],
         bootstrap=20,
         baselines={"N-Prob": baseline},
@@ -120,7 +120,7 @@ def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_model_dir, tmp_p
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="candor.train.elical"):
         fewer = SweepData(data.train[1:], data.dev, more.tests, more.roles)
-        run_sweep(fewer, **{**kwargs, "budgets": [10], "baselines": None})
+        run_sweep(fewer, **{**kwargs, "budgets": [Budget(10)], "baselines": None})
     assert sum(m.startswith("training ") for m in caplog.messages) == 3
 
 
@@ -129,20 +129,21 @@ def test_the_sweep_refuses_a_dev_slice_that_overlaps_test_before_training(tiny_m
     leaked = SweepData(data.train, [*data.dev, data.tests["near"][0]], data.tests, data.roles)
     with pytest.raises(CandorError, match="the dev slice: 1 of 9 questions are also in the test set, "
                        "e.g. 'What is fact number 500 about near\\?'"):
-        run_sweep(leaked, out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir), budgets=[10], seeds=[0])
+        run_sweep(leaked, out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir), budgets=[Budget(10)], seeds=[0])
     assert not (tmp_path / "runs").exists()
 
 
 def test_the_sweep_refuses_a_budget_over_the_pool(tiny_model_dir, tmp_path):
     with pytest.raises(CandorError, match="label budget 100 is larger than the labelled pool \\(36 records\\)"):
-        run_sweep(sweep_data(), out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir), budgets=[10, 100])
+        run_sweep(sweep_data(), out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir),
+                  budgets=[Budget(10), Budget(100)])
 
 
 def test_a_lora_sweep_trains_fresh_backbones_and_predicts_from_tokens(tiny_model_dir, tmp_path):
     data = sweep_data()
     config = EliCalConfig(mode="lora", model=tiny_model_dir, max_epochs=1, lora_r=4, lora_alpha=8)
     summary = run_sweep(
-        data, out_dir=tmp_path, config=config, budgets=[10], seeds=[0], methods=("elical",), bootstrap=0
+        data, out_dir=tmp_path, config=config, budgets=[Budget(10)], seeds=[0], methods=("elical",), bootstrap=0
     )
     assert set(summary["methods"]) == {"Eli-Only", "EliCal@10"}
     assert (tmp_path / "heads" / "elical@10" / "seed0" / "adapter").is_dir()

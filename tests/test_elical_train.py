@@ -13,14 +13,15 @@ from safetensors.torch import load_file
 from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.data.items import QAItem
+from candor.train.common import training_arguments
 from candor.train.elical import (
+    WHOLE_POOL,
+    Budget,
     ConfidenceHead,
     EliCalConfig,
     LinearHead,
     carve_dev,
     check_disjoint,
-    draw_budget,
-    parse_budget,
     targets,
     train_elical,
 )
@@ -33,7 +34,6 @@ from candor.train.elical.trainer import (
     epoch_history,
     feature_examples,
 )
-from candor.train.trainers import training_arguments
 from candor.util.errors import CandorError
 
 
@@ -179,8 +179,8 @@ def test_feature_rows_are_float32_and_prompts_pad_on_the_side_asked():
 
 
 def test_the_head_gets_its_own_learning_rate_in_lora_mode(tiny_model_dir, tmp_path):
+    from candor.train.common import load_causal_lm
     from candor.train.elical.model import HeadConfig
-    from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj"]}
@@ -217,7 +217,7 @@ def test_stage_two_updates_the_lora_weights_it_resumes(tiny_model_dir, tmp_path)
         dev,
         method="elical",
         init_from=tmp_path / "eli",
-        budget=12,
+        budget=Budget(12),
         config=lora_config(tiny_model_dir),
         out_dir=tmp_path / "elical",
     )
@@ -232,7 +232,8 @@ def test_stage_two_updates_the_lora_weights_it_resumes(tiny_model_dir, tmp_path)
 def test_elical_runs_both_stages_and_records_each(tiny_model_dir, tmp_path):
     config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3)
     result = train_elical(
-        make_records(30), make_records(8, 100), method="elical", budget=10, config=config, out_dir=tmp_path / "h"
+        make_records(30), make_records(8, 100), method="elical", budget=Budget(10), config=config,
+        out_dir=tmp_path / "h",
     )
     eli, cal = result.stages
     assert (eli.name, eli.target, eli.n_train, eli.n_dev) == ("eli", "consistency", 30, 8)
@@ -260,9 +261,9 @@ def test_each_stage_plans_the_epochs_of_its_set(tiny_model_dir, tmp_path):
     """Stage 1 trains on the full pool (10 epochs), stage 2 on a budget (50) or on the full pool (10)."""
     train, dev = make_records(30), make_records(6, start=100)
     config = EliCalConfig(mode="head", model=tiny_model_dir, patience=1, feature_cache=str(tmp_path / "f"))
-    budget = train_elical(train, dev, method="elical", config=config, out_dir=tmp_path / "a", budget=10)
+    budget = train_elical(train, dev, method="elical", config=config, out_dir=tmp_path / "a", budget=Budget(10))
     assert [s.epochs_planned for s in budget.stages] == [10, 50]
-    everything = train_elical(train, dev, method="cal-only", config=config, out_dir=tmp_path / "b", budget="all")
+    everything = train_elical(train, dev, method="cal-only", config=config, out_dir=tmp_path / "b", budget=WHOLE_POOL)
     assert [s.epochs_planned for s in everything.stages] == [10]
 
 
@@ -271,25 +272,26 @@ def test_each_stage_plans_the_epochs_of_its_set(tiny_model_dir, tmp_path):
 
 def test_budgets_are_seeded_nested_and_all_is_the_pool():
     pool = make_records(50)
-    small, large = draw_budget(pool, 10, seed=1), draw_budget(pool, 25, seed=1)
+    small, large = Budget(10).draw(pool, seed=1), Budget(25).draw(pool, seed=1)
     assert [r.id for r in large[:10]] == [r.id for r in small]
-    assert [r.id for r in draw_budget(pool, 10, seed=1)] == [r.id for r in small]
-    assert [r.id for r in draw_budget(pool, 10, seed=2)] != [r.id for r in small]
-    assert len(draw_budget(pool, "all")) == 50
-    assert parse_budget("250") == 250 and parse_budget("ALL") == "all"
+    assert [r.id for r in Budget(10).draw(pool, seed=1)] == [r.id for r in small]
+    assert [r.id for r in Budget(10).draw(pool, seed=2)] != [r.id for r in small]
+    assert len(WHOLE_POOL.draw(pool)) == 50
+    assert Budget.parse("250") == Budget(250) and Budget.parse("ALL") == WHOLE_POOL
+    assert (str(Budget.parse("250")), str(Budget.parse("ALL"))) == ("250", "all")
     with pytest.raises(CandorError, match="positive number or 'all'"):
-        parse_budget("lots")
+        Budget.parse("lots")
 
 
 def test_a_budget_larger_than_the_pool_is_an_error_not_a_clip(tiny_model_dir, tmp_path):
     with pytest.raises(CandorError, match="label budget 60 is larger than the labelled pool \\(50 records\\)"):
-        draw_budget(make_records(50), 60)
+        Budget(60).draw(make_records(50))
     with pytest.raises(CandorError, match="larger than the labelled pool"):
         train_elical(
             make_records(20),
             make_records(4, 100),
             method="cal-only",
-            budget=21,
+            budget=Budget(21),
             config=EliCalConfig(model=tiny_model_dir),
             out_dir=tmp_path,
         )
@@ -379,12 +381,13 @@ def test_stage_two_keeps_the_stage_one_weights_and_recentres_only_the_bias(tiny_
         mode="head", model=tiny_model_dir, max_epochs=1, head_learning_rate=0.0, recenter_bias=recenter
     )
     cal = train_elical(
-        train, dev, method="elical", init_from=tmp_path / "eli", budget=12, config=frozen, out_dir=tmp_path / "cal"
+        train, dev, method="elical", init_from=tmp_path / "eli", budget=Budget(12), config=frozen,
+        out_dir=tmp_path / "cal",
     )
     before, after = eli.model.head, cal.model.head
     torch.testing.assert_close(after.linear.weight, before.linear.weight)
     torch.testing.assert_close(after.mean, before.mean)  # the stage-1 standardization is kept
-    mean_target = float(targets(draw_budget(train, 12, seed=0), "soft").mean())
+    mean_target = float(targets(Budget(12).draw(train, seed=0), "soft").mean())
     expected = math.log(mean_target / (1 - mean_target)) if recenter else before.linear.bias.item()
     assert after.linear.bias.item() == pytest.approx(expected, rel=1e-6)
 
@@ -538,7 +541,7 @@ def test_a_strong_anchor_holds_stage_two_at_the_stage_one_weights(tiny_model_dir
         # many small steps let the free head drift far beyond that. No weight decay: it pulls toward zero.
         config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3, head_learning_rate=0.02,
                               batch_size=2, weight_decay=0.0, cal_anchor=anchor, cal_stop="auroc")
-        cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=20, config=config,
+        cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=Budget(20), config=config,
                            out_dir=tmp_path / f"cal{anchor}")
         moved[anchor] = (cal.model.head.linear.weight - eli.model.head.linear.weight).abs().max().item()
         assert cal.stages[0].stop_metric == "auroc" and cal.stages[0].best_dev_score is not None
@@ -558,7 +561,7 @@ def test_bias_scale_stage_two_keeps_the_stage_one_ranking_and_saves_a_plain_head
                        max_epochs=3), out_dir=tmp_path / "eli")
     config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3, head_learning_rate=0.05, batch_size=2,
                           cal_scope="bias-scale")
-    cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=20, config=config,
+    cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=Budget(20), config=config,
                        out_dir=tmp_path / "cal")
     w_eli, w_cal = eli.model.head.linear.weight.detach(), cal.model.head.linear.weight.detach()
     ratio = (w_cal / w_eli).flatten()
@@ -579,8 +582,8 @@ def test_bias_scale_freezes_the_lora_weights_for_stage_two_and_thaws_them(tiny_m
     train, dev = make_records(12), make_records(4, 100)
     eli = train_elical(train, dev, method="eli-only", config=lora_config(tiny_model_dir), out_dir=tmp_path / "eli")
     before = {n: p.detach().clone() for n, p in eli.model.backbone.named_parameters() if "lora" in n}
-    cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=8, out_dir=tmp_path / "cal",
-                       config=lora_config(tiny_model_dir, cal_scope="bias-scale"))
+    cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=Budget(8),
+                       out_dir=tmp_path / "cal", config=lora_config(tiny_model_dir, cal_scope="bias-scale"))
     after = dict(cal.model.backbone.named_parameters())
     assert before and all(torch.equal(after[n], w) for n, w in before.items())
     assert all(after[n].requires_grad for n in before)

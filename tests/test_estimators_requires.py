@@ -89,9 +89,9 @@ def records(backend, tmp_path_factory) -> list[Record]:
 @pytest.fixture(scope="module")
 def artifact_options(backend, records, tiny_model_dir, tmp_path_factory) -> dict[str, dict[str, Any]]:
     """A trained artifact for each estimator that reads one: an EliCal head and an answer probe."""
+    from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
     from candor.train.probe import train_probe
-    from candor.train.trainers import load_causal_lm
 
     folder = tmp_path_factory.mktemp("artifacts")
     lm, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")

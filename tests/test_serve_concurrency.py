@@ -278,8 +278,8 @@ def test_a_503_part_way_through_a_multi_prompt_request_computes_none_of_it(hones
 @pytest.fixture(scope="module")
 def head_model(tiny_model_dir, tmp_path_factory):
     from candor.serve.confidence_sources import HeadSource
+    from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
-    from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     head = ConfidenceHead.create(model, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=3)

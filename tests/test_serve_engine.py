@@ -144,8 +144,8 @@ def test_a_question_source_that_runs_elsewhere_never_holds_the_engine(tiny_model
     """A question-level source marked ``runs_in_engine = False`` (a remote classifier) scores in a worker thread."""
     from candor.serve import Decoding, HonestModel
     from candor.serve.confidence_sources import HeadSource
+    from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
-    from candor.train.trainers import load_causal_lm
 
     lm, tok = load_causal_lm(tiny_model_dir, device="cpu")
     folder = ConfidenceHead.create(lm, tok, HeadConfig(backbone=tiny_model_dir, template="chat"), seed=1)

@@ -95,8 +95,8 @@ def test_answer_level_confidences_under_concurrency_equal_the_question_alone(bac
 
 
 def test_head_confidences_under_concurrency_equal_the_question_alone(tiny_model_dir, backend, tmp_path):
+    from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
-    from candor.train.trainers import load_causal_lm
 
     lm, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     head = ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=5)

@@ -26,8 +26,8 @@ def midway(values) -> float:
 
 @pytest.fixture()
 def head_dir(tiny_model_dir, tmp_path):
+    from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
-    from candor.train.trainers import load_causal_lm
 
     model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     head = ConfidenceHead.create(model, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=3)

@@ -23,8 +23,8 @@ QUESTIONS = [f"Who discovered element number {i}?" + " Exactly." * (i % 3) for i
 
 
 def make_head(tiny_model_dir, folder, *, layer=-1, template="fewshot", mode="head", seed=3):
+    from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
-    from candor.train.trainers import load_causal_lm
 
     lm, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     lora = {"r": 2, "alpha": 4, "targets": ["q_proj", "v_proj"]} if mode == "lora" else None

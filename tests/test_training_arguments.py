@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import Trainer
 
-from candor.train.trainers import training_arguments, warmup_settings
+from candor.train.common import training_arguments, warmup_settings
 from candor.util.errors import CandorError
 
 

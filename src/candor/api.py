@@ -91,7 +91,7 @@ class EliCal:
     """EliCal shaped like a scikit-learn estimator: ``EliCal(model).fit(records).predict(questions)``.
 
     ``fit`` trains a confidence head on annotated records (stage 1 on their
-    consistency rates, stage 2 on ``budget`` of their labels; docs/methods.md "EliCal")
+    consistency rates, stage 2 on ``budget`` of their labels, a number or ``"all"``; docs/methods.md "EliCal")
     with early stopping on ``dev`` (default: a slice carved from ``records``).
     ``predict`` gives one confidence per question before any answer exists.
     ``settings`` are :class:`candor.train.elical.EliCalConfig` fields (``mode``, ``layer``, ...).
@@ -107,7 +107,10 @@ class EliCal:
         seed: int = 0,
         **settings: Any,
     ) -> None:
-        self.model, self.method, self.budget, self.seed = model, method, budget, seed
+        from candor.train.elical import Budget
+
+        self.model, self.method, self.seed = model, method, seed
+        self.budget = Budget.parse(budget)  # parsed here, where it was typed: a bad budget fails before fit
         self.out_dir = out_dir
         self.settings = settings
         self.head_: Any = None
@@ -116,16 +119,15 @@ class EliCal:
     def fit(self, records: Sequence[Record] | str | Path, dev: Sequence[Record] | str | Path | None = None) -> EliCal:
         import tempfile
 
-        from candor.train.elical import EliCalConfig, carve_dev, parse_budget, train_elical
+        from candor.train.elical import EliCalConfig, TrainingPool, train_elical
 
         pool = read_records(records) if isinstance(records, str | Path) else list(records)
         dev_records = read_records(dev) if isinstance(dev, str | Path) else dev
-        if dev_records is None:
-            pool, dev_records = carve_dev(pool, seed=self.seed)
+        data = TrainingPool.of(pool, dev_records, seed=self.seed)
         out_dir = self.out_dir or tempfile.mkdtemp(prefix="candor-elical-")
         config = EliCalConfig(model=self.model, seed=self.seed, **self.settings)
-        self.result_ = train_elical(pool, list(dev_records), method=self.method, config=config, out_dir=out_dir,
-                                    budget=parse_budget(self.budget))
+        self.result_ = train_elical(data.pool, data.dev, method=self.method, config=config, out_dir=out_dir,
+                                    budget=self.budget)
         self.head_ = self.result_.model
         return self
 

@@ -23,7 +23,7 @@ from candor.train.advice.triplets import (
     read_triplets,
     write_triplets,
 )
-from candor.train.trainers import TrainResult
+from candor.train.common import TrainResult
 
 __all__ = [
     "METHODS",

@@ -26,7 +26,8 @@ from typing import Any
 
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.train.advice.losses import LossWeights
-from candor.train.trainers import ATTENTION_PROJECTIONS, QUERY_VALUE, check_settings
+from candor.train.common import ATTENTION_PROJECTIONS, QUERY_VALUE
+from candor.train.settings import check_settings
 from candor.util.errors import CandorError
 from candor.util.registry import Registry
 from candor.verbal.formats import get_format

@@ -6,8 +6,8 @@ scores (:func:`candor.verbal.scorer.build_prompt`). A mini-batch holds
 one format only (:class:`FormatBatchSampler`), so its rows share the system
 prompt and are read with one :class:`~candor.verbal.scorer.LabelScorer`.
 
-Examples are plain dicts of lists (so ``accelerate`` can shard them); the
-collators turn a batch into padded tensors:
+Examples are plain dicts of lists (so ``accelerate`` can shard them);
+:class:`ExampleCollator` turns a batch of either kind into padded tensors:
 
 - pairs (ADVICE): ``input_ids`` / ``attention_mask`` with the a_correct rows
   first and the a_wrong rows after them, ``targets`` marking a_correct's
@@ -169,8 +169,12 @@ def _one_format(batch: Sequence[dict[str, Any]]) -> int:
     return formats.pop()
 
 
-class PairCollator:
-    """Pads a batch of pair examples: a_correct rows, then a_wrong rows (see the module docstring)."""
+class ExampleCollator:
+    """Pads a one-format batch of pair examples (ADVICE) or of scored-answer examples (ConfTuner).
+
+    Pairs give a_correct rows, then a_wrong rows, with ``targets`` on a_correct's answer tokens only;
+    scored answers give one row each, ``targets`` on its answer and ``correct`` (see the module docstring).
+    """
 
     def __init__(self, pad_id: int, side: str = "left") -> None:
         self.pad_id = pad_id
@@ -178,26 +182,24 @@ class PairCollator:
 
     def __call__(self, batch: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         fmt = _one_format(batch)
-        seqs = [e["correct_ids"] for e in batch] + [e["wrong_ids"] for e in batch]
+        pairs = _is_pairs(batch)
+        if pairs:
+            seqs = [e["correct_ids"] for e in batch] + [e["wrong_ids"] for e in batch]
+            spans = [tuple(e["correct_span"]) for e in batch] + [(0, 0)] * len(batch)
+        else:
+            seqs = [e["ids"] for e in batch]
+            spans = [tuple(e["span"]) for e in batch]
         ids, mask = pad_batch(seqs, self.pad_id, self.side)
-        spans = [tuple(e["correct_span"]) for e in batch] + [(0, 0)] * len(batch)
-        targets = span_mask(spans, [len(s) for s in seqs], ids.shape[1], self.side)
-        return {"input_ids": ids, "attention_mask": mask, "targets": targets,
-                "format": torch.full((len(batch),), fmt, dtype=torch.long)}  # fmt: skip
+        out = {"input_ids": ids, "attention_mask": mask,
+               "targets": span_mask(spans, [len(s) for s in seqs], ids.shape[1], self.side)}  # fmt: skip
+        if not pairs:
+            out["correct"] = torch.tensor([int(e["correct"]) for e in batch], dtype=torch.float32)
+        out["format"] = torch.full((len(batch),), fmt, dtype=torch.long)
+        return out
 
 
-class ScoredCollator:
-    """Pads a batch of scored-answer examples (ConfTuner)."""
-
-    def __init__(self, pad_id: int, side: str = "left") -> None:
-        self.pad_id = pad_id
-        self.side = side
-
-    def __call__(self, batch: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        fmt = _one_format(batch)
-        seqs = [e["ids"] for e in batch]
-        ids, mask = pad_batch(seqs, self.pad_id, self.side)
-        targets = span_mask([tuple(e["span"]) for e in batch], [len(s) for s in seqs], ids.shape[1], self.side)
-        return {"input_ids": ids, "attention_mask": mask, "targets": targets,
-                "correct": torch.tensor([int(e["correct"]) for e in batch], dtype=torch.float32),
-                "format": torch.full((len(batch),), fmt, dtype=torch.long)}  # fmt: skip
+def _is_pairs(batch: Sequence[dict[str, Any]]) -> bool:
+    kinds = {"correct_ids" in e for e in batch}
+    if len(kinds) != 1:
+        raise CandorError("a mini-batch mixes pair examples and scored-answer examples")
+    return kinds.pop()

@@ -53,7 +53,7 @@ from candor.data.items import QAItem
 from candor.data.splits import seeded_shuffle
 from candor.train.advice.config import AdviceConfig
 from candor.train.advice.triplets import Triplet, TripletStats, build_triplets, write_triplets
-from candor.train.trainers import TrainResult
+from candor.train.common import TrainResult
 from candor.util.errors import CandorError
 from candor.util.resource_meter import ResourceMeter
 
@@ -101,7 +101,7 @@ def train(
     """
     from transformers import set_seed
 
-    from candor.train.trainers import load_causal_lm
+    from candor.train.common import load_causal_lm
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,9 +194,9 @@ def build_trainer(config: AdviceConfig, model: Any, tokenizer: Any, train_set: A
     """The method's Trainer around a fresh LoRA on ``model`` (exposed for tests and custom loops)."""
     from peft import get_peft_model
 
-    from candor.train.advice.data import PairCollator, ScoredCollator
+    from candor.train.advice.data import ExampleCollator
     from candor.train.advice.trainer import AdviceTrainer, ConfTunerTrainer
-    from candor.train.trainers import lora_config, training_arguments
+    from candor.train.common import lora_config, training_arguments
     from candor.verbal.scorer import LabelScorer
 
     peft_model = get_peft_model(
@@ -220,7 +220,7 @@ def build_trainer(config: AdviceConfig, model: Any, tokenizer: Any, train_set: A
     )
     pad = int(tokenizer.pad_token_id)
     pairs = config.data == "pairs"
-    collator = PairCollator(pad, config.padding_side) if pairs else ScoredCollator(pad, config.padding_side)
+    collator = ExampleCollator(pad, config.padding_side)
     trainer_cls = AdviceTrainer if pairs else ConfTunerTrainer
     return trainer_cls(
         model=peft_model,

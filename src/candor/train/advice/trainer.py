@@ -142,7 +142,7 @@ class AdviceTrainer(_ConfidenceTrainer):
     """ADVICE: L_LM + L_JSD + L_Margin + L_Sum over the (a_correct, a_wrong) pair (+ Brier for ADVICE+ConfTuner).
 
     A batch holds B pairs as 2B rows, a_correct first (see
-    :class:`~candor.train.advice.data.PairCollator`); both run in one forward.
+    :class:`~candor.train.advice.data.ExampleCollator`); both run in one forward.
     """
 
     def loss_terms(self, model: Any, inputs: dict[str, torch.Tensor], scorer: LabelScorer) -> dict[str, torch.Tensor]:

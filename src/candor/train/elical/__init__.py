@@ -5,9 +5,9 @@ answer exists, how likely the model is to answer correctly. Stage 1 (Eli)
 trains it on the consistency rate of sampled answers, which needs no gold
 labels; stage 2 (Cal) calibrates it on a small labelled budget.
 
-    from candor.train.elical import EliCalConfig, train_elical, ConfidenceHead
+    from candor.train.elical import Budget, EliCalConfig, train_elical, ConfidenceHead
 
-    result = train_elical(train, dev, method="elical", budget=1000,
+    result = train_elical(train, dev, method="elical", budget=Budget(1000),
                           config=EliCalConfig(mode="head"), out_dir="heads/elical")
     head = ConfidenceHead.from_pretrained("heads/elical")
     head.predict(["Who wrote Hamlet?"])        # array([0.31])
@@ -15,9 +15,12 @@ labels; stage 2 (Cal) calibrates it on a small labelled budget.
 Modules: :mod:`~candor.train.elical.model` (the head, save/load),
 :mod:`~candor.train.elical.features` (cached features for ``head`` mode),
 :mod:`~candor.train.elical.targets` (stage targets and their checks),
-:mod:`~candor.train.elical.splits` (budgets, dev slice), :mod:`~candor.train.elical.trainer`
+:mod:`~candor.train.elical.budgets` (the label budget), :mod:`~candor.train.elical.pool`
+(the pool, its dev slice and the test-question check every EliCal run shares), :mod:`~candor.train.elical.trainer`
 (the Trainer subclass), :mod:`~candor.train.elical.config` (the settings),
 :mod:`~candor.train.elical.pipeline` (the stages),
+:mod:`~candor.train.elical.held_out` (the held-out-domain report of ``candor train``),
+:mod:`~candor.train.elical.selection` (stage 2's rule, chosen by held-out domains),
 :mod:`~candor.train.elical.sweep` (the label-budget sweep) and its
 :mod:`~candor.train.elical.curve`, :mod:`~candor.train.elical.estimator` (the
 ``elical`` estimator, which scores records with a trained head) and
@@ -43,10 +46,11 @@ _EXPORTS = {
     "ConfidenceHead": ".model",
     "HeadConfig": ".model",
     "LinearHead": ".model",
-    "carve_dev": ".splits",
-    "check_disjoint": ".splits",
-    "draw_budget": ".splits",
-    "parse_budget": ".splits",
+    "Budget": ".budgets",
+    "WHOLE_POOL": ".budgets",
+    "TrainingPool": ".pool",
+    "carve_dev": ".pool",
+    "check_disjoint": ".pool",
     "DEFAULT_BUDGETS": ".sweep",
     "SweepData": ".sweep",
     "run_sweep": ".sweep",
@@ -55,7 +59,7 @@ _EXPORTS = {
     "train_elical": ".pipeline",
     "train_stage": ".pipeline",
     "export_seq_cls": ".export",
-    "TrainResult": "candor.train.trainers",
+    "TrainResult": "candor.train.common",
 }
 
 __all__ = sorted([*_EXPORTS, "targets"])

@@ -7,7 +7,7 @@ field is a ``candor train elical -s KEY=VALUE`` setting.
 Why not a ``transformers.TrainingArguments`` subclass: one EliCal run is up to
 two stages, each with its own epochs (from its data size, below) and
 learning rate (the head's in ``head`` mode), so each stage builds its own
-``TrainingArguments`` from this config (:func:`candor.train.trainers.training_arguments`);
+``TrainingArguments`` from this config (:func:`candor.train.common.training_arguments`);
 and the config's :meth:`~EliCalConfig.fingerprint` keys the sweep's cache,
 which output folders, logging and device fields would break.
 """
@@ -18,10 +18,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from candor.backends.default_model import DEFAULT_MODEL
+from candor.train.common import ALL_PROJECTIONS
 from candor.train.elical.model import MODES
 from candor.train.elical.targets import stage_target
 from candor.train.elical.trainer import STOP_METRICS
-from candor.train.trainers import ALL_PROJECTIONS, check_settings
+from candor.train.settings import check_settings
 from candor.util.errors import CandorError
 
 # The paper's epochs (docs/methods.md "EliCal"; the official training scripts): 10 for a stage that trains on the

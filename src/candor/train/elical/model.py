@@ -165,7 +165,7 @@ class ConfidenceHead(nn.Module):
         if config.mode == "lora":
             from peft import get_peft_model
 
-            from candor.train.trainers import lora_config
+            from candor.train.common import lora_config
 
             lora = config.lora or {}
             spec = lora_config(lora["r"], lora["alpha"], tuple(lora["targets"]), lora.get("dropout", 0.0), None)
@@ -194,7 +194,7 @@ class ConfidenceHead(nn.Module):
         folder = Path(folder)
         config = HeadConfig.read(folder)
         if model is None or tokenizer is None:
-            from candor.train.trainers import load_causal_lm
+            from candor.train.common import load_causal_lm
 
             model, tokenizer = load_causal_lm(config.backbone, dtype=dtype, device=device)
         backbone = decoder_of(model)

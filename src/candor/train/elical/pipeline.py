@@ -65,10 +65,11 @@ from candor.annotation.prompts import records_template
 from candor.annotation.records import Record
 from candor.backends.chat import TokenizerChat
 from candor.backends.tokens import encode
+from candor.train.common import TrainResult, load_causal_lm, training_arguments
+from candor.train.elical.budgets import WHOLE_POOL, Budget
 from candor.train.elical.config import ALL_WEIGHTS, BIAS_SCALE, EliCalConfig
 from candor.train.elical.features import FeatureCache
 from candor.train.elical.model import BiasScale, ConfidenceHead, HeadConfig
-from candor.train.elical.splits import ALL, Budget, budget_size, draw_budget, parse_budget
 from candor.train.elical.targets import check_field, stage_target, targets
 from candor.train.elical.trainer import (
     BestOnDev,
@@ -80,7 +81,6 @@ from candor.train.elical.trainer import (
     feature_examples,
     prompt_examples,
 )
-from candor.train.trainers import TrainResult, training_arguments
 from candor.util.errors import CandorError
 from candor.util.files import atomic_write_text
 from candor.util.resource_meter import ResourceMeter
@@ -128,7 +128,7 @@ def train_elical(
     method: str = "elical",
     config: EliCalConfig | None = None,
     out_dir: str | Path,
-    budget: Budget = "all",
+    budget: Budget = WHOLE_POOL,
     cal_records: Sequence[Record] | None = None,
     init_from: str | Path | None = None,
     model: Any = None,
@@ -139,7 +139,7 @@ def train_elical(
     """Train ``method`` (``eli-only``, ``cal-only`` or ``elical``) and save the head to ``out_dir``.
 
     ``train_records`` is the training pool (stage 1 uses all of it);
-    stage 2 draws ``budget`` labelled questions (a number or ``"all"``) from
+    stage 2 draws ``budget`` labelled questions (a :class:`Budget`) from
     ``cal_records`` (default: the pool). ``dev_records`` is the dev slice
     for early stopping. ``init_from`` resumes a saved stage-1 head instead of
     running stage 1 again. ``model``/``tokenizer`` reuse a loaded backbone
@@ -158,29 +158,27 @@ def train_elical(
     pool = list(cal_records if cal_records is not None else train_records)
     _check_inputs(stages, train_records, dev_records, pool, budget, config, source)
     if model is None or tokenizer is None:
-        from candor.train.trainers import load_causal_lm
-
         model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
     head = _initial_head(train_records, init_from, config, model, tokenizer)
     results = []
     # The dev slice picks the best epoch, so its questions count as seen in training too.
     seen = [r.item.question for r in dev_records]
     for stage in stages:
-        records = train_records if stage == "eli" else draw_budget(pool, budget, config.seed)
+        records = train_records if stage == "eli" else budget.draw(pool, config.seed)
         seen += [r.item.question for r in records]
         fresh = not results and not init_from
-        full_set = stage == "eli" or parse_budget(budget) == ALL
+        full_set = stage == "eli" or budget.is_all
         results.append(train_stage(head, records, dev_records, stage, config, fresh=fresh, full_set=full_set))
     head.config.meta = {
         "method": method,
-        "budget": budget if "cal" in stages else None,
+        "budget": budget.as_json() if "cal" in stages else None,
         "cal_target": config.cal_target,
         "stages": [s.name for s in results],
     }
     path = Path(out_dir)
     result = TrainResult(
         path=path, method=method, n_train=results[-1].n_train, n_dev=results[-1].n_dev, cost=stages_cost(results),
-        config=config.fingerprint(), stages=results, budget=budget if "cal" in stages else None, model=head,
+        config=config.fingerprint(), stages=results, budget=budget.as_json() if "cal" in stages else None, model=head,
     )  # fmt: skip
     # Under a multi-process launch (torchrun, accelerate launch) every process holds the same head;
     # one writes it, the others wait, so the folder is written once.
@@ -338,7 +336,7 @@ def _check_inputs(
         check_field(records, kind, source, "the training set")
         check_field(dev, kind, None, "the dev slice")
     if "cal" in stages:
-        budget_size(parse_budget(budget), len(pool))
+        budget.size(len(pool))
 
 
 def _resumed_questions(init_from: str | Path | None) -> set[str]:

@@ -51,7 +51,7 @@ def import_released_head(
     dtype: str | None = None,
 ) -> Path:
     """Write ``out``, a candor ``lora``-mode head folder, from the authors' LoRA folder and linear head."""
-    from candor.train.trainers import load_causal_lm
+    from candor.train.common import load_causal_lm
 
     lora_dir, vector_head = Path(lora_dir), Path(vector_head)
     check_replaceable(out, CONFIG_FILE, inputs=(lora_dir, vector_head))

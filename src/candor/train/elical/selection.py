@@ -28,28 +28,26 @@ sets are never an input here.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from candor.annotation.records import Record
+from candor.annotation.records import Record, read_records
 from candor.evaluation.engine import Group, metric_differences
-from candor.evaluation.metrics import auroc
+from candor.train.common import load_causal_lm
+from candor.train.elical.budgets import WHOLE_POOL, Budget
 from candor.train.elical.config import ALL_WEIGHTS, BIAS_SCALE, EliCalConfig
-from candor.train.elical.pipeline import head_features, train_elical
-from candor.train.elical.splits import ALL, Budget, check_disjoint, parse_budget
-from candor.train.elical.sweep import CONFIDENCES, SweepData, run_sweep
+from candor.train.elical.pool import TrainingPool, check_disjoint
+from candor.train.elical.sweep import CONFIDENCES, SweepData, run_sweep, write_json
 from candor.train.elical.targets import targets
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
-SELECT_BUDGETS: tuple[Budget, ...] = (100, ALL)
+SELECT_BUDGETS: tuple[Budget, ...] = (Budget(100), WHOLE_POOL)
 # Two rules whose mean held-out AUROC agree to this (0.1 point ×100) are tied; ECE decides.
 TIE = 1e-3
 GAP_BOOTSTRAP = 1000
@@ -170,11 +168,8 @@ def select_rule(
     unknown = [n for n in names if n not in RULES]
     if unknown:
         raise CandorError(f"unknown stage-2 rules {unknown}; known: {', '.join(RULES)}")
-    budgets = [parse_budget(b) for b in budgets]
     folds = lodo_folds(pool, dev, held_out_dev)
     if config.mode == "head" and (model is None or tokenizer is None):
-        from candor.train.trainers import load_causal_lm
-
         model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
     runs: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in names}
     for fold in folds:
@@ -293,40 +288,45 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in ".-" else "_" for c in name)
 
 
-def held_out_report(
-    pool: Sequence[Record],
-    dev: Sequence[Record],
+def run_selection(
+    records: Path,
+    dev: Path | None,
+    held_out_dev: Sequence[Path],
     *,
-    method: str,
+    out_dir: Path,
     config: EliCalConfig,
-    budget: Budget = ALL,
-    model: Any = None,
-    tokenizer: Any = None,
-) -> dict[str, Any] | None:
-    """How a head trained like this one ranks a dataset it never saw: ``method`` retrained once per dataset of
-    ``pool`` without it, scored on that dataset's pool and dev records. None for a one-dataset pool.
+    rules: Sequence[str] | None,
+    budgets: Sequence[Budget],
+    seeds: Sequence[int],
+) -> dict[str, Any]:
+    """``candor sweep --select``: :func:`select_rule` on records files, its result written to ``selection.json``.
 
-    Head mode only (each fold is seconds on cached features); a lora run says it skipped. Returns
-    ``{"domains": {name: {"auroc", "n", "n_correct"} or {"skipped"}}, "mean_auroc"}``.
+    The pool and dev slice are the same :class:`~candor.train.elical.pool.TrainingPool` a sweep trains on
+    (no test file is read); ``held_out_dev`` files add dev questions scored when their dataset is held out.
     """
-    if len(domains_of(pool)) < 2:
-        return None
-    if config.mode != "head":
-        return {"skipped": "head mode only: in lora mode it would retrain the backbone once per dataset"}
-    domains: dict[str, dict[str, Any]] = {}
-    for fold in lodo_folds(pool, dev, pool):
-        if parse_budget(budget) != ALL and len(fold.train) < int(budget):
-            domains[fold.held_out] = {"skipped": f"budget {budget} is over the other datasets' {len(fold.train)}"}
-            continue
-        with tempfile.TemporaryDirectory(prefix="candor-heldout-") as tmp:
-            result = train_elical(fold.train, fold.dev, method=method, config=config, out_dir=tmp, budget=budget,
-                                  model=model, tokenizer=tokenizer)  # fmt: skip
-        head = result.model
-        features = head_features(head, head.prompts(fold.score), config.feature_cache)
-        with torch.no_grad():
-            confidence = head.head(torch.from_numpy(features).to(head.device)).cpu().numpy()
-        labels = targets(fold.score, "hard", what=f"held-out {fold.held_out!r}").astype(int)
-        value = auroc(confidence, labels) if 0 < labels.sum() < labels.size else None
-        domains[fold.held_out] = {"auroc": value, "n": int(labels.size), "n_correct": int(labels.sum())}
-    scored = [d["auroc"] for d in domains.values() if d.get("auroc") is not None]
-    return {"domains": domains, "mean_auroc": _mean(scored) if scored else None}
+    data = TrainingPool.read(records, dev)
+    extra = [r for path in held_out_dev for r in read_records(path)]
+    result = select_rule(data.pool, data.dev, extra, out_dir=out_dir, config=config, rules=rules, budgets=budgets,
+                         seeds=seeds)  # fmt: skip
+    write_json(out_dir / "selection.json", result)
+    return result
+
+
+def selection_table(result: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """The lines ``candor sweep --select`` prints: fold sizes, each rule's held-out AUROC, the pick."""
+    lines = [f"held out {domain}: {sizes['n_scored']} dev questions, {sizes['n_correct']} correct"
+             for domain, sizes in result["folds"].items()]  # fmt: skip
+    budgets = result["budgets"]
+    head = "  ".join(f"AUROC@{b:>4}" for b in budgets)
+    lines.append(f"{'rule':>12}  {head}   mean  ECE mean  AUROC @{budgets[-1]} - @{budgets[0]} [95%]")
+    for name, c in result["candidates"].items():
+        cells = "  ".join(f"{100 * c['by_budget'][b]['auroc']:9.1f}" for b in budgets)
+        gap = c["last_vs_first"]
+        mark = " *" if name == result["selected"] else ""
+        lines.append(f"{name:>12}  {cells}  {100 * c['mean_auroc']:5.1f}  {100 * c['mean_ece']:8.1f}  "
+                     f"{100 * gap['auroc_diff']:+.1f} [{100 * gap['ci95'][0]:+.1f}, {100 * gap['ci95'][1]:+.1f}]{mark}")
+    eli = result["eli_only"]
+    lines.append(f"{'Eli-Only':>12}  held-out AUROC {100 * eli['auroc']:.1f}, ECE {100 * eli['ece']:.1f}")
+    lines.append(f"selected: {result['selected']} (best mean held-out AUROC, ties broken by ECE); "
+                 f"table: {out_dir / 'selection.json'}")
+    return lines

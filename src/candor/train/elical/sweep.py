@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,20 +30,21 @@ import numpy as np
 import torch
 
 from candor.annotation.contamination import MANIFEST_NAME, HeldOutQuestions
-from candor.annotation.records import Record
+from candor.annotation.records import Record, read_records
+from candor.train.common import TrainResult, load_causal_lm
+from candor.train.elical.budgets import WHOLE_POOL, Budget
 from candor.train.elical.config import EliCalConfig
 from candor.train.elical.curve import plot_curve, summarize_column
 from candor.train.elical.model import ConfidenceHead
 from candor.train.elical.pipeline import STAGES, head_features, train_elical
-from candor.train.elical.splits import ALL, Budget, budget_size, check_disjoint, parse_budget
+from candor.train.elical.pool import TrainingPool, check_disjoint
 from candor.train.elical.targets import check_field, stage_target, targets
-from candor.train.trainers import TrainResult
 from candor.util.errors import CandorError
 from candor.util.files import atomic_write_text, read_keyed_json, write_keyed_json
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BUDGETS: tuple[Budget, ...] = (100, 250, 500, 1000, ALL)
+DEFAULT_BUDGETS: tuple[Budget, ...] = (Budget(100), Budget(250), Budget(500), Budget(1000), WHOLE_POOL)
 DEFAULT_SEEDS = (0, 1, 2)
 SWEEP_METHODS = ("cal-only", "elical")
 LABELS = {"eli-only": "Eli-Only", "cal-only": "Cal-Only", "elical": "EliCal"}
@@ -68,6 +69,11 @@ class RunKey:
         return name if self.budget is None else f"{name}@{self.budget}"
 
     @property
+    def budget_json(self) -> int | str | None:
+        """The budget as results and cache keys store it (``1000``, ``"all"``, or None for Eli-Only)."""
+        return None if self.budget is None else self.budget.as_json()
+
+    @property
     def slug(self) -> str:
         name = self.method if self.budget is None else f"{self.method}@{self.budget}"
         return f"{name}/seed{self.seed}"
@@ -81,6 +87,26 @@ class SweepData:
     dev: Sequence[Record]
     tests: Mapping[str, Sequence[Record]]
     roles: Mapping[str, str]
+
+    @classmethod
+    def read(cls, records: Path, tests: Sequence[Path], *, dev: Path | None = None,
+             ood: Collection[str] = ()) -> SweepData:  # fmt: skip
+        """The sweep's data from records files: test sets by dataset (``ood`` names the out-of-domain ones), and
+        the :class:`~candor.train.elical.pool.TrainingPool` (dev carved with seed 0 when no ``dev``), refused
+        when it shares a question with a test file."""
+        by_dataset: dict[str, list[Record]] = {}
+        for path in tests:
+            for rec in read_records(path):
+                by_dataset.setdefault(rec.item.dataset, []).append(rec)
+        guard = HeldOutQuestions.of((r.item.question for recs in by_dataset.values() for r in recs),
+                                    [str(p) for p in tests])  # fmt: skip
+        data = TrainingPool.read(records, dev, tests=guard)
+        unknown = set(ood) - set(by_dataset)
+        if unknown:
+            files = ", ".join(str(p) for p in tests)
+            raise CandorError(f"--ood {', '.join(sorted(unknown))}: not a dataset in {files} ({', '.join(by_dataset)})")
+        roles = {d: ("ood" if d in ood else "id") for d in by_dataset}
+        return cls(data.pool, data.dev, by_dataset, roles)
 
     def test_records(self) -> list[Record]:
         return [r for records in self.tests.values() for r in records]
@@ -117,7 +143,6 @@ def run_sweep(
     each trained column also holds its test confidences under :data:`CONFIDENCES` (not in ``curve.json``).
     """
     config = config or EliCalConfig()
-    budgets = [parse_budget(b) for b in budgets]
     if bootstrap < 0:
         raise CandorError(f"bootstrap resamples must be at least 0, got {bootstrap}")
     if not seeds or not budgets:
@@ -125,8 +150,6 @@ def run_sweep(
     _validate(data, config, budgets, methods)
     out_dir = Path(out_dir)
     if config.mode == "head" and (model is None or tokenizer is None):
-        from candor.train.trainers import load_causal_lm
-
         model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
     runner = _Runner(data, config, out_dir, model, tokenizer, Path(stage1_dir) if stage1_dir else out_dir)
     for seed in seeds:
@@ -140,8 +163,8 @@ def run_sweep(
     for name, confidences in (baselines or {}).items():
         summary["methods"][name] = summarize_column([confidences], labels, data.roles, bootstrap=bootstrap)
     summary.update(
-        budgets=budgets,
-        n_labels={str(b): budget_size(b, len(data.train)) for b in budgets},
+        budgets=[b.as_json() for b in budgets],
+        n_labels={str(b): b.size(len(data.train)) for b in budgets},
         seeds=list(seeds),
         mode=config.mode,
         config=config.fingerprint(),
@@ -167,7 +190,7 @@ def summarize_runs(results: Mapping[RunKey, dict[str, Any]], data: SweepData, bo
         entry.update(
             {CONFIDENCES: per_seed},
             method=keys[0].method,
-            budget=keys[0].budget,
+            budget=keys[0].budget_json,
             seeds=[k.seed for k in keys],
             training=[results[k]["training"] for k in keys],
             cost=_cost([results[k]["training"] for k in keys]),
@@ -211,7 +234,7 @@ class _Runner:
         config = replace(self.config, seed=key.seed).fingerprint()
         if key.method == "eli-only":  # stage 1 alone: stage 2's settings cannot change it
             config = {k: v for k, v in config.items() if k not in STAGE2_FIELDS}
-        identity = {"config": config, "method": key.method, "budget": key.budget}
+        identity = {"config": config, "method": key.method, "budget": key.budget_json}
         fingerprint = _hash({**identity, "data": self._data_hash})
         path = self._root(key) / "runs" / f"{key.slug}.json"
         cached = read_keyed_json(path, fingerprint)
@@ -258,7 +281,7 @@ class _Runner:
             method=key.method,
             config=config,
             out_dir=self._head_dir(key),
-            budget=key.budget if key.budget is not None else ALL,
+            budget=key.budget if key.budget is not None else WHOLE_POOL,
             init_from=init_from,
             model=self.model if config.mode == "head" else None,
             tokenizer=self.tokenizer,
@@ -310,7 +333,7 @@ def _validate(data: SweepData, config: EliCalConfig, budgets: Sequence[Budget], 
         check_field(data.dev, kind, what="the dev slice")
     data.labels()
     for budget in budgets:
-        budget_size(budget, len(data.train))
+        budget.size(len(data.train))
 
 
 def _per_dataset(run: Mapping[str, Any], ids: Mapping[str, list[str]]) -> dict[str, np.ndarray]:
@@ -352,3 +375,13 @@ def _nan_to_none(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_nan_to_none(v) for v in obj]
     return obj
+
+
+def sweep_table(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """The lines ``candor sweep`` prints: each column's in-domain and OOD AUROC ×100, then where the curve went."""
+    lines = []
+    for name, entry in summary["methods"].items():
+        cells = [f"{g.upper()} AUROC {100 * entry[g]['auroc']:5.1f}" for g in ("id", "ood") if g in entry]
+        lines.append(f"{name:>20}  " + "  ".join(cells))
+    lines.append(f"curve: {out_dir / 'curve.json'}, plot: {out_dir / 'budget_curve.png'}")
+    return lines
