@@ -263,3 +263,28 @@ def test_the_front_door_and_the_estimator_registry_load_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['CandorError', 'EliCal']"
+
+
+# The engine (docs/engine.md) sits inside the backends stage but below its adapters: the hf backend
+# and serve use it, never the other way round.
+ENGINE_MAY_IMPORT = ("candor.util", "candor.backends.engine", "candor.backends.base", "candor.backends.tokens")
+
+
+def engine_reaches(root: Path = PACKAGE) -> list[str]:
+    """One line per import of an engine module that leaves what the engine may import."""
+    bad = []
+    for path in sorted((root / "backends" / "engine").rglob("*.py")):
+        for line, name in imported_modules(path, root):
+            if not any(name == allowed or name.startswith(allowed + ".") for allowed in ENGINE_MAY_IMPORT):
+                bad.append(f"{path.relative_to(root)}:{line}: {name}")
+    return bad
+
+
+def test_the_engine_imports_only_util_and_the_backend_plumbing():
+    assert engine_reaches() == []
+
+
+def test_an_engine_import_of_an_adapter_is_caught(tmp_path):
+    source = "from candor.backends.base import Backend\ndef f():\n    from candor.backends.hf import HFBackend\n"
+    root = make_package(tmp_path, {"backends/engine/loop.py": source})
+    assert engine_reaches(root) == ["backends/engine/loop.py:3: candor.backends.hf.HFBackend"]
