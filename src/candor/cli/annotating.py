@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from candor.cli.common import user_errors
 from candor.cli.options import (
     DEFAULT_MODEL,
     ApiKeyEnvOpt,
@@ -24,6 +23,7 @@ from candor.cli.options import (
     TensorParallelOpt,
     TokenizerOpt,
 )
+from candor.cli.shared import user_errors
 from candor.util.errors import CandorError
 
 

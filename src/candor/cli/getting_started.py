@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from candor.cli.common import invoked_command, print_rich, user_errors
 from candor.cli.options import (
     DEFAULT_MODEL,
     DataDirOpt,
     ModelOpt,
 )
+from candor.cli.shared import invoked_command, print_rich, user_errors
 from candor.util.errors import CandorError
 
 

@@ -7,11 +7,11 @@ from typing import Annotated, Any
 
 import typer
 
-from candor.cli.common import counted, invoked_command, print_rich, user_errors
 from candor.cli.options import (
     DEFAULT_MODEL,
     ModelOpt,
 )
+from candor.cli.shared import counted, invoked_command, print_rich, user_errors
 from candor.util.errors import CandorError
 
 

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from candor.cli.common import comma_list, integer, user_errors
 from candor.cli.options import (
     DEFAULT_MODEL,
     ModelOpt,
 )
+from candor.cli.shared import comma_list, integer, user_errors
 from candor.util.errors import CandorError
 
 
