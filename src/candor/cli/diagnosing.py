@@ -7,10 +7,7 @@ from typing import Annotated
 
 import typer
 
-from candor.cli.options import (
-    DEFAULT_MODEL,
-    ModelOpt,
-)
+from candor.cli.options import DEFAULT_MODEL, ModelOpt
 from candor.cli.shared import user_errors
 
 

@@ -7,11 +7,7 @@ from typing import Annotated
 
 import typer
 
-from candor.cli.options import (
-    DEFAULT_MODEL,
-    DataDirOpt,
-    ModelOpt,
-)
+from candor.cli.options import DEFAULT_MODEL, DataDirOpt, ModelOpt
 from candor.cli.shared import invoked_command, print_rich, user_errors
 from candor.util.errors import CandorError
 

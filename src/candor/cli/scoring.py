@@ -7,10 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from candor.cli.options import (
-    DEFAULT_MODEL,
-    ModelOpt,
-)
+from candor.cli.options import DEFAULT_MODEL, ModelOpt
 from candor.cli.shared import counted, invoked_command, print_rich, user_errors
 from candor.util.errors import CandorError
 

@@ -10,11 +10,7 @@ from typing import Annotated
 
 import typer
 
-from candor.cli.options import (
-    HonestModelChoice,
-    MaxNewTokensOpt,
-    honest_model_options,
-)
+from candor.cli.options import HonestModelChoice, MaxNewTokensOpt, honest_model_options
 from candor.cli.shared import user_errors
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
