@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from candor.data.items import QAItem
+
 
 class BlackBox:
     """The tiny HF model seen through a black-box engine (text in, text out; no hidden states)."""
@@ -99,3 +101,11 @@ def saved_elical_head(
         head.head.linear.bias.fill_(bias)
     head.save_pretrained(folder)
     return ConfidenceHead.from_pretrained(folder, device="cpu")
+
+
+# An open question and a multiple-choice one, for the verbalized-format tests.
+OPEN = QAItem("o1", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",))
+MC = QAItem(
+    "m1", "toy", "test", "Which city is the capital of France?", ("B", "Paris"),
+    choices=("Rome", "Paris", "Berlin", "Madrid"), answer_index=1, context="A short passage.",
+)  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import BlackBox
+from helpers import MC, OPEN, BlackBox
 
 from candor.annotation.records import Record
 from candor.backends.base import Completion
@@ -17,12 +17,6 @@ from candor.verbal.formats import (
     format_prompt,
     get_format,
 )
-
-OPEN = QAItem("o1", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",))
-MC = QAItem(
-    "m1", "toy", "test", "Which city is the capital of France?", ("B", "Paris"),
-    choices=("Rome", "Paris", "Berlin", "Madrid"), answer_index=1, context="A short passage.",
-)  # fmt: skip
 
 
 def record(item: QAItem, greedy: str) -> Record:

@@ -9,8 +9,8 @@ import copy
 
 import numpy as np
 import pytest
+from helpers import MC, OPEN
 
-from candor.data.items import QAItem
 from candor.util.errors import CandorError
 from candor.verbal.formats import (
     FORMATS,
@@ -26,11 +26,6 @@ from candor.verbal.formats import (
     system_text,
 )
 
-OPEN = QAItem("o1", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",))
-MC = QAItem(
-    "m1", "toy", "test", "Which city is the capital of France?", ("B", "Paris"),
-    choices=("Rome", "Paris", "Berlin", "Madrid"), answer_index=1, context="A short passage.",
-)  # fmt: skip
 KEYS = ["letter", "number", "text", "float", "percent"]
 
 
