@@ -487,8 +487,6 @@ class LLMConsistencyJudge(_LLMJudge):
 # ---------------------------------------------------------------- factories
 
 
-
-
 def get_correctness_judge(name: str = "contains", **kwargs: Any) -> CorrectnessJudge:
     """Build a registered correctness judge, e.g. ``get_correctness_judge("f1", threshold=0.6)``."""
     return CORRECTNESS_JUDGES.build(name, **kwargs)

@@ -55,9 +55,7 @@ MaxNewTokensOpt = Annotated[int, typer.Option(help="Answer length cap in tokens.
 class HonestModelChoice:
     """The options of ``ask`` and ``serve`` that choose the honest model; see :func:`build`."""
 
-    model: Annotated[str, typer.Option("--model", "-m", help="Embedded name, Hugging Face id or local path.")] = (
-        DEFAULT_MODEL
-    )
+    model: ModelOpt = DEFAULT_MODEL
     honest: Annotated[
         Path | None, typer.Option("--honest", help="A saved honest-model folder (HonestModel).")
     ] = None

@@ -99,7 +99,6 @@ def _plots(
     return files
 
 
-
 def jsd_histogram(values: Mapping[str, np.ndarray], path: Path, n_bins: int = 35) -> Path:
     """Share of candidate pairs per JSD bin over [0, ln 2], one panel per model, 0.1 marked."""
     names = list(values)

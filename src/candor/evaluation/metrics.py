@@ -116,6 +116,7 @@ def metric_label(name: str) -> str:
     """The display label of a registered metric (the name itself if unknown)."""
     return METRICS.get(name).label if name in METRICS else name
 
+
 _quiet = False  # set by the bootstrap so a thousand resamples do not warn a thousand times
 
 

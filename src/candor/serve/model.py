@@ -107,8 +107,6 @@ DEFAULT_REFUSAL = "I don't know."
 T = TypeVar("T")
 
 
-
-
 class HonestModel:
     """Answers questions with a confidence, abstaining below ``threshold`` (see the module docstring)."""
 

@@ -147,7 +147,6 @@ def warmup_settings(ratio: float, arguments_class: type | None = None) -> dict[s
     return {"warmup_ratio": ratio} if "warmup_ratio" in fields else {"warmup_steps": ratio}
 
 
-
 # ------------------------------------------------------------------ results
 
 
@@ -193,7 +192,6 @@ class TrainResult:
         if self.held_out is not None:
             out["held_out_domains"] = self.held_out
         return out
-
 
 
 # ------------------------------------------------------------------ test questions

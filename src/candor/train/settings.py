@@ -73,7 +73,6 @@ def check_settings(config: Any) -> None:
             raise CandorError(f"{type(config).__name__}: {item.name}={value!r} must be {rule[1]}")
 
 
-
 # ------------------------------------------------------------------ from text
 
 

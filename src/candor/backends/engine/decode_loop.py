@@ -53,6 +53,7 @@ from candor.backends.tokens import pad_batch, positions_from_mask
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(eq=False)
 class DecodeJob:
     """One prompt's greedy answer (if ``greedy``) and ``n`` samples, and where they go."""

@@ -65,5 +65,4 @@ _EXPORTS = {
 __all__ = sorted([*_EXPORTS, "targets"])
 
 
-
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, also=__all__)

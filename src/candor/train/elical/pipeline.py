@@ -90,6 +90,7 @@ logger = logging.getLogger(__name__)
 # Which stages each method runs, in order.
 STAGES: dict[str, tuple[str, ...]] = {"eli-only": ("eli",), "cal-only": ("cal",), "elical": ("eli", "cal")}
 
+
 @dataclass
 class StageResult:
     """One stage's training: sizes, epochs, dev losses and cost."""
