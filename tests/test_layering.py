@@ -28,6 +28,7 @@ ORDER = (
     "train",
     "diagnose",
     "serve",
+    "integrations",
     "front door",
 )
 FRONT_DOOR = {"__init__", "api", "cli", "demo"}  # modules at the root, and the cli package

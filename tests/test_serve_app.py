@@ -82,7 +82,8 @@ def test_the_official_openai_client_gets_the_confidence_fields(server, honest):
     assert conf["expected_accuracy"] == 0.5 and conf["expected_coverage"] == 0.5
     assert conf["abstained"] == direct.abstained
     if direct.abstained:
-        assert choice.finish_reason == "abstained" and choice.message.content == "I am not sure."
+        assert choice.finish_reason == "abstained" and choice.message.refusal == "I am not sure."
+        assert choice.message.content is None
     else:
         assert choice.message.content == direct.answer
     listed = client.models.list()
@@ -100,7 +101,8 @@ def test_abstained_choices_carry_the_refusal(server, honest):
     status, body = post(f"{server}/v1/chat/completions", chat(q))
     assert status == 200
     choice = body["choices"][0]
-    assert choice["finish_reason"] == "abstained" and choice["message"]["content"] == "I am not sure."
+    assert choice["finish_reason"] == "abstained" and choice["message"]["refusal"] == "I am not sure."
+    assert choice["message"]["content"] is None  # OpenAI's refusal shape: never the withheld answer
     assert choice["confidence"]["abstained"] is True
     assert choice["confidence"]["value"] < choice["confidence"]["threshold"]
 
@@ -118,7 +120,9 @@ def test_abstained_choices_carry_the_refusal(server, honest):
         (chat("hi", temperature=5), 400, "temperature"),
         (chat("hi", response_format={"type": "json_object"}), 400, "response_format"),
         (chat("hi", tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
-        ({**chat("hi"), "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]},
+        ({**chat("hi"), "messages": [{"role": "system", "content": "Be brief."}]}, 400, "messages"),
+        ({**chat("hi"), "messages": [{"role": "tool", "content": "42", "tool_call_id": "t"}, {"role": "user",
+                                                                                        "content": "hi"}]},
          400, "messages"),
         ({**chat("hi"), "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
          400, "messages"),

@@ -185,8 +185,9 @@ def test_streaming_with_the_openai_client_equals_the_plain_answer(server, honest
         conf = finals[0].model_extra["confidence"]  # the answer-level confidence, in the last choice chunk
         assert conf["value"] == pytest.approx(alone.confidence, abs=1e-6)
         if alone.abstained:
-            # The abstained chunk names the text to show in place of what was streamed.
-            assert finals[0].finish_reason == "abstained" and finals[0].model_extra["refusal"] == "I don't know."
+            # The abstention is OpenAI's refusal; buffered, nothing of the withheld answer was streamed.
+            assert finals[0].finish_reason == "abstained" and finals[0].delta.refusal == "I don't know."
+            assert text == ""
         else:
             assert text == alone.answer and finals[0].finish_reason == alone.finish_reason
 
@@ -236,7 +237,7 @@ def wait_for_call(backend: CountingBackend, marker: str) -> int:
 
 def test_a_client_that_drops_mid_stream_stops_its_generation(long_answers):
     """Defect 7: the departed client's row ends; only a few of the 400 tokens it would run to are generated."""
-    with serve_in_thread(create_app(long_answers, ServeSettings(max_tokens=400))) as url:
+    with serve_in_thread(create_app(long_answers, ServeSettings(max_tokens=400, stream="live"))) as url:
         host, port = url.removeprefix("http://").split(":")
         marker = "Which river is the longest, asked by a client that leaves?"
         body = json.dumps(chat(marker, stream=True)).encode()
@@ -249,6 +250,19 @@ def test_a_client_that_drops_mid_stream_stops_its_generation(long_answers):
                 assert got and b"text/event-stream" in seen + got, (seen + got)[:300]
                 seen += got
         assert 0 < wait_for_call(long_answers.backend, marker) < 200
+
+
+def test_a_client_that_leaves_a_buffered_stream_stops_its_generation(long_answers):
+    """Buffered streaming sends nothing before the decision; a client that leaves meanwhile still ends its row."""
+    with serve_in_thread(create_app(long_answers, ServeSettings(max_tokens=400))) as url:
+        host, port = url.removeprefix("http://").split(":")
+        marker = "Which lake is the deepest, asked by a client that leaves a buffered stream?"
+        body = json.dumps(chat(marker, stream=True)).encode()
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            time.sleep(1.0)
+        assert wait_for_call(long_answers.backend, marker) < 200
 
 
 def test_a_client_that_leaves_before_its_plain_answer_stops_its_generation(long_answers):
@@ -303,7 +317,7 @@ def test_a_head_streams_its_confidence_first_and_an_abstention_as_one_chunk(head
             assert first.model_extra["confidence"]["value"] == pytest.approx(alone.confidence, abs=1e-6)
             if alone.abstained:  # one chunk, nothing generated
                 assert len(chunks) == 1 and first.finish_reason == "abstained"
-                assert first.delta.content == "I don't know."
+                assert first.delta.refusal == "I don't know." and first.delta.content is None
             else:
                 assert first.finish_reason is None and first.delta.role == "assistant"
                 assert "".join(c.choices[0].delta.content or "" for c in chunks) == alone.answer

@@ -70,18 +70,34 @@ TEMPLATES: Registry[QATemplate] = Registry("prompt template")
 
 
 def _render_chat(item: QAItem, backend: Backend) -> str:
+    """The instruction and question as the last user turn, after the conversation it was asked in."""
     instruction = (
         "Answer the following multiple-choice question with the option letter."
         if item.is_multiple_choice
         else "Answer the following question."
     )
     user = f"{instruction}\nQuestion: {question_text(item)}"
-    return backend.render_chat([{"role": "user", "content": user}])
+    earlier = [{"role": role, "content": text} for role, text in item.history]
+    return backend.render_chat([*earlier, {"role": "user", "content": user}])
 
 
 def _render_fewshot(item: QAItem, backend: Backend) -> str:
+    """The examples, then the conversation as more ``Question:``/``Answer:`` lines, then the question.
+
+    A system message comes first, as plain text. Line breaks inside earlier turns
+    become spaces: a newline ends an answer in this template.
+    """
+    system = "".join(f"{_one_line(text)}\n" for role, text in item.history if role == "system")
     shots = "".join(f"Question: {q}\nAnswer: {a}\n" for q, a in FEWSHOT_EXAMPLES)
-    return f"{shots}Question: {question_text(item)}\nAnswer:"
+    turns = "".join(f"{FEWSHOT_ROLES[role]}: {_one_line(text)}\n" for role, text in item.history if role != "system")
+    return f"{system}{shots}{turns}Question: {question_text(item)}\nAnswer:"
+
+
+FEWSHOT_ROLES = {"user": "Question", "assistant": "Answer"}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 TEMPLATES.register("chat")(QATemplate("chat", _render_chat))

@@ -71,6 +71,18 @@ def serve(
     log_prompts: Annotated[
         bool, typer.Option("--log-prompts", help="Write each request's messages or prompt into the access log.")
     ] = False,
+    conversations: Annotated[
+        str, typer.Option(help="accept: a chat request may hold a system message and earlier turns; refuse: "
+                          "exactly one user message (400 otherwise).")
+    ] = "accept",
+    stream: Annotated[
+        str, typer.Option(help="buffered: an answer-level method streams nothing before its decision; live: tokens "
+                          "as they are generated, withdrawn by a refusal if it abstains.")
+    ] = "buffered",
+    max_tokens: Annotated[
+        int | None, typer.Option(help="The largest max_tokens a request may ask for (default: the model's context).")
+    ] = None,
+    docs: Annotated[bool, typer.Option("--docs", help="Serve /docs and /openapi.json (behind the key).")] = False,
 ) -> None:
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
 
@@ -87,8 +99,12 @@ def serve(
 
     origins = tuple(cors_origin or ())
     check_cors_origins(origins)  # before the model loads
-
     key = os.environ.get(api_key_env) or None
+    settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
+                             max_batch=max_batch, batch_wait_ms=batch_wait_ms, cors_origins=origins,
+                             log_prompts=log_prompts, log_records=log_records, conversations=conversations,
+                             stream=stream, max_tokens=max_tokens, docs=docs)  # fmt: skip
+
     if key is None:
         logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
     honest_model = choice.build(max_new_tokens=max_new_tokens, batch_size=max_batch)
@@ -97,12 +113,10 @@ def serve(
             "no threshold: every question is answered and none abstains; pass --threshold or --honest DIR "
             "(a tuned folder, such as the one `candor demo` leaves in OUT_DIR/honest)"
         )
-    settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
-                             max_batch=max_batch, batch_wait_ms=batch_wait_ms, cors_origins=origins,
-                             log_prompts=log_prompts, log_records=log_records)  # fmt: skip
     service = create_app(honest_model, settings)
     send_access_log_to(sys.stderr)
-    run(service, host=host, port=port, on_signal=service.state.lifecycle.begin_draining)
+    run(service, host=host, port=port, on_signal=service.state.lifecycle.begin_draining,
+        in_flight=lambda: service.state.admission.in_flight)
 
 
 @user_errors

@@ -14,6 +14,10 @@ class QAItem:
     A multiple-choice item also has ``choices`` and ``answer_index``; its
     ``answers`` then holds the option letter and the option text.
     ``context`` is an optional passage shown before the question (LogiQA).
+    ``history`` is the conversation the question was asked in, oldest first, as
+    ``(role, text)`` pairs (``system``, ``user``, ``assistant``): empty for a
+    question asked alone, which is every benchmark item (docs/architecture.md
+    "Conversations").
     """
 
     id: str
@@ -25,6 +29,7 @@ class QAItem:
     answer_index: int | None = None
     context: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    history: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_multiple_choice(self) -> bool:
@@ -35,6 +40,7 @@ class QAItem:
         out["answers"] = list(self.answers)
         if self.choices is not None:
             out["choices"] = list(self.choices)
+        out["history"] = [{"role": role, "content": text} for role, text in self.history] or None
         return {k: v for k, v in out.items() if v is not None and v != {}}
 
     @classmethod
@@ -49,6 +55,7 @@ class QAItem:
             answer_index=d.get("answer_index"),
             context=d.get("context"),
             meta=dict(d.get("meta") or {}),
+            history=tuple((str(t["role"]), str(t["content"])) for t in d.get("history") or ()),
         )
 
 

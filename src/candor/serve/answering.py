@@ -8,6 +8,7 @@ returns :class:`HonestAnswer` values; :class:`Decoding` is the answer the confid
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 
 from candor.annotation.records import Record
 from candor.backends.base import Completion, RequestTokenHook, SamplingParams
+from candor.data.items import QAItem
 from candor.util.errors import CandorError
 
 
@@ -47,13 +49,43 @@ class ContextLengthExceeded(CandorError):
     """The templated prompt plus the answer would not fit in the model's context."""
 
 
+# The shapes of request a confidence can be computed on, and a calibration fitted on.
+QUESTION, CONVERSATION = "question", "conversation"
+
+
 @dataclass(frozen=True)
 class Prompted:
-    """A question rendered with the model's QA template, checked (and counted) before any work."""
+    """A question rendered with the model's QA template, checked (and counted) before any work.
+
+    ``history`` holds the conversation's earlier turns (``(role, text)``, oldest first); empty
+    for a question asked alone.
+    """
 
     question: str
     prompt: str
     prompt_tokens: int | None = None  # the template's tokens; None when the backend has no tokenizer
+    history: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def shape(self) -> str:
+        """:data:`QUESTION` (asked alone) or :data:`CONVERSATION` (after a system message or earlier turns)."""
+        return CONVERSATION if self.history else QUESTION
+
+    def item(self) -> QAItem:
+        return served_item(self.question, self.history)
+
+
+def served_item(question: str, history: Sequence[tuple[str, str]] = ()) -> QAItem:
+    """A served question as a QA item whose id comes from its text and conversation, never from a batch."""
+    return QAItem(id="q-" + hashlib.sha256(_conversation_key(question, history)).hexdigest()[:16], dataset="served",
+                  split="", question=question, answers=(), history=tuple(history))  # fmt: skip
+
+
+def _conversation_key(question: str, history: Sequence[tuple[str, str]]) -> bytes:
+    """The question's own text when asked alone (so ids and seeds are those of earlier versions)."""
+    if not history:
+        return question.encode("utf-8")
+    return json.dumps([question, [list(t) for t in history]], ensure_ascii=False).encode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -168,9 +200,9 @@ class HonestAnswer:
 Outcome = list[HonestAnswer] | Exception
 
 
-def question_seed(question: str) -> int:
-    """A seed from the question's text, so its samples never depend on the batch it shares."""
-    return int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "little") >> 1
+def question_seed(question: str, history: Sequence[tuple[str, str]] = ()) -> int:
+    """A seed from the question's text (and conversation), so its samples never depend on the batch it shares."""
+    return int.from_bytes(hashlib.sha256(_conversation_key(question, history)).digest()[:8], "little") >> 1
 
 
 def reply_seed(ask: Ask) -> int:

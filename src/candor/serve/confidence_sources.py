@@ -13,7 +13,6 @@ Two kinds, in a registry so a saved model names its kind and reloads it:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from candor.backends.base import LIVE_DECODE, Backend, Completion, backend_capab
 from candor.backends.default_model import is_embedded, resolve_embedded
 from candor.data.items import QAItem
 from candor.estimators import get_estimator
+from candor.serve.answering import served_item
 from candor.serve.classify_client import ClassifySource
 from candor.train.elical.estimator import EliCalEstimator, same_model
 from candor.train.elical.model import HEAD_FILE, HeadConfig, LinearHead
@@ -40,8 +40,8 @@ logger = logging.getLogger(__name__)
 HEAD_DIR = "head"
 
 
-def question_item(question: str, index: int = 0) -> QAItem:
-    return QAItem(id=f"q{index}", dataset="", split="", question=question, answers=())
+def question_item(question: str, index: int = 0, history: tuple[tuple[str, str], ...] = ()) -> QAItem:
+    return QAItem(id=f"q{index}", dataset="", split="", question=question, answers=(), history=history)
 
 
 class ConfidenceSource(Protocol):
@@ -60,7 +60,7 @@ class ConfidenceSource(Protocol):
         """Raise :class:`CandorError` (one line) when the source cannot serve on ``backend``."""
         ...
 
-    def score_questions(self, questions: Sequence[str]) -> np.ndarray: ...
+    def score_questions(self, questions: Sequence[str | QAItem]) -> np.ndarray: ...
 
     def score_records(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray: ...
 
@@ -108,7 +108,12 @@ class HeadSource:
     def check(self, backend: Backend) -> None:
         return None  # the head carries its own backbone
 
-    def score_questions(self, questions: Sequence[str]) -> np.ndarray:
+    @property
+    def calibrated_on_labels(self) -> bool:
+        """Whether the head's output is a probability fitted on labels: EliCal's stage 2 ran."""
+        return "cal" in (self.config().meta or {}).get("stages", [])
+
+    def score_questions(self, questions: Sequence[str | QAItem]) -> np.ndarray:
         self.ran_own_pass = True
         return self.estimator.score_questions(list(questions))
 
@@ -199,7 +204,7 @@ class EstimatorSource:
         """Whether the estimator reads the answers' token log-probs or top-k (see ``Estimator.requires``)."""
         return self.estimator.reads_token_logprobs
 
-    def score_questions(self, questions: Sequence[str]) -> np.ndarray:
+    def score_questions(self, questions: Sequence[str | QAItem]) -> np.ndarray:
         raise CandorError(f"estimator {self.name!r} scores answers; generate first")
 
     def score_records(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
@@ -237,7 +242,7 @@ def as_source(confidence: str | ConfidenceSource) -> ConfidenceSource:
 
 
 def answer_records(
-    questions: Sequence[str],
+    questions: Sequence[str | QAItem],
     answers: Sequence[Completion],
     samples: Sequence[list[Completion]],
     provenance: dict[str, Any] | None = None,
@@ -248,12 +253,7 @@ def answer_records(
     estimator that re-reads the prompt renders the one the answer was made with.
     """
     return [
-        Record(item=served_item(q), greedy=a, samples=list(s), provenance=dict(provenance or {}))
+        Record(item=q if isinstance(q, QAItem) else served_item(q), greedy=a, samples=list(s),
+               provenance=dict(provenance or {}))
         for q, a, s in zip(questions, answers, samples, strict=True)
     ]
-
-
-def served_item(question: str) -> QAItem:
-    """A served question as a QA item whose id comes from its text, never from its place in a batch."""
-    return QAItem(id="q-" + hashlib.sha256(question.encode("utf-8")).hexdigest()[:16], dataset="served", split="",
-                  question=question, answers=())  # fmt: skip

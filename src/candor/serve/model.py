@@ -41,9 +41,12 @@ the number of dev questions it was fitted on.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import secrets
 import shutil
+import time
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
@@ -67,10 +70,13 @@ from candor.backends.base import (
     backend_capabilities,
 )
 from candor.backends.engine import SharedPrefix
+from candor.data.items import QAItem
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
 from candor.serve import thresholds as th
 from candor.serve.answering import (
+    CONVERSATION,
     PROTOCOL_SAMPLES,
+    QUESTION,
     Ask,
     Cancelled,
     ContextLengthExceeded,
@@ -101,6 +107,7 @@ from candor.util.version import __version__
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "honest.json"
+SHAPE_WORDS = {QUESTION: "questions asked alone", CONVERSATION: "questions asked in conversations"}
 ADAPTER_DIR = "adapter"
 DEFAULT_REFUSAL = "I don't know."
 
@@ -129,6 +136,10 @@ class HonestModel:
             check(backend)  # a method the backend cannot run is refused here, at startup
         self.calibrator = calibrator
         self._calibrated_on = 0  # dev questions the calibrator was fitted on (0: unknown)
+        # Request shapes (SHAPES) the calibration and threshold were fitted on: every tuning path
+        # in candor fits on questions asked alone; a folder fitted on served traffic says more.
+        self.tuned_on: tuple[str, ...] = ("question",)
+        self.version = "unsaved"  # the folder's version once saved or loaded (names the model in responses)
         self.threshold = th.Threshold(float(threshold)) if isinstance(threshold, (int, float)) else threshold
         self.template: QATemplate = resolve_template(template, backend.model_name, backend)
         self.decoding = decoding or Decoding()
@@ -150,8 +161,13 @@ class HonestModel:
 
     # ------------------------------------------------------------ answering
 
-    def prepare(self, question: str, max_new_tokens: int | None = None) -> Prompted:
+    def prepare(
+        self, question: str, max_new_tokens: int | None = None, history: Sequence[tuple[str, str]] = ()
+    ) -> Prompted:
         """The question checked, templated and counted; a bad one raises :class:`CandorError` before any work.
+
+        ``history`` is the conversation the question was asked in (``(role, text)`` turns, oldest
+        first); the template renders it before the question (docs/architecture.md "Conversations").
 
         Raises :class:`ContextLengthExceeded` when the templated prompt plus the
         longest answer asked for (the model's cap or ``max_new_tokens``) exceeds
@@ -160,7 +176,9 @@ class HonestModel:
         if not question.strip():
             raise CandorError("the question is empty")
         check_text(question, "the question")
-        prompt = self.template(question_item(question), self.backend)
+        for role, text in history:
+            check_text(text, f"a {role} message")
+        prompt = self.template(question_item(question, history=tuple(history)), self.backend)
         count = len(self.backend.tokenize(prompt)) if TOKENIZER in backend_capabilities(self.backend) else None
         limit = self.context_length
         answer = max(self.decoding.max_new_tokens, max_new_tokens or 0)
@@ -169,7 +187,7 @@ class HonestModel:
                 f"the prompt is {count} tokens after the QA template; with {answer} answer tokens it exceeds "
                 f"the model's context of {limit} tokens"
             )
-        return Prompted(question, prompt, count)
+        return Prompted(question, prompt, count, tuple(history))
 
     def answer(self, question: str) -> HonestAnswer:
         """The greedy answer to one question, or an abstention, with its confidence."""
@@ -239,7 +257,7 @@ class HonestModel:
         if self.prefill_reader is not None:
             return await self._answer_from_prefill(ask, engine, self.prefill_reader)
         if self.source.before_generation:
-            confidence = await self._question_confidence(ask.prompted.question, engine)
+            confidence = await self._question_confidence(ask.prompted.item(), engine)
             if self._declines(confidence):
                 declined = self._abstention(confidence, "declined before generating")
                 ask.decided(declined)
@@ -256,7 +274,7 @@ class HonestModel:
         completions, prompt_tokens = await self._reply(ask, engine, scored)
         ask.check_alive()
         rec = scored.record
-        return [self._answered(c, scored.confidence, ask, rec is None or c is rec.greedy, rec, prompt_tokens)
+        return [self._answered(c, scored.confidence, ask, rec is None or c.text == rec.greedy.text, rec, prompt_tokens)
                 for c in completions]  # fmt: skip
 
     async def _answer_from_prefill(self, ask: Ask, engine: LiveEngine, reader: PrefillReader) -> list[HonestAnswer]:
@@ -282,14 +300,14 @@ class HonestModel:
         return [self._answered(c, verdict[0].confidence, ask, True, None, g.prompt_tokens)
                 for c in completions]  # type: ignore[arg-type]  # fmt: skip
 
-    async def _question_confidence(self, question: str, engine: LiveEngine) -> float:
+    async def _question_confidence(self, item: QAItem, engine: LiveEngine) -> float:
         """A question-level source's value: in the engine thread (alone), or apart when it runs elsewhere."""
         if getattr(self.source, "runs_in_engine", True):
-            return await done(engine.call(lambda: self._score_question(question)))
-        return await asyncio.to_thread(self._score_question, question)  # a remote call must not hold the engine
+            return await done(engine.call(lambda: self._score_question(item)))
+        return await asyncio.to_thread(self._score_question, item)  # a remote call must not hold the engine
 
-    def _score_question(self, question: str) -> float:
-        return float(self._calibrated(self.source.score_questions([question]))[0])
+    def _score_question(self, item: QAItem) -> float:
+        return float(self._calibrated(self.source.score_questions([item]))[0])
 
     def shared_prefix(self) -> SharedPrefix | None:
         """The template's own prefix (the few-shot block), run once by the live engine and by re-reading answers.
@@ -322,14 +340,14 @@ class HonestModel:
         params = replace(PROTOCOL_SAMPLES, max_new_tokens=self.decoding.max_new_tokens, stop=self.template.stop)
         streamed = range(ask.reply.n) if self._returns_greedy(ask.reply) else range(0)
         return DecodeRequest(ask.prompted.prompt, self.source.samples, params, greedy=True,
-                             seed=question_seed(ask.prompted.question),
+                             seed=question_seed(ask.prompted.question, ask.prompted.history),
                              on_token=ask.token_hook(lambda sample: streamed if sample < 0 else ()))  # fmt: skip
 
     def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:
         """The protocol's answer scored (in the engine thread, this question alone); an abstention is returned whole."""
         if self.rereads_answers:
             protocol = read_alone(self.backend, ask.prompted.prompt, protocol, self.shared_prefix())  # type: ignore[arg-type]
-        rec = answer_records([ask.prompted.question], [protocol.greedy], [protocol.samples],  # type: ignore[list-item]
+        rec = answer_records([ask.prompted.item()], [protocol.greedy], [protocol.samples],  # type: ignore[list-item]
                              self.provenance())[0]  # fmt: skip
         n = ask.reply.n
         try:
@@ -345,7 +363,7 @@ class HonestModel:
     async def _reply(self, ask: Ask, engine: LiveEngine, scored: Scored) -> tuple[list[Completion], int | None]:
         """The returned texts: the protocol's greedy answer, or a generation with the reply's own decoding."""
         reply = ask.reply
-        if scored.record is not None and self._returns_greedy(reply):
+        if scored.record is not None and self._reply_is_greedy(reply, scored.record.greedy):
             return [scored.record.greedy] * reply.n, scored.prompt_tokens
         g = await done(engine.submit(self._reply_request(ask)))
         completions = [g.greedy] * reply.n if reply.temperature == 0 else g.samples[: reply.n]
@@ -362,6 +380,18 @@ class HonestModel:
     def _returns_greedy(self, reply: Reply) -> bool:
         cap = reply.max_new_tokens
         return reply.temperature == 0 and not reply.stop and cap in (None, self.decoding.max_new_tokens)
+
+    def _reply_is_greedy(self, reply: Reply, greedy: Completion) -> bool:
+        """Whether the reply would decode exactly the protocol's greedy answer, so it need not be generated again.
+
+        A longer cap than the model's decodes the same text when the greedy answer ended before
+        the model's cap (at a stop string or the end of sequence).
+        """
+        if self._returns_greedy(reply):
+            return True
+        own = self.decoding.max_new_tokens
+        longer = reply.max_new_tokens is not None and reply.max_new_tokens > own
+        return reply.temperature == 0 and not reply.stop and longer and len(greedy.token_ids) < own
 
     def _reply_params(self, reply: Reply) -> SamplingParams:
         cap = reply.max_new_tokens or self.decoding.max_new_tokens
@@ -390,6 +420,29 @@ class HonestModel:
 
     # ------------------------------------------------------------ deciding
 
+    @property
+    def fitted_on_labels(self) -> bool:
+        """Whether the confidence is a probability fitted on labels: a calibrator, or a head trained on labels."""
+        return self.calibrator is not None or bool(getattr(self.source, "calibrated_on_labels", False))
+
+    def calibration(self, shape: str) -> dict[str, Any]:
+        """``calibrated``: the value is a probability fitted on labels for requests of ``shape``; and where.
+
+        A value fitted on questions asked alone is not calibrated for a conversation: nothing
+        measured how the earlier turns move it (docs/architecture.md "Conversations").
+        """
+        where = self._fitted_where()
+        return {"calibrated": where is not None and shape in self.tuned_on, "calibrated_on": where}
+
+    def _fitted_where(self) -> str | None:
+        shapes = " and ".join(SHAPE_WORDS[s] for s in self.tuned_on)
+        if self.calibrator is not None:
+            count = f"{self._calibrated_on} " if self._calibrated_on else ""
+            return f"a {self.calibrator.name} calibrator fitted on {count}labelled {shapes}"
+        if self.fitted_on_labels:
+            return f"the head's stage 2, trained on labelled {shapes}"
+        return None
+
     def _calibrated(self, raw: np.ndarray) -> np.ndarray:
         return self.calibrator.predict(raw) if self.calibrator is not None else np.asarray(raw, dtype=float)
 
@@ -405,15 +458,16 @@ class HonestModel:
     ) -> HonestAnswer:  # fmt: skip
         if below and self.threshold is not None:
             reason = f"{reason} ({confidence:.3f} < {self.threshold.value:.3f})"
+        generated = len(rec.greedy.token_ids) if rec is not None else 0  # an answer-level source generated it
         return HonestAnswer(
-            None, float(confidence), True, reason, self.method, self.calibrator is not None,
-            self._threshold_value(), "abstained", 0, True, withheld, None, 0, rec,
+            None, float(confidence), True, reason, self.method, self.fitted_on_labels,
+            self._threshold_value(), "abstained", generated, True, withheld, None, 0, rec,
         )  # fmt: skip
 
     def _undecided(self, confidence: float) -> HonestAnswer:
         """The head's verdict for a question it answers, before the answer exists (the first streamed chunk)."""
         return HonestAnswer(None, float(confidence), False, self._answer_reason(), self.method,
-                            self.calibrator is not None, self._threshold_value(), "stop")  # fmt: skip
+                            self.fitted_on_labels, self._threshold_value(), "stop")  # fmt: skip
 
     def _answer_reason(self) -> str:
         return "no threshold set" if self.threshold is None else f"confidence ≥ {self.threshold.value:.3f}"
@@ -432,7 +486,7 @@ class HonestModel:
         used = completion.completion_tokens if completion.completion_tokens is not None else len(completion.token_ids)
         return HonestAnswer(
             completion.text, float(confidence), False, self._answer_reason(), self.method,
-            self.calibrator is not None, self._threshold_value(), finish, used, scored, None, completion,
+            self.fitted_on_labels, self._threshold_value(), finish, used, scored, None, completion,
             prompt_tokens or ask.prompted.prompt_tokens or 0, rec,
         )  # fmt: skip
 
@@ -490,9 +544,17 @@ class HonestModel:
                 "confidence": self.source.save(tmp),
                 "calibrator": self._calibrator_config(),
                 "threshold": None if self.threshold is None else self.threshold.to_dict(),
+                "tuned_on": list(self.tuned_on),
+                "version": self._saved_version(),
             }
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         return folder
+
+    def _saved_version(self) -> str:
+        """The version a save writes: the model's own, or a fresh one (UTC time and a random suffix)."""
+        if self.version == "unsaved":
+            self.version = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+        return self.version
 
     def _generator_config(self, folder: Path) -> dict[str, Any]:
         adapter = getattr(self.backend, "adapter", None)
@@ -536,6 +598,9 @@ class HonestModel:
                     template=gen.get("template", "auto"), decoding=Decoding(**gen.get("decoding", {})),
                     backend_name=gen.get("backend", "hf"))  # fmt: skip
         model._calibrated_on = int(cal.get("fitted_on", 0)) if cal else 0
+        model.tuned_on = tuple(config.get("tuned_on") or (QUESTION,))
+        # Folders saved before versions existed: their config's digest names them.
+        model.version = str(config.get("version") or "sha-" + hashlib.sha256(path.read_bytes()).hexdigest()[:12])
         return model
 
 

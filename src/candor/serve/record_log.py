@@ -6,6 +6,9 @@ computed for, the method's samples, and in ``provenance`` the model, template
 and decoding they were made with plus ``served``: the confidence object each
 choice got and the texts returned. Such a file can be re-scored, judged
 against gold answers later (``candor rejudge``) and used as a calibration set.
+``served.id`` is the response id a client saw and ``served.indexes`` the choices
+the record's answers fill in it, so a label sent later (``POST /v1/feedback``)
+finds its record.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from typing import Any
 from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.serve.answering import Ask, HonestAnswer
-from candor.serve.confidence_sources import served_item
 
 
 class RecordLog:
@@ -37,13 +39,17 @@ class RecordLog:
         answers: Sequence[HonestAnswer],
         provenance: dict[str, Any],
         describe: Callable[[HonestAnswer], dict[str, Any]],
+        response_id: str = "",
+        indexes: Sequence[int] = (0,),
     ) -> None:
         record = next((a.record for a in answers if a.record is not None), None)
         if record is None:  # a head source: nothing was scored, the returned text stands as the answer
             greedy = next((a.completion for a in answers if a.completion is not None), None) or Completion("")
-            record = Record(served_item(ask.prompted.question), greedy, [], provenance=dict(provenance))
+            record = Record(ask.prompted.item(), greedy, [], provenance=dict(provenance))
         out = record.to_dict()
         out["provenance"] = {**out["provenance"], "served": {
+            "id": response_id,
+            "indexes": list(indexes),
             "confidence": [describe(a) for a in answers],
             "returned": [a.answer for a in answers],
             "reply": {"n": ask.reply.n, "max_tokens": ask.reply.max_new_tokens, "temperature": ask.reply.temperature,

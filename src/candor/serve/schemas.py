@@ -1,7 +1,9 @@
 """OpenAI-compatible request bodies and the OpenAI error shape.
 
-Only the fields candor acts on are declared; others an OpenAI client may send
-(``user``, ``presence_penalty`` …) are accepted and ignored. Types are strict,
+Fields candor acts on are declared, and so are those it cannot honour, which are
+refused (400 ``unsupported``) unless they hold their no-op default; fields that
+change nothing about the answer (``user``, ``metadata`` …) are accepted and
+ignored. Types are strict,
 as the OpenAI API checks them: ``"n": true``, ``"max_tokens": "10"`` or
 ``"temperature": "0"`` are refused, never coerced (an integer is a valid number).
 """
@@ -37,17 +39,21 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    seed: int | None = None
-    # Declared so that they are refused (``unsupported``) rather than silently ignored.
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # as OpenAI: a 64-bit integer
+    # Declared so that they are refused (``unsupported``) rather than silently ignored;
+    # each is accepted at its no-op value (NO_OP_VALUES).
     response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
 
     def unsupported(self) -> list[str]:
         """Fields a client set that candor cannot honour (answered 400 ``unsupported``)."""
-        return [name for name in ("response_format", "tools", "tool_choice", "functions")
-                if getattr(self, name) is not None]  # fmt: skip
+        return [name for name in self.model_fields_set & set(NO_OP_VALUES)
+                if getattr(self, name) not in NO_OP_VALUES[name]]  # fmt: skip
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -55,22 +61,54 @@ class _Sampling(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
+# What a refused field may hold and still be accepted: its no-op value, as clients send it by default.
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+}
+MAX_TOP_LOGPROBS = 5  # the alternatives the engine keeps per token
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def top_logprobs_wanted(self) -> int | None:
         """Alternatives per token when log-probs are asked for; None when they are not."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def question(self) -> str:
-        """The last user message: the question the model answers (earlier turns are not used)."""
-        for m in reversed(self.messages):
-            if m.role == "user":
-                return m.text()
-        return ""
+    def conversation(self) -> tuple[tuple[tuple[str, str], ...], str]:
+        """``(history, question)``: the earlier turns as ``(role, text)`` and the last user message.
+
+        Raises ``ValueError`` (one line, for a 400) for what a conversation cannot hold here: a role
+        other than system/developer/user/assistant, non-text content, an assistant turn without text
+        (a tool call), or a last message that is not the user's.
+        """
+        turns = []
+        for i, m in enumerate(self.messages):
+            if m.role not in ROLES:
+                raise ValueError(f"messages.{i}.role: {m.role!r} is not supported (system, developer, user, "
+                                 "assistant; tools are not supported)")  # fmt: skip
+            if isinstance(m.content, list) and any(p.get("type") != "text" for p in m.content):
+                raise ValueError(f"messages.{i}.content: only text content parts are supported (no images or audio)")
+            if m.role == "assistant" and not m.text().strip():
+                raise ValueError(f"messages.{i}: an assistant turn needs text content (tool calls are not supported)")
+            turns.append((ROLES[m.role], m.text()))
+        if turns[-1][0] != "user":
+            raise ValueError("the last message must be the user's question (got a "
+                             f"{self.messages[-1].role!r} message)")  # fmt: skip
+        return tuple(turns[:-1]), turns[-1][1]
 
     def token_cap(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -78,7 +116,10 @@ class ChatRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
 
     def top_logprobs_wanted(self) -> int | None:
         return self.logprobs

@@ -1,8 +1,10 @@
 """Run the app under uvicorn: in the foreground (``candor serve``) or in a thread (tests, benchmarks).
 
-In the foreground, ``SIGTERM`` (and a first ``Ctrl-C``) drains: uvicorn stops
-accepting connections, in-flight requests finish, the app shuts down, and the
-process exits 0 on ``SIGTERM``.
+In the foreground, ``SIGTERM`` (and a first ``Ctrl-C``) drains: the server keeps
+listening while in-flight requests finish, answering ``/ready`` and new work
+with 503 (so a load balancer sees it leave instead of a refused connection),
+then uvicorn stops, the app shuts down, and the process exits 0 on ``SIGTERM``.
+A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -22,22 +24,52 @@ from fastapi import FastAPI
 logger = logging.getLogger(__name__)
 
 
-class DrainingServer(uvicorn.Server):
-    """A uvicorn server that calls ``on_signal`` (e.g. to answer ``/ready`` 503) when told to stop."""
+DRAIN_LIMIT_S = 60.0  # the longest a drain keeps listening before uvicorn stops anyway
 
-    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None] | None = None) -> None:
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server that drains before it stops listening (see the module docstring).
+
+    ``on_signal`` marks the app as draining; ``in_flight`` says how much work is left.
+    """
+
+    def __init__(
+        self, config: uvicorn.Config, on_signal: Callable[[], None] | None = None,
+        in_flight: Callable[[], int] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(config)
         self.on_signal = on_signal
+        self.in_flight = in_flight
+        self._draining = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining or self.in_flight is None:  # a second signal, or nothing to wait for: stop now
+            self._stop(sig, frame)
+            return
+        self._draining = True
+        threading.Thread(target=self._drain_then_stop, args=(sig, frame), daemon=True, name="candor-drain").start()
+
+    def _drain_then_stop(self, sig: int, frame: FrameType | None) -> None:
+        if self.on_signal is not None:
+            self.on_signal()
+        deadline = time.monotonic() + DRAIN_LIMIT_S
+        while self.in_flight is not None and self.in_flight() > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop(sig, frame)
+
+    def _stop(self, sig: int, frame: FrameType | None) -> None:
         if self.on_signal is not None:
             self.on_signal()
         super().handle_exit(sig, frame)
 
 
-def run(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, on_signal: Callable[[], None] | None = None) -> None:
+def run(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 8000, on_signal: Callable[[], None] | None = None,
+    in_flight: Callable[[], int] | None = None,
+) -> None:  # fmt: skip
     """Serve until SIGTERM or Ctrl-C, then drain; uvicorn's access log is off (the app writes its own)."""
-    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False), on_signal)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False)
+    server = DrainingServer(config, on_signal, in_flight)
     # After draining, uvicorn re-raises the signal it stopped on to the handler that was in place
     # before it; for SIGTERM that handler is this no-op, so a requested stop ends with exit 0.
     previous = signal.signal(signal.SIGTERM, _drained)

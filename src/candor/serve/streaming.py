@@ -23,10 +23,14 @@ DONE = "data: [DONE]\n\n"
 class RequestListener:
     """One question's ear in the engine thread; events go to the request's queue as ``(kind, ask, ...)``."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[Any, ...]] | None, ask: int) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[Any, ...]] | None, ask: int,
+        streams_tokens: bool = True,
+    ) -> None:  # fmt: skip
         self._loop = loop
         self._queue = queue  # None: nobody streams (a plain request), only cancellation matters
         self._ask = ask
+        self._streams_tokens = streams_tokens  # False: tokens are held until the answer is decided (buffered)
         self._gone = threading.Event()
 
     def alive(self) -> bool:
@@ -39,7 +43,8 @@ class RequestListener:
         self._put(("decided", self._ask, answer))
 
     def token(self, choice: int, token_id: int) -> None:
-        self._put(("token", self._ask, choice, token_id))
+        if self._streams_tokens:
+            self._put(("token", self._ask, choice, token_id))
 
     def done(self) -> None:
         self._put(("done", self._ask))

@@ -33,6 +33,7 @@ import numpy as np
 
 from candor.annotation.records import Record
 from candor.backends.base import Backend
+from candor.data.items import QAItem
 from candor.estimators.base import ESTIMATORS, Estimator
 from candor.util.errors import CandorError
 
@@ -110,8 +111,8 @@ class EliCalEstimator(Estimator):
             self.check_records(records)
         return self.head.predict(records, batch_size=self.batch_size)
 
-    def score_questions(self, questions: Sequence[str]) -> np.ndarray:
-        """One confidence per raw question string, before any answer exists."""
+    def score_questions(self, questions: Sequence[str | QAItem]) -> np.ndarray:
+        """One confidence per question (a string, or a QA item with its conversation), before any answer exists."""
         if not questions:
             return np.zeros(0, dtype=float)
         return self._checked(np.asarray(self.head.predict(questions, batch_size=self.batch_size)), len(questions))

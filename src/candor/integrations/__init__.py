@@ -1,0 +1,1 @@
+"""Adapters that let other frameworks read what ``candor serve`` answers (optional extras)."""
