@@ -100,7 +100,7 @@ def test_a_conversation_is_answered_with_the_confidence_of_the_question_asked_in
 def test_calibrated_says_whether_the_value_was_fitted_for_this_shape(honest):
     import numpy as np
 
-    from candor.serve.app import _confidence  # the confidence object the service returns
+    from candor.serve.responses import confidence_object as _confidence
 
     rng = np.random.default_rng(0)
     calibrated = HonestModel(honest.backend, confidence="n-prob", template="fewshot", decoding=honest.decoding)

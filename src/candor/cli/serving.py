@@ -103,7 +103,7 @@ def serve(
     settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
                              max_batch=max_batch, batch_wait_ms=batch_wait_ms, cors_origins=origins,
                              log_prompts=log_prompts, log_records=log_records, conversations=conversations,
-                             stream=stream, max_tokens=max_tokens, docs=docs)  # fmt: skip
+                             stream=stream, max_tokens=max_tokens, docs=docs, honest_folder=choice.honest)  # fmt: skip
 
     if key is None:
         logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)

@@ -415,6 +415,7 @@ class HonestModel:
                 "samples": samples.to_dict(),
             },  # fmt: skip
             "candor_version": __version__,
+            "model_version": self.version,
             "served": True,
         }
 

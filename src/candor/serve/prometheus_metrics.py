@@ -19,7 +19,19 @@ name                                        type       labels                  m
 ``candor_confidence``                       histogram                          confidence of each choice
 ``candor_queue_depth``                      gauge                              questions in flight
 ``candor_batch_size``                       histogram                          questions answered together
+``candor_model_info``                       gauge      version                 1 for the model answering now
+``candor_reloads_total``                    counter    outcome                 reloads (ok, failed)
+``candor_feedback_total``                   counter    correct, answered       labels received
+``candor_feedback_accuracy``                gauge                              observed accuracy of answered
+``candor_feedback_accuracy_lower``          gauge                              its lower bound at 1 − δ
+``candor_feedback_accuracy_upper``          gauge                              its upper bound at 1 − δ
+``candor_promised_accuracy``                gauge                              what the threshold promised
+``candor_calibration_unconfirmed``          gauge                              1: lower bound below promise
+``candor_calibration_drift``                gauge                              1: upper bound below promise
 ==========================================  =========  ======================  ============================
+
+The feedback gauges are NaN until enough labels of answered questions arrived
+(:mod:`candor.serve.feedback`); they follow the current model version.
 """
 
 from __future__ import annotations
@@ -35,11 +47,27 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 if TYPE_CHECKING:
     from candor.serve.answering import HonestAnswer
+    from candor.serve.feedback import AccuracyReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 CONFIDENCE_BUCKETS = tuple(i / 10 for i in range(11))  # raw estimator scores below 0 fall in le="0.0"
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+FEEDBACK_GAUGES = {
+    "feedback_accuracy": "Observed accuracy of answered questions, from the labels received (current model).",
+    "feedback_accuracy_lower": "Lower Clopper-Pearson bound of the observed accuracy at 1 - delta.",
+    "feedback_accuracy_upper": "Upper Clopper-Pearson bound of the observed accuracy at 1 - delta.",
+    "promised_accuracy": "The accuracy of answered questions the threshold promised when it was tuned.",
+    "calibration_unconfirmed": "1 while the lower bound is below the promise (the labels do not confirm it).",
+    "calibration_drift": "1 once the upper bound is below the promise (answered accuracy fell below it).",
+}
+
+
+def _read_or_nan(report: AccuracyReport | None, read: Callable[[AccuracyReport], float | None]) -> float:
+    value = None if report is None else read(report)
+    return float("nan") if value is None else float(value)
 
 
 @dataclass
@@ -83,6 +111,14 @@ class ServeMetrics:
         self.batch_size = Histogram("candor_batch_size", "Questions in flight when a question is admitted (itself "
                                     "included): the batch it joins.",
                                     buckets=BATCH_BUCKETS, registry=reg)  # fmt: skip
+        self.model_info = Gauge("candor_model_info", "1 for the honest-model version answering now.", ["version"],
+                                registry=reg)  # fmt: skip
+        self.reloads = Counter("candor_reloads", "Model reloads, by outcome.", ["outcome"], registry=reg)
+        self.feedback = Counter("candor_feedback", "Labels received on served answers.", ["correct", "answered"],
+                                registry=reg)  # fmt: skip
+        self.feedback_gauges = {
+            name: Gauge(f"candor_{name}", text, registry=reg) for name, text in FEEDBACK_GAUGES.items()
+        }
 
     # ------------------------------------------------------------ events
 
@@ -106,6 +142,30 @@ class ServeMetrics:
         for per_question in answers:
             for answer in per_question:
                 self.observe_answer(answer)
+
+    def observe_model(self, version: str) -> None:
+        """The model answering from now on (at start and after each reload)."""
+        self.model_info.clear()
+        self.model_info.labels(version=version).set(1)
+
+    def observe_reload(self, ok: bool) -> None:
+        self.reloads.labels(outcome="ok" if ok else "failed").inc()
+
+    def observe_feedback(self, correct: bool, answered: bool) -> None:
+        self.feedback.labels(correct=str(bool(correct)).lower(), answered=str(bool(answered)).lower()).inc()
+
+    def watch_feedback(self, report: Callable[[], AccuracyReport | None]) -> None:
+        """Read the observed accuracy and its alarms from ``report()`` at each scrape (NaN while it is None)."""
+        readers: dict[str, Callable[[AccuracyReport], float | None]] = {
+            "feedback_accuracy": lambda r: r.accuracy,
+            "feedback_accuracy_lower": lambda r: r.lower,
+            "feedback_accuracy_upper": lambda r: r.upper,
+            "promised_accuracy": lambda r: r.promised,
+            "calibration_unconfirmed": lambda r: float(r.unconfirmed),
+            "calibration_drift": lambda r: float(r.drift),
+        }
+        for name, read in readers.items():
+            self.feedback_gauges[name].set_function(lambda read=read: _read_or_nan(report(), read))
 
     def observe_batch(self, size: int) -> None:
         """A question admitted while ``size`` questions (itself included) are being answered."""

@@ -22,6 +22,7 @@ from typing import Any
 from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.serve.answering import Ask, HonestAnswer
+from candor.serve.feedback import ServedIndex
 
 
 class RecordLog:
@@ -29,6 +30,7 @@ class RecordLog:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.served = ServedIndex()  # the recent responses, so feedback can name what was served
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
         self._lock = threading.Lock()
@@ -59,6 +61,8 @@ class RecordLog:
         with self._lock:
             self._file.write(line)
             self._file.flush()
+        answered = [not a.abstained for a in answers]
+        self.served.remember(response_id, indexes, answered, str(provenance.get("model_version", "")))
 
     def close(self) -> None:
         with self._lock:

@@ -88,6 +88,16 @@ class Threshold:
     def abstains(self, confidence: float) -> bool:
         return confidence < self.value
 
+    @property
+    def promised_accuracy(self) -> float | None:
+        """The accuracy of answered questions this threshold stands for: 1 − α under risk control, the
+        target of the ``accuracy`` rule, else what dev showed (None when it showed nothing)."""
+        if self.rule == "risk" and self.target is not None:
+            return 1.0 - self.target
+        if self.rule == "accuracy" and self.target is not None:
+            return self.target
+        return self.expected_accuracy
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

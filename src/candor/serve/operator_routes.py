@@ -1,0 +1,133 @@
+"""What the operator of a deployment uses beside the answers: feedback on served answers, and reloading the model.
+
+- ``POST /v1/feedback`` (behind the key): ``{"id": <response id>, "index": <choice>,
+  "correct": true|false, "label_source": "feedback"}``. The label is appended to the
+  ``--log-records`` file (:func:`candor.annotation.served_labels.append_label`), where
+  ``candor label`` and ``candor adapt`` read it; an id the server did not serve
+  (or no longer remembers, :data:`~candor.serve.feedback.REMEMBERED_RESPONSES`) is 404.
+  The labels of answered choices feed the observed accuracy on ``/metrics``
+  (:mod:`candor.serve.feedback`), for the model version that answered them.
+- ``POST /admin/reload`` (behind the key) and ``SIGHUP``: load the ``--honest`` folder
+  again (or ``{"honest": DIR}``) and swap it in between requests
+  (:meth:`candor.serve.service.Service.reload`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from candor.annotation.served_labels import LABEL_SOURCE_FEEDBACK, append_label, check_label
+from candor.serve.feedback import FeedbackTracker
+from candor.serve.prometheus_metrics import ServeMetrics
+from candor.serve.record_log import RecordLog
+from candor.serve.request_checks import APIError, authorize, json_body, read_body
+from candor.serve.service import Generation, Service
+from candor.serve.settings import ServeSettings
+from candor.util.errors import CandorError
+
+logger = logging.getLogger(__name__)
+
+
+class FeedbackDesk:
+    """Takes labels: checks them against what was served, appends them to the log, counts them."""
+
+    def __init__(self, log: RecordLog | None, metrics: ServeMetrics) -> None:
+        self.log = log
+        self.metrics = metrics
+        self.tracker: FeedbackTracker | None = None
+        self.version = ""
+
+    def follow(self, generation: Generation) -> None:
+        """A new model answers from now on: its accuracy is tracked afresh, against its own threshold's promise."""
+        threshold = generation.model.threshold
+        promised = None if threshold is None else threshold.promised_accuracy
+        self.tracker = FeedbackTracker(promised, None if threshold is None else threshold.delta)
+        self.version = generation.version
+        self.metrics.watch_feedback(self.tracker.report)
+
+    async def take(self, data: Any) -> dict[str, Any]:
+        if self.log is None:
+            raise APIError(400, "feedback needs a record log to label: start candor serve with --log-records FILE",
+                           "invalid_request_error", None, "feedback_unavailable")  # fmt: skip
+        if not isinstance(data, dict):
+            raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
+        response_id, index, correct = data.get("id"), data.get("index", 0), data.get("correct")
+        source = data.get("label_source", LABEL_SOURCE_FEEDBACK)
+        try:
+            check_label(response_id, index, correct, source)
+        except ValueError as exc:
+            raise APIError(400, str(exc), "invalid_request_error", None, "invalid_value") from None
+        served = self.log.served.find(response_id, index)
+        if served is None:
+            raise APIError(404, f"no served answer has id {response_id!r} and index {index} (this server remembers "
+                           "the responses it served since it started, the most recent ones; label older ones with "
+                           "`candor label`)", "invalid_request_error", "id", "not_found")  # fmt: skip
+        await asyncio.to_thread(append_label, self.log.path, response_id, index, correct, source)
+        self.metrics.observe_feedback(correct, served.answered)
+        if served.answered and served.model_version == self.version and self.tracker is not None:
+            self.tracker.observe(response_id, index, correct)
+        return {"object": "feedback", "id": response_id, "index": index, "correct": correct, "label_source": source,
+                "model_version": served.model_version}  # fmt: skip
+
+
+def install_operator_routes(app: FastAPI, service: Service, settings: ServeSettings, desk: FeedbackDesk) -> None:
+    """``POST /v1/feedback`` and ``POST /admin/reload``, both behind the key."""
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> dict[str, Any]:
+        authorize(request, settings)
+        raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        return await desk.take(json_body(raw))
+
+    @app.post("/admin/reload")
+    async def reload(request: Request) -> dict[str, Any]:
+        authorize(request, settings)
+        raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        data = json_body(raw) if raw.strip() else {}
+        folder = data.get("honest") if isinstance(data, dict) else None
+        generation = await reload_folder(service, settings, folder)
+        return {"object": "reload", "model_version": generation.version, "method": generation.model.method}
+
+
+async def reload_folder(service: Service, settings: ServeSettings, folder: str | None) -> Generation:
+    """Reload ``folder`` (default: ``--honest``); a folder that cannot serve is a 400 and the old model stays."""
+    target = Path(folder) if folder else settings.honest_folder
+    if target is None:
+        raise APIError(400, 'nothing to reload: start candor serve with --honest DIR, or send {"honest": DIR}',
+                       "invalid_request_error", "honest", "invalid_value")  # fmt: skip
+    try:
+        generation = await service.reload(target)
+    except CandorError as exc:
+        service.metrics.observe_reload(ok=False)
+        raise APIError(400, f"the reload failed and the running model stays: {exc}", "invalid_request_error",
+                       "honest", "reload_failed") from None  # fmt: skip
+    service.metrics.observe_reload(ok=True)
+    return generation
+
+
+def reload_on_sighup(service: Service, settings: ServeSettings) -> None:
+    """``SIGHUP`` reloads ``--honest`` (only where signals can be handled: the main thread, on POSIX)."""
+    if settings.honest_folder is None or threading.current_thread() is not threading.main_thread():
+        return
+    if not hasattr(signal, "SIGHUP"):
+        return
+    loop = asyncio.get_running_loop()
+
+    def on_hangup() -> None:
+        task = loop.create_task(reload_folder(service, settings, None))
+        task.add_done_callback(_report_reload)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+
+
+def _report_reload(task: asyncio.Task[Generation]) -> None:
+    exc = task.exception()
+    if exc is not None:
+        logger.error("SIGHUP reload failed; the running model stays: %s", exc)

@@ -1,0 +1,149 @@
+"""A request checked before any work: the key, the body (size, time, JSON), its fields and limits, the conversation.
+
+Everything here answers in the OpenAI error shape (:class:`APIError`), so a bad
+request is its own 4xx and never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from candor.serve.answering import check_text
+from candor.serve.model import HonestModel
+from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
+from candor.serve.settings import UNKNOWN_CONTEXT_MAX_TOKENS, ServeSettings
+from candor.util.errors import CandorError
+
+MAX_STOPS = 4  # as the OpenAI API
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.body = status, error_body(message, type_, param, code)
+
+
+def authorize(request: Request, settings: ServeSettings) -> None:
+    if settings.api_key is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+    # The scheme is case-insensitive (RFC 9110 §11.1): "bearer KEY" is as good as "Bearer KEY".
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), settings.api_key.encode()):
+        raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
+                       "authentication_error", None, "invalid_api_key")  # fmt: skip
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed ``limit`` (before it is all read).
+
+    A client that has not sent the whole body within ``timeout_s`` is answered 408, so half-sent
+    bodies cannot hold connections open.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body is larger than {limit} bytes", "invalid_request_error", None,
+                       "request_too_large")  # fmt: skip
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(413, f"request body is larger than {limit} bytes", "invalid_request_error", None,
+                                   "request_too_large")  # fmt: skip
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"the request body was not received within {timeout_s:g} s", "invalid_request_error",
+                       None, "request_timeout") from None  # fmt: skip
+    return b"".join(chunks)
+
+
+def json_body(raw: bytes) -> Any:
+    """The parsed body; what JSON itself refuses, or Python cannot hold, is a 400 naming why."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, and integers beyond Python's digit limit
+        message = f"the body is not valid JSON: {exc}"
+    except RecursionError:
+        message = "the body is not valid JSON here: it nests too deeply"
+    raise APIError(400, message, "invalid_request_error", None, "invalid_json")
+
+
+async def parse_body(request: Request, schema: type[BaseModel], settings: ServeSettings, model: HonestModel) -> Any:
+    raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+    data = json_body(raw)
+    if not isinstance(data, dict):
+        raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
+    try:
+        body = schema.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise APIError(400, f"{param}: {first['msg']}", "invalid_request_error", param, "invalid_value") from None
+    check_limits(body, settings, model)
+    return body
+
+
+def check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings, model: HonestModel) -> None:
+    for name in body.unsupported():
+        raise APIError(400, f"{name} is not supported by candor", "invalid_request_error", name, "unsupported")
+    if body.model != settings.model_id:
+        raise APIError(404, f"the model {body.model!r} does not exist; this server serves {settings.model_id!r}",
+                       "invalid_request_error", "model", "model_not_found")  # fmt: skip
+    if not 1 <= body.n <= settings.max_n:
+        raise APIError(400, f"n must be between 1 and {settings.max_n}", "invalid_request_error", "n", "invalid_value")
+    stops = body.stops()
+    try:
+        for stop in stops:
+            check_text(stop, "a stop string")
+    except CandorError as exc:
+        raise APIError(400, str(exc), "invalid_request_error", "stop", "invalid_value") from None
+    if len(stops) > MAX_STOPS or any(not s or len(s) > 64 for s in stops):
+        raise APIError(400, f"stop takes at most {MAX_STOPS} non-empty strings of up to 64 characters",
+                       "invalid_request_error", "stop", "invalid_value")  # fmt: skip
+    cap = body.token_cap()
+    limit = max_tokens_limit(settings, model)
+    if cap is not None and not 1 <= cap <= limit:
+        raise APIError(400, f"max_tokens must be between 1 and {limit}", "invalid_request_error",
+                       "max_tokens", "invalid_value")  # fmt: skip
+    if body.stream and body.top_logprobs_wanted() is not None:
+        raise APIError(400, "logprobs are not streamed: ask for them without stream", "invalid_request_error",
+                       "logprobs", "unsupported")  # fmt: skip
+    param = "messages" if isinstance(body, ChatRequest) else "prompt"
+    texts = [m.text() for m in body.messages] if isinstance(body, ChatRequest) else body.questions()
+    if sum(len(t) for t in texts) > settings.max_question_chars:
+        raise APIError(400, f"the {param} are longer than {settings.max_question_chars} characters in all",
+                       "invalid_request_error", param, "context_length_exceeded")  # fmt: skip
+
+
+def max_tokens_limit(settings: ServeSettings, model: HonestModel) -> int:
+    """The largest ``max_tokens`` a request may ask for: the setting, else the model's context."""
+    if settings.max_tokens is not None:
+        return settings.max_tokens
+    return model.context_length or max(UNKNOWN_CONTEXT_MAX_TOKENS, model.decoding.max_new_tokens)
+
+
+History = tuple[tuple[str, str], ...]
+
+
+def conversation_of(body: ChatRequest, settings: ServeSettings) -> tuple[History, str]:
+    """``(earlier turns, question)``; with ``conversations="refuse"``, one user message or a 400."""
+    try:
+        history, question = body.conversation()
+    except ValueError as exc:
+        raise APIError(400, str(exc), "invalid_request_error", "messages", "unsupported") from None
+    if history and settings.conversations == "refuse":
+        raise APIError(400, "this server answers one question per request (--conversations refuse): send exactly "
+                       "one user message (got roles "
+                       f"{[m.role for m in body.messages]})", "invalid_request_error", "messages",
+                       "unsupported")  # fmt: skip
+    if not question.strip():
+        raise APIError(400, "the question is empty (the last user message has no text)", "invalid_request_error",
+                       "messages", "invalid_value")  # fmt: skip
+    return history, question
