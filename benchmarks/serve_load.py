@@ -20,8 +20,13 @@ Two phases, each stored under its own key of the results file (a phase not run k
   answers and confidences (beyond 1e-6) that differ from the lone answer, what
   each hostile kind got, p50/p99 latency and time to first token, and checks
   the server is still up.
+- ``traffic``: real chat traffic (issue 42): 3-turn chats with a system prompt, long
+  answers, LangChain users, one hostile request in five (4,000-token prompts, unique
+  stop lists); the short single questions' p99 against their idle p50, confidences
+  against the same conversations asked alone, resident memory (``serve_traffic.py``).
 
     PYTHONPATH=src python benchmarks/serve_load.py --phases hostile [--clients 50] [--seconds 60]
+    PYTHONPATH=src python benchmarks/serve_load.py --phases traffic [--clients 50] [--seconds 60]
 
 Results: ``benchmarks/results/serve_load.json``.
 """
@@ -44,6 +49,7 @@ from typing import Any
 import numpy as np
 from common import RESULTS, logger, setup_logging, write_json
 from serve_hostile import run_hostile
+from serve_traffic import run_traffic
 
 from candor.data import load_items
 
@@ -116,7 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--phases", default="batching,hostile",
-                        help="comma-separated: batching, hostile, head_memory")
+                        help="comma-separated: batching, hostile, head_memory, traffic")
     parser.add_argument("--requests", type=int, default=32, help="batching: requests per concurrency level")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads of the server (a shared CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
@@ -125,6 +131,7 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=0.5, help="hostile: the server's abstention threshold")
     parser.add_argument("--max-batch", type=int, default=16,
                         help="hostile: the server's batch size (1 turns batching off; stored as hostile_max_batch_1)")
+    parser.add_argument("--unique-stops", type=int, default=1000, help="traffic: requests with unique stop lists")
     parser.add_argument("--out", default=str(RESULTS / "serve_load.json"))
     args = parser.parse_args()
     setup_logging()
@@ -157,8 +164,31 @@ def main() -> None:
         print(f"hostile: {w['requests']} well-formed requests, {w['failures']} failures, {w['answer_mismatches']} "
               f"answer and {w['confidence_mismatches']} confidence mismatches, server up afterwards: "
               f"{payload[key]['server_up_afterwards']}")  # fmt: skip
+    if "traffic" in phases:
+        payload["traffic"] = {"command": command, **run_traffic_phase(args)}
+        t = payload["traffic"]
+        print(f"traffic: {t['well_formed']['failures']} failures of {t['well_formed']['requests']}, "
+              f"{t['well_formed']['confidence_mismatches']} confidence mismatches, short p99/idle p50 "
+              f"{t['short_single_under_load']['p99_over_idle_p50']}, memory x{t['resident_mib']['ratio']}, "
+              f"unique stops +{t['unique_stops']['growth_mib']} MiB")  # fmt: skip
     write_json(out, payload)
     print(f"wrote {args.out}")
+
+
+def run_traffic_phase(args: argparse.Namespace) -> dict[str, Any]:
+    port = free_port()
+    proc = start_server(args.model, port, args.max_batch, 10.0, args.threads, args.max_new_tokens,
+                        ("--threshold", str(args.threshold)))  # fmt: skip
+    try:
+        result = {"model": args.model, "confidence": "n-prob", "threshold": args.threshold,
+                  "max_new_tokens": args.max_new_tokens, "max_batch": args.max_batch,
+                  "server_omp_threads": args.threads, "cpu_count": os.cpu_count(),
+                  **run_traffic(port, proc.pid, args.clients, args.seconds, args.unique_stops)}  # fmt: skip
+        result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        return result
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def run_batching(args: argparse.Namespace) -> dict[str, Any]:

@@ -86,8 +86,10 @@ def serve(
 ) -> None:
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
 
-    Also /health, /ready, /metrics (Prometheus), an x-request-id on every response and one JSON
-    access-log line per request on stderr; SIGTERM finishes in-flight requests and exits 0.
+    Chat requests may carry a conversation (system message, earlier turns). Also /health, /ready,
+    /metrics (Prometheus), POST /v1/feedback (labels on served answers, with --log-records), an
+    x-request-id on every response and one JSON access-log line per request on stderr; SIGHUP or
+    POST /admin/reload loads --honest again; SIGTERM finishes in-flight requests and exits 0.
     """
     import importlib.util
 

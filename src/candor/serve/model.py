@@ -189,9 +189,18 @@ class HonestModel:
             )
         return Prompted(question, prompt, count, tuple(history))
 
-    def answer(self, question: str) -> HonestAnswer:
-        """The greedy answer to one question, or an abstention, with its confidence."""
-        return self.answer_batch([question])[0][0]
+    def answer(self, question: str, history: Sequence[tuple[str, str]] = ()) -> HonestAnswer:
+        """The greedy answer to one question, or an abstention, with its confidence.
+
+        ``history``: the conversation it is asked in, ``(role, text)`` turns oldest first
+        (``system``, ``user``, ``assistant``); see docs/architecture.md "Conversations".
+        """
+        if not history:
+            return self.answer_batch([question])[0][0]
+        outcome = self.answer_asks([Ask(self.prepare(question, None, history), Reply())])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome[0]
 
     def answer_batch(
         self, questions: Sequence[str], n: int = 1, decoding: Decoding | None = None, stop: Sequence[str] = ()
