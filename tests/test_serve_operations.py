@@ -404,7 +404,18 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
     in_flight = lambda: value(metrics_of(base), "candor_requests_in_flight") >= 2  # noqa: E731 (it and the scrape)
     wait_until(in_flight, proc, "the request never arrived")
     proc.send_signal(signal.SIGTERM)
-    wait_until(lambda: not answers("/health"), proc, "the server kept accepting connections after SIGTERM")
+
+    def status(path: str) -> int | None:
+        try:
+            return httpx.get(f"{base}{path}", timeout=2).status_code
+        except httpx.TransportError:
+            return None
+
+    # Draining keeps listening: /ready says 503 (a load balancer sees the instance leave) and new work is 503.
+    wait_until(lambda: status("/ready") == 503, proc, "/ready did not answer 503 while draining")
+    refused = httpx.post(f"{base}/v1/chat/completions", json=chat(), timeout=30)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+    wait_until(lambda: not answers("/health"), proc, "the server kept accepting connections after draining")
     caller.join(timeout=120)
     assert result["status"] == 200 and result["body"]["choices"][0]["finish_reason"] in ("stop", "length")
     _, stderr = proc.communicate(timeout=60)
