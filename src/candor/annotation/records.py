@@ -99,13 +99,19 @@ class Record:
 
 # ---------------------------------------------------------------- file I/O
 
+# A served log also holds label lines ``{"label": {...}}`` (candor.annotation.served_labels); reading
+# records passes over them, so ``candor score`` and ``candor eval`` read a labelled log as it is.
+LABEL_LINE_KEY = "label"
+
 
 def read_records(path: str | Path, *, strict: bool = False) -> list[Record]:
     """Read a records JSONL file written by candor; lines in the released HonestyBench shape are imported."""
     path = Path(path)
     dataset = names_from_path(path)[0]
 
-    def parse(obj: dict[str, Any], lineno: int) -> Record:
+    def parse(obj: dict[str, Any], lineno: int) -> Record | None:
+        if LABEL_LINE_KEY in obj and "item" not in obj:
+            return None  # a label on a served answer, not a record
         return Record.from_dict(obj) if "item" in obj else from_honestybench(obj, dataset=dataset, index=lineno)
 
     return _read(path, parse, "not a record", strict)
@@ -134,13 +140,16 @@ def read_honestybench(path: str | Path, dataset: str = "", *, strict: bool = Fal
     return _read(path, parse, "not a HonestyBench annotation", strict)
 
 
-def _read(path: Path, parse: Callable[[dict[str, Any], int], Record], what: str, strict: bool) -> list[Record]:
-    """Parse each line; unjudgeable imported items are skipped and counted, other faults name the line."""
+def _read(path: Path, parse: Callable[[dict[str, Any], int], Record | None], what: str, strict: bool) -> list[Record]:
+    """Parse each line (None: a line that is not a record, passed over); unjudgeable imported items are skipped
+    and counted, other faults name the line."""
     out: list[Record] = []
     skipped = SkippedItems(str(path), strict=strict)
     for lineno, obj in iter_json_lines(path):
         try:
-            out.append(parse(obj, lineno))
+            rec = parse(obj, lineno)
+            if rec is not None:
+                out.append(rec)
         except UnjudgeableItem as exc:
             skipped.skip(lineno, exc)
         except (KeyError, TypeError, ValueError) as exc:

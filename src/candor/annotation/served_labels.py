@@ -1,0 +1,226 @@
+"""Labels on served answers: one appended line each, in the records file ``candor serve --log-records`` writes.
+
+A served log holds two kinds of JSON lines:
+
+- a **served record** (a :class:`~candor.annotation.records.Record` line): the
+  question, the greedy answer the confidence was computed for, and in
+  ``provenance.served`` the OpenAI response ``id`` (``"chatcmpl-…"``) and the
+  choice ``indexes`` this record's answers occupy in that response (normally
+  ``[0]``);
+- a **label**, appended later by ``POST /v1/feedback``, ``candor label`` or a judge::
+
+      {"label": {"id": "chatcmpl-…", "index": 0, "correct": true,
+                 "label_source": "human", "time": 1764770000.0}}
+
+The file is append-only: a label never rewrites a record, and the later label
+for the same ``(id, index)`` wins. A label says whether the record's greedy
+answer (the one its confidence was computed for) is correct.
+
+A record with no ``provenance.served.id`` (a log written before ids, or any
+records file from ``candor annotate``) is addressed by its item id, index 0,
+so every records file can be labelled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from candor.annotation.records import LABEL_LINE_KEY, Record
+from candor.util.errors import CandorError
+
+logger = logging.getLogger(__name__)
+
+LABEL_SOURCE_HUMAN = "human"
+LABEL_SOURCE_FEEDBACK = "feedback"
+
+
+@dataclass(frozen=True)
+class Label:
+    """One verdict on one served answer."""
+
+    id: str
+    index: int
+    correct: bool
+    label_source: str
+    time: float
+
+    def to_line(self) -> str:
+        body = {"id": self.id, "index": self.index, "correct": self.correct, "label_source": self.label_source,
+                "time": self.time}  # fmt: skip
+        return json.dumps({LABEL_LINE_KEY: body}, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Label:
+        """A label line's body; raises ``ValueError`` naming the bad field."""
+        if not isinstance(d, dict):
+            raise ValueError("'label' must be an object")
+        check_label(d.get("id"), d.get("index"), d.get("correct"), d.get("label_source"))
+        stamp = d.get("time", 0.0)
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
+            raise ValueError(f"'time' must be unix seconds, got {stamp!r}")
+        return cls(d["id"], d["index"], d["correct"], d["label_source"], float(stamp))
+
+
+@dataclass(frozen=True)
+class ServedAnswer:
+    """One served answer (a record at one choice index) with its latest label, if any."""
+
+    record: Record
+    id: str
+    index: int
+    label: bool | None = None
+    label_source: str | None = None
+    label_time: float | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.id, self.index)
+
+
+@dataclass
+class ServedLog:
+    """What :func:`read_served` found: the answers, and how many lines it could not use."""
+
+    answers: list[ServedAnswer]
+    bad_lines: int = 0
+    orphan_labels: int = 0  # labels naming no (id, index) in the file
+
+    def labelled(self) -> list[ServedAnswer]:
+        return [a for a in self.answers if a.label is not None]
+
+    def unlabelled(self) -> list[ServedAnswer]:
+        return [a for a in self.answers if a.label is None]
+
+
+def check_label(response_id: Any, index: Any, correct: Any, label_source: Any) -> None:
+    """Refuse a label that could not be read back (``ValueError`` naming the field)."""
+    if not isinstance(response_id, str) or not response_id.strip():
+        raise ValueError(f"'id' must be a non-empty string, got {response_id!r}")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"'index' must be an integer >= 0, got {index!r}")
+    if not isinstance(correct, bool):
+        raise ValueError(f"'correct' must be true or false, got {correct!r}")
+    if not isinstance(label_source, str) or not label_source.strip():
+        raise ValueError(f"'label_source' must be a non-empty string, got {label_source!r}")
+
+
+def append_label(path: str | Path, response_id: str, index: int, correct: bool, label_source: str) -> None:
+    """Append one label line to ``path`` with a single ``O_APPEND`` write, flushed to disk.
+
+    One ``write`` of one whole line on a file opened with ``O_APPEND`` lands
+    whole at the end, so threads and processes (the server, ``candor label``)
+    can append to the same log at once. A file whose last line was cut short
+    gets a newline first, so the label stays a line of its own.
+    """
+    try:
+        check_label(response_id, index, correct, label_source)
+    except ValueError as exc:
+        raise CandorError(f"{path}: bad label: {exc}") from None
+    line = Label(response_id, index, correct, label_source, round(time.time(), 3)).to_line()
+    data = line.encode("utf-8")
+    if not _ends_with_newline(Path(path)):
+        data = b"\n" + data
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _ends_with_newline(path: Path) -> bool:
+    """True for a missing or empty file too (nothing to close off)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() == 0:
+                return True
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) == b"\n"
+    except FileNotFoundError:
+        return True
+
+
+def served_key(record: Record) -> tuple[str, list[int]]:
+    """The response id and choice indexes a label names this record by (its item id and [0] without an id)."""
+    served = record.provenance.get("served")
+    served = served if isinstance(served, dict) else {}
+    response_id = served.get("id") or record.id
+    indexes = served.get("indexes") or [0]
+    return str(response_id), [int(i) for i in indexes]
+
+
+def read_served(path: str | Path) -> ServedLog:
+    """The served answers of a log, each with its latest label; bad lines are skipped, counted and logged.
+
+    A record line yields one :class:`ServedAnswer` per choice index it
+    occupies; a label applies to the answer with its ``(id, index)``, the
+    later line winning.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CandorError(f"{path}: no such file")
+    answers: dict[tuple[str, int], ServedAnswer] = {}
+    labels: dict[tuple[str, int], Label] = {}
+    bad = 0
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                _read_line(json.loads(line), answers, labels)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                bad += 1
+                logger.warning("%s:%d: skipped, not a served record or label (%s)", path, lineno, exc)
+    orphans = 0
+    for key, label in labels.items():
+        if key not in answers:
+            orphans += 1
+            continue
+        answers[key] = replace(answers[key], label=label.correct, label_source=label.label_source,
+                               label_time=label.time)  # fmt: skip
+    if bad or orphans:
+        logger.warning("%s: %d bad lines skipped, %d labels name no served answer", path, bad, orphans)
+    return ServedLog(list(answers.values()), bad, orphans)
+
+
+def _read_line(obj: Any, answers: dict[tuple[str, int], ServedAnswer], labels: dict[tuple[str, int], Label]) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError("expected a JSON object")
+    if LABEL_LINE_KEY in obj and "item" not in obj:
+        label = Label.from_dict(obj[LABEL_LINE_KEY])
+        labels[(label.id, label.index)] = label  # later lines win
+        return
+    record = Record.from_dict(obj)
+    response_id, indexes = served_key(record)
+    for index in indexes:
+        answers[(response_id, index)] = ServedAnswer(record, response_id, index)
+
+
+def labelled_records(log: ServedLog) -> list[Record]:
+    """One record per served question that has a label, its ``greedy_correct`` set from the latest label.
+
+    A record occupying several choice indexes counts once (the labels are on
+    the same greedy answer); its latest label across them wins.
+    """
+    latest: dict[int, ServedAnswer] = {}
+    for answer in log.labelled():
+        mine = latest.get(id(answer.record))
+        if mine is None or (answer.label_time or 0.0) >= (mine.label_time or 0.0):
+            latest[id(answer.record)] = answer
+    return [replace(a.record, greedy_correct=int(bool(a.label))) for a in latest.values()]
+
+
+def served_records(log: ServedLog) -> list[Record]:
+    """Every served question's record once, in file order (the traffic stage 1 learns from)."""
+    seen: dict[int, Record] = {}
+    for answer in log.answers:
+        seen.setdefault(id(answer.record), answer.record)
+    return list(seen.values())
