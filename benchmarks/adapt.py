@@ -22,12 +22,12 @@ def annotate_mini(data_dir: str | None) -> None:
     mini = load_mini_or_exit(data_dir, test_size=200, train_pool=500)
     backend = load_backend(MODEL)
     template = resolve_template("auto", MODEL, backend)
-    config = AnnotateConfig(k=5, params=SamplingParams(max_new_tokens=32))
-    for part in ("train", "dev"):
-        annotate_part(getattr(mini, part), part, backend, template, config, CACHE / "mini")
     # The test questions are scored by the head from the question alone: greedy correctness is all they need.
     greedy_only = AnnotateConfig(k=0, params=SamplingParams(max_new_tokens=32), batch_size=32)
     annotate_part(mini.test_id, "test", backend, template, greedy_only, CACHE / "adapt")
+    config = AnnotateConfig(k=5, params=SamplingParams(max_new_tokens=32))
+    for part in ("train", "dev"):
+        annotate_part(getattr(mini, part), part, backend, template, config, CACHE / "mini")
 
 
 if __name__ == "__main__":
