@@ -13,6 +13,42 @@ from candor.cli.shared import user_errors
 from candor.util.errors import CandorError
 
 EXPORTS = ("seq-cls",)
+DEFAULT_LABEL_PORT = 8765
+
+
+@user_errors
+def label(
+    records: Annotated[Path, typer.Argument(help="A served log (candor serve --log-records) or any records file.")],
+    host: Annotated[str | None, typer.Option(help="The page's address (127.0.0.1: this machine only).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help=f"The page's port ({DEFAULT_LABEL_PORT}; 0 picks a free one).")
+    ] = None,
+    judge_model: Annotated[
+        str | None, typer.Option("--judge-model", help="Label with this LLM as judge (no reference) instead of a page.")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option(help="--judge-model on an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
+    ] = None,
+) -> None:
+    """Mark served answers correct or wrong on a local page (keys 1/2/0, arrows), or with an LLM judge."""
+    from candor.annotation.labelling import LabelServer, judge_labels
+
+    if judge_model is None:
+        if base_url is not None:
+            raise CandorError("--base-url is the judge's server: give it with --judge-model")
+        server = LabelServer(records, host or "127.0.0.1", DEFAULT_LABEL_PORT if port is None else port).start()
+        typer.echo(f"labelling {records}: open {server.url} (Ctrl-C to stop; labels are saved as you make them)")
+        server.wait()
+        return
+    if host is not None or port is not None:
+        raise CandorError("--host and --port are the page's: a --judge-model run serves no page")
+    from candor.backends import load_backend
+
+    backend = load_backend(judge_model, "openai" if base_url else "hf", base_url=base_url)
+    report = judge_labels(records, backend, judge_model)
+    agreement = "no human labels to compare with" if report.agreement is None else (
+        f"agreement with the {report.compared} human labels: {report.agreement:.1%}")  # fmt: skip
+    typer.echo(f"judge:{judge_model} labelled {report.labelled} answers; {agreement}")
 
 
 @user_errors

@@ -37,6 +37,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "ask": serving.ask,
     "serve": serving.serve,
     "serve-head": serving.serve_head,
+    "label": adapting.label,
     "adapt": adapting.adapt,
 }
 for _name, _command in COMMANDS.items():

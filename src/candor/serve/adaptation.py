@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, get_consistency_judge, judge_consistency
 from candor.annotation.records import Record
@@ -53,7 +54,8 @@ from candor.serve.confidence_sources import HeadSource
 from candor.serve.model import CONFIG_FILE, HonestModel
 from candor.train.elical.config import EliCalConfig
 from candor.train.elical.model import ConfidenceHead, HeadConfig
-from candor.train.elical.pipeline import StageResult, train_stage
+from candor.train.elical.pipeline import StageResult, head_features, train_stage
+from candor.train.elical.pool import carve_dev
 from candor.util.errors import CandorError
 from candor.util.files import atomic_folder, check_replaceable
 
@@ -155,10 +157,13 @@ def with_consistency(
     return out, len(missing)
 
 
-def _split_dev(records: Sequence[Record], seed: str) -> tuple[list[Record], list[Record]]:
-    shuffled = seeded_shuffle(list(records), seed)
-    n_dev = max(1, round(STAGE_DEV_FRACTION * len(shuffled)))
-    return shuffled[n_dev:], shuffled[:n_dev]
+def head_confidences(head: ConfidenceHead, records: Sequence[Record], feature_cache: str | None) -> np.ndarray:
+    """The head's confidence on records' questions, through the feature cache in ``head`` mode."""
+    if head.config.mode != "head" or not records:
+        return head.predict(records)
+    features = head_features(head, head.prompts(records), feature_cache)
+    with torch.no_grad():
+        return head.head(torch.from_numpy(features).to(head.device)).cpu().numpy().astype(float)
 
 
 def starting_head(model: HonestModel, config: EliCalConfig) -> tuple[ConfidenceHead, bool]:
@@ -197,13 +202,13 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
                           max_epochs=settings.max_epochs, feature_cache=settings.feature_cache)  # fmt: skip
     head, fresh = starting_head(model, config)
     config = replace(config, mode=head.config.mode, model=head.config.backbone)
-    s1_train, s1_dev = _split_dev(traffic, f"adapt-eli:{settings.seed}")
-    s2_train, s2_dev = _split_dev(stage2, f"adapt-cal:{settings.seed}")
+    s1_train, s1_dev = carve_dev(traffic, STAGE_DEV_FRACTION, settings.seed)
+    s2_train, s2_dev = carve_dev(stage2, STAGE_DEV_FRACTION, settings.seed)
     stages = [
         train_stage(head, s1_train, s1_dev, "eli", config, fresh=fresh, full_set=True),
         train_stage(head, s2_train, s2_dev, "cal", config, fresh=False, full_set=False),
     ]
-    confidence = head.predict(held)
+    confidence = head_confidences(head, held, settings.feature_cache)
     correct = np.array([int(r.greedy_correct) for r in held])  # type: ignore[arg-type]
     threshold = th.risk_control(confidence, correct, settings.alpha, settings.delta)
     summary = _summary(log, settings, stages, regenerated, confidence, correct, threshold, stage2)
