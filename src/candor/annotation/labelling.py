@@ -79,7 +79,8 @@ def page_html(title: str) -> str:
     """The labelling page: the shared style and this page's script inline."""
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{esc(title)}</title><link rel='icon' href='data:,'><style>{asset('page.css')}{asset('label.css', ASSETS)}</style></head>"
+        f"<title>{esc(title)}</title><link rel='icon' href='data:,'>"
+        f"<style>{asset('page.css')}{asset('label.css', ASSETS)}</style></head>"
         f"<body><main><h1>{esc(title)}</h1>"
         "<p class='help'>1 = correct · 2 = wrong · 0 = skip · ← → move. Labels are saved as you make them.</p>"
         "<p id='progress'></p><section id='card'></section><p id='status' role='status'></p></main>"
