@@ -87,7 +87,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--datasets", default=",".join(IN_DOMAIN), help="--annotate: these datasets only")
     p.add_argument("--labels", default="25,50,100")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--alpha", type=float, default=0.7)
     p.add_argument("--delta", type=float, default=0.1)
     p.add_argument("--folds", default=",".join(IN_DOMAIN))
     p.add_argument("--cache", type=Path, default=CACHE / "adapt")

@@ -69,14 +69,20 @@ def test_the_split_is_seeded_and_disjoint() -> None:
     assert not {r.id for r in stage2} & {r.id for r in held}
 
 
-def test_adapt_learns_the_labels_and_writes_a_new_version(deployment, tmp_path, capsys) -> None:
+@pytest.fixture(scope="module")
+def adapted(deployment, tmp_path_factory) -> tuple[Path, str]:
+    """`candor adapt` run once on the deployment, with --export seq-cls; its folder and what it printed."""
     honest, log = deployment
-    out = tmp_path / "adapted"
+    out = tmp_path_factory.mktemp("adapt") / "adapted"
     with pytest.raises(SystemExit) as done:
         run(["adapt", str(log), "--honest", str(honest), "-o", str(out), "--alpha", "0.5", "--k", "3",
              "--export", "seq-cls"])  # fmt: skip
     assert done.value.code == 0
-    printed = capsys.readouterr().out
+    return out, out.with_name("adapted-cls")
+
+
+def test_adapt_learns_the_labels_and_writes_a_new_version(adapted) -> None:
+    out, exported = adapted
     summary = json.loads((out / "adapt.json").read_text())
     counts = summary["counts"]
     assert counts["served_questions"] == 60 and counts["labelled_answers"] == 40
@@ -85,23 +91,32 @@ def test_adapt_learns_the_labels_and_writes_a_new_version(deployment, tmp_path, 
     assert counts["stage1_questions"] == counts["samples_regenerated_for"] == 40
     assert summary["held_out"]["auroc"] >= 0.9  # the two kinds of question, told apart from 20 labels
     assert json.loads((out / "honest.json").read_text())["version"] == 1
-    adapted = HonestModel.from_pretrained(out)
-    assert adapted.threshold.to_dict() == summary["threshold"] and adapted.threshold.rule == "risk"
-    assert isinstance(adapted.source, HeadSource)
-    right, wrong = adapted.source.score_questions(RIGHT[-5:]), adapted.source.score_questions(WRONG[-5:])
+    model = HonestModel.from_pretrained(out)
+    assert model.threshold.to_dict() == summary["threshold"] and model.threshold.rule == "risk"
+    assert isinstance(model.source, HeadSource)
+    right, wrong = model.source.score_questions(RIGHT[-5:]), model.source.score_questions(WRONG[-5:])
     assert np.mean(right) > np.mean(wrong)
-    assert "version 1" in printed and "vllm serve" in printed and "--confidence-url" in printed
-    assert (tmp_path / "adapted-cls" / "candor_export.json").exists()
+    assert (exported / "candor_export.json").exists()
 
 
-def test_adapting_again_bumps_the_version(deployment, tmp_path) -> None:
+def test_adapt_prints_the_guarantee_and_the_engine_commands(deployment, tmp_path, capsys) -> None:
     honest, log = deployment
-    first, second = tmp_path / "v1", tmp_path / "v2"
-    for source, out in ((honest, first), (first, second)):
-        with pytest.raises(SystemExit) as done:
-            run(["adapt", str(log), "--honest", str(source), "-o", str(out), "--alpha", "0.5", "--k", "2"])
-        assert done.value.code == 0
-    assert json.loads((second / "honest.json").read_text())["version"] == 2
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "a"), "--alpha", "0.5", "--k", "2",
+             "--export", "seq-cls", "--export-dir", str(tmp_path / "cls")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "version 1" in printed
+    assert "with probability at least 0.9" in printed or "abstains on everything" in printed
+    assert f"vllm serve {tmp_path / 'cls'}" in printed and "--confidence-url" in printed and "--threshold" in printed
+
+
+def test_adapting_again_bumps_the_version(deployment, adapted, tmp_path) -> None:
+    _, log = deployment
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(adapted[0]), "-o", str(tmp_path / "v2"), "--alpha", "0.5", "--k", "2"])
+    assert done.value.code == 0
+    assert json.loads((tmp_path / "v2" / "honest.json").read_text())["version"] == 2
 
 
 def test_too_few_labels_is_refused_with_the_number_needed(deployment, tmp_path, capsys) -> None:
