@@ -139,3 +139,17 @@ def test_bad_options_are_refused(deployment, tmp_path, capsys, extra, message) -
     with pytest.raises(SystemExit) as done:
         run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "x"), *extra])
     assert done.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_model_served_without_a_head_gets_a_fresh_one(deployment, tiny_model_dir, tmp_path) -> None:
+    _, log = deployment
+    backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
+    honest = HonestModel(backend, "n-prob", threshold=0.2, template="fewshot",
+                         decoding=Decoding(max_new_tokens=3)).save_pretrained(tmp_path / "nprob")  # fmt: skip
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "out"), "--alpha", "0.5", "--k", "2"])
+    assert done.value.code == 0
+    config = json.loads((tmp_path / "out" / "honest.json").read_text())
+    assert config["confidence"]["kind"] == "head" and config["version"] == 1
+    head = ConfidenceHead.from_pretrained(tmp_path / "out" / "head")
+    assert head.config.template == "fewshot" and head.config.backbone == tiny_model_dir
