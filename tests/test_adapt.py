@@ -22,7 +22,7 @@ from candor.backends.hf import HFBackend
 from candor.cli.commands import run
 from candor.serve import Decoding, HonestModel
 from candor.serve import thresholds as th
-from candor.serve.adaptation import AdaptSettings, labels_needed, split_labels
+from candor.serve.adaptation import AdaptSettings, Lineage, labels_needed, split_labels
 from candor.serve.confidence_sources import HeadSource, served_item
 from candor.train.common import load_causal_lm
 from candor.train.elical import ConfidenceHead, HeadConfig
@@ -81,7 +81,7 @@ def adapted(deployment, tmp_path_factory) -> tuple[Path, str]:
     return out, out.with_name("adapted-cls")
 
 
-def test_adapt_learns_the_labels_and_writes_a_new_version(adapted) -> None:
+def test_adapt_learns_the_labels_and_writes_a_new_version(deployment, adapted) -> None:
     out, exported = adapted
     summary = json.loads((out / "adapt.json").read_text())
     counts = summary["counts"]
@@ -90,7 +90,9 @@ def test_adapt_learns_the_labels_and_writes_a_new_version(adapted) -> None:
     # stage 1 reads every served question but the 20 held out, each resampled (the log had no samples)
     assert counts["stage1_questions"] == counts["samples_regenerated_for"] == 40
     assert summary["held_out"]["auroc"] >= 0.9  # the two kinds of question, told apart from 20 labels
-    assert json.loads((out / "honest.json").read_text())["version"] == 1
+    version = json.loads((out / "honest.json").read_text())["version"]
+    assert isinstance(version, str) and version and summary["version"] == version and summary["generation"] == 1
+    assert summary["adapted_from"] == Lineage.of(deployment[0]).version != version
     model = HonestModel.from_pretrained(out)
     assert model.threshold.to_dict() == summary["threshold"] and model.threshold.rule == "risk"
     assert isinstance(model.source, HeadSource)
@@ -106,7 +108,7 @@ def test_adapt_prints_the_guarantee_and_the_engine_commands(deployment, tmp_path
              "--export", "seq-cls", "--export-dir", str(tmp_path / "cls")])  # fmt: skip
     printed = capsys.readouterr().out
     assert done.value.code == 0
-    assert "version 1" in printed
+    assert f"version {json.loads((tmp_path / 'a' / 'honest.json').read_text())['version']};" in printed
     assert "with probability at least 0.9" in printed or "abstains on everything" in printed
     assert f"vllm serve {tmp_path / 'cls'}" in printed and "--confidence-url" in printed and "--threshold" in printed
 
@@ -116,7 +118,9 @@ def test_adapting_again_bumps_the_version(deployment, adapted, tmp_path) -> None
     with pytest.raises(SystemExit) as done:
         run(["adapt", str(log), "--honest", str(adapted[0]), "-o", str(tmp_path / "v2"), "--alpha", "0.5", "--k", "2"])
     assert done.value.code == 0
-    assert json.loads((tmp_path / "v2" / "honest.json").read_text())["version"] == 2
+    first, second = (json.loads((folder / "adapt.json").read_text()) for folder in (adapted[0], tmp_path / "v2"))
+    assert (second["generation"], second["adapted_from"]) == (2, first["version"])
+    assert json.loads((tmp_path / "v2" / "honest.json").read_text())["version"] == second["version"] != first["version"]
 
 
 def test_too_few_labels_is_refused_with_the_number_needed(deployment, tmp_path, capsys) -> None:
@@ -150,6 +154,6 @@ def test_a_model_served_without_a_head_gets_a_fresh_one(deployment, tiny_model_d
         run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "out"), "--alpha", "0.5", "--k", "2"])
     assert done.value.code == 0
     config = json.loads((tmp_path / "out" / "honest.json").read_text())
-    assert config["confidence"]["kind"] == "head" and config["version"] == 1
+    assert config["confidence"]["kind"] == "head" and config["version"] != Lineage.of(honest).version
     head = ConfidenceHead.from_pretrained(tmp_path / "out" / "head")
     assert head.config.template == "fewshot" and head.config.backbone == tiny_model_dir

@@ -23,7 +23,8 @@ Too few labels for α and δ is refused with the number needed (exit 2 from
 the CLI): the held-out part must be able to certify α even with no error at
 all (:func:`candor.serve.thresholds.min_evidence`), and stage 2 needs
 :data:`MIN_STAGE2` labels. The new folder's ``honest.json`` carries
-``version`` (the served folder's plus one) and the folder holds
+a new ``version`` (a name the server reports; ``adapt.json`` says which version it was adapted
+from and how many adaptations deep it is) and the folder holds
 ``adapt.json``: the counts, the held-out AUROC and ECE, the threshold and the
 guarantee.
 """
@@ -62,7 +63,7 @@ from candor.util.files import atomic_folder, check_replaceable
 logger = logging.getLogger(__name__)
 
 SUMMARY_FILE = "adapt.json"
-VERSION_KEY = "version"  # in honest.json: which adaptation of a deployment this folder is
+VERSION_KEY = "version"  # in honest.json: the name the server gives this model
 MIN_STAGE2 = 10  # stage 2 trains and stops early on these; fewer is noise
 STAGE_DEV_FRACTION = 0.2  # of each stage's questions, for early stopping
 GUARANTEE_ASSUMES = ("later traffic is exchangeable with the labelled questions: drawn from the same distribution, "
@@ -260,28 +261,49 @@ def _finite(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
-def folder_version(folder: str | Path) -> int:
-    """The ``version`` in a saved honest model's config (0 when it has none)."""
-    try:
-        value = json.loads((Path(folder) / CONFIG_FILE).read_text()).get(VERSION_KEY, 0)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CandorError(f"{folder}: cannot read {CONFIG_FILE} ({exc})") from None
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+@dataclass(frozen=True)
+class Lineage:
+    """Which model an adaptation starts from: its version (None if unnamed) and how many adaptations made it."""
+
+    version: str | None
+    generation: int
+
+    @classmethod
+    def of(cls, folder: str | Path) -> Lineage:
+        folder = Path(folder)
+        try:
+            value = json.loads((folder / CONFIG_FILE).read_text()).get(VERSION_KEY)
+            previous = json.loads((folder / SUMMARY_FILE).read_text()) if (folder / SUMMARY_FILE).exists() else {}
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CandorError(f"{folder}: cannot read {CONFIG_FILE} or {SUMMARY_FILE} ({exc})") from None
+        generation = previous.get("generation", 0)
+        return cls(None if value in (None, "") else str(value), generation if isinstance(generation, int) else 0)
+
+    def next_version(self) -> str:
+        """A new version name: the UTC time and the adaptation's generation (``20261203T171500Z-adapt2``)."""
+        return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-adapt{self.generation + 1}"
 
 
-def save_adapted(model: HonestModel, adapted: Adapted, out: str | Path, version: int) -> Path:
-    """The adapted model as one folder, swapped in whole: honest.json (with ``version``), head/, adapt.json."""
+def save_adapted(model: HonestModel, adapted: Adapted, out: str | Path, lineage: Lineage) -> str:
+    """The adapted model as one folder, swapped in whole: honest.json (with a new ``version``), head/, adapt.json.
+
+    Returns the version. Where ``save_pretrained`` names the version itself, that name is kept.
+    """
     new = HonestModel(model.backend, HeadSource(adapted.head), None, adapted.threshold, template=model.template.name,
                       decoding=model.decoding, backend_name=model.backend_name)  # fmt: skip
     out = Path(out)
     with atomic_folder(out) as staging:
         new.save_pretrained(staging)
         config = json.loads((staging / CONFIG_FILE).read_text())
+        version = str(config.get(VERSION_KEY) or lineage.next_version())
+        if version == lineage.version:  # never reuse the served model's name
+            version = lineage.next_version()
         config[VERSION_KEY] = version
         (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        summary = {**adapted.summary, "version": version}
+        summary = {**adapted.summary, "version": version, "generation": lineage.generation + 1,
+                   "adapted_from": lineage.version}  # fmt: skip
         (staging / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    return out
+    return version
 
 
 def adapt(records: str | Path, honest: str | Path, out: str | Path, settings: AdaptSettings) -> dict[str, Any]:
@@ -293,8 +315,9 @@ def adapt(records: str | Path, honest: str | Path, out: str | Path, settings: Ad
     if not log.answers:
         raise CandorError(f"{records}: no served records")
     split_labels(labelled_records(log), settings)  # refuse before loading any model
-    version = folder_version(honest) + 1
+    lineage = Lineage.of(honest)
     model = HonestModel.from_pretrained(honest)
     adapted = adapt_model(model, log, settings)
-    save_adapted(model, adapted, out, version)
-    return {**adapted.summary, "version": version, "folder": str(out)}
+    version = save_adapted(model, adapted, out, lineage)
+    return {**adapted.summary, "version": version, "generation": lineage.generation + 1,
+            "adapted_from": lineage.version, "folder": str(out)}  # fmt: skip
