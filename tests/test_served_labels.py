@@ -116,5 +116,6 @@ def test_labels_from_many_processes_land_whole(log: Path) -> None:
     lines = log.read_text().splitlines()
     labels = [json.loads(line)["label"] for line in lines[4:]]  # every line parses
     assert len(labels) == 240
-    assert {(lab["id"].split("-")[1], lab["index"]) for lab in labels} == {(str(w), i) for w in range(6) for i in range(40)}
+    expected = {(str(w), i) for w in range(6) for i in range(40)}
+    assert {(lab["id"].split("-")[1], lab["index"]) for lab in labels} == expected
     assert read_served(log).orphan_labels == 240

@@ -484,6 +484,32 @@ class LLMConsistencyJudge(_LLMJudge):
         return self._judge_asked(len(a), asked, texts)
 
 
+# The reference-free judge of `candor label --judge-model` (served answers have no gold): the model is
+# asked whether the answer is right from what it knows, with the same verdict words as the judges above.
+ANSWER_CHECK_PROMPT = (
+    "Here is a question and a proposed answer to it. No reference answer is given; use what you know.\n"
+    "Question: {question}\n"
+    "Proposed answer: {response}\n"
+    "Decide whether the proposed answer is correct. "
+    + VERDICT_SUFFIX
+)
+
+
+class LLMAnswerJudge(_LLMJudge):
+    """Ask a model whether an answer to a question is correct, without a reference (``ANSWER_CHECK_PROMPT``)."""
+
+    name = "llm-no-reference"
+
+    def __init__(self, backend: Backend, batch_size: int = 16, max_new_tokens: int = 8) -> None:
+        super().__init__(backend, batch_size, max_new_tokens, style="candor")
+
+    def judge_answers(self, questions: Sequence[str], responses: Sequence[str]) -> list[int]:
+        _check_lengths("llm answer judge", questions, responses, None)
+        asked = [i for i, r in enumerate(responses) if r.strip()]  # an empty answer is never correct
+        texts = [ANSWER_CHECK_PROMPT.format(question=questions[i], response=responses[i]) for i in asked]
+        return self._judge_asked(len(responses), asked, texts)
+
+
 # ---------------------------------------------------------------- factories
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from candor.cli import annotating, diagnosing, getting_started, scoring, serving, training
+from candor.cli import adapting, annotating, diagnosing, getting_started, scoring, serving, training
 
 app = typer.Typer(
     help="candor: make language models honest about what they know.",
@@ -37,6 +37,8 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "ask": serving.ask,
     "serve": serving.serve,
     "serve-head": serving.serve_head,
+    "label": adapting.label,
+    "adapt": adapting.adapt,
 }
 for _name, _command in COMMANDS.items():
     app.command(_name)(_command)

@@ -1,0 +1,1 @@
+"""Scripts and styles of the labelling page (candor.annotation.labelling)."""

@@ -1,0 +1,107 @@
+// candor label: one served answer at a time; 1 = correct, 2 = wrong, 0 = skip, arrows move.
+// Each label is POSTed to the local server, which appends it to the records file at once.
+(function () {
+  "use strict";
+  const state = { items: [], pos: 0, left: 0, busy: false, saved: 0 };
+  const card = document.getElementById("card");
+  const progress = document.getElementById("progress");
+  const status = document.getElementById("status");
+
+  function row(list, term, value, cls) {
+    const dt = document.createElement("dt");
+    dt.textContent = term;
+    const dd = document.createElement("dd");
+    dd.textContent = value;
+    if (cls) dd.className = cls;
+    list.append(dt, dd);
+  }
+
+  function verdict(item) {
+    if (item.label === null) return ["not labelled", ""];
+    const word = item.label ? "correct" : "wrong";
+    return [word + " (" + item.label_source + ")", "verdict-" + word];
+  }
+
+  function render() {
+    const n = state.items.length;
+    card.replaceChildren();
+    if (n === 0) {
+      progress.textContent = "No served answers in this file.";
+      return;
+    }
+    progress.textContent = state.left + " of " + n + " left to label · answer " + (state.pos + 1) + " of " + n;
+    const item = state.items[state.pos];
+    const list = document.createElement("dl");
+    row(list, "Question", item.question);
+    row(list, "Answer", item.answer);
+    row(list, "Confidence", item.confidence === null ? "—" : item.confidence.toFixed(3));
+    if (item.reference.length) row(list, "Reference", item.reference.join(" · "));
+    const [text, cls] = verdict(item);
+    row(list, "Label", text, cls);
+    card.append(list);
+    card.dataset.id = item.id;
+    card.dataset.index = String(item.index);
+  }
+
+  function move(step) {
+    state.pos = Math.min(Math.max(state.pos + step, 0), Math.max(state.items.length - 1, 0));
+    render();
+  }
+
+  async function mark(correct) {
+    const item = state.items[state.pos];
+    if (!item || state.busy) return;
+    state.busy = true;
+    try {
+      const response = await fetch("/api/label", {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ id: item.id, index: item.index, correct: correct }),
+      });
+      const data = await response.json();
+      if (!response.ok) {
+        status.textContent = "Not saved: " + data.error;
+        return;
+      }
+      item.label = correct;
+      item.label_source = "human";
+      state.left = data.left;
+      state.saved += 1;
+      document.body.dataset.saved = String(state.saved);
+      status.textContent = "Saved: " + (correct ? "correct" : "wrong") + ".";
+      move(1);
+    } catch (err) {
+      status.textContent = "Not saved: " + err;
+    } finally {
+      state.busy = false;
+    }
+  }
+
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    const actions = {
+      "1": () => mark(true),
+      "2": () => mark(false),
+      "0": () => { status.textContent = "Skipped."; move(1); },
+      ArrowRight: () => move(1),
+      ArrowLeft: () => move(-1),
+    };
+    const action = actions[event.key];
+    if (action) {
+      event.preventDefault();
+      action();
+    }
+  });
+
+  fetch("/api/items", { cache: "no-store" })
+    .then((response) => response.json())
+    .then((data) => {
+      state.items = data.items;
+      state.left = data.left;
+      const first = state.items.findIndex((item) => item.label === null);
+      state.pos = first >= 0 ? first : 0;
+      render();
+      document.body.dataset.ready = "1";
+    })
+    .catch((err) => { status.textContent = "Could not load the answers: " + err; });
+})();

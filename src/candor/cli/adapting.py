@@ -1,0 +1,117 @@
+"""Commands on a deployment's own traffic: ``label`` (mark served answers) and ``adapt`` (recalibrate on them)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from candor.cli.shared import user_errors
+from candor.util.errors import CandorError
+
+EXPORTS = ("seq-cls",)
+DEFAULT_LABEL_PORT = 8765
+
+
+@user_errors
+def label(
+    records: Annotated[Path, typer.Argument(help="A served log (candor serve --log-records) or any records file.")],
+    host: Annotated[str | None, typer.Option(help="The page's address (127.0.0.1: this machine only).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help=f"The page's port ({DEFAULT_LABEL_PORT}; 0 picks a free one).")
+    ] = None,
+    judge_model: Annotated[
+        str | None, typer.Option("--judge-model", help="Label with this LLM as judge (no reference) instead of a page.")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option(help="--judge-model on an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
+    ] = None,
+) -> None:
+    """Mark served answers correct or wrong on a local page (keys 1/2/0, arrows), or with an LLM judge."""
+    from candor.annotation.labelling import LabelServer, judge_labels
+
+    if judge_model is None:
+        if base_url is not None:
+            raise CandorError("--base-url is the judge's server: give it with --judge-model")
+        server = LabelServer(records, host or "127.0.0.1", DEFAULT_LABEL_PORT if port is None else port).start()
+        typer.echo(f"labelling {records}: open {server.url} (Ctrl-C to stop; labels are saved as you make them)")
+        server.wait()
+        return
+    if host is not None or port is not None:
+        raise CandorError("--host and --port are the page's: a --judge-model run serves no page")
+    from candor.backends import load_backend
+
+    backend = load_backend(judge_model, "openai" if base_url else "hf", base_url=base_url)
+    report = judge_labels(records, backend, judge_model)
+    agreement = "no human labels to compare with" if report.agreement is None else (
+        f"agreement with the {report.compared} human labels: {report.agreement:.1%}")  # fmt: skip
+    typer.echo(f"judge:{judge_model} labelled {report.labelled} answers; {agreement}")
+
+
+@user_errors
+def adapt(
+    records: Annotated[Path, typer.Argument(help="The served log (candor serve --log-records) with its labels.")],
+    honest: Annotated[Path, typer.Option("--honest", help="The served honest-model folder to start from.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The new honest-model folder (may be --honest itself).")],
+    alpha: Annotated[float, typer.Option(help="Certify an answered error rate of at most this.")] = 0.1,
+    delta: Annotated[float, typer.Option(help="... with probability at least 1 - delta.")] = 0.1,
+    holdout: Annotated[float, typer.Option(help="Share of the labels held out from stage 2 for the threshold.")] = 0.5,
+    k: Annotated[int, typer.Option(help="Samples regenerated per served question that was logged without any.")] = 5,
+    seed: Annotated[int, typer.Option(help="Seeds the label split and training.")] = 0,
+    export: Annotated[
+        str | None, typer.Option("--export", help="seq-cls: also export the new head for a classify server.")
+    ] = None,
+    export_dir: Annotated[
+        Path | None, typer.Option("--export-dir", help="Where --export writes (default: OUT-cls beside OUT).")
+    ] = None,
+) -> None:
+    """Recalibrate a served model on its own labelled traffic: stage 1 on every served question, stage 2 on the
+    labels, the threshold by risk control on labels held out from stage 2 (refused, exit 2, when too few)."""
+    from candor.serve.adaptation import AdaptSettings
+    from candor.serve.adaptation import adapt as run_adapt
+
+    if export is not None and export not in EXPORTS:
+        raise CandorError(f"--export {export!r}: unknown format; known: {', '.join(EXPORTS)}")
+    if export_dir is not None and export is None:
+        raise CandorError("--export-dir needs --export seq-cls")
+    summary = run_adapt(records, honest, out, AdaptSettings(alpha=alpha, delta=delta, holdout=holdout, k=k, seed=seed))
+    typer.echo(_adapt_report(summary))
+    if export is not None:
+        typer.echo(_export_seq_cls(out, export_dir or out.with_name(out.name + "-cls"), summary["threshold"]["value"]))
+
+
+def _adapt_report(summary: dict) -> str:
+    counts, held = summary["counts"], summary["held_out"]
+    return (
+        f"adapted {counts['served_questions']} served questions ({counts['samples_regenerated_for']} resampled), "
+        f"{counts['labelled_answers']} labels: {counts['stage2_labels']} for stage 2, "
+        f"{counts['held_out_labels']} held out\n"
+        f"held-out AUROC {_fmt(held['auroc'])}, ECE {_fmt(held['ece'])}\n"
+        f"{summary['guarantee']}\n"
+        f"wrote {summary['folder']} (version {summary['version']}; what it did: {summary['folder']}/adapt.json)\n"
+        f"serve it: candor serve --honest {shlex.quote(summary['folder'])} (or reload a running server)"
+    )
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a (one class held out)" if x is None else f"{x:.3f}"
+
+
+def _export_seq_cls(folder: Path, target: Path, threshold: float) -> str:
+    from candor.serve.confidence_sources import HEAD_DIR
+    from candor.train.elical.export import export_seq_cls
+
+    result = export_seq_cls(folder / HEAD_DIR, target)
+    model = json.loads((folder / "honest.json").read_text())["generator"]["model"]
+    cls = shlex.quote(str(target))
+    return (
+        f"exported the adapted head to {target} ({result.architecture}); restart the classify server on it:\n"
+        f"  {result.vllm_command()} --port 8001\n"
+        f"  # or, without vLLM: candor serve-head {cls} --port 8001\n"
+        f"then serve with its threshold:\n"
+        f"  candor serve --backend openai --model {shlex.quote(model)} --base-url http://127.0.0.1:8000/v1 "
+        f"--confidence-url http://127.0.0.1:8001 --head {cls} --threshold {threshold:.6g}"
+    )

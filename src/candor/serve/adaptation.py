@@ -1,0 +1,323 @@
+"""``candor adapt``: a served honest model recalibrated on its own traffic (docs/methods.md "EliCal").
+
+From a served log (``candor serve --log-records``) and the labels appended to
+it (:mod:`candor.annotation.served_labels`) to a new honest-model folder:
+
+1. The labelled answers are split, seeded, into a **stage-2 part** and a
+   **held-out part** (``holdout`` of them) that nothing trains on.
+2. **Stage 1** (Eli) resumes the served EliCal head (a fresh head when the
+   served confidence is not a head) on the consistency rate of every served
+   question except the held-out ones; no label is read. Served records without
+   samples (a head decides from the question alone) get ``k`` samples
+   regenerated with the served generator at the protocol's sampling settings,
+   seeded by the question, and are judged against the served answer.
+3. **Stage 2** (Cal) trains on the stage-2 labels (the served answer's
+   correctness: ``hard`` targets), stopping early on a seeded slice of them.
+4. The threshold is chosen by risk control (:func:`candor.serve.thresholds.risk_control`)
+   on the held-out labels: with probability at least 1 − δ over their draw, the
+   error rate of the questions the new model answers is at most α, *assuming
+   later traffic is exchangeable with the labelled questions* (drawn from the
+   same distribution, labelled without regard to their confidence).
+
+Too few labels for α and δ is refused with the number needed (exit 2 from
+the CLI): the held-out part must be able to certify α even with no error at
+all (:func:`candor.serve.thresholds.min_evidence`), and stage 2 needs
+:data:`MIN_STAGE2` labels. The new folder's ``honest.json`` carries
+a new ``version`` (a name the server reports; ``adapt.json`` says which version it was adapted
+from and how many adaptations deep it is) and the folder holds
+``adapt.json``: the counts, the held-out AUROC and ECE, the threshold and the
+guarantee.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, get_consistency_judge, judge_consistency
+from candor.annotation.records import Record
+from candor.annotation.served_labels import ServedLog, labelled_records, read_served, served_records
+from candor.backends.base import Backend
+from candor.data.splits import seeded_shuffle
+from candor.evaluation.metrics import auroc, ece
+from candor.serve import thresholds as th
+from candor.serve.answering import PROTOCOL_SAMPLES, question_seed
+from candor.serve.confidence_sources import HeadSource
+from candor.serve.model import CONFIG_FILE, HonestModel
+from candor.train.elical.config import EliCalConfig
+from candor.train.elical.model import ConfidenceHead, HeadConfig
+from candor.train.elical.pipeline import StageResult, head_features, train_stage
+from candor.train.elical.pool import carve_dev
+from candor.util.errors import CandorError
+from candor.util.files import atomic_folder, check_replaceable
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_FILE = "adapt.json"
+VERSION_KEY = "version"  # in honest.json: the name the server gives this model
+MIN_STAGE2 = 10  # stage 2 trains and stops early on these; fewer is noise
+STAGE_DEV_FRACTION = 0.2  # of each stage's questions, for early stopping
+GUARANTEE_ASSUMES = ("later traffic is exchangeable with the labelled questions: drawn from the same distribution, "
+                     "and labelled without regard to their confidence")  # fmt: skip
+
+
+class NotEnoughLabels(CandorError):
+    """Too few labels to certify α at δ; the message says how many are needed."""
+
+
+@dataclass(frozen=True)
+class AdaptSettings:
+    """What ``candor adapt`` is asked for: the guarantee (α, δ), the held-out share, samples and seed."""
+
+    alpha: float = 0.1
+    delta: float = 0.1
+    holdout: float = 0.5
+    k: int = 5
+    seed: int = 0
+    max_epochs: int | None = None
+    feature_cache: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.alpha < 1.0:
+            raise CandorError(f"alpha must be in (0, 1), got {self.alpha}")
+        if not 0.0 < self.delta < 1.0:
+            raise CandorError(f"delta must be in (0, 1), got {self.delta}")
+        if not 0.0 < self.holdout < 1.0:
+            raise CandorError(f"the held-out share must be in (0, 1), got {self.holdout}")
+        if self.k < 2:
+            raise CandorError(f"stage 1 needs at least 2 samples per question, got k={self.k}")
+
+
+def held_out_size(n_labels: int, holdout: float) -> int:
+    return math.ceil(holdout * n_labels)
+
+
+def labels_needed(alpha: float, delta: float, holdout: float) -> int:
+    """The fewest labels whose held-out part can certify α at δ and whose rest can run stage 2."""
+    evidence = th.min_evidence(alpha, delta)
+    n = MIN_STAGE2
+    while held_out_size(n, holdout) < evidence or n - held_out_size(n, holdout) < MIN_STAGE2:
+        n += 1
+    return n
+
+
+def split_labels(labelled: Sequence[Record], settings: AdaptSettings) -> tuple[list[Record], list[Record]]:
+    """(stage 2, held out): a seeded split of the labelled records; refuses too few for α and δ."""
+    needed = labels_needed(settings.alpha, settings.delta, settings.holdout)
+    if len(labelled) < needed:
+        raise NotEnoughLabels(
+            f"{len(labelled)} labelled answers; certifying an answered error rate of at most α={settings.alpha:g} "
+            f"with probability 1-δ={1 - settings.delta:g} needs at least {needed} ({needed - len(labelled)} more): "
+            f"{held_out_size(needed, settings.holdout)} held out for the threshold (at least "
+            f"{th.min_evidence(settings.alpha, settings.delta)} answered) and {MIN_STAGE2} or more for stage 2"
+        )
+    shuffled = seeded_shuffle(list(labelled), f"adapt:{settings.seed}")
+    held = held_out_size(len(shuffled), settings.holdout)
+    return shuffled[held:], shuffled[:held]
+
+
+def with_consistency(
+    records: Sequence[Record], backend: Backend | None, template: Any, k: int
+) -> tuple[list[Record], int]:
+    """Every record with samples and consistency verdicts, and how many had samples regenerated (none were logged).
+
+    Regenerated samples follow the serving protocol (temperature 1, top-p 0.95,
+    top-k 50, the template's stops), seeded by the question.
+    """
+    missing = [i for i, r in enumerate(records) if len(r.samples) < 2]
+    out = list(records)
+    if missing:
+        if backend is None:
+            raise CandorError(f"{len(missing)} served records have no samples and no generator is loaded")
+        logger.info("adapt: regenerating %d samples for %d served questions", k, len(missing))
+        params = replace(PROTOCOL_SAMPLES, stop=tuple(template.stop))
+        prompts = [template(out[i].item, backend) for i in missing]
+        seeds = [question_seed(out[i].item.question) for i in missing]
+        gens = backend.generate(prompts, k, params, greedy=False, seeds=seeds)
+        for i, gen in zip(missing, gens, strict=True):
+            out[i] = replace(out[i], samples=list(gen.samples), consistency=None)
+    todo = [i for i, r in enumerate(out) if not r.consistency or len(r.consistency) != len(r.samples)]
+    if todo:
+        verdicts = judge_consistency(
+            get_consistency_judge(DEFAULT_CONSISTENCY_JUDGE),
+            [out[i].greedy.text for i in todo],
+            [[s.text for s in out[i].samples] for i in todo],
+            [out[i].item.question for i in todo],
+        )
+        for i, v in zip(todo, verdicts, strict=True):
+            out[i] = replace(out[i], consistency=[int(x) for x in v])
+    return out, len(missing)
+
+
+def head_confidences(head: ConfidenceHead, records: Sequence[Record], feature_cache: str | None) -> np.ndarray:
+    """The head's confidence on records' questions, through the feature cache in ``head`` mode."""
+    if head.config.mode != "head" or not records:
+        return head.predict(records)
+    features = head_features(head, head.prompts(records), feature_cache)
+    with torch.no_grad():
+        return head.head(torch.from_numpy(features).to(head.device)).cpu().numpy().astype(float)
+
+
+def starting_head(model: HonestModel, config: EliCalConfig) -> tuple[ConfidenceHead, bool]:
+    """The served head, trainable (and False: not fresh), or a fresh head on the generator (True)."""
+    source = model.source
+    if isinstance(source, HeadSource):
+        head_source = source.estimator.head_source
+        if isinstance(head_source, (str, Path)):
+            return ConfidenceHead.from_pretrained(head_source, trainable=True), False
+        return head_source, False  # type: ignore[return-value]
+    from candor.train.common import load_causal_lm
+
+    causal_lm, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
+    spec = HeadConfig(backbone=config.model, template=model.template.name, layer=config.layer, mode=config.mode,
+                      lora=config.lora_settings())  # fmt: skip
+    return ConfidenceHead.create(causal_lm, tokenizer, spec, seed=config.seed), True
+
+
+@dataclass
+class Adapted:
+    """What :func:`adapt_model` trained: the head, its threshold, and the summary ``adapt.json`` holds."""
+
+    head: ConfidenceHead
+    threshold: th.Threshold
+    summary: dict[str, Any]
+
+
+def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> Adapted:
+    """Stage 1 on the served questions, stage 2 on the stage-2 labels, risk control on the held-out ones."""
+    started = time.perf_counter()
+    stage2, held = split_labels(labelled_records(log), settings)
+    held_questions = {r.item.question for r in held}
+    traffic = [r for r in served_records(log) if r.item.question not in held_questions]
+    traffic, regenerated = with_consistency(traffic, model.backend, model.template, settings.k)
+    config = EliCalConfig(mode="head", model=model.backend.model_name, cal_target="hard", seed=settings.seed,
+                          max_epochs=settings.max_epochs, feature_cache=settings.feature_cache)  # fmt: skip
+    head, fresh = starting_head(model, config)
+    config = replace(config, mode=head.config.mode, model=head.config.backbone)
+    s1_train, s1_dev = carve_dev(traffic, STAGE_DEV_FRACTION, settings.seed)
+    s2_train, s2_dev = carve_dev(stage2, STAGE_DEV_FRACTION, settings.seed)
+    stages = [
+        train_stage(head, s1_train, s1_dev, "eli", config, fresh=fresh, full_set=True),
+        train_stage(head, s2_train, s2_dev, "cal", config, fresh=False, full_set=False),
+    ]
+    confidence = head_confidences(head, held, settings.feature_cache)
+    correct = np.array([int(r.greedy_correct) for r in held])  # type: ignore[arg-type]
+    threshold = th.risk_control(confidence, correct, settings.alpha, settings.delta)
+    summary = _summary(log, settings, stages, regenerated, confidence, correct, threshold, stage2)
+    summary["seconds"] = round(time.perf_counter() - started, 2)
+    return Adapted(head, threshold, summary)
+
+
+def _summary(
+    log: ServedLog, settings: AdaptSettings, stages: Sequence[StageResult], regenerated: int,
+    confidence: np.ndarray, correct: np.ndarray, threshold: th.Threshold, stage2: Sequence[Record],
+) -> dict[str, Any]:  # fmt: skip
+    sources: dict[str, int] = {}
+    for answer in log.labelled():
+        sources[answer.label_source or "?"] = sources.get(answer.label_source or "?", 0) + 1
+    return {
+        "settings": asdict(settings),
+        "counts": {
+            "served_answers": len(log.answers),
+            "served_questions": len(served_records(log)),
+            "stage1_questions": stages[0].n_train + stages[0].n_dev,
+            "samples_regenerated_for": regenerated,
+            "labelled_answers": len(log.labelled()),
+            "label_sources": sources,
+            "stage2_labels": len(stage2),
+            "held_out_labels": int(correct.size),
+            "bad_lines": log.bad_lines,
+            "orphan_labels": log.orphan_labels,
+        },
+        "held_out": {
+            "auroc": _finite(auroc(confidence, correct)),
+            "ece": _finite(ece(confidence, correct)),
+            "accuracy": float(correct.mean()),
+        },
+        "threshold": threshold.to_dict(),
+        "guarantee": _guarantee(threshold, settings),
+        "stages": [{k: v for k, v in asdict(s).items() if k != "history"} for s in stages],
+    }
+
+
+def _guarantee(threshold: th.Threshold, settings: AdaptSettings) -> str:
+    if threshold.expected_coverage == 0.0:
+        return (f"no threshold certifies an answered error rate of at most {settings.alpha:g} at δ={settings.delta:g} "
+                "on the held-out labels: the model abstains on everything")  # fmt: skip
+    return (f"with probability at least {1 - settings.delta:g}, the error rate of answered questions is at most "
+            f"{settings.alpha:g} (threshold {threshold.value:.3f}), assuming {GUARANTEE_ASSUMES}")  # fmt: skip
+
+
+def _finite(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), 6)
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Which model an adaptation starts from: its version (None if unnamed) and how many adaptations made it."""
+
+    version: str | None
+    generation: int
+
+    @classmethod
+    def of(cls, folder: str | Path) -> Lineage:
+        folder = Path(folder)
+        try:
+            value = json.loads((folder / CONFIG_FILE).read_text()).get(VERSION_KEY)
+            previous = json.loads((folder / SUMMARY_FILE).read_text()) if (folder / SUMMARY_FILE).exists() else {}
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CandorError(f"{folder}: cannot read {CONFIG_FILE} or {SUMMARY_FILE} ({exc})") from None
+        generation = previous.get("generation", 0)
+        return cls(None if value in (None, "") else str(value), generation if isinstance(generation, int) else 0)
+
+    def next_version(self) -> str:
+        """A new version name: the UTC time and the adaptation's generation (``20261203T171500Z-adapt2``)."""
+        return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-adapt{self.generation + 1}"
+
+
+def save_adapted(model: HonestModel, adapted: Adapted, out: str | Path, lineage: Lineage) -> str:
+    """The adapted model as one folder, swapped in whole: honest.json (with a new ``version``), head/, adapt.json.
+
+    Returns the version. Where ``save_pretrained`` names the version itself, that name is kept.
+    """
+    new = HonestModel(model.backend, HeadSource(adapted.head), None, adapted.threshold, template=model.template.name,
+                      decoding=model.decoding, backend_name=model.backend_name)  # fmt: skip
+    out = Path(out)
+    with atomic_folder(out) as staging:
+        new.save_pretrained(staging)
+        config = json.loads((staging / CONFIG_FILE).read_text())
+        version = str(config.get(VERSION_KEY) or lineage.next_version())
+        if version == lineage.version:  # never reuse the served model's name
+            version = lineage.next_version()
+        config[VERSION_KEY] = version
+        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        summary = {**adapted.summary, "version": version, "generation": lineage.generation + 1,
+                   "adapted_from": lineage.version}  # fmt: skip
+        (staging / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return version
+
+
+def adapt(records: str | Path, honest: str | Path, out: str | Path, settings: AdaptSettings) -> dict[str, Any]:
+    """``candor adapt``: read the log, check the labels, train, and write the new folder; returns the summary."""
+    records, honest, out = Path(records), Path(honest), Path(out)
+    if Path(out).resolve() != honest.resolve():
+        check_replaceable(out, CONFIG_FILE, inputs=(records,))
+    log = read_served(records)
+    if not log.answers:
+        raise CandorError(f"{records}: no served records")
+    split_labels(labelled_records(log), settings)  # refuse before loading any model
+    lineage = Lineage.of(honest)
+    model = HonestModel.from_pretrained(honest)
+    adapted = adapt_model(model, log, settings)
+    version = save_adapted(model, adapted, out, lineage)
+    return {**adapted.summary, "version": version, "generation": lineage.generation + 1,
+            "adapted_from": lineage.version, "folder": str(out)}  # fmt: skip

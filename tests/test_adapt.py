@@ -1,0 +1,159 @@
+"""`candor adapt`: a served honest model recalibrated on its labelled traffic (issue 43, items 3 and 5).
+
+A tiny random Llama serves two kinds of questions; the labels say one kind is answered right and the
+other wrong. Adapting must learn that from the labels (held-out AUROC), regenerate the samples the
+head-served log lacks, hold the threshold's labels out of both stages, bump the version, and refuse
+too few labels with the number it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from candor.annotation.records import Record
+from candor.annotation.served_labels import append_label
+from candor.backends.base import Completion
+from candor.backends.hf import HFBackend
+from candor.cli.commands import run
+from candor.serve import Decoding, HonestModel
+from candor.serve import thresholds as th
+from candor.serve.adaptation import AdaptSettings, Lineage, labels_needed, split_labels
+from candor.serve.confidence_sources import HeadSource, served_item
+from candor.train.common import load_causal_lm
+from candor.train.elical import ConfidenceHead, HeadConfig
+
+RIGHT = [f"What is the capital of country number {i}?" for i in range(30)]
+WRONG = [f"How many legs does the animal in picture {i} have, counting twice?" for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def deployment(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
+    """A saved honest model with a head, and its served log: 60 questions, 40 of them labelled."""
+    root = tmp_path_factory.mktemp("deployment")
+    lm, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
+    head = ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=3)
+    backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
+    honest = HonestModel(backend, HeadSource(head), threshold=0.5, template="fewshot",
+                         decoding=Decoding(max_new_tokens=3)).save_pretrained(root / "honest")  # fmt: skip
+    log = root / "served.jsonl"
+    with log.open("w") as fh:  # what --log-records writes for a head source: the answer, no samples
+        for i, question in enumerate(q for pair in zip(RIGHT, WRONG, strict=True) for q in pair):
+            served = {"id": f"chatcmpl-{i}", "indexes": [0], "returned": ["x"]}
+            record = Record(served_item(question), Completion("x"), [], provenance={"served": served})
+            fh.write(json.dumps(record.to_dict()) + "\n")
+    for i in range(40):
+        append_label(log, f"chatcmpl-{i}", 0, i % 2 == 0, "human")
+    return honest, log
+
+
+def test_labels_needed_is_the_held_out_evidence_plus_stage_two() -> None:
+    # alpha=0.1, delta=0.1: ceil(ln 0.1 / ln 0.9) = 22 answered held out, so 43 labels (22 held out, 21 for stage 2)
+    assert th.min_evidence(0.1, 0.1) == 22
+    assert labels_needed(0.1, 0.1, 0.5) == 43
+    # alpha=0.5: 4 held out suffice, so stage 2's minimum of 10 decides: 20 (10 + 10)
+    assert labels_needed(0.5, 0.1, 0.5) == 20
+    assert labels_needed(0.05, 0.1, 0.5) == 2 * math.ceil(math.log(0.1) / math.log(0.95)) - 1
+
+
+def test_the_split_is_seeded_and_disjoint() -> None:
+    records = [Record(served_item(q), Completion("x"), [], greedy_correct=1) for q in RIGHT]
+    stage2, held = split_labels(records, AdaptSettings(alpha=0.5))
+    again = split_labels(records, AdaptSettings(alpha=0.5))
+    assert (len(stage2), len(held)) == (15, 15)
+    assert [r.id for r in stage2] == [r.id for r in again[0]]
+    assert not {r.id for r in stage2} & {r.id for r in held}
+
+
+@pytest.fixture(scope="module")
+def adapted(deployment, tmp_path_factory) -> tuple[Path, str]:
+    """`candor adapt` run once on the deployment, with --export seq-cls; its folder and what it printed."""
+    honest, log = deployment
+    out = tmp_path_factory.mktemp("adapt") / "adapted"
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(honest), "-o", str(out), "--alpha", "0.5", "--k", "3",
+             "--export", "seq-cls"])  # fmt: skip
+    assert done.value.code == 0
+    return out, out.with_name("adapted-cls")
+
+
+def test_adapt_learns_the_labels_and_writes_a_new_version(deployment, adapted) -> None:
+    out, exported = adapted
+    summary = json.loads((out / "adapt.json").read_text())
+    counts = summary["counts"]
+    assert counts["served_questions"] == 60 and counts["labelled_answers"] == 40
+    assert (counts["stage2_labels"], counts["held_out_labels"]) == (20, 20)
+    # stage 1 reads every served question but the 20 held out, each resampled (the log had no samples)
+    assert counts["stage1_questions"] == counts["samples_regenerated_for"] == 40
+    assert summary["held_out"]["auroc"] >= 0.9  # the two kinds of question, told apart from 20 labels
+    version = json.loads((out / "honest.json").read_text())["version"]
+    assert isinstance(version, str) and version and summary["version"] == version and summary["generation"] == 1
+    assert summary["adapted_from"] == Lineage.of(deployment[0]).version != version
+    model = HonestModel.from_pretrained(out)
+    assert model.threshold.to_dict() == summary["threshold"] and model.threshold.rule == "risk"
+    assert isinstance(model.source, HeadSource)
+    right, wrong = model.source.score_questions(RIGHT[-5:]), model.source.score_questions(WRONG[-5:])
+    assert np.mean(right) > np.mean(wrong)
+    assert (exported / "candor_export.json").exists()
+
+
+def test_adapt_prints_the_guarantee_and_the_engine_commands(deployment, tmp_path, capsys) -> None:
+    honest, log = deployment
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "a"), "--alpha", "0.5", "--k", "2",
+             "--export", "seq-cls", "--export-dir", str(tmp_path / "cls")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert done.value.code == 0
+    assert f"version {json.loads((tmp_path / 'a' / 'honest.json').read_text())['version']};" in printed
+    assert "with probability at least 0.9" in printed or "abstains on everything" in printed
+    assert f"vllm serve {tmp_path / 'cls'}" in printed and "--confidence-url" in printed and "--threshold" in printed
+
+
+def test_adapting_again_bumps_the_version(deployment, adapted, tmp_path) -> None:
+    _, log = deployment
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(adapted[0]), "-o", str(tmp_path / "v2"), "--alpha", "0.5", "--k", "2"])
+    assert done.value.code == 0
+    first, second = (json.loads((folder / "adapt.json").read_text()) for folder in (adapted[0], tmp_path / "v2"))
+    assert (second["generation"], second["adapted_from"]) == (2, first["version"])
+    assert json.loads((tmp_path / "v2" / "honest.json").read_text())["version"] == second["version"] != first["version"]
+
+
+def test_too_few_labels_is_refused_with_the_number_needed(deployment, tmp_path, capsys) -> None:
+    honest, log = deployment
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "x"), "--alpha", "0.1"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "40 labelled answers" in err and "needs at least 43 (3 more)" in err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--export", "onnx"], "unknown format"), (["--export-dir", "d"], "needs --export seq-cls"),
+     (["--alpha", "1.5"], "alpha must be in (0, 1)"), (["--holdout", "0"], "held-out share")],
+)
+def test_bad_options_are_refused(deployment, tmp_path, capsys, extra, message) -> None:
+    honest, log = deployment
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "x"), *extra])
+    assert done.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_model_served_without_a_head_gets_a_fresh_one(deployment, tiny_model_dir, tmp_path) -> None:
+    _, log = deployment
+    backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
+    honest = HonestModel(backend, "n-prob", threshold=0.2, template="fewshot",
+                         decoding=Decoding(max_new_tokens=3)).save_pretrained(tmp_path / "nprob")  # fmt: skip
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "out"), "--alpha", "0.5", "--k", "2"])
+    assert done.value.code == 0
+    config = json.loads((tmp_path / "out" / "honest.json").read_text())
+    assert config["confidence"]["kind"] == "head" and config["version"] != Lineage.of(honest).version
+    head = ConfidenceHead.from_pretrained(tmp_path / "out" / "head")
+    assert head.config.template == "fewshot" and head.config.backbone == tiny_model_dir
