@@ -50,7 +50,7 @@ from candor.backends.base import Backend
 from candor.data.splits import seeded_shuffle
 from candor.evaluation.metrics import auroc, ece
 from candor.serve import thresholds as th
-from candor.serve.answering import PROTOCOL_SAMPLES, question_seed
+from candor.serve.answering import CONVERSATION, PROTOCOL_SAMPLES, QUESTION, question_seed
 from candor.serve.confidence_sources import HeadSource
 from candor.serve.model import CONFIG_FILE, HonestModel
 from candor.train.elical.config import EliCalConfig
@@ -141,7 +141,7 @@ def with_consistency(
         logger.info("adapt: regenerating %d samples for %d served questions", k, len(missing))
         params = replace(PROTOCOL_SAMPLES, stop=tuple(template.stop))
         prompts = [template(out[i].item, backend) for i in missing]
-        seeds = [question_seed(out[i].item.question) for i in missing]
+        seeds = [question_seed(out[i].item.question, out[i].item.history) for i in missing]
         gens = backend.generate(prompts, k, params, greedy=False, seeds=seeds)
         for i, gen in zip(missing, gens, strict=True):
             out[i] = replace(out[i], samples=list(gen.samples), consistency=None)
@@ -245,6 +245,9 @@ def _summary(
         },
         "threshold": threshold.to_dict(),
         "guarantee": _guarantee(threshold, settings),
+        # The request shapes the labels came from: the calibration holds for those (docs/architecture.md
+        # "Conversations").
+        "tuned_on": sorted({CONVERSATION if r.item.history else QUESTION for r in [*stage2]} or {QUESTION}),
         "stages": [{k: v for k, v in asdict(s).items() if k != "history"} for s in stages],
     }
 
@@ -291,15 +294,11 @@ def save_adapted(model: HonestModel, adapted: Adapted, out: str | Path, lineage:
     """
     new = HonestModel(model.backend, HeadSource(adapted.head), None, adapted.threshold, template=model.template.name,
                       decoding=model.decoding, backend_name=model.backend_name)  # fmt: skip
+    new.tuned_on = tuple(adapted.summary.get("tuned_on") or (QUESTION,))
+    version = new.version = lineage.next_version()  # never the served model's name: a new time and generation
     out = Path(out)
     with atomic_folder(out) as staging:
         new.save_pretrained(staging)
-        config = json.loads((staging / CONFIG_FILE).read_text())
-        version = str(config.get(VERSION_KEY) or lineage.next_version())
-        if version == lineage.version:  # never reuse the served model's name
-            version = lineage.next_version()
-        config[VERSION_KEY] = version
-        (staging / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         summary = {**adapted.summary, "version": version, "generation": lineage.generation + 1,
                    "adapted_from": lineage.version}  # fmt: skip
         (staging / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
