@@ -67,18 +67,24 @@ def score(
         backend = load_backend(model, adapter=str(adapter) if adapter else None)
     table = score_into(recs, names, out, backend, force=force, options=options)
     typer.echo(f"wrote {counted(len(table.methods), 'method')} × {counted(len(table.rows), 'record')} to {out}")
+    for name in names:  # a fitted combination says what it learned (the weights are in the .columns.json too)
+        weights = (table.provenance(name) or {}).get("estimator", {}).get("weights")
+        if weights:
+            typer.echo(f"{name} weights: " + ", ".join(f"{k} {v:+.4f}" for k, v in weights.items()))
 
 
 def parse_estimator_options(pairs: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
     """``["elical.head=dir", "verbal-10.examples=f.jsonl"]`` → ``{"elical": {"head": "dir"}, …}``.
 
     Values stay strings except integers and floats; an option for an
-    estimator that is not being run is an error, not silently ignored.
+    estimator that is not being run is an error, not silently ignored. The
+    name ends at the first dot, so ``ensemble.n-prob.debias=length`` is the
+    ensemble's option ``n-prob.debias`` (a member's setting).
     """
     options: dict[str, dict[str, Any]] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        name, dot, field = key.rpartition(".")
+        name, dot, field = key.partition(".")  # the first dot: ensemble.length.dev sets the member's dev
         if not sep or not dot or not name or not field:
             raise CandorError(f"--option {pair!r}: expected NAME.KEY=VALUE, e.g. elical.head=runs/elical")
         if name not in names:
