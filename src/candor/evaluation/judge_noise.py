@@ -33,7 +33,6 @@ an id the confidences do not hold.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,8 +227,8 @@ def _label_rows(path: Path) -> tuple[list[tuple[int, Any]], bool]:
         doc = json.loads(text)
     except json.JSONDecodeError:
         doc = None
-    if isinstance(doc, Mapping):
-        labels = doc.get("labels")
+    if isinstance(doc, Mapping) and "labels" in doc:  # else one JSON line (a file of one label)
+        labels = doc["labels"]
         if not isinstance(labels, list):
             raise at_line(path, 1, 'a JSON document of hand labels needs a "labels" list')
         return [(_line_of(text, i), row) for i, row in enumerate(labels)], bool(doc.get("sampled_by_verdict"))
@@ -251,7 +250,3 @@ def _line_of(text: str, index: int) -> int:
         if at < 0:
             return 1
     return text.count("\n", 0, at) + 1
-
-
-def is_undefined(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
