@@ -102,6 +102,18 @@ def _option_value(text: str) -> Any:
     return text
 
 
+# eval's options for a thresholded method and a hand-checked judge (docs/methods.md "Abstention-aware scores").
+ThresholdOpt = Annotated[list[str] | None, typer.Option(
+    "--threshold", help="Abstain below it: VALUE for every method or METHOD=VALUE (repeatable); adds the "
+    "abstention-aware scores.")]
+HonestOpt = Annotated[Path | None, typer.Option(
+    "--honest", help="A tuned honest-model folder: its method and threshold (and calibrator) add the "
+    "abstention-aware scores.")]
+HandLabelsOpt = Annotated[Path | None, typer.Option(
+    "--hand-labels", help="Hand labels of the judge's verdicts (JSONL of {id, human}): adds the "
+    "judge-noise-corrected accuracy and each AUROC's spread under judge noise.")]
+
+
 @user_errors
 def evaluate(
     confidences: Annotated[Path, typer.Option("--confidences", "-c", help="Confidences JSONL.")],
@@ -115,21 +127,9 @@ def evaluate(
         typer.Option("--records", "-r", help="The records behind the confidences: report.html then shows each "
                      "question, gold and answer, and the model, template and judges."),
     ] = None,
-    threshold: Annotated[
-        list[str] | None,
-        typer.Option("--threshold", help="Abstain below it: VALUE for every method or METHOD=VALUE (repeatable); "
-                     "adds the abstention-aware scores."),
-    ] = None,
-    honest: Annotated[
-        Path | None,
-        typer.Option("--honest", help="A tuned honest-model folder: its method and threshold (and calibrator) "
-                     "add the abstention-aware scores."),
-    ] = None,
-    hand_labels: Annotated[
-        Path | None,
-        typer.Option("--hand-labels", help="Hand labels of the judge's verdicts (JSONL of {id, human}): adds the "
-                     "judge-noise-corrected accuracy and each AUROC's spread under judge noise."),
-    ] = None,
+    threshold: ThresholdOpt = None,
+    honest: HonestOpt = None,
+    hand_labels: HandLabelsOpt = None,
 ) -> None:
     """Evaluate confidences: tables (Markdown, CSV, JSON), plots, and report.html (all of it on one offline page)."""
     from candor.annotation.records import read_records
