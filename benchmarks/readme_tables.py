@@ -343,6 +343,27 @@ def baselines_debias(r: Path) -> dict[str, str]:
     }
 
 
+def judge_noise(r: Path) -> dict[str, str]:
+    """Accuracy corrected for the `contains` judge's measured errors, and how far they could move AUROC."""
+    d = load("judge_noise", r)
+    rows = [[DATASET_NAMES.get(ds, ds), pct(e["observed"]),
+             "–" if e["corrected"] is None else with_ci(e["corrected"], e["ci"]), e["undefined"] or ""]
+            for ds, e in d["accuracy"].items()]
+    spreads = {m: per["all"]["sd"] for m, per in d["auroc_flip"].items() if per["all"]["sd"] is not None}
+    widest = max(spreads, key=lambda m: spreads[m])
+    hand, cons = d["hand_labels"], d["consistency_judge"]
+    return {
+        "table:judge-noise": md_table(["dataset", "judged accuracy", "corrected accuracy", "note"], "lrrl", rows),
+        "value:judge-noise-rates": f"sensitivity {pct(hand['sensitivity'])}%, specificity "
+                                   f"{pct(hand['specificity'])}% ({hand['n']} hand labels)",
+        "value:judge-noise-auroc": f"{pct(min(spreads.values()))}–{pct(spreads[widest])} AUROC points "
+                                   f"(widest: `{widest}`)",
+        "value:judge-noise-consistency": f"sensitivity {pct(cons['sensitivity'])}%, specificity "
+                                         f"{pct(cons['specificity'])}% on its {cons['n']} labels",
+        "value:judge-noise-command": f"`{d['command']}`",
+    }
+
+
 # ---------------------------------------------------------------- EliCal
 
 ELICAL_ROWS = [  # (results key, README label)
@@ -1026,7 +1047,7 @@ SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean, prefix_split,
     avx2_host, avx2_races, annotate_workers,
 ]
-SECTIONS.append(baselines_debias)  # issue 47: the ensemble and +debias rows
+SECTIONS += [baselines_debias, judge_noise]  # issue 47: the ensemble and +debias rows, judge noise
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
 
