@@ -21,7 +21,8 @@ Writes benchmarks/results/baselines.json and benchmarks/results/baselines/ (the 
 ``-O <method>.debias=length`` fitted on the dev slice, as ``<method>+debias``.
 ``--ensemble`` adds ``ensemble``: its members are chosen among the methods that
 read the records only (no model), by greedy forward selection on the dev slice's
-5-fold cross-validated AUROC of the stacked members, and the stack is fitted on
+5-fold cross-validated AUROC of the stacked members (a method equal to a chosen
+member on dev is skipped), and the stack is fitted on
 the whole dev slice. Both fit on dev only; the test sets are scored once.
 ``--block NAME`` writes the run into key NAME of an existing ``--out`` file,
 leaving everything else in it as it was (a run on other records beside a committed one).
@@ -221,8 +222,11 @@ def choose_members(dev: list, candidates: list[str], options: dict, most: int = 
     path = []
     best = -1.0
     while len(chosen) < most:
-        trials = {m: cv_auroc(np.column_stack([scores[c] for c in [*chosen, m]]), y)
-                  for m in candidates if m not in chosen}
+        # a candidate equal to a chosen member on dev (perplexity is n-prob) adds nothing but a weaker penalty
+        fresh = [m for m in candidates if not any(np.allclose(scores[m], scores[c]) for c in chosen)]
+        trials = {m: cv_auroc(np.column_stack([scores[c] for c in [*chosen, m]]), y) for m in fresh}
+        if not trials:
+            break
         pick = max(trials, key=lambda m: trials[m])
         if len(chosen) >= 2 and trials[pick] <= best:
             break
