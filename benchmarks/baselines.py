@@ -16,6 +16,16 @@ Every stage caches under benchmarks/cache/mini, so a killed run resumes:
 Writes benchmarks/results/baselines.json and benchmarks/results/baselines/ (the report).
 
 ``length`` (the answer-length baseline) fits its direction on the dev slice, never on test.
+
+``--debias`` adds, for every method but ``length``, the same method scored with
+``-O <method>.debias=length`` fitted on the dev slice, as ``<method>+debias``.
+``--ensemble`` adds ``ensemble``: its members are chosen among the methods that
+read the records only (no model), by greedy forward selection on the dev slice's
+5-fold cross-validated AUROC of the stacked members (a method equal to a chosen
+member on dev is skipped), and the stack is fitted on
+the whole dev slice. Both fit on dev only; the test sets are scored once.
+``--block NAME`` writes the run into key NAME of an existing ``--out`` file,
+leaving everything else in it as it was (a run on other records beside a committed one).
 ``--merge`` adds the ``--methods`` to an existing ``--out`` file and leaves every number already
 there as it is (no report folder is written), e.g. to add a new baseline to a committed run:
 
@@ -31,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from common import CACHE, RESULTS, annotate_part, load_mini_or_exit, logger, peak_rss_mib, setup_logging, write_json
 
 from candor.annotation.builder import AnnotateConfig
@@ -39,7 +50,9 @@ from candor.backends import load_backend
 from candor.backends.base import SamplingParams
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators import get_estimator
-from candor.estimators.confidences import ConfidenceTable, score_into
+from candor.estimators.confidences import ConfidenceRow, ConfidenceTable, score_into
+from candor.estimators.stacking import fit_logistic
+from candor.evaluation.metrics import auroc
 from candor.evaluation.report import write_report
 from candor.evaluation.summary import evaluate
 
@@ -95,6 +108,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS / "baselines.json")
     p.add_argument("--merge", action="store_true",
                    help="add --methods to the existing --out, keeping every number already there")
+    p.add_argument("--debias", action="store_true", help="also score <method>+debias (length, fitted on dev)")
+    p.add_argument("--ensemble", action="store_true", help="also score an ensemble chosen and fitted on dev")
+    p.add_argument("--block", default=None, help="write into this key of the existing --out (no report folder)")
     return p.parse_args()
 
 
@@ -134,6 +150,28 @@ def main() -> None:
     roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
     roles = {d: r for d, r in roles.items() if d in tests}
     fits = {"length": get_estimator("length", **options["length"]).describe()} if "length" in methods else {}
+    test_records = [r for recs in tests.values() for r in recs]
+    if args.ensemble:
+        start = time.perf_counter()
+        members, search = choose_members(dev_records, [m for m in methods if not needs_model(m, options)], options)
+        ens_options = {"ensemble": {"members": ",".join(members), "dev": dev_records,
+                                    **{f"{m}.{k}": v for m in members for k, v in options.get(m, {}).items()}}}
+        table = score_into(test_records, ["ensemble"], scores / "ensemble" / "all.jsonl", backend, options=ens_options)
+        add_columns(rows, table, {"ensemble": "ensemble"})
+        fits["ensemble"] = {**search, "weights": table.columns["ensemble"]["estimator"]["weights"]}
+        timings["ensemble"] = time.perf_counter() - start
+    if args.debias:
+        start = time.perf_counter()
+        # model-free methods first: a run killed in the slow model-based ones keeps them
+        plain = sorted((m for m in methods if m != "length"), key=lambda m: needs_model(m, options))
+        deb = {m: {**options.get(m, {}), "debias": "length", "debias_dev": dev_records} for m in plain}
+        table = score_into(test_records, plain, scores / "debias" / "all.jsonl", backend, options=deb)
+        add_columns(rows, table, {m: f"{m}+debias" for m in plain})
+        fits["debias"] = {m: table.columns[m]["estimator"]["debias"] for m in plain}
+        timings["debias"] = time.perf_counter() - start
+    if args.block:
+        write_block(args, evaluate(ConfidenceTable(rows), roles=roles, bootstrap=args.bootstrap), timings, fits)
+        return
     if args.merge:
         merge_into(args, evaluate(ConfidenceTable(rows), roles=roles, bootstrap=args.bootstrap), timings, fits)
         return
@@ -149,6 +187,63 @@ def main() -> None:
     if not args.skip_train:
         # The training pool is for the EliCal / ADVICE benchmarks; annotated last so results come first.
         annotate_part(mini.train, "train", backend, template, config, args.cache)
+
+
+def needs_model(method: str, options: dict) -> bool:
+    return get_estimator(method, **options.get(method, {})).needs_backend
+
+
+def add_columns(rows: list[ConfidenceRow], table: ConfidenceTable, names: dict[str, str]) -> None:
+    """Copy ``table``'s columns into ``rows`` (matched by id) under new names."""
+    by_id = {r.id: r for r in table.rows}
+    for row in rows:
+        for old, new in names.items():
+            row.confidence[new] = by_id[row.id].confidence[old]
+
+
+def cv_auroc(features: np.ndarray, y: np.ndarray, folds: int = 5) -> float:
+    """AUROC of out-of-fold stacked predictions (folds stratified by label, in a fixed order)."""
+    fold = np.empty(y.size, dtype=int)
+    for label in (0, 1):
+        where = np.flatnonzero(y == label)
+        fold[where] = np.arange(where.size) % folds
+    predicted = np.empty(y.size)
+    for k in range(folds):
+        held = fold == k
+        predicted[held] = fit_logistic(features[~held], y[~held], "ensemble search").predict(features[held])
+    return auroc(predicted, y)
+
+
+def choose_members(dev: list, candidates: list[str], options: dict, most: int = 4) -> tuple[list[str], dict]:
+    """Greedy forward selection of ensemble members by dev cross-validated AUROC (dev only, never test)."""
+    y = np.array([int(r.greedy_correct) for r in dev])
+    scores = {m: get_estimator(m, **options.get(m, {})).estimate(dev) for m in candidates}
+    chosen: list[str] = []
+    path = []
+    best = -1.0
+    while len(chosen) < most:
+        # a candidate equal to a chosen member on dev (perplexity is n-prob) adds nothing but a weaker penalty
+        fresh = [m for m in candidates if not any(np.allclose(scores[m], scores[c]) for c in chosen)]
+        trials = {m: cv_auroc(np.column_stack([scores[c] for c in [*chosen, m]]), y) for m in fresh}
+        if not trials:
+            break
+        pick = max(trials, key=lambda m: trials[m])
+        if len(chosen) >= 2 and trials[pick] <= best:
+            break
+        chosen.append(pick)
+        best = trials[pick]
+        path.append({"members": list(chosen), "dev_cv_auroc": round(best, 4)})
+    logger.info("ensemble members chosen on dev: %s (5-fold CV AUROC %.3f)", chosen, best)
+    return chosen, {"members": chosen, "search": path, "candidates": candidates, "dev_size": len(dev)}
+
+
+def write_block(args: argparse.Namespace, ev, timings: dict[str, float], fits: dict) -> None:
+    """Put this run into key ``--block`` of the existing ``--out``; everything else in it stays."""
+    payload = json.loads(args.out.read_text())
+    payload[args.block] = {**results_payload(ev, args, timings), "fits": fits}
+    write_json(args.out, payload)
+    print(markdown_table(payload[args.block]))
+    logger.info("wrote block %r of %s", args.block, args.out)
 
 
 def merge_into(args: argparse.Namespace, ev, timings: dict[str, float], fits: dict) -> None:

@@ -310,6 +310,60 @@ def baselines_strong(r: Path) -> dict[str, str]:
     }
 
 
+DEBIAS_BLOCK = "ensemble_debias"  # baselines_strong.json: the run with the ensemble and the +debias rows
+
+
+def baselines_debias(r: Path) -> dict[str, str]:
+    """Each estimator's AUROC before and after length-debiasing, and the dev-chosen ensemble against its members."""
+    block = load("baselines_strong", r)[DEBIAS_BLOCK]
+    methods = block["methods"]
+    plain = sorted((m for m in methods if not m.endswith("+debias") and m != "ensemble"),
+                   key=lambda m: -(methods[m]["id"]["auroc"] or 0.0))
+
+    def auroc(method: str, group: str) -> str:
+        m = methods.get(method)
+        return "–" if m is None else with_ci(m[group]["auroc"], m["ci95"][group].get("auroc"))
+
+    header = ["method", "ID AUROC", "ID AUROC +debias", "OOD AUROC", "OOD AUROC +debias"]
+    members = block["fits"]["ensemble"]["members"]
+    rows = [[f"**ensemble** ({', '.join(members)})", auroc("ensemble", "id"), "", auroc("ensemble", "ood"), ""]]
+    for m in plain:
+        label = f"{m} (member)" if m in members else m
+        rows.append([label, auroc(m, "id"), auroc(f"{m}+debias", "id"), auroc(m, "ood"), auroc(f"{m}+debias", "ood")])
+    weights = block["fits"]["ensemble"]["weights"]
+    return {
+        "table:baselines-debias": md_table(header, "lrrrr", rows),
+        "value:baselines-debias-command": f"`{block['command']}`",
+        "value:baselines-debias-sizes": f"{block['sizes']['id']} in-domain and {block['sizes']['ood']} OOD test "
+                                        f"records ({block['test_size']} per dataset; in-domain accuracy "
+                                        f"{pct(block['greedy_accuracy']['id'])}%)",
+        "value:baselines-debias-weights": ", ".join(f"{k} {v:+.2f}" for k, v in weights.items()),
+        "value:baselines-debias-search": ", ".join(
+            f"{'+'.join(step['members'])} {pct(step['dev_cv_auroc'])}" for step in block["fits"]["ensemble"]["search"]),
+    }
+
+
+def judge_noise(r: Path) -> dict[str, str]:
+    """Accuracy corrected for the `contains` judge's measured errors, and how far they could move AUROC."""
+    d = load("judge_noise", r)
+    rows = [[DATASET_NAMES.get(ds, ds), pct(e["observed"]),
+             "–" if e["corrected"] is None else with_ci(e["corrected"], e["ci"]), e["undefined"] or ""]
+            for ds, e in d["accuracy"].items()]
+    spreads = {m: per["all"]["sd"] for m, per in d["auroc_flip"].items() if per["all"]["sd"] is not None}
+    widest = max(spreads, key=lambda m: spreads[m])
+    hand, cons = d["hand_labels"], d["consistency_judge"]
+    return {
+        "table:judge-noise": md_table(["dataset", "judged accuracy", "corrected accuracy", "note"], "lrrl", rows),
+        "value:judge-noise-rates": f"sensitivity {pct(hand['sensitivity'])}%, specificity "
+                                   f"{pct(hand['specificity'])}% ({hand['n']} hand labels)",
+        "value:judge-noise-auroc": f"{pct(min(spreads.values()))}–{pct(spreads[widest])} AUROC points "
+                                   f"(widest: `{widest}`)",
+        "value:judge-noise-consistency": f"sensitivity {pct(cons['sensitivity'])}%, specificity "
+                                         f"{pct(cons['specificity'])}% on its {cons['n']} labels",
+        "value:judge-noise-command": f"`{d['command']}`",
+    }
+
+
 # ---------------------------------------------------------------- EliCal
 
 ELICAL_ROWS = [  # (results key, README label)
@@ -993,6 +1047,7 @@ SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean, prefix_split,
     avx2_host, avx2_races, annotate_workers,
 ]
+SECTIONS += [baselines_debias, judge_noise]  # issue 47: the ensemble and +debias rows, judge noise
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
 

@@ -16,6 +16,12 @@ evaluated on test: a 50% coverage target and risk control (answered error
 ≤ α with probability 1 − δ; the assumption, exchangeable dev and test,
 holds for the in-domain test split by construction, not for OOD).
 
+Abstention-aware scores: every method (each training-free candidate too) at
+its risk-controlled threshold (chosen on dev) gets, per test split, the counts
+correct / incorrect / abstained, SimpleQA's F, the hallucination rate and the
+penalized score (``candor.evaluation.abstention``, 1000-resample bootstrap
+intervals under ``abstention``), as ``methods.<method>.<score>.<split>``.
+
 Generation time saved: the same in-domain test questions answered twice
 through :class:`candor.serve.HonestModel`, once with EliCal deciding before
 generating (threshold for 50% dev coverage) and once with an answer-level
@@ -25,11 +31,15 @@ the wall times is the saving.
     PYTHONPATH=src python benchmarks/selective.py [--timing-questions 64]
 
 Writes benchmarks/results/selective.json and benchmarks/results/selective.png.
+``--skip-elical`` leaves out the EliCal head and the timing (no training pool
+needed); ``--block NAME`` then writes the run into key NAME of the existing
+selective.json, leaving the rest of it as it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -41,12 +51,14 @@ from common import CACHE, RESULTS, logger, setup_logging, write_json
 from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators import get_estimator
+from candor.evaluation.abstention import abstention_scores
 from candor.evaluation.metrics import auroc
 from candor.serve import Decoding, HonestModel
 from candor.serve import thresholds as th
 from candor.serve.confidence_sources import HeadSource
 
 CANDIDATES = ("prob", "n-prob", "min-prob", "consis-lex", "consis-sem")
+ABSTENTION_KEYS = ("correct", "incorrect", "abstained", "simpleqa_f", "hallucination_rate", "penalized_score")
 COVERAGES = tuple(round(0.1 * i, 1) for i in range(1, 11))
 
 
@@ -62,6 +74,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--skip-elical", action="store_true", help="no EliCal head, no timing (no training pool needed)")
+    p.add_argument("--block", default=None, help="write into this key of the existing selective.json")
     p.add_argument("--prefetch", action="store_true",
                    help="only cache the backbone features of the dev and test prompts (no training data needed)")
     return p.parse_args()
@@ -146,21 +160,24 @@ def on_test(t: th.Threshold, conf: np.ndarray, correct: np.ndarray) -> dict[str,
             "test_accuracy": acc, "test_coverage": cov}  # fmt: skip
 
 
-def scores(args: argparse.Namespace, head: Path, dev: list[Record], tests: dict[str, list[Record]]) -> dict:
-    """method → split → confidences; the training-free method is picked by dev AUROC."""
-    out: dict[str, dict[str, np.ndarray]] = {"EliCal": {"dev": elical_scores(args, head, dev)}}
-    for split, records in tests.items():
-        out["EliCal"][split] = elical_scores(args, head, records)
+def scores(args: argparse.Namespace, head: Path | None, dev: list[Record], tests: dict[str, list[Record]]) -> dict:
+    """method → split → confidences; the training-free method is picked by dev AUROC (every one is kept too)."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    if head is not None:
+        out["EliCal"] = {"dev": elical_scores(args, head, dev)}
+        for split, records in tests.items():
+            out["EliCal"][split] = elical_scores(args, head, records)
     dev_auroc = {}
+    free: dict[str, dict[str, np.ndarray]] = {}
     for name in CANDIDATES:
-        dev_auroc[name] = auroc(get_estimator(name).estimate(dev), correct_of(dev))
+        estimator = get_estimator(name)
+        free[name] = {"dev": estimator.estimate(dev), **{s: estimator.estimate(r) for s, r in tests.items()}}
+        dev_auroc[name] = auroc(free[name]["dev"], correct_of(dev))
     best = max(dev_auroc, key=lambda n: dev_auroc[n])
-    estimator = get_estimator(best)
-    out[f"best training-free ({best})"] = {
-        "dev": estimator.estimate(dev), **{s: estimator.estimate(r) for s, r in tests.items()}
-    }
+    out[f"best training-free ({best})"] = free[best]
     rng = np.random.default_rng(args.seed)
     out["random"] = {"dev": rng.uniform(size=len(dev)), **{s: rng.uniform(size=len(r)) for s, r in tests.items()}}
+    out.update(free)
     logger.info("dev AUROC of the training-free candidates: %s; best: %s", dev_auroc, best)
     return {"scores": out, "dev_auroc": dev_auroc, "best": best}
 
@@ -224,10 +241,10 @@ def main() -> None:
     if args.prefetch:
         prefetch(args, dev + [r for records in tests.values() for r in records])
         return
-    train = load_part(args.annotations, "train", IN_DOMAIN)
+    train = [] if args.skip_elical else load_part(args.annotations, "train", IN_DOMAIN)
     logger.info("train %d, dev %d, test %s", len(train), len(dev), {k: len(v) for k, v in tests.items()})
     t0 = time.perf_counter()
-    head = train_head(args, train, dev)
+    head = None if args.skip_elical else train_head(args, train, dev)
     scored = scores(args, head, dev, tests)
     dev_y = correct_of(dev)
     methods: dict[str, Any] = {}
@@ -236,12 +253,22 @@ def main() -> None:
         rules = {f"coverage {args.coverage}": th.for_coverage(conf["dev"], dev_y, args.coverage),
                  f"risk alpha={args.alpha} delta={args.delta}": th.risk_control(conf["dev"], dev_y, args.alpha,
                                                                                  args.delta)}  # fmt: skip
+        risk = rules[f"risk alpha={args.alpha} delta={args.delta}"]
+        entry["abstention"] = {}
+        entry.update({key: {} for key in ABSTENTION_KEYS})
         for split, records in tests.items():
             y = correct_of(records)
             entry["curve"][split] = curve_at(conf[split], y)
             entry["test_auroc_" + split] = auroc(conf[split], y)
             entry["dev_chosen"][split] = {rule: on_test(t, conf[split], y) for rule, t in rules.items()}
+            scored = abstention_scores(conf[split], y, risk.value, bootstrap=1000, seed=args.seed)
+            entry["abstention"][split] = scored
+            for key in ABSTENTION_KEYS:
+                entry[key][split] = scored[key]
         methods[name] = entry
+    if args.block:
+        write_block(args, methods, {k: len(v) for k, v in tests.items()}, time.perf_counter() - t0)
+        return
     questions = [r.item.question for r in tests["in-domain test"]][: args.timing_questions]
     payload = {
         "command": "PYTHONPATH=src python benchmarks/selective.py " + " ".join(sys.argv[1:]),
@@ -264,6 +291,20 @@ def main() -> None:
     print(f"generation time, answer-level / EliCal-first: {g['time_ratio_answer_level_over_elical']:.2f}x "
           f"({g['elical_declined_before_generating']} of {g['questions']} declined before generating)")
     print(f"wrote {args.out_dir / 'selective.json'} and {args.out_dir / 'selective.png'}")
+
+
+def write_block(args: argparse.Namespace, methods: dict[str, Any], sizes: dict[str, int], seconds: float) -> None:
+    """This run (no EliCal, no timing) into key ``--block`` of the existing selective.json; the rest stays."""
+    path = args.out_dir / "selective.json"
+    payload = json.loads(path.read_text())
+    payload[args.block] = {
+        "command": "PYTHONPATH=src python benchmarks/selective.py " + " ".join(sys.argv[1:]),
+        "annotations": str(args.annotations), "sizes": sizes, "seconds": round(seconds, 1),
+        "threshold_rule": f"risk control alpha={args.alpha} delta={args.delta}, chosen on dev", "methods": methods,
+    }
+    write_json(path, payload)
+    for name, entry in methods.items():
+        print(f"{name:>36}: " + ", ".join(f"{k} {entry[k]['in-domain test']}" for k in ABSTENTION_KEYS))
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def records(backend, tmp_path_factory) -> list[Record]:
 
 @pytest.fixture(scope="module")
 def artifact_options(backend, records, tiny_model_dir, tmp_path_factory) -> dict[str, dict[str, Any]]:
-    """A trained artifact for each estimator that reads one: an EliCal head and an answer probe."""
+    """A trained artifact for each estimator that reads one (an EliCal head, an answer probe), the ensemble's dev."""
     from candor.train.common import load_causal_lm
     from candor.train.elical import ConfidenceHead, HeadConfig
     from candor.train.probe import train_probe
@@ -101,6 +101,8 @@ def artifact_options(backend, records, tiny_model_dir, tmp_path_factory) -> dict
     return {
         "elical": {"head": str(head.save_pretrained(folder / "head")), "allow_other_backbone": True},
         "probe": {"path": str(folder / "probe")},
+        # fitted on unperturbed labelled records, so only the scored records' fields can move it
+        "ensemble": {"members": "n-prob,consis-lex", "dev": labelled},
     }
 
 

@@ -67,18 +67,24 @@ def score(
         backend = load_backend(model, adapter=str(adapter) if adapter else None)
     table = score_into(recs, names, out, backend, force=force, options=options)
     typer.echo(f"wrote {counted(len(table.methods), 'method')} × {counted(len(table.rows), 'record')} to {out}")
+    for name in names:  # a fitted combination says what it learned (the weights are in the .columns.json too)
+        weights = (table.provenance(name) or {}).get("estimator", {}).get("weights")
+        if weights:
+            typer.echo(f"{name} weights: " + ", ".join(f"{k} {v:+.4f}" for k, v in weights.items()))
 
 
 def parse_estimator_options(pairs: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
     """``["elical.head=dir", "verbal-10.examples=f.jsonl"]`` → ``{"elical": {"head": "dir"}, …}``.
 
     Values stay strings except integers and floats; an option for an
-    estimator that is not being run is an error, not silently ignored.
+    estimator that is not being run is an error, not silently ignored. The
+    name ends at the first dot, so ``ensemble.n-prob.debias=length`` is the
+    ensemble's option ``n-prob.debias`` (a member's setting).
     """
     options: dict[str, dict[str, Any]] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        name, dot, field = key.rpartition(".")
+        name, dot, field = key.partition(".")  # the first dot: ensemble.length.dev sets the member's dev
         if not sep or not dot or not name or not field:
             raise CandorError(f"--option {pair!r}: expected NAME.KEY=VALUE, e.g. elical.head=runs/elical")
         if name not in names:
@@ -96,6 +102,18 @@ def _option_value(text: str) -> Any:
     return text
 
 
+# eval's options for a thresholded method and a hand-checked judge (docs/methods.md "Abstention-aware scores").
+ThresholdOpt = Annotated[list[str] | None, typer.Option(
+    "--threshold", help="Abstain below it: VALUE for every method or METHOD=VALUE (repeatable); adds the "
+    "abstention-aware scores.")]
+HonestOpt = Annotated[Path | None, typer.Option(
+    "--honest", help="A tuned honest-model folder: its method and threshold (and calibrator) add the "
+    "abstention-aware scores.")]
+HandLabelsOpt = Annotated[Path | None, typer.Option(
+    "--hand-labels", help="Hand labels of the judge's verdicts (JSONL of {id, human}): adds the "
+    "judge-noise-corrected accuracy and each AUROC's spread under judge noise.")]
+
+
 @user_errors
 def evaluate(
     confidences: Annotated[Path, typer.Option("--confidences", "-c", help="Confidences JSONL.")],
@@ -109,24 +127,80 @@ def evaluate(
         typer.Option("--records", "-r", help="The records behind the confidences: report.html then shows each "
                      "question, gold and answer, and the model, template and judges."),
     ] = None,
+    threshold: ThresholdOpt = None,
+    honest: HonestOpt = None,
+    hand_labels: HandLabelsOpt = None,
 ) -> None:
     """Evaluate confidences: tables (Markdown, CSV, JSON), plots, and report.html (all of it on one offline page)."""
     from candor.annotation.records import read_records
     from candor.estimators.confidences import read_confidences
+    from candor.evaluation.judge_noise import read_hand_labels
     from candor.evaluation.report import format_table_rich, write_report
     from candor.evaluation.summary import REPORT_METRICS, roles_from_ood
+    from candor.evaluation.trust import trust_lines
 
     table = read_confidences(confidences)
+    thresholds = parse_thresholds(threshold or [], table.methods)
+    if honest is not None:
+        thresholds.update(honest_threshold(honest, table))
     roles = roles_from_ood(table, ood.split(","), str(confidences))
     chosen = [m.strip() for m in metrics.split(",") if m.strip()] or list(REPORT_METRICS)
     recs = read_records(records) if records is not None else None
     if recs is not None and not {r.id for r in recs} & {row.id for row in table.rows}:
         raise CandorError(f"--records {records}: no record id matches a row of {confidences}")
+    labels = read_hand_labels(hand_labels, table) if hand_labels is not None else None
     result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap, metrics=chosen,
-                          records=recs, command=invoked_command())
+                          records=recs, command=invoked_command(), thresholds=thresholds, hand_labels=labels)
     print_rich(format_table_rich(result))
+    for line in trust_lines(result.trust):
+        typer.echo(line)
     typer.echo(f"report: {result.files['index']}")
     typer.echo(f"page: {result.files['html']}")
+
+
+def parse_thresholds(values: list[str], methods: list[str]) -> dict[str, float]:
+    """``["0.4"]`` → every method at 0.4; ``["n-prob=0.3"]`` → that method only (later values win)."""
+    out: dict[str, float] = {}
+    for text in values:
+        method, sep, value = text.rpartition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            raise CandorError(f"--threshold {text!r}: expected VALUE or METHOD=VALUE, e.g. 0.4 or n-prob=0.4") from None
+        if not 0.0 <= number <= 1.0:
+            raise CandorError(f"--threshold {text!r}: a threshold is a confidence, in [0, 1]")
+        if sep and method not in methods:
+            raise CandorError(f"--threshold {text!r}: no method {method!r} in the confidences "
+                              f"({', '.join(methods)})")
+        out.update({m: number for m in ([method] if sep else methods)})
+    return out
+
+
+def honest_threshold(folder: Path, table: Any) -> dict[str, float]:
+    """The tuned threshold of an honest-model folder, on its method's column (calibrated as it serves it)."""
+    import json
+
+    from candor.evaluation.calibration import calibrated_column, calibrator_from_dict
+
+    path = folder / "honest.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        source, threshold = config["confidence"], config.get("threshold")
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CandorError(f"--honest {folder}: not a saved honest model ({exc})") from None
+    if not threshold:
+        raise CandorError(f"--honest {folder}: the model has no threshold; tune one first (HonestModel.tune)")
+    method = source.get("name")
+    if source.get("kind") != "estimator" or method not in table.methods:
+        raise CandorError(f"--honest {folder}: its confidence ({source.get('kind')} {method or ''}) is not a "
+                          f"column of the confidences ({', '.join(table.methods)}); score it first")
+    if config.get("calibrator"):  # the threshold applies to the calibrated confidence, as the model serves it
+        calibrator = calibrator_from_dict(config["calibrator"])
+        column = calibrated_column(method, calibrator.name)
+        conf, _ = table.arrays(method)
+        table.add(column, [r.id for r in table.rows], calibrator.predict(conf))
+        method = column
+    return {method: float(threshold["value"])}
 
 
 @user_errors

@@ -12,7 +12,9 @@ distributions ``token-entropy-mean``, ``token-entropy-max``, ``prob-margin``,
 ``eccentricity``, ``kle``, ``cocoa`` (similarity-based ones take
 ``similarity=lexical|judge|llm|embedding``); from hidden states
 ``eigenscore``. The answer-length baseline ``length`` (direction fitted on
-dev records when given).
+dev records when given). ``ensemble``: named estimators stacked by a logistic
+regression fitted on dev records; any estimator takes ``debias=length``
+(with ``debias_dev``) to remove what answer length explains.
 
 Importing this package registers every estimator module listed below; a new
 estimator is one module with one ``@ESTIMATORS.register`` and one import here.
@@ -35,7 +37,9 @@ from __future__ import annotations
 from candor.estimators import (  # noqa: F401
     annotated_consistency,
     cocoa,
+    debias,
     eigenscore,
+    ensemble,
     kernel_entropy,
     length,
     logprob,

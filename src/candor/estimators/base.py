@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -142,6 +143,31 @@ EstimatorFactory = Callable[..., Estimator]
 ESTIMATORS: Registry[EstimatorFactory] = Registry("estimator", plugins="candor.estimators")
 
 
+@dataclass(frozen=True)
+class OptionWrapper:
+    """Options any estimator takes (``keys``), applied by wrapping the built estimator (``wrap``)."""
+
+    keys: tuple[str, ...]
+    wrap: Callable[[Estimator, dict[str, Any]], Estimator]
+
+
+# e.g. ``debias``/``debias_dev`` (candor.estimators.debias): registered by the wrapping module, so this one
+# imports none of them.
+WRAPPERS: Registry[OptionWrapper] = Registry("estimator wrapper")
+
+
 def get_estimator(name: str, **kwargs: Any) -> Estimator:
-    """Build a registered estimator, e.g. ``get_estimator("consis-sem", judge="llm", backend=b)``."""
-    return ESTIMATORS.build(name, **kwargs)
+    """Build a registered estimator, e.g. ``get_estimator("consis-sem", judge="llm", backend=b)``.
+
+    Options named by a :data:`WRAPPERS` entry (``debias=length``) are taken out and wrap the built estimator.
+    """
+    wrappers = []
+    for wrapper_name in WRAPPERS.names():
+        wrapper = WRAPPERS.get(wrapper_name)
+        own = {key: kwargs.pop(key) for key in wrapper.keys if key in kwargs}
+        if own:
+            wrappers.append((wrapper, own))
+    estimator = ESTIMATORS.build(name, **kwargs)
+    for wrapper, own in wrappers:
+        estimator = wrapper.wrap(estimator, own)
+    return estimator

@@ -11,6 +11,8 @@ The numbers and tables come from :mod:`candor.evaluation.summary` (:func:`~cando
       confidence_hist.png
       risk_coverage.png   risk vs coverage per method (AURC, PRR in the tables)
       reliability/<method>.png
+      trust.json          abstention-aware scores and the judge-noise correction, when asked for
+                          (thresholds, hand labels: :mod:`candor.evaluation.trust`)
       report.html         all of it on one self-contained page (:mod:`candor.evaluation.report_page`)
 
 Undefined values (AUROC on a dataset with one class) are NaN in memory,
@@ -26,7 +28,7 @@ import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from rich.table import Table
 from candor.annotation.records import Record
 from candor.estimators.confidences import ConfidenceTable
 from candor.evaluation.engine import CI_ALPHA
+from candor.evaluation.judge_noise import HandLabels
 from candor.evaluation.metrics import check_arrays
 from candor.evaluation.plots import confidence_histograms, reliability_diagram, risk_coverage_plot
 from candor.evaluation.report_page import PAGE_FILE, write_report_page
@@ -54,6 +57,7 @@ from candor.evaluation.summary import (
     per_metric_tables,
     table_markdown,
 )
+from candor.evaluation.trust import trust_sections
 from candor.util.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -67,6 +71,7 @@ class ReportResult:
     evaluation: Evaluation
     files: dict[str, Path]
     reliability: dict[str, Path]
+    trust: dict[str, Any] = field(default_factory=dict)  # abstention / judge-noise sections, when asked for
 
     @property
     def metrics(self) -> Nested:
@@ -99,14 +104,19 @@ def write_report(
     counts: Mapping[str, Mapping[str, Any]] | None = None,
     records: Sequence[Record] | None = None,
     command: str | None = None,
+    thresholds: Mapping[str, float] | None = None,
+    hand_labels: HandLabels | None = None,
 ) -> ReportResult:
     """Evaluate ``table`` and write the report folder (see the module docstring).
 
     ``records`` (the annotated records behind the table) give report.html its questions,
     gold and greedy answers and provenance; ``command`` is what made the report, for provenance.
+    ``thresholds`` (method → threshold) add the abstention-aware scores, ``hand_labels`` the
+    judge-noise correction (``trust.json`` and two sections of report.html).
     """
     result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed,
                       counts=counts)
+    trust = trust_sections(table, thresholds=thresholds, hand_labels=hand_labels, bootstrap=bootstrap, seed=seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
@@ -128,12 +138,14 @@ def write_report(
     files["risk_coverage"] = risk_coverage_plot(
         pooled, out_dir / "risk_coverage.png", title=f"{title}: risk vs coverage (all datasets pooled)"
     )
+    if trust:
+        files["trust"] = _write_text(out_dir / "trust.json", json.dumps(trust, indent=2, ensure_ascii=False) + "\n")
     files["html"] = write_report_page(out_dir / PAGE_FILE, table, result, main_table(result, PAGE_METRICS),
-                                      title=title, records=records, command=command)
+                                      title=title, records=records, command=command, trust=trust)
     files["index"] = _write_text(out_dir / "index.md", _index_md(result, title, files, reliability, out_dir))
     logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods),
                 len(result.datasets))
-    return ReportResult(out_dir, result, files, reliability)
+    return ReportResult(out_dir, result, files, reliability, trust)
 
 
 def _pooled(table: ConfidenceTable, method: str) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,8 @@ offline (:mod:`candor.util.pages`). It shows
 - a records browser: question, gold, answer, correctness and every method's
   confidence, filtered to "confident and wrong" / "unsure and right" at the
   slider's method and threshold;
+- given thresholds or hand labels, the abstention-aware scores and the
+  judge-noise correction (:mod:`candor.evaluation.trust`);
 - provenance: model, template, judges, candor version, the command.
 
 Records (questions, gold answers, greedy answers) are optional: without them
@@ -38,6 +40,7 @@ from candor.annotation.records import Record
 from candor.estimators.confidences import ConfidenceTable
 from candor.evaluation.metrics import aurc, risk_coverage
 from candor.evaluation.plots import equal_width_bins
+from candor.evaluation.trust import trust_html
 from candor.util.files import atomic_write_text
 from candor.util.pages import asset, esc, render_page
 from candor.util.version import __version__
@@ -50,6 +53,7 @@ HIST_BINS = 20
 CURVE_POINTS = 200  # risk–coverage points kept per method (the curve has one per record)
 THRESHOLDS = np.round(np.linspace(0.0, 1.0, 101), 2)
 DEFAULT_THRESHOLD = 0.5
+TRUST_SLOT = "<!-- trust sections -->"  # where the abstention and judge-noise sections go, when asked for
 OPTIONS_CHARS = 200  # an estimator's options shown in the provenance
 GROUP_TITLES = {"id": "In-domain (size-weighted average)", "ood": "Out-of-domain (size-weighted average)",
                 "all": "All (pooled)"}
@@ -87,10 +91,15 @@ def write_report_page(
     title: str,
     records: Sequence[Record] | None = None,
     command: str | None = None,
+    trust: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``report.html`` (see the module docstring); returns its path."""
+    """Write ``report.html`` (see the module docstring); returns its path.
+
+    ``trust`` (:func:`candor.evaluation.trust.trust_sections`) adds the abstention and judge-noise sections.
+    """
     data = page_data(table, evaluation, main, title=title, records=records, command=command)
-    html = render_page(title, _body(title, evaluation, main), data=data, charts=_charts(data),
+    body = _body(title, evaluation, main).replace(TRUST_SLOT, trust_html(trust or {}))
+    html = render_page(title, body, data=data, charts=_charts(data),
                        script=asset("report.js", "candor.evaluation.page_assets"))
     return atomic_write_text(Path(path), html)
 
@@ -312,6 +321,7 @@ share of refused questions the model would have answered correctly.</p>
 <span class="stat">over-abstention<b id="sel-over">–</b></span>
 <span class="stat">answered<b id="sel-answered">–</b></span></div>
 <div id="chart-selective"></div>
+{TRUST_SLOT}
 <h2 id="records">Records</h2>
 <div class="controls"><label>show <select id="rec-filter">
 <option value="all">all</option>
