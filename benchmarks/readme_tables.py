@@ -251,6 +251,70 @@ def _slowdown(first: Json, second: Json) -> str:
             f"{ours:.2f}×")
 
 
+CONVERSATION_SHAPES = ("single", "2-turn", "3-turn")
+
+
+def serve_conversations(r: Path) -> dict[str, str]:
+    """The last turn of 2- and 3-turn chats against the same questions asked alone (serve_conversations.py)."""
+    d = load("serve_conversations", r)
+    rows = []
+    for method, m in d["methods"].items():
+        for shape in CONVERSATION_SHAPES:
+            s, gap = m["shapes"][shape], m["minus_single"].get(shape)
+            rows.append([f"`{method}`", shape, str(s["n"]), pct(s["accuracy"]),
+                         with_ci(s["auroc"], s["ci95"]["auroc"]), with_ci(s["ece"], s["ci95"]["ece"]),
+                         _signed_ci(gap["auroc"]) if gap else DASH, _signed_ci(gap["ece"]) if gap else DASH,
+                         _signed_ci(gap["accuracy"]) if gap else DASH,
+                         f"{gap['answers_changed']} / {s['n']}" if gap else DASH])
+    header = ["method", "asked", "n", "accuracy", "AUROC", "ECE", "Δ AUROC", "Δ ECE", "Δ accuracy",
+              "answers changed"]
+    shifts = "; ".join(_conversation_shift(method, m["minus_single"]) for method, m in d["methods"].items())
+    return {
+        "table:serve-conversations": md_table(header, "llrrrrrrrr", rows),
+        "value:serve-conversations-run": _conversation_run(d),
+        "value:serve-conversations-shifts": shifts,
+        "value:serve-conversations-verdict": _conversation_verdict(d),
+    }
+
+
+def _conversation_verdict(d: Json) -> str:
+    """Which differences from asking alone the intervals tell from 0, and how often the answer itself changed."""
+    apart = [f"`{method}` {METRIC_LABELS[metric]} {shape}" for method, m in d["methods"].items()
+             for shape in CONVERSATION_SHAPES[1:] for metric in ("auroc", "ece")
+             if not m["minus_single"][shape][metric]["ci95"][0] <= 0 <= m["minus_single"][shape][metric]["ci95"][1]]
+    verdict = ("every interval of an AUROC or ECE difference includes 0: at this size no change of the "
+               "confidence's ranking or calibration is told apart from none" if not apart else
+               f"the intervals exclude 0 for {', '.join(apart)}; the other AUROC and ECE differences include 0")
+    changed = [m["minus_single"][shape]["answers_changed"] / m["n"] for m in d["methods"].values()
+               for shape in CONVERSATION_SHAPES[1:]]
+    return (f"{verdict}. The earlier turns changed the model's greedy answer itself in "
+            f"{pct(min(changed), 0)}–{pct(max(changed), 0)}% of the questions, so a conversation's confidence is "
+            "often that of another answer than the lone question's")
+
+
+def _conversation_run(d: Json) -> str:
+    """The command, how many questions every shape of every method answered, the judge and the resamples."""
+    sizes = sorted({m["n"] for m in d["methods"].values()})
+    answered = " or ".join(str(n) for n in sizes)
+    names = ", ".join(DATASET_NAMES.get(ds, ds) for ds in d["datasets"])
+    return (f"`{d['answered_by'] or d['command']}` ({answered} questions answered in all three ways, taken in turn "
+            f"from the in-domain test sets {names}; judge `{d['judge']}`, ECE on {d['ece_bins']} bins, "
+            f"{d['bootstrap']} bootstrap resamples)")
+
+
+def _conversation_shift(method: str, gaps: Json) -> str:
+    """``n-prob`` AUROC and ECE after one and after two earlier turns, minus asked alone (×100)."""
+    two, three = gaps["2-turn"], gaps["3-turn"]
+    return (f"`{method}` AUROC {_signed_ci(two['auroc'])} after one earlier turn and {_signed_ci(three['auroc'])} "
+            f"after two, ECE {_signed_ci(two['ece'])} and {_signed_ci(three['ece'])}")
+
+
+def _signed_ci(gap: Json) -> str:
+    """A paired difference ×100 with its interval: ``−3.1 [−9.0, +2.4]``."""
+    low, high = gap["ci95"]
+    return f"{signed(gap['value'])} [{signed(low)}, {signed(high)}]"
+
+
 def judge_agreement(r: Path) -> dict[str, str]:
     d = load("judge_agreement", r)
     agree = round(d["agreement"] * d["n"])
@@ -1045,7 +1109,7 @@ SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
     decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean, prefix_split,
-    avx2_host, avx2_races, annotate_workers,
+    avx2_host, avx2_races, annotate_workers, serve_conversations,
 ]
 SECTIONS += [baselines_debias, judge_noise]  # issue 47: the ensemble and +debias rows, judge noise
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
