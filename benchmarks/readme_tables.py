@@ -1,5 +1,8 @@
 """Regenerate benchmarks/README.md's tables and quoted numbers from benchmarks/results/*.json.
 
+The top-level README.md may place some of the same parts (a user-facing table such as the
+conversation benchmark's); they are rewritten there too, and every part it places must exist.
+
 The README marks every generated part, so prose and tables cannot drift from the results files:
 
     <!-- table:NAME -->            a whole block (a table), regenerated between the markers
@@ -30,6 +33,7 @@ from candor.data.mini import IN_DOMAIN
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE / "README.md"
+TOP_README = HERE.parent / "README.md"  # places a subset of the parts
 DASH = "–"
 
 Json = dict[str, Any]
@@ -1159,16 +1163,20 @@ def main() -> int:
     if missing:
         print(f"README has no marker for: {', '.join(missing)}", file=sys.stderr)
         return 1
-    new = render(text, parts)
-    if args.check:
-        if new != text:
-            print(f"{args.readme} differs from the results files; run python benchmarks/readme_tables.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    tmp = args.readme.with_name(args.readme.name + ".tmp")
-    tmp.write_text(new, encoding="utf-8")
-    tmp.replace(args.readme)
+    targets = [(args.readme, text)]
+    if args.readme == README and TOP_README.exists():
+        targets.append((TOP_README, TOP_README.read_text(encoding="utf-8")))
+    for path, old in targets:
+        new = render(old, parts)
+        if args.check:
+            if new != old:
+                print(f"{path} differs from the results files; run python benchmarks/readme_tables.py",
+                      file=sys.stderr)
+                return 1
+            continue
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(new, encoding="utf-8")
+        tmp.replace(path)
     return 0
 
 

@@ -27,6 +27,13 @@ def test_the_committed_readme_matches_the_results_files():
     assert rt.render(text, parts) == text, "run: python benchmarks/readme_tables.py"
 
 
+def test_the_top_level_readme_places_generated_parts_exactly():
+    rt = _script()
+    text = (BENCHMARKS.parent / "README.md").read_text(encoding="utf-8")
+    assert "<!-- table:serve-conversations -->" in text
+    assert rt.render(text, rt.generated()) == text, "run: python benchmarks/readme_tables.py"
+
+
 def test_a_changed_result_changes_the_readme(tmp_path):
     rt = _script()
     results = tmp_path / "results"
