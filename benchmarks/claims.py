@@ -1,0 +1,249 @@
+"""Claim-level confidence on compound questions: the benchmark of docs/claims.md.
+
+A claim set with exact labels that runs on a CPU: prompts of 2-4 questions
+("Answer each question in one short sentence. 1. … 2. …", one fixed worked
+example in the conversation), from the starter set and the HonestyBench-mini
+in-domain test questions, answered by the embedded model (SmolLM2-135M). Each
+sentence of an answer is a claim, labelled by the gold aliases of the question
+at its position. Echoed questions, answers to another question of the prompt,
+repeated lines and lines past the last question are detected, counted and left
+out of the claim metrics (docs/claims.md "Labels").
+
+Phase one (claims_generate.py) writes the answers; this script, phase two:
+
+- scores every claim estimator (values cached per method in
+  ``benchmarks/cache/claims/values.json``, so a killed run resumes), timing each;
+- claim AUROC / ECE / PRR / AURC per estimator, intervals bootstrapped by answer;
+- the same questions asked alone, scored by the matching answer-level estimator:
+  the AUROC gap (in the answer minus alone), paired bootstrap by prompt;
+- refinement: factual precision at 50 / 75 / 90% of claims kept;
+- cost per answer of each estimator against generating the answer;
+- agreement with lm-polygraph's claim estimators (its own venv; skipped with a
+  reason when absent).
+
+    python benchmarks/claims_generate.py --prompts 96 --k 3
+    python benchmarks/claims.py [--ccp-answers 24] [--bootstrap 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from claims_data import CLAIMS_CACHE, TOKENS_PER_QUESTION
+from common import RESULTS, Timer, logger, setup_logging, write_json
+from polygraph_claims import polygraph_python, run_polygraph
+
+from candor.annotation.claim_labels import label_compound
+from candor.annotation.claims import split_claims
+from candor.annotation.prompts import TEMPLATES
+from candor.annotation.records import Record, read_records
+from candor.backends import load_backend
+from candor.backends.base import SamplingParams
+from candor.backends.default_model import resolve_embedded
+from candor.estimators.base import get_estimator
+from candor.estimators.claim_base import contexts_from_records
+from candor.estimators.claim_ccp import ClaimCCP, is_functional, token_alternatives
+from candor.estimators.claim_scoring import built, claim_estimator_names
+from candor.evaluation.claims import claim_metrics, paired_gap, precision_at_kept
+from candor.util.cpu import describe
+
+MODEL = "smollm2-135m"
+OUT = RESULTS / "claims.json"
+VALUES = CLAIMS_CACHE / "values.json"
+# The answer-level estimator each claim estimator is compared with on the questions asked alone.
+ALONE = {
+    "claim-prob": "prob", "claim-perplexity": "n-prob", "claim-max-entropy": "token-entropy-max",
+    "claim-ptrue": "p-true", "claim-consistency": "consis-lex", "claim-ccp": None,
+}  # fmt: skip
+POLYGRAPH = {
+    "claim-prob": ("MaximumClaimProbability", lambda v: np.exp(-np.asarray(v))),
+    "claim-perplexity": ("PerplexityClaim", lambda v: np.exp(-np.asarray(v))),
+    "claim-max-entropy": ("MaxTokenEntropyClaim", lambda v: np.exp(-np.asarray(v))),
+    "claim-ccp": ("ClaimConditionedProbabilityClaim", lambda v: -np.asarray(v)),
+}
+
+
+def load_compound() -> list[Record]:
+    records = read_records(CLAIMS_CACHE / "compound.jsonl")
+    for rec in records:
+        rec.claims = split_claims(rec.greedy.text, rec.greedy)
+    return records
+
+
+def score_all(records: list[Record], backend: Any, ccp_answers: int) -> tuple[dict[str, list[list[float]]], dict]:
+    """Every claim estimator's values per record (cached by method and record ids), and its seconds."""
+    cache = json.loads(VALUES.read_text()) if VALUES.exists() else {}
+    ids = [r.id for r in records]
+    out, seconds = {}, {}
+    for name in claim_estimator_names():
+        subset = records[:ccp_answers] if name == "claim-ccp" else records
+        key = f"{name}:{len(subset)}"
+        entry = cache.get(key)
+        if entry is None or entry["ids"] != ids[: len(subset)]:
+            estimator = built(name, backend, {})
+            with Timer() as t:
+                values = estimator.estimate(contexts_from_records(subset, backend), backend)
+            entry = {"ids": ids[: len(subset)], "values": [v.tolist() for v in values], "wall": t.wall, "cpu": t.cpu}
+            if isinstance(estimator, ClaimCCP):
+                entry["judge_pairs"] = estimator.asked
+            cache[key] = entry
+            VALUES.write_text(json.dumps(cache))
+            logger.info("%s: %d answers in %.1fs", name, len(subset), t.wall)
+        out[name] = entry["values"]
+        seconds[name] = {k: entry.get(k) for k in ("wall", "cpu", "judge_pairs")} | {"answers": len(subset)}
+    return out, seconds
+
+
+def flat(records: list[Record], values: list[list[float]]) -> tuple[list[float], list[int], list[str]]:
+    """Scored claims only: (confidences, labels, answer ids)."""
+    conf, y, g = [], [], []
+    for rec, vals in zip(records, values, strict=False):
+        for claim, v in zip(rec.claims or [], vals, strict=True):
+            if claim.scored:
+                conf.append(v)
+                y.append(int(claim.label))  # type: ignore[arg-type]
+                g.append(rec.id)
+    return conf, y, g
+
+
+def first_claims(records: list[Record], values: list[list[float]]) -> dict[tuple[str, int], tuple[float, int]]:
+    """Per (prompt, question position): the first scored claim's value and label."""
+    out: dict[tuple[str, int], tuple[float, int]] = {}
+    for rec, vals in zip(records, values, strict=False):
+        for claim, v in zip(rec.claims or [], vals, strict=True):
+            if claim.scored and claim.question is not None:
+                out.setdefault((rec.id, claim.question), (v, int(claim.label)))  # type: ignore[arg-type]
+    return out
+
+
+def alone_comparison(records, values, alone, backend, bootstrap) -> dict[str, Any]:
+    """AUROC of each claim estimator in the answer against its answer-level match on the questions alone."""
+    by_id = {r.id: r for r in alone}
+    out: dict[str, Any] = {}
+    for name, answer_level in ALONE.items():
+        if answer_level is None or name not in values:
+            out[name] = {"answer_level": None, "note": "no answer-level counterpart"}
+            continue
+        pairs = first_claims(records, values[name])
+        matched = []
+        for rec in records:
+            for position, part in enumerate(rec.item.meta["parts"]):
+                if (rec.id, position) in pairs and part["id"] in by_id:
+                    matched.append((rec.id, pairs[(rec.id, position)], by_id[part["id"]]))
+        alone_recs = [m[2] for m in matched]
+        with Timer():
+            alone_conf = get_estimator(answer_level).estimate(alone_recs, backend)
+        inside = ([m[1][0] for m in matched], [m[1][1] for m in matched], [m[0] for m in matched])
+        outside = (alone_conf.tolist(), [int(r.greedy_correct) for r in alone_recs], [m[0] for m in matched])
+        out[name] = {
+            "answer_level": answer_level, "questions": len(matched),
+            "in_answer": claim_metrics(*inside, metrics=["auroc"], bootstrap=bootstrap)["auroc"],
+            "alone": claim_metrics(*outside, metrics=["auroc"], bootstrap=bootstrap)["auroc"],
+            "gap_auroc": paired_gap(inside, outside, "auroc", bootstrap=bootstrap),
+            "accuracy_in_answer": float(np.mean(inside[1])), "accuracy_alone": float(np.mean(outside[1])),
+        }  # fmt: skip
+    return out
+
+
+def generation_cost(records: list[Record], backend: Any, n: int) -> dict[str, float]:
+    """Seconds per answer to generate the greedy answer again, for ``n`` prompts (the cost baseline)."""
+    template = TEMPLATES.get("compound")
+    sample = records[:n]
+    with Timer() as t:
+        for rec in sample:
+            size = len(rec.item.meta["parts"])
+            backend.generate([template(rec.item, backend)], 0, SamplingParams(max_new_tokens=TOKENS_PER_QUESTION * size))
+    return {"answers": len(sample), "wall_per_answer": t.wall / len(sample), "cpu_per_answer": t.cpu / len(sample)}
+
+
+def polygraph_agreement(records: list[Record], values: dict, backend: Any, n: int) -> dict[str, Any]:
+    """Max |candor − lm-polygraph| per estimator on the first ``n`` answers (lm-polygraph's venv)."""
+    python = polygraph_python()
+    if python is None:
+        return {"skipped": "lm-polygraph venv absent (/work/polygraph-venv; see benchmarks/peer_polygraph.py)"}
+    sample = [r for r in records[:n] if r.claims]
+    contexts = contexts_from_records(sample, backend)
+    ccp = ClaimCCP(judge="lexical")
+    decisions = ccp.decisions(contexts)
+    answers = []
+    for ctx, dec in zip(contexts, decisions, strict=True):
+        answers.append({
+            "prompt_ids": backend.encode([ctx.prompt])[0], "answer_ids": list(ctx.answer.token_ids),
+            "logprobs": list(ctx.answer.logprobs), "claims": [c.tokens for c in ctx.claims],
+            "alternatives": token_alternatives(ctx.answer), "decisions": dec,
+            "functional": [is_functional(t) for t in ctx.answer.tokens],
+        })  # fmt: skip
+    theirs = run_polygraph(python, {"model_path": str(resolve_embedded(MODEL)), "answers": answers, "threads": 2})
+    mine = {
+        "claim-prob": built("claim-prob", None, {}).estimate(contexts),
+        "claim-perplexity": built("claim-perplexity", None, {}).estimate(contexts),
+        "claim-max-entropy": built("claim-max-entropy", backend, {}).estimate(contexts, backend),
+        "claim-ccp": ccp.estimate(contexts),
+    }
+    out: dict[str, Any] = {"answers": len(sample), "claims": sum(len(c.claims) for c in contexts)}
+    for name, (theirs_name, to_conf) in POLYGRAPH.items():
+        a = np.concatenate([np.asarray(v) for v in mine[name]])
+        b = np.concatenate([to_conf(v) for v in theirs[theirs_name]])
+        out[name] = {"polygraph": theirs_name, "max_abs_diff": float(np.max(np.abs(a - b)))}
+    out["ccp_judge"] = "lexical (the same decisions given to both)"
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ccp-answers", type=int, default=24, help="answers scored by claim-ccp (its llm judge is slow)")
+    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument("--polygraph-answers", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    setup_logging()
+    torch.set_num_threads(args.threads)
+    backend = load_backend(MODEL, "hf")
+    records = load_compound()
+    alone = read_records(CLAIMS_CACHE / "alone.jsonl") if (CLAIMS_CACHE / "alone.jsonl").exists() else []
+    labels = label_compound(records)
+    logger.info("claims: %s", labels)
+    values, seconds = score_all(records, backend, args.ccp_answers)
+    estimators, refinement = {}, {}
+    for name, vals in values.items():
+        scored = records[: len(vals)]
+        conf, y, g = flat(scored, vals)
+        estimators[name] = claim_metrics(conf, y, g, bootstrap=args.bootstrap) | {"claims": len(conf), "answers": len(set(g))}
+        refinement[name] = precision_at_kept(conf, y, g, bootstrap=args.bootstrap)
+    gen = generation_cost(records, backend, 8)
+    cost = {
+        name: {**s, "wall_per_answer": s["wall"] / s["answers"], "cpu_per_answer": s["cpu"] / s["answers"],
+               "wall_vs_generation": s["wall"] / s["answers"] / gen["wall_per_answer"]}
+        for name, s in seconds.items()
+    }  # fmt: skip
+    payload = {
+        "model": MODEL, "machine": describe(),
+        "size": {"prompts": len(records), "by_source": count_by_source(records), **labels,
+                 "k": records[0].provenance.get("k") if records else None, "alone_questions": len(alone)},
+        "estimators": estimators, "alone_vs_in_answer": alone_comparison(records, values, alone, backend, args.bootstrap),
+        "refinement": refinement, "cost": {"generation": gen, "estimators": cost},
+        "polygraph_agreement": polygraph_agreement(records, values, backend, args.polygraph_answers),
+        "command": "python benchmarks/claims_generate.py --prompts 96 --k 3 && python " + " ".join(sys.argv),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }  # fmt: skip
+    write_json(args.out, payload)
+    logger.info("wrote %s", args.out)
+
+
+def count_by_source(records: list[Record]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for rec in records:
+        out[rec.item.dataset] = out.get(rec.item.dataset, 0) + 1
+    return out
+
+
+if __name__ == "__main__":
+    main()
