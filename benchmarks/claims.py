@@ -50,7 +50,7 @@ from candor.backends.default_model import resolve_embedded
 from candor.estimators.base import get_estimator
 from candor.estimators.claim_base import contexts_from_records
 from candor.estimators.claim_ccp import ClaimCCP, is_functional, token_alternatives
-from candor.estimators.claim_scoring import built, claim_estimator_names
+from candor.estimators.claim_scoring import built
 from candor.evaluation.claims import claim_metrics, paired_gap, precision_at_kept
 from candor.util.cpu import describe
 
@@ -60,13 +60,15 @@ VALUES = CLAIMS_CACHE / "values.json"
 # The answer-level estimator each claim estimator is compared with on the questions asked alone.
 ALONE = {
     "claim-prob": "prob", "claim-perplexity": "n-prob", "claim-max-entropy": "token-entropy-max",
-    "claim-ptrue": "p-true", "claim-consistency": "consis-lex", "claim-ccp": None,
+    "claim-ptrue": "p-true", "claim-consistency": "consis-lex", "claim-ccp[lexical]": None, "claim-ccp[llm]": None,
 }  # fmt: skip
+# lm-polygraph's estimator for each row, and candor's confidence taken back to lm-polygraph's scale
+# (-log for the exponentiated ones, so tiny probabilities are compared where they differ).
 POLYGRAPH = {
-    "claim-prob": ("MaximumClaimProbability", lambda v: np.exp(-np.asarray(v))),
-    "claim-perplexity": ("PerplexityClaim", lambda v: np.exp(-np.asarray(v))),
-    "claim-max-entropy": ("MaxTokenEntropyClaim", lambda v: np.exp(-np.asarray(v))),
-    "claim-ccp": ("ClaimConditionedProbabilityClaim", lambda v: -np.asarray(v)),
+    "claim-prob": ("MaximumClaimProbability", lambda c: -np.log(c)),
+    "claim-perplexity": ("PerplexityClaim", lambda c: -np.log(c)),
+    "claim-max-entropy": ("MaxTokenEntropyClaim", lambda c: -np.log(c)),
+    "claim-ccp[lexical]": ("ClaimConditionedProbabilityClaim", lambda c: -c),
 }
 
 
@@ -77,27 +79,39 @@ def load_compound() -> list[Record]:
     return records
 
 
+# The rows scored: (row name, estimator, options, answers limit). claim-ccp's default judge (the
+# model itself) asks ~90 word pairs per answer: on this CPU it runs on a few answers only, and the
+# lexical judge gives the row on every answer.
+ROWS = [
+    ("claim-prob", "claim-prob", {}, None), ("claim-perplexity", "claim-perplexity", {}, None),
+    ("claim-max-entropy", "claim-max-entropy", {}, None), ("claim-ptrue", "claim-ptrue", {}, None),
+    ("claim-consistency", "claim-consistency", {}, None),
+    ("claim-ccp[lexical]", "claim-ccp", {"judge": "lexical"}, None), ("claim-ccp[llm]", "claim-ccp", {}, "ccp"),
+]  # fmt: skip
+
+
 def score_all(records: list[Record], backend: Any, ccp_answers: int) -> tuple[dict[str, list[list[float]]], dict]:
-    """Every claim estimator's values per record (cached by method and record ids), and its seconds."""
+    """Every row's values per record (cached per row and record id, so runs resume), and its seconds."""
     cache = json.loads(VALUES.read_text()) if VALUES.exists() else {}
-    ids = [r.id for r in records]
     out, seconds = {}, {}
-    for name in claim_estimator_names():
-        subset = records[:ccp_answers] if name == "claim-ccp" else records
-        key = f"{name}:{len(subset)}"
-        entry = cache.get(key)
-        if entry is None or entry["ids"] != ids[: len(subset)]:
-            estimator = built(name, backend, {})
+    for row, name, options, limit in ROWS:
+        subset = records[:ccp_answers] if limit == "ccp" else records
+        entry = cache.setdefault(row, {"values": {}, "wall": 0.0, "cpu": 0.0, "answers": 0, "judge_pairs": 0})
+        todo = [r for r in subset if r.id not in entry["values"]]
+        for start in range(0, len(todo), 8):  # saved every 8 answers
+            chunk = todo[start : start + 8]
+            estimator = built(name, backend, dict(options))
             with Timer() as t:
-                values = estimator.estimate(contexts_from_records(subset, backend), backend)
-            entry = {"ids": ids[: len(subset)], "values": [v.tolist() for v in values], "wall": t.wall, "cpu": t.cpu}
-            if isinstance(estimator, ClaimCCP):
-                entry["judge_pairs"] = estimator.asked
-            cache[key] = entry
+                values = estimator.estimate(contexts_from_records(chunk, backend), backend)
+            entry["values"].update({r.id: v.tolist() for r, v in zip(chunk, values, strict=True)})
+            entry["wall"] += t.wall
+            entry["cpu"] += t.cpu
+            entry["answers"] += len(chunk)
+            entry["judge_pairs"] += getattr(estimator, "asked", 0)
             VALUES.write_text(json.dumps(cache))
-            logger.info("%s: %d answers in %.1fs", name, len(subset), t.wall)
-        out[name] = entry["values"]
-        seconds[name] = {k: entry.get(k) for k in ("wall", "cpu", "judge_pairs")} | {"answers": len(subset)}
+            logger.info("%s: %d more answers in %.1fs", row, len(chunk), t.wall)
+        out[row] = [entry["values"][r.id] for r in subset]
+        seconds[row] = {k: entry[k] for k in ("wall", "cpu", "answers", "judge_pairs")}
     return out, seconds
 
 
@@ -185,12 +199,12 @@ def polygraph_agreement(records: list[Record], values: dict, backend: Any, n: in
         "claim-prob": built("claim-prob", None, {}).estimate(contexts),
         "claim-perplexity": built("claim-perplexity", None, {}).estimate(contexts),
         "claim-max-entropy": built("claim-max-entropy", backend, {}).estimate(contexts, backend),
-        "claim-ccp": ccp.estimate(contexts),
+        "claim-ccp[lexical]": ccp.estimate(contexts),
     }
     out: dict[str, Any] = {"answers": len(sample), "claims": sum(len(c.claims) for c in contexts)}
-    for name, (theirs_name, to_conf) in POLYGRAPH.items():
-        a = np.concatenate([np.asarray(v) for v in mine[name]])
-        b = np.concatenate([to_conf(v) for v in theirs[theirs_name]])
+    for name, (theirs_name, to_theirs) in POLYGRAPH.items():
+        a = to_theirs(np.concatenate([np.asarray(v) for v in mine[name]]))
+        b = np.concatenate([np.asarray(v, dtype=float) for v in theirs[theirs_name]])
         out[name] = {"polygraph": theirs_name, "max_abs_diff": float(np.max(np.abs(a - b)))}
     out["ccp_judge"] = "lexical (the same decisions given to both)"
     return out
@@ -198,7 +212,8 @@ def polygraph_agreement(records: list[Record], values: dict, backend: Any, n: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ccp-answers", type=int, default=24, help="answers scored by claim-ccp (its llm judge is slow)")
+    parser.add_argument("--ccp-answers", type=int, default=8, help="answers scored by claim-ccp with its llm judge (slow)")
+    parser.add_argument("--score-only", action="store_true", help="fill the values cache and stop (run beside generation)")
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--polygraph-answers", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
@@ -212,6 +227,8 @@ def main() -> None:
     labels = label_compound(records)
     logger.info("claims: %s", labels)
     values, seconds = score_all(records, backend, args.ccp_answers)
+    if args.score_only:
+        return
     estimators, refinement = {}, {}
     for name, vals in values.items():
         scored = records[: len(vals)]

@@ -169,3 +169,17 @@ def test_a_bad_claim_names_the_file_and_line(tmp_path):
     path.write_text(json.dumps(rec.to_dict()) + "\n" + json.dumps(line) + "\n")
     with pytest.raises(CandorError, match=r"bad\.jsonl:2: .*a claim needs text, start, end"):
         read_records(path)
+
+
+def test_llm_decomposer_parses_facts_and_maps_them_to_the_sentence_tokens():
+    from candor.annotation.claim_decomposer import fact_tokens, facts_of
+
+    reply = "Here are the facts:\n- Fitzgerald wrote the novel.\n-  \n- He was American.\nDone"
+    assert facts_of(reply) == ["Fitzgerald wrote the novel.", "He was American."]
+    texts = [" F", ".", " Scott", " Fitzgerald", " wrote", " it", ";", " he", " was", " American", "."]
+    sentence = list(range(11))
+    assert fact_tokens("Fitzgerald wrote the novel.", sentence, texts) == [3, 4]
+    assert fact_tokens("He was American.", sentence, texts) == [7, 9]
+    assert fact_tokens("Nothing shared here", [4, 5], texts) == [4, 5]  # no shared word: the whole sentence
+    with pytest.raises(CandorError, match="needs a backend"):
+        split_claims(ANSWER, completion(ANSWER), decomposer="llm")
