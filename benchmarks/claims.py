@@ -41,7 +41,7 @@ from common import RESULTS, Timer, logger, setup_logging, write_json
 from polygraph_claims import polygraph_python, run_polygraph
 
 from candor.annotation.claim_labels import label_compound
-from candor.annotation.claims import split_claims
+from candor.annotation.claim_split import split_claims
 from candor.annotation.prompts import TEMPLATES
 from candor.annotation.records import Record, read_records
 from candor.backends import load_backend
@@ -72,10 +72,10 @@ POLYGRAPH = {
 }
 
 
-def load_compound() -> list[Record]:
+def load_compound(backend: Any) -> list[Record]:
     records = read_records(CLAIMS_CACHE / "compound.jsonl")
     for rec in records:
-        rec.claims = split_claims(rec.greedy.text, rec.greedy)
+        rec.claims = split_claims(rec.greedy.text, rec.greedy, decode=backend.decode)
     return records
 
 
@@ -152,8 +152,7 @@ def alone_comparison(records, values, alone, backend, bootstrap) -> dict[str, An
                 if (rec.id, position) in pairs and part["id"] in by_id:
                     matched.append((rec.id, pairs[(rec.id, position)], by_id[part["id"]]))
         alone_recs = [m[2] for m in matched]
-        with Timer():
-            alone_conf = get_estimator(answer_level).estimate(alone_recs, backend)
+        alone_conf = get_estimator(answer_level).estimate(alone_recs, backend)
         inside = ([m[1][0] for m in matched], [m[1][1] for m in matched], [m[0] for m in matched])
         outside = (alone_conf.tolist(), [int(r.greedy_correct) for r in alone_recs], [m[0] for m in matched])
         out[name] = {
@@ -173,7 +172,9 @@ def generation_cost(records: list[Record], backend: Any, n: int) -> dict[str, fl
     with Timer() as t:
         for rec in sample:
             size = len(rec.item.meta["parts"])
-            backend.generate([template(rec.item, backend)], 0, SamplingParams(max_new_tokens=TOKENS_PER_QUESTION * size))
+            backend.generate(
+                [template(rec.item, backend)], 0, SamplingParams(max_new_tokens=TOKENS_PER_QUESTION * size)
+            )
     return {"answers": len(sample), "wall_per_answer": t.wall / len(sample), "cpu_per_answer": t.cpu / len(sample)}
 
 
@@ -212,17 +213,21 @@ def polygraph_agreement(records: list[Record], values: dict, backend: Any, n: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ccp-answers", type=int, default=8, help="answers scored by claim-ccp with its llm judge (slow)")
-    parser.add_argument("--score-only", action="store_true", help="fill the values cache and stop (run beside generation)")
+    parser.add_argument(
+        "--ccp-answers", type=int, default=2, help="answers scored by claim-ccp with its llm judge (slow)"
+    )
+    parser.add_argument(
+        "--score-only", action="store_true", help="fill the values cache and stop (run beside generation)"
+    )
     parser.add_argument("--bootstrap", type=int, default=1000)
-    parser.add_argument("--polygraph-answers", type=int, default=16)
+    parser.add_argument("--polygraph-answers", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     setup_logging()
     torch.set_num_threads(args.threads)
     backend = load_backend(MODEL, "hf")
-    records = load_compound()
+    records = load_compound(backend)
     alone = read_records(CLAIMS_CACHE / "alone.jsonl") if (CLAIMS_CACHE / "alone.jsonl").exists() else []
     labels = label_compound(records)
     logger.info("claims: %s", labels)
@@ -233,7 +238,10 @@ def main() -> None:
     for name, vals in values.items():
         scored = records[: len(vals)]
         conf, y, g = flat(scored, vals)
-        estimators[name] = claim_metrics(conf, y, g, bootstrap=args.bootstrap) | {"claims": len(conf), "answers": len(set(g))}
+        estimators[name] = claim_metrics(conf, y, g, bootstrap=args.bootstrap) | {
+            "claims": len(conf),
+            "answers": len(set(g)),
+        }
         refinement[name] = precision_at_kept(conf, y, g, bootstrap=args.bootstrap)
     gen = generation_cost(records, backend, 8)
     cost = {
@@ -245,7 +253,8 @@ def main() -> None:
         "model": MODEL, "machine": describe(),
         "size": {"prompts": len(records), "by_source": count_by_source(records), **labels,
                  "k": records[0].provenance.get("k") if records else None, "alone_questions": len(alone)},
-        "estimators": estimators, "alone_vs_in_answer": alone_comparison(records, values, alone, backend, args.bootstrap),
+        "estimators": estimators,
+        "alone_vs_in_answer": alone_comparison(records, values, alone, backend, args.bootstrap),
         "refinement": refinement, "cost": {"generation": gen, "estimators": cost},
         "polygraph_agreement": polygraph_agreement(records, values, backend, args.polygraph_answers),
         "command": "python benchmarks/claims_generate.py --prompts 96 --k 3 && python " + " ".join(sys.argv),

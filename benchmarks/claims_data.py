@@ -53,11 +53,16 @@ def compound_items(source: str, questions: Sequence[QAItem], prompts: int) -> li
         if len(parts) < size:
             break
         at += size
-        out.append(QAItem(
-            id=f"compound:{source}:{p:04d}", dataset=f"compound-{source}", split="test",
-            question=numbered([q.question for q in parts]), answers=(),
-            meta={"parts": [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in parts]},
-        ))
+        out.append(
+            QAItem(
+                id=f"compound:{source}:{p:04d}",
+                dataset=f"compound-{source}",
+                split="test",
+                question=numbered([q.question for q in parts]),
+                answers=(),
+                meta={"parts": [{"id": q.id, "question": q.question, "answers": list(q.answers)} for q in parts]},
+            )
+        )
     return out
 
 
@@ -110,7 +115,8 @@ def generate_alone(
     """Every part of every compound item asked alone (``fewshot``), annotated as HonestyBench-mini is."""
     parts = [
         QAItem(id=p["id"], dataset=item.dataset, split="test", question=p["question"], answers=tuple(p["answers"]))
-        for item in items for p in item.meta["parts"]
+        for item in items
+        for p in item.meta["parts"]
     ]
     config = AnnotateConfig(k=k, params=SamplingParams(max_new_tokens=32), batch_size=batch_size)
     annotate(parts, backend, path, TEMPLATES.get("fewshot"), config, progress=False)

@@ -9,8 +9,8 @@ formula is compared given the same decisions). lm-polygraph computes:
 - ``MaximumClaimProbability``, ``PerplexityClaim`` from the log-probs;
 - ``MaxTokenEntropyClaim`` from the entropies its own ``EntropyCalculator``
   derives from full-vocabulary log-probs, which this script computes with the
-  model in this venv (one teacher-forced pass, float32 as lm-polygraph's
-  ``GreedyProbsCalculator``);
+  model in this venv (one teacher-forced pass of the float32 model; log-probs in
+  float64, as candor's, since float32 log-probs alone drift by ~5e-6 nats);
 - ``ClaimConditionedProbabilityClaim`` (``no_context``) from the alternatives and
   the decisions, its stopword test given candor's functional-token flags.
 
@@ -40,8 +40,12 @@ def polygraph_python(venv: Path = DEFAULT_VENV) -> Path | None:
 def run_polygraph(python: Path, job: dict[str, Any], timeout: float = 900) -> dict[str, list[list[float]]]:
     """This script under ``python`` on ``job``; lm-polygraph's values by estimator name."""
     done = subprocess.run(
-        [str(python), str(Path(__file__).resolve())], input=json.dumps(job), capture_output=True, text=True,
-        timeout=timeout, check=False,
+        [str(python), str(Path(__file__).resolve())],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     if done.returncode != 0:
         raise RuntimeError(f"lm-polygraph child failed:\n{done.stderr[-3000:]}")
@@ -63,7 +67,9 @@ def entropies(job: dict[str, Any]) -> list[list[float]]:
             logits = model(ids).logits[0]
             n = len(answer["answer_ids"])
             start = len(answer["prompt_ids"]) - 1
-            log_probs.append(logits[start : start + n].log_softmax(-1).numpy())
+            # float64, as candor computes them: lm-polygraph's float32 log-probs drift by ~5e-6 nats
+            # (measured) in its float32 sum over the vocabulary, which is rounding, not the estimator.
+            log_probs.append(logits[start : start + n].double().log_softmax(-1).numpy())
     return EntropyCalculator()({"greedy_log_probs": log_probs})["entropy"]
 
 

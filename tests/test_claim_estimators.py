@@ -11,7 +11,7 @@ from sklearn.metrics import roc_auc_score
 from candor.annotation.claims import Claim
 from candor.backends.base import Completion
 from candor.estimators.claim_base import ClaimContext
-from candor.estimators.claim_ccp import CONTRA, ENTAIL, NEUTRAL, ClaimCCP, combine, token_ccp_log
+from candor.estimators.claim_ccp import CONTRA, ENTAIL, NEUTRAL, combine, token_ccp_log
 from candor.estimators.claim_scoring import claim_estimator_names, get_claim_estimator, score_claims
 from candor.evaluation.claims import (
     claim_metrics,
@@ -179,3 +179,23 @@ def test_paired_gap_is_the_difference_of_the_two_metrics():
     gap = paired_gap((c1, y1, g), (c2, y2, g), "auroc", bootstrap=200)
     assert gap["value"] == pytest.approx(roc_auc_score(y1, c1) - roc_auc_score(y2, c2))
     assert gap["ci"][0] < gap["value"] < gap["ci"][1]
+
+
+def test_claim_max_entropy_equals_a_direct_forward_pass(tiny_backend, tiny_model):
+    import torch
+
+    from candor.annotation.claim_split import split_claims
+    from candor.backends.base import SamplingParams
+
+    prompt = "Question: who wrote Hamlet?\nAnswer:"
+    answer_ = tiny_backend.generate([prompt], 0, SamplingParams(max_new_tokens=10), greedy=True)[0].greedy
+    claims = [Claim("a", 0, 1, [0, 1, 2]), Claim("b", 1, 2, list(range(3, len(answer_.token_ids))))]
+    values = score_claims("claim-max-entropy", answer_, claims, tiny_backend, prompt=prompt)
+    ids = tiny_backend.encode([prompt])[0] + list(answer_.token_ids)
+    with torch.no_grad():
+        logp = torch.log_softmax(tiny_model(torch.tensor([ids])).logits[0].double(), -1)
+    start = len(ids) - len(answer_.token_ids) - 1
+    entropy = -(logp.exp() * logp).sum(-1)[start : start + len(answer_.token_ids)].numpy()
+    assert values == pytest.approx([math.exp(-entropy[c.tokens].max()) for c in claims], abs=1e-6)
+    # the sentence splitter maps claims onto this answer's tokens through the backend's decode
+    assert all(c.tokens for c in split_claims(answer_.text, answer_, decode=tiny_backend.decode) if c.text.strip())

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from candor.annotation.claim_labels import claim_positions, is_echo, label_compound
-from candor.annotation.claims import Claim, refine, split_claims, token_offsets
+from candor.annotation.claim_split import split_claims
+from candor.annotation.claims import Claim, refine, token_offsets
 from candor.annotation.records import Record, read_records, write_records
 from candor.backends.base import Completion
 from candor.data.items import QAItem
@@ -41,7 +42,9 @@ def test_sentence_claims_have_exact_spans_and_overlapping_tokens():
 
 
 def test_token_offsets_decode_when_token_texts_do_not_join():
-    comp = Completion(text="héllo world", token_ids=[1, 2, 3], tokens=["h\ufffd", "\ufffdllo", " world"], logprobs=[0, 0, 0])
+    comp = Completion(
+        text="héllo world", token_ids=[1, 2, 3], tokens=["h\ufffd", "\ufffdllo", " world"], logprobs=[0, 0, 0]
+    )
     pieces = {1: "h", 2: "é", 3: "llo world"}  # a decode that only joins whole characters
     with pytest.raises(CandorError, match="decode"):
         token_offsets(comp)
@@ -67,7 +70,10 @@ def test_refine_remove_and_mark_agree_with_the_removed_claims():
             assert claim.text in text
     marked, same = refine(ANSWER, claims, values, threshold=0.5, mode="mark")
     assert same == removed
-    assert marked == "1. The capital of France is Paris.\n2. [?F. Scott Fitzgerald wrote it]; he was American.\n3. [?Gold is Au.]"
+    assert (
+        marked
+        == "1. The capital of France is Paris.\n2. [?F. Scott Fitzgerald wrote it]; he was American.\n3. [?Gold is Au.]"
+    )
     assert refine(ANSWER, claims, values, threshold=0.0) == (ANSWER, [])
 
 
@@ -84,7 +90,11 @@ def test_refine_refuses_bad_input():
 
 def compound_record(text: str, parts: list[tuple[str, list[str]]]) -> Record:
     item = QAItem(
-        id="compound:0", dataset="compound-starter", split="test", question="\n".join(q for q, _ in parts), answers=(),
+        id="compound:0",
+        dataset="compound-starter",
+        split="test",
+        question="\n".join(q for q, _ in parts),
+        answers=(),
         meta={"parts": [{"id": f"q{i}", "question": q, "answers": a} for i, (q, a) in enumerate(parts)]},
     )
     rec = Record(item=item, greedy=completion(text), samples=[])
@@ -150,8 +160,14 @@ def test_records_keep_claims_and_old_records_stay_readable(tmp_path):
     back = read_records(path)[0]
     assert back.claims == rec.claims
     line = json.loads(path.read_text())
-    assert line["claims"][0] == {"text": "The capital of France is Paris.", "start": 3, "end": 34,
-                                 "tokens": rec.claims[0].tokens, "question": 0, "label": 1}
+    assert line["claims"][0] == {
+        "text": "The capital of France is Paris.",
+        "start": 3,
+        "end": 34,
+        "tokens": rec.claims[0].tokens,
+        "question": 0,
+        "label": 1,
+    }
     # a record written before claims existed: no key, read as None, written back without the key
     old = {k: v for k, v in line.items() if k != "claims"}
     old_path = tmp_path / "old.jsonl"
@@ -172,14 +188,14 @@ def test_a_bad_claim_names_the_file_and_line(tmp_path):
 
 
 def test_llm_decomposer_parses_facts_and_maps_them_to_the_sentence_tokens():
-    from candor.annotation.claim_decomposer import fact_tokens, facts_of
+    from candor.annotation.claim_split import fact_tokens, facts_of
 
     reply = "Here are the facts:\n- Fitzgerald wrote the novel.\n-  \n- He was American.\nDone"
     assert facts_of(reply) == ["Fitzgerald wrote the novel.", "He was American."]
     texts = [" F", ".", " Scott", " Fitzgerald", " wrote", " it", ";", " he", " was", " American", "."]
     sentence = list(range(11))
     assert fact_tokens("Fitzgerald wrote the novel.", sentence, texts) == [3, 4]
-    assert fact_tokens("He was American.", sentence, texts) == [7, 9]
+    assert fact_tokens("He was American.", sentence, texts) == [9]  # "he", "was": function words
     assert fact_tokens("Nothing shared here", [4, 5], texts) == [4, 5]  # no shared word: the whole sentence
     with pytest.raises(CandorError, match="needs a backend"):
         split_claims(ANSWER, completion(ANSWER), decomposer="llm")

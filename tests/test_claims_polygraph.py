@@ -55,9 +55,12 @@ def test_claim_estimators_equal_lm_polygraph(contexts, tiny_model_dir):
         "model_path": tiny_model_dir,
         "answers": [
             {
-                "prompt_ids": backend.encode([c.prompt])[0], "answer_ids": list(c.answer.token_ids),
-                "logprobs": list(c.answer.logprobs), "claims": [cl.tokens for cl in c.claims],
-                "alternatives": token_alternatives(c.answer), "decisions": d,
+                "prompt_ids": backend.encode([c.prompt])[0],
+                "answer_ids": list(c.answer.token_ids),
+                "logprobs": list(c.answer.logprobs),
+                "claims": [cl.tokens for cl in c.claims],
+                "alternatives": token_alternatives(c.answer),
+                "decisions": d,
                 "functional": [is_functional(t) for t in c.answer.tokens],
             }  # fmt: skip
             for c, d in zip(ctxs, decisions, strict=True)
@@ -80,6 +83,8 @@ def test_claim_estimators_equal_lm_polygraph(contexts, tiny_model_dir):
     assert np.max(np.abs(mine("claim-ccp") - (-flat("ClaimConditionedProbabilityClaim")))) <= 1e-6
     assert np.ptp(flat("ClaimConditionedProbabilityClaim")) > 0  # not all 1: some alternatives contradicted
     # and the comparison can fail: a claim shifted by one token no longer matches
-    shifted = [ClaimContext(c.prompt, "", c.answer, [Claim("a", 0, 1, [t + 1 for t in c.claims[0].tokens])]) for c in ctxs]
+    shifted = [
+        ClaimContext(c.prompt, "", c.answer, [Claim("a", 0, 1, [t + 1 for t in c.claims[0].tokens])]) for c in ctxs
+    ]
     moved = np.concatenate(get_claim_estimator("claim-prob").estimate(shifted))
     assert np.max(np.abs(-np.log(moved) - flat("MaximumClaimProbability")[[0, 3]])) > 1e-3

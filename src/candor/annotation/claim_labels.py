@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from candor.annotation.claims import Claim
+from candor.annotation.claims import FUNCTION_WORDS, Claim
 from candor.annotation.judges import CorrectnessJudge, get_correctness_judge, parse_verdict
 from candor.annotation.prompts import COMPOUND_EXAMPLE
 from candor.annotation.records import Record
@@ -38,10 +38,6 @@ from candor.util.errors import CandorError
 logger = logging.getLogger(__name__)
 
 FAILURES = ("repeated", "echo", "other-question", "extra")
-FUNCTION_WORDS = frozenset(
-    "a an the is are was were be been of in on at to for by with from and or it its this that which who whom "
-    "what when where why how do does did".split()
-)
 _MARKER_NUMBER = re.compile(r"^\s*(\d{1,3})[.)]\s+")
 
 
@@ -137,15 +133,15 @@ def label_compound(records: Sequence[Record], judge: CorrectnessJudge | None = N
     }  # fmt: skip
 
 
-FREE_CLAIM_PROMPT = (
-    "Is the following statement true? Reply with one word, yes or no.\nStatement: {claim}"
-)
+FREE_CLAIM_PROMPT = "Is the following statement true? Reply with one word, yes or no.\nStatement: {claim}"
 
 
 def label_free_claims(records: Sequence[Record], backend: Backend, batch_size: int = 16) -> None:
     """Label every claim of free answers by asking ``backend`` whether it is true (``llm`` judge)."""
     claims = [c for rec in records for c in rec.claims or []]
-    prompts = [backend.render_chat([{"role": "user", "content": FREE_CLAIM_PROMPT.format(claim=c.text)}]) for c in claims]
+    prompts = [
+        backend.render_chat([{"role": "user", "content": FREE_CLAIM_PROMPT.format(claim=c.text)}]) for c in claims
+    ]
     params = SamplingParams(max_new_tokens=4)
     replies: list[str] = []
     for start in range(0, len(prompts), batch_size):

@@ -8,12 +8,10 @@ tokens it rests on (``tokens``, indices into ``completion.token_ids``). A
 claim-level confidence reduces the answer's per-token numbers over ``tokens``,
 as lm-polygraph's ``aligned_token_ids`` do.
 
-Decomposers (registry :data:`DECOMPOSERS`) split an answer into claims:
-
-- ``sentence`` (default, no model): one claim per sentence, list item or line,
-  and clauses split at ``;``; list markers (``1.``, ``-``) are left out of the
-  claim; a token belongs to a claim when its characters overlap the claim's.
-- ``llm``: atomic facts from a backend (:mod:`candor.annotation.claim_decomposer`).
+The decomposers that split an answer into claims are in
+:mod:`candor.annotation.claim_split` (``split_claims``); this module holds what
+they share: the spans of sentences (:func:`sentence_spans`) and of tokens
+(:func:`token_offsets`).
 
 :func:`refine` drops (or marks) the claims whose confidence is below a threshold.
 """
@@ -27,7 +25,6 @@ from typing import Any, Literal
 
 from candor.backends.base import Completion
 from candor.util.errors import CandorError
-from candor.util.registry import Registry
 
 
 @dataclass
@@ -82,10 +79,24 @@ class Claim:
             raise ValueError(f"a claim needs text, start, end and integer tokens ({exc})") from None
 
 
+# Function words (English): they carry no fact of a claim (echo detection, fact-to-token mapping, CCP).
+FUNCTION_WORDS = frozenset(
+    {
+        "a", "an", "the", "and", "or", "but", "if", "of", "at", "by", "for", "with", "about", "to", "from",
+        "in", "on", "into", "over", "under", "is", "are", "was", "were", "be", "been", "being", "am", "has",
+        "have", "had", "do", "does", "did", "it", "its", "this", "that", "these", "those", "he", "she", "they",
+        "them", "his", "her", "their", "we", "our", "you", "your", "i", "me", "my", "as", "so", "than", "then",
+        "there", "here", "which", "who", "whom", "whose", "what", "when", "where", "why", "how"
+    }
+)  # fmt: skip
+
+
 # ---------------------------------------------------------------- token offsets
 
 
-def token_offsets(completion: Completion, decode: Callable[[Sequence[int]], str] | None = None) -> list[tuple[int, int]]:
+def token_offsets(
+    completion: Completion, decode: Callable[[Sequence[int]], str] | None = None
+) -> list[tuple[int, int]]:
     """The character span of each generated token in ``completion.text``.
 
     The token texts joined give the text (up to the surrounding whitespace a
@@ -159,37 +170,6 @@ def _pieces(line: str, start: int) -> list[tuple[int, int]]:
             right = a + len(piece.rstrip(" ;\t"))
             spans.append((left, right))
     return spans
-
-
-Decomposer = Callable[..., list[Claim]]
-DECOMPOSERS: Registry[Decomposer] = Registry("claim decomposer")
-
-
-@DECOMPOSERS.register("sentence")
-def split_sentences(
-    answer_text: str, completion: Completion, *, decode: Callable[[Sequence[int]], str] | None = None
-) -> list[Claim]:
-    """One claim per sentence or clause (see the module docstring)."""
-    offsets = token_offsets(completion, decode) if completion.tokens else []
-    return [
-        Claim(answer_text[start:end], start, end, tokens_in_span(offsets, start, end))
-        for start, end in sentence_spans(answer_text)
-    ]
-
-
-def split_claims(
-    answer_text: str, completion: Completion, decomposer: str = "sentence", **options: Any
-) -> list[Claim]:
-    """Split an answer into claims with the named decomposer (``sentence``, ``llm``).
-
-    ``answer_text`` must be ``completion.text`` (the spans index it).
-    Options go to the decomposer (``decode``; ``backend`` for ``llm``).
-    """
-    if answer_text != completion.text:
-        raise CandorError("split_claims: answer_text is not the completion's text; claim spans index that text")
-    if decomposer == "llm":  # registered by its own module, loaded on first use
-        import candor.annotation.claim_decomposer  # noqa: F401
-    return DECOMPOSERS.get(decomposer)(answer_text, completion, **options)
 
 
 # ---------------------------------------------------------------- refinement

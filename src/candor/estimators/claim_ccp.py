@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.claims import FUNCTION_WORDS
 from candor.annotation.judges import get_consistency_judge
 from candor.annotation.text_matching import normalize
 from candor.backends.base import LOGPROBS, TOP_LOGPROBS, Backend, Completion
@@ -38,12 +39,6 @@ from candor.estimators.claim_methods import claim_token_values
 from candor.util.errors import CandorError
 
 ENTAIL, CONTRA, NEUTRAL = "entail", "contra", "neutral"
-# Function words: their alternatives do not change what a claim says (English).
-FUNCTION_WORDS = frozenset(
-    "a an the and or but if of at by for with about to from in on into over under is are was were be been "
-    "being am has have had do does did it its this that these those he she they them his her their we our "
-    "you your i me my as so than then there here which who whom whose what when where why how not no".split()
-)
 
 
 def strip_word(token: str) -> str:
@@ -90,7 +85,9 @@ class ClaimCCP(ClaimEstimator):
     name = "claim-ccp"
     requires = frozenset({LOGPROBS, TOP_LOGPROBS})
 
-    def __init__(self, judge: str = "llm", backend: Backend | None = None, judge_backend: Backend | None = None) -> None:
+    def __init__(
+        self, judge: str = "llm", backend: Backend | None = None, judge_backend: Backend | None = None
+    ) -> None:
         judge_backend = judge_backend or backend
         if judge == "llm" and judge_backend is None:
             raise CandorError("claim-ccp's default judge is the model itself: pass backend= (or judge='lexical')")

@@ -124,11 +124,16 @@ class ClaimPTrue(ClaimEstimator):
     def _estimate(self, contexts: Sequence[ClaimContext], backend: Backend | None) -> list[np.ndarray]:
         assert backend is not None
         prompts = [
-            render_turns(backend, None, f"Question: {ctx.question}\nProposed answer: {c.text}\n{PTRUE_QUESTION}", PTRUE_CUE)
+            render_turns(backend, None, claim_ptrue_user(ctx.question, c.text), PTRUE_CUE)
             for ctx in contexts for c in ctx.claims
         ]  # fmt: skip
         flat = candidate_distribution(backend, prompts, LABELS)[:, 0]
         return regroup(flat, contexts)
+
+
+def claim_ptrue_user(question: str, claim: str) -> str:
+    """The user turn of claim p-true: the question, the claim as the proposed answer, the True/False ask."""
+    return f"Question: {question}\nProposed answer: {claim}\n{PTRUE_QUESTION}"
 
 
 def regroup(flat: Sequence[float], contexts: Sequence[ClaimContext]) -> list[np.ndarray]:
@@ -171,4 +176,3 @@ class ClaimConsistency(ClaimEstimator):
         for (i, j, s), verdict in zip(owners, verdicts, strict=True):
             support[i][j, s] = max(support[i][j, s], verdict)
         return [m.mean(axis=1) for m in support]
-

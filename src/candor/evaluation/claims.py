@@ -149,3 +149,17 @@ def paired_gap(
             i2 = np.concatenate([rows2[n] for n in drawn])
             boot.append(fn(c1[i1], y1[i1]) - fn(c2[i2], y2[i2]))
     return {"value": _num(value), "ci": _interval(boot, alpha) if bootstrap else []}
+
+
+def refinement_rows(
+    columns: dict[str, tuple[Sequence[float], Sequence[int]]], points: int = 200
+) -> list[dict[str, Any]]:
+    """The refinement curve of each claim column as chart rows (``method``, ``kept``, ``precision``)."""
+    rows = []
+    for method, (conf, correct) in columns.items():
+        curve = refinement_curve(conf, correct)
+        step = max(1, len(curve["kept"]) // points)
+        keep = sorted(set(range(0, len(curve["kept"]), step)) | {len(curve["kept"]) - 1})
+        rows.extend({"method": method, "kept": round(curve["kept"][i], 4), "precision": round(curve["precision"][i], 4),
+                     "threshold": round(curve["threshold"][i], 4)} for i in keep)  # fmt: skip
+    return rows

@@ -99,11 +99,13 @@ def write_report(
     counts: Mapping[str, Mapping[str, Any]] | None = None,
     records: Sequence[Record] | None = None,
     command: str | None = None,
+    claims: Sequence[Mapping[str, Any]] | None = None,
 ) -> ReportResult:
     """Evaluate ``table`` and write the report folder (see the module docstring).
 
     ``records`` (the annotated records behind the table) give report.html its questions,
-    gold and greedy answers and provenance; ``command`` is what made the report, for provenance.
+    gold and greedy answers and provenance; ``command`` is what made the report, for provenance;
+    ``claims`` (refinement rows of claim columns) adds the refinement plot to report.html.
     """
     result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed,
                       counts=counts)
@@ -129,7 +131,7 @@ def write_report(
         pooled, out_dir / "risk_coverage.png", title=f"{title}: risk vs coverage (all datasets pooled)"
     )
     files["html"] = write_report_page(out_dir / PAGE_FILE, table, result, main_table(result, PAGE_METRICS),
-                                      title=title, records=records, command=command)
+                                      title=title, records=records, command=command, claims=claims)
     files["index"] = _write_text(out_dir / "index.md", _index_md(result, title, files, reliability, out_dir))
     logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods),
                 len(result.datasets))
