@@ -199,3 +199,13 @@ def test_llm_decomposer_parses_facts_and_maps_them_to_the_sentence_tokens():
     assert fact_tokens("Nothing shared here", [4, 5], texts) == [4, 5]  # no shared word: the whole sentence
     with pytest.raises(CandorError, match="needs a backend"):
         split_claims(ANSWER, completion(ANSWER), decomposer="llm")
+
+
+def test_settled_end_releases_complete_claims_only():
+    from candor.annotation.claims import settled_end
+
+    growing = "1. The capital of France is Paris.\n2. Hamlet was"
+    assert growing[: settled_end(growing)] == "1. The capital of France is Paris.\n2. "
+    assert settled_end(growing, finished=True) == len(growing)
+    assert settled_end("The capital of France is Paris. It is") == len("The capital of France is Paris. ")
+    assert settled_end("") == 0

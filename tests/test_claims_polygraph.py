@@ -3,7 +3,7 @@
 lm-polygraph runs in its own virtual environment (``/work/polygraph-venv``, as
 benchmarks/peer_polygraph.py makes it) through benchmarks/polygraph_claims.py;
 the test skips with the reason when that venv is absent. The answers come from
-the tiny random Llama; lm-polygraph recomputes the entropies with that model in
+the tiny random Llama (its lively variant); lm-polygraph recomputes the entropies with that model in
 its venv, and gets CCP's entailment decisions from candor (the formula is compared
 given the same decisions).
 """
@@ -30,10 +30,19 @@ pytestmark = pytest.mark.skipif(PYTHON is None, reason="lm-polygraph venv absent
 
 
 @pytest.fixture(scope="module")
-def contexts(tiny_model, tokenizer):
+def lively_dir(lively_model, tokenizer, tmp_path_factory) -> str:
+    """The lively tiny Llama (varied, peaked next-token distributions) saved for lm-polygraph's venv to load."""
+    folder = tmp_path_factory.mktemp("lively-llama")
+    lively_model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def contexts(lively_model, tokenizer):
     from candor.backends.hf import HFBackend
 
-    backend = HFBackend(tiny_model, tokenizer, batch_size=4)
+    backend = HFBackend(lively_model, tokenizer, batch_size=4)
     prompts = ["Question: who wrote Hamlet?\nAnswer:", "Question: where is Rome?\nAnswer:"]
     gens = backend.generate(prompts, 0, SamplingParams(max_new_tokens=12), greedy=True)
     out = []
@@ -47,12 +56,12 @@ def contexts(tiny_model, tokenizer):
     return backend, out
 
 
-def test_claim_estimators_equal_lm_polygraph(contexts, tiny_model_dir):
+def test_claim_estimators_equal_lm_polygraph(contexts, lively_dir):
     backend, ctxs = contexts
     ccp = ClaimCCP(judge="lexical")
     decisions = ccp.decisions(ctxs)
     job = {
-        "model_path": tiny_model_dir,
+        "model_path": lively_dir,
         "answers": [
             {
                 "prompt_ids": backend.encode([c.prompt])[0],

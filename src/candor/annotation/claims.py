@@ -155,6 +155,16 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def settled_end(text: str, finished: bool = False) -> int:
+    """How much of a growing answer holds only complete claims: the start of its last sentence.
+
+    A stream can release the text up to here claim by claim (what follows may
+    still grow into the same claim); once ``finished``, the whole text.
+    """
+    spans = sentence_spans(text)
+    return len(text) if finished or not spans else spans[-1][0]
+
+
 def _pieces(line: str, start: int) -> list[tuple[int, int]]:
     cuts = [start]
     for m in _SENTENCE_END.finditer(line, start):
