@@ -127,10 +127,10 @@ def test_compound_labels_by_position_and_counts_failure_modes():
 
 
 def test_echoed_questions_and_extra_lines_are_failures():
-    text = "1. What is the capital of France?\n2. The capital of France.\n3. Gold is Au.\n4. Hamlet is long."
+    text = "1. What is the capital of France?\n2. The capital of France.\n3. Gold is Au.\n4. Hamlet is long.\n0. Odd."
     rec = compound_record(text, PARTS)
     label_compound([rec])
-    assert [c.failure for c in rec.claims] == ["echo", "echo", None, "extra"]
+    assert [c.failure for c in rec.claims] == ["echo", "echo", None, "extra", "extra"]
     assert is_echo("The first man on the moon was Neil Armstrong.", ["Who was the first man on the moon?"]) is False
 
 

@@ -91,7 +91,7 @@ def failure_of(claim: Claim, position: int, parts: Sequence[dict[str, Any]], ear
     example = [a.rstrip(".") for _, a in COMPOUND_EXAMPLE]
     if not _holds_any(claim.text, own) and (_holds_any(claim.text, others) or _holds_any(claim.text, example)):
         return "other-question"
-    if position >= len(parts):
+    if not 0 <= position < len(parts):  # past the last question (or numbered 0)
         return "extra"
     return None
 
