@@ -196,19 +196,32 @@ def polygraph_agreement(records: list[Record], values: dict, backend: Any, n: in
             "functional": [is_functional(t) for t in ctx.answer.tokens],
         })  # fmt: skip
     theirs = run_polygraph(python, {"model_path": str(resolve_embedded(MODEL)), "answers": answers, "threads": 2})
+    entropy = built("claim-max-entropy", backend, {})
     mine = {
         "claim-prob": built("claim-prob", None, {}).estimate(contexts),
         "claim-perplexity": built("claim-perplexity", None, {}).estimate(contexts),
-        "claim-max-entropy": built("claim-max-entropy", backend, {}).estimate(contexts, backend),
+        # one answer per forward pass, as lm-polygraph's child runs them (no padding in the batch)
+        "claim-max-entropy": [entropy.estimate([c], backend)[0] for c in contexts],
         "claim-ccp[lexical]": ccp.estimate(contexts),
     }
+    batched = to_theirs_entropy(np.concatenate(entropy.estimate(contexts, backend)))
     out: dict[str, Any] = {"answers": len(sample), "claims": sum(len(c.claims) for c in contexts)}
     for name, (theirs_name, to_theirs) in POLYGRAPH.items():
         a = to_theirs(np.concatenate([np.asarray(v) for v in mine[name]]))
         b = np.concatenate([np.asarray(v, dtype=float) for v in theirs[theirs_name]])
         out[name] = {"polygraph": theirs_name, "max_abs_diff": float(np.max(np.abs(a - b)))}
     out["ccp_judge"] = "lexical (the same decisions given to both)"
+    theirs_entropy = np.concatenate([np.asarray(v, dtype=float) for v in theirs["MaxTokenEntropyClaim"]])
+    out["claim-max-entropy"]["max_abs_diff_batched"] = float(np.max(np.abs(batched - theirs_entropy)))
+    out["claim-max-entropy"]["note"] = (
+        "max_abs_diff: candor's entropies from one answer per forward pass, as lm-polygraph's child runs; "
+        "max_abs_diff_batched: from candor's batched (padded) pass, as the scoring above ran"
+    )
     return out
+
+
+def to_theirs_entropy(conf: np.ndarray) -> np.ndarray:
+    return -np.log(conf)
 
 
 def main() -> None:
@@ -223,11 +236,20 @@ def main() -> None:
     parser.add_argument("--polygraph-answers", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--polygraph-only", action="store_true", help="recompute only polygraph_agreement in an existing --out"
+    )
     args = parser.parse_args()
     setup_logging()
     torch.set_num_threads(args.threads)
     backend = load_backend(MODEL, "hf")
     records = load_compound(backend)
+    if args.polygraph_only:
+        payload = json.loads(args.out.read_text())
+        payload["polygraph_agreement"] = polygraph_agreement(records, {}, backend, args.polygraph_answers)
+        payload["polygraph_agreement"]["command"] = "python " + " ".join(sys.argv)
+        write_json(args.out, payload)
+        return
     alone = read_records(CLAIMS_CACHE / "alone.jsonl") if (CLAIMS_CACHE / "alone.jsonl").exists() else []
     labels = label_compound(records)
     logger.info("claims: %s", labels)
