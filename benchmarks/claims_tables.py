@@ -36,6 +36,13 @@ def _table(header: list[str], aligns: str, rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _batched(cell: Json) -> str:
+    """The entropy agreement when candor's pass was batched (padded), where the results hold it."""
+    if "max_abs_diff_batched" not in cell:
+        return ""
+    return f" (from candor's batched, padded pass: {cell['max_abs_diff_batched']:.1e})"
+
+
 def claims_section(results: Path) -> dict[str, str]:
     d = json.loads((results / "claims.json").read_text(encoding="utf-8"))
     gen = d["cost"]["generation"]
@@ -60,7 +67,7 @@ def claims_section(results: Path) -> dict[str, str]:
     poly_text = (
         poly.get("skipped")
         or "; ".join(
-            f"`{k}` vs `{v['polygraph']}` max |diff| {v['max_abs_diff']:.1e}"
+            f"`{k}` vs `{v['polygraph']}` max |diff| {v['max_abs_diff']:.1e}" + _batched(v)
             for k, v in poly.items()
             if isinstance(v, dict)
         )
