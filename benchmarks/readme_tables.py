@@ -20,6 +20,7 @@ tests/test_readme_tables.py fails when the committed README differs from this sc
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -1107,6 +1108,14 @@ def avx2_races(r: Path) -> dict[str, str]:
     return values
 
 
+def claims_section(r: Path) -> dict[str, str]:
+    """Claim-level confidence (results/claims.json); the tables are written by claims_tables.py beside this file."""
+    spec = importlib.util.spec_from_file_location("claims_tables", HERE / "claims_tables.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.claims_section(r)
+
+
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
@@ -1114,6 +1123,7 @@ SECTIONS: list[Callable[[Path], dict[str, str]]] = [
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
     decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean, prefix_split,
     avx2_host, avx2_races, annotate_workers, serve_conversations,
+    claims_section,
 ]
 SECTIONS += [baselines_debias, judge_noise]  # issue 47: the ensemble and +debias rows, judge noise
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = ("architecture.md", "methods.md", "engine.md")
+PAGES = ("architecture.md", "methods.md", "engine.md", "claims.md")
 CITATION = re.compile(r'docs/([a-z_]+\.md)((?: "[^"]+",?)+)')
 
 

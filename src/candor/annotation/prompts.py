@@ -6,6 +6,8 @@ A template turns a QA item into a prompt string for a backend and says where
 an answer stops. The template's name goes into every record's provenance.
 
 - ``chat``: "Answer the following question." inside the model's chat template.
+- ``compound``: a numbered list of questions, one short sentence per answer, after one worked
+  example in the chat (the long-answer benchmark, docs/claims.md).
 - ``fewshot``: three ``Question: …\\nAnswer: …`` examples, no chat template, the
   answer cut at the first newline. Measured on SmolLM2-135M, this gives short
   keyword answers where the chat prompt gives full sentences, which keeps the
@@ -102,6 +104,34 @@ def _one_line(text: str) -> str:
 
 TEMPLATES.register("chat")(QATemplate("chat", _render_chat))
 TEMPLATES.register("fewshot")(QATemplate("fewshot", _render_fewshot, stop=("\n",)))
+
+# ``compound``: several questions in one prompt (an item whose ``question`` is the numbered list),
+# answered one short sentence per question after one worked example in the conversation. Without
+# the example the embedded model echoes the questions back (docs/claims.md "The compound benchmark").
+COMPOUND_INSTRUCTION = "Answer each question in one short sentence."
+COMPOUND_EXAMPLE: tuple[tuple[str, str], ...] = (  # written for candor, not drawn from any benchmark
+    ("Which animal is known as the ship of the desert?", "The camel is known as the ship of the desert."),
+    ("What color do you get by mixing blue and yellow?", "Mixing blue and yellow gives green."),
+    ("How many strings does a standard violin have?", "A standard violin has four strings."),
+)
+
+
+def numbered(lines: Sequence[str]) -> str:
+    """``1. first\n2. second…``: the form of a compound question and of its answer."""
+    return "\n".join(f"{i}. {line}" for i, line in enumerate(lines, start=1))
+
+
+def _render_compound(item: QAItem, backend: Backend) -> str:
+    shot_q = numbered([q for q, _ in COMPOUND_EXAMPLE])
+    shot_a = numbered([a for _, a in COMPOUND_EXAMPLE])
+    return backend.render_chat([
+        {"role": "user", "content": f"{COMPOUND_INSTRUCTION}\n{shot_q}"},
+        {"role": "assistant", "content": shot_a},
+        {"role": "user", "content": f"{COMPOUND_INSTRUCTION}\n{question_text(item)}"},
+    ])
+
+
+TEMPLATES.register("compound")(QATemplate("compound", _render_compound))
 
 
 def resolve_template(name: str, model_name: str, backend: Backend | None = None) -> QATemplate:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from candor.annotation.claims import Claim
 from candor.backends.base import Completion
 from candor.data.items import QAItem
 from candor.data.judgeable import SkippedItems, UnjudgeableItem, judgeable_aliases
@@ -36,6 +37,10 @@ class Record:
     export writes it back, and no estimator reads it: a total gives neither
     n-prob nor min-prob. candor's own records leave it None (the total is the
     sum of ``greedy.logprobs``).
+
+    ``claims`` holds the greedy answer's claims with their labels (docs/claims.md
+    "The records' format"); None for a record never split, which is every record
+    written before claims existed (the key is absent from its line).
     """
 
     item: QAItem
@@ -46,6 +51,7 @@ class Record:
     consistency: list[int] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
     greedy_total_logprob: float | None = None
+    claims: list[Claim] | None = None
 
     @property
     def id(self) -> str:
@@ -81,6 +87,8 @@ class Record:
         }
         if self.greedy_total_logprob is not None:
             out["greedy_total_logprob"] = self.greedy_total_logprob
+        if self.claims is not None:
+            out["claims"] = [c.to_dict() for c in self.claims]
         return out
 
     @classmethod
@@ -94,6 +102,7 @@ class Record:
             consistency=d.get("consistency"),
             provenance=dict(d.get("provenance") or {}),
             greedy_total_logprob=d.get("greedy_total_logprob"),
+            claims=None if d.get("claims") is None else [Claim.from_dict(c) for c in d["claims"]],
         )
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from candor.cli import adapting, annotating, diagnosing, getting_started, scoring, serving, training
+from candor.cli import adapting, annotating, claiming, diagnosing, getting_started, scoring, serving, training
 
 app = typer.Typer(
     help="candor: make language models honest about what they know.",
@@ -29,6 +29,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "score": scoring.score,
     "eval": scoring.evaluate,
     "calibrate": scoring.calibrate,
+    "claims": claiming.claims,
     "train": training.train,
     "sweep": training.sweep,
     "diagnose": diagnosing.diagnose,

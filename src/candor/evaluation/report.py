@@ -106,13 +106,15 @@ def write_report(
     command: str | None = None,
     thresholds: Mapping[str, float] | None = None,
     hand_labels: HandLabels | None = None,
+    claims: Sequence[Mapping[str, Any]] | None = None,
 ) -> ReportResult:
     """Evaluate ``table`` and write the report folder (see the module docstring).
 
     ``records`` (the annotated records behind the table) give report.html its questions,
     gold and greedy answers and provenance; ``command`` is what made the report, for provenance.
     ``thresholds`` (method → threshold) add the abstention-aware scores, ``hand_labels`` the
-    judge-noise correction (``trust.json`` and two sections of report.html).
+    judge-noise correction (``trust.json`` and two sections of report.html); ``claims``
+    (refinement rows of claim columns) adds the refinement plot to report.html.
     """
     result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed,
                       counts=counts)
@@ -141,7 +143,8 @@ def write_report(
     if trust:
         files["trust"] = _write_text(out_dir / "trust.json", json.dumps(trust, indent=2, ensure_ascii=False) + "\n")
     files["html"] = write_report_page(out_dir / PAGE_FILE, table, result, main_table(result, PAGE_METRICS),
-                                      title=title, records=records, command=command, trust=trust)
+                                      title=title, records=records, command=command, trust=trust,
+                                      claims=claims)  # fmt: skip
     files["index"] = _write_text(out_dir / "index.md", _index_md(result, title, files, reliability, out_dir))
     logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods),
                 len(result.datasets))

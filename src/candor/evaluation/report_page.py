@@ -18,7 +18,10 @@ offline (:mod:`candor.util.pages`). It shows
   slider's method and threshold;
 - given thresholds or hand labels, the abstention-aware scores and the
   judge-noise correction (:mod:`candor.evaluation.trust`);
-- provenance: model, template, judges, candor version, the command.
+- provenance: model, template, judges, candor version, the command;
+- with claim data (``claims``: :func:`candor.evaluation.claims.refinement_rows`), the
+  refinement curve of each claim column: factual precision against the share of claims kept
+  (docs/claims.md "Evaluation").
 
 Records (questions, gold answers, greedy answers) are optional: without them
 the browser shows ids, datasets, labels and confidences.
@@ -92,14 +95,19 @@ def write_report_page(
     records: Sequence[Record] | None = None,
     command: str | None = None,
     trust: Mapping[str, Any] | None = None,
+    claims: Sequence[Mapping[str, Any]] | None = None,
 ) -> Path:
     """Write ``report.html`` (see the module docstring); returns its path.
 
     ``trust`` (:func:`candor.evaluation.trust.trust_sections`) adds the abstention and judge-noise sections.
     """
     data = page_data(table, evaluation, main, title=title, records=records, command=command)
+    charts = _charts(data)
     body = _body(title, evaluation, main).replace(TRUST_SLOT, trust_html(trust or {}))
-    html = render_page(title, body, data=data, charts=_charts(data),
+    if claims:
+        charts["refinement"] = _refinement_chart(list(claims)).to_dict()
+        body += CLAIMS_SECTION
+    html = render_page(title, body, data=data, charts=charts,
                        script=asset("report.js", "candor.evaluation.page_assets"))
     return atomic_write_text(Path(path), html)
 
@@ -285,7 +293,24 @@ def _selective_chart(rows: list[dict[str, Any]], first: str, threshold: float) -
     return alt.layer(lines, rule).properties(width=520, height=260).add_params(method, at)
 
 
+def _refinement_chart(rows: list[dict[str, Any]]) -> alt.TopLevelMixin:
+    return alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
+        x=alt.X("kept:Q", scale=alt.Scale(domain=[0, 1]), title="share of claims kept"),
+        y=alt.Y("precision:Q", scale=alt.Scale(domain=[0, 1]), title="factual precision of the kept claims"),
+        color=alt.Color("method:N", title="claim confidence"),
+        tooltip=["method:N", alt.Tooltip("threshold:Q", format=".3f"), alt.Tooltip("kept:Q", format=".2f"),
+                 alt.Tooltip("precision:Q", format=".3f")],
+    ).properties(width=520, height=300, title="Refinement: drop the claims below a threshold")
+
+
 # ---------------------------------------------------------------- HTML
+
+CLAIMS_SECTION = """
+<h2 id="claims">Claims: refinement</h2>
+<p class="note">Each claim of a long answer has its own confidence. Raising the threshold drops the claims
+below it: the curve shows the share of claims kept against the share of kept claims that are correct.</p>
+<div id="chart-refinement"></div>
+"""
 
 
 def _body(title: str, evaluation: Evaluation, main: SummaryTable) -> str:

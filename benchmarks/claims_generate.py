@@ -1,0 +1,40 @@
+"""Phase one of benchmarks/claims.py: generate the compound answers and the questions asked alone.
+
+    python benchmarks/claims_generate.py --prompts 96 --k 3 [--threads 2]
+
+Resumable (see claims_data.py); run it under ``nohup nice -n 10`` on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from claims_data import SOURCES, compound_items, generate_alone, generate_compound, interleaved, source_questions
+from common import logger, setup_logging
+
+from candor.backends import load_backend
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--prompts", type=int, default=96, help="compound prompts in all, half from each source")
+    parser.add_argument("--k", type=int, default=3, help="sampled answers per prompt (claim self-consistency)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--data-dir", default=None)
+    args = parser.parse_args()
+    setup_logging()
+    torch.set_num_threads(args.threads)
+    backend = load_backend("smollm2-135m", "hf")
+    per_source = args.prompts // len(SOURCES)
+    groups = [compound_items(s, source_questions(s, args.data_dir), per_source) for s in SOURCES]
+    items = interleaved(groups)
+    generate_compound(items, backend, args.k, args.batch_size)
+    logger.info("compound done; the questions alone next")
+    generate_alone(items, backend, args.k, 16)
+    logger.info("done")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""benchmarks/README.md's claim-level tables, from results/claims.json (read by readme_tables.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+Json = dict[str, Any]
+
+
+def _pct(cell: Json | None) -> str:
+    """``75.6 [68, 82]`` (×100, interval in whole points); a dash when undefined."""
+    if not cell or cell.get("value") is None:
+        return "–"
+    ci = cell.get("ci") or []
+    if len(ci) == 2 and None not in ci:
+        return f"{100 * cell['value']:.1f} [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
+    return f"{100 * cell['value']:.1f}"
+
+
+def _signed(cell: Json) -> str:
+    if cell.get("value") is None:
+        return "–"
+    v, ci = 100 * cell["value"], cell.get("ci") or [None, None]
+    text = f"{v:+.1f}".replace("-", "−")
+    if None not in ci:
+        text += f" [{100 * ci[0]:+.0f}, {100 * ci[1]:+.0f}]".replace("-", "−")
+    return text
+
+
+def _table(header: list[str], aligns: str, rows: list[list[str]]) -> str:
+    sep = ["---:" if a == "r" else "---" for a in aligns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(sep) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _batched(cell: Json) -> str:
+    """The entropy agreement when candor's pass was batched (padded), where the results hold it."""
+    if "max_abs_diff_batched" not in cell:
+        return ""
+    return f" (from candor's batched, padded pass: {cell['max_abs_diff_batched']:.1e})"
+
+
+def claims_section(results: Path) -> dict[str, str]:
+    d = json.loads((results / "claims.json").read_text(encoding="utf-8"))
+    gen = d["cost"]["generation"]
+    rows = []
+    for name, m in d["estimators"].items():
+        ref, cost = d["refinement"][name], d["cost"]["estimators"][name]
+        rows.append([
+            f"`{name}`", f"{m['answers']} / {m['claims']}", _pct(m["auroc"]), _pct(m["ece"]), _pct(m["prr"]),
+            " / ".join(f"{100 * ref[k]['value']:.0f}" for k in ("50%", "75%", "90%", "100%")),
+            f"{cost['wall_per_answer']:.2f} ({cost['wall_vs_generation']:.2f}×)",
+        ])  # fmt: skip
+    alone = []
+    for name, a in d["alone_vs_in_answer"].items():
+        if not a.get("answer_level"):
+            continue
+        alone.append([f"`{name}` vs `{a['answer_level']}`", str(a["questions"]), _pct(a["in_answer"]), _pct(a["alone"]),
+                      _signed(a["gap_auroc"]),
+                      f"{100 * a['accuracy_in_answer']:.0f}% / {100 * a['accuracy_alone']:.0f}%"])  # fmt: skip
+    size = d["size"]
+    failures = ", ".join(f"{k} {v}" for k, v in size["failures"].items())
+    poly = d["polygraph_agreement"]
+    poly_text = (
+        poly.get("skipped")
+        or "; ".join(
+            f"`{k}` vs `{v['polygraph']}` max |diff| {v['max_abs_diff']:.1e}" + _batched(v)
+            for k, v in poly.items()
+            if isinstance(v, dict)
+        )
+        + f" ({poly.get('answers')} answers, {poly.get('claims')} claims)"
+    )
+    return {
+        "table:claims": _table(
+            ["claim confidence", "answers / claims", "AUROC", "ECE", "PRR", "precision at 50/75/90/100% kept",
+             f"s per answer (× generating it, {gen['wall_per_answer']:.2f} s)"], "lrrrrrr", rows),
+        "table:claims-alone": _table(
+            ["in the answer vs asked alone", "questions", "AUROC in the answer", "AUROC alone", "gap",
+             "accuracy in / alone"],
+            "lrrrrr", alone),
+        "value:claims-size": (
+            f"{size['prompts']} prompts ({', '.join(f'{k} {v}' for k, v in size['by_source'].items())}), "
+            f"{size['claims']} claims, {size['scored']} scored ({size['correct']} correct); "
+            f"left out as failure modes: {failures}; "
+            f"{size['questions_answered']} of {size['questions_asked']} questions answered"
+        ),
+        "value:claims-polygraph": poly_text,
+    }  # fmt: skip

@@ -1,0 +1,112 @@
+"""``candor claims``: split answers into claims, label them, score and evaluate claim confidences."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from candor.cli.options import DEFAULT_MODEL, ModelOpt
+from candor.cli.shared import comma_list, counted, invoked_command, user_errors
+from candor.util.errors import CandorError
+
+DEFAULT_METHODS = "claim-prob,claim-perplexity,claim-max-entropy,claim-ptrue"
+
+
+@user_errors
+def claims(
+    records: Annotated[Path, typer.Option("--records", "-r", help="Records JSONL from `candor annotate`.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Output folder (claims, claim confidences, metrics, report).")
+    ],
+    methods: Annotated[
+        str, typer.Option("--methods", "-e", help="Comma-separated claim estimators, or 'list'.")
+    ] = DEFAULT_METHODS,
+    model: ModelOpt = DEFAULT_MODEL,
+    decomposer: Annotated[
+        str,
+        typer.Option(help="How answers split into claims: sentence (no model) or llm (atomic facts by --judge-model)."),
+    ] = "sentence",
+    judge_model: Annotated[
+        str | None,
+        typer.Option(help="Model that labels claims of free answers (and writes the llm decomposer's facts)."),
+    ] = None,
+    bootstrap: Annotated[int, typer.Option(help="Resamples of answers for the intervals (0: none).")] = 1000,
+    resplit: Annotated[bool, typer.Option(help="Split again even when the records already carry claims.")] = False,
+) -> None:
+    """Claim-level confidence for long answers (docs/claims.md).
+
+    Records without claims are split (--decomposer). Claims are labelled by the
+    gold aliases of compound prompts, else by --judge-model; records whose
+    claims are already labelled keep their labels.
+    """
+    from candor.estimators.claim_scoring import claim_estimator_names
+
+    if methods == "list":
+        for name in claim_estimator_names():
+            typer.echo(name)
+        return
+    names = comma_list(methods, "--methods")
+    unknown = [n for n in names if n not in claim_estimator_names()]
+    if unknown:
+        raise CandorError(f"--methods: unknown claim estimator(s) {unknown}; `candor claims -e list` lists them")
+    if decomposer == "llm" and judge_model is None:
+        raise CandorError("--decomposer llm needs --judge-model (the model that writes the atomic facts)")
+    if bootstrap < 0:
+        raise CandorError(f"--bootstrap must be 0 or more, got {bootstrap}")
+    recs, backend = _prepared(records, names, model, decomposer, judge_model, resplit)
+    from candor.evaluation.claim_report import write_claim_report
+
+    metrics = write_claim_report(recs, names, out, backend, bootstrap=bootstrap, command=invoked_command())
+    from candor.annotation.records import write_records
+
+    write_records(out / "claims.jsonl", recs)
+    typer.echo(
+        f"{counted(metrics['scored'], 'scored claim')} of {metrics['claims']} in "
+        f"{counted(metrics['answers'], 'answer')}; wrote {out}"
+    )
+    for name, m in metrics["methods"].items():
+        typer.echo(f"  {name}: AUROC {m['auroc']['value']}  ECE {m['ece']['value']}  PRR {m['prr']['value']}")
+
+
+def _prepared(records: Path, names: list[str], model: str, decomposer: str, judge_model: str | None, resplit: bool):
+    """The records with claims split and labelled, and the backend the methods need (None when none does)."""
+    from candor.annotation.claim_labels import label_compound, label_free_claims
+    from candor.annotation.claim_split import split_claims
+    from candor.annotation.records import read_records
+    from candor.backends import load_backend
+    from candor.estimators.claim_scoring import get_claim_estimator
+
+    recs = read_records(records)
+    needs = any(getattr(get_claim_estimator(n, **_judge_free(n)), "needs_backend", False) for n in names)
+    needs = needs or "claim-ccp" in names  # its default judge is the model itself
+    backend = load_backend(model) if needs else None
+    judge = load_backend(judge_model) if judge_model else None
+    for rec in recs:
+        if rec.claims is None or resplit:
+            decode = backend.decode if backend is not None else None
+            rec.claims = split_claims(
+                rec.greedy.text,
+                rec.greedy,
+                decomposer,
+                decode=decode,
+                **({"backend": judge} if decomposer == "llm" else {}),
+            )
+    compound = [r for r in recs if r.item.meta.get("parts")]
+    free = [r for r in recs if not r.item.meta.get("parts") and any(c.label is None for c in r.claims or [])]
+    if compound:
+        label_compound(compound)
+    if free:
+        if judge is None:
+            raise CandorError(
+                f"{records}: {counted(len(free), 'record')} with unlabelled claims and no gold per "
+                "claim; pass --judge-model to label them"
+            )
+        label_free_claims(free, judge)
+    return recs, backend
+
+
+def _judge_free(name: str) -> dict[str, str]:
+    """Options that let an estimator be built without a model, to ask whether it needs one."""
+    return {"judge": "lexical"} if name in ("claim-ccp", "claim-consistency") else {}
