@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,9 @@ from candor.cli.options import HonestModelChoice, MaxNewTokensOpt, honest_model_
 from candor.cli.shared import user_errors
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
+
+if TYPE_CHECKING:
+    from candor.serve.claim_answers import ClaimPolicy
 
 
 @user_errors
@@ -83,6 +86,16 @@ def serve(
         int | None, typer.Option(help="The largest max_tokens a request may ask for (default: the model's context).")
     ] = None,
     docs: Annotated[bool, typer.Option("--docs", help="Serve /docs and /openapi.json (behind the key).")] = False,
+    claims: Annotated[
+        str | None, typer.Option(help="A claim method (claim-prob, claim-perplexity, …): each answer of more than "
+                                 "one claim gets a confidence per claim in its confidence object.")
+    ] = None,
+    refine: Annotated[
+        str | None, typer.Option(help="With --claims: remove the claims below --claim-threshold from the returned "
+                                 "text, or mark them [?…] (remove|mark).")
+    ] = None,
+    claim_threshold: Annotated[float | None, typer.Option(help="With --refine: the claim confidence below which a "
+                                                          "claim is refined (default 0.5).")] = None,
 ) -> None:
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
 
@@ -101,6 +114,7 @@ def serve(
 
     origins = tuple(cors_origin or ())
     check_cors_origins(origins)  # before the model loads
+    claim_policy = claim_serving(claims, refine, claim_threshold)
     key = os.environ.get(api_key_env) or None
     settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
                              max_batch=max_batch, batch_wait_ms=batch_wait_ms, cors_origins=origins,
@@ -110,6 +124,7 @@ def serve(
     if key is None:
         logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
     honest_model = choice.build(max_new_tokens=max_new_tokens, batch_size=max_batch)
+    honest_model.serve_claims(claim_policy)
     if honest_model.threshold is None:
         logging.getLogger("candor.serve").warning(
             "no threshold: every question is answered and none abstains; pass --threshold or --honest DIR "
@@ -142,3 +157,16 @@ def serve_head(
     from candor.serve.server import run as run_server
 
     run_server(load_classify_app(folder, name), host=host, port=port)
+
+
+def claim_serving(method: str | None, refine: str | None, threshold: float | None) -> ClaimPolicy | None:
+    """``--claims``/``--refine``/``--claim-threshold`` checked before the model loads (none is ever ignored)."""
+    from candor.serve.claim_answers import ClaimPolicy
+
+    if method is None and refine is not None:
+        raise CandorError("--refine needs --claims METHOD (the claim confidences it refines by)")
+    if refine is None and threshold is not None:
+        raise CandorError("--claim-threshold is used only with --refine remove|mark")
+    if method is None:
+        return None
+    return ClaimPolicy(method, refine, 0.5 if threshold is None else threshold)

@@ -191,6 +191,7 @@ class HonestAnswer:
     completion: Completion | None = field(default=None, repr=False, compare=False)  # the returned text's tokens
     prompt_tokens: int = field(default=0, repr=False, compare=False)
     record: Record | None = field(default=None, repr=False, compare=False)  # what was scored, with provenance
+    claims: Any = field(default=None, repr=False, compare=False)  # a ClaimVerdict, when claims are served
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}

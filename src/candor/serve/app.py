@@ -210,7 +210,8 @@ async def _serve(
     events: asyncio.Queue[tuple[Any, ...]] | None = asyncio.Queue() if body.stream else None
     # A question-level source decides before generating, so its tokens stream as they come; an
     # answer-level source's are held until its decision unless the server streams live.
-    live = settings.stream == "live" or model.source.before_generation
+    # With claims served, the text may be refined after generating: never streamed before that.
+    live = (settings.stream == "live" or model.source.before_generation) and model.claims is None
     asks = _asks(questions, body, model, loop, events, streams_tokens=live)
     futures = service.start(asks, generation)
     metrics: ServeMetrics = request.app.state.metrics

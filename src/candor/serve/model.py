@@ -91,6 +91,7 @@ from candor.serve.answering import (
     reply_seed,
 )
 from candor.serve.batching import open_engine
+from candor.serve.claim_answers import ClaimJudge, ClaimPolicy, ClaimVerdict
 from candor.serve.confidence_sources import (
     ConfidenceSource,
     PrefillReader,
@@ -144,6 +145,7 @@ class HonestModel:
         self.template: QATemplate = resolve_template(template, backend.model_name, backend)
         self.decoding = decoding or Decoding()
         self._prefix: tuple[SharedPrefix | None] | None = None  # computed on first use
+        self.claims: ClaimJudge | None = None  # a confidence per claim of each answer (serve_claims)
         self.prefill_reader: PrefillReader | None = None  # a head read from the generator's own prefill
         reader = getattr(self.source, "prefill_reader", None)
         if reader is not None:
@@ -153,6 +155,10 @@ class HonestModel:
     @property
     def method(self) -> str:
         return self.source.name
+
+    def serve_claims(self, policy: ClaimPolicy | None) -> None:
+        """Give each answer of more than one claim a confidence per claim (and refine it); None: stop."""
+        self.claims = None if policy is None else ClaimJudge(policy, self.backend)
 
     @property
     def context_length(self) -> int | None:
@@ -283,8 +289,26 @@ class HonestModel:
         completions, prompt_tokens = await self._reply(ask, engine, scored)
         ask.check_alive()
         rec = scored.record
-        return [self._answered(c, scored.confidence, ask, rec is None or c.text == rec.greedy.text, rec, prompt_tokens)
-                for c in completions]  # fmt: skip
+        answers = [self._answered(c, scored.confidence, ask, rec is None or c.text == rec.greedy.text, rec,
+                                  prompt_tokens) for c in completions]  # fmt: skip
+        return await self._with_claims(ask, engine, answers)
+
+    async def _with_claims(self, ask: Ask, engine: LiveEngine, answers: list[HonestAnswer]) -> list[HonestAnswer]:
+        """Each answer's claims scored in the engine thread (the question alone); the text refined if asked."""
+        judge = self.claims
+        if judge is None:
+            return answers
+        distinct = {id(a.completion): a.completion for a in answers if a.completion is not None}
+
+        def judged() -> dict[int, ClaimVerdict | None]:
+            return {key: judge.judge(c, ask.prompted.prompt, ask.prompted.question) for key, c in distinct.items()}
+
+        verdicts = await done(engine.call(judged))
+        out = []
+        for a in answers:
+            verdict = verdicts.get(id(a.completion))
+            out.append(a if verdict is None else replace(a, answer=verdict.text, claims=verdict))
+        return out
 
     async def _answer_from_prefill(self, ask: Ask, engine: LiveEngine, reader: PrefillReader) -> list[HonestAnswer]:
         """A head read from the reply's own prefill: declined there (its rows freed), or decoded from the same cache."""
@@ -306,8 +330,9 @@ class HonestModel:
         if verdict[0].abstained:
             return [verdict[0]] * ask.reply.n
         completions = [g.greedy] * ask.reply.n if g.greedy is not None else g.samples[: ask.reply.n]
-        return [self._answered(c, verdict[0].confidence, ask, True, None, g.prompt_tokens)
-                for c in completions]  # type: ignore[arg-type]  # fmt: skip
+        answers = [self._answered(c, verdict[0].confidence, ask, True, None, g.prompt_tokens)
+                   for c in completions]  # type: ignore[arg-type]  # fmt: skip
+        return await self._with_claims(ask, engine, answers)
 
     async def _question_confidence(self, item: QAItem, engine: LiveEngine) -> float:
         """A question-level source's value: in the engine thread (alone), or apart when it runs elsewhere."""

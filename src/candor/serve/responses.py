@@ -89,8 +89,10 @@ def confidence_object(answer: HonestAnswer, model: HonestModel, ask: Ask) -> dic
         "expected_accuracy": None if t is None else t.expected_accuracy,
         "expected_coverage": None if t is None else t.expected_coverage,
         "reason": answer.reason,
-        # False: the text was decoded with the request's parameters, the value is the greedy answer's (§4.1)
+        # False: the text was decoded with the request's parameters, the value is the greedy answer's
         "scores_returned_text": answer.scores_returned_text,
+        # --claims: each claim of a long answer with its own confidence, and those refined away
+        **({} if answer.claims is None else answer.claims.describe()),
     }
 
 

@@ -1,0 +1,105 @@
+"""``candor serve --claims``: a confidence per claim of a long answer, refinement, buffered streaming (issue 45 item 5),
+on the embedded model with its chat template (its answers run to several sentences), real HTTP, the official client."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+from typer.testing import CliRunner  # noqa: E402
+
+from candor.annotation.claim_split import split_claims  # noqa: E402
+from candor.annotation.claims import refine  # noqa: E402
+from candor.cli import app  # noqa: E402
+from candor.estimators.claim_scoring import score_claims  # noqa: E402
+from candor.serve import Decoding, HonestModel  # noqa: E402
+from candor.serve.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.claim_answers import ClaimPolicy  # noqa: E402
+from candor.serve.server import serve_in_thread  # noqa: E402
+
+QUESTION = "Describe Paris in three short sentences."
+
+
+@pytest.fixture(scope="module")
+def generator(smollm_dir, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from candor.backends.hf import HFBackend
+
+    return HFBackend(AutoModelForCausalLM.from_pretrained(smollm_dir), tokenizer, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def plain_answer(generator):
+    """The answer as generated (no claims served), its claims and their claim-prob values, computed directly."""
+    model = HonestModel(generator, confidence="n-prob", template="chat", decoding=Decoding(max_new_tokens=48))
+    answer = model.answer(QUESTION)
+    completion = answer.completion
+    claims = split_claims(completion.text, completion, decode=generator.decode)
+    assert len(claims) >= 2, f"the fixture's answer should hold several claims: {completion.text!r}"
+    prompt = model.prepare(QUESTION).prompt
+    values = score_claims("claim-prob", completion, claims, generator, prompt=prompt, question=QUESTION)
+    return answer, claims, values
+
+
+def serving(generator, refine_mode, threshold) -> HonestModel:
+    model = HonestModel(generator, confidence="n-prob", template="chat", decoding=Decoding(max_new_tokens=48))
+    model.serve_claims(ClaimPolicy("claim-prob", refine_mode, threshold))
+    return model
+
+
+def test_each_claim_gets_its_confidence_and_low_claims_are_removed(generator, plain_answer):
+    answer, claims, values = plain_answer
+    threshold = sorted(values)[len(values) // 2]  # at least one claim below it, at least one kept
+    expected_text, expected_removed = refine(answer.answer, claims, values, threshold, "remove")
+    assert expected_removed and len(expected_removed) < len(claims)
+    with serve_in_thread(create_app(serving(generator, "remove", threshold), ServeSettings())) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        resp = client.chat.completions.create(model="candor", messages=[{"role": "user", "content": QUESTION}])
+        conf = resp.choices[0].model_extra["confidence"]
+        assert conf["claim_method"] == "claim-prob" and conf["claim_refine"] == "remove"
+        assert [(c["text"], c["start"], c["end"]) for c in conf["claims"]] == [(c.text, c.start, c.end) for c in claims]
+        assert [c["value"] for c in conf["claims"]] == pytest.approx(values, abs=1e-6)
+        assert [c["text"] for c in conf["removed_claims"]] == [c.text for c in expected_removed]
+        assert all(c["value"] < threshold for c in conf["removed_claims"])
+        assert resp.choices[0].message.content == expected_text
+        assert conf["value"] == pytest.approx(answer.confidence, rel=1e-4)  # the answer-level value is unchanged
+        # Streaming is buffered until the claims are scored: the client never sees a claim that is removed.
+        chunks = [c for c in client.chat.completions.create(
+            model="candor", messages=[{"role": "user", "content": QUESTION}], stream=True) if c.choices]
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert streamed == expected_text
+        assert all(removed.text not in streamed for removed in expected_removed if removed.text not in expected_text)
+
+
+def test_mark_keeps_the_claims_and_flags_the_low_ones(generator, plain_answer):
+    answer, claims, values = plain_answer
+    threshold = max(values) + 1e-9  # every claim below: all marked
+    model = serving(generator, "mark", min(threshold, 1.0))
+    marked = model.answer(QUESTION)
+    assert marked.answer == refine(answer.answer, claims, values, min(threshold, 1.0), "mark")[0]
+    assert marked.answer.count("[?") == len(claims)
+
+
+def test_claims_without_refine_report_only(generator, plain_answer):
+    answer, claims, _ = plain_answer
+    model = HonestModel(generator, confidence="n-prob", template="chat", decoding=Decoding(max_new_tokens=48))
+    model.serve_claims(ClaimPolicy("claim-perplexity"))
+    served = model.answer(QUESTION)
+    assert served.answer == answer.answer and len(served.claims.claims) == len(claims) and not served.claims.removed
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--refine", "remove"], "--refine needs --claims"),
+        (["--claims", "claim-prob", "--claim-threshold", "0.2"], "--claim-threshold is used only with --refine"),
+        (["--claims", "claim-nonsense"], "unknown claim method"),
+        (["--claims", "claim-prob", "--refine", "cut"], "--refine must be one of"),
+        (["--claims", "claim-consistency"], "reads sampled answers"),
+    ],
+)
+def test_claim_options_are_checked(tiny_model_dir, args, says):
+    result = CliRunner().invoke(app, ["serve", "--model", tiny_model_dir, "--port", "1", *args])
+    assert result.exit_code == 2 and says in result.output, result.output
