@@ -58,3 +58,16 @@ def datasets(
     for line in describe_datasets(data_dir):
         typer.echo(line)
     typer.echo(f"Also: the {ANNOTATED_HONESTYBENCH}")
+
+
+@user_errors
+def model_path(
+    name: Annotated[str, typer.Argument(help="An embedded model's name.")] = DEFAULT_MODEL,
+) -> None:
+    """Print an embedded model's local folder (made once from its wheel), the name a generation server and
+    candor both know it by: `transformers serve "$(candor model-path)"`."""
+    from candor.backends.default_model import EMBEDDED_MODELS, is_embedded, resolve_embedded
+
+    if not is_embedded(name):
+        raise CandorError(f"{name!r} is not an embedded model; embedded: {', '.join(EMBEDDED_MODELS)}")
+    typer.echo(str(resolve_embedded(name)))
