@@ -24,9 +24,7 @@ from pathlib import Path
 
 import pytest
 from helpers import free_port, saved_elical_head, wait_healthy
-from typer.testing import CliRunner
 
-from candor.cli import app
 from candor.util.errors import UpstreamError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,10 +25,15 @@ def demo(
     ] = None,
 ) -> None:
     """The whole pipeline on the embedded default and the built-in starter set."""
+    from candor.estimators import ESTIMATORS
+
+    names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else None
+    for name in names or ():
+        ESTIMATORS.get(name)  # a typo fails here, before the pipeline's imports and the model load
     from candor.demo import DEMO_ESTIMATORS, run_demo
     from candor.evaluation.report import format_table_rich
 
-    names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else DEMO_ESTIMATORS
+    names = names or DEMO_ESTIMATORS
     result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names, command=invoked_command())
     print_rich(format_table_rich(result.report))
     typer.echo(f"report: {result.report.files['index']}")

@@ -131,4 +131,4 @@ def serve_head(
     from candor.serve.server import bind_listener, run
 
     listener = bind_listener(host, port)  # a busy port is refused before the head loads
-    run(load_classify_app(folder, name), host=host, port=port, sock=listener)
+    run(load_classify_app(folder, name), host=host, port=port, sock=listener, access_log=True)  # a line per request

@@ -105,6 +105,7 @@ def sweep(
         raise CandorError("--held-out-dev and --rules belong to --select")
     if not test:
         raise CandorError("the sweep needs at least one --test file (or --select, which needs none)")
+    refuse_test_overlap_first(records, dev, test)
     ood_names = {n.strip() for n in ood.split(",") if n.strip()}
     summary = run_sweep(
         SweepData.read(records, test, dev=dev, ood=ood_names),
@@ -116,3 +117,13 @@ def sweep(
     )
     for line in sweep_table(summary, out_dir):
         typer.echo(line)
+
+
+def refuse_test_overlap_first(records: Path, dev: Path | None, tests: list[Path]) -> None:
+    """The sweep's test-overlap refusal, before its imports (torch, the trainers) and the model load."""
+    from candor.annotation.contamination import HeldOutQuestions
+    from candor.annotation.records import read_records
+    from candor.train.common import refuse_test_overlap
+
+    held_out = HeldOutQuestions.read([str(t) for t in tests])
+    refuse_test_overlap(held_out, read_records(records), read_records(dev) if dev else None, records, dev)

@@ -52,13 +52,16 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 def run(
     app: FastAPI, host: str = "127.0.0.1", port: int = 8000, on_signal: Callable[[], None] | None = None,
-    sock: socket.socket | None = None,
+    sock: socket.socket | None = None, access_log: bool = False,
 ) -> None:  # fmt: skip
-    """Serve until SIGTERM or Ctrl-C, then drain; uvicorn's access log is off (the app writes its own).
+    """Serve until SIGTERM or Ctrl-C, then drain.
 
     ``sock`` is a socket :func:`bind_listener` bound earlier (``host`` and ``port`` are then its own).
+    ``access_log`` turns on uvicorn's line per request, for an app that writes none of its own
+    (``candor serve`` writes its JSON lines; ``serve-head`` does not).
     """
-    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False), on_signal)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log)
+    server = DrainingServer(config, on_signal)
     # After draining, uvicorn re-raises the signal it stopped on to the handler that was in place
     # before it; for SIGTERM that handler is this no-op, so a requested stop ends with exit 0.
     previous = signal.signal(signal.SIGTERM, _drained)
