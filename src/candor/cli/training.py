@@ -85,6 +85,8 @@ def sweep(
 
     With --select, the stage-2 rule selection by held-out domains instead (docs/methods.md "EliCal").
     """
+    if test and not select:
+        refuse_test_overlap_first(records, dev, test)  # before the imports below (torch, the trainers)
     from candor.train.elical import Budget, EliCalConfig
     from candor.train.elical.selection import run_selection, selection_table
     from candor.train.elical.sweep import SweepData, run_sweep, sweep_table
@@ -105,7 +107,6 @@ def sweep(
         raise CandorError("--held-out-dev and --rules belong to --select")
     if not test:
         raise CandorError("the sweep needs at least one --test file (or --select, which needs none)")
-    refuse_test_overlap_first(records, dev, test)
     ood_names = {n.strip() for n in ood.split(",") if n.strip()}
     summary = run_sweep(
         SweepData.read(records, test, dev=dev, ood=ood_names),
