@@ -193,3 +193,14 @@ def test_the_budget_curve_axis_reads_plain_budgets():
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels == ["20", "50", "100", "1000"], labels  # before: "2×10¹"-style labels
     assert ax.get_xscale() == "log" and not [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
+
+
+def test_a_worker_writes_its_shard_in_steps_a_progress_bar_can_show():
+    from candor.annotation.builder import CALL_BATCHES, questions_per_call
+    from candor.annotation.workers import PROGRESS_STEPS
+
+    assert questions_per_call(100, 16) == 16 * CALL_BATCHES  # one process: unchanged
+    per_call = questions_per_call(100, 16, PROGRESS_STEPS)  # a --workers 2 shard of 200 questions
+    assert per_call == 16 and -(-100 // per_call) >= 7  # before: 64, so two writes: 0, then 64%, then done
+    assert questions_per_call(5000, 16, PROGRESS_STEPS) == 16 * CALL_BATCHES  # large shards: full calls
+    assert questions_per_call(3, 16, PROGRESS_STEPS) == 16  # never below one batch
