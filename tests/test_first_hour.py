@@ -87,8 +87,9 @@ def test_a_demo_typo_is_refused_before_the_pipeline_loads():
 
 
 def test_sweep_refuses_a_test_overlap_before_its_imports(tmp_path):
-    from candor.annotation.records import write_records
     from helpers import annotated_records
+
+    from candor.annotation.records import write_records
 
     pool = annotated_records(20)
     write_records(tmp_path / "pool.jsonl", pool)

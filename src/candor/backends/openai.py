@@ -155,10 +155,10 @@ class OpenAIBackend:
         self.max_concurrency = max_concurrency
         self.top_logprobs = top_logprobs
         self.seed = seed
-        self.api_key_env = api_key_env
         self.describe_kind = f"openai ({base_url})"
         # Local servers accept any key; hosted ones read theirs from the environment.
         api_key = os.environ.get(api_key_env) or "EMPTY"
+        self.api_key_env = api_key_env  # named in the startup check's message
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
         self.tokenizer = _load_tokenizer(tokenizer) if tokenizer is not None else None
         self._capabilities = frozenset(capabilities) if capabilities is not None else None
