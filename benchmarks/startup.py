@@ -107,7 +107,8 @@ def main() -> None:
     measured = measure(args.src.resolve(), args.repeats)
     commit = subprocess.run(["git", "-C", str(args.src), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()  # fmt: skip
-    results[args.label] = {"commit": commit, "repeats": args.repeats, "cpus": os.cpu_count(), **measured}
+    results[args.label] = {"commit": commit, "repeats": args.repeats, "cpus": os.cpu_count(),
+                           "load_average_after": round(os.getloadavg()[0], 1), **measured}  # fmt: skip
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results[args.label], indent=2))
