@@ -25,7 +25,8 @@ def test_cli_datasets_lists_every_name_and_where_it_resolves(tmp_path):
     assert {"nq", "hq", "squad", "musique", "pararel", "logiqa", "starter"} <= set(listed)
     assert listed["nq"].endswith(str(tmp_path / "nq" / "test.jsonl"))
     assert "[in-domain]" in listed["nq"]
-    assert "not available" in listed["squad"] and "[ood]" in listed["squad"]
+    assert "not in the data dir; get it with `candor datasets --download squad --data-dir" in listed["squad"]
+    assert "[ood]" in listed["squad"]
     assert listed["starter"].endswith("starter.jsonl") and "[demo]" in listed["starter"]
     assert "(also: hotpotqa)" in listed["hq"]
 
@@ -34,7 +35,7 @@ def test_cli_datasets_on_the_real_data(shared_data):
     result = CliRunner().invoke(app, ["datasets", "--data-dir", str(shared_data / "honestybench")])
     assert result.exit_code == 0, result.output
     listed = lines_by_name(result.output)
-    assert "not available" not in listed["nq"] and listed["nq"].endswith("nq/test.jsonl")
+    assert "get it with" not in listed["nq"] and listed["nq"].endswith("nq/test.jsonl")
     assert listed["logiqa"].endswith("logiqa2/test.jsonl")
 
 
@@ -42,7 +43,11 @@ def test_cli_datasets_missing_data_dir_says_so_per_name(tmp_path):
     result = CliRunner().invoke(app, ["datasets", "--data-dir", str(tmp_path / "absent")])
     assert result.exit_code == 0  # listing is how a user finds out what is missing
     listed = lines_by_name(result.output)
-    assert "data dir not found" in listed["nq"] and "not available" not in listed["starter"]
+    # the missing data dir is said once, on its own line; each dataset's line says how to get it
+    assert result.output.count("data dir not found") == 1 and "data dir not found" in listed["data"]
+    absent = tmp_path / "absent"
+    assert listed["nq"].endswith(f"not downloaded; get it with `candor datasets --download nq --data-dir {absent}`")
+    assert "get it with" not in listed["starter"]
 
 
 def test_cli_demo_on_the_tiny_model(tiny_model_dir, tmp_path):

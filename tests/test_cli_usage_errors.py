@@ -43,11 +43,12 @@ def test_candor_errors_keep_exit_2(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_score_list_needs_no_records_or_out(capsys):
+def test_score_list_needs_no_records_or_out(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # the table's rows whole, one per line
     with pytest.raises(SystemExit) as exit_info:
         run(["score", "-e", "list"])
     assert exit_info.value.code == 0
-    names = capsys.readouterr().out.split()
+    names = capsys.readouterr().out.replace("│", " ").split()
     assert {"n-prob", "semantic-entropy", "consis-sem"} <= set(names)
 
 

@@ -480,5 +480,6 @@ def test_describe_datasets(data_dir, tmp_path):
     assert by_name["nq"].endswith(f"[in-domain] Natural Questions (open), test: {data_dir / 'nq/test.jsonl'}")
     assert "(also: 2wiki)" in by_name["2wikimultihopqa"]
     missing = {line.split(" ", 1)[0]: line for line in describe_datasets(tmp_path / "absent")}
-    assert "not available" in missing["squad"] and "absent: data dir not found" in missing["squad"]
+    assert "absent: data dir not found" in missing["data"] and "not downloaded; get it with" in missing["squad"]
+    assert "data dir" not in missing["squad"]
     assert missing["starter"].endswith("starter.jsonl")

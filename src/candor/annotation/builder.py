@@ -44,6 +44,18 @@ logger = logging.getLogger(__name__)
 # batch from the next questions as answers finish (~1.3x faster than one batch per call).
 CALL_BATCHES = 4
 
+
+def questions_per_call(todo: int, batch_size: int, progress_steps: int | None = None) -> int:
+    """Questions per generate call: ``CALL_BATCHES`` batches, or fewer so the run shows ``progress_steps`` steps.
+
+    Records are written (and progress seen) once per call: a 100-question shard of ``--workers`` took two
+    calls, so its progress jumped from 0 to the end. Never below one batch, so large runs are unchanged.
+    """
+    full = batch_size * CALL_BATCHES
+    if progress_steps is None:
+        return full
+    return max(batch_size, min(full, -(-todo // progress_steps)))
+
 # Provenance keys that must agree for records to live in one file.
 SETTINGS_KEYS = ("model", "dtype", "template", "k", "seed", "decoding", "correctness_judge", "consistency_judge")
 # What a record written before a key existed was made with: records without a dtype come from
@@ -260,8 +272,12 @@ def annotate(
     shard: Shard | None = None,
     judge_backend: Backend | None = None,
     progress: bool = True,
+    progress_steps: int | None = None,
 ) -> AnnotateResult:
-    """Annotate ``items`` into ``out``, skipping ids already there (resume)."""
+    """Annotate ``items`` into ``out``, skipping ids already there (resume).
+
+    ``progress_steps`` asks for at least that many writes (see :func:`questions_per_call`).
+    """
     config = config or AnnotateConfig()
     out = Path(out)
     check_unique_ids(items)
@@ -279,7 +295,7 @@ def annotate(
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="annotate", unit="q", disable=not progress)
     written = 0
     with RecordAppender(out) as sink:
-        step = config.batch_size * CALL_BATCHES
+        step = questions_per_call(len(todo), config.batch_size, progress_steps)
         for start in range(0, len(todo), step):
             batch = todo[start : start + step]
             prompts = [template(item, backend) for item in batch]

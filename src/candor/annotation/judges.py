@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from candor.annotation.text_matching import (
+    contains_number,
     contains_words,
     is_empty_answer,
     letter_equals,
@@ -137,6 +138,10 @@ class ContainsJudge(_LexicalCorrectness):
 
     def _match(self, norm_response: str, norm_alias: str) -> bool:
         return contains_words(norm_response, norm_alias)
+
+    def correct(self, response: str, aliases: Sequence[str]) -> bool:
+        # numbers compare as numbers too: "100.00" answers "100" (normalization reads it as "10000")
+        return super().correct(response, aliases) or any(contains_number(response, a) for a in aliases)
 
 
 @CORRECTNESS_JUDGES.register("exact")

@@ -18,6 +18,9 @@ The choices, made once here and used by every lexical judge (:mod:`candor.annota
   matches a response that is exactly that letter, or starts with it followed by
   a non-letter ("B", "B.", "(B) Paris"). It is not searched for inside longer
   responses, where a lone letter is too ambiguous.
+- A numeric alias ("100", "1,000", "3.5") also matches a number in the response
+  of the same value (:func:`contains_number`): "100.00" is "100", although
+  normalization alone would read it as "10000".
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _ASCII_PUNCT = frozenset(string.punctuation)
@@ -50,6 +54,29 @@ def normalize(text: str) -> str:
     text = "".join(ch for ch in text if not _is_punct(ch))
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
+
+
+# A number as written: digits, optional thousands commas and decimals, not inside a word or a longer number.
+_NUMBER = re.compile(r"(?<![\w.,])[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?![\w]|[.,]\d)")
+
+
+def number_value(text: str) -> Decimal | None:
+    """The value of ``text`` when it is one number and nothing else ("1,000" -> 1000), else None."""
+    text = text.strip()
+    if not _NUMBER.fullmatch(text):
+        return None
+    try:
+        return Decimal(text.replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def contains_number(response: str, alias: str) -> bool:
+    """Whether ``alias`` is a number and ``response`` holds a number of the same value ("100.00" for "100")."""
+    value = number_value(alias)
+    if value is None:
+        return False
+    return any(Decimal(m.group().replace(",", "")) == value for m in _NUMBER.finditer(response))
 
 
 def contains_words(haystack: str, needle: str) -> bool:

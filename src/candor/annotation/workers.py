@@ -39,6 +39,8 @@ from candor.util.errors import CandorError
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
+# Writes per worker at least (smaller calls for a small shard), so the parent's progress bar moves.
+PROGRESS_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ def _work(
         answering, judging, template = engine.load()
         refuse_gpu(answering)
         result = annotate(items, answering, part, template, config, shard=shard, judge_backend=judging,
-                          progress=False)  # fmt: skip
+                          progress=False, progress_steps=PROGRESS_STEPS)  # fmt: skip
     except CandorError as exc:
         reports.put(("error", shard.index, str(exc)))  # a process's queue is flushed before it exits
         sys.exit(2)

@@ -562,10 +562,12 @@ def load_model_and_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, target), local_files_only=True)
     except (OSError, ValueError) as exc:
+        # transformers' own text ("check your internet connection") misleads for a model that is not there
+        detail = f" ({type(exc).__name__}: {exc})" if Path(path).exists() else ""
         raise CandorError(
-            f"cannot load model {name_or_path!r}: it is neither a local model directory nor in the "
-            "local Hugging Face cache, and candor downloads nothing; check the path, or download the "
-            f"model first ({type(exc).__name__}: {exc})"
+            f"cannot load model {name_or_path!r}: candor loads local files only, and this is neither a model "
+            f"folder nor in the Hugging Face cache; pass a model folder (--model PATH), or fetch it first with "
+            f"the hub's own tool: `huggingface-cli download {name_or_path}`{detail}"
         ) from None
     if device is not None:
         model = model.to(device)

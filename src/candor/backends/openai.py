@@ -31,9 +31,8 @@ Next-token log-probs find a token in the server's ``top_logprobs`` under
 any of the names servers give it (``token_id:N``, its text with a leading
 space, its vocabulary piece such as ``▁A``).
 
-Every seed sent is derived from the prompt's seed (and the sample's index)
-by :func:`request_seed`, which lands in [0, 2^31 - 1]: servers seed torch or
-numpy with it, and a 63-bit prompt seed times anything overflows them.
+Every seed sent is derived from the prompt's seed (and the sample's index) by :func:`request_seed`,
+in [0, 2^31 - 1]: servers seed torch or numpy with it, which a 63-bit seed overflows.
 
 Token counts come from the server's ``usage`` (the prompt's, and the
 generated tokens of a request with one choice; several choices share theirs
@@ -42,11 +41,11 @@ where the server does not tell: nothing on the generation path needs a
 local tokenizer. ``finish_reason`` is the server's, or ``stop`` where the
 text was cut here at a stop string the server ignored.
 
-The official ``openai`` client does the HTTP: timeouts, and retries with
-exponential backoff (0.5 s doubling, capped at 8 s, with jitter) on 408,
-409, 429, 5xx and dropped connections. Requests run on a thread pool of
-``max_concurrency``. The API key comes from an environment variable
-(``api_key_env``), never from a file; local servers need none.
+The official ``openai`` client does the HTTP: timeouts, and retries with exponential
+backoff (0.5 s doubling, capped at 8 s, with jitter) on 408, 409, 429, 5xx and dropped
+connections; before the probe, :mod:`.server_check` asks once, in seconds, whether the
+server is there and lists the model. Requests run on a thread pool of ``max_concurrency``.
+The API key comes from ``$api_key_env``, never from a file; local servers need none.
 """
 
 from __future__ import annotations
@@ -72,6 +71,7 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
+from candor.backends.server_check import check_served_model
 from candor.backends.server_tokens import aligned, canonical_token, echoed_spans, shown_tokens, tokens_within
 from candor.util.errors import CandorError, UpstreamError
 from candor.util.seeds import item_seed
@@ -158,6 +158,7 @@ class OpenAIBackend:
         self.describe_kind = f"openai ({base_url})"
         # Local servers accept any key; hosted ones read theirs from the environment.
         api_key = os.environ.get(api_key_env) or "EMPTY"
+        self.api_key_env = api_key_env  # named in the startup check's message
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=max_retries)
         self.tokenizer = _load_tokenizer(tokenizer) if tokenizer is not None else None
         self._capabilities = frozenset(capabilities) if capabilities is not None else None
@@ -174,6 +175,7 @@ class OpenAIBackend:
         return self._capabilities
 
     def _probe(self) -> frozenset[str]:
+        check_served_model(self.client, self.base_url, self.model_name, self.api_key_env)  # seconds, not retries
         caps = {GENERATE}
         if self.tokenizer is not None:
             caps.add(TOKENIZER)

@@ -23,7 +23,7 @@ from candor.cli.options import (
     TensorParallelOpt,
     TokenizerOpt,
 )
-from candor.cli.shared import user_errors
+from candor.cli.shared import invoked_command, user_errors
 from candor.util.errors import CandorError
 
 
@@ -83,7 +83,13 @@ def annotate(
     shard_spec = Shard.parse(shard) if shard else None
     if template != "auto":
         resolve_template(template, model)
+    if limit is not None and limit < 1:
+        raise CandorError(f"--limit {limit} leaves no question to annotate; give a positive count (or no --limit)")
+    if k < 0:
+        raise CandorError(f"--k {k}: the number of sampled answers cannot be negative")
     items = load_items(data, data_dir=data_dir, limit=limit, strict=strict)
+    if not items:
+        raise CandorError(f"{data}: no questions to annotate")
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
     config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
                             seed=seed, batch_size=batch_size)
@@ -93,14 +99,35 @@ def annotate(
                    data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed, dtype=dtype)
     engine = Engine(model, backend, options, template, judge_model, judge_backend,
                     {**options, "base_url": judge_base_url or base_url})
-    if workers != 1:
-        if shard_spec is not None:
-            raise CandorError("--workers splits the input into shards itself; use it without --shard")
-        result = annotate_with_workers(items, engine, out, config, workers)
-    else:
-        answering, judging, qa_template = engine.load()
-        result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec, judge_backend=judging)
+    if workers != 1 and shard_spec is not None:
+        raise CandorError("--workers splits the input into shards itself; use it without --shard")
+    try:
+        if workers != 1:
+            result = annotate_with_workers(items, engine, out, config, workers)
+        else:
+            answering, judging, qa_template = engine.load()
+            result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec,
+                                  judge_backend=judging)  # fmt: skip
+    except KeyboardInterrupt:
+        _say_how_to_resume(out, workers)
+        raise typer.Exit(130) from None
     _print_annotation_summary(result.path)
+
+
+def _say_how_to_resume(out: Path, workers: int) -> None:
+    """After Ctrl-C: what was saved, and the command that resumes (the same one)."""
+    files = sorted(Path(f"{out}.parts").glob("*.jsonl")) if workers != 1 else [out]
+    saved = sum(_count_lines(f) for f in files)
+    where = f"{out}.parts/" if workers != 1 else str(out)
+    typer.secho(f"interrupted: {saved} finished records are saved in {where}; resume with the same command:\n"
+                f"  {invoked_command()}", fg=typer.colors.YELLOW, err=True)  # fmt: skip
+
+
+def _count_lines(path: Path) -> int:
+    if not path.is_file():
+        return 0
+    with path.open("rb") as fh:
+        return sum(1 for line in fh if line.strip())
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -133,9 +160,11 @@ def _print_annotation_summary(path: Path) -> None:
     for name, recs in by_dataset.items():
         n = len(recs)
         acc = sum(r.greedy_correct or 0 for r in recs) / n
-        sample_acc = sum(r.sample_accuracy for r in recs if r.sample_correct) / n
-        cons = sum(r.consistency_rate for r in recs if r.consistency) / n
-        table.add_row(name, str(n), f"{acc:.3f}", f"{sample_acc:.3f}", f"{cons:.3f}")
+        sampled = any(r.sample_correct for r in recs)  # with --k 0 there is nothing to average: n/a, not 0
+        sample_acc = f"{sum(r.sample_accuracy for r in recs if r.sample_correct) / n:.3f}" if sampled else "n/a"
+        consistent = any(r.consistency for r in recs)
+        cons = f"{sum(r.consistency_rate for r in recs if r.consistency) / n:.3f}" if consistent else "n/a"
+        table.add_row(name, str(n), f"{acc:.3f}", sample_acc, cons)
     Console(stderr=False).print(table)
 
 
@@ -185,7 +214,8 @@ def _export_seq_cls(source: Path, out: Path, dtype: str | None) -> str:
     from candor.train.elical.export import export_seq_cls
 
     result = export_seq_cls(source, out, dtype=dtype)
-    return (f"exported the {result.mode} head {source} to {out} as {result.architecture} (num_labels=1)\n"
+    return (f"exported the EliCal head {source} ({result.mode} mode) to {out} as {result.architecture} "
+            "(num_labels=1)\n"
             f"its raw logit lacks the head's bias {result.logit_bias:+.6f}; serve it with the exact confidence:\n"
             f"  {result.vllm_command()}\n"
             f"inputs are prompts rendered with the {result.template!r} template")  # fmt: skip

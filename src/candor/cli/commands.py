@@ -35,6 +35,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "diagnose": diagnosing.diagnose,
     "demo": getting_started.demo,
     "datasets": getting_started.datasets,
+    "model-path": getting_started.model_path,
     "ask": serving.ask,
     "serve": serving.serve,
     "serve-head": serving.serve_head,

@@ -25,10 +25,15 @@ def demo(
     ] = None,
 ) -> None:
     """The whole pipeline on the embedded default and the built-in starter set."""
+    from candor.estimators import ESTIMATORS
+
+    names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else None
+    for name in names or ():
+        ESTIMATORS.get(name)  # a typo fails here, before the pipeline's imports and the model load
     from candor.demo import DEMO_ESTIMATORS, run_demo
     from candor.evaluation.report import format_table_rich
 
-    names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else DEMO_ESTIMATORS
+    names = names or DEMO_ESTIMATORS
     result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names, command=invoked_command())
     print_rich(format_table_rich(result.report))
     typer.echo(f"report: {result.report.files['index']}")
@@ -58,3 +63,16 @@ def datasets(
     for line in describe_datasets(data_dir):
         typer.echo(line)
     typer.echo(f"Also: the {ANNOTATED_HONESTYBENCH}")
+
+
+@user_errors
+def model_path(
+    name: Annotated[str, typer.Argument(help="An embedded model's name.")] = DEFAULT_MODEL,
+) -> None:
+    """Print an embedded model's local folder (made once from its wheel), the name a generation server and
+    candor both know it by: `transformers serve "$(candor model-path)"`."""
+    from candor.backends.default_model import EMBEDDED_MODELS, is_embedded, resolve_embedded
+
+    if not is_embedded(name):
+        raise CandorError(f"{name!r} is not an embedded model; embedded: {', '.join(EMBEDDED_MODELS)}")
+    typer.echo(str(resolve_embedded(name)))

@@ -44,12 +44,11 @@ def score(
     base model's.
     """
     from candor.annotation.records import read_records
-    from candor.estimators import ESTIMATORS, get_estimator
+    from candor.estimators import get_estimator
     from candor.estimators.confidences import check_nothing_lost, score_into
 
     if estimators == "list":
-        for name in ESTIMATORS.names():
-            typer.echo(name)
+        print_estimator_table()
         return
     missing = [flag for flag, value in (("--records", records), ("--out", out)) if value is None]
     if missing:
@@ -59,6 +58,8 @@ def score(
     options = parse_estimator_options(option or [], names)
     needs_model = any(get_estimator(n, **options.get(n, {})).needs_backend for n in names)
     recs = read_records(records)
+    if not recs:
+        raise CandorError(f"{records}: no records to score (an empty file; was `candor annotate` run with --limit 0?)")
     check_nothing_lost(out, recs, force)  # before the model loads
     backend = None
     if needs_model:
@@ -71,6 +72,18 @@ def score(
         weights = (table.provenance(name) or {}).get("estimator", {}).get("weights")
         if weights:
             typer.echo(f"{name} weights: " + ", ".join(f"{k} {v:+.4f}" for k, v in weights.items()))
+
+
+def print_estimator_table() -> None:
+    """Every registered estimator: family, level, what it needs, its reference (``-e list``)."""
+    from rich.table import Table
+
+    from candor.estimators.catalog import HEADER, estimator_rows
+
+    table = Table(*HEADER, title="Estimators (-e NAME,NAME,...)")
+    for row in estimator_rows():
+        table.add_row(row.name, row.family, row.level, row.needs, row.reference)
+    print_rich(table)
 
 
 def parse_estimator_options(pairs: list[str], names: list[str]) -> dict[str, dict[str, Any]]:

@@ -108,9 +108,12 @@ def serve(
 
     if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "prometheus_client")):
         raise CandorError(f"candor serve needs fastapi, uvicorn and prometheus-client: {install_hint('serve')}")
+    from candor.serve.server import bind_listener, run
+
+    listener = bind_listener(host, port)  # a busy port is refused first, before the model (and torch) load
+    from candor.backends.base import backend_capabilities
     from candor.serve.app import ServeSettings, create_app
     from candor.serve.operations import check_cors_origins, send_access_log_to
-    from candor.serve.server import run
 
     origins = tuple(cors_origin or ())
     check_cors_origins(origins)  # before the model loads
@@ -125,6 +128,8 @@ def serve(
         logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
     honest_model = choice.build(max_new_tokens=max_new_tokens, batch_size=max_batch)
     honest_model.serve_claims(claim_policy)
+    # A remote generator is probed here, before uvicorn takes the signals: SIGTERM ends a slow startup at once.
+    backend_capabilities(honest_model.backend)
     if honest_model.threshold is None:
         logging.getLogger("candor.serve").warning(
             "no threshold: every question is answered and none abstains; pass --threshold or --honest DIR "
@@ -133,7 +138,7 @@ def serve(
     service = create_app(honest_model, settings)
     send_access_log_to(sys.stderr)
     run(service, host=host, port=port, on_signal=service.state.lifecycle.begin_draining,
-        in_flight=lambda: service.state.admission.in_flight)
+        in_flight=lambda: service.state.admission.in_flight, sock=listener)
 
 
 @user_errors
@@ -154,9 +159,10 @@ def serve_head(
     if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn")):
         raise CandorError(f"candor serve-head needs fastapi and uvicorn: {install_hint('serve')}")
     from candor.serve.classify_server import load_classify_app
-    from candor.serve.server import run as run_server
+    from candor.serve.server import bind_listener, run
 
-    run_server(load_classify_app(folder, name), host=host, port=port)
+    listener = bind_listener(host, port)  # a busy port is refused before the head loads
+    run(load_classify_app(folder, name), host=host, port=port, sock=listener, access_log=True)  # a line per request
 
 
 def claim_serving(method: str | None, refine: str | None, threshold: float | None) -> ClaimPolicy | None:

@@ -85,6 +85,8 @@ def sweep(
 
     With --select, the stage-2 rule selection by held-out domains instead (docs/methods.md "EliCal").
     """
+    if test and not select:
+        refuse_test_overlap_first(records, dev, test)  # before the imports below (torch, the trainers)
     from candor.train.elical import Budget, EliCalConfig
     from candor.train.elical.selection import run_selection, selection_table
     from candor.train.elical.sweep import SweepData, run_sweep, sweep_table
@@ -116,3 +118,13 @@ def sweep(
     )
     for line in sweep_table(summary, out_dir):
         typer.echo(line)
+
+
+def refuse_test_overlap_first(records: Path, dev: Path | None, tests: list[Path]) -> None:
+    """The sweep's test-overlap refusal, before its imports (torch, the trainers) and the model load."""
+    from candor.annotation.contamination import HeldOutQuestions
+    from candor.annotation.records import read_records
+    from candor.train.common import refuse_test_overlap
+
+    held_out = HeldOutQuestions.read([str(t) for t in tests])
+    refuse_test_overlap(held_out, read_records(records), read_records(dev) if dev else None, records, dev)

@@ -59,7 +59,12 @@ class DatasetSpec:
             if path.is_file():
                 return path
         tried = ", ".join(str(p) for p in candidates)
-        raise CandorError(f"dataset {self.name!r}: file not found (tried {tried})")
+        fetch = f"; get it with `{self.fetch_command(data_dir)}`" if self.source is not None else ""
+        raise CandorError(f"dataset {self.name!r}: file not found (tried {tried}){fetch}")
+
+    def fetch_command(self, data_dir: str | Path | None = None) -> str:
+        """The command that downloads this dataset into the data dir."""
+        return f"candor datasets --download {self.name}" + (f" --data-dir {data_dir}" if data_dir else "")
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
@@ -140,12 +145,13 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     )
 
 
-def _where(spec: DatasetSpec, data_dir: str | Path | None) -> str:
+def _where(spec: DatasetSpec, data_dir: str | Path | None, has_dir: bool) -> str:
+    if not spec.builtin and not has_dir:
+        return f"not downloaded; get it with `{spec.fetch_command(data_dir)}`"
     try:
         return str(spec.resolve(data_dir))
-    except CandorError as exc:
-        fetch = f"candor datasets --download {spec.name}" + (f" --data-dir {data_dir}" if data_dir else "")
-        return f"not available ({exc}); get it with `{fetch}`"
+    except CandorError:
+        return f"not in the data dir; get it with `{spec.fetch_command(data_dir)}`"
 
 
 def describe_datasets(data_dir: str | Path | None = None) -> list[str]:
@@ -159,8 +165,14 @@ def describe_datasets(data_dir: str | Path | None = None) -> list[str]:
         if name != spec.name:
             aliases.setdefault(spec.name, []).append(name)
     lines = []
+    try:
+        resolve_data_dir(data_dir)
+        has_dir = True
+    except CandorError as exc:  # said once, not on every dataset's line
+        lines.append(f"data dir: {exc}")
+        has_dir = False
     for name in dataset_names():
         spec = DATASETS.get(name)
         also = f" (also: {', '.join(aliases[name])})" if name in aliases else ""
-        lines.append(f"{name}{also} [{spec.role}] {spec.description}: {_where(spec, data_dir)}")
+        lines.append(f"{name}{also} [{spec.role}] {spec.description}: {_where(spec, data_dir, has_dir)}")
     return lines

@@ -34,6 +34,11 @@ JSD_BINS = 35
 MU_BINS = 20
 LOG_FLOOR = 1e-10
 
+# Shown beside the integrated-gradients view: single tokens' attributions often exceed the change they explain.
+IG_CAVEAT = ("Integrated gradients splits the change from the baseline (μ minus μ with every token a pad token) into "
+             "per-token parts that add up to it, positive and negative parts cancelling: one token's attribution "
+             "can therefore be larger than the whole change. Compare tokens with each other, not with the change.")
+
 
 def write_diagnosis_page(
     path: str | Path,
@@ -237,7 +242,9 @@ def _body(data: Mapping[str, Any]) -> str:
             '<label>question and answer <select id="ig-example"></select></label></div>'
             '<p id="ig-summary" class="note"></p>'
             '<p class="note">Green raises μ, red lowers it; the answer\'s tokens are underlined; hover a token for its '
-            "attribution.</p><pre id=\"ig-tokens\" class=\"tokens\"></pre><h3>Top tokens</h3><ol id=\"ig-top\"></ol>")
+            "attribution.</p>"
+            f'<p class="note" id="ig-caveat">{IG_CAVEAT}</p>'
+            "<pre id=\"ig-tokens\" class=\"tokens\"></pre><h3>Top tokens</h3><ol id=\"ig-top\"></ol>")
     return f"""
 <h1>{esc(data['title'])}</h1>
 <p class="muted">Format <code>{esc(cfg['fmt'])}</code>, variant <code>{esc(cfg['variant'])}</code>, up to

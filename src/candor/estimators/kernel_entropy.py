@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.linalg import expm
 
 from candor.estimators.base import ESTIMATORS
 from candor.estimators.semantic import SimilarityEstimator
@@ -26,6 +25,8 @@ from candor.util.errors import CandorError
 def heat_kernel_density(w: np.ndarray, t: float) -> np.ndarray:
     """expm(-t (D - W)) scaled to unit diagonal, divided by k: unit trace."""
     laplacian = np.diag(w.sum(axis=1)) - w
+    from scipy.linalg import expm  # lazy: scipy.linalg costs a second to import the registry with
+
     kernel = expm(-t * laplacian)
     d = np.sqrt(np.diag(kernel))
     return kernel / (d[:, None] * d[None, :]) / len(w)

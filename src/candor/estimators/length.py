@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import rankdata
 
 from candor.annotation.records import Record, read_records
 from candor.backends.base import Backend
@@ -52,6 +51,8 @@ def answer_length(record: Record) -> int:
 
 def shorter_is_better_auroc(lengths: np.ndarray, correct: np.ndarray) -> float:
     """AUROC of ``-length`` for telling correct from wrong answers (Mann–Whitney, ties count half)."""
+    from scipy.stats import rankdata  # lazy: scipy.stats costs seconds to import the registry with
+
     ranks = rankdata(-lengths)
     n_pos = int(correct.sum())
     n_neg = correct.size - n_pos

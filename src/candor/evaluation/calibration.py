@@ -29,9 +29,6 @@ from typing import Any, Self
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.optimize import minimize_scalar
-from sklearn.isotonic import IsotonicRegression
-from sklearn.linear_model import LogisticRegression
 
 from candor.estimators.confidences import ConfidenceTable
 from candor.evaluation.metrics import bin_indices, check_arrays, check_confidence
@@ -121,6 +118,8 @@ class PlattCalibrator(Calibrator):
     def __init__(self, C: float = 1e4) -> None:
         super().__init__()
         self.C = C
+        from sklearn.linear_model import LogisticRegression  # lazy: sklearn costs seconds to import
+
         self.model = LogisticRegression(C=C)
 
         self.slope_, self.intercept_ = 1.0, 0.0
@@ -151,6 +150,8 @@ class IsotonicCalibrator(Calibrator):
 
     def __init__(self) -> None:
         super().__init__()
+        from sklearn.isotonic import IsotonicRegression  # lazy: sklearn costs seconds to import
+
         self.model = IsotonicRegression(y_min=0.0, y_max=1.0, increasing=True, out_of_bounds="clip")
 
         self.knots_x_ = np.array([0.0, 1.0])
@@ -198,6 +199,8 @@ class TemperatureCalibrator(Calibrator):
         def nll(log_t: float) -> float:
             # -log sigmoid(±z/T), written with logaddexp so it never overflows
             return float(np.mean(np.logaddexp(0.0, -sign * z / np.exp(log_t))))
+
+        from scipy.optimize import minimize_scalar  # lazy: scipy.optimize costs seconds to import
 
         res = minimize_scalar(
             nll, bounds=(np.log(self.t_min), np.log(self.t_max)), method="bounded", options={"xatol": 1e-6}

@@ -49,8 +49,6 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.stats import rankdata
-from sklearn.metrics import average_precision_score
 
 from candor.util.errors import CandorError
 from candor.util.registry import Registry
@@ -243,6 +241,8 @@ def auroc(confidence: ArrayLike, correct: ArrayLike) -> float:
         return _undefined(f"AUROC is undefined: all {y.size} labels are {int(y[0])}; returning NaN")
     positives = int(y.sum())
     negatives = y.size - positives
+    from scipy.stats import rankdata  # lazy: serving imports these metrics, scipy.stats costs seconds
+
     ranks = rankdata(conf)
     return float((ranks[y == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
@@ -255,6 +255,8 @@ def auprc(confidence: ArrayLike, correct: ArrayLike) -> float:
     conf, y = check_arrays(confidence, correct)
     if _one_class(y):
         return _undefined(f"AUPRC is undefined: all {y.size} labels are {int(y[0])}; returning NaN")
+    from sklearn.metrics import average_precision_score  # lazy, as rankdata above
+
     return float(average_precision_score(y, conf))
 
 

@@ -21,6 +21,8 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from candor.util.errors import CandorError
+
 logger = logging.getLogger(__name__)
 
 
@@ -63,18 +65,36 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now: a busy port is refused before any model loads, not after."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise CandorError(f"cannot listen on {host}:{port} ({exc.strerror}): another process holds it; "
+                          "stop it or pass another --port") from None  # fmt: skip
+    return sock
+
+
 def run(
     app: FastAPI, host: str = "127.0.0.1", port: int = 8000, on_signal: Callable[[], None] | None = None,
-    in_flight: Callable[[], int] | None = None,
+    in_flight: Callable[[], int] | None = None, sock: socket.socket | None = None, access_log: bool = False,
 ) -> None:  # fmt: skip
-    """Serve until SIGTERM or Ctrl-C, then drain; uvicorn's access log is off (the app writes its own)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False)
+    """Serve until SIGTERM or Ctrl-C, then drain (``in_flight``: the work left, which draining waits for).
+
+    ``sock`` is a socket :func:`bind_listener` bound earlier (``host`` and ``port`` are then its own).
+    ``access_log`` turns on uvicorn's line per request, for an app that writes none of its own
+    (``candor serve`` writes its JSON lines; ``serve-head`` does not).
+    """
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log)
     server = DrainingServer(config, on_signal, in_flight)
     # After draining, uvicorn re-raises the signal it stopped on to the handler that was in place
     # before it; for SIGTERM that handler is this no-op, so a requested stop ends with exit 0.
     previous = signal.signal(signal.SIGTERM, _drained)
     try:
-        server.run()
+        server.run(sockets=[sock] if sock is not None else None)
     finally:
         signal.signal(signal.SIGTERM, previous)
 

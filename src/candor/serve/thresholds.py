@@ -45,7 +45,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.stats import binom
 
 from candor.util.errors import CandorError
 
@@ -184,6 +183,8 @@ def binomial_pvalue(errors: int, answered: int, alpha: float) -> float:
         return 1.0
     if alpha >= 1.0:
         return 0.0  # an error rate of at most 1 always holds: nothing to reject
+    from scipy.stats import binom  # lazy: scipy.stats costs seconds to import, and only tuning needs it
+
     return float(binom.cdf(errors, answered, alpha))
 
 

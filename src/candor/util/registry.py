@@ -17,6 +17,7 @@ stage's registry without the earlier stage importing it.
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import logging
 from collections.abc import Callable, Iterator
@@ -68,10 +69,12 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries)) or "(none)"
+            close = difflib.get_close_matches(name, list(self._entries), n=3, cutoff=0.6)
+            guess = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
             hint = ""
             if self._no_plugins_found:  # e.g. run from a source tree that was never pip-installed
                 hint = f" (no {self.plugins!r} entry points are installed: `pip install -e .` registers them)"
-            raise CandorError(f"unknown {self.kind} {name!r}; known: {known}{hint}") from None
+            raise CandorError(f"unknown {self.kind} {name!r}{guess}; known: {known}{hint}") from None
 
     def build(self, name: str, **kwargs: Any) -> Any:
         """Call the registered factory with ``kwargs``; bad options are a user error."""

@@ -101,7 +101,7 @@ def plot_curve(
                 value = summary.get(ref, {}).get(group, {}).get(metric)
                 if value is not None and not math.isnan(value):
                     ax.axhline(value, ls="--", lw=1, color=colors[(len(curves) + j) % len(colors)], label=ref)
-            ax.set_xscale("log")
+            label_budget_axis(ax, sorted({n for pts in curves.values() for n, _ in pts}))
             ax.set_title(f"{metric_label(metric)} ({GROUP_TITLES[group]})")
             ax.set_xlabel("labelled questions")
             ax.grid(alpha=0.3)
@@ -110,6 +110,16 @@ def plot_curve(
         fig.suptitle(title)
     fig.tight_layout()
     return save_png(fig, Path(path))
+
+
+def label_budget_axis(ax: Any, budgets: Sequence[int]) -> None:
+    """A log x-axis ticked at the budgets, in plain numbers ("20", not matplotlib's "2×10¹")."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator([float(n) for n in budgets]))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def _draw_curve(
