@@ -159,7 +159,7 @@ def run_traffic(port: int, pid: int, clients: int, seconds: float, stops: int = 
     stop_memory = unique_stops(client, pid, questions, stops)
     short = [r["latency"] for r in rows if r["kind"] == "short_single"]
     idle_p50 = float(np.median(idle))
-    p99 = float(np.percentile(short, 99)) if short else float("nan")
+    p99 = float(np.percentile(short, 99)) if short else None
     return {
         "clients": clients, "seconds": seconds,
         "idle_p50_s": round(idle_p50, 4),
@@ -167,7 +167,8 @@ def run_traffic(port: int, pid: int, clients: int, seconds: float, stops: int = 
                         "failure_examples": failures[:5], "confidence_mismatches": mismatches,
                         "by_kind": dict(Counter(r["kind"] for r in rows))},
         "short_single_under_load": {"n": len(short), "p50_s": round(float(np.median(short)), 4) if short else None,
-                                    "p99_s": round(p99, 4), "p99_over_idle_p50": round(p99 / idle_p50, 2)},
+                                    "p99_s": None if p99 is None else round(p99, 4),
+                                    "p99_over_idle_p50": None if p99 is None else round(p99 / idle_p50, 2)},
         "hostile": dict(hostile_outcomes),
         "resident_mib": {"before": round(memory_before, 1), "after": round(memory_after, 1),
                          "ratio": round(memory_after / memory_before, 3)},
