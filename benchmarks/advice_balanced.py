@@ -83,6 +83,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pairs-per-step", type=int, default=8)
     p.add_argument("--accumulation", type=int, default=1)
     p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--formats", default=",".join(FORMAT_KEYS),
+                   help=f"verbalized formats scored, among {', '.join(FORMAT_KEYS)} (ScoreNumber is the headline)")
     p.add_argument("--cache", type=Path, default=CACHE / "advice_balanced")
     p.add_argument("--out", type=Path, default=RESULTS / "advice_balanced.json")
     args = p.parse_args()
@@ -90,6 +92,9 @@ def parse_args() -> argparse.Namespace:
     args.mini_seeds = [int(x) for x in args.mini_seeds.split(",") if x.strip()]
     if not args.seeds:
         raise SystemExit("--seeds: at least one seed")
+    args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    if HEADLINE not in args.formats or set(args.formats) - set(FORMAT_KEYS):
+        raise SystemExit(f"--formats: a subset of {', '.join(FORMAT_KEYS)} that includes {HEADLINE}")
     return args
 
 
@@ -157,33 +162,30 @@ def triplets_of(args: argparse.Namespace, records: list[Record], base: HFBackend
     return built
 
 
-def train_seed(
-    args: argparse.Namespace, built: dict[str, Any], records: list[Record], seed: int, folder: Path
-) -> dict[str, dict[str, Any]]:
-    """The three arms at one seed on the same triplets (ConfTuner on the records), each trained once."""
+def train_arm(
+    args: argparse.Namespace, built: dict[str, Any], records: list[Record], seed: int, arm: str, folder: Path
+) -> dict[str, Any]:
+    """One arm at one seed on the triplets (ConfTuner on the records), trained once (cached by its settings)."""
     configs = run_configs(args, settings_for(args, seed), args.learning_rate, len(built["triplets"]))
-    return train_all(configs, built["triplets"], records, folder, built["key"])
+    name = RUN_NAMES[arm]
+    return train_all({name: configs[name]}, built["triplets"], records, folder, built["key"])[name]
 
 
 # ---------------------------------------------------------------- scoring
 
 
-def scored(method: str, backend: HFBackend, test: list[Record], folder: Path) -> dict[str, tuple]:
+def scored(
+    method: str, backend: HFBackend, test: list[Record], folder: Path, formats: Sequence[str]
+) -> dict[str, tuple]:
     """``{format: (confidence, correct)}`` on the starter test part, cached under ``folder``."""
-    per_format = score_method(method, backend, {DATASET: test}, Settings(), folder, None, FORMAT_KEYS)
-    return {f: per_format[f][DATASET] for f in FORMAT_KEYS}
+    per_format = score_method(method, backend, {DATASET: test}, Settings(), folder, None, formats)
+    return {f: per_format[f][DATASET] for f in formats}
 
 
-def adapter_scores(
-    args: argparse.Namespace, runs: dict[str, dict[str, Any]], test: list[Record], folder: Path
-) -> dict[str, dict[str, tuple]]:
-    """Arm name → ``{format: (confidence, correct)}`` of one seed's adapters."""
-    out = {}
-    for arm, run_name in RUN_NAMES.items():
-        run_dir = runs[run_name]["dir"]
-        backend = HFBackend.from_pretrained(args.model, adapter=run_dir)
-        out[arm] = scored("trained", backend, test, folder / "confidences" / f"run-{Path(run_dir).name}")
-    return out
+def adapter_scores(args: argparse.Namespace, run: dict[str, Any], test: list[Record], folder: Path) -> dict:
+    """``{format: (confidence, correct)}`` of one trained adapter on the test part."""
+    backend = HFBackend.from_pretrained(args.model, adapter=run["dir"])
+    return scored("trained", backend, test, folder / "confidences" / f"run-{Path(run['dir']).name}", args.formats)
 
 
 def training_summary(runs: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -195,20 +197,25 @@ def block(seeds: list[dict[str, tuple]], fmt: str, bootstrap: int) -> dict[str, 
     """ECE, AUROC, mean confidence and accuracy of one method in one format: seed means with 95% intervals."""
     per_seed = [{DATASET: s[fmt][0]} for s in seeds]
     labels = {DATASET: seeds[0][fmt][1]}
-    result = evaluate({"m": per_seed}, labels, metrics=("ece", "auroc", "accuracy", "nce"),
-                      ci_metrics=("ece", "auroc", "nce"), bootstrap=bootstrap, seed=0).methods["m"]  # fmt: skip
+    result = evaluate({"m": per_seed}, labels, metrics=("ece", "auroc", "accuracy"), ci_metrics=("ece", "auroc"),
+                      bootstrap=bootstrap, seed=0).methods["m"]  # fmt: skip
     values, ci = result.values[DATASET], result.ci.get(DATASET, {})
-    accuracy = values["accuracy"]
-    # NCE is accuracy - mean confidence, so mean confidence = accuracy - NCE (and its interval flips).
-    low, high = ci.get("nce", (float("nan"), float("nan")))
     return {
         "ece": _num(values["ece"]), "ece_ci": [_num(x) for x in ci.get("ece", (None, None))],
         "auroc": _num(values["auroc"]), "auroc_ci": [_num(x) for x in ci.get("auroc", (None, None))],
-        "mean_confidence": _num(accuracy - values["nce"]), "mean_confidence_ci": [_num(accuracy - high),
-                                                                                  _num(accuracy - low)],
-        "accuracy": _num(accuracy), "n": int(len(labels[DATASET])), "n_correct": int(labels[DATASET].sum()),
+        **mean_confidence([s[fmt][0] for s in seeds], bootstrap),
+        "accuracy": _num(values["accuracy"]), "n": int(len(labels[DATASET])), "n_correct": int(labels[DATASET].sum()),
         "seeds": len(seeds), "ece_per_seed": [_num(x) for x in result.per_seed[DATASET]["ece"]],
     }  # fmt: skip
+
+
+def mean_confidence(per_seed: list[np.ndarray], bootstrap: int) -> dict[str, Any]:
+    """Mean stated confidence (seed mean) with a 95% bootstrap interval over the test questions."""
+    conf = np.mean(per_seed, axis=0)  # the seed mean of a mean is the mean of the per-question seed means
+    rng = np.random.default_rng(0)
+    draws = [conf[rng.integers(0, conf.size, conf.size)].mean() for _ in range(bootstrap)]
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return {"mean_confidence": _num(conf.mean()), "mean_confidence_ci": [_num(low), _num(high)]}
 
 
 def ece_ratio(default: dict[str, tuple], seeds: list[dict[str, tuple]], fmt: str, bootstrap: int) -> dict[str, Any]:
@@ -234,11 +241,11 @@ def method_blocks(
     """The results file's method keys: each a headline block (ScoreNumber) plus ``by_format`` and the ECE ratio."""
     out: dict[str, Any] = {}
     for key, seeds in {"default": [default], **{k: arms[name] for k, name in ARMS.items() if arms.get(name)}}.items():
-        by_format = {FORMATS.get(f).name: block(seeds, f, bootstrap) for f in FORMAT_KEYS}
+        by_format = {FORMATS.get(f).name: block(seeds, f, bootstrap) for f in default}
         entry = {**by_format[FORMATS.get(HEADLINE).name], "by_format": by_format}
         if key != "default":
             entry["ece_ratio_to_default"] = {FORMATS.get(f).name: ece_ratio(default, seeds, f, bootstrap)
-                                             for f in FORMAT_KEYS}  # fmt: skip
+                                             for f in default}  # fmt: skip
         out[key] = entry
     return out
 
@@ -282,6 +289,25 @@ def verdict(payload: dict[str, Any]) -> str:
     return text
 
 
+def train_mini(
+    args: argparse.Namespace, base: HFBackend, test: list[Record], default: dict, payload: dict[str, Any]
+) -> None:
+    """The three arms trained on HonestyBench-mini's pool (11% accuracy), scored on the starter test part."""
+    pool = mini_pool(args)
+    built = triplets_of(args, pool, base, args.cache / "honestybench-mini")
+    arms: dict[str, list] = {}
+    runs: dict[int, dict[str, Any]] = {}
+    for seed in args.mini_seeds:
+        for arm in RUN_NAMES:
+            run = train_arm(args, built, pool, seed, arm, args.cache / "honestybench-mini")
+            runs.setdefault(seed, {})[RUN_NAMES[arm]] = run
+            arms.setdefault(arm, []).append(adapter_scores(args, run, test, args.cache))
+    blocks = method_blocks(default, arms, args.bootstrap)
+    blocks.pop("default")
+    payload["honestybench_mini_trained"] = {"pool": accuracy_of(pool), "triplets": built["summary"],
+                                            "training": training_summary(runs), **blocks}  # fmt: skip
+
+
 def _num(x: Any) -> float | None:
     return None if x is None or x != x else round(float(x), 4)
 
@@ -307,12 +333,12 @@ def main() -> None:
                           "(lr, epochs, batch fixed beforehand)"}},
         "settings": {"learning_rate": args.learning_rate, "epochs": args.epochs, "pairs_per_step": args.pairs_per_step,
                      "accumulation": args.accumulation, "seeds": args.seeds, "mini_seeds": args.mini_seeds,
-                     "bootstrap": args.bootstrap, "formats": [FORMATS.get(f).name for f in FORMAT_KEYS],
+                     "bootstrap": args.bootstrap, "formats": [FORMATS.get(f).name for f in args.formats],
                      "headline_format": FORMATS.get(HEADLINE).name},
         "honestybench_mini_reference": honestybench_ratios(RESULTS / "advice.json"),
     }  # fmt: skip
     clock = time.perf_counter()
-    default = scored("Default", base, test, args.cache / "confidences" / "default")
+    default = scored("Default", base, test, args.cache / "confidences" / "default", args.formats)
     seconds["score_default"] = time.perf_counter() - clock
     arms: dict[str, list] = {}
     payload["complete"] = False
@@ -330,28 +356,18 @@ def main() -> None:
     write()
     built = triplets_of(args, parts["train"], base, args.cache / "starter")
     payload["triplets"] = built["summary"]
-    mini_built, mini_arms, runs, mini_runs = None, {}, {}, {}
+    runs: dict[int, dict[str, Any]] = {}
     for i, seed in enumerate(args.seeds):
-        clock = time.perf_counter()
-        runs[seed] = train_seed(args, built, parts["train"], seed, args.cache / "starter")
-        seconds[f"train_starter_seed{seed}"] = time.perf_counter() - clock
-        for arm, scores in adapter_scores(args, runs[seed], test, args.cache).items():
-            arms.setdefault(arm, []).append(scores)
-        payload["training"] = training_summary(runs)
-        write()
+        for arm in RUN_NAMES:  # ADVICE first: the ratio the hypothesis is about is written first
+            clock = time.perf_counter()
+            run = train_arm(args, built, parts["train"], seed, arm, args.cache / "starter")
+            runs.setdefault(seed, {})[RUN_NAMES[arm]] = run
+            seconds[f"train_{RUN_NAMES[arm]}_seed{seed}"] = time.perf_counter() - clock
+            arms.setdefault(arm, []).append(adapter_scores(args, run, test, args.cache))
+            payload["training"] = training_summary(runs)
+            write()
         if i == 0 and args.mini_seeds:  # the 11%-accuracy arms right after the first seed: the comparison first
-            pool = mini_pool(args)
-            mini_built = triplets_of(args, pool, base, args.cache / "honestybench-mini")
-            for mini_seed in args.mini_seeds:
-                clock = time.perf_counter()
-                mini_runs[mini_seed] = train_seed(args, mini_built, pool, mini_seed, args.cache / "honestybench-mini")
-                seconds[f"train_mini_seed{mini_seed}"] = time.perf_counter() - clock
-                for arm, scores in adapter_scores(args, mini_runs[mini_seed], test, args.cache).items():
-                    mini_arms.setdefault(arm, []).append(scores)
-            blocks = method_blocks(default, mini_arms, args.bootstrap)
-            blocks.pop("default")
-            payload["honestybench_mini_trained"] = {"pool": accuracy_of(pool), "triplets": mini_built["summary"],
-                                                    "training": training_summary(mini_runs), **blocks}
+            train_mini(args, base, test, default, payload)
             write()
     payload["complete"] = True
     write()

@@ -173,6 +173,7 @@ def test_universal_skips_the_best_mean_when_one_domain_loses_beyond_its_noise():
     # when every rule loses somewhere, the smallest worst-domain loss is shipped and said so
     tight = {d: 0.0 for d in tol}
     candidates["frozen"]["domain_change"]["wiki"]["change"] = -0.002
+    candidates["anchored"]["domain_change"]["nq"]["change"] = -0.003
     fallback = pick_universal(candidates, tight)
     assert fallback["qualified"] == [] and fallback["selected"] == "frozen" and "no rule qualified" in fallback["how"]
     assert fallback["worst_domain_change"]["free"] == pytest.approx(-0.05)
