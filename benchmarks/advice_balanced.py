@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 import time
 from collections import Counter
@@ -83,6 +84,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pairs-per-step", type=int, default=8)
     p.add_argument("--accumulation", type=int, default=1)
     p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--arms", default=",".join(RUN_NAMES),
+                   help="the trained arms, in order (e.g. one per process on a shared machine; runs are cached)")
     p.add_argument("--formats", default=",".join(FORMAT_KEYS),
                    help=f"verbalized formats scored, among {', '.join(FORMAT_KEYS)} (ScoreNumber is the headline)")
     p.add_argument("--cache", type=Path, default=CACHE / "advice_balanced")
@@ -92,6 +95,9 @@ def parse_args() -> argparse.Namespace:
     args.mini_seeds = [int(x) for x in args.mini_seeds.split(",") if x.strip()]
     if not args.seeds:
         raise SystemExit("--seeds: at least one seed")
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not args.arms or set(args.arms) - set(RUN_NAMES):
+        raise SystemExit(f"--arms: a subset of {', '.join(RUN_NAMES)}")
     args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if HEADLINE not in args.formats or set(args.formats) - set(FORMAT_KEYS):
         raise SystemExit(f"--formats: a subset of {', '.join(FORMAT_KEYS)} that includes {HEADLINE}")
@@ -298,7 +304,7 @@ def train_mini(
     arms: dict[str, list] = {}
     runs: dict[int, dict[str, Any]] = {}
     for seed in args.mini_seeds:
-        for arm in RUN_NAMES:
+        for arm in args.arms:
             run = train_arm(args, built, pool, seed, arm, args.cache / "honestybench-mini")
             runs.setdefault(seed, {})[RUN_NAMES[arm]] = run
             arms.setdefault(arm, []).append(adapter_scores(args, run, test, args.cache))
@@ -327,7 +333,7 @@ def main() -> None:
     payload: dict[str, Any] = {
         "benchmark": "ADVICE / ConfTuner on the starter set (issue 46)",
         "model": args.model,
-        "command": "python benchmarks/advice_balanced.py " + " ".join(sys.argv[1:]),
+        "command": shlex.join(["python", "benchmarks/advice_balanced.py", *sys.argv[1:]]),
         "split": {"salt": SALT, "cuts": CUTS, **{side: accuracy_of(parts[side]) for side in ("train", "test")},
                   "dev": {"n": len(parts["dev"]), "use": "held back, not annotated: nothing is selected in this run "
                           "(lr, epochs, batch fixed beforehand)"}},
@@ -358,7 +364,7 @@ def main() -> None:
     payload["triplets"] = built["summary"]
     runs: dict[int, dict[str, Any]] = {}
     for i, seed in enumerate(args.seeds):
-        for arm in RUN_NAMES:  # ADVICE first: the ratio the hypothesis is about is written first
+        for arm in args.arms:  # ADVICE first by default: the ratio the hypothesis is about is written first
             clock = time.perf_counter()
             run = train_arm(args, built, parts["train"], seed, arm, args.cache / "starter")
             runs.setdefault(seed, {})[RUN_NAMES[arm]] = run
