@@ -503,6 +503,10 @@ def advice_balanced(r: Path) -> dict[str, str]:
                                            f"{d['settings']['seeds']}"),
         "value:advice-balanced-verdict": d["hypothesis"] + ("" if d.get("complete") else " (partial run)"),
         "value:advice-balanced-command": f"`{d['command']}`",
+        "value:advice-balanced-cost": "; ".join(
+            f"{seed}: " + ", ".join(f"{name} {run['wall_s'] / 60:.0f} min on {run['examples']} examples"
+                                    for name, run in by_run.items())
+            for seed, by_run in d.get("training", {}).items()) or DASH,
     }
 
 
