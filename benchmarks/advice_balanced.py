@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from advice import Settings, run_configs, score_method, train_all, training_triplets
+from advice import Settings, run_configs, run_path, score_method, train_all, training_triplets
 from common import CACHE, RESULTS, annotate_part, logger, peak_rss_mib, setup_logging, write_json
 
 from candor.annotation.builder import AnnotateConfig
@@ -60,6 +60,7 @@ from candor.data.items import QAItem
 from candor.data.splits import hash_unit
 from candor.evaluation.engine import evaluate
 from candor.evaluation.metrics import ece
+from candor.train.advice import is_trained
 from candor.verbal.formats import FORMATS
 
 SALT = "advice-balanced"
@@ -84,6 +85,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pairs-per-step", type=int, default=8)
     p.add_argument("--accumulation", type=int, default=1)
     p.add_argument("--bootstrap", type=int, default=1000)
+    p.add_argument("--cached-only", action="store_true",
+                   help="train nothing: report the runs already trained in the cache (e.g. after a stopped run)")
     p.add_argument("--arms", default=",".join(RUN_NAMES),
                    help="the trained arms, in order (e.g. one per process on a shared machine; runs are cached)")
     p.add_argument("--formats", default=",".join(FORMAT_KEYS),
@@ -170,10 +173,13 @@ def triplets_of(args: argparse.Namespace, records: list[Record], base: HFBackend
 
 def train_arm(
     args: argparse.Namespace, built: dict[str, Any], records: list[Record], seed: int, arm: str, folder: Path
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """One arm at one seed on the triplets (ConfTuner on the records), trained once (cached by its settings)."""
     configs = run_configs(args, settings_for(args, seed), args.learning_rate, len(built["triplets"]))
     name = RUN_NAMES[arm]
+    if args.cached_only and not is_trained(run_path(folder, configs[name], built["key"])):
+        logger.info("%s seed %d: not trained yet, left out (--cached-only)", arm, seed)
+        return None
     return train_all({name: configs[name]}, built["triplets"], records, folder, built["key"])[name]
 
 
@@ -306,6 +312,8 @@ def train_mini(
     for seed in args.mini_seeds:
         for arm in args.arms:
             run = train_arm(args, built, pool, seed, arm, args.cache / "honestybench-mini")
+            if run is None:
+                continue
             runs.setdefault(seed, {})[RUN_NAMES[arm]] = run
             arms.setdefault(arm, []).append(adapter_scores(args, run, test, args.cache))
     blocks = method_blocks(default, arms, args.bootstrap)
@@ -367,6 +375,8 @@ def main() -> None:
         for arm in args.arms:  # ADVICE first by default: the ratio the hypothesis is about is written first
             clock = time.perf_counter()
             run = train_arm(args, built, parts["train"], seed, arm, args.cache / "starter")
+            if run is None:
+                continue
             runs.setdefault(seed, {})[RUN_NAMES[arm]] = run
             seconds[f"train_{RUN_NAMES[arm]}_seed{seed}"] = time.perf_counter() - clock
             arms.setdefault(arm, []).append(adapter_scores(args, run, test, args.cache))
