@@ -17,10 +17,12 @@ Stage 2's rule is chosen first, on training and dev questions only (issue 25;
 in-domain dataset left out (stages 1 and 2 on the other three datasets' pool)
 and is scored on the held-out dataset's dev questions (its dev slice, its
 ``lodo`` part from annotate_mini.py and, with ``--score-pool``, its own pool
-questions); the best mean held-out AUROC wins (ties by ECE), then an
-in-domain check on the ``lodo`` questions refuses it if it is worse in domain
-than the old rule beyond the paired interval. No test part is read until the
-rule is fixed (``--only select`` stops there).
+questions). Each target picks its rule (candor.train.elical.rules): ``universal``
+(the default) the best mean held-out AUROC among the rules that lose no held-out
+domain's AUROC from 100 to all labels beyond that domain's seed noise,
+``in-domain`` the best mean (ties by ECE). An in-domain check on the ``lodo``
+questions reports the universal pick against the in-domain one (report only).
+No test part is read until the rules are fixed (``--only select`` stops there).
 
 Early stopping watches the 200-question dev slice (its consistency rates in
 stage 1, its sample accuracies in stage 2); no test item is ever used. Each
@@ -61,13 +63,15 @@ from pathlib import Path
 from typing import Any
 
 from common import CACHE, RESULTS, logger, peak_rss_mib, setup_logging, write_json
+from elical_targets import claim_fields
 
 from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators.confidences import read_confidences
 from candor.evaluation.engine import Group, metric_differences
 from candor.train.elical import Budget, EliCalConfig
-from candor.train.elical.selection import RULES, StageTwoRule, rule_of, select_rule
+from candor.train.elical.rules import DEFAULT_TARGET, RULES, StageTwoRule, target_rule
+from candor.train.elical.selection import select_rule
 from candor.train.elical.sweep import CONFIDENCES, SweepData, plot_sweep, run_sweep
 from candor.train.elical.targets import targets
 
@@ -82,9 +86,9 @@ BASELINES = {
 REFERENCE = "N-Prob"
 # The baselines computed from the annotated records alone (greedy log-probabilities, stored consistency verdicts).
 RECORD_ONLY = ("prob", "n-prob", "min-prob", "consis-lex", "consis-sem")
-# Stage 2's rule before issue 25 (early stopping on dev MSE, no anchor, every weight trains); the candidates
-# are candor.train.elical.selection.RULES, compared by leaving one in-domain dataset out (issue 25).
-BEFORE_RULE = RULES["loss-stop"]
+# Every candidate (candor.train.elical.rules.RULES) is compared by leaving one in-domain dataset out (issue 25);
+# each target picks its own (issue 46). The budget curve is run with the default target's pick ("after") and
+# the in-domain target's ("before": the mean rule of issue 25); stage1 and heads are shared by rule name.
 SELECT_BUDGETS = "100,all"
 METRICS = ("auroc", "ece", "alignment")
 LORA_SUFFIX = " (lora)"
@@ -213,23 +217,26 @@ def lodo_selection(args: argparse.Namespace, data: SweepData, lodo: list[Record]
     names = args.candidates.split(",") if args.candidates else list(RULES)
     scored = [*lodo, *data.train] if args.score_pool else lodo
     return select_rule(
-        data.train, data.dev, scored, out_dir=args.cache / "lodo", config=head_config(args, BEFORE_RULE),
+        data.train, data.dev, scored, out_dir=args.cache / "lodo", config=head_config(args, RULES["loss-stop"]),
         rules=names, budgets=[Budget.parse(b) for b in args.select_budgets.split(",") if b], seeds=args.seeds,
     )  # fmt: skip
 
 
-def in_domain_check(args: argparse.Namespace, data: SweepData, lodo: list[Record], chosen: str) -> dict[str, Any]:
-    """The chosen rule against the old one in domain, on dev questions only: heads trained on the whole pool
+def in_domain_check(
+    args: argparse.Namespace, data: SweepData, lodo: list[Record], chosen: str, before: str
+) -> dict[str, Any]:
+    """The chosen rule against ``before`` in domain, on dev questions only: heads trained on the whole pool
     (all four datasets), scored on the extra dev questions of all four (never trained or stopped on).
 
-    The chosen rule is adopted unless, at some budget, its in-domain AUROC is below the old rule's beyond the
-    paired bootstrap interval of the difference (the interval's upper end below zero).
+    A report: ``worse_beyond_interval_at`` lists the budgets where the chosen rule's in-domain AUROC is below
+    ``before``'s beyond the paired bootstrap interval (the interval's upper end below zero); what in-domain use
+    gives up for the universal claim.
     """
     by_dataset: dict[str, list[Record]] = {}
     for r in lodo:
         by_dataset.setdefault(r.item.dataset, []).append(r)
     if not by_dataset:
-        return {"chosen": chosen, "before": BEFORE_RULE.name, "skipped": "no extra dev questions (lodo part) read",
+        return {"chosen": chosen, "before": before, "skipped": "no extra dev questions (lodo part) read",
                 "worse_beyond_interval_at": []}
     scored = SweepData(data.train, data.dev, by_dataset, {d: "id" for d in by_dataset})
     labels = {d: targets(recs, "hard", what=f"lodo {d}").astype(int) for d, recs in by_dataset.items()}
@@ -239,12 +246,12 @@ def in_domain_check(args: argparse.Namespace, data: SweepData, lodo: list[Record
                         config=head_config(args, RULES[name]), budgets=budgets, seeds=args.seeds,
                         methods=("elical",), bootstrap=0,
                         stage1_dir=args.cache / "in-domain-check" / "stage1")["methods"]
-        for name in dict.fromkeys([chosen, BEFORE_RULE.name])
+        for name in dict.fromkeys([chosen, before])
     }  # fmt: skip
     group = [Group("id", tuple(by_dataset))]
     rows = {}
     for b in budgets:
-        new, old = sweeps[chosen][f"EliCal@{b}"], sweeps[BEFORE_RULE.name][f"EliCal@{b}"]
+        new, old = sweeps[chosen][f"EliCal@{b}"], sweeps[before][f"EliCal@{b}"]
         gap = metric_differences(new[CONFIDENCES], old[CONFIDENCES], labels, groups=group,
                                  bootstrap=max(args.bootstrap, 1))["id"]  # fmt: skip
         rows[str(b)] = {
@@ -256,7 +263,7 @@ def in_domain_check(args: argparse.Namespace, data: SweepData, lodo: list[Record
     worse = [b for b, row in rows.items() if row["ci95"][1] is not None and row["ci95"][1] < 0]
     return {
         "chosen": chosen,
-        "before": BEFORE_RULE.name,
+        "before": before,
         "scored_on": {d: {"n": len(recs), "n_correct": int(labels[d].sum())} for d, recs in by_dataset.items()},
         "by_budget": rows,
         "worse_beyond_interval_at": worse,
@@ -367,10 +374,13 @@ def results_payload(
             "lexical-echo; see results/consistency_agreement.json), so Eli-Only and EliCal differ from earlier "
             "versions of this file; the 'before' curve is rerun on the same records so before/after compare like "
             "with like.",
-            "Stage 2 follows the rule in stage2_rule.after, chosen by leaving one in-domain dataset out "
-            "(stage2_rule.held_out_selection: train on three datasets' pool, score on the fourth's dev questions) and "
-            "checked in domain on dev questions (stage2_rule.in_domain_check); the 'before' section is the same sweep "
-            "with the old rule (dev MSE, no anchor, every weight) on the same records.",
+            "Stage 2 follows the rule in stage2_rule.after: the pick of the default target 'universal' "
+            "(stage2_rule.criterion: no held-out domain loses AUROC from 100 labels to all labels beyond "
+            "stage2_rule.tolerance, then the best mean), chosen by leaving one in-domain dataset out "
+            "(stage2_rule.held_out_selection: train on three datasets' pool, score on the fourth's dev questions; "
+            "stage2_rule.domain_change: each rule's change per domain). The 'before' section is the same sweep with "
+            "the in-domain target's rule (the best mean held-out AUROC, issue 25); stage2_rule.in_domain_check "
+            "compares the two in domain on dev questions.",
             "EliCal re-centres the head's bias on the stage-2 targets when stage 2 starts (recenter_bias, "
             "chosen on dev-slice loss); the '(plain resume)' rows are the paper's plain resume, for comparison.",
             "head mode: frozen backbone, last-layer last-token features, head lr 1e-3, batch 32, up to the paper's "
@@ -392,20 +402,21 @@ def results_payload(
     }
 
 
-def add_rule_change(payload: dict, before: dict, selection: dict, check: dict, rule: StageTwoRule) -> None:
-    """The stage-2 rule before and after issue 25, the held-out-domain evidence that chose it, the in-domain
-    check, and the before curve."""
-    default = EliCalConfig()
+def add_rule_change(
+    payload: dict, before: dict, selection: dict, check: dict, rule: StageTwoRule, before_rule: StageTwoRule
+) -> None:
+    """The stage-2 rule of each target (after: the default target's, before: the in-domain one), the
+    held-out-domain evidence that chose them (criterion, tolerance, each domain's 100→all change per rule), the
+    in-domain check, and the before curve."""
     payload["stage2_rule"] = {
-        "before": {"name": BEFORE_RULE.name, **BEFORE_RULE.settings()},
-        "after": {"name": rule.name, **rule.settings()},
-        "library_default": {"name": rule_of(default), "cal_stop": default.cal_stop,
-                            "cal_anchor": default.cal_anchor, "cal_scope": default.cal_scope},
+        "before": {"name": before_rule.name, "target": "in-domain", **before_rule.settings()},
+        "after": {"name": rule.name, "target": DEFAULT_TARGET, **rule.settings()},
+        **claim_fields(selection),
         "held_out_selection": selection,
         "in_domain_check": check,
     }
     payload["before"] = {
-        "rule": BEFORE_RULE.name,
+        "rule": before_rule.name,
         "methods": {
             name: {k: v for k, v in method_entry(entry, "head").items() if k != "runs"}
             for name, entry in before["methods"].items()
@@ -519,9 +530,10 @@ def main() -> None:
         selection = lodo_selection(args, pool, lodo)
         seconds["held_out_selection"] = time.perf_counter() - start
         start = time.perf_counter()
-        check = in_domain_check(args, pool, lodo, selection["selected"])
+        picks = selection["selected_by_target"]
+        rule, before_rule = RULES[picks[DEFAULT_TARGET]], RULES[picks["in-domain"]]
+        check = in_domain_check(args, pool, lodo, rule.name, before_rule.name)
         seconds["in_domain_check"] = time.perf_counter() - start
-        rule = BEFORE_RULE if check["worse_beyond_interval_at"] else RULES[selection["selected"]]
         if args.only == "select":
             print(json.dumps({"selection": selection, "in_domain_check": check, "rule": rule.name}, indent=2,
                              default=float))
@@ -531,15 +543,17 @@ def main() -> None:
     data = SweepData(train, dev, tests, roles)
     baselines = load_baselines(baseline_dir(args, tests), tests)
     if args.only in ("before", "sweep"):
-        names = [BEFORE_RULE.name, *(n for n in args.report_rules.split(",") if n and args.only == "sweep")]
+        extra = [n for n in args.report_rules.split(",") if n and args.only == "sweep"]
+        names = [target_rule("in-domain").name, *extra]
         for name in names:
             head_sweep(args, data, baselines, RULES[name], args.cache / "head" / _slug(name))
         return
-    if rule_of(EliCalConfig()) != rule.name:
-        logger.warning("the library default stage-2 rule is %s, the selected one %s: update EliCalConfig's defaults",
-                       rule_of(EliCalConfig()), rule.name)
+    for target, name in picks.items():
+        if target_rule(target).name != name:
+            logger.warning("target %s ships rule %s, the selection chose %s: update candor.train.elical.rules.TARGETS",
+                           target, target_rule(target).name, name)
     start = time.perf_counter()
-    before = head_sweep(args, data, baselines, BEFORE_RULE, args.cache / "head" / _slug(BEFORE_RULE.name))
+    before = head_sweep(args, data, baselines, before_rule, args.cache / "head" / _slug(before_rule.name))
     seconds["head_sweep_before"] = time.perf_counter() - start
     start = time.perf_counter()
     head = head_sweep(args, data, baselines, rule, args.cache / "head" / _slug(rule.name))
@@ -559,7 +573,7 @@ def main() -> None:
         seconds["lora"] = time.perf_counter() - start
 
     payload = results_payload(args, head, plain, lora, data, seconds)
-    add_rule_change(payload, before, selection, check, rule)
+    add_rule_change(payload, before, selection, check, rule, before_rule)
     payload["stage2_rule"]["report_only"] = {
         name: {
             "note": "not selected on held-out domains; swept for the record only (test/OOD never fed a choice)",

@@ -562,6 +562,77 @@ def elical_rule(d: Json) -> dict[str, str]:
     }
 
 
+def elical_targets(r: Path) -> dict[str, str]:
+    """Stage 2 by the claim's quantifier (issue 46): each rule's 100→all change on each held-out domain,
+    the tolerances, and each target's pick."""
+    rule = load("elical", r).get("stage2_rule", {})
+    if "selected_by_target" not in rule:
+        return {}
+    sel, tol = rule["held_out_selection"], rule["tolerance"]["by_domain"]
+    picks, choice = rule["selected_by_target"], rule["universal_choice"]
+    first, last = sel["budgets"][0], sel["budgets"][-1]
+    rows = [["tolerance (−)", *(signed(-t) for t in tol.values()), DASH, DASH, DASH]]
+    for name, c in sel["candidates"].items():
+        cells = [signed(c["domain_change"][d]["change"]) + (" ✗" if d in choice["losing_domains"][name] else "")
+                 for d in tol]  # fmt: skip
+        marks = [t for t, pick in picks.items() if pick == name]
+        label = f"**{name}** ({', '.join(marks)})" if marks else name
+        rows.append([label, *cells, signed(choice["worst_domain_change"][name]), pct(c["mean_auroc"]),
+                     "yes" if name in choice["qualified"] else "no"])
+    head = [f"rule (Δ AUROC @{first} → @{last})",
+            *(f"{d} ({sel['folds'][d]['n_correct']} of {sel['folds'][d]['n_scored']} correct)" for d in tol),
+            "worst", "mean AUROC", "qualifies"]  # fmt: skip
+    return {
+        "table:elical-targets": md_table(head, "l" + "r" * (len(tol) + 2) + "l", rows),
+        "value:elical-target-universal": picks["universal"],
+        "value:elical-target-in-domain": picks["in-domain"],
+        "value:elical-universal-how": choice["how"],
+        "value:elical-tolerance": ", ".join(f"{d} {100 * t:.1f}" for d, t in tol.items()),
+        "value:elical-curve-rule": rule.get("curve_rule", rule["after"]["name"]),
+    }
+
+
+def advice_balanced(r: Path) -> dict[str, str]:
+    """ADVICE on the starter set (issue 46): each arm on the starter test part, and the hypothesis's verdict."""
+    d = load("advice_balanced", r)
+    rows = []
+    arms = [("default", "Default", d)]
+    arms += [(k, label, d) for k, label in (("conftuner", "ConfTuner"), ("advice", "ADVICE"),
+                                            ("advice_conftuner", "ADVICE+ConfTuner")) if k in d]  # fmt: skip
+    mini = d.get("honestybench_mini_trained") or {}
+    arms += [(k, f"{label} (HonestyBench-mini-trained)", mini) for k, label in
+             (("conftuner", "ConfTuner"), ("advice", "ADVICE"), ("advice_conftuner", "ADVICE+ConfTuner")) if k in mini]
+    for key, label, source in arms:
+        entry = source[key]
+        for fmt, b in entry["by_format"].items():
+            factor = entry.get("ece_ratio_to_default", {}).get(fmt)
+            rows.append([label, fmt, str(b["seeds"]), with_ci(b["ece"], b["ece_ci"]),
+                         with_ci(b["auroc"], b["auroc_ci"]),
+                         with_ci(b["mean_confidence"], b["mean_confidence_ci"]), pct(b["accuracy"]),
+                         DASH if factor is None else f"{factor['ratio']:.2f} [{factor['ci95'][0]:.2f}, "
+                                                     f"{factor['ci95'][1]:.2f}]"])  # fmt: skip
+    test, train = d["split"]["test"], d["split"]["train"]
+    triplets = d.get("triplets", {})
+    return {
+        "table:advice-balanced": md_table(["method", "format", "seeds", "ECE [95%]", "AUROC [95%]",
+                                           "mean confidence [95%]", "accuracy", "ECE / Default [95%]"],
+                                          "llrrrrrr", rows),
+        "value:advice-balanced-split": (f"train {train['n']} questions ({100 * train['accuracy']:.0f}% answered "
+                                        f"correctly), dev {d['split']['dev']['n']} (held back), test {test['n']} "
+                                        f"({test['n_correct']} correct, {100 * test['accuracy']:.0f}%)"),
+        "value:advice-balanced-triplets": (f"{triplets.get('n', 0)} triplets ({triplets.get('sources', {})})"),
+        "value:advice-balanced-settings": (f"lr {d['settings']['learning_rate']:g}, {d['settings']['epochs']:g} "
+                                           f"epochs, {d['settings']['pairs_per_step']} pairs per step, seeds "
+                                           f"{d['settings']['seeds']}"),
+        "value:advice-balanced-verdict": d["hypothesis"] + ("" if d.get("complete") else " (partial run)"),
+        "value:advice-balanced-command": f"`{d['command']}`",
+        "value:advice-balanced-cost": "; ".join(
+            f"{seed}: " + ", ".join(f"{name} {run['wall_s'] / 60:.0f} min on {run['examples']} examples"
+                                    for name, run in by_run.items())
+            for seed, by_run in d.get("training", {}).items()) or DASH,
+    }
+
+
 # ---------------------------------------------------------------- ADVICE
 
 ADVICE_ROWS = [("Default", "ScoreLetter"), ("Prompting", "ScoreLetter"), ("Self-Consistency", "ScoreLetter"),
@@ -1119,7 +1190,8 @@ def claims_section(r: Path) -> dict[str, str]:
 # ---------------------------------------------------------------- the README
 
 SECTIONS: list[Callable[[Path], dict[str, str]]] = [
-    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, advice_budget, diagnose13, advice,
+    annotate_throughput, judge_agreement, baselines, baselines_strong, elical, elical_targets, advice_budget,
+    diagnose13, advice, advice_balanced,
     elical_cost, serve_hostile, serve_engine, eigenscore_cost, verbal_pruned, annotate_dtype, peer_polygraph,
     decode_threads, serve_hostile_threads2, decode_step_parts, decode_processes, decode_lean, prefix_split,
     avx2_host, avx2_races, annotate_workers, serve_conversations,

@@ -396,12 +396,18 @@ def test_train_elical_prints_the_held_out_domain_auroc_of_a_multi_dataset_pool(t
     result = runner.invoke(app, ["train", "elical", "-r", str(pool), "-o", str(tmp_path / "h"), *args])
     assert result.exit_code == 0, result.output
     assert "held-out-domain AUROC" in result.output and "a " in result.output and "mean" in result.output
+    assert "stage 2: target universal (no held-out domain loses AUROC" in result.output  # the default target
+    assert "→ rule L2-SP 1" in result.output and "overridden" not in result.output
     report = json.loads((tmp_path / "h" / "training.json").read_text())["held_out_domains"]
     # each dataset scored on all its records (pool and carved dev), none of which its fold trained on
     assert {d: v["n"] for d, v in report["domains"].items()} == {"a": 24, "b": 24}
     assert all(0.0 <= v["auroc"] <= 1.0 for v in report["domains"].values())
-    one = runner.invoke(app, ["train", "elical", "-r", str(single), "-o", str(tmp_path / "s"), *args])
+    one = runner.invoke(app, ["train", "elical", "-r", str(single), "-o", str(tmp_path / "s"), *args,
+                              "-s", "target=in-domain"])  # fmt: skip
     assert one.exit_code == 0, one.output
+    assert "stage 2: target in-domain (the best mean held-out AUROC" in one.output and "→ rule L2-SP 0.1" in one.output
+    saved = json.loads((tmp_path / "s" / "training.json").read_text())["config"]
+    assert (saved["target"], saved["cal_anchor"]) == ("in-domain", 0.1)
     assert "held-out-domain" not in one.output
     assert "held_out_domains" not in json.loads((tmp_path / "s" / "training.json").read_text())
 
@@ -417,7 +423,9 @@ def test_sweep_select_chooses_a_rule_on_held_out_domains_and_reads_no_test(tiny_
     assert result.exit_code == 0, result.output
     chosen = json.loads((tmp_path / "sel" / "selection.json").read_text())
     assert set(chosen["candidates"]) == {"loss-stop", "bias-scale"}
-    assert f"selected: {chosen['selected']}" in result.output and "held out a:" in result.output
+    picks = chosen["selected_by_target"]
+    assert f"target universal: {picks['universal']}" in result.output and "held out a:" in result.output
+    assert f"target in-domain: {picks['in-domain']}" in result.output and "per held-out domain" in result.output
     with_test = runner.invoke(app, [*base, "-t", str(extra)])
     assert with_test.exit_code == 2 and "no --test" in with_test.output
     bad_rule = runner.invoke(app, [*base, "--rules", "nope"])

@@ -7,7 +7,16 @@ from helpers import annotated_records
 
 from candor.annotation.contamination import fingerprints, read_manifest
 from candor.train.elical import WHOLE_POOL, EliCalConfig
-from candor.train.elical.selection import RULES, lodo_folds, pick, rule_of, select_rule
+from candor.train.elical.rules import RULES, TARGETS, rule_of, stage_two_line
+from candor.train.elical.selection import (
+    domain_changes,
+    lodo_folds,
+    pick,
+    pick_universal,
+    rechoose,
+    select_rule,
+    tolerances,
+)
 from candor.util.errors import CandorError
 
 DOMAINS = ("nq", "hq", "pararel")
@@ -116,10 +125,81 @@ def test_metric_differences_are_seed_mean_gaps_with_a_paired_interval():
         metric_differences(good, noise, labels, bootstrap=0)
 
 
-def test_the_library_default_is_the_rule_the_benchmark_selected():
+def _saved_elical() -> dict:
     import json
     from pathlib import Path
 
-    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "elical.json"
-    after = json.loads(results.read_text())["stage2_rule"]["after"]
-    assert rule_of(EliCalConfig()) == after["name"]
+    return json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "elical.json").read_text())
+
+
+def test_each_target_ships_the_rule_the_benchmark_selected_for_it():
+    rule = _saved_elical()["stage2_rule"]
+    assert {t: target.rule for t, target in TARGETS.items()} == rule["selected_by_target"]
+    assert rule_of(EliCalConfig()) == rule["selected_by_target"]["universal"] == rule["library_default"]["name"]
+
+
+def _with_changes(changes: dict[str, dict[str, list[float]]], means: dict[str, float]) -> dict[str, dict]:
+    """Candidates with per-seed 100→all changes per domain and a mean held-out AUROC (ECE equal)."""
+    return {name: {"mean_auroc": means[name], "mean_ece": 0.05,
+                   "domain_change": {d: {"change": float(sum(s) / len(s)), "per_seed": s} for d, s in per.items()}}
+            for name, per in changes.items()}  # fmt: skip
+
+
+def test_tolerance_is_two_standard_errors_from_the_seeds_spread_pooled_over_rules():
+    import numpy as np
+
+    changes = {"a": {"x": [0.0, 0.02, 0.04], "y": [0.1, 0.1, 0.1]}, "b": {"x": [-0.01, 0.0, 0.01], "y": [0.0] * 3}}
+    candidates = _with_changes(changes, {"a": 0.7, "b": 0.6})
+    tol = tolerances(candidates)
+    var_x = (np.var([0.0, 0.02, 0.04], ddof=1) + np.var([-0.01, 0.0, 0.01], ddof=1)) / 2
+    assert tol["x"] == pytest.approx(2 * np.sqrt(var_x / 3))
+    assert tol["y"] == pytest.approx(0.0, abs=1e-12)  # no spread at all: any loss counts
+    one_seed = _with_changes({"a": {"x": [0.03]}}, {"a": 0.7})
+    assert tolerances(one_seed) == {"x": 0.0}
+
+
+def test_universal_skips_the_best_mean_when_one_domain_loses_beyond_its_noise():
+    # "free" has the best mean but loses 5 points on nq (tolerance about 1 point); "anchored" loses nothing.
+    candidates = _with_changes({
+        "free": {"nq": [-0.05, -0.06, -0.04], "wiki": [0.08, 0.07, 0.09]},
+        "anchored": {"nq": [-0.005, 0.0, 0.005], "wiki": [0.01, 0.0, 0.02]},
+        "frozen": {"nq": [0.0, 0.0, 0.0], "wiki": [0.0, 0.0, 0.0]},
+    }, {"free": 0.70, "anchored": 0.68, "frozen": 0.66})  # fmt: skip
+    tol = tolerances(candidates)
+    assert pick(candidates) == "free"  # the mean rule (in-domain target) takes it
+    chosen = pick_universal(candidates, tol)
+    assert chosen["selected"] == "anchored" and chosen["qualified"] == ["anchored", "frozen"]
+    assert chosen["losing_domains"]["free"] == ["nq"]
+    # when every rule loses somewhere, the smallest worst-domain loss is shipped and said so
+    tight = {d: 0.0 for d in tol}
+    candidates["frozen"]["domain_change"]["wiki"]["change"] = -0.002
+    candidates["anchored"]["domain_change"]["nq"]["change"] = -0.003
+    fallback = pick_universal(candidates, tight)
+    assert fallback["qualified"] == [] and fallback["selected"] == "frozen" and "no rule qualified" in fallback["how"]
+    assert fallback["worst_domain_change"]["free"] == pytest.approx(-0.05)
+
+
+def test_a_saved_selection_is_rechosen_from_its_per_seed_held_out_aurocs():
+    import numpy as np
+
+    saved = _saved_elical()["stage2_rule"]["held_out_selection"]
+    again = rechoose(saved)
+    cell = saved["candidates"]["loss-stop"]["by_budget"]
+    seeds = {b: cell[b]["by_fold"]["nq"]["per_seed"]["auroc"] for b in ("100", "all")}
+    nq = np.mean(seeds["all"]) - np.mean(seeds["100"])
+    assert again["candidates"]["loss-stop"]["domain_change"]["nq"]["change"] == pytest.approx(nq)
+    assert domain_changes(cell, "100", "all")["nq"]["first"] == cell["100"]["by_fold"]["nq"]["auroc"]
+    assert again["selected_by_target"] == saved["selected_by_target"]
+    assert again["selected"] == again["selected_by_target"]["universal"]
+
+
+def test_the_target_sets_stage_two_and_explicit_fields_override_it():
+    universal, in_domain = EliCalConfig(), EliCalConfig(target="in-domain")
+    assert rule_of(universal) == TARGETS["universal"].rule and rule_of(in_domain) == TARGETS["in-domain"].rule
+    mixed = EliCalConfig(target="in-domain", cal_scope="bias-scale")
+    assert (mixed.cal_anchor, mixed.cal_scope) == (RULES[TARGETS["in-domain"].rule].cal_anchor, "bias-scale")
+    line = stage_two_line(mixed.fingerprint())
+    assert line.startswith("stage 2: target in-domain") and "overridden by your settings: cal_scope=bias-scale" in line
+    assert "target" in universal.fingerprint()
+    with pytest.raises(CandorError, match="unknown EliCal target 'everywhere'; known: universal, in-domain"):
+        EliCalConfig(target="everywhere")

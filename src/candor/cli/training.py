@@ -36,6 +36,7 @@ def train(
 ) -> None:
     """Train a confidence method and save it (a head for EliCal, a LoRA adapter for ADVICE/ConfTuner)."""
     from candor.train.elical.held_out import held_out_summary
+    from candor.train.elical.rules import stage_two_line
     from candor.train.settings import parse_settings
     from candor.train.trainers import TrainJob, run_training
 
@@ -46,6 +47,8 @@ def train(
         f"{method}: saved to {result.path} ({result.cost.get('wall_s', float('nan')):.0f} s, "
         f"peak {result.cost.get('peak_rss_mib', float('nan')):.0f} MiB)"
     )
+    if method == "elical":
+        typer.echo(stage_two_line(result.config))
     if result.held_out is not None:
         typer.echo(held_out_summary(result.held_out))
 

@@ -20,6 +20,7 @@ from typing import Any
 from candor.backends.default_model import DEFAULT_MODEL
 from candor.train.common import ALL_PROJECTIONS
 from candor.train.elical.model import MODES
+from candor.train.elical.rules import CAL_SCOPES, DEFAULT_TARGET, RULE_FIELDS, target_rule
 from candor.train.elical.targets import stage_target
 from candor.train.elical.trainer import STOP_METRICS
 from candor.train.settings import check_settings
@@ -31,11 +32,6 @@ SMALL_N = 10_000
 EPOCHS_FULL, EPOCHS_SMALL, EPOCHS_LARGE = 10, 50, 15
 
 DEFAULT_BATCH = {"head": 32, "lora": 8}
-
-# What stage 2 trains when it resumes stage 1 (``cal_scope``): every trainable weight (the paper), or only a
-# scale and a bias on the head's logit, which recalibrates without reordering (Cal-Only, from scratch, trains all).
-ALL_WEIGHTS, BIAS_SCALE = "all", "bias-scale"
-CAL_SCOPES = (ALL_WEIGHTS, BIAS_SCALE)
 
 
 def paper_epochs(n: int, full_set: bool) -> int:
@@ -54,11 +50,13 @@ class EliCalConfig:
     template: str = "auto"
     layer: int = -1
     cal_target: str = "soft"
-    # Stage 2's rule, chosen by leaving one in-domain dataset out (issue 25, benchmarks/README.md): early stopping
-    # on dev loss with an L2-SP anchor of 0.1 toward the stage-1 weights ("L2-SP 0.1" in selection.RULES).
-    cal_stop: str = "loss"
-    cal_anchor: float = 0.1
-    cal_scope: str = ALL_WEIGHTS
+    # The claim the head is trained for (rules.TARGETS): "universal" (no unseen domain loses ranking with more
+    # labels) or "in-domain" (the best mean over domains). It sets stage 2's rule; cal_stop, cal_anchor and
+    # cal_scope left as None take that rule's values, and one set explicitly overrides it.
+    target: str = DEFAULT_TARGET
+    cal_stop: str | None = None
+    cal_anchor: float | None = None
+    cal_scope: str | None = None
     learning_rate: float = 5e-5
     head_learning_rate: float = 1e-3
     weight_decay: float = 0.1
@@ -83,6 +81,10 @@ class EliCalConfig:
         if self.mode not in MODES:
             raise CandorError(f"unknown EliCal mode {self.mode!r}; known: {', '.join(MODES)}")
         stage_target("cal", self.cal_target)
+        shipped = target_rule(self.target).settings()
+        for name in RULE_FIELDS:  # the target's rule fills what was not set explicitly
+            if getattr(self, name) is None:
+                setattr(self, name, shipped[name])
         if self.cal_stop not in STOP_METRICS:
             raise CandorError(f"unknown cal_stop {self.cal_stop!r}; known: {', '.join(STOP_METRICS)}")
         if self.cal_scope not in CAL_SCOPES:

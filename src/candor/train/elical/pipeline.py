@@ -40,9 +40,11 @@ except:
   stage 1's. ``cal_scope="bias-scale"`` trains only a scale and a bias on the
   resumed head's logit (Platt scaling: calibrates without reordering). Stage 1
   always stops on the dev loss, and Cal-Only has no anchor and trains every
-  weight (nothing to hold it to). The default (``cal_anchor=0.1``, dev-loss
-  stopping) is the rule that ranked unseen datasets best when each in-domain
-  dataset was left out in turn (:mod:`candor.train.elical.selection`).
+  weight (nothing to hold it to). The defaults come from the config's
+  ``target`` (:mod:`candor.train.elical.rules`): the rule chosen, with each
+  in-domain dataset left out in turn (:mod:`candor.train.elical.selection`),
+  for a head meant for every unseen domain (``universal``) or for the mean one
+  (``in-domain``).
 """
 
 from __future__ import annotations
@@ -67,9 +69,10 @@ from candor.backends.chat import TokenizerChat
 from candor.backends.tokens import encode
 from candor.train.common import TrainResult, load_causal_lm, training_arguments
 from candor.train.elical.budgets import WHOLE_POOL, Budget
-from candor.train.elical.config import ALL_WEIGHTS, BIAS_SCALE, EliCalConfig
+from candor.train.elical.config import EliCalConfig
 from candor.train.elical.features import FeatureCache
 from candor.train.elical.model import BiasScale, ConfidenceHead, HeadConfig
+from candor.train.elical.rules import ALL_WEIGHTS, BIAS_SCALE
 from candor.train.elical.targets import check_field, stage_target, targets
 from candor.train.elical.trainer import (
     BestOnDev,

@@ -20,16 +20,29 @@ which is the optimistic case the protocol exists to rule out.
 :data:`RULES` lists the candidates (each a set of ``EliCalConfig`` fields);
 :func:`select_rule` trains every rule on every fold at each budget and seed
 (through :func:`candor.train.elical.sweep.run_sweep`, so runs are cached and
-resumable) and picks the best mean held-out AUROC over folds, budgets and
-seeds, ties (equal to 0.1 point ×100) broken by the lower mean ECE. Test
-sets are never an input here.
+resumable) and picks one rule per *target* (:data:`CRITERIA`; the claim a head
+is trained for, :mod:`candor.train.elical.rules`):
+
+- ``in-domain``: the best mean held-out AUROC over folds, budgets and seeds,
+  ties (equal to 0.1 point ×100) broken by the lower mean ECE (issue 25);
+- ``universal``: among the rules for which **no** held-out domain loses AUROC
+  from the first budget (100 labels) to the last (all labels) by more than
+  that domain's tolerance, the best mean held-out AUROC (ties as above); if
+  none qualifies, the rule with the smallest worst-domain loss (issue 46).
+
+The tolerance is fixed by a rule stated before any result is read (issue 46):
+for each held-out domain, twice the standard error of a seed-mean change,
+the error estimated from the seeds' spread of the change (first to last
+budget) pooled over every candidate rule on that domain (sample variance,
+ddof 1). With one seed there is no spread and the tolerance is 0. Test sets
+are never an input here.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +52,9 @@ from candor.annotation.records import Record, read_records
 from candor.evaluation.engine import Group, metric_differences
 from candor.train.common import load_causal_lm
 from candor.train.elical.budgets import WHOLE_POOL, Budget
-from candor.train.elical.config import ALL_WEIGHTS, BIAS_SCALE, EliCalConfig
+from candor.train.elical.config import EliCalConfig
 from candor.train.elical.pool import TrainingPool, check_disjoint
+from candor.train.elical.rules import DEFAULT_TARGET, RULES, TARGETS, StageTwoRule
 from candor.train.elical.sweep import CONFIDENCES, SweepData, run_sweep, write_json
 from candor.train.elical.targets import targets
 from candor.util.errors import CandorError
@@ -53,44 +67,8 @@ TIE = 1e-3
 GAP_BOOTSTRAP = 1000
 HELD_OUT = "held-out"
 STAGE1 = "stage1"
-
-
-@dataclass(frozen=True)
-class StageTwoRule:
-    """One candidate for how stage 2 trains: what stops it, how hard it is held to stage 1, what it trains."""
-
-    name: str
-    cal_stop: str = "loss"
-    cal_anchor: float = 0.0
-    cal_scope: str = ALL_WEIGHTS
-
-    def settings(self) -> dict[str, Any]:
-        """The ``EliCalConfig`` fields this rule sets (``candor train elical -s KEY=VALUE``)."""
-        return {k: v for k, v in asdict(self).items() if k != "name"}
-
-    def apply(self, config: EliCalConfig) -> EliCalConfig:
-        return replace(config, **self.settings())
-
-
-RULES: dict[str, StageTwoRule] = {
-    rule.name: rule
-    for rule in (
-        StageTwoRule("loss-stop"),  # the paper: early stopping on the dev loss, every weight trains
-        StageTwoRule("auroc-stop", cal_stop="auroc"),
-        # L2-SP toward the stage-1 weights, from nearly free to nearly frozen
-        StageTwoRule("L2-SP 0.01", cal_anchor=0.01),
-        StageTwoRule("L2-SP 0.1", cal_anchor=0.1),
-        StageTwoRule("L2-SP 1", cal_anchor=1.0),
-        StageTwoRule("L2-SP 10", cal_anchor=10.0),
-        StageTwoRule("bias-scale", cal_scope=BIAS_SCALE),  # Platt scaling of the stage-1 logit: no reordering
-    )
-}
-
-
-def rule_of(config: EliCalConfig) -> str | None:
-    """The name of the rule ``config`` follows, or None when its stage-2 fields match no candidate."""
-    fields = {"cal_stop": config.cal_stop, "cal_anchor": config.cal_anchor, "cal_scope": config.cal_scope}
-    return next((name for name, rule in RULES.items() if rule.settings() == fields), None)
+# A domain loses with more labels when its seed-mean change is below minus this many standard errors.
+TOLERANCE_SE = 2.0
 
 
 @dataclass
@@ -189,9 +167,9 @@ def select_rule(
             )["methods"]
     labels = {f.held_out: targets(f.score, "hard", what=f"held-out {f.held_out!r}").astype(int) for f in folds}
     candidates = {name: _candidate(RULES[name], runs[name], budgets, labels) for name in names}
-    selected = pick(candidates)
+    chosen = choose(candidates)
     logger.info("held-out-domain selection: %s → %s",
-                {n: round(c["mean_auroc"], 4) for n, c in candidates.items()}, selected)
+                {n: round(c["mean_auroc"], 4) for n, c in candidates.items()}, chosen["selected_by_target"])
     return {
         "protocol": PROTOCOL,
         "folds": {f.held_out: _fold_sizes(f) for f in folds},
@@ -199,16 +177,44 @@ def select_rule(
         "seeds": list(seeds),
         "candidates": candidates,
         "eli_only": _eli_only(runs[names[0]]),
-        "selected": selected,
+        **chosen,
     }
+
+
+def choose(candidates: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Each target's pick among ``candidates`` (each with its ``domain_change``), and the tolerances used."""
+    tolerance = tolerances(candidates)
+    choices = {target: CRITERIA[target](candidates, tolerance) for target in TARGETS}
+    return {
+        "tolerance": {"rule": TOLERANCE_RULE, "by_domain": tolerance},
+        "criteria": choices,
+        "selected_by_target": {t: c["selected"] for t, c in choices.items()},
+        "selected": choices[DEFAULT_TARGET]["selected"],
+    }
+
+
+def rechoose(selection: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved selection (``selection.json``, or one written before targets existed) decided again by every
+    target: each candidate's per-domain change recomputed from its saved per-seed AUROCs. Trains nothing."""
+    first, last = selection["budgets"][0], selection["budgets"][-1]
+    candidates = {name: {**c, "domain_change": domain_changes(c["by_budget"], first, last)}
+                  for name, c in selection["candidates"].items()}  # fmt: skip
+    return {**selection, "protocol": PROTOCOL, "candidates": candidates, **choose(candidates)}
 
 
 PROTOCOL = (
     "leave one domain out: for each in-domain dataset in turn, stage 1 and stage 2 train on the other datasets' "
     "training pool and stop early on their dev slice; AUROC and ECE (against greedy correctness) are scored on the "
-    "held-out dataset's dev questions (its dev slice and its extra held-out dev questions). Mean over folds, "
-    "budgets and seeds; the best mean AUROC wins, ties (0.1 point) broken by the lower mean ECE. "
-    "No test or OOD question is read."
+    "held-out dataset's dev questions (its dev slice and its extra held-out dev questions). One rule per target: "
+    "'in-domain' takes the best mean AUROC over folds, budgets and seeds (ties of 0.1 point broken by the lower "
+    "mean ECE); 'universal' takes, among the rules whose held-out AUROC falls on no domain from the first budget "
+    "to the last by more than that domain's tolerance, the best mean AUROC (same ties), and if none qualifies the "
+    "rule with the smallest worst-domain loss. No test or OOD question is read."
+)
+TOLERANCE_RULE = (
+    f"per held-out domain: {TOLERANCE_SE:g} x the standard error of a seed-mean change (last budget minus first), "
+    "the error from the seeds' spread of the change pooled over every candidate rule on that domain "
+    "(sqrt(mean over rules of the sample variance over seeds) / sqrt(seeds)); fixed before the results were read"
 )
 
 
@@ -217,6 +223,47 @@ def pick(candidates: Mapping[str, Mapping[str, Any]]) -> str:
     best = max(c["mean_auroc"] for c in candidates.values())
     tied = [n for n, c in candidates.items() if c["mean_auroc"] >= best - TIE]
     return min(tied, key=lambda n: candidates[n]["mean_ece"])
+
+
+def tolerances(candidates: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Each held-out domain's tolerance for a 100→all loss (see :data:`TOLERANCE_RULE`)."""
+    domains = next(iter(candidates.values()))["domain_change"]
+    out = {}
+    for domain in domains:
+        spreads = [c["domain_change"][domain]["per_seed"] for c in candidates.values()]
+        n_seeds = min(len(s) for s in spreads)
+        if n_seeds < 2:
+            out[domain] = 0.0  # one seed: no spread to measure, so any loss counts
+            continue
+        variance = float(np.mean([np.var(s, ddof=1) for s in spreads]))
+        out[domain] = TOLERANCE_SE * float(np.sqrt(variance / n_seeds))
+    return out
+
+
+def pick_in_domain(candidates: Mapping[str, Mapping[str, Any]], tolerance: Mapping[str, float]) -> dict[str, Any]:
+    """The ``in-domain`` target: :func:`pick` (the tolerance plays no part)."""
+    return {"criterion": TARGETS["in-domain"].optimizes, "selected": pick(candidates)}
+
+
+def pick_universal(candidates: Mapping[str, Mapping[str, Any]], tolerance: Mapping[str, float]) -> dict[str, Any]:
+    """The ``universal`` target: no domain loses beyond its tolerance, then :func:`pick`; else the smallest
+    worst-domain loss. Says which rules qualified and each rule's losing domains."""
+    losing = {name: [d for d, cell in c["domain_change"].items() if cell["change"] < -tolerance[d]]
+              for name, c in candidates.items()}  # fmt: skip
+    qualified = [name for name, domains in losing.items() if not domains]
+    worst = {name: min(cell["change"] for cell in c["domain_change"].values()) for name, c in candidates.items()}
+    if qualified:
+        selected = pick({n: candidates[n] for n in qualified})
+        how = "best mean held-out AUROC among the rules that lose no domain beyond its tolerance"
+    else:
+        selected = max(worst, key=lambda n: worst[n])
+        how = "no rule qualified (every rule loses some domain beyond its tolerance): the smallest worst-domain loss"
+    return {"criterion": TARGETS["universal"].optimizes, "selected": selected, "how": how, "qualified": qualified,
+            "losing_domains": losing, "worst_domain_change": worst}  # fmt: skip
+
+
+# How each target (rules.TARGETS) chooses among the candidates, given the per-domain tolerances.
+CRITERIA = {"universal": pick_universal, "in-domain": pick_in_domain}
 
 
 def _candidate(
@@ -235,10 +282,22 @@ def _candidate(
     return {
         "settings": rule.settings(),
         "by_budget": by_budget,
+        "domain_change": domain_changes(by_budget, str(budgets[0]), str(budgets[-1])),
         "mean_auroc": _mean(aurocs),
         "mean_ece": _mean(v["ece"] for v in by_budget.values()),
         "last_vs_first": budget_gap(by_fold, labels, budgets[0], budgets[-1]),
     }
+
+
+def domain_changes(by_budget: Mapping[str, Mapping[str, Any]], first: str, last: str) -> dict[str, dict[str, Any]]:
+    """Each held-out domain's AUROC at ``first`` and ``last`` budget and the change (seed mean and per seed)."""
+    out = {}
+    for domain, start in by_budget[first]["by_fold"].items():
+        end = by_budget[last]["by_fold"][domain]
+        per_seed = [b - a for a, b in zip(start["per_seed"]["auroc"], end["per_seed"]["auroc"], strict=True)]
+        out[domain] = {"first": start["auroc"], "last": end["auroc"], "change": float(np.mean(per_seed)),
+                       "per_seed": per_seed}  # fmt: skip
+    return out
 
 
 def budget_gap(
@@ -327,6 +386,26 @@ def selection_table(result: Mapping[str, Any], out_dir: Path) -> list[str]:
                      f"{100 * gap['auroc_diff']:+.1f} [{100 * gap['ci95'][0]:+.1f}, {100 * gap['ci95'][1]:+.1f}]{mark}")
     eli = result["eli_only"]
     lines.append(f"{'Eli-Only':>12}  held-out AUROC {100 * eli['auroc']:.1f}, ECE {100 * eli['ece']:.1f}")
-    lines.append(f"selected: {result['selected']} (best mean held-out AUROC, ties broken by ECE); "
-                 f"table: {out_dir / 'selection.json'}")
+    lines += domain_change_table(result)
+    for target, choice in result["criteria"].items():
+        lines.append(f"target {target}: {choice['selected']} ({choice.get('how', choice['criterion'])})")
+    lines.append(f"table: {out_dir / 'selection.json'}")
+    return lines
+
+
+def domain_change_table(result: Mapping[str, Any]) -> list[str]:
+    """Each rule's AUROC change ×100 from the first budget to the last on each held-out domain; ``!`` marks a
+    loss beyond the domain's tolerance."""
+    tolerance = result["tolerance"]["by_domain"]
+    budgets = result["budgets"]
+    head = "  ".join(f"{d[:10]:>11}" for d in tolerance)
+    lines = [f"AUROC change @{budgets[0]} → @{budgets[-1]} per held-out domain (! = loss beyond tolerance)",
+             f"{'rule':>12}  {head}",
+             f"{'tolerance':>12}  " + "  ".join(f"{-100 * t:+11.1f}" for t in tolerance.values())]  # fmt: skip
+    for name, c in result["candidates"].items():
+        cells = []
+        for domain, tol in tolerance.items():
+            change = c["domain_change"][domain]["change"]
+            cells.append(f"{100 * change:+10.1f}{'!' if change < -tol else ' '}")
+        lines.append(f"{name:>12}  " + "  ".join(cells))
     return lines
