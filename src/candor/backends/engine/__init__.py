@@ -49,6 +49,7 @@ from candor.util.lazy import lazy_exports
 
 # public name -> module of this package that defines it
 _EXPORTS = {
+    "DEFAULT_PREFILL_CHUNK": ".chunked_prefill",
     "continuation_hidden_states": ".continuation_states",
     "ChunkFeed": ".decode_loop",
     "DecodeJob": ".decode_loop",
@@ -65,6 +66,7 @@ _EXPORTS = {
     "sample_tokens": ".sampling",
     "SharedPrefix": ".shared_prefix",
     "StopMatcher": ".stops",
+    "StopMatchers": ".stops",
     "decoded_vocab": ".stops",
 }
 
