@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -37,11 +38,12 @@ from typing import Any
 import numpy as np
 import openai
 from common import RESULTS, setup_logging, write_json
+from serve_load import untrained_head
 
 from candor.data import load_items
 
 ROOT = Path(__file__).resolve().parents[1]
-FILLER = "The committee met again on Tuesday to review the budget of the harbour district and its schools. "
+EMOJI = "\U0001f600"
 
 
 def free_port() -> int:
@@ -52,12 +54,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
+def start_server(args: argparse.Namespace, port: int, head: tuple[str, ...] = ()) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(Path(args.src).resolve()), "OMP_NUM_THREADS": str(args.threads)}
     env.pop("CANDOR_API_KEY", None)
     cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", args.model, "--port", str(port),
-           "--max-new-tokens", str(args.max_new_tokens), "--queue-size", "256"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+           "--max-new-tokens", str(args.max_new_tokens), "--queue-size", "256", *head]  # fmt: skip
+    log = tempfile.TemporaryFile()  # noqa: SIM115  (the server writes to it for its whole life)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 600
     while True:
         try:
@@ -65,7 +68,9 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
                 return proc
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("candor serve did not start") from None
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"candor serve did not start:\n{tail}") from None
             time.sleep(0.5)
 
 
@@ -107,9 +112,8 @@ def run_stops(api: openai.OpenAI, pid: int, count: int, question: str) -> dict[s
 
 
 def long_prompt(tokens: int) -> str:
-    words_per_sentence = 18  # about as many tokens as FILLER has for SmolLM2's tokenizer
-    text = FILLER * max(1, tokens // words_per_sentence)
-    return text + "\nQuestion: On which day did the committee meet?"
+    """About ``tokens`` tokens within the server's 4,000-character question cap: an emoji is 3 of SmolLM2's tokens."""
+    return EMOJI * max(1, tokens // 3) + "\nWhich face is this?"
 
 
 def run_long_prompts(api: openai.OpenAI, pid: int, questions: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -171,6 +175,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--src", default=str(ROOT / "src"), help="the source tree the server runs")
     parser.add_argument("--tag", default="", help="appended to each phase's key (e.g. the version measured)")
+    parser.add_argument("--head-template", default="",
+                        help="serve an untrained EliCal head with this template (fewshot: read from the reply's "
+                             "prefill) instead of n-prob, whose answer re-read runs the whole prompt again")
     parser.add_argument("--out", default=str(RESULTS / "serve_resources.json"))
     args = parser.parse_args()
     setup_logging()
@@ -184,9 +191,13 @@ def main() -> None:
     common = {"command": "PYTHONPATH=src python benchmarks/serve_resources.py " + " ".join(sys.argv[1:]),
               "model": args.model, "server_omp_threads": args.threads, "cpu_count": os.cpu_count(),
               "src": os.path.relpath(Path(args.src).resolve(), ROOT)}  # fmt: skip
+    common["confidence"] = f"untrained EliCal head ({args.head_template} template)" if args.head_template else "n-prob"
+    head: tuple[str, ...] = ()
+    if args.head_template:  # read from the reply's own prefill: no second pass over the prompt
+        head = ("--head", str(untrained_head(args.model, Path(tempfile.mkdtemp()) / "head", args.head_template)))
     for phase in phases:
         port = free_port()
-        proc = start_server(args, port)
+        proc = start_server(args, port, head)
         try:
             api = client(port)
             if phase == "stops":

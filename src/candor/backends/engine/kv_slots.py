@@ -56,6 +56,9 @@ SLACK_COLUMNS = 64
 # this the cache would stay that wide for the server's life.
 SHRINK_BYTES = 32 * 2**20
 SHRINK_FACTOR = 4
+# An emptied cache keeps its buffers (the next request reuses them) unless they are wider than this many
+# columns (a long prompt passed) or have twice the rows of the hint (a burst of requests passed).
+RESTING_COLUMNS = 1024
 
 
 def slots_supported(model: Any, cache: Any) -> bool:
@@ -246,9 +249,11 @@ class SlotKV:
         return order
 
     def clear(self) -> None:
-        """No rows left: the buffers stay for the next ones, unless they are large (then they are given back)."""
+        """No rows left: the buffers stay for the next ones, unless a long prompt or a burst left them large."""
         self.active, self.starts = 0, []
-        if self.cache is not None and self.nbytes > SHRINK_BYTES:
+        if self.cache is None or self.nbytes <= SHRINK_BYTES:
+            return
+        if self.capacity_columns > RESTING_COLUMNS or self.capacity_rows > 2 * self.hint[0]:
             self._release()
 
     @property

@@ -241,14 +241,8 @@ class HFLiveEngine:
         try:
             prompt_ids = self.backend.encode([request.prompt])[0]
             job = DecodeJob(
-                prompt_ids=prompt_ids,
-                n=request.n,
-                greedy=request.greedy,
-                params=request.params,
-                seed=request.seed,
-                matcher=admission.matcher,
-                on_token=request.on_token,
-                on_prefill=request.on_prefill,
+                prompt_ids, request.n, request.greedy, request.params, request.seed, admission.matcher,
+                on_token=request.on_token, on_prefill=request.on_prefill,
                 on_done=lambda job: future.set_result(job.result),
                 on_error=lambda job, exc: future.set_exception(exc),
             )
