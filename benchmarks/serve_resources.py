@@ -3,7 +3,7 @@
 Two phases, each stored under its own key of the results file (a phase not run keeps its old entry):
 
 - ``stops``: ``--stops`` requests, each with a stop list no other request has
-  (four at a time); the server's resident memory before and after.
+  (sixteen at a time); the server's resident memory before and after.
 - ``long_prompts``: short questions asked one at a time on an idle server
   (their p50 is the reference), then asked one at a time again while another
   client sends ``--long-prompts`` prompts of about ``--long-tokens`` tokens,
@@ -101,7 +101,7 @@ def run_stops(api: openai.OpenAI, pid: int, count: int, question: str) -> dict[s
     ask(api, question, max_tokens=2)  # the vocabulary decoded once, before the first measure
     before = resident_mib(pid)
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(lambda i: ask(api, question, max_tokens=2, stop=[f"~{i}~", "e"]), range(count)))
     wall = time.perf_counter() - start
     time.sleep(1.0)

@@ -29,13 +29,14 @@ column 0 (one block when there are fewer), query rows into blocks of 32, 64 or
 Measured on this rule: 0 of 600 (length, prefix, chunk) cases differ from
 one piece in any bit at the attention kernel, against 42 of 600 without the
 last two points. Whether it holds for this model, dtype, device and torch is
-checked once (:func:`chunking_agrees`) before the first chunked prefill;
+checked once per backend (:func:`chunking_agrees`) as a live engine starts;
 where it does not, prompts are prefilled in one piece, as before.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +45,13 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 logger = logging.getLogger(__name__)
 
+_AGREES: weakref.WeakKeyDictionary[Any, dict[int, bool]] = weakref.WeakKeyDictionary()  # chunking_agrees' answers
+
 KV_BLOCK = 512  # the key block of torch's CPU flash attention (kv_split_size in its kernel)
 CHUNK_MULTIPLE = 64  # chunk sizes that cut the query rows where the kernels' own row blocks are cut
 LAST_CHUNK_ROWS = 192  # the fewest rows of a last chunk: the kernel cuts them in blocks of 64, as one piece
 SLIVER_ROWS = 3  # a last row block this small is computed apart: it must be one piece's own last block
-DEFAULT_PREFILL_CHUNK = 256  # tokens per chunk: a chunk costs a few decode steps of a small model on a CPU
+DEFAULT_PREFILL_CHUNK = 64  # tokens per chunk: a chunk holds everyone else for its time, so it is kept small
 
 
 def row_block(rows: int) -> int:
@@ -205,8 +208,16 @@ def chunking_agrees(backend: Any, chunk: int) -> bool:
     """Whether a prompt prefilled ``chunk`` tokens at a time gives the bits of one piece on this backend.
 
     Runs one synthetic prompt (two key blocks and an odd tail) both ways and
-    compares the last logits, every layer's last hidden state and the cache.
+    compares the last logits, every layer's last hidden state and the cache;
+    the answer is kept per backend and chunk size.
     """
+    known = _AGREES.setdefault(backend, {})
+    if chunk not in known:
+        known[chunk] = _chunking_agrees(backend, chunk)
+    return known[chunk]
+
+
+def _chunking_agrees(backend: Any, chunk: int) -> bool:
     length = KV_BLOCK + chunk + 45
     vocab = int(backend.model.config.vocab_size)
     ids = [(7919 * i + 13) % vocab for i in range(length)]

@@ -18,7 +18,8 @@ engine's, never derived from the requests queued together, so a prompt's
 split, and what the request gets, is still the same whatever else runs.
 
 A prompt longer than ``prefill_chunk`` tokens (past the prefix) is prefilled
-in chunks (:mod:`candor.backends.engine.chunked_prefill`), to the bits of one
+in chunks (where the engine's first act, :func:`~candor.backends.engine.chunked_prefill.chunking_agrees`,
+finds them to give the bits of one piece) (:mod:`candor.backends.engine.chunked_prefill`), to the bits of one
 piece, while the running rows decode: one chunk between two steps, and only
 once the steps since the last chunk have taken :data:`DECODE_SHARE` times as
 long as that chunk, so a long prompt takes at most a third of the engine
@@ -103,7 +104,6 @@ class HFLiveEngine:
             raise CandorError(str(exc)) from None
         self.backend = backend
         self.max_rows = max_rows
-        self._chunking_checked = False  # chunking_agrees is run once, before the first long prompt
         self.prefix = SharedPrefix(backend, shared_prefix) if shared_prefix else None
         # Rows keep the prefix once where the lean step can attend to it split (kv_slots), as in generate.
         split = self.prefix is not None and backend.split_prefix and backend.lean_step is not None
@@ -265,14 +265,8 @@ class HFLiveEngine:
                 future.set_exception(exc)
 
     def _chunks(self, loop: DecodeLoop, tokens: int) -> bool:
-        """Whether a prompt with ``tokens`` to prefill is prefilled in chunks (checked to agree once, first)."""
-        if self.prefill_chunk is None or tokens <= self.prefill_chunk or not loop.partial_admission:
-            return False
-        if not self._chunking_checked:
-            self._chunking_checked = True
-            if not chunking_agrees(self.backend, self.prefill_chunk):
-                self.prefill_chunk = None
-        return self.prefill_chunk is not None
+        """Whether a prompt with ``tokens`` to prefill is prefilled in chunks."""
+        return self.prefill_chunk is not None and tokens > self.prefill_chunk and loop.partial_admission
 
     def _count_decode_time(self, loop: DecodeLoop) -> None:
         """Add the step that ran since the last top-up (if rows decoded) to the decode time since the last chunk."""
@@ -328,10 +322,23 @@ class HFLiveEngine:
             if future.set_running_or_notify_cancel():
                 future.set_exception(exc)
 
+    def _check_chunking(self) -> None:
+        """Before the first request: prefill in chunks only where that gives the bits of one piece here."""
+        if self.prefill_chunk is None or not self.loop.partial_admission:
+            return
+        try:
+            agrees = chunking_agrees(self.backend, self.prefill_chunk)
+        except Exception:  # a model the chunked cache cannot run: prompts in one piece, as before
+            logger.exception("chunked prefill failed its check; long prompts are prefilled in one piece")
+            agrees = False
+        if not agrees:
+            self.prefill_chunk = None
+
     def _run(self) -> None:
         # The engine thread holds the packed-linear scope for its lifetime, so every
         # forward on the model (the loop's, and re-reads from other threads) uses it.
         with torch.inference_mode(), self.backend.packed_linears:
+            self._check_chunking()
             while True:
                 try:
                     self.loop.run(self)
