@@ -154,8 +154,9 @@ def run_long_prompts(api: openai.OpenAI, pid: int, questions: list[str], args: a
         "p50_over_idle_p50": round(stats["p50_s"] / idle_p50, 2),
         "acceptance_p99_over_idle_p50": 3.0,
         "short_confidences_bit_equal_to_idle": f"{confidences_equal}/{len(loaded)}",
-        "long_prompts": [{"prompt_tokens": r["prompt_tokens"], "latency_s": round(r["latency"], 2)}
-                         for r in long_results],  # fmt: skip
+        "long_prompts": [
+            {"prompt_tokens": r["prompt_tokens"], "latency_s": round(r["latency"], 2)} for r in long_results
+        ],  # fmt: skip
         "rss_before_mib": before,
         "rss_after_mib": after,
         "rss_after_over_before": round(after / before, 3),
@@ -175,9 +176,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--src", default=str(ROOT / "src"), help="the source tree the server runs")
     parser.add_argument("--tag", default="", help="appended to each phase's key (e.g. the version measured)")
-    parser.add_argument("--head-template", default="",
-                        help="serve an untrained EliCal head with this template (fewshot: read from the reply's "
-                             "prefill) instead of n-prob, whose answer re-read runs the whole prompt again")
+    parser.add_argument(
+        "--head-template",
+        default="",
+        help="serve an untrained EliCal head with this template (fewshot: read from the reply's "
+        "prefill) instead of n-prob, whose answer re-read runs the whole prompt again",
+    )
     parser.add_argument("--out", default=str(RESULTS / "serve_resources.json"))
     args = parser.parse_args()
     setup_logging()

@@ -245,7 +245,7 @@ class HFLiveEngine:
                 on_token=request.on_token, on_prefill=request.on_prefill,
                 on_done=lambda job: future.set_result(job.result),
                 on_error=lambda job, exc: future.set_exception(exc),
-            )
+            )  # fmt: skip
             prefix = self._prefix_for(prompt_ids, request.params.max_new_tokens)
             start = len(prefix) if prefix is not None else 0
             if self._chunks(loop, len(prompt_ids) - start) and job.rows_needed > 0:
