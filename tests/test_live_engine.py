@@ -7,9 +7,12 @@ from concurrent.futures import Future
 
 import numpy as np
 import pytest
+import torch
 
 from candor.backends.base import LIVE_DECODE, DecodeRequest, Generations, SamplingParams, backend_capabilities
+from candor.backends.engine import DEFAULT_PREFILL_CHUNK
 from candor.backends.engine import shared_prefix as shared_prefix_module
+from candor.backends.engine.chunked_prefill import chunking_agrees
 from candor.backends.engine.shared_prefix import SharedPrefix
 from candor.backends.hf import HFBackend
 from candor.util.errors import CandorError
@@ -274,6 +277,8 @@ SHORT = SamplingParams(max_new_tokens=10, stop=("\n",))
 @pytest.fixture()
 def counted(backend, monkeypatch):
     """``backend`` recording every prefill's width (tokens run per row) and every run of a shared prefix."""
+    with torch.inference_mode(), backend.packed_linears:  # memoized: the engines' start-up check counts nothing
+        assert chunking_agrees(backend, DEFAULT_PREFILL_CHUNK)
     widths: list[int] = []
     prefixes: list[int] = []
     forward, with_states = backend.forward, backend.forward_with_states

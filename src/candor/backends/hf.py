@@ -59,14 +59,15 @@ from candor.backends.base import (
 )
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.backends.engine import (
+    DEFAULT_PREFILL_CHUNK,
     ChunkFeed,
     DecodeJob,
     DecodeLoop,
     HFLiveEngine,
     PackedLinears,
     StopMatcher,
+    StopMatchers,
     continuation_hidden_states,
-    decoded_vocab,
     lean_decode_step,
     packed_linears_of,
     row_seed,
@@ -128,7 +129,8 @@ class HFBackend(TokenizerMixin):
         self.eos_ids = self._find_eos_ids()  # every id that ends a row
         self._cache_kw = cache_keyword(model)
         self._keeps_logits = accepts_logits_to_keep(model)
-        self._stop_matchers: dict[tuple[str, ...], StopMatcher] = {}
+        # Matchers by stop tuple, bounded: a client picks its stop lists (engine.stops).
+        self.stop_matchers = StopMatchers(tokenizer)
         self.adapter: str | None = None
         # Inference runs the linear layers on prepacked oneDNN weights (same math, faster on CPU);
         # ``pack_linears=False`` keeps nn.Linear's own kernels (the benchmarks' baseline).
@@ -249,14 +251,13 @@ class HFBackend(TokenizerMixin):
         _check_params(params)
 
     def stop_matcher(self, stops: Sequence[str]) -> StopMatcher:
-        """The (cached) matcher of one tuple of stop strings."""
-        key = tuple(stops)
-        if key not in self._stop_matchers:
-            vocab = decoded_vocab(self.tokenizer) if key else []
-            self._stop_matchers[key] = StopMatcher(self.tokenizer, vocab, key)
-        return self._stop_matchers[key]
+        """The matcher of one tuple of stop strings (the most recently used ones kept, see ``stop_matchers``)."""
+        return self.stop_matchers.get(stops)
 
-    def live_engine(self, max_rows: int | None = None, shared_prefix: Sequence[int] | None = None) -> LiveEngine:
+    def live_engine(
+        self, max_rows: int | None = None, shared_prefix: Sequence[int] | None = None,
+        prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+    ) -> LiveEngine:  # fmt: skip
         """A decode loop running in its own thread that requests join between steps.
 
         ``max_rows`` caps the rows decoded together (a request takes one row
@@ -265,10 +266,14 @@ class HFBackend(TokenizerMixin):
         ``shared_prefix``: token ids the prompts start with (a template's
         few-shot block, see :class:`candor.backends.engine.shared_prefix.SharedPrefix`),
         run once; each prompt that starts with them is prefilled past them only.
+        ``prefill_chunk``: a prompt with more tokens than this to prefill is
+        prefilled that many at a time between decode steps, to the same bits
+        (a multiple of 64; None: in one piece; see
+        :mod:`candor.backends.engine.chunked_prefill`).
         Close it when done (it is a context manager).
         """
         rows = max_rows if max_rows is not None else self.batch_size * 6
-        return HFLiveEngine(self, rows, shared_prefix=shared_prefix)
+        return HFLiveEngine(self, rows, shared_prefix=shared_prefix, prefill_chunk=prefill_chunk)
 
     # --------------------------------------------------------------- scoring
 

@@ -25,7 +25,9 @@ engine instead:
   thread, its products and attention on all;
 - :mod:`~candor.backends.engine.sampling` and
   :mod:`~candor.backends.engine.stops`: the next token of each row and where
-  a row ends;
+  a row ends (stop matchers kept in a bounded cache);
+- :mod:`~candor.backends.engine.chunked_prefill`: a long prompt prefilled in
+  chunks between the live engine's decode steps, to the bits of one piece;
 - :mod:`~candor.backends.engine.continuation_states` and
   :mod:`~candor.backends.engine.prefix_scoring` (with
   :mod:`~candor.backends.engine.candidate_tokens`): the hidden states and
@@ -49,6 +51,7 @@ from candor.util.lazy import lazy_exports
 
 # public name -> module of this package that defines it
 _EXPORTS = {
+    "DEFAULT_PREFILL_CHUNK": ".chunked_prefill",
     "continuation_hidden_states": ".continuation_states",
     "ChunkFeed": ".decode_loop",
     "DecodeJob": ".decode_loop",
@@ -65,6 +68,7 @@ _EXPORTS = {
     "sample_tokens": ".sampling",
     "SharedPrefix": ".shared_prefix",
     "StopMatcher": ".stops",
+    "StopMatchers": ".stops",
     "decoded_vocab": ".stops",
 }
 

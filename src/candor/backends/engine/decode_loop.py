@@ -236,9 +236,21 @@ class DecodeLoop:
             logits, states = backend.forward_with_states(ids, mask, cache, positions)
         else:
             logits, states = backend.forward(ids, mask, cache, positions), None
-        kept = [(i, job) for i, job in enumerate(ready) if self._passes_prefill(job, states, i)]
+        return self.prefilled(ready, cache, mask, logits, states, prefix if prefix_cache is not None else 0)
+
+    def prefilled(
+        self, jobs: Sequence[DecodeJob], cache: Any, mask: torch.Tensor, logits: torch.Tensor,
+        states: list[torch.Tensor] | None, shared: int = 0,
+    ) -> Prefilled | None:  # fmt: skip
+        """The rows of prompts run (row i of ``cache``, ``mask``, ``logits``: ``jobs[i]``) that pass prefill hooks.
+
+        ``states``: the last position's hidden state per layer (None when no
+        job has a prefill hook); ``shared``: the leading columns that are the
+        same prefix in every prompt. None if no row is left to :meth:`admit`.
+        """
+        kept = [(i, job) for i, job in enumerate(jobs) if self._passes_prefill(job, states, i)]
         rows = [(i, job, s) for i, job in kept for s in self._samples(job)]
-        return Prefilled(cache, mask, logits, rows, shared=prefix if prefix_cache is not None else 0) if rows else None
+        return Prefilled(cache, mask, logits, rows, shared=shared) if rows else None
 
     def admit(self, prefilled: Prefilled, count: int | None = None) -> None:
         """Give the first ``count`` (default: all) waiting rows of ``prefilled`` their slots in the batch."""

@@ -47,9 +47,18 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from candor.backends.engine import prefix_attention
 from candor.backends.engine.op_threads import all_threads, widen_for_attention
+from candor.util.memory import give_back_memory
 
 # Free columns kept after the window when the buffer is (re)allocated, so the window moves rarely.
 SLACK_COLUMNS = 64
+# Buffers are given back (reallocated to what the live rows use) when they exceed this many bytes and hold
+# SHRINK_FACTOR times the columns or rows the live rows need: one long prompt widens every slot, and without
+# this the cache would stay that wide for the server's life.
+SHRINK_BYTES = 32 * 2**20
+SHRINK_FACTOR = 4
+# An emptied cache keeps its buffers (the next request reuses them) unless they are wider than this many
+# columns (a long prompt passed) or have twice the rows of the hint (a burst of requests passed).
+RESTING_COLUMNS = 1024
 
 
 def slots_supported(model: Any, cache: Any) -> bool:
@@ -134,6 +143,7 @@ class SlotKV:
     def __init__(self, backend: Any, rows: int, columns: int, split_prefix: bool = False) -> None:
         self.backend = backend
         self.capacity_rows, self.capacity_columns = max(1, rows), max(1, columns)
+        self.hint = (self.capacity_rows, self.capacity_columns)  # the sizes a released cache starts from again
         # Keep a prefix all rows share once (see the module docstring), where attention can run split.
         self.split_prefix = split_prefix and prefix_attention.available(backend.device)
         self.prefix_length = 0  # the columns of that prefix, once kept
@@ -142,8 +152,8 @@ class SlotKV:
         self.lo = 0  # the first column a live row reads
         self.starts: list[int | None] = []  # per active slot, its row's first column (None: free)
         self.cache: _SlotCache | None = None
-        # What the cache had to copy, for profiles and tests: window moves, rows moved, reallocations.
-        self.window_moves = self.rows_moved = self.reallocations = 0
+        # What the cache had to copy, for profiles and tests: window moves, rows moved, reallocations, shrinks.
+        self.window_moves = self.rows_moved = self.reallocations = self.shrinks = 0
         self.mask = torch.empty(0)
         self.sees_prefix = torch.empty(0)  # per slot: 0 if its row sees the kept prefix, else blocked
         self.positions = torch.empty(0, dtype=torch.long)
@@ -208,6 +218,8 @@ class SlotKV:
         self.mask[index] = self._blocked
         if all(start is None for start in self.starts):
             self.clear()
+        else:
+            self._shrink_if_oversized()
 
     @property
     def live(self) -> int:
@@ -237,7 +249,19 @@ class SlotKV:
         return order
 
     def clear(self) -> None:
+        """No rows left: the buffers stay for the next ones, unless a long prompt or a burst left them large."""
         self.active, self.starts = 0, []
+        if self.cache is None or self.nbytes <= SHRINK_BYTES:
+            return
+        if self.capacity_columns > RESTING_COLUMNS or self.capacity_rows > 2 * self.hint[0]:
+            self._release()
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the keys and values buffers (0 before the first row joins)."""
+        if self.cache is None:
+            return 0
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self._layers())
 
     # ------------------------------------------------------------ internals
 
@@ -330,6 +354,43 @@ class SlotKV:
         sees_prefix[: self.sees_prefix.shape[0]] = self.sees_prefix
         self.mask, self.positions, self.sees_prefix = mask, positions, sees_prefix
         self.capacity_rows, self.capacity_columns = rows, columns
+
+    def _release(self) -> None:
+        """Drop the buffers (and the kept prefix): the next row to join allocates them afresh, from the hints."""
+        self.cache = None
+        self.prefix_length = 0
+        self.capacity_rows, self.capacity_columns = self.hint
+        self.t = self.lo = 0
+        self.shrinks += 1
+        give_back_memory()
+
+    def _shrink_if_oversized(self) -> None:
+        """Reallocate the buffers to what the live rows use when they hold far more (a long prompt has left)."""
+        span = self.t - self._lowest_start()
+        columns = span + 2 * SLACK_COLUMNS
+        rows = max(self.hint[0], self.active)
+        wide = self.capacity_columns > SHRINK_FACTOR * columns
+        tall = self.capacity_rows > SHRINK_FACTOR * rows
+        if not (wide or tall) or self.nbytes <= SHRINK_BYTES:
+            return
+        lo = self._lowest_start()
+        live_rows = slice(0, self.active)
+        for layer in self._layers():
+            for name in ("keys", "values"):
+                old = getattr(layer, name)
+                new = old.new_zeros((rows, old.shape[1], columns, old.shape[3]))
+                new[live_rows, :, :span] = old[live_rows, :, lo : self.t]
+                setattr(layer, name, new)
+        mask = self.mask.new_full((rows, columns), self._blocked)
+        mask[live_rows, :span] = self.mask[live_rows, lo : self.t]
+        self.mask = mask
+        self.positions = self.positions[:rows].clone()
+        self.sees_prefix = self.sees_prefix[:rows].clone()
+        self.starts = [None if s is None else s - lo for s in self.starts]
+        self.t, self.lo = span, 0
+        self.capacity_rows, self.capacity_columns = rows, columns
+        self.shrinks += 1
+        give_back_memory()
 
     def _move_window(self, new_t: int) -> None:
         """Move the live columns ``[lo, t)`` so that ``t`` becomes ``new_t`` (growing the buffers if needed)."""

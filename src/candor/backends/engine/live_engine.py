@@ -16,6 +16,21 @@ only the rest of each prompt that starts with it, over a copy of its KV
 cache; a prompt that does not is prefilled in full. The prefix is the
 engine's, never derived from the requests queued together, so a prompt's
 split, and what the request gets, is still the same whatever else runs.
+
+A prompt longer than ``prefill_chunk`` tokens (past the prefix) is prefilled
+in chunks (where the engine's first act, :func:`~candor.backends.engine.chunked_prefill.chunking_agrees`,
+finds them to give the bits of one piece) (:mod:`candor.backends.engine.chunked_prefill`), to the bits of one
+piece, while the running rows decode: one chunk between two steps, and only
+once the steps since the last chunk have taken :data:`DECODE_SHARE` times as
+long as that chunk, so a long prompt takes at most a third of the engine
+while others decode (and all of it when nothing else runs). Prompts are
+admitted in order; a short prompt queued behind a long one that is still
+prefilling joins at once.
+
+A request's stop strings are matched by a matcher built from the whole
+vocabulary (:mod:`candor.backends.engine.stops`); a stop list the backend has
+no matcher for yet is built on the engine's own builder thread, never on the
+engine thread, and the request is queued once it is ready.
 """
 
 from __future__ import annotations
@@ -23,16 +38,20 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
 from candor.backends.base import DecodeRequest, Generations
+from candor.backends.engine.chunked_prefill import DEFAULT_PREFILL_CHUNK, ChunkedPrefill, check_chunk, chunking_agrees
 from candor.backends.engine.decode_loop import DecodeJob, DecodeLoop
 from candor.backends.engine.shared_prefix import SharedPrefix
+from candor.backends.engine.stops import StopMatcher
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
@@ -44,15 +63,45 @@ T = TypeVar("T")
 LIVE_ROWS = 8
 LIVE_COLUMNS = 0
 
+# While rows decode, a chunk of a long prompt runs only after the steps since the last chunk took this many times
+# as long as it: a long prompt gets a third of the engine, the running requests two thirds.
+DECODE_SHARE = 2.0
+
 _CLOSE = object()  # queued by close(): the engine thread stops when it reads it
+
+
+@dataclass(eq=False)
+class _Admission:
+    """A submitted request, its future, and its stop matcher (built before the engine sees it)."""
+
+    request: DecodeRequest
+    future: Future[Generations]
+    matcher: StopMatcher
+
+
+@dataclass(eq=False)
+class _Prefilling:
+    """A long prompt being prefilled chunk by chunk, its rows held back until the last chunk."""
+
+    job: DecodeJob
+    prefill: ChunkedPrefill
+    future: Future[Generations]
+    shared: int  # the prefix columns its cache starts with (kept apart by a split slot cache)
 
 
 class HFLiveEngine:
     """A running decode loop over an :class:`candor.backends.hf.HFBackend` (see the module docstring)."""
 
-    def __init__(self, backend: Any, max_rows: int, shared_prefix: Sequence[int] | None = None) -> None:
+    def __init__(
+        self, backend: Any, max_rows: int, shared_prefix: Sequence[int] | None = None,
+        prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+    ) -> None:  # fmt: skip
         if max_rows < 1:
             raise CandorError(f"max_rows must be at least 1, got {max_rows}")
+        try:
+            self.prefill_chunk = None if prefill_chunk is None else check_chunk(prefill_chunk)
+        except ValueError as exc:
+            raise CandorError(str(exc)) from None
         self.backend = backend
         self.max_rows = max_rows
         self.prefix = SharedPrefix(backend, shared_prefix) if shared_prefix else None
@@ -64,18 +113,49 @@ class HFLiveEngine:
         self._closed = False  # no new work accepted (set by close())
         self._stopping = False  # the engine thread has read the close marker
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
-        self._waiting: deque[tuple[DecodeRequest, Future[Generations]]] = deque()
+        self._waiting: deque[_Admission] = deque()
+        self._prefilling: deque[_Prefilling] = deque()
+        self._decoded_s = 0.0  # decode-step time since the last chunk of a long prompt
+        self._chunk_s = 0.0  # how long that chunk took
+        self._topped_up_at: float | None = None
+        # Stop matchers the backend does not have yet are built here, not on the engine thread (a vocabulary scan).
+        self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="candor-stop-matchers")
+        self._building = 0  # requests at the builder (under _lock)
         self._thread = threading.Thread(target=self._run, name="candor-live-engine", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------ the caller's side
 
     def submit(self, request: DecodeRequest) -> Future[Generations]:
-        """Queue ``request``; it joins the running batch at the next step."""
+        """Queue ``request``; it joins the running batch at the next step (once its stop matcher is built)."""
         self.backend.check_request(request.n, request.params)
         future: Future[Generations] = Future()
-        self._put((request, future))
+        matcher = self.backend.stop_matchers.cached(request.params.stop)
+        with self._lock:
+            if self._closed:
+                raise CandorError("the live engine is closed")
+            if matcher is not None and not self._building:
+                self._inbox.put(_Admission(request, future, matcher))
+            else:  # built first; while builds are pending, everything goes through the builder, in order
+                self._building += 1
+                self._builder.submit(self._build_then_queue, request, future)
         return future
+
+    def _build_then_queue(self, request: DecodeRequest, future: Future[Generations]) -> None:
+        """The builder thread's work: the request's stop matcher, then the request into the engine's inbox."""
+        matcher: StopMatcher | None = None
+        error: Exception = CandorError("the live engine is closed")
+        try:
+            matcher = self.backend.stop_matchers.get(request.params.stop)
+        except Exception as exc:  # stops the tokenizer cannot take: the request's own error
+            error = exc
+        with self._lock:
+            self._building -= 1
+            if matcher is not None and not self._closed:
+                self._inbox.put(_Admission(request, future, matcher))
+                return
+        if future.set_running_or_notify_cancel():
+            future.set_exception(error)
 
     def call(self, work: Callable[[], T]) -> Future[T]:
         """Run ``work()`` in the engine thread between two steps."""
@@ -90,6 +170,7 @@ class HFLiveEngine:
                 return
             self._closed = True
             self._inbox.put(_CLOSE)
+        self._builder.shutdown(wait=False)  # a matcher still building fails its request (closed)
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
@@ -99,7 +180,7 @@ class HFLiveEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _put(self, item: tuple[Any, Future[Any]]) -> None:
+    def _put(self, item: _Admission | tuple[Any, Future[Any]]) -> None:
         with self._lock:
             if self._closed:
                 raise CandorError("the live engine is closed")
@@ -112,7 +193,8 @@ class HFLiveEngine:
         return self._stopping
 
     def top_up(self, loop: DecodeLoop) -> None:
-        self._read_inbox(wait=not loop.live_rows and not self._waiting)
+        self._count_decode_time(loop)
+        self._read_inbox(wait=not loop.live_rows and not self._waiting and not self._prefilling)
         if self._stopping:
             self._fail_everything(CandorError("the live engine was closed"))
             return
@@ -123,10 +205,13 @@ class HFLiveEngine:
                     future.set_result(work())
                 except BaseException as exc:  # the caller's error, reported through its future
                     future.set_exception(exc)
-        while self._waiting and self._fits(loop, self._waiting[0][0]):
-            request, future = self._waiting.popleft()
-            if future.set_running_or_notify_cancel():
-                self._start(loop, request, future)
+        while self._waiting and self._fits(loop, self._waiting[0].request):
+            admission = self._waiting.popleft()
+            if admission.future.set_running_or_notify_cancel():
+                self._start(loop, admission)
+        if self._prefilling and self._chunk_due(loop):
+            self._next_chunk(loop)
+        self._topped_up_at = time.perf_counter()
 
     def _read_inbox(self, wait: bool) -> None:
         """Move what callers queued into the engine's own queues (waiting for something when ``wait``)."""
@@ -138,34 +223,37 @@ class HFLiveEngine:
             wait = False
             if item is _CLOSE:
                 self._stopping = True
-            elif isinstance(item[0], DecodeRequest):
+            elif isinstance(item, _Admission):
                 self._waiting.append(item)
             else:
                 self._calls.append(item)
 
     def _fits(self, loop: DecodeLoop, request: DecodeRequest) -> bool:
-        if not loop.live_rows:
+        held = sum(p.job.rows_needed for p in self._prefilling)  # rows of long prompts still prefilling
+        if not loop.live_rows and not held:
             return True
         needed = int(request.greedy) + request.n
-        return loop.mergeable and loop.live_rows + needed <= self.max_rows
+        return loop.mergeable and loop.live_rows + held + needed <= self.max_rows
 
-    def _start(self, loop: DecodeLoop, request: DecodeRequest, future: Future[Generations]) -> None:
-        """Prefill one request alone and let its rows join the loop."""
+    def _start(self, loop: DecodeLoop, admission: _Admission) -> None:
+        """Prefill one request alone and let its rows join the loop (a long prompt: start its chunks)."""
+        request, future = admission.request, admission.future
         try:
             prompt_ids = self.backend.encode([request.prompt])[0]
             job = DecodeJob(
-                prompt_ids=prompt_ids,
-                n=request.n,
-                greedy=request.greedy,
-                params=request.params,
-                seed=request.seed,
-                matcher=self.backend.stop_matcher(request.params.stop),
-                on_token=request.on_token,
-                on_prefill=request.on_prefill,
+                prompt_ids, request.n, request.greedy, request.params, request.seed, admission.matcher,
+                on_token=request.on_token, on_prefill=request.on_prefill,
                 on_done=lambda job: future.set_result(job.result),
                 on_error=lambda job, exc: future.set_exception(exc),
-            )
+            )  # fmt: skip
             prefix = self._prefix_for(prompt_ids, request.params.max_new_tokens)
+            start = len(prefix) if prefix is not None else 0
+            if self._chunks(loop, len(prompt_ids) - start) and job.rows_needed > 0:
+                cache = prefix.computed() if prefix is not None else None  # read, not written
+                states = request.on_prefill is not None
+                chunked = ChunkedPrefill.start(self.backend, prompt_ids, self.prefill_chunk, cache, start, states)
+                self._prefilling.append(_Prefilling(job, chunked, future, start))
+                return
             if prefix is not None:
                 prefilled = loop.prefill([job], prefix.computed(), len(prefix))
             else:
@@ -175,6 +263,43 @@ class HFLiveEngine:
         except Exception as exc:  # a prompt the model cannot run fails its own request
             if not future.done():
                 future.set_exception(exc)
+
+    def _chunks(self, loop: DecodeLoop, tokens: int) -> bool:
+        """Whether a prompt with ``tokens`` to prefill is prefilled in chunks."""
+        return self.prefill_chunk is not None and tokens > self.prefill_chunk and loop.partial_admission
+
+    def _count_decode_time(self, loop: DecodeLoop) -> None:
+        """Add the step that ran since the last top-up (if rows decoded) to the decode time since the last chunk."""
+        now = time.perf_counter()
+        if self._topped_up_at is not None and loop.live_rows:
+            self._decoded_s += now - self._topped_up_at
+        self._topped_up_at = now
+
+    def _chunk_due(self, loop: DecodeLoop) -> bool:
+        """A long prompt's next chunk runs now: nothing else decodes, or the decoding has had its share since."""
+        return not loop.live_rows or self._decoded_s >= DECODE_SHARE * self._chunk_s
+
+    def _next_chunk(self, loop: DecodeLoop) -> None:
+        """Run the oldest long prompt's next chunk; after its last one, its rows join the loop."""
+        current = self._prefilling[0]
+        started = time.perf_counter()
+        try:
+            done = current.prefill.step()
+        except Exception as exc:  # the prompt's own failure
+            self._prefilling.popleft()
+            current.job.fail(exc)
+            return
+        finally:
+            self._chunk_s, self._decoded_s = time.perf_counter() - started, 0.0
+        if not done:
+            return
+        self._prefilling.popleft()
+        chunked = current.prefill
+        assert chunked.logits is not None
+        mask = torch.ones((1, len(chunked.ids)), dtype=torch.long, device=chunked.logits.device)
+        prefilled = loop.prefilled([current.job], chunked.cache, mask, chunked.logits, chunked.states, current.shared)
+        if prefilled is not None:
+            loop.admit(prefilled)
 
     def _prefix_for(self, prompt_ids: list[int], max_new_tokens: int) -> SharedPrefix | None:
         """The prefix this prompt is prefilled past: None unless it starts with it and fits the model's window."""
@@ -187,17 +312,33 @@ class HFLiveEngine:
 
     def _fail_everything(self, exc: BaseException) -> None:
         self.loop.abort(exc)
-        pending: list[Future[Any]] = [f for _, f in self._waiting] + [f for _, f in self._calls]
+        for partial in self._prefilling:
+            partial.job.fail(exc)
+        pending: list[Future[Any]] = [a.future for a in self._waiting] + [f for _, f in self._calls]
         self._waiting.clear()
         self._calls.clear()
+        self._prefilling.clear()
         for future in pending:
             if future.set_running_or_notify_cancel():
                 future.set_exception(exc)
+
+    def _check_chunking(self) -> None:
+        """Before the first request: prefill in chunks only where that gives the bits of one piece here."""
+        if self.prefill_chunk is None or not self.loop.partial_admission:
+            return
+        try:
+            agrees = chunking_agrees(self.backend, self.prefill_chunk)
+        except Exception:  # a model the chunked cache cannot run: prompts in one piece, as before
+            logger.exception("chunked prefill failed its check; long prompts are prefilled in one piece")
+            agrees = False
+        if not agrees:
+            self.prefill_chunk = None
 
     def _run(self) -> None:
         # The engine thread holds the packed-linear scope for its lifetime, so every
         # forward on the model (the loop's, and re-reads from other threads) uses it.
         with torch.inference_mode(), self.backend.packed_linears:
+            self._check_chunking()
             while True:
                 try:
                     self.loop.run(self)
