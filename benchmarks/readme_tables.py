@@ -1210,13 +1210,20 @@ def generated(results: Path = RESULTS) -> dict[str, str]:
     return out
 
 
-def render(text: str, parts: dict[str, str]) -> str:
-    """``text`` with every marked block and value replaced; an unknown marker is an error."""
+def render(text: str, parts: dict[str, str], strict: bool = True) -> str:
+    """``text`` with every marked block and value replaced; an unknown marker is an error when ``strict``,
+    else left as it is (the top-level README also holds parts other scripts write, such as the estimators')."""
     def block(match: re.Match[str]) -> str:
-        return match.group(1) + parts[_known(f"table:{match['name']}", parts)] + match.group(4)
+        key = f"table:{match['name']}"
+        if not strict and key not in parts:
+            return match.group(0)
+        return match.group(1) + parts[_known(key, parts)] + match.group(4)
 
     def inline(match: re.Match[str]) -> str:
-        return match.group(1) + parts[_known(f"value:{match['name']}", parts)] + match.group(4)
+        key = f"value:{match['name']}"
+        if not strict and key not in parts:
+            return match.group(0)
+        return match.group(1) + parts[_known(key, parts)] + match.group(4)
 
     return INLINE.sub(inline, BLOCK.sub(block, text))
 
@@ -1249,7 +1256,7 @@ def main() -> int:
     if args.readme == README and TOP_README.exists():
         targets.append((TOP_README, TOP_README.read_text(encoding="utf-8")))
     for path, old in targets:
-        new = render(old, parts)
+        new = render(old, parts, strict=path != TOP_README)
         if args.check:
             if new != old:
                 print(f"{path} differs from the results files; run python benchmarks/readme_tables.py",

@@ -31,7 +31,7 @@ def test_the_top_level_readme_places_generated_parts_exactly():
     rt = _script()
     text = (BENCHMARKS.parent / "README.md").read_text(encoding="utf-8")
     assert "<!-- table:serve-conversations -->" in text
-    assert rt.render(text, rt.generated()) == text, "run: python benchmarks/readme_tables.py"
+    assert rt.render(text, rt.generated(), strict=False) == text, "run: python benchmarks/readme_tables.py"
 
 
 def test_a_changed_result_changes_the_readme(tmp_path):

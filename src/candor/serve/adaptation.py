@@ -52,7 +52,8 @@ from candor.evaluation.metrics import auroc, ece
 from candor.serve import thresholds as th
 from candor.serve.answering import CONVERSATION, PROTOCOL_SAMPLES, QUESTION, question_seed
 from candor.serve.confidence_sources import HeadSource
-from candor.serve.model import CONFIG_FILE, HonestModel
+from candor.serve.honest_folder import CONFIG_FILE
+from candor.serve.model import HonestModel
 from candor.train.elical.config import EliCalConfig
 from candor.train.elical.model import ConfidenceHead, HeadConfig
 from candor.train.elical.pipeline import StageResult, head_features, train_stage

@@ -28,11 +28,12 @@ from the event loop only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -277,3 +278,18 @@ def _resolve(future: Future[T], work: Callable[[], T]) -> None:
         future.set_result(work())
     except Exception as exc:
         future.set_exception(exc)
+
+
+async def done(future: Future[T]) -> T:
+    """Await an engine future; cancelling the awaiting task cancels the work if it has not started."""
+    return await asyncio.wrap_future(future)
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end from synchronous code, also where an event loop already runs (a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="candor-answer") as pool:
+        return pool.submit(asyncio.run, coro).result()

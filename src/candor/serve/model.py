@@ -27,31 +27,19 @@ request's decoding) changes the returned text only.
 Served records carry the model, template and decoding they were made with, so
 an estimator that re-reads the prompt scores the sequence that was generated.
 
-One folder holds a tuned model (:meth:`HonestModel.save_pretrained`)::
-
-    honest.json   generator (model, backend, template, decoding), confidence source,
-                  calibrator (name and the dev data it was fitted on), threshold
-    head/         the EliCal head (head sources only)
-    adapter/      the generator's PEFT adapter (when it has one; ADVICE)
-
-The calibrator is stored in its own JSON form (``Calibrator.to_dict``), with
-the number of dev questions it was fitted on.
+One folder holds a tuned model (:meth:`HonestModel.save_pretrained`; its layout is
+:mod:`candor.serve.honest_folder`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
-import secrets
-import shutil
-import time
-from collections.abc import Coroutine, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +59,7 @@ from candor.backends.base import (
 )
 from candor.backends.engine import SharedPrefix
 from candor.data.items import QAItem
-from candor.evaluation.calibration import Calibrator, calibrator_from_dict, get_calibrator
+from candor.evaluation.calibration import Calibrator, get_calibrator
 from candor.serve import thresholds as th
 from candor.serve.answering import (
     CONVERSATION,
@@ -90,7 +78,7 @@ from candor.serve.answering import (
     question_seed,
     reply_seed,
 )
-from candor.serve.batching import open_engine
+from candor.serve.batching import done, open_engine, run_sync
 from candor.serve.claim_answers import ClaimJudge, ClaimPolicy, ClaimVerdict
 from candor.serve.confidence_sources import (
     ConfidenceSource,
@@ -100,6 +88,13 @@ from candor.serve.confidence_sources import (
     load_source,
     question_item,
 )
+from candor.serve.honest_folder import (
+    CONFIG_FILE,
+    calibrator_config,
+    fresh_version,
+    generator_config,
+    read_folder,
+)
 from candor.serve.rescoring import can_read_alone, read_alone
 from candor.util.errors import CandorError
 from candor.util.files import atomic_folder
@@ -107,12 +102,9 @@ from candor.util.version import __version__
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "honest.json"
 SHAPE_WORDS = {QUESTION: "questions asked alone", CONVERSATION: "questions asked in conversations"}
-ADAPTER_DIR = "adapter"
 DEFAULT_REFUSAL = "I don't know."
 
-T = TypeVar("T")
 
 
 class HonestModel:
@@ -136,7 +128,7 @@ class HonestModel:
         if check is not None:
             check(backend)  # a method the backend cannot run is refused here, at startup
         self.calibrator = calibrator
-        self._calibrated_on = 0  # dev questions the calibrator was fitted on (0: unknown)
+        self.calibrated_on = 0  # dev questions the calibrator was fitted on (0: unknown)
         # Request shapes (SHAPES) the calibration and threshold were fitted on: every tuning path
         # in candor fits on questions asked alone; a folder fitted on served traffic says more.
         self.tuned_on: tuple[str, ...] = ("question",)
@@ -472,7 +464,7 @@ class HonestModel:
     def _fitted_where(self) -> str | None:
         shapes = " and ".join(SHAPE_WORDS[s] for s in self.tuned_on)
         if self.calibrator is not None:
-            count = f"{self._calibrated_on} " if self._calibrated_on else ""
+            count = f"{self.calibrated_on} " if self.calibrated_on else ""
             return f"a {self.calibrator.name} calibrator fitted on {count}labelled {shapes}"
         if self.fitted_on_labels:
             return f"the head's stage 2, trained on labelled {shapes}"
@@ -565,90 +557,35 @@ class HonestModel:
 
     def fit_calibrator(self, name: str, confidence: np.ndarray, correct: np.ndarray) -> Calibrator:
         self.calibrator = get_calibrator(name).fit(confidence, correct)
-        self._calibrated_on = len(confidence)
+        self.calibrated_on = len(confidence)
         return self.calibrator
 
     # ------------------------------------------------------------ save / load
 
     def save_pretrained(self, folder: str | Path) -> Path:
-        """Write everything needed to answer into one folder (swapped in whole)."""
+        """Write everything needed to answer into one folder (swapped in whole; :mod:`candor.serve.honest_folder`)."""
         folder = Path(folder)
+        if self.version == "unsaved":
+            self.version = fresh_version()
         with atomic_folder(folder) as tmp:
             config = {
-                "generator": self._generator_config(tmp),
+                "generator": generator_config(self.backend, self.backend_name, self.template.name, self.decoding, tmp),
                 "confidence": self.source.save(tmp),
-                "calibrator": self._calibrator_config(),
+                "calibrator": calibrator_config(self.calibrator, self.calibrated_on),
                 "threshold": None if self.threshold is None else self.threshold.to_dict(),
                 "tuned_on": list(self.tuned_on),
-                "version": self._saved_version(),
+                "version": self.version,
             }
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         return folder
 
-    def _saved_version(self) -> str:
-        """The version a save writes: the model's own, or a fresh one (UTC time and a random suffix)."""
-        if self.version == "unsaved":
-            self.version = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-        return self.version
-
-    def _generator_config(self, folder: Path) -> dict[str, Any]:
-        adapter = getattr(self.backend, "adapter", None)
-        if adapter:
-            shutil.copytree(adapter, folder / ADAPTER_DIR)
-        return {
-            "model": self.backend.model_name,
-            "backend": self.backend_name,
-            "adapter": ADAPTER_DIR if adapter else None,
-            "template": self.template.name,
-            "decoding": asdict(self.decoding),
-        }
-
-    def _calibrator_config(self) -> dict[str, Any] | None:
-        if self.calibrator is None:
-            return None
-        return {**self.calibrator.to_dict(), "fitted_on": self._calibrated_on}
-
     @classmethod
     def from_pretrained(cls, folder: str | Path, backend: Backend | None = None, **backend_kwargs: Any) -> HonestModel:
         """Reload a saved model; the generator is loaded by name unless ``backend`` is given."""
-        folder = Path(folder)
-        path = folder / CONFIG_FILE
-        if not path.exists():
-            raise CandorError(f"{folder}: not a saved honest model (no {CONFIG_FILE})")
-        try:
-            config = json.loads(path.read_text())
-            gen = config["generator"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise CandorError(f"{path}: not a valid honest-model config ({exc})") from None
-        if backend is None:
-            from candor.backends import load_backend
-
-            if gen.get("adapter"):
-                backend_kwargs["adapter"] = str(folder / gen["adapter"])
-            backend = load_backend(gen["model"], gen.get("backend", "hf"), **backend_kwargs)
-        threshold = th.Threshold.from_dict(config["threshold"]) if config.get("threshold") else None
-        cal = config.get("calibrator")
-        calibrator = calibrator_from_dict(cal) if cal else None
-        model = cls(backend, load_source(config["confidence"], folder), calibrator, threshold,
-                    template=gen.get("template", "auto"), decoding=Decoding(**gen.get("decoding", {})),
-                    backend_name=gen.get("backend", "hf"))  # fmt: skip
-        model._calibrated_on = int(cal.get("fitted_on", 0)) if cal else 0
-        model.tuned_on = tuple(config.get("tuned_on") or (QUESTION,))
-        # Folders saved before versions existed: their config's digest names them.
-        model.version = str(config.get("version") or "sha-" + hashlib.sha256(path.read_bytes()).hexdigest()[:12])
+        saved = read_folder(folder)
+        backend = backend if backend is not None else saved.load_generator(**backend_kwargs)
+        model = cls(backend, load_source(saved.confidence, saved.folder), saved.calibrator, saved.threshold,
+                    template=saved.generator.get("template", "auto"), decoding=saved.decoding,
+                    backend_name=saved.generator.get("backend", "hf"))  # fmt: skip
+        model.calibrated_on, model.tuned_on, model.version = saved.fitted_on, saved.tuned_on, saved.version
         return model
-
-
-async def done(future: Future[T]) -> T:
-    """Await an engine future; cancelling the awaiting task cancels the work if it has not started."""
-    return await asyncio.wrap_future(future)
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to its end from synchronous code, also where an event loop already runs (a notebook)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="candor-answer") as pool:
-        return pool.submit(asyncio.run, coro).result()

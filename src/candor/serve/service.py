@@ -21,7 +21,8 @@ from typing import Any
 from candor.backends.base import LiveEngine
 from candor.serve.answering import Ask, Cancelled, HonestAnswer
 from candor.serve.batching import Admission, QueueFull
-from candor.serve.model import CONFIG_FILE, HonestModel
+from candor.serve.honest_folder import CONFIG_FILE
+from candor.serve.model import HonestModel
 from candor.serve.operations import Lifecycle
 from candor.serve.prometheus_metrics import ServeMetrics
 from candor.serve.request_checks import APIError

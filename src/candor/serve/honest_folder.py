@@ -1,0 +1,97 @@
+"""The honest-model folder on disk: what ``honest.json`` holds, written and read back.
+
+``HonestModel.save_pretrained`` / ``from_pretrained`` (:mod:`candor.serve.model`) build on these::
+
+    honest.json   generator (model, backend, template, decoding), confidence source, calibrator (its JSON
+                  form and how many dev questions it was fitted on), threshold, the request shapes the
+                  calibration was fitted on (``tuned_on``) and the model's ``version``
+    head/         the EliCal head (head sources only)
+    adapter/      the generator's PEFT adapter (when it has one; ADVICE)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from candor.backends.base import Backend
+from candor.evaluation.calibration import Calibrator, calibrator_from_dict
+from candor.serve import thresholds as th
+from candor.serve.answering import QUESTION, Decoding
+from candor.util.errors import CandorError
+
+CONFIG_FILE = "honest.json"
+ADAPTER_DIR = "adapter"
+
+
+def fresh_version() -> str:
+    """A new model version: the UTC time and a random suffix."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def generator_config(backend: Backend, backend_name: str, template: str, decoding: Decoding,
+                     folder: Path) -> dict[str, Any]:  # fmt: skip
+    """The generator's part of ``honest.json``; its adapter (if any) is copied into ``folder``."""
+    adapter = getattr(backend, "adapter", None)
+    if adapter:
+        shutil.copytree(adapter, folder / ADAPTER_DIR)
+    return {"model": backend.model_name, "backend": backend_name, "adapter": ADAPTER_DIR if adapter else None,
+            "template": template, "decoding": asdict(decoding)}  # fmt: skip
+
+
+def calibrator_config(calibrator: Calibrator | None, fitted_on: int) -> dict[str, Any] | None:
+    return None if calibrator is None else {**calibrator.to_dict(), "fitted_on": fitted_on}
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    """``honest.json`` read back: everything but the generator's weights and the confidence source."""
+
+    folder: Path
+    generator: dict[str, Any]
+    confidence: dict[str, Any]
+    calibrator: Calibrator | None
+    fitted_on: int
+    threshold: th.Threshold | None
+    tuned_on: tuple[str, ...]
+    version: str
+
+    @property
+    def decoding(self) -> Decoding:
+        return Decoding(**self.generator.get("decoding", {}))
+
+    def load_generator(self, **backend_kwargs: Any) -> Backend:
+        """The generator by its saved name, with the folder's adapter when it has one."""
+        from candor.backends import load_backend
+
+        if self.generator.get("adapter"):
+            backend_kwargs["adapter"] = str(self.folder / self.generator["adapter"])
+        return load_backend(self.generator["model"], self.generator.get("backend", "hf"), **backend_kwargs)
+
+
+def read_folder(folder: str | Path) -> SavedModel:
+    """``folder``'s ``honest.json``, checked; one clear error naming the file when it is not one."""
+    folder = Path(folder)
+    path = folder / CONFIG_FILE
+    if not path.exists():
+        raise CandorError(f"{folder}: not a saved honest model (no {CONFIG_FILE})")
+    try:
+        config = json.loads(path.read_text())
+        generator = config["generator"]
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise CandorError(f"{path}: not a valid honest-model config ({exc})") from None
+    cal = config.get("calibrator")
+    # Folders saved before versions existed: their config's digest names them.
+    version = str(config.get("version") or "sha-" + hashlib.sha256(path.read_bytes()).hexdigest()[:12])
+    return SavedModel(
+        folder, generator, config["confidence"], calibrator_from_dict(cal) if cal else None,
+        int(cal.get("fitted_on", 0)) if cal else 0,
+        th.Threshold.from_dict(config["threshold"]) if config.get("threshold") else None,
+        tuple(config.get("tuned_on") or (QUESTION,)), version,
+    )  # fmt: skip
