@@ -32,6 +32,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "candor.estimators.cocoa": ("probability × consistency", "CoCoA (Vashurin et al., 2025)"),
     "candor.estimators.eigenscore": ("hidden states", "INSIDE (Chen et al., 2024)"),
     "candor.estimators.length": ("baseline", "answer length"),
+    "candor.estimators.ensemble": ("stacked", "logistic stacking on dev, as uqlm's tuned ensemble"),
     "candor.train.elical.estimator": ("trained head", "EliCal (Ni et al., 2025, arXiv 2510.17509)"),
     "candor.train.probe": ("trained probe", "a linear probe on hidden states"),
 }
@@ -39,6 +40,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
 JUDGED = frozenset({"consis-sem", "self-consistency", "semantic-entropy", "semantic-entropy-discrete", "num-sem-sets"})
 # Estimators that read a folder a trainer wrote.
 TRAINED = frozenset({"elical", "probe"})
+# Estimators fitted on a labelled dev file when scoring.
+DEV_FITTED = frozenset({"ensemble"})
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ def _needs(name: str, estimator: object) -> str:
         needs.append("a judge")
     if name in TRAINED:
         needs.append("a trained folder")
+    if name in DEV_FITTED:
+        needs.append("its members and a labelled dev file")
     if getattr(estimator, "needs_backend", False):
         needs.append("the model when scoring")
     return ", ".join(needs) or "the greedy answer"

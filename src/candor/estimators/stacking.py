@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
 
 from candor.util.errors import CandorError
 
@@ -34,6 +33,8 @@ class LogisticFit:
 
 def fit_logistic(features: np.ndarray, labels: np.ndarray, what: str) -> LogisticFit:
     """Fit on dev ``features`` (rows × columns) against 0/1 ``labels``; ``what`` names the fit in errors."""
+    from sklearn.linear_model import LogisticRegression  # here: importing the registry stays light
+
     x = np.asarray(features, dtype=float)
     y = np.asarray(labels, dtype=int)
     if y.size == 0 or y.min() == y.max():
