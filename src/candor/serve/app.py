@@ -15,11 +15,14 @@
   ``GET /v1/models/{id}``; request ids, the access log, CORS and protocol-level
   errors are :mod:`candor.serve.operations`, the metrics :mod:`candor.serve.prometheus_metrics`.
 - ``GET /`` the playground page (:mod:`candor.serve.playground`).
+- ``POST /v1/feedback`` (labels on served answers) and ``POST /admin/reload``
+  (and ``SIGHUP``): :mod:`candor.serve.operator_routes`.
 - Limits (body size, body-read time, question length, ``n``, ``max_tokens``: the
-  model's context) answer 4xx in the OpenAI error shape; a full queue answers 503; with an API key set, a request
-  without the right ``Authorization: Bearer`` key answers 401 (the scheme is
-  case-insensitive). Bodies are parsed strictly: ``"n": true`` or
-  ``"max_tokens": "10"`` answer 400 naming the field, never coerced.
+  model's context) answer 4xx in the OpenAI error shape (:mod:`candor.serve.request_checks`);
+  a full queue answers 503; with an API key set, a request without the right
+  ``Authorization: Bearer`` key answers 401 (the scheme is case-insensitive). Bodies
+  are parsed strictly: ``"n": true`` or ``"max_tokens": "10"`` answer 400 naming the
+  field, never coerced.
 - Every question is checked, templated and counted in tokens before any work
   (a bad one is its own request's 400); a request's questions are then
   admitted together (or 503, with nothing started) and each runs as its own
