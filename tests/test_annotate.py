@@ -656,9 +656,9 @@ def test_cli_merge_bad_input_exits_2_with_one_line(tmp_path, make, needle):
     [
         (["--shard", "3/2"], "--shard '3/2'"),
         (["--shard", "x"], "expected i/n"),
-        (["--k", "-1"], "k must be >= 0"),
+        (["--k", "-1"], "the number of sampled answers cannot be negative"),
         (["--batch-size", "0"], "batch size must be >= 1"),
-        (["--limit", "-1"], "limit must be >= 0"),
+        (["--limit", "-1"], "leaves no question to annotate"),
         (["--judge", "nosuch"], "unknown correctness judge 'nosuch'"),
         (["--consistency", "nosuch"], "unknown consistency judge 'nosuch'"),
         (["--template", "nosuch"], "nosuch"),
