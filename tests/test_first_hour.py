@@ -105,7 +105,7 @@ def test_sweep_refuses_a_test_overlap_before_its_imports(tmp_path):
 
 def test_ctrl_c_during_annotate_says_what_was_saved_and_the_command_that_resumes(tiny_model_dir, tmp_path):
     out = tmp_path / "r.jsonl"
-    args = [sys.executable, "-m", "candor.cli", "annotate", "--data", str(qa_file(tmp_path / "qa.jsonl", 400)),
+    args = [sys.executable, "-m", "candor.cli", "annotate", "--data", str(qa_file(tmp_path / "qa.jsonl", 5000)),
             "--model", tiny_model_dir, "--k", "1", "--batch-size", "2", "--max-new-tokens", "4", "--out", str(out)]
     proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
