@@ -107,7 +107,10 @@ def test_ctrl_c_during_annotate_says_what_was_saved_and_the_command_that_resumes
     out = tmp_path / "r.jsonl"
     args = [sys.executable, "-m", "candor.cli", "annotate", "--data", str(qa_file(tmp_path / "qa.jsonl", 5000)),
             "--model", tiny_model_dir, "--k", "1", "--batch-size", "2", "--max-new-tokens", "4", "--out", str(out)]
-    proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell that runs the suite in the background ignores SIGINT, and its children inherit that:
+    # the child gets the default back, as at an interactive terminal.
+    proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 240
     while not (out.exists() and out.read_text().count("\n") >= 1):
         assert proc.poll() is None, proc.communicate()

@@ -379,7 +379,7 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
     base = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     env.pop("CANDOR_API_KEY", None)
-    # A batch waits 4 s to fill, so a lone request is surely in flight when the signal comes.
+    # The in-flight request decodes 4 × 450 tokens, so it is surely still running while draining is checked.
     cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", tiny_model_dir, "--port", str(port),
            "--max-new-tokens", "4", "--threshold", "0.0", "--batch-wait-ms", "4000", "--max-batch", "4",
            "--log-prompts", "--cors-origin", "https://app.example"]  # fmt: skip
@@ -396,7 +396,8 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
 
     def slow() -> None:
         headers = {"x-request-id": "in-flight-1", "Origin": "https://app.example"}
-        resp = httpx.post(f"{base}/v1/chat/completions", json=chat(), headers=headers, timeout=120)
+        body = chat(max_tokens=450, n=4, temperature=1.0)
+        resp = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=300)
         result.update(status=resp.status_code, body=resp.json(), cors=resp.headers.get("access-control-allow-origin"))
 
     caller = threading.Thread(target=slow)
@@ -413,6 +414,7 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
 
     # Draining keeps listening: /ready says 503 (a load balancer sees the instance leave) and new work is 503.
     wait_until(lambda: status("/ready") == 503, proc, "/ready did not answer 503 while draining")
+    assert caller.is_alive(), "the in-flight request ended before draining could be checked"
     refused = httpx.post(f"{base}/v1/chat/completions", json=chat(), timeout=30)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
     wait_until(lambda: not answers("/health"), proc, "the server kept accepting connections after draining")
@@ -421,7 +423,7 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr.decode()[-3000:]
     logged = {x["request_id"]: x for x in map(json.loads, filter(is_json_line, stderr.decode().splitlines()))}
-    assert logged["in-flight-1"]["status"] == 200 and logged["in-flight-1"]["answers"] == 1
+    assert logged["in-flight-1"]["status"] == 200 and logged["in-flight-1"]["answers"] == 4
     # --log-prompts and --cors-origin reach the running service.
     assert logged["in-flight-1"]["prompt"] == chat()["messages"] and result["cors"] == "https://app.example"
 
