@@ -35,7 +35,9 @@ from candor.data import load_items
 
 TOLERANCE = 1e-6
 SYSTEM = "You are a helpful assistant. Answer in a few words."
-LONG_PROMPT_WORDS = 3000  # about 4,000 tokens with SmolLM2's tokenizer
+# About 4,000 tokens with SmolLM2's tokenizer ("word1234" is about 4 tokens). The first full run used 3,000
+# words, about 12,000 tokens: beyond the 8,192 context, so those prompts were refused 400 before any work.
+LONG_PROMPT_WORDS = 1000
 UNIQUE_STOPS = 1000
 
 
@@ -161,7 +163,7 @@ def run_traffic(port: int, pid: int, clients: int, seconds: float, stops: int = 
     idle_p50 = float(np.median(idle))
     p99 = float(np.percentile(short, 99)) if short else None
     return {
-        "clients": clients, "seconds": seconds,
+        "clients": clients, "seconds": seconds, "long_prompt_words": LONG_PROMPT_WORDS,
         "idle_p50_s": round(idle_p50, 4),
         "well_formed": {"requests": len(rows) + len(failures), "failures": len(failures),
                         "failure_examples": failures[:5], "confidence_mismatches": mismatches,
