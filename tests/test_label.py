@@ -6,7 +6,6 @@ The records are tests/data/served_log.jsonl: four answers a real `candor serve -
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,22 +16,17 @@ from browser import (  # noqa: F401  (a fixture)
     screenshot,
     watched,
 )
+from served_log_fixture import IDS, copy_served_log
 
 from candor.annotation.judges import ANSWER_CHECK_PROMPT, LLMAnswerJudge, parse_verdict
 from candor.annotation.labelling import LabelServer, judge_labels
 from candor.annotation.served_labels import append_label, read_served
 from candor.cli.commands import run
 
-FIXTURE = Path(__file__).parent / "data" / "served_log.jsonl"
-IDS = ["chatcmpl-be173b099cf84cc8be9a1038e399f7a0", "chatcmpl-680ec088410140ddbd52492169ef3e7f",
-       "chatcmpl-b0d71d3a3d6148d38b2a3ce733877af3", "chatcmpl-9d33b97de9ee4688b3e46ea7fb147f14"]
-
 
 @pytest.fixture
 def log(tmp_path: Path) -> Path:
-    path = tmp_path / "served.jsonl"
-    shutil.copy(FIXTURE, path)
-    return path
+    return copy_served_log(tmp_path)
 
 
 @pytest.fixture

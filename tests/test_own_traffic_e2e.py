@@ -33,33 +33,13 @@ from candor.serve.confidence_sources import HeadSource  # noqa: E402
 from candor.train.common import load_causal_lm  # noqa: E402
 from candor.train.elical import ConfidenceHead, HeadConfig  # noqa: E402
 from tests.test_serve_app import post  # noqa: E402
+from tests.test_serve_feedback import free_port, wait_ready  # noqa: E402
 
 KEY = "e2e-key-not-secret"
 RIGHT = [f"What is the capital of country number {i}?" for i in range(14)]
 WRONG = [f"How many legs does the animal in picture {i} have, counting twice?" for i in range(14)]
 QUESTIONS = [q for pair in zip(RIGHT, WRONG, strict=True) for q in pair]
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"candor serve exited: {proc.stderr.read()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=5):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError("candor serve did not become ready")
 
 
 def version_of(choice) -> str:

@@ -192,13 +192,13 @@ def test_sighup_reloads_a_running_candor_serve(tiny_model_dir, tmp_path, backend
 
     generator = load_backend(tiny_model_dir, "hf")
     save(honest_model(generator, 0.0), folder, "first")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "CANDOR_API_KEY": KEY}
     proc = subprocess.Popen([sys.executable, "-m", "candor.cli", "serve", "--honest", str(folder), "--port",
                              str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_ready(url, proc)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
         assert ask(client, QUESTIONS[0]).choices[0].model_extra["confidence"]["model_version"] == "first"
         save(honest_model(generator, 1.0), folder, "second")
@@ -216,7 +216,7 @@ def test_sighup_reloads_a_running_candor_serve(tiny_model_dir, tmp_path, backend
         proc.wait(timeout=60)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -224,7 +224,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen) -> None:
+def wait_ready(url: str, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import shutil
 from pathlib import Path
 
 import pytest
+from served_log_fixture import FIXTURE, IDS, copy_served_log
 
 from candor.annotation.records import read_records
 from candor.annotation.served_labels import append_label, labelled_records, read_served, served_records
 from candor.util.errors import CandorError
 
-FIXTURE = Path(__file__).parent / "data" / "served_log.jsonl"
-IDS = ["chatcmpl-be173b099cf84cc8be9a1038e399f7a0", "chatcmpl-680ec088410140ddbd52492169ef3e7f",
-       "chatcmpl-b0d71d3a3d6148d38b2a3ce733877af3", "chatcmpl-9d33b97de9ee4688b3e46ea7fb147f14"]
-
 
 @pytest.fixture
 def log(tmp_path: Path) -> Path:
-    path = tmp_path / "served.jsonl"
-    shutil.copy(FIXTURE, path)
-    return path
+    return copy_served_log(tmp_path)
 
 
 def test_a_served_log_reads_one_answer_per_choice_index(log: Path) -> None:
