@@ -95,7 +95,7 @@ from candor.serve.honest_folder import (
     generator_config,
     read_folder,
 )
-from candor.serve.rescoring import can_read_alone, read_alone
+from candor.serve.rescoring import Reread, can_read_alone
 from candor.util.errors import CandorError
 from candor.util.files import atomic_folder
 from candor.util.version import __version__
@@ -255,8 +255,8 @@ class HonestModel:
         :data:`PROTOCOL_SAMPLES`, seeded by the question. Scoring runs as one
         ``engine.call`` holding this question alone, and an answer-level
         source that reads log-probs reads them recomputed over this question's
-        rows alone (:attr:`rereads_answers`), so the value never depends on the
-        requests decoded beside it. The returned text is that greedy answer
+        tokens alone (:attr:`rereads_answers`; a piece per engine call), so
+        the value never depends on the requests decoded beside it. The returned text is that greedy answer
         unless the reply asks for other decoding, which is then generated
         (only for a question answered: an abstention generates no reply).
         """
@@ -274,6 +274,8 @@ class HonestModel:
         else:
             protocol = await done(engine.submit(self._protocol_request(ask)))
             ask.check_alive()
+            if self.rereads_answers:
+                protocol = await self._read_alone(ask, engine, protocol)
             scored = await done(engine.call(lambda: self._score_answer(ask, protocol)))
             if scored.abstained is not None:
                 return scored.abstained
@@ -369,10 +371,16 @@ class HonestModel:
                              seed=question_seed(ask.prompted.question, ask.prompted.history),
                              on_token=ask.token_hook(lambda sample: streamed if sample < 0 else ()))  # fmt: skip
 
+    async def _read_alone(self, ask: Ask, engine: LiveEngine, protocol: Generations) -> Generations:
+        """The protocol's log-probs re-read over this question alone, one piece per engine call (so a long
+        prompt's re-read holds the engine for a piece at a time, between the others' decode steps)."""
+        reread = Reread(self.backend, ask.prompted.prompt, protocol, self.shared_prefix())  # type: ignore[arg-type]
+        while not await done(engine.call(reread.step)):
+            ask.check_alive()
+        return reread.result()
+
     def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:
         """The protocol's answer scored (in the engine thread, this question alone); an abstention is returned whole."""
-        if self.rereads_answers:
-            protocol = read_alone(self.backend, ask.prompted.prompt, protocol, self.shared_prefix())  # type: ignore[arg-type]
         rec = answer_records([ask.prompted.item()], [protocol.greedy], [protocol.samples],  # type: ignore[list-item]
                              self.provenance())[0]  # fmt: skip
         n = ask.reply.n

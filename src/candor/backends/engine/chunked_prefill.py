@@ -45,7 +45,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 logger = logging.getLogger(__name__)
 
-_AGREES: weakref.WeakKeyDictionary[Any, dict[int, bool]] = weakref.WeakKeyDictionary()  # chunking_agrees' answers
+_AGREES: weakref.WeakKeyDictionary[Any, dict[int, bool | None]] = weakref.WeakKeyDictionary()  # _checked's answers
 
 KV_BLOCK = 512  # the key block of torch's CPU flash attention (kv_split_size in its kernel)
 CHUNK_MULTIPLE = 64  # chunk sizes that cut the query rows where the kernels' own row blocks are cut
@@ -153,11 +153,14 @@ class ChunkedPrefill:
     @classmethod
     def start(
         cls, backend: Any, ids: list[int], chunk: int, prefix: Any = None, prefix_length: int = 0,
-        with_states: bool = False,
+        with_states: bool = False, room: int = 0,
     ) -> ChunkedPrefill:  # fmt: skip
-        """A prefill of ``ids`` past their first ``prefix_length`` tokens, whose KV cache ``prefix`` holds."""
+        """A prefill of ``ids`` past their first ``prefix_length`` tokens, whose KV cache ``prefix`` holds.
+
+        ``room``: cache columns kept past the prompt for tokens fed after it (:meth:`extend`).
+        """
         template = prefix if prefix is not None else _one_token_cache(backend, ids[0])
-        cache = ChunkedCache.over(template, len(ids), prefix, prefix_length)
+        cache = ChunkedCache.over(template, len(ids) + room, prefix, prefix_length)
         return cls(backend, ids, cache, check_chunk(chunk), with_states)
 
     @property
@@ -187,6 +190,25 @@ class ChunkedPrefill:
         cache.done = end
         return last
 
+    def extend(self, ids: list[int], at: int) -> torch.Tensor:
+        """The logits ``[len(ids), vocab]`` of ``ids`` fed at columns ``at ..`` after the finished prompt.
+
+        Each position's logits predict the next token. The columns from ``at``
+        on are overwritten, so several continuations of the prompt are read
+        one after another over one cache (``at`` back at the prompt's end).
+        """
+        backend, cache = self.backend, self.cache
+        if not self.finished or not len(self.ids) <= at <= cache.done or at + len(ids) > cache.total:
+            raise ValueError(f"cannot feed {len(ids)} tokens at column {at} (prompt {len(self.ids)}, room {cache.total})")
+        end = at + len(ids)
+        cache.done = at
+        tensor = torch.tensor([ids], dtype=torch.long, device=backend.device)
+        mask = _chunk_mask(at, end, cache.attended(end), backend.model.dtype, backend.device)
+        positions = torch.arange(at, end, device=backend.device).unsqueeze(0)
+        logits = backend.forward(tensor, mask, cache, positions, keep=len(ids), last_only=False)
+        cache.done = end
+        return logits[0]
+
 
 def _chunk_mask(start: int, end: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """The additive mask ``[1, 1, end - start, width]``: query ``start + i`` sees keys ``0 .. start + i``."""
@@ -209,11 +231,26 @@ def chunking_agrees(backend: Any, chunk: int) -> bool:
 
     Runs one synthetic prompt (two key blocks and an odd tail) both ways and
     compares the last logits, every layer's last hidden state and the cache;
-    the answer is kept per backend and chunk size.
+    the answer is kept per backend and chunk size. False also where the
+    chunked cache cannot run this model at all (logged once).
     """
+    return _checked(backend, chunk) is True
+
+
+def chunking_runs(backend: Any, chunk: int) -> bool:
+    """Whether the chunked cache runs this model at all (its numbers may still differ from one piece's in the last bits)."""
+    return _checked(backend, chunk) is not None
+
+
+def _checked(backend: Any, chunk: int) -> bool | None:
+    """:func:`chunking_agrees`' answer, kept per backend and chunk; None where the chunked cache failed to run."""
     known = _AGREES.setdefault(backend, {})
     if chunk not in known:
-        known[chunk] = _chunking_agrees(backend, chunk)
+        try:
+            known[chunk] = _chunking_agrees(backend, chunk)
+        except Exception:  # a model the chunked cache cannot run (a cache layout of its own)
+            logger.exception("chunked prefill failed its check; long prompts are prefilled in one piece")
+            known[chunk] = None
     return known[chunk]
 
 

@@ -326,12 +326,7 @@ class HFLiveEngine:
         """Before the first request: prefill in chunks only where that gives the bits of one piece here."""
         if self.prefill_chunk is None or not self.loop.partial_admission:
             return
-        try:
-            agrees = chunking_agrees(self.backend, self.prefill_chunk)
-        except Exception:  # a model the chunked cache cannot run: prompts in one piece, as before
-            logger.exception("chunked prefill failed its check; long prompts are prefilled in one piece")
-            agrees = False
-        if not agrees:
+        if not chunking_agrees(self.backend, self.prefill_chunk):  # (also where the chunked cache cannot run)
             self.prefill_chunk = None
 
     def _run(self) -> None:

@@ -1,0 +1,128 @@
+"""Re-reading a question's answers alone (candor.serve.rescoring) in pieces: a long prompt never holds the engine.
+
+A re-read runs about one prefill chunk of tokens per step, and serving runs one step per engine call, so
+the requests decoding beside a long prompt keep stepping while it is re-read. The pieces are fixed by the
+question alone: the numbers are the same bits every time, equal to the one-pass re-read up to float rounding.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from candor.backends.base import DecodeRequest, SamplingParams
+from candor.backends.engine.chunked_prefill import DEFAULT_PREFILL_CHUNK, ChunkedPrefill
+from candor.backends.hf import HFBackend
+from candor.serve import Decoding, HonestModel
+from candor.serve import rescoring
+from candor.serve.confidence_sources import EstimatorSource
+from candor.serve.rescoring import Reread, read_alone
+
+WAIT = 120
+# About 700 tokens: several chunks, and past one key block of the CPU attention kernel.
+LONG_PROMPT = "Question: " + " ".join(f"item {i} of the list is red." for i in range(100)) + "\nAnswer:"
+SHORT_PROMPT = "Question: What is the largest planet?\nAnswer:"
+
+
+@pytest.fixture(scope="module")
+def backend(lively_model, tokenizer):
+    return HFBackend(lively_model, tokenizer, batch_size=4, model_name="lively")
+
+
+@pytest.fixture(scope="module")
+def long_answers(backend):
+    """A greedy answer and three samples of the long prompt, some longer than one piece."""
+    params = SamplingParams(max_new_tokens=90, temperature=1.0, stop=())
+    gens = backend.generate([LONG_PROMPT], 3, params, seeds=[7])[0]
+    assert max(len(c.token_ids) for c in (gens.greedy, *gens.samples)) > DEFAULT_PREFILL_CHUNK
+    return gens
+
+
+def completions(g):
+    return [g.greedy, *g.samples]
+
+
+def test_a_reread_in_pieces_is_the_same_bits_every_time_and_the_one_pass_numbers(backend, long_answers, monkeypatch):
+    reread = Reread(backend, LONG_PROMPT, long_answers)
+    steps = 1
+    while not reread.step():
+        steps += 1
+    prompt_tokens = len(backend.encode([LONG_PROMPT])[0])
+    answer_tokens = sum(len(c.token_ids) for c in completions(long_answers))
+    assert steps >= (prompt_tokens + answer_tokens) // DEFAULT_PREFILL_CHUNK - 3  # pieces, not one pass
+    pieces, again = reread.result(), read_alone(backend, LONG_PROMPT, long_answers)
+    monkeypatch.setattr(rescoring, "chunking_runs", lambda *_: False)  # a model the chunked cache cannot run
+    one_pass = read_alone(backend, LONG_PROMPT, long_answers)
+    for made, mine, same, whole in zip(*map(completions, (long_answers, pieces, again, one_pass)), strict=True):
+        assert mine.token_ids == made.token_ids and mine.text == made.text
+        assert mine.logprobs == same.logprobs and mine.top_logprobs == same.top_logprobs  # bit for bit
+        assert len(mine.logprobs) == len(made.token_ids) == len(mine.top_logprobs)
+        np.testing.assert_allclose(mine.logprobs, whole.logprobs, atol=1e-4)
+        np.testing.assert_allclose(mine.logprobs, made.logprobs, atol=1e-3)
+        assert [list(t)[:1] for t in mine.top_logprobs] == [list(t)[:1] for t in whole.top_logprobs]
+
+
+def test_a_finished_reread_is_refused_before_its_last_step_and_an_empty_one_is_done_at_once(backend, long_answers):
+    reread = Reread(backend, LONG_PROMPT, long_answers)
+    reread.step()
+    with pytest.raises(RuntimeError, match="steps left"):
+        reread.result()
+    empty = type(long_answers)(None, [], 3)
+    assert Reread(backend, LONG_PROMPT, empty).step()
+
+
+def test_feeding_past_the_room_kept_after_the_prompt_is_refused(backend):
+    ids = backend.encode([SHORT_PROMPT])[0]
+    prefill = ChunkedPrefill.start(backend, ids, 64, room=4)
+    with pytest.raises(ValueError, match="cannot feed"):
+        prefill.extend([1, 2], len(ids))  # the prompt is not prefilled yet
+    assert prefill.step()
+    assert prefill.extend([1, 2, 3, 4], len(ids)).shape[0] == 4
+    with pytest.raises(ValueError, match="cannot feed"):
+        prefill.extend([1, 2, 3, 4, 5], len(ids))
+
+
+def test_a_long_prompts_reread_steps_between_a_short_requests_decode_steps(backend, long_answers):
+    """Each engine call runs one piece, and the short request decodes between them."""
+    order: list[str] = []
+    reread = Reread(backend, LONG_PROMPT, long_answers)
+
+    def piece() -> bool:
+        order.append("piece")
+        return reread.step()
+
+    params = SamplingParams(max_new_tokens=60, stop=())
+    with backend.live_engine(max_rows=8) as engine:
+        warm = threading.Event()
+
+        def on_token(sample: int, token: int) -> bool:
+            order.append("short token")
+            warm.set()
+            return True
+
+        short = engine.submit(DecodeRequest(SHORT_PROMPT, 0, params, on_token=on_token))
+        assert warm.wait(WAIT)
+        while not engine.call(piece).result(WAIT):
+            pass
+        short.result(WAIT)
+    first, last = order.index("piece"), len(order) - 1 - order[::-1].index("piece")
+    between = order[first:last]
+    assert between.count("piece") >= 5
+    if len(short.result().greedy.token_ids) == params.max_new_tokens and order[-1] == "short token":
+        # The short request was still decoding when the re-read ended: it stepped between every two pieces.
+        assert all(a != b for a, b in zip(between, between[1:]) if a == "piece"), between
+    assert reread.result().greedy.logprobs == read_alone(backend, LONG_PROMPT, long_answers).greedy.logprobs
+
+
+def test_a_long_question_and_short_ones_answered_together_each_get_their_confidence_alone(backend):
+    model = HonestModel(backend, EstimatorSource("mc-entropy", samples=2), template="fewshot",
+                        decoding=Decoding(max_new_tokens=8))  # fmt: skip
+    model.threshold = None
+    long_question = " ".join(f"Item {i} of the list is red." for i in range(30)) + " Which item is blue?"
+    questions = [long_question, "Which river is longest?", "Who wrote Hamlet?", "What is the capital of Peru?"]
+    assert len(backend.encode([model.prepare(long_question, None).prompt])[0]) > 4 * DEFAULT_PREFILL_CHUNK
+    alone = [model.answer(q).confidence for q in questions]
+    together = [answers[0].confidence for answers in model.answer_batch(questions)]
+    assert together == alone
