@@ -106,7 +106,6 @@ SHAPE_WORDS = {QUESTION: "questions asked alone", CONVERSATION: "questions asked
 DEFAULT_REFUSAL = "I don't know."
 
 
-
 class HonestModel:
     """Answers questions with a confidence, abstaining below ``threshold`` (see the module docstring)."""
 

@@ -54,7 +54,7 @@ def can_read_alone(backend: Any) -> bool:
 
 
 def read_alone(backend: HFBackend, prompt: str, gens: Generations, prefix: SharedPrefix | None = None) -> Generations:
-    """``gens`` with each completion's log-probs and top-k recomputed over this question's tokens alone (all pieces at once)."""
+    """``gens`` with each completion's log-probs and top-k recomputed over this question's tokens alone."""
     reread = Reread(backend, prompt, gens, prefix)
     while not reread.step():
         pass

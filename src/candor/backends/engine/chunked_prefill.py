@@ -199,7 +199,9 @@ class ChunkedPrefill:
         """
         backend, cache = self.backend, self.cache
         if not self.finished or not len(self.ids) <= at <= cache.done or at + len(ids) > cache.total:
-            raise ValueError(f"cannot feed {len(ids)} tokens at column {at} (prompt {len(self.ids)}, room {cache.total})")
+            raise ValueError(
+                f"cannot feed {len(ids)} tokens at column {at} (prompt {len(self.ids)}, cache {cache.total} columns)"
+            )
         end = at + len(ids)
         cache.done = at
         tensor = torch.tensor([ids], dtype=torch.long, device=backend.device)
@@ -238,7 +240,7 @@ def chunking_agrees(backend: Any, chunk: int) -> bool:
 
 
 def chunking_runs(backend: Any, chunk: int) -> bool:
-    """Whether the chunked cache runs this model at all (its numbers may still differ from one piece's in the last bits)."""
+    """Whether the chunked cache runs this model at all (its numbers may differ from one piece's in the last bits)."""
     return _checked(backend, chunk) is not None
 
 
