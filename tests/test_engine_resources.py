@@ -185,6 +185,41 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_a_short_one_decodes(backend)
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("grace", [0.5, 0.0])
+def test_a_long_prompts_next_chunk_waits_for_the_follow_up_call_of_a_request_that_just_ended(
+    backend, monkeypatch, grace
+):
+    """After a request's rows end, its next call (re-read, scoring) comes within milliseconds: it runs before the
+    long prompt's next chunk (which can hold a CPU engine for a second), unless there is no grace to wait."""
+    from candor.backends.engine import live_engine
+
+    monkeypatch.setattr(live_engine, "FOLLOW_UP_S", grace)
+    order: list[str] = []
+    step = ChunkedPrefill.step
+
+    def recorded_step(self):
+        order.append("chunk")
+        return step(self)
+
+    monkeypatch.setattr(ChunkedPrefill, "step", recorded_step)
+    with backend.live_engine(max_rows=8, prefill_chunk=64) as engine:
+        long = engine.submit(DecodeRequest(LONG_PROMPT * 2, 0, SamplingParams(max_new_tokens=2, stop=())))
+        short = engine.submit(DecodeRequest(SHORT_PROMPT, 0, SamplingParams(max_new_tokens=4, stop=())))
+        follow_up = threading.Event()
+
+        def call_soon(_):  # the follow-up arrives 10 ms after the rows end, as a waking coroutine's would
+            order.append("short done")
+            threading.Timer(0.01, lambda: engine.call(lambda: order.append("call")).add_done_callback(
+                lambda _: follow_up.set())).start()  # fmt: skip
+
+        short.add_done_callback(call_soon)
+        assert follow_up.wait(WAIT)
+        long.result(WAIT)
+    after = order[order.index("short done") :]
+    assert after.count("chunk") >= 1  # the long prompt was still prefilling when the short request ended
+    assert (after[1] == "call") == (grace > 0), order
+
+
 # ------------------------------------------------------------------ the slot cache gives memory back
 
 

@@ -72,21 +72,34 @@ def test_the_shapes_are_compared_on_the_questions_all_of_them_answered(bench):
 
 def conversation_results() -> dict:
     def cell(auroc, ece, acc, n=4):
-        return {"n": n, "auroc": auroc, "ece": ece, "accuracy": acc,
-                "ci95": {"auroc": [0.6, 0.9], "ece": [0.1, 0.3], "accuracy": [0.3, 0.7]}}
+        return {
+            "n": n,
+            "auroc": auroc,
+            "ece": ece,
+            "accuracy": acc,
+            "ci95": {"auroc": [0.6, 0.9], "ece": [0.1, 0.3], "accuracy": [0.3, 0.7]},
+        }
 
     def gap(value):
         return {"value": value, "ci95": [value - 0.05, value + 0.05]}
 
-    method = {"n": 4, "shapes": {"single": cell(0.75, 0.2, 0.5), "2-turn": cell(0.7, 0.25, 0.5),
-                                 "3-turn": cell(0.65, 0.3, 0.25)},
-              "minus_single": {"2-turn": {"auroc": gap(-0.05), "ece": gap(0.05), "accuracy": gap(0.0),
-                                          "answers_changed": 1},
-                               "3-turn": {"auroc": gap(-0.1), "ece": gap(0.1), "accuracy": gap(-0.25),
-                                          "answers_changed": 2}}}
-    return {"methods": {"n-prob": method}, "datasets": ["nq", "hq"], "judge": "contains", "ece_bins": 10,
-            "bootstrap": 1000, "command": "python benchmarks/serve_conversations.py --summarize-only",
-            "answered_by": "python benchmarks/serve_conversations.py --per-dataset 2"}
+    method = {
+        "n": 4,
+        "shapes": {"single": cell(0.75, 0.2, 0.5), "2-turn": cell(0.7, 0.25, 0.5), "3-turn": cell(0.65, 0.3, 0.25)},
+        "minus_single": {
+            "2-turn": {"auroc": gap(-0.05), "ece": gap(0.05), "accuracy": gap(0.0), "answers_changed": 1},
+            "3-turn": {"auroc": gap(-0.1), "ece": gap(0.1), "accuracy": gap(-0.25), "answers_changed": 2},
+        },
+    }
+    return {
+        "methods": {"n-prob": method},
+        "datasets": ["nq", "hq"],
+        "judge": "contains",
+        "ece_bins": 10,
+        "bootstrap": 1000,
+        "command": "python benchmarks/serve_conversations.py --summarize-only",
+        "answered_by": "python benchmarks/serve_conversations.py --per-dataset 2",
+    }
 
 
 def test_the_readme_table_is_generated_from_the_json(tmp_path):
@@ -96,14 +109,18 @@ def test_the_readme_table_is_generated_from_the_json(tmp_path):
     lines = parts["table:serve-conversations"].splitlines()
     assert lines[0].startswith("| method | asked | n | accuracy | AUROC | ECE | Δ AUROC |")
     assert lines[2] == "| `n-prob` | single | 4 | 50.0 | 75.0 [60, 90] | 20.0 [10, 30] | – | – | – | – |"
-    assert lines[4] == ("| `n-prob` | 3-turn | 4 | 25.0 | 65.0 [60, 90] | 30.0 [10, 30] | −10.0 [−15.0, −5.0] "
-                        "| +10.0 [+5.0, +15.0] | −25.0 [−30.0, −20.0] | 2 / 4 |")
+    assert lines[4] == (
+        "| `n-prob` | 3-turn | 4 | 25.0 | 65.0 [60, 90] | 30.0 [10, 30] | −10.0 [−15.0, −5.0] "
+        "| +10.0 [+5.0, +15.0] | −25.0 [−30.0, −20.0] | 2 / 4 |"
+    )
     assert parts["value:serve-conversations-run"].startswith(
         "`python benchmarks/serve_conversations.py --per-dataset 2` (4 questions answered in all three ways, "
-        "taken in turn from the in-domain test sets NQ, HotpotQA; judge `contains`")
+        "taken in turn from the in-domain test sets NQ, HotpotQA; judge `contains`"
+    )
     assert parts["value:serve-conversations-shifts"] == (
         "`n-prob` AUROC −5.0 [−10.0, 0.0] after one earlier turn and −10.0 [−15.0, −5.0] after two, "
-        "ECE +5.0 [0.0, +10.0] and +10.0 [+5.0, +15.0]")
+        "ECE +5.0 [0.0, +10.0] and +10.0 [+5.0, +15.0]"
+    )
 
 
 def test_a_row_torn_by_a_killed_run_is_dropped_and_the_cache_continues(bench, tmp_path):
@@ -132,4 +149,5 @@ def test_the_readme_says_which_differences_the_intervals_tell_from_zero(tmp_path
             gap["ci95"] = [-0.2, 0.2]
     (tmp_path / "serve_conversations.json").write_text(json.dumps(results))
     assert rt.serve_conversations(tmp_path)["value:serve-conversations-verdict"].startswith(
-        "every interval of an AUROC or ECE difference includes 0")
+        "every interval of an AUROC or ECE difference includes 0"
+    )

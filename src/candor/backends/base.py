@@ -261,8 +261,7 @@ class Backend(Protocol):
         """Token ids of ``text`` without special tokens."""
         ...
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        ...
+    def decode(self, token_ids: Sequence[int]) -> str: ...
 
     # Optional, with the SCORE_CANDIDATES capability (call it through :func:`score_candidates`):
     # def score_candidates(self, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray

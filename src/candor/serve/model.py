@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -273,9 +273,9 @@ class HonestModel:
         else:
             protocol = await done(engine.submit(self._protocol_request(ask)))
             ask.check_alive()
-            if self.rereads_answers:
-                protocol = await self._read_alone(ask, engine, protocol)
-            scored = await done(engine.call(lambda: self._score_answer(ask, protocol)))
+            score = self._scoring_steps(ask, protocol)
+            while (scored := await done(engine.call(score))) is None:  # type: ignore[arg-type]
+                ask.check_alive()
             if scored.abstained is not None:
                 return scored.abstained
         ask.check_alive()
@@ -370,13 +370,17 @@ class HonestModel:
                              seed=question_seed(ask.prompted.question, ask.prompted.history),
                              on_token=ask.token_hook(lambda sample: streamed if sample < 0 else ()))  # fmt: skip
 
-    async def _read_alone(self, ask: Ask, engine: LiveEngine, protocol: Generations) -> Generations:
-        """The protocol's log-probs re-read over this question alone, one piece per engine call (so a long
-        prompt's re-read holds the engine for a piece at a time, between the others' decode steps)."""
+    def _scoring_steps(self, ask: Ask, protocol: Generations) -> Callable[[], Scored | None]:
+        """Engine work that scores the protocol, a step per call: None until the answer is scored.
+
+        Where the answers are re-read alone, each call runs one piece of the
+        re-read (a long prompt holds the engine for a piece at a time, between
+        the others' decode steps), and the call with the last piece scores.
+        """
+        if not self.rereads_answers:
+            return lambda: self._score_answer(ask, protocol)
         reread = Reread(self.backend, ask.prompted.prompt, protocol, self.shared_prefix())  # type: ignore[arg-type]
-        while not await done(engine.call(reread.step)):
-            ask.check_alive()
-        return reread.result()
+        return lambda: self._score_answer(ask, reread.result()) if reread.step() else None
 
     def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:
         """The protocol's answer scored (in the engine thread, this question alone); an abstention is returned whole."""

@@ -23,7 +23,9 @@ finds them to give the bits of one piece) (:mod:`candor.backends.engine.chunked_
 piece, while the running rows decode: one chunk between two steps, and only
 once the steps since the last chunk have taken :data:`DECODE_SHARE` times as
 long as that chunk, so a long prompt takes at most a third of the engine
-while others decode (and all of it when nothing else runs). Prompts are
+while others decode (and all of it when nothing else runs, after waiting
+:data:`FOLLOW_UP_S` for the call a request whose rows just ended is about to
+queue, its answer's re-read and scoring). Prompts are
 admitted in order; a short prompt queued behind a long one that is still
 prefilling joins at once.
 
@@ -66,6 +68,11 @@ LIVE_COLUMNS = 0
 # While rows decode, a chunk of a long prompt runs only after the steps since the last chunk took this many times
 # as long as it: a long prompt gets a third of the engine, the running requests two thirds.
 DECODE_SHARE = 2.0
+
+# A request whose rows just ended (or whose call just ran) queues its next engine call (its answer's re-read and
+# scoring) within milliseconds, once its coroutine wakes: a long prompt's next chunk, which can hold the engine for
+# a second on a CPU, waits this long for that call first, rather than run in the gap.
+FOLLOW_UP_S = 0.05
 
 _CLOSE = object()  # queued by close(): the engine thread stops when it reads it
 
@@ -118,6 +125,8 @@ class HFLiveEngine:
         self._decoded_s = 0.0  # decode-step time since the last chunk of a long prompt
         self._chunk_s = 0.0  # how long that chunk took
         self._topped_up_at: float | None = None
+        self._others_at = 0.0  # when the engine last ran other requests' work (a decode step, a call)
+        self._rows_stepping = False  # whether rows decoded in the step since the last top-up
         # Stop matchers the backend does not have yet are built here, not on the engine thread (a vocabulary scan).
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="candor-stop-matchers")
         self._building = 0  # requests at the builder (under _lock)
@@ -194,9 +203,25 @@ class HFLiveEngine:
 
     def top_up(self, loop: DecodeLoop) -> None:
         self._count_decode_time(loop)
-        self._read_inbox(wait=not loop.live_rows and not self._waiting and not self._prefilling)
+        idle = not loop.live_rows and not self._waiting
+        # Nothing to do: wait for work; only a long prompt's chunks: wait a moment for a follow-up call first.
+        self._read_inbox(wait=(self._follow_up_wait() if self._prefilling else True) if idle else False)
         if self._stopping:
             self._fail_everything(CandorError("the live engine was closed"))
+            return
+        self._run_calls()
+        while self._waiting and self._fits(loop, self._waiting[0].request):
+            admission = self._waiting.popleft()
+            if admission.future.set_running_or_notify_cancel():
+                self._start(loop, admission)
+        if self._prefilling and self._chunk_due(loop):
+            self._next_chunk(loop)
+        self._topped_up_at = time.perf_counter()
+        self._rows_stepping = loop.live_rows > 0  # the loop steps them before the next top-up
+
+    def _run_calls(self) -> None:
+        """Run the queued ``call`` work, in order."""
+        if not self._calls:
             return
         while self._calls:
             work, future = self._calls.popleft()
@@ -205,22 +230,20 @@ class HFLiveEngine:
                     future.set_result(work())
                 except BaseException as exc:  # the caller's error, reported through its future
                     future.set_exception(exc)
-        while self._waiting and self._fits(loop, self._waiting[0].request):
-            admission = self._waiting.popleft()
-            if admission.future.set_running_or_notify_cancel():
-                self._start(loop, admission)
-        if self._prefilling and self._chunk_due(loop):
-            self._next_chunk(loop)
-        self._topped_up_at = time.perf_counter()
+        self._others_at = time.perf_counter()
 
-    def _read_inbox(self, wait: bool) -> None:
-        """Move what callers queued into the engine's own queues (waiting for something when ``wait``)."""
+    def _read_inbox(self, wait: bool | float) -> None:
+        """Move what callers queued into the engine's own queues.
+
+        ``wait``: True waits for something; a number of seconds waits that long at most (none when not positive).
+        """
+        timeout = None if wait is True else max(0.0, float(wait))
         while True:
             try:
-                item = self._inbox.get(block=wait)
+                item = self._inbox.get(block=timeout != 0.0, timeout=timeout)
             except queue.Empty:
                 return
-            wait = False
+            timeout = 0.0
             if item is _CLOSE:
                 self._stopping = True
             elif isinstance(item, _Admission):
@@ -271,13 +294,21 @@ class HFLiveEngine:
     def _count_decode_time(self, loop: DecodeLoop) -> None:
         """Add the step that ran since the last top-up (if rows decoded) to the decode time since the last chunk."""
         now = time.perf_counter()
-        if self._topped_up_at is not None and loop.live_rows:
+        if self._topped_up_at is not None and self._rows_stepping:
             self._decoded_s += now - self._topped_up_at
+            self._others_at = now
         self._topped_up_at = now
 
+    def _follow_up_wait(self) -> float:
+        """How much longer a chunk waits for the call that work just done may bring (0 or less: none)."""
+        return self._others_at + FOLLOW_UP_S - time.perf_counter()
+
     def _chunk_due(self, loop: DecodeLoop) -> bool:
-        """A long prompt's next chunk runs now: nothing else decodes, or the decoding has had its share since."""
-        return not loop.live_rows or self._decoded_s >= DECODE_SHARE * self._chunk_s
+        """A long prompt's next chunk runs now: the decoding has had its share since the last, or nothing else
+        runs (and no follow-up call is awaited)."""
+        if loop.live_rows:
+            return self._decoded_s >= DECODE_SHARE * self._chunk_s
+        return self._follow_up_wait() <= 0
 
     def _next_chunk(self, loop: DecodeLoop) -> None:
         """Run the oldest long prompt's next chunk; after its last one, its rows join the loop."""
