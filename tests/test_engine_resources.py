@@ -248,3 +248,22 @@ def test_the_slot_cache_shrinks_after_a_long_request_and_is_released_when_idle(b
     expected = backend.generate([SHORT_PROMPT], 0, short_params)[0].greedy
     assert got.greedy.token_ids == expected.token_ids
     np.testing.assert_allclose(got.greedy.logprobs, expected.logprobs, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from /proc (Linux)")
+def test_an_idle_engine_gives_back_what_a_large_request_freed_once_it_has_grown():
+    from candor.util.memory import IdleTrimmer, resident_bytes
+
+    trimmer = IdleTrimmer(growth=64 * 2**20)
+    assert trimmer.on_idle()  # the first idle moment sets the resting size
+    assert not trimmer.on_idle()  # no growth since: no trim (a trim walks the heap)
+    blocks = [bytearray(100_000) for _ in range(3000)]  # 300 MB in heap-sized pieces, then freed
+    pin = bytearray(100_000)  # allocated after them: the heap's top stays in use, so free() alone keeps the pages
+    for block in blocks:
+        block[::4096] = b"x" * len(block[::4096])  # touch every page
+    peak = resident_bytes()
+    del blocks
+    assert trimmer.on_idle()
+    assert trimmer.trims == 2
+    assert resident_bytes() < peak - 150 * 2**20, "the freed heap pages were not given back"
+    del pin

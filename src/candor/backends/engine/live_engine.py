@@ -21,11 +21,11 @@ A prompt longer than ``prefill_chunk`` tokens (past the prefix) is prefilled
 in chunks (where the engine's first act, :func:`~candor.backends.engine.chunked_prefill.chunking_agrees`,
 finds them to give the bits of one piece) (:mod:`candor.backends.engine.chunked_prefill`), to the bits of one
 piece, while the running rows decode: one chunk between two steps, and only
-once the steps since the last chunk have taken :data:`DECODE_SHARE` times as
-long as that chunk, so a long prompt takes at most a third of the engine
-while others decode (and all of it when nothing else runs, after waiting
-:data:`FOLLOW_UP_S` for the call a request whose rows just ended is about to
-queue, its answer's re-read and scoring). Prompts are
+once the engine has run other work for :data:`DECODE_SHARE` times as long as
+that chunk since it ended, so a long prompt takes a third of the engine while
+others run (and all of it when nothing else runs, after waiting
+:data:`FOLLOW_UP_S` for the call that a request whose decoding or call just
+ended is about to queue, its answer's re-read and scoring). Prompts are
 admitted in order; a short prompt queued behind a long one that is still
 prefilling joins at once.
 
@@ -55,6 +55,7 @@ from candor.backends.engine.decode_loop import DecodeJob, DecodeLoop
 from candor.backends.engine.shared_prefix import SharedPrefix
 from candor.backends.engine.stops import StopMatcher
 from candor.util.errors import CandorError
+from candor.util.memory import IdleTrimmer
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,8 @@ T = TypeVar("T")
 LIVE_ROWS = 8
 LIVE_COLUMNS = 0
 
-# While rows decode, a chunk of a long prompt runs only after the steps since the last chunk took this many times
-# as long as it: a long prompt gets a third of the engine, the running requests two thirds.
+# While other work runs (decode steps, calls), a long prompt's next chunk runs once this many times as long as its
+# last chunk took has passed since that chunk: a long prompt gets a third of the engine, everything else two thirds.
 DECODE_SHARE = 2.0
 
 # A request whose rows just ended (or whose call just ran) queues its next engine call (its answer's re-read and
@@ -122,11 +123,10 @@ class HFLiveEngine:
         self._calls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._waiting: deque[_Admission] = deque()
         self._prefilling: deque[_Prefilling] = deque()
-        self._decoded_s = 0.0  # decode-step time since the last chunk of a long prompt
-        self._chunk_s = 0.0  # how long that chunk took
-        self._topped_up_at: float | None = None
-        self._others_at = 0.0  # when the engine last ran other requests' work (a decode step, a call)
-        self._rows_stepping = False  # whether rows decoded in the step since the last top-up
+        self._chunk_s = 0.0  # how long the last chunk of a long prompt took
+        self._chunk_ended_at = 0.0
+        self._others_at = 0.0  # when a request's decoding or call last ended (its next call follows soon)
+        self._trimmer = IdleTrimmer()
         # Stop matchers the backend does not have yet are built here, not on the engine thread (a vocabulary scan).
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="candor-stop-matchers")
         self._building = 0  # requests at the builder (under _lock)
@@ -202,8 +202,9 @@ class HFLiveEngine:
         return self._stopping
 
     def top_up(self, loop: DecodeLoop) -> None:
-        self._count_decode_time(loop)
         idle = not loop.live_rows and not self._waiting
+        if idle and not self._prefilling and self._inbox.empty():
+            self._trimmer.on_idle()  # nothing to do: give back what a long request freed, before waiting for work
         # Nothing to do: wait for work; only a long prompt's chunks: wait a moment for a follow-up call first.
         self._read_inbox(wait=(self._follow_up_wait() if self._prefilling else True) if idle else False)
         if self._stopping:
@@ -216,8 +217,6 @@ class HFLiveEngine:
                 self._start(loop, admission)
         if self._prefilling and self._chunk_due(loop):
             self._next_chunk(loop)
-        self._topped_up_at = time.perf_counter()
-        self._rows_stepping = loop.live_rows > 0  # the loop steps them before the next top-up
 
     def _run_calls(self) -> None:
         """Run the queued ``call`` work, in order."""
@@ -266,8 +265,8 @@ class HFLiveEngine:
             job = DecodeJob(
                 prompt_ids, request.n, request.greedy, request.params, request.seed, admission.matcher,
                 on_token=request.on_token, on_prefill=request.on_prefill,
-                on_done=lambda job: future.set_result(job.result),
-                on_error=lambda job, exc: future.set_exception(exc),
+                on_done=lambda job: self._ended(future, job),
+                on_error=lambda job, exc: self._ended(future, job, exc),
             )  # fmt: skip
             prefix = self._prefix_for(prompt_ids, request.params.max_new_tokens)
             start = len(prefix) if prefix is not None else 0
@@ -291,24 +290,30 @@ class HFLiveEngine:
         """Whether a prompt with ``tokens`` to prefill is prefilled in chunks."""
         return self.prefill_chunk is not None and tokens > self.prefill_chunk and loop.partial_admission
 
-    def _count_decode_time(self, loop: DecodeLoop) -> None:
-        """Add the step that ran since the last top-up (if rows decoded) to the decode time since the last chunk."""
-        now = time.perf_counter()
-        if self._topped_up_at is not None and self._rows_stepping:
-            self._decoded_s += now - self._topped_up_at
-            self._others_at = now
-        self._topped_up_at = now
-
     def _follow_up_wait(self) -> float:
-        """How much longer a chunk waits for the call that work just done may bring (0 or less: none)."""
+        """How much longer a chunk waits for the call that work just ended may bring (0 or less: none).
+
+        None once the others have had their share since the last chunk: a long prompt is never starved.
+        """
+        if self._others_had_their_share():
+            return 0.0
         return self._others_at + FOLLOW_UP_S - time.perf_counter()
 
+    def _others_had_their_share(self) -> bool:
+        return time.perf_counter() - self._chunk_ended_at >= DECODE_SHARE * self._chunk_s
+
     def _chunk_due(self, loop: DecodeLoop) -> bool:
-        """A long prompt's next chunk runs now: the decoding has had its share since the last, or nothing else
-        runs (and no follow-up call is awaited)."""
-        if loop.live_rows:
-            return self._decoded_s >= DECODE_SHARE * self._chunk_s
-        return self._follow_up_wait() <= 0
+        """A long prompt's next chunk runs now: everything else has had its share of the engine since the
+        last chunk, or nothing else runs (and no follow-up call is awaited)."""
+        return self._others_had_their_share() or (not loop.live_rows and self._follow_up_wait() <= 0)
+
+    def _ended(self, future: Future[Generations], job: DecodeJob, exc: BaseException | None = None) -> None:
+        """A job's rows have all ended (or it failed): resolve its future; its caller's next call follows soon."""
+        self._others_at = time.perf_counter()
+        if exc is None:
+            future.set_result(job.result)
+        else:
+            future.set_exception(exc)
 
     def _next_chunk(self, loop: DecodeLoop) -> None:
         """Run the oldest long prompt's next chunk; after its last one, its rows join the loop."""
@@ -321,7 +326,8 @@ class HFLiveEngine:
             current.job.fail(exc)
             return
         finally:
-            self._chunk_s, self._decoded_s = time.perf_counter() - started, 0.0
+            self._chunk_ended_at = time.perf_counter()
+            self._chunk_s = self._chunk_ended_at - started
         if not done:
             return
         self._prefilling.popleft()
