@@ -165,12 +165,13 @@ def main() -> None:
               f"answer and {w['confidence_mismatches']} confidence mismatches, server up afterwards: "
               f"{payload[key]['server_up_afterwards']}")  # fmt: skip
     if "traffic" in phases:
-        payload["traffic"] = {"command": command, **run_traffic_phase(args)}
-        t = payload["traffic"]
+        key = "traffic" if args.clients == 50 else f"traffic_{args.clients}_clients"  # 50: the acceptance
+        payload[key] = {"command": command, **run_traffic_phase(args)}
+        t = payload[key]
         print(f"traffic: {t['well_formed']['failures']} failures of {t['well_formed']['requests']}, "
               f"{t['well_formed']['confidence_mismatches']} confidence mismatches, short p99/idle p50 "
               f"{t['short_single_under_load']['p99_over_idle_p50']}, memory x{t['resident_mib']['ratio']}, "
-              f"unique stops +{t['unique_stops']['growth_mib']} MiB")  # fmt: skip
+              f"unique stops {t['unique_stops']}")  # fmt: skip
     write_json(out, payload)
     print(f"wrote {args.out}")
 

@@ -14,8 +14,12 @@ Measured in the same run:
   their ratio to the idle p50 (goal ≤ 3), what each hostile kind got;
 - every well-formed conversation asked again alone afterwards: confidences that
   differ beyond 1e-6 (goal 0);
-- resident memory of the server before and after the load (goal ≤ 1.2×), and
-  before and after 1,000 requests with unique stop lists (goal ≤ +50 MiB).
+- resident memory of the server before and after the load (goal ≤ 1.2×), read
+  again after 5 s idle, and before and after 1,000 requests with unique stop
+  lists (goal ≤ +50 MiB);
+- the throughput, and the mean latency it implies for this many clients that
+  each wait for their answer (Little's law): the part of every latency that
+  is queueing when the load exceeds what the machine serves.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ SYSTEM = "You are a helpful assistant. Answer in a few words."
 # words, about 12,000 tokens: beyond the 8,192 context, so those prompts were refused 400 before any work.
 LONG_PROMPT_WORDS = 1000
 UNIQUE_STOPS = 1000
+IDLE_S = 5.0  # seconds the server idles after the load before its memory is read again
 
 
 def resident_mib(pid: int) -> float:
@@ -153,18 +158,27 @@ def run_traffic(port: int, pid: int, clients: int, seconds: float, stops: int = 
             with lock:
                 rows.append(row)
 
+    started = time.monotonic()
     with ThreadPoolExecutor(clients) as pool:
         for f in [pool.submit(user) for _ in range(clients)]:
             f.result()
+    wall = time.monotonic() - started
     memory_after = resident_mib(pid)
+    time.sleep(IDLE_S)  # the engine gives back what long requests freed once it is idle
+    memory_after_idle = resident_mib(pid)
     mismatches = compare_alone(client, questions, rows)
-    stop_memory = unique_stops(client, pid, questions, stops)
+    stop_memory = unique_stops(client, pid, questions, stops) if stops else None  # 0: not measured in this run
     short = [r["latency"] for r in rows if r["kind"] == "short_single"]
     idle_p50 = float(np.median(idle))
+    completed = len(rows) + sum(hostile_outcomes.values())
     p99 = float(np.percentile(short, 99)) if short else None
     return {
         "clients": clients, "seconds": seconds, "long_prompt_words": LONG_PROMPT_WORDS,
-        "idle_p50_s": round(idle_p50, 4),
+        "idle_p50_s": round(idle_p50, 4), "wall_seconds": round(wall, 1),
+        # Each client waits for its answer before sending the next request, so the mean latency is
+        # clients / throughput (Little's law): what queueing alone costs at this load.
+        "completed_per_s": round(completed / wall, 3),
+        "littles_law_mean_latency_s": round(clients * wall / completed, 2) if completed else None,
         "well_formed": {"requests": len(rows) + len(failures), "failures": len(failures),
                         "failure_examples": failures[:5], "confidence_mismatches": mismatches,
                         "by_kind": dict(Counter(r["kind"] for r in rows))},
@@ -173,7 +187,9 @@ def run_traffic(port: int, pid: int, clients: int, seconds: float, stops: int = 
                                     "p99_over_idle_p50": None if p99 is None else round(p99 / idle_p50, 2)},
         "hostile": dict(hostile_outcomes),
         "resident_mib": {"before": round(memory_before, 1), "after": round(memory_after, 1),
-                         "ratio": round(memory_after / memory_before, 3)},
+                         "ratio": round(memory_after / memory_before, 3),
+                         f"after_{IDLE_S:g}s_idle": round(memory_after_idle, 1),
+                         "ratio_after_idle": round(memory_after_idle / memory_before, 3)},
         "unique_stops": stop_memory,
     }  # fmt: skip
 
