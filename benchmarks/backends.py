@@ -29,7 +29,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "honestybench" / "nq" / "test.jsonl"
@@ -119,12 +120,6 @@ def run_child(python: str, path: str, args: argparse.Namespace, extra: list[str]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{path} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT "):])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(kind: str, vllm_python: str) -> tuple[subprocess.Popen, str, str]:

@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -59,17 +58,12 @@ from typing import Any
 
 import numpy as np
 from common import CACHE, RESULTS, load_mini_or_exit, logger, setup_logging, write_json
+from servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("generation", "candor", "head", "head-abstain", "chain")
 CONCURRENCY = (1, 8, 32, 64)
 MODEL = "smollm2-135m"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ import numpy as np
 from common import RESULTS, logger, setup_logging, write_json
 from serve_hostile import run_hostile
 from serve_traffic import run_traffic
+from servers import free_port, start_candor_serve
 
 from candor.data import load_items
 
@@ -59,29 +59,11 @@ SETTINGS = {"batching_on": {"max_batch": 32, "batch_wait_ms": 10.0}, "batching_o
                                                                                        "batch_wait_ms": 0.0}}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model: str, port: int, max_batch: int, batch_wait_ms: float, threads: int,
                  max_new_tokens: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": str(threads)}
-    env.pop("CANDOR_API_KEY", None)
-    cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", model, "--port", str(port),
-           "--max-batch", str(max_batch), "--batch-wait-ms", str(batch_wait_ms), "--queue-size", "256",
-           "--max-new-tokens", str(max_new_tokens), *extra]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("candor serve did not start") from None
-            time.sleep(0.5)
+    serve = ["--model", model, "--max-batch", str(max_batch), "--batch-wait-ms", str(batch_wait_ms),
+             "--queue-size", "256", "--max-new-tokens", str(max_new_tokens), *extra]  # fmt: skip
+    return start_candor_serve(serve, port, threads=threads, limit_s=300)
 
 
 def ask(port: int, question: str) -> tuple[float, str, float]:

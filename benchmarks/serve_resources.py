@@ -30,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ import numpy as np
 import openai
 from common import RESULTS, setup_logging, write_json
 from serve_load import untrained_head
+from servers import free_port, start_candor_serve
 
 from candor.data import load_items
 
@@ -46,32 +46,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EMOJI = "\U0001f600"
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(args: argparse.Namespace, port: int, head: tuple[str, ...] = ()) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(Path(args.src).resolve()), "OMP_NUM_THREADS": str(args.threads)}
-    env.pop("CANDOR_API_KEY", None)
-    cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", args.model, "--port", str(port),
-           "--max-new-tokens", str(args.max_new_tokens), "--queue-size", "256", *head]  # fmt: skip
-    log = tempfile.TemporaryFile()  # noqa: SIM115  (the server writes to it for its whole life)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.monotonic() + 600
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                tail = log.read().decode(errors="replace")[-2000:]
-                raise RuntimeError(f"candor serve did not start:\n{tail}") from None
-            time.sleep(0.5)
+    serve = ["--model", args.model, "--max-new-tokens", str(args.max_new_tokens), "--queue-size", "256", *head]
+    return start_candor_serve(serve, port, threads=args.threads, src=Path(args.src))
 
 
 def resident_mib(pid: int) -> float:
