@@ -124,3 +124,32 @@ def test_a_long_question_and_short_ones_answered_together_each_get_their_confide
     alone = [model.answer(q).confidence for q in questions]
     together = [answers[0].confidence for answers in model.answer_batch(questions)]
     assert together == alone
+
+
+def test_a_reread_over_the_engines_own_chunked_prefill_skips_the_prompt_and_gives_its_numbers(backend):
+    kept: list[ChunkedPrefill] = []
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, stop=())
+    with backend.live_engine(max_rows=8) as engine:
+        gens = engine.submit(DecodeRequest(LONG_PROMPT, 2, params, seed=5, on_chunked_prefill=kept.append)).result(WAIT)
+        short = engine.submit(DecodeRequest(SHORT_PROMPT, 0, params, on_chunked_prefill=kept.append)).result(WAIT)
+    if engine.prefill_chunk is None:
+        pytest.skip("chunked prefill does not give the bits of one piece on this machine, so the engine does not chunk")
+    assert len(kept) == 1 and kept[0].finished  # the long prompt only: the short one was prefilled in one piece
+    assert short.greedy is not None
+    handed = Reread(backend, LONG_PROMPT, gens, prefilled=kept[0])
+    first = handed.step()
+    answer_tokens = sum(len(c.token_ids) for c in completions(gens))
+    assert first == (answer_tokens - 3 <= DEFAULT_PREFILL_CHUNK)  # the first step already reads answers
+    while not handed.step():
+        pass
+    again = Reread(backend, LONG_PROMPT, gens, prefilled=kept[0])  # the handed prefill is copied, never written
+    while not again.step():
+        pass
+    computed = read_alone(backend, LONG_PROMPT, gens)
+    for made, mine, same, whole in zip(*map(completions, (gens, handed.result(), again.result(), computed)),
+                                       strict=True):  # fmt: skip
+        assert mine.token_ids == made.token_ids
+        assert mine.logprobs == same.logprobs  # bit for bit
+        np.testing.assert_allclose(mine.logprobs, whole.logprobs, atol=1e-4)
+    with pytest.raises(ValueError, match="not this prompt's"):
+        Reread(backend, SHORT_PROMPT, short, prefilled=kept[0])

@@ -294,6 +294,10 @@ class DecodeRequest:
     seed: int = 0
     on_token: RequestTokenHook | None = None
     on_prefill: PrefillHook | None = None
+    # Handed the prompt's prefill when an engine ran it in chunks (a finished
+    # ``candor.backends.engine.chunked_prefill.ChunkedPrefill``: its KV cache and last logits),
+    # for work that reads the same prompt again (serving's re-read of the answers).
+    on_chunked_prefill: Callable[[Any], None] | None = None
 
 
 class LiveEngine(Protocol):

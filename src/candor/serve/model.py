@@ -271,9 +271,10 @@ class HonestModel:
             ask.decided(self._undecided(confidence))
             scored = Scored(confidence)
         else:
-            protocol = await done(engine.submit(self._protocol_request(ask)))
+            prefill: list[Any] = []  # the prompt's chunked prefill, when the engine ran it in chunks
+            protocol = await done(engine.submit(self._protocol_request(ask, prefill.append)))
             ask.check_alive()
-            score = self._scoring_steps(ask, protocol)
+            score = self._scoring_steps(ask, protocol, prefill.pop() if prefill else None)
             while (scored := await done(engine.call(score))) is None:  # type: ignore[arg-type]
                 ask.check_alive()
             if scored.abstained is not None:
@@ -359,18 +360,21 @@ class HonestModel:
         """
         return can_read_alone(self.backend) and bool(getattr(self.source, "reads_token_logprobs", True))
 
-    def _protocol_request(self, ask: Ask) -> DecodeRequest:
+    def _protocol_request(self, ask: Ask, on_chunked_prefill: Callable[[Any], None] | None = None) -> DecodeRequest:
         """The greedy answer and the source's samples, seeded by the question.
 
-        See docs/methods.md "Generation and judging".
+        See docs/methods.md "Generation and judging". ``on_chunked_prefill``
+        keeps the prompt's prefill (where the engine runs it in chunks) for the
+        re-read of the answers, which then skips the prompt.
         """
         params = replace(PROTOCOL_SAMPLES, max_new_tokens=self.decoding.max_new_tokens, stop=self.template.stop)
         streamed = range(ask.reply.n) if self._returns_greedy(ask.reply) else range(0)
         return DecodeRequest(ask.prompted.prompt, self.source.samples, params, greedy=True,
                              seed=question_seed(ask.prompted.question, ask.prompted.history),
-                             on_token=ask.token_hook(lambda sample: streamed if sample < 0 else ()))  # fmt: skip
+                             on_token=ask.token_hook(lambda sample: streamed if sample < 0 else ()),
+                             on_chunked_prefill=on_chunked_prefill if self.rereads_answers else None)  # fmt: skip
 
-    def _scoring_steps(self, ask: Ask, protocol: Generations) -> Callable[[], Scored | None]:
+    def _scoring_steps(self, ask: Ask, protocol: Generations, prefill: Any = None) -> Callable[[], Scored | None]:
         """Engine work that scores the protocol, a step per call: None until the answer is scored.
 
         Where the answers are re-read alone, each call runs one piece of the
@@ -379,7 +383,8 @@ class HonestModel:
         """
         if not self.rereads_answers:
             return lambda: self._score_answer(ask, protocol)
-        reread = Reread(self.backend, ask.prompted.prompt, protocol, self.shared_prefix())  # type: ignore[arg-type]
+        reread = Reread(self.backend, ask.prompted.prompt, protocol, self.shared_prefix(),  # type: ignore[arg-type]
+                        prefilled=prefill)  # fmt: skip
         return lambda: self._score_answer(ask, reread.result()) if reread.step() else None
 
     def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:

@@ -91,12 +91,18 @@ class Reread:
 
     def __init__(
         self, backend: HFBackend, prompt: str, gens: Generations, prefix: SharedPrefix | None = None,
-        chunk: int = DEFAULT_PREFILL_CHUNK,
+        chunk: int = DEFAULT_PREFILL_CHUNK, prefilled: ChunkedPrefill | None = None,
     ) -> None:  # fmt: skip
+        """``prefilled``: the prompt's own chunked prefill, as the live engine ran it for these generations
+        (``DecodeRequest.on_chunked_prefill``); the re-read then reads the answers after it, not the prompt again.
+        """
         self.backend, self.gens, self.prefix, self.chunk = backend, gens, prefix, chunk
         self.rows = [_Row(c) for c in (gens.greedy, *gens.samples) if c is not None and c.token_ids]
         self.prompt_ids = backend.encode([prompt])[0] if self.rows else []
         self.start = len(prefix.ids) if prefix is not None and prefix.starts(self.prompt_ids) else 0
+        if prefilled is not None and (prefilled.ids != self.prompt_ids or not prefilled.finished):
+            raise ValueError("the prefill handed to a re-read is not this prompt's, or not finished")
+        self._given = prefilled
         self._prefill: ChunkedPrefill | None = None
         self._finished = not self.rows
 
@@ -105,7 +111,7 @@ class Reread:
         budget = self.chunk
         with torch.inference_mode():
             while budget > 0 and not self._finished:
-                if self._prefill is None and not chunking_runs(self.backend, self.chunk):
+                if self._prefill is None and self._given is None and not chunking_runs(self.backend, self.chunk):
                     budget = self._read_in_one_pass()
                 elif self._prefill is None or not self._prefill.finished:
                     budget -= self._prompt_piece()
@@ -132,15 +138,23 @@ class Reread:
         """The prompt's next chunk (its token count returned); after its last, every answer's first token is read."""
         if self._prefill is None:
             room = max(len(r.completion.token_ids) for r in self.rows) - 1
+            if self._given is not None:  # the engine's own prefill of this prompt: copied, with room for the answers
+                self._prefill, self._given = self._given.with_room(room), None
+                self._read_first_tokens(self._prefill)
+                return 0
             cache = self.prefix.computed() if self.start else None  # type: ignore[union-attr]  # read, not written
             self._prefill = ChunkedPrefill.start(self.backend, self.prompt_ids, self.chunk, cache, self.start,
                                                  room=room)  # fmt: skip
         done = self._prefill.cache.done
         if self._prefill.step():
-            assert self._prefill.logits is not None
-            for row in self.rows:
-                row.add(*_scored(self.backend, row.completion, row.completion.token_ids[:1], self._prefill.logits))
+            self._read_first_tokens(self._prefill)
         return self._prefill.cache.done - done
+
+    def _read_first_tokens(self, prefill: ChunkedPrefill) -> None:
+        """Every answer's first token, predicted by the prompt's last position."""
+        assert prefill.logits is not None
+        for row in self.rows:
+            row.add(*_scored(self.backend, row.completion, row.completion.token_ids[:1], prefill.logits))
 
     def _answer_pieces(self, prefill: ChunkedPrefill, budget: int) -> int:
         """The next answer tokens, up to ``budget`` of them, each answer after the prompt in turn; the budget left."""

@@ -190,6 +190,15 @@ class ChunkedPrefill:
         cache.done = end
         return last
 
+    def with_room(self, room: int) -> ChunkedPrefill:
+        """This finished prefill copied into a cache with ``room`` more columns, for tokens fed after the prompt."""
+        if not self.finished:
+            raise ValueError("only a finished prefill can be copied with room")
+        cache = ChunkedCache.over(self.cache, len(self.ids) + room, self.cache, len(self.ids))
+        copied = ChunkedPrefill(self.backend, self.ids, cache, self.chunk)
+        copied.logits = self.logits
+        return copied
+
     def extend(self, ids: list[int], at: int) -> torch.Tensor:
         """The logits ``[len(ids), vocab]`` of ``ids`` fed at columns ``at ..`` after the finished prompt.
 

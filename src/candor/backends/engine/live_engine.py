@@ -95,6 +95,7 @@ class _Prefilling:
     prefill: ChunkedPrefill
     future: Future[Generations]
     shared: int  # the prefix columns its cache starts with (kept apart by a split slot cache)
+    on_done: Callable[[ChunkedPrefill], None] | None = None  # the request's on_chunked_prefill
 
 
 class HFLiveEngine:
@@ -274,7 +275,7 @@ class HFLiveEngine:
                 cache = prefix.computed() if prefix is not None else None  # read, not written
                 states = request.on_prefill is not None
                 chunked = ChunkedPrefill.start(self.backend, prompt_ids, self.prefill_chunk, cache, start, states)
-                self._prefilling.append(_Prefilling(job, chunked, future, start))
+                self._prefilling.append(_Prefilling(job, chunked, future, start, request.on_chunked_prefill))
                 return
             if prefix is not None:
                 prefilled = loop.prefill([job], prefix.computed(), len(prefix))
@@ -336,7 +337,9 @@ class HFLiveEngine:
         mask = torch.ones((1, len(chunked.ids)), dtype=torch.long, device=chunked.logits.device)
         prefilled = loop.prefilled([current.job], chunked.cache, mask, chunked.logits, chunked.states, current.shared)
         if prefilled is not None:
-            loop.admit(prefilled)
+            loop.admit(prefilled)  # (copies the cache into the rows' slots: the prefill stays the prompt's own)
+        if current.on_done is not None:
+            current.on_done(chunked)
 
     def _prefix_for(self, prompt_ids: list[int], max_new_tokens: int) -> SharedPrefix | None:
         """The prefix this prompt is prefilled past: None unless it starts with it and fits the model's window."""
