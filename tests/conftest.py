@@ -96,3 +96,21 @@ def lively_model(tokenizer):
             if "norm" not in name:
                 param.mul_(20.0)
     return model
+
+
+@pytest.fixture(scope="session")
+def readme_generator():
+    """``readme_generator("adapt")``: a module of benchmarks/readme, the READMEs' generator (not installed)."""
+    import importlib
+    import sys
+
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+
+    def module(name: str):
+        sys.path.insert(0, benchmarks)
+        try:
+            return importlib.import_module(f"readme.{name}")
+        finally:
+            sys.path.remove(benchmarks)
+
+    return module

@@ -1,55 +1,114 @@
-"""benchmarks/README.md's tables and quoted numbers are exactly what benchmarks/readme_tables.py writes."""
+"""Both READMEs' tables and quoted numbers are exactly what benchmarks/readme_tables.py writes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from candor.estimators.catalog import markdown_table
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+TOP = BENCHMARKS.parent / "README.md"
+RUN = "run: python benchmarks/readme_tables.py"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("readme_tables", BENCHMARKS / "readme_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def gen(readme_generator):
+    return readme_generator("generator")
 
 
-def test_the_committed_readme_matches_the_results_files():
-    rt = _script()
-    text = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
-    parts = rt.generated()
-    assert rt.unused_markers(text, parts) == []
-    assert rt.render(text, parts) == text, "run: python benchmarks/readme_tables.py"
+@pytest.fixture(scope="module")
+def parts(gen):
+    return gen.generated()
 
 
-def test_the_top_level_readme_places_generated_parts_exactly():
-    rt = _script()
-    text = (BENCHMARKS.parent / "README.md").read_text(encoding="utf-8")
-    assert "<!-- table:serve-conversations -->" in text
-    assert rt.render(text, rt.generated(), strict=False) == text, "run: python benchmarks/readme_tables.py"
+@pytest.fixture
+def results(tmp_path):
+    """A copy of the results files a test may change."""
+    copy = tmp_path / "results"
+    shutil.copytree(BENCHMARKS / "results", copy, ignore=shutil.ignore_patterns("*.png", "*.md", "*.csv"))
+    return copy
 
 
-def test_a_changed_result_changes_the_readme(tmp_path):
-    rt = _script()
-    results = tmp_path / "results"
-    shutil.copytree(BENCHMARKS / "results", results, ignore=shutil.ignore_patterns("*.png", "*.md", "*.csv"))
+def test_both_committed_readmes_match_the_results_files(gen, parts):
+    texts = {path: path.read_text(encoding="utf-8") for path in gen.READMES}
+    assert set(gen.READMES) == {BENCHMARKS / "README.md", TOP}
+    assert gen.unplaced(texts.values(), parts) == []
+    assert gen.rewritten(texts, parts) == {}, RUN
+    assert gen.main(["--check"]) == 0
+
+
+def test_the_top_level_readme_places_its_own_parts(gen, parts):
+    keys = {key for _, key in gen.markers(TOP.read_text(encoding="utf-8"))}
+    bench_keys = {key for _, key in gen.markers((BENCHMARKS / "README.md").read_text(encoding="utf-8"))}
+    assert {"table:estimators", "table:adapt", "table:adapt-goal", "table:serve-conversations"} <= keys
+    # The estimator table and the adapt parts live only in the top-level README: its check is what guards them.
+    assert not {"table:estimators", "table:adapt", "table:adapt-goal"} & bench_keys
+    assert parts["table:estimators"] + "\n" == markdown_table()
+
+
+def test_a_changed_result_changes_the_readme(gen, results):
     doc = json.loads((results / "elical.json").read_text())
     doc["methods"]["EliCal@100"]["id"]["auroc"] = 0.5
     (results / "elical.json").write_text(json.dumps(doc))
     text = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
-    new = rt.render(text, rt.generated(results))
+    new = gen.render(text, gen.generated(results))
     assert new != text
     assert "| EliCal@100 | 50.0 [70, 83] |" in new
     assert "−8 AUROC points in-domain (50.0 [70, 83] vs 57.6 [52, 64])" in new
 
 
-def test_numbers_quoted_in_prose_come_from_the_json():
-    parts = _script().generated()
+def test_a_changed_adapt_result_makes_only_the_top_level_readme_stale(gen, results):
+    doc = json.loads((results / "adapt.json").read_text())
+    doc["by_domain"]["nq"]["by_labels"]["25"]["adapted"]["auroc"]["mean"] = 0.5
+    doc["goal_at_100_labels"]["auroc_gain_by_domain"]["nq"] = -0.5
+    (results / "adapt.json").write_text(json.dumps(doc))
+    texts = {path: path.read_text(encoding="utf-8") for path in gen.READMES}
+    stale = gen.rewritten(texts, gen.generated(results))
+    assert list(stale) == [TOP]
+    assert "| nq | 25 | adapted | 50.0 [56, 74] | 4.1 [0, 14] | – (answers none) |" in stale[TOP]
+    assert "AUROC gain per domain nq -50.0, hq +1.0" in stale[TOP]
+
+
+def test_an_edited_estimator_table_is_stale_and_rewritten(gen, parts):
+    text = TOP.read_text(encoding="utf-8")
+    edited = text.replace("| `n-prob` | token probability |", "| `n-prob` | made up |", 1)
+    assert edited != text
+    assert gen.rewritten({TOP: edited}, parts) == {TOP: text}
+
+
+def test_check_and_rewrite_from_the_command(gen, tmp_path, monkeypatch, capsys):
+    copies = (tmp_path / "benchmarks" / "README.md", tmp_path / "README.md")
+    for copy, path in zip(copies, gen.READMES, strict=True):
+        copy.parent.mkdir(exist_ok=True)
+        copy.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(gen, "READMES", copies)
+    assert gen.main(["--check"]) == 0
+    good = copies[1].read_text(encoding="utf-8")
+    copies[1].write_text(good.replace("| hq | 25 | adapted | 77.7", "| hq | 25 | adapted | 70.0"), encoding="utf-8")
+    assert gen.main(["--check"]) == 1
+    assert f"{copies[1]} differs from the results files" in capsys.readouterr().err
+    assert gen.main([]) == 0 and copies[1].read_text(encoding="utf-8") == good
+    copies[1].write_text(good + "\n<!-- value:nope -->1<!-- /value -->\n", encoding="utf-8")
+    assert gen.main(["--check"]) == 2
+    line = good.count("\n") + 2
+    assert f"{copies[1]}:{line}: marker 'value:nope' has no generator" in capsys.readouterr().err
+    copies[1].write_text(good.replace("<!-- table:adapt -->", "<!-- table:adapt-gone -->"), encoding="utf-8")
+    assert gen.main(["--check"]) == 1
+    assert "neither README places: table:adapt\n" in capsys.readouterr().err
+
+
+def test_a_part_written_by_two_renderers_is_an_error(gen, readme_generator, monkeypatch):
+    adapt = readme_generator("adapt")
+    monkeypatch.setattr(gen, "SECTIONS", [adapt.adapt, adapt.adapt])
+    with pytest.raises(ValueError, match=r"readme.adapt.adapt writes parts already written: \['table:adapt'"):
+        gen.generated()
+
+
+def test_numbers_quoted_in_prose_come_from_the_json(parts):
     assert "1.46× OOD (66.4 → 45.4)" in parts["value:advice-cut"]
     assert parts["value:advice-ood-small"].startswith("OOD (80 questions, 1 correct)")
     assert "+2 at 1800" in parts["value:elical-gaps"]
@@ -57,29 +116,40 @@ def test_numbers_quoted_in_prose_come_from_the_json():
     assert "Prob 6.4 (1.15×)" in parts["value:elical-ece-vs-training-free"]
 
 
-def test_an_unknown_marker_is_an_error():
-    rt = _script()
-    with pytest.raises(SystemExit, match="no generator"):
-        rt.render("<!-- value:nope -->1<!-- /value -->", rt.generated())
+def test_an_unknown_marker_is_an_error_naming_the_file_and_line(gen, parts):
+    with pytest.raises(gen.MarkerError, match=r"^notes.md:2: marker 'value:nope' has no generator"):
+        gen.render("text\n<!-- value:nope -->1<!-- /value -->", parts, "notes.md")
+    with pytest.raises(gen.MarkerError, match=r"^README:1: marker 'table:nope' has no generator"):
+        gen.render("<!-- table:nope -->\n| a |\n<!-- /table -->", parts)
 
 
-def test_the_advice_section_reports_factors_with_intervals_and_whether_each_loss_term_moved():
-    rt = _script()
-    assert rt._factor({"factor": 1.4588, "ci": [1.4339, 1.4864]}) == "1.46× [1.43, 1.49]"
-    assert rt._factor({"factor": None, "ci": [None, None]}) == "–"
+def test_an_adapt_cell_is_the_mean_and_interval_in_points(readme_generator):
+    adapt = readme_generator("adapt")
+    assert adapt.cell({"mean": 0.6234, "ci95": [0.58, 0.671]}) == "62.3 [58, 67]"
+    assert adapt.cell({"mean": None, "ci95": [None, None]}) == "–"
+    assert adapt.cell({"mean": 0.5, "ci95": [None, None]}) == "50.0"
+    answered = {"answered_error": {"mean": 0.25, "ci95": [0.1, 0.404]}, "coverage": {"mean": 0.0312}}
+    assert adapt.error_cell(answered) == "25.0 [10, 40] at 3.1% coverage"
+    assert adapt.error_cell({"answered_error": {"mean": None}, "coverage": {"mean": 0.0}}) == "– (answers none)"
+
+
+def test_the_advice_section_reports_factors_with_intervals_and_whether_each_loss_term_moved(readme_generator):
+    advice = readme_generator("advice")
+    assert advice._factor({"factor": 1.4588, "ci": [1.4339, 1.4864]}) == "1.46× [1.43, 1.49]"
+    assert advice._factor({"factor": None, "ci": [None, None]}) == "–"
     curve = [{"loss_jsd": 0.6, "loss_sum": 0.2 - 0.01 * i, "epoch": i / 10} for i in range(10)]
     # First five steps average 0.18, last five 0.13; a term that stayed put reads the same on both sides.
-    assert rt._term_moves(curve) == "jsd 0.600 → 0.600, sum 0.180 → 0.130"
+    assert advice._term_moves(curve) == "jsd 0.600 → 0.600, sum 0.180 → 0.130"
     ref = {"confidence": 0.144, "id": {"ece": 0.0352, "ece_ci": [0.014, 0.0552]}}
-    assert rt._constant13(ref) == "confidence 14.4% for every question: ECE in-domain 3.5 [1, 6]"
-    assert rt._constant13(None) == "not computed"
+    assert advice._constant13(ref) == "confidence 14.4% for every question: ECE in-domain 3.5 [1, 6]"
+    assert advice._constant13(None) == "not computed"
 
 
-def test_the_advice_section_compares_auroc_within_each_in_domain_dataset():
-    rt = _script()
+def test_the_advice_section_compares_auroc_within_each_in_domain_dataset(readme_generator):
+    advice = readme_generator("advice")
     block = {"per_dataset": {"nq": {"auroc": 0.3}, "hq": {"auroc": None}, "squad": {"auroc": 0.9}}}
     trained = {"per_dataset": {"nq": {"auroc": 0.75}, "hq": {"auroc": 0.7}, "squad": {"auroc": 0.1}}}
     methods = {"Default": {"ScoreLetter": block}, "Prompting": {"ScoreLetter": trained},
                "ADVICE": {"ScoreLetter": trained}}  # fmt: skip
     # Only trained methods, only in-domain datasets (SQuAD is OOD), and an undefined AUROC shows as a dash.
-    assert rt._auroc_by_dataset(methods) == "ADVICE ScoreLetter: NQ 30.0 → 75.0, HotpotQA – → 70.0"
+    assert advice._auroc_by_dataset(methods) == "ADVICE ScoreLetter: NQ 30.0 → 75.0, HotpotQA – → 70.0"

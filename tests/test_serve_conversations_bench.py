@@ -102,8 +102,8 @@ def conversation_results() -> dict:
     }
 
 
-def test_the_readme_table_is_generated_from_the_json(tmp_path):
-    rt = _load("readme_tables")
+def test_the_readme_table_is_generated_from_the_json(tmp_path, readme_generator):
+    rt = readme_generator("serving")
     (tmp_path / "serve_conversations.json").write_text(json.dumps(conversation_results()))
     parts = rt.serve_conversations(tmp_path)
     lines = parts["table:serve-conversations"].splitlines()
@@ -136,8 +136,8 @@ def test_a_row_torn_by_a_killed_run_is_dropped_and_the_cache_continues(bench, tm
         bench.AnswerCache(path)
 
 
-def test_the_readme_says_which_differences_the_intervals_tell_from_zero(tmp_path):
-    rt = _load("readme_tables")
+def test_the_readme_says_which_differences_the_intervals_tell_from_zero(tmp_path, readme_generator):
+    rt = readme_generator("serving")
     results = conversation_results()
     (tmp_path / "serve_conversations.json").write_text(json.dumps(results))
     verdict = rt.serve_conversations(tmp_path)["value:serve-conversations-verdict"]

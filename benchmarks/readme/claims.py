@@ -1,12 +1,10 @@
-"""benchmarks/README.md's claim-level tables, from results/claims.json (read by readme_tables.py)."""
+"""README parts on claim-level confidence, from results/claims.json."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
-Json = dict[str, Any]
+from .formatting import Json, load, md_table
 
 
 def _pct(cell: Json | None) -> str:
@@ -29,13 +27,6 @@ def _signed(cell: Json) -> str:
     return text
 
 
-def _table(header: list[str], aligns: str, rows: list[list[str]]) -> str:
-    sep = ["---:" if a == "r" else "---" for a in aligns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(sep) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _batched(cell: Json) -> str:
     """The entropy agreement when candor's pass was batched (padded), where the results hold it."""
     if "max_abs_diff_batched" not in cell:
@@ -44,7 +35,7 @@ def _batched(cell: Json) -> str:
 
 
 def claims_section(results: Path) -> dict[str, str]:
-    d = json.loads((results / "claims.json").read_text(encoding="utf-8"))
+    d = load("claims", results)
     gen = d["cost"]["generation"]
     rows = []
     for name, m in d["estimators"].items():
@@ -74,10 +65,10 @@ def claims_section(results: Path) -> dict[str, str]:
         + f" ({poly.get('answers')} answers, {poly.get('claims')} claims)"
     )
     return {
-        "table:claims": _table(
+        "table:claims": md_table(
             ["claim confidence", "answers / claims", "AUROC", "ECE", "PRR", "precision at 50/75/90/100% kept",
              f"s per answer (× generating it, {gen['wall_per_answer']:.2f} s)"], "lrrrrrr", rows),
-        "table:claims-alone": _table(
+        "table:claims-alone": md_table(
             ["in the answer vs asked alone", "questions", "AUROC in the answer", "AUROC alone", "gap",
              "accuracy in / alone"],
             "lrrrrr", alone),

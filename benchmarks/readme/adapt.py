@@ -1,0 +1,69 @@
+"""The top-level README's "Calibrate on your own traffic" numbers, from results/adapt.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .formatting import DASH, Json, load, with_ci
+
+ARMS = (("adapted", "adapted"), ("unadapted", "unadapted"), ("cal_only", "Cal-Only"))
+
+
+def cell(entry: Json) -> str:
+    """``75.6 [68, 82]``: the mean ×100 and its interval in whole points; a dash when missing."""
+    return with_ci(entry.get("mean"), entry.get("ci95"))
+
+
+def error_cell(entry: Json) -> str:
+    """The answered error (×100) and coverage; a dash where no run answered anything."""
+    if entry["answered_error"]["mean"] is None:
+        return f"{DASH} (answers none)"
+    return f"{cell(entry['answered_error'])} at {100 * entry['coverage']['mean']:.1f}% coverage"
+
+
+def table(result: Json) -> str:
+    rows = ["| domain | labels | arm | AUROC | ECE | answered error (α = {:g}) |".format(result["alpha"]),
+            "|---|---:|---|---:|---:|---|"]  # fmt: skip
+    domains = [("mean of the four", result)] + [(d, result["by_domain"][d]) for d in result["sizes"]["folds"]]
+    for name, block in domains:
+        for n, arms in block["by_labels"].items():
+            for key, label in ARMS:
+                entry = arms[key]
+                rows.append(f"| {name} | {n} | {label} | {cell(entry['auroc'])} | {cell(entry['ece'])} | "
+                            f"{error_cell(entry)} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def goal(result: Json) -> str:
+    g = result.get("goal_at_100_labels") or {}
+    if not g.get("auroc_gain_by_domain"):
+        return "The 100-label goal was not measured."
+    gains = ", ".join(f"{d} {100 * v:+.1f}" for d, v in g["auroc_gain_by_domain"].items())
+    verdict = "met" if all(g[k] for k in ("mean_gain_at_least_0.05", "no_domain_below_unadapted",
+                                          "adapted_ece_at_most_0.05", "answered_error_within_alpha_every_run")) \
+        else "not met"  # fmt: skip
+    seconds = result["adapt_seconds"].get("100", {}).get("mean")
+    return (f"With 100 labels the goal (mean AUROC gain ≥ +5 points, no domain below the unadapted head, "
+            f"ECE ≤ 0.05, answered error within α in every run) is **{verdict}**: AUROC gain per domain "
+            f"{gains} (mean {100 * g['mean_auroc_gain']:+.1f}); adapted ECE ≤ 0.05: "
+            f"{'yes' if g['adapted_ece_at_most_0.05'] else 'no'}; answered error within α in every run: "
+            f"{'yes' if g['answered_error_within_alpha_every_run'] else 'no'}. "
+            f"Adapting took {seconds:.0f} s per run (mean, features cached) on 2 shared CPU cores"
+            + _cli(result) + ".")  # fmt: skip
+
+
+def _cli(result: Json) -> str:
+    cli = result.get("cli_adapt")
+    if not cli:
+        return ""
+    return (
+        f"; the command itself, from a cold start (loading the model, computing every feature), "
+        f"{cli['seconds']:.0f} s with {cli['labels']} labels in {cli['mode']} mode "
+        f"(load average {cli['load_average'][0]:g})"
+    )
+
+
+def adapt(r: Path) -> dict[str, str]:
+    """``candor adapt`` on a held-out domain: the 100-label goal's verdict and the table of every arm."""
+    result = load("adapt", r)
+    return {"table:adapt-goal": goal(result), "table:adapt": table(result)}

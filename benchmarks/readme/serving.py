@@ -1,0 +1,222 @@
+"""README parts on serving: conversations, hostile load, and candor serve against the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .formatting import DASH, DATASET_NAMES, METRIC_LABELS, Json, load, md_table, pct, signed, with_ci
+
+CONVERSATION_SHAPES = ("single", "2-turn", "3-turn")
+
+
+def serve_conversations(r: Path) -> dict[str, str]:
+    """The last turn of 2- and 3-turn chats against the same questions asked alone (serve_conversations.py)."""
+    d = load("serve_conversations", r)
+    rows = []
+    for method, m in d["methods"].items():
+        for shape in CONVERSATION_SHAPES:
+            s, gap = m["shapes"][shape], m["minus_single"].get(shape)
+            rows.append(
+                [
+                    f"`{method}`",
+                    shape,
+                    str(s["n"]),
+                    pct(s["accuracy"]),
+                    with_ci(s["auroc"], s["ci95"]["auroc"]),
+                    with_ci(s["ece"], s["ci95"]["ece"]),
+                    _signed_ci(gap["auroc"]) if gap else DASH,
+                    _signed_ci(gap["ece"]) if gap else DASH,
+                    _signed_ci(gap["accuracy"]) if gap else DASH,
+                    f"{gap['answers_changed']} / {s['n']}" if gap else DASH,
+                ]
+            )
+    header = ["method", "asked", "n", "accuracy", "AUROC", "ECE", "Δ AUROC", "Δ ECE", "Δ accuracy", "answers changed"]
+    shifts = "; ".join(_conversation_shift(method, m["minus_single"]) for method, m in d["methods"].items())
+    return {
+        "table:serve-conversations": md_table(header, "llrrrrrrrr", rows),
+        "value:serve-conversations-run": _conversation_run(d),
+        "value:serve-conversations-shifts": shifts,
+        "value:serve-conversations-verdict": _conversation_verdict(d),
+    }
+
+
+def _conversation_verdict(d: Json) -> str:
+    """Which differences from asking alone the intervals tell from 0, and how often the answer itself changed."""
+    apart = [
+        f"`{method}` {METRIC_LABELS[metric]} {shape}"
+        for method, m in d["methods"].items()
+        for shape in CONVERSATION_SHAPES[1:]
+        for metric in ("auroc", "ece")
+        if not m["minus_single"][shape][metric]["ci95"][0] <= 0 <= m["minus_single"][shape][metric]["ci95"][1]
+    ]
+    verdict = (
+        "every interval of an AUROC or ECE difference includes 0: at this size no change of the "
+        "confidence's ranking or calibration is told apart from none"
+        if not apart
+        else f"the intervals exclude 0 for {', '.join(apart)}; the other AUROC and ECE differences include 0"
+    )
+    changed = [
+        m["minus_single"][shape]["answers_changed"] / m["n"]
+        for m in d["methods"].values()
+        for shape in CONVERSATION_SHAPES[1:]
+    ]
+    return (
+        f"{verdict}. The earlier turns changed the model's greedy answer itself in "
+        f"{pct(min(changed), 0)}–{pct(max(changed), 0)}% of the questions, so a conversation's confidence is "
+        "often that of another answer than the lone question's"
+    )
+
+
+def _conversation_run(d: Json) -> str:
+    """The command, how many questions every shape of every method answered, the judge and the resamples."""
+    sizes = sorted({m["n"] for m in d["methods"].values()})
+    answered = " or ".join(str(n) for n in sizes)
+    names = ", ".join(DATASET_NAMES.get(ds, ds) for ds in d["datasets"])
+    return (
+        f"`{d['answered_by'] or d['command']}` ({answered} questions answered in all three ways, taken in turn "
+        f"from the in-domain test sets {names}; judge `{d['judge']}`, ECE on {d['ece_bins']} bins, "
+        f"{d['bootstrap']} bootstrap resamples)"
+    )
+
+
+def _conversation_shift(method: str, gaps: Json) -> str:
+    """``n-prob`` AUROC and ECE after one and after two earlier turns, minus asked alone (×100)."""
+    two, three = gaps["2-turn"], gaps["3-turn"]
+    return (
+        f"`{method}` AUROC {_signed_ci(two['auroc'])} after one earlier turn and {_signed_ci(three['auroc'])} "
+        f"after two, ECE {_signed_ci(two['ece'])} and {_signed_ci(three['ece'])}"
+    )
+
+
+def _signed_ci(gap: Json) -> str:
+    """A paired difference ×100 with its interval: ``−3.1 [−9.0, +2.4]``."""
+    low, high = gap["ci95"]
+    return f"{signed(gap['value'])} [{signed(low)}, {signed(high)}]"
+
+
+def serve_hostile(r: Path) -> dict[str, str]:
+    d = load("serve_load", r)["hostile"]
+    cold = d["temperature_0.01"]
+    rows = []
+    for kind, outcomes in d["hostile"].items():
+        got = ", ".join(f"{outcome} ({count}×)" for outcome, count in sorted(outcomes.items())) or "not sent"
+        if kind == "temperature 0.01":
+            got += (
+                f"; confidence equal to the greedy request's in {cold['requests'] - cold['confidence_mismatches']}"
+                f" of {cold['requests']} (largest difference {cold['max_confidence_difference']:.1e})"
+            )
+        rows.append([kind, got])
+    u = load("serve_load", r)["hostile_micro_batched"]["well_formed"]
+    m = load("serve_load", r)["head_memory"]
+    return {
+        "value:serve-head-memory": (
+            f"resident memory {m['head_from_prefill']['rss_mb']:.0f} MB with the head read from the prefill, "
+            f"{m['rss_ratio_over_no_head']['head_from_prefill']:.3f}x the {m['no_head']['rss_mb']:.0f} MB of n-prob "
+            f"without a head, against {m['rss_ratio_over_no_head']['head_own_pass']:.2f}x when the head runs its own "
+            f"pass (SmolLM2-135M, {m['questions']} questions answered; `python benchmarks/serve_load.py --phases "
+            "head_memory`)"
+        ),
+        "value:serve-load-micro-batched": (
+            f"{u['requests']} well-formed requests, {u['failures']} failed, {u['answer_mismatches']} answers and "
+            f"{u['confidence_mismatches']} confidences differed from the lone question's (largest difference "
+            f"{u['max_confidence_difference']:.1e}); p50 / p99 latency {u['p50_latency_ms'] / 1000:.1f} / "
+            f"{u['p99_latency_ms'] / 1000:.1f} s"
+        ),
+        "table:serve-hostile": md_table(["hostile request", "what it got (count)"], "ll", rows),
+        "value:serve-load": _hostile_load(d),
+    }
+
+
+def serve_hostile_threads2(r: Path) -> dict[str, str]:
+    """The hostile phase rerun with the server on 2 OpenMP threads (the decode step's split active)."""
+    d = load("serve_load_threads2", r)["hostile"]
+    return {"value:serve-load-threads2": _hostile_load(d)}
+
+
+def _hostile_load(d: Json) -> str:
+    """One hostile-phase run: the well-formed requests' failures, mismatches, latency, and the server afterwards."""
+    w = d["well_formed"]
+    return (
+        f"{d['clients']} clients for {d['seconds']:.0f} s sent {w['requests']} well-formed requests "
+        f"({w['streaming']} streaming) among the hostile ones: {w['failures']} failed, {w['answer_mismatches']} "
+        f"answers differed from the same question asked alone, {w['confidence_mismatches']} confidences "
+        f"differed by more than 1e-6 (largest difference {w['max_confidence_difference']:.1e}; "
+        f"{w.get('confidences_bit_equal', 0)} of {w['requests']} equal bit for bit); p50 / p99 "
+        f"latency {w['p50_latency_ms'] / 1000:.1f} / {w['p99_latency_ms'] / 1000:.1f} s, time to first token "
+        f"{w.get('p50_ttft_ms', 0) / 1000:.1f} / {w.get('p99_ttft_ms', 0) / 1000:.1f} s (SmolLM2-135M, "
+        f"{d['cpu_count']} shared CPU cores at load average {d['load_average_at_end'][0]:.0f}); the server "
+        f"{'was up' if d['server_up_afterwards'] else 'was DOWN'} afterwards"
+    )
+
+
+SERVE_ENGINE_ARMS = {
+    "generation": "transformers serve --continuous-batching (the engine alone)",
+    "candor": "candor serve, in process, n-prob",
+    "head": "candor serve --head (EliCal), threshold 0",
+    "head-abstain": "candor serve --head, threshold at the median confidence",
+    "chain": "candor serve → engine + candor serve-head (exported head)",
+}
+
+
+def _seconds(ms: float | None) -> str:
+    return DASH if ms is None else f"{ms / 1000:.2f}"
+
+
+def _times(x: float | None) -> str:
+    return DASH if x is None else f"{x:.2f}×"
+
+
+def _equal(counts: Json | None) -> str:
+    if not counts:
+        return DASH
+    return f"{sum(c['equal'] for c in counts.values())} / {sum(c['of'] for c in counts.values())}"
+
+
+def serve_engine(r: Path) -> dict[str, str]:
+    d = load("serve_engine", r)
+    conc = [str(c) for c in d["concurrency"]]
+    rows = []
+    for arm, label in SERVE_ENGINE_ARMS.items():
+        cells = d["cells"].get(arm)
+        if not cells:
+            continue
+        row = [label]
+        for c in conc:
+            cell = cells.get(c)
+            row.append(DASH if cell is None else f"{cell['requests_per_s']:.2f} / {_seconds(cell['p50_ms'])}")
+        rows.append(row)
+    table = md_table(["arm", *(f"c = {c}: req/s / p50 s" for c in conc)], "l" + "r" * len(conc), rows)
+    q = d["ratios"]
+    ratio_rows = [
+        ["(a) throughput, candor / engine, c = 32", _times(q["a_throughput_candor_over_engine_at_32"]), "≥ 1.0"],
+        ["(a) p50 latency, candor / engine, c = 1", _times(q["a_p50_candor_over_engine_at_1"]), "≤ 1.1"],
+        ["(a) generated tokens/s, candor / engine, c = 32", _times(q["a_tokens_per_s_candor_over_engine_at_32"]),
+         DASH],
+        ["(b) answered p50, head / no head, c = 1", _times(q["b_answered_p50_head_over_candor_at_1"]), "≤ 1.05"],
+        ["(b) peak resident memory, head / no head", _times(q["b_peak_rss_head_over_candor"]), "≤ 1.05"],
+        *[[f"(b) mean latency at {pct(row['abstention_share'], 0)}% abstention, c = 1",
+           f"{_seconds(row['mean_ms'])} s", "falls with the share"] for row in q["b_mean_latency_by_abstention_at_1"]],
+        *[[f"(c) p50 latency, chain / engine, c = {c}", _times(v), "≤ 1.15"]
+          for c, v in q["c_p50_chain_over_engine"].items()],
+    ]  # fmt: skip
+    rss = q.get("chain_candor_peak_rss_mib")
+    engine = d["cells"].get("generation") or {}
+    past = sum(cell.get("past_stop", 0) for cell in engine.values())
+    asked = sum(cell["requests"] for cell in engine.values())
+    return {
+        "value:serve-engine-answers": (
+            f"{_equal(q['a_answers_equal_engine'])} of candor's in-process answers and "
+            f"{_equal(q['c_answers_equal_engine'])} of the chain's equal the engine's to the same question (cut at "
+            f"the template's stop); the engine ran on past the stop string in {past} of its {asked} answers "
+            "(transformers serve ignores `stop`), generating up to the token cap where candor stops"
+        ),
+        "table:serve-engine": table,
+        "table:serve-engine-ratios": md_table(["ratio", "measured", "issue's target"], "lrr", ratio_rows),
+        "value:serve-engine-setup": (
+            f"SmolLM2-135M, greedy answers of at most {d['max_new_tokens']} tokens, "
+            f"{min(d['requests_per_cell'].values())}–{max(d['requests_per_cell'].values())} requests per cell, "
+            f"{d['cpu_count']} CPU cores shared with other jobs (load average {d['load_average_at_end'][0]:.0f} "
+            f"at the end), servers at {d['server_omp_threads']} OMP thread(s); candor's own process in the chain "
+            f"peaked at {DASH if rss is None else f'{rss:.0f} MiB'}"
+        ),
+    }
