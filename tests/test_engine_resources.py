@@ -254,16 +254,33 @@ def test_the_slot_cache_shrinks_after_a_long_request_and_is_released_when_idle(b
 def test_an_idle_engine_gives_back_what_a_large_request_freed_once_it_has_grown():
     from candor.util.memory import IdleTrimmer, resident_bytes
 
-    trimmer = IdleTrimmer(growth=64 * 2**20)
-    assert trimmer.on_idle()  # the first idle moment sets the resting size
-    assert not trimmer.on_idle()  # no growth since: no trim (a trim walks the heap)
+    trimmer = IdleTrimmer(growth=64 * 2**20, interval_s=0.0)
+    assert trimmer.on_idle() is None and trimmer.trims == 1  # the first idle moment finds the rest level
+    assert trimmer.on_idle() is None and trimmer.trims == 1  # no growth since: no trim (a trim walks the heap)
     blocks = [bytearray(100_000) for _ in range(3000)]  # 300 MB in heap-sized pieces, then freed
     pin = bytearray(100_000)  # allocated after them: the heap's top stays in use, so free() alone keeps the pages
     for block in blocks:
         block[::4096] = b"x" * len(block[::4096])  # touch every page
     peak = resident_bytes()
     del blocks
-    assert trimmer.on_idle()
-    assert trimmer.trims == 2
+    assert trimmer.on_idle() is None and trimmer.trims == 2
     assert resident_bytes() < peak - 150 * 2**20, "the freed heap pages were not given back"
+    del pin
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from /proc (Linux)")
+def test_a_trim_too_soon_after_the_last_is_put_off_and_says_when_it_is_due():
+    from candor.util.memory import IdleTrimmer
+
+    trimmer = IdleTrimmer(growth=64 * 2**20, interval_s=30.0)
+    assert trimmer.on_idle() is None and trimmer.trims == 1
+    blocks = [bytearray(100_000) for _ in range(1500)]
+    pin = bytearray(100_000)
+    for block in blocks:
+        block[::4096] = b"x" * len(block[::4096])
+    del blocks
+    due = trimmer.on_idle()
+    assert due is not None and 0 < due <= 30.0 and trimmer.trims == 1  # put off: the engine asks again then
+    trimmer.trimmed_at -= 30.0  # as if the interval had passed
+    assert trimmer.on_idle() is None and trimmer.trims == 2
     del pin

@@ -52,25 +52,39 @@ def _page_size() -> int:
 
 
 class IdleTrimmer:
-    """Gives freed memory back when a server goes idle, if it holds ``growth`` bytes more than after the last time.
+    """Gives freed memory back when a server goes idle and holds ``growth`` bytes more than at rest.
 
     A long prompt's chunked prefill and re-read free hundreds of megabytes of
-    KV cache when they end; glibc keeps them in its heaps until trimmed. A
-    trim walks the heap (milliseconds), so it runs only once the process has
-    grown by ``growth`` since the last one, and only when nothing is waiting.
+    KV cache when they end; glibc keeps them in its heaps until trimmed. The
+    resident size does not fall when memory is freed, only when it is
+    trimmed, so the rest level is the lowest size seen right after a trim, and
+    a trim runs when the process is that much above it. A trim walks the heap
+    and the next large request faults its pages back in, so trims are at
+    least ``interval_s`` apart; a trim put off by that is due later, and
+    :meth:`on_idle` says when to ask again.
     """
 
-    def __init__(self, growth: int = 64 * 2**20) -> None:
+    def __init__(self, growth: int = 64 * 2**20, interval_s: float = 1.0) -> None:
         self.growth = growth
-        self.rested: int | None = None  # the resident size after the last trim
+        self.interval_s = interval_s
+        self.rest: int | None = None  # the lowest resident size right after a trim
+        self.trimmed_at: float | None = None
         self.trims = 0
 
-    def on_idle(self) -> bool:
-        """Trim if the process has grown by ``growth`` since the last trim; whether it did."""
+    def on_idle(self) -> float | None:
+        """Trim if the process is ``growth`` above its rest level; None, or the seconds until a put-off trim is due."""
+        import time
+
         now = resident_bytes()
-        if now is None or (self.rested is not None and now < self.rested + self.growth):
-            return False
+        if now is None or (self.rest is not None and now < self.rest + self.growth):
+            return None
+        clock = time.monotonic()
+        if self.trimmed_at is not None and clock - self.trimmed_at < self.interval_s:
+            return self.interval_s - (clock - self.trimmed_at)
         give_back_memory()
         self.trims += 1
-        self.rested = resident_bytes()
-        return True
+        self.trimmed_at = clock
+        after = resident_bytes()
+        if after is not None:
+            self.rest = after if self.rest is None else min(self.rest, after)
+        return None

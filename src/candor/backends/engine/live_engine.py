@@ -204,10 +204,15 @@ class HFLiveEngine:
 
     def top_up(self, loop: DecodeLoop) -> None:
         idle = not loop.live_rows and not self._waiting
-        if idle and not self._prefilling and self._inbox.empty():
-            self._trimmer.on_idle()  # nothing to do: give back what a long request freed, before waiting for work
-        # Nothing to do: wait for work; only a long prompt's chunks: wait a moment for a follow-up call first.
-        self._read_inbox(wait=(self._follow_up_wait() if self._prefilling else True) if idle else False)
+        # Nothing to do: give back what long requests freed and wait for work (until a put-off trim is due);
+        # only a long prompt's chunks: wait a moment for a follow-up call first.
+        wait: bool | float = False
+        if idle and self._prefilling:
+            wait = self._follow_up_wait()
+        elif idle:
+            due = self._trimmer.on_idle() if self._inbox.empty() else None
+            wait = True if due is None else due
+        self._read_inbox(wait=wait)
         if self._stopping:
             self._fail_everything(CandorError("the live engine was closed"))
             return
