@@ -8,6 +8,7 @@ question alone: the numbers are the same bits every time, equal to the one-pass 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -153,3 +154,5 @@ def test_a_reread_over_the_engines_own_chunked_prefill_skips_the_prompt_and_give
         np.testing.assert_allclose(mine.logprobs, whole.logprobs, atol=1e-4)
     with pytest.raises(ValueError, match="not this prompt's"):
         Reread(backend, SHORT_PROMPT, short, prefilled=kept[0])
+    empty = type(gens)(replace(gens.greedy, text="", token_ids=[], logprobs=[], top_logprobs=[]), [], 10)
+    assert Reread(backend, LONG_PROMPT, empty, prefilled=kept[0]).step()  # an empty answer: nothing to read

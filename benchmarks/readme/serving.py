@@ -220,3 +220,50 @@ def serve_engine(r: Path) -> dict[str, str]:
             f"peaked at {DASH if rss is None else f'{rss:.0f} MiB'}"
         ),
     }
+
+
+def serve_traffic(r: Path) -> dict[str, str]:
+    """Issue 42's acceptance: short questions beside long prompts, real chat traffic, unique stop lists."""
+    res = load("serve_resources", r)
+    runs = [(key, res[key]) for key in sorted(res) if key.startswith("long_prompts")]
+    long_rows = [_long_prompt_row(d) for _, d in runs]
+    stops = res["stops"]
+    traffic = load("serve_load", r)
+    traffic_rows = [_traffic_row(traffic[key]) for key in sorted(traffic) if key.startswith("traffic")]
+    return {
+        "table:serve-long-prompts": md_table(
+            ["confidence", "idle p50", "p50 / p99 beside long prompts", "× idle p50", "confidences bit-equal",
+             "long prompts (tokens: seconds)", "memory after / before"],
+            "lrrrrrr", long_rows),  # fmt: skip
+        "value:serve-stops": (
+            f"{stops['unique_stop_lists']:,} requests with unique stop lists changed the server's resident memory by "
+            f"{stops['rss_growth_mib']:+.1f} MiB (goal ≤ +{stops['acceptance_mib']})"
+        ),
+        "table:serve-traffic": md_table(
+            ["clients", "well-formed (failed)", "confidence ≠ alone", "hostile: what they got", "short p50 / p99",
+             "p99 × idle p50", "completed/s (queueing: clients ÷ rate)", "memory after / before (after 5 s idle)"],
+            "rrrlrrrr", traffic_rows),  # fmt: skip
+    }
+
+
+def _long_prompt_row(d: Json) -> list[str]:
+    under, idle = d["under_long_prompts"], d["idle"]
+    longs = ", ".join(f"{x['prompt_tokens']:,}: {x['latency_s']:.0f}" for x in d["long_prompts"])
+    return [
+        d["confidence"], f"{idle['p50_s']:.2f} s", f"{under['p50_s']:.2f} / {under['p99_s']:.2f} s",
+        f"{d['p50_over_idle_p50']:.1f}× / **{d['p99_over_idle_p50']:.1f}×**", d["short_confidences_bit_equal_to_idle"],
+        longs, f"{d['rss_after_over_before']:.3f}×",
+    ]  # fmt: skip
+
+
+def _traffic_row(d: Json) -> list[str]:
+    w, short, mem = d["well_formed"], d["short_single_under_load"], d["resident_mib"]
+    hostile = ", ".join(f"{kind} {count}×" for kind, count in sorted(d["hostile"].items())) or DASH
+    rate = d.get("completed_per_s")
+    queue = f"{rate:.2f} ({d['littles_law_mean_latency_s']:.0f} s)" if rate is not None else DASH
+    idle_ratio = mem.get("ratio_after_idle")
+    memory = f"{mem['ratio']:.3f}×" + (f" ({idle_ratio:.3f}×)" if idle_ratio is not None else "")
+    return [
+        str(d["clients"]), f"{w['requests']} ({w['failures']})", str(w["confidence_mismatches"]), hostile,
+        f"{short['p50_s']:.1f} / {short['p99_s']:.1f} s", f"**{short['p99_over_idle_p50']:.0f}×**", queue, memory,
+    ]  # fmt: skip

@@ -100,9 +100,9 @@ class Reread:
         self.rows = [_Row(c) for c in (gens.greedy, *gens.samples) if c is not None and c.token_ids]
         self.prompt_ids = backend.encode([prompt])[0] if self.rows else []
         self.start = len(prefix.ids) if prefix is not None and prefix.starts(self.prompt_ids) else 0
-        if prefilled is not None and (prefilled.ids != self.prompt_ids or not prefilled.finished):
+        if self.rows and prefilled is not None and (prefilled.ids != self.prompt_ids or not prefilled.finished):
             raise ValueError("the prefill handed to a re-read is not this prompt's, or not finished")
-        self._given = prefilled
+        self._given = prefilled if self.rows else None  # no answer to read (an empty answer): nothing to keep
         self._prefill: ChunkedPrefill | None = None
         self._finished = not self.rows
 
