@@ -100,12 +100,16 @@ def run_long_prompts(api: openai.OpenAI, pid: int, questions: list[str], args: a
     idle_p50 = float(np.percentile([r["latency"] for r in idle], 50))
     before = resident_mib(pid)
     long_results: list[dict[str, Any]] = []
+    long_failures: list[str] = []
     done = threading.Event()
 
     def send_long() -> None:
         try:
             for _ in range(args.long_prompts):
-                long_results.append(ask(api, long_prompt(args.long_tokens), max_tokens=8))
+                try:
+                    long_results.append(ask(api, long_prompt(args.long_tokens), max_tokens=8))
+                except openai.APIError as exc:  # recorded: a failed long prompt must not pass for a fast one
+                    long_failures.append(f"{type(exc).__name__}: {str(exc)[:200]}")
         finally:
             done.set()
 
@@ -134,6 +138,7 @@ def run_long_prompts(api: openai.OpenAI, pid: int, questions: list[str], args: a
         "long_prompts": [
             {"prompt_tokens": r["prompt_tokens"], "latency_s": round(r["latency"], 2)} for r in long_results
         ],  # fmt: skip
+        "long_prompt_failures": long_failures,
         "rss_before_mib": before,
         "rss_after_mib": after,
         "rss_after_over_before": round(after / before, 3),

@@ -249,6 +249,8 @@ def serve_traffic(r: Path) -> dict[str, str]:
 def _long_prompt_row(d: Json) -> list[str]:
     under, idle = d["under_long_prompts"], d["idle"]
     longs = ", ".join(f"{x['prompt_tokens']:,}: {x['latency_s']:.0f}" for x in d["long_prompts"])
+    if d.get("long_prompt_failures"):
+        longs += f"; {len(d['long_prompt_failures'])} failed"
     return [
         d["confidence"], f"{idle['p50_s']:.2f} s", f"{under['p50_s']:.2f} / {under['p99_s']:.2f} s",
         f"{d['p50_over_idle_p50']:.1f}× / **{d['p99_over_idle_p50']:.1f}×**", d["short_confidences_bit_equal_to_idle"],
