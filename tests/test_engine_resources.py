@@ -284,3 +284,21 @@ def test_a_trim_too_soon_after_the_last_is_put_off_and_says_when_it_is_due():
     trimmer.trimmed_at -= 30.0  # as if the interval had passed
     assert trimmer.on_idle() is None and trimmer.trims == 2
     del pin
+
+
+def test_a_chunked_prefills_cache_is_freed_when_dropped_not_left_to_the_cycle_collector(backend):
+    """A long prompt's cache is hundreds of megabytes: in a reference cycle, an idle server would keep it."""
+    import gc
+    import weakref
+
+    prefill = ChunkedPrefill.start(backend, backend.encode([LONG_PROMPT])[0], 64, room=8)
+    while not prefill.step():
+        pass
+    roomy = prefill.with_room(16)
+    gc.disable()
+    try:
+        caches = [weakref.ref(prefill.cache), weakref.ref(roomy.cache)]
+        del prefill, roomy
+        assert [ref() for ref in caches] == [None, None]
+    finally:
+        gc.enable()

@@ -93,9 +93,17 @@ class _ChunkLayer(DynamicLayer):
 
     def __init__(self, owner: ChunkedCache, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
-        self.owner = owner
+        # A weak reference: a strong one would make a cycle, and the prompt's cache (hundreds of megabytes for
+        # a long prompt) would wait for Python's cycle collector instead of being freed when dropped.
+        self._owner = weakref.ref(owner)
         self.keys, self.values = keys, values
         self.is_initialized = True
+
+    @property
+    def owner(self) -> ChunkedCache:
+        owner = self._owner()
+        assert owner is not None, "a chunked cache's layer outlived its cache"
+        return owner
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         done, width = self.owner.done, key_states.shape[2]

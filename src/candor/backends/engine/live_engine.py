@@ -75,6 +75,10 @@ DECODE_SHARE = 2.0
 # a second on a CPU, waits this long for that call first, rather than run in the gap.
 FOLLOW_UP_S = 0.05
 
+# After going idle, the engine looks at its memory once more this long after (what the last requests held is freed
+# by their callers once their last engine call is done) before it waits for work without a timeout.
+SETTLE_S = 0.5
+
 _CLOSE = object()  # queued by close(): the engine thread stops when it reads it
 
 
@@ -128,6 +132,7 @@ class HFLiveEngine:
         self._chunk_ended_at = 0.0
         self._others_at = 0.0  # when a request's decoding or call last ended (its next call follows soon)
         self._trimmer = IdleTrimmer()
+        self._idle_since: float | None = None  # when the engine last went idle (None while it works)
         # Stop matchers the backend does not have yet are built here, not on the engine thread (a vocabulary scan).
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="candor-stop-matchers")
         self._building = 0  # requests at the builder (under _lock)
@@ -210,9 +215,10 @@ class HFLiveEngine:
         if idle and self._prefilling:
             wait = self._follow_up_wait()
         elif idle:
-            due = self._trimmer.on_idle() if self._inbox.empty() else None
-            wait = True if due is None else due
+            wait = self._idle_wait()
         self._read_inbox(wait=wait)
+        if not idle or self._prefilling or self._calls or self._waiting:
+            self._idle_since = None  # working: the next idle moment starts a new idle period
         if self._stopping:
             self._fail_everything(CandorError("the live engine was closed"))
             return
@@ -223,6 +229,22 @@ class HFLiveEngine:
                 self._start(loop, admission)
         if self._prefilling and self._chunk_due(loop):
             self._next_chunk(loop)
+
+    def _idle_wait(self) -> bool | float:
+        """Nothing to do: give back what long requests freed, then wait for work (True), or for the seconds until
+        the memory is looked at again: a put-off trim, or once :data:`SETTLE_S` after going idle, when the callers
+        have dropped what the last requests held (their caches are freed in the callers' threads, after the engine's
+        last work for them)."""
+        if not self._inbox.empty():
+            return False
+        now = time.perf_counter()
+        if self._idle_since is None:
+            self._idle_since = now
+        due = self._trimmer.on_idle()
+        settling = SETTLE_S - (now - self._idle_since)
+        if due is None and settling > 0:
+            return settling
+        return True if due is None else due
 
     def _run_calls(self) -> None:
         """Run the queued ``call`` work, in order."""
