@@ -22,7 +22,7 @@ SECTIONS: list[Section] = [
     elical.elical, elical.elical_targets, elical.elical_cost,
     advice.advice, advice.advice_budget, advice.advice_balanced, advice.diagnose13,
     serving.serve_hostile, serving.serve_hostile_threads2, serving.serve_engine, serving.serve_conversations,
-    serving.serve_traffic,
+    serving.serve_traffic, serving.prefill_chunks,
     estimators.estimator_table, estimators.eigenscore_cost, estimators.verbal_pruned,
     claims.claims_section,
     adapt.adapt,

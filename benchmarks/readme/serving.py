@@ -241,8 +241,9 @@ def serve_traffic(r: Path) -> dict[str, str]:
         ),
         "table:serve-traffic": md_table(
             ["clients", "well-formed (failed)", "confidence ≠ alone", "hostile: what they got", "short p50 / p99",
-             "p99 × idle p50", "completed/s (queueing: clients ÷ rate)", "memory after / before (after 5 s idle)"],
-            "rrrlrrrr", traffic_rows),  # fmt: skip
+             "p99 × idle p50", "completed/s (queueing: clients ÷ rate)", "memory after / before (after 5 s idle)",
+             "unique stop lists: memory"],
+            "rrrlrrrrr", traffic_rows),  # fmt: skip
     }
 
 
@@ -268,4 +269,25 @@ def _traffic_row(d: Json) -> list[str]:
     return [
         str(d["clients"]), f"{w['requests']} ({w['failures']})", str(w["confidence_mismatches"]), hostile,
         f"{short['p50_s']:.1f} / {short['p99_s']:.1f} s", f"**{short['p99_over_idle_p50']:.0f}×**", queue, memory,
+        _stops_growth(d.get("unique_stops")),
     ]  # fmt: skip
+
+
+def _stops_growth(stops: Json | None) -> str:
+    if not stops:
+        return DASH
+    return f"{stops['requests']:,}: {stops['growth_mib']:+.1f} MiB"
+
+
+def prefill_chunks(r: Path) -> dict[str, str]:
+    """What one chunk of a long prompt costs (prefill_chunks.py): the floor of what it adds to a short question."""
+    d = load("prefill_chunks", r)
+    c = d["chunk_s"]
+    return {
+        "value:prefill-chunks": (
+            f"a {d['chunk']}-token chunk of a {d['prompt_tokens']:,}-token prompt takes {c['first']:.2f} s at its "
+            f"start and up to {c['max_before_last']:.2f} s near its end, and the last one ({c['last_rows']} rows) "
+            f"{c['last']:.2f} s; the whole prompt takes {d['chunked_total_s']:.0f} s in chunks against "
+            f"{d['one_piece_s']:.0f} s in one piece ({d['chunked_over_one_piece']:.2f}×; `{d['command']}`)"
+        ),
+    }
