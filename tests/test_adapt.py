@@ -135,12 +135,8 @@ def test_too_few_labels_is_refused_with_the_number_needed(deployment, tmp_path, 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [
-        (["--export", "onnx"], "unknown format"),
-        (["--export-dir", "d"], "needs --export seq-cls"),
-        (["--alpha", "1.5"], "alpha must be in (0, 1)"),
-        (["--holdout", "0"], "held-out share"),
-    ],
+    [(["--export", "onnx"], "unknown format"), (["--export-dir", "d"], "needs --export seq-cls"),
+     (["--alpha", "1.5"], "alpha must be in (0, 1)"), (["--holdout", "0"], "held-out share")],
 )
 def test_bad_options_are_refused(deployment, tmp_path, capsys, extra, message) -> None:
     honest, log = deployment

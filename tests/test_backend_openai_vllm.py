@@ -98,7 +98,6 @@ def test_next_token_logprobs_equal_the_in_process_backend(remote, local) -> None
 
 def test_candor_serve_over_vllm_reports_the_servers_usage(vllm_url, smollm_dir) -> None:
     from candor.serve import Decoding, HonestModel
-
     backend = OpenAIBackend(str(smollm_dir), base_url=vllm_url, max_concurrency=2)  # no local tokenizer
     model = HonestModel(backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=2),
                         backend_name="openai")  # fmt: skip

@@ -417,22 +417,8 @@ def test_sweep_select_chooses_a_rule_on_held_out_domains_and_reads_no_test(tiny_
     write_records(pool, annotated_records(24, 0, "a") + annotated_records(24, 100, "b"))
     write_records(extra, annotated_records(9, 500, "a") + annotated_records(9, 600, "b"))
     runner = CliRunner()
-    base = [
-        "sweep",
-        "--select",
-        "-r",
-        str(pool),
-        "--held-out-dev",
-        str(extra),
-        "-o",
-        str(tmp_path / "sel"),
-        "--model",
-        tiny_model_dir,
-        "--budgets",
-        "all",
-        "--seeds",
-        "0",
-    ]
+    base = ["sweep", "--select", "-r", str(pool), "--held-out-dev", str(extra), "-o", str(tmp_path / "sel"),
+            "--model", tiny_model_dir, "--budgets", "all", "--seeds", "0"]
     result = runner.invoke(app, [*base, "--rules", "loss-stop,bias-scale"])
     assert result.exit_code == 0, result.output
     chosen = json.loads((tmp_path / "sel" / "selection.json").read_text())

@@ -65,9 +65,8 @@ def test_pairwise_jsd_order_and_count():
 def _question(mu, correct, dist=None) -> QuestionSensitivity:
     mu = np.asarray(mu, dtype=float)
     dist = np.stack([1 - mu, mu], axis=1) if dist is None else dist
-    return QuestionSensitivity(
-        "q", "d", [str(i) for i in range(len(mu))], np.asarray(correct), dist, mu, pairwise_jsd(dist)
-    )
+    return QuestionSensitivity("q", "d", [str(i) for i in range(len(mu))], np.asarray(correct), dist, mu,
+                               pairwise_jsd(dist))
 
 
 def test_sensitivity_summary_hand_computed():
@@ -103,9 +102,8 @@ def test_sensitivity_roundtrip_recomputes_jsd():
 
 def _pool() -> list[Record]:
     return [
-        _record(
-            "a", "nq", "capital of france", ["Paris", "City of Paris"], "Paris", ["paris.", "Lyon", "", "The Paris"]
-        ),
+        _record("a", "nq", "capital of france", ["Paris", "City of Paris"], "Paris",
+                ["paris.", "Lyon", "", "The Paris"]),
         _record("b", "nq", "capital of italy", ["Rome"], "Milan", ["Rome"]),
         _record("c", "nq", "capital of spain", ["Madrid"], "Madrid", []),
         _record("d", "hq", "who wrote hamlet", ["Shakespeare"], "Marlowe", []),
@@ -133,7 +131,6 @@ def test_candidates_cap_seed_and_pool_order():
     assert [len(c) for c in capped] == [4, 4, 4, 4]
     again = build_candidates(list(reversed(pool)), max_candidates=30, seed=0)
     assert {c.item.id: c.answers for c in again} == {c.item.id: c.answers for c in build_candidates(pool)}
-
     def own(sets):
         return [[a for a, s in zip(c.answers, c.sources, strict=True) if s != "borrowed"] for c in sets]
 
@@ -157,11 +154,8 @@ def test_spread_balances_datasets_and_spaces_evenly():
     assert [c.item.id for c in spread(sets, 3)] == ["a", "b", "d"]  # nq gets 2 of 3: positions 0 and int(1.5)
     assert len(spread(sets, None)) == 4 and len(spread(sets, 9)) == 4
     assert spread(sets, 0) == []
-    many = [
-        CandidateSet(QAItem(f"{d}{i}", d, "test", "q", ("x",)), ("x",), (1,), ("gold",))
-        for i in range(20)
-        for d in ("nq", "hq", "2wiki", "pararel")
-    ]
+    many = [CandidateSet(QAItem(f"{d}{i}", d, "test", "q", ("x",)), ("x",), (1,), ("gold",))
+            for i in range(20) for d in ("nq", "hq", "2wiki", "pararel")]
     picked = spread(many, 10)
     # 10 over 4 datasets of 20: the first two get 3, the others 2, evenly spaced within each.
     assert [c.item.id for c in picked if c.item.dataset == "hq"] == ["hq0", "hq6", "hq13"]

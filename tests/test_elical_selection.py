@@ -83,16 +83,8 @@ def test_rules_are_config_settings_and_the_default_is_one_of_them():
 def test_a_tiny_selection_runs_every_rule_on_every_fold_and_no_head_saw_its_held_out_domain(tiny_model_dir, tmp_path):
     pool, dev, extra = pool_dev_extra()
     config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=2, feature_cache=str(tmp_path / "features"))
-    result = select_rule(
-        pool,
-        dev,
-        extra,
-        out_dir=tmp_path / "select",
-        config=config,
-        rules=["loss-stop", "bias-scale"],
-        budgets=[WHOLE_POOL],
-        seeds=[0],
-    )
+    result = select_rule(pool, dev, extra, out_dir=tmp_path / "select", config=config,
+                         rules=["loss-stop", "bias-scale"], budgets=[WHOLE_POOL], seeds=[0])
     assert set(result["candidates"]) == {"loss-stop", "bias-scale"}
     assert result["selected"] in result["candidates"]
     assert result["folds"]["nq"] == {"n_train": 24, "n_dev": 8, "n_scored": 10, "n_correct": 3}

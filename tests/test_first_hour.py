@@ -94,9 +94,8 @@ def test_sweep_refuses_a_test_overlap_before_its_imports(tmp_path):
     pool = annotated_records(20)
     write_records(tmp_path / "pool.jsonl", pool)
     write_records(tmp_path / "test.jsonl", pool[:3])
-    code, err, heavy = run_cli_reporting_imports(
-        ["sweep", "-r", str(tmp_path / "pool.jsonl"), "-t", str(tmp_path / "test.jsonl"), "-o", str(tmp_path / "sweep")]
-    )
+    code, err, heavy = run_cli_reporting_imports(["sweep", "-r", str(tmp_path / "pool.jsonl"), "-t",
+                                                  str(tmp_path / "test.jsonl"), "-o", str(tmp_path / "sweep")])
     assert code == 2 and "3 " in err and "pool.jsonl" in err, err
     assert heavy == set()  # before: the trainers and torch imported first (8.5 s)
 
@@ -106,24 +105,8 @@ def test_sweep_refuses_a_test_overlap_before_its_imports(tmp_path):
 
 def test_ctrl_c_during_annotate_says_what_was_saved_and_the_command_that_resumes(tiny_model_dir, tmp_path):
     out = tmp_path / "r.jsonl"
-    args = [
-        sys.executable,
-        "-m",
-        "candor.cli",
-        "annotate",
-        "--data",
-        str(qa_file(tmp_path / "qa.jsonl", 5000)),
-        "--model",
-        tiny_model_dir,
-        "--k",
-        "1",
-        "--batch-size",
-        "2",
-        "--max-new-tokens",
-        "4",
-        "--out",
-        str(out),
-    ]
+    args = [sys.executable, "-m", "candor.cli", "annotate", "--data", str(qa_file(tmp_path / "qa.jsonl", 5000)),
+            "--model", tiny_model_dir, "--k", "1", "--batch-size", "2", "--max-new-tokens", "4", "--out", str(out)]
     # A shell that runs the suite in the background ignores SIGINT, and its children inherit that:
     # the child gets the default back, as at an interactive terminal.
     proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

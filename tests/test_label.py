@@ -122,10 +122,8 @@ def test_the_judge_prompt_has_no_reference_and_parses_the_shared_verdict_words()
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [
-        (["--base-url", "http://127.0.0.1:9/v1"], "give it with --judge-model"),
-        (["--judge-model", "x", "--port", "9"], "serves no page"),
-    ],
+    [(["--base-url", "http://127.0.0.1:9/v1"], "give it with --judge-model"),
+     (["--judge-model", "x", "--port", "9"], "serves no page")],
 )
 def test_options_that_would_be_ignored_are_refused(log, capsys, extra, message):
     with pytest.raises(SystemExit) as done:

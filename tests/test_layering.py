@@ -213,10 +213,10 @@ def test_an_import_circle_through_a_package_init_is_caught(tmp_path):
 def test_a_module_name_in_a_string_that_climbs_is_caught(tmp_path):
     files = {
         "estimators/plugins.py": "import importlib\n\ndef load():\n"
-        "    return importlib.import_module('candor.serve.app')\n",
+                                 "    return importlib.import_module('candor.serve.app')\n",
         "util/lazy.py": "def lazy_exports(package, exports):\n    pass\n",
         "data/__init__.py": "from candor.util.lazy import lazy_exports\n_EXPORTS = {'Thing': 'candor.train.thing'}\n"
-        "__getattr__ = lazy_exports(__name__, _EXPORTS)\n",
+                            "__getattr__ = lazy_exports(__name__, _EXPORTS)\n",
         "serve/app.py": "X = 1\n",
         "train/thing.py": "Thing = 1\n",
     }
@@ -230,7 +230,7 @@ def test_a_module_name_in_a_string_that_climbs_is_caught(tmp_path):
 def test_a_relative_lazy_export_resolves_inside_its_package(tmp_path):
     files = {
         "train/elical/__init__.py": "from candor.util.lazy import lazy_exports\n"
-        "__getattr__ = lazy_exports(__name__, {'Config': '.config'})\n",
+                                    "__getattr__ = lazy_exports(__name__, {'Config': '.config'})\n",
         "train/elical/config.py": "from candor.train.elical import targets\n",  # a name of the package
     }
     root = make_package(tmp_path, files)
@@ -239,13 +239,8 @@ def test_a_relative_lazy_export_resolves_inside_its_package(tmp_path):
 
 @pytest.mark.parametrize(
     ("module", "stage"),
-    [
-        ("candor", "front door"),
-        ("candor.api", "front door"),
-        ("candor.train.elical.model", "train"),
-        ("candor.util", "util"),
-        ("candor.cli.serving", "front door"),
-    ],
+    [("candor", "front door"), ("candor.api", "front door"), ("candor.train.elical.model", "train"),
+     ("candor.util", "util"), ("candor.cli.serving", "front door")],
 )
 def test_stage_of(module, stage):
     assert stage_of(module) == stage

@@ -100,13 +100,8 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
         def traffic(q: str) -> None:
             while not stop.is_set():
                 try:
-                    results.append(
-                        version_of(
-                            client.chat.completions.create(
-                                model="candor", messages=[{"role": "user", "content": q}]
-                            ).choices[0]
-                        )
-                    )
+                    results.append(version_of(client.chat.completions.create(
+                        model="candor", messages=[{"role": "user", "content": q}]).choices[0]))
                 except Exception as exc:  # noqa: BLE001 - every failure is reported below
                     errors.append(exc)
 

@@ -121,22 +121,11 @@ def test_abstained_choices_carry_the_refusal(server, honest):
         (chat("hi", response_format={"type": "json_object"}), 400, "response_format"),
         (chat("hi", tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
         ({**chat("hi"), "messages": [{"role": "system", "content": "Be brief."}]}, 400, "messages"),
-        (
-            {
-                **chat("hi"),
-                "messages": [{"role": "tool", "content": "42", "tool_call_id": "t"}, {"role": "user", "content": "hi"}],
-            },
-            400,
-            "messages",
-        ),
-        (
-            {
-                **chat("hi"),
-                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
-            },
-            400,
-            "messages",
-        ),
+        ({**chat("hi"), "messages": [{"role": "tool", "content": "42", "tool_call_id": "t"}, {"role": "user",
+                                                                                        "content": "hi"}]},
+         400, "messages"),
+        ({**chat("hi"), "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         400, "messages"),
         ({**chat("hi"), "model": "gpt-9"}, 404, "model"),
         (chat("hi", stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ],

@@ -378,3 +378,4 @@ def test_the_token_hook_sees_every_kept_token_and_can_end_a_row(tiny_model, toke
         for mine, theirs in ((g.greedy, full.greedy), (g.samples[1], full.samples[1])):
             assert mine.token_ids == theirs.token_ids and mine.text == theirs.text
             np.testing.assert_allclose(mine.logprobs, theirs.logprobs, atol=1e-5)
+

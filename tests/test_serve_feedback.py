@@ -194,13 +194,8 @@ def test_sighup_reloads_a_running_candor_serve(tiny_model_dir, tmp_path, backend
     save(honest_model(generator, 0.0), folder, "first")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "CANDOR_API_KEY": KEY}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "candor.cli", "serve", "--honest", str(folder), "--port", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "candor.cli", "serve", "--honest", str(folder), "--port",
+                             str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)

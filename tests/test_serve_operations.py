@@ -258,7 +258,7 @@ def test_request_ids_are_echoed_when_safe_and_generated_otherwise(server, caplog
     with caplog.at_level(logging.INFO, logger="candor.serve.access"):
         given = httpx.post(f"{url}/v1/chat/completions", json=chat(), headers=auth() | {"x-request-id": "abc-123.x"})
         fresh = httpx.post(f"{url}/v1/chat/completions", json=chat(), headers=auth())
-        unsafe = httpx.get(f"{url}/health", headers={"x-request-id": 'a b"<script>'})
+        unsafe = httpx.get(f"{url}/health", headers={"x-request-id": "a b\"<script>"})
         too_long = httpx.get(f"{url}/health", headers={"x-request-id": "a" * 129})
         refused = httpx.post(f"{url}/v1/chat/completions", json=chat(), headers={"x-request-id": "denied-1"})
         missing = httpx.get(f"{url}/nowhere", headers={"x-request-id": "lost-1"})

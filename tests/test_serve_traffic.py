@@ -161,15 +161,11 @@ def test_conversations_that_cannot_be_answered_say_why(server, messages, says):
 def test_max_tokens_follows_the_models_context(server, honest):
     question = QUESTIONS[1]
     limit = honest.context_length
-    status, body = post(
-        f"{server}/v1/chat/completions",
-        {"model": "candor", "max_tokens": limit - 100, "messages": [{"role": "user", "content": question}]},
-    )
+    status, body = post(f"{server}/v1/chat/completions", {"model": "candor", "max_tokens": limit - 100,
+                                                          "messages": [{"role": "user", "content": question}]})
     assert status == 200 and limit - 100 > 256, body  # 256 was a fixed cap
-    status, body = post(
-        f"{server}/v1/chat/completions",
-        {"model": "candor", "max_tokens": limit + 1, "messages": [{"role": "user", "content": question}]},
-    )
+    status, body = post(f"{server}/v1/chat/completions", {"model": "candor", "max_tokens": limit + 1,
+                                                          "messages": [{"role": "user", "content": question}]})
     assert status == 400 and body["error"]["param"] == "max_tokens" and str(limit) in body["error"]["message"]
 
 
@@ -231,13 +227,8 @@ def test_stream_live_sends_tokens_before_the_decision(honest):
     withheld = direct(honest, declined, ()).withheld
     with serve_in_thread(create_app(honest, ServeSettings(stream="live"))) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        chunks = [
-            c
-            for c in client.chat.completions.create(
-                model="candor", messages=[{"role": "user", "content": declined}], max_tokens=6, stream=True
-            )
-            if c.choices
-        ]
+        chunks = [c for c in client.chat.completions.create(
+            model="candor", messages=[{"role": "user", "content": declined}], max_tokens=6, stream=True) if c.choices]
         content = "".join(c.choices[0].delta.content or "" for c in chunks)
         assert content == withheld  # streamed live, then withdrawn by the refusal
         assert chunks[-1].choices[0].delta.refusal and chunks[-1].choices[0].finish_reason == "abstained"
@@ -326,15 +317,8 @@ def test_fields_candor_cannot_honour_are_refused(server, path, extra, param):
 
 
 def test_no_op_values_of_those_fields_are_accepted(server):
-    chat = {
-        "model": "candor",
-        "messages": [{"role": "user", "content": "Hi?"}],
-        "max_tokens": 3,
-        "response_format": {"type": "text"},
-        "presence_penalty": 0,
-        "frequency_penalty": 0.0,
-        "logit_bias": {},
-    }
+    chat = {"model": "candor", "messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 3,
+            "response_format": {"type": "text"}, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}
     assert post(f"{server}/v1/chat/completions", chat)[0] == 200
     comp = {"model": "candor", "prompt": "Hi?", "max_tokens": 3, "echo": False, "best_of": 1, "suffix": ""}
     assert post(f"{server}/v1/completions", comp)[0] == 200
@@ -347,10 +331,8 @@ def test_a_huge_seed_and_deep_nesting_are_400_not_500(server):
     digits = b'{"model": "candor", "messages": [{"role": "user", "content": "Hi"}], "seed": ' + b"9" * 5000 + b"}"
     status, body = post(f"{server}/v1/chat/completions", digits)
     assert status == 400 and body["error"]["code"] == "invalid_json"
-    status, body = post(
-        f"{server}/v1/chat/completions",
-        {"model": "candor", "seed": 2**70, "messages": [{"role": "user", "content": "Hi"}]},
-    )
+    status, body = post(f"{server}/v1/chat/completions", {"model": "candor", "seed": 2**70,
+                                                          "messages": [{"role": "user", "content": "Hi"}]})
     assert status == 400 and body["error"]["param"] == "seed"
     deep = b'{"model": "candor", "x": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
     status, body = post(f"{server}/v1/chat/completions", deep)
@@ -360,10 +342,8 @@ def test_a_huge_seed_and_deep_nesting_are_400_not_500(server):
 def test_a_half_sent_body_is_answered_408_within_the_timeout(server):
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Authorization: Bearer " + KEY.encode() + b'\r\nContent-Length: 500\r\n\r\n{"model"'
-        )
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 500\r\n\r\n{\"model\"")
         started = time.monotonic()
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5

@@ -93,14 +93,8 @@ def run_demo(
     table = score_into(records, estimators, confidences_path, backend)
 
     logger.info("3/4 evaluate → %s", out_dir / "report")
-    report = write_report(
-        table,
-        out_dir / "report",
-        title=f"candor demo: {model} on the starter set",
-        bootstrap=DEMO_BOOTSTRAP,
-        records=records,
-        command=command,
-    )
+    report = write_report(table, out_dir / "report", title=f"candor demo: {model} on the starter set",
+                          bootstrap=DEMO_BOOTSTRAP, records=records, command=command)
 
     honest = out_dir / "honest"
     logger.info("4/4 tune an honest model (%s, coverage %.1f) → %s", HONEST_METHOD, HONEST_COVERAGE, honest)

@@ -56,7 +56,6 @@ def questions_per_call(todo: int, batch_size: int, progress_steps: int | None = 
         return full
     return max(batch_size, min(full, -(-todo // progress_steps)))
 
-
 # Provenance keys that must agree for records to live in one file.
 SETTINGS_KEYS = ("model", "dtype", "template", "k", "seed", "decoding", "correctness_judge", "consistency_judge")
 # What a record written before a key existed was made with: records without a dtype come from
@@ -305,15 +304,8 @@ def annotate(
             greedy_correct, sample_correct, consistent = _judge_batch(batch, gens, config, judges)
             parsed = _parse_counts(gens, judges)
             records = [
-                Record(
-                    item,
-                    gen.greedy,
-                    gen.samples,
-                    gc,
-                    sc,
-                    cs,
-                    provenance if counts is None else {**provenance, "judge_parse": counts},
-                )
+                Record(item, gen.greedy, gen.samples, gc, sc, cs,
+                       provenance if counts is None else {**provenance, "judge_parse": counts})
                 for item, gen, gc, sc, cs, counts in zip(
                     batch, gens, greedy_correct, sample_correct, consistent, parsed, strict=True
                 )

@@ -64,7 +64,9 @@ class CorrectnessJudge(Protocol):
 class ConsistencyJudge(Protocol):
     name: str
 
-    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]: ...
+    def judge(
+        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
+    ) -> list[int]: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -188,7 +190,9 @@ class LexicalConsistencyJudge:
             raise CandorError(f"lexical judge threshold must be in (0, 1], got {threshold}")
         self.threshold = threshold
 
-    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]:
+    def judge(
+        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
+    ) -> list[int]:
         _check_lengths("lexical consistency judge", a, b, questions)
         return [int(self.equivalent(x, y)) for x, y in zip(a, b, strict=True)]
 
@@ -228,7 +232,9 @@ class EchoAwareConsistencyJudge:
 
     name = "lexical-echo"
 
-    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]:
+    def judge(
+        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
+    ) -> list[int]:
         _check_lengths("lexical-echo consistency judge", a, b, questions)
         qs = questions if questions is not None else [""] * len(a)
         return [int(self.equivalent(x, y, q)) for x, y, q in zip(a, b, qs, strict=True)]
@@ -269,7 +275,9 @@ class EmbeddingConsistencyJudge:
         embedding_model_dir()  # a missing wheel fails here, with the pip command, not mid-run
         self.threshold = threshold
 
-    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]:
+    def judge(
+        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
+    ) -> list[int]:
         """One 0/1 verdict per pair; ``questions`` is accepted for a uniform API and unused."""
         from candor.backends.embeddings import pair_similarity
 
@@ -296,7 +304,8 @@ CORRECTNESS_PROMPT = (
     "Question: {question}\n"
     "Reference answers: {golds}\n"
     "Proposed answer: {response}\n"
-    "Decide whether the proposed answer means the same as one of the reference answers. " + VERDICT_SUFFIX
+    "Decide whether the proposed answer means the same as one of the reference answers. "
+    + VERDICT_SUFFIX
 )
 
 CONSISTENCY_PROMPT = (
@@ -470,7 +479,9 @@ class LLMCorrectnessJudge(_LLMJudge):
 class LLMConsistencyJudge(_LLMJudge):
     """Ask a model whether two answers are semantically equivalent (the paper's prompt)."""
 
-    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]:
+    def judge(
+        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
+    ) -> list[int]:
         _check_lengths("llm consistency judge", a, b, questions)
         qs = questions if questions is not None else [""] * len(a)
         asked = [i for i in range(len(a)) if not (is_empty_answer(a[i]) or is_empty_answer(b[i]))]
@@ -484,7 +495,8 @@ ANSWER_CHECK_PROMPT = (
     "Here is a question and a proposed answer to it. No reference answer is given; use what you know.\n"
     "Question: {question}\n"
     "Proposed answer: {response}\n"
-    "Decide whether the proposed answer is correct. " + VERDICT_SUFFIX
+    "Decide whether the proposed answer is correct. "
+    + VERDICT_SUFFIX
 )
 
 

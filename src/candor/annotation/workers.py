@@ -161,14 +161,8 @@ def annotate_with_workers(
 
 
 def _run_workers(
-    items: Sequence[QAItem],
-    engine: Engine,
-    config: AnnotateConfig,
-    shards: list[Shard],
-    parts: list[Path],
-    threads: int,
-    progress: bool,
-    done_before: int,
+    items: Sequence[QAItem], engine: Engine, config: AnnotateConfig, shards: list[Shard], parts: list[Path],
+    threads: int, progress: bool, done_before: int,
 ) -> int:
     """Start one process per shard, follow their files for the progress bar, stop them all if one fails."""
     context = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch's threads
@@ -242,12 +236,7 @@ class RecordCount:
 
 
 def _work(
-    engine: Engine,
-    items: Sequence[QAItem],
-    part: Path,
-    config: AnnotateConfig,
-    shard: Shard,
-    threads: int,
+    engine: Engine, items: Sequence[QAItem], part: Path, config: AnnotateConfig, shard: Shard, threads: int,
     reports: Any,
 ) -> None:
     """One worker: its share of the threads, its own model, ``annotate`` of one shard; the outcome reported."""

@@ -184,14 +184,8 @@ class HFBackend(TokenizerMixin):
         if adapter is not None:
             model = _load_adapter(model, adapter)
         backend = cls(
-            model,
-            tokenizer,
-            batch_size=batch_size,
-            device=device,
-            model_name=name_or_path,
-            seed=seed,
-            top_logprobs=top_logprobs,
-            pack_linears=pack_linears,
+            model, tokenizer, batch_size=batch_size, device=device, model_name=name_or_path, seed=seed,
+            top_logprobs=top_logprobs, pack_linears=pack_linears,
         )
         backend.adapter = adapter
         return backend

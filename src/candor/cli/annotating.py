@@ -67,13 +67,9 @@ def annotate(
     judge_base_url: Annotated[
         str | None, typer.Option(help="Server for --judge-model on the openai backend (default: --base-url).")
     ] = None,
-    workers: Annotated[
-        int,
-        typer.Option(
-            help="hf on CPU: annotate in N processes, one shard and 1/N of the cores each, merged into --out "
-            "(shards kept in OUT.parts/ to resume; memory: one model per worker)."
-        ),
-    ] = 1,
+    workers: Annotated[int, typer.Option(
+        help="hf on CPU: annotate in N processes, one shard and 1/N of the cores each, merged into --out "
+             "(shards kept in OUT.parts/ to resume; memory: one model per worker).")] = 1,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
     from candor.annotation.builder import AnnotateConfig, Shard
@@ -95,32 +91,14 @@ def annotate(
     if not items:
         raise CandorError(f"{data}: no questions to annotate")
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
-    config = AnnotateConfig(
-        k=k, params=params, correctness_judge=judge, consistency_judge=consistency, seed=seed, batch_size=batch_size
-    )
+    config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
+                            seed=seed, batch_size=batch_size)
     _check_dtype(dtype, backend)
-    options = dict(
-        base_url=base_url,
-        endpoint=endpoint,
-        tokenizer=tokenizer,
-        max_concurrency=max_concurrency,
-        max_retries=max_retries,
-        api_key_env=api_key_env,
-        tensor_parallel_size=tensor_parallel_size,
-        data_parallel_size=data_parallel_size,
-        batch_size=batch_size,
-        seed=seed,
-        dtype=dtype,
-    )
-    engine = Engine(
-        model,
-        backend,
-        options,
-        template,
-        judge_model,
-        judge_backend,
-        {**options, "base_url": judge_base_url or base_url},
-    )
+    options = dict(base_url=base_url, endpoint=endpoint, tokenizer=tokenizer, max_concurrency=max_concurrency,
+                   max_retries=max_retries, api_key_env=api_key_env, tensor_parallel_size=tensor_parallel_size,
+                   data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed, dtype=dtype)
+    engine = Engine(model, backend, options, template, judge_model, judge_backend,
+                    {**options, "base_url": judge_base_url or base_url})
     if workers != 1 and shard_spec is not None:
         raise CandorError("--workers splits the input into shards itself; use it without --shard")
     try:
@@ -162,10 +140,8 @@ def _check_dtype(dtype: str | None, backend: str) -> None:
     if dtype not in DTYPES:
         raise CandorError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if backend not in ("hf", "vllm"):
-        raise CandorError(
-            f"--dtype applies to the hf and vllm backends, which load the weights; "
-            f"the {backend} backend's server chose its own"
-        )
+        raise CandorError(f"--dtype applies to the hf and vllm backends, which load the weights; "
+                          f"the {backend} backend's server chose its own")
 
 
 def _print_annotation_summary(path: Path) -> None:

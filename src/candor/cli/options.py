@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "smollm2-135m"
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Embedded name, Hugging Face id or local path.")]
-DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Folder of HonestyBench files for named datasets.")]
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="Folder of HonestyBench files for named datasets.")
+]
 
 # Engine options of commands that load a model (each backend takes the ones it knows).
 EngineOpt = Annotated[str, typer.Option("--backend", help="Engine: hf, vllm or openai (a server at --base-url).")]
@@ -40,11 +42,9 @@ ApiKeyEnvOpt = Annotated[
 ]
 DtypeOpt = Annotated[
     str | None,
-    typer.Option(
-        help="hf and vllm backends: the weights' dtype: auto, float32, bfloat16 or float16 "
-        "(default: float32 on CPU, bfloat16 on GPU). On a CPU, bfloat16 is fast only with "
-        "AVX512-BF16 or AMX; elsewhere it is slower than float32, and a warning says so."
-    ),
+    typer.Option(help="hf and vllm backends: the weights' dtype: auto, float32, bfloat16 or float16 "
+                 "(default: float32 on CPU, bfloat16 on GPU). On a CPU, bfloat16 is fast only with "
+                 "AVX512-BF16 or AMX; elsewhere it is slower than float32, and a warning says so."),
 ]
 TensorParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: tensor-parallel GPUs.")]
 DataParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: data-parallel replicas.")]
@@ -56,12 +56,16 @@ class HonestModelChoice:
     """The options of ``ask`` and ``serve`` that choose the honest model; see :func:`build`."""
 
     model: ModelOpt = DEFAULT_MODEL
-    honest: Annotated[Path | None, typer.Option("--honest", help="A saved honest-model folder (HonestModel).")] = None
+    honest: Annotated[
+        Path | None, typer.Option("--honest", help="A saved honest-model folder (HonestModel).")
+    ] = None
     head: Annotated[Path | None, typer.Option("--head", help="A trained EliCal head folder (decides first).")] = None
     adapter: Annotated[
         Path | None, typer.Option("--adapter", help="An ADVICE/ConfTuner adapter folder: answer-level confidence.")
     ] = None
-    method: Annotated[str | None, typer.Option("--method", help="A confidence estimator name (default n-prob).")] = None
+    method: Annotated[
+        str | None, typer.Option("--method", help="A confidence estimator name (default n-prob).")
+    ] = None
     threshold: Annotated[float | None, typer.Option("--threshold", help="Abstain below this confidence.")] = None
     samples: Annotated[
         int | None,
@@ -71,12 +75,9 @@ class HonestModelChoice:
     base_url: BaseUrlOpt = None
     confidence_url: Annotated[
         str | None,
-        typer.Option(
-            "--confidence-url",
-            help="A classify server (vLLM --runner pooling, or candor serve-head) "
-            "serving the exported head given with --head OUT: the confidence comes from there, no head "
-            "weights load.",
-        ),
+        typer.Option("--confidence-url", help="A classify server (vLLM --runner pooling, or candor serve-head) "
+                     "serving the exported head given with --head OUT: the confidence comes from there, no head "
+                     "weights load."),
     ] = None
 
     def build(self, *, max_new_tokens: int, batch_size: int | None = None) -> HonestModel:

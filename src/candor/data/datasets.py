@@ -80,7 +80,9 @@ _add(DatasetSpec("nq", ("nq/test.jsonl",), "test", "in-domain", "Natural Questio
 # nq/test.jsonl, shuffled, so anything tuned on it would be tuned on the test set.
 _add(DatasetSpec("hq", ("hq/dev.jsonl",), "dev", "in-domain", "HotpotQA, dev"), "hotpotqa")
 _add(
-    DatasetSpec("2wikimultihopqa", ("2wikimultihopqa/dev.jsonl",), "dev", "in-domain", "2WikiMultihopQA, dev"),
+    DatasetSpec(
+        "2wikimultihopqa", ("2wikimultihopqa/dev.jsonl",), "dev", "in-domain", "2WikiMultihopQA, dev"
+    ),
     "2wiki",
 )
 _add(

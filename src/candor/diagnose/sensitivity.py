@@ -78,15 +78,8 @@ class QuestionSensitivity:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QuestionSensitivity:
         dist = np.asarray(d["distributions"], dtype=float)
-        return cls(
-            d["item_id"],
-            d["dataset"],
-            list(d["answers"]),
-            np.asarray(d["correct"], dtype=int),
-            dist,
-            np.asarray(d["mu"], dtype=float),
-            pairwise_jsd(dist),
-        )
+        return cls(d["item_id"], d["dataset"], list(d["answers"]), np.asarray(d["correct"], dtype=int), dist,
+                   np.asarray(d["mu"], dtype=float), pairwise_jsd(dist))
 
 
 @dataclass
@@ -173,16 +166,7 @@ def answer_sensitivity(
         for c in chunk:
             part = dist[row : row + len(c)]
             row += len(c)
-            out.append(
-                QuestionSensitivity(
-                    c.item.id,
-                    c.item.dataset,
-                    list(c.answers),
-                    np.asarray(c.correct),
-                    part,
-                    expected_confidence(part, verbal),
-                    pairwise_jsd(part),
-                )
-            )
+            out.append(QuestionSensitivity(c.item.id, c.item.dataset, list(c.answers), np.asarray(c.correct),
+                                           part, expected_confidence(part, verbal), pairwise_jsd(part)))
         logger.info("answer sensitivity: %d/%d questions", len(out), len(candidates))
     return SensitivityResult(verbal.key, out)

@@ -76,6 +76,7 @@ from candor.util.errors import CandorError, UpstreamError
 logger = logging.getLogger(__name__)
 
 
+
 def create_app(model: HonestModel, settings: ServeSettings | None = None) -> FastAPI:
     """The FastAPI app; run it with uvicorn (``candor serve`` does)."""
     settings = settings or ServeSettings()
@@ -171,6 +172,9 @@ def _model_card(settings: ServeSettings) -> dict[str, Any]:
     return {"id": settings.model_id, "object": "model", "created": 0, "owned_by": "candor"}
 
 
+
+
+
 def _asks(
     questions: list[tuple[History, str]], body: Any, model: HonestModel, loop: asyncio.AbstractEventLoop,
     events: asyncio.Queue[tuple[Any, ...]] | None, streams_tokens: bool,
@@ -189,6 +193,8 @@ def _asks(
             raise APIError(400, str(exc), "invalid_request_error", param, "invalid_value") from None
         asks.append(Ask(prompted, reply, RequestListener(loop, events, j, streams_tokens)))
     return asks
+
+
 
 
 def _cancel(asks: Sequence[Ask], futures: Sequence[asyncio.Future[Any]]) -> None:
@@ -341,3 +347,5 @@ def _log(
 ) -> None:  # fmt: skip
     if log is not None:
         log.write(ask, answers, model.provenance(), lambda a: confidence_object(a, model, ask), response_id, indexes)
+
+

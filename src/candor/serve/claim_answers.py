@@ -60,14 +60,11 @@ class ClaimVerdict:
         value = dict(zip((id(c) for c in self.claims), self.values, strict=True))
         return {
             "claim_method": self.method,
-            "claims": [
-                {"text": c.text, "start": c.start, "end": c.end, "value": v}
-                for c, v in zip(self.claims, self.values, strict=True)
-            ],  # fmt: skip
+            "claims": [{"text": c.text, "start": c.start, "end": c.end, "value": v}
+                       for c, v in zip(self.claims, self.values, strict=True)],  # fmt: skip
             "claim_refine": self.refine,
-            "removed_claims": [
-                {"text": c.text, "start": c.start, "end": c.end, "value": value[id(c)]} for c in self.removed
-            ],  # fmt: skip
+            "removed_claims": [{"text": c.text, "start": c.start, "end": c.end, "value": value[id(c)]}
+                               for c in self.removed],  # fmt: skip
         }
 
 

@@ -253,11 +253,7 @@ def answer_records(
     estimator that re-reads the prompt renders the one the answer was made with.
     """
     return [
-        Record(
-            item=q if isinstance(q, QAItem) else served_item(q),
-            greedy=a,
-            samples=list(s),
-            provenance=dict(provenance or {}),
-        )
+        Record(item=q if isinstance(q, QAItem) else served_item(q), greedy=a, samples=list(s),
+               provenance=dict(provenance or {}))
         for q, a, s in zip(questions, answers, samples, strict=True)
     ]

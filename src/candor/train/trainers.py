@@ -147,10 +147,5 @@ def _probe(job: TrainJob) -> TrainResult:
     backend = load_backend(job.model, device=config.device, batch_size=config.batch_size)
     with ResourceMeter() as meter:
         probe = train_probe(job.read_train(), backend, job.out, config, sources=[str(job.records)])
-    return TrainResult(
-        path=Path(job.out),
-        method="probe",
-        n_train=int(probe.info.meta["n_train"]),
-        cost=meter.cost.as_dict(),
-        config={"layer": probe.info.layer, **dataclasses.asdict(config)},
-    )
+    return TrainResult(path=Path(job.out), method="probe", n_train=int(probe.info.meta["n_train"]),
+                       cost=meter.cost.as_dict(), config={"layer": probe.info.layer, **dataclasses.asdict(config)})

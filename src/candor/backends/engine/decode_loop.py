@@ -165,7 +165,9 @@ class DecodeLoop:
         self.row_width: int = getattr(backend.model.config, "hidden_size", None) or SMALL_OP_ELEMENTS + 1
         empty = backend.new_cache()
         self.kv: SlotKV | KVBatch = (
-            SlotKV(backend, rows, columns, split_prefix) if slots_supported(backend.model, empty) else KVBatch(backend)
+            SlotKV(backend, rows, columns, split_prefix)
+            if slots_supported(backend.model, empty)
+            else KVBatch(backend)
         )
 
     # ------------------------------------------------------------ driving

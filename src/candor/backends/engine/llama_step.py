@@ -89,7 +89,9 @@ class LlamaDecodeStep:
             return None
         return cls(model, layers)
 
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, positions: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, positions: torch.Tensor
+    ) -> torch.Tensor:
         """Float32 next-token logits ``[B, V]`` of ``ids`` ``[B, 1]``, writing each layer's key and value to ``cache``.
 
         ``mask``: the additive attention mask ``[B, 1, 1, T]`` over what the
@@ -110,12 +112,7 @@ class LlamaDecodeStep:
 
     @staticmethod
     def _attention(
-        layer: _Layer,
-        x: torch.Tensor,
-        cached: Any,
-        mask: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        layer: _Layer, x: torch.Tensor, cached: Any, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         rows: int,
     ) -> torch.Tensor:
         """Self-attention of one new token per row, as transformers' sdpa path runs it for a single query."""

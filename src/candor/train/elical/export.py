@@ -113,12 +113,8 @@ def export_seq_cls(
     with atomic_folder(out) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        info = {
-            **asdict(result),
-            "vllm_pooler_config": result.vllm_pooler_config(),
-            "head_config": asdict(config),
-            "probe": export_probe(head),
-        }
+        info = {**asdict(result), "vllm_pooler_config": result.vllm_pooler_config(), "head_config": asdict(config),
+                "probe": export_probe(head)}
         (tmp / EXPORT_FILE).write_text(json.dumps(info, indent=2) + "\n")
     logger.info("exported %s (%s) to %s as %s; logit bias %.6g", head_dir, config.mode, out, result.architecture, bias)
     return result

@@ -150,8 +150,8 @@ def rekey_for_decoder(
     modules = {name for name, _ in decoder.named_modules()}
     inner = f"{PEFT_PREFIX}{getattr(causal_lm, 'base_model_prefix', 'model')}."
     for prefix in (inner, PEFT_PREFIX):  # the authors wrap the causal LM; a decoder wrap is accepted too
-        if all(k.startswith(prefix) and _module_of(k[len(prefix) :]) in modules for k in weights):
-            return {PEFT_PREFIX + k[len(prefix) :]: v for k, v in weights.items()}
+        if all(k.startswith(prefix) and _module_of(k[len(prefix):]) in modules for k in weights):
+            return {PEFT_PREFIX + k[len(prefix):]: v for k, v in weights.items()}
     example = next(iter(weights))
     raise CandorError(f"{lora_dir}: adapter weight {example!r} names no module of the backbone's decoder; "
                       "was it trained on another model?")  # fmt: skip

@@ -89,7 +89,9 @@ def domains_of(records: Sequence[Record]) -> list[str]:
     return list(dict.fromkeys(r.item.dataset for r in records))
 
 
-def lodo_folds(pool: Sequence[Record], dev: Sequence[Record], held_out_dev: Sequence[Record] = ()) -> list[Fold]:
+def lodo_folds(
+    pool: Sequence[Record], dev: Sequence[Record], held_out_dev: Sequence[Record] = ()
+) -> list[Fold]:
     """One fold per dataset of ``pool``: train and stop on the others, score on its dev questions.
 
     Refuses a pool of one dataset, held-out dev questions of a dataset the pool lacks, a held-out
@@ -166,11 +168,8 @@ def select_rule(
     labels = {f.held_out: targets(f.score, "hard", what=f"held-out {f.held_out!r}").astype(int) for f in folds}
     candidates = {name: _candidate(RULES[name], runs[name], budgets, labels) for name in names}
     chosen = choose(candidates)
-    logger.info(
-        "held-out-domain selection: %s → %s",
-        {n: round(c["mean_auroc"], 4) for n, c in candidates.items()},
-        chosen["selected_by_target"],
-    )
+    logger.info("held-out-domain selection: %s → %s",
+                {n: round(c["mean_auroc"], 4) for n, c in candidates.items()}, chosen["selected_by_target"])
     return {
         "protocol": PROTOCOL,
         "folds": {f.held_out: _fold_sizes(f) for f in folds},
@@ -268,9 +267,7 @@ CRITERIA = {"universal": pick_universal, "in-domain": pick_in_domain}
 
 
 def _candidate(
-    rule: StageTwoRule,
-    by_fold: Mapping[str, Mapping[str, Any]],
-    budgets: Sequence[Budget],
+    rule: StageTwoRule, by_fold: Mapping[str, Mapping[str, Any]], budgets: Sequence[Budget],
     labels: Mapping[str, np.ndarray],
 ) -> dict:
     by_budget = {}
@@ -304,10 +301,7 @@ def domain_changes(by_budget: Mapping[str, Mapping[str, Any]], first: str, last:
 
 
 def budget_gap(
-    by_fold: Mapping[str, Mapping[str, Any]],
-    labels: Mapping[str, np.ndarray],
-    first: Budget,
-    last: Budget,
+    by_fold: Mapping[str, Mapping[str, Any]], labels: Mapping[str, np.ndarray], first: Budget, last: Budget,
     bootstrap: int = GAP_BOOTSTRAP,
 ) -> dict[str, Any]:
     """Held-out AUROC of EliCal@``last`` minus EliCal@``first``, pooled over folds (size-weighted), with a
@@ -319,20 +313,16 @@ def budget_gap(
         n_seeds = min(len(v) for v in per_fold.values())
         return [{d: per_fold[d][i][d] for d in labels} for i in range(n_seeds)]
 
-    gap = metric_differences(
-        seeds(f"EliCal@{last}"), seeds(f"EliCal@{first}"), labels, metric="auroc", groups=[group], bootstrap=bootstrap
-    )[HELD_OUT]
+    gap = metric_differences(seeds(f"EliCal@{last}"), seeds(f"EliCal@{first}"), labels, metric="auroc",
+                             groups=[group], bootstrap=bootstrap)[HELD_OUT]
     return {"first": str(first), "last": str(last), "auroc_diff": gap.value, "ci95": list(gap.ci)}
 
 
 def _eli_only(by_fold: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Stage 1 alone on each fold: the held-out ranking that stage 2 starts from."""
     cells = {domain: _metrics(methods["Eli-Only"]) for domain, methods in by_fold.items()}
-    return {
-        "auroc": _mean(c["auroc"] for c in cells.values()),
-        "ece": _mean(c["ece"] for c in cells.values()),
-        "by_fold": cells,
-    }
+    return {"auroc": _mean(c["auroc"] for c in cells.values()), "ece": _mean(c["ece"] for c in cells.values()),
+            "by_fold": cells}
 
 
 def _metrics(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -392,10 +382,8 @@ def selection_table(result: Mapping[str, Any], out_dir: Path) -> list[str]:
         cells = "  ".join(f"{100 * c['by_budget'][b]['auroc']:9.1f}" for b in budgets)
         gap = c["last_vs_first"]
         mark = " *" if name == result["selected"] else ""
-        lines.append(
-            f"{name:>12}  {cells}  {100 * c['mean_auroc']:5.1f}  {100 * c['mean_ece']:8.1f}  "
-            f"{100 * gap['auroc_diff']:+.1f} [{100 * gap['ci95'][0]:+.1f}, {100 * gap['ci95'][1]:+.1f}]{mark}"
-        )
+        lines.append(f"{name:>12}  {cells}  {100 * c['mean_auroc']:5.1f}  {100 * c['mean_ece']:8.1f}  "
+                     f"{100 * gap['auroc_diff']:+.1f} [{100 * gap['ci95'][0]:+.1f}, {100 * gap['ci95'][1]:+.1f}]{mark}")
     eli = result["eli_only"]
     lines.append(f"{'Eli-Only':>12}  held-out AUROC {100 * eli['auroc']:.1f}, ECE {100 * eli['ece']:.1f}")
     lines += domain_change_table(result)

@@ -169,15 +169,9 @@ def run_sweep(
         mode=config.mode,
         config=config.fingerprint(),
     )
-    write_json(
-        out_dir / "curve.json",
-        {
-            **summary,
-            "methods": {
-                name: {k: v for k, v in entry.items() if k != CONFIDENCES} for name, entry in summary["methods"].items()
-            },
-        },
-    )
+    write_json(out_dir / "curve.json", {**summary, "methods": {
+        name: {k: v for k, v in entry.items() if k != CONFIDENCES} for name, entry in summary["methods"].items()
+    }})
     plot_sweep(summary, out_dir / "budget_curve.png", references=list(baselines or {}))
     return summary
 
