@@ -321,7 +321,7 @@ class HFLiveEngine:
     def _follow_up_wait(self) -> float:
         """How much longer a chunk waits for the call that work just ended may bring (0 or less: none).
 
-        None once the others have had their share since the last chunk: a long prompt is never starved.
+        No wait once the others have had their share since the last chunk: a long prompt is never starved.
         """
         if self._others_had_their_share():
             return 0.0
