@@ -71,7 +71,7 @@ def main() -> None:
     per_chunk = [statistics.median(run[i][1] for run in chunked) for i in range(len(ends))]
     body = per_chunk[:-1]
     result = {
-        "command": "PYTHONPATH=src python benchmarks/prefill_chunks.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["PYTHONPATH=src python benchmarks/prefill_chunks.py", *sys.argv[1:]]),
         "model": args.model, "threads": args.threads, "machine": describe(), "prompt_tokens": len(ids),
         "chunk": args.chunk, "rounds": args.rounds,
         "chunk_s": {"first": round(body[0], 3), "median": round(statistics.median(body), 3),
