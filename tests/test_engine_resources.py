@@ -302,3 +302,28 @@ def test_a_chunked_prefills_cache_is_freed_when_dropped_not_left_to_the_cycle_co
         assert [ref() for ref in caches] == [None, None]
     finally:
         gc.enable()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from /proc (Linux)")
+def test_an_idle_engine_trims_what_its_callers_freed_after_its_last_work(backend):
+    """The callers drop the last requests' caches after the engine's last work for them: the engine looks again."""
+    import time
+
+    from candor.util.memory import resident_bytes
+
+    with backend.live_engine(max_rows=4) as engine:
+        engine.submit(DecodeRequest(SHORT_PROMPT, 0, SamplingParams(max_new_tokens=2, stop=()))).result(WAIT)
+        time.sleep(0.2)  # the engine has gone idle and found its rest level
+        trims = engine.memory_trims
+        blocks = [bytearray(100_000) for _ in range(3000)]  # a caller's 300 MB, freed after the engine went idle
+        pin = bytearray(100_000)
+        for block in blocks:
+            block[::4096] = b"x" * len(block[::4096])
+        peak = resident_bytes()
+        del blocks
+        deadline = time.monotonic() + 10
+        while engine.memory_trims == trims and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.memory_trims > trims, "the idle engine never looked at its memory again"
+        assert resident_bytes() < peak - 150 * 2**20
+        del pin

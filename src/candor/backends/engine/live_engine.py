@@ -201,6 +201,11 @@ class HFLiveEngine:
                 raise CandorError("the live engine is closed")
             self._inbox.put(item)
 
+    @property
+    def memory_trims(self) -> int:
+        """How many times the idle engine has given freed memory back to the system."""
+        return self._trimmer.trims
+
     # ------------------------------------------------------------ the engine thread (the loop's feed)
 
     @property
