@@ -55,6 +55,19 @@ def test_a_record_at_two_indexes_takes_its_latest_label(log: Path) -> None:
     assert rec.item.question == "Who painted the Mona Lisa?" and rec.greedy_correct == 1
 
 
+def test_of_two_labels_with_one_timestamp_the_later_line_wins(log: Path) -> None:
+    """Labels appended within one millisecond share their time: the log's order decides, not the index order."""
+    from candor.annotation.served_labels import Label
+
+    with log.open("a", encoding="utf-8") as fh:
+        for index, correct in ((1, True), (0, False)):
+            fh.write(Label(IDS[3], index, correct, "human", 1764770000.0).to_line())
+    (rec,) = labelled_records(read_served(log))
+    assert rec.greedy_correct == 0
+    answers = {a.key: a for a in read_served(log).answers}
+    assert answers[(IDS[3], 0)].label_line > answers[(IDS[3], 1)].label_line
+
+
 def test_read_records_passes_over_label_lines(log: Path) -> None:
     append_label(log, IDS[0], 0, True, "human")
     records = read_records(log)

@@ -43,7 +43,7 @@ def queue(path: str | Path) -> list[ServedAnswer]:
     chosen: dict[int, ServedAnswer] = {}
     for answer in read_served(path).answers:
         mine = chosen.get(id(answer.record))
-        if mine is None or (answer.label is not None and (answer.label_time or 0) >= (mine.label_time or 0)):
+        if mine is None or (answer.label is not None and (answer.label_line or 0) >= (mine.label_line or 0)):
             chosen[id(answer.record)] = answer
     return list(chosen.values())
 

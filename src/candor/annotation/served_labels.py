@@ -78,6 +78,7 @@ class ServedAnswer:
     label: bool | None = None
     label_source: str | None = None
     label_time: float | None = None
+    label_line: int | None = None  # the label's line in the log: the later line is the later label
 
     @property
     def key(self) -> tuple[str, int]:
@@ -168,35 +169,38 @@ def read_served(path: str | Path) -> ServedLog:
     if not path.exists():
         raise CandorError(f"{path}: no such file")
     answers: dict[tuple[str, int], ServedAnswer] = {}
-    labels: dict[tuple[str, int], Label] = {}
+    labels: dict[tuple[str, int], tuple[Label, int]] = {}
     bad = 0
     with path.open(encoding="utf-8", errors="replace") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
-                _read_line(json.loads(line), answers, labels)
+                _read_line(json.loads(line), lineno, answers, labels)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 bad += 1
                 logger.warning("%s:%d: skipped, not a served record or label (%s)", path, lineno, exc)
     orphans = 0
-    for key, label in labels.items():
+    for key, (label, lineno) in labels.items():
         if key not in answers:
             orphans += 1
             continue
         answers[key] = replace(answers[key], label=label.correct, label_source=label.label_source,
-                               label_time=label.time)  # fmt: skip
+                               label_time=label.time, label_line=lineno)  # fmt: skip
     if bad or orphans:
         logger.warning("%s: %d bad lines skipped, %d labels name no served answer", path, bad, orphans)
     return ServedLog(list(answers.values()), bad, orphans)
 
 
-def _read_line(obj: Any, answers: dict[tuple[str, int], ServedAnswer], labels: dict[tuple[str, int], Label]) -> None:
+def _read_line(
+    obj: Any, lineno: int, answers: dict[tuple[str, int], ServedAnswer],
+    labels: dict[tuple[str, int], tuple[Label, int]],
+) -> None:  # fmt: skip
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object")
     if LABEL_LINE_KEY in obj and "item" not in obj:
         label = Label.from_dict(obj[LABEL_LINE_KEY])
-        labels[(label.id, label.index)] = label  # later lines win
+        labels[(label.id, label.index)] = (label, lineno)  # later lines win
         return
     record = Record.from_dict(obj)
     response_id, indexes = served_key(record)
@@ -208,12 +212,13 @@ def labelled_records(log: ServedLog) -> list[Record]:
     """One record per served question that has a label, its ``greedy_correct`` set from the latest label.
 
     A record occupying several choice indexes counts once (the labels are on
-    the same greedy answer); its latest label across them wins.
+    the same greedy answer); its latest label across them wins: the later line
+    of the append-only log (two labels can share a timestamp).
     """
     latest: dict[int, ServedAnswer] = {}
     for answer in log.labelled():
         mine = latest.get(id(answer.record))
-        if mine is None or (answer.label_time or 0.0) >= (mine.label_time or 0.0):
+        if mine is None or (answer.label_line or 0) >= (mine.label_line or 0):
             latest[id(answer.record)] = answer
     return [replace(a.record, greedy_correct=int(bool(a.label))) for a in latest.values()]
 

@@ -13,15 +13,19 @@ An estimator that reads neither log-probs nor top-k (``Estimator.requires``)
 is not re-read: texts and token ids are already the question's own
 (``HonestModel.rereads_answers``).
 
-A re-read runs in pieces of about :data:`~candor.backends.engine.chunked_prefill.DEFAULT_PREFILL_CHUNK`
-tokens (:meth:`Reread.step`), the prompt cut as the live engine's chunked
-prefill cuts it (:mod:`candor.backends.engine.chunked_prefill`), each answer
-after it in pieces of that size. Serving runs one step per ``engine.call``,
-so a 4,000-token prompt's re-read holds the engine for one piece at a time,
-between the running requests' decode steps, never for the whole prompt. The
-pieces are fixed by the question alone, so the numbers are too. Where the
-model's cache cannot be written in place (the chunked cache fails to run
-it), the re-read is one forward pass, every answer a row after the prompt.
+A question whose prompt (past the shared prefix) and answers each fit one
+piece of :data:`~candor.backends.engine.chunked_prefill.DEFAULT_PREFILL_CHUNK`
+tokens, the common case, is re-read in one forward pass: every answer a row
+after the prompt. A longer one is re-read in pieces of about that many tokens
+(:meth:`Reread.step`): the prompt cut as the live engine's chunked prefill
+cuts it (:mod:`candor.backends.engine.chunked_prefill`), or taken over from
+the engine where it prefilled the prompt in chunks, then each answer after
+it. Serving runs one step per ``engine.call``, so a 4,000-token prompt's
+re-read holds the engine for one piece at a time, between the running
+requests' decode steps, never for the whole prompt. Which way a question
+goes, and its pieces, are fixed by its own lengths, so its numbers are too.
+Where the chunked cache cannot run the model, every question is read in one
+pass.
 
 The token prefix every prompt of the template shares (the few-shot block) is
 run once and its KV cache reused (:class:`candor.backends.engine.shared_prefix.SharedPrefix`); a question's split
@@ -111,7 +115,7 @@ class Reread:
         budget = self.chunk
         with torch.inference_mode():
             while budget > 0 and not self._finished:
-                if self._prefill is None and self._given is None and not chunking_runs(self.backend, self.chunk):
+                if self._prefill is None and self._given is None and self._in_one_pass():
                     budget = self._read_in_one_pass()
                 elif self._prefill is None or not self._prefill.finished:
                     budget -= self._prompt_piece()
@@ -131,6 +135,14 @@ class Reread:
 
         g = self.gens
         return Generations(new(g.greedy), [new(s) for s in g.samples], g.prompt_tokens)  # type: ignore[misc]
+
+    def _in_one_pass(self) -> bool:
+        """Whether the answers are read in one pass: the prompt (past the prefix) and every answer fit one piece,
+        so one forward over the answers' rows holds the engine no longer than a piece (the common case), or the
+        chunked cache cannot run the model. Decided by the question's own lengths, so always the same for it."""
+        short = len(self.prompt_ids) - self.start <= self.chunk
+        short = short and max(len(r.completion.token_ids) for r in self.rows) <= self.chunk
+        return short or not chunking_runs(self.backend, self.chunk)
 
     # ------------------------------------------------------------ in pieces
 
