@@ -254,7 +254,7 @@ def _long_prompt_row(d: Json) -> list[str]:
         longs += f"; {len(d['long_prompt_failures'])} failed"
     return [
         d["confidence"], f"{idle['p50_s']:.2f} s", f"{under['p50_s']:.2f} / {under['p99_s']:.2f} s",
-        f"{d['p50_over_idle_p50']:.1f}× / **{d['p99_over_idle_p50']:.1f}×**", d["short_confidences_bit_equal_to_idle"],
+        f"{d['p50_over_idle_p50']:.2f}× / **{d['p99_over_idle_p50']:.2f}×**", d["short_confidences_bit_equal_to_idle"],
         longs, f"{d['rss_after_over_before']:.3f}×",
     ]  # fmt: skip
 
