@@ -38,7 +38,7 @@ import numpy as np
 import openai
 from common import RESULTS, setup_logging, write_json
 from serve_load import untrained_head
-from servers import free_port, start_candor_serve
+from servers import free_port, resident_mib, start_candor_serve
 
 from candor.data import load_items
 
@@ -49,11 +49,6 @@ EMOJI = "\U0001f600"
 def start_server(args: argparse.Namespace, port: int, head: tuple[str, ...] = ()) -> subprocess.Popen:
     serve = ["--model", args.model, "--max-new-tokens", str(args.max_new_tokens), "--queue-size", "256", *head]
     return start_candor_serve(serve, port, threads=args.threads, src=Path(args.src))
-
-
-def resident_mib(pid: int) -> float:
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return round(int(status["VmRSS"].split()[0]) / 1024, 1)
 
 
 def client(port: int) -> openai.OpenAI:

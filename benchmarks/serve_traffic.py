@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import openai
+from servers import resident_mib
 
 from candor.data import load_items
 
@@ -44,14 +45,6 @@ SYSTEM = "You are a helpful assistant. Answer in a few words."
 LONG_PROMPT_WORDS = 1000
 UNIQUE_STOPS = 1000
 IDLE_S = 5.0  # seconds the server idles after the load before its memory is read again
-
-
-def resident_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def client_for(port: int) -> openai.OpenAI:

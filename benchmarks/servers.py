@@ -48,3 +48,11 @@ def start_candor_serve(
                 tail = log.read().decode(errors="replace")[-2000:]
                 raise RuntimeError(f"candor serve did not start:\n{tail}") from None
             time.sleep(0.5)
+
+
+def resident_mib(pid: int) -> float:
+    """Process ``pid``'s resident memory in MiB (Linux ``/proc``), to 0.1 MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"/proc/{pid}/status has no VmRSS line")

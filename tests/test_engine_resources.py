@@ -16,6 +16,7 @@ from candor.backends.engine.stops import MATCHER_CACHE_SIZE, StopMatcher
 from candor.backends.hf import HFBackend
 from candor.backends.tokens import positions_from_mask, prefill_shared_prefix
 from candor.util.errors import CandorError
+from candor.util.memory import resident_bytes
 
 WAIT = 120
 # About 700 tokens: past one key block of the CPU attention kernel, so the chunks' padding to a block is exercised.
@@ -29,11 +30,6 @@ def backend(lively_model, tokenizer):
 
 
 # ------------------------------------------------------------------ stop matchers
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from /proc (Linux)")
@@ -252,7 +248,7 @@ def test_the_slot_cache_shrinks_after_a_long_request_and_is_released_when_idle(b
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident size from /proc (Linux)")
 def test_an_idle_engine_gives_back_what_a_large_request_freed_once_it_has_grown():
-    from candor.util.memory import IdleTrimmer, resident_bytes
+    from candor.util.memory import IdleTrimmer
 
     trimmer = IdleTrimmer(growth=64 * 2**20, interval_s=0.0)
     assert trimmer.on_idle() is None and trimmer.trims == 1  # the first idle moment finds the rest level
@@ -308,8 +304,6 @@ def test_a_chunked_prefills_cache_is_freed_when_dropped_not_left_to_the_cycle_co
 def test_an_idle_engine_trims_what_its_callers_freed_after_its_last_work(backend):
     """The callers drop the last requests' caches after the engine's last work for them: the engine looks again."""
     import time
-
-    from candor.util.memory import resident_bytes
 
     with backend.live_engine(max_rows=4) as engine:
         engine.submit(DecodeRequest(SHORT_PROMPT, 0, SamplingParams(max_new_tokens=2, stop=()))).result(WAIT)

@@ -6,6 +6,8 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
+import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -41,14 +43,7 @@ def resident_bytes() -> int | None:
             pages = int(f.read().split()[1])
     except (OSError, ValueError, IndexError):
         return None
-    return pages * _page_size()
-
-
-@functools.cache
-def _page_size() -> int:
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE")
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 class IdleTrimmer:
@@ -73,8 +68,6 @@ class IdleTrimmer:
 
     def on_idle(self) -> float | None:
         """Trim if the process is ``growth`` above its rest level; None, or the seconds until a put-off trim is due."""
-        import time
-
         now = resident_bytes()
         if now is None or (self.rest is not None and now < self.rest + self.growth):
             return None
