@@ -302,8 +302,8 @@ def test_unreachable_server_is_one_error_and_exit_2(tmp_path: Path) -> None:
 
 def ask_candor_serve(model, question: str = "Who wrote the play Romeo and Juliet?") -> tuple[int, dict]:
     """Status and body of one 2-token chat request to a real ``candor serve`` app around ``model``."""
-    from candor.serve.app import ServeSettings, create_app
-    from candor.serve.server import serve_in_thread
+    from candor.serve.http.app import ServeSettings, create_app
+    from candor.serve.http.server import serve_in_thread
 
     with serve_in_thread(create_app(model, ServeSettings(max_tokens=2))) as url:
         body = {"model": "candor", "max_tokens": 2, "messages": [{"role": "user", "content": question}]}

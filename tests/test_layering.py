@@ -167,10 +167,10 @@ def test_an_upward_import_is_caught_with_its_file_and_line(tmp_path):
         (root / stage).mkdir(parents=True)
         (root / stage / "__init__.py").write_text("")
     (root / "estimators" / "leak.py").write_text(
-        "from candor.util.errors import CandorError\n\ndef f():\n    from candor.serve import app\n"
+        "from candor.util.errors import CandorError\n\ndef f():\n    from candor.serve.http import app\n"
     )
     (root / "serve" / "fine.py").write_text("from ..estimators import leak\nimport candor.util.files\n")
-    assert upward_imports(root) == ["estimators/leak.py:4: estimators imports serve (candor.serve.app)"]
+    assert upward_imports(root) == ["estimators/leak.py:4: estimators imports serve (candor.serve.http.app)"]
 
 
 def test_no_import_circle():
@@ -213,24 +213,24 @@ def test_an_import_circle_through_a_package_init_is_caught(tmp_path):
 def test_a_module_name_in_a_string_that_climbs_is_caught(tmp_path):
     files = {
         "estimators/plugins.py": "import importlib\n\ndef load():\n"
-                                 "    return importlib.import_module('candor.serve.app')\n",
+        "    return importlib.import_module('candor.serve.http.app')\n",
         "util/lazy.py": "def lazy_exports(package, exports):\n    pass\n",
         "data/__init__.py": "from candor.util.lazy import lazy_exports\n_EXPORTS = {'Thing': 'candor.train.thing'}\n"
-                            "__getattr__ = lazy_exports(__name__, _EXPORTS)\n",
-        "serve/app.py": "X = 1\n",
+        "__getattr__ = lazy_exports(__name__, _EXPORTS)\n",
+        "serve/http/app.py": "X = 1\n",
         "train/thing.py": "Thing = 1\n",
     }
     root = make_package(tmp_path, files)
     assert upward_imports(root) == [
         "data/__init__.py:2: data imports train (candor.train.thing)",
-        "estimators/plugins.py:4: estimators imports serve (candor.serve.app)",
+        "estimators/plugins.py:4: estimators imports serve (candor.serve.http.app)",
     ]
 
 
 def test_a_relative_lazy_export_resolves_inside_its_package(tmp_path):
     files = {
         "train/elical/__init__.py": "from candor.util.lazy import lazy_exports\n"
-                                    "__getattr__ = lazy_exports(__name__, {'Config': '.config'})\n",
+        "__getattr__ = lazy_exports(__name__, {'Config': '.config'})\n",
         "train/elical/config.py": "from candor.train.elical import targets\n",  # a name of the package
     }
     root = make_package(tmp_path, files)
@@ -239,8 +239,13 @@ def test_a_relative_lazy_export_resolves_inside_its_package(tmp_path):
 
 @pytest.mark.parametrize(
     ("module", "stage"),
-    [("candor", "front door"), ("candor.api", "front door"), ("candor.train.elical.model", "train"),
-     ("candor.util", "util"), ("candor.cli.serving", "front door")],
+    [
+        ("candor", "front door"),
+        ("candor.api", "front door"),
+        ("candor.train.elical.model", "train"),
+        ("candor.util", "util"),
+        ("candor.cli.serving", "front door"),
+    ],
 )
 def test_stage_of(module, stage):
     assert stage_of(module) == stage
@@ -289,3 +294,68 @@ def test_an_engine_import_of_an_adapter_is_caught(tmp_path):
     source = "from candor.backends.base import Backend\ndef f():\n    from candor.backends.hf import HFBackend\n"
     root = make_package(tmp_path, {"backends/engine/loop.py": source})
     assert engine_reaches(root) == ["backends/engine/loop.py:3: candor.backends.hf.HFBackend"]
+
+
+# serve's core (the honest model, answering, batching, re-reading, thresholds, the folder…) never
+# imports its web door, ``candor.serve.http`` (docs/architecture.md "The layering rule").
+def core_reaches_http(root: Path = PACKAGE) -> list[str]:
+    """One line per import of ``candor.serve.http`` from a module of serve outside it."""
+    bad = []
+    for path in sorted((root / "serve").rglob("*.py")):
+        if module_name(path, root).startswith("candor.serve.http"):
+            continue
+        for line, name in imported_modules(path, root):
+            if name == "candor.serve.http" or name.startswith("candor.serve.http."):
+                bad.append(f"{path.relative_to(root)}:{line}: {name}")
+    return bad
+
+
+def test_serves_core_never_imports_its_web_door():
+    assert core_reaches_http() == []
+
+
+def test_a_core_import_of_the_web_door_is_caught(tmp_path):
+    files = {
+        "serve/model.py": "def f():\n    from candor.serve.http.responses import confidence_object\n",
+        "serve/http/responses.py": "from candor.serve.model import f\n",  # the door may import the core
+        "serve/http/app.py": "X = 1\n",
+        "serve/thresholds.py": "from candor.serve import http\n",
+    }
+    root = make_package(tmp_path, files)
+    assert core_reaches_http(root) == [
+        "serve/model.py:2: candor.serve.http.responses.confidence_object",
+        "serve/thresholds.py:1: candor.serve.http",
+    ]
+
+
+def engine_module_reaches(root: Path = PACKAGE) -> list[str]:
+    """One line per import of a module inside the engine from outside it: callers use its ``__init__``'s names."""
+    modules = {module_name(path, root) for path in root.rglob("*.py")}
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        if module_name(path, root).startswith("candor.backends.engine"):
+            continue
+        for line, name in imported_modules(path, root):
+            inside = name.startswith("candor.backends.engine.")
+            module = name if name in modules else name.rpartition(".")[0]
+            if inside and module != "candor.backends.engine":
+                bad.append(f"{path.relative_to(root)}:{line}: {name}")
+    return bad
+
+
+def test_outside_the_engine_only_its_exported_names_are_imported():
+    assert engine_module_reaches() == []
+
+
+def test_a_reach_into_an_engine_module_is_caught(tmp_path):
+    files = {
+        "backends/engine/__init__.py": "X = 1\n",
+        "backends/engine/chunked_prefill.py": "ChunkedPrefill = 1\n",
+        "backends/engine/stops.py": "from candor.backends.engine.chunked_prefill import ChunkedPrefill\n",  # inside
+        "serve/rescoring.py": "from candor.backends.engine import X\n"
+        "from candor.backends.engine.chunked_prefill import ChunkedPrefill\n",
+    }
+    root = make_package(tmp_path, files)
+    assert engine_module_reaches(root) == [
+        "serve/rescoring.py:2: candor.backends.engine.chunked_prefill.ChunkedPrefill"
+    ]

@@ -155,8 +155,8 @@ def playground(tiny_model, tokenizer):
     pytest.importorskip("fastapi")
     from candor.backends.hf import HFBackend
     from candor.serve import Decoding, HonestModel, Threshold
-    from candor.serve.app import ServeSettings, create_app
-    from candor.serve.server import serve_in_thread
+    from candor.serve.http.app import ServeSettings, create_app
+    from candor.serve.http.server import serve_in_thread
 
     backend = HFBackend(tiny_model, tokenizer, batch_size=16)
     model = HonestModel(backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=6))

@@ -13,8 +13,8 @@ import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
-from candor.serve.app import ServeSettings, create_app  # noqa: E402
-from candor.serve.server import serve_in_thread  # noqa: E402
+from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.http.server import serve_in_thread  # noqa: E402
 
 KEY = "test-key-not-secret"
 QUESTIONS = [f"What is the capital of country number {i}?" + " really" * (i % 5) for i in range(10)]

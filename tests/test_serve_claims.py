@@ -14,9 +14,9 @@ from candor.annotation.claims import refine  # noqa: E402
 from candor.cli import app  # noqa: E402
 from candor.estimators.claim_scoring import score_claims  # noqa: E402
 from candor.serve import Decoding, HonestModel  # noqa: E402
-from candor.serve.app import ServeSettings, create_app  # noqa: E402
 from candor.serve.claim_answers import ClaimPolicy  # noqa: E402
-from candor.serve.server import serve_in_thread  # noqa: E402
+from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.http.server import serve_in_thread  # noqa: E402
 
 QUESTION = "Describe Paris in three short sentences."
 

@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 
 from candor.cli import app
 from candor.serve.classify_client import ClassifyClient, ClassifyServerError, ClassifySource, server_root
-from candor.serve.classify_server import load_classify_app
-from candor.serve.server import serve_in_thread
+from candor.serve.http.classify_server import load_classify_app
+from candor.serve.http.server import serve_in_thread
 from candor.train.elical.export import export_seq_cls, read_export
 from candor.util.errors import CandorError
 
@@ -248,7 +248,7 @@ def test_a_client_gets_502_not_400_when_the_classify_server_behind_candor_fails(
     """The client's request is not at fault when a server candor relies on goes away: 502, OpenAI error shape."""
     openai = pytest.importorskip("openai")
     from candor.serve import HonestModel
-    from candor.serve.app import ServeSettings, create_app
+    from candor.serve.http.app import ServeSettings, create_app
 
     _, out = exported
     with serve_in_thread(load_classify_app(out)) as url:

@@ -25,9 +25,9 @@ from serve_counting import CountingBackend  # noqa: E402
 from candor.backends.base import TOKENIZER  # noqa: E402
 from candor.backends.hf import HFBackend  # noqa: E402
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
-from candor.serve.app import ServeSettings, create_app  # noqa: E402
 from candor.serve.confidence_sources import question_item  # noqa: E402
-from candor.serve.server import serve_in_thread  # noqa: E402
+from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.http.server import serve_in_thread  # noqa: E402
 from candor.util.errors import CandorError  # noqa: E402
 
 QUESTIONS = [f"Who wrote book number {i}?" for i in range(8)]

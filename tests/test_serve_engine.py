@@ -113,8 +113,8 @@ def test_admission_takes_a_request_whole_or_not_at_all():
 def test_a_short_request_finishes_while_a_long_one_is_still_decoding(tiny_model, tokenizer):
     """Continuous batching through the real server: a request never waits for the running batch to end."""
     from candor.serve import Decoding, HonestModel
-    from candor.serve.app import ServeSettings, create_app
-    from candor.serve.server import serve_in_thread
+    from candor.serve.http.app import ServeSettings, create_app
+    from candor.serve.http.server import serve_in_thread
 
     backend = CountingBackend(tiny_model, tokenizer, batch_size=16)
     backend.token_delay = 0.01  # 400 tokens take 4 s or more
@@ -204,8 +204,8 @@ def test_a_server_backed_engine_starts_a_request_while_another_ones_call_runs(ti
     """
     from candor.backends.openai import OpenAIBackend
     from candor.serve import Decoding, HonestModel
-    from candor.serve.app import ServeSettings, create_app
-    from candor.serve.server import serve_in_thread
+    from candor.serve.http.app import ServeSettings, create_app
+    from candor.serve.http.server import serve_in_thread
 
     backend = CountingBackend(tiny_model, tokenizer, batch_size=16)
     backend.token_delay = 0.01  # 400 tokens take 4 s or more

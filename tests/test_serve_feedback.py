@@ -20,9 +20,9 @@ openai = pytest.importorskip("openai")
 
 from candor.annotation.served_labels import read_served  # noqa: E402
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
-from candor.serve.app import ServeSettings, create_app  # noqa: E402
-from candor.serve.feedback import MIN_LABELS, FeedbackTracker, clopper_pearson  # noqa: E402
-from candor.serve.server import serve_in_thread  # noqa: E402
+from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.http.feedback import MIN_LABELS, FeedbackTracker, clopper_pearson  # noqa: E402
+from candor.serve.http.server import serve_in_thread  # noqa: E402
 from tests.test_serve_app import KEY, get, post  # noqa: E402
 
 QUESTIONS = [f"Which river flows through the valley number {i}?" + " Quickly." * (i % 3) for i in range(40)]

@@ -19,9 +19,9 @@ openai = pytest.importorskip("openai")
 
 from candor.backends.hf import HFBackend  # noqa: E402
 from candor.serve import Decoding, HonestModel  # noqa: E402
-from candor.serve.app import ServeSettings, create_app  # noqa: E402
 from candor.serve.confidence_sources import EstimatorSource, HeadSource  # noqa: E402
-from candor.serve.server import serve_in_thread  # noqa: E402
+from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.http.server import serve_in_thread  # noqa: E402
 
 QUESTIONS = [f"Which city hosted event number {i}?" + " Please." * (i % 3) for i in range(8)]
 

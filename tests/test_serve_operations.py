@@ -35,8 +35,8 @@ from typer.testing import CliRunner  # noqa: E402
 import candor  # noqa: E402
 from candor.cli import app as cli_app  # noqa: E402
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
-from candor.serve.app import ServeSettings, create_app  # noqa: E402
-from candor.serve.server import serve_in_thread  # noqa: E402
+from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.http.server import serve_in_thread  # noqa: E402
 
 KEY = "ops-key-not-secret"
 QUESTIONS = [f"Which river flows through city number {i}?" + " please" * (i % 3) for i in range(8)]

@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("fastapi")
 
 from candor.serve import Decoding, HonestModel  # noqa: E402
-from candor.serve.app import ServeSettings, create_app  # noqa: E402
-from candor.serve.playground import playground_html  # noqa: E402
-from candor.serve.server import serve_in_thread  # noqa: E402
+from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.http.playground import playground_html  # noqa: E402
+from candor.serve.http.server import serve_in_thread  # noqa: E402
 
 
 def test_the_page_names_no_outside_address():

@@ -144,8 +144,8 @@ def stop(proc: subprocess.Popen) -> None:
 def test_sigterm_during_a_slow_startup_ends_the_process_at_once(lister, tiny_model_dir, tmp_path):
     """The generation server lists the model but its probe never returns: SIGTERM must not wait for it."""
     pytest.importorskip("fastapi")
-    from candor.serve.classify_server import load_classify_app
-    from candor.serve.server import serve_in_thread
+    from candor.serve.http.classify_server import load_classify_app
+    from candor.serve.http.server import serve_in_thread
     from candor.train.elical.export import export_seq_cls
 
     saved_elical_head(tiny_model_dir, tmp_path / "head")

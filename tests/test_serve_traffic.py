@@ -18,8 +18,8 @@ openai = pytest.importorskip("openai")
 
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
 from candor.serve.answering import Ask, Reply  # noqa: E402
-from candor.serve.app import ServeSettings, create_app  # noqa: E402
-from candor.serve.server import serve_in_thread  # noqa: E402
+from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
+from candor.serve.http.server import serve_in_thread  # noqa: E402
 from tests.test_serve_app import KEY, get, post  # noqa: E402
 
 QUESTIONS = [f"Which city hosts the museum number {i}?" + " Please." * (i % 4) for i in range(8)]
@@ -100,7 +100,7 @@ def test_a_conversation_is_answered_with_the_confidence_of_the_question_asked_in
 def test_calibrated_says_whether_the_value_was_fitted_for_this_shape(honest):
     import numpy as np
 
-    from candor.serve.responses import confidence_object as _confidence
+    from candor.serve.http.responses import confidence_object as _confidence
 
     rng = np.random.default_rng(0)
     calibrated = HonestModel(honest.backend, confidence="n-prob", template="fewshot", decoding=honest.decoding)
@@ -108,11 +108,26 @@ def test_calibrated_says_whether_the_value_was_fitted_for_this_shape(honest):
     for history, expect in (((), True), (HISTORY, False)):
         ask = Ask(calibrated.prepare(QUESTIONS[0], None, history), Reply())
         answer = calibrated.answer_asks([ask])[0][0]
-        conf = _confidence(answer, calibrated, ask)
+        conf = _confidence(answer, ask)
         assert conf["calibrated"] is expect
         assert conf["calibrated_on"] == "a platt calibrator fitted on 50 labelled questions asked alone"
-    uncalibrated = _confidence(honest.answer(QUESTIONS[0]), honest, Ask(honest.prepare(QUESTIONS[0]), Reply()))
+    uncalibrated = _confidence(honest.answer(QUESTIONS[0]), Ask(honest.prepare(QUESTIONS[0]), Reply()))
     assert uncalibrated["calibrated"] is False and uncalibrated["calibrated_on"] is None
+
+
+def test_the_confidence_object_says_what_the_model_stood_for_when_it_answered(honest):
+    """A reload may replace the model between its answer and the response: the response reads the answer."""
+    from candor.serve import Threshold
+    from candor.serve.http.responses import confidence_object
+
+    model = HonestModel(honest.backend, confidence="n-prob", template="fewshot", decoding=honest.decoding)
+    model.threshold = Threshold(0.0, expected_accuracy=0.5, expected_coverage=1.0)
+    ask = Ask(model.prepare(QUESTIONS[0]), Reply())
+    answer = model.answer_asks([ask])[0][0]
+    model.version, model.threshold = "the next one", Threshold(0.9, expected_accuracy=0.99, expected_coverage=0.1)
+    said = confidence_object(answer, ask)
+    assert said["model_version"] == "unsaved" and said["threshold"] == 0.0
+    assert (said["expected_accuracy"], said["expected_coverage"]) == (0.5, 1.0)
 
 
 def test_a_head_trained_on_labels_is_calibrated(tiny_model_dir, tmp_path, honest):

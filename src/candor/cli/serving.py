@@ -108,12 +108,12 @@ def serve(
 
     if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "prometheus_client")):
         raise CandorError(f"candor serve needs fastapi, uvicorn and prometheus-client: {install_hint('serve')}")
-    from candor.serve.server import bind_listener, run
+    from candor.serve.http.server import bind_listener, run
 
     listener = bind_listener(host, port)  # a busy port is refused first, before the model (and torch) load
     from candor.backends.base import backend_capabilities
-    from candor.serve.app import ServeSettings, create_app
-    from candor.serve.operations import check_cors_origins, send_access_log_to
+    from candor.serve.http.app import ServeSettings, create_app
+    from candor.serve.http.operations import check_cors_origins, send_access_log_to
 
     origins = tuple(cors_origin or ())
     check_cors_origins(origins)  # before the model loads
@@ -158,8 +158,8 @@ def serve_head(
 
     if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn")):
         raise CandorError(f"candor serve-head needs fastapi and uvicorn: {install_hint('serve')}")
-    from candor.serve.classify_server import load_classify_app
-    from candor.serve.server import bind_listener, run
+    from candor.serve.http.classify_server import load_classify_app
+    from candor.serve.http.server import bind_listener, run
 
     listener = bind_listener(host, port)  # a busy port is refused before the head loads
     run(load_classify_app(folder, name), host=host, port=port, sock=listener, access_log=True)  # a line per request

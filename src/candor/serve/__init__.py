@@ -9,17 +9,18 @@ See docs/architecture.md "The stages".
 - :mod:`~candor.serve.thresholds`: choosing the abstention threshold on dev (accuracy, coverage, risk control);
 - :mod:`~candor.serve.batching`: the engine a question runs on (live decode loop, or micro-batches of ``generate``);
 - :mod:`~candor.serve.rescoring`: a question's answers re-read alone, so its confidence is its own;
-- :mod:`~candor.serve.app`: the OpenAI-compatible service (``candor serve``), with its settings,
-  request checks, response shapes, the running model's generations (hot reload) and the
-  operator's routes (feedback, reload) in modules of their own;
 - :mod:`~candor.serve.claim_answers`: a confidence per claim of a long answer (``--claims``);
+- :mod:`~candor.serve.honest_folder`: the saved folder (``honest.json``), read and written in one place;
+- :mod:`~candor.serve.factory`: the honest model a command's options name;
+- :mod:`~candor.serve.classify_client`: a confidence read from a classify server;
 - :mod:`~candor.serve.adaptation`: ``candor adapt``, a model recalibrated on its own served traffic.
 
-The last stage: it may import every other one (util through diagnose).
+The web door, ``candor serve``'s OpenAI-compatible service, is :mod:`candor.serve.http`; this
+core never imports it. The last stage: it may import every other one (util through diagnose).
 """
 
-from candor.serve.answering import Decoding, HonestAnswer
+from candor.serve.answering import Decoding, HonestAnswer, ServedBy
 from candor.serve.model import HonestModel
 from candor.serve.thresholds import Threshold
 
-__all__ = ["Decoding", "HonestAnswer", "HonestModel", "Threshold"]
+__all__ = ["Decoding", "HonestAnswer", "HonestModel", "ServedBy", "Threshold"]

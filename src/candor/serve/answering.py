@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from candor.annotation.records import Record
 from candor.backends.base import Completion, RequestTokenHook, SamplingParams
 from candor.data.items import QAItem
+from candor.serve.thresholds import Threshold
 from candor.util.errors import CandorError
 
 
@@ -169,6 +170,29 @@ class Scored:
     prompt_tokens: int | None = None  # the protocol prompt's tokens, when it was generated
 
 
+@dataclass(frozen=True)
+class ServedBy:
+    """What the model that answered stood for at that moment: its version, threshold and calibration.
+
+    An answer carries it so that what is said about the answer (the response's ``confidence``
+    object, the served log) never asks the model again, which a reload may have replaced since.
+    """
+
+    version: str
+    threshold: Threshold | None
+    fitted_where: str | None  # the labels the value was fitted on, in words; None: not fitted on labels
+    tuned_on: tuple[str, ...]  # the request shapes the calibrator, head and threshold were fitted on
+
+    def calibration(self, shape: str) -> dict[str, Any]:
+        """``calibrated``: the value is a probability fitted on labels for requests of ``shape``; and where.
+
+        A value fitted on questions asked alone is not calibrated for a conversation: nothing
+        measured how the earlier turns move it (docs/architecture.md "Conversations").
+        """
+        where = self.fitted_where
+        return {"calibrated": where is not None and shape in self.tuned_on, "calibrated_on": where}
+
+
 @dataclass
 class HonestAnswer:
     """One answer with its confidence; ``answer`` is None when the model abstained.
@@ -192,6 +216,7 @@ class HonestAnswer:
     prompt_tokens: int = field(default=0, repr=False, compare=False)
     record: Record | None = field(default=None, repr=False, compare=False)  # what was scored, with provenance
     claims: Any = field(default=None, repr=False, compare=False)  # a ClaimVerdict, when claims are served
+    served_by: ServedBy | None = field(default=None, repr=False, compare=False)  # None: built outside a model
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}

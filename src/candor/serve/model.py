@@ -74,6 +74,7 @@ from candor.serve.answering import (
     Prompted,
     Reply,
     Scored,
+    ServedBy,
     check_text,
     question_seed,
     reply_seed,
@@ -469,13 +470,13 @@ class HonestModel:
         return self.calibrator is not None or bool(getattr(self.source, "calibrated_on_labels", False))
 
     def calibration(self, shape: str) -> dict[str, Any]:
-        """``calibrated``: the value is a probability fitted on labels for requests of ``shape``; and where.
+        """``calibrated``: the value is a probability fitted on labels for requests of ``shape``; and where."""
+        return self.served_by().calibration(shape)
 
-        A value fitted on questions asked alone is not calibrated for a conversation: nothing
-        measured how the earlier turns move it (docs/architecture.md "Conversations").
-        """
-        where = self._fitted_where()
-        return {"calibrated": where is not None and shape in self.tuned_on, "calibrated_on": where}
+    def served_by(self) -> ServedBy:
+        """What this model stands for now (version, threshold, calibration); every answer carries it."""
+        return ServedBy(version=self.version, threshold=self.threshold, fitted_where=self._fitted_where(),
+                        tuned_on=tuple(self.tuned_on))
 
     def _fitted_where(self) -> str | None:
         shapes = " and ".join(SHAPE_WORDS[s] for s in self.tuned_on)
@@ -503,14 +504,32 @@ class HonestModel:
             reason = f"{reason} ({confidence:.3f} < {self.threshold.value:.3f})"
         generated = len(rec.greedy.token_ids) if rec is not None else 0  # an answer-level source generated it
         return HonestAnswer(
-            None, float(confidence), True, reason, self.method, self.fitted_on_labels,
-            self._threshold_value(), "abstained", generated, True, withheld, None, 0, rec,
-        )  # fmt: skip
+            answer=None,
+            confidence=float(confidence),
+            abstained=True,
+            reason=reason,
+            method=self.method,
+            calibrated=self.fitted_on_labels,
+            threshold=self._threshold_value(),
+            finish_reason="abstained",
+            completion_tokens=generated,
+            withheld=withheld,
+            record=rec,
+            served_by=self.served_by(),
+        )
 
     def _undecided(self, confidence: float) -> HonestAnswer:
         """The head's verdict for a question it answers, before the answer exists (the first streamed chunk)."""
-        return HonestAnswer(None, float(confidence), False, self._answer_reason(), self.method,
-                            self.fitted_on_labels, self._threshold_value(), "stop")  # fmt: skip
+        return HonestAnswer(
+            answer=None,
+            confidence=float(confidence),
+            abstained=False,
+            reason=self._answer_reason(),
+            method=self.method,
+            calibrated=self.fitted_on_labels,
+            threshold=self._threshold_value(),
+            served_by=self.served_by(),
+        )
 
     def _answer_reason(self) -> str:
         return "no threshold set" if self.threshold is None else f"confidence ≥ {self.threshold.value:.3f}"
@@ -528,10 +547,21 @@ class HonestModel:
         finish = completion.finish_reason or ("length" if len(completion.token_ids) >= cap else "stop")
         used = completion.completion_tokens if completion.completion_tokens is not None else len(completion.token_ids)
         return HonestAnswer(
-            completion.text, float(confidence), False, self._answer_reason(), self.method,
-            self.fitted_on_labels, self._threshold_value(), finish, used, scored, None, completion,
-            prompt_tokens or ask.prompted.prompt_tokens or 0, rec,
-        )  # fmt: skip
+            answer=completion.text,
+            confidence=float(confidence),
+            abstained=False,
+            reason=self._answer_reason(),
+            method=self.method,
+            calibrated=self.fitted_on_labels,
+            threshold=self._threshold_value(),
+            finish_reason=finish,
+            completion_tokens=used,
+            scores_returned_text=scored,
+            completion=completion,
+            prompt_tokens=prompt_tokens or ask.prompted.prompt_tokens or 0,
+            record=rec,
+            served_by=self.served_by(),
+        )
 
     # ------------------------------------------------------------ tuning on dev
 

@@ -44,8 +44,7 @@ from typing import Any
 import torch
 
 from candor.backends.base import Completion, Generations
-from candor.backends.engine import SharedPrefix, decoded_vocab
-from candor.backends.engine.chunked_prefill import DEFAULT_PREFILL_CHUNK, ChunkedPrefill, chunking_runs
+from candor.backends.engine import DEFAULT_PREFILL_CHUNK, ChunkedPrefill, SharedPrefix, chunking_runs, decoded_vocab
 from candor.backends.hf import HFBackend
 
 # Logit floats held at once by the one-pass re-read (rows × answer tokens × vocabulary): 2^26 floats is 256 MiB.

@@ -52,6 +52,8 @@ from candor.util.lazy import lazy_exports
 # public name -> module of this package that defines it
 _EXPORTS = {
     "DEFAULT_PREFILL_CHUNK": ".chunked_prefill",
+    "ChunkedPrefill": ".chunked_prefill",
+    "chunking_runs": ".chunked_prefill",
     "continuation_hidden_states": ".continuation_states",
     "ChunkFeed": ".decode_loop",
     "DecodeJob": ".decode_loop",

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from candor.serve.answering import Ask, HonestAnswer
-from candor.serve.model import HonestModel
-from candor.serve.settings import ServeSettings
+from candor.serve.http.settings import ServeSettings
 
 
 @dataclass(frozen=True)
@@ -32,10 +31,11 @@ def response_head(obj: str, prefix: str, settings: ServeSettings) -> dict[str, A
             "model": settings.model_id}  # fmt: skip
 
 
-def choice_of(endpoint: Endpoint, index: int, a: HonestAnswer, ask: Ask, body: Any, settings: ServeSettings,
-            model: HonestModel) -> dict[str, Any]:  # fmt: skip
+def choice_of(
+    endpoint: Endpoint, index: int, a: HonestAnswer, ask: Ask, body: Any, settings: ServeSettings
+) -> dict[str, Any]:
     logprobs = logprobs_of(a, body, endpoint)
-    confidence = confidence_object(a, model, ask)
+    confidence = confidence_object(a, ask)
     if endpoint.chat:
         # An abstention is OpenAI's refusal: no content, the refusal text in ``message.refusal``.
         message = ({"role": "assistant", "content": None, "refusal": settings.refusal} if a.abstained
@@ -73,17 +73,22 @@ def logprobs_of(a: HonestAnswer, body: Any, endpoint: Endpoint) -> dict[str, Any
             "top_logprobs": [dict(list(alt.items())[:top]) for alt in alts], "text_offset": offsets}  # fmt: skip
 
 
-def confidence_object(answer: HonestAnswer, model: HonestModel, ask: Ask) -> dict[str, Any]:
-    t = model.threshold
+def confidence_object(answer: HonestAnswer, ask: Ask) -> dict[str, Any]:
+    """The response's ``confidence`` object, from what the answer carries (never from the model, which a
+    reload may have replaced since it answered)."""
+    served = answer.served_by
+    if served is None:
+        raise ValueError("an answer served over HTTP carries what its model stood for (HonestAnswer.served_by)")
+    t = served.threshold
     shape = ask.prompted.shape
-    calibration = model.calibration(shape) if answer.calibrated else {"calibrated": False, "calibrated_on": None}
+    calibration = served.calibration(shape) if answer.calibrated else {"calibrated": False, "calibrated_on": None}
     return {
         "value": answer.confidence,
         "method": answer.method,
         **calibration,
         # What the value was computed on: the question alone, or the question after the earlier messages.
         "computed_on": {"shape": shape, "earlier_messages": len(ask.prompted.history)},
-        "model_version": model.version,
+        "model_version": served.version,
         "threshold": answer.threshold,
         "abstained": answer.abstained,
         "expected_accuracy": None if t is None else t.expected_accuracy,

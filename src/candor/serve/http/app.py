@@ -13,12 +13,12 @@
   decision (``stream="live"``: tokens as they come, withdrawn by the refusal).
 - ``GET /health`` (alive), ``GET /ready``, ``GET /metrics``, ``GET /v1/models``,
   ``GET /v1/models/{id}``; request ids, the access log, CORS and protocol-level
-  errors are :mod:`candor.serve.operations`, the metrics :mod:`candor.serve.prometheus_metrics`.
-- ``GET /`` the playground page (:mod:`candor.serve.playground`).
+  errors are :mod:`candor.serve.http.operations`, the metrics :mod:`candor.serve.http.prometheus_metrics`.
+- ``GET /`` the playground page (:mod:`candor.serve.http.playground`).
 - ``POST /v1/feedback`` (labels on served answers) and ``POST /admin/reload``
-  (and ``SIGHUP``): :mod:`candor.serve.operator_routes`.
+  (and ``SIGHUP``): :mod:`candor.serve.http.operator_routes`.
 - Limits (body size, body-read time, question length, ``n``, ``max_tokens``: the
-  model's context) answer 4xx in the OpenAI error shape (:mod:`candor.serve.request_checks`);
+  model's context) answer 4xx in the OpenAI error shape (:mod:`candor.serve.http.request_checks`);
   a full queue answers 503; with an API key set, a request without the right
   ``Authorization: Bearer`` key answers 401 (the scheme is case-insensitive). Bodies
   are parsed strictly: ``"n": true`` or ``"max_tokens": "10"`` answer 400 naming the
@@ -49,16 +49,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer, Reply
-from candor.serve.api_docs import install_docs
 from candor.serve.batching import Admission
-from candor.serve.model import HonestModel
-from candor.serve.operations import Lifecycle, install_operations
-from candor.serve.operator_routes import FeedbackDesk, install_operator_routes, reload_on_sighup
-from candor.serve.playground import playground_html
-from candor.serve.prometheus_metrics import ServeMetrics
-from candor.serve.record_log import RecordLog
-from candor.serve.request_checks import APIError, History, authorize, conversation_of, parse_body
-from candor.serve.responses import (
+from candor.serve.http.api_docs import install_docs
+from candor.serve.http.operations import Lifecycle, install_operations
+from candor.serve.http.operator_routes import FeedbackDesk, install_operator_routes, reload_on_sighup
+from candor.serve.http.playground import playground_html
+from candor.serve.http.prometheus_metrics import ServeMetrics
+from candor.serve.http.record_log import RecordLog
+from candor.serve.http.request_checks import APIError, History, authorize, conversation_of, parse_body
+from candor.serve.http.responses import (
     CHAT,
     COMPLETION,
     Endpoint,
@@ -67,10 +66,11 @@ from candor.serve.responses import (
     response_head,
     usage_of,
 )
-from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
-from candor.serve.service import Generation, Service
-from candor.serve.settings import ServeSettings
-from candor.serve.streaming import DONE, RequestListener, TextDelta, sse
+from candor.serve.http.schemas import ChatRequest, CompletionRequest, error_body
+from candor.serve.http.service import Generation, Service
+from candor.serve.http.settings import ServeSettings
+from candor.serve.http.streaming import DONE, RequestListener, TextDelta, sse
+from candor.serve.model import HonestModel
 from candor.util.errors import CandorError, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ async def _serve(
     for j, (ask, per_q) in enumerate(zip(asks, answers, strict=True)):
         _log(log, ask, per_q, model, head["id"], range(j * body.n, (j + 1) * body.n))
     pairs = enumerate(zip(asks, answers, strict=True))
-    choices = [choice_of(endpoint, j * body.n + i, a, ask, body, settings, model)
+    choices = [choice_of(endpoint, j * body.n + i, a, ask, body, settings)
                for j, (ask, per_q) in pairs for i, a in enumerate(per_q)]  # fmt: skip
     return {**head, "choices": choices, "usage": usage_of(asks, answers)}
 
@@ -300,7 +300,7 @@ async def _stream(
             if kind == "decided" and not rest[0].abstained:
                 metrics.observe_first_token()
                 for i in range(n):
-                    yield chunk(j * n + i, confidence=confidence_object(rest[0], model, asks[j]))
+                    yield chunk(j * n + i, confidence=confidence_object(rest[0], asks[j]))
             elif kind == "token":
                 k = j * n + rest[0]
                 text = deltas[k].add(rest[1])
@@ -319,7 +319,7 @@ async def _stream(
                 metrics.observe_answers([answers])
                 for i, a in enumerate(answers):
                     k = j * n + i
-                    confidence = confidence_object(a, model, asks[j])
+                    confidence = confidence_object(a, asks[j])
                     if a.abstained:
                         # A chat client reads the refusal in ``delta.refusal``; a completion has only text.
                         # With ``stream="live"`` it withdraws text already streamed.
@@ -346,6 +346,6 @@ def _log(
     indexes: Sequence[int],
 ) -> None:  # fmt: skip
     if log is not None:
-        log.write(ask, answers, model.provenance(), lambda a: confidence_object(a, model, ask), response_id, indexes)
+        log.write(ask, answers, model.provenance(), lambda a: confidence_object(a, ask), response_id, indexes)
 
 

@@ -15,9 +15,9 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from candor.serve.answering import check_text
+from candor.serve.http.schemas import ChatRequest, CompletionRequest, error_body
+from candor.serve.http.settings import UNKNOWN_CONTEXT_MAX_TOKENS, ServeSettings
 from candor.serve.model import HonestModel
-from candor.serve.schemas import ChatRequest, CompletionRequest, error_body
-from candor.serve.settings import UNKNOWN_CONTEXT_MAX_TOKENS, ServeSettings
 from candor.util.errors import CandorError
 
 MAX_STOPS = 4  # as the OpenAI API

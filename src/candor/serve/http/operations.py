@@ -1,7 +1,7 @@
 """Operating the service: request ids, the access log, metrics, readiness, protocol-level errors, CORS.
 
 :func:`install_operations` wires these into an app built by
-:func:`candor.serve.app.create_app`:
+:func:`candor.serve.http.app.create_app`:
 
 - every response carries ``x-request-id``: the client's own when it is safe
   (at most 128 characters of ``A-Z a-z 0-9 . _ : -``), a fresh one otherwise;
@@ -13,7 +13,7 @@
 - a 503 carries ``Retry-After``; 404, 405 and validation errors answer in the
   OpenAI error shape (validation errors with 400, as OpenAI does);
 - ``GET /ready`` (200 once started, 503 before and while draining) and
-  ``GET /metrics`` (Prometheus text, :mod:`candor.serve.prometheus_metrics`);
+  ``GET /metrics`` (Prometheus text, :mod:`candor.serve.http.prometheus_metrics`);
 - CORS only for the origins given (none: no CORS headers at all).
 """
 
@@ -36,8 +36,8 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from candor.serve.prometheus_metrics import CONTENT_TYPE, RequestTally, ServeMetrics
-from candor.serve.schemas import error_body
+from candor.serve.http.prometheus_metrics import CONTENT_TYPE, RequestTally, ServeMetrics
+from candor.serve.http.schemas import error_body
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)

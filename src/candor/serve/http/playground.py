@@ -17,4 +17,4 @@ from importlib import resources
 @functools.cache
 def playground_html() -> str:
     """The page's HTML (shipped as package data)."""
-    return resources.files("candor.serve").joinpath("static/playground.html").read_text(encoding="utf-8")
+    return resources.files("candor.serve.http").joinpath("static/playground.html").read_text(encoding="utf-8")

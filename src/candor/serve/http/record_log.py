@@ -22,7 +22,7 @@ from typing import Any
 from candor.annotation.records import Record
 from candor.backends.base import Completion
 from candor.serve.answering import Ask, HonestAnswer
-from candor.serve.feedback import ServedIndex
+from candor.serve.http.feedback import ServedIndex
 
 
 class RecordLog:

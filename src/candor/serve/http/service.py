@@ -22,10 +22,10 @@ from candor.backends.base import LiveEngine
 from candor.serve.answering import Ask, Cancelled, HonestAnswer
 from candor.serve.batching import Admission, QueueFull
 from candor.serve.honest_folder import CONFIG_FILE
+from candor.serve.http.operations import Lifecycle
+from candor.serve.http.prometheus_metrics import ServeMetrics
+from candor.serve.http.request_checks import APIError
 from candor.serve.model import HonestModel
-from candor.serve.operations import Lifecycle
-from candor.serve.prometheus_metrics import ServeMetrics
-from candor.serve.request_checks import APIError
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)

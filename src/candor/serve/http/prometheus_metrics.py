@@ -31,7 +31,7 @@ name                                        type       labels                  m
 ==========================================  =========  ======================  ============================
 
 The feedback gauges are NaN until enough labels of answered questions arrived
-(:mod:`candor.serve.feedback`); they follow the current model version.
+(:mod:`candor.serve.http.feedback`); they follow the current model version.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 if TYPE_CHECKING:
     from candor.serve.answering import HonestAnswer
-    from candor.serve.feedback import AccuracyReport
+    from candor.serve.http.feedback import AccuracyReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

@@ -4,12 +4,12 @@
   "correct": true|false, "label_source": "feedback"}``. The label is appended to the
   ``--log-records`` file (:func:`candor.annotation.served_labels.append_label`), where
   ``candor label`` and ``candor adapt`` read it; an id the server did not serve
-  (or no longer remembers, :data:`~candor.serve.feedback.REMEMBERED_RESPONSES`) is 404.
+  (or no longer remembers, :data:`~candor.serve.http.feedback.REMEMBERED_RESPONSES`) is 404.
   The labels of answered choices feed the observed accuracy on ``/metrics``
-  (:mod:`candor.serve.feedback`), for the model version that answered them.
+  (:mod:`candor.serve.http.feedback`), for the model version that answered them.
 - ``POST /admin/reload`` (behind the key) and ``SIGHUP``: load the ``--honest`` folder
   again (or ``{"honest": DIR}``) and swap it in between requests
-  (:meth:`candor.serve.service.Service.reload`).
+  (:meth:`candor.serve.http.service.Service.reload`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from candor.annotation.served_labels import LABEL_SOURCE_FEEDBACK, append_label, check_label
-from candor.serve.feedback import FeedbackTracker
-from candor.serve.prometheus_metrics import ServeMetrics
-from candor.serve.record_log import RecordLog
-from candor.serve.request_checks import APIError, authorize, json_body, read_body
-from candor.serve.service import Generation, Service
-from candor.serve.settings import ServeSettings
+from candor.serve.http.feedback import FeedbackTracker
+from candor.serve.http.prometheus_metrics import ServeMetrics
+from candor.serve.http.record_log import RecordLog
+from candor.serve.http.request_checks import APIError, authorize, json_body, read_body
+from candor.serve.http.service import Generation, Service
+from candor.serve.http.settings import ServeSettings
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
