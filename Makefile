@@ -43,6 +43,7 @@ node-client:
 	else echo "npm not found: the Node client test will skip"; fi
 
 lint: setup
+	$(BIN)/python -m ruff format --check src tests benchmarks
 	$(BIN)/python -m ruff check src tests benchmarks
 
 bench-throughput: setup
