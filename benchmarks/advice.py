@@ -68,7 +68,7 @@ from candor.data.items import QAItem
 from candor.data.loaders import load_named
 from candor.data.splits import dedupe_questions, split_items
 from candor.estimators.confidences import ConfidenceTable, read_confidences, score_into, write_confidences
-from candor.evaluation.engine import Group, evaluate, metric_ratios
+from candor.evaluation.aggregate import Group, aggregate_metrics, metric_ratios
 from candor.evaluation.metrics import ece
 from candor.evaluation.plots import loss_curves, reliability_diagram
 from candor.evaluation.report import safe_filenames
@@ -527,7 +527,7 @@ def score_folder(cache: Path, method: str, run_dir: str | None = None) -> Path:
 
 
 
-# The results file's keys for the engine's metrics ("nce" there is |NCE|, as the paper reports it).
+# The results file's keys for the aggregated metrics ("nce" there is |NCE|, as the paper reports it).
 BLOCK_KEYS = {"ece": "ece", "abs_nce": "nce", "brier": "brier", "auroc": "auroc", "nce": "nce_signed",
               "accuracy": "accuracy"}  # fmt: skip
 
@@ -535,7 +535,7 @@ BLOCK_KEYS = {"ece": "ece", "abs_nce": "nce", "brier": "brier", "auroc": "auroc"
 def group_blocks(
     per_dataset: dict[str, Any], groups: dict[str, Sequence[str]], bootstrap: int = 0
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Metric blocks per dataset and per group, from the one evaluation engine.
+    """Metric blocks per dataset and per group, from :func:`candor.evaluation.aggregate.aggregate_metrics`.
 
     Groups are *pooled* (the metric on all the group's questions at once), not
     size-weighted: on these small subsets a dataset with no correct answer has
@@ -544,11 +544,12 @@ def group_blocks(
     """
     present = {g: tuple(d for d in ds if d in per_dataset) for g, ds in groups.items()}
     present = {g: ds for g, ds in present.items() if ds}
-    # A group may share its name with its one dataset ("logiqa"), so the engine sees it as "group:<name>".
-    engine_groups = [Group(f"group:{g}", ds, "pooled") for g, ds in present.items()]
-    result = evaluate({"m": {d: c for d, (c, _) in per_dataset.items()}},
-                      {d: y for d, (_, y) in per_dataset.items()}, groups=engine_groups, metrics=tuple(BLOCK_KEYS),
-                      ci_metrics=("ece", "auroc"), bootstrap=bootstrap, seed=0).methods["m"]  # fmt: skip
+    # A group may share its name with its one dataset ("logiqa"), so it is aggregated as "group:<name>".
+    metric_groups = [Group(f"group:{g}", ds, "pooled") for g, ds in present.items()]
+    result = aggregate_metrics({"m": {d: c for d, (c, _) in per_dataset.items()}},
+                               {d: y for d, (_, y) in per_dataset.items()}, groups=metric_groups,
+                               metrics=tuple(BLOCK_KEYS), ci_metrics=("ece", "auroc"), bootstrap=bootstrap,
+                               seed=0).methods["m"]  # fmt: skip
     sizes = {d: len(y) for d, (_, y) in per_dataset.items()}
     datasets = {d: _block(result.values[d], sizes[d], result.ci.get(d)) for d in per_dataset}
     groups_out = {g: _block(result.values[f"group:{g}"], sum(sizes[d] for d in ds), result.ci.get(f"group:{g}"))

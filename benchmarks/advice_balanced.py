@@ -58,7 +58,7 @@ from candor.backends.hf import HFBackend
 from candor.data import IN_DOMAIN, load_items
 from candor.data.items import QAItem
 from candor.data.splits import hash_unit
-from candor.evaluation.engine import evaluate
+from candor.evaluation.aggregate import aggregate_metrics
 from candor.evaluation.metrics import ece
 from candor.train.advice import is_trained
 from candor.verbal.formats import FORMATS
@@ -209,8 +209,8 @@ def block(seeds: list[dict[str, tuple]], fmt: str, bootstrap: int) -> dict[str, 
     """ECE, AUROC, mean confidence and accuracy of one method in one format: seed means with 95% intervals."""
     per_seed = [{DATASET: s[fmt][0]} for s in seeds]
     labels = {DATASET: seeds[0][fmt][1]}
-    result = evaluate({"m": per_seed}, labels, metrics=("ece", "auroc", "accuracy"), ci_metrics=("ece", "auroc"),
-                      bootstrap=bootstrap, seed=0).methods["m"]  # fmt: skip
+    result = aggregate_metrics({"m": per_seed}, labels, metrics=("ece", "auroc", "accuracy"),
+                               ci_metrics=("ece", "auroc"), bootstrap=bootstrap, seed=0).methods["m"]  # fmt: skip
     values, ci = result.values[DATASET], result.ci.get(DATASET, {})
     return {
         "ece": _num(values["ece"]), "ece_ci": [_num(x) for x in ci.get("ece", (None, None))],

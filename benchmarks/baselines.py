@@ -54,7 +54,7 @@ from candor.estimators.confidences import ConfidenceRow, ConfidenceTable, score_
 from candor.estimators.stacking import fit_logistic
 from candor.evaluation.metrics import auroc
 from candor.evaluation.report import write_report
-from candor.evaluation.summary import evaluate
+from candor.evaluation.summary import evaluate_table
 
 METHODS = (
     "prob",
@@ -170,10 +170,10 @@ def main() -> None:
         fits["debias"] = {m: table.columns[m]["estimator"]["debias"] for m in plain}
         timings["debias"] = time.perf_counter() - start
     if args.block:
-        write_block(args, evaluate(ConfidenceTable(rows), roles=roles, bootstrap=args.bootstrap), timings, fits)
+        write_block(args, evaluate_table(ConfidenceTable(rows), roles=roles, bootstrap=args.bootstrap), timings, fits)
         return
     if args.merge:
-        merge_into(args, evaluate(ConfidenceTable(rows), roles=roles, bootstrap=args.bootstrap), timings, fits)
+        merge_into(args, evaluate_table(ConfidenceTable(rows), roles=roles, bootstrap=args.bootstrap), timings, fits)
         return
     report = write_report(ConfidenceTable(rows), args.out.with_suffix(""), roles=roles, bootstrap=args.bootstrap,
                           title=f"HonestyBench-mini baselines: {args.model}",

@@ -68,7 +68,7 @@ from elical_targets import claim_fields
 from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators.confidences import read_confidences
-from candor.evaluation.engine import Group, metric_differences
+from candor.evaluation.aggregate import Group, metric_differences
 from candor.train.elical import Budget, EliCalConfig
 from candor.train.elical.rules import DEFAULT_TARGET, RULES, StageTwoRule, target_rule
 from candor.train.elical.selection import select_rule

@@ -42,8 +42,8 @@ SCRATCH = Path(os.environ.get("CANDOR_MUTATION_DIR", "/tmp/candor-mutation"))
 # module key -> (source file, the test files that cover it)
 MODULES: dict[str, tuple[str, list[str]]] = {
     "metrics": ("src/candor/evaluation/metrics.py", ["tests/test_metrics.py", "tests/test_selective_metrics.py",
-                                                     "tests/test_evaluation_engine.py"]),
-    "evaluation": ("src/candor/evaluation/engine.py", ["tests/test_evaluation_engine.py", "tests/test_report.py"]),
+                                                     "tests/test_aggregate.py"]),
+    "evaluation": ("src/candor/evaluation/aggregate.py", ["tests/test_aggregate.py", "tests/test_report.py"]),
     "annotate": ("src/candor/annotation/builder.py", ["tests/test_annotate.py", "tests/test_annotate_judge.py"]),
     "judges": ("src/candor/annotation/judges.py", ["tests/test_judges.py"]),
     # Split out of judges.py after results/mutation.json was written: its survivors there name this module.

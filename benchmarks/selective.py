@@ -155,7 +155,7 @@ def curve_at(conf: np.ndarray, correct: np.ndarray) -> list[dict[str, float]]:
 
 
 def on_test(t: th.Threshold, conf: np.ndarray, correct: np.ndarray) -> dict[str, Any]:
-    acc, cov = th.evaluate(conf, correct, t.value)
+    acc, cov = th.accuracy_and_coverage(conf, correct, t.value)
     return {"threshold": t.value, "dev_accuracy": t.expected_accuracy, "dev_coverage": t.expected_coverage,
             "test_accuracy": acc, "test_coverage": cov}  # fmt: skip
 

@@ -45,7 +45,7 @@ from candor.annotation.builder import AnnotateConfig
 from candor.annotation.judges import get_correctness_judge
 from candor.data.items import QAItem
 from candor.data.mini import IN_DOMAIN
-from candor.evaluation.engine import percentile_interval
+from candor.evaluation.aggregate import percentile_interval
 from candor.evaluation.metrics import accuracy, auroc, ece
 from candor.serve import HonestModel
 from candor.serve.answering import Ask, Reply

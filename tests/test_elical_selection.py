@@ -108,7 +108,7 @@ def test_metric_differences_are_seed_mean_gaps_with_a_paired_interval():
     import numpy as np
     from sklearn.metrics import roc_auc_score
 
-    from candor.evaluation.engine import Group, metric_differences
+    from candor.evaluation.aggregate import Group, metric_differences
 
     rng = np.random.default_rng(0)
     labels = {"a": rng.integers(0, 2, 80), "b": rng.integers(0, 2, 60)}

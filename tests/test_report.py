@@ -17,7 +17,7 @@ from rich.console import Console
 from candor.estimators.confidences import ConfidenceRow, ConfidenceTable
 from candor.evaluation.metrics import compute_metrics, ece
 from candor.evaluation.report import format_table_rich, safe_filenames, write_report
-from candor.evaluation.summary import CI_METRICS, REPORT_METRICS, evaluate
+from candor.evaluation.summary import CI_METRICS, REPORT_METRICS, evaluate_table
 from candor.util.errors import CandorError
 
 ROLES = {"a": "id", "b": "id", "c": "ood"}
@@ -105,9 +105,9 @@ def test_bootstrap_intervals_bracket_the_estimate_and_are_seeded(report):
                 assert low - 1e-12 <= value <= high + 1e-12, (method, col, metric)
     # b is perfectly separated, so every resample has AUROC 1 (and ECE 0).
     assert doc["ci"]["fixed"]["b"]["auroc"] == [1.0, 1.0]
-    again = evaluate(table, roles=ROLES, bootstrap=20, seed=3)
+    again = evaluate_table(table, roles=ROLES, bootstrap=20, seed=3)
     assert again.ci == result.evaluation.ci
-    other = evaluate(table, roles=ROLES, bootstrap=20, seed=4)
+    other = evaluate_table(table, roles=ROLES, bootstrap=20, seed=4)
     assert other.ci["noise@x"]["a"]["auroc"] != result.evaluation.ci["noise@x"]["a"]["auroc"]
 
 
@@ -201,7 +201,7 @@ def test_single_class_dataset_shows_a_dash_and_a_note(tmp_path, caplog):
 
 def test_n_bins_reaches_the_binned_metrics():
     table = _hand_table()
-    result = evaluate(table, metrics=["ece", "brier"], n_bins=5)
+    result = evaluate_table(table, metrics=["ece", "brier"], n_bins=5)
     conf, correct = table.arrays("noise@x", "a")
     assert result.metrics["noise@x"]["a"]["ece"] == pytest.approx(ece(conf, correct, n_bins=5))
     assert result.metric_names == ["ece", "brier"]

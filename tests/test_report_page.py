@@ -16,7 +16,7 @@ from candor.cli import app
 from candor.estimators.confidences import ConfidenceRow, ConfidenceTable, write_confidences
 from candor.evaluation.report import write_report
 from candor.evaluation.report_page import page_data, selective_stats, write_report_page
-from candor.evaluation.summary import PAGE_METRICS, evaluate, main_table
+from candor.evaluation.summary import PAGE_METRICS, evaluate_table, main_table
 from candor.util.pages import script_json
 
 
@@ -110,7 +110,7 @@ def test_without_records_the_browser_has_ids_only(report):
 
 def test_5000_records_by_10_methods_stay_under_5_mb(tmp_path):
     records, table = page_records(n=5000, methods=10, seed=1)
-    ev = evaluate(table, roles=ROLES)
+    ev = evaluate_table(table, roles=ROLES)
     path = write_report_page(tmp_path / "report.html", table, ev, main_table(ev, PAGE_METRICS), title="big",
                              records=records)
     size = path.stat().st_size

@@ -18,8 +18,7 @@ from typing import Any
 from candor.annotation.records import Record, read_records
 from candor.backends import DEFAULT_MODEL, Backend, load_backend
 from candor.estimators.confidences import ConfidenceTable, read_confidences
-from candor.evaluation.summary import REPORT_METRICS, Evaluation, roles_from_ood
-from candor.evaluation.summary import evaluate as evaluate_table
+from candor.evaluation.summary import REPORT_METRICS, Evaluation, evaluate_table, roles_from_ood
 
 
 def load_model(model: str = DEFAULT_MODEL, *, backend: str = "hf", **kwargs: Any) -> Backend:

@@ -27,7 +27,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "import-head": annotating.import_head,
     "import": annotating.import_honestybench,
     "score": scoring.score,
-    "eval": scoring.evaluate,
+    "eval": scoring.eval_command,
     "calibrate": scoring.calibrate,
     "claims": claiming.claims,
     "train": training.train,

@@ -128,7 +128,7 @@ HandLabelsOpt = Annotated[Path | None, typer.Option(
 
 
 @user_errors
-def evaluate(
+def eval_command(
     confidences: Annotated[Path, typer.Option("--confidences", "-c", help="Confidences JSONL.")],
     out_dir: Annotated[Path, typer.Option("--out-dir", "-o", help="Report folder.")],
     ood: Annotated[str, typer.Option(help="Comma-separated out-of-domain datasets (the rest are in-domain).")] = "",

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from candor.estimators.confidences import ConfidenceTable
-from candor.evaluation.engine import json_number, percentile_interval
+from candor.evaluation.aggregate import json_number, percentile_interval
 from candor.evaluation.metrics import check_arrays
 
 COUNTS = ("correct", "incorrect", "abstained")

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from candor.estimators.confidences import ConfidenceTable
-from candor.evaluation.engine import json_number, percentile_interval
+from candor.evaluation.aggregate import json_number, percentile_interval
 from candor.evaluation.metrics import auroc, quietly
 from candor.util.errors import CandorError, at_line
 

@@ -18,8 +18,8 @@ and split them into ``n_bins`` groups of (nearly) equal size; tied values may
 land in neighbouring bins.
 
 Each metric is registered with :func:`register_metric`, which records its
-display label and which direction is better, so tables and the evaluation
-engine (:mod:`candor.evaluation.engine`) read one definition.
+display label and which direction is better, so tables and the aggregation
+(:mod:`candor.evaluation.aggregate`) read one definition.
 
 Alignment and the official EliCal code: when no threshold in 0.01–0.99 splits
 the fit slice into two classes (constant confidence, for instance), we return

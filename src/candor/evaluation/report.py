@@ -1,6 +1,6 @@
 """The evaluation report: metric tables, reliability diagrams and an index, as files (docs/methods.md "Metrics").
 
-The numbers and tables come from :mod:`candor.evaluation.summary` (:func:`~candor.evaluation.summary.evaluate`);
+The numbers and tables come from :mod:`candor.evaluation.summary` (:func:`~candor.evaluation.summary.evaluate_table`);
 :func:`write_report` writes them and the plots to a folder::
 
     out/
@@ -37,7 +37,7 @@ from rich.table import Table
 
 from candor.annotation.records import Record
 from candor.estimators.confidences import ConfidenceTable
-from candor.evaluation.engine import CI_ALPHA
+from candor.evaluation.aggregate import CI_ALPHA
 from candor.evaluation.judge_noise import HandLabels
 from candor.evaluation.metrics import check_arrays
 from candor.evaluation.plots import confidence_histograms, reliability_diagram, risk_coverage_plot
@@ -51,7 +51,7 @@ from candor.evaluation.summary import (
     Nested,
     SummaryTable,
     column_label,
-    evaluate,
+    evaluate_table,
     main_table,
     md_cell,
     per_metric_tables,
@@ -116,8 +116,8 @@ def write_report(
     judge-noise correction (``trust.json`` and two sections of report.html); ``claims``
     (refinement rows of claim columns) adds the refinement plot to report.html.
     """
-    result = evaluate(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed,
-                      counts=counts)
+    result = evaluate_table(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed,
+                            counts=counts)
     trust = trust_sections(table, thresholds=thresholds, hand_labels=hand_labels, bootstrap=bootstrap, seed=seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

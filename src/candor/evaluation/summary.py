@@ -1,12 +1,12 @@
 """An evaluation's numbers and the tables people read them in.
 
-:func:`evaluate` turns a :class:`~candor.estimators.confidences.ConfidenceTable` into
+:func:`evaluate_table` turns a :class:`~candor.estimators.confidences.ConfidenceTable` into
 numbers: every metric for every method on every dataset, on all rows pooled
 (``"all"``) and, given dataset roles, as size-weighted in-domain (``"id"``) and
 out-of-domain (``"ood"``) averages, as the papers report them. With
 ``bootstrap > 0`` it adds percentile 95% intervals by resampling each dataset
 on its own (a stratified bootstrap), so the averages get intervals too.
-The numbers come from the one evaluation engine, :func:`candor.evaluation.engine.evaluate`
+The numbers come from :func:`candor.evaluation.aggregate.aggregate_metrics`
 (``"all"`` is a pooled group, ``"id"``/``"ood"`` are size-weighted groups); this module
 adds the labels, notes and tables (:class:`SummaryTable`: values ×100, best per column
 flagged), which the report's files (:mod:`candor.evaluation.report`) and page
@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 
 from candor.estimators.confidences import ConfidenceTable
-from candor.evaluation.engine import Group
-from candor.evaluation.engine import evaluate as run_engine
+from candor.evaluation.aggregate import Group, aggregate_metrics
 from candor.evaluation.metrics import DEFAULT_METRICS, METRICS, SELECTIVE_METRICS, metric_label
 from candor.util.errors import CandorError
 
@@ -53,7 +52,7 @@ NestedCI = dict[str, dict[str, dict[str, tuple[float, float]]]]
 
 @dataclass
 class Evaluation:
-    """Every metric for every method, per dataset and per group, from :func:`candor.evaluation.engine.evaluate`.
+    """Every metric for every method, per dataset and per group (:func:`candor.evaluation.aggregate.aggregate_metrics`).
 
     ``columns`` lists the keys of ``metrics[method]`` in display order: the
     datasets, then ``"all"``, then ``"id"`` / ``"ood"`` when roles were given.
@@ -95,7 +94,7 @@ class Evaluation:
         return sum(self.sizes[d] for d in self.datasets)
 
 
-def evaluate(
+def evaluate_table(
     table: ConfidenceTable,
     *,
     roles: Mapping[str, str] | None = None,
@@ -121,24 +120,24 @@ def evaluate(
     confidences = {m: {ds: table.arrays(m, ds)[0] for ds in datasets} for m in methods}
     if bootstrap:
         logger.info("bootstrap: %d resamples per dataset", bootstrap)
-    engine = run_engine(confidences, labels, groups=report_groups(datasets, roles), metrics=metrics,
-                        ci_metrics=CI_METRICS, n_bins=n_bins, bootstrap=bootstrap, seed=seed)
+    aggregated = aggregate_metrics(confidences, labels, groups=report_groups(datasets, roles), metrics=metrics,
+                                   ci_metrics=CI_METRICS, n_bins=n_bins, bootstrap=bootstrap, seed=seed)
     sizes, accuracy = _sizes_and_accuracy(labels, roles)
     result = Evaluation(
-        metrics={m: r.values for m, r in engine.methods.items()},
-        columns=engine.columns,
+        metrics={m: r.values for m, r in aggregated.methods.items()},
+        columns=aggregated.columns,
         datasets=datasets,
         sizes=sizes,
         accuracy=accuracy,
         roles=dict(roles),
-        metric_names=engine.metric_names,
+        metric_names=aggregated.metric_names,
         n_bins=n_bins,
-        ci={m: r.ci for m, r in engine.methods.items()} if bootstrap else {},
+        ci={m: r.ci for m, r in aggregated.methods.items()} if bootstrap else {},
         bootstrap=bootstrap,
         seed=seed,
-        bootstrap_dropped={m: r.bootstrap_dropped for m, r in engine.methods.items()} if bootstrap else {},
+        bootstrap_dropped={m: r.bootstrap_dropped for m, r in aggregated.methods.items()} if bootstrap else {},
         counts={m: {**r.counts, **_table_counts(table, m), **(counts or {}).get(m, {})}
-                for m, r in engine.methods.items()},
+                for m, r in aggregated.methods.items()},
     )
     result.notes = _notes(result, labels)
     for note in result.notes:

@@ -130,7 +130,7 @@ def selective_curve(confidence: ArrayLike, correct: ArrayLike) -> dict[str, np.n
     }
 
 
-def evaluate(confidence: ArrayLike, correct: ArrayLike, threshold: float) -> tuple[float | None, float]:
+def accuracy_and_coverage(confidence: ArrayLike, correct: ArrayLike, threshold: float) -> tuple[float | None, float]:
     """(accuracy of answered, coverage) at ``threshold``; accuracy is None when nothing is answered."""
     conf, y = _check(confidence, correct)
     answered = conf >= threshold
@@ -143,7 +143,7 @@ def fixed(value: float, confidence: ArrayLike | None = None, correct: ArrayLike 
     """A threshold given by hand; with dev data its expected accuracy and coverage are filled in."""
     if confidence is None or correct is None:
         return Threshold(value=float(value))
-    acc, cov = evaluate(confidence, correct, value)
+    acc, cov = accuracy_and_coverage(confidence, correct, value)
     return Threshold(float(value), "fixed", None, acc, cov, int(np.size(confidence)))
 
 
@@ -229,7 +229,7 @@ def risk_control(
                        alpha, delta)  # fmt: skip
         return Threshold(ABSTAIN_ALL, "risk", alpha, None, 0.0, int(conf.size), delta, assumption,
                          {"tested": tested, "min_answered": min_answered})  # fmt: skip
-    acc, cov = evaluate(conf, y, chosen)
+    acc, cov = accuracy_and_coverage(conf, y, chosen)
     return Threshold(chosen, "risk", alpha, acc, cov, int(conf.size), delta, assumption,
                      {"tested": tested, "min_answered": min_answered})  # fmt: skip
 

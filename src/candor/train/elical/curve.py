@@ -12,7 +12,7 @@ the summary holds:
   (AUROC when a draw has one class) are left out of that metric's interval,
   and counted under ``bootstrap_dropped``.
 
-Every number comes from the one evaluation engine, :mod:`candor.evaluation.engine`,
+Every number comes from :func:`candor.evaluation.aggregate.aggregate_metrics`,
 so the curve and the report agree on the same arrays.
 
 Training-free baselines are columns with one "seed", so they go through the
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from candor.evaluation.engine import Group, evaluate, json_number
+from candor.evaluation.aggregate import Group, aggregate_metrics, json_number
 from candor.evaluation.metrics import metric_label
 from candor.evaluation.plots import save_png
 
@@ -51,13 +51,13 @@ def summarize_column(
 ) -> dict[str, Any]:
     """Seed means per group and dataset, seed std, per-seed values and the bootstrap interval.
 
-    The numbers come from :func:`candor.evaluation.engine.evaluate` (groups weighted by
+    The numbers come from :func:`candor.evaluation.aggregate.aggregate_metrics` (groups weighted by
     test-set size); this only lays them out for ``curve.json``.
     """
     groups = [Group(g, tuple(ds for ds in labels if roles.get(ds) == g)) for g in GROUPS
               if any(roles.get(ds) == g for ds in labels)]
-    result = evaluate({"column": list(per_seed)}, labels, groups=groups, metrics=CURVE_METRICS,
-                      bootstrap=bootstrap, seed=seed).methods["column"]
+    result = aggregate_metrics({"column": list(per_seed)}, labels, groups=groups, metrics=CURVE_METRICS,
+                               bootstrap=bootstrap, seed=seed).methods["column"]
     names = [g.name for g in groups]
     out: dict[str, Any] = {g: result.values[g] for g in names}
     std = result.seed_std

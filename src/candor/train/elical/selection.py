@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from candor.annotation.records import Record, read_records
-from candor.evaluation.engine import Group, metric_differences
+from candor.evaluation.aggregate import Group, metric_differences
 from candor.train.common import load_causal_lm
 from candor.train.elical.budgets import WHOLE_POOL, Budget
 from candor.train.elical.config import EliCalConfig

@@ -1,10 +1,10 @@
-"""The one evaluation engine: metrics per dataset and group, over seeds, with bootstrap intervals.
+"""Metrics aggregated per dataset and group, over seeds, with bootstrap intervals.
 
 Every table candor prints (the report, the EliCal label-budget curve, the
-benchmarks) comes from :func:`evaluate`::
+benchmarks) comes from :func:`aggregate_metrics`::
 
-    result = evaluate({"n-prob": {"nq": conf_nq, "squad": conf_sq}}, {"nq": y_nq, "squad": y_sq},
-                      groups=[Group("id", ("nq",)), Group("ood", ("squad",))], bootstrap=1000)
+    result = aggregate_metrics({"n-prob": {"nq": conf_nq, "squad": conf_sq}}, {"nq": y_nq, "squad": y_sq},
+                               groups=[Group("id", ("nq",)), Group("ood", ("squad",))], bootstrap=1000)
     result.methods["n-prob"].values["id"]["auroc"]
 
 A method is one confidence array per dataset, or a list of those, one per
@@ -74,7 +74,7 @@ class MethodResult:
 
     ``counts`` is a free slot for provenance a caller wants in the results
     file beside the numbers (for instance how many verbalized replies fell back
-    to a default when parsed); the engine itself fills ``bootstrap_dropped``.
+    to a default when parsed); :func:`aggregate_metrics` itself fills ``bootstrap_dropped``.
     """
 
     values: Cells
@@ -113,7 +113,7 @@ class EvaluationResult:
         return [*self.datasets, *(g.name for g in self.groups)]
 
 
-def evaluate(
+def aggregate_metrics(
     methods: Mapping[str, PerDataset | Sequence[PerDataset]],
     labels: Mapping[str, ArrayLike],
     *,
@@ -348,7 +348,7 @@ def metric_ratios(
     """How many times one method's metric is another's, per dataset and group (e.g. ECE Default / ECE ADVICE).
 
     The interval is a *paired* bootstrap: each resample draws the same rows
-    for both methods (the draws :func:`evaluate` makes with this seed), so
+    for both methods (the draws :func:`aggregate_metrics` makes with this seed), so
     the shared question difficulty cancels out of the ratio.
     """
     if bootstrap < 1:
@@ -362,7 +362,7 @@ def metric_ratios(
         draws: list[dict[str, float]] = []
         split = METRICS.get(metric).split
         with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
-            if split is not None:  # fit and scored rows resampled apart, as in evaluate
+            if split is not None:  # fit and scored rows resampled apart, as in aggregate_metrics
                 for index in _split_resamples(top, groups, split, bootstrap, seed):
                     a, b = (_split_cells(run, index, fns[metric], groups) for run in (top, bottom))
                     draws.append({col: _ratio(a[col], b[col]) for col in a})

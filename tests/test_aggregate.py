@@ -1,4 +1,4 @@
-"""The one evaluation engine: weighted and pooled groups, seeds, the bootstrap, and curve == report."""
+"""Metrics aggregated per dataset and group: weighted and pooled groups, seeds, the bootstrap, and curve == report."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from candor.estimators.confidences import ConfidenceRow, ConfidenceTable
-from candor.evaluation.engine import Group, evaluate, json_number, metric_ratios, percentile_interval
+from candor.evaluation.aggregate import Group, aggregate_metrics, json_number, metric_ratios, percentile_interval
 from candor.evaluation.metrics import METRICS, accuracy, auroc, ece
-from candor.evaluation.summary import evaluate as report_evaluate
+from candor.evaluation.summary import evaluate_table
 from candor.train.elical.curve import summarize_column
 from candor.util.errors import CandorError
 
@@ -19,7 +19,7 @@ def test_weighted_and_pooled_groups_by_hand():
     labels = {"a": [1, 0, 1, 1], "b": [0, 1, 0, 0, 0, 0, 0, 0]}
     conf = {"a": [0.9, 0.2, 0.6, 0.8], "b": [0.1, 0.3, 0.7, 0.2, 0.4, 0.1, 0.2, 0.3]}
     groups = [Group("w", ("a", "b"), "weighted"), Group("p", ("a", "b"), "pooled")]
-    out = evaluate({"m": conf}, labels, groups=groups, metrics=["accuracy", "brier"]).methods["m"].values
+    out = aggregate_metrics({"m": conf}, labels, groups=groups, metrics=["accuracy", "brier"]).methods["m"].values
     assert out["a"]["accuracy"] == 0.75 and out["b"]["accuracy"] == 0.125
     # weighted by size: (4·0.75 + 8·0.125) / 12; pooled accuracy is the same by construction
     assert out["w"]["accuracy"] == pytest.approx((4 * 0.75 + 8 * 0.125) / 12)
@@ -28,7 +28,7 @@ def test_weighted_and_pooled_groups_by_hand():
     brier_b = np.mean((np.array(conf["b"]) - labels["b"]) ** 2)
     assert out["w"]["brier"] == pytest.approx((4 * brier_a + 8 * brier_b) / 12)
     # AUROC does not decompose: weighted and pooled differ, and pooled is the AUROC of the concatenation
-    both = evaluate({"m": conf}, labels, groups=groups, metrics=["auroc"]).methods["m"].values
+    both = aggregate_metrics({"m": conf}, labels, groups=groups, metrics=["auroc"]).methods["m"].values
     assert both["p"]["auroc"] == pytest.approx(auroc(conf["a"] + conf["b"], labels["a"] + labels["b"]))
     assert both["w"]["auroc"] == pytest.approx((4 * both["a"]["auroc"] + 8 * both["b"]["auroc"]) / 12)
     assert both["b"]["auroc"] == pytest.approx(4.5 / 7)  # beats four negatives, ties one
@@ -39,7 +39,7 @@ def test_a_nan_member_makes_a_weighted_group_nan_but_not_a_pooled_one():
     labels = {"a": [1, 1, 1], "b": [0, 1, 0, 1]}
     conf = {"a": [0.9, 0.8, 0.7], "b": [0.1, 0.9, 0.2, 0.8]}
     groups = [Group("w", ("a", "b")), Group("p", ("a", "b"), "pooled")]
-    result = evaluate({"m": conf}, labels, groups=groups, metrics=["auroc"]).methods["m"]
+    result = aggregate_metrics({"m": conf}, labels, groups=groups, metrics=["auroc"]).methods["m"]
     assert math.isnan(result.values["a"]["auroc"]) and math.isnan(result.values["w"]["auroc"])
     assert result.values["p"]["auroc"] == 1.0
     assert result.undefined() == {"a": ["auroc"], "w": ["auroc"]}
@@ -48,7 +48,7 @@ def test_a_nan_member_makes_a_weighted_group_nan_but_not_a_pooled_one():
 def test_seeds_are_averaged_and_their_spread_kept():
     labels = {"a": [1, 0, 1, 0]}
     seeds = [{"a": [0.9, 0.1, 0.8, 0.2]}, {"a": [0.1, 0.9, 0.8, 0.2]}]
-    result = evaluate({"m": seeds}, labels, metrics=["auroc"]).methods["m"]
+    result = aggregate_metrics({"m": seeds}, labels, metrics=["auroc"]).methods["m"]
     assert result.per_seed["a"]["auroc"] == [1.0, 0.25]  # seed 2: only 0.8 > 0.2 of four pairs
     assert result.values["a"]["auroc"] == 0.625
     assert result.seed_std["a"]["auroc"] == 0.375
@@ -59,15 +59,15 @@ def test_bad_setups_are_user_errors():
     with pytest.raises(CandorError, match="average must be one of"):
         Group("g", ("a",), "mean")  # type: ignore[arg-type]
     with pytest.raises(CandorError, match="no labels"):
-        evaluate({"m": {"a": [0.1, 0.2]}}, labels, groups=[Group("g", ("zz",))])
+        aggregate_metrics({"m": {"a": [0.1, 0.2]}}, labels, groups=[Group("g", ("zz",))])
     with pytest.raises(CandorError, match="must differ"):
-        evaluate({"m": {"a": [0.1, 0.2]}}, labels, groups=[Group("a", ("a",))])
+        aggregate_metrics({"m": {"a": [0.1, 0.2]}}, labels, groups=[Group("a", ("a",))])
     with pytest.raises(CandorError, match="no confidences for datasets"):
-        evaluate({"m": {}}, labels)
+        aggregate_metrics({"m": {}}, labels)
     with pytest.raises(CandorError, match="unknown metric"):
-        evaluate({"m": {"a": [0.1, 0.2]}}, labels, metrics=["aurocc"])
+        aggregate_metrics({"m": {"a": [0.1, 0.2]}}, labels, metrics=["aurocc"])
     with pytest.raises(CandorError, match="0/1 labels"):
-        evaluate({"m": {"a": [0.1, 0.2]}}, {"a": [1, 2]})
+        aggregate_metrics({"m": {"a": [0.1, 0.2]}}, {"a": [1, 2]})
 
 
 def test_bootstrap_leaves_out_single_class_resamples_and_counts_them():
@@ -75,7 +75,7 @@ def test_bootstrap_leaves_out_single_class_resamples_and_counts_them():
     labels = {"a": [1, 0, 0, 0, 0, 0]}
     conf = {"a": [0.9, 0.5, 0.4, 0.6, 0.2, 0.1]}
     n, seed = 400, 7
-    result = evaluate({"m": conf}, labels, metrics=["auroc"], bootstrap=n, seed=seed).methods["m"]
+    result = aggregate_metrics({"m": conf}, labels, metrics=["auroc"], bootstrap=n, seed=seed).methods["m"]
     # The same draws by hand: one stream per dataset spawned from the seed.
     rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
     y, c = np.array(labels["a"]), np.array(conf["a"])
@@ -95,16 +95,16 @@ def test_bootstrap_leaves_out_single_class_resamples_and_counts_them():
 def test_bootstrap_alpha_one_resample_and_the_log_of_dropped_resamples(caplog):
     labels = {"a": [1, 0, 0, 0, 0, 0]}
     conf = {"a": [0.9, 0.5, 0.4, 0.6, 0.2, 0.1]}
-    with caplog.at_level("INFO", logger="candor.evaluation.engine"):
-        wide = evaluate({"m": conf}, labels, metrics=["auroc"], bootstrap=400, seed=7).methods["m"]
+    with caplog.at_level("INFO", logger="candor.evaluation.aggregate"):
+        wide = aggregate_metrics({"m": conf}, labels, metrics=["auroc"], bootstrap=400, seed=7).methods["m"]
     dropped = wide.bootstrap_dropped["a"]["auroc"]
     assert f"bootstrap: auroc on a is undefined in {dropped} of 400 resamples (left out)" in caplog.text
     twenty = {"m": {"b": np.linspace(0.0, 1.0, 20)}}, {"b": [1, 0] * 10}
-    wide = evaluate(*twenty, metrics=["accuracy"], bootstrap=400).methods["m"]
-    narrow = evaluate(*twenty, metrics=["accuracy"], bootstrap=400, alpha=0.5).methods["m"]
+    wide = aggregate_metrics(*twenty, metrics=["accuracy"], bootstrap=400).methods["m"]
+    narrow = aggregate_metrics(*twenty, metrics=["accuracy"], bootstrap=400, alpha=0.5).methods["m"]
     (wl, wh), (nl, nh) = wide.ci["b"]["accuracy"], narrow.ci["b"]["accuracy"]
     assert wl <= nl < nh <= wh and (wl, wh) != (nl, nh)
-    one = evaluate({"m": {"a": [0.2, 0.8]}}, {"a": [0, 1]}, metrics=["accuracy"], bootstrap=1).methods["m"]
+    one = aggregate_metrics({"m": {"a": [0.2, 0.8]}}, {"a": [0, 1]}, metrics=["accuracy"], bootstrap=1).methods["m"]
     low, high = one.ci["a"]["accuracy"]
     assert low == high and low in (0.0, 0.5, 1.0)
 
@@ -119,15 +119,15 @@ def test_more_bad_setups_name_what_is_wrong():
     with pytest.raises(CandorError, match="^group 'g' has no datasets$"):
         Group("g", ())
     with pytest.raises(CandorError, match=r"must differ from each other and from the datasets: \['g'\]"):
-        evaluate({"m": {"a": [0.1, 0.2]}}, labels, groups=[Group("g", ("a",)), Group("g", ("a",))])
+        aggregate_metrics({"m": {"a": [0.1, 0.2]}}, labels, groups=[Group("g", ("a",)), Group("g", ("a",))])
     with pytest.raises(CandorError, match="^method 'm' has no runs$"):
-        evaluate({"m": []}, labels)
+        aggregate_metrics({"m": []}, labels)
     with pytest.raises(CandorError, match="^dataset 'e' has no labelled rows$"):
-        evaluate({"m": {"e": []}}, {"e": []})
+        aggregate_metrics({"m": {"e": []}}, {"e": []})
     with pytest.raises(CandorError, match="no metrics chosen; known: abs_nce, accuracy, "):
-        evaluate({"m": {"a": [0.1, 0.2]}}, labels, metrics=[])
+        aggregate_metrics({"m": {"a": [0.1, 0.2]}}, labels, metrics=[])
     # One bin is allowed (ECE = |accuracy − mean confidence|), and labels may come as a column.
-    one = evaluate({"m": {"a": [0.1, 0.2]}}, {"a": [[1], [0]]}, metrics=["ece"], n_bins=1).methods["m"]
+    one = aggregate_metrics({"m": {"a": [0.1, 0.2]}}, {"a": [[1], [0]]}, metrics=["ece"], n_bins=1).methods["m"]
     assert one.values["a"]["ece"] == pytest.approx(0.35)
 
 
@@ -140,7 +140,7 @@ def test_percentile_interval_all_nan():
 def test_bootstrap_of_accuracy_matches_the_normal_approximation():
     rng = np.random.default_rng(5)
     y = (rng.uniform(size=400) < 0.5).astype(int)
-    result = evaluate({"m": {"a": np.full(400, 0.5)}}, {"a": y}, metrics=["accuracy"], bootstrap=500, seed=1)
+    result = aggregate_metrics({"m": {"a": np.full(400, 0.5)}}, {"a": y}, metrics=["accuracy"], bootstrap=500, seed=1)
     low, high = result.methods["m"].ci["a"]["accuracy"]
     p = y.mean()
     half = 1.96 * math.sqrt(p * (1 - p) / 400)
@@ -160,8 +160,8 @@ def test_the_elical_curve_and_the_report_give_identical_numbers_on_the_same_arra
     labels, conf, roles = _arrays()
     rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i])})
             for d, ys in labels.items() for i, y in enumerate(ys)]
-    report = report_evaluate(ConfidenceTable(rows), roles=roles, metrics=["auroc", "ece", "alignment"],
-                             bootstrap=150, seed=4)
+    report = evaluate_table(ConfidenceTable(rows), roles=roles, metrics=["auroc", "ece", "alignment"],
+                            bootstrap=150, seed=4)
     curve = summarize_column([conf], labels, roles, bootstrap=150, seed=4)
     for group in ("id", "ood"):
         for metric in ("auroc", "ece", "alignment"):
@@ -256,54 +256,55 @@ def test_the_report_interval_survives_resamples_with_one_class():
     # issue 17's mutant: keeping the NaN resamples would make this interval NaN
     rows = [ConfidenceRow(f"a-{i}", "a", y, {"m": c})
             for i, (y, c) in enumerate(zip([1, 0, 0, 0, 0, 0], [0.9, 0.5, 0.4, 0.6, 0.2, 0.1], strict=True))]
-    result = report_evaluate(ConfidenceTable(rows), metrics=["auroc"], bootstrap=300, seed=2)
+    result = evaluate_table(ConfidenceTable(rows), metrics=["auroc"], bootstrap=300, seed=2)
     low, high = result.ci["m"]["a"]["auroc"]
     assert np.isfinite(low) and np.isfinite(high) and 0.0 <= low <= high <= 1.0
     assert 0 < result.bootstrap_dropped["m"]["a"]["auroc"] < 300
 
 
-def test_evaluate_records_its_setup_and_defaults():
+def test_aggregate_metrics_records_its_setup_and_defaults():
     """The result carries the exact setup (sizes, metrics, bins, bootstrap, seed, alpha) and the documented defaults."""
     labels = {"a": [1, 0, 1, 1], "b": [0, 1, 0]}
     conf = {"a": [0.9, 0.2, 0.6, 0.8], "b": [0.1, 0.7, 0.3]}
     groups = [Group("g", ("a", "b"))]
-    plain = evaluate({"m": conf}, labels, groups=groups, metrics=["accuracy", "ece"])
+    plain = aggregate_metrics({"m": conf}, labels, groups=groups, metrics=["accuracy", "ece"])
     assert plain.sizes == {"a": 4, "b": 3, "g": 7}
     assert (plain.bootstrap, plain.seed, plain.n_bins, plain.alpha) == (0, 0, 10, 0.05)
     assert plain.ci_metrics == [] and plain.methods["m"].ci == {} and plain.methods["m"].bootstrap_dropped == {}
-    boot = evaluate({"m": conf}, labels, groups=groups, metrics=["accuracy", "ece"], ci_metrics=["ece", "nope"],
-                    bootstrap=30, n_bins=3, alpha=0.2)
+    boot = aggregate_metrics({"m": conf}, labels, groups=groups, metrics=["accuracy", "ece"],
+                             ci_metrics=["ece", "nope"], bootstrap=30, n_bins=3, alpha=0.2)
     assert boot.ci_metrics == ["ece"]
     assert (boot.bootstrap, boot.seed, boot.n_bins, boot.alpha) == (30, 0, 3, 0.2)
     assert {col: set(per) for col, per in boot.methods["m"].ci.items()} == {"a": {"ece"}, "b": {"ece"}, "g": {"ece"}}
     # The default seed is 0: the same intervals as asking for seed 0, other than seed 1's.
     args = ({"m": {"c": np.linspace(0.0, 1.0, 30)}}, {"c": [1, 0, 0] * 10})
     kwargs = {"metrics": ["accuracy"], "bootstrap": 50}
-    assert evaluate(*args, **kwargs).methods["m"].ci == evaluate(*args, seed=0, **kwargs).methods["m"].ci
-    assert evaluate(*args, **kwargs).methods["m"].ci != evaluate(*args, seed=1, **kwargs).methods["m"].ci
+    default_seed = aggregate_metrics(*args, **kwargs).methods["m"].ci
+    assert default_seed == aggregate_metrics(*args, seed=0, **kwargs).methods["m"].ci
+    assert default_seed != aggregate_metrics(*args, seed=1, **kwargs).methods["m"].ci
     # The default bins are 10: ECE with the default equals ECE with n_bins=10 and differs from n_bins=11.
     wide = {"m": {"a": np.linspace(0.02, 0.98, 40)}}, {"a": [1, 0, 0, 1] * 10}
-    assert (evaluate(*wide, metrics=["ece"]).methods["m"].values
-            == evaluate(*wide, metrics=["ece"], n_bins=10).methods["m"].values)
-    assert (evaluate(*wide, metrics=["ece"]).methods["m"].values
-            != evaluate(*wide, metrics=["ece"], n_bins=11).methods["m"].values)
+    assert (aggregate_metrics(*wide, metrics=["ece"]).methods["m"].values
+            == aggregate_metrics(*wide, metrics=["ece"], n_bins=10).methods["m"].values)
+    assert (aggregate_metrics(*wide, metrics=["ece"]).methods["m"].values
+            != aggregate_metrics(*wide, metrics=["ece"], n_bins=11).methods["m"].values)
 
 
-def test_evaluate_rejects_empty_setups_and_alpha_outside_the_open_interval():
+def test_aggregate_metrics_rejects_empty_setups_and_alpha_outside_the_open_interval():
     labels = {"a": [1, 0]}
     conf = {"m": {"a": [0.1, 0.2]}}
     with pytest.raises(CandorError, match="^nothing to evaluate: no methods$"):
-        evaluate({}, labels)
+        aggregate_metrics({}, labels)
     with pytest.raises(CandorError, match="^nothing to evaluate: no datasets$"):
-        evaluate(conf, {})
+        aggregate_metrics(conf, {})
     for alpha in (0.0, 1.0, 1.5):
         with pytest.raises(CandorError, match=rf"^alpha must be in \(0, 1\), got {alpha}$"):
-            evaluate(conf, labels, alpha=alpha)
+            aggregate_metrics(conf, labels, alpha=alpha)
     with pytest.raises(CandorError, match="^n_bins must be at least 1, got 0$"):
-        evaluate(conf, labels, n_bins=0)
+        aggregate_metrics(conf, labels, n_bins=0)
     for name in ("g", "h"):  # a name used twice is a clash even when it is no dataset's name
         with pytest.raises(CandorError, match=rf"must differ from each other and from the datasets: \['{name}'\]"):
-            evaluate(conf, labels, groups=[Group(name, ("a",)), Group(name, ("a",))])
+            aggregate_metrics(conf, labels, groups=[Group(name, ("a",)), Group(name, ("a",))])
 
 
 # ------------------------------------------------------------ metric ratios (paired bootstrap)
@@ -365,8 +366,8 @@ def test_alignment_interval_is_computed_the_way_the_point_is():
     flip = rng.random(n) < 0.1
     correct[flip] = 1 - correct[flip]
     other_conf, other_y = conf[::-1].copy(), correct[::-1].copy()  # a second dataset for the groups
-    result = evaluate({"m": {"a": conf, "b": other_conf}}, {"a": correct, "b": other_y}, metrics=["alignment"],
-                      groups=[Group("pooled", ("a", "b"), "pooled"), Group("avg", ("a", "b"))], bootstrap=300)
+    result = aggregate_metrics({"m": {"a": conf, "b": other_conf}}, {"a": correct, "b": other_y}, metrics=["alignment"],
+                               groups=[Group("pooled", ("a", "b"), "pooled"), Group("avg", ("a", "b"))], bootstrap=300)
     m = result.methods["m"]
     assert m.values["a"]["alignment"] == pytest.approx(alignment(conf, correct)) and m.values["a"]["alignment"] < 0.5
     for col in ("a", "b", "pooled", "avg"):
