@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 from candor.annotation.builder import Shard, annotate
 from candor.annotation.records import read_records
 from candor.annotation.workers import (
-    Engine,
+    BackendRecipe,
     RecordCount,
     annotate_with_workers,
     available_cores,
-    check_cpu_engine,
+    check_cpu_backend,
     check_workers,
     part_path,
     parts_folder,
@@ -34,18 +34,18 @@ from candor.data.items import QAItems
 from candor.util.errors import CandorError
 
 
-def engine_for(model_dir: str) -> Engine:
-    return Engine(model_dir, "hf", {"batch_size": 3, "seed": 1}, "fewshot")
+def recipe_for(model_dir: str) -> BackendRecipe:
+    return BackendRecipe(model_dir, "hf", {"batch_size": 3, "seed": 1}, "fewshot")
 
 
 def test_two_workers_write_what_one_process_writes(tiny_model_dir, tmp_path):
     items = QAItems(make_items())
     items.skipped = 2  # rows the loader dropped: the records' provenance says so, from every worker
     single = tmp_path / "single.jsonl"
-    answering, _, template = engine_for(tiny_model_dir).load()
+    answering, _, template = recipe_for(tiny_model_dir).load()
     annotate(items, answering, single, template, config(), progress=False)
     out = tmp_path / "workers.jsonl"
-    result = annotate_with_workers(items, engine_for(tiny_model_dir), out, config(), 2, threads=1, progress=False)
+    result = annotate_with_workers(items, recipe_for(tiny_model_dir), out, config(), 2, threads=1, progress=False)
     assert (result.written, result.skipped, result.total) == (len(items), 0, len(items))
     assert_same_records(read_records(out), read_records(single))
     assert {r.provenance["skipped_items"] for r in read_records(out)} == {2}
@@ -54,14 +54,14 @@ def test_two_workers_write_what_one_process_writes(tiny_model_dir, tmp_path):
     assert [[r.id for r in read_records(p)] for p in parts] == [["t:0", "t:1", "t:2"], ["t:3", "t:4", "t:5", "t:6"]]
     # A rerun has nothing left to generate and merges the same file again.
     before = out.read_text()
-    again = annotate_with_workers(items, engine_for(tiny_model_dir), out, config(), 2, threads=1, progress=False)
+    again = annotate_with_workers(items, recipe_for(tiny_model_dir), out, config(), 2, threads=1, progress=False)
     assert (again.written, again.skipped) == (0, len(items)) and out.read_text() == before
 
 
 def test_a_worker_that_fails_is_named_and_its_error_reaches_the_user(tmp_path):
     missing = str(tmp_path / "no-such-model")
     with pytest.raises(CandorError, match=r"^worker \d \(shard \d/2\): .*no-such-model"):
-        annotate_with_workers(make_items(), engine_for(missing), tmp_path / "o.jsonl", config(), 2, threads=1,
+        annotate_with_workers(make_items(), recipe_for(missing), tmp_path / "o.jsonl", config(), 2, threads=1,
                               progress=False)  # fmt: skip
     assert not (tmp_path / "o.jsonl").exists()
 
@@ -80,8 +80,8 @@ def test_what_a_worker_run_cannot_resume_is_refused(tmp_path):
         check_workers(2, out)
     check_workers(3, out)
     with pytest.raises(CandorError, match=r"the openai backend batches on its own"):
-        check_cpu_engine(Engine("m", "openai"))
-    check_cpu_engine(Engine("m", "hf"))
+        check_cpu_backend(BackendRecipe("m", "openai"))
+    check_cpu_backend(BackendRecipe("m", "hf"))
 
 
 def test_a_worker_whose_model_lands_on_a_gpu_refuses(tiny_backend):

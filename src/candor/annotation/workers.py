@@ -44,7 +44,7 @@ PROGRESS_STEPS = 8
 
 
 @dataclass(frozen=True)
-class Engine:
+class BackendRecipe:
     """How to load the answering model, the judging one and the template: settings a worker can receive."""
 
     model: str
@@ -108,15 +108,15 @@ def check_workers(workers: int, out: Path) -> None:
         )
 
 
-def check_cpu_engine(engine: Engine) -> None:
+def check_cpu_backend(recipe: BackendRecipe) -> None:
     """Workers split a CPU's cores: the hf backend (a server or vLLM batches on its own).
 
     That the model runs on the CPU is checked by each worker once loaded
     (:func:`refuse_gpu`), so that this process never imports torch.
     """
-    if engine.backend != "hf":
+    if recipe.backend != "hf":
         raise CandorError(
-            f"--workers runs the hf backend on CPU in several processes; the {engine.backend} backend "
+            f"--workers runs the hf backend on CPU in several processes; the {recipe.backend} backend "
             "batches on its own (see --max-concurrency, --data-parallel-size)"
         )
 
@@ -131,7 +131,7 @@ def refuse_gpu(backend: Backend) -> None:
 
 def annotate_with_workers(
     items: Sequence[QAItem],
-    engine: Engine,
+    recipe: BackendRecipe,
     out: str | Path,
     config: AnnotateConfig,
     workers: int,
@@ -146,7 +146,7 @@ def annotate_with_workers(
     """
     out = Path(out)
     check_workers(workers, out)
-    check_cpu_engine(engine)
+    check_cpu_backend(recipe)
     check_unique_ids(items)
     threads = threads or threads_per_worker(workers)
     shards = [Shard(i, workers) for i in range(workers)]
@@ -155,20 +155,20 @@ def annotate_with_workers(
     done_before = sum(RecordCount(p).update() for p in parts)
     logger.info("%s: %d items in %d workers, %d thread(s) each (%d already done)",
                 out, len(items), workers, threads, done_before)  # fmt: skip
-    written = _run_workers(items, engine, config, shards, parts, threads, progress, done_before)
+    written = _run_workers(items, recipe, config, shards, parts, threads, progress, done_before)
     merged = merge_shards(parts, out)
     return AnnotateResult(out, written, merged - written, len(items))
 
 
 def _run_workers(
-    items: Sequence[QAItem], engine: Engine, config: AnnotateConfig, shards: list[Shard], parts: list[Path],
+    items: Sequence[QAItem], recipe: BackendRecipe, config: AnnotateConfig, shards: list[Shard], parts: list[Path],
     threads: int, progress: bool, done_before: int,
 ) -> int:
     """Start one process per shard, follow their files for the progress bar, stop them all if one fails."""
     context = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch's threads
     reports = context.Queue()
     processes = [
-        context.Process(target=_work, args=(engine, items, part, config, shard, threads, reports),
+        context.Process(target=_work, args=(recipe, items, part, config, shard, threads, reports),
                         name=f"candor-annotate-{shard}", daemon=True)
         for shard, part in zip(shards, parts, strict=True)
     ]  # fmt: skip
@@ -236,7 +236,7 @@ class RecordCount:
 
 
 def _work(
-    engine: Engine, items: Sequence[QAItem], part: Path, config: AnnotateConfig, shard: Shard, threads: int,
+    recipe: BackendRecipe, items: Sequence[QAItem], part: Path, config: AnnotateConfig, shard: Shard, threads: int,
     reports: Any,
 ) -> None:
     """One worker: its share of the threads, its own model, ``annotate`` of one shard; the outcome reported."""
@@ -247,7 +247,7 @@ def _work(
         import torch
 
         torch.set_num_threads(threads)
-        answering, judging, template = engine.load()
+        answering, judging, template = recipe.load()
         refuse_gpu(answering)
         result = annotate(items, answering, part, template, config, shard=shard, judge_backend=judging,
                           progress=False, progress_steps=PROGRESS_STEPS)  # fmt: skip

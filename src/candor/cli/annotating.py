@@ -11,13 +11,13 @@ import typer
 from candor.cli.options import (
     DEFAULT_MODEL,
     ApiKeyEnvOpt,
+    BackendOpt,
     BaseUrlOpt,
     ConcurrencyOpt,
     DataDirOpt,
     DataParallelOpt,
     DtypeOpt,
     EndpointOpt,
-    EngineOpt,
     ModelOpt,
     RetriesOpt,
     TensorParallelOpt,
@@ -50,7 +50,7 @@ def annotate(
     strict: Annotated[
         bool, typer.Option(help="Refuse items with no non-empty answer alias instead of skipping them.")
     ] = False,
-    backend: EngineOpt = "hf",
+    backend: BackendOpt = "hf",
     base_url: BaseUrlOpt = None,
     endpoint: EndpointOpt = None,
     tokenizer: TokenizerOpt = None,
@@ -75,7 +75,7 @@ def annotate(
     from candor.annotation.builder import AnnotateConfig, Shard
     from candor.annotation.builder import annotate as run_annotate
     from candor.annotation.prompts import resolve_template
-    from candor.annotation.workers import Engine, annotate_with_workers
+    from candor.annotation.workers import BackendRecipe, annotate_with_workers
     from candor.backends.base import SamplingParams
     from candor.data import load_items
 
@@ -97,15 +97,15 @@ def annotate(
     options = dict(base_url=base_url, endpoint=endpoint, tokenizer=tokenizer, max_concurrency=max_concurrency,
                    max_retries=max_retries, api_key_env=api_key_env, tensor_parallel_size=tensor_parallel_size,
                    data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed, dtype=dtype)
-    engine = Engine(model, backend, options, template, judge_model, judge_backend,
-                    {**options, "base_url": judge_base_url or base_url})
+    recipe = BackendRecipe(model, backend, options, template, judge_model, judge_backend,
+                           {**options, "base_url": judge_base_url or base_url})
     if workers != 1 and shard_spec is not None:
         raise CandorError("--workers splits the input into shards itself; use it without --shard")
     try:
         if workers != 1:
-            result = annotate_with_workers(items, engine, out, config, workers)
+            result = annotate_with_workers(items, recipe, out, config, workers)
         else:
-            answering, judging, qa_template = engine.load()
+            answering, judging, qa_template = recipe.load()
             result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec,
                                   judge_backend=judging)  # fmt: skip
     except KeyboardInterrupt:

@@ -26,8 +26,8 @@ DataDirOpt = Annotated[
     Path | None, typer.Option("--data-dir", help="Folder of HonestyBench files for named datasets.")
 ]
 
-# Engine options of commands that load a model (each backend takes the ones it knows).
-EngineOpt = Annotated[str, typer.Option("--backend", help="Engine: hf, vllm or openai (a server at --base-url).")]
+# Backend options of commands that load a model (each backend takes the ones it knows).
+BackendOpt = Annotated[str, typer.Option("--backend", help="Backend: hf, vllm or openai (a server at --base-url).")]
 BaseUrlOpt = Annotated[
     str | None, typer.Option(help="openai backend: the server's address, e.g. http://127.0.0.1:8000/v1.")
 ]
@@ -71,7 +71,7 @@ class HonestModelChoice:
         int | None,
         typer.Option("--samples", help="Sampled answers a sample-based --method reads (default: the method's own k)."),
     ] = None
-    backend: Annotated[str, typer.Option("--backend", help="The generator's engine (see candor.backends).")] = "hf"
+    backend: Annotated[str, typer.Option("--backend", help="The generator's backend (see candor.backends).")] = "hf"
     base_url: BaseUrlOpt = None
     confidence_url: Annotated[
         str | None,
@@ -84,11 +84,11 @@ class HonestModelChoice:
         """The honest model these options name (:func:`candor.serve.factory.build_model`)."""
         from candor.serve.factory import build_model
 
-        engine: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+        generation: dict[str, Any] = {"max_new_tokens": max_new_tokens}
         if batch_size is not None:
-            engine["batch_size"] = batch_size
+            generation["batch_size"] = batch_size
         choice = asdict(self)
-        return build_model(choice.pop("model"), **choice, **engine)
+        return build_model(choice.pop("model"), **choice, **generation)
 
 
 def honest_model_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -52,7 +52,7 @@ def build_model(
 ) -> HonestModel:
     """An honest model from a saved folder or from its parts; ``threshold`` overrides a saved one.
 
-    ``backend`` names the generator's engine in :data:`candor.backends.BACKENDS` (``hf`` in process;
+    ``backend`` names the generator's backend in :data:`candor.backends.BACKENDS` (``hf`` in process;
     a remote engine when one is registered), while the confidence is computed locally. Every choice
     that can be checked without the model (the threshold, the method and its ``samples``) is checked
     before the model loads; the method's needs of the backend right after.
