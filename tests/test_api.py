@@ -1,4 +1,4 @@
-"""The front door: candor.EliCal(...).fit(records).predict(questions), and the evaluate helper."""
+"""The front door: candor.EliCal(...).fit(records).predict(questions), the evaluate helper, and HonestModel."""
 
 from __future__ import annotations
 
@@ -35,3 +35,11 @@ def test_evaluate_refuses_an_unknown_ood_name():
     assert "ood" in result.columns and "| m |" in result.markdown().replace("**", "")
     with pytest.raises(CandorError, match="squadd"):
         candor.evaluate(table, ood=["squadd"])
+
+
+def test_honest_model_is_a_front_door_name():
+    import candor.serve
+
+    assert "HonestModel" in candor.__all__ and "HonestModel" in dir(candor)
+    assert candor.HonestModel is candor.serve.HonestModel
+    assert callable(candor.HonestModel.from_pretrained)  # the one way a saved honest folder loads

@@ -21,6 +21,7 @@ _EXPORTS = {
     "score": "candor.api",
     "evaluate": "candor.api",
     "EliCal": "candor.api",
+    "HonestModel": "candor.serve.model",
     "CandorError": "candor.util.errors",
     "get_calibrator": "candor.evaluation.calibration",
     "load_calibrator": "candor.evaluation.calibration",
