@@ -1,4 +1,8 @@
-"""Re-reading a question's answers alone (candor.serve.rescoring) in pieces: a long prompt never holds the engine.
+"""Re-reading a question's answers alone (candor.serve.rescoring): for which methods, and in pieces.
+
+The re-read pass makes log-probs independent of the requests decoded beside a question. A text-only
+method (``consis-lex``) reads texts, which never move with the batch, so it skips the pass; counted here
+as the real model passes run while a question is scored (``CountingBackend``).
 
 A re-read runs about one prefill chunk of tokens per step, and serving runs one step per engine call, so
 the requests decoding beside a long prompt keep stepping while it is re-read. The pieces are fixed by the
@@ -12,6 +16,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import BlackBox
+from serve_counting import CountingBackend
 
 from candor.backends.base import DecodeRequest, SamplingParams
 from candor.backends.engine.chunked_prefill import DEFAULT_PREFILL_CHUNK, ChunkedPrefill
@@ -19,11 +25,61 @@ from candor.backends.hf import HFBackend
 from candor.serve import Decoding, HonestModel, rescoring
 from candor.serve.confidence_sources import EstimatorSource
 from candor.serve.rescoring import Reread, read_alone
+from candor.util.errors import CandorError
 
+QUESTIONS = [f"Which city hosted event number {i}?" + " Please." * (i % 3) for i in range(6)]
 WAIT = 120
 # About 700 tokens: several chunks, and past one key block of the CPU attention kernel.
 LONG_PROMPT = "Question: " + " ".join(f"item {i} of the list is red." for i in range(100)) + "\nAnswer:"
 SHORT_PROMPT = "Question: What is the largest planet?\nAnswer:"
+
+
+@pytest.fixture()
+def counting_backend(tiny_model, tokenizer) -> CountingBackend:
+    return CountingBackend(tiny_model, tokenizer, batch_size=8)
+
+
+def served(backend: CountingBackend, method: str, samples: int | None) -> HonestModel:
+    return HonestModel(backend, EstimatorSource(method, samples=samples), template="fewshot",
+                       decoding=Decoding(max_new_tokens=8))  # fmt: skip
+
+
+@pytest.mark.parametrize("method, samples, rereads", [
+    ("consis-lex", 3, False), ("n-prob", None, True), ("mc-entropy", 3, True),
+])  # fmt: skip
+def test_the_answers_are_re_read_only_for_a_method_that_reads_their_log_probs(
+    counting_backend, method, samples, rereads
+):
+    model = served(counting_backend, method, samples)
+    assert model.rereads_answers is rereads
+    together = [a[0] for a in model.answer_batch(QUESTIONS)]  # decoded side by side in one engine
+    scoring = counting_backend.scoring_forwards
+    alone = [model.answer(q) for q in QUESTIONS]
+    assert [a.confidence for a in together] == [a.confidence for a in alone]  # bit for bit
+    assert [a.answer for a in together] == [a.answer for a in alone]
+    # One re-read pass per question for a log-prob method; consis-lex runs no model pass at all to score.
+    assert scoring == (len(QUESTIONS) if rereads else 0)
+    assert counting_backend.scoring_forwards == (2 * len(QUESTIONS) if rereads else 0)
+
+
+def test_a_method_that_asks_the_model_but_reads_no_answer_log_probs_is_not_re_read(counting_backend):
+    """p-true reads next-token log-probs of its own prompt, computed in the question's scoring call alone."""
+    model = served(counting_backend, "p-true", None)
+    assert not model.rereads_answers
+    together = [a[0].confidence for a in model.answer_batch(QUESTIONS[:3])]
+    assert together == [model.answer(q).confidence for q in QUESTIONS[:3]]
+
+
+def test_serving_a_log_prob_method_on_a_generator_without_log_probs_is_refused_at_startup(counting_backend):
+    with pytest.raises(CandorError, match="'n-prob' needs logprobs.*with the answers it generates"):
+        HonestModel(BlackBox(counting_backend), "n-prob", template="fewshot")
+    with pytest.raises(CandorError, match="'mc-entropy' needs logprobs"):
+        HonestModel(BlackBox(counting_backend), EstimatorSource("mc-entropy", samples=2), template="fewshot")
+    text_only = HonestModel(BlackBox(counting_backend), EstimatorSource("consis-lex", samples=2), template="fewshot")
+    assert not text_only.rereads_answers
+
+
+# ---------------------------------------------------------------- a re-read in pieces
 
 
 @pytest.fixture(scope="module")
