@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from candor.serve.adaptation import AdaptSettings, Lineage, labels_needed, split
 from candor.serve.confidence_sources import HeadSource, served_item
 from candor.train.common import load_causal_lm
 from candor.train.elical import ConfidenceHead, HeadConfig
+from candor.util.errors import CandorError
 
 RIGHT = [f"What is the capital of country number {i}?" for i in range(30)]
 WRONG = [f"How many legs does the animal in picture {i} have, counting twice?" for i in range(30)]
@@ -143,6 +145,29 @@ def test_bad_options_are_refused(deployment, tmp_path, capsys, extra, message) -
     with pytest.raises(SystemExit) as done:
         run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "x"), *extra])
     assert done.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_malformed_honest_model_is_named_with_its_line(deployment, tmp_path, capsys) -> None:
+    _, log = deployment
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "honest.json").write_text('{\n  "generator": {"model": "x"}\n  "confidence": {}\n}\n')
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(broken), "-o", str(tmp_path / "x"), "--alpha", "0.5"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {broken / 'honest.json'}:3: malformed JSON (Expecting ',' delimiter"), err
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_lineage_names_a_malformed_summary(tmp_path) -> None:
+    (tmp_path / "honest.json").write_text(json.dumps({"generator": {"model": "x"}, "confidence": {}, "version": "v3"}))
+    (tmp_path / "adapt.json").write_text('{"generation": 2')
+    with pytest.raises(CandorError, match="^" + re.escape(f"{tmp_path / 'adapt.json'}: cannot read it (")):
+        Lineage.of(tmp_path)
+    (tmp_path / "adapt.json").write_text('{"generation": 2}')
+    assert Lineage.of(tmp_path) == Lineage("v3", 2)
 
 
 def test_a_model_served_without_a_head_gets_a_fresh_one(deployment, tiny_model_dir, tmp_path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from browser import browser_context, watched  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
-from candor.cli import app
+from candor.cli import app, run
 from candor.estimators.confidences import ConfidenceRow, ConfidenceTable, write_confidences
 from candor.evaluation.abstention import abstention_counts
 from candor.evaluation.calibration import get_calibrator
@@ -80,6 +80,24 @@ def test_eval_takes_an_honest_models_threshold_through_its_calibrator(tmp_path):
 def test_eval_refuses_bad_thresholds(tmp_path, args, message):
     done = run_eval(tmp_path, *args)
     assert done.exit_code == 2 and message in done.output
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [('{\n  "generator": {"model": "x"}\n  "confidence": {}\n}\n', ":3: malformed JSON (Expecting ',' delimiter"),
+     ('{"generator": {"model": "x"}}', ": missing the field 'confidence'")],
+)
+def test_eval_names_the_file_of_a_bad_honest_model(tmp_path, capsys, text, says):
+    folder = tmp_path / "honest"
+    folder.mkdir()
+    (folder / "honest.json").write_text(text)
+    write_confidences(tmp_path / "conf.jsonl", toy_table())
+    with pytest.raises(SystemExit) as exit_info:
+        run(["eval", "-c", str(tmp_path / "conf.jsonl"), "-o", str(tmp_path / "report"), "--honest", str(folder)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {folder / 'honest.json'}{says}"), err
 
 
 def test_eval_names_the_line_of_a_bad_hand_label(tmp_path):

@@ -37,6 +37,20 @@ def test_keyed_cache_returns_only_an_entry_written_under_the_same_key(tmp_path):
     assert read_keyed_json(None, "k1") is None
 
 
+def test_a_cache_entry_reads_back_under_any_key_and_an_unreadable_one_is_none(tmp_path):
+    from candor.util.files import read_cache_entry, write_keyed_json
+
+    path = tmp_path / "runs" / "run.json"
+    assert read_cache_entry(path) is None and read_cache_entry(None) is None
+    write_keyed_json(path, "k1", {"ids": ["a"]})
+    assert read_cache_entry(path) == {"key": "k1", "ids": ["a"]}
+    for text in ('{"key": "k1", "ids"', "[1, 2]"):
+        path.write_text(text)
+        assert read_cache_entry(path) is None
+    path.write_bytes(b"\xff\xfe")
+    assert read_cache_entry(path) is None
+
+
 def test_atomic_folder_swaps_in_whole_or_keeps_the_old_one(tmp_path):
     from candor.util.files import atomic_folder
 

@@ -116,6 +116,26 @@ def test_bad_choices_are_refused_in_one_line_before_the_model_loads(args, says, 
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [('{\n  "generator": {"model": "x"}\n  "confidence": {}\n}\n', ":3: malformed JSON (Expecting ',' delimiter"),
+     ('{"generator": {"backend": "hf"}, "confidence": {"kind": "estimator", "name": "n-prob"}}',
+      ": missing the field 'generator.model'")],
+)
+def test_serve_names_the_file_of_a_bad_honest_model(tmp_path, capsys, text, says):
+    from candor.cli import run
+
+    folder = tmp_path / "honest"
+    folder.mkdir()
+    (folder / "honest.json").write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        run(["serve", "--honest", str(folder)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {folder / 'honest.json'}{says}"), err
+
+
 def test_serve_without_a_threshold_warns_at_startup(tiny_model_dir):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}

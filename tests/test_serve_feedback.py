@@ -180,6 +180,19 @@ def test_a_reload_swaps_the_model_without_dropping_or_mixing_requests(backend, t
         assert post(f"{url}/admin/reload", b"", key=None)[0] == 401
 
 
+def test_a_reload_of_a_malformed_folder_names_the_file_and_keeps_the_model(backend, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "honest.json").write_text('{\n  "generator": {"model": "x"}\n  "confidence": {}\n}\n')
+    with serve_in_thread(create_app(honest_model(backend, 0.0), ServeSettings())) as url:
+        status, body = post(f"{url}/admin/reload", {"honest": str(broken)}, key=None)
+        assert status == 400 and body["error"]["code"] == "reload_failed", body
+        assert body["error"]["message"] == ("the reload failed and the running model stays: "
+                                            f"{broken / 'honest.json'}:3: malformed JSON (Expecting ',' delimiter "
+                                            "at column 3)")  # fmt: skip
+        assert metric(url, "candor_reloads_total", '{outcome="failed"}') == 1.0
+
+
 def test_reload_without_a_folder_says_what_to_pass(backend):
     with serve_in_thread(create_app(honest_model(backend, 0.0), ServeSettings())) as url:
         status, body = post(f"{url}/admin/reload", b"", key=None)

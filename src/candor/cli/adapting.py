@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Annotated
@@ -102,10 +101,11 @@ def _fmt(x: float | None) -> str:
 
 def _export_seq_cls(folder: Path, target: Path, threshold: float) -> str:
     from candor.serve.confidence_sources import HEAD_DIR
+    from candor.serve.honest_folder import read_config
     from candor.train.elical.export import export_seq_cls
 
     result = export_seq_cls(folder / HEAD_DIR, target)
-    model = json.loads((folder / "honest.json").read_text())["generator"]["model"]
+    model = read_config(folder)["generator"]["model"]
     cls = shlex.quote(str(target))
     return (
         f"exported the adapted head to {target} ({result.architecture}); restart the classify server on it:\n"

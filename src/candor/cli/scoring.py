@@ -191,16 +191,11 @@ def parse_thresholds(values: list[str], methods: list[str]) -> dict[str, float]:
 
 def honest_threshold(folder: Path, table: Any) -> dict[str, float]:
     """The tuned threshold of an honest-model folder, on its method's column (calibrated as it serves it)."""
-    import json
-
     from candor.evaluation.calibration import calibrated_column, calibrator_from_dict
+    from candor.serve.honest_folder import read_config
 
-    path = folder / "honest.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-        source, threshold = config["confidence"], config.get("threshold")
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise CandorError(f"--honest {folder}: not a saved honest model ({exc})") from None
+    config = read_config(folder)
+    source, threshold = config["confidence"], config.get("threshold")
     if not threshold:
         raise CandorError(f"--honest {folder}: the model has no threshold; tune one first (HonestModel.tune)")
     method = source.get("name")

@@ -52,7 +52,7 @@ from candor.evaluation.metrics import auroc, ece
 from candor.serve import thresholds as th
 from candor.serve.answering import CONVERSATION, PROTOCOL_SAMPLES, QUESTION, question_seed
 from candor.serve.confidence_sources import HeadSource
-from candor.serve.honest_folder import CONFIG_FILE
+from candor.serve.honest_folder import CONFIG_FILE, read_config
 from candor.serve.model import HonestModel
 from candor.train.elical.config import EliCalConfig
 from candor.train.elical.model import ConfidenceHead, HeadConfig
@@ -275,11 +275,11 @@ class Lineage:
     @classmethod
     def of(cls, folder: str | Path) -> Lineage:
         folder = Path(folder)
+        value = read_config(folder).get(VERSION_KEY)
         try:
-            value = json.loads((folder / CONFIG_FILE).read_text()).get(VERSION_KEY)
             previous = json.loads((folder / SUMMARY_FILE).read_text()) if (folder / SUMMARY_FILE).exists() else {}
         except (OSError, json.JSONDecodeError) as exc:
-            raise CandorError(f"{folder}: cannot read {CONFIG_FILE} or {SUMMARY_FILE} ({exc})") from None
+            raise CandorError(f"{folder / SUMMARY_FILE}: cannot read it ({exc})") from None
         generation = previous.get("generation", 0)
         return cls(None if value in (None, "") else str(value), generation if isinstance(generation, int) else 0)
 

@@ -24,7 +24,7 @@ from candor.backends.base import Backend
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict
 from candor.serve import thresholds as th
 from candor.serve.answering import QUESTION, Decoding
-from candor.util.errors import CandorError
+from candor.util.errors import CandorError, at_line
 
 CONFIG_FILE = "honest.json"
 ADAPTER_DIR = "adapter"
@@ -75,22 +75,47 @@ class SavedModel:
         return load_backend(self.generator["model"], self.generator.get("backend", "hf"), **backend_kwargs)
 
 
-def read_folder(folder: str | Path) -> SavedModel:
-    """``folder``'s ``honest.json``, checked; one clear error naming the file when it is not one."""
+REQUIRED_FIELDS = ("generator", "confidence")  # the objects every honest.json has; the generator names its "model"
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """``folder``'s ``honest.json`` as saved, checked; the one place it is parsed.
+
+    A missing file, malformed JSON (its line and column) or a missing field gets one
+    :class:`CandorError` naming the file.
+    """
     folder = Path(folder)
     path = folder / CONFIG_FILE
     if not path.exists():
-        raise CandorError(f"{folder}: not a saved honest model (no {CONFIG_FILE})")
+        raise CandorError(f"{path}: no such file ({folder} is not a saved honest model)")
     try:
-        config = json.loads(path.read_text())
-        generator = config["generator"]
-    except (json.JSONDecodeError, KeyError) as exc:
-        raise CandorError(f"{path}: not a valid honest-model config ({exc})") from None
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise at_line(path, exc.lineno, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CandorError(f"{path}: cannot read it ({exc})") from None
+    if not isinstance(config, dict):
+        raise CandorError(f"{path}: not an honest-model config (a JSON {type(config).__name__}, not an object)")
+    for field in REQUIRED_FIELDS:
+        if field not in config:
+            raise CandorError(f"{path}: missing the field {field!r}")
+        if not isinstance(config[field], dict):
+            raise CandorError(f"{path}: the field {field!r} is not an object")
+    if "model" not in config["generator"]:
+        raise CandorError(f"{path}: missing the field 'generator.model'")
+    return config
+
+
+def read_folder(folder: str | Path) -> SavedModel:
+    """``folder``'s ``honest.json`` read back (:func:`read_config`)."""
+    folder = Path(folder)
+    path = folder / CONFIG_FILE
+    config = read_config(folder)
     cal = config.get("calibrator")
     # Folders saved before versions existed: their config's digest names them.
     version = str(config.get("version") or "sha-" + hashlib.sha256(path.read_bytes()).hexdigest()[:12])
     return SavedModel(
-        folder, generator, config["confidence"], calibrator_from_dict(cal) if cal else None,
+        folder, config["generator"], config["confidence"], calibrator_from_dict(cal) if cal else None,
         int(cal.get("fitted_on", 0)) if cal else 0,
         th.Threshold.from_dict(config["threshold"]) if config.get("threshold") else None,
         tuple(config.get("tuned_on") or (QUESTION,)), version,

@@ -69,15 +69,30 @@ def read_keyed_json(path: str | Path | None, key: str) -> dict[str, Any] | None:
     """
     if path is None or not Path(path).exists():
         return None
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    doc = read_cache_entry(path)
+    if doc is None:
         logger.warning("%s: unreadable cache entry, recomputing", path)
         return None
-    if not isinstance(doc, dict) or doc.get("key") != key:
+    if doc.get("key") != key:
         logger.info("%s: cached from other inputs (model, weights, settings or data); recomputing", path)
         return None
     return doc
+
+
+def read_cache_entry(path: str | Path | None) -> dict[str, Any] | None:
+    """The cache entry at ``path`` whatever key it was written under; None when there is none or it is
+    unreadable (not JSON, not an object): a cache is recomputed, never an error.
+
+    The one parse of :func:`write_keyed_json`'s file; for a caller that checks the key itself
+    (the EliCal sweep reuses a run's training when only its test questions changed).
+    """
+    if path is None or not Path(path).exists():
+        return None
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 @contextmanager

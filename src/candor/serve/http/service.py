@@ -11,7 +11,6 @@ closes once its last request is done.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Any
 from candor.backends.base import LiveEngine
 from candor.serve.answering import Ask, Cancelled, HonestAnswer
 from candor.serve.batching import Admission, QueueFull
-from candor.serve.honest_folder import CONFIG_FILE
+from candor.serve.honest_folder import read_config
 from candor.serve.http.operations import Lifecycle
 from candor.serve.http.prometheus_metrics import ServeMetrics
 from candor.serve.http.request_checks import APIError
@@ -71,10 +70,7 @@ class Generation:
 def load_successor(folder: Path, current: HonestModel, **backend_kwargs: Any) -> HonestModel:
     """The honest model saved in ``folder``; it keeps the current generator when the folder names the same
     one (model, backend, no adapter on either side), so a reload of a new head loads no second model."""
-    try:
-        generator = json.loads((folder / CONFIG_FILE).read_text())["generator"]
-    except (OSError, json.JSONDecodeError, KeyError) as exc:
-        raise CandorError(f"{folder}: not a saved honest model ({exc})") from None
+    generator = read_config(folder)["generator"]
     same = (generator.get("model") == current.backend.model_name and not generator.get("adapter")
             and not getattr(current.backend, "adapter", None)
             and generator.get("backend", "hf") == current.backend_name)  # fmt: skip

@@ -40,7 +40,7 @@ from candor.train.elical.pipeline import STAGES, head_features, train_elical
 from candor.train.elical.pool import TrainingPool, check_disjoint
 from candor.train.elical.targets import check_field, stage_target, targets
 from candor.util.errors import CandorError
-from candor.util.files import atomic_write_text, read_keyed_json, write_keyed_json
+from candor.util.files import atomic_write_text, read_cache_entry, read_keyed_json, write_keyed_json
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ class _Runner:
     def _same_training(self, path: Path, identity: dict[str, Any], key: RunKey) -> dict[str, Any] | None:
         """The training of a cached run made with these settings and training/dev records but other test
         questions (its key, recomputed with its own test ids, matches), when its head is still there."""
-        previous = _read_json(path)
+        previous = read_cache_entry(path)
         if previous is None or "ids" not in previous or not self._head_ok(key):
             return None
         data = _hash([[r.id for r in self.data.train], [r.id for r in self.data.dev], list(previous["ids"])])
@@ -348,14 +348,6 @@ def _cost(trainings: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "wall_s_total": round(float(np.sum(walls)), 2),
         "peak_rss_mib": max(t["cost"]["peak_rss_mib"] for t in trainings),
     }
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def _hash(obj: Any) -> str:
