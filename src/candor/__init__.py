@@ -19,7 +19,7 @@ _EXPORTS = {
     "load_model": "candor.api",
     "annotate": "candor.api",
     "score": "candor.api",
-    "evaluate": "candor.api",
+    "evaluate": "candor.evaluation.summary",
     "EliCal": "candor.api",
     "HonestModel": "candor.serve.model",
     "CandorError": "candor.util.errors",

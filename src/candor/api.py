@@ -5,7 +5,8 @@
     print(candor.evaluate(candor.score(records, ["n-prob", "consis-lex"])).markdown())
 
 Each call is a thin layer over the stage that owns the work (``annotation``,
-``estimators``, ``evaluation``), so anything here can also be done piece by piece.
+``estimators``), so anything here can also be done piece by piece; ``candor.evaluate`` is the
+evaluation stage's own :func:`candor.evaluation.summary.evaluate`.
 A model may be given by name (loaded once, here) or as a loaded backend.
 """
 
@@ -17,8 +18,7 @@ from typing import Any
 
 from candor.annotation.records import Record, read_records
 from candor.backends import DEFAULT_MODEL, Backend, load_backend
-from candor.estimators.confidences import ConfidenceTable, read_confidences
-from candor.evaluation.summary import REPORT_METRICS, Evaluation, evaluate_table, roles_from_ood
+from candor.estimators.confidences import ConfidenceTable
 
 
 def load_model(model: str = DEFAULT_MODEL, *, backend: str = "hf", **kwargs: Any) -> Backend:
@@ -71,19 +71,6 @@ def score(
 
     recs = read_records(records) if isinstance(records, str | Path) else list(records)
     return score_records(recs, list(methods), _backend(model), options=options)
-
-
-def evaluate(
-    confidences: ConfidenceTable | str | Path,
-    *,
-    ood: Iterable[str] = (),
-    metrics: Sequence[str] = REPORT_METRICS,
-    bootstrap: int = 0,
-) -> Evaluation:
-    """Every metric for every method, per dataset and averaged (in-domain / ``ood`` weighted by size)."""
-    table = read_confidences(confidences) if isinstance(confidences, str | Path) else confidences
-    roles = roles_from_ood(table, ood)
-    return evaluate_table(table, roles=roles, metrics=metrics, bootstrap=bootstrap)
 
 
 class EliCal:

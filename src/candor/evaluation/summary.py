@@ -22,11 +22,12 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from candor.estimators.confidences import ConfidenceTable
+from candor.estimators.confidences import ConfidenceTable, read_confidences
 from candor.evaluation.aggregate import Group, aggregate_metrics
 from candor.evaluation.metrics import DEFAULT_METRICS, METRICS, SELECTIVE_METRICS, metric_label
 from candor.util.errors import CandorError
@@ -143,6 +144,22 @@ def evaluate_table(
     for note in result.notes:
         logger.warning(note)
     return result
+
+
+def evaluate(
+    confidences: ConfidenceTable | str | Path,
+    *,
+    ood: Iterable[str] = (),
+    metrics: Sequence[str] = REPORT_METRICS,
+    bootstrap: int = 0,
+) -> Evaluation:
+    """Every metric for every method, per dataset and averaged (in-domain / ``ood`` weighted by size).
+
+    ``confidences`` is a table or a confidences file; ``candor.evaluate`` is this function.
+    """
+    table = read_confidences(confidences) if isinstance(confidences, str | Path) else confidences
+    roles = roles_from_ood(table, ood)
+    return evaluate_table(table, roles=roles, metrics=metrics, bootstrap=bootstrap)
 
 
 def _table_counts(table: ConfidenceTable, method: str) -> dict[str, Any]:
