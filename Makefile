@@ -47,25 +47,25 @@ lint: setup
 	$(BIN)/python -m ruff check src tests benchmarks
 
 bench-throughput: setup
-	$(BIN)/python benchmarks/annotate_throughput.py
+	$(BIN)/python -m benchmarks.annotate_throughput
 
 bench-baselines: setup
-	$(BIN)/python benchmarks/baselines.py
+	$(BIN)/python -m benchmarks.baselines
 
 # The three below reuse bench-baselines' cached annotations (run it first).
 bench-elical: setup
-	$(BIN)/python benchmarks/elical.py
+	$(BIN)/python -m benchmarks.elical
 
 bench-advice: setup
-	$(BIN)/python benchmarks/advice.py
+	$(BIN)/python -m benchmarks.advice
 
 bench-diagnose: setup
-	$(BIN)/python benchmarks/diagnose.py
+	$(BIN)/python -m benchmarks.diagnose
 
 # Mutation testing of the core modules (about an hour on 2 cores; not in CI). Resumable.
 mutation: setup
 	$(BIN)/pip install "mutmut>=3.8,<4"
-	$(BIN)/python benchmarks/mutation.py
+	$(BIN)/python -m benchmarks.mutation
 
 clean:
 	rm -rf $(VENV) candor-out

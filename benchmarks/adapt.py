@@ -19,8 +19,8 @@ first ``--pool`` (150) training-part questions per dataset, k = 5, so 200 labels
 traffic) are not run; test 200 per dataset, greedy only. Intervals: 95% Student-t over
 seeds (per domain), and over the per-seed means across domains (the means).
 
-    nohup nice -n 10 python benchmarks/adapt.py --annotate test,pool   # the annotation cache (resumable)
-    nohup nice -n 10 python benchmarks/adapt.py                        # the folds (cached per run)
+    nohup nice -n 10 python -m benchmarks.adapt --annotate test,pool   # the annotation cache (resumable)
+    nohup nice -n 10 python -m benchmarks.adapt                        # the folds (cached per run)
 
 Writes benchmarks/results/adapt.json.
 """
@@ -38,9 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import CACHE, RESULTS, annotate_part, load_mini_or_exit, logger, setup_logging, write_json
 from scipy import stats
 
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
+from benchmarks.mini import annotate_part, load_mini_or_exit
 from candor.annotation.builder import AnnotateConfig
 from candor.annotation.prompts import resolve_template
 from candor.annotation.records import Record, read_records
@@ -330,7 +331,7 @@ def main() -> None:
         "adapt_seconds": {str(n): interval([r["adapt_seconds"] for r in runs if r["labels"] == n], None)
                           for n in label_counts},  # fmt: skip
         "seconds": round(time.perf_counter() - began, 1),  # this invocation: a few when every run was cached
-        "command": "python benchmarks/adapt.py",
+        "command": "python -m benchmarks.adapt",
         "notes": [
             "the traffic's served log keeps the annotated samples (k=5, lexical-echo consistency), so adapt "
             "regenerates none here; the test suite covers regeneration",

@@ -27,7 +27,7 @@ tests it:
 Every stage is cached under benchmarks/cache/advice_balanced (annotations, triplets, adapters
 keyed by a hash of their settings and data, confidences), so a killed run resumes:
 
-    nohup nice -n 10 .venv/bin/python benchmarks/advice_balanced.py > benchmarks/cache/advice_balanced.log 2>&1 &
+    nohup nice -n 10 .venv/bin/python -m benchmarks.advice_balanced > benchmarks/cache/advice_balanced.log 2>&1 &
 
 Writes benchmarks/results/advice_balanced.json (partial results are written as runs finish;
 ``complete`` says whether every requested run is in).
@@ -46,9 +46,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from advice import Settings, run_configs, run_path, score_method, train_all, training_triplets
-from common import CACHE, RESULTS, annotate_part, logger, peak_rss_mib, setup_logging, write_json
 
+from benchmarks.advice_runs import Settings, run_configs, run_path, score_method, train_all, training_triplets
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
+from benchmarks.measure import peak_rss_mib
+from benchmarks.mini import annotate_part
 from candor.annotation.builder import AnnotateConfig
 from candor.annotation.prompts import resolve_template
 from candor.annotation.records import Record, read_records
@@ -139,10 +141,10 @@ def mini_pool(args: argparse.Namespace) -> list[Record]:
     for dataset in IN_DOMAIN:
         path = args.mini_cache / "train" / f"{dataset}.jsonl"
         if not path.exists():
-            sys.exit(f"missing {path}: run benchmarks/annotate_mini.py first, or pass --mini-seeds ''")
+            sys.exit(f"missing {path}: run `python -m benchmarks.annotate_mini` first, or pass --mini-seeds ''")
         records = read_records(path)
         if len(records) < MINI_TRAIN:  # annotate_mini.py still running: never train on a partial pool
-            sys.exit(f"{path}: {len(records)} of {MINI_TRAIN} records; let benchmarks/annotate_mini.py finish")
+            sys.exit(f"{path}: {len(records)} of {MINI_TRAIN} records; let `python -m benchmarks.annotate_mini` finish")
         out.extend(records)
     return out
 
@@ -341,7 +343,7 @@ def main() -> None:
     payload: dict[str, Any] = {
         "benchmark": "ADVICE / ConfTuner on the starter set (issue 46)",
         "model": args.model,
-        "command": shlex.join(["python", "benchmarks/advice_balanced.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "benchmarks.advice_balanced", *sys.argv[1:]]),
         "split": {"salt": SALT, "cuts": CUTS, **{side: accuracy_of(parts[side]) for side in ("train", "test")},
                   "dev": {"n": len(parts["dev"]), "use": "held back, not annotated: nothing is selected in this run "
                           "(lr, epochs, batch fixed beforehand)"}},

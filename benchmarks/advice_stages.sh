@@ -6,8 +6,8 @@ set -ex
 cd "$(dirname "$0")/.."
 P=${PYTHON:-.venv/bin/python}
 M=Default,Prompting,Self-Consistency,ConfTuner,ADVICE,ADVICE+ConfTuner
-$P benchmarks/advice.py --methods Default,ADVICE --formats letter,number --ablation none
-$P benchmarks/advice.py --methods Default,ADVICE,ConfTuner,ADVICE+ConfTuner --formats letter,number --ablation sum
-$P benchmarks/advice.py --methods $M --formats letter,number --ablation sum
-$P benchmarks/advice.py --methods Default,ADVICE --formats text,float --ablation none \
+$P -m benchmarks.advice --methods Default,ADVICE --formats letter,number --ablation none
+$P -m benchmarks.advice --methods Default,ADVICE,ConfTuner,ADVICE+ConfTuner --formats letter,number --ablation sum
+$P -m benchmarks.advice --methods $M --formats letter,number --ablation sum
+$P -m benchmarks.advice --methods Default,ADVICE --formats text,float --ablation none \
   --out benchmarks/results/advice_unseen.json

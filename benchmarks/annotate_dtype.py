@@ -1,7 +1,7 @@
 """Annotation in bfloat16 against float32: tokens per second, changed greedy answers, log-prob drift, one run.
 
-Runs candor's decode loop (the ``candor`` path of
-``benchmarks/annotate_throughput.py``, same questions and settings: NQ, the
+Runs candor's decode loop (the ``candor`` path of ``annotate_throughput.py``, from
+:mod:`benchmarks.annotation_paths`; same questions and settings: NQ, the
 ``fewshot`` template, greedy + k=5 samples, top-p 0.95, top-k 50, at most 32
 new tokens) ``--repeats`` times per dtype, alternating, each run in its own
 subprocess, and compares the median runs:
@@ -11,7 +11,7 @@ subprocess, and compares the median runs:
 - the drift of the greedy log-probs: over the answers whose greedy tokens are
   identical, the mean and largest |log p_bf16 - log p_fp32| per token.
 
-    PYTHONPATH=src python benchmarks/annotate_dtype.py [--questions 64] [--threads 2] [--repeats 3]
+    PYTHONPATH=src python -m benchmarks.annotate_dtype [--questions 64] [--threads 2] [--repeats 3]
 
 Writes benchmarks/results/annotate_dtype.json. Timings on a shared CPU are noisy; read the ratios.
 """
@@ -25,9 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import annotate_throughput as throughput
 import numpy as np
 
+from benchmarks.annotation_job import DATA, MODEL, SETTINGS, job_parser, omp_wait_policy
+from benchmarks.annotation_paths import median_run, run_child
 from candor.util.cpu import describe
 
 RESULTS = Path(__file__).resolve().parent / "results" / "annotate_dtype.json"
@@ -53,18 +54,18 @@ def drift(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = throughput.job_parser(__doc__.split("\n")[0], out=RESULTS)
+    parser = job_parser(__doc__.split("\n")[0], out=RESULTS)
     parser.add_argument("--repeats", type=int, default=3, help="runs per dtype, alternating; the median is kept")
     args = parser.parse_args()
-    if not throughput.DATA.exists():
-        print(f"skipped: NQ test data not found at {throughput.DATA}")
+    if not DATA.exists():
+        print(f"skipped: NQ test data not found at {DATA}")
         return
     attempts: dict[str, list[dict[str, Any]]] = {dtype: [] for dtype in DTYPES}
     for _ in range(max(1, args.repeats)):
         for dtype in DTYPES:  # alternating, so a change in the machine's load falls on both
             print(f"running candor in {dtype} ...", flush=True)
-            attempts[dtype].append(throughput.run_child("candor", argparse.Namespace(**{**vars(args), "dtype": dtype})))
-    runs = {dtype: throughput.median_run(tries) for dtype, tries in attempts.items()}
+            attempts[dtype].append(run_child("candor", argparse.Namespace(**{**vars(args), "dtype": dtype})))
+    runs = {dtype: median_run(tries) for dtype, tries in attempts.items()}
     rows = {
         dtype: {
             "seconds": round(run["seconds"], 2),
@@ -78,11 +79,11 @@ def main() -> None:
     }
     fp32, bf16 = rows["float32"], rows["bfloat16"]
     result = {
-        "model": throughput.MODEL,
+        "model": MODEL,
         "questions": args.questions,
         "samples_per_question": args.k,
-        "settings": {**throughput.SETTINGS, "template": "fewshot", "batch_size": args.batch_size,
-                     "torch_threads": args.threads, "omp_wait_policy": throughput.omp_wait_policy(),
+        "settings": {**SETTINGS, "template": "fewshot", "batch_size": args.batch_size,
+                     "torch_threads": args.threads, "omp_wait_policy": omp_wait_policy(),
                      "machine": describe()},
         "load_average_1min": os.getloadavg()[0],
         "dtypes": rows,
@@ -90,7 +91,7 @@ def main() -> None:
         "bf16_speedup_wall": round(bf16["tokens_per_second"] / fp32["tokens_per_second"], 2),
         "bf16_speedup_cpu": round(bf16["tokens_per_cpu_second"] / fp32["tokens_per_cpu_second"], 2),
         "bf16_vs_fp32": drift(runs["float32"], runs["bfloat16"]),
-        "command": "PYTHONPATH=src python benchmarks/annotate_dtype.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=src python -m benchmarks.annotate_dtype " + " ".join(sys.argv[1:]),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

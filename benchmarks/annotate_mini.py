@@ -14,7 +14,7 @@ with this script (or with baselines.py, which also scores every estimator):
 3. the test parts (6 x 200, k = 5), last: only the report-only budget curve
    reads them, and never for selection.
 
-    nohup .venv/bin/python benchmarks/annotate_mini.py > benchmarks/cache/annotate_mini.log 2>&1 &
+    nohup .venv/bin/python -m benchmarks.annotate_mini > benchmarks/cache/annotate_mini.log 2>&1 &
 
 A killed run resumes where it stopped (each file is appended per batch).
 """
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 
-from common import CACHE, annotate_part, load_mini_or_exit, logger, setup_logging
-
+from benchmarks.common import CACHE, logger, setup_logging
+from benchmarks.mini import annotate_part, load_mini_or_exit
 from candor.annotation.builder import AnnotateConfig
 from candor.annotation.prompts import resolve_template
 from candor.backends import load_backend

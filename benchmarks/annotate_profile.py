@@ -14,7 +14,7 @@ FLOPs count only the generated tokens' decoder and LM-head matmuls
 (2 x parameters per token), so prompt prefill is work the fraction does not
 credit: the fraction is that of useful generation work.
 
-    python benchmarks/annotate_profile.py [--questions 32] [--k 5] [--threads 2]
+    python -m benchmarks.annotate_profile [--questions 32] [--k 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -25,17 +25,8 @@ import time
 from collections import defaultdict
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
+from benchmarks.annotation_job import MODEL, generated_tokens, job_parser, load_items, prompts_for, sampling_params
 
-from annotate_throughput import (  # noqa: E402
-    generated_tokens,
-    job_parser,
-    load_items,
-    prompts_for,
-    sampling_params,
-)
-
-MODEL = "smollm2-135m"
 # Operator name fragments → group, first match wins.
 GROUPS = (
     ("linear (matmul)", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm", "mkldnn::_linear")),
@@ -122,7 +113,7 @@ def main() -> None:
     shares = {g: round(t / op_total, 3) for g, t in sorted(groups.items(), key=lambda kv: -kv[1])}
     achieved = tokens * flops_per_token / wall
     section: dict[str, Any] = {
-        "command": "python benchmarks/annotate_profile.py "
+        "command": "python -m benchmarks.annotate_profile "
                    f"--questions {args.questions} --k {args.k} --threads {args.threads}",
         "questions": args.questions,
         "k": args.k,

@@ -9,7 +9,7 @@ much of a step is reading the weights (a step costs about that much whatever
 its rows) rather than computing. It merges a ``steps`` section into
 ``benchmarks/results/annotate_throughput.json``.
 
-    python benchmarks/annotate_steps.py [--questions 64] [--k 5] [--threads 2]
+    python -m benchmarks.annotate_steps [--questions 64] [--k 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
+from benchmarks.annotation_job import MODEL, job_parser, load_items, prompts_for, sampling_params
 
-from annotate_throughput import job_parser, load_items, prompts_for, sampling_params  # noqa: E402
-
-MODEL = "smollm2-135m"
 # Decode steps grouped by the rows they ran.
 BUCKETS = ((1, 8), (9, 32), (33, 64), (65, 10_000))
 
@@ -110,7 +107,7 @@ def main() -> None:
         )
     full = max(rows for rows, _ in log.steps)
     section = {
-        "command": f"python benchmarks/annotate_steps.py --questions {args.questions} --k {args.k} "
+        "command": f"python -m benchmarks.annotate_steps --questions {args.questions} --k {args.k} "
         f"--threads {args.threads}",
         "seconds": round(wall, 2),
         "phases": {phase: {"seconds": round(s, 2), "calls": log.counts[phase]} for phase, s in log.phases.items()},

@@ -17,8 +17,8 @@ newline), keeping every token's log-prob.
 - annotate: the full ``candor.annotation.builder.annotate`` (generation and judges,
   records written to a temporary file), when that module is present.
 
-Each path runs in its own subprocess, so its peak RSS (``ru_maxrss``) is its
-own; model loading is outside the timed region. The two candor paths run
+Each path (:mod:`benchmarks.annotation_paths`) runs in its own subprocess, so its peak RSS
+(``ru_maxrss``) is its own; model loading is outside the timed region. The two candor paths run
 ``--repeats`` times each, alternating, and report the median run (the machine
 is shared; alternation spreads its load over both). Results go to
 ``benchmarks/results/annotate_throughput.json``.
@@ -28,7 +28,7 @@ it: on a 2-core machine shared with other processes, spinning OpenMP threads
 made every path five to six times slower (measured), and far more so for the
 naive path's small batch-1 steps, which would inflate the speedup.
 
-    python benchmarks/annotate_throughput.py [--questions 64] [--threads 2] [--dtype float32] [--repeats 3]
+    python -m benchmarks.annotate_throughput [--questions 64] [--threads 2] [--dtype float32] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -37,239 +37,16 @@ import argparse
 import json
 import os
 import platform
-import resource
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "honestybench" / "nq" / "test.jsonl"
-RESULTS = ROOT / "benchmarks" / "results" / "annotate_throughput.json"
-MODEL = "smollm2-135m"
-SETTINGS = {"max_new_tokens": 32, "temperature": 1.0, "top_p": 0.95, "top_k": 50, "stop": ["\n"]}
-
-
-class Timer:
-    """Wall-clock and process CPU seconds of a block (CPU time is steadier on a shared machine)."""
-
-    def __enter__(self) -> Timer:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall = time.perf_counter() - self.wall
-        self.cpu = time.process_time() - self.cpu
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def load_items(n: int) -> list[Any]:
-    from candor.data.items import QAItem
-
-    items = []
-    with DATA.open() as f:
-        for i, line in enumerate(f):
-            if i == n:
-                break
-            row = json.loads(line)
-            items.append(
-                QAItem(id=f"nq-{i}", dataset="nq", split="test", question=row["question"], answers=tuple(row["answer"]))
-            )
-    return items
-
-
-def sampling_params() -> Any:
-    from candor.backends.base import SamplingParams
-
-    return SamplingParams(**{**SETTINGS, "stop": tuple(SETTINGS["stop"])})
-
-
-def generated_tokens(gens: list[Any], max_new_tokens: int) -> int:
-    """Tokens generated for every answer, counting the stop token that ended one before the cap."""
-    return sum(
-        len(c.token_ids) + (len(c.token_ids) < max_new_tokens) for g in gens for c in [g.greedy, *g.samples]
-    )
-
-
-def prompts_for(items: list[Any], backend: Any) -> list[str]:
-    from candor.annotation.prompts import TEMPLATES
-
-    template = TEMPLATES.get("fewshot")
-    return [template(item, backend) for item in items]
-
-
-# ------------------------------------------------------------------- paths
-
-
-def run_candor(items: list[Any], k: int, batch_size: int, dtype: str, packed: bool = True) -> dict[str, Any]:
-    from candor.backends.hf import HFBackend
-
-    # packed=False: nn.Linear's own kernels, the same loop (the candor-stock baseline)
-    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size, dtype=dtype, pack_linears=packed)
-    prompts = prompts_for(items, backend)
-    params = sampling_params()
-    backend.generate(prompts[:1], 1, params)  # warm-up: first-call allocations, decoded vocabulary
-    with Timer() as timer:
-        gens = backend.generate(prompts, k, params, seeds=list(range(len(prompts))))
-    tokens = generated_tokens(gens, params.max_new_tokens)
-    return {
-        "seconds": timer.wall,
-        "cpu_seconds": timer.cpu,
-        "tokens": tokens,
-        "greedy": [g.greedy.text for g in gens],
-        "greedy_token_ids": [list(g.greedy.token_ids) for g in gens],
-        "greedy_logprobs": [list(g.greedy.logprobs) for g in gens],
-        "samples": [[c.text for c in g.samples] for g in gens],
-    }
-
-
-def run_naive(items: list[Any], k: int, dtype: str) -> dict[str, Any]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from candor.backends.default_model import resolve_embedded
-
-    path = resolve_embedded(MODEL)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
-    prompts = prompts_for(items, _RenderOnly())
-    # The stop string as end-of-sequence ids (every token whose text contains it): the same
-    # semantics as candor's stop set. ``stop_strings=`` would add about 1 s of set-up per call.
-    vocab = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-    stop_ids = [i for i, text in enumerate(vocab) if any(s in text for s in SETTINGS["stop"])]
-    common = {
-        "max_new_tokens": SETTINGS["max_new_tokens"],
-        "eos_token_id": [tokenizer.eos_token_id, *stop_ids],
-        "pad_token_id": tokenizer.pad_token_id,
-        "return_dict_in_generate": True,
-        "output_logits": True,
-    }
-    sampled = {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 50}
-
-    def answer(inputs: Any, **kwargs: Any) -> tuple[str, list[float], int]:
-        out = model.generate(**inputs, **common, **kwargs)
-        new = out.sequences[0, inputs["input_ids"].shape[1] :]
-        logprobs = [
-            torch.log_softmax(step[0].float(), -1)[tok].item() for step, tok in zip(out.logits, new, strict=False)
-        ]
-        text = tokenizer.decode(new, skip_special_tokens=True).split("\n")[0].strip()
-        return text, logprobs, len(new)
-
-    with torch.inference_mode():
-        answer(tokenizer(prompts[0], return_tensors="pt"), do_sample=False)  # warm-up
-        greedy, samples, tokens = [], [], 0
-        with Timer() as timer:
-            for i, prompt in enumerate(prompts):
-                inputs = tokenizer(prompt, return_tensors="pt")
-                text, _, count = answer(inputs, do_sample=False)
-                greedy.append(text)
-                tokens += count
-                texts = []
-                for j in range(k):
-                    torch.manual_seed(i * 1000 + j)
-                    text, _, count = answer(inputs, **sampled)
-                    texts.append(text)
-                    tokens += count
-                samples.append(texts)
-    return {"seconds": timer.wall, "cpu_seconds": timer.cpu, "tokens": tokens, "greedy": greedy, "samples": samples}
-
-
-def run_annotate(items: list[Any], k: int, batch_size: int, dtype: str) -> dict[str, Any]:
-    from candor.annotation.builder import AnnotateConfig, annotate
-    from candor.annotation.prompts import TEMPLATES
-    from candor.backends.hf import HFBackend
-
-    backend = HFBackend.from_pretrained(MODEL, batch_size=batch_size, dtype=dtype)
-    backend.generate(prompts_for(items[:1], backend), 1, sampling_params())  # same warm-up as candor
-    config = AnnotateConfig(k=k, params=sampling_params(), batch_size=batch_size)
-    with tempfile.TemporaryDirectory() as tmp, Timer() as timer:
-        result = annotate(items, backend, Path(tmp) / "records.jsonl", TEMPLATES.get("fewshot"), config, progress=False)
-    return {"seconds": timer.wall, "cpu_seconds": timer.cpu, "written": result.written}
-
-
-class _RenderOnly:
-    """Stands in for a backend when only the few-shot template renders (it needs no model)."""
-
-    model_name = MODEL
-
-    def render_chat(self, messages: Any, add_generation_prompt: bool = True) -> str:
-        raise NotImplementedError
-
-
-# -------------------------------------------------------------------- main
-
-
-def child(args: argparse.Namespace) -> None:
-    import torch
-
-    torch.set_num_threads(args.threads)
-    items = load_items(args.questions)
-    if args.path in ("candor", "candor-stock"):
-        out = run_candor(items, args.k, args.batch_size, args.dtype, packed=args.path == "candor")
-    elif args.path == "naive":
-        out = run_naive(items, args.k, args.dtype)
-    else:
-        out = run_annotate(items, args.k, args.batch_size, args.dtype)
-    out["peak_rss_mib"] = peak_rss_mib()
-    Path(args.child_out).write_text(json.dumps(out))
-
-
-def run_child(path: str, args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-        cmd = [
-            sys.executable,
-            __file__,
-            "--path",
-            path,
-            "--child-out",
-            tmp.name,
-            "--questions",
-            str(args.questions),
-            "--k",
-            str(args.k),
-            "--batch-size",
-            str(args.batch_size),
-            "--threads",
-            str(args.threads),
-            "--dtype",
-            args.dtype,
-        ]
-        subprocess.run(cmd, check=True, env={**os.environ, "OMP_WAIT_POLICY": omp_wait_policy()})
-        return json.loads(Path(tmp.name).read_text())
-
-
-def omp_wait_policy() -> str:
-    return os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def has_annotate() -> bool:
-    try:
-        from candor.annotation.builder import annotate  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def job_parser(description: str, questions: int = 64, out: Path = RESULTS) -> argparse.ArgumentParser:
-    """The options of the annotation job these speed benchmarks share (questions, k, batch, threads, --out)."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--questions", type=int, default=questions)
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=out)
-    return parser
+from benchmarks.annotation_job import DATA, MODEL, SETTINGS, job_parser, omp_wait_policy
+from benchmarks.annotation_paths import PATHS, child, has_annotate, median_run, run_child
 
 
 def main() -> None:
     parser = job_parser(__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--paths", default="candor,candor-stock,naive,annotate", help="comma-separated subset to run")
+    parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset to run")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each candor path (alternating); the median")
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -297,11 +74,6 @@ def main() -> None:
         for path, tries in attempts.items() if len(tries) > 1
     }
     report(runs, args)
-
-
-def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run of median wall time (its CPU time and outputs with it)."""
-    return sorted(tries, key=lambda t: t["seconds"])[len(tries) // 2]
 
 
 def logprob_drift(a: dict[str, Any], b: dict[str, Any]) -> float:

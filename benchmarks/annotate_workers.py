@@ -10,7 +10,7 @@ arms are compared answer by answer: tokens, and log-probs where the tokens
 agree (the workers decode in other batches and on one thread each, which may
 round the last bits differently).
 
-    python benchmarks/annotate_workers.py [--questions 256] [--repeats 3] [--workers 2]
+    python -m benchmarks.annotate_workers [--questions 256] [--repeats 3] [--workers 2]
 
 Writes ``benchmarks/results/annotate_workers.json``.
 """
@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from annotate_throughput import DATA, MODEL, SETTINGS
-from common import write_json
+from benchmarks.annotation_job import DATA, MODEL, SETTINGS
+from benchmarks.common import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "annotate_workers.json"
@@ -112,7 +112,7 @@ def main() -> None:
     }  # fmt: skip
     one, many = summary["one_process"], summary["workers"]
     result = {
-        "command": f"python benchmarks/annotate_workers.py --questions {args.questions} --repeats {args.repeats} "
+        "command": f"python -m benchmarks.annotate_workers --questions {args.questions} --repeats {args.repeats} "
         f"--workers {args.workers}",
         "settings": {"model": MODEL, "questions": args.questions, "samples": args.k, "batch_size": 16,
                      "workers": args.workers, **{k: v for k, v in SETTINGS.items() if k != "stop"},

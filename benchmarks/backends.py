@@ -17,7 +17,7 @@ Each path runs in its own subprocess; engine start-up and model loading are
 outside the timed region. Ratios are questions per second against hf measured
 in the same run. Results: ``benchmarks/results/backends.json``.
 
-    python benchmarks/backends.py [--questions 64] [--k 5] [--vllm-python /work/vllm-venv/bin/python]
+    python -m benchmarks.backends [--questions 64] [--k 5] [--vllm-python /work/vllm-venv/bin/python]
         [--server vllm|transformers] [--paths hf,vllm,openai]
 """
 
@@ -37,26 +37,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from servers import free_port
+from benchmarks.annotation_job import DATA, MODEL, load_items
+from benchmarks.children import script_command, script_env
+from benchmarks.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "honestybench" / "nq" / "test.jsonl"
 RESULTS = ROOT / "benchmarks" / "results" / "backends.json"
-MODEL = "smollm2-135m"
 SETTINGS = {"max_new_tokens": 32, "temperature": 1.0, "top_p": 0.95, "top_k": 50}
-
-
-def load_items(n: int, data: Path = DATA) -> list[Any]:
-    from candor.data.items import QAItem
-
-    items = []
-    with Path(data).open() as f:
-        for i, line in enumerate(f):
-            if i == n:
-                break
-            row = json.loads(line)
-            items.append(QAItem(f"nq-{i}", "nq", "test", row["question"], tuple(row["answer"])))
-    return items
 
 
 def timed_annotate(backend: Any, items: list[Any], k: int, batch_size: int, keep: Path | None = None) -> dict[str, Any]:
@@ -107,14 +94,15 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(python: str, path: str, args: argparse.Namespace, extra: list[str] | None = None) -> dict[str, Any]:
-    cmd = [python, __file__, "--child", path, "--questions", str(args.questions), "--k", str(args.k),
-           "--batch-size", str(args.batch_size), "--concurrency", str(args.concurrency), "--data", str(args.data),
-           *(extra or [])]
+    cmd = script_command(__spec__.name, "--child", path, "--questions", str(args.questions), "--k", str(args.k),
+                         "--batch-size", str(args.batch_size), "--concurrency", str(args.concurrency),
+                         "--data", str(args.data), *(extra or []), python=python)
     if args.keep:
         cmd += ["--keep", args.keep]
     # Passive OpenMP waiting: spinning threads were 5-6x slower on a shared CPU (see annotate_throughput.py).
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1",
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    env = script_env(env, ROOT / "src")  # this checkout's src and benchmarks only, whatever the parent's path
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -192,7 +180,7 @@ def main() -> None:
     ratios = {p: r["questions_per_second"] / base for p, r in results.items()} if base else {}
     same = {p: r["greedy"] == results["hf"]["greedy"] for p, r in results.items() if "hf" in results}
     payload = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": " ".join([Path(sys.executable).name, "-m", __spec__.name, *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "settings": {"questions": args.questions, "k": args.k, "batch_size": args.batch_size,
                      "concurrency": args.concurrency, "server": args.server, **SETTINGS},

@@ -11,7 +11,7 @@ the training pool, which the EliCal and ADVICE benchmarks reuse.
 
 Every stage caches under benchmarks/cache/mini, so a killed run resumes:
 
-    nohup .venv/bin/python benchmarks/baselines.py > benchmarks/cache/baselines.log 2>&1 &
+    nohup .venv/bin/python -m benchmarks.baselines > benchmarks/cache/baselines.log 2>&1 &
 
 Writes benchmarks/results/baselines.json and benchmarks/results/baselines/ (the report).
 
@@ -29,7 +29,7 @@ leaving everything else in it as it was (a run on other records beside a committ
 ``--merge`` adds the ``--methods`` to an existing ``--out`` file and leaves every number already
 there as it is (no report folder is written), e.g. to add a new baseline to a committed run:
 
-    python benchmarks/baselines.py --methods length --merge --skip-train \
+    python -m benchmarks.baselines --methods length --merge --skip-train \
         --scores benchmarks/cache/pages/confidences --out benchmarks/results/baselines_strong.json
 """
 
@@ -42,8 +42,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import CACHE, RESULTS, annotate_part, load_mini_or_exit, logger, peak_rss_mib, setup_logging, write_json
 
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
+from benchmarks.measure import peak_rss_mib
+from benchmarks.mini import annotate_part, load_mini_or_exit
 from candor.annotation.builder import AnnotateConfig
 from candor.annotation.prompts import resolve_template
 from candor.backends import load_backend
@@ -178,7 +180,7 @@ def main() -> None:
     report = write_report(ConfidenceTable(rows), args.out.with_suffix(""), roles=roles, bootstrap=args.bootstrap,
                           title=f"HonestyBench-mini baselines: {args.model}",
                           records=[r for recs in tests.values() for r in recs],
-                          command=" ".join(["python benchmarks/baselines.py", *sys.argv[1:]]))
+                          command=" ".join(["python -m benchmarks.baselines", *sys.argv[1:]]))
     payload = results_payload(report.evaluation, args, timings)
     payload.update({"fits": fits} if fits else {})
     write_json(args.out, payload)
@@ -294,7 +296,7 @@ def results_payload(ev, args: argparse.Namespace, timings: dict[str, float]) -> 
         "bootstrap": args.bootstrap,
         "seconds": {k: round(v, 1) for k, v in timings.items()},
         "peak_rss_mib": round(peak_rss_mib(), 1),
-        "command": " ".join(["python benchmarks/baselines.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m benchmarks.baselines", *sys.argv[1:]]),
     }
 
 

@@ -21,8 +21,8 @@ Phase one (claims_generate.py) writes the answers; this script, phase two:
 - agreement with lm-polygraph's claim estimators (its own venv; skipped with a
   reason when absent).
 
-    python benchmarks/claims_generate.py --prompts 96 --k 3
-    python benchmarks/claims.py [--ccp-answers 24] [--bootstrap 1000]
+    python -m benchmarks.claims_generate --prompts 96 --k 3
+    python -m benchmarks.claims [--ccp-answers 24] [--bootstrap 1000]
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from claims_data import CLAIMS_CACHE, TOKENS_PER_QUESTION
-from common import RESULTS, Timer, logger, setup_logging, write_json
-from polygraph_claims import polygraph_python, run_polygraph
 
+from benchmarks.claims_data import CLAIMS_CACHE, TOKENS_PER_QUESTION
+from benchmarks.common import RESULTS, logger, setup_logging, write_json
+from benchmarks.measure import Timer
+from benchmarks.polygraph import polygraph_python, run_polygraph
 from candor.annotation.claim_labels import label_compound
 from candor.annotation.claim_split import split_claims
 from candor.annotation.prompts import TEMPLATES
@@ -182,7 +183,7 @@ def polygraph_agreement(records: list[Record], values: dict, backend: Any, n: in
     """Max |candor − lm-polygraph| per estimator on the first ``n`` answers (lm-polygraph's venv)."""
     python = polygraph_python()
     if python is None:
-        return {"skipped": "lm-polygraph venv absent (/work/polygraph-venv; see benchmarks/peer_polygraph.py)"}
+        return {"skipped": "lm-polygraph venv absent (/work/polygraph-venv; see benchmarks/polygraph.py)"}
     sample = [r for r in records[:n] if r.claims]
     contexts = contexts_from_records(sample, backend)
     ccp = ClaimCCP(judge="lexical")
@@ -247,7 +248,7 @@ def main() -> None:
     if args.polygraph_only:
         payload = json.loads(args.out.read_text())
         payload["polygraph_agreement"] = polygraph_agreement(records, {}, backend, args.polygraph_answers)
-        payload["polygraph_agreement"]["command"] = "python " + " ".join(sys.argv)
+        payload["polygraph_agreement"]["command"] = " ".join(["python -m benchmarks.claims", *sys.argv[1:]])
         write_json(args.out, payload)
         return
     alone = read_records(CLAIMS_CACHE / "alone.jsonl") if (CLAIMS_CACHE / "alone.jsonl").exists() else []
@@ -279,7 +280,8 @@ def main() -> None:
         "alone_vs_in_answer": alone_comparison(records, values, alone, backend, args.bootstrap),
         "refinement": refinement, "cost": {"generation": gen, "estimators": cost},
         "polygraph_agreement": polygraph_agreement(records, values, backend, args.polygraph_answers),
-        "command": "python benchmarks/claims_generate.py --prompts 96 --k 3 && python " + " ".join(sys.argv),
+        "command": " ".join(["python -m benchmarks.claims_generate --prompts 96 --k 3 &&",
+                             "python -m benchmarks.claims", *sys.argv[1:]]),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }  # fmt: skip
     write_json(args.out, payload)

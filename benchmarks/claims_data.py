@@ -16,8 +16,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import CACHE, load_mini_or_exit
-
+from benchmarks.common import CACHE
+from benchmarks.mini import load_mini_or_exit
 from candor.annotation.builder import AnnotateConfig, annotate
 from candor.annotation.prompts import TEMPLATES, numbered
 from candor.annotation.records import Record, RecordAppender, read_records

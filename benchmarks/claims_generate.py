@@ -1,6 +1,6 @@
 """Phase one of benchmarks/claims.py: generate the compound answers and the questions asked alone.
 
-    python benchmarks/claims_generate.py --prompts 96 --k 3 [--threads 2]
+    python -m benchmarks.claims_generate --prompts 96 --k 3 [--threads 2]
 
 Resumable (see claims_data.py); run it under ``nohup nice -n 10`` on a shared machine.
 """
@@ -10,9 +10,16 @@ from __future__ import annotations
 import argparse
 
 import torch
-from claims_data import SOURCES, compound_items, generate_alone, generate_compound, interleaved, source_questions
-from common import logger, setup_logging
 
+from benchmarks.claims_data import (
+    SOURCES,
+    compound_items,
+    generate_alone,
+    generate_compound,
+    interleaved,
+    source_questions,
+)
+from benchmarks.common import logger, setup_logging
 from candor.backends import load_backend
 
 

@@ -2,11 +2,11 @@
 
 Two steps:
 
-- ``python benchmarks/consistency_agreement.py draw`` draws the pairs from the
+- ``python -m benchmarks.consistency_agreement draw`` draws the pairs from the
   HonestyBench-mini test and dev caches (``benchmarks/cache/mini``) into
   ``benchmarks/consistency_labels.json``, with their texts and an empty
   ``human`` label to fill in by hand. It refuses to overwrite labels.
-- ``python benchmarks/consistency_agreement.py`` (no argument) judges the
+- ``python -m benchmarks.consistency_agreement`` (no argument) judges the
   labelled pairs with every registered consistency judge, from the texts stored
   in the labels file (so a re-annotation cannot change the validation set), and
   writes ``benchmarks/results/consistency_agreement.json``.
@@ -30,11 +30,9 @@ import json
 import random
 import sys
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
-from common import CACHE, RESULTS, write_json
-
+from benchmarks.common import CACHE, RESULTS, write_json
 from candor.annotation.judges import CONSISTENCY_JUDGES, EMBEDDING_THRESHOLD, get_consistency_judge
 from candor.annotation.records import read_records
 from candor.annotation.text_matching import contains_words, normalize, rouge_l_f1
@@ -112,7 +110,8 @@ def draw(force: bool) -> None:
             raise SystemExit(f"{LABELS} already holds hand labels; pass --force to draw again (it keeps none)")
     pairs, skipped = pool_pairs()
     if not pairs:
-        print("SKIP: no cached records under benchmarks/cache/mini; run benchmarks/baselines.py", file=sys.stderr)
+        print("SKIP: no cached records under benchmarks/cache/mini; run `python -m benchmarks.baselines`",
+              file=sys.stderr)
         raise SystemExit(0)
     rng = random.Random(SEED)
     by_stratum: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -314,7 +313,7 @@ def main() -> None:
         draw(args.force)
         return
     if not LABELS.exists():
-        raise SystemExit(f"{LABELS} is missing; run `python {Path(__file__).name} draw` and label it")
+        raise SystemExit(f"{LABELS} is missing; run `python -m benchmarks.consistency_agreement draw` and label it")
     spec = json.loads(LABELS.read_text())
     labels = with_questions(spec["labels"])
     unlabelled = [x["key"] for x in labels if x.get("human") not in (0, 1)]

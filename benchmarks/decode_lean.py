@@ -17,7 +17,7 @@ Two measurements, each against its baseline in the same process:
   off), so this measures the lean step alone; ``prefix_split.py`` measures
   keeping the prefix once.
 
-    python benchmarks/decode_lean.py [--questions 64] [--pairs 5] [--threads 2]
+    python -m benchmarks.decode_lean [--questions 64] [--pairs 5] [--threads 2]
 
 Writes ``benchmarks/results/decode_lean.json``.
 """
@@ -30,10 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
-
-from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import race_generate, race_parser, race_report, write_json  # noqa: E402
+from benchmarks.annotation_job import MODEL, load_items, prompts_for, sampling_params
+from benchmarks.common import write_json
+from benchmarks.races import race_generate, race_parser, race_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_lean.json"
 LAYERS, HIDDEN, KV, INTERMEDIATE = 30, 576, 192, 1536  # the embedded model's shapes
@@ -120,7 +119,7 @@ def main() -> None:
     params = sampling_params()
     backend.generate(prompts_for(load_items(2), backend), 1, params)  # warm-up: packing, the lean step's check
     whole = job(backend, prompts_for(load_items(args.questions), backend), args.k, params, args.pairs)
-    report = race_report(MODEL, args, load_before, "python benchmarks/decode_lean.py", wakes=products, job=whole)
+    report = race_report(MODEL, args, load_before, "python -m benchmarks.decode_lean", wakes=products, job=whole)
     for rows in ("1 row", "8 rows", "80 rows"):
         r = products[rows]
         print(f"products at {rows}: separate {r['separate_ms']} ms, stacked {r['stacked_ms']} ms ({r['ratio']}x)")

@@ -17,7 +17,7 @@ candor runs; this measures whether a data-parallel annotate would pay, and
 what it would cost in memory (each process holds its own model).
 Greedy answers must be identical between the arms.
 
-    python benchmarks/decode_processes.py [--questions 64] [--repeats 3] [--batch-size 16]
+    python -m benchmarks.decode_processes [--questions 64] [--repeats 3] [--batch-size 16]
 
 Writes ``benchmarks/results/decode_processes.json``.
 """
@@ -35,7 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import write_json
+from benchmarks.annotation_job import MODEL, generated_tokens, load_items, prompts_for, sampling_params
+from benchmarks.children import script_command, script_env
+from benchmarks.common import write_json
+from benchmarks.measure import Timer, peak_rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "decode_processes.json"
@@ -43,10 +46,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "decode_processes.json"
 
 def child(job: dict[str, Any], out: Path, ready: Path, go: Path) -> None:
     """Load, warm up, say ready, wait for the signal, time one ``generate`` on the job's slice."""
-    import resource
-
     import torch
-    from annotate_throughput import MODEL, Timer, generated_tokens, load_items, prompts_for, sampling_params
 
     from candor.backends.hf import HFBackend
 
@@ -65,15 +65,13 @@ def child(job: dict[str, Any], out: Path, ready: Path, go: Path) -> None:
     out.write_text(json.dumps({
         "seconds": timer.wall, "cpu_seconds": timer.cpu, "tokens": tokens,
         "greedy": [g.greedy.text for g in gens],
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": peak_rss_mib(),
     }))  # fmt: skip
 
 
 def run_arm(slices: list[tuple[int, int, int, int]], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Start one child per ``(start, stop, threads, batch size)``, release them together, return their results."""
-    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT / "benchmarks"),
-                                                      env.get("PYTHONPATH")]))  # fmt: skip
+    env = script_env({**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}, ROOT / "src")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         go = folder / "go"
@@ -84,8 +82,8 @@ def run_arm(slices: list[tuple[int, int, int, int]], args: argparse.Namespace) -
             (folder / f"job{i}.json").write_text(json.dumps(job))
             outs.append(folder / f"out{i}.json")
             readies.append(folder / f"ready{i}")
-            command = [sys.executable, __file__, "--child", str(folder / f"job{i}.json"), str(outs[-1]),
-                       str(readies[-1]), str(go)]  # fmt: skip
+            command = script_command(__spec__.name, "--child", str(folder / f"job{i}.json"), str(outs[-1]),
+                                     str(readies[-1]), str(go))  # fmt: skip
             procs.append(subprocess.Popen(command, env=env))
         while not all(r.exists() for r in readies):
             if any(p.poll() not in (None, 0) for p in procs):
@@ -142,7 +140,7 @@ def main() -> None:
     one, two = summary["one_process_2_threads"], summary["two_processes_1_thread"]
     greedy_one, greedy_two = runs["one_process_2_threads"][0]["greedy"], runs["two_processes_1_thread"][0]["greedy"]
     result = {
-        "command": f"python benchmarks/decode_processes.py --questions {args.questions} --repeats {args.repeats} "
+        "command": f"python -m benchmarks.decode_processes --questions {args.questions} --repeats {args.repeats} "
         f"--batch-size {args.batch_size}",
         "questions": args.questions,
         "samples_per_question": args.k,

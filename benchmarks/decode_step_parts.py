@@ -20,7 +20,7 @@ The arms alternate, the medians of wall and CPU time are kept, and the
 ratios are baseline / new. Torch runs on ``--threads`` threads with
 ``OMP_WAIT_POLICY=PASSIVE``, as candor's CLI sets it.
 
-    python benchmarks/decode_step_parts.py [--rounds 10] [--threads 2]
+    python -m benchmarks.decode_step_parts [--rounds 10] [--threads 2]
 
 Writes ``benchmarks/results/decode_step_parts.json``.
 """
@@ -35,15 +35,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
+import torch
 
-import torch  # noqa: E402
-from common import Timer, write_json  # noqa: E402
-
-from candor.backends.base import SamplingParams  # noqa: E402
-from candor.backends.engine.kv_slots import copy_rows  # noqa: E402
-from candor.backends.engine.sampling import pick_tokens, sample_tokens  # noqa: E402
-from candor.util.cpu import describe  # noqa: E402
+from benchmarks.common import write_json
+from benchmarks.measure import Timer
+from candor.backends.base import SamplingParams
+from candor.backends.engine.kv_slots import copy_rows
+from candor.backends.engine.sampling import pick_tokens, sample_tokens
+from candor.util.cpu import describe
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_step_parts.json"
 VOCAB, ROWS, PROMPTS, TOP_LOGPROBS = 49152, 96, 16, 5
@@ -146,7 +145,7 @@ def main() -> None:
     shuffled = slots[::2] + slots[1::2]  # joining rows land in free slots all over the buffer
     with torch.inference_mode():
         result = {
-            "command": "python benchmarks/decode_step_parts.py",
+            "command": "python -m benchmarks.decode_step_parts",
             "settings": {"threads": args.threads, "rounds": args.rounds,
                          "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu": platform.machine(),
                          "cpu_count": os.cpu_count(), "machine": describe()},  # fmt: skip

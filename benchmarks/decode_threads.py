@@ -10,7 +10,7 @@ kept. Two settings: cut at the first newline (the annotation job) and run to
 the 32-token cap (``peer_polygraph.py``'s capped comparison). The outputs of
 the two arms must be bit-equal (token ids and log-probs).
 
-    python benchmarks/decode_threads.py [--questions 32] [--cap-questions 16] [--pairs 6]
+    python -m benchmarks.decode_threads [--questions 32] [--cap-questions 16] [--pairs 6]
 
 Writes ``benchmarks/results/decode_threads.json``.
 """
@@ -23,10 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
-
-from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import race_generate, race_parser, race_report, write_json  # noqa: E402
+from benchmarks.annotation_job import MODEL, load_items, prompts_for, sampling_params
+from benchmarks.common import write_json
+from benchmarks.races import race_generate, race_parser, race_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "decode_threads.json"
 
@@ -66,7 +65,7 @@ def main() -> None:
         "first_newline": race(backend, prompts_for(load_items(args.questions), backend), args.k, params, args.pairs),
         "token_cap": race(backend, prompts_for(load_items(args.cap_questions), backend), args.k, capped, args.pairs),
     }
-    report = race_report(MODEL, args, load_before, "python benchmarks/decode_threads.py", settings=settings)
+    report = race_report(MODEL, args, load_before, "python -m benchmarks.decode_threads", settings=settings)
     for name, r in settings.items():
         print(f"{name}: split {r['split']['median_wall']} s wall / {r['split']['median_cpu']} CPU s, "
               f"all threads {r['all_threads']['median_wall']} / {r['all_threads']['median_cpu']}: "

@@ -10,20 +10,17 @@ The projection to the full starter set scales the per-question CPU time and
 divides by 2 cores (an upper bound on the speed; model loading and the report
 come on top). Results: ``benchmarks/results/demo_cost.json``.
 
-    python benchmarks/demo_cost.py [--questions 48]
+    python -m benchmarks.demo_cost [--questions 48]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
-
-from common import RESULTS, write_json  # noqa: E402
+from benchmarks.common import RESULTS, write_json
 
 OUT = RESULTS / "demo_cost.json"
 MODEL = "smollm2-135m"

@@ -8,8 +8,8 @@ aliases, answers borrowed from the other test questions) and the four
 diagnostics run on the base model and, with --adapter, on the model with that
 adapter (the "advice" column):
 
-    .venv/bin/python benchmarks/diagnose.py
-    .venv/bin/python benchmarks/diagnose.py --adapter benchmarks/cache/advice/<run>/adapter
+    .venv/bin/python -m benchmarks.diagnose
+    .venv/bin/python -m benchmarks.diagnose --adapter benchmarks/cache/advice/<run>/adapter
 
 Every finished stage is cached under benchmarks/cache/diagnose, so a killed
 run resumes; a run with an adapter reuses the base model's cached stages.
@@ -27,8 +27,7 @@ import random
 from itertools import zip_longest
 from pathlib import Path
 
-from common import CACHE, RESULTS, logger, setup_logging, write_json
-
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
 from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN
 from candor.diagnose import DiagnoseConfig, build_candidates, run_diagnosis
@@ -60,7 +59,8 @@ def load_pool(folder: Path) -> dict[str, list[Record]]:
     for dataset in IN_DOMAIN:
         path = folder / f"{dataset}.jsonl"
         if not path.exists():
-            raise SystemExit(f"SKIP: {path} not found; run benchmarks/baselines.py first to annotate the test sets")
+            raise SystemExit(f"SKIP: {path} not found; run `python -m benchmarks.baselines` first "
+                             "to annotate the test sets")
         pool[dataset] = read_records(path)
     return pool
 

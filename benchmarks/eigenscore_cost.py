@@ -13,7 +13,7 @@ times, in the same run, the hidden states EigenScore reads computed two ways:
 and reports seconds per record (CPU and wall), their ratio, and the largest
 difference of the EigenScore confidences between the two.
 
-    PYTHONPATH=src OMP_NUM_THREADS=2 .venv/bin/python benchmarks/eigenscore_cost.py
+    PYTHONPATH=src OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.eigenscore_cost
 
 Writes benchmarks/results/eigenscore_cost.json. Timings on a shared CPU are noisy; CPU time less so.
 """
@@ -26,8 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-from common import CACHE, RESULTS, Timer, logger, setup_logging, write_json
-
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
+from benchmarks.measure import Timer
 from candor.annotation.prompts import record_prompts
 from candor.annotation.records import read_records
 from candor.backends import load_backend
@@ -72,7 +72,7 @@ def main() -> None:
         "speedup_cpu": rows["one_by_one"]["cpu_seconds_per_record"] / rows["shared"]["cpu_seconds_per_record"],
         "speedup_wall": rows["one_by_one"]["wall_seconds_per_record"] / rows["shared"]["wall_seconds_per_record"],
         "max_abs_confidence_difference": max(diffs),
-        "command": "PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/eigenscore_cost.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=src OMP_NUM_THREADS=2 python -m benchmarks.eigenscore_cost " + " ".join(sys.argv[1:]),
     }
     write_json(args.out, result)
     for name, r in rows.items():

@@ -34,10 +34,10 @@ N-Prob.
 Every run is cached under benchmarks/cache/elical (features, test
 confidences, heads), so a killed run resumes and a rerun only re-summarizes:
 
-    .venv/bin/python benchmarks/elical.py               # everything
-    .venv/bin/python benchmarks/elical.py --skip-lora   # head mode and baselines only
-    .venv/bin/python benchmarks/elical.py --quick       # 1 seed, budgets 100 and all, no lora
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/elical.py --only select   # the rule selection alone
+    .venv/bin/python -m benchmarks.elical               # everything
+    .venv/bin/python -m benchmarks.elical --skip-lora   # head mode and baselines only
+    .venv/bin/python -m benchmarks.elical --quick       # 1 seed, budgets 100 and all, no lora
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.elical --only select   # the rule selection alone
 
 On shared, busy cores run it with ``OMP_NUM_THREADS=1``: with two torch threads
 competing with other processes, the feature extraction burned about 7x the CPU
@@ -62,9 +62,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, RESULTS, logger, peak_rss_mib, setup_logging, write_json
-from elical_targets import claim_fields
-
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
+from benchmarks.elical_choice import claim_fields
+from benchmarks.measure import peak_rss_mib
 from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators.confidences import read_confidences
@@ -142,7 +142,8 @@ def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> dict[str, lis
     for dataset in datasets:
         path = root / part / f"{dataset}.jsonl"
         if not path.exists():
-            sys.exit(f"missing {path}: run benchmarks/annotate_mini.py (it annotates and caches HonestyBench-mini)")
+            sys.exit(f"missing {path}: run `python -m benchmarks.annotate_mini` "
+                     "(it annotates and caches HonestyBench-mini)")
         out[dataset] = read_records(path)
     return out
 
@@ -169,7 +170,7 @@ def load_baselines(folder: Path, tests: dict[str, list[Record]]) -> dict[str, di
     for dataset, records in tests.items():
         path = folder / f"{dataset}.jsonl"
         if not path.exists():
-            sys.exit(f"missing {path}: run benchmarks/baselines.py (it scores the training-free baselines)")
+            sys.exit(f"missing {path}: run `python -m benchmarks.baselines` (it scores the training-free baselines)")
         rows = {row.id: row for row in read_confidences(path).rows}
         for name, column in BASELINES.items():
             missing = [r.id for r in records if r.id not in rows or column not in rows[r.id].confidence]
@@ -180,7 +181,7 @@ def load_baselines(folder: Path, tests: dict[str, list[Record]]) -> dict[str, di
                 out[name][dataset] = np.array([rows[r.id].confidence[column] for r in records])
     skipped = [name for name, v in out.items() if v is None]
     if REFERENCE in skipped:
-        sys.exit(f"no {BASELINES[REFERENCE]!r} confidences under {folder}; run benchmarks/baselines.py")
+        sys.exit(f"no {BASELINES[REFERENCE]!r} confidences under {folder}; run `python -m benchmarks.baselines`")
     if skipped:
         logger.warning("baselines without cached confidences, left out: %s", ", ".join(skipped))
     return {name: v for name, v in out.items() if v is not None}
@@ -392,7 +393,7 @@ def results_payload(
         "hyperparameters": {"head": head["config"], "lora": None if lora is None else lora["config"]},
         "seconds": {k: round(v, 1) for k, v in seconds.items()},
         "peak_rss_mib": round(peak_rss_mib(), 1),
-        "command": "python benchmarks/elical.py"
+        "command": "python -m benchmarks.elical"
         + (" --quick" if args.quick else "")
         + (" --skip-lora" if args.skip_lora and not args.quick else "")
         + (f" --report-rules '{args.report_rules}'" if args.report_rules else "")

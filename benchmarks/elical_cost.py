@@ -22,7 +22,7 @@ Model loading is outside every timed region. Wall and process CPU time are
 both reported; on a shared machine the ratios (measured in the same run) are
 the numbers to read, not the absolute seconds.
 
-    python benchmarks/elical_cost.py [--questions 100] [--threads 2]
+    python -m benchmarks.elical_cost [--questions 100] [--threads 2]
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
+import numpy as np
+from scipy.stats import spearmanr
 
-import numpy as np  # noqa: E402
-from common import RESULTS, Timer, load_mini_or_exit, setup_logging, write_json  # noqa: E402
-from scipy.stats import spearmanr  # noqa: E402
+from benchmarks.common import RESULTS, setup_logging, write_json
+from benchmarks.measure import Timer
+from benchmarks.mini import load_mini_or_exit
 
 logger = logging.getLogger("benchmarks.elical_cost")
 MODEL = "smollm2-135m"

@@ -5,7 +5,7 @@ Times each estimator alone on the first ``--n`` records of one annotated file
 the embedded default model, and prints each cost as a ratio to ``consis-lex``
 timed in the same run. The probe is timed when ``--probe DIR`` is given.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 .venv/bin/python benchmarks/estimator_cost.py
+    PYTHONPATH=src OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.estimator_cost
 
 Writes benchmarks/results/estimator_cost.json. Timings on a shared CPU are noisy.
 """
@@ -17,8 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import CACHE, RESULTS, logger, setup_logging, write_json
-
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
 from candor.annotation.records import read_records
 from candor.backends import load_backend
 from candor.estimators import get_estimator
@@ -59,7 +58,7 @@ def main() -> None:
     shown = shown.relative_to(root) if shown.is_relative_to(root) else shown
     write_json(args.out, {"records": str(shown), "n": len(records), "model": args.model,
                           "k": records[0].k if records else 0, "methods": rows,
-                          "command": "PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/estimator_cost.py "
+                          "command": "PYTHONPATH=src OMP_NUM_THREADS=1 python -m benchmarks.estimator_cost "
                                      + " ".join(sys.argv[1:])})
     for m, r in rows.items():
         print(f"{m:28s} {r['seconds_per_record'] * 1000:10.2f} ms/record  {r['ratio_to_' + BASELINE]:10.1f}x")

@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$WORK/gpu.txt"
 "$VLLM_PY" -c "import vllm" 2> "$WORK/vllm_import.txt" || { echo "vllm is not importable by $VLLM_PY"; cat "$WORK/vllm_import.txt"; exit 1; }
 
 t0=$(date +%s)
-"$PY" benchmarks/backends.py --paths vllm,hf --questions "$QUESTIONS" --k "$K" --batch-size 64 \
+"$PY" -m benchmarks.backends --paths vllm,hf --questions "$QUESTIONS" --k "$K" --batch-size 64 \
   --vllm-python "$VLLM_PY" --data "$DATA" --keep "$WORK" --out "$WORK/throughput.json"
 t1=$(date +%s)
 "$PY" -m candor.cli train elical -r "$WORK/vllm.jsonl" -o "$WORK/elical-lora" \

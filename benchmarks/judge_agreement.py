@@ -2,7 +2,7 @@
 
 The labels (benchmarks/judge_labels.json) were made by reading the question, the
 gold aliases and the model's greedy answer of records from the HonestyBench-mini
-test cache (run benchmarks/baselines.py first). Writes
+test cache (run `python -m benchmarks.baselines` first). Writes
 benchmarks/results/judge_agreement.json.
 """
 
@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from common import CACHE, RESULTS, write_json
-
+from benchmarks.common import CACHE, RESULTS, write_json
 from candor.annotation.judges import get_correctness_judge
 from candor.annotation.records import read_records
 
@@ -24,7 +23,8 @@ def main() -> None:
         records.update({r.id: r for r in read_records(path)})
     missing = [x["id"] for x in spec["labels"] if x["id"] not in records]
     if missing:
-        print(f"SKIP: {len(missing)} labelled records not in the cache; run benchmarks/baselines.py", file=sys.stderr)
+        print(f"SKIP: {len(missing)} labelled records not in the cache; run `python -m benchmarks.baselines`",
+              file=sys.stderr)
         raise SystemExit(0)
     judge = get_correctness_judge("contains")
     recs = [records[x["id"]] for x in spec["labels"]]

@@ -14,7 +14,7 @@ over 200 label-flip simulations at the measured rates. The consistency judge's a
 benchmarks/consistency_labels.json (stored verdict against the human label; a sample stratified by
 surface overlap, so its rates describe those strata, not a random pair) is reported beside it.
 
-    PYTHONPATH=src python benchmarks/judge_noise.py --scores benchmarks/cache/block/confidences
+    PYTHONPATH=src python -m benchmarks.judge_noise --scores benchmarks/cache/block/confidences
 
 Writes benchmarks/results/judge_noise.json.
 """
@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, write_json
 
+from benchmarks.common import RESULTS, write_json
 from candor.estimators.confidences import ConfidenceTable, read_confidences
 from candor.evaluation.judge_noise import HandLabels, judge_errors, judge_noise_report
 
@@ -65,7 +65,7 @@ def main() -> None:
     table = ConfidenceTable(rows)
     report = judge_noise_report(table, correctness_labels(), bootstrap=args.bootstrap)
     payload = {
-        "command": "PYTHONPATH=src python benchmarks/judge_noise.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=src python -m benchmarks.judge_noise " + " ".join(sys.argv[1:]),
         "judge": "contains", "datasets": list(DATASETS), "records": len(rows), **report,
         "consistency_judge": consistency_rates(),
     }

@@ -11,7 +11,7 @@ each finished round is written at once and a rerun skips the rounds already
 there for the same setup (``--redo`` measures again). The two arms' token ids
 must agree and their log-probs within 1e-5, or the run fails.
 
-    PYTHONPATH=src python benchmarks/live_prefix.py [--requests 32] [--repeats 2]
+    PYTHONPATH=src python -m benchmarks.live_prefix [--requests 32] [--repeats 2]
 
 Results: ``benchmarks/results/live_prefix.json``.
 """
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import RESULTS, logger, setup_logging, write_json
 
+from benchmarks.common import RESULTS, logger, setup_logging, write_json
 from candor.backends.base import DecodeRequest, Generations, SamplingParams
 from candor.backends.hf import HFBackend
 from candor.data import load_items
@@ -105,7 +105,7 @@ def main() -> None:
         payload["rounds"].append({arm: {"seconds": s, "requests_per_s": len(reqs) / s} for arm, s in seconds.items()})
         payload["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                            cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
-        payload["command"] = "PYTHONPATH=src python benchmarks/live_prefix.py " + " ".join(
+        payload["command"] = "PYTHONPATH=src python -m benchmarks.live_prefix " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in setup.items()
         )
         payload["prompt_tokens"] = {"prompt_mean": float(np.mean([len(backend.encode([r.prompt])[0]) for r in reqs])),

@@ -6,12 +6,12 @@ rather than the whole suite per mutant. Results, per module: killed, survived,
 timeouts, the score, and every surviving mutant with its diff; survivors that
 are deliberately left alone get a reason in benchmarks/mutation_reasons.json.
 
-    python benchmarks/mutation.py                      # every module, resumable
-    python benchmarks/mutation.py --modules metrics judges
-    python benchmarks/mutation.py --fresh metrics      # forget a module's earlier run
-    python benchmarks/mutation.py --recheck metrics    # new tests: retest only the recorded survivors
-    python benchmarks/mutation.py --collect annotate   # record a scratch run as it stands (e.g. stopped part-way)
-    python benchmarks/mutation.py --refresh annotate   # continue a stopped run with the current tests
+    python -m benchmarks.mutation                      # every module, resumable
+    python -m benchmarks.mutation --modules metrics judges
+    python -m benchmarks.mutation --fresh metrics      # forget a module's earlier run
+    python -m benchmarks.mutation --recheck metrics    # new tests: retest only the recorded survivors
+    python -m benchmarks.mutation --collect annotate   # record a scratch run as it stands (e.g. stopped part-way)
+    python -m benchmarks.mutation --refresh annotate   # continue a stopped run with the current tests
 
 A run stopped part-way (killed, or the machine needed) resumes where it stopped:
 mutmut keeps each mutant's verdict as it comes, and rerunning the same command

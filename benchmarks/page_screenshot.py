@@ -1,7 +1,7 @@
 """A full-page screenshot of a candor page (report.html, diagnose.html) in headless Chromium.
 
     candor demo --limit 120 -o candor-out/demo120
-    python benchmarks/page_screenshot.py candor-out/demo120/report/report.html \\
+    python -m benchmarks.page_screenshot candor-out/demo120/report/report.html \\
         benchmarks/results/pages/demo_report.png
 
 Uses Debian's ``chromium`` through the ``playwright`` package (no browser download) with the flags

@@ -2,8 +2,8 @@
 
 lm-polygraph is heavy (spacy, sentence-transformers, ...), so it lives in its
 own virtual environment (``--venv``, default /work/polygraph-venv), created
-here on first use: ``python -m venv``, then ``torch==2.13.0`` (the CPU wheel
-candor uses, so pip does not pull a CUDA build) and ``lm-polygraph==0.7.0``.
+on first use (:mod:`benchmarks.polygraph`: ``python -m venv``, then ``torch==2.13.0``,
+the CPU wheel candor uses, so pip does not pull a CUDA build, and ``lm-polygraph==0.7.0``).
 
 The run has three steps, in one file:
 
@@ -39,7 +39,7 @@ Deliberate differences (reported, not compared within 1e-6):
   lm-polygraph estimator; the max is checked on lm-polygraph's entropy
   statistic, the margin is not compared.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 /work/main/.venv/bin/python benchmarks/peer_estimators.py
+    PYTHONPATH=src OMP_NUM_THREADS=1 /work/main/.venv/bin/python -m benchmarks.peer_estimators
 
 Writes benchmarks/results/peer_estimators.json.
 """
@@ -49,14 +49,14 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from benchmarks.children import script_command, script_env
+from benchmarks.polygraph import DEFAULT_VENV, ensure_venv
+
 HERE = Path(__file__).resolve().parent
 TOLERANCE = 1e-6
-POLYGRAPH = "lm-polygraph==0.7.0"
-TORCH = "torch==2.13.0"
 
 
 # ---------------------------------------------------------------- step 2: lm-polygraph's side
@@ -150,17 +150,6 @@ def _maps():
         "token-entropy-mean": exp_neg,
         "token-entropy-max": exp_neg,
     }
-
-
-def ensure_venv(venv: Path) -> Path:
-    python = venv / "bin" / "python"
-    check = [str(python), "-c", "import lm_polygraph"]
-    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
-        return python
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", TORCH], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", POLYGRAPH], check=True)
-    return python
 
 
 def export_inputs(records, backend) -> tuple[dict, dict]:
@@ -263,7 +252,7 @@ def main() -> None:
     p.add_argument("--records", type=Path, default=HERE / "cache" / "mini" / "test" / "nq.jsonl")
     p.add_argument("--n", type=int, default=30)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--venv", type=Path, default=Path("/work/polygraph-venv"))
+    p.add_argument("--venv", type=Path, default=DEFAULT_VENV)
     p.add_argument("--work", type=Path, default=HERE / "cache" / "peer_estimators")
     p.add_argument("--out", type=Path, default=HERE / "results" / "peer_estimators.json")
     args = p.parse_args()
@@ -271,9 +260,7 @@ def main() -> None:
         peer_side(*args.peer_side)
         return
 
-    sys.path.insert(0, str(HERE))
-    from common import setup_logging, write_json
-
+    from benchmarks.common import setup_logging, write_json  # here: the peer side runs in a venv without candor
     from candor.annotation.records import read_records
     from candor.backends import load_backend
 
@@ -285,8 +272,9 @@ def main() -> None:
     inputs, ours = export_inputs(records, backend)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "inputs.json").write_text(json.dumps(inputs))
-    subprocess.run([str(python), __file__, "--peer-side", str(args.work / "inputs.json"),
-                    str(args.work / "theirs.json")], check=True)
+    command = script_command(__spec__.name, "--peer-side", str(args.work / "inputs.json"),
+                             str(args.work / "theirs.json"), python=python)
+    subprocess.run(command, check=True, env=script_env())
     theirs = json.loads((args.work / "theirs.json").read_text())
     rows = compare(ours, theirs, inputs["records"])
     version = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('lm-polygraph'))"],

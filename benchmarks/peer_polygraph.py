@@ -31,7 +31,7 @@ regions, and the whole-process wall time is reported as well. Results:
 ``benchmarks/results/peer_polygraph.json`` (both wall times, the ratios, both
 greedy outputs).
 
-    python benchmarks/peer_polygraph.py [--venv /work/polygraph-venv] [--questions 64] [--threads 2]
+    python -m benchmarks.peer_polygraph [--venv /work/polygraph-venv] [--questions 64] [--threads 2]
 """
 
 from __future__ import annotations
@@ -46,43 +46,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.annotation_job import DATA, MODEL, RenderOnly, load_items, prompts_for
+from benchmarks.children import script_command, script_env
+from benchmarks.measure import Timer
+from benchmarks.polygraph import DEFAULT_VENV, ensure_venv
+
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "honestybench" / "nq" / "test.jsonl"
 RESULTS = ROOT / "benchmarks" / "results" / "peer_polygraph.json"
-DEFAULT_VENV = Path("/work/polygraph-venv")
-MODEL = "smollm2-135m"
 SETTINGS = {"max_new_tokens": 32, "temperature": 1.0, "top_p": 0.95, "top_k": 50, "samples": 5, "batch_size": 16}
-POLYGRAPH_PINS = ("torch==2.13.0", "lm-polygraph==0.7.0")
-
-
-# ------------------------------------------------------------------ the polygraph venv
-
-
-def ensure_venv(venv: Path) -> Path:
-    """The venv's python, creating the venv (torch first, so pip keeps the CPU build) when needed."""
-    python = venv / "bin" / "python"
-    if python.exists():
-        probe = subprocess.run([str(python), "-c", "import lm_polygraph"], capture_output=True)
-        if probe.returncode == 0:
-            return python
-    print(f"creating {venv} (torch, then lm-polygraph; several minutes)", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    for pin in POLYGRAPH_PINS:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", pin], check=True)
-    return python
 
 
 # ------------------------------------------------------------------ children
-
-
-class Timer:
-    def __enter__(self) -> Timer:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall = time.perf_counter() - self.wall
-        self.cpu = time.process_time() - self.cpu
 
 
 def polygraph_child(job: dict[str, Any]) -> dict[str, Any]:
@@ -153,10 +127,10 @@ def run_child(python: str, side: str, job: dict[str, Any]) -> dict[str, Any]:
         job_file, out_file = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_file.write_text(json.dumps(job))
         env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-        if side == "candor":
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+        env = script_env(env, ROOT / "src") if side == "candor" else script_env(env)
         start = time.perf_counter()
-        subprocess.run([python, __file__, "--child", side, str(job_file), str(out_file)], check=True, env=env)
+        command = script_command(__spec__.name, "--child", side, str(job_file), str(out_file), python=python)
+        subprocess.run(command, check=True, env=env)
         result = json.loads(out_file.read_text())
         result["process_seconds"] = time.perf_counter() - start
         return result
@@ -166,35 +140,17 @@ def run_child(python: str, side: str, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_job(n: int, threads: int) -> dict[str, Any]:
-    from candor.annotation.prompts import TEMPLATES
+    """The job both sides run: the first ``n`` NQ test questions' few-shot prompts, gold answers, the model."""
     from candor.backends.default_model import resolve_embedded
-    from candor.data.items import QAItem
 
-    items = []
-    with DATA.open() as f:
-        for i, line in enumerate(f):
-            if len(items) == n:
-                break
-            row = json.loads(line)
-            items.append(QAItem(f"nq-{i}", "nq", "test", row["question"], tuple(row["answer"])))
-    template = TEMPLATES.get("fewshot")
-    prompts = [template(item, _RenderOnly()) for item in items]  # type: ignore[arg-type]
+    items = load_items(n)
     return {
-        "prompts": prompts,
+        "prompts": prompts_for(items, RenderOnly()),
         "answers": [item.answers[0] if item.answers else "" for item in items],
         "model_path": str(resolve_embedded(MODEL)),
         "settings": SETTINGS,
         "threads": threads,
     }
-
-
-class _RenderOnly:
-    """Stands in for a backend: the few-shot template renders without a model."""
-
-    model_name = MODEL
-
-    def render_chat(self, messages: Any, add_generation_prompt: bool = True) -> str:
-        raise NotImplementedError
 
 
 def main() -> None:

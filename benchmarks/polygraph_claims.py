@@ -14,42 +14,16 @@ formula is compared given the same decisions). lm-polygraph computes:
 - ``ClaimConditionedProbabilityClaim`` (``no_context``) from the alternatives and
   the decisions, its stopword test given candor's functional-token flags.
 
-    /work/polygraph-venv/bin/python benchmarks/polygraph_claims.py < job.json > out.json
+    /work/polygraph-venv/bin/python -m benchmarks.polygraph_claims < job.json > out.json
+
+(from the repository root; :func:`benchmarks.polygraph.run_polygraph` runs it so from candor's side).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
-
-DEFAULT_VENV = Path("/work/polygraph-venv")
-
-
-def polygraph_python(venv: Path = DEFAULT_VENV) -> Path | None:
-    """The venv's python when lm-polygraph imports there, else None (callers skip with a reason)."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        return None
-    probe = subprocess.run([str(python), "-c", "import lm_polygraph.estimators"], capture_output=True)
-    return python if probe.returncode == 0 else None
-
-
-def run_polygraph(python: Path, job: dict[str, Any], timeout: float = 900) -> dict[str, list[list[float]]]:
-    """This script under ``python`` on ``job``; lm-polygraph's values by estimator name."""
-    done = subprocess.run(
-        [str(python), str(Path(__file__).resolve())],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"lm-polygraph child failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout)
 
 
 def entropies(job: dict[str, Any]) -> list[list[float]]:

@@ -7,7 +7,7 @@ embedded default, one prompt of about ``--tokens`` tokens, prefilled in chunks
 of ``--chunk`` tokens (as the live engine does) and in one piece, alternating
 ``--rounds`` times; per chunk position, the median time.
 
-    PYTHONPATH=src python benchmarks/prefill_chunks.py [--tokens 4000] [--chunk 64] [--rounds 2]
+    PYTHONPATH=src python -m benchmarks.prefill_chunks [--tokens 4000] [--chunk 64] [--rounds 2]
 
 Results: ``benchmarks/results/prefill_chunks.json``.
 """
@@ -21,8 +21,8 @@ import sys
 import time
 
 import torch
-from common import RESULTS, setup_logging, write_json
 
+from benchmarks.common import RESULTS, setup_logging, write_json
 from candor.backends.engine.chunked_prefill import ChunkedPrefill
 from candor.backends.hf import HFBackend
 from candor.util.cpu import describe
@@ -71,7 +71,7 @@ def main() -> None:
     per_chunk = [statistics.median(run[i][1] for run in chunked) for i in range(len(ends))]
     body = per_chunk[:-1]
     result = {
-        "command": " ".join(["PYTHONPATH=src python benchmarks/prefill_chunks.py", *sys.argv[1:]]),
+        "command": " ".join(["PYTHONPATH=src python -m benchmarks.prefill_chunks", *sys.argv[1:]]),
         "model": args.model, "threads": args.threads, "machine": describe(), "prompt_tokens": len(ids),
         "chunk": args.chunk, "rounds": args.rounds,
         "chunk_s": {"first": round(body[0], 3), "median": round(statistics.median(body), 3),

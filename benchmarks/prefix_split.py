@@ -21,7 +21,7 @@ The two arms round differently (split attention is exact algebra, not the
 same float sums), so outputs are compared, not required bit-equal: how many
 completions have the same tokens, and the largest log-prob difference.
 
-    python benchmarks/prefix_split.py [--questions 64] [--pairs 3] [--threads 2]
+    python -m benchmarks.prefix_split [--questions 64] [--pairs 3] [--threads 2]
 
 Writes ``benchmarks/results/prefix_split.json``.
 """
@@ -34,10 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads, as candor's CLI does
-
-from annotate_throughput import MODEL, load_items, prompts_for, sampling_params  # noqa: E402
-from common import alternate_arms, arm_summary, generation_outputs, race_parser, race_report, write_json  # noqa: E402
+from benchmarks.annotation_job import MODEL, load_items, prompts_for, sampling_params
+from benchmarks.common import write_json
+from benchmarks.races import alternate_arms, arm_summary, generation_outputs, race_parser, race_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prefix_split.json"
 ARMS = ("prefix_in_every_row", "prefix_kept_once")  # baseline first
@@ -96,7 +95,7 @@ def main() -> None:
         "to_token_cap": race(backend, prompts, args.k, dataclasses.replace(params, stop=()), args.pairs),
     }
     report = race_report(
-        MODEL, args, load_before, "python benchmarks/prefix_split.py",
+        MODEL, args, load_before, "python -m benchmarks.prefix_split",
         shared_prefix_tokens=usable_prefix_length(backend.model, encoded, params.max_new_tokens),
         prompt_tokens={"min": min(map(len, encoded)), "max": max(map(len, encoded))},
         jobs=jobs,

@@ -28,7 +28,7 @@ generating (threshold for 50% dev coverage) and once with an answer-level
 confidence (n-prob, which must generate every answer first); the ratio of
 the wall times is the saving.
 
-    PYTHONPATH=src python benchmarks/selective.py [--timing-questions 64]
+    PYTHONPATH=src python -m benchmarks.selective [--timing-questions 64]
 
 Writes benchmarks/results/selective.json and benchmarks/results/selective.png.
 ``--skip-elical`` leaves out the EliCal head and the timing (no training pool
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import CACHE, RESULTS, logger, setup_logging, write_json
 
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
 from candor.annotation.records import Record, read_records
 from candor.data.mini import IN_DOMAIN, OUT_OF_DOMAIN
 from candor.estimators import get_estimator
@@ -87,7 +87,7 @@ def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> list[Record]:
     for dataset in datasets:
         path = root / part / f"{dataset}.jsonl"
         if not path.exists():
-            sys.exit(f"missing {path}: HonestyBench-mini annotations are needed (see benchmarks/baselines.py)")
+            sys.exit(f"missing {path}: HonestyBench-mini annotations are needed (see `python -m benchmarks.baselines`)")
         records = read_records(path)
         labelled = [r for r in records if r.greedy_correct is not None]
         if len(labelled) < len(records):
@@ -271,7 +271,7 @@ def main() -> None:
         return
     questions = [r.item.question for r in tests["in-domain test"]][: args.timing_questions]
     payload = {
-        "command": "PYTHONPATH=src python benchmarks/selective.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=src python -m benchmarks.selective " + " ".join(sys.argv[1:]),
         "model": args.model,
         "sizes": {"train": len(train), "dev": len(dev), **{k: len(v) for k, v in tests.items()}},
         "base_accuracy": {k: float(correct_of(v).mean()) for k, v in tests.items()},
@@ -298,7 +298,7 @@ def write_block(args: argparse.Namespace, methods: dict[str, Any], sizes: dict[s
     path = args.out_dir / "selective.json"
     payload = json.loads(path.read_text())
     payload[args.block] = {
-        "command": "PYTHONPATH=src python benchmarks/selective.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=src python -m benchmarks.selective " + " ".join(sys.argv[1:]),
         "annotations": str(args.annotations), "sizes": sizes, "seconds": round(seconds, 1),
         "threshold_rule": f"risk control alpha={args.alpha} delta={args.delta}, chosen on dev", "methods": methods,
     }

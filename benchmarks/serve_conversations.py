@@ -21,8 +21,8 @@ draws the same questions for both shapes.
 
 Every answer is appended to ``--cache`` (JSONL) as it is computed, so a killed run continues:
 
-    nohup nice -n 10 env PYTHONPATH=src python benchmarks/serve_conversations.py > conv.log 2>&1 &
-    python benchmarks/serve_conversations.py --summarize-only   # the JSON from what is cached so far
+    nohup nice -n 10 env PYTHONPATH=src python -m benchmarks.serve_conversations > conv.log 2>&1 &
+    python -m benchmarks.serve_conversations --summarize-only   # the JSON from what is cached so far
 
 Writes benchmarks/results/serve_conversations.json; benchmarks/readme_tables.py makes its table.
 """
@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import CACHE, RESULTS, load_mini_or_exit, logger, setup_logging, write_json
 
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
+from benchmarks.mini import load_mini_or_exit
 from candor.annotation.builder import AnnotateConfig
 from candor.annotation.judges import get_correctness_judge
 from candor.data.items import QAItem
@@ -272,7 +273,7 @@ def payload(args: argparse.Namespace, items: list[QAItem], cache: AnswerCache, s
 
 
 def command() -> str:
-    return " ".join(["python benchmarks/serve_conversations.py", *sys.argv[1:]])
+    return " ".join(["python -m benchmarks.serve_conversations", *sys.argv[1:]])
 
 
 def answered_by(cache: Path) -> str | None:

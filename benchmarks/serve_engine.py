@@ -35,7 +35,7 @@ Ratios, computed from cells of the same setup in the file:
 --redo`` after the in-process engine changes); each arm records the commit it
 measured.
 
-    CANDOR_DATA_DIR=... PYTHONPATH=src python benchmarks/serve_engine.py --head HEAD [--arms chain,generation] [--quick]
+    CANDOR_DATA_DIR=... PYTHONPATH=src python -m benchmarks.serve_engine --head HEAD [--arms chain,generation] [--quick]
 
 Results: ``benchmarks/results/serve_engine.json`` (``--quick``: ``serve_engine_quick.json``).
 """
@@ -57,8 +57,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import CACHE, RESULTS, load_mini_or_exit, logger, setup_logging, write_json
-from servers import free_port
+
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
+from benchmarks.mini import load_mini_or_exit
+from benchmarks.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("generation", "candor", "head", "head-abstain", "chain")
@@ -252,7 +254,7 @@ def main() -> None:
     if payload.get("setup_key") != key:
         payload = {"setup_key": key, "cells": {}, "servers": {}}
     payload.update({
-        "command": "PYTHONPATH=src python benchmarks/serve_engine.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=src python -m benchmarks.serve_engine " + " ".join(sys.argv[1:]),
         "model": MODEL, "head": str(args.head), "max_new_tokens": args.max_new_tokens,
         "server_omp_threads": args.threads, "cpu_count": os.cpu_count(), "concurrency": args.concurrency,
         "requests_per_cell": {str(c): max(args.requests, 2 * c) for c in args.concurrency},

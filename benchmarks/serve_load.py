@@ -25,8 +25,8 @@ Two phases, each stored under its own key of the results file (a phase not run k
   stop lists); the short single questions' p99 against their idle p50, confidences
   against the same conversations asked alone, resident memory (``serve_traffic.py``).
 
-    PYTHONPATH=src python benchmarks/serve_load.py --phases hostile [--clients 50] [--seconds 60]
-    PYTHONPATH=src python benchmarks/serve_load.py --phases traffic [--clients 50] [--seconds 60]
+    PYTHONPATH=src python -m benchmarks.serve_load --phases hostile [--clients 50] [--seconds 60]
+    PYTHONPATH=src python -m benchmarks.serve_load --phases traffic [--clients 50] [--seconds 60]
 
 Results: ``benchmarks/results/serve_load.json``.
 """
@@ -46,11 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import RESULTS, logger, setup_logging, write_json
-from serve_hostile import run_hostile
-from serve_traffic import run_traffic
-from servers import free_port, start_candor_serve
 
+from benchmarks.common import RESULTS, logger, setup_logging, write_json
+from benchmarks.heads import untrained_head
+from benchmarks.serve_hostile import run_hostile
+from benchmarks.serve_traffic import run_traffic
+from benchmarks.servers import free_port, start_candor_serve
 from candor.data import load_items
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def main() -> None:
     payload = json.loads(out.read_text()) if out.exists() else {}
     if payload and "batching" not in payload and "hostile" not in payload:
         payload = {"batching": payload}  # the file before the hostile phase existed
-    command = "PYTHONPATH=src python benchmarks/serve_load.py " + " ".join(sys.argv[1:])
+    command = "PYTHONPATH=src python -m benchmarks.serve_load " + " ".join(sys.argv[1:])
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     if "batching" in phases:
         payload["batching"] = run_batching(args)
@@ -205,17 +206,6 @@ def resident_mb(pid: int) -> dict[str, float]:
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return {"rss_mb": round(int(status["VmRSS"].split()[0]) / 1024, 1),
             "peak_rss_mb": round(int(status["VmHWM"].split()[0]) / 1024, 1)}  # fmt: skip
-
-
-def untrained_head(model: str, folder: Path, template: str) -> Path:
-    """An EliCal head on ``model``'s backbone with seeded random weights (memory does not depend on training)."""
-    from candor.train.common import load_causal_lm
-    from candor.train.elical import ConfidenceHead, HeadConfig
-
-    lm, tokenizer = load_causal_lm(model, device="cpu")
-    return ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=model, template=template), seed=0).save_pretrained(
-        folder
-    )
 
 
 def run_head_memory(args: argparse.Namespace) -> dict[str, Any]:

@@ -15,7 +15,7 @@ Two phases, each stored under its own key of the results file (a phase not run k
 the same measurement can be taken of another version (the phase's key gets
 ``--tag`` appended).
 
-    PYTHONPATH=src python benchmarks/serve_resources.py [--phases stops,long_prompts] [--src ../main/src --tag main]
+    PYTHONPATH=src python -m benchmarks.serve_resources [--phases stops,long_prompts] [--src ../main/src --tag main]
 
 Results: ``benchmarks/results/serve_resources.json``.
 """
@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 import openai
-from common import RESULTS, setup_logging, write_json
-from serve_load import untrained_head
-from servers import free_port, resident_mib, start_candor_serve
 
+from benchmarks.common import RESULTS, setup_logging, write_json
+from benchmarks.heads import untrained_head
+from benchmarks.servers import free_port, resident_mib, start_candor_serve
 from candor.data import load_items
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +169,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown phases: {sorted(unknown)}")
     questions = [item.question for item in load_items("starter")][: args.questions]
-    common = {"command": "PYTHONPATH=src python benchmarks/serve_resources.py " + " ".join(sys.argv[1:]),
+    common = {"command": "PYTHONPATH=src python -m benchmarks.serve_resources " + " ".join(sys.argv[1:]),
               "model": args.model, "server_omp_threads": args.threads, "cpu_count": os.cpu_count(),
               "src": os.path.relpath(Path(args.src).resolve(), ROOT)}  # fmt: skip
     common["confidence"] = f"untrained EliCal head ({args.head_template} template)" if args.head_template else "n-prob"

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 import openai
-from servers import resident_mib
 
+from benchmarks.servers import resident_mib
 from candor.data import load_items
 
 TOLERANCE = 1e-6

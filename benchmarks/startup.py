@@ -17,8 +17,8 @@ machine shared with other jobs the steadier measure). The steps:
 (``--label before`` / ``after``) in ``benchmarks/results/startup.json``; a
 label already there is measured again only with ``--force``.
 
-    python benchmarks/startup.py --label before --src /path/to/old/checkout/src
-    python benchmarks/startup.py --label after
+    python -m benchmarks.startup --label before --src /path/to/old/checkout/src
+    python -m benchmarks.startup --label after
 """
 
 from __future__ import annotations

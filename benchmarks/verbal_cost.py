@@ -10,21 +10,19 @@ prefix all prompts share, plus the candidate trie's nodes, see
 :mod:`candor.backends.engine.prefix_scoring`), and the FLOP floor that follows from
 it. Results: ``benchmarks/results/verbal_cost.json``.
 
-    python benchmarks/verbal_cost.py [--records benchmarks/cache/mini/dev/nq.jsonl] [--n 24]
+    python -m benchmarks.verbal_cost [--records benchmarks/cache/mini/dev/nq.jsonl] [--n 24]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see candor/cli/__init__.py
+import numpy as np
 
-import numpy as np  # noqa: E402
-from common import CACHE, RESULTS, write_json  # noqa: E402
+from benchmarks.common import CACHE, RESULTS, write_json
 
 MODEL = "smollm2-135m"
 OUT = RESULTS / "verbal_cost.json"
@@ -65,7 +63,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if not args.records.exists():
-        print(f"skipped: no records at {args.records} (run benchmarks/baselines.py first)")
+        print(f"skipped: no records at {args.records} (run `python -m benchmarks.baselines` first)")
         return
 
     import torch

@@ -8,7 +8,7 @@ each pruned μ with the exact μ: max and mean |Δμ|, the stated per-record bou
 (:func:`candor.verbal.formats.mu_error_bound`) and how many records exceed it
 (beyond 1e-5 of float round-off; it must be 0).
 
-    PYTHONPATH=src python benchmarks/verbal_pruned.py --records benchmarks/cache/mini/train/nq.jsonl
+    PYTHONPATH=src python -m benchmarks.verbal_pruned --records benchmarks/cache/mini/train/nq.jsonl
 
 Writes benchmarks/results/verbal_pruned.json. Timings on a shared CPU are noisy: read the CPU ratios.
 """
@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import CACHE, RESULTS, Timer, logger, setup_logging, write_json
+
+from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
+from benchmarks.measure import Timer
 
 MODEL = "smollm2-135m"
 ROUND_OFF = 1e-5
@@ -91,7 +93,7 @@ def main() -> None:
         "percent_pruned": runs,
         "bound": "|μ - μ_exact| <= u · max_c |value(c) - μ|, u = U / (A + U): U the probability of the trie nodes "
                  "left unexpanded, A that of the labels kept",
-        "command": "PYTHONPATH=src python benchmarks/verbal_pruned.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=src python -m benchmarks.verbal_pruned " + " ".join(sys.argv[1:]),
     }
     write_json(args.out, result)
     print(f"exact percent/number: {result['percent_exact']['cpu_ratio_to_number']:.2f}x CPU")

@@ -102,15 +102,8 @@ def lively_model(tokenizer):
 def readme_generator():
     """``readme_generator("adapt")``: a module of benchmarks/readme, the READMEs' generator (not installed)."""
     import importlib
-    import sys
-
-    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
 
     def module(name: str):
-        sys.path.insert(0, benchmarks)
-        try:
-            return importlib.import_module(f"readme.{name}")
-        finally:
-            sys.path.remove(benchmarks)
+        return importlib.import_module(f"benchmarks.readme.{name}")
 
     return module

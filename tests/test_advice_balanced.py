@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import numpy as np
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCHMARKS))  # the script imports its siblings (common, advice) as top-level modules
-    try:
-        spec = importlib.util.spec_from_file_location("advice_balanced", BENCHMARKS / "advice_balanced.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return importlib.import_module("benchmarks.advice_balanced")
 
 
 def test_the_starter_split_is_a_deterministic_partition_by_question_hash(bench):

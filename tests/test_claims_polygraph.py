@@ -1,7 +1,7 @@
 """candor's claim estimators equal lm-polygraph's on the same answers and claims (its own venv).
 
 lm-polygraph runs in its own virtual environment (``/work/polygraph-venv``, as
-benchmarks/peer_polygraph.py makes it) through benchmarks/polygraph_claims.py;
+benchmarks/polygraph.py makes it) through benchmarks/polygraph_claims.py;
 the test skips with the reason when that venv is absent. The answers come from
 the tiny random Llama (its lively variant); lm-polygraph recomputes the entropies with that model in
 its venv, and gets CCP's entailment decisions from candor (the formula is compared
@@ -10,20 +10,15 @@ given the same decisions).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from benchmarks.polygraph import polygraph_python, run_polygraph
 from candor.annotation.claims import Claim
 from candor.backends.base import SamplingParams
 from candor.estimators.claim_base import ClaimContext
 from candor.estimators.claim_ccp import ClaimCCP, is_functional, token_alternatives
 from candor.estimators.claim_scoring import get_claim_estimator
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from polygraph_claims import polygraph_python, run_polygraph  # noqa: E402
 
 PYTHON = polygraph_python()
 pytestmark = pytest.mark.skipif(PYTHON is None, reason="lm-polygraph venv absent (/work/polygraph-venv)")

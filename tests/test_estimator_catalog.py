@@ -38,7 +38,7 @@ def test_the_readme_table_is_the_generated_one_and_names_every_estimator():
     text = README.read_text()
     block = re.search(r"<!-- table:estimators -->\n(.*?)<!-- /table -->", text, re.S)
     assert block, "README has no generated estimator table"
-    assert block.group(1) == markdown_table(), "run: python benchmarks/readme_tables.py"
+    assert block.group(1) == markdown_table(), "run: python -m benchmarks.readme_tables"
     for name in ESTIMATORS.names():
         assert f"| `{name}` |" in block.group(1), name
 

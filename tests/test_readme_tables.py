@@ -1,8 +1,9 @@
-"""Both READMEs' tables and quoted numbers are exactly what benchmarks/readme_tables.py writes."""
+"""Both READMEs' tables and quoted numbers are exactly what ``python -m benchmarks.readme_tables`` writes."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from candor.estimators.catalog import markdown_table
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TOP = BENCHMARKS.parent / "README.md"
-RUN = "run: python benchmarks/readme_tables.py"
+RUN = "run: python -m benchmarks.readme_tables"
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,20 @@ def test_a_part_written_by_two_renderers_is_an_error(gen, readme_generator, monk
     monkeypatch.setattr(gen, "SECTIONS", [adapt.adapt, adapt.adapt])
     with pytest.raises(ValueError, match=r"readme.adapt.adapt writes parts already written: \['table:adapt'"):
         gen.generated()
+
+
+def test_a_recorded_script_path_is_shown_as_the_module_command(readme_generator):
+    shown = readme_generator("formatting").shown_command
+    assert shown("python benchmarks/annotate_steps.py --k 5") == "python -m benchmarks.annotate_steps --k 5"
+    assert shown("PYTHONPATH=src .venv/bin/python benchmarks/x_y.py --out benchmarks/results/x.json") == (
+        "PYTHONPATH=src .venv/bin/python -m benchmarks.x_y --out benchmarks/results/x.json"
+    )
+    assert shown("python -m benchmarks.decode_lean") == "python -m benchmarks.decode_lean"  # recorded as run now
+    assert shown("candor adapt LOG --honest START") == "candor adapt LOG --honest START"
+
+
+def test_no_generated_part_runs_a_script_by_its_path(parts):
+    assert [key for key, text in parts.items() if re.search(r"python\S* benchmarks/\w+\.py", text)] == []
 
 
 def test_numbers_quoted_in_prose_come_from_the_json(parts):

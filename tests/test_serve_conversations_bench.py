@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCHMARKS))  # the benchmark scripts import their neighbour ``common``
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-
 
 @pytest.fixture(scope="module")
 def bench():
-    return _load("serve_conversations")
+    return importlib.import_module("benchmarks.serve_conversations")
 
 
 def shape(confidence, correct, answers):
@@ -113,8 +98,9 @@ def test_the_readme_table_is_generated_from_the_json(tmp_path, readme_generator)
         "| `n-prob` | 3-turn | 4 | 25.0 | 65.0 [60, 90] | 30.0 [10, 30] | −10.0 [−15.0, −5.0] "
         "| +10.0 [+5.0, +15.0] | −25.0 [−30.0, −20.0] | 2 / 4 |"
     )
+    # The fixture's commands are recorded the way runs before the package were; the README shows them as run now.
     assert parts["value:serve-conversations-run"].startswith(
-        "`python benchmarks/serve_conversations.py --per-dataset 2` (4 questions answered in all three ways, "
+        "`python -m benchmarks.serve_conversations --per-dataset 2` (4 questions answered in all three ways, "
         "taken in turn from the in-domain test sets NQ, HotpotQA; judge `contains`"
     )
     assert parts["value:serve-conversations-shifts"] == (

@@ -8,7 +8,7 @@ from statistics import fmean
 
 from candor.data.mini import IN_DOMAIN
 
-from .formatting import DASH, DATASET_NAMES, Json, bold_best, gib, load, md_table, pct, ratio, with_ci
+from .formatting import DASH, DATASET_NAMES, Json, bold_best, gib, load, md_table, pct, ratio, shown_command, with_ci
 
 ADVICE_ROWS = [
     ("Default", "ScoreLetter"),
@@ -144,7 +144,7 @@ def advice_budget(r: Path) -> dict[str, str]:
             f"in-domain {n_id['n']} questions ({100 * n_id['accuracy']:.1f}% answered "
             f"correctly); per dataset {eval_sizes}"
         ),
-        "value:advice13-command": f"`{d['command']}`",
+        "value:advice13-command": f"`{shown_command(d['command'])}`",
         "value:advice13-unseen": _unseen13(r),
         "value:advice13-auroc-by-dataset": _auroc_by_dataset(methods, d["groups"]["id"]),
         "value:advice13-mean-confidence": _mean_confidence(methods),
@@ -295,7 +295,7 @@ def advice_balanced(r: Path) -> dict[str, str]:
             f"{d['settings']['seeds']}"
         ),
         "value:advice-balanced-verdict": d["hypothesis"] + ("" if d.get("complete") else " (partial run)"),
-        "value:advice-balanced-command": f"`{d['command']}`",
+        "value:advice-balanced-command": f"`{shown_command(d['command'])}`",
         "value:advice-balanced-cost": "; ".join(
             f"{seed}: "
             + ", ".join(

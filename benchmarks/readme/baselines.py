@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .formatting import DATASET_NAMES, METRIC_LABELS, gib, load, md_table, pct, with_ci
+from .formatting import DATASET_NAMES, METRIC_LABELS, gib, load, md_table, pct, shown_command, with_ci
 
 
 def judge_agreement(r: Path) -> dict[str, str]:
@@ -59,7 +59,7 @@ def baselines_strong(r: Path) -> dict[str, str]:
         "value:baselines-strong-best": f"`{best}` ({pct(best_m['id']['auroc'])} "
         f"[{pct(best_m['ci95']['id']['auroc'][0], 0)}, "
         f"{pct(best_m['ci95']['id']['auroc'][1], 0)}])",
-        "value:baselines-strong-command": f"`{d['command']}`",
+        "value:baselines-strong-command": f"`{shown_command(d['command'])}`",
         "value:baselines-strong-seconds": f"{sum(d['seconds'].values()) / 60:.0f} minutes",
     }
 
@@ -89,7 +89,7 @@ def baselines_debias(r: Path) -> dict[str, str]:
     weights = block["fits"]["ensemble"]["weights"]
     return {
         "table:baselines-debias": md_table(header, "lrrrr", rows),
-        "value:baselines-debias-command": f"`{block['command']}`",
+        "value:baselines-debias-command": f"`{shown_command(block['command'])}`",
         "value:baselines-debias-sizes": f"{block['sizes']['id']} in-domain and {block['sizes']['ood']} OOD test "
         f"records ({block['test_size']} per dataset; in-domain accuracy "
         f"{pct(block['greedy_accuracy']['id'])}%)",
@@ -123,5 +123,5 @@ def judge_noise(r: Path) -> dict[str, str]:
         f"(widest: `{widest}`)",
         "value:judge-noise-consistency": f"sensitivity {pct(cons['sensitivity'])}%, specificity "
         f"{pct(cons['specificity'])}% on its {cons['n']} labels",
-        "value:judge-noise-command": f"`{d['command']}`",
+        "value:judge-noise-command": f"`{shown_command(d['command'])}`",
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,21 @@ DATASET_NAMES = {
 }
 
 Json = dict[str, Any]
+# A script run by its path (``python benchmarks/X.py``), as results files recorded it before the benchmarks
+# became a package; ``\S*`` keeps an interpreter's folder (``.venv/bin/python``).
+SCRIPT_BY_PATH = re.compile(r"(\S*python3?) benchmarks/(\w+)\.py\b")
 
 
 def load(name: str, results: Path = RESULTS) -> Json:
     return json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def shown_command(recorded: str) -> str:
+    """A command a results file recorded, as it runs now: ``python benchmarks/X.py`` is ``python -m benchmarks.X``.
+
+    The files keep what was run; the READMEs show the command a reader can paste.
+    """
+    return SCRIPT_BY_PATH.sub(r"\1 -m benchmarks.\2", recorded)
 
 
 def pct(x: float | None, digits: int = 1) -> str:

@@ -7,8 +7,8 @@ Both READMEs mark every generated part, so prose and tables cannot drift from th
     <!-- /table -->
     <!-- value:NAME -->12.3<!-- /value -->    one number or phrase quoted in the prose
 
-    python benchmarks/readme_tables.py           # rewrite both READMEs in place
-    python benchmarks/readme_tables.py --check   # exit 1 if either README differs from what this writes
+    python -m benchmarks.readme_tables           # rewrite both READMEs in place
+    python -m benchmarks.readme_tables --check   # exit 1 if either README differs from what this writes
 
 Every marker in either README needs a renderer in ``sections.SECTIONS`` (an unknown one is an error
 naming the file, line and marker; exit 2), and every part a renderer writes must be placed in at least
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     for path, new in changed.items():
         if args.check:
             print(
-                f"{shown(path)} differs from the results files; run python benchmarks/readme_tables.py", file=sys.stderr
+                f"{shown(path)} differs from the results files; run python -m benchmarks.readme_tables", file=sys.stderr
             )
             continue
         tmp = path.with_name(path.name + ".tmp")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .formatting import DASH, DATASET_NAMES, METRIC_LABELS, Json, load, md_table, pct, signed, with_ci
+from .formatting import DASH, DATASET_NAMES, METRIC_LABELS, Json, load, md_table, pct, shown_command, signed, with_ci
 
 CONVERSATION_SHAPES = ("single", "2-turn", "3-turn")
 
@@ -72,8 +72,9 @@ def _conversation_run(d: Json) -> str:
     sizes = sorted({m["n"] for m in d["methods"].values()})
     answered = " or ".join(str(n) for n in sizes)
     names = ", ".join(DATASET_NAMES.get(ds, ds) for ds in d["datasets"])
+    run = shown_command(d["answered_by"] or d["command"])
     return (
-        f"`{d['answered_by'] or d['command']}` ({answered} questions answered in all three ways, taken in turn "
+        f"`{run}` ({answered} questions answered in all three ways, taken in turn "
         f"from the in-domain test sets {names}; judge `{d['judge']}`, ECE on {d['ece_bins']} bins, "
         f"{d['bootstrap']} bootstrap resamples)"
     )
@@ -113,7 +114,7 @@ def serve_hostile(r: Path) -> dict[str, str]:
             f"resident memory {m['head_from_prefill']['rss_mb']:.0f} MB with the head read from the prefill, "
             f"{m['rss_ratio_over_no_head']['head_from_prefill']:.3f}x the {m['no_head']['rss_mb']:.0f} MB of n-prob "
             f"without a head, against {m['rss_ratio_over_no_head']['head_own_pass']:.2f}x when the head runs its own "
-            f"pass (SmolLM2-135M, {m['questions']} questions answered; `python benchmarks/serve_load.py --phases "
+            f"pass (SmolLM2-135M, {m['questions']} questions answered; `python -m benchmarks.serve_load --phases "
             "head_memory`)"
         ),
         "value:serve-load-micro-batched": (
@@ -288,6 +289,7 @@ def prefill_chunks(r: Path) -> dict[str, str]:
             f"a {d['chunk']}-token chunk of a {d['prompt_tokens']:,}-token prompt takes {c['first']:.2f} s at its "
             f"start and up to {c['max_before_last']:.2f} s near its end, and the last one ({c['last_rows']} rows) "
             f"{c['last']:.2f} s; the whole prompt takes {d['chunked_total_s']:.0f} s in chunks against "
-            f"{d['one_piece_s']:.0f} s in one piece ({d['chunked_over_one_piece']:.2f}×; `{d['command']}`)"
+            f"{d['one_piece_s']:.0f} s in one piece ({d['chunked_over_one_piece']:.2f}×; "
+            f"`{shown_command(d['command'])}`)"
         ),
     }

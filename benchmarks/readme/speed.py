@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .formatting import Json, gib, load, md_table
+from .formatting import Json, gib, load, md_table, shown_command
 
 
 def annotate_throughput(r: Path) -> dict[str, str]:
@@ -80,7 +80,7 @@ def _annotate_speed(d: dict) -> str:
     if prof:
         shares = ", ".join(f"{group} {100 * share:.0f}%" for group, share in prof["share_of_op_time"].items())
         text += (
-            f". Profiled (`{prof['command']}`): {prof['tokens_per_second']:.0f} tokens/s, "
+            f". Profiled (`{shown_command(prof['command'])}`): {prof['tokens_per_second']:.0f} tokens/s, "
             f"{prof['roofline_fraction']:.2f} of the measured float32 GEMM roofline by wall time "
             f"({prof['roofline_fraction_cpu_time']:.2f} per CPU second); operator time: {shares}"
         )
@@ -109,7 +109,7 @@ def _annotate_steps(steps: dict) -> str:
     ]
     (one, one_ms), (full, full_ms) = steps["bare_step_ms"].items()
     return (
-        f"Step by step (`{steps['command']}`, {steps['seconds']:.1f} s in all): "
+        f"Step by step (`{shown_command(steps['command'])}`, {steps['seconds']:.1f} s in all): "
         f"{'; '.join(by_rows)}; prefill {phases['prefill']['seconds']:.1f} s, admitting rows "
         f"{phases['admit rows (KV writes)']['seconds']:.1f} s. One bare decode step of the model costs "
         f"{one_ms:.0f} ms at {one} and {full_ms:.0f} ms at {full}: a step reads all the weights whatever its "
