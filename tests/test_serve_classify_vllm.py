@@ -2,7 +2,7 @@
 (``--runner pooling``), ``candor serve --backend openai --confidence-url`` sits in front.
 
 On the embedded model (vLLM's CPU attention has no kernel for the tiny model's head size 16).
-Needs vLLM, which lives in its own venv (see the README section on the vllm tests); elsewhere
+Needs vLLM, which lives in its own venv (docs/development.md "Development"); elsewhere
 the module skips.
 """
 

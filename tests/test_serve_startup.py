@@ -2,8 +2,8 @@
 
 Real servers on 127.0.0.1 throughout: ``http.server`` servers written here (one
 listing another model, one that never answers), a closed port, and for the
-README's serving-on-engines recipe the real ``transformers serve`` and
-``candor serve-head`` processes, run from the README's own text.
+serving-on-engines recipe of docs/serving.md the real ``transformers serve`` and
+``candor serve-head`` processes, run from the page's own text.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from candor.util.errors import UpstreamError
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = str(ROOT / "src")
-README = ROOT / "README.md"
+SERVING = ROOT / "docs" / "serving.md"  # the recipe's page
 
 
 class ListsOneModel(BaseHTTPRequestHandler):
@@ -169,20 +169,20 @@ def test_sigterm_during_a_slow_startup_ends_the_process_at_once(lister, tiny_mod
             stop(proc)
 
 
-# ---------------------------------------------------------------- the README recipe, as written
+# ---------------------------------------------------------------- the docs recipe, as written
 
 
-def readme_engine_recipe() -> list[str]:
-    """The commands of the README's "Without vLLM" block, continuation lines joined, comments dropped."""
-    section = README.read_text().split("Without vLLM", 1)[1]
+def serving_engine_recipe() -> list[str]:
+    """The commands of docs/serving.md's "Without vLLM" block, continuation lines joined, comments dropped."""
+    section = SERVING.read_text().split("Without vLLM", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block, "README's serving-on-engines section has no bash block after 'Without vLLM'"
+    assert block, "docs/serving.md's serving-on-engines section has no bash block after 'Without vLLM'"
     text = block.group(1).replace("\\\n", " ")
     return [line.split("  #", 1)[0].strip() for line in text.splitlines() if line.strip()]
 
 
-def test_the_readme_recipe_names_the_model_the_same_way_on_both_sides():
-    lines = readme_engine_recipe()
+def test_the_docs_recipe_names_the_model_the_same_way_on_both_sides():
+    lines = serving_engine_recipe()
     assert lines[1] == "MODEL=$(candor model-path)"
     assert lines[2].startswith('transformers serve "$MODEL" ') and '--model "$MODEL"' in lines[4]
 
@@ -199,12 +199,12 @@ def command_wrappers(folder: Path) -> Path:
 
 @pytest.mark.server
 @pytest.mark.integration
-def test_the_readme_serving_on_engines_recipe_runs_as_written(smollm_dir, tmp_path):
-    """Every line of the README block, in a shell, on the embedded default; only the ports are made free ones."""
+def test_the_docs_serving_on_engines_recipe_runs_as_written(smollm_dir, tmp_path):
+    """Every line of the docs block, in a shell, on the embedded default; only the ports are made free ones."""
     openai = pytest.importorskip("openai")
     pytest.importorskip("fastapi")
     ports = {"8000": str(free_port()), "8001": str(free_port()), "8080": str(free_port())}
-    lines = [re.sub(r"\b(8000|8001|8080)\b", lambda m: ports[m.group(1)], line) for line in readme_engine_recipe()]
+    lines = [re.sub(r"\b(8000|8001|8080)\b", lambda m: ports[m.group(1)], line) for line in serving_engine_recipe()]
     saved_elical_head(str(smollm_dir), tmp_path / "runs" / "elical")  # "a head trained on it in runs/elical"
     path = f"{command_wrappers(tmp_path / 'bin')}:{os.environ['PATH']}"
     env = {**os.environ, "PATH": path, "PYTHONPATH": SRC, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

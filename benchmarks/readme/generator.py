@@ -1,19 +1,21 @@
-"""Rewrite or check the generated parts of README.md and benchmarks/README.md from benchmarks/results/*.json.
+"""Rewrite or check the generated parts of the READMEs and docs pages from benchmarks/results/*.json.
 
-Both READMEs mark every generated part, so prose and tables cannot drift from the results files:
+README.md, benchmarks/README.md and the docs pages in ``READMES`` mark every generated part, so prose
+and tables cannot drift from the results files:
 
     <!-- table:NAME -->            a whole block (a table or a paragraph), regenerated between the markers
     ...
     <!-- /table -->
     <!-- value:NAME -->12.3<!-- /value -->    one number or phrase quoted in the prose
 
-    python -m benchmarks.readme_tables           # rewrite both READMEs in place
-    python -m benchmarks.readme_tables --check   # exit 1 if either README differs from what this writes
+    python -m benchmarks.readme_tables           # rewrite every file in READMES in place
+    python -m benchmarks.readme_tables --check   # exit 1 if one differs from what this writes
 
-Every marker in either README needs a renderer in ``sections.SECTIONS`` (an unknown one is an error
+Every marker in these files needs a renderer in ``sections.SECTIONS`` (an unknown one is an error
 naming the file, line and marker; exit 2), and every part a renderer writes must be placed in at least
-one of the two READMEs. Only the JSON files and the estimator registry are read (no model, no cache),
-so this runs anywhere in a second; tests/test_readme_tables.py fails when a committed README differs.
+one of them (a part may be placed in several). Only the JSON files and the estimator registry are read
+(no model, no cache), so this runs anywhere in a second; tests/test_readme_tables.py fails when a
+committed file differs.
 """
 
 from __future__ import annotations
@@ -28,14 +30,21 @@ from .formatting import RESULTS
 from .sections import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
-READMES = (ROOT / "benchmarks" / "README.md", ROOT / "README.md")
+# Every file that holds markers: the two READMEs and the docs pages the README's sections moved to.
+READMES = (
+    ROOT / "benchmarks" / "README.md",
+    ROOT / "README.md",
+    ROOT / "docs" / "benchmarks.md",
+    ROOT / "docs" / "estimators.md",
+    ROOT / "docs" / "serving.md",
+)
 BLOCK = re.compile(r"(<!-- table:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 INLINE = re.compile(r"(<!-- value:(?P<name>[\w-]+) -->)(?P<body>.*?)(<!-- /value -->)", re.S)
 MARKERS = {"table": BLOCK, "value": INLINE}
 
 
 class MarkerError(ValueError):
-    """A README marker that no renderer writes."""
+    """A marker (in a README or a docs page) that no renderer writes."""
 
 
 def generated(results: Path = RESULTS) -> dict[str, str]:
@@ -72,18 +81,18 @@ def render(text: str, parts: Mapping[str, str], where: str = "README") -> str:
 
 
 def unplaced(texts: Iterable[str], parts: Mapping[str, str]) -> list[str]:
-    """Generated parts no README places (so a rename cannot silently drop one)."""
+    """Generated parts no README or page places (so a rename cannot silently drop one)."""
     placed = {key for text in texts for _, key in markers(text)}
     return sorted(set(parts) - placed)
 
 
 def shown(path: Path) -> str:
-    """``README.md``: a README's path from the repository root, as the messages name it."""
+    """``README.md``: a file's path from the repository root, as the messages name it."""
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def rewritten(texts: Mapping[Path, str], parts: Mapping[str, str]) -> dict[Path, str]:
-    """The new text of each README that differs from what ``parts`` make of it."""
+    """The new text of each file that differs from what ``parts`` make of it."""
     out = {}
     for path, old in texts.items():
         new = render(old, parts, shown(path))
@@ -94,13 +103,13 @@ def rewritten(texts: Mapping[Path, str], parts: Mapping[str, str]) -> dict[Path,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", action="store_true", help="exit 1 if a README is not what this script writes")
+    p.add_argument("--check", action="store_true", help="exit 1 if a README or page is not what this script writes")
     args = p.parse_args(argv)
     parts = generated()
     texts = {path: path.read_text(encoding="utf-8") for path in READMES}
     missing = unplaced(texts.values(), parts)
     if missing:
-        print(f"neither README places: {', '.join(missing)}", file=sys.stderr)
+        print(f"no README or page places: {', '.join(missing)}", file=sys.stderr)
         return 1
     try:
         changed = rewritten(texts, parts)

@@ -5,8 +5,8 @@ What an estimator needs is read from the estimator itself (its ``requires``,
 cannot drift from the code; the family and reference come from
 :data:`FAMILIES`, keyed by the module that registers the estimator, and a new
 estimator module without a row there is an error (the test of this table
-lists it). ``candor score -e list`` prints the table and the README's
-estimator table is this module's :func:`markdown_table`.
+lists it). ``candor score -e list`` prints the table and the estimator table of
+docs/estimators.md is this module's :func:`markdown_table`.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ HEADER = ("name", "family", "level", "needs", "reference")
 
 
 def markdown_table() -> str:
-    """The README's estimator table."""
+    """The estimator table of docs/estimators.md."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for row in estimator_rows():
         lines.append(f"| `{row.name}` | {row.family} | {row.level} | {row.needs} | {row.reference} |")
