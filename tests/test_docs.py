@@ -1,4 +1,5 @@
-"""The docs in the repository: the pages exist, the README links them, and what cites them resolves.
+"""The docs in the repository: the pages exist, the site's nav holds each, the README links them, and what cites
+them resolves.
 
 Source comments cite a page and a section (``docs/methods.md "EliCal"``); a renamed section or a
 moved module would leave a reference to nothing, so both are checked here.
@@ -10,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -35,6 +37,45 @@ def test_each_page_exists_and_the_readme_links_it(page):
     assert (DOCS / page).is_file()
     if page != "index.md":  # the site's home: the README is the repository's
         assert f"](docs/{page})" in (ROOT / "README.md").read_text(), page
+
+
+def nav_pages(entries) -> list[str]:
+    """Every page mkdocs.yml's ``nav`` names, in order (an entry is a page, or a title over one or a list)."""
+    pages = []
+    for entry in entries if isinstance(entries, list) else [entries]:
+        if isinstance(entry, str):
+            pages.append(entry)
+        else:
+            for value in entry.values():
+                pages.extend(nav_pages(value))
+    return pages
+
+
+def site_pages() -> set[str]:
+    """Every Markdown page under docs/, as mkdocs names it (the hooks' folder is not a page)."""
+    return {path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md") if "hooks" not in path.parts}
+
+
+def test_the_nav_holds_every_page_once_and_names_only_pages_that_exist():
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    assert len(nav) == len(set(nav)), nav
+    assert set(nav) == site_pages()  # a page left out, or an entry with no page, fails
+    assert set(PAGES) <= set(nav)
+
+
+def test_every_relative_link_of_the_readme_resolves():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)", (ROOT / "README.md").read_text())
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert local
+    assert [link for link in local if not (ROOT / link).exists()] == []
+
+
+def test_the_site_home_carries_the_readme_opening():
+    """docs/index.md repeats the README's opening (before "## A tour"), its images linked from docs/."""
+    opening = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+    home = (DOCS / "index.md").read_text()
+    for paragraph in opening.split("\n\n"):
+        assert paragraph.replace("](benchmarks/", "](../benchmarks/") in home, paragraph[:80]
 
 
 def test_no_source_cites_a_file_outside_the_repository():
