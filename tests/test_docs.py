@@ -78,6 +78,40 @@ def test_the_site_home_carries_the_readme_opening():
         assert paragraph.replace("](benchmarks/", "](../benchmarks/") in home, paragraph[:80]
 
 
+def documented_objects() -> list[object]:
+    """What the API pages' ``::: identifier`` blocks render: the object, or each of its listed ``members``."""
+    import importlib
+
+    def resolve(identifier: str) -> object:
+        parts = identifier.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for name in parts[cut:]:
+                obj = getattr(obj, name)
+            return obj
+        raise AssertionError(f"no module in {identifier}")
+
+    objects = []
+    for page in sorted((DOCS / "api").glob("*.md")):
+        for block in re.finditer(r"^::: (\S+)\n((?:    .*\n)*)", page.read_text(), re.M):
+            members = re.search(r"members: \[([^\]]*)\]", block.group(2))
+            target = resolve(block.group(1))
+            names = [m.strip() for m in members.group(1).split(",")] if members else []
+            objects += [getattr(target, name) for name in names] if names else [target]
+    return objects
+
+
+def test_the_api_pages_document_every_name_of_the_front_door():
+    import candor
+
+    documented = documented_objects()
+    missing = [name for name in candor._EXPORTS if not any(getattr(candor, name) is obj for obj in documented)]
+    assert missing == []
+
+
 def test_no_source_cites_a_file_outside_the_repository():
     offenders = [f"{path.relative_to(ROOT)}:{n}" for path in (ROOT / "src").rglob("*.py")
                  for n, line in enumerate(path.read_text().splitlines(), 1)
