@@ -63,6 +63,13 @@ def test_the_nav_holds_every_page_once_and_names_only_pages_that_exist():
     assert set(PAGES) <= set(nav)
 
 
+def test_the_site_builds_offline():
+    """No web fonts and nothing from a CDN: the site reads with no network (``make docs`` builds it strictly)."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    assert config["theme"]["name"] == "material" and config["theme"]["font"] is False
+    assert not [url for key in ("extra_css", "extra_javascript") for url in config.get(key, []) if "//" in str(url)]
+
+
 def test_every_relative_link_of_the_readme_resolves():
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)", (ROOT / "README.md").read_text())
     local = [link for link in links if not re.match(r"[a-z]+:", link)]
