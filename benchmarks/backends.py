@@ -55,7 +55,9 @@ def load_items(n: int, data: Path = DATA) -> list[Any]:
             if i == n:
                 break
             row = json.loads(line)
-            items.append(QAItem(f"nq-{i}", "nq", "test", row["question"], tuple(row["answer"])))
+            items.append(
+                QAItem(id=f"nq-{i}", dataset="nq", split="test", question=row["question"], answers=tuple(row["answer"]))
+            )
     return items
 
 
