@@ -43,8 +43,16 @@ def requests(model: HonestModel, count: int, max_new_tokens: int) -> list[Decode
     items = load_items("starter")
     questions = [items[i % len(items)].question for i in range(count)]
     params = SamplingParams(max_new_tokens=max_new_tokens, stop=model.template.stop)
-    return [DecodeRequest(model.template(question_item(q), model.backend), model.source.samples, params,
-                          greedy=True, seed=question_seed(q)) for q in questions]  # fmt: skip
+    return [
+        DecodeRequest(
+            prompt=model.template(question_item(q), model.backend),
+            n=model.source.samples,
+            params=params,
+            greedy=True,
+            seed=question_seed(q),
+        )
+        for q in questions
+    ]
 
 
 def run_arm(backend: HFBackend, reqs: list[DecodeRequest], rows: int, prefix: list[int] | None) -> tuple[float, list]:

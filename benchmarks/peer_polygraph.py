@@ -108,7 +108,13 @@ def candor_child(job: dict[str, Any]) -> dict[str, Any]:
     backend = HFBackend.from_pretrained(MODEL, batch_size=s["batch_size"])
     out: dict[str, Any] = {}
     for name, stop in (("stop_at_newline", ("\n",)), ("to_token_cap", ())):
-        params = SamplingParams(s["max_new_tokens"], s["temperature"], s["top_p"], s["top_k"], stop)
+        params = SamplingParams(
+            max_new_tokens=s["max_new_tokens"],
+            temperature=s["temperature"],
+            top_p=s["top_p"],
+            top_k=s["top_k"],
+            stop=stop,
+        )
         backend.generate(job["prompts"][:1], 1, params)  # warm-up: first-call allocations, decoded vocabulary
         with Timer() as timer:
             gens = backend.generate(job["prompts"], s["samples"], params)

@@ -35,7 +35,13 @@ def annotated_records(n: int, start: int = 0, dataset: str = "toy"):
 
     out = []
     for i in range(start, start + n):
-        item = QAItem(f"{dataset}:{i}", dataset, "train", f"What is fact number {i} about {dataset}?", ("x",))
+        item = QAItem(
+            id=f"{dataset}:{i}",
+            dataset=dataset,
+            split="train",
+            question=f"What is fact number {i} about {dataset}?",
+            answers=("x",),
+        )
         out.append(
             Record(
                 item=item,
@@ -104,8 +110,14 @@ def saved_elical_head(
 
 
 # An open question and a multiple-choice one, for the verbalized-format tests.
-OPEN = QAItem("o1", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",))
+OPEN = QAItem(id="o1", dataset="toy", split="test", question="Who wrote Hamlet?", answers=("Shakespeare",))
 MC = QAItem(
-    "m1", "toy", "test", "Which city is the capital of France?", ("B", "Paris"),
-    choices=("Rome", "Paris", "Berlin", "Madrid"), answer_index=1, context="A short passage.",
-)  # fmt: skip
+    id="m1",
+    dataset="toy",
+    split="test",
+    question="Which city is the capital of France?",
+    answers=("B", "Paris"),
+    choices=("Rome", "Paris", "Berlin", "Madrid"),
+    answer_index=1,
+    context="A short passage.",
+)

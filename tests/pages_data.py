@@ -22,8 +22,13 @@ def page_records(n: int = 120, methods: int = 3, seed: int = 0) -> tuple[list[Re
     for i in range(n):
         ds = datasets[i % 3]
         y = int(rng.random() < 0.45)
-        item = QAItem(f"{ds}:{i}", ds, "test", f"Question number {i} about {ds}: what is the answer?",
-                      (f"gold {i}", f"alias {i}"))
+        item = QAItem(
+            id=f"{ds}:{i}",
+            dataset=ds,
+            split="test",
+            question=f"Question number {i} about {ds}: what is the answer?",
+            answers=(f"gold {i}", f"alias {i}"),
+        )
         answer = f"gold {i}" if y else f"wrong answer {i}"
         greedy = Completion(answer, token_ids=list(range(2 + i % 7)))
         records.append(Record(item=item, greedy=greedy, samples=[], greedy_correct=y, provenance=dict(PROVENANCE)))

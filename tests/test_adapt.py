@@ -46,7 +46,9 @@ def deployment(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
     with log.open("w") as fh:  # what --log-records writes for a head source: the answer, no samples
         for i, question in enumerate(q for pair in zip(RIGHT, WRONG, strict=True) for q in pair):
             served = {"id": f"chatcmpl-{i}", "indexes": [0], "returned": ["x"]}
-            record = Record(served_item(question), Completion("x"), [], provenance={"served": served})
+            record = Record(
+                item=served_item(question), greedy=Completion("x"), samples=[], provenance={"served": served}
+            )
             fh.write(json.dumps(record.to_dict()) + "\n")
     for i in range(40):
         append_label(log, f"chatcmpl-{i}", 0, i % 2 == 0, "human")
@@ -63,7 +65,7 @@ def test_labels_needed_is_the_held_out_evidence_plus_stage_two() -> None:
 
 
 def test_the_split_is_seeded_and_disjoint() -> None:
-    records = [Record(served_item(q), Completion("x"), [], greedy_correct=1) for q in RIGHT]
+    records = [Record(item=served_item(q), greedy=Completion("x"), samples=[], greedy_correct=1) for q in RIGHT]
     stage2, held = split_labels(records, AdaptSettings(alpha=0.5))
     again = split_labels(records, AdaptSettings(alpha=0.5))
     assert (len(stage2), len(held)) == (15, 15)

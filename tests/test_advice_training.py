@@ -43,10 +43,19 @@ def make_records() -> list[Record]:
     """Six questions answered correctly with one wrong sample each, two answered wrongly."""
     out = []
     for i, (q, gold, greedy, wrong) in enumerate(QUESTIONS):
-        item = QAItem(f"t{i}", "toy", "train", q, (gold,))
+        item = QAItem(id=f"t{i}", dataset="toy", split="train", question=q, answers=(gold,))
         correct = int(gold.lower() in greedy.lower())
         samples = [Completion(greedy, logprobs=[-0.2]), Completion(wrong, logprobs=[-0.9])]
-        out.append(Record(item, Completion(greedy, logprobs=[-0.1]), samples, correct, [correct, 0], [1, 0]))
+        out.append(
+            Record(
+                item=item,
+                greedy=Completion(greedy, logprobs=[-0.1]),
+                samples=samples,
+                greedy_correct=correct,
+                sample_correct=[correct, 0],
+                consistency=[1, 0],
+            )
+        )
     return out
 
 
@@ -122,7 +131,7 @@ def test_scored_examples_carry_correctness(tokenizer):
     assert [e["correct"] for e in examples] == [r.greedy_correct for r in records]
     batch = ExampleCollator(tokenizer.pad_token_id, "right")(examples[:3])
     assert batch["correct"].tolist() == [1.0, 1.0, 1.0] and batch["attention_mask"][:, 0].all()
-    unlabeled = Record(records[0].item, records[0].greedy, [], None)
+    unlabeled = Record(item=records[0].item, greedy=records[0].greedy, samples=[], greedy_correct=None)
     with pytest.raises(CandorError, match="no greedy correctness"):
         scored_examples(tokenizer, [unlabeled], ["number"])
 

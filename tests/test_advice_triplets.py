@@ -26,15 +26,22 @@ PROVENANCE = {"template": "fewshot", "correctness_judge": "contains",
 def record(rid, answers, greedy, samples, greedy_correct=None, dataset="toy", sample_correct=None):
     """A record whose correctness comes from the contains judge unless given."""
     judge = get_correctness_judge("contains")
-    item = QAItem(rid, dataset, "train", f"Question {rid}?", tuple(answers))
+    item = QAItem(id=rid, dataset=dataset, split="train", question=f"Question {rid}?", answers=tuple(answers))
     texts = [s for s, _ in samples]
     if greedy_correct is None:
         greedy_correct = judge.judge([greedy], [item.answers])[0]
     if sample_correct is None:
         sample_correct = judge.judge(texts, [item.answers] * len(texts)) if texts else []
     comps = [Completion(text=t, logprobs=[lp]) for t, lp in samples]
-    return Record(item, Completion(text=greedy, logprobs=[-0.1]), comps, greedy_correct, sample_correct,
-                  [0] * len(comps), dict(PROVENANCE))  # fmt: skip
+    return Record(
+        item=item,
+        greedy=Completion(text=greedy, logprobs=[-0.1]),
+        samples=comps,
+        greedy_correct=greedy_correct,
+        sample_correct=sample_correct,
+        consistency=[0] * len(comps),
+        provenance=dict(PROVENANCE),
+    )
 
 
 def test_hard_negative_is_the_most_likely_wrong_sample():
@@ -116,10 +123,24 @@ def test_properties_on_random_records():
 
 
 def test_multiple_choice_answers_are_option_letters():
-    item = QAItem("m1", "mc", "train", "Capital of France?", ("B", "Paris"), choices=("Rome", "Paris", "Oslo"),
-                  answer_index=1)  # fmt: skip
-    rec = Record(item, Completion(text="B. Paris"), [Completion("(B)", logprobs=[-0.1]),
-                 Completion("A", logprobs=[-0.5])], 1, [1, 0], [1, 0], dict(PROVENANCE))  # fmt: skip
+    item = QAItem(
+        id="m1",
+        dataset="mc",
+        split="train",
+        question="Capital of France?",
+        answers=("B", "Paris"),
+        choices=("Rome", "Paris", "Oslo"),
+        answer_index=1,
+    )
+    rec = Record(
+        item=item,
+        greedy=Completion(text="B. Paris"),
+        samples=[Completion("(B)", logprobs=[-0.1]), Completion("A", logprobs=[-0.5])],
+        greedy_correct=1,
+        sample_correct=[1, 0],
+        consistency=[1, 0],
+        provenance=dict(PROVENANCE),
+    )
     t = build_triplets([rec]).triplets[0]
     assert (t.a_correct, t.a_wrong) == ("B", "A")
 
@@ -169,7 +190,7 @@ def test_resampling_uses_the_records_template_decoding_and_fresh_seeds(tiny_back
     assert built.stats.from_resamples == 2 and len(backend.calls) == 2  # one call per template, one round
     by_prompt = {c["prompts"][0]: c for c in backend.calls}
     fewshot = by_prompt[TEMPLATES.get("fewshot")(rec.item, backend)]
-    assert fewshot["params"] == SamplingParams(6, 0.7, 0.9, 20, ("###",))
+    assert fewshot["params"] == SamplingParams(max_new_tokens=6, temperature=0.7, top_p=0.9, top_k=20, stop=("###",))
     assert (fewshot["n"], fewshot["greedy"], fewshot["seeds"]) == (5, False, [item_seed("triplets", 0, 0, "q1")])
     auto = resolve_template("auto", tiny_backend.model_name, tiny_backend)
     plain = by_prompt[auto(bare.item, backend)]

@@ -44,7 +44,10 @@ QUESTIONS = [
 
 
 def make_items() -> list[QAItem]:
-    return [QAItem(f"t:{i}", "toy", "test", q, tuple(a)) for i, (q, a) in enumerate(QUESTIONS)]
+    return [
+        QAItem(id=f"t:{i}", dataset="toy", split="test", question=q, answers=tuple(a))
+        for i, (q, a) in enumerate(QUESTIONS)
+    ]
 
 
 def config(k: int = 2) -> AnnotateConfig:
@@ -158,7 +161,10 @@ def test_k_0_annotates_the_greedy_answer_alone(tiny_backend, tmp_path):
 def test_greedy_answer_marked_correct_when_it_matches_gold(tiny_backend, tmp_path):
     first = read_records_after(tiny_backend, tmp_path / "a.jsonl", make_items()[:2])
     # Reuse the model's own greedy answer as gold: contains must then say correct.
-    items = [QAItem(r.id, "toy", "test", r.item.question, (r.greedy.text or "x",)) for r in first]
+    items = [
+        QAItem(id=r.id, dataset="toy", split="test", question=r.item.question, answers=(r.greedy.text or "x",))
+        for r in first
+    ]
     second = read_records_after(tiny_backend, tmp_path / "b.jsonl", items)
     assert [r.greedy_correct for r in second] == [1 if normalize(r.greedy.text) else 0 for r in first]
 

@@ -24,8 +24,8 @@ from candor.cli import app
 from candor.data.items import QAItem
 
 ITEMS = [
-    QAItem("t:0", "toy", "test", "What is the capital of France?", ("Paris",)),
-    QAItem("t:1", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",)),
+    QAItem(id="t:0", dataset="toy", split="test", question="What is the capital of France?", answers=("Paris",)),
+    QAItem(id="t:1", dataset="toy", split="test", question="Who wrote Hamlet?", answers=("Shakespeare",)),
 ]
 
 
@@ -79,7 +79,12 @@ def test_cli_judge_model_runs_the_llm_judge_on_another_model(tiny_model_dir, tmp
 # differ in emptiness are asked different numbers of judge questions.
 CUES = {"t:0": "Paris", "t:1": "!", "t:2": "Mars"}
 ECHO_CUE = QATemplate("echo-cue", lambda item, _: f"Question: {item.question}\nAnswer: {CUES[item.id]}", ("\n",))
-THREE_ITEMS = [*ITEMS, QAItem("t:2", "toy", "test", "Which planet is known as the Red Planet?", ("Mars",))]
+THREE_ITEMS = [
+    *ITEMS,
+    QAItem(
+        id="t:2", dataset="toy", split="test", question="Which planet is known as the Red Planet?", answers=("Mars",)
+    ),
+]
 
 
 class PromptKeepingBackend(HFBackend):

@@ -35,7 +35,7 @@ from candor.util.errors import CandorError
 
 
 def recipe_for(model_dir: str) -> BackendRecipe:
-    return BackendRecipe(model_dir, "hf", {"batch_size": 3, "seed": 1}, "fewshot")
+    return BackendRecipe(model=model_dir, backend="hf", options={"batch_size": 3, "seed": 1}, template="fewshot")
 
 
 def test_two_workers_write_what_one_process_writes(tiny_model_dir, tmp_path):
@@ -80,8 +80,8 @@ def test_what_a_worker_run_cannot_resume_is_refused(tmp_path):
         check_workers(2, out)
     check_workers(3, out)
     with pytest.raises(CandorError, match=r"the openai backend batches on its own"):
-        check_cpu_backend(BackendRecipe("m", "openai"))
-    check_cpu_backend(BackendRecipe("m", "hf"))
+        check_cpu_backend(BackendRecipe(model="m", backend="openai"))
+    check_cpu_backend(BackendRecipe(model="m", backend="hf"))
 
 
 def test_a_worker_whose_model_lands_on_a_gpu_refuses(tiny_backend):

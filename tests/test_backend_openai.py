@@ -184,8 +184,8 @@ def test_annotate_through_the_server(remote, tmp_path) -> None:
     from candor.annotation.records import read_records
     from candor.data.items import QAItem
 
-    items = [QAItem("q:1", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",)),
-             QAItem("q:2", "toy", "test", "What is the capital of Italy?", ("Rome",))]
+    items = [QAItem(id="q:1", dataset="toy", split="test", question="Who wrote Hamlet?", answers=("Shakespeare",)),
+             QAItem(id="q:2", dataset="toy", split="test", question="What is the capital of Italy?", answers=("Rome",))]
     config = AnnotateConfig(k=2, params=SamplingParams(max_new_tokens=6), batch_size=2)
     annotate(items, remote, tmp_path / "r.jsonl", TEMPLATES.get("fewshot"), config, progress=False)
     records = read_records(tmp_path / "r.jsonl")

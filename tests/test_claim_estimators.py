@@ -36,7 +36,10 @@ TOPS = [
     {".": -0.01},
 ]
 TEXT = "Paris is in France. Rome is big."
-CLAIMS = [Claim("Paris is in France.", 0, 19, [0, 1, 2, 3, 4]), Claim("Rome is big.", 20, 32, [5, 6, 7, 8])]
+CLAIMS = [
+    Claim(text="Paris is in France.", start=0, end=19, tokens=[0, 1, 2, 3, 4]),
+    Claim(text="Rome is big.", start=20, end=32, tokens=[5, 6, 7, 8]),
+]
 
 
 def answer() -> Completion:
@@ -59,9 +62,9 @@ def test_token_reductions_equal_hand_computations():
 
 def test_a_claim_with_no_tokens_or_a_token_past_the_end_is_refused():
     with pytest.raises(CandorError, match="rests on no token"):
-        score_claims("claim-prob", answer(), [Claim("x", 0, 1, [])])
+        score_claims("claim-prob", answer(), [Claim(text="x", start=0, end=1, tokens=[])])
     with pytest.raises(CandorError, match="past the answer's end"):
-        score_claims("claim-prob", answer(), [Claim("x", 0, 1, [42])])
+        score_claims("claim-prob", answer(), [Claim(text="x", start=0, end=1, tokens=[42])])
 
 
 def test_max_entropy_needs_the_prompt_and_a_model():
@@ -120,7 +123,10 @@ def test_claim_consistency_counts_the_samples_with_an_equivalent_sentence():
 
 def test_an_answer_without_claims_gets_an_empty_array():
     est = get_claim_estimator("claim-prob")
-    ctx = [ClaimContext("", "", answer(), []), ClaimContext("", "", answer(), CLAIMS)]
+    ctx = [
+        ClaimContext(prompt="", question="", answer=answer(), claims=[]),
+        ClaimContext(prompt="", question="", answer=answer(), claims=CLAIMS),
+    ]
     out = est.estimate(ctx)
     assert len(out[0]) == 0 and len(out[1]) == 2
 
@@ -189,7 +195,10 @@ def test_claim_max_entropy_equals_a_direct_forward_pass(tiny_backend, tiny_model
 
     prompt = "Question: who wrote Hamlet?\nAnswer:"
     answer_ = tiny_backend.generate([prompt], 0, SamplingParams(max_new_tokens=10), greedy=True)[0].greedy
-    claims = [Claim("a", 0, 1, [0, 1, 2]), Claim("b", 1, 2, list(range(3, len(answer_.token_ids))))]
+    claims = [
+        Claim(text="a", start=0, end=1, tokens=[0, 1, 2]),
+        Claim(text="b", start=1, end=2, tokens=list(range(3, len(answer_.token_ids)))),
+    ]
     values = score_claims("claim-max-entropy", answer_, claims, tiny_backend, prompt=prompt)
     ids = tiny_backend.encode([prompt])[0] + list(answer_.token_ids)
     with torch.no_grad():

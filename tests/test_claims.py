@@ -83,7 +83,7 @@ def test_refine_refuses_bad_input():
         refine(ANSWER, claims, [0.1, 0.2, 0.3], 0.5)
     with pytest.raises(CandorError, match="mode"):
         refine(ANSWER, claims, [0.1] * 4, 0.5, mode="hide")  # type: ignore[arg-type]
-    overlapping = [Claim("a b", 0, 3), Claim("b c", 2, 5)]
+    overlapping = [Claim(text="a b", start=0, end=3), Claim(text="b c", start=2, end=5)]
     with pytest.raises(CandorError, match="overlap"):
         refine("a b c", overlapping, [0.0, 0.0], 0.5)
 
@@ -147,7 +147,12 @@ def test_label_compound_refuses_records_without_claims_or_parts():
     rec.claims = None
     with pytest.raises(CandorError, match="no claims"):
         label_compound([rec])
-    plain = Record(item=QAItem("x", "d", "test", "q?", ("a",)), greedy=completion("A."), samples=[], claims=[])
+    plain = Record(
+        item=QAItem(id="x", dataset="d", split="test", question="q?", answers=("a",)),
+        greedy=completion("A."),
+        samples=[],
+        claims=[],
+    )
     with pytest.raises(CandorError, match="not a compound prompt"):
         label_compound([plain])
 

@@ -36,11 +36,11 @@ def record(i: int, rng: np.random.Generator) -> Record:
         lp.append(float(-0.2 - (0.0 if right[min(line, 2)] else 0.6) - rng.uniform(0, 0.5)))
         at += len(piece)
     item = QAItem(
-        f"c{i}",
-        "compound-test",
-        "test",
-        "\n".join(q for q, _ in PARTS),
-        (),
+        id=f"c{i}",
+        dataset="compound-test",
+        split="test",
+        question="\n".join(q for q, _ in PARTS),
+        answers=(),
         meta={"parts": [{"id": f"q{k}", "question": q, "answers": a} for k, (q, a) in enumerate(PARTS)]},
     )
     greedy = Completion(text=text, token_ids=list(range(len(pieces))), tokens=pieces, logprobs=lp)
@@ -93,9 +93,11 @@ def test_metrics_match_the_claim_confidences_written(report):
 
 
 def test_free_answers_without_a_judge_and_unknown_methods_are_refused(tmp_path):
-    plain = Record(item=QAItem("x", "d", "test", "Tell me about Paris.", ("Paris",)),
-                   greedy=Completion(text="Paris is big.", token_ids=[1, 2], tokens=[" Paris", " is big."],
-                                     logprobs=[-0.1, -0.2]), samples=[])  # fmt: skip
+    plain = Record(
+        item=QAItem(id="x", dataset="d", split="test", question="Tell me about Paris.", answers=("Paris",)),
+        greedy=Completion(text="Paris is big.", token_ids=[1, 2], tokens=[" Paris", " is big."], logprobs=[-0.1, -0.2]),
+        samples=[],
+    )
     write_records(tmp_path / "free.jsonl", [plain])
     done = run_cli("-r", str(tmp_path / "free.jsonl"), "-o", str(tmp_path / "o"), "-e", "claim-prob")
     assert done.returncode == 2 and "pass --judge-model" in done.stderr and "Traceback" not in done.stderr

@@ -45,8 +45,11 @@ def contexts(lively_model, tokenizer):
         answer = gen.greedy
         n = len(answer.token_ids)
         assert n >= 6 and len(answer.top_logprobs) == n
-        claims = [Claim("a", 0, 1, list(range(0, n // 2))), Claim("b", 1, 2, list(range(n // 2, n))),
-                  Claim("c", 0, 2, [1, n - 1])]  # fmt: skip
+        claims = [
+            Claim(text="a", start=0, end=1, tokens=list(range(0, n // 2))),
+            Claim(text="b", start=1, end=2, tokens=list(range(n // 2, n))),
+            Claim(text="c", start=0, end=2, tokens=[1, n - 1]),
+        ]
         out.append(ClaimContext(prompt=prompt, question="", answer=answer, claims=claims))
     return backend, out
 
@@ -88,7 +91,13 @@ def test_claim_estimators_equal_lm_polygraph(contexts, lively_dir):
     assert np.ptp(flat("ClaimConditionedProbabilityClaim")) > 0  # not all 1: some alternatives contradicted
     # and the comparison can fail: a claim shifted by one token no longer matches
     shifted = [
-        ClaimContext(c.prompt, "", c.answer, [Claim("a", 0, 1, [t + 1 for t in c.claims[0].tokens])]) for c in ctxs
+        ClaimContext(
+            prompt=c.prompt,
+            question="",
+            answer=c.answer,
+            claims=[Claim(text="a", start=0, end=1, tokens=[t + 1 for t in c.claims[0].tokens])],
+        )
+        for c in ctxs
     ]
     moved = np.concatenate(get_claim_estimator("claim-prob").estimate(shifted))
     assert np.max(np.abs(-np.log(moved) - flat("MaximumClaimProbability")[[0, 3]])) > 1e-3

@@ -188,11 +188,22 @@ def verbal_records(n: int) -> list:
 
     out = []
     for i in range(n):
-        item = QAItem(f"v:{i}", "toy", "train", f"Which colour is item {i}?", ("red",))
+        item = QAItem(
+            id=f"v:{i}", dataset="toy", split="train", question=f"Which colour is item {i}?", answers=("red",)
+        )
         greedy = "red" if i % 2 == 0 else "blue"
         correct = int(greedy == "red")
         samples = [Completion(greedy, logprobs=[-0.2]), Completion("green", logprobs=[-1.0])]
-        out.append(Record(item, Completion(greedy, logprobs=[-0.1]), samples, correct, [correct, 0], [1, 0]))
+        out.append(
+            Record(
+                item=item,
+                greedy=Completion(greedy, logprobs=[-0.1]),
+                samples=samples,
+                greedy_correct=correct,
+                sample_correct=[correct, 0],
+                consistency=[1, 0],
+            )
+        )
     return out
 
 

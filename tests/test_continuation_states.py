@@ -36,7 +36,10 @@ SAMPLES = [
 
 
 def prompts_for(backend, n: int) -> list[str]:
-    items = [QAItem(f"q{i}", "toy", "test", f"What is fact number {i}?", ("Paris",)) for i in range(n)]
+    items = [
+        QAItem(id=f"q{i}", dataset="toy", split="test", question=f"What is fact number {i}?", answers=("Paris",))
+        for i in range(n)
+    ]
     return [FEWSHOT(item, backend) for item in items]
 
 

@@ -29,8 +29,8 @@ from candor.util.errors import CandorError
 
 
 def _record(qid: str, dataset: str, question: str, gold: list[str], greedy: str, samples: list[str]) -> Record:
-    item = QAItem(qid, dataset, "test", question, tuple(gold))
-    return Record(item, Completion(greedy), [Completion(s) for s in samples])
+    item = QAItem(id=qid, dataset=dataset, split="test", question=question, answers=tuple(gold))
+    return Record(item=item, greedy=Completion(greedy), samples=[Completion(s) for s in samples])
 
 
 # ---------------------------------------------------------------- JSD
@@ -65,8 +65,15 @@ def test_pairwise_jsd_order_and_count():
 def _question(mu, correct, dist=None) -> QuestionSensitivity:
     mu = np.asarray(mu, dtype=float)
     dist = np.stack([1 - mu, mu], axis=1) if dist is None else dist
-    return QuestionSensitivity("q", "d", [str(i) for i in range(len(mu))], np.asarray(correct), dist, mu,
-                               pairwise_jsd(dist))
+    return QuestionSensitivity(
+        item_id="q",
+        dataset="d",
+        answers=[str(i) for i in range(len(mu))],
+        correct=np.asarray(correct),
+        distributions=dist,
+        mu=mu,
+        jsd=pairwise_jsd(dist),
+    )
 
 
 def test_sensitivity_summary_hand_computed():
@@ -154,8 +161,13 @@ def test_spread_balances_datasets_and_spaces_evenly():
     assert [c.item.id for c in spread(sets, 3)] == ["a", "b", "d"]  # nq gets 2 of 3: positions 0 and int(1.5)
     assert len(spread(sets, None)) == 4 and len(spread(sets, 9)) == 4
     assert spread(sets, 0) == []
-    many = [CandidateSet(QAItem(f"{d}{i}", d, "test", "q", ("x",)), ("x",), (1,), ("gold",))
-            for i in range(20) for d in ("nq", "hq", "2wiki", "pararel")]
+    many = [
+        CandidateSet(
+            QAItem(id=f"{d}{i}", dataset=d, split="test", question="q", answers=("x",)), ("x",), (1,), ("gold",)
+        )
+        for i in range(20)
+        for d in ("nq", "hq", "2wiki", "pararel")
+    ]
     picked = spread(many, 10)
     # 10 over 4 datasets of 20: the first two get 3, the others 2, evenly spaced within each.
     assert [c.item.id for c in picked if c.item.dataset == "hq"] == ["hq0", "hq6", "hq13"]
@@ -196,7 +208,7 @@ def test_rollout_rejects_bad_shapes():
 
 
 def test_regions_on_the_real_tokenizer(tokenizer):
-    item = QAItem("x", "nq", "test", "who wrote hamlet", ("Shakespeare",))
+    item = QAItem(id="x", dataset="nq", split="test", question="who wrote hamlet", answers=("Shakespeare",))
     r = prompt_regions(tokenizer, item, " William Shakespeare ", "number")
     assert r.prompt.endswith("Answer: William Shakespeare\nConfidence:")
     assert r.roles[0] == BOS
@@ -216,7 +228,16 @@ def test_regions_on_the_real_tokenizer(tokenizer):
 def test_attribution_ranks_by_magnitude():
     roles = np.array([BOS, TEMPLATE, QUESTION, ANSWER, ANSWER, TEMPLATE])
     scores = np.array([0.05, -0.4, 0.1, -0.2, 0.3, 0.01])
-    ex = AttributionExample("q", "a", list("abcdef"), roles, scores, 0.6, 0.5, 0.0)
+    ex = AttributionExample(
+        item_id="q",
+        answer="a",
+        tokens=list("abcdef"),
+        roles=roles,
+        scores=scores,
+        mu_input=0.6,
+        mu_baseline=0.5,
+        delta=0.0,
+    )
     assert ex.ranking().tolist() == [1, 4, 3, 2, 0, 5]
     assert ex.first_answer_rank == 3  # token 3 (|−0.2|) is third
     assert [t["index"] for t in ex.top(2)] == [1, 4]
@@ -227,7 +248,16 @@ def test_attribution_ranks_by_magnitude():
     assert back.first_answer_rank == 3 and [REGIONS[k] for k in back.roles][3] == "answer"
 
     # A second example whose answer token leads the ranking; deltas 0.02 and 0.1 on gaps 0.1 and 0.2.
-    ex2 = AttributionExample("q2", "b", list("ab"), np.array([BOS, ANSWER]), np.array([0.1, 0.2]), 0.3, 0.1, 0.1)
+    ex2 = AttributionExample(
+        item_id="q2",
+        answer="b",
+        tokens=list("ab"),
+        roles=np.array([BOS, ANSWER]),
+        scores=np.array([0.1, 0.2]),
+        mu_input=0.3,
+        mu_baseline=0.1,
+        delta=0.1,
+    )
     ex.delta = 0.02
     s = AttributionResult(8, [ex, ex2]).summary(top_k=1)
     assert s["mean_first_answer_rank"] == pytest.approx(2.0)

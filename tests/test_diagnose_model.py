@@ -21,9 +21,9 @@ from candor.util.errors import CandorError
 from candor.verbal.formats import confidence_distribution
 
 ITEMS = [
-    QAItem("nq:1", "nq", "test", "who wrote hamlet", ("Shakespeare",)),
-    QAItem("nq:2", "nq", "test", "capital of france", ("Paris",)),
-    QAItem("hq:3", "hq", "test", "when did the war end", ("1945",)),
+    QAItem(id="nq:1", dataset="nq", split="test", question="who wrote hamlet", answers=("Shakespeare",)),
+    QAItem(id="nq:2", dataset="nq", split="test", question="capital of france", answers=("Paris",)),
+    QAItem(id="hq:3", dataset="hq", split="test", question="when did the war end", answers=("1945",)),
 ]
 
 

@@ -57,7 +57,7 @@ def test_strings_inside_a_record_are_text_not_paths(tmp_path):
     from candor.backends.base import Completion
     from candor.data.items import QAItem
 
-    item = QAItem("q:1", "toy", "dev", "Which folder?", (str(tmp_path),))
+    item = QAItem(id="q:1", dataset="toy", split="dev", question="Which folder?", answers=(str(tmp_path),))
     rec = Record(item=item, greedy=Completion("/"), samples=[Completion(".")], greedy_correct=0)
     out = canonical({"dev": [rec]})
     assert out["dev"][0]["greedy"]["text"] == "/" and out["dev"][0]["samples"][0]["text"] == "."

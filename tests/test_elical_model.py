@@ -30,7 +30,11 @@ def make_records(n: int, start: int = 0, template: str | None = "fewshot") -> li
     out = []
     for i in range(start, start + n):
         item = QAItem(
-            f"toy:{i}", "toy", "train", f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?", ("x",)
+            id=f"toy:{i}",
+            dataset="toy",
+            split="train",
+            question=f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?",
+            answers=("x",),
         )
         out.append(
             Record(
@@ -128,7 +132,7 @@ def test_raw_questions_use_the_saved_template(tiny_model_dir):
     prompt = head.prompts(["Who wrote Hamlet?"])[0]
     assert prompt.startswith("Question: What is the largest planet")
     assert prompt.endswith("Question: Who wrote Hamlet?\nAnswer:")
-    item = QAItem("a", "", "", "Who wrote Hamlet?", ())
+    item = QAItem(id="a", dataset="", split="", question="Who wrote Hamlet?", answers=())
     np.testing.assert_allclose(head.predict(["Who wrote Hamlet?"]), head.predict([item]))
 
 

@@ -42,7 +42,11 @@ def make_records(n: int, start: int = 0, **drop: bool) -> list[Record]:
     out = []
     for i in range(start, start + n):
         item = QAItem(
-            f"toy:{i}", "toy", "train", f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?", ("x",)
+            id=f"toy:{i}",
+            dataset="toy",
+            split="train",
+            question=f"What is fact number {i} about {'cats' if i % 3 else 'dogs'}?",
+            answers=("x",),
         )
         out.append(
             Record(
@@ -184,7 +188,9 @@ def test_the_head_gets_its_own_learning_rate_in_lora_mode(tiny_model_dir, tmp_pa
 
     model, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj"]}
-    head = ConfidenceHead.create(model, tokenizer, HeadConfig(tiny_model_dir, "fewshot", mode="lora", lora=lora))
+    head = ConfidenceHead.create(
+        model, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot", mode="lora", lora=lora)
+    )
     trainer = EliCalTrainer(
         model=head,
         args=arguments(tmp_path, 1, lr=5e-5, evaluate=False, weight_decay=0.1),
@@ -307,7 +313,7 @@ def test_the_carved_dev_slice_never_overlaps_training_or_test():
     check_disjoint(dev, test, "dev")  # no error
     # The same question under another id (a duplicate across files) is caught by its text.
     leaked = make_records(1, 1003)[0]
-    leaked.item = QAItem("elsewhere:1", "toy", "dev", leaked.item.question, ("x",))
+    leaked.item = QAItem(id="elsewhere:1", dataset="toy", split="dev", question=leaked.item.question, answers=("x",))
     with pytest.raises(CandorError, match="dev record 'elsewhere:1' is also a test question"):
         check_disjoint([*dev, leaked], test, "dev")
 

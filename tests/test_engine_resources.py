@@ -77,7 +77,9 @@ def test_stop_matchers_are_built_off_the_engine_thread_and_requests_keep_their_o
     params = [SamplingParams(max_new_tokens=6, stop=(f"zz{i}", "\n")) for i in range(4)]
     with backend.live_engine(max_rows=8) as engine:
         futures = [
-            engine.submit(DecodeRequest(SHORT_PROMPT, 0, p, on_prefill=lambda s, i=i: started.append(i) or True))
+            engine.submit(
+                DecodeRequest(prompt=SHORT_PROMPT, n=0, params=p, on_prefill=lambda s, i=i: started.append(i) or True)
+            )
             for i, p in enumerate(params)
         ]
         got = [f.result(WAIT) for f in futures]
@@ -158,9 +160,16 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_a_short_one_decodes(backend)
     for chunk in (64, None):  # chunked, then in one piece
         order.clear()
         with backend.live_engine(max_rows=8, prefill_chunk=chunk) as engine:
-            long = engine.submit(DecodeRequest(LONG_PROMPT, 1, long_params, seed=3, on_prefill=on_prefill("long")))
+            long = engine.submit(
+                DecodeRequest(prompt=LONG_PROMPT, n=1, params=long_params, seed=3, on_prefill=on_prefill("long"))
+            )
             short = engine.submit(
-                DecodeRequest(SHORT_PROMPT, 0, short_params, on_token=lambda s, t: order.append("short token") or True)
+                DecodeRequest(
+                    prompt=SHORT_PROMPT,
+                    n=0,
+                    params=short_params,
+                    on_token=lambda s, t: order.append("short token") or True,
+                )
             )
             results[chunk] = (long.result(WAIT), short.result(WAIT), dict(states))
             if chunk is not None:
@@ -199,8 +208,10 @@ def test_a_long_prompts_next_chunk_waits_for_the_follow_up_call_of_a_request_tha
 
     monkeypatch.setattr(ChunkedPrefill, "step", recorded_step)
     with backend.live_engine(max_rows=8, prefill_chunk=64) as engine:
-        long = engine.submit(DecodeRequest(LONG_PROMPT * 2, 0, SamplingParams(max_new_tokens=2, stop=())))
-        short = engine.submit(DecodeRequest(SHORT_PROMPT, 0, SamplingParams(max_new_tokens=4, stop=())))
+        long = engine.submit(
+            DecodeRequest(prompt=LONG_PROMPT * 2, n=0, params=SamplingParams(max_new_tokens=2, stop=()))
+        )
+        short = engine.submit(DecodeRequest(prompt=SHORT_PROMPT, n=0, params=SamplingParams(max_new_tokens=4, stop=())))
         follow_up = threading.Event()
 
         def call_soon(_):  # the follow-up arrives 10 ms after the rows end, as a waking coroutine's would
@@ -233,8 +244,8 @@ def test_the_slot_cache_shrinks_after_a_long_request_and_is_released_when_idle(b
             widths.append(kv.capacity_columns)
             return True
 
-        short = engine.submit(DecodeRequest(SHORT_PROMPT, 0, short_params, on_token=watch))
-        long = engine.submit(DecodeRequest(LONG_PROMPT, 0, SamplingParams(max_new_tokens=2, stop=())))
+        short = engine.submit(DecodeRequest(prompt=SHORT_PROMPT, n=0, params=short_params, on_token=watch))
+        long = engine.submit(DecodeRequest(prompt=LONG_PROMPT, n=0, params=SamplingParams(max_new_tokens=2, stop=())))
         long.result(WAIT)
         got = short.result(WAIT)
         engine.call(lambda: None).result(WAIT)  # the step that ended the short request is over
@@ -306,7 +317,9 @@ def test_an_idle_engine_trims_what_its_callers_freed_after_its_last_work(backend
     import time
 
     with backend.live_engine(max_rows=4) as engine:
-        engine.submit(DecodeRequest(SHORT_PROMPT, 0, SamplingParams(max_new_tokens=2, stop=()))).result(WAIT)
+        engine.submit(DecodeRequest(prompt=SHORT_PROMPT, n=0, params=SamplingParams(max_new_tokens=2, stop=()))).result(
+            WAIT
+        )
         time.sleep(0.2)  # the engine has gone idle and found its rest level
         trims = engine.memory_trims
         blocks = [bytearray(100_000) for _ in range(3000)]  # a caller's 300 MB, freed after the engine went idle

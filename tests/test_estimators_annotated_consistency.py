@@ -15,7 +15,7 @@ from candor.util.errors import CandorError
 def record(
     rid: str, greedy: str, samples: list[str], consistency: list[int] | None = None, judge: str | None = None
 ) -> Record:
-    item = QAItem(rid, "toy", "test", "What is the capital of France?", ("Paris",))
+    item = QAItem(id=rid, dataset="toy", split="test", question="What is the capital of France?", answers=("Paris",))
     return Record(
         item=item,
         greedy=Completion(text=greedy, logprobs=[-0.1]),

@@ -32,11 +32,19 @@ from candor.verbal.formats import distribution_from_prompts, format_prompt
 
 
 def record(i: int, logprobs: list[float], consistency: list[int], correct: int) -> Record:
-    item = QAItem(f"r:{i}", "toy", "test", f"question {i}", ("gold",))
+    item = QAItem(id=f"r:{i}", dataset="toy", split="test", question=f"question {i}", answers=("gold",))
     greedy = Completion("answer", token_ids=list(range(len(logprobs))), logprobs=logprobs)
     samples = [Completion("answer") for _ in consistency]
     provenance = {"model": "toy-model", "consistency_judge": "lexical"}
-    return Record(item, greedy, samples, correct, [correct] * len(consistency), consistency, provenance)
+    return Record(
+        item=item,
+        greedy=greedy,
+        samples=samples,
+        greedy_correct=correct,
+        sample_correct=[correct] * len(consistency),
+        consistency=consistency,
+        provenance=provenance,
+    )
 
 
 @pytest.fixture()
@@ -256,8 +264,11 @@ def test_cli_score_with_an_adapter_does_not_reuse_the_base_models_column(records
 
 
 def test_parse_fallbacks_are_stored_with_the_column(tiny_backend, tmp_path):
-    items = [QAItem(f"q:{i}", "toy", "test", q, ("x",)) for i, q in enumerate(["who wrote hamlet", "2+2?"])]
-    recs = [Record(item, Completion("Paris", token_ids=[1], logprobs=[-0.5]), []) for item in items]
+    items = [
+        QAItem(id=f"q:{i}", dataset="toy", split="test", question=q, answers=("x",))
+        for i, q in enumerate(["who wrote hamlet", "2+2?"])
+    ]
+    recs = [Record(item=item, greedy=Completion("Paris", token_ids=[1], logprobs=[-0.5]), samples=[]) for item in items]
     blind = BlackBox(tiny_backend)
     out = tmp_path / "conf.jsonl"
     score_into(recs, ["verbal-letter", "n-prob"], out, blind, progress=False)
@@ -356,8 +367,18 @@ def test_score_refuses_a_file_about_other_records_unless_forced(records, tmp_pat
     # Test records scored first; then dev records (no id in common) into the same file would erase them.
     test_recs, dev_recs = tmp_path / "test.jsonl", tmp_path / "dev.jsonl"
     write_records(test_recs, records)
-    dev = [Record(QAItem(f"dev:{r.id}", "toy", "dev", r.item.question, r.item.answers), r.greedy, r.samples,
-                  r.greedy_correct, r.sample_correct, r.consistency, r.provenance) for r in records]
+    dev = [
+        Record(
+            item=QAItem(id=f"dev:{r.id}", dataset="toy", split="dev", question=r.item.question, answers=r.item.answers),
+            greedy=r.greedy,
+            samples=r.samples,
+            greedy_correct=r.greedy_correct,
+            sample_correct=r.sample_correct,
+            consistency=r.consistency,
+            provenance=r.provenance,
+        )
+        for r in records
+    ]
     write_records(dev_recs, dev)
     out = tmp_path / "conf.jsonl"
     runner = CliRunner()

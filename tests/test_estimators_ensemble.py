@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def record(rid: str, n_tokens: int, n_prob: float, correct: int | None = None) -> Record:
     """A record whose greedy answer has ``n_tokens`` tokens, each of probability ``n_prob`` (so n-prob = n_prob)."""
-    item = QAItem(rid, "toy", "test", f"Question {rid}?", ("x",))
+    item = QAItem(id=rid, dataset="toy", split="test", question=f"Question {rid}?", answers=("x",))
     greedy = Completion(text="an answer", token_ids=list(range(n_tokens)), logprobs=[math.log(n_prob)] * n_tokens)
     return Record(item=item, greedy=greedy, samples=[], greedy_correct=correct)
 

@@ -20,7 +20,7 @@ from candor.util.errors import CandorError
 
 
 def rec(i: int, samples: list[str], greedy: str = "Paris", correct: int | None = None) -> Record:
-    item = QAItem(f"q{i}", "toy", "train", f"What is fact {i}?", ("Paris",))
+    item = QAItem(id=f"q{i}", dataset="toy", split="train", question=f"What is fact {i}?", answers=("Paris",))
     return Record(
         item=item,
         greedy=Completion(greedy),

@@ -13,7 +13,7 @@ from candor.util.errors import CandorError
 
 
 def record(rid: str, n_tokens: int, correct: int | None = None, text: str = "an answer") -> Record:
-    item = QAItem(rid, "toy", "test", f"Question {rid}?", ("x",))
+    item = QAItem(id=rid, dataset="toy", split="test", question=f"Question {rid}?", answers=("x",))
     greedy = Completion(text=text if n_tokens else "", token_ids=list(range(n_tokens)))
     return Record(item=item, greedy=greedy, samples=[], greedy_correct=correct)
 

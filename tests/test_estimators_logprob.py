@@ -15,7 +15,7 @@ from candor.util.errors import CandorError
 
 
 def record(rid: str, logprobs: list[float], text: str = "Paris") -> Record:
-    item = QAItem(rid, "toy", "test", "What is the capital of France?", ("Paris",))
+    item = QAItem(id=rid, dataset="toy", split="test", question="What is the capital of France?", answers=("Paris",))
     return Record(item=item, greedy=Completion(text=text, logprobs=logprobs), samples=[])
 
 

@@ -21,7 +21,7 @@ ANSWER_LEVEL = ["p-true", "self-consistency"] + [
 
 
 def record(rid: str, logprobs: list[float], correct: int = 1) -> Record:
-    item = QAItem(rid, "toy", "test", f"Question {rid}?", ("Paris",))
+    item = QAItem(id=rid, dataset="toy", split="test", question=f"Question {rid}?", answers=("Paris",))
     return Record(
         item=item,
         greedy=Completion(text="Paris", logprobs=logprobs),

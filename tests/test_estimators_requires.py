@@ -75,7 +75,9 @@ def backend(lively_model, tokenizer) -> HFBackend:
 @pytest.fixture(scope="module")
 def records(backend, tmp_path_factory) -> list[Record]:
     """Records the real annotator wrote: greedy answer and 3 samples with token log-probs and top-k."""
-    items = [QAItem(f"t:{i}", "toy", "test", q, a) for i, (q, a) in enumerate(QUESTIONS)]
+    items = [
+        QAItem(id=f"t:{i}", dataset="toy", split="test", question=q, answers=a) for i, (q, a) in enumerate(QUESTIONS)
+    ]
     out = tmp_path_factory.mktemp("requires") / "records.jsonl"
     config = AnnotateConfig(k=3, params=SamplingParams(max_new_tokens=5), batch_size=4, seed=1)
     annotate(items, backend, out, TEMPLATES.get("fewshot"), config, progress=False)

@@ -21,7 +21,7 @@ CLUSTER_ESTIMATORS = ["semantic-entropy", "semantic-entropy-discrete", "num-sem-
 
 
 def rec(samples: list[tuple[str, list[float]]], greedy: str = "Paris", greedy_lps=(-0.5,), rid: str = "q") -> Record:
-    item = QAItem(rid, "toy", "test", "What is the capital of France?", ("Paris",))
+    item = QAItem(id=rid, dataset="toy", split="test", question="What is the capital of France?", answers=("Paris",))
     return Record(
         item=item,
         greedy=Completion(text=greedy, logprobs=list(greedy_lps)),

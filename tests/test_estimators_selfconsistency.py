@@ -12,13 +12,13 @@ from candor.estimators import get_estimator
 from candor.estimators.answers import option_letter, record_answer, stated_answer
 from candor.util.errors import CandorError
 
-OPEN = QAItem("o1", "toy", "test", "What is the capital of France?", ("Paris",))
+OPEN = QAItem(id="o1", dataset="toy", split="test", question="What is the capital of France?", answers=("Paris",))
 MC = QAItem(
-    "m1",
-    "toy",
-    "test",
-    "Which city is in France?",
-    ("B", "Paris"),
+    id="m1",
+    dataset="toy",
+    split="test",
+    question="Which city is in France?",
+    answers=("B", "Paris"),
     choices=("Rome", "Paris", "Berlin", "Madrid"),
     answer_index=1,
 )
@@ -26,7 +26,15 @@ MC = QAItem(
 
 def record(item: QAItem, greedy: str, rid: str | None = None) -> Record:
     if rid is not None:
-        item = QAItem(rid, item.dataset, item.split, item.question, item.answers, item.choices, item.answer_index)
+        item = QAItem(
+            id=rid,
+            dataset=item.dataset,
+            split=item.split,
+            question=item.question,
+            answers=item.answers,
+            choices=item.choices,
+            answer_index=item.answer_index,
+        )
     return Record(item=item, greedy=Completion(text=greedy, logprobs=[-0.2]), samples=[])
 
 

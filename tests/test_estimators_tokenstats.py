@@ -17,7 +17,7 @@ from candor.util.errors import CandorError
 
 
 def topk_record(tops: list[dict[str, float]], logprobs: list[float] | None = None) -> Record:
-    item = QAItem("q1", "toy", "test", "Capital of France?", ("Paris",))
+    item = QAItem(id="q1", dataset="toy", split="test", question="Capital of France?", answers=("Paris",))
     greedy = Completion(text="Paris", logprobs=logprobs or [max(t.values()) for t in tops])
     greedy.top_logprobs = tops  # what the backend issue adds to completions
     return Record(item=item, greedy=greedy, samples=[])
@@ -61,7 +61,10 @@ def test_perplexity_is_inverse_perplexity():
 
 @pytest.fixture()
 def generated(tiny_backend):
-    items = [QAItem(f"q{i}", "toy", "test", q, ("x",)) for i, q in enumerate(["Capital of France?", "Who wrote it?"])]
+    items = [
+        QAItem(id=f"q{i}", dataset="toy", split="test", question=q, answers=("x",))
+        for i, q in enumerate(["Capital of France?", "Who wrote it?"])
+    ]
     recs = [Record(item=it, greedy=Completion(""), samples=[], provenance={"template": "fewshot"}) for it in items]
     prompts, _ = record_prompts(recs, tiny_backend)
     gens = tiny_backend.generate(prompts, 0, SamplingParams(max_new_tokens=6), greedy=True)

@@ -18,7 +18,7 @@ from candor.util.errors import CandorError
 
 
 def record(rid: str, question: str, greedy: str = "Paris", sample_correct=None, choices=None) -> Record:
-    item = QAItem(rid, "toy", "train", question, ("Paris",), choices=choices)
+    item = QAItem(id=rid, dataset="toy", split="train", question=question, answers=("Paris",), choices=choices)
     return Record(item=item, greedy=Completion(text=greedy, logprobs=[-0.5]), samples=[], sample_correct=sample_correct)
 
 

@@ -65,7 +65,10 @@ def run_loop(
     """
     encoded = backend.encode(prompts)
     matcher = backend.stop_matcher(params.stop)
-    jobs = [DecodeJob(ids, n, True, params, seed, matcher) for seed, ids in enumerate(encoded)]
+    jobs = [
+        DecodeJob(prompt_ids=ids, n=n, greedy=True, params=params, seed=seed, matcher=matcher)
+        for seed, ids in enumerate(encoded)
+    ]
     capacity = backend.batch_size * (1 + n)
     columns = max(map(len, encoded)) + 2 * params.max_new_tokens
     loop = DecodeLoop(backend, rows=capacity, columns=columns, split_prefix=split)
@@ -186,10 +189,14 @@ def test_live_requests_move_the_window_and_grow_the_cache(lively_model, tokenize
         def submit_more(sample: int, token: int) -> bool:
             if sample == -1 and not joined:
                 for prompt, n, seed in ((long_prompt, 1, 4), (PROMPTS[2], 9, 5)):
-                    joined.append((prompt, n, seed, engine.submit(DecodeRequest(prompt, n, params, seed=seed))))
+                    joined.append(
+                        (prompt, n, seed, engine.submit(DecodeRequest(prompt=prompt, n=n, params=params, seed=seed)))
+                    )
             return True
 
-        first = engine.submit(DecodeRequest(PROMPTS[1], 1, params, seed=3, on_token=submit_more)).result(WAIT)
+        first = engine.submit(
+            DecodeRequest(prompt=PROMPTS[1], n=1, params=params, seed=3, on_token=submit_more)
+        ).result(WAIT)
         results = [(PROMPTS[1], 1, 3, first)] + [(p, n, s, f.result(WAIT)) for p, n, s, f in joined]  # type: ignore[attr-defined]
         kv = engine.loop.kv
     assert isinstance(kv, SlotKV) and kv.window_moves > 0 and kv.reallocations > 0
@@ -272,7 +279,10 @@ def test_rows_without_the_prefix_join_a_cache_keeping_it_and_do_not_see_it(livel
     params = SamplingParams(max_new_tokens=10, stop=())
     matcher = backend.stop_matcher(())
     loop = DecodeLoop(backend, rows=4, columns=8, split_prefix=True)
-    jobs = [DecodeJob(ids, 1, True, params, seed, matcher) for seed, ids in enumerate(encoded)]
+    jobs = [
+        DecodeJob(prompt_ids=ids, n=1, greedy=True, params=params, seed=seed, matcher=matcher)
+        for seed, ids in enumerate(encoded)
+    ]
     with torch.inference_mode(), backend.packed_linears:  # as generate and the live engine run the loop
         prefix_cache = prefill_shared_prefix(backend.model, encoded[0][:prefix])
         loop.admit(loop.prefill(jobs[1:2]))  # without the prefix, before the cache keeps one

@@ -70,11 +70,13 @@ def test_requests_joining_at_different_steps_equal_generate_alone(backend):
                 if len(first_tokens) in (2, 4, 7):
                     prompt, n, params, seed = settings[len(futures)]
                     joined_at.append(len(first_tokens))
-                    futures.append(engine.submit(DecodeRequest(prompt, n, params, seed=seed)))
+                    futures.append(engine.submit(DecodeRequest(prompt=prompt, n=n, params=params, seed=seed)))
             return True
 
         prompt, n, params, seed = settings[0]
-        futures.append(engine.submit(DecodeRequest(prompt, n, params, seed=seed, on_token=first_request_hook)))
+        futures.append(
+            engine.submit(DecodeRequest(prompt=prompt, n=n, params=params, seed=seed, on_token=first_request_hook))
+        )
         results = [futures[0].result(WAIT)]
         results += [f.result(WAIT) for f in futures[1:]]
     assert len(futures) == 4 and joined_at == [2, 4, 7]
@@ -104,10 +106,10 @@ def test_a_request_starts_before_the_running_one_ends(backend):
         return True
 
     with backend.live_engine() as engine:
-        long = engine.submit(DecodeRequest(PROMPTS[0], 0, LONG, on_token=long_hook))
+        long = engine.submit(DecodeRequest(prompt=PROMPTS[0], n=0, params=LONG, on_token=long_hook))
         assert at_third.wait(WAIT)
         short = engine.submit(
-            DecodeRequest(PROMPTS[3], 0, SamplingParams(max_new_tokens=4, stop=()), on_token=short_hook)
+            DecodeRequest(prompt=PROMPTS[3], n=0, params=SamplingParams(max_new_tokens=4, stop=()), on_token=short_hook)
         )
         submitted.set()
         short_result = short.result(WAIT)
@@ -131,10 +133,14 @@ def test_prefill_hook_sees_the_hidden_states_and_can_decline(backend):
         return True
 
     with backend.live_engine() as engine:
-        declined = engine.submit(DecodeRequest(PROMPTS[1], 3, LONG, on_prefill=decline, on_token=count)).result(WAIT)
+        declined = engine.submit(
+            DecodeRequest(prompt=PROMPTS[1], n=3, params=LONG, on_prefill=decline, on_token=count)
+        ).result(WAIT)
         kept_states: list[list[np.ndarray]] = []
         kept = engine.submit(
-            DecodeRequest(PROMPTS[1], 1, LONG, seed=5, on_prefill=lambda s: kept_states.append(list(s)) or True)
+            DecodeRequest(
+                prompt=PROMPTS[1], n=1, params=LONG, seed=5, on_prefill=lambda s: kept_states.append(list(s)) or True
+            )
         ).result(WAIT)
     assert tokens == []  # nothing was decoded for the declined request
     assert declined.greedy is None and declined.samples == []
@@ -156,7 +162,7 @@ def test_call_runs_on_the_engine_thread_between_steps(backend):
         return True
 
     with backend.live_engine() as engine:
-        running = engine.submit(DecodeRequest(PROMPTS[0], 1, LONG, on_token=hook))
+        running = engine.submit(DecodeRequest(prompt=PROMPTS[0], n=1, params=LONG, on_token=hook))
         scored = engine.call(lambda: (threading.get_ident(), backend.score([PROMPTS[0]], [" Jupiter"])))
         thread, scores = scored.result(WAIT)
         running.result(WAIT)
@@ -181,10 +187,10 @@ def test_a_failing_request_leaves_the_others_intact(backend):
 
     params = SamplingParams(max_new_tokens=10, stop=())
     with backend.live_engine() as engine:
-        good = [engine.submit(DecodeRequest(p, 2, params, seed=i)) for i, p in enumerate(PROMPTS[:2])]
-        bad = engine.submit(DecodeRequest(PROMPTS[2], 2, params, on_token=explode_at_third))
-        bad_start = engine.submit(DecodeRequest(PROMPTS[3], 2, params, on_prefill=bad_prefill))
-        after = engine.submit(DecodeRequest(PROMPTS[3], 2, params, seed=9))
+        good = [engine.submit(DecodeRequest(prompt=p, n=2, params=params, seed=i)) for i, p in enumerate(PROMPTS[:2])]
+        bad = engine.submit(DecodeRequest(prompt=PROMPTS[2], n=2, params=params, on_token=explode_at_third))
+        bad_start = engine.submit(DecodeRequest(prompt=PROMPTS[3], n=2, params=params, on_prefill=bad_prefill))
+        after = engine.submit(DecodeRequest(prompt=PROMPTS[3], n=2, params=params, seed=9))
         with pytest.raises(RuntimeError, match="hook failed"):
             bad.result(WAIT)
         with pytest.raises(ValueError, match="prefill hook failed"):
@@ -203,16 +209,16 @@ def test_close_fails_what_is_queued_and_running(backend):
         return True
 
     engine = backend.live_engine()
-    running = engine.submit(DecodeRequest(PROMPTS[0], 0, LONG, on_token=hold))
+    running = engine.submit(DecodeRequest(prompt=PROMPTS[0], n=0, params=LONG, on_token=hold))
     assert started.wait(WAIT)
-    queued = engine.submit(DecodeRequest(PROMPTS[1], 1, LONG))
+    queued = engine.submit(DecodeRequest(prompt=PROMPTS[1], n=1, params=LONG))
     queued_call = engine.call(lambda: "never")
     closer = threading.Thread(target=engine.close)
     closer.start()
     # close() refuses new work at once, while the engine thread is still held in the hook.
     for _ in range(10_000):
         try:
-            engine.submit(DecodeRequest(PROMPTS[2], 0, LONG)).cancel()
+            engine.submit(DecodeRequest(prompt=PROMPTS[2], n=0, params=LONG)).cancel()
         except CandorError:
             break
         threading.Event().wait(0.01)
@@ -232,10 +238,10 @@ def test_close_fails_what_is_queued_and_running(backend):
 def test_bad_requests_are_refused_at_submit(backend):
     with backend.live_engine() as engine:
         with pytest.raises(CandorError, match="non-negative"):
-            engine.submit(DecodeRequest(PROMPTS[0], -1, LONG))
+            engine.submit(DecodeRequest(prompt=PROMPTS[0], n=-1, params=LONG))
         with pytest.raises(CandorError, match="max_new_tokens"):
-            engine.submit(DecodeRequest(PROMPTS[0], 1, SamplingParams(max_new_tokens=0)))
-        nothing = engine.submit(DecodeRequest(PROMPTS[0], 0, LONG, greedy=False)).result(WAIT)
+            engine.submit(DecodeRequest(prompt=PROMPTS[0], n=1, params=SamplingParams(max_new_tokens=0)))
+        nothing = engine.submit(DecodeRequest(prompt=PROMPTS[0], n=0, params=LONG, greedy=False)).result(WAIT)
     assert nothing.greedy is None and nothing.samples == []
     with pytest.raises(CandorError, match="max_rows"):
         backend.live_engine(max_rows=0)
@@ -254,8 +260,8 @@ def test_a_request_waits_for_free_rows(backend):
 
     params = SamplingParams(max_new_tokens=5, stop=())
     with backend.live_engine(max_rows=4) as engine:
-        first = engine.submit(DecodeRequest(PROMPTS[0], 2, params, on_token=track("first")))
-        second = engine.submit(DecodeRequest(PROMPTS[1], 2, params, seed=3, on_token=track("second")))
+        first = engine.submit(DecodeRequest(prompt=PROMPTS[0], n=2, params=params, on_token=track("first")))
+        second = engine.submit(DecodeRequest(prompt=PROMPTS[1], n=2, params=params, seed=3, on_token=track("second")))
         first.result(WAIT)
         got = second.result(WAIT)
     assert order.index("second") > len(order) - 1 - order[::-1].index("first")  # no overlap
@@ -314,9 +320,10 @@ def test_prompts_past_the_prefix_equal_generate_and_the_prefix_runs_once(counted
     prefix = template_prefix(backend)
     encoded = backend.encode(SHARED)
     with backend.live_engine(max_rows=32, shared_prefix=prefix.ids) as engine:
-        futures = [engine.submit(DecodeRequest(p, 2, SHORT, seed=i)) for i, p in enumerate(SHARED)]
+        futures = [engine.submit(DecodeRequest(prompt=p, n=2, params=SHORT, seed=i)) for i, p in enumerate(SHARED)]
         got = [f.result(WAIT) for f in futures]
-        more = engine.submit(DecodeRequest(SHARED[0], 2, SHORT, seed=0)).result(WAIT)  # after the others ended
+        # after the others ended
+        more = engine.submit(DecodeRequest(prompt=SHARED[0], n=2, params=SHORT, seed=0)).result(WAIT)
     assert prefixes == [len(prefix)]  # once, for five requests
     # Each request's prefill ran its own tokens past the prefix only.
     assert sorted(widths) == sorted([len(ids) - len(prefix) for ids in encoded] + [len(encoded[0]) - len(prefix)])
@@ -334,8 +341,8 @@ def test_a_prompt_without_the_prefix_is_prefilled_whole(counted):
     prefix = template_prefix(backend)
     other = "Question: What is the largest planet?\nAnswer:"
     with backend.live_engine(max_rows=32, shared_prefix=prefix.ids) as engine:
-        alone = engine.submit(DecodeRequest(other, 2, SHORT, seed=5))
-        past = engine.submit(DecodeRequest(SHARED[1], 2, SHORT, seed=6))
+        alone = engine.submit(DecodeRequest(prompt=other, n=2, params=SHORT, seed=5))
+        past = engine.submit(DecodeRequest(prompt=SHARED[1], n=2, params=SHORT, seed=6))
         got, got_past = alone.result(WAIT), past.result(WAIT)
         # Both decoded in one cache that keeps the prefix once; the first prompt's rows do not see it.
         assert engine.loop.kv.prefix_length == len(prefix) and backend.lean_step.checked
@@ -356,9 +363,9 @@ def test_the_prefill_hook_reads_the_requests_own_last_position(counted):
         return True
 
     with backend.live_engine(max_rows=32) as plain:
-        plain.submit(DecodeRequest(SHARED[2], 0, SHORT, on_prefill=hook)).result(WAIT)
+        plain.submit(DecodeRequest(prompt=SHARED[2], n=0, params=SHORT, on_prefill=hook)).result(WAIT)
     with backend.live_engine(max_rows=32, shared_prefix=prefix.ids) as engine:
-        engine.submit(DecodeRequest(SHARED[2], 0, SHORT, on_prefill=hook)).result(WAIT)
+        engine.submit(DecodeRequest(prompt=SHARED[2], n=0, params=SHORT, on_prefill=hook)).result(WAIT)
     full = len(backend.encode([SHARED[2]])[0])
     assert widths == [full, full - len(prefix)]
     whole, split = seen
@@ -372,8 +379,8 @@ def test_a_prompt_s_answer_does_not_depend_on_the_requests_beside_it(backend):
     """Bit for bit: the prefix is the engine's, so a prompt's split is the same whatever runs with it."""
     prefix = template_prefix(backend)
     with backend.live_engine(max_rows=64, shared_prefix=prefix.ids) as engine:
-        alone = engine.submit(DecodeRequest(SHARED[3], 3, SHORT, seed=9)).result(WAIT)
-        crowd = [engine.submit(DecodeRequest(p, 3, SHORT, seed=9)) for p in SHARED]
+        alone = engine.submit(DecodeRequest(prompt=SHARED[3], n=3, params=SHORT, seed=9)).result(WAIT)
+        crowd = [engine.submit(DecodeRequest(prompt=p, n=3, params=SHORT, seed=9)) for p in SHARED]
         together = crowd[3].result(WAIT)
         for f in crowd:
             f.result(WAIT)
@@ -389,5 +396,5 @@ def test_a_prompt_past_a_sliding_window_is_prefilled_whole(counted, monkeypatch)
     # A window the prompt and its answer overrun: the split cache would not be the model's own, as in generate().
     monkeypatch.setattr(backend.model.config, "sliding_window", full + SHORT.max_new_tokens - 1, raising=False)
     with backend.live_engine(max_rows=8, shared_prefix=prefix.ids) as engine:
-        engine.submit(DecodeRequest(SHARED[0], 0, SHORT)).result(WAIT)
+        engine.submit(DecodeRequest(prompt=SHARED[0], n=0, params=SHORT)).result(WAIT)
     assert widths == [full] and prefixes == []

@@ -162,7 +162,7 @@ def playground(tiny_model, tokenizer):
     model = HonestModel(backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=6))
     conf = sorted(a[0].confidence for a in model.answer_batch(QUESTIONS))
     middle = (conf[len(conf) // 2 - 1] + conf[len(conf) // 2]) / 2  # some questions answer, some abstain
-    model.threshold = Threshold(middle, "accuracy", target=0.8, expected_accuracy=0.8,
+    model.threshold = Threshold(middle, rule="accuracy", target=0.8, expected_accuracy=0.8,
                                 expected_coverage=0.45, n_dev=40)
     settings = ServeSettings(api_key=KEY, max_tokens=16, refusal=REFUSAL)
     with serve_in_thread(create_app(model, settings)) as url:

@@ -36,8 +36,15 @@ def test_judge_consistency_pairs_each_sample_with_its_own_greedy_and_question():
 
 def record(i: int, question: str, greedy: str, samples: list[str], consistency: list[int]) -> Record:
     item = QAItem(id=f"toy:{i}", dataset="toy", split="test", question=question, answers=("x",))
-    return Record(item, Completion(greedy), [Completion(s) for s in samples], 0, [0] * len(samples), consistency,
-                  {"model": "m", "consistency_judge": "lexical"})
+    return Record(
+        item=item,
+        greedy=Completion(greedy),
+        samples=[Completion(s) for s in samples],
+        greedy_correct=0,
+        sample_correct=[0] * len(samples),
+        consistency=consistency,
+        provenance={"model": "m", "consistency_judge": "lexical"},
+    )
 
 
 def test_rejudge_cli_recomputes_verdicts_and_names_the_judge(tmp_path):

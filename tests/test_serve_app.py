@@ -56,7 +56,7 @@ def honest(tiny_model, tokenizer):
     conf = sorted(a[0].confidence for a in model.answer_batch(QUESTIONS))
     # Midway between two questions' values, so batching's float noise cannot flip a decision.
     middle = (conf[len(conf) // 2 - 1] + conf[len(conf) // 2]) / 2
-    model.threshold = Threshold(middle, "fixed", expected_accuracy=0.5, expected_coverage=0.5)
+    model.threshold = Threshold(middle, rule="fixed", expected_accuracy=0.5, expected_coverage=0.5)
     return model
 
 

@@ -50,7 +50,9 @@ def test_open_engine_gives_the_live_engine_where_the_backend_has_one(tiny_model,
 def test_concurrent_requests_share_one_generate_call_and_get_what_generate_gives_each(batch_only):
     engine = MicroBatchEngine(batch_only, max_batch=16, max_wait_ms=300)
     try:
-        futures = [engine.submit(DecodeRequest(p, 2, PARAMS, seed=10 + i)) for i, p in enumerate(PROMPTS)]
+        futures = [
+            engine.submit(DecodeRequest(prompt=p, n=2, params=PARAMS, seed=10 + i)) for i, p in enumerate(PROMPTS)
+        ]
         got = [f.result(timeout=120) for f in futures]
     finally:
         engine.close()
@@ -69,8 +71,10 @@ def test_a_request_that_fails_its_batch_fails_alone(batch_only):
 
     engine = MicroBatchEngine(batch_only, max_wait_ms=300)
     try:
-        futures = [engine.submit(DecodeRequest(p, 0, PARAMS, on_token=broken if i == 2 else None))
-                   for i, p in enumerate(PROMPTS)]  # fmt: skip
+        futures = [
+            engine.submit(DecodeRequest(prompt=p, n=0, params=PARAMS, on_token=broken if i == 2 else None))
+            for i, p in enumerate(PROMPTS)
+        ]
         for i, f in enumerate(futures):
             if i == 2:
                 with pytest.raises(RuntimeError, match="a listener bug"):
@@ -84,8 +88,8 @@ def test_a_request_that_fails_its_batch_fails_alone(batch_only):
 def test_a_cancelled_request_is_never_generated_and_calls_run_in_the_engine_thread(batch_only):
     engine = MicroBatchEngine(batch_only, max_wait_ms=300)
     try:
-        kept = engine.submit(DecodeRequest(PROMPTS[0], 0, PARAMS))
-        dropped = engine.submit(DecodeRequest(PROMPTS[1], 0, PARAMS))
+        kept = engine.submit(DecodeRequest(prompt=PROMPTS[0], n=0, params=PARAMS))
+        dropped = engine.submit(DecodeRequest(prompt=PROMPTS[1], n=0, params=PARAMS))
         assert dropped.cancel()
         where = engine.call(lambda: threading.current_thread().name).result(timeout=120)
         assert kept.result(timeout=120).greedy is not None
@@ -94,9 +98,11 @@ def test_a_cancelled_request_is_never_generated_and_calls_run_in_the_engine_thre
     assert where == "candor-engine"
     assert batch_only.generated == [PROMPTS[0]]
     with pytest.raises(EngineClosed):
-        engine.submit(DecodeRequest(PROMPTS[0], 0, PARAMS))
+        engine.submit(DecodeRequest(prompt=PROMPTS[0], n=0, params=PARAMS))
     with pytest.raises(CandorError, match="live engine"):  # the adapter has no prefill to read
-        MicroBatchEngine(batch_only).submit(DecodeRequest(PROMPTS[0], 0, PARAMS, on_prefill=lambda s: True))
+        MicroBatchEngine(batch_only).submit(
+            DecodeRequest(prompt=PROMPTS[0], n=0, params=PARAMS, on_prefill=lambda s: True)
+        )
 
 
 def test_admission_takes_a_request_whole_or_not_at_all():
@@ -216,11 +222,13 @@ def test_a_server_backed_engine_starts_a_request_while_another_ones_call_runs(ti
         engine = MicroBatchEngine(remote, max_batch=4, max_wait_ms=0)
         try:
             greedy = SamplingParams(max_new_tokens=400, temperature=0.0, stop=())
-            long_f = engine.submit(DecodeRequest(long_q, 0, greedy))
+            long_f = engine.submit(DecodeRequest(prompt=long_q, n=0, params=greedy))
             deadline = time.monotonic() + 120
             while not long_f.done() and time.monotonic() < deadline and backend.tokens_for(long_q) == 0:
                 time.sleep(0.05)  # the long request is being answered by the server
-            short_f = engine.submit(DecodeRequest(short_q, 0, SamplingParams(max_new_tokens=2, temperature=0.0)))
+            short_f = engine.submit(
+                DecodeRequest(prompt=short_q, n=0, params=SamplingParams(max_new_tokens=2, temperature=0.0))
+            )
             short = short_f.result(timeout=300)
             assert not long_f.done()  # the short one did not wait for the long one's call to return
             assert short.greedy is not None and long_f.result(timeout=300).greedy is not None

@@ -31,8 +31,9 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 def honest_model(backend, threshold: float, rule: str = "risk", target: float = 0.2) -> HonestModel:
     model = HonestModel(backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=4))
-    model.threshold = Threshold(threshold, rule, target=target, expected_accuracy=0.9, expected_coverage=0.5,
-                                n_dev=100, delta=0.1)  # fmt: skip
+    model.threshold = Threshold(
+        threshold, rule=rule, target=target, expected_accuracy=0.9, expected_coverage=0.5, n_dev=100, delta=0.1
+    )
     return model
 
 

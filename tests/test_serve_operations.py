@@ -59,7 +59,7 @@ def honest(tiny_model, tokenizer):
     model = HonestModel(backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=4))
     conf = sorted(a[0].confidence for a in model.answer_batch(QUESTIONS))
     # Midway between two questions' values, so some answers abstain and float noise flips none.
-    model.threshold = Threshold((conf[3] + conf[4]) / 2, "fixed")
+    model.threshold = Threshold((conf[3] + conf[4]) / 2, rule="fixed")
     return model
 
 

@@ -158,7 +158,7 @@ def test_a_long_prompts_reread_steps_between_a_short_requests_decode_steps(backe
             warm.set()
             return True
 
-        short = engine.submit(DecodeRequest(SHORT_PROMPT, 0, params, on_token=on_token))
+        short = engine.submit(DecodeRequest(prompt=SHORT_PROMPT, n=0, params=params, on_token=on_token))
         assert warm.wait(WAIT)
         while not engine.call(piece).result(WAIT):
             pass
@@ -187,8 +187,12 @@ def test_a_reread_over_the_engines_own_chunked_prefill_skips_the_prompt_and_give
     kept: list[ChunkedPrefill] = []
     params = SamplingParams(max_new_tokens=40, temperature=1.0, stop=())
     with backend.live_engine(max_rows=8) as engine:
-        gens = engine.submit(DecodeRequest(LONG_PROMPT, 2, params, seed=5, on_chunked_prefill=kept.append)).result(WAIT)
-        short = engine.submit(DecodeRequest(SHORT_PROMPT, 0, params, on_chunked_prefill=kept.append)).result(WAIT)
+        gens = engine.submit(
+            DecodeRequest(prompt=LONG_PROMPT, n=2, params=params, seed=5, on_chunked_prefill=kept.append)
+        ).result(WAIT)
+        short = engine.submit(
+            DecodeRequest(prompt=SHORT_PROMPT, n=0, params=params, on_chunked_prefill=kept.append)
+        ).result(WAIT)
     if engine.prefill_chunk is None:
         pytest.skip("chunked prefill does not give the bits of one piece on this machine, so the engine does not chunk")
     assert len(kept) == 1 and kept[0].finished  # the long prompt only: the short one was prefilled in one piece

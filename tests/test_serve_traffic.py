@@ -46,7 +46,7 @@ def splitting(model: HonestModel, history) -> HonestModel:
     values = sorted(direct(model, q, history).confidence for q in QUESTIONS)
     middle = (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
     split = HonestModel(model.backend, confidence="n-prob", template="fewshot", decoding=model.decoding)
-    split.threshold = Threshold(middle, "fixed", expected_accuracy=0.5, expected_coverage=0.5)
+    split.threshold = Threshold(middle, rule="fixed", expected_accuracy=0.5, expected_coverage=0.5)
     return split
 
 

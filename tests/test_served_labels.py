@@ -61,7 +61,7 @@ def test_of_two_labels_with_one_timestamp_the_later_line_wins(log: Path) -> None
 
     with log.open("a", encoding="utf-8") as fh:
         for index, correct in ((1, True), (0, False)):
-            fh.write(Label(IDS[3], index, correct, "human", 1764770000.0).to_line())
+            fh.write(Label(id=IDS[3], index=index, correct=correct, label_source="human", time=1764770000.0).to_line())
     (rec,) = labelled_records(read_served(log))
     assert rec.greedy_correct == 0
     answers = {a.key: a for a in read_served(log).answers}

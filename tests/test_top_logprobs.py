@@ -47,7 +47,13 @@ def test_top_logprobs_can_be_turned_off(tiny_model, tokenizer) -> None:
 
 
 def test_records_keep_top_logprobs_and_older_records_still_load() -> None:
-    comp = Completion("Paris", [1, 2], ["Par", "is"], [-0.5, -0.1], [{"Par": -0.5, "Lon": -1.2}, {"is": -0.1}])
+    comp = Completion(
+        "Paris",
+        token_ids=[1, 2],
+        tokens=["Par", "is"],
+        logprobs=[-0.5, -0.1],
+        top_logprobs=[{"Par": -0.5, "Lon": -1.2}, {"is": -0.1}],
+    )
     again = Completion.from_dict(comp.to_dict())
     assert again == comp
     old = {"text": "Paris", "token_ids": [1], "tokens": ["Paris"], "logprobs": [-0.3]}

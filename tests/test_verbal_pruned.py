@@ -17,9 +17,9 @@ from candor.verbal.formats import expected_confidence, format_prompt, get_format
 PERCENT = get_format("percent")
 FORMS = [text for _, text in surface_forms(PERCENT.labels)]
 ITEMS = [
-    QAItem("q0", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",)),
-    QAItem("q1", "toy", "test", "What is the capital of France?", ("Paris",)),
-    QAItem("q2", "toy", "test", "How many legs does a spider have?", ("eight",)),
+    QAItem(id="q0", dataset="toy", split="test", question="Who wrote Hamlet?", answers=("Shakespeare",)),
+    QAItem(id="q1", dataset="toy", split="test", question="What is the capital of France?", answers=("Paris",)),
+    QAItem(id="q2", dataset="toy", split="test", question="How many legs does a spider have?", answers=("eight",)),
 ]
 ANSWERS = ["Shakespeare", "Paris", "eight legs, I believe"]
 

@@ -14,13 +14,24 @@ from candor.verbal.formats import confidence_distribution, format_prompt
 from candor.verbal.scorer import LabelScorer, build_prompt, prompt_text, span_mask, token_span
 
 ITEMS = [
-    QAItem("a", "toy", "test", "Who wrote Hamlet?", ("Shakespeare",)),
-    QAItem("b", "toy", "test", "What is the capital of the most populous country in Europe?", ("Moscow",)),
+    QAItem(id="a", dataset="toy", split="test", question="Who wrote Hamlet?", answers=("Shakespeare",)),
     QAItem(
-        "c", "toy", "test", "Which city is the capital of France?", ("B", "Paris"),
-        choices=("Rome", "Paris", "Berlin", "Madrid"), answer_index=1,
+        id="b",
+        dataset="toy",
+        split="test",
+        question="What is the capital of the most populous country in Europe?",
+        answers=("Moscow",),
     ),
-]  # fmt: skip
+    QAItem(
+        id="c",
+        dataset="toy",
+        split="test",
+        question="Which city is the capital of France?",
+        answers=("B", "Paris"),
+        choices=("Rome", "Paris", "Berlin", "Madrid"),
+        answer_index=1,
+    ),
+]
 ANSWERS = ["William Shakespeare", "Paris.", "B"]
 
 

@@ -102,4 +102,4 @@ def run_demo(
                         decoding=Decoding(max_new_tokens=AnnotateConfig().params.max_new_tokens))  # fmt: skip
     tuned.tune(records, "coverage", HONEST_COVERAGE)
     tuned.save_pretrained(honest)
-    return DemoResult(records_path, confidences_path, report, table, honest)
+    return DemoResult(records=records_path, confidences=confidences_path, report=report, table=table, honest=honest)

@@ -304,8 +304,15 @@ def annotate(
             greedy_correct, sample_correct, consistent = _judge_batch(batch, gens, config, judges)
             parsed = _parse_counts(gens, judges)
             records = [
-                Record(item, gen.greedy, gen.samples, gc, sc, cs,
-                       provenance if counts is None else {**provenance, "judge_parse": counts})
+                Record(
+                    item=item,
+                    greedy=gen.greedy,
+                    samples=gen.samples,
+                    greedy_correct=gc,
+                    sample_correct=sc,
+                    consistency=cs,
+                    provenance=provenance if counts is None else {**provenance, "judge_parse": counts},
+                )
                 for item, gen, gc, sc, cs, counts in zip(
                     batch, gens, greedy_correct, sample_correct, consistent, parsed, strict=True
                 )
@@ -367,7 +374,7 @@ def _read_shard(path: Path) -> _ShardFile:
     """A shard file and which shard it is, read from its records' provenance."""
     records = read_records(path)
     if not records:  # a shard of an input smaller than n can be empty; coverage decides
-        return _ShardFile(path, [], Shard(0, 1), None, {})
+        return _ShardFile(path=path, records=[], shard=Shard(0, 1), input_items=None, provenance={})
     provenance = records[0].provenance
     names = {rec.provenance.get("shard") for rec in records}
     if len(names) != 1 or not provenance.get("shard"):
@@ -376,7 +383,13 @@ def _read_shard(path: Path) -> _ShardFile:
     sizes = {rec.provenance.get("input_items") for rec in records}
     if len(sizes) != 1:
         raise CandorError(f"{path}: records made from inputs of different sizes {sorted(map(str, sizes))}")
-    return _ShardFile(path, records, Shard.parse(provenance["shard"]), provenance.get("input_items"), provenance)
+    return _ShardFile(
+        path=path,
+        records=records,
+        shard=Shard.parse(provenance["shard"]),
+        input_items=provenance.get("input_items"),
+        provenance=provenance,
+    )
 
 
 def _check_coverage(parts: Sequence[_ShardFile], count: int, input_items: int | None) -> None:

@@ -33,7 +33,7 @@ def split_sentences(
     """One claim per sentence or clause (see the module docstring)."""
     offsets = token_offsets(completion, decode) if completion.tokens else []
     return [
-        Claim(answer_text[start:end], start, end, tokens_in_span(offsets, start, end))
+        Claim(text=answer_text[start:end], start=start, end=end, tokens=tokens_in_span(offsets, start, end))
         for start, end in sentence_spans(answer_text)
     ]
 
@@ -102,5 +102,5 @@ def split_facts(
             tokens = fact_tokens(fact, sentence_tokens, completion.tokens)
             start = max(a, min(offsets[t][0] for t in tokens)) if tokens else a
             end = min(b, max(offsets[t][1] for t in tokens)) if tokens else b
-            claims.append(Claim(fact, start, end, tokens))
+            claims.append(Claim(text=fact, start=start, end=end, tokens=tokens))
     return claims

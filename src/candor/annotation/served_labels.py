@@ -65,7 +65,9 @@ class Label:
         stamp = d.get("time", 0.0)
         if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
             raise ValueError(f"'time' must be unix seconds, got {stamp!r}")
-        return cls(d["id"], d["index"], d["correct"], d["label_source"], float(stamp))
+        return cls(
+            id=d["id"], index=d["index"], correct=d["correct"], label_source=d["label_source"], time=float(stamp)
+        )
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,9 @@ def append_label(path: str | Path, response_id: str, index: int, correct: bool, 
         check_label(response_id, index, correct, label_source)
     except ValueError as exc:
         raise CandorError(f"{path}: bad label: {exc}") from None
-    line = Label(response_id, index, correct, label_source, round(time.time(), 3)).to_line()
+    line = Label(
+        id=response_id, index=index, correct=correct, label_source=label_source, time=round(time.time(), 3)
+    ).to_line()
     data = line.encode("utf-8")
     if not _ends_with_newline(Path(path)):
         data = b"\n" + data
@@ -205,7 +209,7 @@ def _read_line(
     record = Record.from_dict(obj)
     response_id, indexes = served_key(record)
     for index in indexes:
-        answers[(response_id, index)] = ServedAnswer(record, response_id, index)
+        answers[(response_id, index)] = ServedAnswer(record=record, id=response_id, index=index)
 
 
 def labelled_records(log: ServedLog) -> list[Record]:

@@ -232,7 +232,15 @@ class HFBackend(TokenizerMixin):
         prefix_cache = prefill_shared_prefix(self.model, encoded[0][:prefix]) if prefix else None
         matcher = self.stop_matcher(params.stop)
         jobs = [
-            DecodeJob(ids, n, greedy, params, seeds[i], matcher, on_token=_prompt_hook(on_token, i))
+            DecodeJob(
+                prompt_ids=ids,
+                n=n,
+                greedy=greedy,
+                params=params,
+                seed=seeds[i],
+                matcher=matcher,
+                on_token=_prompt_hook(on_token, i),
+            )
             for i, ids in enumerate(encoded)
         ]
         # Similar lengths in a prefill waste less on padding; results do not depend on the order.

@@ -97,8 +97,15 @@ def annotate(
     options = dict(base_url=base_url, endpoint=endpoint, tokenizer=tokenizer, max_concurrency=max_concurrency,
                    max_retries=max_retries, api_key_env=api_key_env, tensor_parallel_size=tensor_parallel_size,
                    data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed, dtype=dtype)
-    recipe = BackendRecipe(model, backend, options, template, judge_model, judge_backend,
-                           {**options, "base_url": judge_base_url or base_url})
+    recipe = BackendRecipe(
+        model=model,
+        backend=backend,
+        options=options,
+        template=template,
+        judge_model=judge_model,
+        judge_backend=judge_backend,
+        judge_options={**options, "base_url": judge_base_url or base_url},
+    )
     if workers != 1 and shard_spec is not None:
         raise CandorError("--workers splits the input into shards itself; use it without --shard")
     try:

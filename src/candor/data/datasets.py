@@ -75,36 +75,75 @@ def _add(spec: DatasetSpec, *aliases: str) -> None:
         DATASETS.register(name)(spec)
 
 
-_add(DatasetSpec("nq", ("nq/test.jsonl",), "test", "in-domain", "Natural Questions (open), test"))
-# No "nq-dev": the shared data's nq/dev.jsonl holds the same 3,610 question-answer pairs as
-# nq/test.jsonl, shuffled, so anything tuned on it would be tuned on the test set.
-_add(DatasetSpec("hq", ("hq/dev.jsonl",), "dev", "in-domain", "HotpotQA, dev"), "hotpotqa")
 _add(
     DatasetSpec(
-        "2wikimultihopqa", ("2wikimultihopqa/dev.jsonl",), "dev", "in-domain", "2WikiMultihopQA, dev"
+        name="nq",
+        paths=("nq/test.jsonl",),
+        split="test",
+        role="in-domain",
+        description="Natural Questions (open), test",
+    )
+)
+# No "nq-dev": the shared data's nq/dev.jsonl holds the same 3,610 question-answer pairs as
+# nq/test.jsonl, shuffled, so anything tuned on it would be tuned on the test set.
+_add(
+    DatasetSpec(name="hq", paths=("hq/dev.jsonl",), split="dev", role="in-domain", description="HotpotQA, dev"),
+    "hotpotqa",
+)
+_add(
+    DatasetSpec(
+        name="2wikimultihopqa",
+        paths=("2wikimultihopqa/dev.jsonl",),
+        split="dev",
+        role="in-domain",
+        description="2WikiMultihopQA, dev",
     ),
     "2wiki",
 )
 _add(
-    DatasetSpec("pararel", ("pararel_patterns/test.jsonl",), "test", "in-domain", "ParaRel patterns, test"),
+    DatasetSpec(
+        name="pararel",
+        paths=("pararel_patterns/test.jsonl",),
+        split="test",
+        role="in-domain",
+        description="ParaRel patterns, test",
+    ),
     "pararel_patterns",
 )
-_add(DatasetSpec("squad", ("squad/dev.jsonl",), "dev", "ood", "SQuAD without passages, dev"))
-_add(DatasetSpec("musique", ("musique/dev.jsonl",), "dev", "ood", "MuSiQue, dev"))
-_add(DatasetSpec("musique-train", ("musique/train.jsonl",), "train", "ood", "MuSiQue, train"))
 _add(
     DatasetSpec(
-        "logiqa",
-        ("../logiqa2/test.jsonl", "logiqa2/test.jsonl"),
-        "test",
-        "ood",
-        "LogiQA 2.0 multiple choice, test",
+        name="squad", paths=("squad/dev.jsonl",), split="dev", role="ood", description="SQuAD without passages, dev"
+    )
+)
+_add(DatasetSpec(name="musique", paths=("musique/dev.jsonl",), split="dev", role="ood", description="MuSiQue, dev"))
+_add(
+    DatasetSpec(
+        name="musique-train", paths=("musique/train.jsonl",), split="train", role="ood", description="MuSiQue, train"
+    )
+)
+_add(
+    DatasetSpec(
+        name="logiqa",
+        paths=("../logiqa2/test.jsonl", "logiqa2/test.jsonl"),
+        split="test",
+        role="ood",
+        description="LogiQA 2.0 multiple choice, test",
         id_field=None,
         source="logiqa2",
     ),
     "logiqa2",
 )
-_add(DatasetSpec("starter", ("starter.jsonl",), "test", "demo", "built-in starter set", builtin=True, source=None))
+_add(
+    DatasetSpec(
+        name="starter",
+        paths=("starter.jsonl",),
+        split="test",
+        role="demo",
+        description="built-in starter set",
+        builtin=True,
+        source=None,
+    )
+)
 
 
 def get_dataset(name: str) -> DatasetSpec:

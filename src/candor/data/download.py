@@ -75,22 +75,22 @@ _ELICAL_QA_FILES = (
 )
 SOURCES.register("elical-qa")(
     Source(
-        "elical-qa",
-        "the QA files of HonestyBench, in the data/ folder of the EliCal repository "
+        name="elical-qa",
+        description="the QA files of HonestyBench, in the data/ folder of the EliCal repository "
         "(github.com/Trustworthy-Information-Access/Annotation-Efficient-Universal-Honesty-Alignment)",
-        "https://raw.githubusercontent.com/Trustworthy-Information-Access/"
+        base_url="https://raw.githubusercontent.com/Trustworthy-Information-Access/"
         "Annotation-Efficient-Universal-Honesty-Alignment/main/data",
-        "CANDOR_ELICAL_QA_URL",
-        {path: path for path in _ELICAL_QA_FILES},
+        env="CANDOR_ELICAL_QA_URL",
+        files={path: path for path in _ELICAL_QA_FILES},
     )
 )
 SOURCES.register("logiqa2")(
     Source(
-        "logiqa2",
-        "the LogiQA 2.0 test set (github.com/csitfun/LogiQA2.0)",
-        "https://raw.githubusercontent.com/csitfun/LogiQA2.0/main/logiqa/DATA/LOGIQA",
-        "CANDOR_LOGIQA2_URL",
-        {"logiqa2/test.jsonl": "test.txt"},
+        name="logiqa2",
+        description="the LogiQA 2.0 test set (github.com/csitfun/LogiQA2.0)",
+        base_url="https://raw.githubusercontent.com/csitfun/LogiQA2.0/main/logiqa/DATA/LOGIQA",
+        env="CANDOR_LOGIQA2_URL",
+        files={"logiqa2/test.jsonl": "test.txt"},
     )
 )
 

@@ -93,8 +93,16 @@ class AttributionExample:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttributionExample:
         roles = np.array([REGIONS.index(r) for r in d["roles"]], dtype=np.int64)
-        return cls(d["item_id"], d["answer"], list(d["tokens"]), roles, np.asarray(d["scores"], dtype=float),
-                   float(d["mu_input"]), float(d["mu_baseline"]), float(d["delta"]))
+        return cls(
+            item_id=d["item_id"],
+            answer=d["answer"],
+            tokens=list(d["tokens"]),
+            roles=roles,
+            scores=np.asarray(d["scores"], dtype=float),
+            mu_input=float(d["mu_input"]),
+            mu_baseline=float(d["mu_baseline"]),
+            delta=float(d["delta"]),
+        )
 
 
 @dataclass
@@ -209,4 +217,13 @@ def _attribute_one(
     )
     scores = attr.sum(-1)[0].detach().double().cpu().numpy()
     tokens = [backend.tokenizer.decode([i]) for i in regions.ids]
-    return AttributionExample(item_id, answer, tokens, regions.roles, scores, mu_x, mu_b, float(delta[0]))
+    return AttributionExample(
+        item_id=item_id,
+        answer=answer,
+        tokens=tokens,
+        roles=regions.roles,
+        scores=scores,
+        mu_input=mu_x,
+        mu_baseline=mu_b,
+        delta=float(delta[0]),
+    )

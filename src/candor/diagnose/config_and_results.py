@@ -92,7 +92,7 @@ class ModelDiagnosis:
         """A diagnosis back from its details file (``details/<model>.json``); costs are not kept there."""
         stages = {"sensitivity": SensitivityResult, "masking": MaskingResult, "rollout": RolloutResult,
                   "attribution": AttributionResult}
-        return cls(d["name"], d["model"], d.get("adapter"),
+        return cls(name=d["name"], model=d["model"], adapter=d.get("adapter"),
                    **{name: kind.from_dict(d[name]) for name, kind in stages.items() if d.get(name) is not None})
 
     def details(self) -> dict[str, Any]:

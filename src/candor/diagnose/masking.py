@@ -71,8 +71,15 @@ class MaskingExample:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MaskingExample:
-        return cls(d["item_id"], d["answer"], int(d["n_answer_tokens"]), np.asarray(d["real"], dtype=float),
-                   np.asarray(d["masked"], dtype=float), float(d["mu_real"]), float(d["mu_masked"]))
+        return cls(
+            item_id=d["item_id"],
+            answer=d["answer"],
+            n_answer_tokens=int(d["n_answer_tokens"]),
+            real=np.asarray(d["real"], dtype=float),
+            masked=np.asarray(d["masked"], dtype=float),
+            mu_real=float(d["mu_real"]),
+            mu_masked=float(d["mu_masked"]),
+        )
 
 
 @dataclass
@@ -131,8 +138,17 @@ def masking_counterfactual(
         masked = _distributions(scorer, backend, [mask_answer(r, pad_id) for r in regions])
         for (item, answer), r, p_real, p_masked in zip(chunk, regions, real, masked, strict=True):
             start_tok, end_tok = r.answer_span
-            out.append(MaskingExample(item.id, answer.strip(), end_tok - start_tok, p_real, p_masked,
-                                      float(p_real @ verbal.value_array), float(p_masked @ verbal.value_array)))
+            out.append(
+                MaskingExample(
+                    item_id=item.id,
+                    answer=answer.strip(),
+                    n_answer_tokens=end_tok - start_tok,
+                    real=p_real,
+                    masked=p_masked,
+                    mu_real=float(p_real @ verbal.value_array),
+                    mu_masked=float(p_masked @ verbal.value_array),
+                )
+            )
     logger.info("answer masking: %d examples", len(out))
     return MaskingResult(verbal.key, out)
 

@@ -128,7 +128,7 @@ def diagnose_model(
     """Run the configured stages for one loaded model (cached per stage when ``cache_dir`` is given)."""
     if not candidates:
         raise CandorError("diagnose: no questions with candidate answers")
-    diagnosis = ModelDiagnosis(name, model or getattr(backend, "model_name", ""), adapter)
+    diagnosis = ModelDiagnosis(name=name, model=model or getattr(backend, "model_name", ""), adapter=adapter)
     identity = {**backend_identity(backend), "model": diagnosis.model} if cache_dir is not None else {}
     if cache_dir is not None and adapter:
         identity["adapter"] = {"path": str(adapter), "sha256": path_digest(adapter)}

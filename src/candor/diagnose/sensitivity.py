@@ -78,8 +78,15 @@ class QuestionSensitivity:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QuestionSensitivity:
         dist = np.asarray(d["distributions"], dtype=float)
-        return cls(d["item_id"], d["dataset"], list(d["answers"]), np.asarray(d["correct"], dtype=int), dist,
-                   np.asarray(d["mu"], dtype=float), pairwise_jsd(dist))
+        return cls(
+            item_id=d["item_id"],
+            dataset=d["dataset"],
+            answers=list(d["answers"]),
+            correct=np.asarray(d["correct"], dtype=int),
+            distributions=dist,
+            mu=np.asarray(d["mu"], dtype=float),
+            jsd=pairwise_jsd(dist),
+        )
 
 
 @dataclass
@@ -166,7 +173,16 @@ def answer_sensitivity(
         for c in chunk:
             part = dist[row : row + len(c)]
             row += len(c)
-            out.append(QuestionSensitivity(c.item.id, c.item.dataset, list(c.answers), np.asarray(c.correct),
-                                           part, expected_confidence(part, verbal), pairwise_jsd(part)))
+            out.append(
+                QuestionSensitivity(
+                    item_id=c.item.id,
+                    dataset=c.item.dataset,
+                    answers=list(c.answers),
+                    correct=np.asarray(c.correct),
+                    distributions=part,
+                    mu=expected_confidence(part, verbal),
+                    jsd=pairwise_jsd(part),
+                )
+            )
         logger.info("answer sensitivity: %d/%d questions", len(out), len(candidates))
     return SensitivityResult(verbal.key, out)

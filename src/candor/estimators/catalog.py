@@ -92,8 +92,15 @@ def estimator_rows() -> list[EstimatorRow]:
         except CandorError:
             estimator = _class_of(entry)  # one that needs an option (a trained folder): its class defaults
         family, reference = FAMILIES[module]
-        rows.append(EstimatorRow(name, family, getattr(estimator, "level", "question"), _needs(name, estimator),
-                                 reference))  # fmt: skip
+        rows.append(
+            EstimatorRow(
+                name=name,
+                family=family,
+                level=getattr(estimator, "level", "question"),
+                needs=_needs(name, estimator),
+                reference=reference,
+            )
+        )
     order = list(dict.fromkeys(family for family, _ in FAMILIES.values()))
     return sorted(rows, key=lambda r: (order.index(r.family), r.name))
 

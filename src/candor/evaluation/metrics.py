@@ -104,7 +104,7 @@ def register_metric(
     """Register a metric function with its label and better direction; returns the function unchanged."""
 
     def decorator(fn: Callable[..., float]) -> Callable[..., float]:
-        METRICS.register(name)(Metric(name, fn, label, better, binned, split))
+        METRICS.register(name)(Metric(name=name, fn=fn, label=label, better=better, binned=binned, split=split))
         return fn
 
     return decorator

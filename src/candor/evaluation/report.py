@@ -148,7 +148,7 @@ def write_report(
     files["index"] = _write_text(out_dir / "index.md", _index_md(result, title, files, reliability, out_dir))
     logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods),
                 len(result.datasets))
-    return ReportResult(out_dir, result, files, reliability, trust)
+    return ReportResult(out_dir=out_dir, evaluation=result, files=files, reliability=reliability, trust=trust)
 
 
 def _pooled(table: ConfidenceTable, method: str) -> tuple[np.ndarray, np.ndarray]:

@@ -82,7 +82,13 @@ def selective_stats(confidence: np.ndarray, correct: np.ndarray, threshold: floa
     n_answered, n_refused = int(answered.sum()), int((~answered).sum())
     accuracy = float(y[answered].mean()) if n_answered else math.nan
     over = float(y[~answered].mean()) if n_refused else math.nan
-    return Selective(float(threshold), n_answered, n_answered / max(1, conf.size), accuracy, over)
+    return Selective(
+        threshold=float(threshold),
+        answered=n_answered,
+        coverage=n_answered / max(1, conf.size),
+        accuracy=accuracy,
+        over_abstention=over,
+    )
 
 
 def write_report_page(

@@ -38,7 +38,13 @@ class Decoding:
     top_k: int = 0
 
     def params(self, stop: Sequence[str] = ()) -> SamplingParams:
-        return SamplingParams(self.max_new_tokens, self.temperature, self.top_p, self.top_k, tuple(stop))
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=tuple(stop),
+        )
 
 
 # The method's own samples: temperature 1, top-p 0.95, top-k 50, seeded per question.

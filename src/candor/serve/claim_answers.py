@@ -91,4 +91,6 @@ class ClaimJudge:
         text, removed = completion.text, []
         if policy.refine is not None:
             text, removed = refine(completion.text, claims, values, policy.threshold, policy.refine)  # type: ignore[arg-type]
-        return ClaimVerdict(policy.method, claims, values, text, removed, policy.refine)
+        return ClaimVerdict(
+            method=policy.method, claims=claims, values=values, text=text, removed=removed, refine=policy.refine
+        )

@@ -115,8 +115,12 @@ def read_folder(folder: str | Path) -> SavedModel:
     # Folders saved before versions existed: their config's digest names them.
     version = str(config.get("version") or "sha-" + hashlib.sha256(path.read_bytes()).hexdigest()[:12])
     return SavedModel(
-        folder, config["generator"], config["confidence"], calibrator_from_dict(cal) if cal else None,
-        int(cal.get("fitted_on", 0)) if cal else 0,
-        th.Threshold.from_dict(config["threshold"]) if config.get("threshold") else None,
-        tuple(config.get("tuned_on") or (QUESTION,)), version,
-    )  # fmt: skip
+        folder=folder,
+        generator=config["generator"],
+        confidence=config["confidence"],
+        calibrator=calibrator_from_dict(cal) if cal else None,
+        fitted_on=int(cal.get("fitted_on", 0)) if cal else 0,
+        threshold=th.Threshold.from_dict(config["threshold"]) if config.get("threshold") else None,
+        tuned_on=tuple(config.get("tuned_on") or (QUESTION,)),
+        version=version,
+    )

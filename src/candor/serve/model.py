@@ -209,7 +209,13 @@ class HonestModel:
         """
         reply = Reply(n=n, stop=tuple(stop))
         if decoding is not None:
-            reply = Reply(n, decoding.max_new_tokens, decoding.temperature, decoding.top_p, tuple(stop))
+            reply = Reply(
+                n=n,
+                max_new_tokens=decoding.max_new_tokens,
+                temperature=decoding.temperature,
+                top_p=decoding.top_p,
+                stop=tuple(stop),
+            )
         asks = [Ask(self.prepare(q, reply.max_new_tokens), reply) for q in questions]
         out = []
         for outcome in self.answer_asks(asks):
@@ -370,10 +376,15 @@ class HonestModel:
         """
         params = replace(PROTOCOL_SAMPLES, max_new_tokens=self.decoding.max_new_tokens, stop=self.template.stop)
         streamed = range(ask.reply.n) if self._returns_greedy(ask.reply) else range(0)
-        return DecodeRequest(ask.prompted.prompt, self.source.samples, params, greedy=True,
-                             seed=question_seed(ask.prompted.question, ask.prompted.history),
-                             on_token=ask.token_hook(lambda sample: streamed if sample < 0 else ()),
-                             on_chunked_prefill=on_chunked_prefill if self.rereads_answers else None)  # fmt: skip
+        return DecodeRequest(
+            prompt=ask.prompted.prompt,
+            n=self.source.samples,
+            params=params,
+            greedy=True,
+            seed=question_seed(ask.prompted.question, ask.prompted.history),
+            on_token=ask.token_hook(lambda sample: streamed if sample < 0 else ()),
+            on_chunked_prefill=on_chunked_prefill if self.rereads_answers else None,
+        )
 
     def _scoring_steps(self, ask: Ask, protocol: Generations, prefill: Any = None) -> Callable[[], Scored | None]:
         """Engine work that scores the protocol, a step per call: None until the answer is scored.
@@ -416,9 +427,15 @@ class HonestModel:
         """The reply's decoding: greedy (one row, repeated to ``n`` choices) or ``n`` seeded samples."""
         reply = ask.reply
         greedy = reply.temperature == 0
-        return DecodeRequest(ask.prompted.prompt, 0 if greedy else reply.n, self._reply_params(reply), greedy=greedy,
-                             seed=reply_seed(ask), on_token=ask.token_hook(lambda s: range(reply.n) if s < 0 else (s,)),
-                             on_prefill=on_prefill)  # fmt: skip
+        return DecodeRequest(
+            prompt=ask.prompted.prompt,
+            n=0 if greedy else reply.n,
+            params=self._reply_params(reply),
+            greedy=greedy,
+            seed=reply_seed(ask),
+            on_token=ask.token_hook(lambda s: range(reply.n) if s < 0 else (s,)),
+            on_prefill=on_prefill,
+        )
 
     def _returns_greedy(self, reply: Reply) -> bool:
         cap = reply.max_new_tokens
@@ -439,7 +456,7 @@ class HonestModel:
     def _reply_params(self, reply: Reply) -> SamplingParams:
         cap = reply.max_new_tokens or self.decoding.max_new_tokens
         stop = tuple(dict.fromkeys((*self.template.stop, *reply.stop)))
-        return SamplingParams(cap, reply.temperature, reply.top_p, 0, stop)
+        return SamplingParams(max_new_tokens=cap, temperature=reply.temperature, top_p=reply.top_p, top_k=0, stop=stop)
 
     def provenance(self) -> dict[str, Any]:
         """What a served record was made with (as annotation writes it), so re-scoring uses the same prompt."""

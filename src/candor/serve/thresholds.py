@@ -144,7 +144,14 @@ def fixed(value: float, confidence: ArrayLike | None = None, correct: ArrayLike 
     if confidence is None or correct is None:
         return Threshold(value=float(value))
     acc, cov = accuracy_and_coverage(confidence, correct, value)
-    return Threshold(float(value), "fixed", None, acc, cov, int(np.size(confidence)))
+    return Threshold(
+        float(value),
+        rule="fixed",
+        target=None,
+        expected_accuracy=acc,
+        expected_coverage=cov,
+        n_dev=int(np.size(confidence)),
+    )
 
 
 def for_accuracy(confidence: ArrayLike, correct: ArrayLike, min_accuracy: float) -> Threshold:
@@ -155,12 +162,18 @@ def for_accuracy(confidence: ArrayLike, correct: ArrayLike, min_accuracy: float)
     n = int(np.size(confidence))
     if ok.size == 0:
         logger.warning("no threshold reaches answered accuracy %.3f on dev; abstaining on everything", min_accuracy)
-        return Threshold(ABSTAIN_ALL, "accuracy", min_accuracy, None, 0.0, n)
+        return Threshold(
+            ABSTAIN_ALL, rule="accuracy", target=min_accuracy, expected_accuracy=None, expected_coverage=0.0, n_dev=n
+        )
     i = int(ok[-1])  # the lowest qualifying threshold answers the most
     return Threshold(
-        float(curve["threshold"][i]), "accuracy", min_accuracy,
-        float(curve["accuracy"][i]), float(curve["coverage"][i]), n,
-    )  # fmt: skip
+        float(curve["threshold"][i]),
+        rule="accuracy",
+        target=min_accuracy,
+        expected_accuracy=float(curve["accuracy"][i]),
+        expected_coverage=float(curve["coverage"][i]),
+        n_dev=n,
+    )
 
 
 def for_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float) -> Threshold:
@@ -169,12 +182,18 @@ def for_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float) -> 
     curve = selective_curve(confidence, correct)
     n = int(np.size(confidence))
     if coverage == 0.0:
-        return Threshold(ABSTAIN_ALL, "coverage", 0.0, None, 0.0, n)
+        return Threshold(
+            ABSTAIN_ALL, rule="coverage", target=0.0, expected_accuracy=None, expected_coverage=0.0, n_dev=n
+        )
     i = int(np.flatnonzero(curve["coverage"] >= coverage - 1e-12)[0])
     return Threshold(
-        float(curve["threshold"][i]), "coverage", coverage,
-        float(curve["accuracy"][i]), float(curve["coverage"][i]), n,
-    )  # fmt: skip
+        float(curve["threshold"][i]),
+        rule="coverage",
+        target=coverage,
+        expected_accuracy=float(curve["accuracy"][i]),
+        expected_coverage=float(curve["coverage"][i]),
+        n_dev=n,
+    )
 
 
 def binomial_pvalue(errors: int, answered: int, alpha: float) -> float:
@@ -227,11 +246,29 @@ def risk_control(
     if chosen == ABSTAIN_ALL:
         logger.warning("risk control: no threshold certifies error ≤ %.3f at δ=%.3f; abstaining on everything",
                        alpha, delta)  # fmt: skip
-        return Threshold(ABSTAIN_ALL, "risk", alpha, None, 0.0, int(conf.size), delta, assumption,
-                         {"tested": tested, "min_answered": min_answered})  # fmt: skip
+        return Threshold(
+            ABSTAIN_ALL,
+            rule="risk",
+            target=alpha,
+            expected_accuracy=None,
+            expected_coverage=0.0,
+            n_dev=int(conf.size),
+            delta=delta,
+            assumption=assumption,
+            extra={"tested": tested, "min_answered": min_answered},
+        )
     acc, cov = accuracy_and_coverage(conf, y, chosen)
-    return Threshold(chosen, "risk", alpha, acc, cov, int(conf.size), delta, assumption,
-                     {"tested": tested, "min_answered": min_answered})  # fmt: skip
+    return Threshold(
+        chosen,
+        rule="risk",
+        target=alpha,
+        expected_accuracy=acc,
+        expected_coverage=cov,
+        n_dev=int(conf.size),
+        delta=delta,
+        assumption=assumption,
+        extra={"tested": tested, "min_answered": min_answered},
+    )
 
 
 RULE_FUNCTIONS = {"accuracy": for_accuracy, "coverage": for_coverage}

@@ -149,29 +149,46 @@ FORMATS: Registry[VerbalFormat] = Registry("verbalized confidence format")
 
 _FORMAT_LIST = (
     VerbalFormat(
-        "ScoreLetter", "letter",
-        "a confidence score between A (very high confidence) and E (very low confidence)",
-        tuple("ABCDE"), (0.9, 0.7, 0.5, 0.3, 0.1), _parse_letter,
+        name="ScoreLetter",
+        key="letter",
+        score_phrase="a confidence score between A (very high confidence) and E (very low confidence)",
+        labels=tuple("ABCDE"),
+        values=(0.9, 0.7, 0.5, 0.3, 0.1),
+        parse=_parse_letter,
     ),
     VerbalFormat(
-        "ScoreNumber", "number", "a confidence score between 0 and 9",
-        tuple(str(i) for i in range(10)), tuple(i / 9 for i in range(10)), lambda text: _parse_scaled(text, 9, 9),
+        name="ScoreNumber",
+        key="number",
+        score_phrase="a confidence score between 0 and 9",
+        labels=tuple(str(i) for i in range(10)),
+        values=tuple(i / 9 for i in range(10)),
+        parse=lambda text: _parse_scaled(text, 9, 9),
     ),
     VerbalFormat(
-        "ScoreText", "text", "one of: very high, high, medium, low, very low",
-        _LEVELS, (0.9, 0.7, 0.5, 0.3, 0.1), _parse_level,
+        name="ScoreText",
+        key="text",
+        score_phrase="one of: very high, high, medium, low, very low",
+        labels=_LEVELS,
+        values=(0.9, 0.7, 0.5, 0.3, 0.1),
+        parse=_parse_level,
     ),
     VerbalFormat(
-        "ScoreFloat", "float", "a confidence score between 0.0 and 1.0",
-        tuple(f"{i / 10:.1f}" for i in range(11)), tuple(i / 10 for i in range(11)),
-        lambda text: _parse_scaled(text, 1, 10),
+        name="ScoreFloat",
+        key="float",
+        score_phrase="a confidence score between 0.0 and 1.0",
+        labels=tuple(f"{i / 10:.1f}" for i in range(11)),
+        values=tuple(i / 10 for i in range(11)),
+        parse=lambda text: _parse_scaled(text, 1, 10),
     ),
     VerbalFormat(
-        "ScorePercent", "percent", "a confidence score in percentage",
-        tuple(f"{n}%" for n in range(101)), tuple(n / 100 for n in range(101)),
-        lambda text: _parse_scaled(text, 100, 100),
+        name="ScorePercent",
+        key="percent",
+        score_phrase="a confidence score in percentage",
+        labels=tuple(f"{n}%" for n in range(101)),
+        values=tuple(n / 100 for n in range(101)),
+        parse=lambda text: _parse_scaled(text, 100, 100),
     ),
-)  # fmt: skip
+)
 for _fmt in _FORMAT_LIST:
     FORMATS.register(_fmt.key)(_fmt)
 

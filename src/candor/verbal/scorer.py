@@ -232,7 +232,13 @@ class LabelScorer:
         last = tokens.last_token_index(mask)
         if self.chains:
             input_ids, inputs_embeds, mask = self._append_chains(model, input_ids, inputs_embeds, mask, last)
-        plan = _Plan(input_ids, inputs_embeds, mask, positions_from_mask(mask), batch)
+        plan = _Plan(
+            input_ids=input_ids,
+            inputs_embeds=inputs_embeds,
+            mask=mask,
+            position_ids=positions_from_mask(mask),
+            batch=batch,
+        )
         plan.last = last
         plan.ahead = self.extra
         if targets is not None:
@@ -266,7 +272,13 @@ class LabelScorer:
         ids = torch.cat([b[0] for b in blocks]).to(device)
         suffix_mask = torch.cat([b[1] for b in blocks]).to(device)
         full_mask = torch.cat([suffix_mask.new_ones(len(ids), prefix), suffix_mask], dim=1)
-        plan = _Plan(ids, None, full_mask, prefix + positions_from_mask(suffix_mask), batch)
+        plan = _Plan(
+            input_ids=ids,
+            inputs_embeds=None,
+            mask=full_mask,
+            position_ids=prefix + positions_from_mask(suffix_mask),
+            batch=batch,
+        )
         plan.prefix_ids = input_ids[0, real[0][:prefix]].unsqueeze(0)
         plan.last = torch.full((batch,), width - 1 - extra, dtype=torch.long, device=device)
         plan.ahead = extra

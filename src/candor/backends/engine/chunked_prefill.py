@@ -169,7 +169,7 @@ class ChunkedPrefill:
         """
         template = prefix if prefix is not None else _one_token_cache(backend, ids[0])
         cache = ChunkedCache.over(template, len(ids) + room, prefix, prefix_length)
-        return cls(backend, ids, cache, check_chunk(chunk), with_states)
+        return cls(backend=backend, ids=ids, cache=cache, chunk=check_chunk(chunk), with_states=with_states)
 
     @property
     def finished(self) -> bool:
@@ -203,7 +203,7 @@ class ChunkedPrefill:
         if not self.finished:
             raise ValueError("only a finished prefill can be copied with room")
         cache = ChunkedCache.over(self.cache, len(self.ids) + room, self.cache, len(self.ids))
-        copied = ChunkedPrefill(self.backend, self.ids, cache, self.chunk)
+        copied = ChunkedPrefill(backend=self.backend, ids=self.ids, cache=cache, chunk=self.chunk)
         copied.logits = self.logits
         return copied
 

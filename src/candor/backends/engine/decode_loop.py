@@ -250,7 +250,7 @@ class DecodeLoop:
         """
         kept = [(i, job) for i, job in enumerate(jobs) if self._passes_prefill(job, states, i)]
         rows = [(i, job, s) for i, job in kept for s in self._samples(job)]
-        return Prefilled(cache, mask, logits, rows, shared=shared) if rows else None
+        return Prefilled(cache=cache, mask=mask, logits=logits, rows=rows, shared=shared) if rows else None
 
     def admit(self, prefilled: Prefilled, count: int | None = None) -> None:
         """Give the first ``count`` (default: all) waiting rows of ``prefilled`` their slots in the batch."""
@@ -268,7 +268,7 @@ class DecodeLoop:
                 prompts.append(i)
                 repeats.append(1)
         slots = self.kv.admit(prefilled.cache, prefilled.mask, prefilled.logits, prompts, repeats, prefilled.shared)
-        rows = [Row(job, s, self._uniforms(job, s)) for _, job, s in joining]
+        rows = [Row(job=job, sample=s, uniforms=self._uniforms(job, s)) for _, job, s in joining]
         if len(self.slots) <= max(slots):
             self.slots += [None] * (max(slots) + 1 - len(self.slots))
         for slot, row in zip(slots, rows, strict=True):

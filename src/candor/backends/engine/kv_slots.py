@@ -108,9 +108,11 @@ class _SlotLayer(DynamicLayer):
         """The lean step's call: write the step's column; the shared prefix apart (if kept) and the window."""
         keys, values = self._write(key_states, value_states)
         if self.prefix_keys is None or self.prefix_values is None:
-            return SplitKV(None, None, None, keys, values)
+            return SplitKV(prefix_keys=None, prefix_values=None, prefix_bias=None, keys=keys, values=values)
         bias = self.store.sees_prefix[: keys.shape[0]]
-        return SplitKV(self.prefix_keys, self.prefix_values, bias, keys, values)
+        return SplitKV(
+            prefix_keys=self.prefix_keys, prefix_values=self.prefix_values, prefix_bias=bias, keys=keys, values=values
+        )
 
     def _write(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Only decode steps (one new token per row) run on this cache; prompts are prefilled apart.

@@ -296,18 +296,28 @@ class HFLiveEngine:
         try:
             prompt_ids = self.backend.encode([request.prompt])[0]
             job = DecodeJob(
-                prompt_ids, request.n, request.greedy, request.params, request.seed, admission.matcher,
-                on_token=request.on_token, on_prefill=request.on_prefill,
+                prompt_ids=prompt_ids,
+                n=request.n,
+                greedy=request.greedy,
+                params=request.params,
+                seed=request.seed,
+                matcher=admission.matcher,
+                on_token=request.on_token,
+                on_prefill=request.on_prefill,
                 on_done=lambda job: self._ended(future, job),
                 on_error=lambda job, exc: self._ended(future, job, exc),
-            )  # fmt: skip
+            )
             prefix = self._prefix_for(prompt_ids, request.params.max_new_tokens)
             start = len(prefix) if prefix is not None else 0
             if self._chunks(loop, len(prompt_ids) - start) and job.rows_needed > 0:
                 cache = prefix.computed() if prefix is not None else None  # read, not written
                 states = request.on_prefill is not None
                 chunked = ChunkedPrefill.start(self.backend, prompt_ids, self.prefill_chunk, cache, start, states)
-                self._prefilling.append(_Prefilling(job, chunked, future, start, request.on_chunked_prefill))
+                self._prefilling.append(
+                    _Prefilling(
+                        job=job, prefill=chunked, future=future, shared=start, on_done=request.on_chunked_prefill
+                    )
+                )
                 return
             if prefix is not None:
                 prefilled = loop.prefill([job], prefix.computed(), len(prefix))

@@ -144,7 +144,13 @@ class WeightKey:
     def of(cls, weight: torch.Tensor, fingerprint: float) -> WeightKey:
         # A weight made under inference_mode has no version counter: its storage and fingerprint key it.
         version = -1 if weight.is_inference() else weight._version
-        return cls(id(weight), weight.data_ptr(), version, weight.dtype, fingerprint)
+        return cls(
+            param_id=id(weight),
+            data_ptr=weight.data_ptr(),
+            version=version,
+            dtype=weight.dtype,
+            fingerprint=fingerprint,
+        )
 
 
 class PackedLayer:

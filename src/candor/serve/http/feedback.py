@@ -107,7 +107,7 @@ class FeedbackTracker:
         if n < MIN_LABELS:
             return None
         lower, upper = clopper_pearson(k, n, self.delta)
-        return AccuracyReport(n, k / n, lower, upper, self.promised)
+        return AccuracyReport(labelled=n, accuracy=k / n, lower=lower, upper=upper, promised=self.promised)
 
 
 def clopper_pearson(successes: int, trials: int, delta: float) -> tuple[float, float]:

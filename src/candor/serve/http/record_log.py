@@ -47,7 +47,7 @@ class RecordLog:
         record = next((a.record for a in answers if a.record is not None), None)
         if record is None:  # a head source: nothing was scored, the returned text stands as the answer
             greedy = next((a.completion for a in answers if a.completion is not None), None) or Completion("")
-            record = Record(ask.prompted.item(), greedy, [], provenance=dict(provenance))
+            record = Record(item=ask.prompted.item(), greedy=greedy, samples=[], provenance=dict(provenance))
         out = record.to_dict()
         out["provenance"] = {**out["provenance"], "served": {
             "id": response_id,

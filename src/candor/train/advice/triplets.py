@@ -72,8 +72,13 @@ class Triplet:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Triplet:
-        return cls(QAItem.from_dict(d["item"]), str(d["a_correct"]), str(d["a_wrong"]), str(d["source"]),
-                   str(d.get("wrong_from", "")))  # fmt: skip
+        return cls(
+            item=QAItem.from_dict(d["item"]),
+            a_correct=str(d["a_correct"]),
+            a_wrong=str(d["a_wrong"]),
+            source=str(d["source"]),
+            wrong_from=str(d.get("wrong_from", "")),
+        )
 
 
 @dataclass
@@ -169,7 +174,9 @@ def build_triplets(
             stats.dropped += 1
             continue
         wrong, source, origin = found[rec.id]
-        triplets.append(Triplet(rec.item, record_answer(rec), wrong, source, origin))
+        triplets.append(
+            Triplet(item=rec.item, a_correct=record_answer(rec), a_wrong=wrong, source=source, wrong_from=origin)
+        )
     stats.from_samples = sum(t.source == "sample" for t in triplets)
     stats.from_resamples = sum(t.source == "resample" for t in triplets)
     stats.from_other_questions = sum(t.source == "other-question" for t in triplets)

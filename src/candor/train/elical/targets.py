@@ -39,29 +39,29 @@ TARGETS: Registry[TargetKind] = Registry("EliCal target")
 
 TARGETS.register("consistency")(
     TargetKind(
-        "consistency",
-        "consistency",
-        "stage 1 (Eli) trains on the consistency rate; annotate with samples and a consistency judge",
-        lambda r: r.consistency_rate,
-        lambda r: bool(r.consistency),
+        name="consistency",
+        field="consistency",
+        needs="stage 1 (Eli) trains on the consistency rate; annotate with samples and a consistency judge",
+        value=lambda r: r.consistency_rate,
+        present=lambda r: bool(r.consistency),
     )
 )
 TARGETS.register("soft")(
     TargetKind(
-        "soft",
-        "sample_correct",
-        "stage 2 (Cal) with soft targets trains on the sample accuracy; annotate with gold answers and samples",
-        lambda r: r.sample_accuracy,
-        lambda r: bool(r.sample_correct),
+        name="soft",
+        field="sample_correct",
+        needs="stage 2 (Cal) with soft targets trains on the sample accuracy; annotate with gold answers and samples",
+        value=lambda r: r.sample_accuracy,
+        present=lambda r: bool(r.sample_correct),
     )
 )
 TARGETS.register("hard")(
     TargetKind(
-        "hard",
-        "greedy_correct",
-        "stage 2 (Cal) with hard targets trains on the greedy answer's correctness; annotate with gold answers",
-        lambda r: float(r.greedy_correct),  # type: ignore[arg-type]
-        lambda r: r.greedy_correct is not None,
+        name="hard",
+        field="greedy_correct",
+        needs="stage 2 (Cal) with hard targets trains on the greedy answer's correctness; annotate with gold answers",
+        value=lambda r: float(r.greedy_correct),  # type: ignore[arg-type]
+        present=lambda r: r.greedy_correct is not None,
     )
 )
 
