@@ -106,8 +106,10 @@ def load_records(args: argparse.Namespace) -> tuple[dict, dict]:
     pool: dict[str, list[Record]] = {}
     test: dict[str, list[Record]] = {}
     for dataset in IN_DOMAIN:
-        parts = ((pool, mini.train[dataset][: args.pool], CACHE / "mini" / "train"),
-                 (test, mini.test_id[dataset], args.cache / "test"))  # fmt: skip
+        parts = (
+            (pool, mini.train[dataset][: args.pool], CACHE / "mini" / "train"),
+            (test, mini.test_id[dataset], args.cache / "test"),
+        )
         for target, items, folder in parts:
             by_id = {r.id: r for r in read_records(folder / f"{dataset}.jsonl")}
             missing = [it.id for it in items if it.id not in by_id]
@@ -166,16 +168,18 @@ def test_metrics(conf, y, threshold: float) -> dict[str, Any]:
 def cal_only(args, held_split, seed: int, backbone) -> ConfidenceHead:
     """Stage 2 from scratch on the same stage-2 labels, stopped on the same slice as adapt's."""
     stage2, _ = held_split
-    config = EliCalConfig(mode="head", model=MODEL, cal_target="hard", seed=seed,
-                          feature_cache=str(args.cache / "features"))  # fmt: skip
+    config = EliCalConfig(
+        mode="head", model=MODEL, cal_target="hard", seed=seed, feature_cache=str(args.cache / "features")
+    )
     head = ConfidenceHead.create(*backbone, HeadConfig(backbone=MODEL, template="fewshot"), seed=seed)
     s2_train, s2_dev = carve_dev(stage2, STAGE_DEV_FRACTION, seed)
     train_stage(head, s2_train, s2_dev, "cal", config, fresh=True, full_set=False)
     return head
 
 
-def one_run(args, fold: str, n: int, seed: int, model: HonestModel, start: ConfidenceHead, traffic, test,
-            backbone) -> dict[str, Any]:  # fmt: skip
+def one_run(
+    args, fold: str, n: int, seed: int, model: HonestModel, start: ConfidenceHead, traffic, test, backbone
+) -> dict[str, Any]:
     path = args.cache / "runs" / f"{fold}-{n}-{seed}.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -192,18 +196,42 @@ def one_run(args, fold: str, n: int, seed: int, model: HonestModel, start: Confi
     y_held = np.array([gold[r.item.question] for r in held])
     y_test = np.array([r.greedy_correct for r in test])
     cache = settings.feature_cache
-    result: dict[str, Any] = {"fold": fold, "labels": n, "seed": seed, "adapt_seconds": round(seconds, 2),
-                              "summary": adapted.summary}  # fmt: skip
+    result: dict[str, Any] = {
+        "fold": fold,
+        "labels": n,
+        "seed": seed,
+        "adapt_seconds": round(seconds, 2),
+        "summary": adapted.summary,
+    }
     result["adapted"] = test_metrics(head_confidences(adapted.head, test, cache), y_test, adapted.threshold.value)
-    result["unadapted"] = arm_metrics(head_confidences(start, test, cache), y_test,
-                                      head_confidences(start, held, cache), y_held, args.alpha, args.delta)  # fmt: skip
+    result["unadapted"] = arm_metrics(
+        head_confidences(start, test, cache),
+        y_test,
+        head_confidences(start, held, cache),
+        y_held,
+        args.alpha,
+        args.delta,
+    )
     scratch = cal_only(args, (stage2, held), seed, backbone)
-    result["cal_only"] = arm_metrics(head_confidences(scratch, test, cache), y_test,
-                                     head_confidences(scratch, held, cache), y_held,
-                                     args.alpha, args.delta)  # fmt: skip
+    result["cal_only"] = arm_metrics(
+        head_confidences(scratch, test, cache),
+        y_test,
+        head_confidences(scratch, held, cache),
+        y_held,
+        args.alpha,
+        args.delta,
+    )
     atomic_write_json(path, result)
-    logger.info("%s n=%d seed=%d: AUROC adapted %.3f unadapted %.3f cal-only %.3f (adapt %.0f s)", fold, n, seed,
-                result["adapted"]["auroc"], result["unadapted"]["auroc"], result["cal_only"]["auroc"], seconds)
+    logger.info(
+        "%s n=%d seed=%d: AUROC adapted %.3f unadapted %.3f cal-only %.3f (adapt %.0f s)",
+        fold,
+        n,
+        seed,
+        result["adapted"]["auroc"],
+        result["unadapted"]["auroc"],
+        result["cal_only"]["auroc"],
+        seconds,
+    )
     return result
 
 
@@ -231,10 +259,14 @@ def summarize(runs: list[dict], alpha: float, label_counts: list[int], folds: li
         return out
 
     by_domain = {
-        d: {"by_labels": {str(n): {arm: cell([r for r in runs if r["fold"] == d and r["labels"] == n], arm)
-                                   for arm in ARMS} for n in label_counts}}
+        d: {
+            "by_labels": {
+                str(n): {arm: cell([r for r in runs if r["fold"] == d and r["labels"] == n], arm) for arm in ARMS}
+                for n in label_counts
+            }
+        }
         for d in folds
-    }  # fmt: skip
+    }
     by_labels: dict[str, Any] = {}
     for n in label_counts:
         by_labels[str(n)] = {}
@@ -243,8 +275,10 @@ def summarize(runs: list[dict], alpha: float, label_counts: list[int], folds: li
             seeds = sorted({r["seed"] for r in rows})
             entry: dict[str, Any] = {}
             for m in METRICS:  # per seed, the mean over domains; the interval is over seeds
-                per_seed = [np.mean([r[arm][m] for r in rows if r["seed"] == s and r[arm][m] is not None] or [np.nan])
-                            for s in seeds]  # fmt: skip
+                per_seed = [
+                    np.mean([r[arm][m] for r in rows if r["seed"] == s and r[arm][m] is not None] or [np.nan])
+                    for s in seeds
+                ]
                 entry[m] = interval([float(x) for x in per_seed])
             entry["alpha"] = alpha
             entry["answered_runs"] = sum(r[arm]["answered_error"] is not None for r in rows)
@@ -258,8 +292,11 @@ def goal(payload: dict[str, Any], folds: list[str]) -> dict[str, Any]:
     at = payload["by_labels"].get("100")
     if at is None:
         return {"checked": False}
-    gain = {d: (payload["by_domain"][d]["by_labels"]["100"]["adapted"]["auroc"]["mean"] or 0)
-            - (payload["by_domain"][d]["by_labels"]["100"]["unadapted"]["auroc"]["mean"] or 0) for d in folds}
+    gain = {
+        d: (payload["by_domain"][d]["by_labels"]["100"]["adapted"]["auroc"]["mean"] or 0)
+        - (payload["by_domain"][d]["by_labels"]["100"]["unadapted"]["auroc"]["mean"] or 0)
+        for d in folds
+    }
     mean_gain = float(np.mean(list(gain.values())))
     ece_ok = (at["adapted"]["ece"]["mean"] or 1) <= 0.05
     within = all(payload["by_domain"][d]["by_labels"]["100"]["adapted"]["error_above_alpha_runs"] == 0 for d in folds)
@@ -278,15 +315,34 @@ def time_cli(args: argparse.Namespace, fold: str = "pararel", n: int = 100) -> N
     included, no feature cache), added to the results file."""
     log, honest = args.cache / "logs" / f"{fold}-{n}-0.jsonl", args.cache / "start" / fold
     out = args.cache / "cli" / f"{fold}-{n}"
-    command = [sys.executable, "-m", "candor.cli", "adapt", str(log), "--honest", str(honest), "-o", str(out),
-               "--alpha", str(args.alpha), "--delta", str(args.delta)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "candor.cli",
+        "adapt",
+        str(log),
+        "--honest",
+        str(honest),
+        "-o",
+        str(out),
+        "--alpha",
+        str(args.alpha),
+        "--delta",
+        str(args.delta),
+    ]
     began = time.perf_counter()
     subprocess.run(command, check=True)
     seconds = time.perf_counter() - began
     payload = json.loads(args.out.read_text())
     shown = f"candor adapt LOG --honest START -o OUT --alpha {args.alpha} --delta {args.delta}"
-    payload["cli_adapt"] = {"fold": fold, "labels": n, "seconds": round(seconds, 1), "mode": "head", "command": shown,
-                            "load_average": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip
+    payload["cli_adapt"] = {
+        "fold": fold,
+        "labels": n,
+        "seconds": round(seconds, 1),
+        "mode": "head",
+        "command": shown,
+        "load_average": [round(x, 1) for x in os.getloadavg()],
+    }
     write_json(args.out, payload)
     logger.info("candor adapt (%s, %d labels) took %.1f s from a cold start", fold, n, seconds)
 
@@ -304,8 +360,9 @@ def main() -> None:
     label_counts = [int(x) for x in args.labels.split(",")]
     folds = args.folds.split(",")
     pool, test = load_records(args)
-    backend = load_backend(MODEL) if not all((args.cache / "start" / f / "honest.json").exists() for f in folds) \
-        else None  # fmt: skip
+    backend = (
+        load_backend(MODEL) if not all((args.cache / "start" / f / "honest.json").exists() for f in folds) else None
+    )
     runs = []
     began = time.perf_counter()
     for fold in folds:
@@ -325,11 +382,18 @@ def main() -> None:
         "model": MODEL,
         "alpha": args.alpha,
         "delta": args.delta,
-        "sizes": {"traffic_per_domain": args.pool, "test_per_domain": 200, "k": 5,
-                  "label_counts": label_counts, "seeds": args.seeds, "folds": folds},  # fmt: skip
+        "sizes": {
+            "traffic_per_domain": args.pool,
+            "test_per_domain": 200,
+            "k": 5,
+            "label_counts": label_counts,
+            "seeds": args.seeds,
+            "folds": folds,
+        },
         **summarize(runs, args.alpha, label_counts, folds),
-        "adapt_seconds": {str(n): interval([r["adapt_seconds"] for r in runs if r["labels"] == n], None)
-                          for n in label_counts},  # fmt: skip
+        "adapt_seconds": {
+            str(n): interval([r["adapt_seconds"] for r in runs if r["labels"] == n], None) for n in label_counts
+        },
         "seconds": round(time.perf_counter() - began, 1),  # this invocation: a few when every run was cached
         "command": "python -m benchmarks.adapt",
         "notes": [

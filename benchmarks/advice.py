@@ -97,15 +97,37 @@ logger = logging.getLogger("benchmarks.advice")
 GROUPS = {"id": IN_DOMAIN, "ood": OUT_OF_DOMAIN, "logiqa": ("logiqa",)}
 
 
-QUICK = Settings(eval_size=6, percent_size=3, logiqa_size=6, max_triplets=6, epochs=1.0, pairs_per_step=2,
-                 accumulation=2, lr_candidates=(1e-5, 1e-3), lr_proxy_triplets=None, dev_size=6, ablation="none",
-                 bootstrap=50, extra_train="")  # fmt: skip
+QUICK = Settings(
+    eval_size=6,
+    percent_size=3,
+    logiqa_size=6,
+    max_triplets=6,
+    epochs=1.0,
+    pairs_per_step=2,
+    accumulation=2,
+    lr_candidates=(1e-5, 1e-3),
+    lr_proxy_triplets=None,
+    dev_size=6,
+    ablation="none",
+    bootstrap=50,
+    extra_train="",
+)
 # The paper's scale for a GPU (one call of the device machine, an instruct model given by --model): every
 # training-part question of the four in-domain sets annotated for triplets, 4 epochs at batch 16 x 2, the lr
 # chosen among full runs, 1,000 test questions per dataset, the full ablation.
-GPU = Settings(eval_size=1000, percent_size=1000, logiqa_size=1000, epochs=4.0, lr_candidates=(1e-5, 5e-5, 2e-4),
-               lr_proxy_triplets=None, pairs_per_step=16, accumulation=2, ablation="full",
-               extra_train="nq=all,hq=all,2wikimultihopqa=all,pararel=all", annotate_batch_size=64)  # fmt: skip
+GPU = Settings(
+    eval_size=1000,
+    percent_size=1000,
+    logiqa_size=1000,
+    epochs=4.0,
+    lr_candidates=(1e-5, 5e-5, 2e-4),
+    lr_proxy_triplets=None,
+    pairs_per_step=16,
+    accumulation=2,
+    ablation="full",
+    extra_train="nq=all,hq=all,2wikimultihopqa=all,pararel=all",
+    annotate_batch_size=64,
+)
 PRESETS = {"cpu": Settings(), "quick": QUICK, "gpu": GPU}
 
 
@@ -116,11 +138,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mini-cache", type=Path, default=CACHE / "mini", help="baselines.py's annotations")
     p.add_argument("--cache", type=Path, default=None, help="default: benchmarks/cache/advice[-quick]")
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/advice.json")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
-                   help="cpu (default), gpu (the paper's scale, for the device machine) or quick (tiny, minutes)")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="cpu",
+        help="cpu (default), gpu (the paper's scale, for the device machine) or quick (tiny, minutes)",
+    )
     p.add_argument("--quick", action="store_true", help="same as --preset quick")
-    kinds = {"int": int, "str": str, "float": float, "float | None": float, "int | None": int,
-             "tuple[float, ...]": _floats}  # fmt: skip
+    kinds = {
+        "int": int,
+        "str": str,
+        "float": float,
+        "float | None": float,
+        "int | None": int,
+        "tuple[float, ...]": _floats,
+    }
     for field in dataclasses.fields(Settings):
         if field.type in kinds:
             p.add_argument("--" + field.name.replace("_", "-"), type=kinds[field.type], default=None)
@@ -183,8 +215,11 @@ def annotate_config(s: Settings) -> AnnotateConfig:
 
 def _cache_fits(folder: Path, model: str, eval_size: int) -> bool:
     test = folder / "test" / f"{IN_DOMAIN[0]}.jsonl"
-    files = [folder / part / f"{d}.jsonl" for part, names in
-             (("train", IN_DOMAIN), ("dev", IN_DOMAIN), ("test", (*IN_DOMAIN, *OUT_OF_DOMAIN))) for d in names]
+    files = [
+        folder / part / f"{d}.jsonl"
+        for part, names in (("train", IN_DOMAIN), ("dev", IN_DOMAIN), ("test", (*IN_DOMAIN, *OUT_OF_DOMAIN)))
+        for d in names
+    ]
     if not all(f.exists() for f in files):
         return False
     records = read_records(test)
@@ -263,7 +298,11 @@ def training_curve(name: str, run: dict[str, Any], folder: Path) -> str:
 
 
 def choose_lr(
-    args: argparse.Namespace, s: Settings, built: dict[str, Any], dev: dict[str, list[Record]], base: HFBackend,
+    args: argparse.Namespace,
+    s: Settings,
+    built: dict[str, Any],
+    dev: dict[str, list[Record]],
+    base: HFBackend,
     cache: Path,
 ) -> tuple[float, dict[str, Any]]:
     """The learning rate: given, or the candidate whose ADVICE adapter has the lowest dev Brier.
@@ -308,11 +347,15 @@ def score_folder(cache: Path, method: str, run_dir: str | None = None) -> Path:
 # ---------------------------------------------------------------- metrics
 
 
-
-
 # The results file's keys for the aggregated metrics ("nce" there is |NCE|, as the paper reports it).
-BLOCK_KEYS = {"ece": "ece", "abs_nce": "nce", "brier": "brier", "auroc": "auroc", "nce": "nce_signed",
-              "accuracy": "accuracy"}  # fmt: skip
+BLOCK_KEYS = {
+    "ece": "ece",
+    "abs_nce": "nce",
+    "brier": "brier",
+    "auroc": "auroc",
+    "nce": "nce_signed",
+    "accuracy": "accuracy",
+}
 
 
 def group_blocks(
@@ -329,21 +372,31 @@ def group_blocks(
     present = {g: ds for g, ds in present.items() if ds}
     # A group may share its name with its one dataset ("logiqa"), so it is aggregated as "group:<name>".
     metric_groups = [Group(f"group:{g}", ds, "pooled") for g, ds in present.items()]
-    result = aggregate_metrics({"m": {d: c for d, (c, _) in per_dataset.items()}},
-                               {d: y for d, (_, y) in per_dataset.items()}, groups=metric_groups,
-                               metrics=tuple(BLOCK_KEYS), ci_metrics=("ece", "auroc"), bootstrap=bootstrap,
-                               seed=0).methods["m"]  # fmt: skip
+    result = aggregate_metrics(
+        {"m": {d: c for d, (c, _) in per_dataset.items()}},
+        {d: y for d, (_, y) in per_dataset.items()},
+        groups=metric_groups,
+        metrics=tuple(BLOCK_KEYS),
+        ci_metrics=("ece", "auroc"),
+        bootstrap=bootstrap,
+        seed=0,
+    ).methods["m"]
     sizes = {d: len(y) for d, (_, y) in per_dataset.items()}
     datasets = {d: _block(result.values[d], sizes[d], result.ci.get(d)) for d in per_dataset}
-    groups_out = {g: _block(result.values[f"group:{g}"], sum(sizes[d] for d in ds), result.ci.get(f"group:{g}"))
-                  for g, ds in present.items()}  # fmt: skip
+    groups_out = {
+        g: _block(result.values[f"group:{g}"], sum(sizes[d] for d in ds), result.ci.get(f"group:{g}"))
+        for g, ds in present.items()
+    }
     return datasets, groups_out
 
 
 def _block(values: dict[str, float], n: int, ci: dict[str, tuple[float, float]] | None) -> dict[str, Any]:
     out = {BLOCK_KEYS[k]: _num(v) for k, v in values.items()}
-    block: dict[str, Any] = {**{k: out[k] for k in ("ece", "nce", "brier", "auroc", "nce_signed")}, "n": n,
-                             "accuracy": out["accuracy"]}  # fmt: skip
+    block: dict[str, Any] = {
+        **{k: out[k] for k in ("ece", "nce", "brier", "auroc", "nce_signed")},
+        "n": n,
+        "accuracy": out["accuracy"],
+    }
     for metric, (low, high) in (ci or {}).items():
         block[f"{metric}_ci"] = [_num(low), _num(high)]
     return block
@@ -380,22 +433,32 @@ def ece_factors(scored: dict[str, dict[str, dict[str, Any]]], bootstrap: int) ->
         for fmt, per_dataset in per_format.items():
             default = scored["Default"].get(fmt, {})
             datasets = [d for d in per_dataset if d in default]
-            groups = [Group(f"group:{g}", tuple(d for d in ds if d in datasets), "pooled")
-                      for g, ds in GROUPS.items() if any(d in datasets for d in ds)]  # fmt: skip
-            ratios = metric_ratios({d: default[d][0] for d in datasets}, {d: per_dataset[d][0] for d in datasets},
-                                   {d: per_dataset[d][1] for d in datasets}, metric="ece", groups=groups,
-                                   bootstrap=bootstrap)  # fmt: skip
+            groups = [
+                Group(f"group:{g}", tuple(d for d in ds if d in datasets), "pooled")
+                for g, ds in GROUPS.items()
+                if any(d in datasets for d in ds)
+            ]
+            ratios = metric_ratios(
+                {d: default[d][0] for d in datasets},
+                {d: per_dataset[d][0] for d in datasets},
+                {d: per_dataset[d][1] for d in datasets},
+                metric="ece",
+                groups=groups,
+                bootstrap=bootstrap,
+            )
             out.setdefault(method, {})[FORMATS.get(fmt).name] = {
-                col.removeprefix("group:"): {"factor": _num(r.value), "ci": [_num(r.ci[0]), _num(r.ci[1])],
-                                             "undefined_resamples": r.dropped}
-                for col, r in ratios.items() if col.startswith("group:")
-            }  # fmt: skip
+                col.removeprefix("group:"): {
+                    "factor": _num(r.value),
+                    "ci": [_num(r.ci[0]), _num(r.ci[1])],
+                    "undefined_resamples": r.dropped,
+                }
+                for col, r in ratios.items()
+                if col.startswith("group:")
+            }
     return out
 
 
-def constant_reference(
-    per_dataset: dict[str, Any], train_records: Sequence[Record], bootstrap: int
-) -> dict[str, Any]:
+def constant_reference(per_dataset: dict[str, Any], train_records: Sequence[Record], bootstrap: int) -> dict[str, Any]:
     """One confidence for every question: the training pool's greedy accuracy (no test data used).
 
     The bar a trained confidence must clear to show more than a shift of its
@@ -426,8 +489,11 @@ def adapter_accuracy(
         annotate(items, backend, path, template, config, progress=False)
         wanted = {item.id for item in items}
         mine = [r for r in read_records(path) if r.id in wanted]
-        out[dataset] = {"n": len(mine), "accuracy": _num(sum(r.greedy_correct == 1 for r in mine) / max(1, len(mine))),
-                        "base_accuracy": _num(sum(r.greedy_correct == 1 for r in records) / max(1, len(records)))}
+        out[dataset] = {
+            "n": len(mine),
+            "accuracy": _num(sum(r.greedy_correct == 1 for r in mine) / max(1, len(mine))),
+            "base_accuracy": _num(sum(r.greedy_correct == 1 for r in records) / max(1, len(records))),
+        }
     return out
 
 
@@ -497,8 +563,9 @@ def main() -> None:
     subsets = eval_subsets(tests, s)
     seconds["data"] = time.perf_counter() - clock
     payload["training_pool"] = pool_summary(train_records, extra, s)
-    payload["eval_sizes"] = {d: {"all_formats": len(r), "ScorePercent": min(len(r), s.percent_size)}
-                             for d, r in subsets.items()}  # fmt: skip
+    payload["eval_sizes"] = {
+        d: {"all_formats": len(r), "ScorePercent": min(len(r), s.percent_size)} for d, r in subsets.items()
+    }
 
     clock = time.perf_counter()
     built = training_triplets(train_records, base, cache, s)
@@ -627,8 +694,10 @@ NOTES = [
 
 
 def summary_table(payload: dict[str, Any]) -> str:
-    lines = ["| method | format | ID ECE | ID AUROC | OOD ECE | OOD AUROC | LogiQA ECE | LogiQA AUROC |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| method | format | ID ECE | ID AUROC | OOD ECE | OOD AUROC | LogiQA ECE | LogiQA AUROC |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for method, per_format in payload["methods"].items():
         for fmt, block in per_format.items():
             cells = []

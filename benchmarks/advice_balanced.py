@@ -81,18 +81,31 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2", help="training seeds of the starter-trained arms")
     p.add_argument("--mini-seeds", default="0", help="training seeds of the HonestyBench-mini-trained arms ('' none)")
     p.add_argument("--mini-cache", type=Path, default=CACHE / "mini", help="annotate_mini.py's annotations")
-    p.add_argument("--learning-rate", type=float, default=1e-3,
-                   help="fixed, not tuned here: issue 13's choice on HonestyBench-mini's dev slice")
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        default=1e-3,
+        help="fixed, not tuned here: issue 13's choice on HonestyBench-mini's dev slice",
+    )
     p.add_argument("--epochs", type=float, default=4.0, help="epochs per run (the paper's 4)")
     p.add_argument("--pairs-per-step", type=int, default=8)
     p.add_argument("--accumulation", type=int, default=1)
     p.add_argument("--bootstrap", type=int, default=1000)
-    p.add_argument("--cached-only", action="store_true",
-                   help="train nothing: report the runs already trained in the cache (e.g. after a stopped run)")
-    p.add_argument("--arms", default=",".join(RUN_NAMES),
-                   help="the trained arms, in order (e.g. one per process on a shared machine; runs are cached)")
-    p.add_argument("--formats", default=",".join(FORMAT_KEYS),
-                   help=f"verbalized formats scored, among {', '.join(FORMAT_KEYS)} (ScoreNumber is the headline)")
+    p.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="train nothing: report the runs already trained in the cache (e.g. after a stopped run)",
+    )
+    p.add_argument(
+        "--arms",
+        default=",".join(RUN_NAMES),
+        help="the trained arms, in order (e.g. one per process on a shared machine; runs are cached)",
+    )
+    p.add_argument(
+        "--formats",
+        default=",".join(FORMAT_KEYS),
+        help=f"verbalized formats scored, among {', '.join(FORMAT_KEYS)} (ScoreNumber is the headline)",
+    )
     p.add_argument("--cache", type=Path, default=CACHE / "advice_balanced")
     p.add_argument("--out", type=Path, default=RESULTS / "advice_balanced.json")
     args = p.parse_args()
@@ -130,9 +143,12 @@ def annotated_parts(args: argparse.Namespace, backend: HFBackend) -> dict[str, l
     template = resolve_template("auto", args.model, backend)
     config = AnnotateConfig(k=5, params=SamplingParams(max_new_tokens=32))
     # annotate_part caches <cache>/<part>/<dataset>.jsonl: one file per part.
-    return {side: annotate_part({DATASET: parts[side]}, side, backend, template, config,
-                                args.cache / "annotations")[DATASET]
-            for side in ("train", "test")} | {"dev": parts["dev"]}  # fmt: skip
+    return {
+        side: annotate_part({DATASET: parts[side]}, side, backend, template, config, args.cache / "annotations")[
+            DATASET
+        ]
+        for side in ("train", "test")
+    } | {"dev": parts["dev"]}
 
 
 def mini_pool(args: argparse.Namespace) -> list[Record]:
@@ -160,16 +176,26 @@ def accuracy_of(records: Sequence[Record]) -> dict[str, Any]:
 def settings_for(args: argparse.Namespace, seed: int) -> Settings:
     """issue 13's benchmark settings with this run's fixed lr, epochs, batch and seed; the three arms only."""
     return dataclasses.replace(
-        Settings(), methods=",".join(ARMS.values()), ablation="none", seed=seed, learning_rate=args.learning_rate,
-        epochs=args.epochs, pairs_per_step=args.pairs_per_step, accumulation=args.accumulation, max_triplets=None,
-    )  # fmt: skip
+        Settings(),
+        methods=",".join(ARMS.values()),
+        ablation="none",
+        seed=seed,
+        learning_rate=args.learning_rate,
+        epochs=args.epochs,
+        pairs_per_step=args.pairs_per_step,
+        accumulation=args.accumulation,
+        max_triplets=None,
+    )
 
 
 def triplets_of(args: argparse.Namespace, records: list[Record], base: HFBackend, folder: Path) -> dict[str, Any]:
     """The triplets of ``records`` (built once, seed 0, cached under ``folder``) and their summary."""
     built = training_triplets(records, base, folder, settings_for(args, 0))
-    built["summary"] = {**built["stats"], "n": len(built["triplets"]),
-                        "sources": dict(Counter(t.source for t in built["triplets"]))}  # fmt: skip
+    built["summary"] = {
+        **built["stats"],
+        "n": len(built["triplets"]),
+        "sources": dict(Counter(t.source for t in built["triplets"])),
+    }
     return built
 
 
@@ -203,24 +229,37 @@ def adapter_scores(args: argparse.Namespace, run: dict[str, Any], test: list[Rec
 
 
 def training_summary(runs: dict[int, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    return {f"seed {s}": {n: {k: r[k] for k in ("examples", "wall_s", "peak_rss_mib")} for n, r in by.items()}
-            for s, by in runs.items()}  # fmt: skip
+    return {
+        f"seed {s}": {n: {k: r[k] for k in ("examples", "wall_s", "peak_rss_mib")} for n, r in by.items()}
+        for s, by in runs.items()
+    }
 
 
 def block(seeds: list[dict[str, tuple]], fmt: str, bootstrap: int) -> dict[str, Any]:
     """ECE, AUROC, mean confidence and accuracy of one method in one format: seed means with 95% intervals."""
     per_seed = [{DATASET: s[fmt][0]} for s in seeds]
     labels = {DATASET: seeds[0][fmt][1]}
-    result = aggregate_metrics({"m": per_seed}, labels, metrics=("ece", "auroc", "accuracy"),
-                               ci_metrics=("ece", "auroc"), bootstrap=bootstrap, seed=0).methods["m"]  # fmt: skip
+    result = aggregate_metrics(
+        {"m": per_seed},
+        labels,
+        metrics=("ece", "auroc", "accuracy"),
+        ci_metrics=("ece", "auroc"),
+        bootstrap=bootstrap,
+        seed=0,
+    ).methods["m"]
     values, ci = result.values[DATASET], result.ci.get(DATASET, {})
     return {
-        "ece": _num(values["ece"]), "ece_ci": [_num(x) for x in ci.get("ece", (None, None))],
-        "auroc": _num(values["auroc"]), "auroc_ci": [_num(x) for x in ci.get("auroc", (None, None))],
+        "ece": _num(values["ece"]),
+        "ece_ci": [_num(x) for x in ci.get("ece", (None, None))],
+        "auroc": _num(values["auroc"]),
+        "auroc_ci": [_num(x) for x in ci.get("auroc", (None, None))],
         **mean_confidence([s[fmt][0] for s in seeds], bootstrap),
-        "accuracy": _num(values["accuracy"]), "n": int(len(labels[DATASET])), "n_correct": int(labels[DATASET].sum()),
-        "seeds": len(seeds), "ece_per_seed": [_num(x) for x in result.per_seed[DATASET]["ece"]],
-    }  # fmt: skip
+        "accuracy": _num(values["accuracy"]),
+        "n": int(len(labels[DATASET])),
+        "n_correct": int(labels[DATASET].sum()),
+        "seeds": len(seeds),
+        "ece_per_seed": [_num(x) for x in result.per_seed[DATASET]["ece"]],
+    }
 
 
 def mean_confidence(per_seed: list[np.ndarray], bootstrap: int) -> dict[str, Any]:
@@ -245,21 +284,23 @@ def ece_ratio(default: dict[str, tuple], seeds: list[dict[str, tuple]], fmt: str
     draws = np.array([ratio(rng.integers(0, len(y), len(y))) for _ in range(bootstrap)])
     kept = draws[np.isfinite(draws)]
     ci = np.percentile(kept, [2.5, 97.5]) if kept.size else (np.nan, np.nan)
-    return {"ratio": _num(ratio(np.arange(len(y)))), "ci95": [_num(ci[0]), _num(ci[1])],
-            "undefined_resamples": int(draws.size - kept.size)}  # fmt: skip
+    return {
+        "ratio": _num(ratio(np.arange(len(y)))),
+        "ci95": [_num(ci[0]), _num(ci[1])],
+        "undefined_resamples": int(draws.size - kept.size),
+    }
 
 
-def method_blocks(
-    default: dict[str, tuple], arms: dict[str, list[dict[str, tuple]]], bootstrap: int
-) -> dict[str, Any]:
+def method_blocks(default: dict[str, tuple], arms: dict[str, list[dict[str, tuple]]], bootstrap: int) -> dict[str, Any]:
     """The results file's method keys: each a headline block (ScoreNumber) plus ``by_format`` and the ECE ratio."""
     out: dict[str, Any] = {}
     for key, seeds in {"default": [default], **{k: arms[name] for k, name in ARMS.items() if arms.get(name)}}.items():
         by_format = {FORMATS.get(f).name: block(seeds, f, bootstrap) for f in default}
         entry = {**by_format[FORMATS.get(HEADLINE).name], "by_format": by_format}
         if key != "default":
-            entry["ece_ratio_to_default"] = {FORMATS.get(f).name: ece_ratio(default, seeds, f, bootstrap)
-                                             for f in default}  # fmt: skip
+            entry["ece_ratio_to_default"] = {
+                FORMATS.get(f).name: ece_ratio(default, seeds, f, bootstrap) for f in default
+            }
         out[key] = entry
     return out
 
@@ -275,11 +316,15 @@ def honestybench_ratios(path: Path) -> dict[str, Any] | None:
     for fmt, cell in d.get("ece_factor_vs_default", {}).get("ADVICE", {}).items():
         factor = cell.get("id", {}).get("factor")
         low, high = cell.get("id", {}).get("ci", [None, None])
-        out[fmt] = {"ratio": _num(1 / factor) if factor else None,
-                    "ci95": [_num(1 / high) if high else None, _num(1 / low) if low else None],
-                    "accuracy": d["methods"]["Default"][fmt]["id"]["accuracy"]}  # fmt: skip
-    return {"source": "results/advice.json (issue 13: ADVICE trained on 3,082 HonestyBench-mini triplets, 1 epoch)",
-            "by_format": out}
+        out[fmt] = {
+            "ratio": _num(1 / factor) if factor else None,
+            "ci95": [_num(1 / high) if high else None, _num(1 / low) if low else None],
+            "accuracy": d["methods"]["Default"][fmt]["id"]["accuracy"],
+        }
+    return {
+        "source": "results/advice.json (issue 13: ADVICE trained on 3,082 HonestyBench-mini triplets, 1 epoch)",
+        "by_format": out,
+    }
 
 
 def verdict(payload: dict[str, Any]) -> str:
@@ -293,11 +338,15 @@ def verdict(payload: dict[str, Any]) -> str:
     if high < 0.5:
         text = f"ADVICE cuts ECE at least 2x on the starter test part (ratio interval [{low:.2f}, {high:.2f}])"
     elif low > 0.5:
-        text = (f"ADVICE does not cut ECE several-fold on the starter test part either (ratio interval "
-                f"[{low:.2f}, {high:.2f}] stays above 0.5)")
+        text = (
+            f"ADVICE does not cut ECE several-fold on the starter test part either (ratio interval "
+            f"[{low:.2f}, {high:.2f}] stays above 0.5)"
+        )
     else:
-        text = (f"inconclusive: the ratio interval [{low:.2f}, {high:.2f}] spans both a several-fold cut and none; "
-                f"the test part ({payload['split']['test']['n']} questions) is too small to decide")
+        text = (
+            f"inconclusive: the ratio interval [{low:.2f}, {high:.2f}] spans both a several-fold cut and none; "
+            f"the test part ({payload['split']['test']['n']} questions) is too small to decide"
+        )
     if hb:
         text += f"; on HonestyBench-mini ({100 * hb['accuracy']:.0f}% accuracy) the ratio was {hb['ratio']:.2f}"
     return text
@@ -320,8 +369,12 @@ def train_mini(
             arms.setdefault(arm, []).append(adapter_scores(args, run, test, args.cache))
     blocks = method_blocks(default, arms, args.bootstrap)
     blocks.pop("default")
-    payload["honestybench_mini_trained"] = {"pool": accuracy_of(pool), "triplets": built["summary"],
-                                            "training": training_summary(runs), **blocks}  # fmt: skip
+    payload["honestybench_mini_trained"] = {
+        "pool": accuracy_of(pool),
+        "triplets": built["summary"],
+        "training": training_summary(runs),
+        **blocks,
+    }
 
 
 def _num(x: Any) -> float | None:
@@ -344,15 +397,28 @@ def main() -> None:
         "benchmark": "ADVICE / ConfTuner on the starter set (issue 46)",
         "model": args.model,
         "command": shlex.join(["python", "-m", "benchmarks.advice_balanced", *sys.argv[1:]]),
-        "split": {"salt": SALT, "cuts": CUTS, **{side: accuracy_of(parts[side]) for side in ("train", "test")},
-                  "dev": {"n": len(parts["dev"]), "use": "held back, not annotated: nothing is selected in this run "
-                          "(lr, epochs, batch fixed beforehand)"}},
-        "settings": {"learning_rate": args.learning_rate, "epochs": args.epochs, "pairs_per_step": args.pairs_per_step,
-                     "accumulation": args.accumulation, "seeds": args.seeds, "mini_seeds": args.mini_seeds,
-                     "bootstrap": args.bootstrap, "formats": [FORMATS.get(f).name for f in args.formats],
-                     "headline_format": FORMATS.get(HEADLINE).name},
+        "split": {
+            "salt": SALT,
+            "cuts": CUTS,
+            **{side: accuracy_of(parts[side]) for side in ("train", "test")},
+            "dev": {
+                "n": len(parts["dev"]),
+                "use": "held back, not annotated: nothing is selected in this run (lr, epochs, batch fixed beforehand)",
+            },
+        },
+        "settings": {
+            "learning_rate": args.learning_rate,
+            "epochs": args.epochs,
+            "pairs_per_step": args.pairs_per_step,
+            "accumulation": args.accumulation,
+            "seeds": args.seeds,
+            "mini_seeds": args.mini_seeds,
+            "bootstrap": args.bootstrap,
+            "formats": [FORMATS.get(f).name for f in args.formats],
+            "headline_format": FORMATS.get(HEADLINE).name,
+        },
         "honestybench_mini_reference": honestybench_ratios(RESULTS / "advice.json"),
-    }  # fmt: skip
+    }
     clock = time.perf_counter()
     default = scored("Default", base, test, args.cache / "confidences" / "default", args.formats)
     seconds["score_default"] = time.perf_counter() - clock
@@ -389,6 +455,7 @@ def main() -> None:
             write()
     payload["complete"] = True
     write()
+
 
 if __name__ == "__main__":
     main()

@@ -105,8 +105,15 @@ def advice_at(args: argparse.Namespace, s: Settings, lr: float, **overrides: Any
 
 
 def common_settings(args: argparse.Namespace, s: Settings, lr: float) -> dict[str, Any]:
-    return {"model": args.model, "epochs": s.epochs, "learning_rate": lr, "seed": s.seed,
-            "batch_size": s.pairs_per_step, "gradient_accumulation": s.accumulation, "logging_steps": 1}  # fmt: skip
+    return {
+        "model": args.model,
+        "epochs": s.epochs,
+        "learning_rate": lr,
+        "seed": s.seed,
+        "batch_size": s.pairs_per_step,
+        "gradient_accumulation": s.accumulation,
+        "logging_steps": 1,
+    }
 
 
 def run_configs(args: argparse.Namespace, s: Settings, lr: float, n_triplets: int) -> dict[str, AdviceConfig]:
@@ -117,9 +124,7 @@ def run_configs(args: argparse.Namespace, s: Settings, lr: float, n_triplets: in
         "advice": advice_at(args, s, lr),
         "advice+conftuner": method_config("advice+conftuner", max_examples=s.max_triplets, **common),
         # ConfTuner sees as many sequences as ADVICE (two per triplet), in batches of as many rows.
-        "conftuner": method_config(
-            "conftuner", max_examples=2 * cap, **{**common, "batch_size": 2 * s.pairs_per_step}
-        ),
+        "conftuner": method_config("conftuner", max_examples=2 * cap, **{**common, "batch_size": 2 * s.pairs_per_step}),
     }
     wanted = {TRAINED[m] for m in chosen_methods(s) if m in TRAINED}
     if s.ablation != "none":
@@ -194,8 +199,10 @@ def _curve(history: list[dict[str, Any]], points: int = 60) -> list[dict[str, fl
     """The training curve: every logged loss term at up to ``points`` evenly spaced logged steps."""
     logged = [h for h in history if "loss" in h]
     stride = max(1, math.ceil(len(logged) / points))
-    return [{k: round(float(v), 4) for k, v in h.items() if k.startswith("loss") or k in ("step", "epoch")}
-            for h in logged[::stride]]  # fmt: skip
+    return [
+        {k: round(float(v), 4) for k, v in h.items() if k.startswith("loss") or k in ("step", "epoch")}
+        for h in logged[::stride]
+    ]
 
 
 def seed_from_baselines(src: Path, dst: Path, records: Sequence[Record], columns: Sequence[str]) -> None:
@@ -206,8 +213,10 @@ def seed_from_baselines(src: Path, dst: Path, records: Sequence[Record], columns
     rows = [old.get(r.id) for r in records]
     if any(row is None for row in rows):
         return
-    kept = [dataclasses.replace(row, confidence={c: row.confidence[c] for c in columns if c in row.confidence})
-            for row in rows]  # fmt: skip
+    kept = [
+        dataclasses.replace(row, confidence={c: row.confidence[c] for c in columns if c in row.confidence})
+        for row in rows
+    ]
     write_confidences(dst, ConfidenceTable(kept))
 
 

@@ -40,8 +40,13 @@ def drift(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     changed = sum(a != b for a, b in zip(base["greedy"], other["greedy"], strict=True))
     deltas = [
         np.abs(np.asarray(lb) - np.asarray(lo))
-        for ib, io, lb, lo in zip(base["greedy_token_ids"], other["greedy_token_ids"], base["greedy_logprobs"],
-                                  other["greedy_logprobs"], strict=True)
+        for ib, io, lb, lo in zip(
+            base["greedy_token_ids"],
+            other["greedy_token_ids"],
+            base["greedy_logprobs"],
+            other["greedy_logprobs"],
+            strict=True,
+        )
         if ib == io and ib
     ]
     flat = np.concatenate(deltas) if deltas else np.zeros(0)
@@ -82,9 +87,14 @@ def main() -> None:
         "model": MODEL,
         "questions": args.questions,
         "samples_per_question": args.k,
-        "settings": {**SETTINGS, "template": "fewshot", "batch_size": args.batch_size,
-                     "torch_threads": args.threads, "omp_wait_policy": omp_wait_policy(),
-                     "machine": describe()},
+        "settings": {
+            **SETTINGS,
+            "template": "fewshot",
+            "batch_size": args.batch_size,
+            "torch_threads": args.threads,
+            "omp_wait_policy": omp_wait_policy(),
+            "machine": describe(),
+        },
         "load_average_1min": os.getloadavg()[0],
         "dtypes": rows,
         "repeats": {dtype: [round(t["seconds"], 2) for t in tries] for dtype, tries in attempts.items()},

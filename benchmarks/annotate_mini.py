@@ -59,8 +59,11 @@ def main() -> None:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--skip-test", action="store_true", help="stop before the test parts")
-    p.add_argument("--only-test", action="store_true",
-                   help="annotate the test parts only (e.g. in a second process while another does the rest)")
+    p.add_argument(
+        "--only-test",
+        action="store_true",
+        help="annotate the test parts only (e.g. in a second process while another does the rest)",
+    )
     args = p.parse_args()
     mini = load_mini_or_exit(args.data_dir, test_size=200, train_pool=MINI_POOL)
     resolve_data_dir(args.data_dir)

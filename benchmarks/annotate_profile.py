@@ -33,8 +33,20 @@ GROUPS = (
     ("attention", ("scaled_dot_product", "aten::_softmax", "flash_attention")),
     ("cache copies (cat, index, pad)", ("aten::cat", "aten::index", "aten::copy_", "aten::repeat_interleave")),
     ("sampling (topk, softmax, searchsorted)", ("aten::topk", "aten::searchsorted", "aten::cumsum", "aten::sort")),
-    ("elementwise (norm, rotary, activation)", ("aten::mul", "aten::add", "aten::silu", "aten::rsqrt", "aten::pow",
-                                                 "aten::mean", "aten::neg", "aten::sub", "aten::div")),
+    (
+        "elementwise (norm, rotary, activation)",
+        (
+            "aten::mul",
+            "aten::add",
+            "aten::silu",
+            "aten::rsqrt",
+            "aten::pow",
+            "aten::mean",
+            "aten::neg",
+            "aten::sub",
+            "aten::div",
+        ),
+    ),
 )
 
 
@@ -103,8 +115,10 @@ def main() -> None:
     stock_rate = gemm_rate(config.hidden_size, config.intermediate_size, 96)
     packed_rate = gemm_rate(config.hidden_size, config.intermediate_size, 96, packed=True)
     rate = max(stock_rate, packed_rate)  # the roofline: the fastest float32 GEMM this machine gave
-    head_rates = {kernel: gemm_rate(config.hidden_size, config.vocab_size, 96, packed=kernel != "mkl") / 1e9
-                  for kernel in ("mkl", "onednn_packed")}
+    head_rates = {
+        kernel: gemm_rate(config.hidden_size, config.vocab_size, 96, packed=kernel != "mkl") / 1e9
+        for kernel in ("mkl", "onednn_packed")
+    }
 
     groups: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
@@ -114,7 +128,7 @@ def main() -> None:
     achieved = tokens * flops_per_token / wall
     section: dict[str, Any] = {
         "command": "python -m benchmarks.annotate_profile "
-                   f"--questions {args.questions} --k {args.k} --threads {args.threads}",
+        f"--questions {args.questions} --k {args.k} --threads {args.threads}",
         "questions": args.questions,
         "k": args.k,
         "generated_tokens": tokens,
@@ -136,7 +150,7 @@ def main() -> None:
         "share_of_op_time": shares,
         "load_average": [round(x, 2) for x in (load_before, os.getloadavg()[0])],
         "note": "the GEMM rate and the decode loop are measured in one process on the same 2 shared cores, so "
-                "the fraction is their ratio under the same load; the profiler adds overhead per op",
+        "the fraction is their ratio under the same load; the profiler adds overhead per op",
     }
     out = json.loads(args.out.read_text()) if args.out.exists() else {}
     out["profile"] = section

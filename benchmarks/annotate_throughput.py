@@ -71,7 +71,8 @@ def main() -> None:
     runs = {path: median_run(tries) for path, tries in attempts.items()}
     args.repeat_seconds = {
         path: {"wall": [round(t["seconds"], 2) for t in tries], "cpu": [round(t["cpu_seconds"], 2) for t in tries]}
-        for path, tries in attempts.items() if len(tries) > 1
+        for path, tries in attempts.items()
+        if len(tries) > 1
     }
     report(runs, args)
 
@@ -161,9 +162,11 @@ def report(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
                 f"{run['cpu_seconds']:7.1f} s CPU = {cpu / run['cpu_seconds']:5.2f}x naive"
             )
     if "packed_speedup" in result:
-        print(f"packed / stock kernels: {result['packed_speedup']:.2f}x wall, {result['packed_cpu_time_speedup']:.2f}x "
-              f"CPU; greedy identical {result['packed_greedy_identical_count']}/{args.questions}, "
-              f"max |d logprob| {result['packed_greedy_logprob_max_abs_diff']:.1e}")
+        print(
+            f"packed / stock kernels: {result['packed_speedup']:.2f}x wall, {result['packed_cpu_time_speedup']:.2f}x "
+            f"CPU; greedy identical {result['packed_greedy_identical_count']}/{args.questions}, "
+            f"max |d logprob| {result['packed_greedy_logprob_max_abs_diff']:.1e}"
+        )
     if "greedy_identical_count" in result:
         print(f"greedy answers identical: {result['greedy_identical_count']}/{args.questions}")
     print(f"wrote {args.out}")

@@ -37,10 +37,34 @@ RESULTS = ROOT / "benchmarks" / "results" / "annotate_workers.json"
 
 
 def command(data: Path, out: Path, workers: int, k: int) -> list[str]:
-    return [sys.executable, "-m", "candor.cli", "annotate", "--data", str(data), "--out", str(out), "--model", MODEL,
-            "--template", "fewshot", "--k", str(k), "--max-new-tokens", str(SETTINGS["max_new_tokens"]),
-            "--temperature", str(SETTINGS["temperature"]), "--top-p", str(SETTINGS["top_p"]),
-            "--top-k", str(SETTINGS["top_k"]), "--batch-size", "16", "--workers", str(workers)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "candor.cli",
+        "annotate",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--model",
+        MODEL,
+        "--template",
+        "fewshot",
+        "--k",
+        str(k),
+        "--max-new-tokens",
+        str(SETTINGS["max_new_tokens"]),
+        "--temperature",
+        str(SETTINGS["temperature"]),
+        "--top-p",
+        str(SETTINGS["top_p"]),
+        "--top-k",
+        str(SETTINGS["top_k"]),
+        "--batch-size",
+        "16",
+        "--workers",
+        str(workers),
+    ]
 
 
 def run_once(data: Path, workers: int, k: int, folder: Path) -> tuple[float, float, Path]:
@@ -105,19 +129,28 @@ def main() -> None:
                 print(f"{name}: {wall:.1f} s, {cpu:.1f} CPU s", flush=True)
         agreement = compare(first_records["one_process"], first_records["workers"])
     summary = {
-        name: {"seconds": [round(w, 2) for w, _ in r], "cpu_seconds": [round(c, 2) for _, c in r],
-               "median_seconds": round(statistics.median(w for w, _ in r), 2),
-               "median_cpu_seconds": round(statistics.median(c for _, c in r), 2)}
+        name: {
+            "seconds": [round(w, 2) for w, _ in r],
+            "cpu_seconds": [round(c, 2) for _, c in r],
+            "median_seconds": round(statistics.median(w for w, _ in r), 2),
+            "median_cpu_seconds": round(statistics.median(c for _, c in r), 2),
+        }
         for name, r in runs.items()
-    }  # fmt: skip
+    }
     one, many = summary["one_process"], summary["workers"]
     result = {
         "command": f"python -m benchmarks.annotate_workers --questions {args.questions} --repeats {args.repeats} "
         f"--workers {args.workers}",
-        "settings": {"model": MODEL, "questions": args.questions, "samples": args.k, "batch_size": 16,
-                     "workers": args.workers, **{k: v for k, v in SETTINGS.items() if k != "stop"},
-                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE (candor's CLI default)"),
-                     "machine": describe()},  # fmt: skip
+        "settings": {
+            "model": MODEL,
+            "questions": args.questions,
+            "samples": args.k,
+            "batch_size": 16,
+            "workers": args.workers,
+            **{k: v for k, v in SETTINGS.items() if k != "stop"},
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE (candor's CLI default)"),
+            "machine": describe(),
+        },
         **summary,
         "wall_speedup": round(one["median_seconds"] / many["median_seconds"], 2),
         "cpu_ratio": round(one["median_cpu_seconds"] / many["median_cpu_seconds"], 2),
@@ -127,8 +160,10 @@ def main() -> None:
         "model); a 2-core machine shared with other jobs: the ratio is the figure to read",
     }
     write_json(args.out, result)
-    print(f"--workers {args.workers} / one process: {result['wall_speedup']}x wall, {result['cpu_ratio']}x CPU; "
-          f"{agreement['greedy_identical']}/{args.questions} greedy identical; wrote {args.out}")  # fmt: skip
+    print(
+        f"--workers {args.workers} / one process: {result['wall_speedup']}x wall, {result['cpu_ratio']}x CPU; "
+        f"{agreement['greedy_identical']}/{args.questions} greedy identical; wrote {args.out}"
+    )
 
 
 if __name__ == "__main__":

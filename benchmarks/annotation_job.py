@@ -48,9 +48,7 @@ def sampling_params() -> Any:
 
 def generated_tokens(gens: list[Any], max_new_tokens: int) -> int:
     """Tokens generated for every answer, counting the stop token that ended one before the cap."""
-    return sum(
-        len(c.token_ids) + (len(c.token_ids) < max_new_tokens) for g in gens for c in [g.greedy, *g.samples]
-    )
+    return sum(len(c.token_ids) + (len(c.token_ids) < max_new_tokens) for g in gens for c in [g.greedy, *g.samples])
 
 
 def prompts_for(items: list[Any], backend: Any) -> list[str]:

@@ -82,8 +82,9 @@ def child(args: argparse.Namespace) -> None:
 
     items = load_items(args.questions, args.data)
     if args.path == "openai":
-        backend = load_backend(args.served_model, "openai", base_url=args.base_url, tokenizer=MODEL,
-                               max_concurrency=args.concurrency)
+        backend = load_backend(
+            args.served_model, "openai", base_url=args.base_url, tokenizer=MODEL, max_concurrency=args.concurrency
+        )
     elif args.path == "vllm":
         backend = load_backend(MODEL, "vllm", max_model_len=1024)
     else:
@@ -94,20 +95,39 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(python: str, path: str, args: argparse.Namespace, extra: list[str] | None = None) -> dict[str, Any]:
-    cmd = script_command(__spec__.name, "--child", path, "--questions", str(args.questions), "--k", str(args.k),
-                         "--batch-size", str(args.batch_size), "--concurrency", str(args.concurrency),
-                         "--data", str(args.data), *(extra or []), python=python)
+    cmd = script_command(
+        __spec__.name,
+        "--child",
+        path,
+        "--questions",
+        str(args.questions),
+        "--k",
+        str(args.k),
+        "--batch-size",
+        str(args.batch_size),
+        "--concurrency",
+        str(args.concurrency),
+        "--data",
+        str(args.data),
+        *(extra or []),
+        python=python,
+    )
     if args.keep:
         cmd += ["--keep", args.keep]
     # Passive OpenMP waiting: spinning threads were 5-6x slower on a shared CPU (see annotate_throughput.py).
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    env = {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        **os.environ,
+        "PYTHONPATH": "",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+    }
     env = script_env(env, ROOT / "src")  # this checkout's src and benchmarks only, whatever the parent's path
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{path} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def start_server(kind: str, vllm_python: str) -> tuple[subprocess.Popen, str, str]:
@@ -118,11 +138,32 @@ def start_server(kind: str, vllm_python: str) -> tuple[subprocess.Popen, str, st
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     if kind == "vllm":
-        cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--port", str(port),
-               "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32"]
+        cmd = [
+            vllm_python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            folder,
+            "--port",
+            str(port),
+            "--max-model-len",
+            "1024",
+            "--enforce-eager",
+            "--dtype",
+            "float32",
+        ]
     else:
-        cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", folder, "--port", str(port),
-               "--device", "cpu"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "transformers.cli.transformers",
+            "serve",
+            folder,
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ]
     log = open(Path(tempfile.gettempdir()) / f"candor_backends_{kind}_server.log", "w")  # noqa: SIM115 (server's lifetime)
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 600
@@ -169,8 +210,9 @@ def main() -> None:
         elif path == "openai":
             proc, url, served = start_server(args.server, args.vllm_python)
             try:
-                results["openai"] = run_child(sys.executable, "openai", args,
-                                              ["--base-url", url, "--served-model", served])
+                results["openai"] = run_child(
+                    sys.executable, "openai", args, ["--base-url", url, "--served-model", served]
+                )
                 results["openai"]["server"] = args.server
             finally:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -182,8 +224,14 @@ def main() -> None:
     payload = {
         "command": " ".join([Path(sys.executable).name, "-m", __spec__.name, *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "settings": {"questions": args.questions, "k": args.k, "batch_size": args.batch_size,
-                     "concurrency": args.concurrency, "server": args.server, **SETTINGS},
+        "settings": {
+            "questions": args.questions,
+            "k": args.k,
+            "batch_size": args.batch_size,
+            "concurrency": args.concurrency,
+            "server": args.server,
+            **SETTINGS,
+        },
         "results": {p: {k: v for k, v in r.items() if k != "greedy"} for p, r in results.items()},
         "speed_vs_hf": ratios,
         "greedy_equal_to_hf": same,

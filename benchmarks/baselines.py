@@ -100,16 +100,22 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--test-size", type=int, default=200)
     p.add_argument("--train-pool", type=int, default=500)
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--probe", type=Path, default=None,
-                   help="a trained answer probe (`candor train probe` on the training pool) to score as 'probe'")
+    p.add_argument(
+        "--probe",
+        type=Path,
+        default=None,
+        help="a trained answer probe (`candor train probe` on the training pool) to score as 'probe'",
+    )
     p.add_argument("--bootstrap", type=int, default=1000)
     p.add_argument("--skip-train", action="store_true", help="do not annotate the training pool")
     p.add_argument("--cache", type=Path, default=CACHE / "mini")
-    p.add_argument("--scores", type=Path, default=None,
-                   help="folder for the confidences files (default: <cache>/confidences)")
+    p.add_argument(
+        "--scores", type=Path, default=None, help="folder for the confidences files (default: <cache>/confidences)"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "baselines.json")
-    p.add_argument("--merge", action="store_true",
-                   help="add --methods to the existing --out, keeping every number already there")
+    p.add_argument(
+        "--merge", action="store_true", help="add --methods to the existing --out, keeping every number already there"
+    )
     p.add_argument("--debias", action="store_true", help="also score <method>+debias (length, fitted on dev)")
     p.add_argument("--ensemble", action="store_true", help="also score an ensemble chosen and fitted on dev")
     p.add_argument("--block", default=None, help="write into this key of the existing --out (no report folder)")
@@ -156,8 +162,13 @@ def main() -> None:
     if args.ensemble:
         start = time.perf_counter()
         members, search = choose_members(dev_records, [m for m in methods if not needs_model(m, options)], options)
-        ens_options = {"ensemble": {"members": ",".join(members), "dev": dev_records,
-                                    **{f"{m}.{k}": v for m in members for k, v in options.get(m, {}).items()}}}
+        ens_options = {
+            "ensemble": {
+                "members": ",".join(members),
+                "dev": dev_records,
+                **{f"{m}.{k}": v for m in members for k, v in options.get(m, {}).items()},
+            }
+        }
         table = score_into(test_records, ["ensemble"], scores / "ensemble" / "all.jsonl", backend, options=ens_options)
         add_columns(rows, table, {"ensemble": "ensemble"})
         fits["ensemble"] = {**search, "weights": table.columns["ensemble"]["estimator"]["weights"]}
@@ -177,10 +188,15 @@ def main() -> None:
     if args.merge:
         merge_into(args, evaluate_table(ConfidenceTable(rows), roles=roles, bootstrap=args.bootstrap), timings, fits)
         return
-    report = write_report(ConfidenceTable(rows), args.out.with_suffix(""), roles=roles, bootstrap=args.bootstrap,
-                          title=f"HonestyBench-mini baselines: {args.model}",
-                          records=[r for recs in tests.values() for r in recs],
-                          command=" ".join(["python -m benchmarks.baselines", *sys.argv[1:]]))
+    report = write_report(
+        ConfidenceTable(rows),
+        args.out.with_suffix(""),
+        roles=roles,
+        bootstrap=args.bootstrap,
+        title=f"HonestyBench-mini baselines: {args.model}",
+        records=[r for recs in tests.values() for r in recs],
+        command=" ".join(["python -m benchmarks.baselines", *sys.argv[1:]]),
+    )
     payload = results_payload(report.evaluation, args, timings)
     payload.update({"fits": fits} if fits else {})
     write_json(args.out, payload)
@@ -255,14 +271,17 @@ def merge_into(args: argparse.Namespace, ev, timings: dict[str, float], fits: di
     if new["sizes"] != payload["sizes"]:
         raise SystemExit(f"--merge: the test sets differ from {args.out} ({new['sizes']} vs {payload['sizes']})")
     if new["greedy_accuracy"] != payload["greedy_accuracy"]:  # other annotations: the numbers would not compare
-        raise SystemExit(f"--merge: the records' greedy accuracy differs from {args.out}'s "
-                         f"({new['greedy_accuracy']} vs {payload['greedy_accuracy']}); rerun every method instead")
+        raise SystemExit(
+            f"--merge: the records' greedy accuracy differs from {args.out}'s "
+            f"({new['greedy_accuracy']} vs {payload['greedy_accuracy']}); rerun every method instead"
+        )
     if new["bootstrap"] != payload["bootstrap"]:
         raise SystemExit(f"--merge: --bootstrap {new['bootstrap']} differs from {args.out}'s {payload['bootstrap']}")
     payload["methods"].update(new["methods"])
     payload.setdefault("fits", {}).update(fits)
-    payload.setdefault("merged", []).append({"methods": list(new["methods"]), "command": new["command"],
-                                             "seconds": new["seconds"]})
+    payload.setdefault("merged", []).append(
+        {"methods": list(new["methods"]), "command": new["command"], "seconds": new["seconds"]}
+    )
     write_json(args.out, payload)
     print(markdown_table(new))
     logger.info("added %s to %s", ", ".join(new["methods"]), args.out)

@@ -60,9 +60,14 @@ OUT = RESULTS / "claims.json"
 VALUES = CLAIMS_CACHE / "values.json"
 # The answer-level estimator each claim estimator is compared with on the questions asked alone.
 ALONE = {
-    "claim-prob": "prob", "claim-perplexity": "n-prob", "claim-max-entropy": "token-entropy-max",
-    "claim-ptrue": "p-true", "claim-consistency": "consis-lex", "claim-ccp[lexical]": None, "claim-ccp[llm]": None,
-}  # fmt: skip
+    "claim-prob": "prob",
+    "claim-perplexity": "n-prob",
+    "claim-max-entropy": "token-entropy-max",
+    "claim-ptrue": "p-true",
+    "claim-consistency": "consis-lex",
+    "claim-ccp[lexical]": None,
+    "claim-ccp[llm]": None,
+}
 # lm-polygraph's estimator for each row, and candor's confidence taken back to lm-polygraph's scale
 # (-log for the exponentiated ones, so tiny probabilities are compared where they differ).
 POLYGRAPH = {
@@ -84,11 +89,14 @@ def load_compound(backend: Any) -> list[Record]:
 # model itself) asks ~90 word pairs per answer: on this CPU it runs on a few answers only, and the
 # lexical judge gives the row on every answer.
 ROWS = [
-    ("claim-prob", "claim-prob", {}, None), ("claim-perplexity", "claim-perplexity", {}, None),
-    ("claim-max-entropy", "claim-max-entropy", {}, None), ("claim-ptrue", "claim-ptrue", {}, None),
+    ("claim-prob", "claim-prob", {}, None),
+    ("claim-perplexity", "claim-perplexity", {}, None),
+    ("claim-max-entropy", "claim-max-entropy", {}, None),
+    ("claim-ptrue", "claim-ptrue", {}, None),
     ("claim-consistency", "claim-consistency", {}, None),
-    ("claim-ccp[lexical]", "claim-ccp", {"judge": "lexical"}, None), ("claim-ccp[llm]", "claim-ccp", {}, "ccp"),
-]  # fmt: skip
+    ("claim-ccp[lexical]", "claim-ccp", {"judge": "lexical"}, None),
+    ("claim-ccp[llm]", "claim-ccp", {}, "ccp"),
+]
 
 
 def score_all(records: list[Record], backend: Any, ccp_answers: int) -> tuple[dict[str, list[list[float]]], dict]:
@@ -157,12 +165,14 @@ def alone_comparison(records, values, alone, backend, bootstrap) -> dict[str, An
         inside = ([m[1][0] for m in matched], [m[1][1] for m in matched], [m[0] for m in matched])
         outside = (alone_conf.tolist(), [int(r.greedy_correct) for r in alone_recs], [m[0] for m in matched])
         out[name] = {
-            "answer_level": answer_level, "questions": len(matched),
+            "answer_level": answer_level,
+            "questions": len(matched),
             "in_answer": claim_metrics(*inside, metrics=["auroc"], bootstrap=bootstrap)["auroc"],
             "alone": claim_metrics(*outside, metrics=["auroc"], bootstrap=bootstrap)["auroc"],
             "gap_auroc": paired_gap(inside, outside, "auroc", bootstrap=bootstrap),
-            "accuracy_in_answer": float(np.mean(inside[1])), "accuracy_alone": float(np.mean(outside[1])),
-        }  # fmt: skip
+            "accuracy_in_answer": float(np.mean(inside[1])),
+            "accuracy_alone": float(np.mean(outside[1])),
+        }
     return out
 
 
@@ -190,12 +200,17 @@ def polygraph_agreement(records: list[Record], values: dict, backend: Any, n: in
     decisions = ccp.decisions(contexts)
     answers = []
     for ctx, dec in zip(contexts, decisions, strict=True):
-        answers.append({
-            "prompt_ids": backend.encode([ctx.prompt])[0], "answer_ids": list(ctx.answer.token_ids),
-            "logprobs": list(ctx.answer.logprobs), "claims": [c.tokens for c in ctx.claims],
-            "alternatives": token_alternatives(ctx.answer), "decisions": dec,
-            "functional": [is_functional(t) for t in ctx.answer.tokens],
-        })  # fmt: skip
+        answers.append(
+            {
+                "prompt_ids": backend.encode([ctx.prompt])[0],
+                "answer_ids": list(ctx.answer.token_ids),
+                "logprobs": list(ctx.answer.logprobs),
+                "claims": [c.tokens for c in ctx.claims],
+                "alternatives": token_alternatives(ctx.answer),
+                "decisions": dec,
+                "functional": [is_functional(t) for t in ctx.answer.tokens],
+            }
+        )
     theirs = run_polygraph(python, {"model_path": str(resolve_embedded(MODEL)), "answers": answers, "threads": 2})
     entropy = built("claim-max-entropy", backend, {})
     mine = {
@@ -268,22 +283,34 @@ def main() -> None:
         refinement[name] = precision_at_kept(conf, y, g, bootstrap=args.bootstrap)
     gen = generation_cost(records, backend, 8)
     cost = {
-        name: {**s, "wall_per_answer": s["wall"] / s["answers"], "cpu_per_answer": s["cpu"] / s["answers"],
-               "wall_vs_generation": s["wall"] / s["answers"] / gen["wall_per_answer"]}
+        name: {
+            **s,
+            "wall_per_answer": s["wall"] / s["answers"],
+            "cpu_per_answer": s["cpu"] / s["answers"],
+            "wall_vs_generation": s["wall"] / s["answers"] / gen["wall_per_answer"],
+        }
         for name, s in seconds.items()
-    }  # fmt: skip
+    }
     payload = {
-        "model": MODEL, "machine": describe(),
-        "size": {"prompts": len(records), "by_source": count_by_source(records), **labels,
-                 "k": records[0].provenance.get("k") if records else None, "alone_questions": len(alone)},
+        "model": MODEL,
+        "machine": describe(),
+        "size": {
+            "prompts": len(records),
+            "by_source": count_by_source(records),
+            **labels,
+            "k": records[0].provenance.get("k") if records else None,
+            "alone_questions": len(alone),
+        },
         "estimators": estimators,
         "alone_vs_in_answer": alone_comparison(records, values, alone, backend, args.bootstrap),
-        "refinement": refinement, "cost": {"generation": gen, "estimators": cost},
+        "refinement": refinement,
+        "cost": {"generation": gen, "estimators": cost},
         "polygraph_agreement": polygraph_agreement(records, values, backend, args.polygraph_answers),
-        "command": " ".join(["python -m benchmarks.claims_generate --prompts 96 --k 3 &&",
-                             "python -m benchmarks.claims", *sys.argv[1:]]),
+        "command": " ".join(
+            ["python -m benchmarks.claims_generate --prompts 96 --k 3 &&", "python -m benchmarks.claims", *sys.argv[1:]]
+        ),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }  # fmt: skip
+    }
     write_json(args.out, payload)
     logger.info("wrote %s", args.out)
 

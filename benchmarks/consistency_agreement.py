@@ -73,12 +73,18 @@ def pool_pairs() -> tuple[list[dict[str, Any]], dict[str, int]]:
                     if not normalize(rec.greedy.text) or not normalize(s.text):
                         skipped["empty answer"] += 1
                         continue
-                    pairs.append({
-                        "key": f"{rec.id}#{j}", "part": part, "dataset": path.stem, "question": rec.item.question,
-                        "greedy": rec.greedy.text, "sample": s.text,
-                        "stored_verdict": rec.consistency[j] if rec.consistency else None,
-                        "stratum": stratum(rec.greedy.text, s.text),
-                    })
+                    pairs.append(
+                        {
+                            "key": f"{rec.id}#{j}",
+                            "part": part,
+                            "dataset": path.stem,
+                            "question": rec.item.question,
+                            "greedy": rec.greedy.text,
+                            "sample": s.text,
+                            "stored_verdict": rec.consistency[j] if rec.consistency else None,
+                            "stratum": stratum(rec.greedy.text, s.text),
+                        }
+                    )
     return pairs, dict(skipped)
 
 
@@ -110,8 +116,9 @@ def draw(force: bool) -> None:
             raise SystemExit(f"{LABELS} already holds hand labels; pass --force to draw again (it keeps none)")
     pairs, skipped = pool_pairs()
     if not pairs:
-        print("SKIP: no cached records under benchmarks/cache/mini; run `python -m benchmarks.baselines`",
-              file=sys.stderr)
+        print(
+            "SKIP: no cached records under benchmarks/cache/mini; run `python -m benchmarks.baselines`", file=sys.stderr
+        )
         raise SystemExit(0)
     rng = random.Random(SEED)
     by_stratum: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -126,9 +133,12 @@ def draw(force: bool) -> None:
         "guideline": GUIDELINE,
         "labeler": "",
         "sample": {
-            "seed": SEED, "parts": list(PARTS), "quota": QUOTA,
+            "seed": SEED,
+            "parts": list(PARTS),
+            "quota": QUOTA,
             "datasets": sorted({p["dataset"] for p in pairs}),
-            "pool_pairs": len(pairs), "pool_pairs_by_part": dict(Counter(p["part"] for p in pairs)),
+            "pool_pairs": len(pairs),
+            "pool_pairs_by_part": dict(Counter(p["part"] for p in pairs)),
             "pool_skipped": skipped,
             "pool_strata": dict(Counter(p["stratum"] for p in pairs)),
             "rule": "stratified by the lexical judge's deciding rule; round-robin over datasets; one pair per record; "
@@ -146,20 +156,20 @@ GUIDELINE = [
     "accepted one would accept the other as giving the same answer. Label 0 otherwise.",
     "Same answer in other words counts (abbreviation, a fuller or shorter name of the same entity, the "
     "same number written differently, the same answer inside a longer sentence).",
-    "Extra detail is fine when it does not change the answer (\"Paris\" vs \"Paris, the capital of France\"); "
+    'Extra detail is fine when it does not change the answer ("Paris" vs "Paris, the capital of France"); '
     "an added or dropped part that changes which entity, date, number or yes/no is meant makes it 0 "
-    "(\"1997\" vs \"May 1995\", \"John Smith\" vs \"John Adams\").",
+    '("1997" vs "May 1995", "John Smith" vs "John Adams").',
     "A more specific vs a less specific answer: 1 only when the question is answered the same way by both "
-    "(\"Obama\" vs \"Barack Obama\"); 0 when the shorter one is too vague to pick out the same answer "
-    "(\"the 1990s\" vs \"1994\").",
+    '("Obama" vs "Barack Obama"); 0 when the shorter one is too vague to pick out the same answer '
+    '("the 1990s" vs "1994").',
     "Judge meaning, not correctness: two equally wrong answers that say the same thing are 1.",
-    "A refusal or non-answer (\"I don't know\") matches only another non-answer; an answer that lists two "
+    'A refusal or non-answer ("I don\'t know") matches only another non-answer; an answer that lists two '
     "candidates matches neither single candidate.",
     "The question is read to decide what the answers mean (e.g. which part of a long answer is the answer).",
-    "An answer that only repeats words of the question (an echo, e.g. \"Santa Claus\" for \"who is Santa Claus "
-    "based on\") is a non-answer: it matches another echo of the same words, not an answer that adds a claim.",
-    "In an \"A or B?\" question, two answers that pick the same candidate are 1 even when one shortens or misspells "
-    "the name (\"Danny\" vs \"Danny Halligan\"); a blend of both candidates' names picks neither.",
+    'An answer that only repeats words of the question (an echo, e.g. "Santa Claus" for "who is Santa Claus '
+    'based on") is a non-answer: it matches another echo of the same words, not an answer that adds a claim.',
+    'In an "A or B?" question, two answers that pick the same candidate are 1 even when one shortens or misspells '
+    'the name ("Danny" vs "Danny Halligan"); a blend of both candidates\' names picks neither.',
     "(The two rules above were written down during labelling, from the cases met; the borderline calls carry a note.)",
 ]
 
@@ -240,8 +250,11 @@ def embedding_tuning(labels: list[dict[str, Any]]) -> dict[str, Any]:
     design = [(s, x) for s, x in zip(sims, labels, strict=True) if x["half"] == "design"]
     chosen = choose_threshold([s for s, _ in design], [x for _, x in design])
     return {
-        "chosen_threshold": chosen, "registered_default": EMBEDDING_THRESHOLD,
-        "grid": [THRESHOLDS[0], THRESHOLDS[-1], 0.01], "chosen_on": "design half", "similarities": sims,
+        "chosen_threshold": chosen,
+        "registered_default": EMBEDDING_THRESHOLD,
+        "grid": [THRESHOLDS[0], THRESHOLDS[-1], 0.01],
+        "chosen_on": "design half",
+        "similarities": sims,
     }
 
 
@@ -265,8 +278,11 @@ def evaluate(labels: list[dict[str, Any]], spec: dict[str, Any], names: list[str
             "by_stratum": by_stratum(verdicts, labels),
         }
         for half, idx in halves.items():
-            entry[half] = {k: v for k, v in agreement([verdicts[i] for i in idx], [labels[i] for i in idx]).items()
-                           if not k.endswith("examples")}
+            entry[half] = {
+                k: v
+                for k, v in agreement([verdicts[i] for i in idx], [labels[i] for i in idx]).items()
+                if not k.endswith("examples")
+            }
         result["judges"][name] = entry
     stored = [x for x in labels if x.get("stored_verdict") is not None]
     if "lexical" in judges and stored:
@@ -281,8 +297,10 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"{'judge':<13} {'agree (all)':>12} {'FP':>4} {'FN':>4} {'design':>8} {'report':>8} {'pool-weighted':>14}")
     for name, e in result["judges"].items():
         a, design, report = e["all"], e["design"]["agreement"], e["report"]["agreement"]
-        print(f"{name:<13} {a['agree']:>5}/{a['n']:<6} {a['false_positives']:>4} {a['false_negatives']:>4} "
-              f"{design:>8.2f} {report:>8.2f} {e['pool_weighted_agreement']:>14.3f}")
+        print(
+            f"{name:<13} {a['agree']:>5}/{a['n']:<6} {a['false_positives']:>4} {a['false_negatives']:>4} "
+            f"{design:>8.2f} {report:>8.2f} {e['pool_weighted_agreement']:>14.3f}"
+        )
 
 
 def with_questions(labels: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -62,11 +62,17 @@ def child(job: dict[str, Any], out: Path, ready: Path, go: Path) -> None:
     with Timer() as timer:
         gens = backend.generate(prompts, job["k"], params, seeds=seeds)
     tokens = generated_tokens(gens, params.max_new_tokens)
-    out.write_text(json.dumps({
-        "seconds": timer.wall, "cpu_seconds": timer.cpu, "tokens": tokens,
-        "greedy": [g.greedy.text for g in gens],
-        "peak_rss_mib": peak_rss_mib(),
-    }))  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "seconds": timer.wall,
+                "cpu_seconds": timer.cpu,
+                "tokens": tokens,
+                "greedy": [g.greedy.text for g in gens],
+                "peak_rss_mib": peak_rss_mib(),
+            }
+        )
+    )
 
 
 def run_arm(slices: list[tuple[int, int, int, int]], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -77,13 +83,20 @@ def run_arm(slices: list[tuple[int, int, int, int]], args: argparse.Namespace) -
         go = folder / "go"
         procs, outs, readies = [], [], []
         for i, (start, stop, threads, batch_size) in enumerate(slices):
-            job = {"questions": args.questions, "k": args.k, "start": start, "stop": stop, "threads": threads,
-                   "batch_size": batch_size}  # fmt: skip
+            job = {
+                "questions": args.questions,
+                "k": args.k,
+                "start": start,
+                "stop": stop,
+                "threads": threads,
+                "batch_size": batch_size,
+            }
             (folder / f"job{i}.json").write_text(json.dumps(job))
             outs.append(folder / f"out{i}.json")
             readies.append(folder / f"ready{i}")
-            command = script_command(__spec__.name, "--child", str(folder / f"job{i}.json"), str(outs[-1]),
-                                     str(readies[-1]), str(go))  # fmt: skip
+            command = script_command(
+                __spec__.name, "--child", str(folder / f"job{i}.json"), str(outs[-1]), str(readies[-1]), str(go)
+            )
             procs.append(subprocess.Popen(command, env=env))
         while not all(r.exists() for r in readies):
             if any(p.poll() not in (None, 0) for p in procs):
@@ -118,13 +131,15 @@ def main() -> None:
     for i in range(args.repeats):
         for name in arms if i % 2 == 0 else reversed(list(arms)):
             children = run_arm(arms[name], args)
-            runs[name].append({
-                "seconds": max(c["seconds"] for c in children),
-                "cpu_seconds": sum(c["cpu_seconds"] for c in children),
-                "tokens": sum(c["tokens"] for c in children),
-                "greedy": [text for c in children for text in c["greedy"]],
-                "peak_rss_mib": sum(c["peak_rss_mib"] for c in children),
-            })  # fmt: skip
+            runs[name].append(
+                {
+                    "seconds": max(c["seconds"] for c in children),
+                    "cpu_seconds": sum(c["cpu_seconds"] for c in children),
+                    "tokens": sum(c["tokens"] for c in children),
+                    "greedy": [text for c in children for text in c["greedy"]],
+                    "peak_rss_mib": sum(c["peak_rss_mib"] for c in children),
+                }
+            )
             print(f"{name}: {runs[name][-1]['seconds']:.2f} s, {runs[name][-1]['cpu_seconds']:.2f} CPU s", flush=True)
     summary: dict[str, Any] = {}
     for name, results in runs.items():
@@ -153,8 +168,10 @@ def main() -> None:
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     write_json(args.out, result)
-    print(f"two processes / one: {result['wall_ratio']}x wall, {result['cpu_ratio']}x CPU; "
-          f"greedy identical {result['greedy_identical_count']}/{args.questions}; wrote {args.out}")  # fmt: skip
+    print(
+        f"two processes / one: {result['wall_ratio']}x wall, {result['cpu_ratio']}x CPU; "
+        f"greedy identical {result['greedy_identical_count']}/{args.questions}; wrote {args.out}"
+    )
 
 
 if __name__ == "__main__":

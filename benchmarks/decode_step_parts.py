@@ -103,8 +103,13 @@ def picking(rounds: int) -> dict[str, Any]:
         rounds,
         calls=10,
     )
-    return {"rows": ROWS, "vocab": VOCAB, "sampling_rows": len(sample_rows), "identical": same,
-            **with_ratios(timed, "separate_passes", "shared_sort")}  # fmt: skip
+    return {
+        "rows": ROWS,
+        "vocab": VOCAB,
+        "sampling_rows": len(sample_rows),
+        "identical": same,
+        **with_ratios(timed, "separate_passes", "shared_sort"),
+    }
 
 
 def copying(rows: list[int], source_rows: list[int], source_shape: tuple[int, ...], columns: int, rounds: int):
@@ -130,8 +135,12 @@ def copying(rows: list[int], source_rows: list[int], source_shape: tuple[int, ..
     index_copy()
     same = all(torch.equal(a, b) for a, b in zip(want, slots, strict=True))
     timed = race({"advanced_index": advanced_index, "index_copy": index_copy}, rounds, calls=3)
-    return {"rows_written": len(rows), "columns": columns, "identical": same,
-            **with_ratios(timed, "advanced_index", "index_copy")}  # fmt: skip
+    return {
+        "rows_written": len(rows),
+        "columns": columns,
+        "identical": same,
+        **with_ratios(timed, "advanced_index", "index_copy"),
+    }
 
 
 def main() -> None:
@@ -146,9 +155,14 @@ def main() -> None:
     with torch.inference_mode():
         result = {
             "command": "python -m benchmarks.decode_step_parts",
-            "settings": {"threads": args.threads, "rounds": args.rounds,
-                         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "cpu": platform.machine(),
-                         "cpu_count": os.cpu_count(), "machine": describe()},  # fmt: skip
+            "settings": {
+                "threads": args.threads,
+                "rounds": args.rounds,
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                "cpu": platform.machine(),
+                "cpu_count": os.cpu_count(),
+                "machine": describe(),
+            },
             "pick_tokens": picking(args.rounds),
             "admission_copy": copying(
                 shuffled, [r // 6 for r in slots], (PROMPTS, KV_HEADS, 75, HEAD_DIM), 75, args.rounds
@@ -161,8 +175,11 @@ def main() -> None:
     for part in ("pick_tokens", "admission_copy", "compaction_copy"):
         r = result[part]
         arms = [k for k in r if isinstance(r[k], dict)]
-        print(f"{part}: " + ", ".join(f"{a} {r[a]['wall_ms']} ms ({r[a]['cpu_ms']} CPU)" for a in arms)
-              + f"; {r['wall_ratio']}x wall, {r['cpu_ratio']}x CPU; identical: {r['identical']}")  # fmt: skip
+        print(
+            f"{part}: "
+            + ", ".join(f"{a} {r[a]['wall_ms']} ms ({r[a]['cpu_ms']} CPU)" for a in arms)
+            + f"; {r['wall_ratio']}x wall, {r['cpu_ratio']}x CPU; identical: {r['identical']}"
+        )
     write_json(args.out, result)
     print(f"wrote {args.out}")
 

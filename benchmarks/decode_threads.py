@@ -67,9 +67,11 @@ def main() -> None:
     }
     report = race_report(MODEL, args, load_before, "python -m benchmarks.decode_threads", settings=settings)
     for name, r in settings.items():
-        print(f"{name}: split {r['split']['median_wall']} s wall / {r['split']['median_cpu']} CPU s, "
-              f"all threads {r['all_threads']['median_wall']} / {r['all_threads']['median_cpu']}: "
-              f"{r['speedup_wall']}x wall, {r['speedup_cpu']}x CPU; outputs bit-equal: {r['outputs_bit_equal']}")
+        print(
+            f"{name}: split {r['split']['median_wall']} s wall / {r['split']['median_cpu']} CPU s, "
+            f"all threads {r['all_threads']['median_wall']} / {r['all_threads']['median_cpu']}: "
+            f"{r['speedup_wall']}x wall, {r['speedup_cpu']}x CPU; outputs bit-equal: {r['outputs_bit_equal']}"
+        )
     write_json(args.out, report)
     print(f"wrote {args.out}")
 

@@ -26,9 +26,18 @@ OUT = RESULTS / "demo_cost.json"
 MODEL = "smollm2-135m"
 # The default set before this change (11 estimators, four verbalized formats and verbal-0).
 FORMER_DEFAULT = (
-    "prob", "n-prob", "min-prob", "consis-lex", "consis-sem", "verbal-0", "p-true",
-    "verbal-letter", "verbal-number", "verbal-text", "verbal-float",
-)  # fmt: skip
+    "prob",
+    "n-prob",
+    "min-prob",
+    "consis-lex",
+    "consis-sem",
+    "verbal-0",
+    "p-true",
+    "verbal-letter",
+    "verbal-number",
+    "verbal-text",
+    "verbal-float",
+)
 STARTER_SIZE = 475
 
 
@@ -86,11 +95,13 @@ def main() -> None:
         },
         "stages": {k: {m: round(v, 3) for m, v in s.items()} for k, s in stages.items()},
         "note": "measured under heavy load from other jobs on the same 2 cores; the projection assumes both cores "
-                "busy and excludes model loading and the report",
+        "busy and excludes model loading and the report",
     }
     write_json(args.out, result)
-    print(f"current/former default set: {result['ratio_current_to_former_cpu']}x CPU; projected "
-          f"{result['projected_starter_minutes_on_2_cores']} minutes for the starter set")
+    print(
+        f"current/former default set: {result['ratio_current_to_former_cpu']}x CPU; projected "
+        f"{result['projected_starter_minutes_on_2_cores']} minutes for the starter set"
+    )
     print(f"wrote {args.out}")
 
 

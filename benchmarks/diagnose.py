@@ -49,8 +49,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stages", default="sensitivity,masking,rollout,attribution", help="comma-separated subset")
     p.add_argument("--quick", action="store_true", help="a small smoke run (12 questions) outside results/")
-    p.add_argument("--out", type=Path, default=None, help="results JSON (default results/diagnose.json); "
-                   "the report goes to the folder of the same name")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results JSON (default results/diagnose.json); the report goes to the folder of the same name",
+    )
     return p.parse_args()
 
 
@@ -59,8 +63,9 @@ def load_pool(folder: Path) -> dict[str, list[Record]]:
     for dataset in IN_DOMAIN:
         path = folder / f"{dataset}.jsonl"
         if not path.exists():
-            raise SystemExit(f"SKIP: {path} not found; run `python -m benchmarks.baselines` first "
-                             "to annotate the test sets")
+            raise SystemExit(
+                f"SKIP: {path} not found; run `python -m benchmarks.baselines` first to annotate the test sets"
+            )
         pool[dataset] = read_records(path)
     return pool
 
@@ -87,17 +92,29 @@ def main() -> None:
     pool = load_pool(args.records)
     chosen = pick_questions(pool, args.questions, args.seed)
     everything = [r for records in pool.values() for r in records]
-    config = DiagnoseConfig(fmt=args.fmt, max_candidates=args.candidates, seed=args.seed,
-                            ig_examples=args.ig_examples, ig_steps=args.ig_steps, ig_batch_size=args.ig_batch,
-                            stages=tuple(args.stages.split(",")))
-    candidates = build_candidates(chosen, max_candidates=config.max_candidates, seed=config.seed,
-                                  judge=config.judge, pool=everything)
+    config = DiagnoseConfig(
+        fmt=args.fmt,
+        max_candidates=args.candidates,
+        seed=args.seed,
+        ig_examples=args.ig_examples,
+        ig_steps=args.ig_steps,
+        ig_batch_size=args.ig_batch,
+        stages=tuple(args.stages.split(",")),
+    )
+    candidates = build_candidates(
+        chosen, max_candidates=config.max_candidates, seed=config.seed, judge=config.judge, pool=everything
+    )
     logger.info("diagnose: %d questions, %d candidates", len(candidates), sum(len(c) for c in candidates))
 
     with ResourceMeter() as meter:
         report = run_diagnosis(
-            candidates, report_dir, model=args.model, adapter=args.adapter, adapter_name=args.adapter_name,
-            config=config, cache_dir=CACHE / ("diagnose_quick_stages" if args.quick else "diagnose"),
+            candidates,
+            report_dir,
+            model=args.model,
+            adapter=args.adapter,
+            adapter_name=args.adapter_name,
+            config=config,
+            cache_dir=CACHE / ("diagnose_quick_stages" if args.quick else "diagnose"),
             title="Diagnose: the embedded default on HonestyBench-mini (in-domain)",
         )
     payload = dict(report.summary())
@@ -122,8 +139,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
     }
     write_json(out, _json_safe(payload))
-    logger.info("wrote %s and %s (%.0f s, peak %.0f MiB)", out, report_dir, meter.cost.wall_s,
-                meter.cost.peak_rss_mib)
+    logger.info("wrote %s and %s (%.0f s, peak %.0f MiB)", out, report_dir, meter.cost.wall_s, meter.cost.peak_rss_mib)
 
 
 def _json_safe(value):  # NaN is not JSON

@@ -66,8 +66,12 @@ def main() -> None:
     diffs = [abs(a - b) for a, b in zip(confidences["shared"], confidences["one_by_one"], strict=True)]
     result = {
         "records": str(args.records),
-        "n": len(records), "model": args.model, "k": records[0].k if records else 0, "layer": layer,
-        "threads": os.environ.get("OMP_NUM_THREADS"), "load_average_1min": os.getloadavg()[0],
+        "n": len(records),
+        "model": args.model,
+        "k": records[0].k if records else 0,
+        "layer": layer,
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+        "load_average_1min": os.getloadavg()[0],
         "paths": rows,
         "speedup_cpu": rows["one_by_one"]["cpu_seconds_per_record"] / rows["shared"]["cpu_seconds_per_record"],
         "speedup_wall": rows["one_by_one"]["wall_seconds_per_record"] / rows["shared"]["wall_seconds_per_record"],
@@ -77,8 +81,10 @@ def main() -> None:
     write_json(args.out, result)
     for name, r in rows.items():
         print(f"{name:12s} {r['cpu_seconds_per_record']:8.3f} s/record CPU {r['wall_seconds_per_record']:8.3f} wall")
-    print(f"speedup {result['speedup_cpu']:.1f}x CPU, {result['speedup_wall']:.1f}x wall; "
-          f"max |Δ confidence| {result['max_abs_confidence_difference']:.2e}")
+    print(
+        f"speedup {result['speedup_cpu']:.1f}x CPU, {result['speedup_wall']:.1f}x wall; "
+        f"max |Δ confidence| {result['max_abs_confidence_difference']:.2e}"
+    )
 
 
 if __name__ == "__main__":

@@ -110,17 +110,34 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lora-epochs", type=int, default=1, help="epochs per stage in lora mode (CPU cap)")
     p.add_argument("--quick", action="store_true", help="1 seed, budgets 100 and all, 100 resamples, no lora")
     p.add_argument("--select-budgets", default=SELECT_BUDGETS, help="budgets of the held-out-domain rule selection")
-    p.add_argument("--only", choices=("select", "before", "sweep"), default=None,
-                   help="run only the held-out-domain rule selection (prints it), only the before sweep, or only the "
-                   "curves of the before rule and --report-rules (to fill the cache), then stop")
-    p.add_argument("--report-rules", default="",
-                   help="comma-separated candidates not selected to sweep anyway, reported apart (never selected)")
-    p.add_argument("--candidates", default=None,
-                   help=f"comma-separated stage-2 rules to compare (default: all of {', '.join(RULES)})")
-    p.add_argument("--lodo", default=",".join(IN_DOMAIN),
-                   help="in-domain datasets whose extra dev questions (the lodo part) are read; '' for none")
-    p.add_argument("--score-pool", action=argparse.BooleanOptionalAction, default=True,
-                   help="held-out-domain folds also score the held-out dataset's training-pool questions")
+    p.add_argument(
+        "--only",
+        choices=("select", "before", "sweep"),
+        default=None,
+        help="run only the held-out-domain rule selection (prints it), only the before sweep, or only the "
+        "curves of the before rule and --report-rules (to fill the cache), then stop",
+    )
+    p.add_argument(
+        "--report-rules",
+        default="",
+        help="comma-separated candidates not selected to sweep anyway, reported apart (never selected)",
+    )
+    p.add_argument(
+        "--candidates",
+        default=None,
+        help=f"comma-separated stage-2 rules to compare (default: all of {', '.join(RULES)})",
+    )
+    p.add_argument(
+        "--lodo",
+        default=",".join(IN_DOMAIN),
+        help="in-domain datasets whose extra dev questions (the lodo part) are read; '' for none",
+    )
+    p.add_argument(
+        "--score-pool",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="held-out-domain folds also score the held-out dataset's training-pool questions",
+    )
     p.add_argument("--plain-budgets", default="100,1000", help="budgets of the plain-resume comparison")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
@@ -142,8 +159,9 @@ def load_part(root: Path, part: str, datasets: tuple[str, ...]) -> dict[str, lis
     for dataset in datasets:
         path = root / part / f"{dataset}.jsonl"
         if not path.exists():
-            sys.exit(f"missing {path}: run `python -m benchmarks.annotate_mini` "
-                     "(it annotates and caches HonestyBench-mini)")
+            sys.exit(
+                f"missing {path}: run `python -m benchmarks.annotate_mini` (it annotates and caches HonestyBench-mini)"
+            )
         out[dataset] = read_records(path)
     return out
 
@@ -218,9 +236,15 @@ def lodo_selection(args: argparse.Namespace, data: SweepData, lodo: list[Record]
     names = args.candidates.split(",") if args.candidates else list(RULES)
     scored = [*lodo, *data.train] if args.score_pool else lodo
     return select_rule(
-        data.train, data.dev, scored, out_dir=args.cache / "lodo", config=head_config(args, RULES["loss-stop"]),
-        rules=names, budgets=[Budget.parse(b) for b in args.select_budgets.split(",") if b], seeds=args.seeds,
-    )  # fmt: skip
+        data.train,
+        data.dev,
+        scored,
+        out_dir=args.cache / "lodo",
+        config=head_config(args, RULES["loss-stop"]),
+        rules=names,
+        budgets=[Budget.parse(b) for b in args.select_budgets.split(",") if b],
+        seeds=args.seeds,
+    )
 
 
 def in_domain_check(
@@ -237,24 +261,35 @@ def in_domain_check(
     for r in lodo:
         by_dataset.setdefault(r.item.dataset, []).append(r)
     if not by_dataset:
-        return {"chosen": chosen, "before": before, "skipped": "no extra dev questions (lodo part) read",
-                "worse_beyond_interval_at": []}
+        return {
+            "chosen": chosen,
+            "before": before,
+            "skipped": "no extra dev questions (lodo part) read",
+            "worse_beyond_interval_at": [],
+        }
     scored = SweepData(data.train, data.dev, by_dataset, {d: "id" for d in by_dataset})
     labels = {d: targets(recs, "hard", what=f"lodo {d}").astype(int) for d, recs in by_dataset.items()}
     budgets = [Budget.parse(b) for b in args.select_budgets.split(",") if b]
     sweeps = {
-        name: run_sweep(scored, out_dir=args.cache / "in-domain-check" / _slug(name),
-                        config=head_config(args, RULES[name]), budgets=budgets, seeds=args.seeds,
-                        methods=("elical",), bootstrap=0,
-                        stage1_dir=args.cache / "in-domain-check" / "stage1")["methods"]
+        name: run_sweep(
+            scored,
+            out_dir=args.cache / "in-domain-check" / _slug(name),
+            config=head_config(args, RULES[name]),
+            budgets=budgets,
+            seeds=args.seeds,
+            methods=("elical",),
+            bootstrap=0,
+            stage1_dir=args.cache / "in-domain-check" / "stage1",
+        )["methods"]
         for name in dict.fromkeys([chosen, before])
-    }  # fmt: skip
+    }
     group = [Group("id", tuple(by_dataset))]
     rows = {}
     for b in budgets:
         new, old = sweeps[chosen][f"EliCal@{b}"], sweeps[before][f"EliCal@{b}"]
-        gap = metric_differences(new[CONFIDENCES], old[CONFIDENCES], labels, groups=group,
-                                 bootstrap=max(args.bootstrap, 1))["id"]  # fmt: skip
+        gap = metric_differences(
+            new[CONFIDENCES], old[CONFIDENCES], labels, groups=group, bootstrap=max(args.bootstrap, 1)
+        )["id"]
         rows[str(b)] = {
             "chosen": {m: _num(new["id"][m]) for m in ("auroc", "ece")},
             "before": {m: _num(old["id"][m]) for m in ("auroc", "ece")},
@@ -536,8 +571,11 @@ def main() -> None:
         check = in_domain_check(args, pool, lodo, rule.name, before_rule.name)
         seconds["in_domain_check"] = time.perf_counter() - start
         if args.only == "select":
-            print(json.dumps({"selection": selection, "in_domain_check": check, "rule": rule.name}, indent=2,
-                             default=float))
+            print(
+                json.dumps(
+                    {"selection": selection, "in_domain_check": check, "rule": rule.name}, indent=2, default=float
+                )
+            )
             return
     tests = load_part(args.annotations, "test", IN_DOMAIN + OUT_OF_DOMAIN)
     roles = {d: "id" for d in IN_DOMAIN} | {d: "ood" for d in OUT_OF_DOMAIN}
@@ -551,8 +589,12 @@ def main() -> None:
         return
     for target, name in picks.items():
         if target_rule(target).name != name:
-            logger.warning("target %s ships rule %s, the selection chose %s: update candor.train.elical.rules.TARGETS",
-                           target, target_rule(target).name, name)
+            logger.warning(
+                "target %s ships rule %s, the selection chose %s: update candor.train.elical.rules.TARGETS",
+                target,
+                target_rule(target).name,
+                name,
+            )
     start = time.perf_counter()
     before = head_sweep(args, data, baselines, before_rule, args.cache / "head" / _slug(before_rule.name))
     seconds["head_sweep_before"] = time.perf_counter() - start
@@ -578,8 +620,10 @@ def main() -> None:
     payload["stage2_rule"]["report_only"] = {
         name: {
             "note": "not selected on held-out domains; swept for the record only (test/OOD never fed a choice)",
-            "methods": {k: {g: v[g] for g in ("id", "ood", "ci95")} for k, v in
-                        ((k, method_entry(e, "head")) for k, e in sweep["methods"].items())},
+            "methods": {
+                k: {g: v[g] for g in ("id", "ood", "ci95")}
+                for k, v in ((k, method_entry(e, "head")) for k, e in sweep["methods"].items())
+            },
         }
         for name, sweep in report_only.items()
     }

@@ -21,12 +21,20 @@ def claim_fields(selection: dict) -> dict[str, Any]:
         "selected_by_target": selection["selected_by_target"],
         "universal_choice": {k: v for k, v in selection["criteria"][DEFAULT_TARGET].items() if k != "criterion"},
         "tolerance": selection["tolerance"],
-        "domain_change": {name: {d: {k: _num(v) for k, v in cell.items() if k != "per_seed"}
-                                 for d, cell in c["domain_change"].items()}
-                          for name, c in selection["candidates"].items()},
-        "library_default": {"name": rule_of(default), "target": default.target, "cal_stop": default.cal_stop,
-                            "cal_anchor": default.cal_anchor, "cal_scope": default.cal_scope},
-    }  # fmt: skip
+        "domain_change": {
+            name: {
+                d: {k: _num(v) for k, v in cell.items() if k != "per_seed"} for d, cell in c["domain_change"].items()
+            }
+            for name, c in selection["candidates"].items()
+        },
+        "library_default": {
+            "name": rule_of(default),
+            "target": default.target,
+            "cal_stop": default.cal_stop,
+            "cal_anchor": default.cal_anchor,
+            "cal_scope": default.cal_scope,
+        },
+    }
 
 
 def _num(x: float | None) -> float | None:

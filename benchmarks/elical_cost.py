@@ -46,8 +46,6 @@ MODEL = "smollm2-135m"
 OUT = RESULTS / "elical_cost.json"
 
 
-
-
 def left_padded_head(head: Any, records: list[Any], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Confidences and features the way the head computed them before: every prompt in full, input order."""
     import torch
@@ -106,15 +104,19 @@ def main() -> None:
         dev = list(read_records(Path(tmp) / "dev.jsonl"))
         logger.info("training a head-mode head on %d training-pool records (dev %d)", len(records), len(dev))
         trained = train_elical(
-            records, dev, method="cal-only", config=EliCalConfig(mode="head", max_epochs=20),
-            out_dir=Path(tmp) / "head", model=backend.model, tokenizer=backend.tokenizer,
+            records,
+            dev,
+            method="cal-only",
+            config=EliCalConfig(mode="head", max_epochs=20),
+            out_dir=Path(tmp) / "head",
+            model=backend.model,
+            tokenizer=backend.tokenizer,
         )
         estimator = get_estimator("elical", head=trained.model, batch_size=args.head_batch_size)
         estimator.estimate(records[:2])  # warm-up
         with Timer() as head_time:
             confidences = np.asarray(estimator.estimate(records))
-        half = get_estimator("elical", head=str(Path(tmp) / "head"), batch_size=args.head_batch_size,
-                             dtype="bfloat16")
+        half = get_estimator("elical", head=str(Path(tmp) / "head"), batch_size=args.head_batch_size, dtype="bfloat16")
         half.estimate(records[:2])  # loads the bf16 backbone; warm-up
         with Timer() as half_time:
             half_confidences = np.asarray(half.estimate(records))
@@ -136,8 +138,11 @@ def main() -> None:
         "k": args.k,
         "template": "fewshot",
         "settings": {
-            **SamplingParams().to_dict(), "stop": ["\n"], "annotate_batch_size": args.batch_size,
-            "head_batch_size": args.head_batch_size, "torch_threads": args.threads,
+            **SamplingParams().to_dict(),
+            "stop": ["\n"],
+            "annotate_batch_size": args.batch_size,
+            "head_batch_size": args.head_batch_size,
+            "torch_threads": args.threads,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         },
         "seconds_per_question": {k: round(v, 4) for k, v in per_q.items()},

@@ -24,9 +24,22 @@ from candor.estimators import get_estimator
 
 BASELINE = "consis-lex"
 METHODS = (
-    BASELINE, "n-prob", "perplexity", "token-entropy-mean", "token-entropy-max", "prob-margin", "mc-entropy",
-    "semantic-entropy", "semantic-entropy-discrete", "num-sem-sets", "eigv", "degree", "eccentricity", "kle",
-    "cocoa", "eigenscore",
+    BASELINE,
+    "n-prob",
+    "perplexity",
+    "token-entropy-mean",
+    "token-entropy-max",
+    "prob-margin",
+    "mc-entropy",
+    "semantic-entropy",
+    "semantic-entropy-discrete",
+    "num-sem-sets",
+    "eigv",
+    "degree",
+    "eccentricity",
+    "kle",
+    "cocoa",
+    "eigenscore",
 )
 
 
@@ -56,10 +69,17 @@ def main() -> None:
     root = Path(__file__).resolve().parents[1]
     shown = args.records.resolve()
     shown = shown.relative_to(root) if shown.is_relative_to(root) else shown
-    write_json(args.out, {"records": str(shown), "n": len(records), "model": args.model,
-                          "k": records[0].k if records else 0, "methods": rows,
-                          "command": "PYTHONPATH=src OMP_NUM_THREADS=1 python -m benchmarks.estimator_cost "
-                                     + " ".join(sys.argv[1:])})
+    write_json(
+        args.out,
+        {
+            "records": str(shown),
+            "n": len(records),
+            "model": args.model,
+            "k": records[0].k if records else 0,
+            "methods": rows,
+            "command": "PYTHONPATH=src OMP_NUM_THREADS=1 python -m benchmarks.estimator_cost " + " ".join(sys.argv[1:]),
+        },
+    )
     for m, r in rows.items():
         print(f"{m:28s} {r['seconds_per_record'] * 1000:10.2f} ms/record  {r['ratio_to_' + BASELINE]:10.1f}x")
 

@@ -23,8 +23,10 @@ def main() -> None:
         records.update({r.id: r for r in read_records(path)})
     missing = [x["id"] for x in spec["labels"] if x["id"] not in records]
     if missing:
-        print(f"SKIP: {len(missing)} labelled records not in the cache; run `python -m benchmarks.baselines`",
-              file=sys.stderr)
+        print(
+            f"SKIP: {len(missing)} labelled records not in the cache; run `python -m benchmarks.baselines`",
+            file=sys.stderr,
+        )
         raise SystemExit(0)
     judge = get_correctness_judge("contains")
     recs = [records[x["id"]] for x in spec["labels"]]

@@ -66,7 +66,10 @@ def main() -> None:
     report = judge_noise_report(table, correctness_labels(), bootstrap=args.bootstrap)
     payload = {
         "command": "PYTHONPATH=src python -m benchmarks.judge_noise " + " ".join(sys.argv[1:]),
-        "judge": "contains", "datasets": list(DATASETS), "records": len(rows), **report,
+        "judge": "contains",
+        "datasets": list(DATASETS),
+        "records": len(rows),
+        **report,
         "consistency_judge": consistency_rates(),
     }
     write_json(args.out, payload)

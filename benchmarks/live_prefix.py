@@ -111,22 +111,30 @@ def main() -> None:
                 same(reference, results)
             logger.info("%s: %.1f s, %.2f req/s", arm, took, len(reqs) / took)
         payload["rounds"].append({arm: {"seconds": s, "requests_per_s": len(reqs) / s} for arm, s in seconds.items()})
-        payload["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                           cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
+        payload["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
         payload["command"] = "PYTHONPATH=src python -m benchmarks.live_prefix " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in setup.items()
         )
-        payload["prompt_tokens"] = {"prompt_mean": float(np.mean([len(backend.encode([r.prompt])[0]) for r in reqs])),
-                                    "shared_prefix": len(prefix)}  # fmt: skip
+        payload["prompt_tokens"] = {
+            "prompt_mean": float(np.mean([len(backend.encode([r.prompt])[0]) for r in reqs])),
+            "shared_prefix": len(prefix),
+        }
         write_json(out, payload)
     on = [r["prefix_on"]["requests_per_s"] for r in payload["rounds"]]
     off = [r["prefix_off"]["requests_per_s"] for r in payload["rounds"]]
     ratios = [a / b for a, b in zip(on, off, strict=True)]
-    payload["summary"] = {"prefix_on_rps": float(np.median(on)), "prefix_off_rps": float(np.median(off)),
-                          "ratio_on_over_off": float(np.median(ratios))}  # fmt: skip
+    payload["summary"] = {
+        "prefix_on_rps": float(np.median(on)),
+        "prefix_off_rps": float(np.median(off)),
+        "ratio_on_over_off": float(np.median(ratios)),
+    }
     write_json(out, payload)
-    print(f"prefix on {payload['summary']['prefix_on_rps']:.2f} req/s, off {payload['summary']['prefix_off_rps']:.2f}"
-          f" req/s: {payload['summary']['ratio_on_over_off']:.2f}x ({os.path.basename(args.out)})")
+    print(
+        f"prefix on {payload['summary']['prefix_on_rps']:.2f} req/s, off {payload['summary']['prefix_off_rps']:.2f}"
+        f" req/s: {payload['summary']['ratio_on_over_off']:.2f}x ({os.path.basename(args.out)})"
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,11 @@ def load_mini_or_exit(data_dir: str | None, **sizes: Any) -> MiniBench:
 
 
 def annotate_part(
-    part: dict[str, list], part_name: str, backend: Backend, template: QATemplate, config: AnnotateConfig,
+    part: dict[str, list],
+    part_name: str,
+    backend: Backend,
+    template: QATemplate,
+    config: AnnotateConfig,
     cache: Path,
 ) -> dict[str, list[Record]]:
     """Annotate every dataset of one mini-bench part into ``cache/<part>/<dataset>.jsonl`` (resumable)."""

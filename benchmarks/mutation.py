@@ -41,8 +41,10 @@ SCRATCH = Path(os.environ.get("CANDOR_MUTATION_DIR", "/tmp/candor-mutation"))
 
 # module key -> (source file, the test files that cover it)
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "metrics": ("src/candor/evaluation/metrics.py", ["tests/test_metrics.py", "tests/test_selective_metrics.py",
-                                                     "tests/test_aggregate.py"]),
+    "metrics": (
+        "src/candor/evaluation/metrics.py",
+        ["tests/test_metrics.py", "tests/test_selective_metrics.py", "tests/test_aggregate.py"],
+    ),
     "evaluation": ("src/candor/evaluation/aggregate.py", ["tests/test_aggregate.py", "tests/test_report.py"]),
     "annotate": ("src/candor/annotation/builder.py", ["tests/test_annotate.py", "tests/test_annotate_judge.py"]),
     "judges": ("src/candor/annotation/judges.py", ["tests/test_judges.py"]),
@@ -52,15 +54,23 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "splits": ("src/candor/data/splits.py", ["tests/test_splits.py"]),
     # "scoring" and "confidences" were two modules when results/mutation.json was written; the
     # layout of issue 22 made them one, tested here once under the older results' second key.
-    "confidences": ("src/candor/estimators/confidences.py", [
-        "tests/test_estimators_confidences.py", "tests/test_calibration_cli.py",
-        "tests/test_elical_model.py::test_score_with_another_head_in_the_same_folder_recomputes_and_warns_of_overlap",
-    ]),
-    "calibrators": ("src/candor/evaluation/calibration.py",
-                    ["tests/test_calibration.py", "tests/test_calibration_cli.py"]),
+    "confidences": (
+        "src/candor/estimators/confidences.py",
+        [
+            "tests/test_estimators_confidences.py",
+            "tests/test_calibration_cli.py",
+            "tests/test_elical_model.py::test_score_with_another_head_in_the_same_folder_recomputes_and_warns_of_overlap",
+        ],
+    ),
+    "calibrators": (
+        "src/candor/evaluation/calibration.py",
+        ["tests/test_calibration.py", "tests/test_calibration_cli.py"],
+    ),
     "estimators-logprob": ("src/candor/estimators/logprob.py", ["tests/test_estimators_logprob.py"]),
-    "estimators-consistency": ("src/candor/estimators/annotated_consistency.py",
-                               ["tests/test_estimators_annotated_consistency.py"]),
+    "estimators-consistency": (
+        "src/candor/estimators/annotated_consistency.py",
+        ["tests/test_estimators_annotated_consistency.py"],
+    ),
     "elical-targets": ("src/candor/train/elical/targets.py", ["tests/test_elical_train.py"]),
     "elical-trainer": ("src/candor/train/elical/trainer.py", ["tests/test_elical_train.py"]),
     "advice-losses": ("src/candor/train/advice/losses.py", ["tests/test_advice_losses.py"]),
@@ -72,16 +82,28 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modules", nargs="*", default=None, help="module keys (default: all, or none with --recheck)")
     p.add_argument("--fresh", nargs="*", default=[], help="rerun these modules from scratch")
-    p.add_argument("--recheck", nargs="*", default=[],
-                   help="copy the current src/ and tests/ into these modules' scratch runs and retest their recorded "
-                        "survivors (and any mutant of a changed function); killed mutants stay killed")
-    p.add_argument("--refresh", nargs="*", default=[],
-                   help="copy the current src/ and tests/ into these modules' unfinished scratch runs and continue "
-                        "them: verdicts so far are kept (mutants of a changed function are retested), the mutants "
-                        "not yet tested meet the new tests")
-    p.add_argument("--collect", nargs="*", default=[],
-                   help="record these modules' scratch runs as they stand (after an interrupted or hand-run mutmut), "
-                        "running nothing")
+    p.add_argument(
+        "--recheck",
+        nargs="*",
+        default=[],
+        help="copy the current src/ and tests/ into these modules' scratch runs and retest their recorded "
+        "survivors (and any mutant of a changed function); killed mutants stay killed",
+    )
+    p.add_argument(
+        "--refresh",
+        nargs="*",
+        default=[],
+        help="copy the current src/ and tests/ into these modules' unfinished scratch runs and continue "
+        "them: verdicts so far are kept (mutants of a changed function are retested), the mutants "
+        "not yet tested meet the new tests",
+    )
+    p.add_argument(
+        "--collect",
+        nargs="*",
+        default=[],
+        help="record these modules' scratch runs as they stand (after an interrupted or hand-run mutmut), "
+        "running nothing",
+    )
     p.add_argument("--max-children", type=int, default=1)
     return p.parse_args()
 
@@ -160,8 +182,7 @@ def run_mutmut(work: Path, max_children: int, names: list[str] | None = None) ->
 
 def collect(work: Path, key: str, reasons: dict[str, str]) -> dict:
     """Counts from mutmut's CI stats, and each survivor's diff from ``mutmut show``."""
-    subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=work, check=True, capture_output=True)
     stats = json.loads((work / "mutants" / "mutmut-cicd-stats.json").read_text())
     listing = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=work, capture_output=True, text=True)
     survivors, timeouts = [], []
@@ -172,23 +193,40 @@ def collect(work: Path, key: str, reasons: dict[str, str]) -> dict:
         if not match:
             continue
         name = match.group(1)
-        diff = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=work, capture_output=True,
-                              text=True).stdout
+        diff = subprocess.run(
+            [sys.executable, "-m", "mutmut", "show", name], cwd=work, capture_output=True, text=True
+        ).stdout
         survivors.append({"name": name, "diff": diff.strip(), "reason": reasons.get(name)})
     killed = int(stats.get("killed", 0)) + int(stats.get("timeout", 0))
     tested = killed + int(stats.get("survived", 0))
     # mutants with no verdict yet (a run stopped part-way); the score is over the tested ones only
-    decided = ("killed", "timeout", "survived", "no_tests", "skipped", "suspicious", "segfault",
-               "check_was_interrupted_by_user")
+    decided = (
+        "killed",
+        "timeout",
+        "survived",
+        "no_tests",
+        "skipped",
+        "suspicious",
+        "segfault",
+        "check_was_interrupted_by_user",
+    )
     not_checked = int(stats.get("total", 0)) - sum(int(stats.get(k, 0)) for k in decided)
-    return {"source": MODULES[key][0], "tests": MODULES[key][1], "killed": stats.get("killed", 0),
-            "timeout": stats.get("timeout", 0), "survived": stats.get("survived", 0),
-            "no_tests": stats.get("no_tests", 0), "suspicious": stats.get("suspicious", 0),
-            "total": stats.get("total"), "not_checked": not_checked,
-            "score": round(100 * killed / tested, 1) if tested else None,
-            "explained_survivors": sum(1 for s in survivors if s["reason"]),
-            "unexplained_survivors": sum(1 for s in survivors if not s["reason"]),
-            "timeouts": timeouts, "survivors": survivors}
+    return {
+        "source": MODULES[key][0],
+        "tests": MODULES[key][1],
+        "killed": stats.get("killed", 0),
+        "timeout": stats.get("timeout", 0),
+        "survived": stats.get("survived", 0),
+        "no_tests": stats.get("no_tests", 0),
+        "suspicious": stats.get("suspicious", 0),
+        "total": stats.get("total"),
+        "not_checked": not_checked,
+        "score": round(100 * killed / tested, 1) if tested else None,
+        "explained_survivors": sum(1 for s in survivors if s["reason"]),
+        "unexplained_survivors": sum(1 for s in survivors if not s["reason"]),
+        "timeouts": timeouts,
+        "survivors": survivors,
+    }
 
 
 def refresh_reasons(payload: dict, reasons: dict[str, str]) -> None:
@@ -204,8 +242,9 @@ def main() -> None:
     args = parse_args()
     if args.modules is None:
         args.modules = [] if args.recheck or args.collect or args.refresh else list(MODULES)
-    unknown = sorted((set(args.modules) | set(args.recheck) | set(args.fresh) | set(args.collect) | set(args.refresh))
-                     - set(MODULES))
+    unknown = sorted(
+        (set(args.modules) | set(args.recheck) | set(args.fresh) | set(args.collect) | set(args.refresh)) - set(MODULES)
+    )
     if unknown:
         sys.exit(f"unknown module(s) {unknown}; known: {', '.join(MODULES)}")
     payload = load_json(RESULTS)
@@ -237,8 +276,10 @@ def main() -> None:
         if not (SCRATCH / key / "mutants").exists():
             sys.exit(f"{key}: no scratch run to collect")
         earlier = payload["modules"].get(key, {})
-        payload["modules"][key] = {**collect(SCRATCH / key, key, reasons),
-                                   **{k: earlier[k] for k in ("seconds", "rechecked_survivors") if k in earlier}}
+        payload["modules"][key] = {
+            **collect(SCRATCH / key, key, reasons),
+            **{k: earlier[k] for k in ("seconds", "rechecked_survivors") if k in earlier},
+        }
     write_results(payload)
     for key in dict.fromkeys([*args.recheck, *args.refresh, *args.modules]):
         if key in payload["modules"] and key not in rechecks:
@@ -259,8 +300,10 @@ def main() -> None:
             continue
         payload["modules"][key] = result
         write_results(payload)
-        print(f"{key}: score {result['score']}%  killed {result['killed']}  survived {result['survived']}  "
-              f"({seconds:.0f} s)")
+        print(
+            f"{key}: score {result['score']}%  killed {result['killed']}  survived {result['survived']}  "
+            f"({seconds:.0f} s)"
+        )
 
 
 if __name__ == "__main__":

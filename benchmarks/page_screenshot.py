@@ -15,8 +15,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def main() -> None:
@@ -31,8 +39,13 @@ def main() -> None:
     errors: list[str] = []
     outside: list[str] = []
     with sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
-        context = pw.chromium.launch_persistent_context(profile, executable_path=args.chromium, headless=True,
-                                                        args=FLAGS, viewport={"width": args.width, "height": 900})
+        context = pw.chromium.launch_persistent_context(
+            profile,
+            executable_path=args.chromium,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": args.width, "height": 900},
+        )
         page = context.new_page()
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))

@@ -100,8 +100,16 @@ def peer_side(inputs_path: str, out_path: str) -> None:
         put("semantic-entropy", SemanticEntropy()(stats)[0])
         put("semantic-entropy-discrete", SemanticEntropy(class_probability_estimation="frequency")(stats)[0])
         verdicts = np.array(rec["verdicts"], dtype=float)
-        put("num-sem-sets", NumSemSets()({"semantic_matrix_entail": verdicts[None], "semantic_matrix_contra":
-                                          1 - verdicts[None], "sample_texts": [texts]})[0])
+        put(
+            "num-sem-sets",
+            NumSemSets()(
+                {
+                    "semantic_matrix_entail": verdicts[None],
+                    "semantic_matrix_contra": 1 - verdicts[None],
+                    "sample_texts": [texts],
+                }
+            )[0],
+        )
         for sim in ("lexical", "judge"):
             w = np.array(rec["similarity"][sim], dtype=float)
             spectral = {"semantic_matrix_entail": w[None], "sample_texts": [texts]}
@@ -111,8 +119,15 @@ def peer_side(inputs_path: str, out_path: str) -> None:
             # entail = W/2 and contra = 1 - W/2 make lm-polygraph's weighted graph E + N/2 exactly W.
             kle = {"semantic_matrix_entail": (w / 2)[None], "semantic_matrix_contra": (1 - w / 2)[None]}
             put(f"kle[{sim}]", KernelLanguageEntropy(scale=False)(kle)[0])
-        put("cocoa", CocoaMSP()({"greedy_sentence_similarity": [np.array(rec["greedy_similarity"])],
-                                 "greedy_log_likelihoods": [rec["greedy_logprobs"]]})[0])
+        put(
+            "cocoa",
+            CocoaMSP()(
+                {
+                    "greedy_sentence_similarity": [np.array(rec["greedy_similarity"])],
+                    "greedy_log_likelihoods": [rec["greedy_logprobs"]],
+                }
+            )[0],
+        )
         put("perplexity", Perplexity()({"greedy_log_likelihoods": [rec["greedy_logprobs"]]})[0])
         put("eigenscore", EigenScore()({"sample_embeddings": [np.array(rec["sample_embeddings"])]})[0])
         ids = torch.tensor([rec["prompt_ids"] + rec["greedy_ids"]])
@@ -120,8 +135,12 @@ def peer_side(inputs_path: str, out_path: str) -> None:
         # The forward candor's backend makes for one unpadded sequence: explicit mask and positions,
         # logits for the last n + 1 positions only; log-softmax in float64 as candor's backend.
         with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                           position_ids=torch.arange(ids.shape[1])[None], logits_to_keep=n + 1).logits[0]
+            logits = model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                position_ids=torch.arange(ids.shape[1])[None],
+                logits_to_keep=n + 1,
+            ).logits[0]
         logp = torch.log_softmax(logits.double(), -1).numpy()
         entropy = EntropyCalculator()({"greedy_log_probs": [logp[:n]]})["entropy"]
         put("token-entropy-mean", MeanTokenEntropy()({"entropy": entropy})[0])
@@ -130,6 +149,7 @@ def peer_side(inputs_path: str, out_path: str) -> None:
 
 
 # ---------------------------------------------------------------- steps 1 and 3: candor's side
+
 
 # candor's confidence as a function of lm-polygraph's uncertainty (each estimator's documented map).
 def _maps():
@@ -183,26 +203,39 @@ def export_inputs(records, backend) -> tuple[dict, dict]:
         k = len(texts)
         directed = np.eye(k)
         pairs = [(a, b) for a in range(k) for b in range(k) if a != b]
-        for (a, b), v in zip(pairs, judge.judge([texts[a] for a, _ in pairs], [texts[b] for _, b in pairs]),
-                             strict=True):
+        for (a, b), v in zip(
+            pairs, judge.judge([texts[a] for a, _ in pairs], [texts[b] for _, b in pairs]), strict=True
+        ):
             directed[a, b] = v
         embeddings = backend.hidden_states([prompts[i] + t for t in texts], layer=layer)
-        exported.append({
-            "id": rec.id,
-            "sample_texts": texts,
-            "sample_logprobs": [sequence_logprob(rec, j) for j in range(k)],
-            "clusters": clusters[i],
-            "verdicts": directed.tolist(),
-            "similarity": {s: m[i].tolist() for s, m in sims.items()},
-            "greedy_similarity": greedy_sims[i].tolist(),
-            "greedy_logprobs": list(rec.greedy.logprobs),
-            "sample_embeddings": embeddings.tolist(),
-            "prompt_ids": backend.tokenizer(prompts[i])["input_ids"],
-            "greedy_ids": list(rec.greedy.token_ids),
-        })
+        exported.append(
+            {
+                "id": rec.id,
+                "sample_texts": texts,
+                "sample_logprobs": [sequence_logprob(rec, j) for j in range(k)],
+                "clusters": clusters[i],
+                "verdicts": directed.tolist(),
+                "similarity": {s: m[i].tolist() for s, m in sims.items()},
+                "greedy_similarity": greedy_sims[i].tolist(),
+                "greedy_logprobs": list(rec.greedy.logprobs),
+                "sample_embeddings": embeddings.tolist(),
+                "prompt_ids": backend.tokenizer(prompts[i])["input_ids"],
+                "greedy_ids": list(rec.greedy.token_ids),
+            }
+        )
     ours: dict[str, list[float]] = {}
-    plain = ["mc-entropy", "semantic-entropy", "semantic-entropy-discrete", "num-sem-sets", "cocoa", "perplexity",
-             "eigenscore", "token-entropy-mean", "token-entropy-max", "prob-margin"]
+    plain = [
+        "mc-entropy",
+        "semantic-entropy",
+        "semantic-entropy-discrete",
+        "num-sem-sets",
+        "cocoa",
+        "perplexity",
+        "eigenscore",
+        "token-entropy-mean",
+        "token-entropy-max",
+        "prob-margin",
+    ]
     for name in plain:
         est = get_estimator(name)
         ours[name] = est.estimate(records, backend if est.needs_backend else None).tolist()
@@ -227,15 +260,23 @@ def compare(ours: dict, theirs: dict, records: list[dict]) -> dict:
         elif key == "semantic-entropy":
             mine = np.array(ours[key])
             rho = spearmanr(-np.log(mine), u).statistic
-            rows[key] = {"compared": False, "reason": "deliberate: Farquhar 2024 (length-normalized, normalized over "
-                         "clusters) vs lm-polygraph's default Kuhn 2023 Monte Carlo estimate",
-                         "spearman_uncertainty": float(rho), "n": len(u)}
+            rows[key] = {
+                "compared": False,
+                "reason": "deliberate: Farquhar 2024 (length-normalized, normalized over "
+                "clusters) vs lm-polygraph's default Kuhn 2023 Monte Carlo estimate",
+                "spearman_uncertainty": float(rho),
+                "n": len(u),
+            }
             continue
         else:
             mine, mapped = np.array(ours[key]), maps[name](u)
         diff = np.abs(mine - mapped)
-        row = {"compared": True, "max_abs_diff": float(diff.max()), "within_tolerance": bool(diff.max() <= TOLERANCE),
-               "n": len(u)}
+        row = {
+            "compared": True,
+            "max_abs_diff": float(diff.max()),
+            "within_tolerance": bool(diff.max() <= TOLERANCE),
+            "n": len(u),
+        }
         if name.startswith("token-entropy"):
             row["max_abs_diff_entropy_nats"] = float(np.abs(-np.log(mine) - u).max())
         if name == "num-sem-sets":
@@ -272,19 +313,33 @@ def main() -> None:
     inputs, ours = export_inputs(records, backend)
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "inputs.json").write_text(json.dumps(inputs))
-    command = script_command(__spec__.name, "--peer-side", str(args.work / "inputs.json"),
-                             str(args.work / "theirs.json"), python=python)
+    command = script_command(
+        __spec__.name, "--peer-side", str(args.work / "inputs.json"), str(args.work / "theirs.json"), python=python
+    )
     subprocess.run(command, check=True, env=script_env())
     theirs = json.loads((args.work / "theirs.json").read_text())
     rows = compare(ours, theirs, inputs["records"])
-    version = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('lm-polygraph'))"],
-                             capture_output=True, text=True).stdout.strip()
-    payload = {"lm_polygraph": version, "records": str(args.records), "n": len(records), "model": args.model,
-               "tolerance": TOLERANCE, "seconds": time.perf_counter() - start, "methods": rows}
+    version = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('lm-polygraph'))"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    payload = {
+        "lm_polygraph": version,
+        "records": str(args.records),
+        "n": len(records),
+        "model": args.model,
+        "tolerance": TOLERANCE,
+        "seconds": time.perf_counter() - start,
+        "methods": rows,
+    }
     write_json(args.out, payload)
     for key, row in rows.items():
-        status = (f"max|diff| {row['max_abs_diff']:.2e} {'ok' if row['within_tolerance'] else 'DIFFERS'}"
-                  if row["compared"] else "not compared: " + row["reason"])
+        status = (
+            f"max|diff| {row['max_abs_diff']:.2e} {'ok' if row['within_tolerance'] else 'DIFFERS'}"
+            if row["compared"]
+            else "not compared: " + row["reason"]
+        )
         print(f"{key:34s} {status}")
 
 

@@ -83,8 +83,16 @@ def polygraph_child(job: dict[str, Any]) -> dict[str, Any]:
     calculators = register_default_stat_calculators("Whitebox", output_attentions=False, output_hidden_states=False)
     estimators = [MaximumSequenceProbability(), MonteCarloSequenceEntropy(), LexicalSimilarity("rougeL")]
     manager = UEManager(
-        data, model, estimators, BuilderEnvironmentStatCalculator(model), calculators,
-        generation_metrics=[], ue_metrics=[], processors=[], ignore_exceptions=False, verbose=False,
+        data,
+        model,
+        estimators,
+        BuilderEnvironmentStatCalculator(model),
+        calculators,
+        generation_metrics=[],
+        ue_metrics=[],
+        processors=[],
+        ignore_exceptions=False,
+        verbose=False,
         max_new_tokens=s["max_new_tokens"],
     )
     for calc in manager.stat_calculators:  # the simple builder ignores config: 10 samples unless set here
@@ -193,9 +201,14 @@ def report(job: dict[str, Any], peer: dict[str, Any], ours: dict[str, Any], args
     first_lines = [text.strip().split("\n")[0].strip() for text in peer["greedy"]]
     result = {
         "job": {
-            "questions": len(job["prompts"]), "dataset": "HonestyBench NQ test.jsonl (first rows)",
-            "template": "fewshot", "model": MODEL, **SETTINGS, "torch_threads": args.threads,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), "machine": describe(),
+            "questions": len(job["prompts"]),
+            "dataset": "HonestyBench NQ test.jsonl (first rows)",
+            "template": "fewshot",
+            "model": MODEL,
+            **SETTINGS,
+            "torch_threads": args.threads,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+            "machine": describe(),
         },
         # 1/5/15-minute load averages around both runs (the machine is shared; CPU-time ratios are steadier).
         "load_average": {
@@ -204,12 +217,14 @@ def report(job: dict[str, Any], peer: dict[str, Any], ours: dict[str, Any], args
         },
         "polygraph": {
             "version": "lm-polygraph 0.7.0 (UEManager; GreedyProbsCalculator without attentions or hidden states, "
-                       "SamplingGenerationCalculator with samples_n=5)",
-            "seconds": round(peer["seconds"], 2), "cpu_seconds": round(peer["cpu_seconds"], 2),
+            "SamplingGenerationCalculator with samples_n=5)",
+            "seconds": round(peer["seconds"], 2),
+            "cpu_seconds": round(peer["cpu_seconds"], 2),
             "process_seconds": round(peer["process_seconds"], 2),
         },
         "candor": {
-            "seconds": round(newline["seconds"], 2), "cpu_seconds": round(newline["cpu_seconds"], 2),
+            "seconds": round(newline["seconds"], 2),
+            "cpu_seconds": round(newline["cpu_seconds"], 2),
             "seconds_to_token_cap": round(capped["seconds"], 2),
             "cpu_seconds_to_token_cap": round(capped["cpu_seconds"], 2),
             "process_seconds_both_runs": round(ours["process_seconds"], 2),
@@ -218,9 +233,7 @@ def report(job: dict[str, Any], peer: dict[str, Any], ours: dict[str, Any], args
         "ratio_polygraph_to_candor_same_token_cap": round(peer["seconds"] / capped["seconds"], 2),
         "cpu_ratio_polygraph_to_candor": round(peer["cpu_seconds"] / newline["cpu_seconds"], 2),
         "cpu_ratio_polygraph_to_candor_same_token_cap": round(peer["cpu_seconds"] / capped["cpu_seconds"], 2),
-        "greedy_first_line_agreement": sum(
-            a == b for a, b in zip(first_lines, newline["greedy"], strict=True)
-        ),
+        "greedy_first_line_agreement": sum(a == b for a, b in zip(first_lines, newline["greedy"], strict=True)),
         "greedy_capped_agreement": sum(
             a.strip() == b.strip() for a, b in zip(peer["greedy"], capped["greedy"], strict=True)
         ),

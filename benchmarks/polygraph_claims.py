@@ -73,10 +73,12 @@ def main() -> None:
         # per (answer, position) so the test can answer with candor's flag for that token.
         alternatives, nli = [], []
         for i, a in enumerate(answers):
-            alternatives.append([
-                [(f"{i}:{t}:{w}" if k == 0 else w, lp) for k, (w, lp) in enumerate(alts)]
-                for t, alts in enumerate(a["alternatives"])
-            ])  # fmt: skip
+            alternatives.append(
+                [
+                    [(f"{i}:{t}:{w}" if k == 0 else w, lp) for k, (w, lp) in enumerate(alts)]
+                    for t, alts in enumerate(a["alternatives"])
+                ]
+            )
             nli.append([square(d) for d in a["decisions"]])
 
         def is_stopword(text: str) -> bool:

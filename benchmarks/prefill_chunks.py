@@ -72,15 +72,23 @@ def main() -> None:
     body = per_chunk[:-1]
     result = {
         "command": " ".join(["PYTHONPATH=src python -m benchmarks.prefill_chunks", *sys.argv[1:]]),
-        "model": args.model, "threads": args.threads, "machine": describe(), "prompt_tokens": len(ids),
-        "chunk": args.chunk, "rounds": args.rounds,
-        "chunk_s": {"first": round(body[0], 3), "median": round(statistics.median(body), 3),
-                    "max_before_last": round(max(body), 3), "last": round(per_chunk[-1], 3),
-                    "last_rows": ends[-1] - ends[-2]},
+        "model": args.model,
+        "threads": args.threads,
+        "machine": describe(),
+        "prompt_tokens": len(ids),
+        "chunk": args.chunk,
+        "rounds": args.rounds,
+        "chunk_s": {
+            "first": round(body[0], 3),
+            "median": round(statistics.median(body), 3),
+            "max_before_last": round(max(body), 3),
+            "last": round(per_chunk[-1], 3),
+            "last_rows": ends[-1] - ends[-2],
+        },
         "chunked_total_s": round(statistics.median(sum(s for _, s in run) for run in chunked), 2),
         "one_piece_s": round(statistics.median(whole), 2),
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-    }  # fmt: skip
+    }
     result["chunked_over_one_piece"] = round(result["chunked_total_s"] / result["one_piece_s"], 2)
     print(result)
     write_json(RESULTS / "prefill_chunks.json", result)

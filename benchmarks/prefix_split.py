@@ -95,11 +95,14 @@ def main() -> None:
         "to_token_cap": race(backend, prompts, args.k, dataclasses.replace(params, stop=()), args.pairs),
     }
     report = race_report(
-        MODEL, args, load_before, "python -m benchmarks.prefix_split",
+        MODEL,
+        args,
+        load_before,
+        "python -m benchmarks.prefix_split",
         shared_prefix_tokens=usable_prefix_length(backend.model, encoded, params.max_new_tokens),
         prompt_tokens={"min": min(map(len, encoded)), "max": max(map(len, encoded))},
         jobs=jobs,
-    )  # fmt: skip
+    )
     for name, job in jobs.items():
         once, every = job[ARMS[1]], job[ARMS[0]]
         print(

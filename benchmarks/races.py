@@ -93,13 +93,17 @@ def race_generate(
     return result
 
 
-def output_agreement(first: list[tuple[list[int], list[float]]], second: list[tuple[list[int], list[float]]]
-                     ) -> dict[str, Any]:
+def output_agreement(
+    first: list[tuple[list[int], list[float]]], second: list[tuple[list[int], list[float]]]
+) -> dict[str, Any]:
     """How far two runs' completions agree when not bit for bit: equal token ids, and the log-prob gap on those."""
     same = [(a, b) for a, b in zip(first, second, strict=True) if a[0] == b[0]]
     gaps = [abs(x - y) for (_, lp_a), (_, lp_b) in same for x, y in zip(lp_a, lp_b, strict=True)]
-    return {"completions": len(first), "completions_same_tokens": len(same),
-            "max_logprob_gap_same_tokens": float(f"{max(gaps, default=0.0):.3g}")}
+    return {
+        "completions": len(first),
+        "completions_same_tokens": len(same),
+        "max_logprob_gap_same_tokens": float(f"{max(gaps, default=0.0):.3g}"),
+    }
 
 
 def arm_summary(runs: list[tuple[float, float]]) -> dict[str, Any]:

@@ -76,8 +76,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--skip-elical", action="store_true", help="no EliCal head, no timing (no training pool needed)")
     p.add_argument("--block", default=None, help="write into this key of the existing selective.json")
-    p.add_argument("--prefetch", action="store_true",
-                   help="only cache the backbone features of the dev and test prompts (no training data needed)")
+    p.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="only cache the backbone features of the dev and test prompts (no training data needed)",
+    )
     return p.parse_args()
 
 
@@ -156,8 +159,13 @@ def curve_at(conf: np.ndarray, correct: np.ndarray) -> list[dict[str, float]]:
 
 def on_test(t: th.Threshold, conf: np.ndarray, correct: np.ndarray) -> dict[str, Any]:
     acc, cov = th.accuracy_and_coverage(conf, correct, t.value)
-    return {"threshold": t.value, "dev_accuracy": t.expected_accuracy, "dev_coverage": t.expected_coverage,
-            "test_accuracy": acc, "test_coverage": cov}  # fmt: skip
+    return {
+        "threshold": t.value,
+        "dev_accuracy": t.expected_accuracy,
+        "dev_coverage": t.expected_coverage,
+        "test_accuracy": acc,
+        "test_coverage": cov,
+    }
 
 
 def scores(args: argparse.Namespace, head: Path | None, dev: list[Record], tests: dict[str, list[Record]]) -> dict:
@@ -236,8 +244,10 @@ def main() -> None:
     args = parse_args()
     setup_logging()
     dev = load_part(args.annotations, "dev", IN_DOMAIN)
-    tests = {"in-domain test": load_part(args.annotations, "test", IN_DOMAIN),
-             "OOD test": load_part(args.annotations, "test", OUT_OF_DOMAIN)}  # fmt: skip
+    tests = {
+        "in-domain test": load_part(args.annotations, "test", IN_DOMAIN),
+        "OOD test": load_part(args.annotations, "test", OUT_OF_DOMAIN),
+    }
     if args.prefetch:
         prefetch(args, dev + [r for records in tests.values() for r in records])
         return
@@ -250,9 +260,10 @@ def main() -> None:
     methods: dict[str, Any] = {}
     for name, conf in scored["scores"].items():
         entry: dict[str, Any] = {"curve": {}, "dev_chosen": {}}
-        rules = {f"coverage {args.coverage}": th.for_coverage(conf["dev"], dev_y, args.coverage),
-                 f"risk alpha={args.alpha} delta={args.delta}": th.risk_control(conf["dev"], dev_y, args.alpha,
-                                                                                 args.delta)}  # fmt: skip
+        rules = {
+            f"coverage {args.coverage}": th.for_coverage(conf["dev"], dev_y, args.coverage),
+            f"risk alpha={args.alpha} delta={args.delta}": th.risk_control(conf["dev"], dev_y, args.alpha, args.delta),
+        }
         risk = rules[f"risk alpha={args.alpha} delta={args.delta}"]
         entry["abstention"] = {}
         entry.update({key: {} for key in ABSTENTION_KEYS})
@@ -285,11 +296,15 @@ def main() -> None:
     plot(payload, args.out_dir / "selective.png")
     for name, entry in methods.items():
         pts = entry["curve"]["in-domain test"]
-        print(f"{name:>36}: in-domain acc@30% {pts[2]['accuracy']:.3f}, @50% {pts[4]['accuracy']:.3f}, "
-              f"@100% {pts[9]['accuracy']:.3f}")  # fmt: skip
+        print(
+            f"{name:>36}: in-domain acc@30% {pts[2]['accuracy']:.3f}, @50% {pts[4]['accuracy']:.3f}, "
+            f"@100% {pts[9]['accuracy']:.3f}"
+        )
     g = payload["generation_time"]
-    print(f"generation time, answer-level / EliCal-first: {g['time_ratio_answer_level_over_elical']:.2f}x "
-          f"({g['elical_declined_before_generating']} of {g['questions']} declined before generating)")
+    print(
+        f"generation time, answer-level / EliCal-first: {g['time_ratio_answer_level_over_elical']:.2f}x "
+        f"({g['elical_declined_before_generating']} of {g['questions']} declined before generating)"
+    )
     print(f"wrote {args.out_dir / 'selective.json'} and {args.out_dir / 'selective.png'}")
 
 
@@ -299,8 +314,11 @@ def write_block(args: argparse.Namespace, methods: dict[str, Any], sizes: dict[s
     payload = json.loads(path.read_text())
     payload[args.block] = {
         "command": "PYTHONPATH=src python -m benchmarks.selective " + " ".join(sys.argv[1:]),
-        "annotations": str(args.annotations), "sizes": sizes, "seconds": round(seconds, 1),
-        "threshold_rule": f"risk control alpha={args.alpha} delta={args.delta}, chosen on dev", "methods": methods,
+        "annotations": str(args.annotations),
+        "sizes": sizes,
+        "seconds": round(seconds, 1),
+        "threshold_rule": f"risk control alpha={args.alpha} delta={args.delta}, chosen on dev",
+        "methods": methods,
     }
     write_json(path, payload)
     for name, entry in methods.items():

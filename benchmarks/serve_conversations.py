@@ -135,12 +135,20 @@ class AnswerCache:
             os.fsync(f.fileno())
 
 
-def answer_missing(model: HonestModel, cache: AnswerCache, todo: list[tuple[QAItem, tuple[int, ...], tuple]],
-                   turns: int, earlier_ids: Sequence[Sequence[str]]) -> None:
+def answer_missing(
+    model: HonestModel,
+    cache: AnswerCache,
+    todo: list[tuple[QAItem, tuple[int, ...], tuple]],
+    turns: int,
+    earlier_ids: Sequence[Sequence[str]],
+) -> None:
     """Answer (as the server does) the questions of ``todo`` not cached yet; judge and cache them."""
     judge = get_correctness_judge(AnnotateConfig().correctness_judge)
-    missing = [(t, ids) for t, ids in zip(todo, earlier_ids, strict=True)
-               if (model.method, turns, t[0].id, tuple(ids)) not in cache.rows]
+    missing = [
+        (t, ids)
+        for t, ids in zip(todo, earlier_ids, strict=True)
+        if (model.method, turns, t[0].id, tuple(ids)) not in cache.rows
+    ]
     if not missing:
         return
     start = time.perf_counter()
@@ -153,16 +161,26 @@ def answer_missing(model: HonestModel, cache: AnswerCache, todo: list[tuple[QAIt
         if answer.abstained or not answer.scores_returned_text:  # no threshold: the scored answer is returned
             raise RuntimeError(f"{item.id}: expected the scored answer, got {answer}")
         correct = int(judge.judge([answer.answer], [list(item.answers)])[0])
-        rows.append({"method": model.method, "turns": turns, "id": item.id, "dataset": item.dataset,
-                     "earlier": list(ids), "history_turns": len(hist) // 2, "answer": answer.answer,
-                     "confidence": answer.confidence, "correct": correct})
+        rows.append(
+            {
+                "method": model.method,
+                "turns": turns,
+                "id": item.id,
+                "dataset": item.dataset,
+                "earlier": list(ids),
+                "history_turns": len(hist) // 2,
+                "answer": answer.answer,
+                "confidence": answer.confidence,
+                "correct": correct,
+            }
+        )
     cache.add(rows)
     logger.info("%s %s: %d answered in %.1f s", model.method, SHAPES[turns], len(rows), time.perf_counter() - start)
 
 
 def batches(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for i in range(0, len(seq), size):
-        yield seq[i:i + size]
+        yield seq[i : i + size]
 
 
 def run(args: argparse.Namespace, items: list[QAItem], partners: list[tuple[int, int]], cache: AnswerCache) -> None:
@@ -174,14 +192,15 @@ def run(args: argparse.Namespace, items: list[QAItem], partners: list[tuple[int,
     # The earlier turns' answers first: every question's greedy answer asked alone.
     for chunk in batches(range(len(items)), args.batch):
         answer_missing(greedy, cache, [(items[i], (), ()) for i in chunk], 1, [[] for _ in chunk])
-    alone = {row["id"]: row["answer"] for row in cache.rows.values()
-             if row["turns"] == 1 and row["method"] == greedy.method}
+    alone = {
+        row["id"]: row["answer"] for row in cache.rows.values() if row["turns"] == 1 and row["method"] == greedy.method
+    }
     models = [greedy, *(HonestModel(backend, confidence=m) for m in methods[1:])]
     # Every method and shape per chunk of questions: a run stopped early is still paired and balanced.
     for chunk in batches(range(len(items)), args.batch):
         for model in models:
             for turns in SHAPES:
-                earlier = [partners[i][:turns - 1] for i in chunk]
+                earlier = [partners[i][: turns - 1] for i in chunk]
                 todo = [(items[i], e, history(e, items, alone)) for i, e in zip(chunk, earlier, strict=True)]
                 answer_missing(model, cache, todo, turns, [[items[j].id for j in e] for e in earlier])
 
@@ -195,10 +214,14 @@ def shape_arrays(rows: Sequence[Row]) -> dict[str, dict[str, np.ndarray]]:
     for row in rows:
         by_shape[row["turns"]][row["id"]] = row
     common = sorted(set.intersection(*(set(d) for d in by_shape.values())))
-    return {SHAPES[t]: {"confidence": np.array([d[i]["confidence"] for i in common], dtype=float),
-                        "correct": np.array([d[i]["correct"] for i in common], dtype=int),
-                        "answer": [d[i]["answer"] for i in common]}
-            for t, d in by_shape.items()}
+    return {
+        SHAPES[t]: {
+            "confidence": np.array([d[i]["confidence"] for i in common], dtype=float),
+            "correct": np.array([d[i]["correct"] for i in common], dtype=int),
+            "answer": [d[i]["answer"] for i in common],
+        }
+        for t, d in by_shape.items()
+    }
 
 
 def summarize(arrays: dict[str, dict[str, np.ndarray]], bootstrap: int, seed: int) -> dict[str, Any]:
@@ -207,25 +230,31 @@ def summarize(arrays: dict[str, dict[str, np.ndarray]], bootstrap: int, seed: in
 
     def values(index: np.ndarray | slice) -> dict[str, dict[str, float]]:
         with np.errstate(invalid="ignore"):
-            return {shape: {m: _metric(fn, a["confidence"][index], a["correct"][index]) for m, fn in METRICS.items()}
-                    for shape, a in arrays.items()}
+            return {
+                shape: {m: _metric(fn, a["confidence"][index], a["correct"][index]) for m, fn in METRICS.items()}
+                for shape, a in arrays.items()
+            }
 
     point = values(slice(None))
     rng = np.random.default_rng(seed)
     draws = [values(rng.integers(0, n, n)) for _ in range(bootstrap)]
     shapes: dict[str, Any] = {}
     for shape in arrays:
-        shapes[shape] = {"n": n, **{m: _num(point[shape][m]) for m in METRICS},
-                         "ci95": {m: _interval([d[shape][m] for d in draws]) for m in METRICS}}
+        shapes[shape] = {
+            "n": n,
+            **{m: _num(point[shape][m]) for m in METRICS},
+            "ci95": {m: _interval([d[shape][m] for d in draws]) for m in METRICS},
+        }
     differences = {}
     for shape in arrays:
         if shape == "single":
             continue
         gaps = {m: [d[shape][m] - d["single"][m] for d in draws] for m in METRICS}
         changed = sum(a != b for a, b in zip(arrays[shape]["answer"], arrays["single"]["answer"], strict=True))
-        differences[shape] = {**{m: {"value": _num(point[shape][m] - point["single"][m]),
-                                     "ci95": _interval(gaps[m])} for m in METRICS},
-                              "answers_changed": changed}
+        differences[shape] = {
+            **{m: {"value": _num(point[shape][m] - point["single"][m]), "ci95": _interval(gaps[m])} for m in METRICS},
+            "answers_changed": changed,
+        }
     return {"n": n, "shapes": shapes, "minus_single": differences}
 
 
@@ -298,8 +327,12 @@ def main() -> None:
     result = payload(args, items, cache, time.perf_counter() - start)
     write_json(args.out, result)
     logger.info("wrote %s", args.out)
-    print(json.dumps({m: {s: {k: v[k] for k in METRICS} for s, v in r["shapes"].items()}
-                      for m, r in result["methods"].items()}, indent=1))
+    print(
+        json.dumps(
+            {m: {s: {k: v[k] for k in METRICS} for s, v in r["shapes"].items()} for m, r in result["methods"].items()},
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -113,23 +113,50 @@ class Server:
 
 
 def candor_cmd(port: int, max_new_tokens: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "candor.cli", "serve", "--port", str(port), "--max-new-tokens", str(max_new_tokens),
-            "--queue-size", "512", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "candor.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--queue-size",
+        "512",
+        *extra,
+    ]
 
 
 def generation_cmd(model_dir: str, port: int) -> list[str]:
     """transformers serve with continuous batching; its KV cache is sized to the load (32k tokens, about 1.5 GB
     here) since on a CPU it would otherwise take most of the machine's memory (12 GB seen)."""
-    return [sys.executable, "-m", "transformers.cli.transformers", "serve", model_dir, "--port", str(port),
-            "--device", "cpu", "--dtype", "float32", "--continuous-batching", "--cb-block-size", "32",
-            "--cb-num-blocks", "1024"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        model_dir,
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--continuous-batching",
+        "--cb-block-size",
+        "32",
+        "--cb-num-blocks",
+        "1024",
+    ]
 
 
 class Asker:
     """One request the way an arm is asked: candor's chat endpoint, or the engine's completions endpoint."""
 
-    def __init__(self, url: str, engine_model: str | None, prompts: dict[str, str], stop: list[str],
-                 max_new_tokens: int) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, engine_model: str | None, prompts: dict[str, str], stop: list[str], max_new_tokens: int
+    ) -> None:
         import openai
 
         self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=900, max_retries=0)
@@ -138,15 +165,20 @@ class Asker:
     def __call__(self, question: str) -> dict[str, Any]:
         start = time.perf_counter()
         if self.engine_model is None:
-            reply = self.client.chat.completions.create(model="candor",
-                                                        messages=[{"role": "user", "content": question}])  # fmt: skip
+            reply = self.client.chat.completions.create(
+                model="candor", messages=[{"role": "user", "content": question}]
+            )
             choice = reply.choices[0]
             confidence = choice.model_extra["confidence"]
             text, abstained, value = choice.message.content, confidence["abstained"], confidence["value"]
         else:
-            reply = self.client.completions.create(model=self.engine_model, prompt=self.prompts[question],
-                                                   max_tokens=self.max_new_tokens, temperature=0.0,
-                                                   stop=self.stop)  # fmt: skip
+            reply = self.client.completions.create(
+                model=self.engine_model,
+                prompt=self.prompts[question],
+                max_tokens=self.max_new_tokens,
+                temperature=0.0,
+                stop=self.stop,
+            )
             text, abstained, value = reply.choices[0].text, False, None
         seconds = time.perf_counter() - start
         tokens = reply.usage.completion_tokens if reply.usage is not None else None
@@ -163,9 +195,14 @@ def run_cell(ask: Asker, questions: list[str], concurrency: int, stop: list[str]
     tokens = [r["tokens"] for r in replies if r["tokens"] is not None]
     ms = lambda x: round(float(x) * 1000, 1)  # noqa: E731
     return {
-        "requests": len(questions), "seconds": round(wall, 3), "requests_per_s": round(len(questions) / wall, 3),
-        "p50_ms": ms(np.percentile(lat, 50)), "p90_ms": ms(np.percentile(lat, 90)), "mean_ms": ms(lat.mean()),
-        "answered": int(len(answered)), "abstention_share": round(1 - len(answered) / len(replies), 3),
+        "requests": len(questions),
+        "seconds": round(wall, 3),
+        "requests_per_s": round(len(questions) / wall, 3),
+        "p50_ms": ms(np.percentile(lat, 50)),
+        "p90_ms": ms(np.percentile(lat, 90)),
+        "mean_ms": ms(lat.mean()),
+        "answered": int(len(answered)),
+        "abstention_share": round(1 - len(answered) / len(replies), 3),
         "answered_p50_ms": ms(np.percentile(answered, 50)) if len(answered) else None,
         "completion_tokens": int(sum(tokens)) if tokens else None,
         "completion_tokens_per_s": round(sum(tokens) / wall, 2) if tokens else None,
@@ -174,7 +211,7 @@ def run_cell(ask: Asker, questions: list[str], concurrency: int, stop: list[str]
         # generating to the token cap, so its requests do more work than candor's
         "past_stop": sum(any(s in (r["text"] or "").strip() for s in stop) for r in replies),
         "load_average": round(os.getloadavg()[0], 2),  # other jobs on the machine, at the cell's end
-    }  # fmt: skip
+    }
 
 
 def questions_of(n: int, data_dir: str | None) -> list[str]:
@@ -214,8 +251,14 @@ def exported_head(head: Path, out: Path) -> Path:
 
 
 def setup_key(args: argparse.Namespace, questions: list[str]) -> str:
-    what = {"questions": questions, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-            "head": str(args.head), "concurrency": args.concurrency, "requests": args.requests}  # fmt: skip
+    what = {
+        "questions": questions,
+        "max_new_tokens": args.max_new_tokens,
+        "threads": args.threads,
+        "head": str(args.head),
+        "concurrency": args.concurrency,
+        "requests": args.requests,
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -249,18 +292,26 @@ def main() -> None:
     key = setup_key(args, questions)
     payload = json.loads(out.read_text()) if out.exists() else {}
     if payload.get("cells") and payload.get("setup_key") != key and not args.fresh:
-        parser.error(f"{out} holds cells measured with another setup (questions, requests, tokens, threads, head or "
-                     "concurrency levels); give the same options, another --out, or --fresh to start over")
+        parser.error(
+            f"{out} holds cells measured with another setup (questions, requests, tokens, threads, head or "
+            "concurrency levels); give the same options, another --out, or --fresh to start over"
+        )
     if payload.get("setup_key") != key:
         payload = {"setup_key": key, "cells": {}, "servers": {}}
-    payload.update({
-        "command": "PYTHONPATH=src python -m benchmarks.serve_engine " + " ".join(sys.argv[1:]),
-        "model": MODEL, "head": str(args.head), "max_new_tokens": args.max_new_tokens,
-        "server_omp_threads": args.threads, "cpu_count": os.cpu_count(), "concurrency": args.concurrency,
-        "requests_per_cell": {str(c): max(args.requests, 2 * c) for c in args.concurrency},
-        "questions": "HonestyBench-mini in-domain test parts, interleaved",
-        "stop": engine_prompts(questions[:1], str(embedded_dir()))[1],
-    })  # fmt: skip
+    payload.update(
+        {
+            "command": "PYTHONPATH=src python -m benchmarks.serve_engine " + " ".join(sys.argv[1:]),
+            "model": MODEL,
+            "head": str(args.head),
+            "max_new_tokens": args.max_new_tokens,
+            "server_omp_threads": args.threads,
+            "cpu_count": os.cpu_count(),
+            "concurrency": args.concurrency,
+            "requests_per_cell": {str(c): max(args.requests, 2 * c) for c in args.concurrency},
+            "questions": "HonestyBench-mini in-domain test parts, interleaved",
+            "stop": engine_prompts(questions[:1], str(embedded_dir()))[1],
+        }
+    )
     for arm in arms:
         if args.redo:
             payload["cells"].pop(arm, None)
@@ -295,24 +346,36 @@ def run_arm(arm: str, args: argparse.Namespace, questions: list[str], payload: d
         for c in todo:
             n = max(args.requests, 2 * c)
             cell = run_cell(ask, questions[:n], c, stop)
-            logger.info("%s c=%d: %.2f req/s, p50 %.0f ms, mean %.0f ms, abstained %.0f%%", arm, c,
-                        cell["requests_per_s"], cell["p50_ms"], cell["mean_ms"], 100 * cell["abstention_share"])
+            logger.info(
+                "%s c=%d: %.2f req/s, p50 %.0f ms, mean %.0f ms, abstained %.0f%%",
+                arm,
+                c,
+                cell["requests_per_s"],
+                cell["p50_ms"],
+                cell["mean_ms"],
+                100 * cell["abstention_share"],
+            )
             cells[str(c)] = cell
-            payload["servers"][arm] = {"peak_rss_mib": {s.name: s.peak_rss_mib() for s in servers},
-                                       "commit": commit(), **extra}  # fmt: skip
+            payload["servers"][arm] = {
+                "peak_rss_mib": {s.name: s.peak_rss_mib() for s in servers},
+                "commit": commit(),
+                **extra,
+            }
             save(out, payload)
     finally:
         for server in reversed(servers):
             server.stop()
 
 
-def start_arm(arm: str, args: argparse.Namespace, payload: dict[str, Any], model_dir: str, logs: Path,
-              servers: list[Server]) -> tuple[Server, str | None, dict[str, Any]]:  # fmt: skip
+def start_arm(
+    arm: str, args: argparse.Namespace, payload: dict[str, Any], model_dir: str, logs: Path, servers: list[Server]
+) -> tuple[Server, str | None, dict[str, Any]]:
     """Start the arm's servers; return the one asked, the engine model name (None: candor's chat) and notes."""
     port = free_port()
     if arm == "generation":
-        servers.append(Server("generation", generation_cmd(model_dir, port), port, logs / "generation.log",
-                              args.threads).wait())  # fmt: skip
+        servers.append(
+            Server("generation", generation_cmd(model_dir, port), port, logs / "generation.log", args.threads).wait()
+        )
         return servers[0], model_dir, {}
     if arm == "candor":
         cmd = candor_cmd(port, args.max_new_tokens, "--model", MODEL, "--threshold", "0")
@@ -320,22 +383,44 @@ def start_arm(arm: str, args: argparse.Namespace, payload: dict[str, Any], model
         return servers[0], None, {}
     if arm in ("head", "head-abstain"):
         threshold = 0.0 if arm == "head" else abstaining_threshold(payload)
-        cmd = candor_cmd(port, args.max_new_tokens, "--model", MODEL, "--head", str(args.head),
-                         "--threshold", repr(threshold))  # fmt: skip
+        cmd = candor_cmd(
+            port, args.max_new_tokens, "--model", MODEL, "--head", str(args.head), "--threshold", repr(threshold)
+        )
         servers.append(Server("candor", cmd, port, logs / f"{arm}.log", args.threads).wait())
         return servers[0], None, {"threshold": threshold}
     # chain: the engine, the exported head on candor serve-head, candor serve in front
     export = exported_head(args.head, CACHE / "serve_engine" / "head-seq-cls")
     gen_port, cls_port = free_port(), free_port()
-    servers.append(Server("generation", generation_cmd(model_dir, gen_port), gen_port, logs / "chain-gen.log",
-                          args.threads))  # fmt: skip
-    servers.append(Server("classify", [sys.executable, "-m", "candor.cli", "serve-head", str(export), "--port",
-                                       str(cls_port)], cls_port, logs / "chain-cls.log", args.threads))  # fmt: skip
+    servers.append(
+        Server("generation", generation_cmd(model_dir, gen_port), gen_port, logs / "chain-gen.log", args.threads)
+    )
+    servers.append(
+        Server(
+            "classify",
+            [sys.executable, "-m", "candor.cli", "serve-head", str(export), "--port", str(cls_port)],
+            cls_port,
+            logs / "chain-cls.log",
+            args.threads,
+        )
+    )
     servers[0].wait()
     servers[1].wait()
-    cmd = candor_cmd(port, args.max_new_tokens, "--backend", "openai", "--model", model_dir, "--base-url",
-                     f"{servers[0].url}/v1", "--confidence-url", servers[1].url, "--head", str(export),
-                     "--threshold", "0")  # fmt: skip
+    cmd = candor_cmd(
+        port,
+        args.max_new_tokens,
+        "--backend",
+        "openai",
+        "--model",
+        model_dir,
+        "--base-url",
+        f"{servers[0].url}/v1",
+        "--confidence-url",
+        servers[1].url,
+        "--head",
+        str(export),
+        "--threshold",
+        "0",
+    )
     servers.append(Server("candor", cmd, port, logs / "chain-candor.log", args.threads).wait())
     return servers[-1], None, {"export": str(export.relative_to(ROOT))}
 
@@ -343,8 +428,9 @@ def start_arm(arm: str, args: argparse.Namespace, payload: dict[str, Any], model
 def commit() -> str:
     """The checkout's commit (with ``+dirty`` when files differ): which engine an arm measured."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True)  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    )
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
@@ -370,23 +456,27 @@ def ratios(payload: dict[str, Any]) -> dict[str, Any]:
 
     rss = {arm: (payload["servers"].get(arm) or {}).get("peak_rss_mib", {}) for arm in cells}
     out: dict[str, Any] = {
-        "a_throughput_candor_over_engine_at_32": ratio(get("candor", 32, "requests_per_s"),
-                                                       get("generation", 32, "requests_per_s")),
+        "a_throughput_candor_over_engine_at_32": ratio(
+            get("candor", 32, "requests_per_s"), get("generation", 32, "requests_per_s")
+        ),
         "a_p50_candor_over_engine_at_1": ratio(get("candor", 1, "p50_ms"), get("generation", 1, "p50_ms")),
-        "a_tokens_per_s_candor_over_engine_at_32": ratio(get("candor", 32, "completion_tokens_per_s"),
-                                                         get("generation", 32, "completion_tokens_per_s")),
+        "a_tokens_per_s_candor_over_engine_at_32": ratio(
+            get("candor", 32, "completion_tokens_per_s"), get("generation", 32, "completion_tokens_per_s")
+        ),
         "a_answers_equal_engine": answers_equal(cells, "candor", "generation", payload["stop"]),
         "b_answered_p50_head_over_candor_at_1": ratio(get("head", 1, "answered_p50_ms"), get("candor", 1, "p50_ms")),
         "b_peak_rss_head_over_candor": ratio(rss.get("head", {}).get("candor"), rss.get("candor", {}).get("candor")),
         "b_mean_latency_by_abstention_at_1": [
             {"arm": arm, "abstention_share": get(arm, 1, "abstention_share"), "mean_ms": get(arm, 1, "mean_ms")}
-            for arm in ("head", "head-abstain") if get(arm, 1, "mean_ms") is not None
+            for arm in ("head", "head-abstain")
+            if get(arm, 1, "mean_ms") is not None
         ],
-        "c_p50_chain_over_engine": {str(c): ratio(get("chain", c, "p50_ms"), get("generation", c, "p50_ms"))
-                                    for c in payload["concurrency"]},
+        "c_p50_chain_over_engine": {
+            str(c): ratio(get("chain", c, "p50_ms"), get("generation", c, "p50_ms")) for c in payload["concurrency"]
+        },
         "c_answers_equal_engine": answers_equal(cells, "chain", "generation", payload["stop"]),
         "chain_candor_peak_rss_mib": rss.get("chain", {}).get("candor"),
-    }  # fmt: skip
+    }
     return out
 
 
@@ -406,8 +496,10 @@ def answers_equal(cells: dict[str, Any], arm: str, base: str, stop: list[str]) -
         other = (cells.get(base) or {}).get(c)
         if other is None:
             continue
-        same = sum(answer_text(a[0], stop) == answer_text(b[0], stop)
-                   for a, b in zip(cell["answers"], other["answers"], strict=True))  # fmt: skip
+        same = sum(
+            answer_text(a[0], stop) == answer_text(b[0], stop)
+            for a, b in zip(cell["answers"], other["answers"], strict=True)
+        )
         out[c] = {"equal": same, "of": len(cell["answers"])}
     return out or None
 

@@ -45,8 +45,14 @@ def ask_plain(client: openai.OpenAI, question: str, **extra: Any) -> dict[str, A
     choice = resp.choices[0]
     conf = choice.model_extra["confidence"]
     text = None if conf["abstained"] else choice.message.content
-    return {"latency": time.perf_counter() - start, "ttft": None, "text": text, "confidence": conf["value"],
-            "abstained": conf["abstained"], "finish": choice.finish_reason}  # fmt: skip
+    return {
+        "latency": time.perf_counter() - start,
+        "ttft": None,
+        "text": text,
+        "confidence": conf["value"],
+        "abstained": conf["abstained"],
+        "finish": choice.finish_reason,
+    }
 
 
 def ask_streaming(client: openai.OpenAI, question: str) -> dict[str, Any]:
@@ -64,14 +70,20 @@ def ask_streaming(client: openai.OpenAI, question: str) -> dict[str, Any]:
     latency = time.perf_counter() - start
     assert final is not None, "the stream ended without a finish_reason"
     conf = final.model_extra["confidence"]
-    return {"latency": latency, "ttft": latency if first is None else first,
-            "text": None if conf["abstained"] else text, "confidence": conf["value"],
-            "abstained": conf["abstained"], "finish": final.finish_reason}  # fmt: skip
+    return {
+        "latency": latency,
+        "ttft": latency if first is None else first,
+        "text": None if conf["abstained"] else text,
+        "confidence": conf["value"],
+        "abstained": conf["abstained"],
+        "finish": final.finish_reason,
+    }
 
 
 def _raw_post(port: int, body: bytes) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=900) as resp:
             return resp.status, json.loads(resp.read())
@@ -103,16 +115,19 @@ def hostile_over_context(port: int, question: str) -> str:
 
 
 def hostile_huge_n(port: int, question: str) -> str:
-    return _outcome(*_raw_post(port, json.dumps({"model": "candor", "messages": _messages(question),
-                                                  "n": 1000}).encode()))  # fmt: skip
+    return _outcome(
+        *_raw_post(port, json.dumps({"model": "candor", "messages": _messages(question), "n": 1000}).encode())
+    )
 
 
 def hostile_drop(port: int, question: str) -> str:
     """Stream, read up to the first chunk, hang up."""
     body = json.dumps({"model": "candor", "messages": _messages(question), "stream": True}).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=900) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         head = sock.recv(4096)
     return f"{head.split(b' ')[1].decode()} stream, dropped after the first bytes"
 
@@ -173,16 +188,25 @@ def run_hostile(port: int, clients: int, seconds: float) -> dict[str, Any]:
     wall = time.monotonic() - start
     alone = {q: ask_plain(client, q) for q in sorted({r["question"] for r in well + cold})}
     up = _health(port) and ask_plain(client, questions[0])["finish"] is not None
-    return {"clients": clients, "seconds": seconds, "wall_seconds": round(wall, 1),
-            "well_formed": _compare(well, alone, failures), "temperature_0.01": _compare(cold, alone, [], text=False),
-            "hostile": {k: dict(v) for k, v in hostile.items()},
-            "failures": failures[:20], "server_up_afterwards": bool(up)}  # fmt: skip
+    return {
+        "clients": clients,
+        "seconds": seconds,
+        "wall_seconds": round(wall, 1),
+        "well_formed": _compare(well, alone, failures),
+        "temperature_0.01": _compare(cold, alone, [], text=False),
+        "hostile": {k: dict(v) for k, v in hostile.items()},
+        "failures": failures[:20],
+        "server_up_afterwards": bool(up),
+    }
 
 
-def _compare(rows: list[dict[str, Any]], alone: dict[str, dict[str, Any]], failures: list[str],
-             text: bool = True) -> dict[str, Any]:  # fmt: skip
-    answer_mismatch = sum(r["abstained"] != alone[r["question"]]["abstained"] or
-                          (text and r["text"] != alone[r["question"]]["text"]) for r in rows)  # fmt: skip
+def _compare(
+    rows: list[dict[str, Any]], alone: dict[str, dict[str, Any]], failures: list[str], text: bool = True
+) -> dict[str, Any]:
+    answer_mismatch = sum(
+        r["abstained"] != alone[r["question"]]["abstained"] or (text and r["text"] != alone[r["question"]]["text"])
+        for r in rows
+    )
     diffs = [abs(r["confidence"] - alone[r["question"]]["confidence"]) for r in rows]
     latency = np.array([r["latency"] for r in rows]) if rows else np.zeros(1)
     ttft = np.array([r["ttft"] for r in rows if r["ttft"] is not None])

@@ -56,21 +56,42 @@ from candor.data import load_items
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = (1, 8, 32)
-SETTINGS = {"batching_on": {"max_batch": 32, "batch_wait_ms": 10.0}, "batching_off": {"max_batch": 1,
-                                                                                       "batch_wait_ms": 0.0}}
+SETTINGS = {
+    "batching_on": {"max_batch": 32, "batch_wait_ms": 10.0},
+    "batching_off": {"max_batch": 1, "batch_wait_ms": 0.0},
+}
 
 
-def start_server(model: str, port: int, max_batch: int, batch_wait_ms: float, threads: int,
-                 max_new_tokens: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:  # fmt: skip
-    serve = ["--model", model, "--max-batch", str(max_batch), "--batch-wait-ms", str(batch_wait_ms),
-             "--queue-size", "256", "--max-new-tokens", str(max_new_tokens), *extra]  # fmt: skip
+def start_server(
+    model: str,
+    port: int,
+    max_batch: int,
+    batch_wait_ms: float,
+    threads: int,
+    max_new_tokens: int,
+    extra: tuple[str, ...] = (),
+) -> subprocess.Popen:
+    serve = [
+        "--model",
+        model,
+        "--max-batch",
+        str(max_batch),
+        "--batch-wait-ms",
+        str(batch_wait_ms),
+        "--queue-size",
+        "256",
+        "--max-new-tokens",
+        str(max_new_tokens),
+        *extra,
+    ]
     return start_candor_serve(serve, port, threads=threads, limit_s=300)
 
 
 def ask(port: int, question: str) -> tuple[float, str, float]:
     body = json.dumps({"model": "candor", "messages": [{"role": "user", "content": question}]}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     start = time.perf_counter()
     with urllib.request.urlopen(req, timeout=600) as resp:
         out = json.loads(resp.read())
@@ -104,16 +125,21 @@ def run_level(port: int, questions: list[str], concurrency: int) -> dict[str, An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--phases", default="batching,hostile",
-                        help="comma-separated: batching, hostile, head_memory, traffic")
+    parser.add_argument(
+        "--phases", default="batching,hostile", help="comma-separated: batching, hostile, head_memory, traffic"
+    )
     parser.add_argument("--requests", type=int, default=32, help="batching: requests per concurrency level")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads of the server (a shared CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--clients", type=int, default=50, help="hostile: concurrent clients")
     parser.add_argument("--seconds", type=float, default=60.0, help="hostile: how long the clients send")
     parser.add_argument("--threshold", type=float, default=0.5, help="hostile: the server's abstention threshold")
-    parser.add_argument("--max-batch", type=int, default=16,
-                        help="hostile: the server's batch size (1 turns batching off; stored as hostile_max_batch_1)")
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=16,
+        help="hostile: the server's batch size (1 turns batching off; stored as hostile_max_batch_1)",
+    )
     parser.add_argument("--unique-stops", type=int, default=1000, help="traffic: requests with unique stop lists")
     parser.add_argument("--out", default=str(RESULTS / "serve_load.json"))
     args = parser.parse_args()
@@ -132,42 +158,67 @@ def main() -> None:
     if "hostile" in phases:
         port = free_port()
         key = "hostile" if args.max_batch == 16 else f"hostile_max_batch_{args.max_batch}"
-        proc = start_server(args.model, port, args.max_batch, 10.0, args.threads, args.max_new_tokens,
-                            ("--threshold", str(args.threshold)))  # fmt: skip
+        proc = start_server(
+            args.model,
+            port,
+            args.max_batch,
+            10.0,
+            args.threads,
+            args.max_new_tokens,
+            ("--threshold", str(args.threshold)),
+        )
         try:
-            payload[key] = {"command": command, "model": args.model, "confidence": "n-prob",
-                            "threshold": args.threshold, "max_new_tokens": args.max_new_tokens,
-                            "max_batch": args.max_batch, "server_omp_threads": args.threads,
-                            "cpu_count": os.cpu_count(), **run_hostile(port, args.clients, args.seconds)}  # fmt: skip
+            payload[key] = {
+                "command": command,
+                "model": args.model,
+                "confidence": "n-prob",
+                "threshold": args.threshold,
+                "max_new_tokens": args.max_new_tokens,
+                "max_batch": args.max_batch,
+                "server_omp_threads": args.threads,
+                "cpu_count": os.cpu_count(),
+                **run_hostile(port, args.clients, args.seconds),
+            }
             payload[key]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         finally:
             proc.terminate()
             proc.wait(timeout=60)
         w = payload[key]["well_formed"]
-        print(f"hostile: {w['requests']} well-formed requests, {w['failures']} failures, {w['answer_mismatches']} "
-              f"answer and {w['confidence_mismatches']} confidence mismatches, server up afterwards: "
-              f"{payload[key]['server_up_afterwards']}")  # fmt: skip
+        print(
+            f"hostile: {w['requests']} well-formed requests, {w['failures']} failures, {w['answer_mismatches']} "
+            f"answer and {w['confidence_mismatches']} confidence mismatches, server up afterwards: "
+            f"{payload[key]['server_up_afterwards']}"
+        )
     if "traffic" in phases:
         key = "traffic" if args.clients == 50 else f"traffic_{args.clients}_clients"  # 50: the issue's acceptance
         payload[key] = {"command": command, **run_traffic_phase(args)}
         t = payload[key]
-        print(f"traffic: {t['well_formed']['failures']} failures of {t['well_formed']['requests']}, "
-              f"{t['well_formed']['confidence_mismatches']} confidence mismatches, short p99/idle p50 "
-              f"{t['short_single_under_load']['p99_over_idle_p50']}, memory x{t['resident_mib']['ratio']}, "
-              f"unique stops {t['unique_stops']}")  # fmt: skip
+        print(
+            f"traffic: {t['well_formed']['failures']} failures of {t['well_formed']['requests']}, "
+            f"{t['well_formed']['confidence_mismatches']} confidence mismatches, short p99/idle p50 "
+            f"{t['short_single_under_load']['p99_over_idle_p50']}, memory x{t['resident_mib']['ratio']}, "
+            f"unique stops {t['unique_stops']}"
+        )
     write_json(out, payload)
     print(f"wrote {args.out}")
 
 
 def run_traffic_phase(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
-    proc = start_server(args.model, port, args.max_batch, 10.0, args.threads, args.max_new_tokens,
-                        ("--threshold", str(args.threshold)))  # fmt: skip
+    proc = start_server(
+        args.model, port, args.max_batch, 10.0, args.threads, args.max_new_tokens, ("--threshold", str(args.threshold))
+    )
     try:
-        result = {"model": args.model, "confidence": "n-prob", "threshold": args.threshold,
-                  "max_new_tokens": args.max_new_tokens, "max_batch": args.max_batch,
-                  "server_omp_threads": args.threads, "cpu_count": os.cpu_count(),
-                  **run_traffic(port, proc.pid, args.clients, args.seconds, args.unique_stops)}  # fmt: skip
+        result = {
+            "model": args.model,
+            "confidence": "n-prob",
+            "threshold": args.threshold,
+            "max_new_tokens": args.max_new_tokens,
+            "max_batch": args.max_batch,
+            "server_omp_threads": args.threads,
+            "cpu_count": os.cpu_count(),
+            **run_traffic(port, proc.pid, args.clients, args.seconds, args.unique_stops),
+        }
         result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         return result
     finally:
@@ -181,31 +232,42 @@ def run_batching(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {}
     for name, setting in SETTINGS.items():
         port = free_port()
-        proc = start_server(args.model, port, setting["max_batch"], setting["batch_wait_ms"], args.threads,
-                            args.max_new_tokens)  # fmt: skip
+        proc = start_server(
+            args.model, port, setting["max_batch"], setting["batch_wait_ms"], args.threads, args.max_new_tokens
+        )
         try:
             ask(port, "warm-up question?")
             runs[name] = []
             for c in CONCURRENCY:
                 level = run_level(port, questions, c)
-                logger.info("%s c=%d: %.2f req/s, p50 %.0f ms, p99 %.0f ms", name, c,
-                            level["requests_per_s"], level["p50_ms"], level["p99_ms"])  # fmt: skip
+                logger.info(
+                    "%s c=%d: %.2f req/s, p50 %.0f ms, p99 %.0f ms",
+                    name,
+                    c,
+                    level["requests_per_s"],
+                    level["p50_ms"],
+                    level["p99_ms"],
+                )
                 runs[name].append(level)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
     result = summarize(runs, args)
     for row in result["ratio_on_over_off"]:
-        print(f"c={row['concurrency']:>2}: throughput on/off = {row['throughput']:.2f}x, "
-              f"p50 on/off = {row['p50']:.2f}x, answer mismatches = {row['answer_mismatches']}")  # fmt: skip
+        print(
+            f"c={row['concurrency']:>2}: throughput on/off = {row['throughput']:.2f}x, "
+            f"p50 on/off = {row['p50']:.2f}x, answer mismatches = {row['answer_mismatches']}"
+        )
     return result
 
 
 def resident_mb(pid: int) -> dict[str, float]:
     """Resident memory now and at its peak (Linux ``/proc``), in MB."""
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return {"rss_mb": round(int(status["VmRSS"].split()[0]) / 1024, 1),
-            "peak_rss_mb": round(int(status["VmHWM"].split()[0]) / 1024, 1)}  # fmt: skip
+    return {
+        "rss_mb": round(int(status["VmRSS"].split()[0]) / 1024, 1),
+        "peak_rss_mb": round(int(status["VmHWM"].split()[0]) / 1024, 1),
+    }
 
 
 def run_head_memory(args: argparse.Namespace) -> dict[str, Any]:
@@ -232,8 +294,9 @@ def run_head_memory(args: argparse.Namespace) -> dict[str, Any]:
                 proc.wait(timeout=60)
             logger.info("%s: %s", name, out[name])
     base = out["no_head"]["rss_mb"]
-    out["rss_ratio_over_no_head"] = {k: round(out[k]["rss_mb"] / base, 3)
-                                     for k in ("head_from_prefill", "head_own_pass")}  # fmt: skip
+    out["rss_ratio_over_no_head"] = {
+        k: round(out[k]["rss_mb"] / base, 3) for k in ("head_from_prefill", "head_own_pass")
+    }
     print("resident memory over no head:", out["rss_ratio_over_no_head"])
     return out
 
@@ -241,14 +304,18 @@ def run_head_memory(args: argparse.Namespace) -> dict[str, Any]:
 def summarize(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> dict[str, Any]:
     ratios = []
     for on, off in zip(runs["batching_on"], runs["batching_off"], strict=True):
-        mismatches = sum(a[0] != b[0] or abs(a[1] - b[1]) > 1e-3 * max(abs(b[1]), 1e-12)
-                         for a, b in zip(on["answers"], off["answers"], strict=True))  # fmt: skip
-        ratios.append({
-            "concurrency": on["concurrency"],
-            "throughput": round(on["requests_per_s"] / off["requests_per_s"], 3),
-            "p50": round(on["p50_ms"] / off["p50_ms"], 3),
-            "answer_mismatches": int(mismatches),
-        })  # fmt: skip
+        mismatches = sum(
+            a[0] != b[0] or abs(a[1] - b[1]) > 1e-3 * max(abs(b[1]), 1e-12)
+            for a, b in zip(on["answers"], off["answers"], strict=True)
+        )
+        ratios.append(
+            {
+                "concurrency": on["concurrency"],
+                "throughput": round(on["requests_per_s"] / off["requests_per_s"], 3),
+                "p50": round(on["p50_ms"] / off["p50_ms"], 3),
+                "answer_mismatches": int(mismatches),
+            }
+        )
     for levels in runs.values():
         for level in levels:
             level.pop("answers")

@@ -59,14 +59,21 @@ def ask(api: openai.OpenAI, text: str, **extra: Any) -> dict[str, Any]:
     start = time.perf_counter()
     resp = api.chat.completions.create(model="candor", messages=[{"role": "user", "content": text}], **extra)
     conf = resp.choices[0].model_extra["confidence"]
-    return {"latency": time.perf_counter() - start, "confidence": conf["value"],
-            "prompt_tokens": resp.usage.prompt_tokens if resp.usage else None}  # fmt: skip
+    return {
+        "latency": time.perf_counter() - start,
+        "confidence": conf["value"],
+        "prompt_tokens": resp.usage.prompt_tokens if resp.usage else None,
+    }
 
 
 def percentiles(latencies: list[float]) -> dict[str, float]:
     a = np.array(latencies)
-    return {"n": len(a), "p50_s": round(float(np.percentile(a, 50)), 3), "p99_s": round(float(np.percentile(a, 99)), 3),
-            "max_s": round(float(a.max()), 3)}  # fmt: skip
+    return {
+        "n": len(a),
+        "p50_s": round(float(np.percentile(a, 50)), 3),
+        "p99_s": round(float(np.percentile(a, 99)), 3),
+        "max_s": round(float(a.max()), 3),
+    }
 
 
 def run_stops(api: openai.OpenAI, pid: int, count: int, question: str) -> dict[str, Any]:
@@ -78,9 +85,15 @@ def run_stops(api: openai.OpenAI, pid: int, count: int, question: str) -> dict[s
     wall = time.perf_counter() - start
     time.sleep(1.0)
     after = resident_mib(pid)
-    return {"unique_stop_lists": count, "seconds": round(wall, 1), "rss_before_mib": before,
-            "rss_after_mib": after, "rss_growth_mib": round(after - before, 1), "acceptance_mib": 50,
-            "passes": after - before <= 50}  # fmt: skip
+    return {
+        "unique_stop_lists": count,
+        "seconds": round(wall, 1),
+        "rss_before_mib": before,
+        "rss_after_mib": after,
+        "rss_growth_mib": round(after - before, 1),
+        "acceptance_mib": 50,
+        "passes": after - before <= 50,
+    }
 
 
 def long_prompt(tokens: int) -> str:
@@ -132,7 +145,7 @@ def run_long_prompts(api: openai.OpenAI, pid: int, questions: list[str], args: a
         "short_confidences_bit_equal_to_idle": f"{confidences_equal}/{len(loaded)}",
         "long_prompts": [
             {"prompt_tokens": r["prompt_tokens"], "latency_s": round(r["latency"], 2)} for r in long_results
-        ],  # fmt: skip
+        ],
         "long_prompt_failures": long_failures,
         "rss_before_mib": before,
         "rss_after_mib": after,
@@ -169,9 +182,13 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown phases: {sorted(unknown)}")
     questions = [item.question for item in load_items("starter")][: args.questions]
-    common = {"command": "PYTHONPATH=src python -m benchmarks.serve_resources " + " ".join(sys.argv[1:]),
-              "model": args.model, "server_omp_threads": args.threads, "cpu_count": os.cpu_count(),
-              "src": os.path.relpath(Path(args.src).resolve(), ROOT)}  # fmt: skip
+    common = {
+        "command": "PYTHONPATH=src python -m benchmarks.serve_resources " + " ".join(sys.argv[1:]),
+        "model": args.model,
+        "server_omp_threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "src": os.path.relpath(Path(args.src).resolve(), ROOT),
+    }
     common["confidence"] = f"untrained EliCal head ({args.head_template} template)" if args.head_template else "n-prob"
     head: tuple[str, ...] = ()
     if args.head_template:  # read from the reply's own prefill: no second pass over the prompt

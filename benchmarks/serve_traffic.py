@@ -54,9 +54,14 @@ def client_for(port: int) -> openai.OpenAI:
 def conversation(questions: list[str], i: int) -> list[dict[str, str]]:
     """A 3-turn chat: two earlier questions with short answers, then the question."""
     a, b, q = (questions[(i + k) % len(questions)] for k in (1, 2, 0))
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": a},
-            {"role": "assistant", "content": "I think so."}, {"role": "user", "content": b},
-            {"role": "assistant", "content": "Not sure."}, {"role": "user", "content": q}]  # fmt: skip
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": a},
+        {"role": "assistant", "content": "I think so."},
+        {"role": "user", "content": b},
+        {"role": "assistant", "content": "Not sure."},
+        {"role": "user", "content": q},
+    ]
 
 
 def long_prompt(i: int) -> str:
@@ -85,8 +90,7 @@ def streamed(client: openai.OpenAI, messages: list[dict[str, str]], **extra: Any
 def langchain_user(port: int, messages: list[dict[str, str]], stream: bool) -> dict[str, Any]:
     from candor.integrations.langchain import ChatCandor
 
-    llm = ChatCandor(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", model="candor", max_retries=0,
-                     timeout=900)  # fmt: skip
+    llm = ChatCandor(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", model="candor", max_retries=0, timeout=900)
     turns = [(m["role"] if m["role"] != "assistant" else "ai", m["content"]) for m in messages]
     start = time.perf_counter()
     if stream:
@@ -103,11 +107,16 @@ def langchain_user(port: int, messages: list[dict[str, str]], stream: bool) -> d
 def hostile(client: openai.OpenAI, kind: str, i: int, question: str) -> str:
     try:
         if kind == "long_prompt":
-            client.chat.completions.create(model="candor", messages=[{"role": "user", "content": long_prompt(i)}],
-                                           max_tokens=8)  # fmt: skip
+            client.chat.completions.create(
+                model="candor", messages=[{"role": "user", "content": long_prompt(i)}], max_tokens=8
+            )
         else:  # unique stop lists: the server must not keep a matcher per list
-            client.chat.completions.create(model="candor", messages=[{"role": "user", "content": question}],
-                                           stop=[f"zz{i}", f"qq{i}x"], max_tokens=8)  # fmt: skip
+            client.chat.completions.create(
+                model="candor",
+                messages=[{"role": "user", "content": question}],
+                stop=[f"zz{i}", f"qq{i}x"],
+                max_tokens=8,
+            )
         return "200"
     except openai.APIStatusError as exc:
         return str(exc.status_code)
@@ -166,25 +175,38 @@ def run_traffic(port: int, pid: int, clients: int, seconds: float, stops: int = 
     completed = len(rows) + sum(hostile_outcomes.values())
     p99 = float(np.percentile(short, 99)) if short else None
     return {
-        "clients": clients, "seconds": seconds, "long_prompt_words": LONG_PROMPT_WORDS,
-        "idle_p50_s": round(idle_p50, 4), "wall_seconds": round(wall, 1),
+        "clients": clients,
+        "seconds": seconds,
+        "long_prompt_words": LONG_PROMPT_WORDS,
+        "idle_p50_s": round(idle_p50, 4),
+        "wall_seconds": round(wall, 1),
         # Each client waits for its answer before sending the next request, so the mean latency is
         # clients / throughput (Little's law): what queueing alone costs at this load.
         "completed_per_s": round(completed / wall, 3),
         "littles_law_mean_latency_s": round(clients * wall / completed, 2) if completed else None,
-        "well_formed": {"requests": len(rows) + len(failures), "failures": len(failures),
-                        "failure_examples": failures[:5], "confidence_mismatches": mismatches,
-                        "by_kind": dict(Counter(r["kind"] for r in rows))},
-        "short_single_under_load": {"n": len(short), "p50_s": round(float(np.median(short)), 4) if short else None,
-                                    "p99_s": None if p99 is None else round(p99, 4),
-                                    "p99_over_idle_p50": None if p99 is None else round(p99 / idle_p50, 2)},
+        "well_formed": {
+            "requests": len(rows) + len(failures),
+            "failures": len(failures),
+            "failure_examples": failures[:5],
+            "confidence_mismatches": mismatches,
+            "by_kind": dict(Counter(r["kind"] for r in rows)),
+        },
+        "short_single_under_load": {
+            "n": len(short),
+            "p50_s": round(float(np.median(short)), 4) if short else None,
+            "p99_s": None if p99 is None else round(p99, 4),
+            "p99_over_idle_p50": None if p99 is None else round(p99 / idle_p50, 2),
+        },
         "hostile": dict(hostile_outcomes),
-        "resident_mib": {"before": round(memory_before, 1), "after": round(memory_after, 1),
-                         "ratio": round(memory_after / memory_before, 3),
-                         f"after_{IDLE_S:g}s_idle": round(memory_after_idle, 1),
-                         "ratio_after_idle": round(memory_after_idle / memory_before, 3)},
+        "resident_mib": {
+            "before": round(memory_before, 1),
+            "after": round(memory_after, 1),
+            "ratio": round(memory_after / memory_before, 3),
+            f"after_{IDLE_S:g}s_idle": round(memory_after_idle, 1),
+            "ratio_after_idle": round(memory_after_idle / memory_before, 3),
+        },
         "unique_stops": stop_memory,
-    }  # fmt: skip
+    }
 
 
 def compare_alone(client: openai.OpenAI, questions: list[str], rows: list[dict[str, Any]]) -> int:
@@ -207,11 +229,19 @@ def unique_stops(client: openai.OpenAI, pid: int, questions: list[str], count: i
     before = resident_mib(pid)
 
     def one(i: int) -> None:
-        client.chat.completions.create(model="candor", messages=[{"role": "user", "content": questions[i % 20]}],
-                                       stop=[f"u{i}-a", f"u{i}-b"], max_tokens=4)  # fmt: skip
+        client.chat.completions.create(
+            model="candor",
+            messages=[{"role": "user", "content": questions[i % 20]}],
+            stop=[f"u{i}-a", f"u{i}-b"],
+            max_tokens=4,
+        )
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(count)))
     after = resident_mib(pid)
-    return {"requests": count, "before_mib": round(before, 1), "after_mib": round(after, 1),
-            "growth_mib": round(after - before, 1)}  # fmt: skip
+    return {
+        "requests": count,
+        "before_mib": round(before, 1),
+        "after_mib": round(after, 1),
+        "growth_mib": round(after - before, 1),
+    }

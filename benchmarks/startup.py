@@ -63,8 +63,13 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def import_top(env: dict[str, str], limit: int = 12) -> list[dict[str, object]]:
     """The modules ``import candor.cli`` spends most in (cumulative, from ``-X importtime``)."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import candor.cli"], env=env,
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import candor.cli"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = []
     for line in done.stderr.splitlines():
         parts = line.split("|")
@@ -105,10 +110,16 @@ def main() -> None:
         print(f"{args.label} already measured (--force measures it again)")
         return
     measured = measure(args.src.resolve(), args.repeats)
-    commit = subprocess.run(["git", "-C", str(args.src), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
-    results[args.label] = {"commit": commit, "repeats": args.repeats, "cpus": os.cpu_count(),
-                           "load_average_after": round(os.getloadavg()[0], 1), **measured}  # fmt: skip
+    commit = subprocess.run(
+        ["git", "-C", str(args.src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    results[args.label] = {
+        "commit": commit,
+        "repeats": args.repeats,
+        "cpus": os.cpu_count(),
+        "load_average_after": round(os.getloadavg()[0], 1),
+        **measured,
+    }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results[args.label], indent=2))

@@ -83,23 +83,29 @@ def main() -> None:
             "records_over_bound": int((diff > bound + ROUND_OFF).sum()),
         }
     result = {
-        "model": MODEL, "records": str(args.records), "n": len(records), "torch_threads": args.threads,
+        "model": MODEL,
+        "records": str(args.records),
+        "n": len(records),
+        "torch_threads": args.threads,
         "load_average_1min": os.getloadavg()[0],
         "number": per_record(number, len(records)),
         "percent_exact": {
             **per_record(exact_t, len(records)),
-            "cpu_ratio_to_number": exact_t.cpu / number.cpu, "wall_ratio_to_number": exact_t.wall / number.wall,
+            "cpu_ratio_to_number": exact_t.cpu / number.cpu,
+            "wall_ratio_to_number": exact_t.wall / number.wall,
         },
         "percent_pruned": runs,
         "bound": "|μ - μ_exact| <= u · max_c |value(c) - μ|, u = U / (A + U): U the probability of the trie nodes "
-                 "left unexpanded, A that of the labels kept",
+        "left unexpanded, A that of the labels kept",
         "command": "PYTHONPATH=src python -m benchmarks.verbal_pruned " + " ".join(sys.argv[1:]),
     }
     write_json(args.out, result)
     print(f"exact percent/number: {result['percent_exact']['cpu_ratio_to_number']:.2f}x CPU")
     for m, r in runs.items():
-        print(f"min_mass {m}: {r['cpu_ratio_to_number']:.2f}x CPU, |Δμ| max {r['max_abs_mu_difference']:.4f} "
-              f"mean {r['mean_abs_mu_difference']:.4f}, bound max {r['max_bound']:.3f}, over {r['records_over_bound']}")
+        print(
+            f"min_mass {m}: {r['cpu_ratio_to_number']:.2f}x CPU, |Δμ| max {r['max_abs_mu_difference']:.4f} "
+            f"mean {r['mean_abs_mu_difference']:.4f}, bound max {r['max_bound']:.3f}, over {r['records_over_bound']}"
+        )
 
 
 if __name__ == "__main__":

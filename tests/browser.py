@@ -19,8 +19,16 @@ from urllib.parse import urlparse
 import pytest
 
 HOW_TO_INSTALL = "page tests need Chromium: apt-get install -y chromium && pip install 'playwright>=1.45,<2'"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "pages"
 ALLOWED_SCHEMES = {"file", "data", "about", "blob"}
 LOCAL_HOSTS = {"127.0.0.1"}
@@ -67,8 +75,12 @@ def browser_context(tmp_path_factory) -> Iterator[object]:
 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=executable, headless=True,
-            args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900})
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=executable,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 900},
+        )
         yield context
         context.close()
 

@@ -80,9 +80,14 @@ def wait_healthy(url: str, proc: subprocess.Popen, limit: float = 240.0, log: Pa
 
 
 def saved_elical_head(
-    model_dir: str, folder: Path, mode: str = "head", layer: int = -1, seed: int = 0,
-    weight_scale: float = 0.2, bias: float = 0.7,
-):  # fmt: skip
+    model_dir: str,
+    folder: Path,
+    mode: str = "head",
+    layer: int = -1,
+    seed: int = 0,
+    weight_scale: float = 0.2,
+    bias: float = 0.7,
+):
     """An EliCal head on ``model_dir`` with a non-trivial standardization, bias and (lora mode) adapter, saved to
     ``folder`` and loaded back."""
     import torch

@@ -10,8 +10,14 @@ from candor.data.items import QAItem
 from candor.estimators.confidences import ConfidenceRow, ConfidenceTable
 
 ROLES = {"trivia": "id", "science": "id", "geo": "ood"}
-PROVENANCE = {"model": "tiny-llama", "template": "fewshot", "k": 5, "candor_version": "0.1.0",
-              "correctness_judge": "exact-match", "consistency_judge": "lexical-echo"}
+PROVENANCE = {
+    "model": "tiny-llama",
+    "template": "fewshot",
+    "k": 5,
+    "candor_version": "0.1.0",
+    "correctness_judge": "exact-match",
+    "consistency_judge": "lexical-echo",
+}
 
 
 def page_records(n: int = 120, methods: int = 3, seed: int = 0) -> tuple[list[Record], ConfidenceTable]:
@@ -32,7 +38,9 @@ def page_records(n: int = 120, methods: int = 3, seed: int = 0) -> tuple[list[Re
         answer = f"gold {i}" if y else f"wrong answer {i}"
         greedy = Completion(answer, token_ids=list(range(2 + i % 7)))
         records.append(Record(item=item, greedy=greedy, samples=[], greedy_correct=y, provenance=dict(PROVENANCE)))
-        conf = {f"method-{j}": round(float(np.clip((0.6 - 0.2 * j) * y + rng.random() * 0.5, 0, 1)), 4)
-                for j in range(methods)}
+        conf = {
+            f"method-{j}": round(float(np.clip((0.6 - 0.2 * j) * y + rng.random() * 0.5, 0, 1)), 4)
+            for j in range(methods)
+        }
         rows.append(ConfidenceRow(item.id, ds, y, conf))
     return records, ConfidenceTable(rows)

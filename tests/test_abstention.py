@@ -53,8 +53,10 @@ def test_bootstrap_interval_is_the_percentile_of_resampled_rows():
 
 
 def test_per_dataset_and_pooled():
-    rows = [ConfidenceRow(f"r{i}", "a" if i < 3 else "b", int(y), {"m": float(c)})
-            for i, (c, y) in enumerate(zip(CONF, CORRECT, strict=True))]
+    rows = [
+        ConfidenceRow(f"r{i}", "a" if i < 3 else "b", int(y), {"m": float(c)})
+        for i, (c, y) in enumerate(zip(CONF, CORRECT, strict=True))
+    ]
     out = abstention_table(ConfidenceTable(rows), {"m": 0.5}, bootstrap=0)
     assert (out["m"]["a"]["correct"], out["m"]["a"]["incorrect"], out["m"]["a"]["abstained"]) == (2, 1, 0)
     assert (out["m"]["b"]["correct"], out["m"]["b"]["abstained"]) == (0, 3)
@@ -62,8 +64,10 @@ def test_per_dataset_and_pooled():
 
 
 def test_format_and_bad_input():
-    assert format_score({"penalized_score": -0.125, "ci": {"penalized_score": [-0.2, -0.04]}},
-                        "penalized_score") == "-12.5 [-20, -4]"
+    assert (
+        format_score({"penalized_score": -0.125, "ci": {"penalized_score": [-0.2, -0.04]}}, "penalized_score")
+        == "-12.5 [-20, -4]"
+    )
     assert format_score({"simpleqa_f": math.nan}, "simpleqa_f") == "–"
     with pytest.raises(CandorError):
         abstention_scores([0.2, 1.5], [1, 0], 0.5)

@@ -40,8 +40,9 @@ def deployment(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
     lm, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     head = ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=3)
     backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
-    honest = HonestModel(backend, HeadSource(head), threshold=0.5, template="fewshot",
-                         decoding=Decoding(max_new_tokens=3)).save_pretrained(root / "honest")  # fmt: skip
+    honest = HonestModel(
+        backend, HeadSource(head), threshold=0.5, template="fewshot", decoding=Decoding(max_new_tokens=3)
+    ).save_pretrained(root / "honest")
     log = root / "served.jsonl"
     with log.open("w") as fh:  # what --log-records writes for a head source: the answer, no samples
         for i, question in enumerate(q for pair in zip(RIGHT, WRONG, strict=True) for q in pair):
@@ -79,8 +80,22 @@ def adapted(deployment, tmp_path_factory) -> tuple[Path, str]:
     honest, log = deployment
     out = tmp_path_factory.mktemp("adapt") / "adapted"
     with pytest.raises(SystemExit) as done:
-        run(["adapt", str(log), "--honest", str(honest), "-o", str(out), "--alpha", "0.5", "--k", "3",
-             "--export", "seq-cls"])  # fmt: skip
+        run(
+            [
+                "adapt",
+                str(log),
+                "--honest",
+                str(honest),
+                "-o",
+                str(out),
+                "--alpha",
+                "0.5",
+                "--k",
+                "3",
+                "--export",
+                "seq-cls",
+            ]
+        )
     assert done.value.code == 0
     return out, out.with_name("adapted-cls")
 
@@ -108,8 +123,24 @@ def test_adapt_learns_the_labels_and_writes_a_new_version(deployment, adapted) -
 def test_adapt_prints_the_guarantee_and_the_engine_commands(deployment, tmp_path, capsys) -> None:
     honest, log = deployment
     with pytest.raises(SystemExit) as done:
-        run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "a"), "--alpha", "0.5", "--k", "2",
-             "--export", "seq-cls", "--export-dir", str(tmp_path / "cls")])  # fmt: skip
+        run(
+            [
+                "adapt",
+                str(log),
+                "--honest",
+                str(honest),
+                "-o",
+                str(tmp_path / "a"),
+                "--alpha",
+                "0.5",
+                "--k",
+                "2",
+                "--export",
+                "seq-cls",
+                "--export-dir",
+                str(tmp_path / "cls"),
+            ]
+        )
     printed = capsys.readouterr().out
     assert done.value.code == 0
     assert f"version {json.loads((tmp_path / 'a' / 'honest.json').read_text())['version']};" in printed
@@ -139,8 +170,12 @@ def test_too_few_labels_is_refused_with_the_number_needed(deployment, tmp_path, 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--export", "onnx"], "unknown format"), (["--export-dir", "d"], "needs --export seq-cls"),
-     (["--alpha", "1.5"], "alpha must be in (0, 1)"), (["--holdout", "0"], "held-out share")],
+    [
+        (["--export", "onnx"], "unknown format"),
+        (["--export-dir", "d"], "needs --export seq-cls"),
+        (["--alpha", "1.5"], "alpha must be in (0, 1)"),
+        (["--holdout", "0"], "held-out share"),
+    ],
 )
 def test_bad_options_are_refused(deployment, tmp_path, capsys, extra, message) -> None:
     honest, log = deployment
@@ -175,8 +210,9 @@ def test_the_lineage_names_a_malformed_summary(tmp_path) -> None:
 def test_a_model_served_without_a_head_gets_a_fresh_one(deployment, tiny_model_dir, tmp_path) -> None:
     _, log = deployment
     backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
-    honest = HonestModel(backend, "n-prob", threshold=0.2, template="fewshot",
-                         decoding=Decoding(max_new_tokens=3)).save_pretrained(tmp_path / "nprob")  # fmt: skip
+    honest = HonestModel(
+        backend, "n-prob", threshold=0.2, template="fewshot", decoding=Decoding(max_new_tokens=3)
+    ).save_pretrained(tmp_path / "nprob")
     with pytest.raises(SystemExit) as done:
         run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "out"), "--alpha", "0.5", "--k", "2"])
     assert done.value.code == 0

@@ -46,12 +46,16 @@ def test_the_ece_ratio_is_the_seed_mean_ece_over_defaults_with_a_paired_interval
     assert 0 <= conf["mean_confidence_ci"][0] <= conf["mean_confidence"] <= conf["mean_confidence_ci"][1] <= 1
 
 
-@pytest.mark.parametrize(("ci", "words"), [((0.2, 0.45), "cuts ECE at least 2x"), ((0.6, 0.9), "does not cut"),
-                                           ((0.3, 1.2), "too small to decide")])
+@pytest.mark.parametrize(
+    ("ci", "words"),
+    [((0.2, 0.45), "cuts ECE at least 2x"), ((0.6, 0.9), "does not cut"), ((0.3, 1.2), "too small to decide")],
+)
 def test_the_verdict_follows_the_interval_and_names_a_small_test_set(bench, ci, words):
-    payload = {"advice": {"ece_ratio_to_default": {"ScoreNumber": {"ratio": sum(ci) / 2, "ci95": list(ci)}}},
-               "split": {"test": {"n": 121}},
-               "honestybench_mini_reference": {"by_format": {"ScoreNumber": {"ratio": 0.84, "accuracy": 0.11}}}}
+    payload = {
+        "advice": {"ece_ratio_to_default": {"ScoreNumber": {"ratio": sum(ci) / 2, "ci95": list(ci)}}},
+        "split": {"test": {"n": 121}},
+        "honestybench_mini_reference": {"by_format": {"ScoreNumber": {"ratio": 0.84, "accuracy": 0.11}}},
+    }
     text = bench.verdict(payload)
     assert words in text and "the ratio was 0.84" in text
     assert bench.verdict({"split": {"test": {"n": 5}}}) == "not yet measured"

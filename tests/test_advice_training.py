@@ -246,8 +246,13 @@ def test_conftuner_trains_on_single_answers(tiny_dir, tmp_path, tokenizer):
 def test_presets_are_the_papers_settings():
     advice = method_config("advice")
     assert (advice.lora_r, advice.lora_alpha, advice.lora_targets) == (16, 32, ATTENTION_PROJECTIONS)
-    assert (advice.learning_rate, advice.warmup_ratio, advice.batch_size, advice.gradient_accumulation,
-            advice.epochs) == (1e-5, 0.05, 16, 2, 4.0)  # fmt: skip
+    assert (
+        advice.learning_rate,
+        advice.warmup_ratio,
+        advice.batch_size,
+        advice.gradient_accumulation,
+        advice.epochs,
+    ) == (1e-5, 0.05, 16, 2, 4.0)
     assert advice.weights.active() == ["lm", "jsd", "margin", "sum"] and advice.formats == ("letter", "number")
     conftuner = method_config("conftuner")
     assert (conftuner.lora_r, conftuner.lora_alpha, conftuner.lora_targets) == (8, 32, QUERY_VALUE)
@@ -296,8 +301,9 @@ def test_train_end_to_end_writes_an_adapter_for_every_format(tiny_dir, tmp_path)
     from candor.estimators import get_estimator
 
     out = tmp_path / "advice"
-    config = method_config("advice", model=str(tiny_dir), batch_size=2, gradient_accumulation=2, epochs=1,
-                           extra_samples=2, logging_steps=1)  # fmt: skip
+    config = method_config(
+        "advice", model=str(tiny_dir), batch_size=2, gradient_accumulation=2, epochs=1, extra_samples=2, logging_steps=1
+    )
     result = train(config, make_records(), out)
     assert is_trained(out) and (out / DONE_MARKER).exists() and (out / "adapter_config.json").exists()
     assert len((out / "triplets.jsonl").read_text().splitlines()) == 6
@@ -318,8 +324,9 @@ def test_train_end_to_end_writes_an_adapter_for_every_format(tiny_dir, tmp_path)
 @pytest.mark.parametrize("method", ["conftuner", "advice+conftuner"])
 def test_other_methods_train_and_save(tiny_dir, tmp_path, method):
     out = tmp_path / method
-    config = method_config(method, model=str(tiny_dir), batch_size=4, gradient_accumulation=1, epochs=1,
-                           extra_samples=0)  # fmt: skip
+    config = method_config(
+        method, model=str(tiny_dir), batch_size=4, gradient_accumulation=1, epochs=1, extra_samples=0
+    )
     result = train(config, make_records(), out, dev_records=make_records()[:4])
     assert is_trained(out)
     assert any("eval_loss" in h for h in result.history)  # the dev split is evaluated each epoch
@@ -343,8 +350,9 @@ def test_the_pairwise_terms_can_separate_a_pair_when_trained_alone(tiny_dir, tmp
     """The JSD and margin gradients really reach the LoRA weights: overfitting a few pairs pulls them apart."""
     torch.manual_seed(0)  # the LoRA init draws from the global generator: keep the outcome independent of test order
     weights = LossWeights(lm=0.0, jsd=1.0, margin=1.0, sum=0.0)
-    trainer, config = advice_trainer(tiny_dir, tmp_path, tokenizer, weights=weights, learning_rate=0.01, epochs=20,
-                                     formats=("number",))  # fmt: skip
+    trainer, config = advice_trainer(
+        tiny_dir, tmp_path, tokenizer, weights=weights, learning_rate=0.01, epochs=20, formats=("number",)
+    )
     # Collate directly: a second prepared dataloader left half-read would skew accelerate's accumulation state.
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
     scorer = trainer.scorers[int(batch["format"][0])]

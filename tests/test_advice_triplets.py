@@ -18,9 +18,11 @@ from candor.train.advice.triplets import Triplet, build_triplets, read_triplets,
 from candor.util.errors import CandorError
 from candor.util.seeds import item_seed
 
-PROVENANCE = {"template": "fewshot", "correctness_judge": "contains",
-              "decoding": {"samples": {"max_new_tokens": 8, "temperature": 1.0, "top_p": 0.95, "top_k": 50,
-                                       "stop": ["\n"]}}}  # fmt: skip
+PROVENANCE = {
+    "template": "fewshot",
+    "correctness_judge": "contains",
+    "decoding": {"samples": {"max_new_tokens": 8, "temperature": 1.0, "top_p": 0.95, "top_k": 50, "stop": ["\n"]}},
+}
 
 
 def record(rid, answers, greedy, samples, greedy_correct=None, dataset="toy", sample_correct=None):
@@ -50,8 +52,14 @@ def test_hard_negative_is_the_most_likely_wrong_sample():
     assert [(t.a_correct, t.a_wrong, t.source, t.wrong_from) for t in built.triplets] == [
         ("Paris", "Marseille", "sample", "q1")
     ]
-    assert built.stats.as_dict() == {"records": 1, "eligible": 1, "from_samples": 1, "from_resamples": 0,
-                                     "from_other_questions": 0, "dropped": 0}  # fmt: skip
+    assert built.stats.as_dict() == {
+        "records": 1,
+        "eligible": 1,
+        "from_samples": 1,
+        "from_resamples": 0,
+        "from_other_questions": 0,
+        "dropped": 0,
+    }
 
 
 def test_only_records_with_a_correct_greedy_answer():
@@ -64,8 +72,9 @@ def test_only_records_with_a_correct_greedy_answer():
 def test_never_the_same_answer_and_never_a_correct_one():
     # Annotation mistakes: a sample equal to the greedy answer, and a sample containing a gold
     # alias, both marked wrong; neither may become a_wrong.
-    rec = record("q1", ["Paris"], "Paris", [("paris!", -0.1), ("Paris, France", -0.2), ("Rome", -3.0)],
-                 sample_correct=[0, 0, 0])  # fmt: skip
+    rec = record(
+        "q1", ["Paris"], "Paris", [("paris!", -0.1), ("Paris, France", -0.2), ("Rome", -3.0)], sample_correct=[0, 0, 0]
+    )
     assert build_triplets([rec]).triplets[0].a_wrong == "Rome"
     # A judge that missed the greedy answer's correctness would also call its twin "wrong".
     twin = record("q3", ["the capital of France"], "Paris", [("paris", -0.1), ("Rome", -1.0)], greedy_correct=1)

@@ -158,10 +158,14 @@ def _arrays(seed: int = 3):
 
 def test_the_elical_curve_and_the_report_give_identical_numbers_on_the_same_arrays():
     labels, conf, roles = _arrays()
-    rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i])})
-            for d, ys in labels.items() for i, y in enumerate(ys)]
-    report = evaluate_table(ConfidenceTable(rows), roles=roles, metrics=["auroc", "ece", "alignment"],
-                            bootstrap=150, seed=4)
+    rows = [
+        ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i])})
+        for d, ys in labels.items()
+        for i, y in enumerate(ys)
+    ]
+    report = evaluate_table(
+        ConfidenceTable(rows), roles=roles, metrics=["auroc", "ece", "alignment"], bootstrap=150, seed=4
+    )
     curve = summarize_column([conf], labels, roles, bootstrap=150, seed=4)
     for group in ("id", "ood"):
         for metric in ("auroc", "ece", "alignment"):
@@ -188,8 +192,11 @@ def _confidence_file(tmp_path):
     from candor.estimators.confidences import write_confidences
 
     labels, conf, _ = _arrays()
-    rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i]), "flat": 0.5})
-            for d, ys in labels.items() for i, y in enumerate(ys)]
+    rows = [
+        ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i]), "flat": 0.5})
+        for d, ys in labels.items()
+        for i, y in enumerate(ys)
+    ]
     path = tmp_path / "conf.jsonl"
     write_confidences(path, ConfidenceTable(rows))
     return path
@@ -218,8 +225,9 @@ def test_cli_eval_writes_selective_metrics_counts_and_the_risk_coverage_plot(tmp
 
     path = _confidence_file(tmp_path)
     out = tmp_path / "r"
-    result = CliRunner().invoke(app, ["eval", "-c", str(path), "-o", str(out), "--ood", "squad,musique",
-                                      "--bootstrap", "60"])
+    result = CliRunner().invoke(
+        app, ["eval", "-c", str(path), "-o", str(out), "--ood", "squad,musique", "--bootstrap", "60"]
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "metrics.json").read_text())
     labels, conf, _ = _arrays()
@@ -244,18 +252,24 @@ def test_counts_given_to_the_report_land_in_its_json(tmp_path):
     from candor.evaluation.report import write_report
 
     labels, conf, _ = _arrays()
-    rows = [ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i])})
-            for d, ys in labels.items() for i, y in enumerate(ys)]
-    result = write_report(ConfidenceTable(rows), tmp_path / "r", metrics=["auroc"],
-                          counts={"m": {"parse_fallbacks": 3}})
+    rows = [
+        ConfidenceRow(f"{d}-{i}", d, int(y), {"m": float(conf[d][i])})
+        for d, ys in labels.items()
+        for i, y in enumerate(ys)
+    ]
+    result = write_report(
+        ConfidenceTable(rows), tmp_path / "r", metrics=["auroc"], counts={"m": {"parse_fallbacks": 3}}
+    )
     doc = json.loads(result.files["json"].read_text())
     assert doc["counts"]["m"] == {"undefined": {}, "parse_fallbacks": 3}
 
 
 def test_the_report_interval_survives_resamples_with_one_class():
     # issue 17's mutant: keeping the NaN resamples would make this interval NaN
-    rows = [ConfidenceRow(f"a-{i}", "a", y, {"m": c})
-            for i, (y, c) in enumerate(zip([1, 0, 0, 0, 0, 0], [0.9, 0.5, 0.4, 0.6, 0.2, 0.1], strict=True))]
+    rows = [
+        ConfidenceRow(f"a-{i}", "a", y, {"m": c})
+        for i, (y, c) in enumerate(zip([1, 0, 0, 0, 0, 0], [0.9, 0.5, 0.4, 0.6, 0.2, 0.1], strict=True))
+    ]
     result = evaluate_table(ConfidenceTable(rows), metrics=["auroc"], bootstrap=300, seed=2)
     low, high = result.ci["m"]["a"]["auroc"]
     assert np.isfinite(low) and np.isfinite(high) and 0.0 <= low <= high <= 1.0
@@ -271,8 +285,16 @@ def test_aggregate_metrics_records_its_setup_and_defaults():
     assert plain.sizes == {"a": 4, "b": 3, "g": 7}
     assert (plain.bootstrap, plain.seed, plain.n_bins, plain.alpha) == (0, 0, 10, 0.05)
     assert plain.ci_metrics == [] and plain.methods["m"].ci == {} and plain.methods["m"].bootstrap_dropped == {}
-    boot = aggregate_metrics({"m": conf}, labels, groups=groups, metrics=["accuracy", "ece"],
-                             ci_metrics=["ece", "nope"], bootstrap=30, n_bins=3, alpha=0.2)
+    boot = aggregate_metrics(
+        {"m": conf},
+        labels,
+        groups=groups,
+        metrics=["accuracy", "ece"],
+        ci_metrics=["ece", "nope"],
+        bootstrap=30,
+        n_bins=3,
+        alpha=0.2,
+    )
     assert boot.ci_metrics == ["ece"]
     assert (boot.bootstrap, boot.seed, boot.n_bins, boot.alpha) == (30, 0, 3, 0.2)
     assert {col: set(per) for col, per in boot.methods["m"].ci.items()} == {"a": {"ece"}, "b": {"ece"}, "g": {"ece"}}
@@ -284,10 +306,14 @@ def test_aggregate_metrics_records_its_setup_and_defaults():
     assert default_seed != aggregate_metrics(*args, seed=1, **kwargs).methods["m"].ci
     # The default bins are 10: ECE with the default equals ECE with n_bins=10 and differs from n_bins=11.
     wide = {"m": {"a": np.linspace(0.02, 0.98, 40)}}, {"a": [1, 0, 0, 1] * 10}
-    assert (aggregate_metrics(*wide, metrics=["ece"]).methods["m"].values
-            == aggregate_metrics(*wide, metrics=["ece"], n_bins=10).methods["m"].values)
-    assert (aggregate_metrics(*wide, metrics=["ece"]).methods["m"].values
-            != aggregate_metrics(*wide, metrics=["ece"], n_bins=11).methods["m"].values)
+    assert (
+        aggregate_metrics(*wide, metrics=["ece"]).methods["m"].values
+        == aggregate_metrics(*wide, metrics=["ece"], n_bins=10).methods["m"].values
+    )
+    assert (
+        aggregate_metrics(*wide, metrics=["ece"]).methods["m"].values
+        != aggregate_metrics(*wide, metrics=["ece"], n_bins=11).methods["m"].values
+    )
 
 
 def test_aggregate_metrics_rejects_empty_setups_and_alpha_outside_the_open_interval():
@@ -366,8 +392,13 @@ def test_alignment_interval_is_computed_the_way_the_point_is():
     flip = rng.random(n) < 0.1
     correct[flip] = 1 - correct[flip]
     other_conf, other_y = conf[::-1].copy(), correct[::-1].copy()  # a second dataset for the groups
-    result = aggregate_metrics({"m": {"a": conf, "b": other_conf}}, {"a": correct, "b": other_y}, metrics=["alignment"],
-                               groups=[Group("pooled", ("a", "b"), "pooled"), Group("avg", ("a", "b"))], bootstrap=300)
+    result = aggregate_metrics(
+        {"m": {"a": conf, "b": other_conf}},
+        {"a": correct, "b": other_y},
+        metrics=["alignment"],
+        groups=[Group("pooled", ("a", "b"), "pooled"), Group("avg", ("a", "b"))],
+        bootstrap=300,
+    )
     m = result.methods["m"]
     assert m.values["a"]["alignment"] == pytest.approx(alignment(conf, correct)) and m.values["a"]["alignment"] < 0.5
     for col in ("a", "b", "pooled", "avg"):

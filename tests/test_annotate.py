@@ -106,12 +106,22 @@ def test_annotate_writes_complete_records(tiny_backend, tmp_path):
         assert "\n" in rec.provenance["decoding"]["samples"]["stop"]
     # What made the records, in full: settings that a resume compares, and how the samples were drawn.
     assert records[0].provenance == {
-        "model": tiny_backend.model_name, "dtype": "float32", "template": "fewshot", "k": 3, "seed": 1,
-        "decoding": {"greedy": {"temperature": 0.0},
-                     "samples": {**SamplingParams(max_new_tokens=6).to_dict(), "stop": ["\n"]}},
-        "correctness_judge": "contains", "consistency_judge": DEFAULT_CONSISTENCY_JUDGE,
-        "candor_version": candor.__version__, "shard": None, "input_items": None, "skipped_items": 0,
-    }  # fmt: skip
+        "model": tiny_backend.model_name,
+        "dtype": "float32",
+        "template": "fewshot",
+        "k": 3,
+        "seed": 1,
+        "decoding": {
+            "greedy": {"temperature": 0.0},
+            "samples": {**SamplingParams(max_new_tokens=6).to_dict(), "stop": ["\n"]},
+        },
+        "correctness_judge": "contains",
+        "consistency_judge": DEFAULT_CONSISTENCY_JUDGE,
+        "candor_version": candor.__version__,
+        "shard": None,
+        "input_items": None,
+        "skipped_items": 0,
+    }
 
 
 def test_records_hold_what_the_backend_answers_each_items_prompt_with_its_seed(tiny_backend, tmp_path):
@@ -125,13 +135,16 @@ def test_records_hold_what_the_backend_answers_each_items_prompt_with_its_seed(t
     annotate(items, tiny_backend, out, chat, cfg, progress=False)
     records = read_records(out)
     assert {r.provenance["template"] for r in records} == {"chat"}
-    prompts = [tiny_backend.render_chat([{"role": "user", "content": f"Answer the following question.\nQuestion: {q}"}])
-               for q, _ in QUESTIONS[:3]]
+    prompts = [
+        tiny_backend.render_chat([{"role": "user", "content": f"Answer the following question.\nQuestion: {q}"}])
+        for q, _ in QUESTIONS[:3]
+    ]
     stop = tuple(records[0].provenance["decoding"]["samples"]["stop"])
     params = SamplingParams(**{**cfg.params.to_dict(), "stop": stop})
     by_hand = tiny_backend.generate(prompts, 2, params, greedy=True, seeds=[item_seed(7, item.id) for item in items])
     assert [[r.greedy.text, *(s.text for s in r.samples)] for r in records] == [
-        [g.greedy.text, *(s.text for s in g.samples)] for g in by_hand]
+        [g.greedy.text, *(s.text for s in g.samples)] for g in by_hand
+    ]
     # Another seed draws other samples (so the seed above is the one that was used).
     other = tiny_backend.generate(prompts, 2, params, greedy=True, seeds=[item_seed(8, item.id) for item in items])
     assert [[s.text for s in g.samples] for g in other] != [[s.text for s in r.samples] for r in records]
@@ -142,8 +155,9 @@ def test_a_run_of_several_backend_calls_counts_and_writes_every_record(tiny_back
     the count are those of a one-call run."""
     one_call, two_calls = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     annotate(make_items(), tiny_backend, one_call, FEWSHOT, config(k=1), progress=False)
-    result = annotate(make_items(), tiny_backend, two_calls, FEWSHOT, replace(config(k=1), batch_size=1),
-                      progress=False)
+    result = annotate(
+        make_items(), tiny_backend, two_calls, FEWSHOT, replace(config(k=1), batch_size=1), progress=False
+    )
     assert (result.written, result.skipped, result.total) == (7, 0, 7)
     assert_same_records(read_records(two_calls), read_records(one_call))
 
@@ -219,9 +233,26 @@ def test_rerun_with_other_settings_is_refused(tiny_backend, tmp_path):
 def test_dtype_is_in_the_provenance_and_a_resume_in_another_dtype_is_refused(tiny_model_dir, tmp_path):
     """bf16 records never join a float32 file (nor the reverse); files from before the key count as float32."""
     data = write_jsonl(tmp_path / "qa.jsonl", [{"question": q, "answer": a} for q, a in QUESTIONS[:3]])
+
     def args(out: Path, limit: int, *extra: str) -> list[str]:
-        return ["annotate", "--data", str(data), "--out", str(out), "--model", str(tiny_model_dir), "--k", "1",
-                "--max-new-tokens", "3", "--template", "fewshot", "--limit", str(limit), *extra]
+        return [
+            "annotate",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+            "--k",
+            "1",
+            "--max-new-tokens",
+            "3",
+            "--template",
+            "fewshot",
+            "--limit",
+            str(limit),
+            *extra,
+        ]
 
     runner = CliRunner()
     out = tmp_path / "out.jsonl"
@@ -410,11 +441,13 @@ def test_honestybench_round_trip(tiny_backend, tmp_path):
         assert back.greedy.logprobs == rec.greedy.logprobs
         assert [s.text for s in back.samples] == [s.text for s in rec.samples]
         assert (back.greedy_correct, back.sample_correct, back.consistency) == (
-            rec.greedy_correct, rec.sample_correct, rec.consistency)
+            rec.greedy_correct,
+            rec.sample_correct,
+            rec.consistency,
+        )
 
 
 # ------------------------------------------------------------------- CLI
-
 
 
 def one_error_line(output: str) -> str:
@@ -433,8 +466,23 @@ def write_jsonl(path: Path, rows: list) -> Path:
 def test_cli_annotate_and_rerun(tiny_model_dir, tmp_path):
     data = write_jsonl(tmp_path / "qa.jsonl", [{"question": q, "answer": a} for q, a in QUESTIONS[:4]])
     out = tmp_path / "out.jsonl"
-    args = ["annotate", "--data", str(data), "--out", str(out), "--model", str(tiny_model_dir),
-            "--k", "2", "--max-new-tokens", "5", "--template", "fewshot", "--batch-size", "2"]
+    args = [
+        "annotate",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_model_dir),
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "5",
+        "--template",
+        "fewshot",
+        "--batch-size",
+        "2",
+    ]
     runner = CliRunner()
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
@@ -455,8 +503,9 @@ def test_cli_annotate_and_rerun(tiny_model_dir, tmp_path):
 )
 def test_cli_bad_input_exits_2_naming_file_and_line(tiny_model_dir, tmp_path, rows, needle):
     data = write_jsonl(tmp_path / "bad.jsonl", rows)
-    result = CliRunner().invoke(app, ["annotate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"),
-                                      "--model", str(tiny_model_dir)])
+    result = CliRunner().invoke(
+        app, ["annotate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--model", str(tiny_model_dir)]
+    )
     assert result.exit_code == 2
     assert "bad.jsonl" in result.output and needle in result.output
     assert "Traceback" not in result.output
@@ -465,8 +514,18 @@ def test_cli_bad_input_exits_2_naming_file_and_line(tiny_model_dir, tmp_path, ro
 def test_cli_unknown_model_and_dataset_exit_2(tmp_path):
     data = write_jsonl(tmp_path / "qa.jsonl", [{"question": "q", "answer": ["a"]}])
     runner = CliRunner()
-    result = runner.invoke(app, ["annotate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"),
-                                 "--model", str(tmp_path / "no-such-model")])
+    result = runner.invoke(
+        app,
+        [
+            "annotate",
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--model",
+            str(tmp_path / "no-such-model"),
+        ],
+    )
     assert result.exit_code == 2 and "no-such-model" in result.output
     result = runner.invoke(app, ["annotate", "--data", "no-such-dataset", "--out", str(tmp_path / "o.jsonl")])
     assert result.exit_code == 2 and "no-such-dataset" in result.output
@@ -476,9 +535,26 @@ def test_kill_9_mid_run_then_resume(tiny_model_dir, tmp_path):
     rows = [{"question": f"Question number {i}: what is {i} plus {i}?", "answer": [str(2 * i)]} for i in range(40)]
     data = write_jsonl(tmp_path / "qa.jsonl", rows)
     out = tmp_path / "out.jsonl"
-    cmd = [sys.executable, "-m", "candor.cli", "annotate", "--data", str(data), "--out", str(out),
-           "--model", str(tiny_model_dir), "--k", "2", "--max-new-tokens", "8", "--template", "fewshot",
-           "--batch-size", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "candor.cli",
+        "annotate",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_model_dir),
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--template",
+        "fewshot",
+        "--batch-size",
+        "2",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and (not out.exists() or len(out.read_bytes().splitlines()) < 3):
@@ -506,7 +582,12 @@ def test_cli_export_then_import_round_trip(tiny_backend, tmp_path):
         # The released format has no id field: an import numbers the lines of the file.
         assert b.id == f"toy:{int(a.id.split(':')[1]) + 1}"
         assert (a.item.question, a.greedy.text, a.greedy.logprobs, a.greedy_correct, a.consistency) == (
-            b.item.question, b.greedy.text, b.greedy.logprobs, b.greedy_correct, b.consistency)
+            b.item.question,
+            b.greedy.text,
+            b.greedy.logprobs,
+            b.greedy_correct,
+            b.consistency,
+        )
     hb.write_text(hb.read_text() + '{"question": "q"}\n')
     bad = runner.invoke(app, ["import", str(hb), "--out", str(tmp_path / "x.jsonl")])
     assert bad.exit_code == 2 and "toy.jsonl:4:" in bad.output
@@ -522,8 +603,9 @@ ECHO_GOLD = QATemplate("echo-gold", lambda item, _: f"Question: {item.question}\
 
 
 def test_consistency_verdicts_judge_each_sample_against_its_greedy_answer(tiny_backend, tmp_path):
-    cfg = AnnotateConfig(k=4, params=SamplingParams(max_new_tokens=3, top_k=2), batch_size=3, seed=1,
-                         consistency_judge="lexical")
+    cfg = AnnotateConfig(
+        k=4, params=SamplingParams(max_new_tokens=3, top_k=2), batch_size=3, seed=1, consistency_judge="lexical"
+    )
     out = tmp_path / "r.jsonl"
     annotate(make_items(), tiny_backend, out, ECHO_GOLD, cfg, progress=False)
     lexical, contains = get_consistency_judge("lexical"), get_correctness_judge("contains")
@@ -580,8 +662,21 @@ def test_resume_refuses_records_made_for_another_question(tiny_backend, tmp_path
 def test_cli_resume_after_the_input_changed_exits_2(tiny_model_dir, tmp_path):
     rows = [{"question": q, "answer": a} for q, a in QUESTIONS[:3]]
     data = write_jsonl(tmp_path / "qa.jsonl", rows)
-    args = ["annotate", "--data", str(data), "--out", str(tmp_path / "out.jsonl"), "--model", str(tiny_model_dir),
-            "--k", "1", "--max-new-tokens", "3", "--template", "fewshot"]
+    args = [
+        "annotate",
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "out.jsonl"),
+        "--model",
+        str(tiny_model_dir),
+        "--k",
+        "1",
+        "--max-new-tokens",
+        "3",
+        "--template",
+        "fewshot",
+    ]
     runner = CliRunner()
     assert runner.invoke(app, args).exit_code == 0
     write_jsonl(data, [rows[0], {**rows[1], "question": "Who wrote Macbeth?"}, rows[2]])
@@ -601,8 +696,21 @@ def test_cli_skips_an_item_without_alias_and_records_the_count(tiny_model_dir, t
     rows.insert(2, {"question": "Who painted it?", "answer": [""]})
     data = write_jsonl(tmp_path / "qa.jsonl", rows)
     out = tmp_path / "out.jsonl"
-    args = ["annotate", "--data", str(data), "--out", str(out), "--model", str(tiny_model_dir),
-            "--k", "1", "--max-new-tokens", "3", "--template", "fewshot"]
+    args = [
+        "annotate",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_model_dir),
+        "--k",
+        "1",
+        "--max-new-tokens",
+        "3",
+        "--template",
+        "fewshot",
+    ]
     runner = CliRunner()
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -618,8 +726,21 @@ def test_cli_skips_an_item_without_alias_and_records_the_count(tiny_model_dir, t
 
 def test_cli_three_shards_merge_to_the_single_run(tiny_model_dir, tmp_path):
     data = write_jsonl(tmp_path / "qa.jsonl", [{"question": q, "answer": a} for q, a in QUESTIONS])
-    base = ["annotate", "--data", str(data), "--model", str(tiny_model_dir), "--k", "2",
-            "--max-new-tokens", "5", "--template", "fewshot", "--batch-size", "2"]
+    base = [
+        "annotate",
+        "--data",
+        str(data),
+        "--model",
+        str(tiny_model_dir),
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "5",
+        "--template",
+        "fewshot",
+        "--batch-size",
+        "2",
+    ]
     runner = CliRunner()
     single = tmp_path / "single.jsonl"
     assert runner.invoke(app, [*base, "--out", str(single)]).exit_code == 0
@@ -669,13 +790,17 @@ def test_cli_merge_bad_input_exits_2_with_one_line(tmp_path, make, needle):
         (["--consistency", "nosuch"], "unknown consistency judge 'nosuch'"),
         (["--template", "nosuch"], "nosuch"),
         (["--dtype", "float8"], "--dtype 'float8': expected one of auto, float32, bfloat16, float16"),
-        (["--dtype", "bfloat16", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"],
-         "--dtype applies to the hf and vllm backends"),
+        (
+            ["--dtype", "bfloat16", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1"],
+            "--dtype applies to the hf and vllm backends",
+        ),
     ],
 )
 def test_cli_annotate_bad_options_exit_2_with_one_line(tiny_model_dir, tmp_path, extra, needle):
     data = write_jsonl(tmp_path / "qa.jsonl", [{"question": "q", "answer": ["a"]}])
-    result = CliRunner().invoke(app, ["annotate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"),
-                                      "--model", str(tiny_model_dir), *extra])
+    result = CliRunner().invoke(
+        app,
+        ["annotate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--model", str(tiny_model_dir), *extra],
+    )
     assert result.exit_code == 2
     assert one_error_line(result.output).count(needle) == 1

@@ -61,8 +61,9 @@ def test_two_workers_write_what_one_process_writes(tiny_model_dir, tmp_path):
 def test_a_worker_that_fails_is_named_and_its_error_reaches_the_user(tmp_path):
     missing = str(tmp_path / "no-such-model")
     with pytest.raises(CandorError, match=r"^worker \d \(shard \d/2\): .*no-such-model"):
-        annotate_with_workers(make_items(), recipe_for(missing), tmp_path / "o.jsonl", config(), 2, threads=1,
-                              progress=False)  # fmt: skip
+        annotate_with_workers(
+            make_items(), recipe_for(missing), tmp_path / "o.jsonl", config(), 2, threads=1, progress=False
+        )
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -123,8 +124,20 @@ def test_cli_workers_killed_mid_run_resume_to_a_single_runs_records(tiny_model_d
     rows += [{"question": q, "answer": a} for q, a in QUESTIONS]
     data = write_jsonl(tmp_path / "qa.jsonl", rows)
     out, single = tmp_path / "out.jsonl", tmp_path / "single.jsonl"
-    common = ["--data", str(data), "--model", str(tiny_model_dir), "--k", "2", "--max-new-tokens", "8",
-              "--template", "fewshot", "--batch-size", "2"]  # fmt: skip
+    common = [
+        "--data",
+        str(data),
+        "--model",
+        str(tiny_model_dir),
+        "--k",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--template",
+        "fewshot",
+        "--batch-size",
+        "2",
+    ]
     cmd = [sys.executable, "-m", "candor.cli", "annotate", "--out", str(out), "--workers", "2", *common]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     parts = [part_path(out, Shard(i, 2)) for i in range(2)]
@@ -137,8 +150,12 @@ def test_cli_workers_killed_mid_run_resume_to_a_single_runs_records(tiny_model_d
     assert 0 < sum(len(read_records(p)) for p in parts if p.exists()) < len(rows)
     finished = subprocess.run(cmd, capture_output=True, text=True)
     assert finished.returncode == 0, finished.stderr[-2000:]
-    subprocess.run([sys.executable, "-m", "candor.cli", "annotate", "--out", str(single), *common], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "candor.cli", "annotate", "--out", str(single), *common],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     assert_same_records(read_records(out), read_records(single))
 
 

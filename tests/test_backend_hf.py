@@ -452,7 +452,10 @@ def test_the_first_generate_call_of_a_process_repeats_exactly(shared_data):
     for _ in range(3):
         done = subprocess.run(
             [sys.executable, "-c", REPEAT_FIRST_CALL, str(shared_data / "honestybench")],
-            capture_output=True, text=True, check=False, timeout=600,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         assert float(done.stdout.strip().splitlines()[-1]) == 0.0

@@ -41,6 +41,7 @@ def needs_serve(test):
     """A test on the real ``transformers serve`` (the embedded model, so also an integration test)."""
     return pytest.mark.server(pytest.mark.integration(_skip_without_serving(test)))
 
+
 PROMPTS = [
     "Question: What is the largest planet in the solar system?\nAnswer: Jupiter\nQuestion: Who wrote Hamlet?\nAnswer:",
     "The capital of France is",
@@ -56,8 +57,17 @@ def served(smollm_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(smollm_dir),
-           "--port", str(port), "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        str(smollm_dir),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+    ]
     with log.open("w") as sink:
         proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -145,8 +155,13 @@ def test_candor_serve_over_transformers_serve_reports_the_servers_usage(served, 
     from candor.serve.confidence_sources import EstimatorSource
 
     backend = OpenAIBackend(str(smollm_dir), base_url=served, max_concurrency=2)
-    model = HonestModel(backend, confidence=EstimatorSource("consis-lex", samples=2), template="fewshot",
-                        decoding=Decoding(max_new_tokens=2), backend_name="openai")  # fmt: skip
+    model = HonestModel(
+        backend,
+        confidence=EstimatorSource("consis-lex", samples=2),
+        template="fewshot",
+        decoding=Decoding(max_new_tokens=2),
+        backend_name="openai",
+    )
     status, answer = ask_candor_serve(model)
     assert status == 200, answer
     assert answer["usage"]["completion_tokens"] > 0
@@ -184,8 +199,10 @@ def test_annotate_through_the_server(remote, tmp_path) -> None:
     from candor.annotation.records import read_records
     from candor.data.items import QAItem
 
-    items = [QAItem(id="q:1", dataset="toy", split="test", question="Who wrote Hamlet?", answers=("Shakespeare",)),
-             QAItem(id="q:2", dataset="toy", split="test", question="What is the capital of Italy?", answers=("Rome",))]
+    items = [
+        QAItem(id="q:1", dataset="toy", split="test", question="Who wrote Hamlet?", answers=("Shakespeare",)),
+        QAItem(id="q:2", dataset="toy", split="test", question="What is the capital of Italy?", answers=("Rome",)),
+    ]
     config = AnnotateConfig(k=2, params=SamplingParams(max_new_tokens=6), batch_size=2)
     annotate(items, remote, tmp_path / "r.jsonl", TEMPLATES.get("fewshot"), config, progress=False)
     records = read_records(tmp_path / "r.jsonl")
@@ -232,9 +249,13 @@ class FlakyServer:
                     self.end_headers()
                     self.wfile.write(b'{"error": {"message": "busy"}}')
                     return
-                answer = {"id": "x", "object": "text_completion", "created": 0, "model": body["model"],
-                          "choices": [{"index": 0, "text": " Paris\nmore", "finish_reason": "length",
-                                       "logprobs": None}]}
+                answer = {
+                    "id": "x",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [{"index": 0, "text": " Paris\nmore", "finish_reason": "length", "logprobs": None}],
+                }
                 payload = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -292,8 +313,23 @@ def test_unreachable_server_is_one_error_and_exit_2(tmp_path: Path) -> None:
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"question": "Who wrote Hamlet?", "answer": ["Shakespeare"]}) + "\n")
     url = f"http://127.0.0.1:{free_port()}/v1"
-    args = ["annotate", "--data", str(data), "--out", str(tmp_path / "out.jsonl"), "--model", "m",
-            "--backend", "openai", "--base-url", url, "--max-retries", "1", "--template", "fewshot"]
+    args = [
+        "annotate",
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "out.jsonl"),
+        "--model",
+        "m",
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--max-retries",
+        "1",
+        "--template",
+        "fewshot",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert f"no generation server answers at {url}" in result.output and "--base-url" in result.output
@@ -307,8 +343,12 @@ def ask_candor_serve(model, question: str = "Who wrote the play Romeo and Juliet
 
     with serve_in_thread(create_app(model, ServeSettings(max_tokens=2))) as url:
         body = {"model": "candor", "max_tokens": 2, "messages": [{"role": "user", "content": question}]}
-        request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
+        request = urllib.request.Request(
+            f"{url}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         try:
             with urllib.request.urlopen(request, timeout=300) as response:
                 return response.status, json.loads(response.read())

@@ -71,8 +71,9 @@ class FixtureServer:
 # ---------------------------------------------------------------- the documented response format
 
 
-def logprobs_block(tokens: list[str], lps: list[float | None], tops: list[dict[str, float] | None],
-                   start: int = 0) -> dict[str, Any]:  # fmt: skip
+def logprobs_block(
+    tokens: list[str], lps: list[float | None], tops: list[dict[str, float] | None], start: int = 0
+) -> dict[str, Any]:
     """vLLM's ``CompletionLogProbs``: offsets are the running sum of the token strings' lengths."""
     offsets, at = [], start
     for token in tokens:
@@ -85,13 +86,22 @@ def choice(text: str, index: int = 0, finish: str = "length", logprobs: dict[str
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None}
 
 
-def completion(body: dict[str, Any], choices: list[dict], prompt_tokens: int | None, completion_tokens: int | None
-               ) -> dict[str, Any]:  # fmt: skip
-    out: dict[str, Any] = {"id": "cmpl-fixture", "object": "text_completion", "created": 0,
-                           "model": body["model"], "choices": choices}  # fmt: skip
+def completion(
+    body: dict[str, Any], choices: list[dict], prompt_tokens: int | None, completion_tokens: int | None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": "cmpl-fixture",
+        "object": "text_completion",
+        "created": 0,
+        "model": body["model"],
+        "choices": choices,
+    }
     if prompt_tokens is not None:
-        out["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                        "total_tokens": prompt_tokens + (completion_tokens or 0)}  # fmt: skip
+        out["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + (completion_tokens or 0),
+        }
     return out
 
 
@@ -193,16 +203,18 @@ def test_usage_left_out_is_none_not_zero() -> None:
     assert gen.prompt_tokens is None and gen.greedy.completion_tokens is None
 
 
-@pytest.mark.parametrize(("server_says", "stop", "expected"), [
-    ("length", ("\n",), "stop"),  # cut here at a stop string the server ignored
-    ("length", (), "length"),
-    ("stop", (), "stop"),
-    ("content_filter", (), None),  # not a reason a Completion knows: cannot tell
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("server_says", "stop", "expected"),
+    [
+        ("length", ("\n",), "stop"),  # cut here at a stop string the server ignored
+        ("length", (), "length"),
+        ("stop", (), "stop"),
+        ("content_filter", (), None),  # not a reason a Completion knows: cannot tell
+    ],
+)
 def test_finish_reason_is_the_servers_or_stop_where_cut_here(server_says, stop, expected) -> None:
     def respond(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        return 200, completion(body, [choice(" Paris\nRome", finish=server_says)], prompt_tokens=3,
-                               completion_tokens=4)  # fmt: skip
+        return 200, completion(body, [choice(" Paris\nRome", finish=server_says)], prompt_tokens=3, completion_tokens=4)
 
     with FixtureServer(respond) as server:
         backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE])
@@ -249,8 +261,7 @@ class EchoServer:
         if self.omit:
             del block[self.omit]
         text = (prompt if body.get("echo") else "") + " Paris"
-        return 200, completion(body, [choice(text, logprobs=block)], prompt_tokens=len(tokens) - 1,
-                               completion_tokens=1)  # fmt: skip
+        return 200, completion(body, [choice(text, logprobs=block)], prompt_tokens=len(tokens) - 1, completion_tokens=1)
 
 
 def expected_scores(tokenizer: Any, bos: bool = False) -> list[float]:
@@ -363,8 +374,9 @@ def sentencepiece_tokenizer():
     merges = [("▁", "A"), ("▁", "B"), ("▁", "x")]
     model = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
     model.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    model.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                       decoders.Strip(" ", 1, 0)])  # fmt: skip
+    model.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=model, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     assert tok.decode([5]) == "A" == tok.decode([4])  # decoding one id drops the word's space: the trap
     assert tok("x A")["input_ids"] == [8, 5]
@@ -380,16 +392,24 @@ def next_token_server(top: dict[str, float]) -> Responder:
     return respond
 
 
-@pytest.mark.parametrize("names", [
-    {"▁A": -0.2, "A": -1.5, "<0x0A>": -2.0, "▁B": -3.0},  # vocabulary pieces (llama.cpp, older vLLM)
-    {" A": -0.2, "A": -1.5, "\n": -2.0, " B": -3.0},  # decoded tokens (vLLM)
-    {"token_id:5": -0.2, "token_id:4": -1.5, "token_id:3": -2.0, "token_id:6": -3.0},  # return_tokens_as_token_ids
-])  # fmt: skip
-def test_next_token_logprobs_find_sentencepiece_tokens_however_the_server_names_them(sentencepiece_tokenizer,
-                                                                                     names) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "names",
+    [
+        {"▁A": -0.2, "A": -1.5, "<0x0A>": -2.0, "▁B": -3.0},  # vocabulary pieces (llama.cpp, older vLLM)
+        {" A": -0.2, "A": -1.5, "\n": -2.0, " B": -3.0},  # decoded tokens (vLLM)
+        {"token_id:5": -0.2, "token_id:4": -1.5, "token_id:3": -2.0, "token_id:6": -3.0},  # return_tokens_as_token_ids
+    ],
+)
+def test_next_token_logprobs_find_sentencepiece_tokens_however_the_server_names_them(
+    sentencepiece_tokenizer, names
+) -> None:
     with FixtureServer(next_token_server(names)) as server:
-        backend = OpenAIBackend("m", base_url=server.url, tokenizer=sentencepiece_tokenizer,
-                                capabilities=[GENERATE, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS])  # fmt: skip
+        backend = OpenAIBackend(
+            "m",
+            base_url=server.url,
+            tokenizer=sentencepiece_tokenizer,
+            capabilities=[GENERATE, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS],
+        )
         got = backend.next_token_logprobs(["Q: x?\nA:"], [5, 4, 3])  # "▁A", "A", the newline byte
     assert got.tolist() == [[-0.2, -1.5, -2.0]]
     assert backend.last_fallbacks == 0
@@ -397,14 +417,16 @@ def test_next_token_logprobs_find_sentencepiece_tokens_however_the_server_names_
 
 @pytest.mark.parametrize("pieces", [False, True], ids=["decoded (vLLM)", "vocabulary pieces (older vLLM)"])
 def test_next_token_logprobs_on_a_byte_level_tokenizer(tokenizer, pieces) -> None:
-    space_paris, paris, space_rome = (tokenizer(t, add_special_tokens=False)["input_ids"][0]
-                                      for t in (" Paris", "Paris", " Rome"))  # fmt: skip
+    space_paris, paris, space_rome = (
+        tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in (" Paris", "Paris", " Rome")
+    )
     name = (lambda i: tokenizer.convert_ids_to_tokens(i)) if pieces else (lambda i: tokenizer.decode([i]))
     assert name(space_paris) == ("ĠParis" if pieces else " Paris")
     shown = {name(space_paris): -0.3, name(paris): -2.2, name(space_rome): -2.9}
     with FixtureServer(next_token_server(shown)) as server:
-        backend = OpenAIBackend("m", base_url=server.url, tokenizer=tokenizer,
-                                capabilities=[GENERATE, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS])  # fmt: skip
+        backend = OpenAIBackend(
+            "m", base_url=server.url, tokenizer=tokenizer, capabilities=[GENERATE, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS]
+        )
         got = backend.next_token_logprobs(["Q: capital of France?\nA:"], [space_paris, paris])
         assert got.tolist() == [[-0.3, -2.2]] and backend.last_fallbacks == 0
         berlin = tokenizer(" Berlin", add_special_tokens=False)["input_ids"][:1]

@@ -45,8 +45,17 @@ def vllm_url(smollm_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm_dir),
-           "--port", str(port), "--max-model-len", "2048"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(smollm_dir),
+        "--port",
+        str(port),
+        "--max-model-len",
+        "2048",
+    ]
     with log.open("w") as sink:
         proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -98,9 +107,11 @@ def test_next_token_logprobs_equal_the_in_process_backend(remote, local) -> None
 
 def test_candor_serve_over_vllm_reports_the_servers_usage(vllm_url, smollm_dir) -> None:
     from candor.serve import Decoding, HonestModel
+
     backend = OpenAIBackend(str(smollm_dir), base_url=vllm_url, max_concurrency=2)  # no local tokenizer
-    model = HonestModel(backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=2),
-                        backend_name="openai")  # fmt: skip
+    model = HonestModel(
+        backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=2), backend_name="openai"
+    )
     status, answer = ask_candor_serve(model)
     assert status == 200, answer
     assert answer["usage"]["completion_tokens"] > 0

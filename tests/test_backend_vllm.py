@@ -31,8 +31,7 @@ def vllm_out(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("vllm") / "out.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -106,8 +105,22 @@ def vllm_server(smollm_dir, tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm_dir), "--port", str(port),
-           "--max-model-len", "512", "--enforce-eager", "--dtype", "float32", "--logprobs-mode", "raw_logprobs"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(smollm_dir),
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--logprobs-mode",
+        "raw_logprobs",
+    ]
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     with log.open("w") as sink:
         proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -140,6 +153,7 @@ def test_openai_backend_on_a_vllm_server_gives_n_and_logprobs_equal_to_hf(vllm_s
         assert t.greedy.text == m.greedy.text
         np.testing.assert_allclose(t.greedy.logprobs, m.greedy.logprobs, atol=TOLERANCE)
         assert len(t.samples) == 3 and all(len(s.top_logprobs) == len(s.logprobs) for s in t.samples)
-    for a, b in zip(remote.score(worker.PROMPTS, worker.CONTINUATIONS), hf.score(worker.PROMPTS, worker.CONTINUATIONS),
-                    strict=True):
+    for a, b in zip(
+        remote.score(worker.PROMPTS, worker.CONTINUATIONS), hf.score(worker.PROMPTS, worker.CONTINUATIONS), strict=True
+    ):
         np.testing.assert_allclose(a, b, atol=TOLERANCE)

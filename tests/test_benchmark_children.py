@@ -27,8 +27,9 @@ def test_the_environment_puts_the_given_paths_then_the_repository_first():
 def test_a_child_started_elsewhere_imports_the_package(tmp_path):
     base = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": ""}
     command = script_command("benchmarks.startup", "--help")  # argparse only: a fast script's --help
-    started = subprocess.run(command, cwd=tmp_path, env=script_env(base, ROOT / "src"), capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
+    started = subprocess.run(
+        command, cwd=tmp_path, env=script_env(base, ROOT / "src"), capture_output=True, text=True, timeout=300
+    )
     assert started.returncode == 0 and started.stdout.startswith("usage:"), started.stderr
     # Without the repository on its path, a child in another folder cannot find the package.
     lost = subprocess.run(command, cwd=tmp_path, env=base, capture_output=True, text=True, timeout=300)

@@ -129,8 +129,9 @@ def test_no_script_imports_another_script():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         imported = imported_modules(path.read_text(encoding="utf-8"), package)
         offenders += [f"{name} imports the script {other}" for other in sorted(imported & scripts) if other != name]
-        offenders += [f"{name} imports {bare} by the folder, not as benchmarks.{bare}"
-                      for bare in sorted(imported & siblings)]  # fmt: skip
+        offenders += [
+            f"{name} imports {bare} by the folder, not as benchmarks.{bare}" for bare in sorted(imported & siblings)
+        ]
     assert offenders == []
 
 

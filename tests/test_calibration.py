@@ -88,9 +88,7 @@ def test_histogram_hand() -> None:
     assert centre.predict([0.01, 0.52, 0.33]) == pytest.approx([0.5, 1.0, 0.35])
     glob = get_calibrator("histogram", empty="global").fit(conf, correct)
     assert glob.predict([0.01, 0.52, 0.33]) == pytest.approx([0.5, 1.0, 0.75])
-    assert get_calibrator("histogram", n_bins=2).fit(conf, correct).predict([1.0, 0.0]) == pytest.approx(
-        [1.0, 0.5]
-    )
+    assert get_calibrator("histogram", n_bins=2).fit(conf, correct).predict([1.0, 0.0]) == pytest.approx([1.0, 0.5])
     with pytest.raises(CandorError, match="empty-bin rule"):
         get_calibrator("histogram", empty="zero")
 

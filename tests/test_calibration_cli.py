@@ -22,9 +22,21 @@ def test_calibrate_adds_the_fitted_column_and_saves_the_calibrator(tmp_path):
     dev, test = table("dev", 300, 1), table("test", 120, 2)
     write_confidences(tmp_path / "dev.jsonl", dev)
     write_confidences(tmp_path / "test.jsonl", test)
-    args = ["calibrate", "--dev", str(tmp_path / "dev.jsonl"), "-c", str(tmp_path / "test.jsonl"),
-            "-o", str(tmp_path / "out.jsonl"), "-m", "n-prob", "--calibrator", "platt",
-            "--save-dir", str(tmp_path / "cal")]
+    args = [
+        "calibrate",
+        "--dev",
+        str(tmp_path / "dev.jsonl"),
+        "-c",
+        str(tmp_path / "test.jsonl"),
+        "-o",
+        str(tmp_path / "out.jsonl"),
+        "-m",
+        "n-prob",
+        "--calibrator",
+        "platt",
+        "--save-dir",
+        str(tmp_path / "cal"),
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     out = read_confidences(tmp_path / "out.jsonl")
@@ -39,8 +51,15 @@ def test_calibrate_adds_the_fitted_column_and_saves_the_calibrator(tmp_path):
 def test_calibrate_refuses_shared_ids_and_unknown_methods(tmp_path):
     dev = table("x", 50, 1)
     write_confidences(tmp_path / "dev.jsonl", dev)
-    base = ["calibrate", "--dev", str(tmp_path / "dev.jsonl"), "-c", str(tmp_path / "dev.jsonl"), "-o",
-            str(tmp_path / "out.jsonl")]
+    base = [
+        "calibrate",
+        "--dev",
+        str(tmp_path / "dev.jsonl"),
+        "-c",
+        str(tmp_path / "dev.jsonl"),
+        "-o",
+        str(tmp_path / "out.jsonl"),
+    ]
     leak = CliRunner().invoke(app, [*base, "-m", "n-prob"])
     assert leak.exit_code == 2
     assert "share 50 record ids" in leak.output

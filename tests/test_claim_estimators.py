@@ -48,8 +48,13 @@ def answer() -> Completion:
 
 def test_every_builtin_claim_estimator_is_registered():
     assert set(claim_estimator_names()) >= {
-        "claim-prob", "claim-perplexity", "claim-max-entropy", "claim-ccp", "claim-ptrue", "claim-consistency",
-    }  # fmt: skip
+        "claim-prob",
+        "claim-perplexity",
+        "claim-max-entropy",
+        "claim-ccp",
+        "claim-ptrue",
+        "claim-consistency",
+    }
 
 
 def test_token_reductions_equal_hand_computations():

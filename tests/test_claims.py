@@ -29,8 +29,11 @@ def test_sentence_claims_have_exact_spans_and_overlapping_tokens():
     comp = completion(ANSWER)
     claims = split_claims(ANSWER, comp)
     assert [c.text for c in claims] == [
-        "The capital of France is Paris.", "F. Scott Fitzgerald wrote it", "he was American.", "Gold is Au.",
-    ]  # fmt: skip
+        "The capital of France is Paris.",
+        "F. Scott Fitzgerald wrote it",
+        "he was American.",
+        "Gold is Au.",
+    ]
     offsets = token_offsets(comp)
     for claim in claims:
         assert ANSWER[claim.start : claim.end] == claim.text
@@ -119,8 +122,11 @@ def test_compound_labels_by_position_and_counts_failure_modes():
     rec = compound_record(text, PARTS)
     counts = label_compound([rec])
     assert [(c.question, c.label, c.failure) for c in rec.claims] == [
-        (0, 0, None), (1, None, "other-question"), (2, 1, None), (3, None, "repeated"),
-    ]  # fmt: skip
+        (0, 0, None),
+        (1, None, "other-question"),
+        (2, 1, None),
+        (3, None, "repeated"),
+    ]
     assert counts["failures"] == {"repeated": 1, "echo": 0, "other-question": 1, "extra": 0}
     assert counts["scored"] == 2 and counts["correct"] == 1 and counts["questions_answered"] == 2
     assert rec.provenance["claim_judge"] == {"name": "contains"}

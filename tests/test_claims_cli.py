@@ -17,11 +17,16 @@ from candor.backends.base import Completion
 from candor.data.items import QAItem
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-PARTS = [("What is the capital of France?", ["Paris"]), ("Who wrote Hamlet?", ["Shakespeare"]),
-         ("What is the chemical symbol for gold?", ["Au"])]  # fmt: skip
-LINES = [("The capital of France is Paris.", "The capital of France is Lyon."),
-         ("Hamlet was written by Shakespeare.", "Hamlet was written by Marlowe."),
-         ("The chemical symbol for gold is Au.", "The chemical symbol for gold is Ag.")]  # fmt: skip
+PARTS = [
+    ("What is the capital of France?", ["Paris"]),
+    ("Who wrote Hamlet?", ["Shakespeare"]),
+    ("What is the chemical symbol for gold?", ["Au"]),
+]
+LINES = [
+    ("The capital of France is Paris.", "The capital of France is Lyon."),
+    ("Hamlet was written by Shakespeare.", "Hamlet was written by Marlowe."),
+    ("The chemical symbol for gold is Au.", "The chemical symbol for gold is Ag."),
+]
 
 
 def record(i: int, rng: np.random.Generator) -> Record:

@@ -69,7 +69,7 @@ def test_claim_estimators_equal_lm_polygraph(contexts, lively_dir):
                 "alternatives": token_alternatives(c.answer),
                 "decisions": d,
                 "functional": [is_functional(t) for t in c.answer.tokens],
-            }  # fmt: skip
+            }
             for c, d in zip(ctxs, decisions, strict=True)
         ],
     }

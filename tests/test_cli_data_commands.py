@@ -52,8 +52,19 @@ def test_cli_datasets_missing_data_dir_says_so_per_name(tmp_path):
 
 def test_cli_demo_on_the_tiny_model(tiny_model_dir, tmp_path):
     out = tmp_path / "demo"
-    args = ["demo", "--out-dir", str(out), "--model", str(tiny_model_dir), "--limit", "4", "--k", "2",
-            "--estimators", "n-prob,consis-lex"]
+    args = [
+        "demo",
+        "--out-dir",
+        str(out),
+        "--model",
+        str(tiny_model_dir),
+        "--limit",
+        "4",
+        "--k",
+        "2",
+        "--estimators",
+        "n-prob,consis-lex",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     (report,) = [line.removeprefix("report: ") for line in result.output.splitlines() if line.startswith("report: ")]

@@ -303,9 +303,22 @@ def test_every_trainer_refuses_a_pool_that_overlaps_its_test_files(leaky_files, 
     pool, test, qa = leaky_files
     out = tmp_path / "out"
     result = CliRunner().invoke(
-        app, ["train", method, "-r", str(pool), "-o", str(out), "--model", "no-such-model", "--test", str(test),
-              "--test", str(qa)],
-    )  # fmt: skip
+        app,
+        [
+            "train",
+            method,
+            "-r",
+            str(pool),
+            "-o",
+            str(out),
+            "--model",
+            "no-such-model",
+            "--test",
+            str(test),
+            "--test",
+            str(qa),
+        ],
+    )
     line = one_error_line(result)
     assert f"{pool}: 3 of 40 questions are also in the test files" in line
     assert "e.g. 'What is fact number 7 about toy?'" in line and str(qa) in line
@@ -328,9 +341,21 @@ def test_the_sweep_refuses_a_pool_that_overlaps_its_test_files(leaky_files, tmp_
     other = tmp_path / "other.jsonl"
     write_records(other, annotated_records(4, start=300, dataset="b"))
     result = CliRunner().invoke(
-        app, ["sweep", "-r", str(pool), "-t", str(other), "-t", str(test), "-o", str(tmp_path / "s"),
-              "--model", "no-such-model"],
-    )  # fmt: skip
+        app,
+        [
+            "sweep",
+            "-r",
+            str(pool),
+            "-t",
+            str(other),
+            "-t",
+            str(test),
+            "-o",
+            str(tmp_path / "s"),
+            "--model",
+            "no-such-model",
+        ],
+    )
     line = one_error_line(result)
     assert f"{pool}: 2 of 40 questions are also in the test files ({other}, {test})" in line
     assert "e.g. 'What is fact number 38 about toy?'" in line
@@ -413,8 +438,9 @@ def test_train_elical_prints_the_held_out_domain_auroc_of_a_multi_dataset_pool(t
     # each dataset scored on all its records (pool and carved dev), none of which its fold trained on
     assert {d: v["n"] for d, v in report["domains"].items()} == {"a": 24, "b": 24}
     assert all(0.0 <= v["auroc"] <= 1.0 for v in report["domains"].values())
-    one = runner.invoke(app, ["train", "elical", "-r", str(single), "-o", str(tmp_path / "s"), *args,
-                              "-s", "target=in-domain"])  # fmt: skip
+    one = runner.invoke(
+        app, ["train", "elical", "-r", str(single), "-o", str(tmp_path / "s"), *args, "-s", "target=in-domain"]
+    )
     assert one.exit_code == 0, one.output
     assert "stage 2: target in-domain (the best mean held-out AUROC" in one.output and "→ rule L2-SP 0.1" in one.output
     saved = json.loads((tmp_path / "s" / "training.json").read_text())["config"]
@@ -428,8 +454,22 @@ def test_sweep_select_chooses_a_rule_on_held_out_domains_and_reads_no_test(tiny_
     write_records(pool, annotated_records(24, 0, "a") + annotated_records(24, 100, "b"))
     write_records(extra, annotated_records(9, 500, "a") + annotated_records(9, 600, "b"))
     runner = CliRunner()
-    base = ["sweep", "--select", "-r", str(pool), "--held-out-dev", str(extra), "-o", str(tmp_path / "sel"),
-            "--model", tiny_model_dir, "--budgets", "all", "--seeds", "0"]
+    base = [
+        "sweep",
+        "--select",
+        "-r",
+        str(pool),
+        "--held-out-dev",
+        str(extra),
+        "-o",
+        str(tmp_path / "sel"),
+        "--model",
+        tiny_model_dir,
+        "--budgets",
+        "all",
+        "--seeds",
+        "0",
+    ]
     result = runner.invoke(app, [*base, "--rules", "loss-stop,bias-scale"])
     assert result.exit_code == 0, result.output
     chosen = json.loads((tmp_path / "sel" / "selection.json").read_text())

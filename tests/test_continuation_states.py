@@ -108,8 +108,9 @@ def test_eigenscore_equals_the_old_computation_on_real_records(shared_data, smol
     backend = HFBackend.from_pretrained(str(smollm_dir), batch_size=8)
     items = load_items("nq", data_dir=shared_data / "honestybench", limit=4)
     path = tmp_path / "nq.jsonl"
-    annotate(items, backend, path, FEWSHOT, AnnotateConfig(k=5, params=SamplingParams(max_new_tokens=12)),
-             progress=False)
+    annotate(
+        items, backend, path, FEWSHOT, AnnotateConfig(k=5, params=SamplingParams(max_new_tokens=12)), progress=False
+    )
     records: list[Record] = read_records(path)
     layer = (backend.model.config.num_hidden_layers + 1) // 2
     prompts, _ = record_prompts(records, backend)

@@ -247,8 +247,12 @@ def test_logiqa_real_file(shared_data):
 
 # Real HonestyBench files hold items whose only alias is the empty string; one of them
 # sits in the middle of each file below (line 3 of 5 rows), in every loader's format.
-GOOD = [("Capital of France?", "Paris"), ("Who wrote Hamlet?", "Shakespeare"),
-        ("Symbol for gold?", "Au"), ("Red planet?", "Mars")]
+GOOD = [
+    ("Capital of France?", "Paris"),
+    ("Who wrote Hamlet?", "Shakespeare"),
+    ("Symbol for gold?", "Au"),
+    ("Red planet?", "Mars"),
+]
 
 
 def mid_file_rows(bad: dict) -> list[dict]:
@@ -299,8 +303,13 @@ def test_limit_counts_kept_items(tmp_path):
 
 
 def test_csv_row_with_empty_answer_cell_is_skipped(tmp_path, caplog):
-    lines = ["question,answer", *(f"{q},{a}" for q, a in GOOD[:2]), "Blank gold?,", "Blank too?, | ",
-             *(f"{q},{a}" for q, a in GOOD[2:])]
+    lines = [
+        "question,answer",
+        *(f"{q},{a}" for q, a in GOOD[:2]),
+        "Blank gold?,",
+        "Blank too?, | ",
+        *(f"{q},{a}" for q, a in GOOD[2:]),
+    ]
     path = write_lines(tmp_path / "qa.csv", lines)
     with caplog.at_level("WARNING"):
         items = load_items(str(path))

@@ -17,10 +17,25 @@ from candor.data.download import SOURCES, download_datasets, downloadable
 from candor.util.errors import CandorError
 
 # The documented formats: HonestyBench's raw QA lines, and LogiQA 2.0's test.txt (one JSON object per line).
-QA_FILES = ["nq/test.jsonl", "hq/dev.jsonl", "2wikimultihopqa/dev.jsonl", "pararel_patterns/test.jsonl",
-            "squad/dev.jsonl", "musique/dev.jsonl", "musique/train.jsonl"]
-LOGIQA = [{"id": 7, "answer": 2, "text": "Every A is B.", "question": "Which follows?",
-           "options": ["w", "x", "y", "z"], "type": {"Categorical Reasoning": True}}]
+QA_FILES = [
+    "nq/test.jsonl",
+    "hq/dev.jsonl",
+    "2wikimultihopqa/dev.jsonl",
+    "pararel_patterns/test.jsonl",
+    "squad/dev.jsonl",
+    "musique/dev.jsonl",
+    "musique/train.jsonl",
+]
+LOGIQA = [
+    {
+        "id": 7,
+        "answer": 2,
+        "text": "Every A is B.",
+        "question": "Which follows?",
+        "options": ["w", "x", "y", "z"],
+        "type": {"Categorical Reasoning": True},
+    }
+]
 
 
 @pytest.fixture()
@@ -53,16 +68,26 @@ def http_mirror(mirror, monkeypatch):
 
 
 def test_every_named_dataset_but_the_builtin_one_has_a_source():
-    assert set(downloadable()) == {"nq", "hq", "2wikimultihopqa", "pararel", "squad", "musique", "musique-train",
-                                   "logiqa"}
+    assert set(downloadable()) == {
+        "nq",
+        "hq",
+        "2wikimultihopqa",
+        "pararel",
+        "squad",
+        "musique",
+        "musique-train",
+        "logiqa",
+    }
     assert SOURCES.get("elical-qa").base_url.startswith("https://raw.githubusercontent.com/")
     assert set(SOURCES.get("elical-qa").files) == set(QA_FILES)
 
 
 def test_download_from_file_urls_gives_loadable_datasets(mirror, tmp_path):
     data = tmp_path / "data"
-    sources = {"elical-qa": (mirror / "elical" / "data").as_uri(),
-               "logiqa2": (mirror / "logiqa2" / "logiqa" / "DATA" / "LOGIQA").as_uri()}
+    sources = {
+        "elical-qa": (mirror / "elical" / "data").as_uri(),
+        "logiqa2": (mirror / "logiqa2" / "logiqa" / "DATA" / "LOGIQA").as_uri(),
+    }
     fetched = download_datasets(data_dir=data, sources=sources)
     assert {f.name for f in fetched} == set(downloadable()) and not any(f.already_there for f in fetched)
     assert load_items("squad", data_dir=data)[0].answers == ("x", "y")
@@ -78,8 +103,10 @@ def test_cli_download_over_http_then_list(http_mirror, tmp_path):
     assert f"nq: fetched: {data / 'nq' / 'test.jsonl'}" in first.output
     again = runner.invoke(app, ["datasets", "--download", "nq", "--data-dir", str(data)])
     assert "nq: already there" in again.output
-    listed = {line.split(" ", 1)[0]: line for line in
-              runner.invoke(app, ["datasets", "--data-dir", str(data)]).output.splitlines()}
+    listed = {
+        line.split(" ", 1)[0]: line
+        for line in runner.invoke(app, ["datasets", "--data-dir", str(data)]).output.splitlines()
+    }
     assert listed["nq"].endswith(str(data / "nq" / "test.jsonl"))
     # What is missing says how to get it.
     assert listed["squad"].endswith(f"get it with `candor datasets --download squad --data-dir {data}`")

@@ -109,8 +109,9 @@ def test_sensitivity_roundtrip_recomputes_jsd():
 
 def _pool() -> list[Record]:
     return [
-        _record("a", "nq", "capital of france", ["Paris", "City of Paris"], "Paris",
-                ["paris.", "Lyon", "", "The Paris"]),
+        _record(
+            "a", "nq", "capital of france", ["Paris", "City of Paris"], "Paris", ["paris.", "Lyon", "", "The Paris"]
+        ),
         _record("b", "nq", "capital of italy", ["Rome"], "Milan", ["Rome"]),
         _record("c", "nq", "capital of spain", ["Madrid"], "Madrid", []),
         _record("d", "hq", "who wrote hamlet", ["Shakespeare"], "Marlowe", []),
@@ -138,6 +139,7 @@ def test_candidates_cap_seed_and_pool_order():
     assert [len(c) for c in capped] == [4, 4, 4, 4]
     again = build_candidates(list(reversed(pool)), max_candidates=30, seed=0)
     assert {c.item.id: c.answers for c in again} == {c.item.id: c.answers for c in build_candidates(pool)}
+
     def own(sets):
         return [[a for a, s in zip(c.answers, c.sources, strict=True) if s != "borrowed"] for c in sets]
 

@@ -93,13 +93,15 @@ def test_rollout_masses_sum_to_one_and_attention_is_restored(tiny_backend):
     assert sum(summary["excl_bos"].values()) == pytest.approx(1.0)
     ex = result.examples[0]
     assert summary["excl_bos"]["answer"] == pytest.approx(
-        np.mean([e.mass["answer"] / (1 - e.mass["bos"]) for e in result.examples]))
+        np.mean([e.mass["answer"] / (1 - e.mass["bos"]) for e in result.examples])
+    )
     assert ex.mass["answer"] < 1 - ex.mass["bos"]
 
 
 def test_integrated_gradients_completeness(tiny_backend):
-    result = integrated_gradients(tiny_backend, ITEMS[:2], ["William Shakespeare", "Paris"], "number",
-                                  steps=48, internal_batch_size=16)
+    result = integrated_gradients(
+        tiny_backend, ITEMS[:2], ["William Shakespeare", "Paris"], "number", steps=48, internal_batch_size=16
+    )
     for ex in result.examples:
         gap = ex.mu_input - ex.mu_baseline
         # captum's delta is sum(attributions) − (f(x) − f(baseline)); μ here is computed separately.
@@ -122,12 +124,22 @@ def test_run_diagnosis_writes_report_side_by_side(tiny_backend, tokenizer, tmp_p
     from candor.backends.hf import HFBackend
 
     other = HFBackend(build_tiny_model(len(tokenizer), seed=1), tokenizer, batch_size=4)
-    report = run_diagnosis(_sets(), tmp_path / "out", config=SMALL, backends={"base": tiny_backend, "advice": other},
-                           title="Tiny diagnose")
+    report = run_diagnosis(
+        _sets(), tmp_path / "out", config=SMALL, backends={"base": tiny_backend, "advice": other}, title="Tiny diagnose"
+    )
     out = tmp_path / "out"
-    for name in ("diagnose.md", "diagnose.json", "jsd_hist.png", "mu_by_correctness.png", "masking.png",
-                 "rollout.png", "attribution_base.html", "attribution_advice.html", "details/base.json",
-                 "details/advice.json"):
+    for name in (
+        "diagnose.md",
+        "diagnose.json",
+        "jsd_hist.png",
+        "mu_by_correctness.png",
+        "masking.png",
+        "rollout.png",
+        "attribution_base.html",
+        "attribution_advice.html",
+        "details/base.json",
+        "details/advice.json",
+    ):
         assert (out / name).stat().st_size > 0, name
     doc = json.loads((out / "diagnose.json").read_text())
     assert list(doc["models"]) == ["base", "advice"]
@@ -203,8 +215,14 @@ def test_run_diagnosis_loads_model_and_adapter_from_disk(tiny_model, tokenizer, 
     peft_model.save_pretrained(adapter_dir)
 
     config = DiagnoseConfig(stages=("sensitivity", "masking"))
-    report = run_diagnosis(_sets()[:2], tmp_path / "out", model=str(model_dir), adapter=str(adapter_dir),
-                           adapter_name="advice", config=config)
+    report = run_diagnosis(
+        _sets()[:2],
+        tmp_path / "out",
+        model=str(model_dir),
+        adapter=str(adapter_dir),
+        adapter_name="advice",
+        config=config,
+    )
     assert list(report.diagnoses) == ["base", "advice"]
     assert report.diagnoses["advice"].adapter == str(adapter_dir)
     base, advice = report.summary()["base"], report.summary()["advice"]
@@ -213,5 +231,11 @@ def test_run_diagnosis_loads_model_and_adapter_from_disk(tiny_model, tokenizer, 
     assert doc["models"]["advice"]["adapter"] == str(adapter_dir) and "rollout" not in doc["models"]["base"]
     assert not (tmp_path / "out" / "rollout.png").exists()
     with pytest.raises(CandorError, match="cannot be called 'base'"):
-        run_diagnosis(_sets()[:1], tmp_path / "x", model=str(model_dir), adapter=str(adapter_dir),
-                      adapter_name="base", config=config)
+        run_diagnosis(
+            _sets()[:1],
+            tmp_path / "x",
+            model=str(model_dir),
+            adapter=str(adapter_dir),
+            adapter_name="base",
+            config=config,
+        )

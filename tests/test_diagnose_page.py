@@ -16,8 +16,9 @@ RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "diagnose
 
 def committed_run() -> tuple[dict, dict[str, ModelDiagnosis], DiagnoseConfig]:
     doc = json.loads((RUN / "diagnose.json").read_text())
-    diagnoses = {n: ModelDiagnosis.from_details(json.loads((RUN / "details" / f"{n}.json").read_text()))
-                 for n in doc["models"]}
+    diagnoses = {
+        n: ModelDiagnosis.from_details(json.loads((RUN / "details" / f"{n}.json").read_text())) for n in doc["models"]
+    }
     return doc, diagnoses, DiagnoseConfig.from_dict(doc["config"])
 
 

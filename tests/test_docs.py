@@ -15,9 +15,24 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = ("index.md", "install.md", "annotate.md", "backends.md", "estimators.md", "evaluation.md", "claims.md",
-         "training.md", "diagnostics.md", "serving.md", "benchmarks.md", "python-api.md", "architecture.md",
-         "methods.md", "engine.md", "development.md")  # fmt: skip
+PAGES = (
+    "index.md",
+    "install.md",
+    "annotate.md",
+    "backends.md",
+    "estimators.md",
+    "evaluation.md",
+    "claims.md",
+    "training.md",
+    "diagnostics.md",
+    "serving.md",
+    "benchmarks.md",
+    "python-api.md",
+    "architecture.md",
+    "methods.md",
+    "engine.md",
+    "development.md",
+)
 CITATION = re.compile(r'docs/([a-z_]+\.md)((?: "[^"]+",?)+)')
 
 
@@ -27,8 +42,12 @@ def headings(page: Path) -> set[str]:
 
 def source_files() -> list[Path]:
     """Every file that may cite the docs (this test file's own example of a bad citation left out)."""
-    files = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
-             ROOT / "benchmarks" / "README.md"]  # fmt: skip
+    files = [
+        *(ROOT / "src").rglob("*.py"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "benchmarks").rglob("*.py"),
+        ROOT / "benchmarks" / "README.md",
+    ]
     return [path for path in files if path.resolve() != Path(__file__).resolve()]
 
 
@@ -120,9 +139,12 @@ def test_the_api_pages_document_every_name_of_the_front_door():
 
 
 def test_no_source_cites_a_file_outside_the_repository():
-    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in (ROOT / "src").rglob("*.py")
-                 for n, line in enumerate(path.read_text().splitlines(), 1)
-                 if "DESIGN.md" in line or "../shared" in line]  # fmt: skip
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in (ROOT / "src").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "DESIGN.md" in line or "../shared" in line
+    ]
     assert offenders == []
 
 

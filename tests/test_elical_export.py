@@ -220,8 +220,15 @@ def test_vllm_pooling_runner_classifies_with_the_heads_confidence(mode, tmp_path
     script, got = tmp_path / "classify.py", tmp_path / "probs.json"
     script.write_text(VLLM_CLASSIFY)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    args = [sys.executable, str(script), result.folder, result.vllm_pooler_config(), result.dtype,
-            json.dumps(head.prompts(QUESTIONS)), str(got)]  # fmt: skip
+    args = [
+        sys.executable,
+        str(script),
+        result.folder,
+        result.vllm_pooler_config(),
+        result.dtype,
+        json.dumps(head.prompts(QUESTIONS)),
+        str(got),
+    ]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     np.testing.assert_allclose(json.loads(got.read_text()), head.predict(QUESTIONS), atol=1e-3)

@@ -50,7 +50,6 @@ def make_records(n: int, start: int = 0, template: str | None = "fewshot") -> li
     return out
 
 
-
 def fresh_head(tiny_model_dir: str, mode: str = "head", layer: int = -1, seed: int = 0) -> ConfidenceHead:
     from candor.train.common import load_causal_lm
 
@@ -152,7 +151,11 @@ def test_the_records_template_is_the_one_they_were_annotated_with(tokenizer):
 def test_save_then_load_gives_identical_predictions(tiny_model_dir, tmp_path, mode):
     config = EliCalConfig(mode=mode, model=tiny_model_dir, max_epochs=2, lora_r=4, lora_alpha=8)
     result = train_elical(
-        make_records(24), make_records(8, 100), method="elical", budget=Budget(12), config=config,
+        make_records(24),
+        make_records(8, 100),
+        method="elical",
+        budget=Budget(12),
+        config=config,
         out_dir=tmp_path / "head",
     )
     inputs = [*make_records(3, 200), *QUESTIONS]
@@ -305,8 +308,11 @@ def test_score_with_another_head_in_the_same_folder_recomputes_and_warns_of_over
     options = {"elical": {"head": str(head)}}
     with caplog.at_level(logging.INFO):
         first = score_into(records, ["elical"], out, options=options).arrays("elical")[0]
-    assert f"contamination: 2 of 4 records being scored are among the training questions of elical.head {head}" \
-        in caplog.text and repr(records[1].item.question) in caplog.text
+    assert (
+        f"contamination: 2 of 4 records being scored are among the training questions of elical.head {head}"
+        in caplog.text
+        and repr(records[1].item.question) in caplog.text
+    )
     fresh_head(tiny_model_dir, seed=5).save_pretrained(head)  # retrained into the same folder
     caplog.clear()
     with caplog.at_level(logging.INFO):
@@ -334,4 +340,7 @@ def test_feature_cache_progress_counts_the_uncached_prompts_once(tmp_path, caplo
         fresh.get(prompts, lambda batch: np.ones((len(batch), 2)))
     # Was "256/300 new prompts" then "300/300 new prompts": progress that read like two different counts.
     assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
-        "300 of 300 prompts not cached yet", "extracted 256 of those 300", "extracted 300 of those 300"]
+        "300 of 300 prompts not cached yet",
+        "extracted 256 of those 300",
+        "extracted 300 of those 300",
+    ]

@@ -57,8 +57,13 @@ def reference_confidences(peft_model, vector_head, tokenizer, prompts: list[str]
 
 def test_an_imported_head_gives_the_authors_confidences(released, tiny_model_dir, tmp_path):
     root, peft_model, vector_head = released
-    out = import_released_head(root / "lora_epoch_best", root / "vector_head_epoch_best.pt", tiny_model_dir,
-                               tmp_path / "head", template="fewshot")  # fmt: skip
+    out = import_released_head(
+        root / "lora_epoch_best",
+        root / "vector_head_epoch_best.pt",
+        tiny_model_dir,
+        tmp_path / "head",
+        template="fewshot",
+    )
     config = HeadConfig.read(out)
     assert (config.mode, config.layer, config.template, config.hidden_size) == ("lora", -1, "fewshot", 64)
     assert config.lora == {"r": 8, "alpha": 16, "dropout": 0.0, "targets": sorted(TARGETS)}
@@ -78,8 +83,13 @@ def test_an_imported_head_scores_through_the_estimator_and_exports(released, tin
     from candor.train.elical.export import export_seq_cls, seq_cls_confidence
 
     root, peft_model, vector_head = released
-    out = import_released_head(root / "lora_epoch_best", root / "vector_head_epoch_best.pt", tiny_model_dir,
-                               tmp_path / "head", template="fewshot")  # fmt: skip
+    out = import_released_head(
+        root / "lora_epoch_best",
+        root / "vector_head_epoch_best.pt",
+        tiny_model_dir,
+        tmp_path / "head",
+        template="fewshot",
+    )
     scores = get_estimator("elical", head=str(out), device="cpu").score_questions(QUESTIONS)
     head = ConfidenceHead.from_pretrained(out, device="cpu")
     expected = reference_confidences(peft_model, vector_head, head.tokenizer, head.prompts(QUESTIONS))
@@ -96,8 +106,17 @@ def test_cli_import_head_writes_a_head_folder(released, tiny_model_dir, tmp_path
     from candor.cli import app
 
     root, _, _ = released
-    args = ["import-head", str(root / "lora_epoch_best"), str(root / "vector_head_epoch_best.pt"),
-            "--backbone", tiny_model_dir, "-o", str(tmp_path / "head"), "--template", "fewshot"]  # fmt: skip
+    args = [
+        "import-head",
+        str(root / "lora_epoch_best"),
+        str(root / "vector_head_epoch_best.pt"),
+        "--backbone",
+        tiny_model_dir,
+        "-o",
+        str(tmp_path / "head"),
+        "--template",
+        "fewshot",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "imported a lora head" in result.output and HeadConfig.read(tmp_path / "head").mode == "lora"

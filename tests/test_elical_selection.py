@@ -83,8 +83,16 @@ def test_rules_are_config_settings_and_the_default_is_one_of_them():
 def test_a_tiny_selection_runs_every_rule_on_every_fold_and_no_head_saw_its_held_out_domain(tiny_model_dir, tmp_path):
     pool, dev, extra = pool_dev_extra()
     config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=2, feature_cache=str(tmp_path / "features"))
-    result = select_rule(pool, dev, extra, out_dir=tmp_path / "select", config=config,
-                         rules=["loss-stop", "bias-scale"], budgets=[WHOLE_POOL], seeds=[0])
+    result = select_rule(
+        pool,
+        dev,
+        extra,
+        out_dir=tmp_path / "select",
+        config=config,
+        rules=["loss-stop", "bias-scale"],
+        budgets=[WHOLE_POOL],
+        seeds=[0],
+    )
     assert set(result["candidates"]) == {"loss-stop", "bias-scale"}
     assert result["selected"] in result["candidates"]
     assert result["folds"]["nq"] == {"n_train": 24, "n_dev": 8, "n_scored": 10, "n_correct": 3}
@@ -140,9 +148,14 @@ def test_each_target_ships_the_rule_the_benchmark_selected_for_it():
 
 def _with_changes(changes: dict[str, dict[str, list[float]]], means: dict[str, float]) -> dict[str, dict]:
     """Candidates with per-seed 100→all changes per domain and a mean held-out AUROC (ECE equal)."""
-    return {name: {"mean_auroc": means[name], "mean_ece": 0.05,
-                   "domain_change": {d: {"change": float(sum(s) / len(s)), "per_seed": s} for d, s in per.items()}}
-            for name, per in changes.items()}  # fmt: skip
+    return {
+        name: {
+            "mean_auroc": means[name],
+            "mean_ece": 0.05,
+            "domain_change": {d: {"change": float(sum(s) / len(s)), "per_seed": s} for d, s in per.items()},
+        }
+        for name, per in changes.items()
+    }
 
 
 def test_tolerance_is_two_standard_errors_from_the_seeds_spread_pooled_over_rules():
@@ -160,11 +173,14 @@ def test_tolerance_is_two_standard_errors_from_the_seeds_spread_pooled_over_rule
 
 def test_universal_skips_the_best_mean_when_one_domain_loses_beyond_its_noise():
     # "free" has the best mean but loses 5 points on nq (tolerance about 1 point); "anchored" loses nothing.
-    candidates = _with_changes({
-        "free": {"nq": [-0.05, -0.06, -0.04], "wiki": [0.08, 0.07, 0.09]},
-        "anchored": {"nq": [-0.005, 0.0, 0.005], "wiki": [0.01, 0.0, 0.02]},
-        "frozen": {"nq": [0.0, 0.0, 0.0], "wiki": [0.0, 0.0, 0.0]},
-    }, {"free": 0.70, "anchored": 0.68, "frozen": 0.66})  # fmt: skip
+    candidates = _with_changes(
+        {
+            "free": {"nq": [-0.05, -0.06, -0.04], "wiki": [0.08, 0.07, 0.09]},
+            "anchored": {"nq": [-0.005, 0.0, 0.005], "wiki": [0.01, 0.0, 0.02]},
+            "frozen": {"nq": [0.0, 0.0, 0.0], "wiki": [0.0, 0.0, 0.0]},
+        },
+        {"free": 0.70, "anchored": 0.68, "frozen": 0.66},
+    )
     tol = tolerances(candidates)
     assert pick(candidates) == "free"  # the mean rule (in-domain target) takes it
     chosen = pick_universal(candidates, tol)

@@ -107,8 +107,9 @@ def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_model_dir, tmp_p
 
     # Other test questions, same training: every head is rescored, none retrained, and the old test
     # questions score as before.
-    more = SweepData(data.train, data.dev, {**data.tests, "extra": annotated_records(9, 900, "extra")},
-                     {**data.roles, "extra": "id"})
+    more = SweepData(
+        data.train, data.dev, {**data.tests, "extra": annotated_records(9, 900, "extra")}, {**data.roles, "extra": "id"}
+    )
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="candor.train.elical"):
         rescored = run_sweep(more, **{**kwargs, "baselines": None})
@@ -127,16 +128,19 @@ def test_a_tiny_sweep_writes_the_curve_and_reuses_its_runs(tiny_model_dir, tmp_p
 def test_the_sweep_refuses_a_dev_slice_that_overlaps_test_before_training(tiny_model_dir, tmp_path):
     data = sweep_data()
     leaked = SweepData(data.train, [*data.dev, data.tests["near"][0]], data.tests, data.roles)
-    with pytest.raises(CandorError, match="the dev slice: 1 of 9 questions are also in the test set, "
-                       "e.g. 'What is fact number 500 about near\\?'"):
+    with pytest.raises(
+        CandorError,
+        match="the dev slice: 1 of 9 questions are also in the test set, e.g. 'What is fact number 500 about near\\?'",
+    ):
         run_sweep(leaked, out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir), budgets=[Budget(10)], seeds=[0])
     assert not (tmp_path / "runs").exists()
 
 
 def test_the_sweep_refuses_a_budget_over_the_pool(tiny_model_dir, tmp_path):
     with pytest.raises(CandorError, match="label budget 100 is larger than the labelled pool \\(36 records\\)"):
-        run_sweep(sweep_data(), out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir),
-                  budgets=[Budget(10), Budget(100)])
+        run_sweep(
+            sweep_data(), out_dir=tmp_path, config=EliCalConfig(model=tiny_model_dir), budgets=[Budget(10), Budget(100)]
+        )
 
 
 def test_a_lora_sweep_trains_fresh_backbones_and_predicts_from_tokens(tiny_model_dir, tmp_path):

@@ -238,7 +238,11 @@ def test_stage_two_updates_the_lora_weights_it_resumes(tiny_model_dir, tmp_path)
 def test_elical_runs_both_stages_and_records_each(tiny_model_dir, tmp_path):
     config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3)
     result = train_elical(
-        make_records(30), make_records(8, 100), method="elical", budget=Budget(10), config=config,
+        make_records(30),
+        make_records(8, 100),
+        method="elical",
+        budget=Budget(10),
+        config=config,
         out_dir=tmp_path / "h",
     )
     eli, cal = result.stages
@@ -387,7 +391,12 @@ def test_stage_two_keeps_the_stage_one_weights_and_recentres_only_the_bias(tiny_
         mode="head", model=tiny_model_dir, max_epochs=1, head_learning_rate=0.0, recenter_bias=recenter
     )
     cal = train_elical(
-        train, dev, method="elical", init_from=tmp_path / "eli", budget=Budget(12), config=frozen,
+        train,
+        dev,
+        method="elical",
+        init_from=tmp_path / "eli",
+        budget=Budget(12),
+        config=frozen,
         out_dir=tmp_path / "cal",
     )
     before, after = eli.model.head, cal.model.head
@@ -435,8 +444,10 @@ def test_early_stopping_on_dev_auroc_keeps_the_epoch_with_the_best_auroc(metric,
     # Epoch 2 ranks the dev slice best; epoch 3 has the lowest dev loss. Each rule keeps its own epoch.
     history = [(0.60, 0.10), (0.80, 0.30), (0.70, 0.05), (0.65, 0.20), (0.62, 0.25), (0.61, 0.26)]
     head, stopper = LinearHead(2), BestOnDev(patience=3, metric=metric)
-    stops = [_evaluate(stopper, head, epoch, auroc, loss).should_training_stop
-             for epoch, (auroc, loss) in enumerate(history, start=1)]
+    stops = [
+        _evaluate(stopper, head, epoch, auroc, loss).should_training_stop
+        for epoch, (auroc, loss) in enumerate(history, start=1)
+    ]
     assert stopper.best_epoch == best
     assert stopper.best_score == (history[best - 1][0] if metric == "auroc" else history[best - 1][1])
     assert stopper.best_loss == history[best - 1][1]  # the dev loss at the chosen epoch, whichever rule chose it
@@ -481,12 +492,24 @@ def test_the_trainer_stops_on_dev_auroc_and_restores_that_epoch(tmp_path):
     x, x_dev = rng.normal(size=(32, 3)).astype(np.float32), rng.normal(size=(12, 3)).astype(np.float32)
     y, y_dev = (x[:, 0] > 0).astype(float), (x_dev[:, 0] + x_dev[:, 1] > 0).astype(int)
     head, stopper = LinearHead(3), BestOnDev(patience=2, metric="auroc")
-    args = training_arguments(tmp_path, learning_rate=0.1, epochs=6, batch_size=8, eval_strategy="epoch",
-                              label_names=["labels"], prediction_loss_only=False)
+    args = training_arguments(
+        tmp_path,
+        learning_rate=0.1,
+        epochs=6,
+        batch_size=8,
+        eval_strategy="epoch",
+        label_names=["labels"],
+        prediction_loss_only=False,
+    )
     trainer = EliCalTrainer(
-        model=head, args=args, train_dataset=feature_examples(x, y), eval_dataset=feature_examples(x_dev, y_dev),
-        data_collator=collate_features, callbacks=[stopper], compute_metrics=auroc_metrics(y_dev),
-    )  # fmt: skip
+        model=head,
+        args=args,
+        train_dataset=feature_examples(x, y),
+        eval_dataset=feature_examples(x_dev, y_dev),
+        data_collator=collate_features,
+        callbacks=[stopper],
+        compute_metrics=auroc_metrics(y_dev),
+    )
     trainer.train()
     aurocs = [e["eval_auroc"] for e in trainer.state.log_history if "eval_auroc" in e]
     assert stopper.best_score == max(aurocs)
@@ -514,8 +537,12 @@ def test_the_l2_sp_penalty_pulls_weights_to_their_start_and_leaves_the_bias_free
     loss.backward()
     # d/dw of 0.5*||w - w0||^2 is (w - w0); the MSE adds nothing to w at a zero input; the bias has no penalty term
     torch.testing.assert_close(head.linear.weight.grad, torch.tensor([[1.0, 2.0]]))
-    expected_bias_grad = 2 * (torch.sigmoid(torch.tensor(-3.0)) - 0.3) * torch.sigmoid(torch.tensor(-3.0)) * (
-        1 - torch.sigmoid(torch.tensor(-3.0)))
+    expected_bias_grad = (
+        2
+        * (torch.sigmoid(torch.tensor(-3.0)) - 0.3)
+        * torch.sigmoid(torch.tensor(-3.0))
+        * (1 - torch.sigmoid(torch.tensor(-3.0)))
+    )
     assert head.linear.bias.grad.item() == pytest.approx(expected_bias_grad.item(), rel=1e-5)
     head.eval()  # the dev loss is the plain MSE, comparable across rules
     assert trainer.compute_loss(head, batch).item() == pytest.approx(mse.item(), rel=1e-6)
@@ -530,8 +557,9 @@ def test_the_l2_sp_penalty_pulls_weights_to_their_start_and_leaves_the_bias_free
 
 def test_without_a_head_rate_every_parameter_trains_at_the_trainers_rate(tmp_path):
     head = LinearHead(2)
-    trainer = EliCalTrainer(model=head, args=arguments(tmp_path, 1, lr=0.05, evaluate=False),
-                            head_parameters=head.parameters())
+    trainer = EliCalTrainer(
+        model=head, args=arguments(tmp_path, 1, lr=0.05, evaluate=False), head_parameters=head.parameters()
+    )
     optimizer = trainer.create_optimizer()
     assert [g["lr"] for g in optimizer.param_groups] == [0.05, 0.05]  # decay and no-decay groups, untouched
     assert sum(len(g["params"]) for g in optimizer.param_groups) == 2
@@ -545,10 +573,25 @@ def test_a_strong_anchor_holds_stage_two_at_the_stage_one_weights(tiny_model_dir
     for anchor in (0.0, 1e4):
         # Adam steps about lr per step whatever the penalty, so an anchored weight still jitters by ~lr;
         # many small steps let the free head drift far beyond that. No weight decay: it pulls toward zero.
-        config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3, head_learning_rate=0.02,
-                              batch_size=2, weight_decay=0.0, cal_anchor=anchor, cal_stop="auroc")
-        cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=Budget(20), config=config,
-                           out_dir=tmp_path / f"cal{anchor}")
+        config = EliCalConfig(
+            mode="head",
+            model=tiny_model_dir,
+            max_epochs=3,
+            head_learning_rate=0.02,
+            batch_size=2,
+            weight_decay=0.0,
+            cal_anchor=anchor,
+            cal_stop="auroc",
+        )
+        cal = train_elical(
+            train,
+            dev,
+            method="elical",
+            init_from=tmp_path / "eli",
+            budget=Budget(20),
+            config=config,
+            out_dir=tmp_path / f"cal{anchor}",
+        )
         moved[anchor] = (cal.model.head.linear.weight - eli.model.head.linear.weight).abs().max().item()
         assert cal.stages[0].stop_metric == "auroc" and cal.stages[0].best_dev_score is not None
     assert moved[1e4] < 0.3 * moved[0.0]
@@ -563,12 +606,25 @@ def test_bad_stage_two_rules_are_named():
 
 def test_bias_scale_stage_two_keeps_the_stage_one_ranking_and_saves_a_plain_head(tiny_model_dir, tmp_path):
     train, dev = make_records(30), make_records(8, 100)
-    eli = train_elical(train, dev, method="eli-only", config=EliCalConfig(mode="head", model=tiny_model_dir,
-                       max_epochs=3), out_dir=tmp_path / "eli")
-    config = EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3, head_learning_rate=0.05, batch_size=2,
-                          cal_scope="bias-scale")
-    cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=Budget(20), config=config,
-                       out_dir=tmp_path / "cal")
+    eli = train_elical(
+        train,
+        dev,
+        method="eli-only",
+        config=EliCalConfig(mode="head", model=tiny_model_dir, max_epochs=3),
+        out_dir=tmp_path / "eli",
+    )
+    config = EliCalConfig(
+        mode="head", model=tiny_model_dir, max_epochs=3, head_learning_rate=0.05, batch_size=2, cal_scope="bias-scale"
+    )
+    cal = train_elical(
+        train,
+        dev,
+        method="elical",
+        init_from=tmp_path / "eli",
+        budget=Budget(20),
+        config=config,
+        out_dir=tmp_path / "cal",
+    )
     w_eli, w_cal = eli.model.head.linear.weight.detach(), cal.model.head.linear.weight.detach()
     ratio = (w_cal / w_eli).flatten()
     # Only a common scale moved the weights (same direction), so the ranking of any inputs is unchanged.
@@ -588,8 +644,15 @@ def test_bias_scale_freezes_the_lora_weights_for_stage_two_and_thaws_them(tiny_m
     train, dev = make_records(12), make_records(4, 100)
     eli = train_elical(train, dev, method="eli-only", config=lora_config(tiny_model_dir), out_dir=tmp_path / "eli")
     before = {n: p.detach().clone() for n, p in eli.model.backbone.named_parameters() if "lora" in n}
-    cal = train_elical(train, dev, method="elical", init_from=tmp_path / "eli", budget=Budget(8),
-                       out_dir=tmp_path / "cal", config=lora_config(tiny_model_dir, cal_scope="bias-scale"))
+    cal = train_elical(
+        train,
+        dev,
+        method="elical",
+        init_from=tmp_path / "eli",
+        budget=Budget(8),
+        out_dir=tmp_path / "cal",
+        config=lora_config(tiny_model_dir, cal_scope="bias-scale"),
+    )
     after = dict(cal.model.backbone.named_parameters())
     assert before and all(torch.equal(after[n], w) for n, w in before.items())
     assert all(after[n].requires_grad for n in before)

@@ -216,8 +216,9 @@ def test_a_long_prompts_next_chunk_waits_for_the_follow_up_call_of_a_request_tha
 
         def call_soon(_):  # the follow-up arrives 10 ms after the rows end, as a waking coroutine's would
             order.append("short done")
-            threading.Timer(0.01, lambda: engine.call(lambda: order.append("call")).add_done_callback(
-                lambda _: follow_up.set())).start()  # fmt: skip
+            threading.Timer(
+                0.01, lambda: engine.call(lambda: order.append("call")).add_done_callback(lambda _: follow_up.set())
+            ).start()
 
         short.add_done_callback(call_soon)
         assert follow_up.wait(WAIT)

@@ -69,12 +69,15 @@ def test_consis_sem_judges_with_the_judge_asked_for_not_the_stored_one(tiny_back
     from candor.annotation.judges import get_consistency_judge
 
     # Stored verdicts of the lexical judge (all 1) must not stand in for the llm judge's.
-    recs = [record("a", "Paris", ["Paris", "Lyon"], [1, 1], judge="lexical"),
-            record("b", "Rome", ["Rome", "Milan", "Turin"], [1, 1, 1], judge="lexical")]
+    recs = [
+        record("a", "Paris", ["Paris", "Lyon"], [1, 1], judge="lexical"),
+        record("b", "Rome", ["Rome", "Milan", "Turin"], [1, 1, 1], judge="lexical"),
+    ]
     est = get_estimator("consis-sem", judge="llm")
     out = est.estimate(recs, tiny_backend)
     verdicts = get_consistency_judge("llm", backend=tiny_backend).judge(
-        ["Paris", "Lyon", "Rome", "Milan", "Turin"], ["Paris", "Paris", "Rome", "Rome", "Rome"],
+        ["Paris", "Lyon", "Rome", "Milan", "Turin"],
+        ["Paris", "Paris", "Rome", "Rome", "Rome"],
         ["What is the capital of France?"] * 5,
     )
     np.testing.assert_allclose(out, [np.mean(verdicts[:2]), np.mean(verdicts[2:])])
@@ -82,8 +85,9 @@ def test_consis_sem_judges_with_the_judge_asked_for_not_the_stored_one(tiny_back
     assert est.judged == 2 and est.describe()["verdicts_by"] == ["llm"] and est.describe()["judge"] == "llm"
     # Verdicts the llm judge stored are read back as they are.
     stored = get_estimator("consis-sem", judge="llm")
-    np.testing.assert_allclose(stored.estimate([record("c", "x", ["y", "z"], [1, 0], judge="llm")], tiny_backend),
-                               [0.5])
+    np.testing.assert_allclose(
+        stored.estimate([record("c", "x", ["y", "z"], [1, 0], judge="llm")], tiny_backend), [0.5]
+    )
     assert stored.judged == 0
 
 
@@ -94,16 +98,22 @@ def test_consis_sem_asked_for_the_llm_judge_without_a_model_refuses():
 
 
 def test_consis_sem_with_lexical_judge_rejudges_verdicts_of_another_judge():
-    recs = [record("a", "Paris", ["Paris, France", "London", "paris", "Lyon"], [0, 0, 0, 0], judge="llm"),
-            record("b", "x", ["y"], [1], judge="lexical")]
+    recs = [
+        record("a", "Paris", ["Paris, France", "London", "paris", "Lyon"], [0, 0, 0, 0], judge="llm"),
+        record("b", "x", ["y"], [1], judge="lexical"),
+    ]
     est = get_estimator("consis-sem", judge="lexical")
     np.testing.assert_allclose(est.estimate(recs), [0.5, 1.0])
     assert est.judged == 1 and est.describe()["verdicts_by"] == ["lexical"]
     # Without a judge named, the stored verdicts are used whoever judged them, and said so.
     default = get_estimator("consis-sem")
     np.testing.assert_allclose(default.estimate(recs), [0.0, 1.0])
-    assert default.describe() == {"name": "consis-sem", "level": "question", "judge": "as annotated",
-                                  "verdicts_by": ["lexical", "llm"]}
+    assert default.describe() == {
+        "name": "consis-sem",
+        "level": "question",
+        "judge": "as annotated",
+        "verdicts_by": ["lexical", "llm"],
+    }
 
 
 def test_unknown_judge_is_named():
@@ -154,7 +164,19 @@ def test_score_cli_refuses_judge_options_without_a_judge(tmp_path):
 
     path = tmp_path / "recs.jsonl"
     write_records(path, [record("a", "Paris", ["Paris", "Lyon"], [1, 1], judge="lexical-echo")])
-    result = CliRunner().invoke(app, ["score", "-r", str(path), "-o", str(tmp_path / "c.jsonl"),
-                                      "-e", "consis-sem", "-O", "consis-sem.threshold=0.99"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "score",
+            "-r",
+            str(path),
+            "-o",
+            str(tmp_path / "c.jsonl"),
+            "-e",
+            "consis-sem",
+            "-O",
+            "consis-sem.threshold=0.99",
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "without judge=" in result.output and not (tmp_path / "c.jsonl").exists()

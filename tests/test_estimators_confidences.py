@@ -120,8 +120,9 @@ def test_changed_options_or_records_recompute_and_say_what_changed(records, tmp_
     stored = score_into(records, ["consis-sem"], out).arrays("consis-sem")[0]
     assert stored == pytest.approx([0.5, 1.0, 0.25])  # the annotation's verdicts
     with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
-        rejudged = score_into(records, ["consis-sem"], out,
-                              options={"consis-sem": {"judge": "lexical", "threshold": 0.9}})
+        rejudged = score_into(
+            records, ["consis-sem"], out, options={"consis-sem": {"judge": "lexical", "threshold": 0.9}}
+        )
     assert "consis-sem: recomputing (changed: options)" in caplog.text
     # The lexical judge at another threshold judges "answer" vs "answer" anew: every verdict is 1.
     assert rejudged.arrays("consis-sem")[0] == pytest.approx([1.0, 1.0, 1.0])
@@ -129,8 +130,9 @@ def test_changed_options_or_records_recompute_and_say_what_changed(records, tmp_
     edited = [record(0, [-3.0], [1, 1, 0, 0], 1), *records[1:]]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="candor.estimators.confidences"):
-        table = score_into(edited, ["consis-sem", "n-prob"], out, options={"consis-sem": {"judge": "lexical",
-                                                                                        "threshold": 0.9}})
+        table = score_into(
+            edited, ["consis-sem", "n-prob"], out, options={"consis-sem": {"judge": "lexical", "threshold": 0.9}}
+        )
     assert "consis-sem: recomputing (changed: records)" in caplog.text
     assert table.arrays("n-prob")[0][0] == pytest.approx(math.exp(-3.0))
 
@@ -192,8 +194,7 @@ def test_other_columns_of_other_records_or_unknown_provenance_are_dropped(record
     assert read_confidences(out).methods == ["n-prob"]
 
 
-def test_trained_folders_are_options_naming_a_manifest_folder_and_overlap_is_returned(records, tmp_path,
-                                                                                     monkeypatch):
+def test_trained_folders_are_options_naming_a_manifest_folder_and_overlap_is_returned(records, tmp_path, monkeypatch):
     head = tmp_path / "head"
     write_manifest(head, ["Question 1!", "question 2", "not among the records"])
     write_manifest(tmp_path, ["question 0"])
@@ -308,8 +309,11 @@ def test_cli_score_estimator_options_reach_the_estimator_and_bad_ones_fail(recor
     assert read_confidences(conf).arrays("consis-sem")[0] == pytest.approx([0.5, 1.0, 0.25])
     unknown_judge = runner.invoke(app, [*base, "--force", "-O", "consis-sem.judge=oracle"])
     assert unknown_judge.exit_code == 2 and "oracle" in unknown_judge.output
-    for bad, why in (("consis-sem.judge", "NAME.KEY=VALUE"), ("judge=lexical", "NAME.KEY=VALUE"),
-                     ("n-prob.x=1", "not among --estimators")):
+    for bad, why in (
+        ("consis-sem.judge", "NAME.KEY=VALUE"),
+        ("judge=lexical", "NAME.KEY=VALUE"),
+        ("n-prob.x=1", "not among --estimators"),
+    ):
         result = runner.invoke(app, [*base, "-O", bad])
         assert result.exit_code == 2 and why in result.output, (bad, result.output)
 
@@ -319,9 +323,22 @@ def test_cli_score_adapter_must_be_a_peft_folder(records, tiny_model_dir, tmp_pa
     write_records(recs, records)
     not_adapter = tmp_path / "empty"
     not_adapter.mkdir()
-    result = CliRunner().invoke(app, ["score", "--records", str(recs), "--out", str(tmp_path / "c.jsonl"),
-                                      "-e", "verbal-letter", "--model", str(tiny_model_dir),
-                                      "--adapter", str(not_adapter)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "score",
+            "--records",
+            str(recs),
+            "--out",
+            str(tmp_path / "c.jsonl"),
+            "-e",
+            "verbal-letter",
+            "--model",
+            str(tiny_model_dir),
+            "--adapter",
+            str(not_adapter),
+        ],
+    )
     assert result.exit_code == 2 and "adapter_config.json" in result.output
 
 
@@ -338,7 +355,9 @@ def test_confidences_rows_round_trip_with_dataset_labels_and_a_sidecar_name(reco
     assert columns_path(out) == tmp_path / "conf.jsonl.columns.json"
     back = read_confidences(out)
     assert [(r.id, r.dataset, r.correct, r.confidence) for r in back.rows] == [
-        ("r:0", "toy", 1, {"n-prob": 0.25}), ("r:1", "toy", 0, {"n-prob": 0.5}), ("r:2", "toy", 1, {"n-prob": 0.75})
+        ("r:0", "toy", 1, {"n-prob": 0.25}),
+        ("r:1", "toy", 0, {"n-prob": 0.5}),
+        ("r:2", "toy", 1, {"n-prob": 0.75}),
     ]
     with pytest.raises(ValueError):
         table.add("n-prob", ["r:0"], [0.1, 0.2])  # one value per id, never silently fewer

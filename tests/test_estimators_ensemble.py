@@ -54,7 +54,11 @@ def test_debias_keeps_the_residual_of_the_length_line_fitted_on_dev():
     np.testing.assert_allclose(est.residuals(TEST, None), TEST_RESIDUALS, atol=1e-12)
     assert est.line == pytest.approx((1.0, -0.14))
     assert est.name == "n-prob" and est.describe()["debias"] == {
-        "covariate": "length", "dev_size": 4, "intercept": 1.0, "slope": -0.14}
+        "covariate": "length",
+        "dev_size": 4,
+        "intercept": 1.0,
+        "slope": -0.14,
+    }
 
 
 def test_debias_maps_the_residual_to_zero_one_by_the_dev_calibrator():
@@ -86,8 +90,7 @@ def test_ensemble_is_the_logistic_stack_of_its_members_on_dev():
     values = est.estimate(TEST)
 
     def features(records):
-        return np.array([[math.exp(r.greedy.logprobs[0]), 1 / (1 + len(r.greedy.token_ids))]
-                         for r in records])
+        return np.array([[math.exp(r.greedy.logprobs[0]), 1 / (1 + len(r.greedy.token_ids))] for r in records])
 
     y = np.array([r.greedy_correct for r in BIG_DEV])
     np.testing.assert_allclose(values, platt_reference(features(BIG_DEV), y, features(TEST)), atol=1e-6)
@@ -103,29 +106,37 @@ def test_ensemble_passes_each_member_its_options():
     est = get_estimator("ensemble", members="n-prob,length", dev=BIG_DEV, **{"length.dev": DEV})
     length = dict(est.members)["length"]
     assert length.describe()["fit"] == "dev"
-    debiased = get_estimator("ensemble", members="n-prob,length", dev=BIG_DEV,
-                             **{"n-prob.debias": "length", "n-prob.debias_dev": DEV})
+    debiased = get_estimator(
+        "ensemble", members="n-prob,length", dev=BIG_DEV, **{"n-prob.debias": "length", "n-prob.debias_dev": DEV}
+    )
     assert "debias" in dict(debiased.members)["n-prob"].describe()
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"members": "n-prob,length"}, "ensemble.dev=FILE"),
-    ({"dev": DEV}, "ensemble.members=a,b,c"),
-    ({"members": "n-prob", "dev": DEV}, "two or more different"),
-    ({"members": "n-prob,ensemble", "dev": DEV}, "cannot contain an ensemble"),
-    ({"members": "n-prob,length", "dev": DEV, "prob.x": 1}, "unknown option 'prob.x'"),
-    ({"members": "n-prob,nope", "dev": DEV}, "unknown estimator 'nope'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"members": "n-prob,length"}, "ensemble.dev=FILE"),
+        ({"dev": DEV}, "ensemble.members=a,b,c"),
+        ({"members": "n-prob", "dev": DEV}, "two or more different"),
+        ({"members": "n-prob,ensemble", "dev": DEV}, "cannot contain an ensemble"),
+        ({"members": "n-prob,length", "dev": DEV, "prob.x": 1}, "unknown option 'prob.x'"),
+        ({"members": "n-prob,nope", "dev": DEV}, "unknown estimator 'nope'"),
+    ],
+)
 def test_ensemble_refuses_what_it_cannot_fit(kwargs, message):
     with pytest.raises(CandorError, match=message):
         get_estimator("ensemble", **kwargs)
 
 
 def test_cli_options_reach_a_member_through_the_first_dot():
-    options = parse_estimator_options(["ensemble.members=n-prob,length", "ensemble.length.dev=d.jsonl",
-                                       "n-prob.debias=length"], ["ensemble", "n-prob"])
-    assert options == {"ensemble": {"members": "n-prob,length", "length.dev": "d.jsonl"},
-                       "n-prob": {"debias": "length"}}
+    options = parse_estimator_options(
+        ["ensemble.members=n-prob,length", "ensemble.length.dev=d.jsonl", "n-prob.debias=length"],
+        ["ensemble", "n-prob"],
+    )
+    assert options == {
+        "ensemble": {"members": "n-prob,length", "length.dev": "d.jsonl"},
+        "n-prob": {"debias": "length"},
+    }
 
 
 def test_cache_key_follows_members_their_options_and_the_dev_content(tmp_path, caplog):
@@ -137,8 +148,7 @@ def test_cache_key_follows_members_their_options_and_the_dev_content(tmp_path, c
     caplog.set_level("INFO", logger="candor.estimators.confidences")
     score_into(TEST, ["ensemble"], out, options=opts, progress=False)
     assert "ensemble: reusing cached confidences" in caplog.text
-    for changed in ({**opts["ensemble"], "members": "n-prob,prob"},
-                    {**opts["ensemble"], "length.dev": str(dev)}):
+    for changed in ({**opts["ensemble"], "members": "n-prob,prob"}, {**opts["ensemble"], "length.dev": str(dev)}):
         caplog.clear()
         score_into(TEST, ["ensemble"], out, options={"ensemble": changed}, progress=False)
         assert "ensemble: recomputing (changed: options)" in caplog.text
@@ -158,8 +168,20 @@ def test_cli_prints_the_weights_and_refuses_an_ensemble_without_dev(tmp_path):
     records, dev = tmp_path / "test.jsonl", tmp_path / "dev.jsonl"
     write_records(records, TEST)
     write_records(dev, BIG_DEV)
-    base = [sys.executable, "-m", "candor.cli", "score", "-r", str(records), "-o", str(tmp_path / "c.jsonl"),
-            "-e", "ensemble", "-O", "ensemble.members=n-prob,length"]
+    base = [
+        sys.executable,
+        "-m",
+        "candor.cli",
+        "score",
+        "-r",
+        str(records),
+        "-o",
+        str(tmp_path / "c.jsonl"),
+        "-e",
+        "ensemble",
+        "-O",
+        "ensemble.members=n-prob,length",
+    ]
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
     done = subprocess.run([*base, "-O", f"ensemble.dev={dev}"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr

@@ -45,8 +45,11 @@ def test_eigenscore_by_hand():
 
 
 def test_eigenscore_estimator_on_the_tiny_model(tiny_backend):
-    recs = [rec(0, ["Paris", "Paris", "Paris"]), rec(1, ["Paris", "Rome", "a long and different answer"]),
-            rec(2, ["Paris"])]
+    recs = [
+        rec(0, ["Paris", "Paris", "Paris"]),
+        rec(1, ["Paris", "Rome", "a long and different answer"]),
+        rec(2, ["Paris"]),
+    ]
     est = get_estimator("eigenscore")
     values = est.estimate(recs, tiny_backend)
     prompts, _ = record_prompts(recs, tiny_backend)
@@ -111,8 +114,12 @@ def test_candor_train_probe(tiny_model_dir, tmp_path):
     from candor.train.trainers import TrainJob, run_training
 
     write_records(tmp_path / "train.jsonl", training_records(8))
-    job = TrainJob(records=tmp_path / "train.jsonl", out=tmp_path / "probe", model=tiny_model_dir,
-                   settings={"layer": "2", "C": "0.5", "feature_cache": "none"})
+    job = TrainJob(
+        records=tmp_path / "train.jsonl",
+        out=tmp_path / "probe",
+        model=tiny_model_dir,
+        settings={"layer": "2", "C": "0.5", "feature_cache": "none"},
+    )
     summary = run_training("probe", job)
     assert summary.config["layer"] == 2 and summary.n_train == 8
     loaded = AnswerProbe.load(tmp_path / "probe")

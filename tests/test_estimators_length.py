@@ -39,8 +39,14 @@ def test_direction_fitted_on_dev_flips_the_ranking():
     est = get_estimator("length", dev=DEV_LONGER)
     assert est.direction == "longer"
     np.testing.assert_allclose(est.estimate(TEST), [1 / 2, 3 / 4, 9 / 10])
-    assert est.describe() == {"name": "length", "level": "question", "direction": "longer", "fit": "dev",
-                              "dev_size": 6, "dev_auroc_shorter": 0.0}
+    assert est.describe() == {
+        "name": "length",
+        "level": "question",
+        "direction": "longer",
+        "fit": "dev",
+        "dev_size": 6,
+        "dev_auroc_shorter": 0.0,
+    }
 
 
 def test_dev_that_favours_short_answers_keeps_the_default():

@@ -127,10 +127,13 @@ def test_every_estimator_declares_the_log_probs_it_reads(name, options, records,
     base = outcome(name, options, records, backend)
     assert not isinstance(base, str), f"{name} cannot score the annotated records: {base}"
     assert np.array_equal(base, outcome(name, options, records, backend)), f"{name} is not deterministic here"
-    for field, capability, perturbations in (("logprobs", LOGPROBS, LOGPROB_PERTURBATIONS),
-                                             ("top_logprobs", TOP_LOGPROBS, TOP_PERTURBATIONS)):  # fmt: skip
-        outcomes = {kind: outcome(name, options, perturbed(records, change), backend)
-                    for kind, change in perturbations.items()}  # fmt: skip
+    for field, capability, perturbations in (
+        ("logprobs", LOGPROBS, LOGPROB_PERTURBATIONS),
+        ("top_logprobs", TOP_LOGPROBS, TOP_PERTURBATIONS),
+    ):
+        outcomes = {
+            kind: outcome(name, options, perturbed(records, change), backend) for kind, change in perturbations.items()
+        }
         reads = {kind for kind, got in outcomes.items() if moved(base, got)}
         if capability in est.requires:
             assert reads, f"{name} declares {capability} but reads no {field}: its output never moved"

@@ -44,8 +44,11 @@ DIFF = rec([("Paris", [-1.0]), ("Rome", [-2.0]), ("Berlin", [-3.0])])
 def test_one_sample_is_refused_by_estimators_that_compare_samples(name):
     # One sample has nothing to compare with: these scored 1.0 whatever it said.
     assert get_estimator(name).min_samples == 2  # what a caller choosing k can check up front
-    with pytest.raises(CandorError, match=rf"^{name} compares sampled answers .* needs k >= 2 per record; "
-                                          r"record 'q' has k = 1 \(annotate with --k 2 or more\)$"):
+    with pytest.raises(
+        CandorError,
+        match=rf"^{name} compares sampled answers .* needs k >= 2 per record; "
+        r"record 'q' has k = 1 \(annotate with --k 2 or more\)$",
+    ):
         score(name, [SAME, ONE])
     for judge in ["lexical", "llm"] if name in CLUSTER_ESTIMATORS else []:  # refused before any model is asked
         with pytest.raises(CandorError, match="needs k >= 2"):
@@ -212,8 +215,9 @@ def test_empty_answer_weighs_its_stop_token_not_probability_one():
     distinct = from_lines([{"text": t, "logprobs": [-1.0]} for t in FIVE])
     assert score("semantic-entropy", [distinct])[0] == pytest.approx(0.2)
     # The last answer is only a stop, as likely as any other answer: the five still weigh alike.
-    one_empty = from_lines([{"text": t, "logprobs": [-1.0]} for t in FIVE[:4]]
-                           + [{"text": "", "logprobs": [], "stop_logprob": -1.0}])
+    one_empty = from_lines(
+        [{"text": t, "logprobs": [-1.0]} for t in FIVE[:4]] + [{"text": "", "logprobs": [], "stop_logprob": -1.0}]
+    )
     assert score("semantic-entropy", [one_empty])[0] == pytest.approx(0.2)
     assert score("mc-entropy", [one_empty])[0] == pytest.approx(math.exp(-1.0))
     # Four agreeing answers and one unlikely empty one: the probability weights can only favour the agreeing cluster.
@@ -227,8 +231,9 @@ def test_empty_answer_weighs_its_stop_token_not_probability_one():
 
 def test_an_answer_carried_by_its_stop_token_weighs_that_token():
     # "Paris\n" with "\n" as the stop: the one generated token is dropped with the stop, the text kept.
-    carried = from_lines([{"text": "Paris", "logprobs": [], "stop_logprob": -0.5},
-                          {"text": "Rome", "logprobs": [-0.5]}])
+    carried = from_lines(
+        [{"text": "Paris", "logprobs": [], "stop_logprob": -0.5}, {"text": "Rome", "logprobs": [-0.5]}]
+    )
     assert score("mc-entropy", [carried])[0] == pytest.approx(math.exp(-0.5))
 
 

@@ -23,9 +23,17 @@ def toy_table() -> ConfidenceTable:
     rows = []
     for i in range(80):
         y = int(rng.random() < 0.4)
-        rows.append(ConfidenceRow(f"r{i}", "a" if i < 40 else "b", y,
-                                  {"m1": round(float(np.clip(0.35 * y + 0.65 * rng.random(), 0, 1)), 4),
-                                   "m2": round(float(rng.random()), 4)}))
+        rows.append(
+            ConfidenceRow(
+                f"r{i}",
+                "a" if i < 40 else "b",
+                y,
+                {
+                    "m1": round(float(np.clip(0.35 * y + 0.65 * rng.random(), 0, 1)), 4),
+                    "m2": round(float(rng.random()), 4),
+                },
+            )
+        )
     return ConfidenceTable(rows)
 
 
@@ -47,7 +55,10 @@ def test_eval_reports_abstention_scores_and_judge_noise(tmp_path):
         counts = abstention_counts(*table.arrays(method), t)
         entry = trust["abstention"][method]["all"]
         assert (entry["correct"], entry["incorrect"], entry["abstained"]) == (
-            counts.correct, counts.incorrect, counts.abstained)
+            counts.correct,
+            counts.incorrect,
+            counts.abstained,
+        )
         assert entry["penalized_score"] == pytest.approx((counts.correct - counts.incorrect) / 80)
     assert set(trust["judge_noise"]["accuracy"]) == {"a", "b", "all"}
     assert trust["judge_noise"]["auroc_flip"]["m1"]["all"]["draws"] == 200
@@ -60,23 +71,36 @@ def test_eval_takes_an_honest_models_threshold_through_its_calibrator(tmp_path):
     platt = get_calibrator("platt").fit(conf, y)
     folder = tmp_path / "honest"
     folder.mkdir()
-    (folder / "honest.json").write_text(json.dumps({
-        "generator": {"model": "x"}, "confidence": {"kind": "estimator", "name": "m1", "samples": None, "options": {}},
-        "calibrator": platt.to_dict(), "threshold": {"value": 0.45, "rule": "coverage"}}))
+    (folder / "honest.json").write_text(
+        json.dumps(
+            {
+                "generator": {"model": "x"},
+                "confidence": {"kind": "estimator", "name": "m1", "samples": None, "options": {}},
+                "calibrator": platt.to_dict(),
+                "threshold": {"value": 0.45, "rule": "coverage"},
+            }
+        )
+    )
     done = run_eval(tmp_path, "--honest", str(folder))
     assert done.exit_code == 0, done.output
     entry = json.loads((tmp_path / "report" / "trust.json").read_text())["abstention"]["m1+platt"]["all"]
     counts = abstention_counts(platt.predict(conf), y, 0.45)
     assert (entry["correct"], entry["incorrect"], entry["abstained"]) == (
-        counts.correct, counts.incorrect, counts.abstained)
+        counts.correct,
+        counts.incorrect,
+        counts.abstained,
+    )
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--threshold", "m9=0.5"], "no method 'm9'"),
-    (["--threshold", "high"], "expected VALUE or METHOD=VALUE"),
-    (["--threshold", "1.5"], "in [0, 1]"),
-    (["--honest", "nowhere"], "not a saved honest model"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--threshold", "m9=0.5"], "no method 'm9'"),
+        (["--threshold", "high"], "expected VALUE or METHOD=VALUE"),
+        (["--threshold", "1.5"], "in [0, 1]"),
+        (["--honest", "nowhere"], "not a saved honest model"),
+    ],
+)
 def test_eval_refuses_bad_thresholds(tmp_path, args, message):
     done = run_eval(tmp_path, *args)
     assert done.exit_code == 2 and message in done.output
@@ -84,8 +108,10 @@ def test_eval_refuses_bad_thresholds(tmp_path, args, message):
 
 @pytest.mark.parametrize(
     ("text", "says"),
-    [('{\n  "generator": {"model": "x"}\n  "confidence": {}\n}\n', ":3: malformed JSON (Expecting ',' delimiter"),
-     ('{"generator": {"model": "x"}}', ": missing the field 'confidence'")],
+    [
+        ('{\n  "generator": {"model": "x"}\n  "confidence": {}\n}\n', ":3: malformed JSON (Expecting ',' delimiter"),
+        ('{"generator": {"model": "x"}}', ": missing the field 'confidence'"),
+    ],
 )
 def test_eval_names_the_file_of_a_bad_honest_model(tmp_path, capsys, text, says):
     folder = tmp_path / "honest"

@@ -23,7 +23,6 @@ def test_failed_write_keeps_the_old_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
 
 
-
 def test_keyed_cache_returns_only_an_entry_written_under_the_same_key(tmp_path):
     from candor.util.files import read_keyed_json, write_keyed_json
 

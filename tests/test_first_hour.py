@@ -29,8 +29,9 @@ ENV = {**os.environ, "PYTHONPATH": SRC, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS"
 
 
 def qa_file(path: Path, n: int) -> Path:
-    path.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": [str(2 * i)]}) + "\n"
-                            for i in range(n)))  # fmt: skip
+    path.write_text(
+        "".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": [str(2 * i)]}) + "\n" for i in range(n))
+    )
     return path
 
 
@@ -58,9 +59,23 @@ def test_score_refuses_an_empty_records_file(tmp_path):
 
 def test_annotate_with_k_0_says_n_a_for_the_sample_columns(tiny_model_dir, tmp_path):
     out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(app, ["annotate", "--data", str(qa_file(tmp_path / "qa.jsonl", 2)), "--model",
-                                      tiny_model_dir, "--k", "0", "--max-new-tokens", "2", "--out", str(out)],
-                                env={"COLUMNS": "200"})  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "annotate",
+            "--data",
+            str(qa_file(tmp_path / "qa.jsonl", 2)),
+            "--model",
+            tiny_model_dir,
+            "--k",
+            "0",
+            "--max-new-tokens",
+            "2",
+            "--out",
+            str(out),
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if "│ toy" in line or "qa" in line and "│ 2" in line)
     cells = [c.strip() for c in row.strip("│ ").split("│")]
@@ -72,9 +87,11 @@ def test_annotate_with_k_0_says_n_a_for_the_sample_columns(tiny_model_dir, tmp_p
 
 def run_cli_reporting_imports(args: list[str]) -> tuple[int, str, set[str]]:
     """Run the CLI in a fresh process; its exit code, stderr, and which heavy modules it had imported."""
-    probe = ("import sys\nfrom candor.cli import run\ntry:\n    run(sys.argv[1:])\nexcept SystemExit as exit_:\n"
-             "    heavy = [m for m in ('torch', 'transformers', 'sklearn') if m in sys.modules]\n"
-             "    print(exit_.code, ','.join(heavy))\n")  # fmt: skip
+    probe = (
+        "import sys\nfrom candor.cli import run\ntry:\n    run(sys.argv[1:])\nexcept SystemExit as exit_:\n"
+        "    heavy = [m for m in ('torch', 'transformers', 'sklearn') if m in sys.modules]\n"
+        "    print(exit_.code, ','.join(heavy))\n"
+    )
     done = subprocess.run([sys.executable, "-c", probe, *args], env=ENV, capture_output=True, text=True, timeout=300)
     code, _, heavy = done.stdout.strip().splitlines()[-1].partition(" ")
     return int(code), done.stderr, set(filter(None, heavy.split(",")))
@@ -94,8 +111,9 @@ def test_sweep_refuses_a_test_overlap_before_its_imports(tmp_path):
     pool = annotated_records(20)
     write_records(tmp_path / "pool.jsonl", pool)
     write_records(tmp_path / "test.jsonl", pool[:3])
-    code, err, heavy = run_cli_reporting_imports(["sweep", "-r", str(tmp_path / "pool.jsonl"), "-t",
-                                                  str(tmp_path / "test.jsonl"), "-o", str(tmp_path / "sweep")])
+    code, err, heavy = run_cli_reporting_imports(
+        ["sweep", "-r", str(tmp_path / "pool.jsonl"), "-t", str(tmp_path / "test.jsonl"), "-o", str(tmp_path / "sweep")]
+    )
     assert code == 2 and "3 " in err and "pool.jsonl" in err, err
     assert heavy == set()  # before: the trainers and torch imported first (8.5 s)
 
@@ -105,12 +123,34 @@ def test_sweep_refuses_a_test_overlap_before_its_imports(tmp_path):
 
 def test_ctrl_c_during_annotate_says_what_was_saved_and_the_command_that_resumes(tiny_model_dir, tmp_path):
     out = tmp_path / "r.jsonl"
-    args = [sys.executable, "-m", "candor.cli", "annotate", "--data", str(qa_file(tmp_path / "qa.jsonl", 5000)),
-            "--model", tiny_model_dir, "--k", "1", "--batch-size", "2", "--max-new-tokens", "4", "--out", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "candor.cli",
+        "annotate",
+        "--data",
+        str(qa_file(tmp_path / "qa.jsonl", 5000)),
+        "--model",
+        tiny_model_dir,
+        "--k",
+        "1",
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+    ]
     # A shell that runs the suite in the background ignores SIGINT, and its children inherit that:
     # the child gets the default back, as at an interactive terminal.
-    proc = subprocess.Popen(args, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 240
     while not (out.exists() and out.read_text().count("\n") >= 1):
         assert proc.poll() is None, proc.communicate()
@@ -127,10 +167,19 @@ def test_ctrl_c_during_annotate_says_what_was_saved_and_the_command_that_resumes
 # ---------------------------------------------------------------- small things a user sees
 
 
-@pytest.mark.parametrize(("response", "gold", "verdict"), [
-    ("100.00", "100", 1), ("It was 1,000 people.", "1000", 1), ("3.50 m", "3.5", 1), ("-3.0 degrees", "-3", 1),
-    ("15", "5", 0), ("100.5", "100", 0), ("v1.0", "1", 0), ("1000", "100", 0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("response", "gold", "verdict"),
+    [
+        ("100.00", "100", 1),
+        ("It was 1,000 people.", "1000", 1),
+        ("3.50 m", "3.5", 1),
+        ("-3.0 degrees", "-3", 1),
+        ("15", "5", 0),
+        ("100.5", "100", 0),
+        ("v1.0", "1", 0),
+        ("1000", "100", 0),
+    ],
+)
 def test_contains_compares_numbers_as_numbers(response, gold, verdict):
     assert get_correctness_judge("contains").judge([response], [[gold]]) == [verdict]
 
@@ -155,13 +204,18 @@ def test_serve_head_logs_a_line_per_request(tiny_model_dir, tmp_path):
     export_seq_cls(tmp_path / "head", tmp_path / "cls")
     port, log = free_port(), tmp_path / "serve-head.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "candor.cli", "serve-head", str(tmp_path / "cls"), "--port",
-                                 str(port)], env=ENV, stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "candor.cli", "serve-head", str(tmp_path / "cls"), "--port", str(port)],
+            env=ENV,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", proc, log=log)
         body = json.dumps({"model": str(tmp_path / "cls"), "input": ["Question: 2+2?\nAnswer:"]}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/classify", data=body,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/classify", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             assert response.status == 200
         deadline = time.monotonic() + 10

@@ -28,8 +28,11 @@ def test_a_saved_model_reads_back(tiny_backend, tmp_path):
     assert config["confidence"] == {"kind": "estimator", "name": "n-prob", "samples": 0, "options": {}}
     assert config["threshold"]["value"] == 0.3 and config["version"] == model.version
     saved = read_folder(folder)
-    assert (saved.generator, saved.confidence, saved.version) == (config["generator"], config["confidence"],
-                                                                  model.version)  # fmt: skip
+    assert (saved.generator, saved.confidence, saved.version) == (
+        config["generator"],
+        config["confidence"],
+        model.version,
+    )
     assert saved.threshold == Threshold(0.3) and saved.decoding == Decoding(max_new_tokens=3)
 
 

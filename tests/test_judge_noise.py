@@ -60,8 +60,9 @@ def test_interval_covers_the_true_accuracy_in_at_least_90_of_100_simulations():
     truth, se, sp = 0.3, 0.85, 0.9
 
     def judged(true_labels, rng):
-        return np.where(true_labels == 1, rng.random(true_labels.size) < se,
-                        rng.random(true_labels.size) >= sp).astype(int)
+        return np.where(true_labels == 1, rng.random(true_labels.size) < se, rng.random(true_labels.size) >= sp).astype(
+            int
+        )
 
     covered = 0
     for seed in range(100):
@@ -101,16 +102,22 @@ def test_hand_labels_take_the_verdict_from_the_confidences_or_the_row(tmp_path):
     labels = read_hand_labels(path, table())
     assert labels.verdict.tolist() == [1, 1] and labels.human.tolist() == [1, 0] and not labels.by_verdict
     doc = tmp_path / "labels.json"
-    doc.write_text(json.dumps({"sampled_by_verdict": True, "labels": [{"id": "r0", "human": 1},
-                                                                       {"id": "r1", "human": 0}]}, indent=1))
+    doc.write_text(
+        json.dumps(
+            {"sampled_by_verdict": True, "labels": [{"id": "r0", "human": 1}, {"id": "r1", "human": 0}]}, indent=1
+        )
+    )
     assert read_hand_labels(doc, table()).by_verdict
 
 
-@pytest.mark.parametrize(("text", "where", "message"), [
-    ('{"id": "r0", "human": 1}\n{"id": "r1"}\n', ":2:", '"human" \\(0 or 1\\)'),
-    ('{"id": "r0", "human": 1}\nnot json\n', ":2:", "not JSON"),
-    ('{"id": "nowhere", "human": 1}\n', ":1:", "no \"judge\" verdict"),
-])
+@pytest.mark.parametrize(
+    ("text", "where", "message"),
+    [
+        ('{"id": "r0", "human": 1}\n{"id": "r1"}\n', ":2:", '"human" \\(0 or 1\\)'),
+        ('{"id": "r0", "human": 1}\nnot json\n', ":2:", "not JSON"),
+        ('{"id": "nowhere", "human": 1}\n', ":1:", 'no "judge" verdict'),
+    ],
+)
 def test_bad_hand_labels_name_the_file_and_line(tmp_path, text, where, message):
     path = tmp_path / "labels.jsonl"
     path.write_text(text)

@@ -343,9 +343,14 @@ def fixed_reply_backend(tokenizer, word: str):
 
     (token,) = tokenizer.encode(word, add_special_tokens=False)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         for layer in model.model.layers:
@@ -468,8 +473,10 @@ def test_paper_judge_renders_the_system_turn_and_records_unparsed_replies(tiny_b
     responses, golds = ["Paris", "", "Rome"], [["Paris"], ["Paris"], ["Paris"]]
     verdicts = judge.judge(responses, golds, ["Capital of France?"] * 3)
     texts = [correctness_prompt(responses[i], golds[i], "Capital of France?", style="paper") for i in (0, 2)]
-    prompts = [tiny_backend.render_chat([{"role": "system", "content": PAPER_SYSTEM}, {"role": "user", "content": t}])
-               for t in texts]
+    prompts = [
+        tiny_backend.render_chat([{"role": "system", "content": PAPER_SYSTEM}, {"role": "user", "content": t}])
+        for t in texts
+    ]
     replies = [g.greedy.text for g in tiny_backend.generate(prompts, 0, SamplingParams(max_new_tokens=8), greedy=True)]
     assert verdicts == [parse_verdict(replies[0]), 0, parse_verdict(replies[1])]
     assert judge.last_asked == [True, False, True]
@@ -523,8 +530,9 @@ def test_llm_judges_send_exactly_the_rendered_prompts(tiny_model, tokenizer, sty
     assert backend.calls == [(expected, 0, 8, True)]  # one greedy batch of 16, 8 new tokens, no samples
     backend.calls.clear()
     correctness.judge(responses, golds)  # no questions: an empty question line
-    assert backend.calls[0][0] == [rendered(correctness_prompt(responses[i], golds[i], "", style=style))
-                                   for i in (0, 2)]
+    assert backend.calls[0][0] == [
+        rendered(correctness_prompt(responses[i], golds[i], "", style=style)) for i in (0, 2)
+    ]
 
     backend.calls.clear()
     consistency = get_consistency_judge("llm", backend=backend, style=style, batch_size=1, max_new_tokens=3)
@@ -534,8 +542,9 @@ def test_llm_judges_send_exactly_the_rendered_prompts(tiny_model, tokenizer, sty
     assert backend.calls == [([sent[0]], 0, 3, True), ([sent[1]], 0, 3, True)]  # batches of one
     backend.calls.clear()
     consistency.judge(a, b)
-    assert [c[0][0] for c in backend.calls] == [rendered(consistency_prompt(a[i], b[i], "", style=style))
-                                                for i in (0, 3)]
+    assert [c[0][0] for c in backend.calls] == [
+        rendered(consistency_prompt(a[i], b[i], "", style=style)) for i in (0, 3)
+    ]
     assert consistency.describe() == {"name": "llm", "model": backend.model_name, "max_new_tokens": 3, "style": style}
 
 

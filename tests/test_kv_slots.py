@@ -39,9 +39,12 @@ def transformers_greedy(model, tokenizer, prompt_ids: list[int], max_new_tokens:
     """transformers' greedy decoding of one unpadded prompt (up to its EOS, which it keeps)."""
     ids = torch.tensor([prompt_ids])
     out = model.generate(
-        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+    )
     return out[0, ids.shape[1] :].tolist()
 
 
@@ -112,10 +115,12 @@ def check_logprobs(model, checks: list[tuple[list[int], list[int], list[float]]]
     twin = float64_twin(model)
     exact = [teacher_forced(twin, prompt_ids, ids) for prompt_ids, ids, _ in checks]
     rounding = max(
-        (float(np.abs(teacher_forced(model, prompt_ids, ids) - want).max())
-         for (prompt_ids, ids, _), want in zip(checks, exact, strict=True)),
+        (
+            float(np.abs(teacher_forced(model, prompt_ids, ids) - want).max())
+            for (prompt_ids, ids, _), want in zip(checks, exact, strict=True)
+        ),
         default=0.0,
-    )  # fmt: skip
+    )
     for (_, _, got), want in zip(checks, exact, strict=True):
         np.testing.assert_allclose(got, want, atol=atol + rounding, rtol=0)
 

@@ -108,8 +108,9 @@ def test_the_judge_labels_only_the_unlabelled_and_reports_agreement(log, tiny_ba
     assert {served[(IDS[2], 0)].label_source, served[(IDS[3], 0)].label_source} == {"judge:tiny"}
     assert (report.labelled, report.compared) == (2, 2)
     # the same judge, asked again on the human-labelled answers, gives the verdicts the agreement counted
-    verdicts = LLMAnswerJudge(tiny_backend).judge_answers(["What is the capital of France?", "Who wrote Hamlet?"],
-                                                          ["Paris", "William Shakespeare"])  # fmt: skip
+    verdicts = LLMAnswerJudge(tiny_backend).judge_answers(
+        ["What is the capital of France?", "Who wrote Hamlet?"], ["Paris", "William Shakespeare"]
+    )
     assert report.agreed == (verdicts[0] == 1) + (verdicts[1] == 0)
     assert judge_labels(log, tiny_backend, "tiny").labelled == 0  # a rerun resumes: nothing left
 
@@ -122,8 +123,10 @@ def test_the_judge_prompt_has_no_reference_and_parses_the_shared_verdict_words()
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--base-url", "http://127.0.0.1:9/v1"], "give it with --judge-model"),
-     (["--judge-model", "x", "--port", "9"], "serves no page")],
+    [
+        (["--base-url", "http://127.0.0.1:9/v1"], "give it with --judge-model"),
+        (["--judge-model", "x", "--port", "9"], "serves no page"),
+    ],
 )
 def test_options_that_would_be_ignored_are_refused(log, capsys, extra, message):
     with pytest.raises(SystemExit) as done:

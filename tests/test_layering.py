@@ -63,8 +63,10 @@ def imported_modules(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             base = resolve_relative(node.module or "", node.level, package)
             found += [(node.lineno, base if alias.name == "*" else f"{base}.{alias.name}") for alias in node.names]
-    found += [(line, resolve_relative(text.lstrip("."), len(text) - len(text.lstrip(".")), package))
-              for line, text in module_strings(tree)]  # fmt: skip
+    found += [
+        (line, resolve_relative(text.lstrip("."), len(text) - len(text.lstrip(".")), package))
+        for line, text in module_strings(tree)
+    ]
     return [(line, name) for line, name in found if name == "candor" or name.startswith("candor.")]
 
 
@@ -78,8 +80,13 @@ def resolve_relative(module: str, level: int, package: str) -> str:
 
 def module_strings(tree: ast.AST) -> list[tuple[int, str]]:
     """Module names written as strings: ``import_module("…")`` and the values of ``lazy_exports``' table."""
-    tables = {target.id: node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
-              for target in node.targets if isinstance(target, ast.Name)}  # fmt: skip
+    tables = {
+        target.id: node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -100,8 +107,10 @@ def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
     graph = {}
     for name, path in paths.items():
-        targets = {imported if imported in paths else imported.rpartition(".")[0]
-                   for _, imported in imported_modules(path, root)}  # fmt: skip
+        targets = {
+            imported if imported in paths else imported.rpartition(".")[0]
+            for _, imported in imported_modules(path, root)
+        }
         graph[name] = {target for target in targets if target in paths and target != name}
     return graph
 

@@ -27,9 +27,15 @@ def tiny_llama(tokenizer, **config):
 
     torch.manual_seed(3)
     settings = dict(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(LlamaConfig(**{**settings, **config})).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -183,10 +183,16 @@ def test_the_fallback_cache_keeps_every_op_on_torchs_threads(tokenizer, monkeypa
 
     torch.manual_seed(0)
     config = Gemma3TextConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=8,
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=8,
         layer_types=["sliding_attention", "full_attention"],
-    )  # fmt: skip
+    )
     backend = HFBackend(Gemma3ForCausalLM(config).eval(), tokenizer, batch_size=2)
     kinds: list[type] = []
     step = DecodeLoop.step

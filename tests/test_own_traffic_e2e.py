@@ -51,14 +51,30 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
     head = ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=3)
     backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
     folder = tmp_path / "honest"
-    HonestModel(backend, HeadSource(head), threshold=0.5, template="fewshot",
-                decoding=Decoding(max_new_tokens=3)).save_pretrained(folder)  # fmt: skip
+    HonestModel(
+        backend, HeadSource(head), threshold=0.5, template="fewshot", decoding=Decoding(max_new_tokens=3)
+    ).save_pretrained(folder)
     first_version = json.loads((folder / "honest.json").read_text())["version"]
     log, port = tmp_path / "served.jsonl", free_port()
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "CANDOR_API_KEY": KEY}
-    proc = subprocess.Popen([sys.executable, "-m", "candor.cli", "serve", "--honest", str(folder), "--port", str(port),
-                             "--log-records", str(log)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "candor.cli",
+            "serve",
+            "--honest",
+            str(folder),
+            "--port",
+            str(port),
+            "--log-records",
+            str(log),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
@@ -100,8 +116,13 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
         def traffic(q: str) -> None:
             while not stop.is_set():
                 try:
-                    results.append(version_of(client.chat.completions.create(
-                        model="candor", messages=[{"role": "user", "content": q}]).choices[0]))
+                    results.append(
+                        version_of(
+                            client.chat.completions.create(
+                                model="candor", messages=[{"role": "user", "content": q}]
+                            ).choices[0]
+                        )
+                    )
                 except Exception as exc:  # noqa: BLE001 - every failure is reported below
                     errors.append(exc)
 

@@ -25,8 +25,15 @@ def pct(x: float) -> str:
 def report_page(tmp_path_factory):
     records, table = page_records(n=150, methods=3, seed=2)
     out = tmp_path_factory.mktemp("report")
-    result = write_report(table, out, roles=ROLES, bootstrap=50, title="candor report: page test", records=records,
-                          command="candor eval -c confidences.jsonl -o report --bootstrap 50 --records records.jsonl")
+    result = write_report(
+        table,
+        out,
+        roles=ROLES,
+        bootstrap=50,
+        title="candor report: page test",
+        records=records,
+        command="candor eval -c confidences.jsonl -o report --bootstrap 50 --records records.jsonl",
+    )
     return table, result
 
 
@@ -37,8 +44,9 @@ def open_page(w, url: str) -> None:
 
 
 def set_slider(page, value: float) -> None:
-    page.eval_on_selector("#sel-threshold", "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }",
-                          str(value))
+    page.eval_on_selector(
+        "#sel-threshold", "(el, v) => { el.value = v; el.dispatchEvent(new Event('input')); }", str(value)
+    )
 
 
 def test_report_loads_offline_without_errors(watched, report_page):  # noqa: F811
@@ -79,8 +87,11 @@ def test_report_filters_pick_confident_wrong_and_unsure_right(watched, report_pa
     page.select_option("#sel-method", "method-2")
     set_slider(page, 0.4)
     conf, y = table.arrays("method-2")
-    expected = {"confident-wrong": int(((conf >= 0.4) & (y == 0)).sum()),
-                "unsure-right": int(((conf < 0.4) & (y == 1)).sum()), "all": len(conf)}
+    expected = {
+        "confident-wrong": int(((conf >= 0.4) & (y == 0)).sum()),
+        "unsure-right": int(((conf < 0.4) & (y == 1)).sum()),
+        "all": len(conf),
+    }
     assert 0 < expected["confident-wrong"] < len(conf) and 0 < expected["unsure-right"] < len(conf)
     for kind, count in expected.items():
         page.select_option("#rec-filter", kind)
@@ -162,8 +173,9 @@ def playground(tiny_model, tokenizer):
     model = HonestModel(backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=6))
     conf = sorted(a[0].confidence for a in model.answer_batch(QUESTIONS))
     middle = (conf[len(conf) // 2 - 1] + conf[len(conf) // 2]) / 2  # some questions answer, some abstain
-    model.threshold = Threshold(middle, rule="accuracy", target=0.8, expected_accuracy=0.8,
-                                expected_coverage=0.45, n_dev=40)
+    model.threshold = Threshold(
+        middle, rule="accuracy", target=0.8, expected_accuracy=0.8, expected_coverage=0.45, n_dev=40
+    )
     settings = ServeSettings(api_key=KEY, max_tokens=16, refusal=REFUSAL)
     with serve_in_thread(create_app(model, settings)) as url:
         yield model, url
@@ -176,8 +188,12 @@ def server_streams(url: str) -> bool:
     import urllib.request
 
     body = {"model": "candor", "messages": [{"role": "user", "content": QUESTIONS[0]}], "stream": True}
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
             return "text/event-stream" in resp.headers.get("content-type", "")

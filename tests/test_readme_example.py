@@ -93,8 +93,14 @@ def candor_on_path(folder: Path) -> str:
 def start_server(line: str, log: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
     """A README line ending in ``&``: the server, in its own process group."""
     with log.open("w") as sink:
-        return subprocess.Popen(["bash", "-c", "exec " + line.removesuffix("&")], cwd=cwd, env=env, stdout=sink,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            ["bash", "-c", "exec " + line.removesuffix("&")],
+            cwd=cwd,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -116,8 +122,12 @@ def test_every_readme_command_runs_as_written(smollm_dir, tmp_path):
     openai = pytest.importorskip("openai")
     pytest.importorskip("fastapi")
     port = str(free_port())
-    env = {**os.environ, "PATH": candor_on_path(tmp_path / "bin"), "PYTHONPATH": str(ROOT / "src"),
-           "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": candor_on_path(tmp_path / "bin"),
+        "PYTHONPATH": str(ROOT / "src"),
+        "HF_HUB_OFFLINE": "1",
+    }
     _, *tour = [commands(body) for language, body in readme_blocks() if language == "bash"]
     servers: list[subprocess.Popen] = []
     printed: dict[str, str] = {}  # each command's first word after the program, e.g. "ask", and its stdout
@@ -130,8 +140,9 @@ def test_every_readme_command_runs_as_written(smollm_dir, tmp_path):
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as health:
                     assert health.status == 200
                 continue
-            run = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
-                                 timeout=600)  # fmt: skip
+            run = subprocess.run(
+                ["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+            )
             assert run.returncode == 0, f"{line}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
             printed[line.split()[0] if line.startswith("curl") else line.split()[1]] = run.stdout
         assert len((tmp_path / "runs" / "starter.jsonl").read_text().splitlines()) == 20

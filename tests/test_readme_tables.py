@@ -178,7 +178,10 @@ def test_the_advice_section_compares_auroc_within_each_in_domain_dataset(readme_
     advice = readme_generator("advice")
     block = {"per_dataset": {"nq": {"auroc": 0.3}, "hq": {"auroc": None}, "squad": {"auroc": 0.9}}}
     trained = {"per_dataset": {"nq": {"auroc": 0.75}, "hq": {"auroc": 0.7}, "squad": {"auroc": 0.1}}}
-    methods = {"Default": {"ScoreLetter": block}, "Prompting": {"ScoreLetter": trained},
-               "ADVICE": {"ScoreLetter": trained}}  # fmt: skip
+    methods = {
+        "Default": {"ScoreLetter": block},
+        "Prompting": {"ScoreLetter": trained},
+        "ADVICE": {"ScoreLetter": trained},
+    }
     # Only trained methods, only in-domain datasets (SQuAD is OOD), and an undefined AUROC shows as a dash.
     assert advice._auroc_by_dataset(methods) == "ADVICE ScoreLetter: NQ 30.0 → 75.0, HotpotQA – → 70.0"

@@ -178,10 +178,19 @@ def test_missing_required_field_names_it(tmp_path):
 
 
 def test_from_honestybench_accepts_a_bare_response_string_and_string_verdicts():
-    rec = from_honestybench({
-        "question": "q", "answer": ["a"], "greedy_response": "a b", "greedy_correctness": True,
-        "sampling_response": ["a", "c"], "sampling_correctness": [1, 0], "consistency_judgement": ["True", "False"],
-    }, dataset="nq", index=3)
+    rec = from_honestybench(
+        {
+            "question": "q",
+            "answer": ["a"],
+            "greedy_response": "a b",
+            "greedy_correctness": True,
+            "sampling_response": ["a", "c"],
+            "sampling_correctness": [1, 0],
+            "consistency_judgement": ["True", "False"],
+        },
+        dataset="nq",
+        index=3,
+    )
     assert (rec.id, rec.greedy.text, rec.greedy_correct, rec.consistency) == ("nq:3", "a b", 1, [1, 0])
     assert rec.greedy.logprobs == [] and rec.greedy_total_logprob is None
     assert to_honestybench(rec)["greedy_cumulative_logprobs"] == [None]  # unknown, not 0
@@ -229,11 +238,17 @@ def test_every_documented_verdict_spelling_reads_as_its_bit():
     """Verdicts arrive as bools, numbers (≥ 0.5 is 1) or words; anything else is a bad line."""
     yes = ["1", "true", "yes", "correct", "certain", "consistent", " Yes ", "CERTAIN"]
     no = ["0", "false", "no", "uncertain", "maybe"]
-    rec = from_honestybench({
-        "question": "q", "answer": ["a"], "greedy_response": "a", "greedy_correctness": 0.5,
-        "sampling_response": ["x"] * (len(yes) + len(no)), "sampling_correctness": yes + no,
-        "consistency_judgement": [0.49, 0.5, 1, 0, True, False, 1.0, 0.0, "1", "0", "correct", "no", "consistent"],
-    })
+    rec = from_honestybench(
+        {
+            "question": "q",
+            "answer": ["a"],
+            "greedy_response": "a",
+            "greedy_correctness": 0.5,
+            "sampling_response": ["x"] * (len(yes) + len(no)),
+            "sampling_correctness": yes + no,
+            "consistency_judgement": [0.49, 0.5, 1, 0, True, False, 1.0, 0.0, "1", "0", "correct", "no", "consistent"],
+        }
+    )
     assert rec.greedy_correct == 1
     assert rec.sample_correct == [1] * len(yes) + [0] * len(no)
     assert rec.consistency == [0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1]

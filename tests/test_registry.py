@@ -73,7 +73,9 @@ def test_candor_trained_estimators_join_the_registry_through_its_entry_points():
 
 def test_a_plugin_group_with_no_installed_entry_points_says_so_in_the_unknown_name_error():
     reg: Registry[type] = Registry("widget", plugins="candor.test-group-nobody-installs")
-    expected = (r"unknown widget 'gear'; known: \(none\) \(no 'candor.test-group-nobody-installs' entry points "
-                r"are installed: `pip install -e .` registers them\)")
+    expected = (
+        r"unknown widget 'gear'; known: \(none\) \(no 'candor.test-group-nobody-installs' entry points "
+        r"are installed: `pip install -e .` registers them\)"
+    )
     with pytest.raises(CandorError, match=expected):
         reg.get("gear")

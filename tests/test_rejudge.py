@@ -51,22 +51,31 @@ def test_rejudge_cli_recomputes_verdicts_and_names_the_judge(tmp_path):
     # lexical says "Santa Claus" ~ "Santa Claus, joseph thomas" (containment); lexical-echo drops the question's
     # words first, so an answer that only repeats the question is not equivalent to one that answers it.
     question = "Who played Santa Claus in the film?"
-    recs = [record(0, question, "Santa Claus", ["Santa Claus, joseph thomas", "Santa Claus"], [1, 1]),
-            record(1, "Capital of France?", "Paris", ["Paris", "Lyon"], [1, 0])]
+    recs = [
+        record(0, question, "Santa Claus", ["Santa Claus, joseph thomas", "Santa Claus"], [1, 1]),
+        record(1, "Capital of France?", "Paris", ["Paris", "Lyon"], [1, 0]),
+    ]
     lexical = get_consistency_judge("lexical")
     assert lexical.judge(["Santa Claus, joseph thomas"], ["Santa Claus"]) == [1]
     write_records(tmp_path / "r.jsonl", recs)
-    result = CliRunner().invoke(app, ["rejudge", "-r", str(tmp_path / "r.jsonl"), "-o", str(tmp_path / "o.jsonl"),
-                                      "--consistency", "lexical-echo"])
+    result = CliRunner().invoke(
+        app,
+        ["rejudge", "-r", str(tmp_path / "r.jsonl"), "-o", str(tmp_path / "o.jsonl"), "--consistency", "lexical-echo"],
+    )
     assert result.exit_code == 0, result.output
     out = read_records(tmp_path / "o.jsonl")
     echo = get_consistency_judge("lexical-echo")
-    expected = judge_consistency(echo, [r.greedy.text for r in recs], [[s.text for s in r.samples] for r in recs],
-                                 [r.item.question for r in recs])
+    expected = judge_consistency(
+        echo,
+        [r.greedy.text for r in recs],
+        [[s.text for s in r.samples] for r in recs],
+        [r.item.question for r in recs],
+    )
     assert [r.consistency for r in out] == expected
     assert out[0].consistency[0] == 0 and out[1].consistency == [1, 0]
     assert {r.provenance["consistency_judge"] for r in out} == {"lexical-echo"}
-    bad = CliRunner().invoke(app, ["rejudge", "-r", str(tmp_path / "r.jsonl"), "-o", str(tmp_path / "x.jsonl"),
-                                   "--consistency", "oracle"])
+    bad = CliRunner().invoke(
+        app, ["rejudge", "-r", str(tmp_path / "r.jsonl"), "-o", str(tmp_path / "x.jsonl"), "--consistency", "oracle"]
+    )
     assert bad.exit_code == 2
     assert not (tmp_path / "x.jsonl").exists()

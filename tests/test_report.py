@@ -239,8 +239,10 @@ def test_user_mistakes_raise_candor_error(tmp_path, table, kwargs, message):
 
 
 def test_parse_fallback_counts_from_the_confidences_file_reach_metrics_json(tmp_path):
-    rows = [ConfidenceRow(f"q{i}", "nq", i % 2, {"verbal-0": 0.5 + 0.04 * (i % 5), "n-prob": 0.1 * (i % 9)})
-            for i in range(40)]
+    rows = [
+        ConfidenceRow(f"q{i}", "nq", i % 2, {"verbal-0": 0.5 + 0.04 * (i % 5), "n-prob": 0.1 * (i % 9)})
+        for i in range(40)
+    ]
     table = ConfidenceTable(rows, columns={"verbal-0": {"parse_fallbacks": 7}, "n-prob": {}})
     result = write_report(table, tmp_path / "rep")
     doc = json.loads((tmp_path / "rep" / "metrics.json").read_text())

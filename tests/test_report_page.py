@@ -49,8 +49,19 @@ def test_script_json_cannot_close_its_script_element():
 def report(tmp_path_factory):
     records, table = page_records()
     out = tmp_path_factory.mktemp("page")
-    return records, table, write_report(table, out, roles=ROLES, bootstrap=30, title="page test", records=records,
-                                        command="candor eval -c x.jsonl -o out")
+    return (
+        records,
+        table,
+        write_report(
+            table,
+            out,
+            roles=ROLES,
+            bootstrap=30,
+            title="page test",
+            records=records,
+            command="candor eval -c x.jsonl -o out",
+        ),
+    )
 
 
 def test_the_page_is_written_beside_the_report_and_listed(report):
@@ -80,7 +91,7 @@ def test_the_page_carries_the_reports_numbers(report):
     ev = result.evaluation
     auroc_id = ev.metrics["method-0"]["id"]["auroc"]
     lo, hi = ev.ci["method-0"]["id"]["auroc"]
-    assert f"{100 * auroc_id:.1f} <span class=\"ci\">[{100 * lo:.1f}, {100 * hi:.1f}]</span>" in html
+    assert f'{100 * auroc_id:.1f} <span class="ci">[{100 * lo:.1f}, {100 * hi:.1f}]</span>' in html
     assert html.count('class="num best"') >= len(main_table(ev, PAGE_METRICS).headers)
     assert data["provenance"]["model"] == "tiny-llama" and data["provenance"]["template"] == "fewshot"
     assert data["provenance"]["judges"] == {"correctness": "exact-match", "consistency": "lexical-echo"}
@@ -111,8 +122,9 @@ def test_without_records_the_browser_has_ids_only(report):
 def test_5000_records_by_10_methods_stay_under_5_mb(tmp_path):
     records, table = page_records(n=5000, methods=10, seed=1)
     ev = evaluate_table(table, roles=ROLES)
-    path = write_report_page(tmp_path / "report.html", table, ev, main_table(ev, PAGE_METRICS), title="big",
-                             records=records)
+    path = write_report_page(
+        tmp_path / "report.html", table, ev, main_table(ev, PAGE_METRICS), title="big", records=records
+    )
     size = path.stat().st_size
     assert size <= 5 * 1024 * 1024, f"{size / 1e6:.2f} MB"
     assert len(embedded(path.read_text(), "page-data")["records"]["id"]) == 5000
@@ -123,8 +135,20 @@ def test_candor_eval_writes_the_page_with_records(tmp_path):
     write_records(tmp_path / "records.jsonl", records)
     write_confidences(tmp_path / "conf.jsonl", table)
     out = tmp_path / "report"
-    result = CliRunner().invoke(app, ["eval", "-c", str(tmp_path / "conf.jsonl"), "-o", str(out), "--ood", "geo",
-                                      "--records", str(tmp_path / "records.jsonl")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "-c",
+            str(tmp_path / "conf.jsonl"),
+            "-o",
+            str(out),
+            "--ood",
+            "geo",
+            "--records",
+            str(tmp_path / "records.jsonl"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"page: {out / 'report.html'}" in result.output
     data = embedded((out / "report.html").read_text(), "page-data")
@@ -137,6 +161,16 @@ def test_candor_eval_refuses_records_that_match_no_row(tmp_path):
     other = ConfidenceTable([ConfidenceRow("x:1", "x", 1, {"m": 0.5}), ConfidenceRow("x:2", "x", 0, {"m": 0.2})])
     write_records(tmp_path / "records.jsonl", records)
     write_confidences(tmp_path / "conf.jsonl", other)
-    result = CliRunner().invoke(app, ["eval", "-c", str(tmp_path / "conf.jsonl"), "-o", str(tmp_path / "o"),
-                                      "--records", str(tmp_path / "records.jsonl")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "-c",
+            str(tmp_path / "conf.jsonl"),
+            "-o",
+            str(tmp_path / "o"),
+            "--records",
+            str(tmp_path / "records.jsonl"),
+        ],
+    )
     assert result.exit_code == 2 and "no record id matches" in result.output

@@ -71,8 +71,9 @@ def server(honest):
 
 def test_the_official_openai_client_gets_the_confidence_fields(server, honest):
     client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
-    resp = client.chat.completions.create(model="candor", messages=[{"role": "user", "content": QUESTIONS[0]}],
-                                          max_tokens=6)  # fmt: skip
+    resp = client.chat.completions.create(
+        model="candor", messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=6
+    )
     choice = resp.choices[0]
     conf = choice.model_extra["confidence"]
     direct = honest.answer(QUESTIONS[0])
@@ -121,11 +122,22 @@ def test_abstained_choices_carry_the_refusal(server, honest):
         (chat("hi", response_format={"type": "json_object"}), 400, "response_format"),
         (chat("hi", tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
         ({**chat("hi"), "messages": [{"role": "system", "content": "Be brief."}]}, 400, "messages"),
-        ({**chat("hi"), "messages": [{"role": "tool", "content": "42", "tool_call_id": "t"}, {"role": "user",
-                                                                                        "content": "hi"}]},
-         400, "messages"),
-        ({**chat("hi"), "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-         400, "messages"),
+        (
+            {
+                **chat("hi"),
+                "messages": [{"role": "tool", "content": "42", "tool_call_id": "t"}, {"role": "user", "content": "hi"}],
+            },
+            400,
+            "messages",
+        ),
+        (
+            {
+                **chat("hi"),
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+            },
+            400,
+            "messages",
+        ),
         ({**chat("hi"), "model": "gpt-9"}, 404, "model"),
         (chat("hi", stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ],

@@ -129,10 +129,16 @@ def test_a_short_request_finishes_while_a_long_one_is_still_decoding(tiny_model,
     long_q = "Which is the longest river, asked at length?"
 
     def ask(question: str, max_tokens: int) -> float:
-        body = {"model": "candor", "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
-                "temperature": 0.5, "seed": 1}  # fmt: skip
-        req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        body = {
+            "model": "candor",
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": max_tokens,
+            "temperature": 0.5,
+            "seed": 1,
+        }
+        req = urllib.request.Request(
+            f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=300) as resp:
             assert resp.status == 200
         return time.monotonic()
@@ -165,8 +171,9 @@ def test_a_question_source_that_runs_elsewhere_never_holds_the_engine(tiny_model
             self.threads.append(threading.current_thread().name)
             return super().score_questions(questions)
 
-    model = HonestModel(BatchOnlyBackend(tiny_model, tokenizer), Apart(folder), template="fewshot",
-                        decoding=Decoding(max_new_tokens=3))  # fmt: skip
+    model = HonestModel(
+        BatchOnlyBackend(tiny_model, tokenizer), Apart(folder), template="fewshot", decoding=Decoding(max_new_tokens=3)
+    )
     got = model.answer(PROMPTS[0]).confidence
     assert Apart.threads and all(not t.startswith("candor-") for t in Apart.threads)
     assert got == pytest.approx(float(HeadSource(folder).score_questions([PROMPTS[0]])[0]), abs=1e-6)

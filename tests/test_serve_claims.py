@@ -66,8 +66,13 @@ def test_each_claim_gets_its_confidence_and_low_claims_are_removed(generator, pl
         assert resp.choices[0].message.content == expected_text
         assert conf["value"] == pytest.approx(answer.confidence, rel=1e-4)  # the answer-level value is unchanged
         # Streaming is buffered until the claims are scored: the client never sees a claim that is removed.
-        chunks = [c for c in client.chat.completions.create(
-            model="candor", messages=[{"role": "user", "content": QUESTION}], stream=True) if c.choices]
+        chunks = [
+            c
+            for c in client.chat.completions.create(
+                model="candor", messages=[{"role": "user", "content": QUESTION}], stream=True
+            )
+            if c.choices
+        ]
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
         assert streamed == expected_text
         assert all(removed.text not in streamed for removed in expected_removed if removed.text not in expected_text)

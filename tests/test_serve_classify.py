@@ -133,8 +133,10 @@ def test_the_classify_source_equals_the_heads_predict(exported, head_server):
     from candor.annotation.records import Record
     from candor.backends.base import Completion
 
-    records = [Record(item=question_item(q, i), greedy=Completion(text="an answer"), samples=[])
-               for i, q in enumerate(QUESTIONS[:2])]  # fmt: skip
+    records = [
+        Record(item=question_item(q, i), greedy=Completion(text="an answer"), samples=[])
+        for i, q in enumerate(QUESTIONS[:2])
+    ]
     np.testing.assert_allclose(source.score_records(records, None), expected[:2], atol=1e-5)
 
 
@@ -214,8 +216,9 @@ def test_a_server_answering_otherwise_is_refused(canned, says):
 # ---------------------------------------------------------------- wiring: HonestModel, the saved folder, the CLI
 
 
-def test_an_honest_model_declines_before_generating_and_reloads_from_its_folder(exported, head_server, tiny_backend,
-                                                                                 tmp_path):  # fmt: skip
+def test_an_honest_model_declines_before_generating_and_reloads_from_its_folder(
+    exported, head_server, tiny_backend, tmp_path
+):
     from candor.serve import HonestModel
     from candor.serve.model import HonestModel as Reloaded
 
@@ -298,8 +301,12 @@ class CountingProxy(BaseHTTPRequestHandler):
         self._forward(body)
 
     def _forward(self, body: bytes | None) -> None:
-        req = urllib.request.Request(self.server.target + self.path, data=body,  # type: ignore[attr-defined]
-                                     headers={"Content-Type": "application/json"}, method=self.command)  # fmt: skip
+        req = urllib.request.Request(
+            self.server.target + self.path,
+            data=body,  # type: ignore[attr-defined]
+            headers={"Content-Type": "application/json"},
+            method=self.command,
+        )
         try:
             with urllib.request.urlopen(req, timeout=120) as resp:
                 status, data = resp.status, resp.read()
@@ -340,17 +347,60 @@ def test_the_chain_candor_in_front_of_a_generation_server_and_a_classify_server(
     proxy.target, proxy.seen = f"http://127.0.0.1:{gen_port}", []  # type: ignore[attr-defined]
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
-        procs.append(start([sys.executable, "-m", "transformers.cli.transformers", "serve", tiny_model_dir,
-                            "--port", str(gen_port), "--device", "cpu"], tmp_path / "gen.log", env))  # fmt: skip
-        procs.append(start([sys.executable, "-m", "candor.cli", "serve-head", str(out), "--port", str(cls_port)],
-                           tmp_path / "cls.log", env))  # fmt: skip
+        procs.append(
+            start(
+                [
+                    sys.executable,
+                    "-m",
+                    "transformers.cli.transformers",
+                    "serve",
+                    tiny_model_dir,
+                    "--port",
+                    str(gen_port),
+                    "--device",
+                    "cpu",
+                ],
+                tmp_path / "gen.log",
+                env,
+            )
+        )
+        procs.append(
+            start(
+                [sys.executable, "-m", "candor.cli", "serve-head", str(out), "--port", str(cls_port)],
+                tmp_path / "cls.log",
+                env,
+            )
+        )
         wait_healthy(f"http://127.0.0.1:{gen_port}/health", procs[0], log=tmp_path / "gen.log")
         wait_healthy(f"http://127.0.0.1:{cls_port}/health", procs[1], log=tmp_path / "cls.log")
-        procs.append(start([sys.executable, "-m", "candor.cli", "serve", "--backend", "openai", "--model",
-                            tiny_model_dir, "--base-url", f"http://127.0.0.1:{proxy.server_address[1]}/v1",
-                            "--confidence-url", f"http://127.0.0.1:{cls_port}", "--head", str(out),
-                            "--threshold", str(threshold), "--max-new-tokens", "6", "--port", str(candor_port)],
-                           tmp_path / "candor.log", env))  # fmt: skip
+        procs.append(
+            start(
+                [
+                    sys.executable,
+                    "-m",
+                    "candor.cli",
+                    "serve",
+                    "--backend",
+                    "openai",
+                    "--model",
+                    tiny_model_dir,
+                    "--base-url",
+                    f"http://127.0.0.1:{proxy.server_address[1]}/v1",
+                    "--confidence-url",
+                    f"http://127.0.0.1:{cls_port}",
+                    "--head",
+                    str(out),
+                    "--threshold",
+                    str(threshold),
+                    "--max-new-tokens",
+                    "6",
+                    "--port",
+                    str(candor_port),
+                ],
+                tmp_path / "candor.log",
+                env,
+            )
+        )
         wait_healthy(f"http://127.0.0.1:{candor_port}/health", procs[2], log=tmp_path / "candor.log")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{candor_port}/v1", api_key="none")
         before = len(proxy.seen)  # the backend's own capability probe ("Hello")

@@ -21,8 +21,20 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def test_ask_prints_an_answer_with_its_confidence(tiny_model_dir):
-    result = CliRunner().invoke(app, ["ask", "Who wrote Hamlet?", "--model", tiny_model_dir, "--json",
-                                      "--max-new-tokens", "4", "--threshold", "1.0"])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "ask",
+            "Who wrote Hamlet?",
+            "--model",
+            tiny_model_dir,
+            "--json",
+            "--max-new-tokens",
+            "4",
+            "--threshold",
+            "1.0",
+        ],
+    )
     assert result.exit_code == 0, result.output
     # The runner mixes stderr (logging, progress bars) into the output; the answer is the JSON line.
     line = next(x for x in result.output.splitlines() if '{"answer"' in x)
@@ -32,8 +44,9 @@ def test_ask_prints_an_answer_with_its_confidence(tiny_model_dir):
 
 
 def test_ask_with_conflicting_sources_is_a_one_line_error(tiny_model_dir, tmp_path):
-    result = CliRunner().invoke(app, ["ask", "q", "--model", tiny_model_dir, "--head", str(tmp_path),
-                                      "--method", "n-prob"])  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["ask", "q", "--model", tiny_model_dir, "--head", str(tmp_path), "--method", "n-prob"]
+    )
     assert result.exit_code == 2 and "not both" in result.output
 
 
@@ -45,8 +58,9 @@ def _free_port() -> int:
 
 def _call(url: str, body: dict | None, key: str) -> tuple[int, dict]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Authorization": f"Bearer {key}",
-                                                          "Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        url, data=data, headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, json.loads(resp.read())
@@ -57,8 +71,22 @@ def _call(url: str, body: dict | None, key: str) -> tuple[int, dict]:
 def test_candor_serve_runs_with_a_key_from_the_environment(tiny_model_dir):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": SRC, "MY_SERVE_KEY": "s3cret", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", tiny_model_dir, "--port", str(port),
-           "--api-key-env", "MY_SERVE_KEY", "--max-new-tokens", "4", "--threshold", "0.0"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "candor.cli",
+        "serve",
+        "--model",
+        tiny_model_dir,
+        "--port",
+        str(port),
+        "--api-key-env",
+        "MY_SERVE_KEY",
+        "--max-new-tokens",
+        "4",
+        "--threshold",
+        "0.0",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -86,8 +114,9 @@ def test_ask_loads_a_saved_honest_model(tiny_model_dir, tmp_path):
     from candor.serve import Decoding, HonestModel, Threshold
 
     backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
-    folder = HonestModel(backend, "min-prob", threshold=Threshold(0.0, expected_coverage=1.0),
-                         decoding=Decoding(max_new_tokens=3)).save_pretrained(tmp_path / "honest")  # fmt: skip
+    folder = HonestModel(
+        backend, "min-prob", threshold=Threshold(0.0, expected_coverage=1.0), decoding=Decoding(max_new_tokens=3)
+    ).save_pretrained(tmp_path / "honest")
     result = CliRunner().invoke(app, ["ask", "Who wrote Hamlet?", "--honest", str(folder), "--json"])
     assert result.exit_code == 0, result.output
     line = next(x for x in result.output.splitlines() if '{"answer"' in x)
@@ -118,9 +147,13 @@ def test_bad_choices_are_refused_in_one_line_before_the_model_loads(args, says, 
 
 @pytest.mark.parametrize(
     ("text", "says"),
-    [('{\n  "generator": {"model": "x"}\n  "confidence": {}\n}\n', ":3: malformed JSON (Expecting ',' delimiter"),
-     ('{"generator": {"backend": "hf"}, "confidence": {"kind": "estimator", "name": "n-prob"}}',
-      ": missing the field 'generator.model'")],
+    [
+        ('{\n  "generator": {"model": "x"}\n  "confidence": {}\n}\n', ":3: malformed JSON (Expecting ',' delimiter"),
+        (
+            '{"generator": {"backend": "hf"}, "confidence": {"kind": "estimator", "name": "n-prob"}}',
+            ": missing the field 'generator.model'",
+        ),
+    ],
 )
 def test_serve_names_the_file_of_a_bad_honest_model(tmp_path, capsys, text, says):
     from candor.cli import run
@@ -139,8 +172,18 @@ def test_serve_names_the_file_of_a_bad_honest_model(tmp_path, capsys, text, says
 def test_serve_without_a_threshold_warns_at_startup(tiny_model_dir):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", tiny_model_dir, "--port", str(port),
-           "--max-new-tokens", "4"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "candor.cli",
+        "serve",
+        "--model",
+        tiny_model_dir,
+        "--port",
+        str(port),
+        "--max-new-tokens",
+        "4",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         lines = []

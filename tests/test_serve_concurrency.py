@@ -159,8 +159,9 @@ def test_logprobs_are_the_answers_own(server, honest):
     q = QUESTIONS[4]
     alone = honest.answer_batch([q])[0][0]
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
-    resp = client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}], logprobs=True,
-                                          top_logprobs=2)  # fmt: skip
+    resp = client.chat.completions.create(
+        model="candor", messages=[{"role": "user", "content": q}], logprobs=True, top_logprobs=2
+    )
     if alone.abstained:
         assert resp.choices[0].logprobs is None
     else:
@@ -176,8 +177,12 @@ def test_streaming_with_the_openai_client_equals_the_plain_answer(server, honest
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
     for q in QUESTIONS[:4]:
         alone = honest.answer(q)
-        stream = client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}],
-                                                stream=True, stream_options={"include_usage": True})  # fmt: skip
+        stream = client.chat.completions.create(
+            model="candor",
+            messages=[{"role": "user", "content": q}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = list(stream)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         finals = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -242,8 +247,10 @@ def test_a_client_that_drops_mid_stream_stops_its_generation(long_answers):
         marker = "Which river is the longest, asked by a client that leaves?"
         body = json.dumps(chat(marker, stream=True)).encode()
         with socket.create_connection((host, int(port)), timeout=60) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             seen = b""
             while seen.count(b"data: ") < 3:  # the first content chunks arrived: the row is running
                 got = sock.recv(4096)
@@ -259,8 +266,10 @@ def test_a_client_that_leaves_a_buffered_stream_stops_its_generation(long_answer
         marker = "Which lake is the deepest, asked by a client that leaves a buffered stream?"
         body = json.dumps(chat(marker, stream=True)).encode()
         with socket.create_connection((host, int(port)), timeout=60) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             time.sleep(1.0)
         assert wait_for_call(long_answers.backend, marker) < 200
 
@@ -272,8 +281,10 @@ def test_a_client_that_leaves_before_its_plain_answer_stops_its_generation(long_
         marker = "Which mountain is the highest, asked by a client that hangs up?"
         body = json.dumps(chat(marker)).encode()
         with socket.create_connection((host, int(port)), timeout=60) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             time.sleep(1.0)
         assert wait_for_call(long_answers.backend, marker) < 200
 
@@ -301,8 +312,9 @@ def head_model(tiny_model_dir, tmp_path_factory):
     source = HeadSource(folder)
     conf = sorted(source.score_questions(QUESTIONS))
     backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
-    return HonestModel(backend, source, threshold=(conf[3] + conf[4]) / 2, template="fewshot",
-                       decoding=Decoding(max_new_tokens=5))  # fmt: skip
+    return HonestModel(
+        backend, source, threshold=(conf[3] + conf[4]) / 2, template="fewshot", decoding=Decoding(max_new_tokens=5)
+    )
 
 
 def test_a_head_streams_its_confidence_first_and_an_abstention_as_one_chunk(head_model, tmp_path):
@@ -311,8 +323,9 @@ def test_a_head_streams_its_confidence_first_and_an_abstention_as_one_chunk(head
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         for q in QUESTIONS:
             alone = head_model.answer(q)
-            chunks = list(client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}],
-                                                         stream=True))  # fmt: skip
+            chunks = list(
+                client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}], stream=True)
+            )
             first = chunks[0].choices[0]
             assert first.model_extra["confidence"]["value"] == pytest.approx(alone.confidence, abs=1e-6)
             if alone.abstained:  # one chunk, nothing generated
@@ -378,4 +391,3 @@ def test_the_token_hook_sees_every_kept_token_and_can_end_a_row(tiny_model, toke
         for mine, theirs in ((g.greedy, full.greedy), (g.samples[1], full.samples[1])):
             assert mine.token_ids == theirs.token_ids and mine.text == theirs.text
             np.testing.assert_allclose(mine.logprobs, theirs.logprobs, atol=1e-5)
-

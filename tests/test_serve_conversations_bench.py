@@ -49,8 +49,12 @@ def test_the_earlier_turns_are_other_questions_drawn_by_the_seed(bench):
 
 
 def test_the_shapes_are_compared_on_the_questions_all_of_them_answered(bench):
-    rows = [{"turns": t, "id": i, "confidence": 0.5, "correct": 1, "answer": "x"}
-            for t in (1, 2, 3) for i in ("q1", "q2") if (t, i) != (3, "q2")]  # fmt: skip
+    rows = [
+        {"turns": t, "id": i, "confidence": 0.5, "correct": 1, "answer": "x"}
+        for t in (1, 2, 3)
+        for i in ("q1", "q2")
+        if (t, i) != (3, "q2")
+    ]
     arrays = bench.shape_arrays(rows)
     assert [len(a["correct"]) for a in arrays.values()] == [1, 1, 1]
 

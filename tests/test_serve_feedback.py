@@ -53,8 +53,9 @@ def metric(url: str, name: str, labels: str = "") -> float | None:
 
 
 def ask(client, question: str):
-    return client.chat.completions.create(model="candor", messages=[{"role": "user", "content": question}],
-                                          max_tokens=4)  # fmt: skip
+    return client.chat.completions.create(
+        model="candor", messages=[{"role": "user", "content": question}], max_tokens=4
+    )
 
 
 # ---------------------------------------------------------------- feedback
@@ -188,9 +189,11 @@ def test_a_reload_of_a_malformed_folder_names_the_file_and_keeps_the_model(backe
     with serve_in_thread(create_app(honest_model(backend, 0.0), ServeSettings())) as url:
         status, body = post(f"{url}/admin/reload", {"honest": str(broken)}, key=None)
         assert status == 400 and body["error"]["code"] == "reload_failed", body
-        assert body["error"]["message"] == ("the reload failed and the running model stays: "
-                                            f"{broken / 'honest.json'}:3: malformed JSON (Expecting ',' delimiter "
-                                            "at column 3)")  # fmt: skip
+        assert body["error"]["message"] == (
+            "the reload failed and the running model stays: "
+            f"{broken / 'honest.json'}:3: malformed JSON (Expecting ',' delimiter "
+            "at column 3)"
+        )
         assert metric(url, "candor_reloads_total", '{outcome="failed"}') == 1.0
 
 
@@ -208,8 +211,13 @@ def test_sighup_reloads_a_running_candor_serve(tiny_model_dir, tmp_path, backend
     save(honest_model(generator, 0.0), folder, "first")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "CANDOR_API_KEY": KEY}
-    proc = subprocess.Popen([sys.executable, "-m", "candor.cli", "serve", "--honest", str(folder), "--port",
-                             str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "candor.cli", "serve", "--honest", str(folder), "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)

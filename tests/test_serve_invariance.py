@@ -39,8 +39,9 @@ def mixed_requests(client: openai.OpenAI) -> list:
         return [(q, c.model_extra["confidence"]["value"]) for c in resp.choices]
 
     def stream(q: str):
-        chunks = list(client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}],
-                                                     stream=True))  # fmt: skip
+        chunks = list(
+            client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}], stream=True)
+        )
         finals = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
         return [(q, f.model_extra["confidence"]["value"]) for f in finals]
 
@@ -84,8 +85,9 @@ def backend(tiny_model, tokenizer):
 
 @pytest.mark.parametrize("method, samples", [("n-prob", None), ("mc-entropy", 3)])
 def test_answer_level_confidences_under_concurrency_equal_the_question_alone(backend, method, samples):
-    model = HonestModel(backend, EstimatorSource(method, samples=samples), template="fewshot",
-                        decoding=Decoding(max_new_tokens=8))  # fmt: skip
+    model = HonestModel(
+        backend, EstimatorSource(method, samples=samples), template="fewshot", decoding=Decoding(max_new_tokens=8)
+    )
     model.threshold = None
     values = [model.answer(q).confidence for q in QUESTIONS]
     from candor.serve import Threshold
@@ -101,8 +103,13 @@ def test_head_confidences_under_concurrency_equal_the_question_alone(tiny_model_
     lm, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     head = ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=5)
     source = HeadSource(head.save_pretrained(tmp_path / "head"))
-    model = HonestModel(backend, source, threshold=midway(source.score_questions(QUESTIONS)), template="fewshot",
-                        decoding=Decoding(max_new_tokens=8))  # fmt: skip
+    model = HonestModel(
+        backend,
+        source,
+        threshold=midway(source.score_questions(QUESTIONS)),
+        template="fewshot",
+        decoding=Decoding(max_new_tokens=8),
+    )
     assert_each_equals_alone(model)
 
 
@@ -119,11 +126,18 @@ def test_reading_answers_alone_keeps_their_tokens_and_gives_the_generations_log_
     assert prefix is not None and len(prefix.ids) > 50  # the few-shot block
     gens = backend.generate(prompts, 3, SamplingParams(max_new_tokens=8), seeds=[1, 2, 3])
     for prompt, g in zip(prompts, gens, strict=True):
-        once, again, whole = (read_alone(backend, prompt, g, prefix), read_alone(backend, prompt, g, prefix),
-                              read_alone(backend, prompt, g))  # fmt: skip
-        for made, mine, same, unsplit in zip([g.greedy, *g.samples], [once.greedy, *once.samples],
-                                             [again.greedy, *again.samples], [whole.greedy, *whole.samples],
-                                             strict=True):  # fmt: skip
+        once, again, whole = (
+            read_alone(backend, prompt, g, prefix),
+            read_alone(backend, prompt, g, prefix),
+            read_alone(backend, prompt, g),
+        )
+        for made, mine, same, unsplit in zip(
+            [g.greedy, *g.samples],
+            [once.greedy, *once.samples],
+            [again.greedy, *again.samples],
+            [whole.greedy, *whole.samples],
+            strict=True,
+        ):
             assert mine.token_ids == made.token_ids and mine.text == made.text
             assert mine.logprobs == same.logprobs and mine.top_logprobs == same.top_logprobs  # bit for bit
             np.testing.assert_allclose(mine.logprobs, made.logprobs, atol=1e-4)

@@ -114,8 +114,9 @@ def test_an_advice_adapter_gives_answer_level_confidence_and_travels_with_the_mo
     from candor.serve.factory import build_model
 
     adapter = tmp_path / "advice"
-    lora = get_peft_model(copy.deepcopy(tiny_model), LoraConfig(r=4, target_modules=["q_proj"],
-                                                                init_lora_weights=False))  # fmt: skip
+    lora = get_peft_model(
+        copy.deepcopy(tiny_model), LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False)
+    )
     lora.save_pretrained(adapter)
     # The adapter's training record names the format it was trained on (as candor.train.advice.pipeline writes it).
     (adapter / "training.json").write_text(json.dumps({"config": {"formats": ["number"], "variant": "default"}}))

@@ -167,8 +167,11 @@ def test_a_body_that_is_not_declared_json_is_refused_before_any_work(server, con
         got = client.send(request)
     assert got.status_code == 415 and got.json()["error"]["code"] == "unsupported_media_type"
     assert app.state.admission.admitted == before  # nothing was generated
-    ok = httpx.post(f"{url}/v1/chat/completions", content=json.dumps(chat()).encode(),
-                    headers=auth() | {"Content-Type": "application/json; charset=utf-8"})  # fmt: skip
+    ok = httpx.post(
+        f"{url}/v1/chat/completions",
+        content=json.dumps(chat()).encode(),
+        headers=auth() | {"Content-Type": "application/json; charset=utf-8"},
+    )
     assert ok.status_code == 200 and app.state.admission.admitted == before + 1
 
 
@@ -177,8 +180,9 @@ def test_a_full_queue_answers_503_with_retry_after(honest):
     with serve_in_thread(create_app(honest, settings)) as url:
         body = chat("a question that takes a while to answer", max_tokens=48)
         with ThreadPoolExecutor(max_workers=12) as pool:
-            results = list(pool.map(lambda _: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120),
-                                    range(12)))  # fmt: skip
+            results = list(
+                pool.map(lambda _: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120), range(12))
+            )
         busy = [r for r in results if r.status_code == 503]
         assert busy and all(r.headers["retry-after"] == "1" for r in busy)
         assert all("retry-after" not in r.headers for r in results if r.status_code == 200)
@@ -207,8 +211,12 @@ def test_metrics_count_exactly_what_the_requests_did(honest):
         before = metrics_of(url)
         for q in questions:  # one at a time: each is a batch of one, exactly as answered directly
             assert httpx.post(f"{url}/v1/chat/completions", json=chat(q)).status_code == 200
-        assert httpx.post(f"{url}/v1/completions", json={"model": "candor", "prompt": questions[:2],
-                                                         "max_tokens": 4}).status_code == 200  # fmt: skip
+        assert (
+            httpx.post(
+                f"{url}/v1/completions", json={"model": "candor", "prompt": questions[:2], "max_tokens": 4}
+            ).status_code
+            == 200
+        )
         assert httpx.post(f"{url}/v1/chat/completions", json=chat(n="2")).status_code == 400
         assert httpx.get(f"{url}/nowhere/{time.time()}").status_code == 404
         after = metrics_of(url)
@@ -258,7 +266,7 @@ def test_request_ids_are_echoed_when_safe_and_generated_otherwise(server, caplog
     with caplog.at_level(logging.INFO, logger="candor.serve.access"):
         given = httpx.post(f"{url}/v1/chat/completions", json=chat(), headers=auth() | {"x-request-id": "abc-123.x"})
         fresh = httpx.post(f"{url}/v1/chat/completions", json=chat(), headers=auth())
-        unsafe = httpx.get(f"{url}/health", headers={"x-request-id": "a b\"<script>"})
+        unsafe = httpx.get(f"{url}/health", headers={"x-request-id": 'a b"<script>'})
         too_long = httpx.get(f"{url}/health", headers={"x-request-id": "a" * 129})
         refused = httpx.post(f"{url}/v1/chat/completions", json=chat(), headers={"x-request-id": "denied-1"})
         missing = httpx.get(f"{url}/nowhere", headers={"x-request-id": "lost-1"})
@@ -303,8 +311,12 @@ def test_an_unexpected_error_is_a_500_in_the_openai_shape_that_keeps_its_request
         got = httpx.get(f"{url}/v1/broken", headers={"x-request-id": "boom-1"})
         assert httpx.get(f"{url}/health").status_code == 200  # the server is still up
     assert got.status_code == 500 and got.headers["x-request-id"] == "boom-1"
-    assert got.json()["error"] == {"message": "internal error: RuntimeError", "type": "server_error", "param": None,
-                                   "code": None}  # fmt: skip
+    assert got.json()["error"] == {
+        "message": "internal error: RuntimeError",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
     line = next(x for x in access_lines(caplog.records) if x["request_id"] == "boom-1")
     assert line["status"] == 500 and "incomplete" not in line
     assert any("boom-1" in r.getMessage() and r.exc_info for r in caplog.records)  # the traceback is logged once
@@ -338,8 +350,11 @@ def test_a_stream_the_client_drops_is_logged_as_incomplete(honest, caplog):
 
 def test_cors_is_off_by_default_and_on_for_the_given_origins_only(server, honest):
     url, _ = server
-    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     off = httpx.options(f"{url}/v1/chat/completions", headers=preflight)
     assert off.status_code == 405 and not any(h.startswith("access-control-") for h in off.headers)
     plain = httpx.get(f"{url}/health", headers={"Origin": "https://app.example"})
@@ -357,8 +372,9 @@ def test_cors_is_off_by_default_and_on_for_the_given_origins_only(server, honest
 
 
 def test_a_malformed_cors_origin_is_refused_before_the_model_loads():
-    result = CliRunner().invoke(cli_app, ["serve", "--model", "/nonexistent/model", "--cors-origin",
-                                          "https://app.example/"])  # fmt: skip
+    result = CliRunner().invoke(
+        cli_app, ["serve", "--model", "/nonexistent/model", "--cors-origin", "https://app.example/"]
+    )
     assert result.exit_code == 2 and "not an origin" in result.output
 
 
@@ -380,9 +396,27 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     env.pop("CANDOR_API_KEY", None)
     # The in-flight request decodes 4 × 450 tokens, so it is surely still running while draining is checked.
-    cmd = [sys.executable, "-m", "candor.cli", "serve", "--model", tiny_model_dir, "--port", str(port),
-           "--max-new-tokens", "4", "--threshold", "0.0", "--batch-wait-ms", "4000", "--max-batch", "4",
-           "--log-prompts", "--cors-origin", "https://app.example"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "candor.cli",
+        "serve",
+        "--model",
+        tiny_model_dir,
+        "--port",
+        str(port),
+        "--max-new-tokens",
+        "4",
+        "--threshold",
+        "0.0",
+        "--batch-wait-ms",
+        "4000",
+        "--max-batch",
+        "4",
+        "--log-prompts",
+        "--cors-origin",
+        "https://app.example",
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def answers(path: str) -> bool:

@@ -24,7 +24,9 @@ def test_the_page_names_no_outside_address():
 
 def test_root_serves_the_playground_without_a_key(tiny_backend):
     model = HonestModel(tiny_backend, confidence="n-prob", template="fewshot", decoding=Decoding(max_new_tokens=4))
-    with serve_in_thread(create_app(model, ServeSettings(api_key="k"))) as url, \
-            urllib.request.urlopen(f"{url}/", timeout=30) as resp:
+    with (
+        serve_in_thread(create_app(model, ServeSettings(api_key="k"))) as url,
+        urllib.request.urlopen(f"{url}/", timeout=30) as resp,
+    ):
         assert resp.status == 200 and resp.headers["content-type"].startswith("text/html")
         assert resp.read().decode() == playground_html()

@@ -46,8 +46,13 @@ def test_the_head_read_from_the_generators_prefill_equals_its_own_pass(tiny_mode
     own = ConfidenceHead.from_pretrained(folder, device="cpu").predict(QUESTIONS)
     backend = CountingBackend.from_pretrained(tiny_model_dir, device="cpu")
     source = HeadSource(folder)
-    model = HonestModel(backend, source, threshold=Threshold(float(np.median(own))), template="fewshot",
-                        decoding=Decoding(max_new_tokens=4))  # fmt: skip
+    model = HonestModel(
+        backend,
+        source,
+        threshold=Threshold(float(np.median(own))),
+        template="fewshot",
+        decoding=Decoding(max_new_tokens=4),
+    )
     assert model.prefill_reader is not None
     answers = [a[0] for a in model.answer_batch(QUESTIONS)]
     np.testing.assert_allclose([a.confidence for a in answers], own, atol=1e-5, rtol=0)
@@ -57,8 +62,13 @@ def test_the_head_read_from_the_generators_prefill_equals_its_own_pass(tiny_mode
     assert all(backend.tokens_for(q) == 0 for q in declined)  # prefilled, never decoded
     # The answered ones decode from the prefill's cache: the same text as a generator that never read a head.
     apart_backend = SeparateOnly.from_pretrained(tiny_model_dir, device="cpu")
-    separate = HonestModel(apart_backend, HeadSource(folder), threshold=model.threshold, template="fewshot",
-                           decoding=Decoding(max_new_tokens=4))  # fmt: skip
+    separate = HonestModel(
+        apart_backend,
+        HeadSource(folder),
+        threshold=model.threshold,
+        template="fewshot",
+        decoding=Decoding(max_new_tokens=4),
+    )
     assert separate.prefill_reader is None
     for q, fused, apart in zip(QUESTIONS, answers, [a[0] for a in separate.answer_batch(QUESTIONS)], strict=True):
         assert fused.abstained == apart.abstained and fused.answer == apart.answer, q
@@ -76,8 +86,9 @@ def test_the_separate_pass_is_kept_and_said_so_where_the_prefill_is_not_the_head
             caplog.clear()
             model = HonestModel(backend, HeadSource(folder), template="fewshot", decoding=Decoding(max_new_tokens=3))
         assert model.prefill_reader is None
-        assert any("EliCal head" in r.message and reason in r.message and "separate pass" in r.message
-                   for r in caplog.records), caplog.text  # fmt: skip
+        assert any(
+            "EliCal head" in r.message and reason in r.message and "separate pass" in r.message for r in caplog.records
+        ), caplog.text
         answer = model.answer(QUESTIONS[0])  # the separate pass still answers
         assert 0.0 <= answer.confidence <= 1.0 and model.source.ran_own_pass
     other = HFBackend.from_pretrained(tiny_model_dir, device="cpu")

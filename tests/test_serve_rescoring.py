@@ -40,13 +40,19 @@ def counting_backend(tiny_model, tokenizer) -> CountingBackend:
 
 
 def served(backend: CountingBackend, method: str, samples: int | None) -> HonestModel:
-    return HonestModel(backend, EstimatorSource(method, samples=samples), template="fewshot",
-                       decoding=Decoding(max_new_tokens=8))  # fmt: skip
+    return HonestModel(
+        backend, EstimatorSource(method, samples=samples), template="fewshot", decoding=Decoding(max_new_tokens=8)
+    )
 
 
-@pytest.mark.parametrize("method, samples, rereads", [
-    ("consis-lex", 3, False), ("n-prob", None, True), ("mc-entropy", 3, True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method, samples, rereads",
+    [
+        ("consis-lex", 3, False),
+        ("n-prob", None, True),
+        ("mc-entropy", 3, True),
+    ],
+)
 def test_the_answers_are_re_read_only_for_a_method_that_reads_their_log_probs(
     counting_backend, method, samples, rereads
 ):
@@ -172,8 +178,9 @@ def test_a_long_prompts_reread_steps_between_a_short_requests_decode_steps(backe
 
 
 def test_a_long_question_and_short_ones_answered_together_each_get_their_confidence_alone(backend):
-    model = HonestModel(backend, EstimatorSource("mc-entropy", samples=2), template="fewshot",
-                        decoding=Decoding(max_new_tokens=8))  # fmt: skip
+    model = HonestModel(
+        backend, EstimatorSource("mc-entropy", samples=2), template="fewshot", decoding=Decoding(max_new_tokens=8)
+    )
     model.threshold = None
     long_question = " ".join(f"Item {i} of the list is red." for i in range(30)) + " Which item is blue?"
     questions = [long_question, "Which river is longest?", "Who wrote Hamlet?", "What is the capital of Peru?"]
@@ -207,8 +214,9 @@ def test_a_reread_over_the_engines_own_chunked_prefill_skips_the_prompt_and_give
     while not again.step():
         pass
     computed = read_alone(backend, LONG_PROMPT, gens)
-    for made, mine, same, whole in zip(*map(completions, (gens, handed.result(), again.result(), computed)),
-                                       strict=True):  # fmt: skip
+    for made, mine, same, whole in zip(
+        *map(completions, (gens, handed.result(), again.result(), computed)), strict=True
+    ):
         assert mine.token_ids == made.token_ids
         assert mine.logprobs == same.logprobs  # bit for bit
         np.testing.assert_allclose(mine.logprobs, whole.logprobs, atol=1e-4)

@@ -114,8 +114,13 @@ def test_a_busy_port_is_refused_before_the_model_loads():
         port = busy.getsockname()[1]
         env = {**os.environ, "PYTHONPATH": SRC, "HF_HUB_OFFLINE": "1"}
         for command in (["serve"], ["serve-head", "no-such-folder"]):
-            done = subprocess.run([sys.executable, "-m", "candor.cli", *command, "--port", str(port)], env=env,
-                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, "-m", "candor.cli", *command, "--port", str(port)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert done.returncode == 2, done.stderr
             # the one error line and nothing before it: no model load, no engine (before: exit 3 after the load)
             assert done.stderr.strip().splitlines() == [
@@ -153,10 +158,28 @@ def test_sigterm_during_a_slow_startup_ends_the_process_at_once(lister, tiny_mod
     lister.hang = 600.0
     env = {**os.environ, "PYTHONPATH": SRC, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     with serve_in_thread(load_classify_app(tmp_path / "seq-cls")) as classify_url:
-        proc = start([sys.executable, "-m", "candor.cli", "serve", "--backend", "openai", "--model", "served-model",
-                      "--base-url", f"http://127.0.0.1:{lister.server_port}/v1", "--confidence-url", classify_url,
-                      "--head", str(tmp_path / "seq-cls"), "--port", str(free_port())],
-                     tmp_path / "candor.log", env)  # fmt: skip
+        proc = start(
+            [
+                sys.executable,
+                "-m",
+                "candor.cli",
+                "serve",
+                "--backend",
+                "openai",
+                "--model",
+                "served-model",
+                "--base-url",
+                f"http://127.0.0.1:{lister.server_port}/v1",
+                "--confidence-url",
+                classify_url,
+                "--head",
+                str(tmp_path / "seq-cls"),
+                "--port",
+                str(free_port()),
+            ],
+            tmp_path / "candor.log",
+            env,
+        )
         try:
             deadline = time.monotonic() + 240
             while lister.posts == 0:  # the probe request is in flight
@@ -210,8 +233,9 @@ def test_the_docs_serving_on_engines_recipe_runs_as_written(smollm_dir, tmp_path
     env = {**os.environ, "PATH": path, "PYTHONPATH": SRC, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     shell = ["bash", "-c"]
     subprocess.run([*shell, lines[0]], cwd=tmp_path, env=env, check=True, capture_output=True)  # candor export
-    model = subprocess.run([*shell, lines[1] + ' && echo "$MODEL"'], cwd=tmp_path, env=env, check=True,
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    model = subprocess.run(
+        [*shell, lines[1] + ' && echo "$MODEL"'], cwd=tmp_path, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
     assert model == str(smollm_dir)
     procs: list[subprocess.Popen] = []
     try:

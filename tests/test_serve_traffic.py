@@ -76,8 +76,9 @@ def abstained_and_answered(model: HonestModel, history=HISTORY) -> tuple[str, st
 def test_a_conversation_is_rendered_whole_in_the_template(honest):
     prompted = honest.prepare("And Macbeth?", history=HISTORY)
     assert prompted.prompt.startswith(SYSTEM + "\n")
-    assert prompted.prompt.endswith("Question: Who wrote Hamlet?\nAnswer: William Shakespeare\n"
-                                    "Question: And Macbeth?\nAnswer:")  # fmt: skip
+    assert prompted.prompt.endswith(
+        "Question: Who wrote Hamlet?\nAnswer: William Shakespeare\nQuestion: And Macbeth?\nAnswer:"
+    )
     alone = honest.prepare("And Macbeth?")
     assert alone.prompt.endswith("Question: And Macbeth?\nAnswer:") and SYSTEM not in alone.prompt
     assert prompted.shape == "conversation" and alone.shape == "question"
@@ -92,8 +93,11 @@ def test_a_conversation_is_answered_with_the_confidence_of_the_question_asked_in
         assert conf["value"] == pytest.approx(expected.confidence, rel=1e-4)
         assert conf["computed_on"] == {"shape": "conversation", "earlier_messages": 3}
         assert conf["value"] != pytest.approx(direct(honest, q, ()).confidence, rel=1e-6)  # the history matters
-        alone = client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}],
-                                               max_tokens=6).choices[0].model_extra["confidence"]  # fmt: skip
+        alone = (
+            client.chat.completions.create(model="candor", messages=[{"role": "user", "content": q}], max_tokens=6)
+            .choices[0]
+            .model_extra["confidence"]
+        )
         assert alone["computed_on"] == {"shape": "question", "earlier_messages": 0}
 
 
@@ -176,11 +180,15 @@ def test_conversations_that_cannot_be_answered_say_why(server, messages, says):
 def test_max_tokens_follows_the_models_context(server, honest):
     question = QUESTIONS[1]
     limit = honest.context_length
-    status, body = post(f"{server}/v1/chat/completions", {"model": "candor", "max_tokens": limit - 100,
-                                                          "messages": [{"role": "user", "content": question}]})
+    status, body = post(
+        f"{server}/v1/chat/completions",
+        {"model": "candor", "max_tokens": limit - 100, "messages": [{"role": "user", "content": question}]},
+    )
     assert status == 200 and limit - 100 > 256, body  # 256 was a fixed cap
-    status, body = post(f"{server}/v1/chat/completions", {"model": "candor", "max_tokens": limit + 1,
-                                                          "messages": [{"role": "user", "content": question}]})
+    status, body = post(
+        f"{server}/v1/chat/completions",
+        {"model": "candor", "max_tokens": limit + 1, "messages": [{"role": "user", "content": question}]},
+    )
     assert status == 400 and body["error"]["param"] == "max_tokens" and str(limit) in body["error"]["message"]
 
 
@@ -220,8 +228,9 @@ def test_the_python_client_sees_an_abstention_as_a_refusal_plain_and_streamed(se
     assert message.content is None and message.refusal == "I am not sure."
     assert resp.choices[0].finish_reason == "abstained"
     assert resp.usage.completion_tokens > 0, "the withheld answer was generated and scored"
-    chunks = list(client.chat.completions.create(model="candor", messages=conversation(declined), max_tokens=6,
-                                                 stream=True))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(model="candor", messages=conversation(declined), max_tokens=6, stream=True)
+    )
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     refusal = "".join(c.choices[0].delta.refusal or "" for c in chunks if c.choices)
     assert content == "" and refusal == "I am not sure."
@@ -242,8 +251,13 @@ def test_stream_live_sends_tokens_before_the_decision(honest):
     withheld = direct(honest, declined, ()).withheld
     with serve_in_thread(create_app(honest, ServeSettings(stream="live"))) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        chunks = [c for c in client.chat.completions.create(
-            model="candor", messages=[{"role": "user", "content": declined}], max_tokens=6, stream=True) if c.choices]
+        chunks = [
+            c
+            for c in client.chat.completions.create(
+                model="candor", messages=[{"role": "user", "content": declined}], max_tokens=6, stream=True
+            )
+            if c.choices
+        ]
         content = "".join(c.choices[0].delta.content or "" for c in chunks)
         assert content == withheld  # streamed live, then withdrawn by the refusal
         assert chunks[-1].choices[0].delta.refusal and chunks[-1].choices[0].finish_reason == "abstained"
@@ -268,14 +282,14 @@ def test_langchain_sees_the_confidence_and_a_refusal_never_the_withheld_text(ser
     assert total.response_metadata["confidence"]["abstained"] is True
     answered = llm.invoke([*history, ("human", kept)])
     assert answered.content == direct(honest, kept, max_new_tokens=400).answer
-    assert answered.response_metadata["confidence"]["value"] == pytest.approx(direct(honest, kept).confidence,
-                                                                              rel=1e-4)  # fmt: skip
+    assert answered.response_metadata["confidence"]["value"] == pytest.approx(direct(honest, kept).confidence, rel=1e-4)
     total = None
     for chunk in llm.stream([*history, ("human", kept)]):
         total = chunk if total is None else total + chunk
     assert total.content == answered.content
-    assert total.response_metadata["confidence"]["value"] == pytest.approx(answered.response_metadata["confidence"]
-                                                                           ["value"], rel=1e-6)  # fmt: skip
+    assert total.response_metadata["confidence"]["value"] == pytest.approx(
+        answered.response_metadata["confidence"]["value"], rel=1e-6
+    )
 
 
 def test_the_node_openai_client_sees_an_abstention_as_a_refusal(honest):
@@ -289,9 +303,19 @@ def test_the_node_openai_client_sees_an_abstention_as_a_refusal(honest):
     withheld = direct(honest, declined, history).withheld
     settings = ServeSettings(api_key=KEY, refusal="I am not sure.")
     with serve_in_thread(create_app(honest, settings)) as server:
-        runs = [(subprocess.run(["node", str(NODE_DIR / "client.mjs"), f"{server}/v1", KEY, question],
-                                capture_output=True, text=True, timeout=120, check=True), abstains)
-                for question, abstains in ((declined, True), (kept, False))]  # fmt: skip
+        runs = [
+            (
+                subprocess.run(
+                    ["node", str(NODE_DIR / "client.mjs"), f"{server}/v1", KEY, question],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=True,
+                ),
+                abstains,
+            )
+            for question, abstains in ((declined, True), (kept, False))
+        ]
     for run, abstains in runs:
         seen = json.loads(run.stdout)
         for way in ("plain", "streamed"):
@@ -332,8 +356,15 @@ def test_fields_candor_cannot_honour_are_refused(server, path, extra, param):
 
 
 def test_no_op_values_of_those_fields_are_accepted(server):
-    chat = {"model": "candor", "messages": [{"role": "user", "content": "Hi?"}], "max_tokens": 3,
-            "response_format": {"type": "text"}, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}
+    chat = {
+        "model": "candor",
+        "messages": [{"role": "user", "content": "Hi?"}],
+        "max_tokens": 3,
+        "response_format": {"type": "text"},
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logit_bias": {},
+    }
     assert post(f"{server}/v1/chat/completions", chat)[0] == 200
     comp = {"model": "candor", "prompt": "Hi?", "max_tokens": 3, "echo": False, "best_of": 1, "suffix": ""}
     assert post(f"{server}/v1/completions", comp)[0] == 200
@@ -346,8 +377,10 @@ def test_a_huge_seed_and_deep_nesting_are_400_not_500(server):
     digits = b'{"model": "candor", "messages": [{"role": "user", "content": "Hi"}], "seed": ' + b"9" * 5000 + b"}"
     status, body = post(f"{server}/v1/chat/completions", digits)
     assert status == 400 and body["error"]["code"] == "invalid_json"
-    status, body = post(f"{server}/v1/chat/completions", {"model": "candor", "seed": 2**70,
-                                                          "messages": [{"role": "user", "content": "Hi"}]})
+    status, body = post(
+        f"{server}/v1/chat/completions",
+        {"model": "candor", "seed": 2**70, "messages": [{"role": "user", "content": "Hi"}]},
+    )
     assert status == 400 and body["error"]["param"] == "seed"
     deep = b'{"model": "candor", "x": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
     status, body = post(f"{server}/v1/chat/completions", deep)
@@ -357,8 +390,10 @@ def test_a_huge_seed_and_deep_nesting_are_400_not_500(server):
 def test_a_half_sent_body_is_answered_408_within_the_timeout(server):
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 500\r\n\r\n{\"model\"")
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + KEY.encode() + b'\r\nContent-Length: 500\r\n\r\n{"model"'
+        )
         started = time.monotonic()
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5

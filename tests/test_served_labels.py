@@ -98,8 +98,13 @@ def test_a_record_without_a_response_id_is_named_by_its_item_id(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     ("args", "field"),
-    [(("", 0, True, "human"), "'id'"), (("c", -1, True, "human"), "'index'"), (("c", True, True, "human"), "'index'"),
-     (("c", 0, 1, "human"), "'correct'"), (("c", 0, True, ""), "'label_source'")],
+    [
+        (("", 0, True, "human"), "'id'"),
+        (("c", -1, True, "human"), "'index'"),
+        (("c", True, True, "human"), "'index'"),
+        (("c", 0, 1, "human"), "'correct'"),
+        (("c", 0, True, ""), "'label_source'"),
+    ],
 )
 def test_a_bad_label_is_refused_before_writing(log: Path, args: tuple, field: str) -> None:
     before = log.read_bytes()

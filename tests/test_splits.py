@@ -95,9 +95,7 @@ def test_hash_split_is_stable_across_processes():
     here = [hash_split(q) for q in QUESTIONS[:200]]
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert json.loads(out.stdout) == here
 
 

@@ -163,8 +163,11 @@ def test_chains_cover_every_form_once_per_shared_prefix(tokenizer):
     assert chains["letter"] == []
     assert [tokenizer.convert_ids_to_tokens(list(c)) for c in chains["number"]] == [["Ġ"]]
     assert sorted(tokenizer.convert_ids_to_tokens(list(c)) for c in chains["float"]) == [
-        ["0", "."], ["1", "."], ["Ġ", "0", "."], ["Ġ", "1", "."],
-    ]  # fmt: skip
+        ["0", "."],
+        ["1", "."],
+        ["Ġ", "0", "."],
+        ["Ġ", "1", "."],
+    ]
     # Percent: "0", "100" and the two-digit numbers but "10", with and without "Ġ".
     assert len(chains["percent"]) == 2 * (1 + 1 + 89)
 

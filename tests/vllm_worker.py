@@ -25,9 +25,7 @@ def main(out: str) -> None:
     from candor.backends.vllm import VLLMBackend
     from candor.verbal.distribution import candidate_distribution
 
-    backend = VLLMBackend.from_pretrained(
-        "smollm2-135m", max_model_len=512, engine_args={"enforce_eager": True}
-    )
+    backend = VLLMBackend.from_pretrained("smollm2-135m", max_model_len=512, engine_args={"enforce_eager": True})
     params = SamplingParams(max_new_tokens=8, stop=("\n",))
     gens = backend.generate(PROMPTS, 3, params, greedy=True, seeds=[1, 2, 3])
     token_ids = [backend.tokenize(t)[0] for t in TOKENS]

@@ -22,15 +22,18 @@ def error_cell(entry: Json) -> str:
 
 
 def table(result: Json) -> str:
-    rows = ["| domain | labels | arm | AUROC | ECE | answered error (α = {:g}) |".format(result["alpha"]),
-            "|---|---:|---|---:|---:|---|"]  # fmt: skip
+    rows = [
+        "| domain | labels | arm | AUROC | ECE | answered error (α = {:g}) |".format(result["alpha"]),
+        "|---|---:|---|---:|---:|---|",
+    ]
     domains = [("mean of the four", result)] + [(d, result["by_domain"][d]) for d in result["sizes"]["folds"]]
     for name, block in domains:
         for n, arms in block["by_labels"].items():
             for key, label in ARMS:
                 entry = arms[key]
-                rows.append(f"| {name} | {n} | {label} | {cell(entry['auroc'])} | {cell(entry['ece'])} | "
-                            f"{error_cell(entry)} |")  # fmt: skip
+                rows.append(
+                    f"| {name} | {n} | {label} | {cell(entry['auroc'])} | {cell(entry['ece'])} | {error_cell(entry)} |"
+                )
     return "\n".join(rows)
 
 
@@ -39,17 +42,28 @@ def goal(result: Json) -> str:
     if not g.get("auroc_gain_by_domain"):
         return "The 100-label goal was not measured."
     gains = ", ".join(f"{d} {100 * v:+.1f}" for d, v in g["auroc_gain_by_domain"].items())
-    verdict = "met" if all(g[k] for k in ("mean_gain_at_least_0.05", "no_domain_below_unadapted",
-                                          "adapted_ece_at_most_0.05", "answered_error_within_alpha_every_run")) \
-        else "not met"  # fmt: skip
+    verdict = (
+        "met"
+        if all(
+            g[k]
+            for k in (
+                "mean_gain_at_least_0.05",
+                "no_domain_below_unadapted",
+                "adapted_ece_at_most_0.05",
+                "answered_error_within_alpha_every_run",
+            )
+        )
+        else "not met"
+    )
     seconds = result["adapt_seconds"].get("100", {}).get("mean")
-    return (f"With 100 labels the goal (mean AUROC gain ≥ +5 points, no domain below the unadapted head, "
-            f"ECE ≤ 0.05, answered error within α in every run) is **{verdict}**: AUROC gain per domain "
-            f"{gains} (mean {100 * g['mean_auroc_gain']:+.1f}); adapted ECE ≤ 0.05: "
-            f"{'yes' if g['adapted_ece_at_most_0.05'] else 'no'}; answered error within α in every run: "
-            f"{'yes' if g['answered_error_within_alpha_every_run'] else 'no'}. "
-            f"Adapting took {seconds:.0f} s per run (mean, features cached) on 2 shared CPU cores"
-            + _cli(result) + ".")  # fmt: skip
+    return (
+        f"With 100 labels the goal (mean AUROC gain ≥ +5 points, no domain below the unadapted head, "
+        f"ECE ≤ 0.05, answered error within α in every run) is **{verdict}**: AUROC gain per domain "
+        f"{gains} (mean {100 * g['mean_auroc_gain']:+.1f}); adapted ECE ≤ 0.05: "
+        f"{'yes' if g['adapted_ece_at_most_0.05'] else 'no'}; answered error within α in every run: "
+        f"{'yes' if g['answered_error_within_alpha_every_run'] else 'no'}. "
+        f"Adapting took {seconds:.0f} s per run (mean, features cached) on 2 shared CPU cores" + _cli(result) + "."
+    )
 
 
 def _cli(result: Json) -> str:

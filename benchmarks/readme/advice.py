@@ -102,10 +102,19 @@ def advice_budget(r: Path) -> dict[str, str]:
     for fmt in next(iter(methods.values())):
         for method, per_format in methods.items():
             b = per_format[fmt]
-            rows.append([method, fmt] + [with_ci(b[g][k], b[g].get(f"{k}_ci")) if g in b else DASH
-                                         for g in GROUP_NAMES for k in ("ece", "auroc")])  # fmt: skip
-    table = md_table(["method", "format", "ID ECE", "ID AUROC", "OOD ECE", "OOD AUROC", "LogiQA ECE",
-                      "LogiQA AUROC"], "llrrrrrr", rows)  # fmt: skip
+            rows.append(
+                [method, fmt]
+                + [
+                    with_ci(b[g][k], b[g].get(f"{k}_ci")) if g in b else DASH
+                    for g in GROUP_NAMES
+                    for k in ("ece", "auroc")
+                ]
+            )
+    table = md_table(
+        ["method", "format", "ID ECE", "ID AUROC", "OOD ECE", "OOD AUROC", "LogiQA ECE", "LogiQA AUROC"],
+        "llrrrrrr",
+        rows,
+    )
     factor_rows = []
     for method, per_format in d["ece_factor_vs_default"].items():
         for fmt, groups in per_format.items():
@@ -124,8 +133,9 @@ def advice_budget(r: Path) -> dict[str, str]:
     pool_correct = sum(v["greedy_correct"] for v in pool["by_dataset"].values())
     trip_sizes = ", ".join(f"{k} {v}" for k, v in trip["by_dataset"].items())
     dev_brier = ", ".join(f"{k} {v:.4f}" for k, v in lr.get("dev_mean_brier", {}).items())
-    eval_sizes = ", ".join(f"{k} {v['all_formats']} (ScorePercent {v['ScorePercent']})"
-                           for k, v in d["eval_sizes"].items())  # fmt: skip
+    eval_sizes = ", ".join(
+        f"{k} {v['all_formats']} (ScorePercent {v['ScorePercent']})" for k, v in d["eval_sizes"].items()
+    )
     return {
         "table:advice13": table,
         "table:advice13-factor": factors,
@@ -152,7 +162,7 @@ def advice_budget(r: Path) -> dict[str, str]:
         "value:advice13-constant": _constant13(d.get("constant_reference")),
         "value:advice13-terms": "; ".join(
             f"{name}: {_term_moves(run['curve'])}" for name, run in d["training"].items()
-        ),  # fmt: skip
+        ),
         "value:advice13-scope": (
             f"methods {', '.join(methods)}; formats {', '.join(first)}; "
             + ("complete" if d.get("complete") else "a partial run (the remaining methods are not scored yet)")
@@ -182,8 +192,11 @@ def _auroc_by_dataset(methods: Json, in_domain: Sequence[str] = IN_DOMAIN) -> st
             if fmt not in per_format or fmt not in default:
                 continue
             before, after = default[fmt]["per_dataset"], per_format[fmt]["per_dataset"]
-            cells = ", ".join(f"{DATASET_NAMES.get(ds, ds)} {pct(before[ds]['auroc'])} → {pct(after[ds]['auroc'])}"
-                              for ds in in_domain if ds in after)  # fmt: skip
+            cells = ", ".join(
+                f"{DATASET_NAMES.get(ds, ds)} {pct(before[ds]['auroc'])} → {pct(after[ds]['auroc'])}"
+                for ds in in_domain
+                if ds in after
+            )
             out.append(f"{method} {fmt}: {cells}")
     return "; ".join(out) or "no trained method scored"
 
@@ -249,8 +262,11 @@ def advice_balanced(r: Path) -> dict[str, str]:
     d = load("advice_balanced", r)
     rows = []
     arms = [("default", "Default", d)]
-    arms += [(k, label, d) for k, label in (("conftuner", "ConfTuner"), ("advice", "ADVICE"),
-                                            ("advice_conftuner", "ADVICE+ConfTuner")) if k in d]  # fmt: skip
+    arms += [
+        (k, label, d)
+        for k, label in (("conftuner", "ConfTuner"), ("advice", "ADVICE"), ("advice_conftuner", "ADVICE+ConfTuner"))
+        if k in d
+    ]
     mini = d.get("honestybench_mini_trained") or {}
     arms += [
         (k, f"{label} (HonestyBench-mini-trained)", mini)
@@ -261,11 +277,20 @@ def advice_balanced(r: Path) -> dict[str, str]:
         entry = source[key]
         for fmt, b in entry["by_format"].items():
             factor = entry.get("ece_ratio_to_default", {}).get(fmt)
-            rows.append([label, fmt, str(b["seeds"]), with_ci(b["ece"], b["ece_ci"]),
-                         with_ci(b["auroc"], b["auroc_ci"]),
-                         with_ci(b["mean_confidence"], b["mean_confidence_ci"]), pct(b["accuracy"]),
-                         DASH if factor is None else f"{factor['ratio']:.2f} [{factor['ci95'][0]:.2f}, "
-                                                     f"{factor['ci95'][1]:.2f}]"])  # fmt: skip
+            rows.append(
+                [
+                    label,
+                    fmt,
+                    str(b["seeds"]),
+                    with_ci(b["ece"], b["ece_ci"]),
+                    with_ci(b["auroc"], b["auroc_ci"]),
+                    with_ci(b["mean_confidence"], b["mean_confidence_ci"]),
+                    pct(b["accuracy"]),
+                    DASH
+                    if factor is None
+                    else f"{factor['ratio']:.2f} [{factor['ci95'][0]:.2f}, {factor['ci95'][1]:.2f}]",
+                ]
+            )
     test, train = d["split"]["test"], d["split"]["train"]
     triplets = d.get("triplets", {})
     return {
@@ -324,10 +349,24 @@ def diagnose13(r: Path) -> dict[str, str]:
     rows = []
     for key, run in runs.items():
         s, m, ro = run["sensitivity"], run["masking"], run["rollout"]["excl_bos"]
-        rows.append([DIAGNOSE13_LABELS[key], pct(s["share_jsd_le_0.1"]), f"{s['mean_jsd']:.4f}",
-                     pct(s["auroc_mu_correct"]), f"{s['within_question_corr_mu_correct']:.3f}",
-                     f"{m['mask_shift']:.3f}", f"{ro['answer']:.1e}"])  # fmt: skip
-    header = ["model", "pairs with JSD ≤ 0.1 (%)", "mean JSD (nats)", "AUROC of μ for the candidate",
-              "within-question corr(μ, correct)", "answer masked: mean abs Δμ",
-              "rollout to the answer (excl. BOS)"]  # fmt: skip
+        rows.append(
+            [
+                DIAGNOSE13_LABELS[key],
+                pct(s["share_jsd_le_0.1"]),
+                f"{s['mean_jsd']:.4f}",
+                pct(s["auroc_mu_correct"]),
+                f"{s['within_question_corr_mu_correct']:.3f}",
+                f"{m['mask_shift']:.3f}",
+                f"{ro['answer']:.1e}",
+            ]
+        )
+    header = [
+        "model",
+        "pairs with JSD ≤ 0.1 (%)",
+        "mean JSD (nats)",
+        "AUROC of μ for the candidate",
+        "within-question corr(μ, correct)",
+        "answer masked: mean abs Δμ",
+        "rollout to the answer (excl. BOS)",
+    ]
     return {"table:diagnose13": md_table(header, "lrrrrrr", rows)}

@@ -40,18 +40,31 @@ def claims_section(results: Path) -> dict[str, str]:
     rows = []
     for name, m in d["estimators"].items():
         ref, cost = d["refinement"][name], d["cost"]["estimators"][name]
-        rows.append([
-            f"`{name}`", f"{m['answers']} / {m['claims']}", _pct(m["auroc"]), _pct(m["ece"]), _pct(m["prr"]),
-            " / ".join(f"{100 * ref[k]['value']:.0f}" for k in ("50%", "75%", "90%", "100%")),
-            f"{cost['wall_per_answer']:.2f} ({cost['wall_vs_generation']:.2f}×)",
-        ])  # fmt: skip
+        rows.append(
+            [
+                f"`{name}`",
+                f"{m['answers']} / {m['claims']}",
+                _pct(m["auroc"]),
+                _pct(m["ece"]),
+                _pct(m["prr"]),
+                " / ".join(f"{100 * ref[k]['value']:.0f}" for k in ("50%", "75%", "90%", "100%")),
+                f"{cost['wall_per_answer']:.2f} ({cost['wall_vs_generation']:.2f}×)",
+            ]
+        )
     alone = []
     for name, a in d["alone_vs_in_answer"].items():
         if not a.get("answer_level"):
             continue
-        alone.append([f"`{name}` vs `{a['answer_level']}`", str(a["questions"]), _pct(a["in_answer"]), _pct(a["alone"]),
-                      _signed(a["gap_auroc"]),
-                      f"{100 * a['accuracy_in_answer']:.0f}% / {100 * a['accuracy_alone']:.0f}%"])  # fmt: skip
+        alone.append(
+            [
+                f"`{name}` vs `{a['answer_level']}`",
+                str(a["questions"]),
+                _pct(a["in_answer"]),
+                _pct(a["alone"]),
+                _signed(a["gap_auroc"]),
+                f"{100 * a['accuracy_in_answer']:.0f}% / {100 * a['accuracy_alone']:.0f}%",
+            ]
+        )
     size = d["size"]
     failures = ", ".join(f"{k} {v}" for k, v in size["failures"].items())
     poly = d["polygraph_agreement"]
@@ -66,12 +79,30 @@ def claims_section(results: Path) -> dict[str, str]:
     )
     return {
         "table:claims": md_table(
-            ["claim confidence", "answers / claims", "AUROC", "ECE", "PRR", "precision at 50/75/90/100% kept",
-             f"s per answer (× generating it, {gen['wall_per_answer']:.2f} s)"], "lrrrrrr", rows),
+            [
+                "claim confidence",
+                "answers / claims",
+                "AUROC",
+                "ECE",
+                "PRR",
+                "precision at 50/75/90/100% kept",
+                f"s per answer (× generating it, {gen['wall_per_answer']:.2f} s)",
+            ],
+            "lrrrrrr",
+            rows,
+        ),
         "table:claims-alone": md_table(
-            ["in the answer vs asked alone", "questions", "AUROC in the answer", "AUROC alone", "gap",
-             "accuracy in / alone"],
-            "lrrrrr", alone),
+            [
+                "in the answer vs asked alone",
+                "questions",
+                "AUROC in the answer",
+                "AUROC alone",
+                "gap",
+                "accuracy in / alone",
+            ],
+            "lrrrrr",
+            alone,
+        ),
         "value:claims-size": (
             f"{size['prompts']} prompts ({', '.join(f'{k} {v}' for k, v in size['by_source'].items())}), "
             f"{size['claims']} claims, {size['scored']} scored ({size['correct']} correct); "
@@ -79,4 +110,4 @@ def claims_section(results: Path) -> dict[str, str]:
             f"{size['questions_answered']} of {size['questions_asked']} questions answered"
         ),
         "value:claims-polygraph": poly_text,
-    }  # fmt: skip
+    }

@@ -214,8 +214,9 @@ def elical_targets(r: Path) -> dict[str, str]:
     first, last = sel["budgets"][0], sel["budgets"][-1]
     rows = [["tolerance (−)", *(signed(-t) for t in tol.values()), DASH, DASH, DASH]]
     for name, c in sel["candidates"].items():
-        cells = [signed(c["domain_change"][d]["change"]) + (" ✗" if d in choice["losing_domains"][name] else "")
-                 for d in tol]  # fmt: skip
+        cells = [
+            signed(c["domain_change"][d]["change"]) + (" ✗" if d in choice["losing_domains"][name] else "") for d in tol
+        ]
         marks = [t for t, pick in picks.items() if pick == name]
         label = f"**{name}** ({', '.join(marks)})" if marks else name
         rows.append(
@@ -227,9 +228,13 @@ def elical_targets(r: Path) -> dict[str, str]:
                 "yes" if name in choice["qualified"] else "no",
             ]
         )
-    head = [f"rule (Δ AUROC @{first} → @{last})",
-            *(f"{d} ({sel['folds'][d]['n_correct']} of {sel['folds'][d]['n_scored']} correct)" for d in tol),
-            "worst", "mean AUROC", "qualifies"]  # fmt: skip
+    head = [
+        f"rule (Δ AUROC @{first} → @{last})",
+        *(f"{d} ({sel['folds'][d]['n_correct']} of {sel['folds'][d]['n_scored']} correct)" for d in tol),
+        "worst",
+        "mean AUROC",
+        "qualifies",
+    ]
     return {
         "table:elical-targets": md_table(head, "l" + "r" * (len(tol) + 2) + "l", rows),
         "value:elical-target-universal": picks["universal"],

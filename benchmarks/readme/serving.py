@@ -191,15 +191,22 @@ def serve_engine(r: Path) -> dict[str, str]:
     ratio_rows = [
         ["(a) throughput, candor / engine, c = 32", _times(q["a_throughput_candor_over_engine_at_32"]), "≥ 1.0"],
         ["(a) p50 latency, candor / engine, c = 1", _times(q["a_p50_candor_over_engine_at_1"]), "≤ 1.1"],
-        ["(a) generated tokens/s, candor / engine, c = 32", _times(q["a_tokens_per_s_candor_over_engine_at_32"]),
-         DASH],
+        ["(a) generated tokens/s, candor / engine, c = 32", _times(q["a_tokens_per_s_candor_over_engine_at_32"]), DASH],
         ["(b) answered p50, head / no head, c = 1", _times(q["b_answered_p50_head_over_candor_at_1"]), "≤ 1.05"],
         ["(b) peak resident memory, head / no head", _times(q["b_peak_rss_head_over_candor"]), "≤ 1.05"],
-        *[[f"(b) mean latency at {pct(row['abstention_share'], 0)}% abstention, c = 1",
-           f"{_seconds(row['mean_ms'])} s", "falls with the share"] for row in q["b_mean_latency_by_abstention_at_1"]],
-        *[[f"(c) p50 latency, chain / engine, c = {c}", _times(v), "≤ 1.15"]
-          for c, v in q["c_p50_chain_over_engine"].items()],
-    ]  # fmt: skip
+        *[
+            [
+                f"(b) mean latency at {pct(row['abstention_share'], 0)}% abstention, c = 1",
+                f"{_seconds(row['mean_ms'])} s",
+                "falls with the share",
+            ]
+            for row in q["b_mean_latency_by_abstention_at_1"]
+        ],
+        *[
+            [f"(c) p50 latency, chain / engine, c = {c}", _times(v), "≤ 1.15"]
+            for c, v in q["c_p50_chain_over_engine"].items()
+        ],
+    ]
     rss = q.get("chain_candor_peak_rss_mib")
     engine = d["cells"].get("generation") or {}
     past = sum(cell.get("past_stop", 0) for cell in engine.values())
@@ -233,18 +240,37 @@ def serve_traffic(r: Path) -> dict[str, str]:
     traffic_rows = [_traffic_row(traffic[key]) for key in sorted(traffic) if key.startswith("traffic")]
     return {
         "table:serve-long-prompts": md_table(
-            ["confidence", "idle p50", "p50 / p99 beside long prompts", "× idle p50", "confidences bit-equal",
-             "long prompts (tokens: seconds)", "memory after / before"],
-            "lrrrrrr", long_rows),  # fmt: skip
+            [
+                "confidence",
+                "idle p50",
+                "p50 / p99 beside long prompts",
+                "× idle p50",
+                "confidences bit-equal",
+                "long prompts (tokens: seconds)",
+                "memory after / before",
+            ],
+            "lrrrrrr",
+            long_rows,
+        ),
         "value:serve-stops": (
             f"{stops['unique_stop_lists']:,} requests with unique stop lists changed the server's resident memory by "
             f"{stops['rss_growth_mib']:+.1f} MiB (goal ≤ +{stops['acceptance_mib']})"
         ),
         "table:serve-traffic": md_table(
-            ["clients", "well-formed (failed)", "confidence ≠ alone", "hostile: what they got", "short p50 / p99",
-             "p99 × idle p50", "completed/s (queueing: clients ÷ rate)", "memory after / before (after 5 s idle)",
-             "unique stop lists: memory"],
-            "rrrlrrrrr", traffic_rows),  # fmt: skip
+            [
+                "clients",
+                "well-formed (failed)",
+                "confidence ≠ alone",
+                "hostile: what they got",
+                "short p50 / p99",
+                "p99 × idle p50",
+                "completed/s (queueing: clients ÷ rate)",
+                "memory after / before (after 5 s idle)",
+                "unique stop lists: memory",
+            ],
+            "rrrlrrrrr",
+            traffic_rows,
+        ),
     }
 
 
@@ -254,10 +280,14 @@ def _long_prompt_row(d: Json) -> list[str]:
     if d.get("long_prompt_failures"):
         longs += f"; {len(d['long_prompt_failures'])} failed"
     return [
-        d["confidence"], f"{idle['p50_s']:.2f} s", f"{under['p50_s']:.2f} / {under['p99_s']:.2f} s",
-        f"{d['p50_over_idle_p50']:.2f}× / **{d['p99_over_idle_p50']:.2f}×**", d["short_confidences_bit_equal_to_idle"],
-        longs, f"{d['rss_after_over_before']:.3f}×",
-    ]  # fmt: skip
+        d["confidence"],
+        f"{idle['p50_s']:.2f} s",
+        f"{under['p50_s']:.2f} / {under['p99_s']:.2f} s",
+        f"{d['p50_over_idle_p50']:.2f}× / **{d['p99_over_idle_p50']:.2f}×**",
+        d["short_confidences_bit_equal_to_idle"],
+        longs,
+        f"{d['rss_after_over_before']:.3f}×",
+    ]
 
 
 def _traffic_row(d: Json) -> list[str]:
@@ -268,10 +298,16 @@ def _traffic_row(d: Json) -> list[str]:
     idle_ratio = mem.get("ratio_after_idle")
     memory = f"{mem['ratio']:.3f}×" + (f" ({idle_ratio:.3f}×)" if idle_ratio is not None else "")
     return [
-        str(d["clients"]), f"{w['requests']} ({w['failures']})", str(w["confidence_mismatches"]), hostile,
-        f"{short['p50_s']:.1f} / {short['p99_s']:.1f} s", f"**{short['p99_over_idle_p50']:.0f}×**", queue, memory,
+        str(d["clients"]),
+        f"{w['requests']} ({w['failures']})",
+        str(w["confidence_mismatches"]),
+        hostile,
+        f"{short['p50_s']:.1f} / {short['p99_s']:.1f} s",
+        f"**{short['p99_over_idle_p50']:.0f}×**",
+        queue,
+        memory,
         _stops_growth(d.get("unique_stops")),
-    ]  # fmt: skip
+    ]
 
 
 def _stops_growth(stops: Json | None) -> str:

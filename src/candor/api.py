@@ -112,8 +112,9 @@ class EliCal:
         data = TrainingPool.of(pool, dev_records, seed=self.seed)
         out_dir = self.out_dir or tempfile.mkdtemp(prefix="candor-elical-")
         config = EliCalConfig(model=self.model, seed=self.seed, **self.settings)
-        self.result_ = train_elical(data.pool, data.dev, method=self.method, config=config, out_dir=out_dir,
-                                    budget=self.budget)
+        self.result_ = train_elical(
+            data.pool, data.dev, method=self.method, config=config, out_dir=out_dir, budget=self.budget
+        )
         self.head_ = self.result_.model
         return self
 

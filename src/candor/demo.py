@@ -93,13 +93,23 @@ def run_demo(
     table = score_into(records, estimators, confidences_path, backend)
 
     logger.info("3/4 evaluate → %s", out_dir / "report")
-    report = write_report(table, out_dir / "report", title=f"candor demo: {model} on the starter set",
-                          bootstrap=DEMO_BOOTSTRAP, records=records, command=command)
+    report = write_report(
+        table,
+        out_dir / "report",
+        title=f"candor demo: {model} on the starter set",
+        bootstrap=DEMO_BOOTSTRAP,
+        records=records,
+        command=command,
+    )
 
     honest = out_dir / "honest"
     logger.info("4/4 tune an honest model (%s, coverage %.1f) → %s", HONEST_METHOD, HONEST_COVERAGE, honest)
-    tuned = HonestModel(backend, HONEST_METHOD, template=template.name,
-                        decoding=Decoding(max_new_tokens=AnnotateConfig().params.max_new_tokens))  # fmt: skip
+    tuned = HonestModel(
+        backend,
+        HONEST_METHOD,
+        template=template.name,
+        decoding=Decoding(max_new_tokens=AnnotateConfig().params.max_new_tokens),
+    )
     tuned.tune(records, "coverage", HONEST_COVERAGE)
     tuned.save_pretrained(honest)
     return DemoResult(records=records_path, confidences=confidences_path, report=report, table=table, honest=honest)

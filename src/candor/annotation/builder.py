@@ -56,6 +56,7 @@ def questions_per_call(todo: int, batch_size: int, progress_steps: int | None = 
         return full
     return max(batch_size, min(full, -(-todo // progress_steps)))
 
+
 # Provenance keys that must agree for records to live in one file.
 SETTINGS_KEYS = ("model", "dtype", "template", "k", "seed", "decoding", "correctness_judge", "consistency_judge")
 # What a record written before a key existed was made with: records without a dtype come from

@@ -127,10 +127,13 @@ def label_compound(records: Sequence[Record], judge: CorrectnessJudge | None = N
     answered = sum(len({c.question for c in r.claims or [] if c.failure is None}) for r in records)
     asked = sum(len(compound_parts(r)) for r in records)
     return {
-        "claims": total, "scored": len(todo), "correct": int(sum(verdicts)),
+        "claims": total,
+        "scored": len(todo),
+        "correct": int(sum(verdicts)),
         "failures": {name: failures.get(name, 0) for name in FAILURES},
-        "questions_asked": asked, "questions_answered": answered,
-    }  # fmt: skip
+        "questions_asked": asked,
+        "questions_answered": answered,
+    }
 
 
 FREE_CLAIM_PROMPT = "Is the following statement true? Reply with one word, yes or no.\nStatement: {claim}"

@@ -69,12 +69,14 @@ class Claim:
     def from_dict(cls, d: dict[str, Any]) -> Claim:
         try:
             return cls(
-                text=str(d["text"]), start=int(d["start"]), end=int(d["end"]),
+                text=str(d["text"]),
+                start=int(d["start"]),
+                end=int(d["end"]),
                 tokens=[int(t) for t in d.get("tokens", [])],
                 question=None if d.get("question") is None else int(d["question"]),
                 label=None if d.get("label") is None else int(d["label"]),
                 failure=d.get("failure"),
-            )  # fmt: skip
+            )
         except (KeyError, TypeError, ValueError) as exc:  # a ValueError: the records reader names file and line
             raise ValueError(f"a claim needs text, start, end and integer tokens ({exc})") from None
 
@@ -82,13 +84,77 @@ class Claim:
 # Function words (English): they carry no fact of a claim (echo detection, fact-to-token mapping, CCP).
 FUNCTION_WORDS = frozenset(
     {
-        "a", "an", "the", "and", "or", "but", "if", "of", "at", "by", "for", "with", "about", "to", "from",
-        "in", "on", "into", "over", "under", "is", "are", "was", "were", "be", "been", "being", "am", "has",
-        "have", "had", "do", "does", "did", "it", "its", "this", "that", "these", "those", "he", "she", "they",
-        "them", "his", "her", "their", "we", "our", "you", "your", "i", "me", "my", "as", "so", "than", "then",
-        "there", "here", "which", "who", "whom", "whose", "what", "when", "where", "why", "how"
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "if",
+        "of",
+        "at",
+        "by",
+        "for",
+        "with",
+        "about",
+        "to",
+        "from",
+        "in",
+        "on",
+        "into",
+        "over",
+        "under",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "am",
+        "has",
+        "have",
+        "had",
+        "do",
+        "does",
+        "did",
+        "it",
+        "its",
+        "this",
+        "that",
+        "these",
+        "those",
+        "he",
+        "she",
+        "they",
+        "them",
+        "his",
+        "her",
+        "their",
+        "we",
+        "our",
+        "you",
+        "your",
+        "i",
+        "me",
+        "my",
+        "as",
+        "so",
+        "than",
+        "then",
+        "there",
+        "here",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "what",
+        "when",
+        "where",
+        "why",
+        "how",
     }
-)  # fmt: skip
+)
 
 
 # ---------------------------------------------------------------- token offsets

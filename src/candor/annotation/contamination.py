@@ -87,8 +87,12 @@ def write_manifest(
     """
     path = Path(folder) / MANIFEST_NAME
     prints = sorted(fingerprints(questions) | set(inherited))
-    payload = {"hash": "sha256(normalize(question))", "count": len(prints), "sources": list(sources),
-               "fingerprints": prints}
+    payload = {
+        "hash": "sha256(normalize(question))",
+        "count": len(prints),
+        "sources": list(sources),
+        "fingerprints": prints,
+    }
     return atomic_write_json(path, payload, indent=None)
 
 
@@ -190,6 +194,9 @@ def warn_contamination(records: Sequence[Record], folders: Mapping[str, Path]) -
             found[label] = overlap
             logger.warning(
                 "contamination: %d of %d records being scored are among the training questions of %s, e.g. %r",
-                overlap.count, overlap.total, label, overlap.example,
+                overlap.count,
+                overlap.total,
+                label,
+                overlap.example,
             )
     return found

@@ -64,9 +64,7 @@ class CorrectnessJudge(Protocol):
 class ConsistencyJudge(Protocol):
     name: str
 
-    def judge(
-        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
-    ) -> list[int]: ...
+    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -190,9 +188,7 @@ class LexicalConsistencyJudge:
             raise CandorError(f"lexical judge threshold must be in (0, 1], got {threshold}")
         self.threshold = threshold
 
-    def judge(
-        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
-    ) -> list[int]:
+    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]:
         _check_lengths("lexical consistency judge", a, b, questions)
         return [int(self.equivalent(x, y)) for x, y in zip(a, b, strict=True)]
 
@@ -232,9 +228,7 @@ class EchoAwareConsistencyJudge:
 
     name = "lexical-echo"
 
-    def judge(
-        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
-    ) -> list[int]:
+    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]:
         _check_lengths("lexical-echo consistency judge", a, b, questions)
         qs = questions if questions is not None else [""] * len(a)
         return [int(self.equivalent(x, y, q)) for x, y, q in zip(a, b, qs, strict=True)]
@@ -275,9 +269,7 @@ class EmbeddingConsistencyJudge:
         embedding_model_dir()  # a missing wheel fails here, with the pip command, not mid-run
         self.threshold = threshold
 
-    def judge(
-        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
-    ) -> list[int]:
+    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]:
         """One 0/1 verdict per pair; ``questions`` is accepted for a uniform API and unused."""
         from candor.backends.embeddings import pair_similarity
 
@@ -304,8 +296,7 @@ CORRECTNESS_PROMPT = (
     "Question: {question}\n"
     "Reference answers: {golds}\n"
     "Proposed answer: {response}\n"
-    "Decide whether the proposed answer means the same as one of the reference answers. "
-    + VERDICT_SUFFIX
+    "Decide whether the proposed answer means the same as one of the reference answers. " + VERDICT_SUFFIX
 )
 
 CONSISTENCY_PROMPT = (
@@ -320,11 +311,31 @@ CONSISTENCY_PROMPT = (
 # Words that turn a verdict negative. normalize() deletes apostrophes, hence "isnt".
 NEGATIVE_WORDS = frozenset(
     {
-        "uncertain", "no", "not", "unknown", "sorry", "incorrect", "wrong", "false",
-        "unsure", "cannot", "cant", "dont", "doesnt", "isnt", "arent", "wasnt", "unable",
-        "none", "neither", "nor", "different", "inequivalent", "nonequivalent",
+        "uncertain",
+        "no",
+        "not",
+        "unknown",
+        "sorry",
+        "incorrect",
+        "wrong",
+        "false",
+        "unsure",
+        "cannot",
+        "cant",
+        "dont",
+        "doesnt",
+        "isnt",
+        "arent",
+        "wasnt",
+        "unable",
+        "none",
+        "neither",
+        "nor",
+        "different",
+        "inequivalent",
+        "nonequivalent",
     }
-)  # fmt: skip
+)
 
 
 # The paper's judge prompts (Ni et al., 2025, appendix G: Figure 16 for correctness, Figure 12 for
@@ -479,9 +490,7 @@ class LLMCorrectnessJudge(_LLMJudge):
 class LLMConsistencyJudge(_LLMJudge):
     """Ask a model whether two answers are semantically equivalent (the paper's prompt)."""
 
-    def judge(
-        self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None
-    ) -> list[int]:
+    def judge(self, a: Sequence[str], b: Sequence[str], questions: Sequence[str] | None = None) -> list[int]:
         _check_lengths("llm consistency judge", a, b, questions)
         qs = questions if questions is not None else [""] * len(a)
         asked = [i for i in range(len(a)) if not (is_empty_answer(a[i]) or is_empty_answer(b[i]))]
@@ -495,8 +504,7 @@ ANSWER_CHECK_PROMPT = (
     "Here is a question and a proposed answer to it. No reference answer is given; use what you know.\n"
     "Question: {question}\n"
     "Proposed answer: {response}\n"
-    "Decide whether the proposed answer is correct. "
-    + VERDICT_SUFFIX
+    "Decide whether the proposed answer is correct. " + VERDICT_SUFFIX
 )
 
 

@@ -124,11 +124,13 @@ def numbered(lines: Sequence[str]) -> str:
 def _render_compound(item: QAItem, backend: Backend) -> str:
     shot_q = numbered([q for q, _ in COMPOUND_EXAMPLE])
     shot_a = numbered([a for _, a in COMPOUND_EXAMPLE])
-    return backend.render_chat([
-        {"role": "user", "content": f"{COMPOUND_INSTRUCTION}\n{shot_q}"},
-        {"role": "assistant", "content": shot_a},
-        {"role": "user", "content": f"{COMPOUND_INSTRUCTION}\n{question_text(item)}"},
-    ])
+    return backend.render_chat(
+        [
+            {"role": "user", "content": f"{COMPOUND_INSTRUCTION}\n{shot_q}"},
+            {"role": "assistant", "content": shot_a},
+            {"role": "user", "content": f"{COMPOUND_INSTRUCTION}\n{question_text(item)}"},
+        ]
+    )
 
 
 TEMPLATES.register("compound")(QATemplate("compound", _render_compound))

@@ -52,8 +52,13 @@ class Label:
     time: float
 
     def to_line(self) -> str:
-        body = {"id": self.id, "index": self.index, "correct": self.correct, "label_source": self.label_source,
-                "time": self.time}  # fmt: skip
+        body = {
+            "id": self.id,
+            "index": self.index,
+            "correct": self.correct,
+            "label_source": self.label_source,
+            "time": self.time,
+        }
         return json.dumps({LABEL_LINE_KEY: body}, ensure_ascii=False) + "\n"
 
     @classmethod
@@ -189,17 +194,20 @@ def read_served(path: str | Path) -> ServedLog:
         if key not in answers:
             orphans += 1
             continue
-        answers[key] = replace(answers[key], label=label.correct, label_source=label.label_source,
-                               label_time=label.time, label_line=lineno)  # fmt: skip
+        answers[key] = replace(
+            answers[key], label=label.correct, label_source=label.label_source, label_time=label.time, label_line=lineno
+        )
     if bad or orphans:
         logger.warning("%s: %d bad lines skipped, %d labels name no served answer", path, bad, orphans)
     return ServedLog(list(answers.values()), bad, orphans)
 
 
 def _read_line(
-    obj: Any, lineno: int, answers: dict[tuple[str, int], ServedAnswer],
+    obj: Any,
+    lineno: int,
+    answers: dict[tuple[str, int], ServedAnswer],
     labels: dict[tuple[str, int], tuple[Label, int]],
-) -> None:  # fmt: skip
+) -> None:
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object")
     if LABEL_LINE_KEY in obj and "item" not in obj:

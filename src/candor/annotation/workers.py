@@ -85,8 +85,9 @@ def threads_per_worker(workers: int, cores: int | None = None) -> int:
     """Each worker's share of the cores, at least one."""
     cores = available_cores() if cores is None else cores
     if workers > cores:
-        logger.warning("%d workers on %d cores: they will share cores and run slower than %d would",
-                       workers, cores, cores)  # fmt: skip
+        logger.warning(
+            "%d workers on %d cores: they will share cores and run slower than %d would", workers, cores, cores
+        )
     return max(1, cores // workers)
 
 
@@ -125,8 +126,10 @@ def refuse_gpu(backend: Backend) -> None:
     """Refuse a worker whose model was placed on a GPU (checked once loaded, in the worker)."""
     device = str(getattr(backend, "device", "cpu"))
     if not device.startswith("cpu"):
-        raise CandorError(f"--workers splits a CPU's cores; this model runs on {device}, where one process "
-                          "batches better (drop --workers)")  # fmt: skip
+        raise CandorError(
+            f"--workers splits a CPU's cores; this model runs on {device}, where one process "
+            "batches better (drop --workers)"
+        )
 
 
 def annotate_with_workers(
@@ -153,25 +156,41 @@ def annotate_with_workers(
     parts = [part_path(out, shard) for shard in shards]
     parts_folder(out).mkdir(parents=True, exist_ok=True)
     done_before = sum(RecordCount(p).update() for p in parts)
-    logger.info("%s: %d items in %d workers, %d thread(s) each (%d already done)",
-                out, len(items), workers, threads, done_before)  # fmt: skip
+    logger.info(
+        "%s: %d items in %d workers, %d thread(s) each (%d already done)",
+        out,
+        len(items),
+        workers,
+        threads,
+        done_before,
+    )
     written = _run_workers(items, recipe, config, shards, parts, threads, progress, done_before)
     merged = merge_shards(parts, out)
     return AnnotateResult(out, written, merged - written, len(items))
 
 
 def _run_workers(
-    items: Sequence[QAItem], recipe: BackendRecipe, config: AnnotateConfig, shards: list[Shard], parts: list[Path],
-    threads: int, progress: bool, done_before: int,
+    items: Sequence[QAItem],
+    recipe: BackendRecipe,
+    config: AnnotateConfig,
+    shards: list[Shard],
+    parts: list[Path],
+    threads: int,
+    progress: bool,
+    done_before: int,
 ) -> int:
     """Start one process per shard, follow their files for the progress bar, stop them all if one fails."""
     context = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch's threads
     reports = context.Queue()
     processes = [
-        context.Process(target=_work, args=(recipe, items, part, config, shard, threads, reports),
-                        name=f"candor-annotate-{shard}", daemon=True)
+        context.Process(
+            target=_work,
+            args=(recipe, items, part, config, shard, threads, reports),
+            name=f"candor-annotate-{shard}",
+            daemon=True,
+        )
         for shard, part in zip(shards, parts, strict=True)
-    ]  # fmt: skip
+    ]
     bar = tqdm(total=len(items), initial=done_before, desc="annotate", unit="q", disable=not progress)
     counts = [RecordCount(p) for p in parts]
     written: dict[int, int] = {}
@@ -202,8 +221,10 @@ def _collect(reports: Any, processes: list[Any], shards: list[Shard]) -> dict[in
         pass
     for index, process in enumerate(processes):
         if index not in finished and process.exitcode not in (None, 0) and reports.empty():
-            raise CandorError(f"worker {index} (shard {shards[index]}) died with exit code {process.exitcode}"
-                              f"{' (killed: out of memory?)' if process.exitcode < 0 else ''}")  # fmt: skip
+            raise CandorError(
+                f"worker {index} (shard {shards[index]}) died with exit code {process.exitcode}"
+                f"{' (killed: out of memory?)' if process.exitcode < 0 else ''}"
+            )
     return finished
 
 
@@ -236,21 +257,36 @@ class RecordCount:
 
 
 def _work(
-    recipe: BackendRecipe, items: Sequence[QAItem], part: Path, config: AnnotateConfig, shard: Shard, threads: int,
+    recipe: BackendRecipe,
+    items: Sequence[QAItem],
+    part: Path,
+    config: AnnotateConfig,
+    shard: Shard,
+    threads: int,
     reports: Any,
 ) -> None:
     """One worker: its share of the threads, its own model, ``annotate`` of one shard; the outcome reported."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format=f"%(levelname)s worker {shard.index}: %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format=f"%(levelname)s worker {shard.index}: %(name)s: %(message)s"
+    )
     try:
         import torch
 
         torch.set_num_threads(threads)
         answering, judging, template = recipe.load()
         refuse_gpu(answering)
-        result = annotate(items, answering, part, template, config, shard=shard, judge_backend=judging,
-                          progress=False, progress_steps=PROGRESS_STEPS)  # fmt: skip
+        result = annotate(
+            items,
+            answering,
+            part,
+            template,
+            config,
+            shard=shard,
+            judge_backend=judging,
+            progress=False,
+            progress_steps=PROGRESS_STEPS,
+        )
     except CandorError as exc:
         reports.put(("error", shard.index, str(exc)))  # a process's queue is flushed before it exits
         sys.exit(2)

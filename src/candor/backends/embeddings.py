@@ -74,7 +74,10 @@ def embed(texts: list[str]) -> np.ndarray:
     rows: list[np.ndarray] = []
     for start in range(0, len(texts), _BATCH):
         batch = tokenizer(
-            list(texts[start : start + _BATCH]), padding=True, truncation=True, max_length=max_length,
+            list(texts[start : start + _BATCH]),
+            padding=True,
+            truncation=True,
+            max_length=max_length,
             return_tensors="pt",
         )
         with torch.inference_mode():

@@ -184,8 +184,14 @@ class HFBackend(TokenizerMixin):
         if adapter is not None:
             model = _load_adapter(model, adapter)
         backend = cls(
-            model, tokenizer, batch_size=batch_size, device=device, model_name=name_or_path, seed=seed,
-            top_logprobs=top_logprobs, pack_linears=pack_linears,
+            model,
+            tokenizer,
+            batch_size=batch_size,
+            device=device,
+            model_name=name_or_path,
+            seed=seed,
+            top_logprobs=top_logprobs,
+            pack_linears=pack_linears,
         )
         backend.adapter = adapter
         return backend
@@ -263,9 +269,11 @@ class HFBackend(TokenizerMixin):
         return self.stop_matchers.get(stops)
 
     def live_engine(
-        self, max_rows: int | None = None, shared_prefix: Sequence[int] | None = None,
+        self,
+        max_rows: int | None = None,
+        shared_prefix: Sequence[int] | None = None,
         prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
-    ) -> LiveEngine:  # fmt: skip
+    ) -> LiveEngine:
         """A decode loop running in its own thread that requests join between steps.
 
         ``max_rows`` caps the rows decoded together (a request takes one row
@@ -595,8 +603,10 @@ def warn_if_emulated(dtype: torch.dtype, device: str) -> bool:
     logger.warning(
         "%s on a CPU without %s instructions (%s): every product widens it to float32, so expect it to "
         "run slower than float32 here (see benchmarks/README.md), with numbers that differ from float32's",
-        str(dtype).removeprefix("torch."), " or ".join(NATIVE_16BIT[dtype]), describe()["name"],
-    )  # fmt: skip
+        str(dtype).removeprefix("torch."),
+        " or ".join(NATIVE_16BIT[dtype]),
+        describe()["name"],
+    )
     return True
 
 

@@ -278,8 +278,10 @@ class OpenAIBackend:
                 tasks.append((i, 0, self._bind(prompt, params, params.temperature, n, request_seed(seeds[i]), top)))
             else:
                 # No server-side n: one request per sample, each with its own seed.
-                tasks.extend((i, j, self._bind(prompt, params, params.temperature, 1, seed, top))
-                             for j, seed in enumerate(sample_seeds(seeds[i], n)))
+                tasks.extend(
+                    (i, j, self._bind(prompt, params, params.temperature, 1, seed, top))
+                    for j, seed in enumerate(sample_seeds(seeds[i], n))
+                )
         results = [Generations(greedy=None, samples=[None] * n) for _ in prompts]  # type: ignore[list-item]
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
             replies = list(pool.map(lambda task: task[2](), tasks))
@@ -421,8 +423,9 @@ class OpenAIBackend:
             content = _get(block, "content") or []
             tokens = [_get(e, "token") for e in content]
             lps = [_get(e, "logprob") for e in content]
-            tops = [{_get(t, "token"): float(_get(t, "logprob")) for t in (_get(e, "top_logprobs") or [])}
-                    for e in content]
+            tops = [
+                {_get(t, "token"): float(_get(t, "logprob")) for t in (_get(e, "top_logprobs") or [])} for e in content
+            ]
             return aligned(tokens, lps, tops)
         tokens = list(_get(block, "tokens") or [])
         lps = list(_get(block, "token_logprobs") or [])

@@ -154,8 +154,7 @@ class VLLMBackend(TokenizerMixin):
         vllm = _vllm()
         encoded = self.encode(prompts)
         requests, plans = [], []  # plans: (prompt index, is greedy)
-        common = {"max_tokens": params.max_new_tokens, "stop": list(params.stop) or None,
-                  "logprobs": self.top_logprobs}
+        common = {"max_tokens": params.max_new_tokens, "stop": list(params.stop) or None, "logprobs": self.top_logprobs}
         for i, ids in enumerate(encoded):
             if greedy:
                 requests.append(({"prompt_token_ids": ids}, vllm.SamplingParams(temperature=0.0, **common)))
@@ -200,8 +199,12 @@ class VLLMBackend(TokenizerMixin):
                     alternatives.setdefault(lp.decoded_token or self.tokenizer.decode([tid]), float(lp.logprob))
             tops.append(alternatives)
         return Completion(
-            text=out.text.strip(), token_ids=ids, tokens=tokens, logprobs=lps,
-            top_logprobs=tops if self.top_logprobs else [], stop_logprob=stop_logprob,
+            text=out.text.strip(),
+            token_ids=ids,
+            tokens=tokens,
+            logprobs=lps,
+            top_logprobs=tops if self.top_logprobs else [],
+            stop_logprob=stop_logprob,
         )
 
     # ------------------------------------------------------------ scoring
@@ -232,8 +235,7 @@ class VLLMBackend(TokenizerMixin):
         """Log-probs of ``token_ids`` at the next position after each prompt."""
         vllm = _vllm()
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(token_ids))
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in self.encode(prompts)], params,
-                                    use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in self.encode(prompts)], params, use_tqdm=False)
         out = np.empty((len(prompts), len(token_ids)))
         for row, result in enumerate(outputs):
             first = result.outputs[0].logprobs[0]

@@ -45,8 +45,11 @@ def label(
 
     backend = load_backend(judge_model, "openai" if base_url else "hf", base_url=base_url)
     report = judge_labels(records, backend, judge_model)
-    agreement = "no human labels to compare with" if report.agreement is None else (
-        f"agreement with the {report.compared} human labels: {report.agreement:.1%}")  # fmt: skip
+    agreement = (
+        "no human labels to compare with"
+        if report.agreement is None
+        else (f"agreement with the {report.compared} human labels: {report.agreement:.1%}")
+    )
     typer.echo(f"judge:{judge_model} labelled {report.labelled} answers; {agreement}")
 
 

@@ -67,9 +67,13 @@ def annotate(
     judge_base_url: Annotated[
         str | None, typer.Option(help="Server for --judge-model on the openai backend (default: --base-url).")
     ] = None,
-    workers: Annotated[int, typer.Option(
-        help="hf on CPU: annotate in N processes, one shard and 1/N of the cores each, merged into --out "
-             "(shards kept in OUT.parts/ to resume; memory: one model per worker).")] = 1,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="hf on CPU: annotate in N processes, one shard and 1/N of the cores each, merged into --out "
+            "(shards kept in OUT.parts/ to resume; memory: one model per worker)."
+        ),
+    ] = 1,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
     from candor.annotation.builder import AnnotateConfig, Shard
@@ -91,12 +95,23 @@ def annotate(
     if not items:
         raise CandorError(f"{data}: no questions to annotate")
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
-    config = AnnotateConfig(k=k, params=params, correctness_judge=judge, consistency_judge=consistency,
-                            seed=seed, batch_size=batch_size)
+    config = AnnotateConfig(
+        k=k, params=params, correctness_judge=judge, consistency_judge=consistency, seed=seed, batch_size=batch_size
+    )
     _check_dtype(dtype, backend)
-    options = dict(base_url=base_url, endpoint=endpoint, tokenizer=tokenizer, max_concurrency=max_concurrency,
-                   max_retries=max_retries, api_key_env=api_key_env, tensor_parallel_size=tensor_parallel_size,
-                   data_parallel_size=data_parallel_size, batch_size=batch_size, seed=seed, dtype=dtype)
+    options = dict(
+        base_url=base_url,
+        endpoint=endpoint,
+        tokenizer=tokenizer,
+        max_concurrency=max_concurrency,
+        max_retries=max_retries,
+        api_key_env=api_key_env,
+        tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
+        batch_size=batch_size,
+        seed=seed,
+        dtype=dtype,
+    )
     recipe = BackendRecipe(
         model=model,
         backend=backend,
@@ -113,8 +128,7 @@ def annotate(
             result = annotate_with_workers(items, recipe, out, config, workers)
         else:
             answering, judging, qa_template = recipe.load()
-            result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec,
-                                  judge_backend=judging)  # fmt: skip
+            result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec, judge_backend=judging)
     except KeyboardInterrupt:
         _say_how_to_resume(out, workers)
         raise typer.Exit(130) from None
@@ -126,8 +140,12 @@ def _say_how_to_resume(out: Path, workers: int) -> None:
     files = sorted(Path(f"{out}.parts").glob("*.jsonl")) if workers != 1 else [out]
     saved = sum(_count_lines(f) for f in files)
     where = f"{out}.parts/" if workers != 1 else str(out)
-    typer.secho(f"interrupted: {saved} finished records are saved in {where}; resume with the same command:\n"
-                f"  {invoked_command()}", fg=typer.colors.YELLOW, err=True)  # fmt: skip
+    typer.secho(
+        f"interrupted: {saved} finished records are saved in {where}; resume with the same command:\n"
+        f"  {invoked_command()}",
+        fg=typer.colors.YELLOW,
+        err=True,
+    )
 
 
 def _count_lines(path: Path) -> int:
@@ -147,8 +165,10 @@ def _check_dtype(dtype: str | None, backend: str) -> None:
     if dtype not in DTYPES:
         raise CandorError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if backend not in ("hf", "vllm"):
-        raise CandorError(f"--dtype applies to the hf and vllm backends, which load the weights; "
-                          f"the {backend} backend's server chose its own")
+        raise CandorError(
+            f"--dtype applies to the hf and vllm backends, which load the weights; "
+            f"the {backend} backend's server chose its own"
+        )
 
 
 def _print_annotation_summary(path: Path) -> None:
@@ -221,11 +241,13 @@ def _export_seq_cls(source: Path, out: Path, dtype: str | None) -> str:
     from candor.train.elical.export import export_seq_cls
 
     result = export_seq_cls(source, out, dtype=dtype)
-    return (f"exported the EliCal head {source} ({result.mode} mode) to {out} as {result.architecture} "
-            "(num_labels=1)\n"
-            f"its raw logit lacks the head's bias {result.logit_bias:+.6f}; serve it with the exact confidence:\n"
-            f"  {result.vllm_command()}\n"
-            f"inputs are prompts rendered with the {result.template!r} template")  # fmt: skip
+    return (
+        f"exported the EliCal head {source} ({result.mode} mode) to {out} as {result.architecture} "
+        "(num_labels=1)\n"
+        f"its raw logit lacks the head's bias {result.logit_bias:+.6f}; serve it with the exact confidence:\n"
+        f"  {result.vllm_command()}\n"
+        f"inputs are prompts rendered with the {result.template!r} template"
+    )
 
 
 # --to FORMAT -> (source, out, dtype) -> summary line(s): what `candor export` can write.
@@ -279,8 +301,10 @@ def import_head(
 
     import_released_head(lora_dir, vector_head, backbone, out, template=template, dtype=dtype)
     config = HeadConfig.read(out)
-    typer.echo(f"imported a {config.mode} head on {config.backbone} (template {config.template!r}) into {out}\n"
-               f"score with: candor score -r RECORDS -o OUT -e elical -O elical.head={out}")  # fmt: skip
+    typer.echo(
+        f"imported a {config.mode} head on {config.backbone} (template {config.template!r}) into {out}\n"
+        f"score with: candor score -r RECORDS -o OUT -e elical -O elical.head={out}"
+    )
 
 
 @user_errors

@@ -42,8 +42,14 @@ def diagnose(
         ig_steps=ig_steps,
         ig_examples=ig_examples,
     )
-    report = run_diagnosis(recs, out_dir, model=model, adapter=str(adapter) if adapter else None,
-                           config=config, cache_dir=out_dir / "cache")
+    report = run_diagnosis(
+        recs,
+        out_dir,
+        model=model,
+        adapter=str(adapter) if adapter else None,
+        config=config,
+        cache_dir=out_dir / "cache",
+    )
     for name, summary in report.summary().items():
         headline = {k: summary[k] for k in ("share_jsd_le_0.1", "mean_jsd", "mask_shift") if k in summary}
         typer.echo(f"{name}: {json.dumps(headline)}")

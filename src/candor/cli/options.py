@@ -22,9 +22,7 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "smollm2-135m"
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Embedded name, Hugging Face id or local path.")]
-DataDirOpt = Annotated[
-    Path | None, typer.Option("--data-dir", help="Folder of HonestyBench files for named datasets.")
-]
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Folder of HonestyBench files for named datasets.")]
 
 # Backend options of commands that load a model (each backend takes the ones it knows).
 BackendOpt = Annotated[str, typer.Option("--backend", help="Backend: hf, vllm or openai (a server at --base-url).")]
@@ -42,9 +40,11 @@ ApiKeyEnvOpt = Annotated[
 ]
 DtypeOpt = Annotated[
     str | None,
-    typer.Option(help="hf and vllm backends: the weights' dtype: auto, float32, bfloat16 or float16 "
-                 "(default: float32 on CPU, bfloat16 on GPU). On a CPU, bfloat16 is fast only with "
-                 "AVX512-BF16 or AMX; elsewhere it is slower than float32, and a warning says so."),
+    typer.Option(
+        help="hf and vllm backends: the weights' dtype: auto, float32, bfloat16 or float16 "
+        "(default: float32 on CPU, bfloat16 on GPU). On a CPU, bfloat16 is fast only with "
+        "AVX512-BF16 or AMX; elsewhere it is slower than float32, and a warning says so."
+    ),
 ]
 TensorParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: tensor-parallel GPUs.")]
 DataParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: data-parallel replicas.")]
@@ -56,16 +56,12 @@ class HonestModelChoice:
     """The options of ``ask`` and ``serve`` that choose the honest model; see :func:`build`."""
 
     model: ModelOpt = DEFAULT_MODEL
-    honest: Annotated[
-        Path | None, typer.Option("--honest", help="A saved honest-model folder (HonestModel).")
-    ] = None
+    honest: Annotated[Path | None, typer.Option("--honest", help="A saved honest-model folder (HonestModel).")] = None
     head: Annotated[Path | None, typer.Option("--head", help="A trained EliCal head folder (decides first).")] = None
     adapter: Annotated[
         Path | None, typer.Option("--adapter", help="An ADVICE/ConfTuner adapter folder: answer-level confidence.")
     ] = None
-    method: Annotated[
-        str | None, typer.Option("--method", help="A confidence estimator name (default n-prob).")
-    ] = None
+    method: Annotated[str | None, typer.Option("--method", help="A confidence estimator name (default n-prob).")] = None
     threshold: Annotated[float | None, typer.Option("--threshold", help="Abstain below this confidence.")] = None
     samples: Annotated[
         int | None,
@@ -75,9 +71,12 @@ class HonestModelChoice:
     base_url: BaseUrlOpt = None
     confidence_url: Annotated[
         str | None,
-        typer.Option("--confidence-url", help="A classify server (vLLM --runner pooling, or candor serve-head) "
-                     "serving the exported head given with --head OUT: the confidence comes from there, no head "
-                     "weights load."),
+        typer.Option(
+            "--confidence-url",
+            help="A classify server (vLLM --runner pooling, or candor serve-head) "
+            "serving the exported head given with --head OUT: the confidence comes from there, no head "
+            "weights load.",
+        ),
     ] = None
 
     def build(self, *, max_new_tokens: int, batch_size: int | None = None) -> HonestModel:
@@ -99,8 +98,10 @@ def honest_model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """
     own = inspect.signature(command, eval_str=True).parameters
     shared_hints = inspect.get_annotations(HonestModelChoice, eval_str=True)
-    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                                annotation=shared_hints[f.name]) for f in fields(HonestModelChoice)]  # fmt: skip
+    shared = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=shared_hints[f.name])
+        for f in fields(HonestModelChoice)
+    ]
     params: list[inspect.Parameter] = []
     for param in own.values():
         if param.name == "choice":

@@ -19,8 +19,9 @@ def score(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Confidences JSONL (required; columns made exactly as this run would are "
-                                         "reused)."),
+        typer.Option(
+            "--out", "-o", help="Confidences JSONL (required; columns made exactly as this run would are reused)."
+        ),
     ] = None,
     estimators: Annotated[
         str, typer.Option("--estimators", "-e", help="Comma-separated estimator names, or 'list'.")
@@ -116,15 +117,28 @@ def _option_value(text: str) -> Any:
 
 
 # eval's options for a thresholded method and a hand-checked judge (docs/methods.md "Abstention-aware scores").
-ThresholdOpt = Annotated[list[str] | None, typer.Option(
-    "--threshold", help="Abstain below it: VALUE for every method or METHOD=VALUE (repeatable); adds the "
-    "abstention-aware scores.")]
-HonestOpt = Annotated[Path | None, typer.Option(
-    "--honest", help="A tuned honest-model folder: its method and threshold (and calibrator) add the "
-    "abstention-aware scores.")]
-HandLabelsOpt = Annotated[Path | None, typer.Option(
-    "--hand-labels", help="Hand labels of the judge's verdicts (JSONL of {id, human}): adds the "
-    "judge-noise-corrected accuracy and each AUROC's spread under judge noise.")]
+ThresholdOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--threshold",
+        help="Abstain below it: VALUE for every method or METHOD=VALUE (repeatable); adds the abstention-aware scores.",
+    ),
+]
+HonestOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--honest",
+        help="A tuned honest-model folder: its method and threshold (and calibrator) add the abstention-aware scores.",
+    ),
+]
+HandLabelsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--hand-labels",
+        help="Hand labels of the judge's verdicts (JSONL of {id, human}): adds the "
+        "judge-noise-corrected accuracy and each AUROC's spread under judge noise.",
+    ),
+]
 
 
 @user_errors
@@ -137,8 +151,12 @@ def eval_command(
     metrics: Annotated[str, typer.Option(help="Comma-separated metrics (default: all the report's).")] = "",
     records: Annotated[
         Path | None,
-        typer.Option("--records", "-r", help="The records behind the confidences: report.html then shows each "
-                     "question, gold and answer, and the model, template and judges."),
+        typer.Option(
+            "--records",
+            "-r",
+            help="The records behind the confidences: report.html then shows each "
+            "question, gold and answer, and the model, template and judges.",
+        ),
     ] = None,
     threshold: ThresholdOpt = None,
     honest: HonestOpt = None,
@@ -162,8 +180,18 @@ def eval_command(
     if recs is not None and not {r.id for r in recs} & {row.id for row in table.rows}:
         raise CandorError(f"--records {records}: no record id matches a row of {confidences}")
     labels = read_hand_labels(hand_labels, table) if hand_labels is not None else None
-    result = write_report(table, out_dir, roles=roles, n_bins=n_bins, bootstrap=bootstrap, metrics=chosen,
-                          records=recs, command=invoked_command(), thresholds=thresholds, hand_labels=labels)
+    result = write_report(
+        table,
+        out_dir,
+        roles=roles,
+        n_bins=n_bins,
+        bootstrap=bootstrap,
+        metrics=chosen,
+        records=recs,
+        command=invoked_command(),
+        thresholds=thresholds,
+        hand_labels=labels,
+    )
     print_rich(format_table_rich(result))
     for line in trust_lines(result.trust):
         typer.echo(line)
@@ -183,8 +211,7 @@ def parse_thresholds(values: list[str], methods: list[str]) -> dict[str, float]:
         if not 0.0 <= number <= 1.0:
             raise CandorError(f"--threshold {text!r}: a threshold is a confidence, in [0, 1]")
         if sep and method not in methods:
-            raise CandorError(f"--threshold {text!r}: no method {method!r} in the confidences "
-                              f"({', '.join(methods)})")
+            raise CandorError(f"--threshold {text!r}: no method {method!r} in the confidences ({', '.join(methods)})")
         out.update({m: number for m in ([method] if sep else methods)})
     return out
 
@@ -200,8 +227,10 @@ def honest_threshold(folder: Path, table: Any) -> dict[str, float]:
         raise CandorError(f"--honest {folder}: the model has no threshold; tune one first (HonestModel.tune)")
     method = source.get("name")
     if source.get("kind") != "estimator" or method not in table.methods:
-        raise CandorError(f"--honest {folder}: its confidence ({source.get('kind')} {method or ''}) is not a "
-                          f"column of the confidences ({', '.join(table.methods)}); score it first")
+        raise CandorError(
+            f"--honest {folder}: its confidence ({source.get('kind')} {method or ''}) is not a "
+            f"column of the confidences ({', '.join(table.methods)}); score it first"
+        )
     if config.get("calibrator"):  # the threshold applies to the calibrated confidence, as the model serves it
         calibrator = calibrator_from_dict(config["calibrator"])
         column = calibrated_column(method, calibrator.name)

@@ -41,8 +41,10 @@ def ask(
         typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
         return
     typer.echo(f"{'(abstained)' if result.abstained else result.answer}")
-    typer.echo(f"confidence {result.confidence:.3f} ({result.method}{', calibrated' if result.calibrated else ''})"
-               f" - {result.reason}")  # fmt: skip
+    typer.echo(
+        f"confidence {result.confidence:.3f} ({result.method}{', calibrated' if result.calibrated else ''})"
+        f" - {result.reason}"
+    )
 
 
 @user_errors
@@ -51,8 +53,11 @@ def serve(
     choice: HonestModelChoice,
     log_records: Annotated[
         Path | None,
-        typer.Option("--log-records", help="Append every served answer to this JSONL file (candor records, with "
-                     "the confidence), to re-score, re-judge or calibrate on later."),
+        typer.Option(
+            "--log-records",
+            help="Append every served answer to this JSONL file (candor records, with "
+            "the confidence), to re-score, re-judge or calibrate on later.",
+        ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
@@ -75,27 +80,41 @@ def serve(
         bool, typer.Option("--log-prompts", help="Write each request's messages or prompt into the access log.")
     ] = False,
     conversations: Annotated[
-        str, typer.Option(help="accept: a chat request may hold a system message and earlier turns; refuse: "
-                          "exactly one user message (400 otherwise).")
+        str,
+        typer.Option(
+            help="accept: a chat request may hold a system message and earlier turns; refuse: "
+            "exactly one user message (400 otherwise)."
+        ),
     ] = "accept",
     stream: Annotated[
-        str, typer.Option(help="buffered: an answer-level method streams nothing before its decision; live: tokens "
-                          "as they are generated, withdrawn by a refusal if it abstains.")
+        str,
+        typer.Option(
+            help="buffered: an answer-level method streams nothing before its decision; live: tokens "
+            "as they are generated, withdrawn by a refusal if it abstains."
+        ),
     ] = "buffered",
     max_tokens: Annotated[
         int | None, typer.Option(help="The largest max_tokens a request may ask for (default: the model's context).")
     ] = None,
     docs: Annotated[bool, typer.Option("--docs", help="Serve /docs and /openapi.json (behind the key).")] = False,
     claims: Annotated[
-        str | None, typer.Option(help="A claim method (claim-prob, claim-perplexity, …): each answer of more than "
-                                 "one claim gets a confidence per claim in its confidence object.")
+        str | None,
+        typer.Option(
+            help="A claim method (claim-prob, claim-perplexity, …): each answer of more than "
+            "one claim gets a confidence per claim in its confidence object."
+        ),
     ] = None,
     refine: Annotated[
-        str | None, typer.Option(help="With --claims: remove the claims below --claim-threshold from the returned "
-                                 "text, or mark them [?…] (remove|mark).")
+        str | None,
+        typer.Option(
+            help="With --claims: remove the claims below --claim-threshold from the returned "
+            "text, or mark them [?…] (remove|mark)."
+        ),
     ] = None,
-    claim_threshold: Annotated[float | None, typer.Option(help="With --refine: the claim confidence below which a "
-                                                          "claim is refined (default 0.5).")] = None,
+    claim_threshold: Annotated[
+        float | None,
+        typer.Option(help="With --refine: the claim confidence below which a claim is refined (default 0.5)."),
+    ] = None,
 ) -> None:
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
 
@@ -119,10 +138,22 @@ def serve(
     check_cors_origins(origins)  # before the model loads
     claim_policy = claim_serving(claims, refine, claim_threshold)
     key = os.environ.get(api_key_env) or None
-    settings = ServeSettings(model_id=model_id, api_key=key, refusal=refusal, queue_size=queue_size,
-                             max_batch=max_batch, batch_wait_ms=batch_wait_ms, cors_origins=origins,
-                             log_prompts=log_prompts, log_records=log_records, conversations=conversations,
-                             stream=stream, max_tokens=max_tokens, docs=docs, honest_folder=choice.honest)  # fmt: skip
+    settings = ServeSettings(
+        model_id=model_id,
+        api_key=key,
+        refusal=refusal,
+        queue_size=queue_size,
+        max_batch=max_batch,
+        batch_wait_ms=batch_wait_ms,
+        cors_origins=origins,
+        log_prompts=log_prompts,
+        log_records=log_records,
+        conversations=conversations,
+        stream=stream,
+        max_tokens=max_tokens,
+        docs=docs,
+        honest_folder=choice.honest,
+    )
 
     if key is None:
         logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
@@ -137,8 +168,14 @@ def serve(
         )
     service = create_app(honest_model, settings)
     send_access_log_to(sys.stderr)
-    run(service, host=host, port=port, on_signal=service.state.lifecycle.begin_draining,
-        in_flight=lambda: service.state.admission.in_flight, sock=listener)
+    run(
+        service,
+        host=host,
+        port=port,
+        on_signal=service.state.lifecycle.begin_draining,
+        in_flight=lambda: service.state.admission.in_flight,
+        sock=listener,
+    )
 
 
 @user_errors

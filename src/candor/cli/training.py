@@ -19,8 +19,10 @@ def train(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the trained head or adapter.")],
     dev: Annotated[
         Path | None,
-        typer.Option(help="Dev records: EliCal stops early on them (default: a slice carved from --records); "
-                     "ADVICE/ConfTuner log their loss each epoch."),
+        typer.Option(
+            help="Dev records: EliCal stops early on them (default: a slice carved from --records); "
+            "ADVICE/ConfTuner log their loss each epoch."
+        ),
     ] = None,
     model: ModelOpt = DEFAULT_MODEL,
     seed: Annotated[int, typer.Option(help="Seed for budgets, shuffling and initialization.")] = 0,
@@ -30,8 +32,12 @@ def train(
     ] = None,
     test: Annotated[
         list[str] | None,
-        typer.Option("--test", "-t", help="Test file (records, QA file or dataset name; repeatable): "
-                     "training refuses a pool or dev file that shares a question with it."),
+        typer.Option(
+            "--test",
+            "-t",
+            help="Test file (records, QA file or dataset name; repeatable): "
+            "training refuses a pool or dev file that shares a question with it.",
+        ),
     ] = None,
 ) -> None:
     """Train a confidence method and save it (a head for EliCal, a LoRA adapter for ADVICE/ConfTuner)."""
@@ -40,8 +46,15 @@ def train(
     from candor.train.settings import parse_settings
     from candor.train.trainers import TrainJob, run_training
 
-    job = TrainJob(records=records, out=out, model=model, dev=dev, seed=seed, settings=parse_settings(setting or []),
-                   tests=list(test or []))  # fmt: skip
+    job = TrainJob(
+        records=records,
+        out=out,
+        model=model,
+        dev=dev,
+        seed=seed,
+        settings=parse_settings(setting or []),
+        tests=list(test or []),
+    )
     result = run_training(method, job)
     typer.echo(
         f"{method}: saved to {result.path} ({result.cost.get('wall_s', float('nan')):.0f} s, "
@@ -64,13 +77,19 @@ def sweep(
     dev: Annotated[Path | None, typer.Option(help="Dev records (default: carved from --records).")] = None,
     select: Annotated[
         bool,
-        typer.Option("--select", help="Choose stage 2's rule instead: leave each dataset of the pool out in turn, "
-                     "train on the others, score on its dev questions (reads no test file)."),
+        typer.Option(
+            "--select",
+            help="Choose stage 2's rule instead: leave each dataset of the pool out in turn, "
+            "train on the others, score on its dev questions (reads no test file).",
+        ),
     ] = False,
     held_out_dev: Annotated[
         list[Path] | None,
-        typer.Option("--held-out-dev", help="With --select: extra dev records (greedy correctness is enough) "
-                     "scored when their dataset is held out; repeatable."),
+        typer.Option(
+            "--held-out-dev",
+            help="With --select: extra dev records (greedy correctness is enough) "
+            "scored when their dataset is held out; repeatable.",
+        ),
     ] = None,
     rules: Annotated[
         str | None, typer.Option(help="With --select: comma-separated stage-2 rules (default: all candidates).")
@@ -101,8 +120,16 @@ def sweep(
         if test or ood:
             raise CandorError("--select chooses a rule on training and dev data only; it takes no --test or --ood")
         names = comma_list(rules, "--rules") if rules is not None else None
-        result = run_selection(records, dev, held_out_dev or [], out_dir=out_dir, config=config, rules=names,
-                               budgets=budget_list, seeds=seed_list)  # fmt: skip
+        result = run_selection(
+            records,
+            dev,
+            held_out_dev or [],
+            out_dir=out_dir,
+            config=config,
+            rules=names,
+            budgets=budget_list,
+            seeds=seed_list,
+        )
         for line in selection_table(result, out_dir):
             typer.echo(line)
         return

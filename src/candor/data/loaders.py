@@ -362,7 +362,12 @@ def load_hf(
     name = dataset or (names_from_path(path)[0] if path.is_file() else path.name) or target
     rows = ((number, dict(row)) for number, row in enumerate(data, start=1))
     items = _parse_rows(
-        rows, source=f"{HF_PREFIX}{target}", dataset=name, split=split_name, fields=fields, limit=limit,
+        rows,
+        source=f"{HF_PREFIX}{target}",
+        dataset=name,
+        split=split_name,
+        fields=fields,
+        limit=limit,
         strict=strict,
     )
     log.info("loaded %d items from %s%s (split %s)", len(items), HF_PREFIX, target, split_name)
@@ -381,7 +386,11 @@ def load_named(
     spec = get_dataset(name)
     fields = Fields(id=spec.id_field)
     return load_file(
-        spec.resolve(data_dir), dataset=spec.name, split=split or spec.split, fields=fields, limit=limit,
+        spec.resolve(data_dir),
+        dataset=spec.name,
+        split=split or spec.split,
+        fields=fields,
+        limit=limit,
         strict=strict,
     )
 

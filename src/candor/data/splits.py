@@ -28,9 +28,7 @@ def hash_unit(text: str, salt: str = DEFAULT_SALT) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def hash_split(
-    question: str, train_fraction: float = 0.8, salt: str = DEFAULT_SALT
-) -> Literal["train", "test"]:
+def hash_split(question: str, train_fraction: float = 0.8, salt: str = DEFAULT_SALT) -> Literal["train", "test"]:
     """``"train"`` for about ``train_fraction`` of questions, ``"test"`` for the rest."""
     if not 0.0 <= train_fraction <= 1.0:
         raise CandorError(f"train_fraction must be in [0, 1], got {train_fraction}")

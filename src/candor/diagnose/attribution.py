@@ -61,8 +61,15 @@ class AttributionExample:
         return np.argsort(-np.abs(self.scores), kind="stable")
 
     def top(self, k: int = TOP_K) -> list[dict[str, Any]]:
-        return [{"index": int(i), "token": self.tokens[i], "region": REGIONS[self.roles[i]],
-                 "attribution": float(self.scores[i])} for i in self.ranking()[:k]]
+        return [
+            {
+                "index": int(i),
+                "token": self.tokens[i],
+                "region": REGIONS[self.roles[i]],
+                "attribution": float(self.scores[i]),
+            }
+            for i in self.ranking()[:k]
+        ]
 
     @property
     def first_answer_rank(self) -> int:
@@ -176,8 +183,9 @@ def integrated_gradients(
     if len(items) != len(answers):
         raise CandorError(f"integrated gradients: {len(items)} items but {len(answers)} answers")
     if steps < 1 or internal_batch_size < 1:
-        raise CandorError(f"integrated gradients: steps and internal_batch_size must be ≥ 1 ({steps}, "
-                          f"{internal_batch_size})")
+        raise CandorError(
+            f"integrated gradients: steps and internal_batch_size must be ≥ 1 ({steps}, {internal_batch_size})"
+        )
     ig_class = _captum_ig()
     verbal = get_format(fmt)
     scorer = LabelScorer(backend.tokenizer, verbal)
@@ -185,14 +193,24 @@ def integrated_gradients(
     with _frozen(backend.model):
         for item, answer in zip(items, answers, strict=True):
             regions = prompt_regions(backend.tokenizer, item, answer, verbal.key, variant)
-            out.append(_attribute_one(ig_class, scorer, backend, verbal, regions, item.id, answer.strip(),
-                                      steps, internal_batch_size))
+            out.append(
+                _attribute_one(
+                    ig_class, scorer, backend, verbal, regions, item.id, answer.strip(), steps, internal_batch_size
+                )
+            )
             logger.info("integrated gradients: %d/%d examples", len(out), len(items))
     return AttributionResult(steps, out)
 
 
 def _attribute_one(
-    ig_class: Any, scorer: Any, backend: Any, verbal: Any, regions: Any, item_id: str, answer: str, steps: int,
+    ig_class: Any,
+    scorer: Any,
+    backend: Any,
+    verbal: Any,
+    regions: Any,
+    item_id: str,
+    answer: str,
+    steps: int,
     internal_batch_size: int,
 ) -> AttributionExample:
     import torch

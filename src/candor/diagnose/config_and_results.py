@@ -90,10 +90,18 @@ class ModelDiagnosis:
     @classmethod
     def from_details(cls, d: dict[str, Any]) -> ModelDiagnosis:
         """A diagnosis back from its details file (``details/<model>.json``); costs are not kept there."""
-        stages = {"sensitivity": SensitivityResult, "masking": MaskingResult, "rollout": RolloutResult,
-                  "attribution": AttributionResult}
-        return cls(name=d["name"], model=d["model"], adapter=d.get("adapter"),
-                   **{name: kind.from_dict(d[name]) for name, kind in stages.items() if d.get(name) is not None})
+        stages = {
+            "sensitivity": SensitivityResult,
+            "masking": MaskingResult,
+            "rollout": RolloutResult,
+            "attribution": AttributionResult,
+        }
+        return cls(
+            name=d["name"],
+            model=d["model"],
+            adapter=d.get("adapter"),
+            **{name: kind.from_dict(d[name]) for name, kind in stages.items() if d.get(name) is not None},
+        )
 
     def details(self) -> dict[str, Any]:
         """Every per-question and per-example value, for the details file."""

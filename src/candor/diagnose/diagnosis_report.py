@@ -61,8 +61,9 @@ def write_diagnosis_report(
         files[f"details/{name}"] = _write_text(out / "details" / f"{stems[name]}.json", details)
     files.update(_plots(diagnoses, out, config, stems))
     summaries = {name: d.summary(config.top_k) for name, d in diagnoses.items()}
-    files["json"] = _write_text(out / "diagnose.json", _json({"title": title, "config": config.to_dict(),
-                                                              "models": summaries}))
+    files["json"] = _write_text(
+        out / "diagnose.json", _json({"title": title, "config": config.to_dict(), "models": summaries})
+    )
     files["html"] = write_diagnosis_page(out / PAGE_FILE, diagnoses, config, headline_rows(summaries), title=title)
     files["md"] = _write_text(out / "diagnose.md", _markdown(diagnoses, summaries, files, out, config, title))
     logger.info("diagnose report written to %s", out)
@@ -84,11 +85,13 @@ def _plots(
             mu = np.concatenate([q.mu for q in s.questions])
             arrays[n] = (mu, np.concatenate([q.correct for q in s.questions]))
         files["mu_by_correctness"] = confidence_histograms(
-            arrays, out / "mu_by_correctness.png", title="μ of candidate answers: correct vs wrong")
+            arrays, out / "mu_by_correctness.png", title="μ of candidate answers: correct vs wrong"
+        )
     masks = {n: d.masking for n, d in diagnoses.items() if d.masking is not None and d.masking.examples}
     if masks:
-        files["masking"] = masking_plot({n: m.mean_distributions() for n, m in masks.items()},
-                                        get_format(config.fmt).labels, out / "masking.png")
+        files["masking"] = masking_plot(
+            {n: m.mean_distributions() for n, m in masks.items()}, get_format(config.fmt).labels, out / "masking.png"
+        )
     rolls = {n: d.rollout.summary() for n, d in diagnoses.items() if d.rollout is not None and d.rollout.examples}
     if rolls:
         files["rollout"] = rollout_plot(rolls, out / "rollout.png")
@@ -181,8 +184,10 @@ def attribution_html(example: AttributionExample, name: str) -> str:
         if REGIONS[role] == "answer":
             style += " text-decoration: underline;"
         spans.append(f'<span title="{score:+.4g} ({REGIONS[role]})" style="{style}">{html.escape(token)}</span>')
-    top = "".join(f"<li><code>{html.escape(t['token'])}</code> ({t['region']}): {t['attribution']:+.4g}</li>"
-                  for t in example.top())
+    top = "".join(
+        f"<li><code>{html.escape(t['token'])}</code> ({t['region']}): {t['attribution']:+.4g}</li>"
+        for t in example.top()
+    )
     return (
         "<!doctype html><meta charset='utf-8'>"
         f"<title>Integrated gradients: {html.escape(name)}</title>"
@@ -294,27 +299,41 @@ def _markdown(
 ) -> str:
     names = list(diagnoses)
     parts = [f"# {title}", ""]
-    parts.append(f"Is the model's confidence grounded in its answer? Format `{get_format(config.fmt).name}`, "
-                 f"variant `{config.variant}`; up to {config.max_candidates} candidates per question (greedy, "
-                 "samples, gold aliases, answers borrowed from other questions), judged by "
-                 f"`{config.judge}`. Masking, rollout and IG use each question's greedy answer.")
+    parts.append(
+        f"Is the model's confidence grounded in its answer? Format `{get_format(config.fmt).name}`, "
+        f"variant `{config.variant}`; up to {config.max_candidates} candidates per question (greedy, "
+        "samples, gold aliases, answers borrowed from other questions), judged by "
+        f"`{config.judge}`. Masking, rollout and IG use each question's greedy answer."
+    )
     parts += ["", "| model | weights |", "|---|---|"]
-    parts += [f"| {n} | `{d.model}`" + (f" + adapter `{d.adapter}`" if d.adapter else "") + " |"
-              for n, d in diagnoses.items()]
+    parts += [
+        f"| {n} | `{d.model}`" + (f" + adapter `{d.adapter}`" if d.adapter else "") + " |" for n, d in diagnoses.items()
+    ]
     parts += ["", "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     parts += [f"| {_md(label)} | " + " | ".join(cells) + " |" for label, cells in headline_rows(summaries)]
-    parts += ["", "Untrained models keep most candidate pairs at JSD ≤ 0.1 (their confidence barely depends on "
-              "the answer); a mask shift near 0 says the same. JSD uses the natural log (at most ln 2 ≈ 0.693).",
-              ""]
-    for key, caption in (("jsd_hist", "Answer sensitivity"), ("mu_by_correctness", "μ by correctness"),
-                         ("masking", "Answer masking"), ("rollout", "Attention rollout")):
+    parts += [
+        "",
+        "Untrained models keep most candidate pairs at JSD ≤ 0.1 (their confidence barely depends on "
+        "the answer); a mask shift near 0 says the same. JSD uses the natural log (at most ln 2 ≈ 0.693).",
+        "",
+    ]
+    for key, caption in (
+        ("jsd_hist", "Answer sensitivity"),
+        ("mu_by_correctness", "μ by correctness"),
+        ("masking", "Answer masking"),
+        ("rollout", "Attention rollout"),
+    ):
         if key in files:
             parts += [f"## {caption}", "", f"![{caption}]({_rel(files[key], root)})", ""]
     parts += _attribution_md(diagnoses, files, root, config)
     parts += _cost_md(diagnoses)
-    parts += ["## Files", "", f"- [diagnose.html]({_rel(files['html'], root)}): everything on one page that opens "
-              "offline, with an integrated-gradients view per candidate",
-              f"- [diagnose.json]({_rel(files['json'], root)}): config and summaries"]
+    parts += [
+        "## Files",
+        "",
+        f"- [diagnose.html]({_rel(files['html'], root)}): everything on one page that opens "
+        "offline, with an integrated-gradients view per candidate",
+        f"- [diagnose.json]({_rel(files['json'], root)}): config and summaries",
+    ]
     parts += [f"- [{_rel(p, root)}]({_rel(p, root)})" for k, p in files.items() if k.startswith("details/")]
     return "\n".join(parts) + "\n"
 
@@ -327,19 +346,32 @@ def _attribution_md(
         if d.attribution is None or not d.attribution.examples:
             continue
         if not parts:
-            parts += ["## Integrated gradients", "",
-                      f"{d.attribution.steps} steps, pad-embedding baseline; tokens ranked by |attribution|.", ""]
+            parts += [
+                "## Integrated gradients",
+                "",
+                f"{d.attribution.steps} steps, pad-embedding baseline; tokens ranked by |attribution|.",
+                "",
+            ]
         parts += [f"### {name}", ""]
         ratio = d.attribution.summary()["median_delta_over_gap"]
         if ratio > UNCONVERGED:
-            parts += [f"Not converged: the median |convergence delta| is {ratio:.2f} × |μ(input) − μ(baseline)|, "
-                      "so the attributions do not add up to the change in μ; read ranks as rough.", ""]
+            parts += [
+                f"Not converged: the median |convergence delta| is {ratio:.2f} × |μ(input) − μ(baseline)|, "
+                "so the attributions do not add up to the change in μ; read ranks as rough.",
+                "",
+            ]
         link = _rel(files[f"attribution/{name}"], root)
-        parts += [f"[one example's token attributions]({link})", "",
-                  "| question | answer | first-answer rank | top tokens |", "|---|---|---:|---|"]
+        parts += [
+            f"[one example's token attributions]({link})",
+            "",
+            "| question | answer | first-answer rank | top tokens |",
+            "|---|---|---:|---|",
+        ]
         for ex in d.attribution.examples:
-            top = ", ".join(f"`{_md(t['token'].strip() or repr(t['token']))}` {t['attribution']:+.3g}"
-                            for t in ex.top(min(5, config.top_k)))
+            top = ", ".join(
+                f"`{_md(t['token'].strip() or repr(t['token']))}` {t['attribution']:+.3g}"
+                for t in ex.top(min(5, config.top_k))
+            )
             parts.append(f"| {_md(ex.item_id)} | {_md(ex.answer)} | {ex.first_answer_rank} | {top} |")
         parts.append("")
     return parts
@@ -350,8 +382,10 @@ def _cost_md(diagnoses: Mapping[str, ModelDiagnosis]) -> list[str]:
     if not rows:
         return []
     parts = ["## Cost", "", "| model | stage | wall (s) | peak RSS (MiB) |", "|---|---|---:|---:|"]
-    parts += [f"| {n} | {s} | {c.get('wall_s', float('nan')):.1f} | {c.get('peak_rss_mib', float('nan')):.0f} |"
-              for n, s, c in rows]
+    parts += [
+        f"| {n} | {s} | {c.get('wall_s', float('nan')):.1f} | {c.get('peak_rss_mib', float('nan')):.0f} |"
+        for n, s, c in rows
+    ]
     return [*parts, ""]
 
 

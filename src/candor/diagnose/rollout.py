@@ -98,8 +98,10 @@ class RolloutResult:
         for region in REGIONS:
             out[region] = float(np.mean([e.mass[region] for e in self.examples])) if self.examples else float("nan")
         rest = [r for r in REGIONS if r != "bos"]
-        out["excl_bos"] = {r: float(np.mean([_share(e.mass, r, rest) for e in self.examples]))
-                           if self.examples else float("nan") for r in rest}
+        out["excl_bos"] = {
+            r: float(np.mean([_share(e.mass, r, rest) for e in self.examples])) if self.examples else float("nan")
+            for r in rest
+        }
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -67,8 +67,9 @@ def spread(candidates: Sequence[CandidateSet], n: int | None) -> list[CandidateS
         for name, members in groups.items():
             if quota[name] < len(members) and sum(quota.values()) < n:
                 quota[name] += 1
-    picked = [members[int(k * len(members) / quota[name])] for name, members in groups.items()
-              for k in range(quota[name])]
+    picked = [
+        members[int(k * len(members) / quota[name])] for name, members in groups.items() for k in range(quota[name])
+    ]
     return [candidates[i] for i in sorted(picked)]
 
 
@@ -92,8 +93,9 @@ def _rollout(backend: Any, cands: Sequence[CandidateSet], cfg: DiagnoseConfig) -
 
 def _attribution(backend: Any, cands: Sequence[CandidateSet], cfg: DiagnoseConfig) -> AttributionResult:
     items, answers = _own_answers(cands)
-    return integrated_gradients(backend, items, answers, cfg.fmt, cfg.variant, steps=cfg.ig_steps,
-                                internal_batch_size=cfg.ig_batch_size)
+    return integrated_gradients(
+        backend, items, answers, cfg.fmt, cfg.variant, steps=cfg.ig_steps, internal_batch_size=cfg.ig_batch_size
+    )
 
 
 STAGES.register("sensitivity")(Stage(lambda cfg: None, _sensitivity, SensitivityResult))
@@ -177,9 +179,15 @@ def run_diagnosis(
     candidates = _as_candidates(questions, config)
     diagnoses = {}
     for name, backend, adapter_dir in _backends(model, adapter, adapter_name, backends):
-        diagnoses[name] = diagnose_model(backend, candidates, config, name=name,
-                                         model=getattr(backend, "model_name", model), adapter=adapter_dir,
-                                         cache_dir=cache_dir)
+        diagnoses[name] = diagnose_model(
+            backend,
+            candidates,
+            config,
+            name=name,
+            model=getattr(backend, "model_name", model),
+            adapter=adapter_dir,
+            cache_dir=cache_dir,
+        )
         del backend  # free this model before the generator loads the next
     files = write_diagnosis_report(diagnoses, out_dir, config, title)
     return DiagnosisReport(config, candidates, diagnoses, files)
@@ -189,8 +197,12 @@ def _as_candidates(questions: Sequence[CandidateSet] | Sequence[Record], config:
     if all(isinstance(q, CandidateSet) for q in questions):
         return list(questions)  # type: ignore[arg-type]
     if all(isinstance(q, Record) for q in questions):
-        return build_candidates(questions, max_candidates=config.max_candidates, seed=config.seed,  # type: ignore[arg-type]
-                                judge=config.judge)
+        return build_candidates(
+            questions,
+            max_candidates=config.max_candidates,
+            seed=config.seed,  # type: ignore[arg-type]
+            judge=config.judge,
+        )
     raise CandorError("diagnose: pass candidate sets or records, not a mix")
 
 

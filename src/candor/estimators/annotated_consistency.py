@@ -114,7 +114,8 @@ class SemanticConsistency(Estimator):
             self.verdicts_by.add(self.judge_name)
             logger.info(
                 "consis-sem: judged %d records with the %s judge (no stored verdicts from it)",
-                len(missing), self.judge_name,
+                len(missing),
+                self.judge_name,
             )
         self.judged = len(missing)
         return np.array([float(np.mean(v)) for v in verdicts])

@@ -103,7 +103,13 @@ def contexts_from_records(records: Sequence[Record], backend: Backend | None) ->
             raise CandorError(f"record {rec.id!r} has no claims; split its answer first (candor claims split)")
     prompts = record_prompts(records, backend)[0] if backend is not None and records else [""] * len(records)
     return [
-        ClaimContext(prompt=p, question=r.item.question, answer=r.greedy, claims=list(r.claims or []),
-                     samples=list(r.samples), id=r.id)
+        ClaimContext(
+            prompt=p,
+            question=r.item.question,
+            answer=r.greedy,
+            claims=list(r.claims or []),
+            samples=list(r.samples),
+            id=r.id,
+        )
         for p, r in zip(prompts, records, strict=True)
-    ]  # fmt: skip
+    ]

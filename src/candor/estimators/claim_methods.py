@@ -125,8 +125,9 @@ class ClaimPTrue(ClaimEstimator):
         assert backend is not None
         prompts = [
             render_turns(backend, None, claim_ptrue_user(ctx.question, c.text), PTRUE_CUE)
-            for ctx in contexts for c in ctx.claims
-        ]  # fmt: skip
+            for ctx in contexts
+            for c in ctx.claims
+        ]
         flat = candidate_distribution(backend, prompts, LABELS)[:, 0]
         return regroup(flat, contexts)
 

@@ -191,9 +191,7 @@ def _verified_columns(path: str | Path, table: ConfidenceTable) -> dict[str, dic
 
 def table_from_records(records: Iterable) -> ConfidenceTable:
     """An empty table (no methods yet) keyed by the records' ids and labels."""
-    return ConfidenceTable(
-        [ConfidenceRow(r.id, r.item.dataset, r.greedy_correct, {}) for r in records]
-    )
+    return ConfidenceTable([ConfidenceRow(r.id, r.item.dataset, r.greedy_correct, {}) for r in records])
 
 
 # Records per backend call when scoring with a model: progress updates, bounded memory.
@@ -315,8 +313,12 @@ def check_nothing_lost(out: str | Path, records: Sequence[Record], force: bool =
             f"scoring into it would lose its columns {', '.join(old.methods)}. Write to another --out, "
             "or pass --force to replace it"
         )
-    logger.warning("%s: %d of its %d records are not among these records and are dropped from it",
-                   out, len(old.rows) - shared, len(old.rows))
+    logger.warning(
+        "%s: %d of its %d records are not among these records and are dropped from it",
+        out,
+        len(old.rows) - shared,
+        len(old.rows),
+    )
 
 
 def _previous(out: Path, records: Sequence[Record]) -> ConfidenceTable:

@@ -78,8 +78,15 @@ class Debiased(Estimator):
         residual = scores - (a + b * n)
         y = np.array([int(r.greedy_correct) for r in self.dev], dtype=int)  # type: ignore[arg-type]
         self.calibrator = fit_logistic(residual[:, None], y, f"{self.name}.debias")
-        logger.info("%s.debias=%s: score ≈ %.4g + %.4g·%s on %d dev records", self.name, self.covariate_name,
-                    a, b, self.covariate_name, len(self.dev))
+        logger.info(
+            "%s.debias=%s: score ≈ %.4g + %.4g·%s on %d dev records",
+            self.name,
+            self.covariate_name,
+            a,
+            b,
+            self.covariate_name,
+            len(self.dev),
+        )
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         residual = self.residuals(records, backend)
@@ -87,8 +94,7 @@ class Debiased(Estimator):
 
     def describe(self) -> dict[str, Any]:
         fit = {} if self.line is None else {"intercept": round(self.line[0], 6), "slope": round(self.line[1], 6)}
-        return {**self.inner.describe(), "debias": {"covariate": self.covariate_name, "dev_size": len(self.dev),
-                                                    **fit}}
+        return {**self.inner.describe(), "debias": {"covariate": self.covariate_name, "dev_size": len(self.dev), **fit}}
 
 
 def wrap(estimator: Estimator, options: dict[str, Any]) -> Estimator:
@@ -97,8 +103,10 @@ def wrap(estimator: Estimator, options: dict[str, Any]) -> Estimator:
     if covariate is None:
         raise CandorError(f"{estimator.name}.debias_dev is given without {estimator.name}.debias=length")
     if dev is None:
-        raise CandorError(f"{estimator.name}.debias={covariate} is fitted on labelled dev records: pass "
-                          f"-O {estimator.name}.debias_dev=FILE (a records JSONL that is not the one being scored)")
+        raise CandorError(
+            f"{estimator.name}.debias={covariate} is fitted on labelled dev records: pass "
+            f"-O {estimator.name}.debias_dev=FILE (a records JSONL that is not the one being scored)"
+        )
     COVARIATES.get(str(covariate))  # an unknown covariate fails here, naming the known ones
     records = read_records(dev) if isinstance(dev, (str, Path)) else list(dev)
     return Debiased(estimator, str(covariate), records)

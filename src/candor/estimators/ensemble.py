@@ -39,8 +39,9 @@ def member_names(members: str | Sequence[str] | None) -> list[str]:
         raise CandorError("ensemble needs its members: -O ensemble.members=a,b,c (two or more estimators)")
     names = [n.strip() for n in (members.split(",") if isinstance(members, str) else members) if n.strip()]
     if len(set(names)) < 2 or len(set(names)) != len(names):
-        raise CandorError(f"ensemble.members={members!r}: name two or more different estimators, "
-                          "e.g. n-prob,consis-lex")
+        raise CandorError(
+            f"ensemble.members={members!r}: name two or more different estimators, e.g. n-prob,consis-lex"
+        )
     if "ensemble" in names:
         raise CandorError("ensemble.members: an ensemble cannot contain an ensemble")
     return names
@@ -52,8 +53,10 @@ def member_options(names: Sequence[str], options: dict[str, Any]) -> dict[str, d
     for key, value in options.items():
         member, dot, field = key.partition(".")
         if not dot or member not in out or not field:
-            raise CandorError(f"ensemble: unknown option {key!r}; a member's option is <member>.<key> with the "
-                              f"member among ensemble.members ({', '.join(names)})")
+            raise CandorError(
+                f"ensemble: unknown option {key!r}; a member's option is <member>.<key> with the "
+                f"member among ensemble.members ({', '.join(names)})"
+            )
         out[member][field] = value
     return out
 
@@ -64,12 +67,18 @@ class Ensemble(Estimator):
 
     name = "ensemble"
 
-    def __init__(self, members: str | Sequence[str] | None = None,
-                 dev: str | Path | Sequence[Record] | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        members: str | Sequence[str] | None = None,
+        dev: str | Path | Sequence[Record] | None = None,
+        **options: Any,
+    ) -> None:
         names = member_names(members)
         if dev is None:
-            raise CandorError("ensemble is fitted on labelled dev records: pass -O ensemble.dev=FILE "
-                              "(a records JSONL that is not the one being scored)")
+            raise CandorError(
+                "ensemble is fitted on labelled dev records: pass -O ensemble.dev=FILE "
+                "(a records JSONL that is not the one being scored)"
+            )
         self.dev = read_records(dev) if isinstance(dev, (str, Path)) else list(dev)
         self.members = [(n, get_estimator(n, **o)) for n, o in member_options(names, options).items()]
         estimators = [est for _, est in self.members]
@@ -105,5 +114,9 @@ class Ensemble(Estimator):
         return fit.predict(self._features(records, backend))
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "members": {n: est.describe() for n, est in self.members},
-                "dev_size": len(self.dev), "weights": self.weights()}
+        return {
+            **super().describe(),
+            "members": {n: est.describe() for n, est in self.members},
+            "dev_size": len(self.dev),
+            "weights": self.weights(),
+        }

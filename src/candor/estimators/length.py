@@ -87,8 +87,12 @@ class AnswerLength(Estimator):
         if dev is not None:
             records = read_records(dev) if isinstance(dev, (str, Path)) else list(dev)
             self.direction, self.dev_auroc, self.dev_size = fit_direction(records)
-            logger.info("length: direction %r fitted on %d dev records (AUROC of -length %.3f)",
-                        self.direction, self.dev_size, self.dev_auroc)
+            logger.info(
+                "length: direction %r fitted on %d dev records (AUROC of -length %.3f)",
+                self.direction,
+                self.dev_size,
+                self.dev_auroc,
+            )
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         n = np.array([answer_length(r) for r in records], dtype=float)
@@ -96,6 +100,9 @@ class AnswerLength(Estimator):
         return shorter if self.direction == "shorter" else 1.0 - shorter
 
     def describe(self) -> dict[str, Any]:
-        fit = {"fit": "default"} if self.dev_auroc is None else {
-            "fit": "dev", "dev_size": self.dev_size, "dev_auroc_shorter": round(self.dev_auroc, 4)}
+        fit = (
+            {"fit": "default"}
+            if self.dev_auroc is None
+            else {"fit": "dev", "dev_size": self.dev_size, "dev_auroc_shorter": round(self.dev_auroc, 4)}
+        )
         return {**super().describe(), "direction": self.direction, **fit}

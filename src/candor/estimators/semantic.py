@@ -197,9 +197,7 @@ def cross_similarities(
     return [np.array(v, dtype=float) for v in out]
 
 
-def semantic_clusters(
-    groups: Sequence[Sequence[str]], questions: Sequence[str], judge: Any
-) -> list[list[int]]:
+def semantic_clusters(groups: Sequence[Sequence[str]], questions: Sequence[str], judge: Any) -> list[list[int]]:
     """The cluster index of every answer of every group (Kuhn et al.'s greedy bidirectional clustering).
 
     All candidate pairs are judged in one batch first: every pair (i, j), i < j,
@@ -258,9 +256,7 @@ def sequence_logprob(record: Record, index: int, mean: bool = False) -> float | 
     elif sample.stop_logprob is not None:
         lps = np.asarray([sample.stop_logprob], dtype=float)
     elif sample.text.strip():
-        raise CandorError(
-            f"record {record.id!r}: sample {index} has no token log-probs; this estimator needs them"
-        )
+        raise CandorError(f"record {record.id!r}: sample {index} has no token log-probs; this estimator needs them")
     else:
         return None
     if not np.isfinite(lps).all():
@@ -291,7 +287,8 @@ def sample_logprobs(records: Sequence[Record], name: str, mean: bool = False) ->
         logger.warning(
             "%s: %d empty sampled answer(s) have no stop-token log-prob (records written before candor "
             "kept it) and are left out of the probability weights; annotate again to include them",
-            name, unknown,
+            name,
+            unknown,
         )
     return out
 

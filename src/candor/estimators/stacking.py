@@ -38,8 +38,10 @@ def fit_logistic(features: np.ndarray, labels: np.ndarray, what: str) -> Logisti
     x = np.asarray(features, dtype=float)
     y = np.asarray(labels, dtype=int)
     if y.size == 0 or y.min() == y.max():
-        raise CandorError(f"{what}: the dev records need both correct and wrong greedy answers to fit "
-                          f"({y.size} labelled, {int(y.sum())} correct)")
+        raise CandorError(
+            f"{what}: the dev records need both correct and wrong greedy answers to fit "
+            f"({y.size} labelled, {int(y.sum())} correct)"
+        )
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
     scale = np.where(scale > 0, scale, 1.0)  # a constant column gets weight ~0 rather than a division by zero

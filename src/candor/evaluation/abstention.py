@@ -35,9 +35,13 @@ from candor.evaluation.metrics import check_arrays
 
 COUNTS = ("correct", "incorrect", "abstained")
 SCORES = ("overall_correct", "correct_given_attempted", "simpleqa_f", "hallucination_rate", "penalized_score")
-LABELS = {"overall_correct": "correct (overall)", "correct_given_attempted": "correct | attempted",
-          "simpleqa_f": "SimpleQA F", "hallucination_rate": "hallucination rate",
-          "penalized_score": "penalized score"}
+LABELS = {
+    "overall_correct": "correct (overall)",
+    "correct_given_attempted": "correct | attempted",
+    "simpleqa_f": "SimpleQA F",
+    "hallucination_rate": "hallucination rate",
+    "penalized_score": "penalized score",
+}
 DEFAULT_BOOTSTRAP = 1000
 ALL = "all"
 
@@ -71,21 +75,36 @@ def scores_from_counts(correct: ArrayLike, incorrect: ArrayLike, n: int) -> dict
     with np.errstate(invalid="ignore", divide="ignore"):
         given = np.where(c + i > 0, c / np.maximum(c + i, 1), np.nan)
         f = np.where(c > 0, 2 * overall * given / (overall + given), 0.0)
-    return {"overall_correct": overall, "correct_given_attempted": given, "simpleqa_f": f,
-            "hallucination_rate": i / n, "penalized_score": (c - i) / n}
+    return {
+        "overall_correct": overall,
+        "correct_given_attempted": given,
+        "simpleqa_f": f,
+        "hallucination_rate": i / n,
+        "penalized_score": (c - i) / n,
+    }
 
 
 def abstention_scores(
-    confidence: ArrayLike, correct: ArrayLike, threshold: float, *, bootstrap: int = DEFAULT_BOOTSTRAP,
+    confidence: ArrayLike,
+    correct: ArrayLike,
+    threshold: float,
+    *,
+    bootstrap: int = DEFAULT_BOOTSTRAP,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Counts and scores at ``threshold``, each score with a 95% percentile bootstrap interval (``ci``)."""
     conf, y = check_arrays(confidence, correct)
     counts = abstention_counts(conf, y, threshold)
     point = {k: float(v) for k, v in scores_from_counts(counts.correct, counts.incorrect, counts.n).items()}
-    out: dict[str, Any] = {"threshold": float(threshold), "n": counts.n, "correct": counts.correct,
-                           "incorrect": counts.incorrect, "abstained": counts.abstained,
-                           **{k: json_number(v) for k, v in point.items()}, "ci": {}}
+    out: dict[str, Any] = {
+        "threshold": float(threshold),
+        "n": counts.n,
+        "correct": counts.correct,
+        "incorrect": counts.incorrect,
+        "abstained": counts.abstained,
+        **{k: json_number(v) for k, v in point.items()},
+        "ci": {},
+    }
     if bootstrap > 0:
         answered = conf >= threshold
         right, wrong = (answered & (y == 1)).astype(int), (answered & (y == 0)).astype(int)

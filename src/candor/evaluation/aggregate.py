@@ -157,11 +157,20 @@ def aggregate_metrics(
             out[name] = MethodResult(values=values, per_seed=per_seed)
             if bootstrap:
                 ci_fns = {k: fns[k] for k in ci_names}
-                out[name].ci, out[name].bootstrap_dropped = _bootstrap(method_runs, ci_fns, groups, bootstrap,
-                                                                       seed, alpha)
+                out[name].ci, out[name].bootstrap_dropped = _bootstrap(
+                    method_runs, ci_fns, groups, bootstrap, seed, alpha
+                )
     return EvaluationResult(
-        methods=out, datasets=list(ys), groups=list(groups), sizes=sizes, metric_names=list(fns),
-        ci_metrics=ci_names if bootstrap else [], n_bins=n_bins, bootstrap=bootstrap, seed=seed, alpha=alpha,
+        methods=out,
+        datasets=list(ys),
+        groups=list(groups),
+        sizes=sizes,
+        metric_names=list(fns),
+        ci_metrics=ci_names if bootstrap else [],
+        n_bins=n_bins,
+        bootstrap=bootstrap,
+        seed=seed,
+        alpha=alpha,
     )
 
 
@@ -236,8 +245,9 @@ def _bootstrap(
     # Inputs were validated once by check_arrays; skipping sklearn's per-call checks saves time.
     with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
         for index in _resample_indices(runs[0], n, seed):
-            per_run = [_cells({ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in run.items()}, plain, groups)
-                       for run in runs]
+            per_run = [
+                _cells({ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in run.items()}, plain, groups) for run in runs
+            ]
             draws.append({c: {k: float(np.mean([r[c][k] for r in per_run])) for k in plain} for c in per_run[0]})
         for k, resamples in split_draws.items():
             for draw, index in zip(draws, resamples, strict=True):
@@ -251,8 +261,13 @@ def _bootstrap(
         for metric in fns:
             ci[col][metric], dropped[col][metric] = percentile_interval([d[col][metric] for d in draws], alpha)
             if dropped[col][metric]:
-                logger.info("bootstrap: %s on %s is undefined in %d of %d resamples (left out)",
-                            metric, col, dropped[col][metric], n)
+                logger.info(
+                    "bootstrap: %s on %s is undefined in %d of %d resamples (left out)",
+                    metric,
+                    col,
+                    dropped[col][metric],
+                    n,
+                )
     return ci, dropped
 
 
@@ -269,9 +284,7 @@ def _resample_indices(run: Run, n: int, seed: int) -> Iterator[dict[str, np.ndar
 SplitIndex = dict[str, np.ndarray]  # column (a dataset, or a pooled group) → row indices of one resample
 
 
-def _split_resamples(
-    run: Run, groups: Sequence[Group], split: Any, n: int, seed: int
-) -> Iterator[SplitIndex]:
+def _split_resamples(run: Run, groups: Sequence[Group], split: Any, n: int, seed: int) -> Iterator[SplitIndex]:
     """``n`` resamples that keep every position in its part of ``split`` (fit or scored), per dataset and pooled group.
 
     A pooled group's rows are the concatenation of its datasets', so its split
@@ -319,8 +332,9 @@ def _split_cells(run: Run, index: SplitIndex, fn: MetricFn, groups: Sequence[Gro
 
 def _pooled_rows(run: Run, group: Group, index: np.ndarray) -> np.ndarray:
     """A pooled group's per-dataset indices (each within its dataset) as indices into the concatenation."""
-    offsets = np.repeat(np.cumsum([0] + [run[d][1].size for d in group.datasets[:-1]]),
-                        [run[d][1].size for d in group.datasets])
+    offsets = np.repeat(
+        np.cumsum([0] + [run[d][1].size for d in group.datasets[:-1]]), [run[d][1].size for d in group.datasets]
+    )
     return index + offsets
 
 
@@ -413,8 +427,14 @@ def metric_differences(
 
     def gap(index: Mapping[str, np.ndarray] | None) -> dict[str, float]:
         def mean(runs: list) -> dict[str, float]:
-            cells = [_cells(run if index is None else {ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in run.items()},
-                            fns, groups) for run in runs]
+            cells = [
+                _cells(
+                    run if index is None else {ds: (c[index[ds]], y[index[ds]]) for ds, (c, y) in run.items()},
+                    fns,
+                    groups,
+                )
+                for run in runs
+            ]
             return {col: float(np.mean([c[col][metric] for c in cells])) for col in cells[0]}
 
         a, b = mean(a_runs), mean(b_runs)

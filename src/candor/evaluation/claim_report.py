@@ -39,18 +39,31 @@ def claim_rows(records: Sequence[Record], values: dict[str, list[list[float]]]) 
     rows = []
     for i, rec in enumerate(records):
         for j, claim in enumerate(rec.claims or []):
-            rows.append({
-                "id": f"{rec.id}#{j}", "answer": rec.id, "dataset": rec.item.dataset, "correct": claim.label,
-                "failure": claim.failure, "text": claim.text,
-                "confidence": {m: float(v[i][j]) for m, v in values.items()},
-            })  # fmt: skip
+            rows.append(
+                {
+                    "id": f"{rec.id}#{j}",
+                    "answer": rec.id,
+                    "dataset": rec.item.dataset,
+                    "correct": claim.label,
+                    "failure": claim.failure,
+                    "text": claim.text,
+                    "confidence": {m: float(v[i][j]) for m, v in values.items()},
+                }
+            )
     return rows
 
 
 def write_claim_report(
-    records: Sequence[Record], methods: Sequence[str], out_dir: str | Path, backend: Backend | None = None, *,
-    bootstrap: int = 1000, seed: int = 0, options: dict[str, dict[str, Any]] | None = None, command: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    records: Sequence[Record],
+    methods: Sequence[str],
+    out_dir: str | Path,
+    backend: Backend | None = None,
+    *,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    options: dict[str, dict[str, Any]] | None = None,
+    command: str | None = None,
+) -> dict[str, Any]:
     """Score, evaluate and write (see the module docstring); returns the metrics written."""
     if not any(c.scored for r in records for c in r.claims or []):
         raise CandorError("no labelled claim to evaluate: split and label the answers' claims first")
@@ -61,8 +74,13 @@ def write_claim_report(
     write_json_lines(out / "claim_confidences.jsonl", rows)
     scored = [r for r in rows if r["correct"] is not None and r["failure"] is None]
     labels, groups = [r["correct"] for r in scored], [r["answer"] for r in scored]
-    metrics: dict[str, Any] = {"claims": len(rows), "scored": len(scored), "answers": len(set(groups)),
-                               "bootstrap": bootstrap, "methods": {}}  # fmt: skip
+    metrics: dict[str, Any] = {
+        "claims": len(rows),
+        "scored": len(scored),
+        "answers": len(set(groups)),
+        "bootstrap": bootstrap,
+        "methods": {},
+    }
     for m in methods:
         conf = [r["confidence"][m] for r in scored]
         metrics["methods"][m] = claim_metrics(conf, labels, groups, bootstrap=bootstrap, seed=seed) | {

@@ -28,8 +28,11 @@ from candor.evaluation.metrics import aurc, auroc, ece, prr, quietly
 from candor.util.errors import CandorError
 
 CLAIM_METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "auroc": auroc, "ece": ece, "prr": prr, "aurc": aurc,
-}  # fmt: skip
+    "auroc": auroc,
+    "ece": ece,
+    "prr": prr,
+    "aurc": aurc,
+}
 DEFAULT_SHARES = (0.5, 0.75, 0.9)
 
 
@@ -62,9 +65,15 @@ def _num(x: float) -> float | None:
 
 
 def claim_metrics(
-    conf: Sequence[float], correct: Sequence[int], groups: Sequence[str], *,
-    metrics: Sequence[str] = tuple(CLAIM_METRICS), bootstrap: int = 1000, seed: int = 0, alpha: float = 0.05,
-) -> dict[str, dict[str, Any]]:  # fmt: skip
+    conf: Sequence[float],
+    correct: Sequence[int],
+    groups: Sequence[str],
+    *,
+    metrics: Sequence[str] = tuple(CLAIM_METRICS),
+    bootstrap: int = 1000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> dict[str, dict[str, Any]]:
     """Each metric's value and ``ci`` (percentile interval over answer resamples; empty when bootstrap=0)."""
     c, y, g = _check(conf, correct, groups)
     unknown = [m for m in metrics if m not in CLAIM_METRICS]
@@ -106,9 +115,15 @@ def precision_when_keeping(conf: np.ndarray, correct: np.ndarray, share: float) 
 
 
 def precision_at_kept(
-    conf: Sequence[float], correct: Sequence[int], groups: Sequence[str], *,
-    shares: Sequence[float] = DEFAULT_SHARES, bootstrap: int = 1000, seed: int = 0, alpha: float = 0.05,
-) -> dict[str, dict[str, Any]]:  # fmt: skip
+    conf: Sequence[float],
+    correct: Sequence[int],
+    groups: Sequence[str],
+    *,
+    shares: Sequence[float] = DEFAULT_SHARES,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> dict[str, dict[str, Any]]:
     """Factual precision at each share of claims kept (``"50%"`` …), with intervals by answer."""
     c, y, g = _check(conf, correct, groups)
     draws = cluster_resamples(g, bootstrap, seed) if bootstrap else []
@@ -118,16 +133,21 @@ def precision_at_kept(
             raise CandorError(f"refinement: a share of claims kept must be in (0, 1], got {share}")
         boot = [precision_when_keeping(c[i], y[i], share) for i in draws]
         out[f"{round(share * 100)}%"] = {
-            "value": precision_when_keeping(c, y, share), "ci": _interval(boot, alpha) if draws else [],
-        }  # fmt: skip
+            "value": precision_when_keeping(c, y, share),
+            "ci": _interval(boot, alpha) if draws else [],
+        }
     return out
 
 
 def paired_gap(
     first: tuple[Sequence[float], Sequence[int], Sequence[str]],
     second: tuple[Sequence[float], Sequence[int], Sequence[str]],
-    metric: str = "auroc", *, bootstrap: int = 1000, seed: int = 0, alpha: float = 0.05,
-) -> dict[str, Any]:  # fmt: skip
+    metric: str = "auroc",
+    *,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
     """``metric(first) - metric(second)``, each a (confidences, labels, answer ids) triple over the same answers.
 
     A resample draws answer ids once and takes, for both sides, the rows of
@@ -160,6 +180,13 @@ def refinement_rows(
         curve = refinement_curve(conf, correct)
         step = max(1, len(curve["kept"]) // points)
         keep = sorted(set(range(0, len(curve["kept"]), step)) | {len(curve["kept"]) - 1})
-        rows.extend({"method": method, "kept": round(curve["kept"][i], 4), "precision": round(curve["precision"][i], 4),
-                     "threshold": round(curve["threshold"][i], 4)} for i in keep)  # fmt: skip
+        rows.extend(
+            {
+                "method": method,
+                "kept": round(curve["kept"][i], 4),
+                "precision": round(curve["precision"][i], 4),
+                "threshold": round(curve["threshold"][i], 4),
+            }
+            for i in keep
+        )
     return rows

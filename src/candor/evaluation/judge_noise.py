@@ -74,8 +74,12 @@ class JudgeErrors:
 def _cell_counts(labels: HandLabels) -> tuple[int, int, int, int]:
     """(judge 1 & human 1, judge 1 & human 0, judge 0 & human 1, judge 0 & human 0)."""
     v, h = labels.verdict, labels.human
-    return (int(((v == 1) & (h == 1)).sum()), int(((v == 1) & (h == 0)).sum()),
-            int(((v == 0) & (h == 1)).sum()), int(((v == 0) & (h == 0)).sum()))
+    return (
+        int(((v == 1) & (h == 1)).sum()),
+        int(((v == 1) & (h == 0)).sum()),
+        int(((v == 0) & (h == 1)).sum()),
+        int(((v == 0) & (h == 0)).sum()),
+    )
 
 
 def rates_from_counts(tp: Any, fp: Any, fn: Any, tn: Any, judged_rate: Any = None) -> tuple[np.ndarray, np.ndarray]:
@@ -115,12 +119,21 @@ def corrected_accuracy(
     y = np.asarray(verdicts, dtype=int)
     observed = float(y.mean())
     errors = judge_errors(labels, observed)
-    out: dict[str, Any] = {"n": int(y.size), "observed": observed, "sensitivity": json_number(errors.sensitivity),
-                           "specificity": json_number(errors.specificity), "corrected": None, "ci": [None, None],
-                           "undefined": None, "draws_dropped": 0}
+    out: dict[str, Any] = {
+        "n": int(y.size),
+        "observed": observed,
+        "sensitivity": json_number(errors.sensitivity),
+        "specificity": json_number(errors.specificity),
+        "corrected": None,
+        "ci": [None, None],
+        "undefined": None,
+        "draws_dropped": 0,
+    }
     if not errors.informative:
-        out["undefined"] = (f"the judge's sensitivity + specificity is {errors.sensitivity + errors.specificity:.3f}"
-                            " ≤ 1, so the Rogan–Gladen correction is undefined; nothing corrected is reported")
+        out["undefined"] = (
+            f"the judge's sensitivity + specificity is {errors.sensitivity + errors.specificity:.3f}"
+            " ≤ 1, so the Rogan–Gladen correction is undefined; nothing corrected is reported"
+        )
         return out
     out["corrected"] = float(rogan_gladen(observed, errors.sensitivity, errors.specificity))
     if bootstrap > 0:
@@ -161,9 +174,15 @@ def auroc_flip_spread(
     arr = np.asarray(values, dtype=float)
     (low, high), undefined = percentile_interval(arr)
     finite = arr[~np.isnan(arr)]
-    return {"auroc": json_number(base), "draws": draws, "mean": json_number(float(finite.mean())) if finite.size
-            else None, "sd": json_number(float(finite.std(ddof=1))) if finite.size > 1 else None,
-            "low": json_number(low), "high": json_number(high), "undefined_draws": undefined}
+    return {
+        "auroc": json_number(base),
+        "draws": draws,
+        "mean": json_number(float(finite.mean())) if finite.size else None,
+        "sd": json_number(float(finite.std(ddof=1))) if finite.size > 1 else None,
+        "low": json_number(low),
+        "high": json_number(high),
+        "undefined_draws": undefined,
+    }
 
 
 def judge_noise_report(
@@ -180,8 +199,12 @@ def judge_noise_report(
             conf, y = table.arrays(method, None if d == ALL else d)
             flips[method][d] = auroc_flip_spread(conf, y, errors, draws=draws, seed=seed)
     return {
-        "hand_labels": {"n": int(labels.human.size), "sampled_by_verdict": labels.by_verdict,
-                        "sensitivity": json_number(errors.sensitivity), "specificity": json_number(errors.specificity)},
+        "hand_labels": {
+            "n": int(labels.human.size),
+            "sampled_by_verdict": labels.by_verdict,
+            "sensitivity": json_number(errors.sensitivity),
+            "specificity": json_number(errors.specificity),
+        },
         "accuracy": {d: corrected_accuracy(verdicts[d], labels, bootstrap=bootstrap, seed=seed) for d in datasets},
         "auroc_flip": flips,
     }
@@ -208,8 +231,11 @@ def read_hand_labels(path: str | Path, table: ConfidenceTable) -> HandLabels:
             raise at_line(path, line, 'a hand label needs "id" and "human" (0 or 1)')
         judged = correct.get(str(row["id"]), row.get("judge"))
         if judged not in (0, 1, True, False):
-            raise at_line(path, line, f"id {row['id']!r} is not among the confidences and the row gives no "
-                                      '"judge" verdict (0 or 1)')
+            raise at_line(
+                path,
+                line,
+                f'id {row["id"]!r} is not among the confidences and the row gives no "judge" verdict (0 or 1)',
+            )
         verdict.append(int(judged))
         human.append(int(row["human"]))
     if not human:

@@ -200,9 +200,7 @@ def bin_indices(confidence: np.ndarray, n_bins: int = 10, strategy: str = "unifo
     raise CandorError(f"unknown binning strategy {strategy!r}; known: quantile, uniform")
 
 
-def _bin_gaps(
-    confidence: np.ndarray, correct: np.ndarray, n_bins: int, strategy: str
-) -> tuple[np.ndarray, np.ndarray]:
+def _bin_gaps(confidence: np.ndarray, correct: np.ndarray, n_bins: int, strategy: str) -> tuple[np.ndarray, np.ndarray]:
     """Per non-empty bin: weight n_b/N and gap acc_b − conf_b."""
     idx = bin_indices(confidence, n_bins, strategy)
     counts = np.bincount(idx, minlength=n_bins).astype(float)
@@ -318,9 +316,7 @@ register_metric("ece_quantile", label="ECE (eq-mass)", better="lower")(ece_quant
 ALIGNMENT_THRESHOLDS = np.arange(1, 100) / 100
 
 
-def alignment(
-    confidence: ArrayLike, correct: ArrayLike, seed: int = 0, fit_fraction: float = 0.2
-) -> float:
+def alignment(confidence: ArrayLike, correct: ArrayLike, seed: int = 0, fit_fraction: float = 0.2) -> float:
     """EliCal's Alignment: accuracy of 1[conf ≥ t] on held-out rows, t tuned on a seeded slice.
 
     The threshold t in {0.01, ..., 0.99} maximizes accuracy on a random
@@ -439,9 +435,7 @@ def log_loss(confidence: ArrayLike, correct: ArrayLike) -> float:
 register_metric("log_loss", label="Log-loss", better="lower")(log_loss)
 
 
-def compute_metrics(
-    confidence: ArrayLike, correct: ArrayLike, names: Sequence[str] | None = None
-) -> dict[str, float]:
+def compute_metrics(confidence: ArrayLike, correct: ArrayLike, names: Sequence[str] | None = None) -> dict[str, float]:
     """The named metrics (default: ``DEFAULT_METRICS``), in order."""
     conf, y = check_arrays(confidence, correct)
     chosen = list(DEFAULT_METRICS if names is None else names)

@@ -80,17 +80,36 @@ def reliability_diagram(
     fig = Figure(figsize=(5.2, 6.2), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
 
-    top.bar(left[filled], stats.accuracy[filled], width=width, align="edge", color=BAR_COLOR,
-            edgecolor="white", label="accuracy")
+    top.bar(
+        left[filled],
+        stats.accuracy[filled],
+        width=width,
+        align="edge",
+        color=BAR_COLOR,
+        edgecolor="white",
+        label="accuracy",
+    )
     acc, mean_conf = stats.accuracy[filled], stats.mean_conf[filled]
     over = mean_conf > acc  # over-confident bins: the gap sits above the accuracy bar
     # The under-confident gap covers the blue bar, so it needs to be nearly opaque to read as orange.
-    for mask, color, alpha, label in ((over, WRONG_COLOR, 0.35, "gap: over-confident"),
-                                      (~over, UNDER_COLOR, 0.85, "gap: under-confident")):
+    for mask, color, alpha, label in (
+        (over, WRONG_COLOR, 0.35, "gap: over-confident"),
+        (~over, UNDER_COLOR, 0.85, "gap: under-confident"),
+    ):
         if mask.any():
             low = np.minimum(acc, mean_conf)[mask]
-            top.bar(left[filled][mask], np.abs(mean_conf - acc)[mask], bottom=low, width=width,
-                    align="edge", color=color, alpha=alpha, edgecolor=color, hatch="//", label=label)
+            top.bar(
+                left[filled][mask],
+                np.abs(mean_conf - acc)[mask],
+                bottom=low,
+                width=width,
+                align="edge",
+                color=color,
+                alpha=alpha,
+                edgecolor=color,
+                hatch="//",
+                label=label,
+            )
     top.plot([0, 1], [0, 1], linestyle="--", color="0.2", zorder=3, label="perfect calibration")
     top.set_xlim(0, 1)
     top.set_ylim(0, 1)
@@ -132,15 +151,21 @@ def confidence_histograms(
             (conf[correct], CORRECT_COLOR, "correct", {"histtype": "step", "linewidth": 2.2}),
         ):
             if len(group):
-                ax.hist(group, bins=edges, color=color, weights=np.full(len(group), 1 / len(group)),
-                        label=f"{label} (n={len(group)})", **style)
+                ax.hist(
+                    group,
+                    bins=edges,
+                    color=color,
+                    weights=np.full(len(group), 1 / len(group)),
+                    label=f"{label} (n={len(group)})",
+                    **style,
+                )
         ax.set_title(name)
         ax.set_xlim(0, 1)
         ax.set_xlabel("confidence")
         ax.set_ylabel("share of group")
         ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
-    for ax in axes[len(names):]:
+    for ax in axes[len(names) :]:
         ax.set_visible(False)
     fig.suptitle(title)
     return save_png(fig, path)

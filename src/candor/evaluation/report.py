@@ -116,8 +116,9 @@ def write_report(
     judge-noise correction (``trust.json`` and two sections of report.html); ``claims``
     (refinement rows of claim columns) adds the refinement plot to report.html.
     """
-    result = evaluate_table(table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed,
-                            counts=counts)
+    result = evaluate_table(
+        table, roles=roles, metrics=metrics, n_bins=n_bins, bootstrap=bootstrap, seed=seed, counts=counts
+    )
     trust = trust_sections(table, thresholds=thresholds, hand_labels=hand_labels, bootstrap=bootstrap, seed=seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -131,8 +132,12 @@ def write_report(
     for method, name in safe_filenames(result.methods).items():
         conf, correct = pooled[method]
         reliability[method] = reliability_diagram(
-            conf, correct, out_dir / "reliability" / f"{name}.png",
-            title=f"{method} (all datasets)", ece=result.metrics[method][ALL].get("ece"), n_bins=n_bins,
+            conf,
+            correct,
+            out_dir / "reliability" / f"{name}.png",
+            title=f"{method} (all datasets)",
+            ece=result.metrics[method][ALL].get("ece"),
+            n_bins=n_bins,
         )
     files["confidence_hist"] = confidence_histograms(
         pooled, out_dir / "confidence_hist.png", title=f"{title}: confidence of correct vs incorrect answers"
@@ -142,12 +147,19 @@ def write_report(
     )
     if trust:
         files["trust"] = _write_text(out_dir / "trust.json", json.dumps(trust, indent=2, ensure_ascii=False) + "\n")
-    files["html"] = write_report_page(out_dir / PAGE_FILE, table, result, main_table(result, PAGE_METRICS),
-                                      title=title, records=records, command=command, trust=trust,
-                                      claims=claims)  # fmt: skip
+    files["html"] = write_report_page(
+        out_dir / PAGE_FILE,
+        table,
+        result,
+        main_table(result, PAGE_METRICS),
+        title=title,
+        records=records,
+        command=command,
+        trust=trust,
+        claims=claims,
+    )
     files["index"] = _write_text(out_dir / "index.md", _index_md(result, title, files, reliability, out_dir))
-    logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods),
-                len(result.datasets))
+    logger.info("report written to %s (%d methods, %d datasets)", out_dir, len(result.methods), len(result.datasets))
     return ReportResult(out_dir=out_dir, evaluation=result, files=files, reliability=reliability, trust=trust)
 
 
@@ -186,22 +198,28 @@ def _json_doc(result: Evaluation, title: str) -> dict[str, Any]:
         "title": title,
         "n_records": result.n_records,
         "n_bins": result.n_bins,
-        "bootstrap": (
-            {"n": result.bootstrap, "seed": result.seed, "alpha": CI_ALPHA} if result.bootstrap else None
-        ),
-        "datasets": {d: {"size": result.sizes[d], "accuracy": result.accuracy[d], "role": result.roles.get(d)}
-                     for d in result.datasets},
-        "groups": {g: {"size": result.sizes[g], "accuracy": result.accuracy[g],
-                       "datasets": [d for d in result.datasets if g == ALL or result.roles.get(d) == g]}
-                   for g in result.groups},
-        "metrics": {m: {c: {k: _num(v) for k, v in cols.items()} for c, cols in per.items()}
-                    for m, per in result.metrics.items()},
+        "bootstrap": ({"n": result.bootstrap, "seed": result.seed, "alpha": CI_ALPHA} if result.bootstrap else None),
+        "datasets": {
+            d: {"size": result.sizes[d], "accuracy": result.accuracy[d], "role": result.roles.get(d)}
+            for d in result.datasets
+        },
+        "groups": {
+            g: {
+                "size": result.sizes[g],
+                "accuracy": result.accuracy[g],
+                "datasets": [d for d in result.datasets if g == ALL or result.roles.get(d) == g],
+            }
+            for g in result.groups
+        },
+        "metrics": {
+            m: {c: {k: _num(v) for k, v in cols.items()} for c, cols in per.items()}
+            for m, per in result.metrics.items()
+        },
         "notes": result.notes,
         # Counts that used to go only to the log: cells whose metric is undefined (NaN: AUROC on one class;
         # Alignment where no threshold splits the fit slice, where the official EliCal code would report
         # its 0.5-threshold fallback), and per-method provenance counts such as parse fallbacks.
-        "counts": {m: {"undefined": _undefined_cells(result, m), **result.counts.get(m, {})}
-                   for m in result.methods},
+        "counts": {m: {"undefined": _undefined_cells(result, m), **result.counts.get(m, {})} for m in result.methods},
     }
     if result.bootstrap:
         doc["bootstrap"]["dropped"] = {  # resamples left out of an interval because the metric was NaN there
@@ -245,8 +263,10 @@ def _metrics_md(result: Evaluation, title: str) -> str:
     if result.roles:
         parts.append("In-domain and OOD columns are averages over datasets weighted by their size.")
     if result.bootstrap:
-        parts.append(f"[low, high]: {100 * (1 - CI_ALPHA):.0f}% percentile bootstrap interval, "
-                     f"{result.bootstrap} resamples of each dataset.")
+        parts.append(
+            f"[low, high]: {100 * (1 - CI_ALPHA):.0f}% percentile bootstrap interval, "
+            f"{result.bootstrap} resamples of each dataset."
+        )
     parts += ["", "## " + main_table(result).title, "", table_markdown(main_table(result)), ""]
     parts += ["## Per dataset", ""]
     for t in per_metric_tables(result):
@@ -260,8 +280,9 @@ def _rel(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
-def _index_md(result: Evaluation, title: str, files: Mapping[str, Path], reliability: Mapping[str, Path],
-              root: Path) -> str:
+def _index_md(
+    result: Evaluation, title: str, files: Mapping[str, Path], reliability: Mapping[str, Path], root: Path
+) -> str:
     parts = [f"# {title}", ""]
     parts.append(f"- Records: {result.n_records}")
     parts.append(f"- Datasets: {len(result.datasets)}")
@@ -269,18 +290,24 @@ def _index_md(result: Evaluation, title: str, files: Mapping[str, Path], reliabi
     parts += ["", "| dataset | role | n | accuracy (%) |", "|---|---|---:|---:|"]
     for col in result.datasets + result.groups:
         role = result.roles.get(col, "") if col in result.datasets else "group"
-        parts.append(f"| {md_cell(column_label(col))} | {role} | {result.sizes[col]} | "
-                     f"{100 * result.accuracy[col]:.1f} |")
+        parts.append(
+            f"| {md_cell(column_label(col))} | {role} | {result.sizes[col]} | {100 * result.accuracy[col]:.1f} |"
+        )
     parts += ["", "## Files", ""]
-    parts.append(f"- [report.html]({_rel(files['html'], root)}): everything on one page that opens offline "
-                 "(sortable table, plots, threshold slider, records browser)")
+    parts.append(
+        f"- [report.html]({_rel(files['html'], root)}): everything on one page that opens offline "
+        "(sortable table, plots, threshold slider, records browser)"
+    )
     parts.append(f"- [metrics.md]({_rel(files['md'], root)}): the tables")
     parts.append(f"- [metrics.json]({_rel(files['json'], root)}): every value, method → dataset → metric")
     parts.append(f"- [metrics.csv]({_rel(files['csv'], root)}): the same, long format")
-    parts.append(f"- [confidence_hist.png]({_rel(files['confidence_hist'], root)}): confidence of correct "
-                 "vs incorrect answers")
-    parts.append(f"- [risk_coverage.png]({_rel(files['risk_coverage'], root)}): error rate of the answers kept, "
-                 "most confident first, against the share kept (AURC is the area under it)")
+    parts.append(
+        f"- [confidence_hist.png]({_rel(files['confidence_hist'], root)}): confidence of correct vs incorrect answers"
+    )
+    parts.append(
+        f"- [risk_coverage.png]({_rel(files['risk_coverage'], root)}): error rate of the answers kept, "
+        "most confident first, against the share kept (AURC is the area under it)"
+    )
     parts += ["", "## Main results", "", table_markdown(main_table(result)), ""]
     parts += ["## Reliability diagrams (all datasets pooled)", ""]
     for method, path in reliability.items():

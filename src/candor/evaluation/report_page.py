@@ -58,8 +58,11 @@ THRESHOLDS = np.round(np.linspace(0.0, 1.0, 101), 2)
 DEFAULT_THRESHOLD = 0.5
 TRUST_SLOT = "<!-- trust sections -->"  # where the abstention and judge-noise sections go, when asked for
 OPTIONS_CHARS = 200  # an estimator's options shown in the provenance
-GROUP_TITLES = {"id": "In-domain (size-weighted average)", "ood": "Out-of-domain (size-weighted average)",
-                "all": "All (pooled)"}
+GROUP_TITLES = {
+    "id": "In-domain (size-weighted average)",
+    "ood": "Out-of-domain (size-weighted average)",
+    "all": "All (pooled)",
+}
 CORRECT, WRONG = "correct", "wrong"
 COLORS = {CORRECT: "#1b8a5a", WRONG: "#c2412d"}
 
@@ -113,8 +116,9 @@ def write_report_page(
     if claims:
         charts["refinement"] = _refinement_chart(list(claims)).to_dict()
         body += CLAIMS_SECTION
-    html = render_page(title, body, data=data, charts=charts,
-                       script=asset("report.js", "candor.evaluation.page_assets"))
+    html = render_page(
+        title, body, data=data, charts=charts, script=asset("report.js", "candor.evaluation.page_assets")
+    )
     return atomic_write_text(Path(path), html)
 
 
@@ -147,8 +151,9 @@ def page_data(
             # 4 decimals: finer than any threshold a reader picks, and it keeps 5,000 × 10 small.
             "confidence": {m: [round(float(v), 4) for v in confidences[m]] for m in methods},
         },
-        "reliability": [row for m in methods for row in _reliability_rows(m, confidences[m], labels,
-                                                                           evaluation.n_bins)],
+        "reliability": [
+            row for m in methods for row in _reliability_rows(m, confidences[m], labels, evaluation.n_bins)
+        ],
         "histogram": [row for m in methods for row in _histogram_rows(m, confidences[m], labels)],
         "risk_coverage": [row for m in methods for row in _risk_rows(m, confidences[m], labels)],
         "selective": [row for m in methods for row in _selective_rows(m, confidences[m], labels)],
@@ -161,8 +166,9 @@ def page_data(
 def provenance(table: ConfidenceTable, records: Sequence[Record] | None, command: str | None) -> dict[str, Any]:
     """Model, template, judges, versions and the command, from the records and the confidence columns."""
     first = records[0].provenance if records else {}
-    judges = first.get("judges") or {k: first.get(f"{k}_judge") for k in ("correctness", "consistency")
-                                     if first.get(f"{k}_judge")}
+    judges = first.get("judges") or {
+        k: first.get(f"{k}_judge") for k in ("correctness", "consistency") if first.get(f"{k}_judge")
+    }
     columns = {m: (table.provenance(m) or {}).get("produced_by") for m in table.methods}
     models = sorted({str(p.get("model")) for p in columns.values() if p and p.get("model")})
     described = {m: _column_text(p) for m, p in columns.items() if p}
@@ -195,9 +201,16 @@ def _column_text(produced_by: Mapping[str, Any]) -> str:
 def _reliability_rows(method: str, conf: np.ndarray, y: np.ndarray, n_bins: int) -> list[dict[str, Any]]:
     stats = equal_width_bins(conf, y, n_bins)
     return [
-        {"method": method, "lo": round(float(stats.edges[i]), 4), "hi": round(float(stats.edges[i + 1]), 4),
-         "count": int(stats.count[i]), "accuracy": _num(stats.accuracy[i]), "mean_confidence": _num(stats.mean_conf[i])}
-        for i in range(n_bins) if stats.count[i]
+        {
+            "method": method,
+            "lo": round(float(stats.edges[i]), 4),
+            "hi": round(float(stats.edges[i + 1]), 4),
+            "count": int(stats.count[i]),
+            "accuracy": _num(stats.accuracy[i]),
+            "mean_confidence": _num(stats.mean_conf[i]),
+        }
+        for i in range(n_bins)
+        if stats.count[i]
     ]
 
 
@@ -206,24 +219,36 @@ def _histogram_rows(method: str, conf: np.ndarray, y: np.ndarray) -> list[dict[s
     rows = []
     for outcome, mask in ((CORRECT, y == 1), (WRONG, y == 0)):
         counts, _ = np.histogram(conf[mask], bins=edges)
-        rows += [{"method": method, "outcome": outcome, "lo": round(float(edges[i]), 3),
-                  "hi": round(float(edges[i + 1]), 3), "count": int(c)} for i, c in enumerate(counts)]
+        rows += [
+            {
+                "method": method,
+                "outcome": outcome,
+                "lo": round(float(edges[i]), 3),
+                "hi": round(float(edges[i + 1]), 3),
+                "count": int(c),
+            }
+            for i, c in enumerate(counts)
+        ]
     return rows
 
 
 def _risk_rows(method: str, conf: np.ndarray, y: np.ndarray) -> list[dict[str, Any]]:
     coverage, risk = risk_coverage(conf, y)
     keep = np.unique(np.linspace(0, coverage.size - 1, min(CURVE_POINTS, coverage.size)).round().astype(int))
-    return [{"method": method, "coverage": round(float(coverage[i]), 4), "risk": round(float(risk[i]), 4)}
-            for i in keep]
+    return [
+        {"method": method, "coverage": round(float(coverage[i]), 4), "risk": round(float(risk[i]), 4)} for i in keep
+    ]
 
 
 def _selective_rows(method: str, conf: np.ndarray, y: np.ndarray) -> list[dict[str, Any]]:
     rows = []
     for t in THRESHOLDS:
         s = selective_stats(conf, y, float(t))
-        for measure, value in (("answered accuracy", s.accuracy), ("coverage", s.coverage),
-                               ("over-abstention", s.over_abstention)):
+        for measure, value in (
+            ("answered accuracy", s.accuracy),
+            ("coverage", s.coverage),
+            ("over-abstention", s.over_abstention),
+        ):
             if not math.isnan(value):
                 rows.append({"method": method, "threshold": float(t), "measure": measure, "value": round(value, 4)})
     return rows
@@ -248,65 +273,116 @@ def _method_param(first: str) -> alt.Parameter:
 
 def _reliability_chart(rows: list[dict[str, Any]], first: str) -> alt.TopLevelMixin:
     method = _method_param(first)
-    tooltip = [alt.Tooltip("lo:Q", title="bin from"), alt.Tooltip("hi:Q", title="bin to"),
-               alt.Tooltip("count:Q", title="records in bin"), alt.Tooltip("accuracy:Q", format=".3f"),
-               alt.Tooltip("mean_confidence:Q", title="mean confidence", format=".3f")]
+    tooltip = [
+        alt.Tooltip("lo:Q", title="bin from"),
+        alt.Tooltip("hi:Q", title="bin to"),
+        alt.Tooltip("count:Q", title="records in bin"),
+        alt.Tooltip("accuracy:Q", format=".3f"),
+        alt.Tooltip("mean_confidence:Q", title="mean confidence", format=".3f"),
+    ]
     base = alt.Chart(alt.Data(values=rows)).transform_filter(alt.datum.method == method)
     scale = alt.Scale(domain=[0, 1])
     bars = base.mark_bar(color="#4c78a8", opacity=0.85, stroke="white").encode(
-        x=alt.X("lo:Q", scale=scale, title="confidence"), x2="hi:Q",
-        y=alt.Y("accuracy:Q", scale=scale, title="accuracy"), y2=alt.datum(0), tooltip=tooltip)
+        x=alt.X("lo:Q", scale=scale, title="confidence"),
+        x2="hi:Q",
+        y=alt.Y("accuracy:Q", scale=scale, title="accuracy"),
+        y2=alt.datum(0),
+        tooltip=tooltip,
+    )
     dots = base.mark_point(color="#c2412d", filled=True, size=40).encode(
-        x="mean_confidence:Q", y="accuracy:Q", tooltip=tooltip)
-    diagonal = alt.Chart(alt.Data(values=[{"x": 0, "y": 0}, {"x": 1, "y": 1}])).mark_line(
-        strokeDash=[4, 4], color="#333").encode(x="x:Q", y="y:Q")
+        x="mean_confidence:Q", y="accuracy:Q", tooltip=tooltip
+    )
+    diagonal = (
+        alt.Chart(alt.Data(values=[{"x": 0, "y": 0}, {"x": 1, "y": 1}]))
+        .mark_line(strokeDash=[4, 4], color="#333")
+        .encode(x="x:Q", y="y:Q")
+    )
     top = alt.layer(bars, diagonal, dots).properties(width=300, height=230, title="Reliability (hover: bin counts)")
-    counts = base.mark_bar(color="#888", stroke="white").encode(
-        x=alt.X("lo:Q", scale=scale, title="confidence"), x2="hi:Q", y=alt.Y("count:Q", title="count"), y2=alt.datum(0),
-        tooltip=tooltip).properties(width=300, height=70)
+    counts = (
+        base.mark_bar(color="#888", stroke="white")
+        .encode(
+            x=alt.X("lo:Q", scale=scale, title="confidence"),
+            x2="hi:Q",
+            y=alt.Y("count:Q", title="count"),
+            y2=alt.datum(0),
+            tooltip=tooltip,
+        )
+        .properties(width=300, height=70)
+    )
     return alt.vconcat(top, counts, spacing=4).add_params(method)
 
 
 def _histogram_chart(rows: list[dict[str, Any]], first: str) -> alt.TopLevelMixin:
     method = _method_param(first)
     color = alt.Color("outcome:N", scale=alt.Scale(domain=list(COLORS), range=list(COLORS.values())))
-    return alt.Chart(alt.Data(values=rows)).transform_filter(alt.datum.method == method).mark_bar(
-        opacity=0.55, stroke="white").encode(
-        x=alt.X("lo:Q", scale=alt.Scale(domain=[0, 1]), title="confidence"), x2="hi:Q",
-        y=alt.Y("count:Q", stack=None, title="answers"), y2=alt.datum(0), color=color,
-        tooltip=["outcome:N", "lo:Q", "hi:Q", "count:Q"],
-    ).properties(width=300, height=300, title="Confidence: correct vs wrong").add_params(method)
+    return (
+        alt.Chart(alt.Data(values=rows))
+        .transform_filter(alt.datum.method == method)
+        .mark_bar(opacity=0.55, stroke="white")
+        .encode(
+            x=alt.X("lo:Q", scale=alt.Scale(domain=[0, 1]), title="confidence"),
+            x2="hi:Q",
+            y=alt.Y("count:Q", stack=None, title="answers"),
+            y2=alt.datum(0),
+            color=color,
+            tooltip=["outcome:N", "lo:Q", "hi:Q", "count:Q"],
+        )
+        .properties(width=300, height=300, title="Confidence: correct vs wrong")
+        .add_params(method)
+    )
 
 
 def _risk_chart(rows: list[dict[str, Any]], first: str) -> alt.TopLevelMixin:
     method = _method_param(first)
-    return alt.Chart(alt.Data(values=rows)).transform_filter(alt.datum.method == method).mark_line(
-        color="#4c78a8").encode(
-        x=alt.X("coverage:Q", scale=alt.Scale(domain=[0, 1])), y=alt.Y("risk:Q", title="risk (error rate kept)"),
-        tooltip=["coverage:Q", "risk:Q"],
-    ).properties(width=300, height=300, title="Risk–coverage").add_params(method)
+    return (
+        alt.Chart(alt.Data(values=rows))
+        .transform_filter(alt.datum.method == method)
+        .mark_line(color="#4c78a8")
+        .encode(
+            x=alt.X("coverage:Q", scale=alt.Scale(domain=[0, 1])),
+            y=alt.Y("risk:Q", title="risk (error rate kept)"),
+            tooltip=["coverage:Q", "risk:Q"],
+        )
+        .properties(width=300, height=300, title="Risk–coverage")
+        .add_params(method)
+    )
 
 
 def _selective_chart(rows: list[dict[str, Any]], first: str, threshold: float) -> alt.TopLevelMixin:
     method = _method_param(first)
     at = alt.param(name="threshold", value=threshold)
-    lines = alt.Chart(alt.Data(values=rows)).transform_filter(alt.datum.method == method).mark_line().encode(
-        x=alt.X("threshold:Q", scale=alt.Scale(domain=[0, 1]), title="threshold (answer when confidence ≥)"),
-        y=alt.Y("value:Q", scale=alt.Scale(domain=[0, 1]), title=""), color=alt.Color("measure:N", title=None),
-        tooltip=["measure:N", "threshold:Q", alt.Tooltip("value:Q", format=".3f")])
-    rule = alt.Chart(alt.Data(values=[{}])).transform_calculate(t="threshold").mark_rule(color="#222").encode(
-        x="t:Q")
+    lines = (
+        alt.Chart(alt.Data(values=rows))
+        .transform_filter(alt.datum.method == method)
+        .mark_line()
+        .encode(
+            x=alt.X("threshold:Q", scale=alt.Scale(domain=[0, 1]), title="threshold (answer when confidence ≥)"),
+            y=alt.Y("value:Q", scale=alt.Scale(domain=[0, 1]), title=""),
+            color=alt.Color("measure:N", title=None),
+            tooltip=["measure:N", "threshold:Q", alt.Tooltip("value:Q", format=".3f")],
+        )
+    )
+    rule = alt.Chart(alt.Data(values=[{}])).transform_calculate(t="threshold").mark_rule(color="#222").encode(x="t:Q")
     return alt.layer(lines, rule).properties(width=520, height=260).add_params(method, at)
 
 
 def _refinement_chart(rows: list[dict[str, Any]]) -> alt.TopLevelMixin:
-    return alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
-        x=alt.X("kept:Q", scale=alt.Scale(domain=[0, 1]), title="share of claims kept"),
-        y=alt.Y("precision:Q", scale=alt.Scale(domain=[0, 1]), title="factual precision of the kept claims"),
-        color=alt.Color("method:N", title="claim confidence"),
-        tooltip=["method:N", alt.Tooltip("threshold:Q", format=".3f"), alt.Tooltip("kept:Q", format=".2f"),
-                 alt.Tooltip("precision:Q", format=".3f")],
-    ).properties(width=520, height=300, title="Refinement: drop the claims below a threshold")
+    return (
+        alt.Chart(alt.Data(values=rows))
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("kept:Q", scale=alt.Scale(domain=[0, 1]), title="share of claims kept"),
+            y=alt.Y("precision:Q", scale=alt.Scale(domain=[0, 1]), title="factual precision of the kept claims"),
+            color=alt.Color("method:N", title="claim confidence"),
+            tooltip=[
+                "method:N",
+                alt.Tooltip("threshold:Q", format=".3f"),
+                alt.Tooltip("kept:Q", format=".2f"),
+                alt.Tooltip("precision:Q", format=".3f"),
+            ],
+        )
+        .properties(width=520, height=300, title="Refinement: drop the claims below a threshold")
+    )
 
 
 # ---------------------------------------------------------------- HTML
@@ -320,11 +396,16 @@ below it: the curve shows the share of claims kept against the share of kept cla
 
 
 def _body(title: str, evaluation: Evaluation, main: SummaryTable) -> str:
-    sizes = ", ".join(f"{esc(d)} ({evaluation.sizes[d]}, acc {100 * evaluation.accuracy[d]:.1f}%"
-                      f"{', ' + evaluation.roles[d].upper() if d in evaluation.roles else ''})"
-                      for d in evaluation.datasets)
-    ci = (f"[low, high]: 95% percentile bootstrap interval, {evaluation.bootstrap} resamples per dataset."
-          if evaluation.bootstrap else "No bootstrap ran (pass --bootstrap N for 95% intervals).")
+    sizes = ", ".join(
+        f"{esc(d)} ({evaluation.sizes[d]}, acc {100 * evaluation.accuracy[d]:.1f}%"
+        f"{', ' + evaluation.roles[d].upper() if d in evaluation.roles else ''})"
+        for d in evaluation.datasets
+    )
+    ci = (
+        f"[low, high]: 95% percentile bootstrap interval, {evaluation.bootstrap} resamples per dataset."
+        if evaluation.bootstrap
+        else "No bootstrap ran (pass --bootstrap N for 95% intervals)."
+    )
     notes = "".join(f"<li>{esc(n)}</li>" for n in evaluation.notes)
     return f"""
 <h1>{esc(title)}</h1>
@@ -335,7 +416,7 @@ def _body(title: str, evaluation: Evaluation, main: SummaryTable) -> str:
 <p class="note">Values ×100; click a header to sort; the best value per column is bold on green.
 ECE, Brier and AURC: lower is better. {esc(ci)}</p>
 {_main_table_html(main)}
-{f'<ul class="note">{notes}</ul>' if notes else ''}
+{f'<ul class="note">{notes}</ul>' if notes else ""}
 <h2 id="methods">Per method</h2>
 <div class="controls"><label>method <select id="method-select"></select></label>
 <span>AURC <b id="method-aurc">–</b></span></div>
@@ -381,9 +462,11 @@ def _main_table_html(main: SummaryTable) -> str:
     for method, cells in main.rows:
         tds = "".join(_cell_html(c) for c in cells)
         rows.append(f'<tr data-method="{esc(method)}"><th>{esc(method)}</th>{tds}</tr>')
-    return (f'<table id="main-table"><thead><tr><th></th>{top}</tr>'
-            f'<tr><th class="sortable" data-col="0">method</th>{heads}</tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>')
+    return (
+        f'<table id="main-table"><thead><tr><th></th>{top}</tr>'
+        f'<tr><th class="sortable" data-col="0">method</th>{heads}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _cell_html(cell: Any) -> str:

@@ -121,8 +121,16 @@ def evaluate_table(
     confidences = {m: {ds: table.arrays(m, ds)[0] for ds in datasets} for m in methods}
     if bootstrap:
         logger.info("bootstrap: %d resamples per dataset", bootstrap)
-    aggregated = aggregate_metrics(confidences, labels, groups=report_groups(datasets, roles), metrics=metrics,
-                                   ci_metrics=CI_METRICS, n_bins=n_bins, bootstrap=bootstrap, seed=seed)
+    aggregated = aggregate_metrics(
+        confidences,
+        labels,
+        groups=report_groups(datasets, roles),
+        metrics=metrics,
+        ci_metrics=CI_METRICS,
+        n_bins=n_bins,
+        bootstrap=bootstrap,
+        seed=seed,
+    )
     sizes, accuracy = _sizes_and_accuracy(labels, roles)
     result = Evaluation(
         metrics={m: r.values for m, r in aggregated.methods.items()},
@@ -137,8 +145,10 @@ def evaluate_table(
         bootstrap=bootstrap,
         seed=seed,
         bootstrap_dropped={m: r.bootstrap_dropped for m, r in aggregated.methods.items()} if bootstrap else {},
-        counts={m: {**r.counts, **_table_counts(table, m), **(counts or {}).get(m, {})}
-                for m, r in aggregated.methods.items()},
+        counts={
+            m: {**r.counts, **_table_counts(table, m), **(counts or {}).get(m, {})}
+            for m, r in aggregated.methods.items()
+        },
     )
     result.notes = _notes(result, labels)
     for note in result.notes:
@@ -235,7 +245,7 @@ def _labels(table: ConfidenceTable, dataset: str) -> np.ndarray:
 
 _WHY_UNDEFINED = {
     "alignment": "no threshold in 0.01–0.99 splits its 20% fit slice into two classes (constant confidence?); "
-                 "the official EliCal code would fall back to a 0.5 threshold here",
+    "the official EliCal code would fall back to a 0.5 threshold here",
 }
 
 
@@ -243,8 +253,7 @@ def _notes(result: Evaluation, labels: Mapping[str, np.ndarray]) -> list[str]:
     """Say why each undefined value is undefined."""
     notes = []
     for col in result.columns:
-        nan_for = {k: [m for m in result.methods if math.isnan(result.metrics[m][col][k])]
-                   for k in result.metric_names}
+        nan_for = {k: [m for m in result.methods if math.isnan(result.metrics[m][col][k])] for k in result.metric_names}
         nan_for = {k: ms for k, ms in nan_for.items() if ms}
         if col in result.datasets and labels[col].min() == labels[col].max():
             y = labels[col]
@@ -252,15 +261,20 @@ def _notes(result: Evaluation, labels: Mapping[str, np.ndarray]) -> list[str]:
             if ranking:
                 names = ", ".join(metric_label(k) for k in ranking)
                 verdict = "correct" if y[0] else "incorrect"
-                notes.append(f"`{col}`: all {y.size} answers are {verdict}, so {names} (which rank correct "
-                             f"against incorrect answers) are undefined there ({MISSING}).")
+                notes.append(
+                    f"`{col}`: all {y.size} answers are {verdict}, so {names} (which rank correct "
+                    f"against incorrect answers) are undefined there ({MISSING})."
+                )
                 nan_for = {k: ms for k, ms in nan_for.items() if k not in ranking}
         for metric, methods in nan_for.items():
             who = ", ".join(f"`{m}`" for m in methods)
             label = metric_label(metric)
             if col in result.roles.values():
-                members = [d for d in result.datasets if result.roles[d] == col
-                           and any(math.isnan(result.metrics[m][d][metric]) for m in methods)]
+                members = [
+                    d
+                    for d in result.datasets
+                    if result.roles[d] == col and any(math.isnan(result.metrics[m][d][metric]) for m in methods)
+                ]
                 why = f"it is undefined on {', '.join(f'`{d}`' for d in members)}"
             else:
                 why = _WHY_UNDEFINED.get(metric, "see the log")
@@ -316,8 +330,9 @@ def _best_rounded(values: list[float], metric: str) -> set[str]:
     return {f"{best:.1f}"}
 
 
-def summary_table(result: Evaluation, pairs: Sequence[tuple[str, str]], title: str,
-                  header: Callable[[str, str], str]) -> SummaryTable:
+def summary_table(
+    result: Evaluation, pairs: Sequence[tuple[str, str]], title: str, header: Callable[[str, str], str]
+) -> SummaryTable:
     """Methods × ``(column, metric)`` pairs, values ×100, best per column flagged."""
     rows: list[tuple[str, list[Cell]]] = [(m, []) for m in result.methods]
     for col, metric in pairs:
@@ -341,15 +356,17 @@ def main_columns(result: Evaluation) -> list[str]:
 def main_table(result: Evaluation, metrics: Sequence[str] = MAIN_METRICS) -> SummaryTable:
     shown = [k for k in metrics if k in result.metric_names]
     pairs = [(c, k) for c in main_columns(result) for k in shown]
-    return summary_table(result, pairs, "Main results (×100)",
-                         lambda c, k: f"{SHORT_LABELS.get(c, c)} {metric_label(k)}")
+    return summary_table(
+        result, pairs, "Main results (×100)", lambda c, k: f"{SHORT_LABELS.get(c, c)} {metric_label(k)}"
+    )
 
 
 def per_metric_tables(result: Evaluation) -> list[SummaryTable]:
     """One table per metric, every dataset and group as a column (accuracy is per dataset, not here)."""
     return [
-        summary_table(result, [(c, k) for c in result.columns], f"{metric_label(k)} (×100)",
-                      lambda c, k: column_label(c))
+        summary_table(
+            result, [(c, k) for c in result.columns], f"{metric_label(k)} (×100)", lambda c, k: column_label(c)
+        )
         for k in result.metric_names
         if k != "accuracy"
     ]

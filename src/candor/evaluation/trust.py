@@ -25,8 +25,12 @@ DEFAULT_BOOTSTRAP = 1000
 
 
 def trust_sections(
-    table: ConfidenceTable, *, thresholds: Mapping[str, float] | None = None, hand_labels: HandLabels | None = None,
-    bootstrap: int = 0, seed: int = 0,
+    table: ConfidenceTable,
+    *,
+    thresholds: Mapping[str, float] | None = None,
+    hand_labels: HandLabels | None = None,
+    bootstrap: int = 0,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """``{"abstention": …}`` and/or ``{"judge_noise": …}``, for what was asked (empty when nothing was)."""
     resamples = bootstrap or DEFAULT_BOOTSTRAP
@@ -34,8 +38,10 @@ def trust_sections(
     if thresholds:
         unknown = sorted(set(thresholds) - set(table.methods))
         if unknown:
-            raise CandorError(f"a threshold names {', '.join(unknown)}, which the confidences do not hold "
-                              f"(methods: {', '.join(table.methods)})")
+            raise CandorError(
+                f"a threshold names {', '.join(unknown)}, which the confidences do not hold "
+                f"(methods: {', '.join(table.methods)})"
+            )
         out["abstention"] = abstention_table(table, thresholds, bootstrap=resamples, seed=seed)
     if hand_labels is not None:
         out["judge_noise"] = judge_noise_report(table, hand_labels, bootstrap=resamples, seed=seed)
@@ -58,8 +64,15 @@ def abstention_rows(sections: Mapping[str, Any]) -> list[list[str]]:
     rows = [["method", "dataset", "threshold", *COUNTS, *(LABELS[s] for s in SCORES)]]
     for method, per in sections.get("abstention", {}).items():
         for dataset, entry in per.items():
-            rows.append([method, dataset, f"{entry['threshold']:.3g}", *(str(entry[c]) for c in COUNTS),
-                         *(format_score(entry, s) for s in SCORES)])
+            rows.append(
+                [
+                    method,
+                    dataset,
+                    f"{entry['threshold']:.3g}",
+                    *(str(entry[c]) for c in COUNTS),
+                    *(format_score(entry, s) for s in SCORES),
+                ]
+            )
     return rows
 
 
@@ -73,8 +86,15 @@ def judge_rows(sections: Mapping[str, Any]) -> tuple[list[list[str]], list[list[
     flips = [["method", "dataset", "AUROC", "AUROC sd under judge noise", "2.5–97.5%"]]
     for method, per in noise.get("auroc_flip", {}).items():
         for dataset, entry in per.items():
-            flips.append([method, dataset, _pct(entry["auroc"]), _pct(entry["sd"]),
-                          f"{_pct(entry['low'])} – {_pct(entry['high'])}"])
+            flips.append(
+                [
+                    method,
+                    dataset,
+                    _pct(entry["auroc"]),
+                    _pct(entry["sd"]),
+                    f"{_pct(entry['low'])} – {_pct(entry['high'])}",
+                ]
+            )
     return accuracy, flips
 
 
@@ -90,7 +110,7 @@ def trust_html(sections: Mapping[str, Any]) -> str:
     if "abstention" in sections:
         parts.append(f"""<h2 id="abstention">Abstention-aware scores</h2>
 <p class="note">Answer when the confidence is at least the method's threshold. Correct, incorrect and abstained are
-counts; the scores are ×100 with [95% bootstrap interval, {sections['bootstrap']} resamples]. SimpleQA F is the
+counts; the scores are ×100 with [95% bootstrap interval, {sections["bootstrap"]} resamples]. SimpleQA F is the
 harmonic mean of correct (overall) and correct | attempted; hallucination rate = incorrect / all; penalized score =
 (correct − incorrect) / all, in [−100, 100].</p>
 {_html_table(abstention_rows(sections), "abstention-table")}""")
@@ -98,8 +118,8 @@ harmonic mean of correct (overall) and correct | attempted; hallucination rate =
         hand = sections["judge_noise"]["hand_labels"]
         accuracy, flips = judge_rows(sections)
         parts.append(f"""<h2 id="judge-noise">Judge noise</h2>
-<p class="note">From {hand['n']} hand labels{' drawn by verdict' if hand['sampled_by_verdict'] else ''}: the judge's
-sensitivity {_pct(hand['sensitivity'])}%, specificity {_pct(hand['specificity'])}%. Corrected accuracy: Rogan–Gladen,
+<p class="note">From {hand["n"]} hand labels{" drawn by verdict" if hand["sampled_by_verdict"] else ""}: the judge's
+sensitivity {_pct(hand["sensitivity"])}%, specificity {_pct(hand["specificity"])}%. Corrected accuracy: Rogan–Gladen,
 with a bootstrap over both the evaluated records and the hand labels. The AUROC spread is over 200 simulations that
 flip labels at the measured error rates.</p>
 {_html_table(accuracy, "judge-accuracy-table")}

@@ -67,8 +67,10 @@ SUMMARY_FILE = "adapt.json"
 VERSION_KEY = "version"  # in honest.json: the name the server gives this model
 MIN_STAGE2 = 10  # stage 2 trains and stops early on these; fewer is noise
 STAGE_DEV_FRACTION = 0.2  # of each stage's questions, for early stopping
-GUARANTEE_ASSUMES = ("later traffic is exchangeable with the labelled questions: drawn from the same distribution, "
-                     "and labelled without regard to their confidence")  # fmt: skip
+GUARANTEE_ASSUMES = (
+    "later traffic is exchangeable with the labelled questions: drawn from the same distribution, "
+    "and labelled without regard to their confidence"
+)
 
 
 class NotEnoughLabels(CandorError):
@@ -179,8 +181,13 @@ def starting_head(model: HonestModel, config: EliCalConfig) -> tuple[ConfidenceH
     from candor.train.common import load_causal_lm
 
     causal_lm, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device)
-    spec = HeadConfig(backbone=config.model, template=model.template.name, layer=config.layer, mode=config.mode,
-                      lora=config.lora_settings())  # fmt: skip
+    spec = HeadConfig(
+        backbone=config.model,
+        template=model.template.name,
+        layer=config.layer,
+        mode=config.mode,
+        lora=config.lora_settings(),
+    )
     return ConfidenceHead.create(causal_lm, tokenizer, spec, seed=config.seed), True
 
 
@@ -200,8 +207,14 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
     held_questions = {r.item.question for r in held}
     traffic = [r for r in served_records(log) if r.item.question not in held_questions]
     traffic, regenerated = with_consistency(traffic, model.backend, model.template, settings.k)
-    config = EliCalConfig(mode="head", model=model.backend.model_name, cal_target="hard", seed=settings.seed,
-                          max_epochs=settings.max_epochs, feature_cache=settings.feature_cache)  # fmt: skip
+    config = EliCalConfig(
+        mode="head",
+        model=model.backend.model_name,
+        cal_target="hard",
+        seed=settings.seed,
+        max_epochs=settings.max_epochs,
+        feature_cache=settings.feature_cache,
+    )
     head, fresh = starting_head(model, config)
     config = replace(config, mode=head.config.mode, model=head.config.backbone)
     s1_train, s1_dev = carve_dev(traffic, STAGE_DEV_FRACTION, settings.seed)
@@ -219,9 +232,15 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
 
 
 def _summary(
-    log: ServedLog, settings: AdaptSettings, stages: Sequence[StageResult], regenerated: int,
-    confidence: np.ndarray, correct: np.ndarray, threshold: th.Threshold, stage2: Sequence[Record],
-) -> dict[str, Any]:  # fmt: skip
+    log: ServedLog,
+    settings: AdaptSettings,
+    stages: Sequence[StageResult],
+    regenerated: int,
+    confidence: np.ndarray,
+    correct: np.ndarray,
+    threshold: th.Threshold,
+    stage2: Sequence[Record],
+) -> dict[str, Any]:
     sources: dict[str, int] = {}
     for answer in log.labelled():
         sources[answer.label_source or "?"] = sources.get(answer.label_source or "?", 0) + 1
@@ -255,10 +274,14 @@ def _summary(
 
 def _guarantee(threshold: th.Threshold, settings: AdaptSettings) -> str:
     if threshold.expected_coverage == 0.0:
-        return (f"no threshold certifies an answered error rate of at most {settings.alpha:g} at δ={settings.delta:g} "
-                "on the held-out labels: the model abstains on everything")  # fmt: skip
-    return (f"with probability at least {1 - settings.delta:g}, the error rate of answered questions is at most "
-            f"{settings.alpha:g} (threshold {threshold.value:.3f}), assuming {GUARANTEE_ASSUMES}")  # fmt: skip
+        return (
+            f"no threshold certifies an answered error rate of at most {settings.alpha:g} at δ={settings.delta:g} "
+            "on the held-out labels: the model abstains on everything"
+        )
+    return (
+        f"with probability at least {1 - settings.delta:g}, the error rate of answered questions is at most "
+        f"{settings.alpha:g} (threshold {threshold.value:.3f}), assuming {GUARANTEE_ASSUMES}"
+    )
 
 
 def _finite(x: float) -> float | None:
@@ -293,15 +316,26 @@ def save_adapted(model: HonestModel, adapted: Adapted, out: str | Path, lineage:
 
     Returns the version. Where ``save_pretrained`` names the version itself, that name is kept.
     """
-    new = HonestModel(model.backend, HeadSource(adapted.head), None, adapted.threshold, template=model.template.name,
-                      decoding=model.decoding, backend_name=model.backend_name)  # fmt: skip
+    new = HonestModel(
+        model.backend,
+        HeadSource(adapted.head),
+        None,
+        adapted.threshold,
+        template=model.template.name,
+        decoding=model.decoding,
+        backend_name=model.backend_name,
+    )
     new.tuned_on = tuple(adapted.summary.get("tuned_on") or (QUESTION,))
     version = new.version = lineage.next_version()  # never the served model's name: a new time and generation
     out = Path(out)
     with atomic_folder(out) as staging:
         new.save_pretrained(staging)
-        summary = {**adapted.summary, "version": version, "generation": lineage.generation + 1,
-                   "adapted_from": lineage.version}  # fmt: skip
+        summary = {
+            **adapted.summary,
+            "version": version,
+            "generation": lineage.generation + 1,
+            "adapted_from": lineage.version,
+        }
         (staging / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return version
 
@@ -319,5 +353,10 @@ def adapt(records: str | Path, honest: str | Path, out: str | Path, settings: Ad
     model = HonestModel.from_pretrained(honest)
     adapted = adapt_model(model, log, settings)
     version = save_adapted(model, adapted, out, lineage)
-    return {**adapted.summary, "version": version, "generation": lineage.generation + 1,
-            "adapted_from": lineage.version, "folder": str(out)}  # fmt: skip
+    return {
+        **adapted.summary,
+        "version": version,
+        "generation": lineage.generation + 1,
+        "adapted_from": lineage.version,
+        "folder": str(out),
+    }

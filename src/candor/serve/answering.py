@@ -84,8 +84,14 @@ class Prompted:
 
 def served_item(question: str, history: Sequence[tuple[str, str]] = ()) -> QAItem:
     """A served question as a QA item whose id comes from its text and conversation, never from a batch."""
-    return QAItem(id="q-" + hashlib.sha256(_conversation_key(question, history)).hexdigest()[:16], dataset="served",
-                  split="", question=question, answers=(), history=tuple(history))  # fmt: skip
+    return QAItem(
+        id="q-" + hashlib.sha256(_conversation_key(question, history)).hexdigest()[:16],
+        dataset="served",
+        split="",
+        question=question,
+        answers=(),
+        history=tuple(history),
+    )
 
 
 def _conversation_key(question: str, history: Sequence[tuple[str, str]]) -> bytes:

@@ -152,8 +152,9 @@ class MicroBatchEngine:
         # thread of its own, so requests arriving while a group decodes start at once instead of after it.
         self._pool = (
             ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="candor-generate")
-            if getattr(backend, "concurrent_calls", False) else None
-        )  # fmt: skip
+            if getattr(backend, "concurrent_calls", False)
+            else None
+        )
         self._count = threading.Lock()
         self._inbox: queue.SimpleQueue[_Decode | _Call | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -243,8 +244,14 @@ class MicroBatchEngine:
         n, greedy, params = group[0].key()
         requests = [d.request for d in group]
         try:
-            gens = self.backend.generate([r.prompt for r in requests], n, params, greedy=greedy,
-                                         seeds=[r.seed for r in requests], **self._hook(requests))  # fmt: skip
+            gens = self.backend.generate(
+                [r.prompt for r in requests],
+                n,
+                params,
+                greedy=greedy,
+                seeds=[r.seed for r in requests],
+                **self._hook(requests),
+            )
         except Exception as exc:
             if len(group) > 1:  # never hand one request's failure to the others: run each alone
                 logger.warning("a batch of %d failed (%s); running its requests one by one", len(group), exc)

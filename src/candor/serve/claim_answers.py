@@ -60,11 +60,14 @@ class ClaimVerdict:
         value = dict(zip((id(c) for c in self.claims), self.values, strict=True))
         return {
             "claim_method": self.method,
-            "claims": [{"text": c.text, "start": c.start, "end": c.end, "value": v}
-                       for c, v in zip(self.claims, self.values, strict=True)],  # fmt: skip
+            "claims": [
+                {"text": c.text, "start": c.start, "end": c.end, "value": v}
+                for c, v in zip(self.claims, self.values, strict=True)
+            ],
             "claim_refine": self.refine,
-            "removed_claims": [{"text": c.text, "start": c.start, "end": c.end, "value": value[id(c)]}
-                               for c in self.removed],  # fmt: skip
+            "removed_claims": [
+                {"text": c.text, "start": c.start, "end": c.end, "value": value[id(c)]} for c in self.removed
+            ],
         }
 
 
@@ -77,8 +80,10 @@ class ClaimJudge:
         self.estimator = built(policy.method, backend, {})
         self.estimator.check_backend(backend)
         if self.estimator.min_samples:  # the served answer has no samples of its own to compare claims with
-            raise CandorError(f"claim method {policy.method!r} reads sampled answers, which serving does not make "
-                              "per claim; serve a claim method that reads the answer itself")  # fmt: skip
+            raise CandorError(
+                f"claim method {policy.method!r} reads sampled answers, which serving does not make "
+                "per claim; serve a claim method that reads the answer itself"
+            )
 
     def judge(self, completion: Completion, prompt: str, question: str) -> ClaimVerdict | None:
         """The answer's claims scored (and refined); None for an answer of one claim or none."""
@@ -86,8 +91,10 @@ class ClaimJudge:
         claims = split_claims(completion.text, completion, policy.decomposer, decode=self.backend.decode)
         if len(claims) <= 1:
             return None
-        values = [float(v) for v in score_claims(self.estimator, completion, claims, self.backend, prompt=prompt,
-                                                 question=question)]  # fmt: skip
+        values = [
+            float(v)
+            for v in score_claims(self.estimator, completion, claims, self.backend, prompt=prompt, question=question)
+        ]
         text, removed = completion.text, []
         if policy.refine is not None:
             text, removed = refine(completion.text, claims, values, policy.threshold, policy.refine)  # type: ignore[arg-type]

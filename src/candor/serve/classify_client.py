@@ -89,8 +89,9 @@ class ClassifyClient:
 
     def _call(self, method: str, path: str, payload: dict[str, Any] | None) -> Any:
         data = None if payload is None else json.dumps(payload).encode("utf-8")
-        request = urllib.request.Request(self.root + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            self.root + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 raw = response.read()
@@ -169,8 +170,11 @@ class ClassifySource:
     def _check_probe(self) -> None:
         """The server's confidence on the export's probe question is the head's (else: refused at startup)."""
         if not self.probe:
-            logger.warning("%s has no probe (exported by an older candor): the server's confidences are not "
-                           "checked against the head's; re-export to check them", self.export)  # fmt: skip
+            logger.warning(
+                "%s has no probe (exported by an older candor): the server's confidences are not "
+                "checked against the head's; re-export to check them",
+                self.export,
+            )
             return
         if self.prompts([self.probe["question"]])[0] != self.probe["prompt"]:
             raise CandorError(f"{self.export}: the tokenizer renders the probe prompt differently from the export")

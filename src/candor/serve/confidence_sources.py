@@ -134,12 +134,16 @@ class HeadSource:
         if LIVE_DECODE not in backend_capabilities(backend):
             return None, "the generator has no live engine to read a prefill from: a separate pass per question"
         if config.template != template:
-            return None, (f"the head reads the {config.template!r} template but the generator prefills {template!r}: "
-                          "a separate pass per question")  # fmt: skip
+            return None, (
+                f"the head reads the {config.template!r} template but the generator prefills {template!r}: "
+                "a separate pass per question"
+            )
         if not _same_weights(config.backbone, generator) or getattr(backend, "adapter", None):
-            return None, (f"the head's backbone {config.backbone!r} is not the generator's weights ({generator!r}"
-                          f"{' with an adapter' if getattr(backend, 'adapter', None) else ''}): a separate pass "
-                          "per question")  # fmt: skip
+            return None, (
+                f"the head's backbone {config.backbone!r} is not the generator's weights ({generator!r}"
+                f"{' with an adapter' if getattr(backend, 'adapter', None) else ''}): a separate pass "
+                "per question"
+            )
         return PrefillReader(self._linear_head(config), config.layer), (
             f"read from the generator's own prefill (layer {config.layer}, template {template!r}): one prefill for "
             "confidence and answer, no second backbone"
@@ -253,7 +257,11 @@ def answer_records(
     estimator that re-reads the prompt renders the one the answer was made with.
     """
     return [
-        Record(item=q if isinstance(q, QAItem) else served_item(q), greedy=a, samples=list(s),
-               provenance=dict(provenance or {}))
+        Record(
+            item=q if isinstance(q, QAItem) else served_item(q),
+            greedy=a,
+            samples=list(s),
+            provenance=dict(provenance or {}),
+        )
         for q, a, s in zip(questions, answers, samples, strict=True)
     ]

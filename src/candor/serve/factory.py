@@ -62,8 +62,9 @@ def build_model(
     check_threshold(threshold)
     if confidence_url is not None:
         other = any((honest, adapter, method, samples is not None))
-        return remote_head_model(model, backend, confidence_url, head, other, threshold, max_new_tokens, batch_size,
-                                 base_url)  # fmt: skip
+        return remote_head_model(
+            model, backend, confidence_url, head, other, threshold, max_new_tokens, batch_size, base_url
+        )
     if honest is not None:
         if head or adapter or method or samples is not None:
             raise CandorError("--honest already holds the confidence source; drop --head/--adapter/--method/--samples")
@@ -91,14 +92,22 @@ def build_model(
     elif source is None:
         source = EstimatorSource(adapter_method(adapter), samples=samples)  # type: ignore[arg-type]
     logger.info("confidence: %s (%s)", source.name, source.kind)
-    return HonestModel(generator, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens),
-                       backend_name=backend)  # fmt: skip
+    return HonestModel(
+        generator, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens), backend_name=backend
+    )
 
 
 def remote_head_model(
-    model: str, backend: str, confidence_url: str, export: Path | None, other_source: bool,
-    threshold: float | None, max_new_tokens: int, batch_size: int, base_url: str | None,
-) -> HonestModel:  # fmt: skip
+    model: str,
+    backend: str,
+    confidence_url: str,
+    export: Path | None,
+    other_source: bool,
+    threshold: float | None,
+    max_new_tokens: int,
+    batch_size: int,
+    base_url: str | None,
+) -> HonestModel:
     """A generator plus an exported head on a classify server; the server is probed before the generator loads."""
     from candor.backends import load_backend
     from candor.serve.classify_client import ClassifySource
@@ -115,8 +124,9 @@ def remote_head_model(
         kwargs["base_url"] = base_url
     generator = load_backend(model, backend, **kwargs)
     logger.info("confidence: the exported head %s served at %s", export, source.url)
-    return HonestModel(generator, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens),
-                       backend_name=backend)  # fmt: skip
+    return HonestModel(
+        generator, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens), backend_name=backend
+    )
 
 
 def check_threshold(threshold: float | None) -> None:

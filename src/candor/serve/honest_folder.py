@@ -35,14 +35,20 @@ def fresh_version() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-def generator_config(backend: Backend, backend_name: str, template: str, decoding: Decoding,
-                     folder: Path) -> dict[str, Any]:  # fmt: skip
+def generator_config(
+    backend: Backend, backend_name: str, template: str, decoding: Decoding, folder: Path
+) -> dict[str, Any]:
     """The generator's part of ``honest.json``; its adapter (if any) is copied into ``folder``."""
     adapter = getattr(backend, "adapter", None)
     if adapter:
         shutil.copytree(adapter, folder / ADAPTER_DIR)
-    return {"model": backend.model_name, "backend": backend_name, "adapter": ADAPTER_DIR if adapter else None,
-            "template": template, "decoding": asdict(decoding)}  # fmt: skip
+    return {
+        "model": backend.model_name,
+        "backend": backend_name,
+        "adapter": ADAPTER_DIR if adapter else None,
+        "template": template,
+        "decoding": asdict(decoding),
+    }
 
 
 def calibrator_config(calibrator: Calibrator | None, fitted_on: int) -> dict[str, Any] | None:

@@ -241,9 +241,13 @@ class HonestModel:
     def open_engine(self, max_batch: int = 16, max_wait_ms: float = 5.0) -> LiveEngine:
         """The engine this model's questions run on (close it when done): ``max_batch`` questions decode together."""
         prefix = self.shared_prefix() if LIVE_DECODE in backend_capabilities(self.backend) else None
-        return open_engine(self.backend, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                           rows_per_request=1 + self.source.samples,
-                           shared_prefix=prefix.ids if prefix is not None else None)  # fmt: skip
+        return open_engine(
+            self.backend,
+            max_batch=max_batch,
+            max_wait_ms=max_wait_ms,
+            rows_per_request=1 + self.source.samples,
+            shared_prefix=prefix.ids if prefix is not None else None,
+        )
 
     async def _answer_all(self, asks: Sequence[Ask], engine: LiveEngine) -> list[Outcome]:
         outcomes = await asyncio.gather(*(self.answer_one(a, engine) for a in asks), return_exceptions=True)
@@ -290,8 +294,10 @@ class HonestModel:
         completions, prompt_tokens = await self._reply(ask, engine, scored)
         ask.check_alive()
         rec = scored.record
-        answers = [self._answered(c, scored.confidence, ask, rec is None or c.text == rec.greedy.text, rec,
-                                  prompt_tokens) for c in completions]  # fmt: skip
+        answers = [
+            self._answered(c, scored.confidence, ask, rec is None or c.text == rec.greedy.text, rec, prompt_tokens)
+            for c in completions
+        ]
         return await self._with_claims(ask, engine, answers)
 
     async def _with_claims(self, ask: Ask, engine: LiveEngine, answers: list[HonestAnswer]) -> list[HonestAnswer]:
@@ -331,8 +337,7 @@ class HonestModel:
         if verdict[0].abstained:
             return [verdict[0]] * ask.reply.n
         completions = [g.greedy] * ask.reply.n if g.greedy is not None else g.samples[: ask.reply.n]
-        answers = [self._answered(c, verdict[0].confidence, ask, True, None, g.prompt_tokens)
-                   for c in completions]  # type: ignore[arg-type]  # fmt: skip
+        answers = [self._answered(c, verdict[0].confidence, ask, True, None, g.prompt_tokens) for c in completions]  # type: ignore[arg-type]
         return await self._with_claims(ask, engine, answers)
 
     async def _question_confidence(self, item: QAItem, engine: LiveEngine) -> float:
@@ -395,14 +400,23 @@ class HonestModel:
         """
         if not self.rereads_answers:
             return lambda: self._score_answer(ask, protocol)
-        reread = Reread(self.backend, ask.prompted.prompt, protocol, self.shared_prefix(),  # type: ignore[arg-type]
-                        prefilled=prefill)  # fmt: skip
+        reread = Reread(
+            self.backend,
+            ask.prompted.prompt,
+            protocol,
+            self.shared_prefix(),  # type: ignore[arg-type]
+            prefilled=prefill,
+        )
         return lambda: self._score_answer(ask, reread.result()) if reread.step() else None
 
     def _score_answer(self, ask: Ask, protocol: Generations) -> Scored:
         """The protocol's answer scored (in the engine thread, this question alone); an abstention is returned whole."""
-        rec = answer_records([ask.prompted.item()], [protocol.greedy], [protocol.samples],  # type: ignore[list-item]
-                             self.provenance())[0]  # fmt: skip
+        rec = answer_records(
+            [ask.prompted.item()],
+            [protocol.greedy],
+            [protocol.samples],  # type: ignore[list-item]
+            self.provenance(),
+        )[0]
         n = ask.reply.n
         try:
             confidence = float(self._calibrated(self.source.score_records([rec], self.backend))[0])
@@ -473,7 +487,7 @@ class HonestModel:
                     "stop": list(self.template.stop),
                 },
                 "samples": samples.to_dict(),
-            },  # fmt: skip
+            },
             "candor_version": __version__,
             "model_version": self.version,
             "served": True,
@@ -492,8 +506,12 @@ class HonestModel:
 
     def served_by(self) -> ServedBy:
         """What this model stands for now (version, threshold, calibration); every answer carries it."""
-        return ServedBy(version=self.version, threshold=self.threshold, fitted_where=self._fitted_where(),
-                        tuned_on=tuple(self.tuned_on))
+        return ServedBy(
+            version=self.version,
+            threshold=self.threshold,
+            fitted_where=self._fitted_where(),
+            tuned_on=tuple(self.tuned_on),
+        )
 
     def _fitted_where(self) -> str | None:
         shapes = " and ".join(SHAPE_WORDS[s] for s in self.tuned_on)
@@ -514,9 +532,13 @@ class HonestModel:
         return None if self.threshold is None else self.threshold.value
 
     def _abstention(
-        self, confidence: float, reason: str, withheld: str | None = None, rec: Record | None = None,
+        self,
+        confidence: float,
+        reason: str,
+        withheld: str | None = None,
+        rec: Record | None = None,
         below: bool = True,
-    ) -> HonestAnswer:  # fmt: skip
+    ) -> HonestAnswer:
         if below and self.threshold is not None:
             reason = f"{reason} ({confidence:.3f} < {self.threshold.value:.3f})"
         generated = len(rec.greedy.token_ids) if rec is not None else 0  # an answer-level source generated it
@@ -647,8 +669,14 @@ class HonestModel:
         """Reload a saved model; the generator is loaded by name unless ``backend`` is given."""
         saved = read_folder(folder)
         backend = backend if backend is not None else saved.load_generator(**backend_kwargs)
-        model = cls(backend, load_source(saved.confidence, saved.folder), saved.calibrator, saved.threshold,
-                    template=saved.generator.get("template", "auto"), decoding=saved.decoding,
-                    backend_name=saved.generator.get("backend", "hf"))  # fmt: skip
+        model = cls(
+            backend,
+            load_source(saved.confidence, saved.folder),
+            saved.calibrator,
+            saved.threshold,
+            template=saved.generator.get("template", "auto"),
+            decoding=saved.decoding,
+            backend_name=saved.generator.get("backend", "hf"),
+        )
         model.calibrated_on, model.tuned_on, model.version = saved.fitted_on, saved.tuned_on, saved.version
         return model

@@ -93,9 +93,14 @@ class Reread:
     """
 
     def __init__(
-        self, backend: HFBackend, prompt: str, gens: Generations, prefix: SharedPrefix | None = None,
-        chunk: int = DEFAULT_PREFILL_CHUNK, prefilled: ChunkedPrefill | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        backend: HFBackend,
+        prompt: str,
+        gens: Generations,
+        prefix: SharedPrefix | None = None,
+        chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefilled: ChunkedPrefill | None = None,
+    ) -> None:
         """``prefilled``: the prompt's own chunked prefill, as the live engine ran it for these generations
         (``DecodeRequest.on_chunked_prefill``); the re-read then reads the answers after it, not the prompt again.
         """
@@ -154,8 +159,9 @@ class Reread:
                 self._read_first_tokens(self._prefill)
                 return 0
             cache = self.prefix.computed() if self.start else None  # type: ignore[union-attr]  # read, not written
-            self._prefill = ChunkedPrefill.start(self.backend, self.prompt_ids, self.chunk, cache, self.start,
-                                                 room=room)  # fmt: skip
+            self._prefill = ChunkedPrefill.start(
+                self.backend, self.prompt_ids, self.chunk, cache, self.start, room=room
+            )
         done = self._prefill.cache.done
         if self._prefill.step():
             self._read_first_tokens(self._prefill)

@@ -244,8 +244,9 @@ def risk_control(
         chosen = float(lam)
     assumption = "dev and test questions are exchangeable (i.i.d. from one distribution)"
     if chosen == ABSTAIN_ALL:
-        logger.warning("risk control: no threshold certifies error ≤ %.3f at δ=%.3f; abstaining on everything",
-                       alpha, delta)  # fmt: skip
+        logger.warning(
+            "risk control: no threshold certifies error ≤ %.3f at δ=%.3f; abstaining on everything", alpha, delta
+        )
         return Threshold(
             ABSTAIN_ALL,
             rule="risk",

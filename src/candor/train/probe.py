@@ -124,8 +124,13 @@ class AnswerProbe:
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        np.savez(folder / WEIGHTS_FILE, mean=self.mean, scale=self.scale, coef=self.coef,
-                 intercept=np.array([self.intercept]))
+        np.savez(
+            folder / WEIGHTS_FILE,
+            mean=self.mean,
+            scale=self.scale,
+            coef=self.coef,
+            intercept=np.array([self.intercept]),
+        )
         (folder / CONFIG_FILE).write_text(json.dumps(asdict(self.info), indent=2) + "\n", encoding="utf-8")
         return folder
 
@@ -151,7 +156,10 @@ def labelled(records: Sequence[Record]) -> list[Record]:
 
 
 def train_probe(
-    records: Sequence[Record], backend: Backend, out: str | Path, config: ProbeConfig | None = None,
+    records: Sequence[Record],
+    backend: Backend,
+    out: str | Path,
+    config: ProbeConfig | None = None,
     sources: Sequence[str] = (),
 ) -> AnswerProbe:
     """Fit the probe on ``records``' greedy answers and save it (with its training-question manifest) to ``out``."""
@@ -163,7 +171,10 @@ def train_probe(
     features, template = answer_features(train, backend, layer, config.feature_cache)
     labels = np.array([r.greedy_correct for r in train])
     info = ProbeInfo(
-        backbone=backbone_name(backend), layer=layer, template=template, C=config.C,
+        backbone=backbone_name(backend),
+        layer=layer,
+        template=template,
+        C=config.C,
         meta={"n_train": len(train), "positives": int(labels.sum()), "sources": list(sources)},
     )
     probe = AnswerProbe.fit(features, labels, info)

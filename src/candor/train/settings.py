@@ -139,4 +139,3 @@ def _boolean(text: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise ValueError(text)
-

@@ -95,8 +95,9 @@ def _elical(method: str) -> Trainer:
         config = build_config(EliCalConfig, settings, model=job.model, seed=job.seed)
         # run_training already refused test questions in the pool and dev file.
         data = TrainingPool.of(job.read_train(), job.read_dev(), seed=job.seed, source=job.records, dev_source=job.dev)
-        return train_with_held_out_report(data, method=method, config=config, budget=budget, out_dir=job.out,
-                                          init_from=init_from)  # fmt: skip
+        return train_with_held_out_report(
+            data, method=method, config=config, budget=budget, out_dir=job.out, init_from=init_from
+        )
 
     return run
 
@@ -118,8 +119,9 @@ def _verbal_finetune(method: str) -> Trainer:
         preset = method_config(method)
         overrides = convert_settings(type(preset), settings, model=job.model, seed=job.seed)
         if weight_keys:
-            changes = convert_settings(LossWeights, {k.removeprefix("weights."): v for k, v in weight_keys.items()},
-                                       prefix="weights.")  # fmt: skip
+            changes = convert_settings(
+                LossWeights, {k.removeprefix("weights."): v for k, v in weight_keys.items()}, prefix="weights."
+            )
             overrides["weights"] = dataclasses.replace(preset.weights, **changes)
         config = method_config(method, **overrides)
         return train(config, job.read_train(), job.out, dev_records=job.read_dev(), source=job.records)
@@ -147,5 +149,10 @@ def _probe(job: TrainJob) -> TrainResult:
     backend = load_backend(job.model, device=config.device, batch_size=config.batch_size)
     with ResourceMeter() as meter:
         probe = train_probe(job.read_train(), backend, job.out, config, sources=[str(job.records)])
-    return TrainResult(path=Path(job.out), method="probe", n_train=int(probe.info.meta["n_train"]),
-                       cost=meter.cost.as_dict(), config={"layer": probe.info.layer, **dataclasses.asdict(config)})
+    return TrainResult(
+        path=Path(job.out),
+        method="probe",
+        n_train=int(probe.info.meta["n_train"]),
+        cost=meter.cost.as_dict(),
+        config={"layer": probe.info.layer, **dataclasses.asdict(config)},
+    )

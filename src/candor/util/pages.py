@@ -73,16 +73,16 @@ def render_page(
     charts = dict(charts or {})
     vega = f"<script>{_inline_script(vega_bundle())}</script>\n" if charts else ""
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         # Nothing may leave the file: the policy blocks any request a library might try.
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data:; "
         "connect-src 'none'\">\n"
         f"<title>{esc(title)}</title>\n<style>{asset('page.css')}\n{style}</style>\n{vega}</head>\n"
         f"<body>\n{body}\n"
-        f"<script id=\"page-data\" type=\"application/json\">{script_json(data)}</script>\n"
-        f"<script id=\"page-charts\" type=\"application/json\">{script_json(charts)}</script>\n"
+        f'<script id="page-data" type="application/json">{script_json(data)}</script>\n'
+        f'<script id="page-charts" type="application/json">{script_json(charts)}</script>\n'
         f"<script>{_inline_script(script)}</script>\n"
         f"<script>{_inline_script(asset('page.js'))}</script>\n"
         "</body>\n</html>\n"

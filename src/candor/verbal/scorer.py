@@ -430,9 +430,12 @@ def _prefix_cache(model: Any, prefix_ids: torch.Tensor, rows: int) -> dict[str, 
     length = prefix_ids.shape[1]
     positions = torch.arange(length, device=prefix_ids.device).unsqueeze(0)
     kwargs: dict[str, Any] = {
-        "input_ids": prefix_ids, "attention_mask": torch.ones_like(prefix_ids), "position_ids": positions,
-        name: cache, "use_cache": True,
-    }  # fmt: skip
+        "input_ids": prefix_ids,
+        "attention_mask": torch.ones_like(prefix_ids),
+        "position_ids": positions,
+        name: cache,
+        "use_cache": True,
+    }
     if tokens.accepts_logits_to_keep(model):
         kwargs["logits_to_keep"] = 1
     model(**kwargs)

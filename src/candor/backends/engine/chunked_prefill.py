@@ -160,9 +160,15 @@ class ChunkedPrefill:
 
     @classmethod
     def start(
-        cls, backend: Any, ids: list[int], chunk: int, prefix: Any = None, prefix_length: int = 0,
-        with_states: bool = False, room: int = 0,
-    ) -> ChunkedPrefill:  # fmt: skip
+        cls,
+        backend: Any,
+        ids: list[int],
+        chunk: int,
+        prefix: Any = None,
+        prefix_length: int = 0,
+        with_states: bool = False,
+        room: int = 0,
+    ) -> ChunkedPrefill:
         """A prefill of ``ids`` past their first ``prefix_length`` tokens, whose KV cache ``prefix`` holds.
 
         ``room``: cache columns kept past the prompt for tokens fed after it (:meth:`extend`).
@@ -295,6 +301,9 @@ def _chunking_agrees(backend: Any, chunk: int) -> bool:
     if not same:
         logger.warning(
             "a prompt prefilled in chunks of %d tokens does not give the bits of one piece here "
-            "(%s, %s); long prompts are prefilled in one piece", chunk, backend.device, backend.model.dtype,
-        )  # fmt: skip
+            "(%s, %s); long prompts are prefilled in one piece",
+            chunk,
+            backend.device,
+            backend.model.dtype,
+        )
     return same

@@ -171,8 +171,11 @@ class _Runner:
         with _stop_before(self.stop_at) as caught:
             try:
                 out = self.backend.model(
-                    input_ids=ids, attention_mask=mask, position_ids=positions,
-                    output_hidden_states=self.stop_at is None, **kwargs,
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    output_hidden_states=self.stop_at is None,
+                    **kwargs,
                 )
             except _StopForward:
                 return caught[0]
@@ -205,7 +208,9 @@ class _Runner:
         mask.masked_fill_(torch.from_numpy(~allowed), torch.finfo(self.dtype).min)
         device = self.backend.device
         states = self.run(
-            torch.from_numpy(ids).to(device), mask.unsqueeze(1).to(device), prefix.copy_for(self.backend, len(rows)),
+            torch.from_numpy(ids).to(device),
+            mask.unsqueeze(1).to(device),
+            prefix.copy_for(self.backend, len(rows)),
             torch.from_numpy(pos).to(device),
         )
         return [states[r, cols].float().cpu().numpy() for r, cols in enumerate(reads)]

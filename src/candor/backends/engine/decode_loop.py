@@ -165,9 +165,7 @@ class DecodeLoop:
         self.row_width: int = getattr(backend.model.config, "hidden_size", None) or SMALL_OP_ELEMENTS + 1
         empty = backend.new_cache()
         self.kv: SlotKV | KVBatch = (
-            SlotKV(backend, rows, columns, split_prefix)
-            if slots_supported(backend.model, empty)
-            else KVBatch(backend)
+            SlotKV(backend, rows, columns, split_prefix) if slots_supported(backend.model, empty) else KVBatch(backend)
         )
 
     # ------------------------------------------------------------ driving
@@ -239,9 +237,14 @@ class DecodeLoop:
         return self.prefilled(ready, cache, mask, logits, states, prefix if prefix_cache is not None else 0)
 
     def prefilled(
-        self, jobs: Sequence[DecodeJob], cache: Any, mask: torch.Tensor, logits: torch.Tensor,
-        states: list[torch.Tensor] | None, shared: int = 0,
-    ) -> Prefilled | None:  # fmt: skip
+        self,
+        jobs: Sequence[DecodeJob],
+        cache: Any,
+        mask: torch.Tensor,
+        logits: torch.Tensor,
+        states: list[torch.Tensor] | None,
+        shared: int = 0,
+    ) -> Prefilled | None:
         """The rows of prompts run (row i of ``cache``, ``mask``, ``logits``: ``jobs[i]``) that pass prefill hooks.
 
         ``states``: the last position's hidden state per layer (None when no
@@ -407,10 +410,15 @@ class DecodeLoop:
                 alternatives.setdefault(token_text(i), lp)
             tops.append(alternatives)
         return Completion(
-            text=text.strip(), token_ids=list(ids), tokens=tokens, logprobs=list(logprobs), top_logprobs=tops,
+            text=text.strip(),
+            token_ids=list(ids),
+            tokens=tokens,
+            logprobs=list(logprobs),
+            top_logprobs=tops,
             stop_logprob=stop_logprob,
-            finish_reason="length" if row.ended_by == "length" else "stop", completion_tokens=len(row.ids),
-        )  # fmt: skip
+            finish_reason="length" if row.ended_by == "length" else "stop",
+            completion_tokens=len(row.ids),
+        )
 
 
 class ChunkFeed:

@@ -106,9 +106,12 @@ class HFLiveEngine:
     """A running decode loop over an :class:`candor.backends.hf.HFBackend` (see the module docstring)."""
 
     def __init__(
-        self, backend: Any, max_rows: int, shared_prefix: Sequence[int] | None = None,
+        self,
+        backend: Any,
+        max_rows: int,
+        shared_prefix: Sequence[int] | None = None,
         prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if max_rows < 1:
             raise CandorError(f"max_rows must be at least 1, got {max_rows}")
         try:

@@ -89,9 +89,7 @@ class LlamaDecodeStep:
             return None
         return cls(model, layers)
 
-    def __call__(
-        self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, positions: torch.Tensor
-    ) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any, positions: torch.Tensor) -> torch.Tensor:
         """Float32 next-token logits ``[B, V]`` of ``ids`` ``[B, 1]``, writing each layer's key and value to ``cache``.
 
         ``mask``: the additive attention mask ``[B, 1, 1, T]`` over what the
@@ -112,7 +110,12 @@ class LlamaDecodeStep:
 
     @staticmethod
     def _attention(
-        layer: _Layer, x: torch.Tensor, cached: Any, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        layer: _Layer,
+        x: torch.Tensor,
+        cached: Any,
+        mask: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
         rows: int,
     ) -> torch.Tensor:
         """Self-attention of one new token per row, as transformers' sdpa path runs it for a single query."""
@@ -131,9 +134,15 @@ class LlamaDecodeStep:
             query = query.reshape(rows, query.shape[1] // layer.groups, layer.groups, d)
         if split is not None and split.prefix_keys is not None:  # the slot cache keeps a shared prefix apart
             out = attend_with_shared_prefix(
-                query, split.prefix_keys, split.prefix_values, key, value,
-                mask[..., split.prefix_keys.shape[2] :], layer.scaling, split.prefix_bias,
-            )  # fmt: skip
+                query,
+                split.prefix_keys,
+                split.prefix_values,
+                key,
+                value,
+                mask[..., split.prefix_keys.shape[2] :],
+                layer.scaling,
+                split.prefix_bias,
+            )
         else:
             out = torch.nn.functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, dropout_p=0.0, scale=layer.scaling, is_causal=False
@@ -149,8 +158,10 @@ class LlamaDecodeStep:
         if gap > tolerance * scale:
             logger.warning(
                 "lean decode step off: its logits differ from transformers' by %.3g (allowed %.3g); "
-                "decoding runs transformers' forward", gap, tolerance * scale,
-            )  # fmt: skip
+                "decoding runs transformers' forward",
+                gap,
+                tolerance * scale,
+            )
             return False
         return True
 

@@ -77,8 +77,10 @@ def openmp_runtime() -> Any | None:
     is torch's when the count it sets is the one torch reads.
     """
     for library in _loaded(OPENMP_LIBRARIES):
-        if hasattr(library, "omp_set_num_threads") and hasattr(library, "omp_get_max_threads") and (
-            _sets_torchs_count(library)
+        if (
+            hasattr(library, "omp_set_num_threads")
+            and hasattr(library, "omp_get_max_threads")
+            and (_sets_torchs_count(library))
         ):
             return library
     logger.info("torch's OpenMP runtime not found: decode steps keep every op on torch's threads")

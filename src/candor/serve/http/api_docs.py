@@ -36,8 +36,10 @@ def docs_page(schema: dict[str, Any]) -> str:
     for path, operations in sorted(schema.get("paths", {}).items()):
         for method, op in operations.items():
             summary = op.get("summary") or op.get("operationId") or ""
-            rows.append(f"<tr><td><code>{html.escape(method.upper())}</code></td><td><code>{html.escape(path)}</code>"
-                        f"</td><td>{html.escape(summary)}</td></tr>")  # fmt: skip
+            rows.append(
+                f"<tr><td><code>{html.escape(method.upper())}</code></td><td><code>{html.escape(path)}</code>"
+                f"</td><td>{html.escape(summary)}</td></tr>"
+            )
     title = html.escape(str(schema.get("info", {}).get("title", "API")))
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"

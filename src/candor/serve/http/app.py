@@ -76,14 +76,14 @@ from candor.util.errors import CandorError, UpstreamError
 logger = logging.getLogger(__name__)
 
 
-
 def create_app(model: HonestModel, settings: ServeSettings | None = None) -> FastAPI:
     """The FastAPI app; run it with uvicorn (``candor serve`` does)."""
     settings = settings or ServeSettings()
     metrics, lifecycle = ServeMetrics(), Lifecycle()
     admission = Admission(settings.queue_size)
-    service = Service(model, admission, metrics, lifecycle,
-                      lambda m: m.open_engine(settings.max_batch, settings.batch_wait_ms))  # fmt: skip
+    service = Service(
+        model, admission, metrics, lifecycle, lambda m: m.open_engine(settings.max_batch, settings.batch_wait_ms)
+    )
     log = RecordLog(settings.log_records) if settings.log_records is not None else None
     feedback = FeedbackDesk(log, metrics)
     service.on_swap += [lambda generation: metrics.observe_model(generation.version), feedback.follow]
@@ -125,8 +125,12 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": settings.model_id, "in_flight": admission.in_flight,
-                "admitted": admission.admitted}  # fmt: skip
+        return {
+            "status": "ok",
+            "model": settings.model_id,
+            "in_flight": admission.in_flight,
+            "admitted": admission.admitted,
+        }
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -137,8 +141,13 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     async def model_card(model_id: str, request: Request) -> dict[str, Any]:
         authorize(request, settings)
         if model_id != settings.model_id:
-            raise APIError(404, f"the model {model_id!r} does not exist; this server serves {settings.model_id!r}",
-                           "invalid_request_error", "model", "model_not_found")  # fmt: skip
+            raise APIError(
+                404,
+                f"the model {model_id!r} does not exist; this server serves {settings.model_id!r}",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
         return _model_card(settings)
 
     @app.post("/v1/chat/completions")
@@ -156,10 +165,14 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
         body = await parse_body(request, CompletionRequest, settings, generation.model)
         questions = body.questions()
         if not 1 <= len(questions) <= settings.max_prompts:
-            raise APIError(400, f"prompt must hold 1 to {settings.max_prompts} strings", "invalid_request_error",
-                           "prompt", "invalid_value")  # fmt: skip
-        return await _serve(request, [((), q) for q in questions], body, settings, generation, service, COMPLETION,
-                            log)  # fmt: skip
+            raise APIError(
+                400,
+                f"prompt must hold 1 to {settings.max_prompts} strings",
+                "invalid_request_error",
+                "prompt",
+                "invalid_value",
+            )
+        return await _serve(request, [((), q) for q in questions], body, settings, generation, service, COMPLETION, log)
 
     install_operator_routes(app, service, settings, feedback)
 
@@ -172,16 +185,23 @@ def _model_card(settings: ServeSettings) -> dict[str, Any]:
     return {"id": settings.model_id, "object": "model", "created": 0, "owned_by": "candor"}
 
 
-
-
-
 def _asks(
-    questions: list[tuple[History, str]], body: Any, model: HonestModel, loop: asyncio.AbstractEventLoop,
-    events: asyncio.Queue[tuple[Any, ...]] | None, streams_tokens: bool,
-) -> list[Ask]:  # fmt: skip
+    questions: list[tuple[History, str]],
+    body: Any,
+    model: HonestModel,
+    loop: asyncio.AbstractEventLoop,
+    events: asyncio.Queue[tuple[Any, ...]] | None,
+    streams_tokens: bool,
+) -> list[Ask]:
     """Every question checked, templated and counted before anything is queued: a bad one is this request's 400."""
-    reply = Reply(n=body.n, max_new_tokens=body.token_cap(), temperature=body.temperature, top_p=body.top_p,
-                  stop=body.stops(), seed=body.seed)  # fmt: skip
+    reply = Reply(
+        n=body.n,
+        max_new_tokens=body.token_cap(),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stop=body.stops(),
+        seed=body.seed,
+    )
     param = "prompt" if isinstance(body, CompletionRequest) else "messages"
     asks = []
     for j, (history, q) in enumerate(questions):
@@ -195,8 +215,6 @@ def _asks(
     return asks
 
 
-
-
 def _cancel(asks: Sequence[Ask], futures: Sequence[asyncio.Future[Any]]) -> None:
     for ask in asks:
         ask.listener.cancel()  # type: ignore[union-attr]
@@ -205,9 +223,15 @@ def _cancel(asks: Sequence[Ask], futures: Sequence[asyncio.Future[Any]]) -> None
 
 
 async def _serve(
-    request: Request, questions: list[tuple[History, str]], body: Any, settings: ServeSettings,
-    generation: Generation, service: Service, endpoint: Endpoint, log: RecordLog | None,
-) -> Any:  # fmt: skip
+    request: Request,
+    questions: list[tuple[History, str]],
+    body: Any,
+    settings: ServeSettings,
+    generation: Generation,
+    service: Service,
+    endpoint: Endpoint,
+    log: RecordLog | None,
+) -> Any:
     model = generation.model
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[Any, ...]] | None = asyncio.Queue() if body.stream else None
@@ -230,8 +254,11 @@ async def _serve(
     for j, (ask, per_q) in enumerate(zip(asks, answers, strict=True)):
         _log(log, ask, per_q, model, head["id"], range(j * body.n, (j + 1) * body.n))
     pairs = enumerate(zip(asks, answers, strict=True))
-    choices = [choice_of(endpoint, j * body.n + i, a, ask, body, settings)
-               for j, (ask, per_q) in pairs for i, a in enumerate(per_q)]  # fmt: skip
+    choices = [
+        choice_of(endpoint, j * body.n + i, a, ask, body, settings)
+        for j, (ask, per_q) in pairs
+        for i, a in enumerate(per_q)
+    ]
     return {**head, "choices": choices, "usage": usage_of(asks, answers)}
 
 
@@ -262,9 +289,16 @@ def _outcome(future: asyncio.Future[Any]) -> list[HonestAnswer]:
 
 
 async def _stream(
-    asks: list[Ask], futures: list[asyncio.Future[Any]], events: asyncio.Queue[tuple[Any, ...]], body: Any,
-    settings: ServeSettings, model: HonestModel, endpoint: Endpoint, log: RecordLog | None, metrics: ServeMetrics,
-) -> AsyncIterator[str]:  # fmt: skip
+    asks: list[Ask],
+    futures: list[asyncio.Future[Any]],
+    events: asyncio.Queue[tuple[Any, ...]],
+    body: Any,
+    settings: ServeSettings,
+    model: HonestModel,
+    endpoint: Endpoint,
+    log: RecordLog | None,
+    metrics: ServeMetrics,
+) -> AsyncIterator[str]:
     """OpenAI chunks as server-sent events; leaving early (a client that drops) cancels the work."""
     head = response_head(endpoint.chunk_object, endpoint.prefix, settings)
     n = body.n
@@ -272,8 +306,9 @@ async def _stream(
     deltas = {k: TextDelta(model.backend.decode, stops) for k in range(len(asks) * n)}
     opened: set[int] = set()
 
-    def chunk(k: int, text: str | None = None, finish: str | None = None, refusal: str | None = None,
-              **extra: Any) -> str:  # fmt: skip
+    def chunk(
+        k: int, text: str | None = None, finish: str | None = None, refusal: str | None = None, **extra: Any
+    ) -> str:
         if endpoint.chat:
             delta: dict[str, Any] = {}
             if k not in opened:
@@ -342,10 +377,12 @@ async def _stream(
 
 
 def _log(
-    log: RecordLog | None, ask: Ask, answers: list[HonestAnswer], model: HonestModel, response_id: str,
+    log: RecordLog | None,
+    ask: Ask,
+    answers: list[HonestAnswer],
+    model: HonestModel,
+    response_id: str,
     indexes: Sequence[int],
-) -> None:  # fmt: skip
+) -> None:
     if log is not None:
         log.write(ask, answers, model.provenance(), lambda a: confidence_object(a, ask), response_id, indexes)
-
-

@@ -89,8 +89,12 @@ def create_classify_app(classifier: HeadClassifier) -> FastAPI:
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": classifier.name, "object": "model", "created": 0,
-                                            "owned_by": "candor", "root": classifier.name}]}  # fmt: skip
+        return {
+            "object": "list",
+            "data": [
+                {"id": classifier.name, "object": "model", "created": 0, "owned_by": "candor", "root": classifier.name}
+            ],
+        }
 
     @app.post("/classify")
     async def classify(request: Request) -> JSONResponse:
@@ -105,11 +109,16 @@ def create_classify_app(classifier: HeadClassifier) -> FastAPI:
 
         probs, tokens = await anyio.to_thread.run_sync(classifier.confidences, inputs)
         data = [{"index": i, "label": LABEL, "probs": [p], "num_classes": 1} for i, p in enumerate(probs)]
-        return JSONResponse({
-            "id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": classifier.name, "data": data,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                "id": f"classify-{uuid.uuid4().hex}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": classifier.name,
+                "data": data,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+            }
+        )
 
     return app
 
@@ -119,6 +128,11 @@ def load_classify_app(folder: str | Path, name: str | None = None) -> FastAPI:
     if not Path(folder).is_dir():
         raise CandorError(f"{folder}: no such folder")
     classifier = HeadClassifier(folder, name)
-    logger.info("serving %s (%s, template %r) as %r", folder, classifier.info.get("architecture"),
-                classifier.info.get("template"), classifier.name)  # fmt: skip
+    logger.info(
+        "serving %s (%s, template %r) as %r",
+        folder,
+        classifier.info.get("architecture"),
+        classifier.info.get("template"),
+        classifier.name,
+    )
     return create_classify_app(classifier)

@@ -96,8 +96,13 @@ def install_operations(
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     if cors_origins:  # added before the operations middleware, so it runs inside it
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["*"], expose_headers=[REQUEST_ID_HEADER])  # fmt: skip
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],
+            expose_headers=[REQUEST_ID_HEADER],
+        )
     app.add_middleware(OperationsMiddleware, metrics=metrics, router=app.router, log_prompts=log_prompts)
 
 
@@ -105,8 +110,10 @@ def check_cors_origins(origins: Sequence[str]) -> None:
     """Each origin is ``*`` or ``scheme://host[:port]`` (no path), as browsers send it."""
     for origin in origins:
         if origin != "*" and not ORIGIN.fullmatch(origin):
-            raise CandorError(f"--cors-origin {origin!r} is not an origin: give scheme://host[:port], e.g. "
-                              "https://example.org (no path or trailing slash), or *")  # fmt: skip
+            raise CandorError(
+                f"--cors-origin {origin!r} is not an origin: give scheme://host[:port], e.g. "
+                "https://example.org (no path or trailing slash), or *"
+            )
 
 
 def send_access_log_to(stream: Any) -> None:
@@ -128,8 +135,9 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         body = error_body(f"no such endpoint: {where}", "invalid_request_error", None, "unknown_url")
     elif exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
-        body = error_body(f"method not allowed: {where} (allowed: {allowed})", "invalid_request_error", None,
-                          "method_not_allowed")  # fmt: skip
+        body = error_body(
+            f"method not allowed: {where} (allowed: {allowed})", "invalid_request_error", None, "method_not_allowed"
+        )
     else:
         kind = "server_error" if exc.status_code >= 500 else "invalid_request_error"
         body = error_body(str(exc.detail), kind)
@@ -140,8 +148,9 @@ async def validation_error(_: Request, exc: RequestValidationError) -> JSONRespo
     """A path or query parameter of the wrong type: 400 naming it, as OpenAI answers (not FastAPI's 422)."""
     first = exc.errors()[0]
     param = ".".join(str(p) for p in first["loc"][1:]) or None  # loc starts with "path", "query" or "body"
-    return JSONResponse(error_body(f"{param}: {first['msg']}", "invalid_request_error", param, "invalid_value"),
-                        status_code=400)  # fmt: skip
+    return JSONResponse(
+        error_body(f"{param}: {first['msg']}", "invalid_request_error", param, "invalid_value"), status_code=400
+    )
 
 
 # ---------------------------------------------------------------- middleware
@@ -195,8 +204,9 @@ class OperationsMiddleware:
                 if exchange.status is not None:
                     raise
                 logger.exception("request %s failed", exchange.request_id)
-                await JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"),
-                                   status_code=500)(scope, receive, exchange.send)  # fmt: skip
+                await JSONResponse(
+                    error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500
+                )(scope, receive, exchange.send)
             except asyncio.CancelledError:  # the request was cancelled (a client that went away)
                 exchange.cancelled = True
                 raise
@@ -208,9 +218,15 @@ class OperationsMiddleware:
         scope, tally = exchange.scope, exchange.tally
         seconds, status = tally.elapsed(), exchange.final_status()
         self.metrics.observe_request(scope["method"], route_label(self.router, scope), status, seconds)
-        line: dict[str, Any] = {"request_id": exchange.request_id, "method": scope["method"], "path": scope["path"],
-                                "status": status, "latency_ms": round(seconds * 1000, 3), "answers": tally.answers,
-                                "abstained": tally.abstained}  # fmt: skip
+        line: dict[str, Any] = {
+            "request_id": exchange.request_id,
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "latency_ms": round(seconds * 1000, 3),
+            "answers": tally.answers,
+            "abstained": tally.abstained,
+        }
         if not exchange.complete:
             line["incomplete"] = True  # the response was cut off (an error or a cancel mid-way)
         if self.log_prompts:
@@ -267,8 +283,7 @@ class Exchange:
 
 def unsupported_media_type(content_type: str | None) -> JSONResponse:
     message = f"Content-Type must be application/json, not {content_type or 'missing'}"
-    return JSONResponse(error_body(message, "invalid_request_error", None, "unsupported_media_type"),
-                        status_code=415)  # fmt: skip
+    return JSONResponse(error_body(message, "invalid_request_error", None, "unsupported_media_type"), status_code=415)
 
 
 def logged_prompt(body: bytes) -> Any:

@@ -54,8 +54,13 @@ class FeedbackDesk:
 
     async def take(self, data: Any) -> dict[str, Any]:
         if self.log is None:
-            raise APIError(400, "feedback needs a record log to label: start candor serve with --log-records FILE",
-                           "invalid_request_error", None, "feedback_unavailable")  # fmt: skip
+            raise APIError(
+                400,
+                "feedback needs a record log to label: start candor serve with --log-records FILE",
+                "invalid_request_error",
+                None,
+                "feedback_unavailable",
+            )
         if not isinstance(data, dict):
             raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
         response_id, index, correct = data.get("id"), data.get("index", 0), data.get("correct")
@@ -66,15 +71,27 @@ class FeedbackDesk:
             raise APIError(400, str(exc), "invalid_request_error", None, "invalid_value") from None
         served = self.log.served.find(response_id, index)
         if served is None:
-            raise APIError(404, f"no served answer has id {response_id!r} and index {index} (this server remembers "
-                           "the responses it served since it started, the most recent ones; label older ones with "
-                           "`candor label`)", "invalid_request_error", "id", "not_found")  # fmt: skip
+            raise APIError(
+                404,
+                f"no served answer has id {response_id!r} and index {index} (this server remembers "
+                "the responses it served since it started, the most recent ones; label older ones with "
+                "`candor label`)",
+                "invalid_request_error",
+                "id",
+                "not_found",
+            )
         await asyncio.to_thread(append_label, self.log.path, response_id, index, correct, source)
         self.metrics.observe_feedback(correct, served.answered)
         if served.answered and served.model_version == self.version and self.tracker is not None:
             self.tracker.observe(response_id, index, correct)
-        return {"object": "feedback", "id": response_id, "index": index, "correct": correct, "label_source": source,
-                "model_version": served.model_version}  # fmt: skip
+        return {
+            "object": "feedback",
+            "id": response_id,
+            "index": index,
+            "correct": correct,
+            "label_source": source,
+            "model_version": served.model_version,
+        }
 
 
 def install_operator_routes(app: FastAPI, service: Service, settings: ServeSettings, desk: FeedbackDesk) -> None:
@@ -100,14 +117,24 @@ async def reload_folder(service: Service, settings: ServeSettings, folder: str |
     """Reload ``folder`` (default: ``--honest``); a folder that cannot serve is a 400 and the old model stays."""
     target = Path(folder) if folder else settings.honest_folder
     if target is None:
-        raise APIError(400, 'nothing to reload: start candor serve with --honest DIR, or send {"honest": DIR}',
-                       "invalid_request_error", "honest", "invalid_value")  # fmt: skip
+        raise APIError(
+            400,
+            'nothing to reload: start candor serve with --honest DIR, or send {"honest": DIR}',
+            "invalid_request_error",
+            "honest",
+            "invalid_value",
+        )
     try:
         generation = await service.reload(target)
     except CandorError as exc:
         service.metrics.observe_reload(ok=False)
-        raise APIError(400, f"the reload failed and the running model stays: {exc}", "invalid_request_error",
-                       "honest", "reload_failed") from None  # fmt: skip
+        raise APIError(
+            400,
+            f"the reload failed and the running model stays: {exc}",
+            "invalid_request_error",
+            "honest",
+            "reload_failed",
+        ) from None
     service.metrics.observe_reload(ok=True)
     return generation
 

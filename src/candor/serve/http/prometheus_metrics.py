@@ -93,29 +93,47 @@ class ServeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
-        self.requests = Counter("candor_requests", "HTTP requests answered, by method, route and status.",
-                                ["method", "route", "status"], registry=reg)  # fmt: skip
-        self.latency = Histogram("candor_request_duration_seconds", "Request latency, arrival to last byte.",
-                                 ["route"], buckets=LATENCY_BUCKETS, registry=reg)  # fmt: skip
-        self.in_flight = Gauge("candor_requests_in_flight", "Requests being served now (a scrape counts itself).",
-                               registry=reg)  # fmt: skip
-        self.first_token = Histogram("candor_time_to_first_token_seconds",
-                                     "Request arrival to its first generated token reaching the client.",
-                                     buckets=LATENCY_BUCKETS, registry=reg)  # fmt: skip
+        self.requests = Counter(
+            "candor_requests",
+            "HTTP requests answered, by method, route and status.",
+            ["method", "route", "status"],
+            registry=reg,
+        )
+        self.latency = Histogram(
+            "candor_request_duration_seconds",
+            "Request latency, arrival to last byte.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "candor_requests_in_flight", "Requests being served now (a scrape counts itself).", registry=reg
+        )
+        self.first_token = Histogram(
+            "candor_time_to_first_token_seconds",
+            "Request arrival to its first generated token reaching the client.",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
         self.answers = Counter("candor_answers", "Choices returned, answered or abstained.", registry=reg)
         self.abstentions = Counter("candor_abstentions", "Choices that abstained.", registry=reg)
-        self.confidence = Histogram("candor_confidence", "The confidence of each returned choice.",
-                                    buckets=CONFIDENCE_BUCKETS, registry=reg)  # fmt: skip
-        self.queue_depth = Gauge("candor_queue_depth", "Questions in flight (being answered or waiting).",
-                                 registry=reg)  # fmt: skip
-        self.batch_size = Histogram("candor_batch_size", "Questions in flight when a question is admitted (itself "
-                                    "included): the batch it joins.",
-                                    buckets=BATCH_BUCKETS, registry=reg)  # fmt: skip
-        self.model_info = Gauge("candor_model_info", "1 for the honest-model version answering now.", ["version"],
-                                registry=reg)  # fmt: skip
+        self.confidence = Histogram(
+            "candor_confidence", "The confidence of each returned choice.", buckets=CONFIDENCE_BUCKETS, registry=reg
+        )
+        self.queue_depth = Gauge("candor_queue_depth", "Questions in flight (being answered or waiting).", registry=reg)
+        self.batch_size = Histogram(
+            "candor_batch_size",
+            "Questions in flight when a question is admitted (itself included): the batch it joins.",
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        )
+        self.model_info = Gauge(
+            "candor_model_info", "1 for the honest-model version answering now.", ["version"], registry=reg
+        )
         self.reloads = Counter("candor_reloads", "Model reloads, by outcome.", ["outcome"], registry=reg)
-        self.feedback = Counter("candor_feedback", "Labels received on served answers.", ["correct", "answered"],
-                                registry=reg)  # fmt: skip
+        self.feedback = Counter(
+            "candor_feedback", "Labels received on served answers.", ["correct", "answered"], registry=reg
+        )
         self.feedback_gauges = {
             name: Gauge(f"candor_{name}", text, registry=reg) for name, text in FEEDBACK_GAUGES.items()
         }

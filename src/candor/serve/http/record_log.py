@@ -49,14 +49,23 @@ class RecordLog:
             greedy = next((a.completion for a in answers if a.completion is not None), None) or Completion("")
             record = Record(item=ask.prompted.item(), greedy=greedy, samples=[], provenance=dict(provenance))
         out = record.to_dict()
-        out["provenance"] = {**out["provenance"], "served": {
-            "id": response_id,
-            "indexes": list(indexes),
-            "confidence": [describe(a) for a in answers],
-            "returned": [a.answer for a in answers],
-            "reply": {"n": ask.reply.n, "max_tokens": ask.reply.max_new_tokens, "temperature": ask.reply.temperature,
-                      "top_p": ask.reply.top_p, "stop": list(ask.reply.stop), "seed": ask.reply.seed},
-        }}  # fmt: skip
+        out["provenance"] = {
+            **out["provenance"],
+            "served": {
+                "id": response_id,
+                "indexes": list(indexes),
+                "confidence": [describe(a) for a in answers],
+                "returned": [a.answer for a in answers],
+                "reply": {
+                    "n": ask.reply.n,
+                    "max_tokens": ask.reply.max_new_tokens,
+                    "temperature": ask.reply.temperature,
+                    "top_p": ask.reply.top_p,
+                    "stop": list(ask.reply.stop),
+                    "seed": ask.reply.seed,
+                },
+            },
+        }
         line = json.dumps(out, ensure_ascii=False) + "\n"
         with self._lock:
             self._file.write(line)

@@ -35,8 +35,13 @@ def authorize(request: Request, settings: ServeSettings) -> None:
     scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
     # The scheme is case-insensitive (RFC 9110 §11.1): "bearer KEY" is as good as "Bearer KEY".
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), settings.api_key.encode()):
-        raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
-                       "authentication_error", None, "invalid_api_key")  # fmt: skip
+        raise APIError(
+            401,
+            "invalid or missing API key (send Authorization: Bearer <key>)",
+            "authentication_error",
+            None,
+            "invalid_api_key",
+        )
 
 
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -47,20 +52,31 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"request body is larger than {limit} bytes", "invalid_request_error", None,
-                       "request_too_large")  # fmt: skip
+        raise APIError(
+            413, f"request body is larger than {limit} bytes", "invalid_request_error", None, "request_too_large"
+        )
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise APIError(413, f"request body is larger than {limit} bytes", "invalid_request_error", None,
-                                   "request_too_large")  # fmt: skip
+                    raise APIError(
+                        413,
+                        f"request body is larger than {limit} bytes",
+                        "invalid_request_error",
+                        None,
+                        "request_too_large",
+                    )
                 chunks.append(chunk)
     except TimeoutError:
-        raise APIError(408, f"the request body was not received within {timeout_s:g} s", "invalid_request_error",
-                       None, "request_timeout") from None  # fmt: skip
+        raise APIError(
+            408,
+            f"the request body was not received within {timeout_s:g} s",
+            "invalid_request_error",
+            None,
+            "request_timeout",
+        ) from None
     return b"".join(chunks)
 
 
@@ -94,8 +110,13 @@ def check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings,
     for name in body.unsupported():
         raise APIError(400, f"{name} is not supported by candor", "invalid_request_error", name, "unsupported")
     if body.model != settings.model_id:
-        raise APIError(404, f"the model {body.model!r} does not exist; this server serves {settings.model_id!r}",
-                       "invalid_request_error", "model", "model_not_found")  # fmt: skip
+        raise APIError(
+            404,
+            f"the model {body.model!r} does not exist; this server serves {settings.model_id!r}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
     if not 1 <= body.n <= settings.max_n:
         raise APIError(400, f"n must be between 1 and {settings.max_n}", "invalid_request_error", "n", "invalid_value")
     stops = body.stops()
@@ -105,21 +126,37 @@ def check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings,
     except CandorError as exc:
         raise APIError(400, str(exc), "invalid_request_error", "stop", "invalid_value") from None
     if len(stops) > MAX_STOPS or any(not s or len(s) > 64 for s in stops):
-        raise APIError(400, f"stop takes at most {MAX_STOPS} non-empty strings of up to 64 characters",
-                       "invalid_request_error", "stop", "invalid_value")  # fmt: skip
+        raise APIError(
+            400,
+            f"stop takes at most {MAX_STOPS} non-empty strings of up to 64 characters",
+            "invalid_request_error",
+            "stop",
+            "invalid_value",
+        )
     cap = body.token_cap()
     limit = max_tokens_limit(settings, model)
     if cap is not None and not 1 <= cap <= limit:
-        raise APIError(400, f"max_tokens must be between 1 and {limit}", "invalid_request_error",
-                       "max_tokens", "invalid_value")  # fmt: skip
+        raise APIError(
+            400, f"max_tokens must be between 1 and {limit}", "invalid_request_error", "max_tokens", "invalid_value"
+        )
     if body.stream and body.top_logprobs_wanted() is not None:
-        raise APIError(400, "logprobs are not streamed: ask for them without stream", "invalid_request_error",
-                       "logprobs", "unsupported")  # fmt: skip
+        raise APIError(
+            400,
+            "logprobs are not streamed: ask for them without stream",
+            "invalid_request_error",
+            "logprobs",
+            "unsupported",
+        )
     param = "messages" if isinstance(body, ChatRequest) else "prompt"
     texts = [m.text() for m in body.messages] if isinstance(body, ChatRequest) else body.questions()
     if sum(len(t) for t in texts) > settings.max_question_chars:
-        raise APIError(400, f"the {param} are longer than {settings.max_question_chars} characters in all",
-                       "invalid_request_error", param, "context_length_exceeded")  # fmt: skip
+        raise APIError(
+            400,
+            f"the {param} are longer than {settings.max_question_chars} characters in all",
+            "invalid_request_error",
+            param,
+            "context_length_exceeded",
+        )
 
 
 def max_tokens_limit(settings: ServeSettings, model: HonestModel) -> int:
@@ -139,11 +176,21 @@ def conversation_of(body: ChatRequest, settings: ServeSettings) -> tuple[History
     except ValueError as exc:
         raise APIError(400, str(exc), "invalid_request_error", "messages", "unsupported") from None
     if history and settings.conversations == "refuse":
-        raise APIError(400, "this server answers one question per request (--conversations refuse): send exactly "
-                       "one user message (got roles "
-                       f"{[m.role for m in body.messages]})", "invalid_request_error", "messages",
-                       "unsupported")  # fmt: skip
+        raise APIError(
+            400,
+            "this server answers one question per request (--conversations refuse): send exactly "
+            "one user message (got roles "
+            f"{[m.role for m in body.messages]})",
+            "invalid_request_error",
+            "messages",
+            "unsupported",
+        )
     if not question.strip():
-        raise APIError(400, "the question is empty (the last user message has no text)", "invalid_request_error",
-                       "messages", "invalid_value")  # fmt: skip
+        raise APIError(
+            400,
+            "the question is empty (the last user message has no text)",
+            "invalid_request_error",
+            "messages",
+            "invalid_value",
+        )
     return history, question

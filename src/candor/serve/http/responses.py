@@ -27,8 +27,12 @@ COMPLETION = Endpoint("text_completion", "text_completion", "cmpl", False)
 
 
 def response_head(obj: str, prefix: str, settings: ServeSettings) -> dict[str, Any]:
-    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()),
-            "model": settings.model_id}  # fmt: skip
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": obj,
+        "created": int(time.time()),
+        "model": settings.model_id,
+    }
 
 
 def choice_of(
@@ -38,13 +42,26 @@ def choice_of(
     confidence = confidence_object(a, ask)
     if endpoint.chat:
         # An abstention is OpenAI's refusal: no content, the refusal text in ``message.refusal``.
-        message = ({"role": "assistant", "content": None, "refusal": settings.refusal} if a.abstained
-                   else {"role": "assistant", "content": a.answer or "", "refusal": None})  # fmt: skip
-        return {"index": index, "message": message, "finish_reason": a.finish_reason, "logprobs": logprobs,
-                "confidence": confidence}  # fmt: skip
+        message = (
+            {"role": "assistant", "content": None, "refusal": settings.refusal}
+            if a.abstained
+            else {"role": "assistant", "content": a.answer or "", "refusal": None}
+        )
+        return {
+            "index": index,
+            "message": message,
+            "finish_reason": a.finish_reason,
+            "logprobs": logprobs,
+            "confidence": confidence,
+        }
     text = settings.refusal if a.abstained else (a.answer or "")
-    out = {"index": index, "text": text, "finish_reason": a.finish_reason, "logprobs": logprobs,
-           "confidence": confidence}  # fmt: skip
+    out = {
+        "index": index,
+        "text": text,
+        "finish_reason": a.finish_reason,
+        "logprobs": logprobs,
+        "confidence": confidence,
+    }
     if a.abstained:
         out["refusal"] = settings.refusal
     return out
@@ -62,15 +79,21 @@ def logprobs_of(a: HonestAnswer, body: Any, endpoint: Endpoint) -> dict[str, Any
         def entry(tok: str, lp: float) -> dict[str, Any]:
             return {"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8", "replace"))}
 
-        content = [{**entry(t, lp), "top_logprobs": [entry(x, v) for x, v in list(alt.items())[:top]]}
-                   for t, lp, alt in zip(c.tokens, c.logprobs, alts, strict=True)]  # fmt: skip
+        content = [
+            {**entry(t, lp), "top_logprobs": [entry(x, v) for x, v in list(alt.items())[:top]]}
+            for t, lp, alt in zip(c.tokens, c.logprobs, alts, strict=True)
+        ]
         return {"content": content}
     offsets, at = [], 0
     for t in c.tokens:
         offsets.append(at)
         at += len(t)
-    return {"tokens": list(c.tokens), "token_logprobs": list(c.logprobs),
-            "top_logprobs": [dict(list(alt.items())[:top]) for alt in alts], "text_offset": offsets}  # fmt: skip
+    return {
+        "tokens": list(c.tokens),
+        "token_logprobs": list(c.logprobs),
+        "top_logprobs": [dict(list(alt.items())[:top]) for alt in alts],
+        "text_offset": offsets,
+    }
 
 
 def confidence_object(answer: HonestAnswer, ask: Ask) -> dict[str, Any]:

@@ -52,8 +52,9 @@ class _Sampling(BaseModel):
 
     def unsupported(self) -> list[str]:
         """Fields a client set that candor cannot honour (answered 400 ``unsupported``)."""
-        return [name for name in self.model_fields_set & set(NO_OP_VALUES)
-                if getattr(self, name) not in NO_OP_VALUES[name]]  # fmt: skip
+        return [
+            name for name in self.model_fields_set & set(NO_OP_VALUES) if getattr(self, name) not in NO_OP_VALUES[name]
+        ]
 
     def stops(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -98,16 +99,17 @@ class ChatRequest(_Sampling):
         turns = []
         for i, m in enumerate(self.messages):
             if m.role not in ROLES:
-                raise ValueError(f"messages.{i}.role: {m.role!r} is not supported (system, developer, user, "
-                                 "assistant; tools are not supported)")  # fmt: skip
+                raise ValueError(
+                    f"messages.{i}.role: {m.role!r} is not supported (system, developer, user, "
+                    "assistant; tools are not supported)"
+                )
             if isinstance(m.content, list) and any(p.get("type") != "text" for p in m.content):
                 raise ValueError(f"messages.{i}.content: only text content parts are supported (no images or audio)")
             if m.role == "assistant" and not m.text().strip():
                 raise ValueError(f"messages.{i}: an assistant turn needs text content (tool calls are not supported)")
             turns.append((ROLES[m.role], m.text()))
         if turns[-1][0] != "user":
-            raise ValueError("the last message must be the user's question (got a "
-                             f"{self.messages[-1].role!r} message)")  # fmt: skip
+            raise ValueError(f"the last message must be the user's question (got a {self.messages[-1].role!r} message)")
         return tuple(turns[:-1]), turns[-1][1]
 
     def token_cap(self) -> int | None:

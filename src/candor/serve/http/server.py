@@ -36,9 +36,11 @@ class DrainingServer(uvicorn.Server):
     """
 
     def __init__(
-        self, config: uvicorn.Config, on_signal: Callable[[], None] | None = None,
+        self,
+        config: uvicorn.Config,
+        on_signal: Callable[[], None] | None = None,
         in_flight: Callable[[], int] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(config)
         self.on_signal = on_signal
         self.in_flight = in_flight
@@ -73,15 +75,21 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise CandorError(f"cannot listen on {host}:{port} ({exc.strerror}): another process holds it; "
-                          "stop it or pass another --port") from None  # fmt: skip
+        raise CandorError(
+            f"cannot listen on {host}:{port} ({exc.strerror}): another process holds it; stop it or pass another --port"
+        ) from None
     return sock
 
 
 def run(
-    app: FastAPI, host: str = "127.0.0.1", port: int = 8000, on_signal: Callable[[], None] | None = None,
-    in_flight: Callable[[], int] | None = None, sock: socket.socket | None = None, access_log: bool = False,
-) -> None:  # fmt: skip
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    on_signal: Callable[[], None] | None = None,
+    in_flight: Callable[[], int] | None = None,
+    sock: socket.socket | None = None,
+    access_log: bool = False,
+) -> None:
     """Serve until SIGTERM or Ctrl-C, then drain (``in_flight``: the work left, which draining waits for).
 
     ``sock`` is a socket :func:`bind_listener` bound earlier (``host`` and ``port`` are then its own).

@@ -71,9 +71,12 @@ def load_successor(folder: Path, current: HonestModel, **backend_kwargs: Any) ->
     """The honest model saved in ``folder``; it keeps the current generator when the folder names the same
     one (model, backend, no adapter on either side), so a reload of a new head loads no second model."""
     generator = read_config(folder)["generator"]
-    same = (generator.get("model") == current.backend.model_name and not generator.get("adapter")
-            and not getattr(current.backend, "adapter", None)
-            and generator.get("backend", "hf") == current.backend_name)  # fmt: skip
+    same = (
+        generator.get("model") == current.backend.model_name
+        and not generator.get("adapter")
+        and not getattr(current.backend, "adapter", None)
+        and generator.get("backend", "hf") == current.backend_name
+    )
     if same:
         return HonestModel.from_pretrained(folder, backend=current.backend)
     return HonestModel.from_pretrained(folder, **backend_kwargs)
@@ -83,9 +86,13 @@ class Service:
     """Admits questions to the current generation and swaps generations on reload."""
 
     def __init__(
-        self, model: HonestModel, admission: Admission, metrics: ServeMetrics, lifecycle: Lifecycle,
+        self,
+        model: HonestModel,
+        admission: Admission,
+        metrics: ServeMetrics,
+        lifecycle: Lifecycle,
         open_engine: Callable[[HonestModel], LiveEngine],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.admission = admission
         self.metrics = metrics
         self.lifecycle = lifecycle
@@ -110,8 +117,13 @@ class Service:
         if self.current is None:
             raise APIError(503, "the server is not started", "server_error", None, "not_ready")
         if self.lifecycle.draining:
-            raise APIError(503, "the server is draining (shutting down); retry on another instance", "server_error",
-                           None, "draining")  # fmt: skip
+            raise APIError(
+                503,
+                "the server is draining (shutting down); retry on another instance",
+                "server_error",
+                None,
+                "draining",
+            )
         return self.current
 
     async def reload(self, folder: Path, **backend_kwargs: Any) -> Generation:
@@ -132,8 +144,9 @@ class Service:
         try:
             self.admission.admit(len(asks))
         except QueueFull as exc:
-            raise APIError(503, f"the server is busy ({exc}); retry later", "server_error", None,
-                           "queue_full") from None  # fmt: skip
+            raise APIError(
+                503, f"the server is busy ({exc}); retry later", "server_error", None, "queue_full"
+            ) from None
         for _ in asks:  # each question is answered together with those in flight (itself included)
             self.metrics.observe_batch(self.admission.in_flight)
             generation.begin()

@@ -24,9 +24,12 @@ class RequestListener:
     """One question's ear in the engine thread; events go to the request's queue as ``(kind, ask, ...)``."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[Any, ...]] | None, ask: int,
+        self,
+        loop: asyncio.AbstractEventLoop,
+        queue: asyncio.Queue[tuple[Any, ...]] | None,
+        ask: int,
         streams_tokens: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._loop = loop
         self._queue = queue  # None: nobody streams (a plain request), only cancellation matters
         self._ask = ask

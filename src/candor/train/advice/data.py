@@ -44,8 +44,15 @@ def pair_examples(
         for t in triplets:
             good = build_prompt(tokenizer, t.item, t.a_correct, fmt, variant)
             bad = build_prompt(tokenizer, t.item, t.a_wrong, fmt, variant)
-            out.append({"format": f, "correct_ids": list(good.ids), "correct_span": list(good.answer_span),
-                        "wrong_ids": list(bad.ids), "id": t.item.id})  # fmt: skip
+            out.append(
+                {
+                    "format": f,
+                    "correct_ids": list(good.ids),
+                    "correct_span": list(good.answer_span),
+                    "wrong_ids": list(bad.ids),
+                    "id": t.item.id,
+                }
+            )
     return out
 
 
@@ -63,8 +70,15 @@ def scored_examples(
             if not answer.strip():
                 continue  # an empty answer has nothing to be confident about
             prompt = build_prompt(tokenizer, rec.item, answer, fmt, variant)
-            out.append({"format": f, "ids": list(prompt.ids), "span": list(prompt.answer_span),
-                        "correct": int(rec.greedy_correct), "id": rec.id})  # fmt: skip
+            out.append(
+                {
+                    "format": f,
+                    "ids": list(prompt.ids),
+                    "span": list(prompt.answer_span),
+                    "correct": int(rec.greedy_correct),
+                    "id": rec.id,
+                }
+            )
     return out
 
 
@@ -146,8 +160,11 @@ class FormatBatchSampler(Sampler[list[int]]):
             if self.lengths is not None:
                 lengths = self.lengths
                 span = self.batch_size * self.group
-                indices = [i for k in range(0, len(indices), span)
-                           for i in sorted(indices[k : k + span], key=lambda i: -lengths[i])]  # fmt: skip
+                indices = [
+                    i
+                    for k in range(0, len(indices), span)
+                    for i in sorted(indices[k : k + span], key=lambda i: -lengths[i])
+                ]
             for k in range(0, len(indices), self.batch_size):
                 chunk = indices[k : k + self.batch_size]
                 if len(chunk) == self.batch_size or not self.drop_last:
@@ -190,8 +207,11 @@ class ExampleCollator:
             seqs = [e["ids"] for e in batch]
             spans = [tuple(e["span"]) for e in batch]
         ids, mask = pad_batch(seqs, self.pad_id, self.side)
-        out = {"input_ids": ids, "attention_mask": mask,
-               "targets": span_mask(spans, [len(s) for s in seqs], ids.shape[1], self.side)}  # fmt: skip
+        out = {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "targets": span_mask(spans, [len(s) for s in seqs], ids.shape[1], self.side),
+        }
         if not pairs:
             out["correct"] = torch.tensor([int(e["correct"]) for e in batch], dtype=torch.float32)
         out["format"] = torch.full((len(batch),), fmt, dtype=torch.long)

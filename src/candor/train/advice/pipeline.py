@@ -130,16 +130,22 @@ def train(
         raise CandorError(f"{config.method}: no training examples (no record with a correct greedy answer?)")
 
     trainer = build_trainer(config, model, tokenizer, train_set, dev_set, out)
-    logger.info("%s: %d examples (%d formats), %s", config.method, len(train_set), len(config.formats),
-                config.weights.active())  # fmt: skip
+    logger.info(
+        "%s: %d examples (%d formats), %s", config.method, len(train_set), len(config.formats), config.weights.active()
+    )
     with ResourceMeter() as meter:
         trainer.train()
     trainer.save_model(str(out))
     result = TrainResult(
-        path=out, method=config.method, n_train=len(train_set), n_dev=len(dev_set) if dev_set is not None else 0,
-        cost=meter.cost.as_dict(), history=list(trainer.state.log_history), config=config.as_dict(),
+        path=out,
+        method=config.method,
+        n_train=len(train_set),
+        n_dev=len(dev_set) if dev_set is not None else 0,
+        cost=meter.cost.as_dict(),
+        history=list(trainer.state.log_history),
+        config=config.as_dict(),
         triplet_stats=stats,
-    )  # fmt: skip
+    )
     if trainer.is_world_process_zero():
         (out / "training.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
         write_manifest(out, _questions_of(train_set, items), [str(source)] if source is not None else [])
@@ -159,8 +165,14 @@ def _build(
     from candor.backends.hf import HFBackend
 
     backend = HFBackend(model, tokenizer, model_name=config.model, seed=config.seed)
-    built = build_triplets(records, backend=backend, judge=config.judge, extra_samples=config.extra_samples,
-                           extra_rounds=config.extra_rounds, seed=config.seed)  # fmt: skip
+    built = build_triplets(
+        records,
+        backend=backend,
+        judge=config.judge,
+        extra_samples=config.extra_samples,
+        extra_rounds=config.extra_rounds,
+        seed=config.seed,
+    )
     if _is_main_process():  # every process builds the same (seeded) triplets; one writes them
         write_triplets(out / "triplets.jsonl", built.triplets)
     return built.triplets, built.stats

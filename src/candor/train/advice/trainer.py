@@ -149,8 +149,9 @@ class AdviceTrainer(_ConfidenceTrainer):
         w = self.weights
         pairs = inputs["format"].shape[0]
         targets = inputs["targets"] if w.lm > 0 else None
-        out = scorer.forward(model, inputs["input_ids"], inputs["attention_mask"], targets=targets,
-                             share_prefix=self.share_prefix)  # fmt: skip
+        out = scorer.forward(
+            model, inputs["input_ids"], inputs["attention_mask"], targets=targets, share_prefix=self.share_prefix
+        )
         lp_c, lp_w = out.log_probs[:pairs], out.log_probs[pairs:]
         mu = scorer.expected_value(out.log_probs)
         mu_c, mu_w = mu[:pairs], mu[pairs:]
@@ -186,8 +187,9 @@ class ConfTunerTrainer(_ConfidenceTrainer):
         w = self.weights
         correct = inputs["correct"]
         targets = inputs["targets"] & (correct > 0.5).unsqueeze(1) if w.lm > 0 else None
-        out = scorer.forward(model, inputs["input_ids"], inputs["attention_mask"], targets=targets,
-                             share_prefix=self.share_prefix)  # fmt: skip
+        out = scorer.forward(
+            model, inputs["input_ids"], inputs["attention_mask"], targets=targets, share_prefix=self.share_prefix
+        )
         terms: dict[str, torch.Tensor] = {}
         if w.brier > 0:
             terms["brier"] = brier(out.log_probs, scorer.values, correct).mean()

@@ -120,8 +120,9 @@ class _WrongFinder:
         """For each candidate: is it a different answer that the judge marks wrong for ``item``?"""
         if not candidates:
             return []
-        verdicts = self.judge.judge(list(candidates), [item.answers] * len(candidates),
-                                    questions=[item.question] * len(candidates))  # fmt: skip
+        verdicts = self.judge.judge(
+            list(candidates), [item.answers] * len(candidates), questions=[item.question] * len(candidates)
+        )
         return [
             bool(c.strip()) and v == 0 and not _same(c, a_correct) for c, v in zip(candidates, verdicts, strict=True)
         ]
@@ -198,8 +199,9 @@ def _template_and_params(record: Record, backend: Backend) -> tuple[QATemplate, 
     template = TEMPLATES.get(name) if name in TEMPLATES else resolve_template("auto", backend.model_name, backend)
     decoding = (record.provenance.get("decoding") or {}).get("samples") or {}
     keys = ("max_new_tokens", "temperature", "top_p", "top_k")
-    params = SamplingParams(**{k: decoding[k] for k in keys if k in decoding},
-                            stop=tuple(decoding.get("stop") or template.stop))  # fmt: skip
+    params = SamplingParams(
+        **{k: decoding[k] for k in keys if k in decoding}, stop=tuple(decoding.get("stop") or template.stop)
+    )
     return template, params
 
 

@@ -54,10 +54,14 @@ def summarize_column(
     The numbers come from :func:`candor.evaluation.aggregate.aggregate_metrics` (groups weighted by
     test-set size); this only lays them out for ``curve.json``.
     """
-    groups = [Group(g, tuple(ds for ds in labels if roles.get(ds) == g)) for g in GROUPS
-              if any(roles.get(ds) == g for ds in labels)]
-    result = aggregate_metrics({"column": list(per_seed)}, labels, groups=groups, metrics=CURVE_METRICS,
-                               bootstrap=bootstrap, seed=seed).methods["column"]
+    groups = [
+        Group(g, tuple(ds for ds in labels if roles.get(ds) == g))
+        for g in GROUPS
+        if any(roles.get(ds) == g for ds in labels)
+    ]
+    result = aggregate_metrics(
+        {"column": list(per_seed)}, labels, groups=groups, metrics=CURVE_METRICS, bootstrap=bootstrap, seed=seed
+    ).methods["column"]
     names = [g.name for g in groups]
     out: dict[str, Any] = {g: result.values[g] for g in names}
     std = result.seed_std
@@ -145,5 +149,3 @@ def _draw_curve(
         ax.plot(xs, ys, marker="o", color=color, label=name)
         if not np.isnan(lows).all():
             ax.fill_between(xs, lows, highs, color=color, alpha=0.15)
-
-

@@ -100,11 +100,18 @@ class EliCalEstimator(Estimator):
                 "knowledge (pass -O elical.allow_other_backbone=1 to score them anyway)"
             )
         if others:
-            logger.warning("elical: head trained on %r scores records annotated by %s (allowed by option)",
-                           backbone, ", ".join(others))
+            logger.warning(
+                "elical: head trained on %r scores records annotated by %s (allowed by option)",
+                backbone,
+                ", ".join(others),
+            )
         if unnamed:
-            logger.warning("elical: %d records name no model in their provenance; cannot check that the head's "
-                           "backbone %r annotated them", unnamed, backbone)
+            logger.warning(
+                "elical: %d records name no model in their provenance; cannot check that the head's "
+                "backbone %r annotated them",
+                unnamed,
+                backbone,
+            )
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
         if self.head_source is not None:

@@ -87,8 +87,10 @@ class SeqClsExport:
 
     def vllm_command(self) -> str:
         """``vllm serve`` for the folder; ``--dtype`` keeps the exported precision (vLLM would pick half)."""
-        return (f"vllm serve {shlex.quote(self.folder)} --runner pooling --dtype {self.dtype} "
-                f"--pooler-config {shlex.quote(self.vllm_pooler_config())}")  # fmt: skip
+        return (
+            f"vllm serve {shlex.quote(self.folder)} --runner pooling --dtype {self.dtype} "
+            f"--pooler-config {shlex.quote(self.vllm_pooler_config())}"
+        )
 
 
 def export_seq_cls(
@@ -106,15 +108,24 @@ def export_seq_cls(
     weight, bias = folded_linear(head.head)
     model = seq_cls_model(merged_backbone(head), weight, int(head.tokenizer.pad_token_id), bias)
     result = SeqClsExport(
-        folder=str(out), source=str(head_dir), architecture=type(model).__name__, mode=config.mode,
-        template=config.template, backbone=config.backbone, logit_bias=bias,
+        folder=str(out),
+        source=str(head_dir),
+        architecture=type(model).__name__,
+        mode=config.mode,
+        template=config.template,
+        backbone=config.backbone,
+        logit_bias=bias,
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-    )  # fmt: skip
+    )
     with atomic_folder(out) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        info = {**asdict(result), "vllm_pooler_config": result.vllm_pooler_config(), "head_config": asdict(config),
-                "probe": export_probe(head)}
+        info = {
+            **asdict(result),
+            "vllm_pooler_config": result.vllm_pooler_config(),
+            "head_config": asdict(config),
+            "probe": export_probe(head),
+        }
         (tmp / EXPORT_FILE).write_text(json.dumps(info, indent=2) + "\n")
     logger.info("exported %s (%s) to %s as %s; logit bias %.6g", head_dir, config.mode, out, result.architecture, bias)
     return result
@@ -122,8 +133,11 @@ def export_seq_cls(
 
 def export_probe(head: ConfidenceHead) -> dict[str, Any]:
     """One question, its prompt as the head renders it, and the head's confidence on it (a server check)."""
-    return {"question": PROBE_QUESTION, "prompt": head.prompts([PROBE_QUESTION])[0],
-            "confidence": float(head.predict([PROBE_QUESTION])[0])}  # fmt: skip
+    return {
+        "question": PROBE_QUESTION,
+        "prompt": head.prompts([PROBE_QUESTION])[0],
+        "confidence": float(head.predict([PROBE_QUESTION])[0]),
+    }
 
 
 def check_final_layer(head_dir: Path, config: HeadConfig, num_layers: int) -> None:
@@ -209,8 +223,10 @@ def seq_cls_model(backbone: nn.Module, weight: torch.Tensor, pad_token_id: int, 
     base = getattr(model, model.base_model_prefix)
     missing, unexpected = base.load_state_dict(backbone.state_dict(), strict=False)
     if missing or unexpected:
-        raise CandorError(f"the backbone's weights do not fit {type(model).__name__}: "
-                          f"missing {missing[:3]}, unexpected {unexpected[:3]}")  # fmt: skip
+        raise CandorError(
+            f"the backbone's weights do not fit {type(model).__name__}: "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     with torch.no_grad():
         score.weight.copy_(weight.to(score.weight.dtype))
     return model.to("cpu").eval()

@@ -42,17 +42,31 @@ def train_with_held_out_report(
 ) -> TrainResult:
     """Train ``method`` on ``data``, save it to ``out_dir`` and add its held-out-domain report (``.held_out``)."""
     # One frozen backbone for the head and its held-out retrainings (lora mode loads a fresh one per run).
-    model, tokenizer = load_causal_lm(config.model, dtype=config.dtype, device=config.device) \
-        if config.mode == "head" else (None, None)
+    model, tokenizer = (
+        load_causal_lm(config.model, dtype=config.dtype, device=config.device)
+        if config.mode == "head"
+        else (None, None)
+    )
     result = train_elical(
-        data.pool, data.dev, method=method, config=config, out_dir=out_dir, budget=budget, init_from=init_from,
-        source=data.source, dev_source=data.dev_source, model=model, tokenizer=tokenizer,
-    )  # fmt: skip
-    result.held_out = held_out_report(data.pool, data.dev, method=method, config=config, budget=budget, model=model,
-                                      tokenizer=tokenizer)  # fmt: skip
+        data.pool,
+        data.dev,
+        method=method,
+        config=config,
+        out_dir=out_dir,
+        budget=budget,
+        init_from=init_from,
+        source=data.source,
+        dev_source=data.dev_source,
+        model=model,
+        tokenizer=tokenizer,
+    )
+    result.held_out = held_out_report(
+        data.pool, data.dev, method=method, config=config, budget=budget, model=model, tokenizer=tokenizer
+    )
     if result.held_out is not None:
-        atomic_write_text(Path(result.path) / "training.json", json.dumps(result.to_dict(), indent=2,
-                                                                          default=str) + "\n")
+        atomic_write_text(
+            Path(result.path) / "training.json", json.dumps(result.to_dict(), indent=2, default=str) + "\n"
+        )
     return result
 
 
@@ -69,8 +83,11 @@ def held_out_summary(report: dict[str, Any]) -> str:
         else:
             cells.append(f"{name} {100 * d['auroc']:.1f} ({d['n_correct']}/{d['n']} correct)")
     mean = report["mean_auroc"]
-    return ("held-out-domain AUROC ×100 (retrained without each dataset, scored on it): " + ", ".join(cells)
-            + ("" if mean is None else f"; mean {100 * mean:.1f}"))
+    return (
+        "held-out-domain AUROC ×100 (retrained without each dataset, scored on it): "
+        + ", ".join(cells)
+        + ("" if mean is None else f"; mean {100 * mean:.1f}")
+    )
 
 
 def held_out_report(
@@ -99,8 +116,16 @@ def held_out_report(
             domains[fold.held_out] = {"skipped": f"budget {budget} is over the other datasets' {len(fold.train)}"}
             continue
         with tempfile.TemporaryDirectory(prefix="candor-heldout-") as tmp:
-            result = train_elical(fold.train, fold.dev, method=method, config=config, out_dir=tmp, budget=budget,
-                                  model=model, tokenizer=tokenizer)  # fmt: skip
+            result = train_elical(
+                fold.train,
+                fold.dev,
+                method=method,
+                config=config,
+                out_dir=tmp,
+                budget=budget,
+                model=model,
+                tokenizer=tokenizer,
+            )
         head = result.model
         features = head_features(head, head.prompts(fold.score), config.feature_cache)
         with torch.no_grad():

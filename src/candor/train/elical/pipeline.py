@@ -181,9 +181,16 @@ def train_elical(
     }
     path = Path(out_dir)
     result = TrainResult(
-        path=path, method=method, n_train=results[-1].n_train, n_dev=results[-1].n_dev, cost=stages_cost(results),
-        config=config.fingerprint(), stages=results, budget=budget.as_json() if "cal" in stages else None, model=head,
-    )  # fmt: skip
+        path=path,
+        method=method,
+        n_train=results[-1].n_train,
+        n_dev=results[-1].n_dev,
+        cost=stages_cost(results),
+        config=config.fingerprint(),
+        stages=results,
+        budget=budget.as_json() if "cal" in stages else None,
+        model=head,
+    )
     # Under a multi-process launch (torchrun, accelerate launch) every process holds the same head;
     # one writes it, the others wait, so the folder is written once.
     state = PartialState()

@@ -62,8 +62,14 @@ class TrainingPool:
         cls, records: Path, dev: Path | None = None, *, seed: int = 0, tests: HeldOutQuestions | None = None
     ) -> TrainingPool:
         """:meth:`of` the records files ``records`` and ``dev``."""
-        return cls.of(read_records(records), read_records(dev) if dev is not None else None, seed=seed, tests=tests,
-                      source=records, dev_source=dev)  # fmt: skip
+        return cls.of(
+            read_records(records),
+            read_records(dev) if dev is not None else None,
+            seed=seed,
+            tests=tests,
+            source=records,
+            dev_source=dev,
+        )
 
 
 def carve_dev(pool: Sequence[Record], fraction: float = 0.1, seed: int = 0) -> tuple[list[Record], list[Record]]:

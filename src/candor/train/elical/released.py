@@ -89,8 +89,10 @@ def read_lora_config(lora_dir: Path) -> Any:
     if not isinstance(config, LoraConfig):
         raise CandorError(f"{lora_dir / ADAPTER_CONFIG}: a {config.peft_type} adapter, not LoRA")
     if config.modules_to_save:
-        raise CandorError(f"{lora_dir / ADAPTER_CONFIG}: modules_to_save {list(config.modules_to_save)} would "
-                          "retrain whole layers of the backbone; only plain LoRA adapters import")  # fmt: skip
+        raise CandorError(
+            f"{lora_dir / ADAPTER_CONFIG}: modules_to_save {list(config.modules_to_save)} would "
+            "retrain whole layers of the backbone; only plain LoRA adapters import"
+        )
     return config
 
 
@@ -108,8 +110,7 @@ def read_vector_head(path: Path, hidden_size: int) -> dict[str, torch.Tensor]:
     weight, bias = state["weight"], state["bias"]
     if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (1, hidden_size):
         shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
-        raise CandorError(f"{path}: weight has shape {shape}, but the backbone's hidden size "
-                          f"needs (1, {hidden_size})")  # fmt: skip
+        raise CandorError(f"{path}: weight has shape {shape}, but the backbone's hidden size needs (1, {hidden_size})")
     if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (1,):
         raise CandorError(f"{path}: bias must have shape (1,), got {getattr(bias, 'shape', type(bias).__name__)}")
     return {"weight": weight.float(), "bias": bias.float()}
@@ -135,8 +136,10 @@ def adapted_decoder(causal_lm: torch.nn.Module, lora_dir: Path, lora: Any) -> to
     lora_params = {n for n, _ in adapted.named_parameters() if "lora_" in n}
     missing = sorted(k for k in loaded.missing_keys if "lora_" in k)
     if loaded.unexpected_keys or missing:
-        raise CandorError(f"{lora_dir}: the adapter's weights do not fit the backbone "
-                          f"(unexpected {loaded.unexpected_keys[:3]}, missing {missing[:3]})")  # fmt: skip
+        raise CandorError(
+            f"{lora_dir}: the adapter's weights do not fit the backbone "
+            f"(unexpected {loaded.unexpected_keys[:3]}, missing {missing[:3]})"
+        )
     if not lora_params:
         raise CandorError(f"{lora_dir}: the adapter's target modules match no layer of the backbone")
     adapted.requires_grad_(False)
@@ -150,11 +153,13 @@ def rekey_for_decoder(
     modules = {name for name, _ in decoder.named_modules()}
     inner = f"{PEFT_PREFIX}{getattr(causal_lm, 'base_model_prefix', 'model')}."
     for prefix in (inner, PEFT_PREFIX):  # the authors wrap the causal LM; a decoder wrap is accepted too
-        if all(k.startswith(prefix) and _module_of(k[len(prefix):]) in modules for k in weights):
-            return {PEFT_PREFIX + k[len(prefix):]: v for k, v in weights.items()}
+        if all(k.startswith(prefix) and _module_of(k[len(prefix) :]) in modules for k in weights):
+            return {PEFT_PREFIX + k[len(prefix) :]: v for k, v in weights.items()}
     example = next(iter(weights))
-    raise CandorError(f"{lora_dir}: adapter weight {example!r} names no module of the backbone's decoder; "
-                      "was it trained on another model?")  # fmt: skip
+    raise CandorError(
+        f"{lora_dir}: adapter weight {example!r} names no module of the backbone's decoder; "
+        "was it trained on another model?"
+    )
 
 
 def _module_of(key: str) -> str:

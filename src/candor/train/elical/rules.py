@@ -78,13 +78,15 @@ class Target:
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target("universal", "L2-SP 1",
-               "no held-out domain loses AUROC from 100 labels to all labels beyond its seed noise; then the best "
-               "mean held-out AUROC"),
-        Target("in-domain", "L2-SP 0.1",
-               "the best mean held-out AUROC over domains, budgets and seeds (ties by ECE)"),
+        Target(
+            "universal",
+            "L2-SP 1",
+            "no held-out domain loses AUROC from 100 labels to all labels beyond its seed noise; then the best "
+            "mean held-out AUROC",
+        ),
+        Target("in-domain", "L2-SP 0.1", "the best mean held-out AUROC over domains, budgets and seeds (ties by ECE)"),
     )
-}  # fmt: skip
+}
 DEFAULT_TARGET = "universal"
 
 

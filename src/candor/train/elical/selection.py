@@ -89,9 +89,7 @@ def domains_of(records: Sequence[Record]) -> list[str]:
     return list(dict.fromkeys(r.item.dataset for r in records))
 
 
-def lodo_folds(
-    pool: Sequence[Record], dev: Sequence[Record], held_out_dev: Sequence[Record] = ()
-) -> list[Fold]:
+def lodo_folds(pool: Sequence[Record], dev: Sequence[Record], held_out_dev: Sequence[Record] = ()) -> list[Fold]:
     """One fold per dataset of ``pool``: train and stop on the others, score on its dev questions.
 
     Refuses a pool of one dataset, held-out dev questions of a dataset the pool lacks, a held-out
@@ -168,8 +166,11 @@ def select_rule(
     labels = {f.held_out: targets(f.score, "hard", what=f"held-out {f.held_out!r}").astype(int) for f in folds}
     candidates = {name: _candidate(RULES[name], runs[name], budgets, labels) for name in names}
     chosen = choose(candidates)
-    logger.info("held-out-domain selection: %s → %s",
-                {n: round(c["mean_auroc"], 4) for n, c in candidates.items()}, chosen["selected_by_target"])
+    logger.info(
+        "held-out-domain selection: %s → %s",
+        {n: round(c["mean_auroc"], 4) for n, c in candidates.items()},
+        chosen["selected_by_target"],
+    )
     return {
         "protocol": PROTOCOL,
         "folds": {f.held_out: _fold_sizes(f) for f in folds},
@@ -197,8 +198,10 @@ def rechoose(selection: Mapping[str, Any]) -> dict[str, Any]:
     """A saved selection (``selection.json``, or one written before targets existed) decided again by every
     target: each candidate's per-domain change recomputed from its saved per-seed AUROCs. Trains nothing."""
     first, last = selection["budgets"][0], selection["budgets"][-1]
-    candidates = {name: {**c, "domain_change": domain_changes(c["by_budget"], first, last)}
-                  for name, c in selection["candidates"].items()}  # fmt: skip
+    candidates = {
+        name: {**c, "domain_change": domain_changes(c["by_budget"], first, last)}
+        for name, c in selection["candidates"].items()
+    }
     return {**selection, "protocol": PROTOCOL, "candidates": candidates, **choose(candidates)}
 
 
@@ -248,8 +251,10 @@ def pick_in_domain(candidates: Mapping[str, Mapping[str, Any]], tolerance: Mappi
 def pick_universal(candidates: Mapping[str, Mapping[str, Any]], tolerance: Mapping[str, float]) -> dict[str, Any]:
     """The ``universal`` target: no domain loses beyond its tolerance, then :func:`pick`; else the smallest
     worst-domain loss. Says which rules qualified and each rule's losing domains."""
-    losing = {name: [d for d, cell in c["domain_change"].items() if cell["change"] < -tolerance[d]]
-              for name, c in candidates.items()}  # fmt: skip
+    losing = {
+        name: [d for d, cell in c["domain_change"].items() if cell["change"] < -tolerance[d]]
+        for name, c in candidates.items()
+    }
     qualified = [name for name, domains in losing.items() if not domains]
     worst = {name: min(cell["change"] for cell in c["domain_change"].values()) for name, c in candidates.items()}
     if qualified:
@@ -258,8 +263,14 @@ def pick_universal(candidates: Mapping[str, Mapping[str, Any]], tolerance: Mappi
     else:
         selected = max(worst, key=lambda n: worst[n])
         how = "no rule qualified (every rule loses some domain beyond its tolerance): the smallest worst-domain loss"
-    return {"criterion": TARGETS["universal"].optimizes, "selected": selected, "how": how, "qualified": qualified,
-            "losing_domains": losing, "worst_domain_change": worst}  # fmt: skip
+    return {
+        "criterion": TARGETS["universal"].optimizes,
+        "selected": selected,
+        "how": how,
+        "qualified": qualified,
+        "losing_domains": losing,
+        "worst_domain_change": worst,
+    }
 
 
 # How each target (rules.TARGETS) chooses among the candidates, given the per-domain tolerances.
@@ -267,7 +278,9 @@ CRITERIA = {"universal": pick_universal, "in-domain": pick_in_domain}
 
 
 def _candidate(
-    rule: StageTwoRule, by_fold: Mapping[str, Mapping[str, Any]], budgets: Sequence[Budget],
+    rule: StageTwoRule,
+    by_fold: Mapping[str, Mapping[str, Any]],
+    budgets: Sequence[Budget],
     labels: Mapping[str, np.ndarray],
 ) -> dict:
     by_budget = {}
@@ -295,13 +308,20 @@ def domain_changes(by_budget: Mapping[str, Mapping[str, Any]], first: str, last:
     for domain, start in by_budget[first]["by_fold"].items():
         end = by_budget[last]["by_fold"][domain]
         per_seed = [b - a for a, b in zip(start["per_seed"]["auroc"], end["per_seed"]["auroc"], strict=True)]
-        out[domain] = {"first": start["auroc"], "last": end["auroc"], "change": float(np.mean(per_seed)),
-                       "per_seed": per_seed}  # fmt: skip
+        out[domain] = {
+            "first": start["auroc"],
+            "last": end["auroc"],
+            "change": float(np.mean(per_seed)),
+            "per_seed": per_seed,
+        }
     return out
 
 
 def budget_gap(
-    by_fold: Mapping[str, Mapping[str, Any]], labels: Mapping[str, np.ndarray], first: Budget, last: Budget,
+    by_fold: Mapping[str, Mapping[str, Any]],
+    labels: Mapping[str, np.ndarray],
+    first: Budget,
+    last: Budget,
     bootstrap: int = GAP_BOOTSTRAP,
 ) -> dict[str, Any]:
     """Held-out AUROC of EliCal@``last`` minus EliCal@``first``, pooled over folds (size-weighted), with a
@@ -313,16 +333,20 @@ def budget_gap(
         n_seeds = min(len(v) for v in per_fold.values())
         return [{d: per_fold[d][i][d] for d in labels} for i in range(n_seeds)]
 
-    gap = metric_differences(seeds(f"EliCal@{last}"), seeds(f"EliCal@{first}"), labels, metric="auroc",
-                             groups=[group], bootstrap=bootstrap)[HELD_OUT]
+    gap = metric_differences(
+        seeds(f"EliCal@{last}"), seeds(f"EliCal@{first}"), labels, metric="auroc", groups=[group], bootstrap=bootstrap
+    )[HELD_OUT]
     return {"first": str(first), "last": str(last), "auroc_diff": gap.value, "ci95": list(gap.ci)}
 
 
 def _eli_only(by_fold: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Stage 1 alone on each fold: the held-out ranking that stage 2 starts from."""
     cells = {domain: _metrics(methods["Eli-Only"]) for domain, methods in by_fold.items()}
-    return {"auroc": _mean(c["auroc"] for c in cells.values()), "ece": _mean(c["ece"] for c in cells.values()),
-            "by_fold": cells}
+    return {
+        "auroc": _mean(c["auroc"] for c in cells.values()),
+        "ece": _mean(c["ece"] for c in cells.values()),
+        "by_fold": cells,
+    }
 
 
 def _metrics(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -365,16 +389,19 @@ def run_selection(
     """
     data = TrainingPool.read(records, dev)
     extra = [r for path in held_out_dev for r in read_records(path)]
-    result = select_rule(data.pool, data.dev, extra, out_dir=out_dir, config=config, rules=rules, budgets=budgets,
-                         seeds=seeds)  # fmt: skip
+    result = select_rule(
+        data.pool, data.dev, extra, out_dir=out_dir, config=config, rules=rules, budgets=budgets, seeds=seeds
+    )
     write_json(out_dir / "selection.json", result)
     return result
 
 
 def selection_table(result: Mapping[str, Any], out_dir: Path) -> list[str]:
     """The lines ``candor sweep --select`` prints: fold sizes, each rule's held-out AUROC, the pick."""
-    lines = [f"held out {domain}: {sizes['n_scored']} dev questions, {sizes['n_correct']} correct"
-             for domain, sizes in result["folds"].items()]  # fmt: skip
+    lines = [
+        f"held out {domain}: {sizes['n_scored']} dev questions, {sizes['n_correct']} correct"
+        for domain, sizes in result["folds"].items()
+    ]
     budgets = result["budgets"]
     head = "  ".join(f"AUROC@{b:>4}" for b in budgets)
     lines.append(f"{'rule':>12}  {head}   mean  ECE mean  AUROC @{budgets[-1]} - @{budgets[0]} [95%]")
@@ -382,8 +409,10 @@ def selection_table(result: Mapping[str, Any], out_dir: Path) -> list[str]:
         cells = "  ".join(f"{100 * c['by_budget'][b]['auroc']:9.1f}" for b in budgets)
         gap = c["last_vs_first"]
         mark = " *" if name == result["selected"] else ""
-        lines.append(f"{name:>12}  {cells}  {100 * c['mean_auroc']:5.1f}  {100 * c['mean_ece']:8.1f}  "
-                     f"{100 * gap['auroc_diff']:+.1f} [{100 * gap['ci95'][0]:+.1f}, {100 * gap['ci95'][1]:+.1f}]{mark}")
+        lines.append(
+            f"{name:>12}  {cells}  {100 * c['mean_auroc']:5.1f}  {100 * c['mean_ece']:8.1f}  "
+            f"{100 * gap['auroc_diff']:+.1f} [{100 * gap['ci95'][0]:+.1f}, {100 * gap['ci95'][1]:+.1f}]{mark}"
+        )
     eli = result["eli_only"]
     lines.append(f"{'Eli-Only':>12}  held-out AUROC {100 * eli['auroc']:.1f}, ECE {100 * eli['ece']:.1f}")
     lines += domain_change_table(result)
@@ -399,9 +428,11 @@ def domain_change_table(result: Mapping[str, Any]) -> list[str]:
     tolerance = result["tolerance"]["by_domain"]
     budgets = result["budgets"]
     head = "  ".join(f"{d[:10]:>11}" for d in tolerance)
-    lines = [f"AUROC change @{budgets[0]} → @{budgets[-1]} per held-out domain (! = loss beyond tolerance)",
-             f"{'rule':>12}  {head}",
-             f"{'tolerance':>12}  " + "  ".join(f"{-100 * t:+11.1f}" for t in tolerance.values())]  # fmt: skip
+    lines = [
+        f"AUROC change @{budgets[0]} → @{budgets[-1]} per held-out domain (! = loss beyond tolerance)",
+        f"{'rule':>12}  {head}",
+        f"{'tolerance':>12}  " + "  ".join(f"{-100 * t:+11.1f}" for t in tolerance.values()),
+    ]
     for name, c in result["candidates"].items():
         cells = []
         for domain, tol in tolerance.items():

@@ -89,8 +89,9 @@ class SweepData:
     roles: Mapping[str, str]
 
     @classmethod
-    def read(cls, records: Path, tests: Sequence[Path], *, dev: Path | None = None,
-             ood: Collection[str] = ()) -> SweepData:  # fmt: skip
+    def read(
+        cls, records: Path, tests: Sequence[Path], *, dev: Path | None = None, ood: Collection[str] = ()
+    ) -> SweepData:
         """The sweep's data from records files: test sets by dataset (``ood`` names the out-of-domain ones), and
         the :class:`~candor.train.elical.pool.TrainingPool` (dev carved with seed 0 when no ``dev``), refused
         when it shares a question with a test file."""
@@ -98,8 +99,9 @@ class SweepData:
         for path in tests:
             for rec in read_records(path):
                 by_dataset.setdefault(rec.item.dataset, []).append(rec)
-        guard = HeldOutQuestions.of((r.item.question for recs in by_dataset.values() for r in recs),
-                                    [str(p) for p in tests])  # fmt: skip
+        guard = HeldOutQuestions.of(
+            (r.item.question for recs in by_dataset.values() for r in recs), [str(p) for p in tests]
+        )
         data = TrainingPool.read(records, dev, tests=guard)
         unknown = set(ood) - set(by_dataset)
         if unknown:
@@ -169,9 +171,15 @@ def run_sweep(
         mode=config.mode,
         config=config.fingerprint(),
     )
-    write_json(out_dir / "curve.json", {**summary, "methods": {
-        name: {k: v for k, v in entry.items() if k != CONFIDENCES} for name, entry in summary["methods"].items()
-    }})
+    write_json(
+        out_dir / "curve.json",
+        {
+            **summary,
+            "methods": {
+                name: {k: v for k, v in entry.items() if k != CONFIDENCES} for name, entry in summary["methods"].items()
+            },
+        },
+    )
     plot_sweep(summary, out_dir / "budget_curve.png", references=list(baselines or {}))
     return summary
 
