@@ -2,8 +2,9 @@
 
 A compound prompt asks 2-4 questions at once ("Answer each question in one short
 sentence. 1. … 2. …", candor's ``compound`` template, one worked example in the
-conversation). Each prompt draws its questions from one source: the starter set or
-the HonestyBench-mini in-domain test questions. The same questions are also asked
+conversation). Each prompt draws its questions from one domain: the starter set or one of
+HonestyBench-mini's in-domain test sets (nq, hq, 2wikimultihopqa, pararel), so a
+trained claim head can be scored leave-one-domain-out. The same questions are also asked
 alone (``fewshot`` template) for the answer-level comparison.
 
 Generation is resumable: records are appended batch by batch to
@@ -31,16 +32,18 @@ logger = logging.getLogger("benchmarks.claims")
 CLAIMS_CACHE = CACHE / "claims"
 SIZES = (2, 3, 4)  # questions per prompt, cycled
 TOKENS_PER_QUESTION = 24  # the answer's token cap: this many per question asked
-SOURCES = ("starter", "honestybench-mini")
+SOURCES = ("starter", "nq", "hq", "2wikimultihopqa", "pararel")
+MINI_TEST_SIZE = (
+    400  # questions drawn per HonestyBench-mini domain (a seeded head: the first 200 are the usual test set)
+)
 
 
 def source_questions(source: str, data_dir: str | None) -> list[QAItem]:
-    """The questions a source offers, in a seeded order."""
+    """The questions a domain offers, in a seeded order."""
     if source == "starter":
         return seeded_shuffle(load_starter(), "claims:starter")
-    mini = load_mini_or_exit(data_dir, test_size=200, train_pool=0)
-    pooled = [item for items in mini.test_id.values() for item in items]
-    return seeded_shuffle(pooled, "claims:mini")
+    mini = load_mini_or_exit(data_dir, test_size=MINI_TEST_SIZE, train_pool=0)
+    return seeded_shuffle(list(mini.test_id[source]), f"claims:{source}")
 
 
 def compound_items(source: str, questions: Sequence[QAItem], prompts: int) -> list[QAItem]:

@@ -1,6 +1,6 @@
 """Phase one of benchmarks/claims.py: generate the compound answers and the questions asked alone.
 
-    python -m benchmarks.claims_generate --prompts 96 --k 3 [--threads 2]
+    python -m benchmarks.claims_generate --prompts 500 --k 3 [--threads 2]
 
 Resumable (see claims_data.py); run it under ``nohup nice -n 10`` on a shared machine.
 """
@@ -25,7 +25,9 @@ from candor.backends import load_backend
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--prompts", type=int, default=96, help="compound prompts in all, half from each source")
+    parser.add_argument(
+        "--prompts", type=int, default=500, help="compound prompts in all, an equal share from each domain"
+    )
     parser.add_argument("--k", type=int, default=3, help="sampled answers per prompt (claim self-consistency)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
