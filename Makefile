@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup setup-embed demo test docs node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
+.PHONY: setup setup-embed demo test test-slow docs node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
 
 setup: $(VENV)/.candor-installed
 
@@ -35,6 +35,10 @@ demo: setup
 
 test: setup node-client
 	$(BIN)/python -m pytest -q
+
+# The tests marked slow (each longer than about 20 s), which the default run leaves out.
+test-slow: setup node-client
+	$(BIN)/python -m pytest -q -m slow
 
 # The documentation site from docs/ and mkdocs.yml; --strict: a broken link, a page left out of
 # the nav or a docstring the API pages cannot read fails the build.
