@@ -128,9 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         "labels": args.labels,
         "seed": args.seed,
         "looks": "after every label",
-        "rules": {
-            name: {"false_alarms": false_alarms(null[name]), "delay": delay(drifted[name])} for name in RULES
-        },
+        "rules": {name: {"false_alarms": false_alarms(null[name]), "delay": delay(drifted[name])} for name in RULES},
         "fixed_level_first_look": FIXED_LEVEL_FIRST_LOOK,
         "seconds": {"both_scenarios": round(time.perf_counter() - t0, 1), "at_the_promise": round(null_s, 1)},
         "machine": describe(),

@@ -160,4 +160,3 @@ class AuditMonitor:
                 self._versions.popitem(last=False)
         self._versions.move_to_end(version)
         return audit
-
