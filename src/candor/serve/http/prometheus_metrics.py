@@ -64,10 +64,12 @@ AUDIT_LABELS = (
 FEEDBACK_GAUGES = {
     "feedback_accuracy": f"Accuracy of answered questions in the audit. {AUDIT_LABELS}",
     "feedback_accuracy_lower": (
-        f"Anytime-valid lower bound of the audited accuracy at level delta (betting confidence sequence). {AUDIT_LABELS}"
+        f"Anytime-valid lower bound of the audited accuracy at level delta (a betting confidence sequence). "
+        f"{AUDIT_LABELS}"
     ),
     "feedback_accuracy_upper": (
-        f"Anytime-valid upper bound of the audited accuracy at level delta (betting confidence sequence). {AUDIT_LABELS}"
+        f"Anytime-valid upper bound of the audited accuracy at level delta (a betting confidence sequence). "
+        f"{AUDIT_LABELS}"
     ),
     "feedback_audited": f"Responses the audit counts. {AUDIT_LABELS}",
     "promised_accuracy": "The accuracy of answered questions the threshold promised when it was tuned.",
