@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     null_s = time.perf_counter() - t0
     drifted = simulate(args.promise - args.drop, args.promise, seed=args.seed + 1, **sizes)
     payload = {
-        "command": "python -m benchmarks.drift " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(["python -m benchmarks.drift", *(sys.argv[1:] if argv is None else argv)]),
         "promise": args.promise,
         "delta": args.delta,
         "drifted_accuracy": round(args.promise - args.drop, 6),
