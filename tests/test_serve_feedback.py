@@ -21,7 +21,6 @@ openai = pytest.importorskip("openai")
 from candor.annotation.served_labels import read_served  # noqa: E402
 from candor.serve import Decoding, HonestModel, Threshold  # noqa: E402
 from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
-from candor.serve.http.feedback import MIN_LABELS, FeedbackTracker, clopper_pearson  # noqa: E402
 from candor.serve.http.server import serve_in_thread  # noqa: E402
 from tests.test_serve_app import KEY, get, post  # noqa: E402
 
@@ -93,41 +92,41 @@ def test_feedback_without_a_record_log_says_how_to_get_one(backend):
         assert status == 400 and "--log-records" in body["error"]["message"]
 
 
-def test_clopper_pearson_bounds_match_their_closed_forms():
-    for n, delta in ((30, 0.05), (100, 0.1)):
-        assert clopper_pearson(n, n, delta) == (pytest.approx(delta ** (1 / n)), 1.0)
-        assert clopper_pearson(0, n, delta) == (0.0, pytest.approx(1 - delta ** (1 / n)))
-    lower, upper = clopper_pearson(27, 30, 0.05)
-    assert lower < 27 / 30 < upper
+def metrics_text(url: str) -> str:
+    return urllib.request.urlopen(f"{url}/metrics", timeout=30).read().decode()
 
 
-def test_drift_turns_on_only_when_the_labels_show_a_fall():
-    tracker = FeedbackTracker(promised=0.8, delta=0.05)
-    for i in range(MIN_LABELS - 1):
-        tracker.observe(f"r{i}", 0, True)
-    assert tracker.report() is None  # too few labels to say anything
-    tracker.observe(f"r{MIN_LABELS - 1}", 0, True)
-    good = tracker.report()
-    assert good.accuracy == 1.0 and not good.drift and not good.unconfirmed
-    for i in range(MIN_LABELS):  # the same choices relabelled wrong: the later label wins
-        tracker.observe(f"r{i}", 0, False)
-    bad = tracker.report()
-    assert bad.labelled == MIN_LABELS and bad.accuracy == 0.0
-    assert bad.drift and bad.unconfirmed
-
-
-def test_metrics_show_the_observed_accuracy_against_the_promise(backend, tmp_path):
+def test_metrics_show_the_audited_accuracy_against_the_promise(backend, tmp_path):
     model = honest_model(backend, threshold=0.0, target=0.2)  # promises 80% accuracy of answered questions
     with serve_in_thread(create_app(model, ServeSettings(log_records=tmp_path / "log.jsonl"))) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        ids = [ask(client, q).id for q in QUESTIONS[:MIN_LABELS]]
+        ids = [ask(client, q).id for q in QUESTIONS[:30]]
         assert metric(url, "candor_promised_accuracy") != metric(url, "candor_promised_accuracy")  # NaN before
+        for rid in ids:  # end-user feedback is not a uniform sample: the audit does not count it
+            post(f"{url}/v1/feedback", {"id": rid, "correct": False}, key=None)
+        assert metric(url, "candor_feedback_audited") != metric(url, "candor_feedback_audited")
         for k, rid in enumerate(ids):
-            post(f"{url}/v1/feedback", {"id": rid, "correct": k % 3 == 0}, key=None)
-        assert metric(url, "candor_feedback_accuracy") == pytest.approx(10 / MIN_LABELS)
+            audit = {"id": rid, "correct": k % 3 == 0, "label_source": "audit"}
+            assert post(f"{url}/v1/feedback", audit, key=None)[0] == 200
+            assert post(f"{url}/v1/feedback", audit | {"correct": True}, key=None)[0] == 200  # not counted again
+        assert metric(url, "candor_feedback_audited") == 30.0
+        assert metric(url, "candor_feedback_accuracy") == pytest.approx(10 / 30)
         assert metric(url, "candor_promised_accuracy") == pytest.approx(0.8)
+        assert metric(url, "candor_feedback_accuracy_upper") <= 0.8
         assert metric(url, "candor_calibration_drift") == 1.0
+        assert metric(url, "candor_calibration_unconfirmed") == 1.0
         assert metric(url, f'candor_model_info{{version="{model.version}"}}') == 1.0
+        help_line = next(line for line in metrics_text(url).splitlines() if "HELP candor_calibration_drift" in line)
+        assert 'label_source "audit"' in help_line
+
+
+def test_labels_on_abstained_choices_are_not_audited(backend, tmp_path):
+    model = honest_model(backend, threshold=1.0)  # abstains on everything
+    with serve_in_thread(create_app(model, ServeSettings(log_records=tmp_path / "log.jsonl"))) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        rid = ask(client, QUESTIONS[0]).id
+        post(f"{url}/v1/feedback", {"id": rid, "correct": True, "label_source": "audit"}, key=None)
+        assert metric(url, "candor_feedback_audited") != metric(url, "candor_feedback_audited")  # NaN: none
 
 
 # ---------------------------------------------------------------- reload

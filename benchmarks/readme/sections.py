@@ -43,6 +43,7 @@ SECTIONS: list[Section] = [
     serving.serve_conversations,
     serving.serve_traffic,
     serving.prefill_chunks,
+    serving.drift,
     estimators.estimator_table,
     estimators.eigenscore_cost,
     estimators.verbal_pruned,

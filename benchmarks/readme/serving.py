@@ -329,3 +329,44 @@ def prefill_chunks(r: Path) -> dict[str, str]:
             f"`{shown_command(d['command'])}`)"
         ),
     }
+
+
+DRIFT_RULES = {
+    "betting": "anytime-valid upper bound (betting, what `candor serve` does)",
+    "fixed-level": "fixed-level Clopper–Pearson bound at every look (before)",
+}
+
+
+def drift(r: Path) -> dict[str, str]:
+    """The drift alarm looked at after every label: false alarms at the promise, labels to alarm below it (drift.py)."""
+    d = load("drift", r)
+    rows = []
+    for name, rule in d["rules"].items():
+        f, w = rule["false_alarms"], rule["delay"]
+        quartiles = DASH if w["q1"] is None or w["q3"] is None else f"{w['q1']}–{w['q3']}"
+        rows.append(
+            [
+                DRIFT_RULES.get(name, name),
+                f"{f['fired']} / {f['runs']}",
+                f"{100 * f['rate']:.1f} [{100 * f['ci95'][0]:.1f}, {100 * f['ci95'][1]:.1f}]",
+                DASH if w["median"] is None else str(w["median"]),
+                quartiles,
+                str(w["never"]),
+            ]
+        )
+    header = [
+        "alarm",
+        "false alarms",
+        "rate % [95% CI]",
+        f"median labels to alarm at {pct(d['drifted_accuracy'], 0)}%",
+        "quartiles",
+        "never fired",
+    ]
+    return {
+        "table:drift": md_table(header, "lrrrrr", rows),
+        "value:drift-run": (
+            f"`{d['command']}`: {d['runs']:,} seeded runs of {d['labels']:,} audit labels each, a look after every "
+            f"label, promise {pct(d['promise'], 0)}%, δ = {d['delta']}; false alarms with the accuracy at the "
+            f"promise, labels to alarm with it at {pct(d['drifted_accuracy'], 0)}%"
+        ),
+    }

@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 LABEL_SOURCE_HUMAN = "human"
 LABEL_SOURCE_FEEDBACK = "feedback"
+# A label of a response drawn uniformly from the served ones (an operator's audit): the only kind the
+# drift alarm on /metrics counts (candor.serve.audit_monitor), since only a uniform draw estimates the
+# accuracy of all answered questions.
+LABEL_SOURCE_AUDIT = "audit"
 
 
 @dataclass(frozen=True)

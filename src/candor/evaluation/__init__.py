@@ -7,6 +7,7 @@
 - :mod:`~candor.evaluation.report`: the report a confidences file turns into (files, plots, index);
   :mod:`~candor.evaluation.report_page`: its ``report.html``.
 - :mod:`~candor.evaluation.plots`: reliability diagrams, histograms, risk-coverage curves.
+- :mod:`~candor.evaluation.confidence_sequence`: anytime-valid bounds on a mean, by betting (the drift alarm).
 
 May import: :mod:`candor.util`, :mod:`candor.data`, :mod:`candor.backends`,
 :mod:`candor.annotation`, :mod:`candor.verbal`, :mod:`candor.estimators`.

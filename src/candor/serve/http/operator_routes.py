@@ -5,8 +5,10 @@
   ``--log-records`` file (:func:`candor.annotation.served_labels.append_label`), where
   ``candor label`` and ``candor adapt`` read it; an id the server did not serve
   (or no longer remembers, :data:`~candor.serve.http.feedback.REMEMBERED_RESPONSES`) is 404.
-  The labels of answered choices feed the observed accuracy on ``/metrics``
-  (:mod:`candor.serve.http.feedback`), for the model version that answered them.
+  Audit labels (``"label_source": "audit"``) of answered choices, the first of each response,
+  feed the drift alarm on ``/metrics`` (:mod:`candor.serve.audit_monitor`), for the model
+  version that answered them; :attr:`FeedbackDesk.monitor` takes stored ones back at startup
+  (:meth:`~candor.serve.audit_monitor.AuditMonitor.replay`).
 - ``POST /admin/reload`` (behind the key) and ``SIGHUP``: load the ``--honest`` folder
   again (or ``{"honest": DIR}``) and swap it in between requests
   (:meth:`candor.serve.http.service.Service.reload`).
@@ -23,8 +25,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from candor.annotation.served_labels import LABEL_SOURCE_FEEDBACK, append_label, check_label
-from candor.serve.http.feedback import FeedbackTracker
+from candor.annotation.served_labels import LABEL_SOURCE_AUDIT, LABEL_SOURCE_FEEDBACK, append_label, check_label
+from candor.serve.audit_monitor import AuditMonitor
 from candor.serve.http.prometheus_metrics import ServeMetrics
 from candor.serve.http.record_log import RecordLog
 from candor.serve.http.request_checks import APIError, authorize, json_body, read_body
@@ -41,16 +43,16 @@ class FeedbackDesk:
     def __init__(self, log: RecordLog | None, metrics: ServeMetrics) -> None:
         self.log = log
         self.metrics = metrics
-        self.tracker: FeedbackTracker | None = None
+        self.monitor = AuditMonitor()  # audit labels of every version; /metrics shows the current one's
         self.version = ""
+        self.metrics.watch_feedback(lambda: self.monitor.report(self.version))
 
     def follow(self, generation: Generation) -> None:
-        """A new model answers from now on: its accuracy is tracked afresh, against its own threshold's promise."""
+        """A new model answers from now on: ``/metrics`` shows its audit, against its own threshold's promise."""
         threshold = generation.model.threshold
         promised = None if threshold is None else threshold.promised_accuracy
-        self.tracker = FeedbackTracker(promised, None if threshold is None else threshold.delta)
+        self.monitor.promise(generation.version, promised, None if threshold is None else threshold.delta)
         self.version = generation.version
-        self.metrics.watch_feedback(self.tracker.report)
 
     async def take(self, data: Any) -> dict[str, Any]:
         if self.log is None:
@@ -82,8 +84,8 @@ class FeedbackDesk:
             )
         await asyncio.to_thread(append_label, self.log.path, response_id, index, correct, source)
         self.metrics.observe_feedback(correct, served.answered)
-        if served.answered and served.model_version == self.version and self.tracker is not None:
-            self.tracker.observe(response_id, index, correct)
+        if served.answered and source == LABEL_SOURCE_AUDIT:
+            self.monitor.observe(served.model_version, response_id, correct)
         return {
             "object": "feedback",
             "id": response_id,

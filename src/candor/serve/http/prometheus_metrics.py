@@ -22,16 +22,18 @@ name                                        type       labels                  m
 ``candor_model_info``                       gauge      version                 1 for the model answering now
 ``candor_reloads_total``                    counter    outcome                 reloads (ok, failed)
 ``candor_feedback_total``                   counter    correct, answered       labels received
-``candor_feedback_accuracy``                gauge                              observed accuracy of answered
-``candor_feedback_accuracy_lower``          gauge                              its lower bound at 1 − δ
-``candor_feedback_accuracy_upper``          gauge                              its upper bound at 1 − δ
+``candor_feedback_accuracy``                gauge                              audited accuracy of answered
+``candor_feedback_accuracy_lower``          gauge                              its anytime lower bound, δ
+``candor_feedback_accuracy_upper``          gauge                              its anytime upper bound, δ
+``candor_feedback_audited``                 gauge                              responses the audit counts
 ``candor_promised_accuracy``                gauge                              what the threshold promised
 ``candor_calibration_unconfirmed``          gauge                              1: lower bound below promise
-``candor_calibration_drift``                gauge                              1: upper bound below promise
+``candor_calibration_drift``                gauge                              1: upper bound ≤ promise
 ==========================================  =========  ======================  ============================
 
-The feedback gauges are NaN until enough labels of answered questions arrived
-(:mod:`candor.serve.http.feedback`); they follow the current model version.
+The accuracy gauges count audit labels only (``label_source: "audit"``, one per response, on
+answered choices; :mod:`candor.serve.audit_monitor`); they are NaN before the first, and follow
+the current model version.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 if TYPE_CHECKING:
     from candor.serve.answering import HonestAnswer
-    from candor.serve.http.feedback import AccuracyReport
+    from candor.serve.audit_monitor import AuditReport
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -55,17 +57,34 @@ CONFIDENCE_BUCKETS = tuple(i / 10 for i in range(11))  # raw estimator scores be
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+AUDIT_LABELS = (
+    'Counts only audit labels (label_source "audit": a uniform sample of served responses), '
+    "the first label of an answered choice per response, of the current model version."
+)
 FEEDBACK_GAUGES = {
-    "feedback_accuracy": "Observed accuracy of answered questions, from the labels received (current model).",
-    "feedback_accuracy_lower": "Lower Clopper-Pearson bound of the observed accuracy at 1 - delta.",
-    "feedback_accuracy_upper": "Upper Clopper-Pearson bound of the observed accuracy at 1 - delta.",
+    "feedback_accuracy": f"Accuracy of answered questions in the audit. {AUDIT_LABELS}",
+    "feedback_accuracy_lower": (
+        f"Anytime-valid lower bound of the audited accuracy at level delta (a betting confidence sequence). "
+        f"{AUDIT_LABELS}"
+    ),
+    "feedback_accuracy_upper": (
+        f"Anytime-valid upper bound of the audited accuracy at level delta (a betting confidence sequence). "
+        f"{AUDIT_LABELS}"
+    ),
+    "feedback_audited": f"Responses the audit counts. {AUDIT_LABELS}",
     "promised_accuracy": "The accuracy of answered questions the threshold promised when it was tuned.",
-    "calibration_unconfirmed": "1 while the lower bound is below the promise (the labels do not confirm it).",
-    "calibration_drift": "1 once the upper bound is below the promise (answered accuracy fell below it).",
+    "calibration_unconfirmed": (
+        f"1 while the anytime lower bound is below the promise (the audit does not show it holds). {AUDIT_LABELS}"
+    ),
+    "calibration_drift": (
+        "1 once the anytime upper bound is at or below the promise: the audit shows, at level delta "
+        "(valid at every scrape), that answered accuracy fell below it; stays on for the version. "
+        f"{AUDIT_LABELS}"
+    ),
 }
 
 
-def _read_or_nan(report: AccuracyReport | None, read: Callable[[AccuracyReport], float | None]) -> float:
+def _read_or_nan(report: AuditReport | None, read: Callable[[AuditReport], float | None]) -> float:
     value = None if report is None else read(report)
     return float("nan") if value is None else float(value)
 
@@ -172,12 +191,13 @@ class ServeMetrics:
     def observe_feedback(self, correct: bool, answered: bool) -> None:
         self.feedback.labels(correct=str(bool(correct)).lower(), answered=str(bool(answered)).lower()).inc()
 
-    def watch_feedback(self, report: Callable[[], AccuracyReport | None]) -> None:
-        """Read the observed accuracy and its alarms from ``report()`` at each scrape (NaN while it is None)."""
-        readers: dict[str, Callable[[AccuracyReport], float | None]] = {
+    def watch_feedback(self, report: Callable[[], AuditReport | None]) -> None:
+        """Read the audited accuracy and its alarms from ``report()`` at each scrape (NaN while it is None)."""
+        readers: dict[str, Callable[[AuditReport], float | None]] = {
             "feedback_accuracy": lambda r: r.accuracy,
             "feedback_accuracy_lower": lambda r: r.lower,
             "feedback_accuracy_upper": lambda r: r.upper,
+            "feedback_audited": lambda r: r.labelled,
             "promised_accuracy": lambda r: r.promised,
             "calibration_unconfirmed": lambda r: float(r.unconfirmed),
             "calibration_drift": lambda r: float(r.drift),
