@@ -11,8 +11,10 @@ For each in-domain dataset D in turn (the folds of the EliCal rule selection):
   after loading) turns log + labels into the adapted head and its risk-control threshold;
 - three arms are scored on D's test questions (never read before): **adapted**, **unadapted**
   (the starting head) and **cal_only** (stage 2 from scratch on the same stage-2 labels), each
-  with a threshold by the same risk-control rule on the same held-out labels: AUROC, ECE, and
-  the answered error rate at that threshold (null when it answers nothing) against alpha.
+  with a threshold by the same risk-control rule on the same held-out labels: AUROC, ECE, the
+  coverage and the answered error rate at that threshold (null when it answers nothing) against
+  alpha. The guarantee's verdict per cell is "not exercised (0 answered)" when no run answered
+  anything, never "yes" (:func:`guarantee_verdict`).
 
 Sizes are smaller than HonestyBench-mini's pool so it runs on 2 shared cores: the traffic is the
 first ``--pool`` (150) training-part questions per dataset, k = 5, so 200 labels (more than the
@@ -21,6 +23,7 @@ seeds (per domain), and over the per-seed means across domains (the means).
 
     nohup nice -n 10 python -m benchmarks.adapt --annotate test,pool   # the annotation cache (resumable)
     nohup nice -n 10 python -m benchmarks.adapt                        # the folds (cached per run)
+    python -m benchmarks.adapt --reverdict   # the verdicts and the goal again, from the results file's table
 
 Writes benchmarks/results/adapt.json.
 """
@@ -43,9 +46,10 @@ from scipy import stats
 from benchmarks.common import CACHE, RESULTS, logger, setup_logging, write_json
 from benchmarks.mini import annotate_part, load_mini_or_exit
 from candor.annotation.builder import AnnotateConfig
+from candor.annotation.label_selection import select_labels
 from candor.annotation.prompts import resolve_template
 from candor.annotation.records import Record, read_records
-from candor.annotation.served_labels import append_label, labelled_records, read_served
+from candor.annotation.served_labels import append_label, read_served
 from candor.backends import load_backend
 from candor.backends.base import SamplingParams
 from candor.data.mini import IN_DOMAIN
@@ -62,6 +66,8 @@ from candor.train.elical.pool import carve_dev
 from candor.util.files import atomic_write_json
 
 MODEL = "smollm2-135m"
+LABEL_SOURCE = "gold"  # the benchmark's labels: the greedy answer's correctness against gold
+NOT_EXERCISED = "not exercised (0 answered)"
 
 
 def annotate_mini(data_dir: str | None, parts: list[str], pool: int, datasets: list[str]) -> None:
@@ -88,6 +94,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--annotate", default=None, help="test,pool: fill the annotation cache, then stop")
     p.add_argument("--time-cli", action="store_true", help="time the real command once and add it to --out")
+    p.add_argument(
+        "--reverdict",
+        action="store_true",
+        help="recompute the guarantee verdicts and the goal from --out's table (no run)",
+    )
     p.add_argument("--pool", type=int, default=150, help="training-part questions per dataset (the traffic)")
     p.add_argument("--datasets", default=",".join(IN_DOMAIN), help="--annotate: these datasets only")
     p.add_argument("--labels", default="25,50,100")
@@ -146,7 +157,7 @@ def served_log(path: Path, traffic: list[Record], n_labels: int, seed: int) -> N
             row["provenance"] = {**row["provenance"], "served": served}
             fh.write(json.dumps(row) + "\n")
     for rec in seeded_shuffle(traffic, f"labels:{seed}")[:n_labels]:
-        append_label(path, f"bench-{rec.id}", 0, bool(rec.greedy_correct), "gold")
+        append_label(path, f"bench-{rec.id}", 0, bool(rec.greedy_correct), LABEL_SOURCE)
 
 
 def arm_metrics(conf_test, y_test, conf_held, y_held, alpha: float, delta: float) -> dict[str, Any]:
@@ -186,12 +197,18 @@ def one_run(
     log_path = args.cache / "logs" / f"{fold}-{n}-{seed}.jsonl"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     served_log(log_path, traffic, n, seed)
-    settings = AdaptSettings(alpha=args.alpha, delta=args.delta, seed=seed, feature_cache=str(args.cache / "features"))
+    settings = AdaptSettings(
+        alpha=args.alpha,
+        delta=args.delta,
+        seed=seed,
+        feature_cache=str(args.cache / "features"),
+        label_sources=(LABEL_SOURCE,),
+    )
     log = read_served(log_path)
     began = time.perf_counter()
     adapted = adapt_model(model, log, settings)
     seconds = time.perf_counter() - began
-    stage2, held = split_labels(labelled_records(log), settings)  # the split adapt_model made
+    stage2, held = split_labels(select_labels(log.answers, settings.label_sources).records, settings)  # adapt's split
     gold = {r.item.question: r.greedy_correct for r in traffic}
     y_held = np.array([gold[r.item.question] for r in held])
     y_test = np.array([r.greedy_correct for r in test])
@@ -250,12 +267,32 @@ def interval(values: list[float], bounds: tuple[float, float] | None = (0.0, 1.0
     return {"mean": round(mean, 4), "ci95": [round(low, 4), round(high, 4)], "n": len(vals)}
 
 
+def guarantee_verdict(runs: int, answered_runs: int, error_above_alpha_runs: int) -> str:
+    """Whether the answered error stayed within α: "not exercised (0 answered)" when no run answered anything."""
+    if answered_runs == 0:
+        return NOT_EXERCISED
+    if error_above_alpha_runs == 0:
+        return f"yes ({answered_runs} of {runs} runs answered)"
+    return f"no ({error_above_alpha_runs} of {answered_runs} answered runs above α)"
+
+
+def guarantee_counts(rows: list[dict], arm: str, alpha: float) -> dict[str, Any]:
+    """The runs of a cell, those that answered anything, those whose answered error passed α, and the verdict."""
+    answered = sum(r[arm]["answered_error"] is not None for r in rows)
+    above = sum((r[arm]["answered_error"] or 0) > alpha for r in rows)
+    return {
+        "alpha": alpha,
+        "runs": len(rows),
+        "answered_runs": answered,
+        "error_above_alpha_runs": above,
+        "guarantee": guarantee_verdict(len(rows), answered, above),
+    }
+
+
 def summarize(runs: list[dict], alpha: float, label_counts: list[int], folds: list[str]) -> dict[str, Any]:
     def cell(rows: list[dict], arm: str) -> dict[str, Any]:
         out: dict[str, Any] = {m: interval([r[arm][m] for r in rows]) for m in METRICS}
-        out["alpha"] = alpha
-        out["answered_runs"] = sum(r[arm]["answered_error"] is not None for r in rows)
-        out["error_above_alpha_runs"] = sum((r[arm]["answered_error"] or 0) > alpha for r in rows)
+        out.update(guarantee_counts(rows, arm, alpha))
         return out
 
     by_domain = {
@@ -280,9 +317,7 @@ def summarize(runs: list[dict], alpha: float, label_counts: list[int], folds: li
                     for s in seeds
                 ]
                 entry[m] = interval([float(x) for x in per_seed])
-            entry["alpha"] = alpha
-            entry["answered_runs"] = sum(r[arm]["answered_error"] is not None for r in rows)
-            entry["error_above_alpha_runs"] = sum((r[arm]["answered_error"] or 0) > alpha for r in rows)
+            entry.update(guarantee_counts(rows, arm, alpha))
             by_labels[str(n)][arm] = entry
     return {"by_labels": by_labels, "by_domain": by_domain}
 
@@ -299,15 +334,54 @@ def goal(payload: dict[str, Any], folds: list[str]) -> dict[str, Any]:
     }
     mean_gain = float(np.mean(list(gain.values())))
     ece_ok = (at["adapted"]["ece"]["mean"] or 1) <= 0.05
-    within = all(payload["by_domain"][d]["by_labels"]["100"]["adapted"]["error_above_alpha_runs"] == 0 for d in folds)
+    cells = [payload["by_domain"][d]["by_labels"]["100"]["adapted"] for d in folds]
+    runs, answered = sum(c["runs"] for c in cells), sum(c["answered_runs"] for c in cells)
+    verdict = guarantee_verdict(runs, answered, sum(c["error_above_alpha_runs"] for c in cells))
     return {
         "auroc_gain_by_domain": {d: round(g, 4) for d, g in gain.items()},
         "mean_auroc_gain": round(mean_gain, 4),
         "mean_gain_at_least_0.05": mean_gain >= 0.05,
         "no_domain_below_unadapted": all(g >= 0 for g in gain.values()),
         "adapted_ece_at_most_0.05": ece_ok,
-        "answered_error_within_alpha_every_run": within,
+        "adapted_coverage": at["adapted"]["coverage"]["mean"],
+        # True only when some run answered and none passed α: a guarantee no run exercised is not "held"
+        "answered_error_within_alpha_every_run": answered > 0 and verdict.startswith("yes"),
+        "answered_error_within_alpha": verdict,
     }
+
+
+def reverdict(payload: dict[str, Any]) -> dict[str, Any]:
+    """The verdicts of every cell and the goal, from the table's counts (the runs behind it need not be here)."""
+    folds, seeds = payload["sizes"]["folds"], payload["sizes"]["seeds"]
+    alpha = payload["alpha"]
+    cells = [(len(folds) * seeds, arms) for arms in payload["by_labels"].values()]
+    cells += [(seeds, arms) for d in folds for arms in payload["by_domain"][d]["by_labels"].values()]
+    for runs, arms in cells:
+        for entry in arms.values():
+            entry.update(
+                alpha=alpha,
+                runs=runs,
+                guarantee=guarantee_verdict(runs, entry["answered_runs"], entry["error_above_alpha_runs"]),
+            )
+    payload["notes"] = [NOTE_SAMPLES, NOTE_NULL]
+    payload["goal_at_100_labels"] = goal(payload, folds)
+    payload["verdicts_recomputed"] = {
+        "command": "python -m benchmarks.adapt --reverdict",
+        "note": "the verdicts and the goal were recomputed from this file's counts; the runs are the ones measured. "
+        "Each domain's 150 traffic questions are distinct after normalization and carry only gold labels, so "
+        "the split by question and the label selection of later candor adapt make the same split as these runs",
+    }
+    return payload
+
+
+NOTE_SAMPLES = (
+    "the traffic's served log keeps the annotated samples (k=5, lexical-echo consistency), so adapt "
+    "regenerates none here; the test suite covers regeneration"
+)
+NOTE_NULL = (
+    "answered_error is null for a run whose threshold answers nothing: the guarantee is then not exercised, "
+    "and a cell where no run answered says 'not exercised (0 answered)'; answered_runs counts the others"
+)
 
 
 def time_cli(args: argparse.Namespace, fold: str = "pararel", n: int = 100) -> None:
@@ -329,12 +403,17 @@ def time_cli(args: argparse.Namespace, fold: str = "pararel", n: int = 100) -> N
         str(args.alpha),
         "--delta",
         str(args.delta),
+        "--label-sources",
+        LABEL_SOURCE,
     ]
     began = time.perf_counter()
     subprocess.run(command, check=True)
     seconds = time.perf_counter() - began
     payload = json.loads(args.out.read_text())
-    shown = f"candor adapt LOG --honest START -o OUT --alpha {args.alpha} --delta {args.delta}"
+    shown = (
+        f"candor adapt LOG --honest START -o OUT --alpha {args.alpha} --delta {args.delta} "
+        f"--label-sources {LABEL_SOURCE}"
+    )
     payload["cli_adapt"] = {
         "fold": fold,
         "labels": n,
@@ -352,6 +431,10 @@ def main() -> None:
     args = parse_args()
     if args.time_cli:
         time_cli(args)
+        return
+    if args.reverdict:
+        write_json(args.out, reverdict(json.loads(args.out.read_text())))
+        logger.info("wrote the verdicts into %s", args.out)
         return
     if args.annotate:
         annotate_mini(args.data_dir, args.annotate.split(","), args.pool, args.datasets.split(","))
@@ -396,12 +479,7 @@ def main() -> None:
         },
         "seconds": round(time.perf_counter() - began, 1),  # this invocation: a few when every run was cached
         "command": "python -m benchmarks.adapt",
-        "notes": [
-            "the traffic's served log keeps the annotated samples (k=5, lexical-echo consistency), so adapt "
-            "regenerates none here; the test suite covers regeneration",
-            "answered_error is null for a run whose threshold answers nothing (the guarantee then holds vacuously); "
-            "answered_runs counts the others",
-        ],
+        "notes": [NOTE_SAMPLES, NOTE_NULL],
     }
     payload["goal_at_100_labels"] = goal(payload, folds)
     if args.out.exists() and "cli_adapt" in json.loads(args.out.read_text()):  # measured by --time-cli

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +19,13 @@ import pytest
 
 from candor.annotation.records import Record
 from candor.annotation.served_labels import append_label
+from candor.annotation.text_matching import normalize
 from candor.backends.base import Completion
 from candor.backends.hf import HFBackend
 from candor.cli.commands import run
 from candor.serve import Decoding, HonestModel
 from candor.serve import thresholds as th
-from candor.serve.adaptation import AdaptSettings, Lineage, labels_needed, split_labels
+from candor.serve.adaptation import AdaptSettings, Lineage, NotEnoughLabels, labels_needed, split_labels
 from candor.serve.confidence_sources import HeadSource, served_item
 from candor.train.common import load_causal_lm
 from candor.train.elical import ConfidenceHead, HeadConfig
@@ -33,9 +35,13 @@ RIGHT = [f"What is the capital of country number {i}?" for i in range(30)]
 WRONG = [f"How many legs does the animal in picture {i} have, counting twice?" for i in range(30)]
 
 
+PESSIMIST = "judge:pessimist"  # a judge that calls every answer wrong, labelling after the person did
+
+
 @pytest.fixture(scope="module")
 def deployment(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
-    """A saved honest model with a head, and its served log: 60 questions, 40 of them labelled."""
+    """A saved honest model with a head, and its served log: 60 questions, 40 of them labelled by a person (and
+    later, all wrong, by a judge)."""
     root = tmp_path_factory.mktemp("deployment")
     lm, tokenizer = load_causal_lm(tiny_model_dir, device="cpu")
     head = ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=3)
@@ -53,6 +59,8 @@ def deployment(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
             fh.write(json.dumps(record.to_dict()) + "\n")
     for i in range(40):
         append_label(log, f"chatcmpl-{i}", 0, i % 2 == 0, "human")
+    for i in range(40):
+        append_label(log, f"chatcmpl-{i}", 0, False, PESSIMIST)
     return honest, log
 
 
@@ -72,6 +80,35 @@ def test_the_split_is_seeded_and_disjoint() -> None:
     assert (len(stage2), len(held)) == (15, 15)
     assert [r.id for r in stage2] == [r.id for r in again[0]]
     assert not {r.id for r in stage2} & {r.id for r in held}
+
+
+def test_a_question_served_several_times_lands_on_one_side() -> None:
+    """Issue 53, defect 5: the split is by question text (normalized), not by record.
+
+    Fails on the old code, which split the records: a repeated question landed on both sides, so the
+    threshold was certified on questions stage 2 trained on.
+    """
+    spellings = ("{}", "  {} ", "{}?!", "{}".upper())
+    records = [
+        Record(item=served_item(form.format(f"Who founded city number {i}")), greedy=Completion("x"), samples=[])
+        for i in range(12)
+        for form in spellings[: 1 + i % 4]  # 1 to 4 servings of each question, spelled differently
+    ]
+    records = [replace(r, greedy_correct=1) for r in records]
+    for seed in range(5):
+        stage2, held = split_labels(records, AdaptSettings(alpha=0.5, seed=seed))
+        assert len(stage2) + len(held) == len(records) == 30
+        assert not {normalize(r.item.question) for r in stage2} & {normalize(r.item.question) for r in held}
+        assert len(held) >= 15 and len(stage2) >= 10
+
+
+def test_repeats_that_leave_stage_two_too_few_labels_are_refused() -> None:
+    records = [
+        replace(Record(item=served_item("Is it raining?"), greedy=Completion("x"), samples=[]), greedy_correct=1)
+        for _ in range(30)
+    ]
+    with pytest.raises(NotEnoughLabels, match="on 1 distinct questions: .* 0 are left for stage 2"):
+        split_labels(records, AdaptSettings(alpha=0.5))
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +141,11 @@ def test_adapt_learns_the_labels_and_writes_a_new_version(deployment, adapted) -
     out, exported = adapted
     summary = json.loads((out / "adapt.json").read_text())
     counts = summary["counts"]
-    assert counts["served_questions"] == 60 and counts["labelled_answers"] == 40
+    assert counts["served_questions"] == 60 and counts["labelled_answers"] == 40 and counts["labels_used"] == 40
+    # the person's labels: the judge's later ones are from a source not trusted by default, and hide nothing
+    assert summary["labels"]["by_source"] == {"human": {"used": 40}, PESSIMIST: {"untrusted_source": 40}}
+    assert summary["settings"]["label_sources"] == ["human", "audit"]
+    assert summary["guarantee_exercised"] is (counts["held_out_answered"] > 0)
     assert (counts["stage2_labels"], counts["held_out_labels"]) == (20, 20)
     # stage 1 reads every served question but the 20 held out, each resampled (the log had no samples)
     assert counts["stage1_questions"] == counts["samples_regenerated_for"] == 40
@@ -220,3 +261,33 @@ def test_a_model_served_without_a_head_gets_a_fresh_one(deployment, tiny_model_d
     assert config["confidence"]["kind"] == "head" and config["version"] != Lineage.of(honest).version
     head = ConfidenceHead.from_pretrained(tmp_path / "out" / "head")
     assert head.config.template == "fewshot" and head.config.backbone == tiny_model_dir
+
+
+def test_a_guarantee_no_held_out_answer_exercised_says_so(deployment, tmp_path, capsys) -> None:
+    """Issue 53, defect 7: trusting only the judge that calls everything wrong, no threshold answers anything.
+
+    Fails on the old code, whose report named no "not exercised (0 answered)" (and had no --label-sources).
+    """
+    honest, log = deployment
+    args = ["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "a"), "--alpha", "0.5", "--k", "2"]
+    with pytest.raises(SystemExit) as done:
+        run([*args, "--label-sources", "judge:*"])
+    printed = capsys.readouterr().out
+    assert done.value.code == 0, printed
+    summary = json.loads((tmp_path / "a" / "adapt.json").read_text())
+    assert summary["counts"]["held_out_answered"] == 0 and summary["guarantee_exercised"] is False
+    assert summary["guarantee"].startswith("not exercised (0 answered)")
+    assert "guarantee: not exercised (0 answered)" in printed
+    assert f"{PESSIMIST} 40 used" in printed and "human 0 used, 40 ignored (40 untrusted_source)" in printed
+
+
+def test_labels_from_no_trusted_source_are_refused_with_the_sources_named(deployment, tmp_path, capsys) -> None:
+    honest, log = deployment
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "x"), "--label-sources", "audit"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "0 labelled answers" in err and "from the sources audit only (--label-sources)" in err
+    with pytest.raises(SystemExit) as done:
+        run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "x"), "--label-sources", ","])
+    assert done.value.code == 2 and "--label-sources must be a comma list" in capsys.readouterr().err

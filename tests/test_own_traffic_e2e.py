@@ -107,7 +107,22 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
         assert all(labels[rid] == (served[rid] in RIGHT, "human") for rid in ids[14:])
         # candor adapt writes the new model into the served folder; SIGHUP swaps it in under traffic.
         with pytest.raises(SystemExit) as done:
-            run(["adapt", str(log), "--honest", str(folder), "-o", str(folder), "--alpha", "0.5", "--k", "2"])
+            run(
+                [
+                    "adapt",
+                    str(log),
+                    "--honest",
+                    str(folder),
+                    "-o",
+                    str(folder),
+                    "--alpha",
+                    "0.5",
+                    "--k",
+                    "2",
+                    "--label-sources",
+                    "human,feedback",  # 14 labels of each: the people's alone are too few for α = 0.5
+                ]
+            )
         assert done.value.code == 0
         new_version = json.loads((folder / "honest.json").read_text())["version"]
         assert new_version != first_version

@@ -83,8 +83,31 @@ def test_a_changed_adapt_result_makes_only_the_serving_page_stale(gen, results):
     texts = {path: path.read_text(encoding="utf-8") for path in gen.READMES}
     stale = gen.rewritten(texts, gen.generated(results))
     assert list(stale) == [SERVING_PAGE]
-    assert "| nq | 25 | adapted | 50.0 [56, 74] | 4.1 [0, 14] | – (answers none) |" in stale[SERVING_PAGE]
+    row = "| nq | 25 | adapted | 50.0 [56, 74] | 4.1 [0, 14] | 0.0 | – (answers none) | not exercised (0 answered) |"
+    assert row in stale[SERVING_PAGE]
     assert "AUROC gain per domain nq -50.0, hq +1.0" in stale[SERVING_PAGE]
+
+
+def test_a_guarantee_no_run_exercised_is_not_reported_as_held(gen, results):
+    """Issue 53, defect 7: the adapted arm answered nothing at 100 labels, so its guarantee is "not exercised".
+
+    Fails on the old code, whose README said "answered error within α in every run: yes".
+    """
+    doc = json.loads((results / "adapt.json").read_text())
+    adapted = doc["by_labels"]["100"]["adapted"]
+    assert adapted["answered_runs"] == 0 and adapted["coverage"]["mean"] == 0.0
+    assert adapted["guarantee"] == "not exercised (0 answered)"
+    assert doc["goal_at_100_labels"]["answered_error_within_alpha_every_run"] is False
+    page = gen.generated(results)
+    assert (
+        "answered error within α in every run: not exercised (0 answered) (adapted coverage 0.0%)"
+        in (page["table:adapt-goal"])
+    )
+    assert "in every run: yes" not in page["table:adapt-goal"]
+    mean_row = (
+        "| mean of the four | 100 | adapted | 66.2 [61, 71] | 5.5 [5, 6] | 0.0 | – (answers none) | not exercised"
+    )
+    assert mean_row in page["table:adapt"]
 
 
 def test_an_edited_estimator_table_is_stale_and_rewritten(gen, parts):
@@ -158,7 +181,7 @@ def test_an_adapt_cell_is_the_mean_and_interval_in_points(readme_generator):
     assert adapt.cell({"mean": None, "ci95": [None, None]}) == "–"
     assert adapt.cell({"mean": 0.5, "ci95": [None, None]}) == "50.0"
     answered = {"answered_error": {"mean": 0.25, "ci95": [0.1, 0.404]}, "coverage": {"mean": 0.0312}}
-    assert adapt.error_cell(answered) == "25.0 [10, 40] at 3.1% coverage"
+    assert adapt.error_cell(answered) == "25.0 [10, 40]" and adapt.coverage_cell(answered) == "3.1"
     assert adapt.error_cell({"answered_error": {"mean": None}, "coverage": {"mean": 0.0}}) == "– (answers none)"
 
 

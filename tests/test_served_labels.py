@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from served_log_fixture import FIXTURE, IDS, copy_served_log
 
+from candor.annotation.label_selection import labelled_records
 from candor.annotation.records import read_records
-from candor.annotation.served_labels import append_label, labelled_records, read_served, served_records
+from candor.annotation.served_labels import append_label, read_served, served_records
 from candor.util.errors import CandorError
 
 
@@ -44,14 +45,14 @@ def test_labels_fold_onto_answers_and_the_later_one_wins(log: Path) -> None:
     lines = log.read_text().splitlines()
     last = json.loads(lines[-1])["label"]
     assert set(last) == {"id", "index", "correct", "label_source", "time"} and last["correct"] is False
-    records = {r.item.question: r.greedy_correct for r in labelled_records(served)}
+    records = {r.item.question: r.greedy_correct for r in labelled_records(served.answers)}
     assert records == {"What is the capital of France?": 1, "Who wrote Hamlet?": 0}
 
 
 def test_a_record_at_two_indexes_takes_its_latest_label(log: Path) -> None:
     append_label(log, IDS[3], 1, False, "human")
     append_label(log, IDS[3], 0, True, "human")
-    (rec,) = labelled_records(read_served(log))
+    (rec,) = labelled_records(read_served(log).answers)
     assert rec.item.question == "Who painted the Mona Lisa?" and rec.greedy_correct == 1
 
 
@@ -62,7 +63,7 @@ def test_of_two_labels_with_one_timestamp_the_later_line_wins(log: Path) -> None
     with log.open("a", encoding="utf-8") as fh:
         for index, correct in ((1, True), (0, False)):
             fh.write(Label(id=IDS[3], index=index, correct=correct, label_source="human", time=1764770000.0).to_line())
-    (rec,) = labelled_records(read_served(log))
+    (rec,) = labelled_records(read_served(log).answers)
     assert rec.greedy_correct == 0
     answers = {a.key: a for a in read_served(log).answers}
     assert answers[(IDS[3], 0)].label_line > answers[(IDS[3], 1)].label_line

@@ -13,8 +13,11 @@ A served log holds two kinds of JSON lines:
                  "label_source": "human", "time": 1764770000.0}}
 
 The file is append-only: a label never rewrites a record, and the later label
-for the same ``(id, index)`` wins. A label says whether the record's greedy
-answer (the one its confidence was computed for) is correct.
+for the same ``(id, index)`` wins. A label says whether the text returned at
+that choice is correct; every label of an answer is kept (``ServedAnswer.labels``),
+so a reader that trusts only some sources (``candor adapt --label-sources``,
+:mod:`candor.annotation.label_selection`) is not misled by a later label from
+another source.
 
 A record with no ``provenance.served.id`` (a log written before ids, or any
 records file from ``candor annotate``) is addressed by its item id, index 0,
@@ -90,6 +93,7 @@ class ServedAnswer:
     label_source: str | None = None
     label_time: float | None = None
     label_line: int | None = None  # the label's line in the log: the later line is the later label
+    labels: tuple[tuple[int, Label], ...] = ()  # every label of this answer with its line, in log order
 
     @property
     def key(self) -> tuple[str, int]:
@@ -182,7 +186,7 @@ def read_served(path: str | Path) -> ServedLog:
     if not path.exists():
         raise CandorError(f"{path}: no such file")
     answers: dict[tuple[str, int], ServedAnswer] = {}
-    labels: dict[tuple[str, int], tuple[Label, int]] = {}
+    labels: dict[tuple[str, int], list[tuple[int, Label]]] = {}
     bad = 0
     with path.open(encoding="utf-8", errors="replace") as fh:
         for lineno, line in enumerate(fh, start=1):
@@ -194,12 +198,18 @@ def read_served(path: str | Path) -> ServedLog:
                 bad += 1
                 logger.warning("%s:%d: skipped, not a served record or label (%s)", path, lineno, exc)
     orphans = 0
-    for key, (label, lineno) in labels.items():
+    for key, history in labels.items():
         if key not in answers:
-            orphans += 1
+            orphans += len(history)
             continue
+        lineno, label = history[-1]  # the later line wins
         answers[key] = replace(
-            answers[key], label=label.correct, label_source=label.label_source, label_time=label.time, label_line=lineno
+            answers[key],
+            label=label.correct,
+            label_source=label.label_source,
+            label_time=label.time,
+            label_line=lineno,
+            labels=tuple(history),
         )
     if bad or orphans:
         logger.warning("%s: %d bad lines skipped, %d labels name no served answer", path, bad, orphans)
@@ -210,33 +220,18 @@ def _read_line(
     obj: Any,
     lineno: int,
     answers: dict[tuple[str, int], ServedAnswer],
-    labels: dict[tuple[str, int], tuple[Label, int]],
+    labels: dict[tuple[str, int], list[tuple[int, Label]]],
 ) -> None:
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object")
     if LABEL_LINE_KEY in obj and "item" not in obj:
         label = Label.from_dict(obj[LABEL_LINE_KEY])
-        labels[(label.id, label.index)] = (label, lineno)  # later lines win
+        labels.setdefault((label.id, label.index), []).append((lineno, label))
         return
     record = Record.from_dict(obj)
     response_id, indexes = served_key(record)
     for index in indexes:
         answers[(response_id, index)] = ServedAnswer(record=record, id=response_id, index=index)
-
-
-def labelled_records(log: ServedLog) -> list[Record]:
-    """One record per served question that has a label, its ``greedy_correct`` set from the latest label.
-
-    A record occupying several choice indexes counts once (the labels are on
-    the same greedy answer); its latest label across them wins: the later line
-    of the append-only log (two labels can share a timestamp).
-    """
-    latest: dict[int, ServedAnswer] = {}
-    for answer in log.labelled():
-        mine = latest.get(id(answer.record))
-        if mine is None or (answer.label_line or 0) >= (mine.label_line or 0):
-            latest[id(answer.record)] = answer
-    return [replace(a.record, greedy_correct=int(bool(a.label))) for a in latest.values()]
 
 
 def served_records(log: ServedLog) -> list[Record]:

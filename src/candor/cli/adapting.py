@@ -63,6 +63,14 @@ def adapt(
     holdout: Annotated[float, typer.Option(help="Share of the labels held out from stage 2 for the threshold.")] = 0.5,
     k: Annotated[int, typer.Option(help="Samples regenerated per served question that was logged without any.")] = 5,
     seed: Annotated[int, typer.Option(help="Seeds the label split and training.")] = 0,
+    label_sources: Annotated[
+        str | None,
+        typer.Option(
+            "--label-sources",
+            help="Learn and certify only from labels of these sources: a comma list, patterns allowed "
+            "(human,judge:*). Default: human,audit (the labels a person made).",
+        ),
+    ] = None,
     export: Annotated[
         str | None, typer.Option("--export", help="seq-cls: also export the new head for a classify server.")
     ] = None,
@@ -72,6 +80,7 @@ def adapt(
 ) -> None:
     """Recalibrate a served model on its own labelled traffic: stage 1 on every served question, stage 2 on the
     labels, the threshold by risk control on labels held out from stage 2 (refused, exit 2, when too few)."""
+    from candor.annotation.label_selection import DEFAULT_LABEL_SOURCES, parse_label_sources
     from candor.serve.adaptation import AdaptSettings
     from candor.serve.adaptation import adapt as run_adapt
 
@@ -79,23 +88,44 @@ def adapt(
         raise CandorError(f"--export {export!r}: unknown format; known: {', '.join(EXPORTS)}")
     if export_dir is not None and export is None:
         raise CandorError("--export-dir needs --export seq-cls")
-    summary = run_adapt(records, honest, out, AdaptSettings(alpha=alpha, delta=delta, holdout=holdout, k=k, seed=seed))
+    settings = AdaptSettings(
+        alpha=alpha,
+        delta=delta,
+        holdout=holdout,
+        k=k,
+        seed=seed,
+        label_sources=DEFAULT_LABEL_SOURCES if label_sources is None else parse_label_sources(label_sources),
+    )
+    summary = run_adapt(records, honest, out, settings)
     typer.echo(_adapt_report(summary))
     if export is not None:
         typer.echo(_export_seq_cls(out, export_dir or out.with_name(out.name + "-cls"), summary["threshold"]["value"]))
 
 
 def _adapt_report(summary: dict) -> str:
-    counts, held = summary["counts"], summary["held_out"]
+    counts, held, labels = summary["counts"], summary["held_out"], summary["labels"]
     return (
         f"adapted {counts['served_questions']} served questions ({counts['samples_regenerated_for']} resampled), "
-        f"{counts['labelled_answers']} labels: {counts['stage2_labels']} for stage 2, "
-        f"{counts['held_out_labels']} held out\n"
+        f"{counts['labels_used']} labels used: {counts['stage2_labels']} for stage 2, "
+        f"{counts['held_out_labels']} held out ({counts['held_out_answered']} answered at the threshold)\n"
+        f"labels by source (trusted: {','.join(labels['trusted_sources'])}): {_by_source(labels['by_source'])}\n"
         f"held-out AUROC {_fmt(held['auroc'])}, ECE {_fmt(held['ece'])}\n"
-        f"{summary['guarantee']}\n"
+        f"guarantee: {summary['guarantee']}\n"
         f"wrote {summary['folder']} (version {summary['version']}; what it did: {summary['folder']}/adapt.json)\n"
         f"serve it: candor serve --honest {shlex.quote(summary['folder'])} (or reload a running server)"
     )
+
+
+def _by_source(by_source: dict[str, dict[str, int]]) -> str:
+    """``human 40 used; feedback 14 ignored (14 untrusted_source)``."""
+    parts = []
+    for source, counts in by_source.items():
+        ignored = {k: v for k, v in counts.items() if k != "used" and v}
+        text = f"{source} {counts.get('used', 0)} used"
+        if ignored:
+            text += f", {sum(ignored.values())} ignored (" + ", ".join(f"{v} {k}" for k, v in ignored.items()) + ")"
+        parts.append(text)
+    return "; ".join(parts) or "none"
 
 
 def _fmt(x: float | None) -> str:

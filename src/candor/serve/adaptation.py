@@ -3,8 +3,13 @@
 From a served log (``candor serve --log-records``) and the labels appended to
 it (:mod:`candor.annotation.served_labels`) to a new honest-model folder:
 
-1. The labelled answers are split, seeded, into a **stage-2 part** and a
-   **held-out part** (``holdout`` of them) that nothing trains on.
+1. The labels it may use are chosen (:mod:`candor.annotation.label_selection`):
+   from the trusted sources (``label_sources``), on the text the served
+   confidence scored, one per served response. They are split, seeded, into a
+   **stage-2 part** and a **held-out part** (``holdout`` of them) that nothing
+   trains on, **by question**: every served record of one question (its text
+   normalized as :func:`candor.annotation.text_matching.normalize` does) lands
+   on one side, so the threshold is never certified on a question a stage saw.
 2. **Stage 1** (Eli) resumes the served EliCal head (a fresh head when the
    served confidence is not a head) on the consistency rate of every served
    question except the held-out ones; no label is read. Served records without
@@ -17,7 +22,9 @@ it (:mod:`candor.annotation.served_labels`) to a new honest-model folder:
    on the held-out labels: with probability at least 1 − δ over their draw, the
    error rate of the questions the new model answers is at most α, *assuming
    later traffic is exchangeable with the labelled questions* (drawn from the
-   same distribution, labelled without regard to their confidence).
+   same distribution, labelled without regard to their confidence). When the
+   threshold answers none of the held-out questions, the guarantee is reported
+   as not exercised (0 answered), never as holding.
 
 Too few labels for α and δ is refused with the number needed (exit 2 from
 the CLI): the held-out part must be able to certify α even with no error at
@@ -44,8 +51,10 @@ import numpy as np
 import torch
 
 from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, get_consistency_judge, judge_consistency
+from candor.annotation.label_selection import DEFAULT_LABEL_SOURCES, LabelSelection, parse_label_sources, select_labels
 from candor.annotation.records import Record
-from candor.annotation.served_labels import ServedLog, labelled_records, read_served, served_records
+from candor.annotation.served_labels import ServedLog, read_served, served_records
+from candor.annotation.text_matching import normalize
 from candor.backends.base import Backend
 from candor.data.splits import seeded_shuffle
 from candor.evaluation.metrics import auroc, ece
@@ -79,7 +88,7 @@ class NotEnoughLabels(CandorError):
 
 @dataclass(frozen=True)
 class AdaptSettings:
-    """What ``candor adapt`` is asked for: the guarantee (α, δ), the held-out share, samples and seed."""
+    """What ``candor adapt`` is asked for: the guarantee (α, δ), the held-out share, samples, seed, trusted sources."""
 
     alpha: float = 0.1
     delta: float = 0.1
@@ -88,8 +97,10 @@ class AdaptSettings:
     seed: int = 0
     max_epochs: int | None = None
     feature_cache: str | None = None
+    label_sources: tuple[str, ...] = DEFAULT_LABEL_SOURCES  # patterns: ("human", "judge:*")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "label_sources", parse_label_sources(self.label_sources))
         if not 0.0 < self.alpha < 1.0:
             raise CandorError(f"alpha must be in (0, 1), got {self.alpha}")
         if not 0.0 < self.delta < 1.0:
@@ -113,19 +124,47 @@ def labels_needed(alpha: float, delta: float, holdout: float) -> int:
     return n
 
 
+def question_key(record: Record) -> str:
+    """What makes two served records the same question for the split: the question text, normalized."""
+    return normalize(record.item.question)
+
+
 def split_labels(labelled: Sequence[Record], settings: AdaptSettings) -> tuple[list[Record], list[Record]]:
-    """(stage 2, held out): a seeded split of the labelled records; refuses too few for α and δ."""
+    """(stage 2, held out): a seeded split of the labelled records by question; refuses too few for α and δ.
+
+    The questions are shuffled (seeded) and taken for the held-out part until it has
+    ``holdout`` of the labels; every record of a question goes where its question goes.
+    """
     needed = labels_needed(settings.alpha, settings.delta, settings.holdout)
+    evidence = th.min_evidence(settings.alpha, settings.delta)
+    wanted = (
+        f"certifying an answered error rate of at most α={settings.alpha:g} with probability "
+        f"1-δ={1 - settings.delta:g} needs at least {needed}"
+    )
+    parts = (
+        f"{held_out_size(needed, settings.holdout)} held out for the threshold (at least {evidence} answered) "
+        f"and {MIN_STAGE2} or more for stage 2"
+    )
     if len(labelled) < needed:
         raise NotEnoughLabels(
-            f"{len(labelled)} labelled answers; certifying an answered error rate of at most α={settings.alpha:g} "
-            f"with probability 1-δ={1 - settings.delta:g} needs at least {needed} ({needed - len(labelled)} more): "
-            f"{held_out_size(needed, settings.holdout)} held out for the threshold (at least "
-            f"{th.min_evidence(settings.alpha, settings.delta)} answered) and {MIN_STAGE2} or more for stage 2"
+            f"{len(labelled)} labelled answers; {wanted} ({needed - len(labelled)} more): {parts}; "
+            f"labels count from the sources {','.join(settings.label_sources)} only (--label-sources)"
         )
-    shuffled = seeded_shuffle(list(labelled), f"adapt:{settings.seed}")
-    held = held_out_size(len(shuffled), settings.holdout)
-    return shuffled[held:], shuffled[:held]
+    groups: dict[str, list[Record]] = {}
+    for record in labelled:
+        groups.setdefault(question_key(record), []).append(record)
+    target = held_out_size(len(labelled), settings.holdout)
+    stage2: list[Record] = []
+    held: list[Record] = []
+    for key in seeded_shuffle(list(groups), f"adapt:{settings.seed}"):
+        (held if len(held) < target else stage2).extend(groups[key])
+    if len(stage2) < MIN_STAGE2:
+        raise NotEnoughLabels(
+            f"{len(labelled)} labelled answers on {len(groups)} distinct questions: held out by question, "
+            f"{len(held)} labels go to the threshold and {len(stage2)} are left for stage 2, fewer than "
+            f"{MIN_STAGE2}; {wanted} ({parts}): label more distinct questions"
+        )
+    return stage2, held
 
 
 def with_consistency(
@@ -203,9 +242,10 @@ class Adapted:
 def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> Adapted:
     """Stage 1 on the served questions, stage 2 on the stage-2 labels, risk control on the held-out ones."""
     started = time.perf_counter()
-    stage2, held = split_labels(labelled_records(log), settings)
-    held_questions = {r.item.question for r in held}
-    traffic = [r for r in served_records(log) if r.item.question not in held_questions]
+    selection = select_labels(log.answers, settings.label_sources)
+    stage2, held = split_labels(selection.records, settings)
+    held_questions = {question_key(r) for r in held}
+    traffic = [r for r in served_records(log) if question_key(r) not in held_questions]
     traffic, regenerated = with_consistency(traffic, model.backend, model.template, settings.k)
     config = EliCalConfig(
         mode="head",
@@ -226,13 +266,14 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
     confidence = head_confidences(head, held, settings.feature_cache)
     correct = np.array([int(r.greedy_correct) for r in held])  # type: ignore[arg-type]
     threshold = th.risk_control(confidence, correct, settings.alpha, settings.delta)
-    summary = _summary(log, settings, stages, regenerated, confidence, correct, threshold, stage2)
+    summary = _summary(log, selection, settings, stages, regenerated, confidence, correct, threshold, stage2)
     summary["seconds"] = round(time.perf_counter() - started, 2)
     return Adapted(head, threshold, summary)
 
 
 def _summary(
     log: ServedLog,
+    selection: LabelSelection,
     settings: AdaptSettings,
     stages: Sequence[StageResult],
     regenerated: int,
@@ -241,9 +282,7 @@ def _summary(
     threshold: th.Threshold,
     stage2: Sequence[Record],
 ) -> dict[str, Any]:
-    sources: dict[str, int] = {}
-    for answer in log.labelled():
-        sources[answer.label_source or "?"] = sources.get(answer.label_source or "?", 0) + 1
+    answered = int((confidence >= threshold.value).sum()) if confidence.size else 0
     return {
         "settings": asdict(settings),
         "counts": {
@@ -252,9 +291,10 @@ def _summary(
             "stage1_questions": stages[0].n_train + stages[0].n_dev,
             "samples_regenerated_for": regenerated,
             "labelled_answers": len(log.labelled()),
-            "label_sources": sources,
+            "labels_used": len(selection.records),
             "stage2_labels": len(stage2),
             "held_out_labels": int(correct.size),
+            "held_out_answered": answered,
             "bad_lines": log.bad_lines,
             "orphan_labels": log.orphan_labels,
         },
@@ -263,8 +303,10 @@ def _summary(
             "ece": _finite(ece(confidence, correct)),
             "accuracy": float(correct.mean()),
         },
+        "labels": selection.to_dict(),
         "threshold": threshold.to_dict(),
-        "guarantee": _guarantee(threshold, settings),
+        "guarantee": _guarantee(threshold, settings, answered),
+        "guarantee_exercised": answered > 0,
         # The request shapes the labels came from: the calibration holds for those (docs/architecture.md
         # "Conversations").
         "tuned_on": sorted({CONVERSATION if r.item.history else QUESTION for r in [*stage2]} or {QUESTION}),
@@ -272,15 +314,17 @@ def _summary(
     }
 
 
-def _guarantee(threshold: th.Threshold, settings: AdaptSettings) -> str:
-    if threshold.expected_coverage == 0.0:
+def _guarantee(threshold: th.Threshold, settings: AdaptSettings, answered: int) -> str:
+    """The guarantee in words: "not exercised (0 answered)" when the threshold answers no held-out question."""
+    if answered == 0 or threshold.expected_coverage == 0.0:
         return (
-            f"no threshold certifies an answered error rate of at most {settings.alpha:g} at δ={settings.delta:g} "
-            "on the held-out labels: the model abstains on everything"
+            f"not exercised (0 answered): no threshold certifies an answered error rate of at most "
+            f"{settings.alpha:g} at δ={settings.delta:g} on the held-out labels, so the model abstains on everything"
         )
     return (
         f"with probability at least {1 - settings.delta:g}, the error rate of answered questions is at most "
-        f"{settings.alpha:g} (threshold {threshold.value:.3f}), assuming {GUARANTEE_ASSUMES}"
+        f"{settings.alpha:g} (threshold {threshold.value:.3f}, {answered} of {threshold.n_dev} held-out labels "
+        f"answered), assuming {GUARANTEE_ASSUMES}"
     )
 
 
@@ -348,7 +392,7 @@ def adapt(records: str | Path, honest: str | Path, out: str | Path, settings: Ad
     log = read_served(records)
     if not log.answers:
         raise CandorError(f"{records}: no served records")
-    split_labels(labelled_records(log), settings)  # refuse before loading any model
+    split_labels(select_labels(log.answers, settings.label_sources).records, settings)  # refuse before any model loads
     lineage = Lineage.of(honest)
     model = HonestModel.from_pretrained(honest)
     adapted = adapt_model(model, log, settings)

@@ -1,0 +1,64 @@
+"""benchmarks/adapt.py's verdicts (issue 53, defect 7): a guarantee no run exercised is "not exercised", never held."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from benchmarks.adapt import NOT_EXERCISED, goal, guarantee_verdict, reverdict, summarize  # noqa: E402
+
+FOLDS = ["nq", "hq"]
+ALPHA = 0.7
+
+
+def run(fold: str, seed: int, answered_error: float | None) -> dict:
+    """One run's record as one_run writes it: every arm with the same metrics."""
+    arm = {
+        "auroc": 0.6,
+        "ece": 0.05,
+        "answered_error": answered_error,
+        "coverage": 0.0 if answered_error is None else 0.1,
+    }
+    return {"fold": fold, "labels": 100, "seed": seed, "adapted": arm, "unadapted": arm, "cal_only": arm}
+
+
+def payload(errors: dict[str, list[float | None]]) -> dict:
+    runs = [run(f, s, e) for f, per_seed in errors.items() for s, e in enumerate(per_seed)]
+    out = {"alpha": ALPHA, "sizes": {"folds": FOLDS, "seeds": 2}, **summarize(runs, ALPHA, [100], FOLDS)}
+    out["goal_at_100_labels"] = goal(out, FOLDS)
+    return out
+
+
+def test_no_answered_run_is_not_exercised() -> None:
+    """Fails on the old code: the goal said the answered error was within α in every run when no run answered."""
+    result = payload({"nq": [None, None], "hq": [None, None]})
+    cell = result["by_labels"]["100"]["adapted"]
+    assert (cell["runs"], cell["answered_runs"], cell["guarantee"]) == (4, 0, NOT_EXERCISED)
+    assert result["by_domain"]["nq"]["by_labels"]["100"]["adapted"]["guarantee"] == NOT_EXERCISED
+    g = result["goal_at_100_labels"]
+    assert g["answered_error_within_alpha_every_run"] is False
+    assert g["answered_error_within_alpha"] == NOT_EXERCISED and g["adapted_coverage"] == 0.0
+
+
+def test_answered_runs_are_counted_in_the_verdict() -> None:
+    result = payload({"nq": [0.5, None], "hq": [0.9, 0.2]})
+    cell = result["by_labels"]["100"]["adapted"]
+    assert cell["guarantee"] == "no (1 of 3 answered runs above α)"
+    assert result["by_domain"]["nq"]["by_labels"]["100"]["adapted"]["guarantee"] == "yes (1 of 2 runs answered)"
+    assert result["goal_at_100_labels"]["answered_error_within_alpha_every_run"] is False
+    assert payload({"nq": [0.5, None], "hq": [0.2, 0.1]})["goal_at_100_labels"]["answered_error_within_alpha_every_run"]
+
+
+def test_reverdict_recomputes_the_verdicts_from_the_counts() -> None:
+    result = payload({"nq": [None, None], "hq": [0.2, None]})
+    stale = {**result, "notes": []}
+    for arms in [*stale["by_labels"].values(), *(d["by_labels"]["100"] for d in stale["by_domain"].values())]:
+        for entry in arms.values():
+            entry["guarantee"] = "yes"
+    stale["goal_at_100_labels"]["answered_error_within_alpha_every_run"] = True
+    again = reverdict(stale)
+    assert again["by_labels"]["100"]["adapted"]["guarantee"] == "yes (1 of 4 runs answered)"
+    assert again["by_domain"]["nq"]["by_labels"]["100"]["adapted"]["guarantee"] == NOT_EXERCISED
+    assert again["goal_at_100_labels"] == result["goal_at_100_labels"]
+    assert guarantee_verdict(3, 0, 0) == NOT_EXERCISED
