@@ -33,10 +33,9 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from candor.annotation.records import Record
-from candor.annotation.served_labels import LABEL_SOURCE_HUMAN, Label, ServedAnswer
+from candor.annotation.served_labels import LABEL_SOURCE_AUDIT, LABEL_SOURCE_HUMAN, Label, ServedAnswer
 from candor.util.errors import CandorError
 
-LABEL_SOURCE_AUDIT = "audit"  # a person's verdict on a uniformly drawn sample of the log
 # Trusted unless the operator says otherwise: labels a person made. An audit label is one, made on a
 # uniform draw (the draw the guarantee assumes), so it is trusted like a human label.
 DEFAULT_LABEL_SOURCES = (LABEL_SOURCE_HUMAN, LABEL_SOURCE_AUDIT)
