@@ -1,15 +1,12 @@
 """Labels on served answers, as they arrive (``POST /v1/feedback``): what the service remembers and reports.
 
-Two pieces, both bounded so that traffic cannot grow them without limit:
-
-- :class:`ServedIndex` remembers the last :data:`REMEMBERED_RESPONSES` responses
-  (their id, choices, whether each was answered, the model version), so feedback
-  can be checked against what was served (an unknown id is a 404);
-- :class:`FeedbackTracker` keeps the latest label of each answered choice (the
-  later label wins) and reports the **observed accuracy of answered questions**
-  with its Clopper–Pearson bounds at 1 − δ against the accuracy the threshold
-  promised when it was tuned (:meth:`Threshold.promised_accuracy
-  <candor.serve.thresholds.Threshold.promised_accuracy>`).
+What was served, and the bounded index feedback is checked against, live in the store
+(:mod:`candor.annotation.served_store`). Here, bounded so that traffic cannot grow it without limit,
+:class:`FeedbackTracker` keeps the latest label of each answered choice (the
+later label wins) and reports the **observed accuracy of answered questions**
+with its Clopper–Pearson bounds at 1 − δ against the accuracy the threshold
+promised when it was tuned (:meth:`Threshold.promised_accuracy
+<candor.serve.thresholds.Threshold.promised_accuracy>`).
 
 Two alarms, both on ``/metrics``: ``candor_calibration_unconfirmed`` is on while
 the lower bound is below the promise (the labels do not yet confirm it, which is
@@ -22,44 +19,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scipy.stats import beta
 
-REMEMBERED_RESPONSES = 100_000  # responses whose ids feedback can name (older ones: `candor label` the log)
 REMEMBERED_LABELS = 100_000  # labelled answered choices the observed accuracy is computed over (the latest)
 MIN_LABELS = 30  # labels of answered choices before the accuracy and its alarms are reported
 DEFAULT_DELTA = 0.05  # the bounds' level when the threshold names none
-
-
-@dataclass(frozen=True)
-class ServedChoice:
-    """What feedback needs to know about one served choice."""
-
-    answered: bool
-    model_version: str
-
-
-class ServedIndex:
-    """The last :data:`REMEMBERED_RESPONSES` responses' choices, by ``(response id, index)`` (thread-safe)."""
-
-    def __init__(self, limit: int = REMEMBERED_RESPONSES) -> None:
-        self._limit = limit
-        self._responses: OrderedDict[str, dict[int, ServedChoice]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def remember(self, response_id: str, indexes: Sequence[int], answered: Sequence[bool], version: str) -> None:
-        with self._lock:
-            choices = self._responses.setdefault(response_id, {})
-            choices.update({i: ServedChoice(a, version) for i, a in zip(indexes, answered, strict=True)})
-            self._responses.move_to_end(response_id)
-            while len(self._responses) > self._limit:
-                self._responses.popitem(last=False)
-
-    def find(self, response_id: str, index: int) -> ServedChoice | None:
-        with self._lock:
-            return self._responses.get(response_id, {}).get(index)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """What the operator of a deployment uses beside the answers: feedback on served answers, and reloading the model.
 
 - ``POST /v1/feedback`` (behind the key): ``{"id": <response id>, "index": <choice>,
-  "correct": true|false, "label_source": "feedback"}``. The label is appended to the
-  ``--log-records`` file (:func:`candor.annotation.served_labels.append_label`), where
-  ``candor label`` and ``candor adapt`` read it; an id the server did not serve
-  (or no longer remembers, :data:`~candor.serve.http.feedback.REMEMBERED_RESPONSES`) is 404.
+  "correct": true|false, "label_source": "feedback"}``. The label goes to the store
+  (:class:`candor.annotation.served_store.ServedStore`, and its ``--log-records`` export), where
+  ``candor label`` and ``candor adapt`` read it; an id no server of the store served
+  (or that its bounded remembered-response index evicted) is 404.
   The labels of answered choices feed the observed accuracy on ``/metrics``
   (:mod:`candor.serve.http.feedback`), for the model version that answered them.
 - ``POST /admin/reload`` (behind the key) and ``SIGHUP``: load the ``--honest`` folder
@@ -23,7 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from candor.annotation.served_labels import LABEL_SOURCE_FEEDBACK, append_label, check_label
+from candor.annotation.served_labels import LABEL_SOURCE_FEEDBACK, check_label
 from candor.serve.http.feedback import FeedbackTracker
 from candor.serve.http.prometheus_metrics import ServeMetrics
 from candor.serve.http.record_log import RecordLog
@@ -56,7 +56,7 @@ class FeedbackDesk:
         if self.log is None:
             raise APIError(
                 400,
-                "feedback needs a record log to label: start candor serve with --log-records FILE",
+                "feedback needs a store of served answers: start candor serve with --store URL or --log-records FILE",
                 "invalid_request_error",
                 None,
                 "feedback_unavailable",
@@ -69,18 +69,17 @@ class FeedbackDesk:
             check_label(response_id, index, correct, source)
         except ValueError as exc:
             raise APIError(400, str(exc), "invalid_request_error", None, "invalid_value") from None
-        served = self.log.served.find(response_id, index)
+        served = await asyncio.to_thread(self.log.find, response_id, index)
         if served is None:
             raise APIError(
                 404,
-                f"no served answer has id {response_id!r} and index {index} (this server remembers "
-                "the responses it served since it started, the most recent ones; label older ones with "
-                "`candor label`)",
+                f"no served answer has id {response_id!r} and index {index} (the store remembers the "
+                "most recent responses its servers served; label older ones with `candor label`)",
                 "invalid_request_error",
                 "id",
                 "not_found",
             )
-        await asyncio.to_thread(append_label, self.log.path, response_id, index, correct, source)
+        await asyncio.to_thread(self.log.label, response_id, index, correct, source)
         self.metrics.observe_feedback(correct, served.answered)
         if served.answered and served.model_version == self.version and self.tracker is not None:
             self.tracker.observe(response_id, index, correct)
