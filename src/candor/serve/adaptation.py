@@ -1,7 +1,8 @@
 """``candor adapt``: a served honest model recalibrated on its own traffic (docs/methods.md "EliCal").
 
-From a served log (``candor serve --log-records``) and the labels appended to
-it (:mod:`candor.annotation.served_labels`) to a new honest-model folder:
+From the served answers and their labels (a store, ``candor serve --store``:
+:mod:`candor.annotation.served_store`, or a served log file,
+:mod:`candor.annotation.served_labels`) to a new honest-model folder:
 
 1. The labelled answers are split, seeded, into a **stage-2 part** and a
    **held-out part** (``holdout`` of them) that nothing trains on.
@@ -46,6 +47,7 @@ import torch
 from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, get_consistency_judge, judge_consistency
 from candor.annotation.records import Record
 from candor.annotation.served_labels import ServedLog, labelled_records, read_served, served_records
+from candor.annotation.served_store import ServedStore, is_store_url
 from candor.backends.base import Backend
 from candor.data.splits import seeded_shuffle
 from candor.evaluation.metrics import auroc, ece
@@ -340,14 +342,23 @@ def save_adapted(model: HonestModel, adapted: Adapted, out: str | Path, lineage:
     return version
 
 
-def adapt(records: str | Path, honest: str | Path, out: str | Path, settings: AdaptSettings) -> dict[str, Any]:
-    """``candor adapt``: read the log, check the labels, train, and write the new folder; returns the summary."""
-    records, honest, out = Path(records), Path(honest), Path(out)
+def read_served_answers(source: str | Path) -> ServedLog:
+    """The served answers with their latest labels: from a store (indexed queries) or a served log file."""
+    if not is_store_url(source):
+        return read_served(source)
+    with ServedStore(str(source)) as store:
+        return store.served_log()
+
+
+def adapt(source: str | Path, honest: str | Path, out: str | Path, settings: AdaptSettings) -> dict[str, Any]:
+    """``candor adapt``: read the served answers (a store URL or a log file), check the labels, train, and write
+    the new folder; returns the summary."""
+    honest, out = Path(honest), Path(out)
     if Path(out).resolve() != honest.resolve():
-        check_replaceable(out, CONFIG_FILE, inputs=(records,))
-    log = read_served(records)
+        check_replaceable(out, CONFIG_FILE, inputs=() if is_store_url(source) else (Path(source),))
+    log = read_served_answers(source)
     if not log.answers:
-        raise CandorError(f"{records}: no served records")
+        raise CandorError(f"{source}: no served records")
     split_labels(labelled_records(log), settings)  # refuse before loading any model
     lineage = Lineage.of(honest)
     model = HonestModel.from_pretrained(honest)
