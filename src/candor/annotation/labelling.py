@@ -73,7 +73,7 @@ class QuestionQueue:
         return self.store.question_at(position)
 
     def holds(self, response_id: str, index: int) -> bool:
-        return self.store.answer(response_id, index) is not None
+        return self.store.has_choice(response_id, index)
 
 
 class AuditQueue:

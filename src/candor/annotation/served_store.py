@@ -446,6 +446,15 @@ class ServedStore:
             answers = self._answers_of(conn, [row])
         return pick_answer(answers)
 
+    def has_choice(self, response_id: str, index: int) -> bool:
+        """Whether the store holds the served choice ``(response_id, index)`` (its record is not read)."""
+        choices = TABLES["choices"]
+        with self._read() as conn:
+            found = conn.execute(
+                sa.select(choices.c.idx).where(choices.c.response_id == response_id, choices.c.idx == index)
+            ).first()
+        return found is not None
+
     def answer(self, response_id: str, index: int, label_source: str | None = None) -> ServedAnswer | None:
         """One served choice with its latest label (of ``label_source`` only, when given)."""
         served, choices = TABLES["served"], TABLES["choices"]
