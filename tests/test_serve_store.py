@@ -8,14 +8,11 @@ import os
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
-
-from postgres import postgres_server, postgres_url  # noqa: E402, F401  (fixtures)
 
 from candor.annotation.labelling import LabelServer  # noqa: E402
 from candor.annotation.served_labels import read_served  # noqa: E402
@@ -89,7 +86,11 @@ def test_the_label_page_reads_one_question_per_view_not_the_whole_log(tmp_path):
     url = f"sqlite:///{tmp_path / 'served.db'}"
     with ServedStore(url) as store:
         for i in range(300):
-            rec = {"item": {"id": f"q{i}", "question": f"question {i}", "answers": []}, "greedy": {"text": "x"}, "samples": []}
+            rec = {
+                "item": {"id": f"q{i}", "question": f"question {i}", "answers": []},
+                "greedy": {"text": "x"},
+                "samples": [],
+            }
             store.record(rec, f"chatcmpl-{i}", [ServedChoice(index=0, answered=True, returned="x", scored=True)], "v")
         for i in range(120):
             store.add_label(f"chatcmpl-{i}", 0, True, "human")
@@ -115,7 +116,11 @@ def test_an_audit_page_labels_a_seeded_sample_as_audit(tmp_path):
     url = f"sqlite:///{tmp_path / 'served.db'}"
     with ServedStore(url) as store:
         for i in range(30):
-            rec = {"item": {"id": f"q{i}", "question": f"question {i}", "answers": []}, "greedy": {"text": "x"}, "samples": []}
+            rec = {
+                "item": {"id": f"q{i}", "question": f"question {i}", "answers": []},
+                "greedy": {"text": "x"},
+                "samples": [],
+            }
             store.record(
                 rec, f"chatcmpl-{i}", [ServedChoice(index=0, answered=i % 3 > 0, returned="x", scored=True)], "v"
             )

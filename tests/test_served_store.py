@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from postgres import postgres_server, postgres_url  # noqa: F401  (fixtures)
 from served_log_fixture import IDS, copy_served_log
 
 from candor.annotation.served_labels import read_served
