@@ -175,3 +175,13 @@ def test_a_served_log_file_reads_into_a_store_and_labels_go_back_to_the_file(tmp
 def test_a_store_url_that_is_no_database_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CandorError, match="names a file"):
         ServedStore("sqlite:///")
+
+
+def test_a_store_that_cannot_be_reached_is_one_line_without_the_password(tmp_path: Path) -> None:
+    pytest.importorskip("psycopg")
+    from postgres import free_port
+
+    url = f"postgresql://candor:secret@127.0.0.1:{free_port()}/served"
+    with pytest.raises(CandorError, match="cannot open the store") as caught:
+        ServedStore(url)
+    assert "secret" not in str(caught.value)

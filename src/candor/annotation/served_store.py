@@ -198,7 +198,12 @@ class ServedStore:
         # An in-memory database is one connection: its transactions take turns (files and servers lock themselves).
         self._local: Any = threading.RLock() if url in MEMORY_URLS else nullcontext()
         self.dialect = self._engine.dialect.name
-        self.migrate()
+        try:
+            self.migrate()
+        except sa.exc.OperationalError as exc:
+            self._engine.dispose()
+            shown = sa.engine.make_url(engine_url(url)).render_as_string(hide_password=True)
+            raise CandorError(f"{shown}: cannot open the store ({str(exc.orig).strip()})") from None
 
     # ------------------------------------------------------------------ plumbing
 
