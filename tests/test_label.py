@@ -56,10 +56,11 @@ def test_the_keys_label_skip_and_move_and_each_label_is_saved_at_once(watched, s
     assert read_served(log).labelled()[0].key == (IDS[0], 0)  # on disk before the next key
     press_and_wait(page, "2", 2)
     page.keyboard.press("0")  # skip Jupiter
-    assert page.get_attribute("#card", "data-id") == IDS[3]
+    page.wait_for_selector(f"#card[data-id='{IDS[3]}']", timeout=10_000)
     page.keyboard.press("ArrowLeft")
-    assert page.get_attribute("#card", "data-id") == IDS[2]
+    page.wait_for_selector(f"#card[data-id='{IDS[2]}']", timeout=10_000)
     page.keyboard.press("ArrowLeft")
+    page.wait_for_selector(f"#card[data-id='{IDS[1]}']", timeout=10_000)
     assert "wrong (human)" in page.text_content("#card")
     assert page.text_content("#progress") == "2 of 4 left to label · answer 2 of 4"
     labels = {a.key: (a.label, a.label_source) for a in read_served(log).labelled()}
@@ -69,16 +70,20 @@ def test_the_keys_label_skip_and_move_and_each_label_is_saved_at_once(watched, s
     watched.assert_offline(allow_local=True)
 
 
-def test_reopening_resumes_at_the_first_unlabelled_answer(watched, server, log):  # noqa: F811
+def test_reopening_resumes_at_the_first_unlabelled_answer(watched, log):  # noqa: F811
     append_label(log, IDS[0], 0, True, "human")
     append_label(log, IDS[1], 0, False, "feedback")
-    open_label_page(watched, server.url)
-    assert watched.page.get_attribute("#card", "data-id") == IDS[2]
-    assert watched.page.text_content("#progress") == "2 of 4 left to label · answer 3 of 4"
-    press_and_wait(watched.page, "2", 1)
-    press_and_wait(watched.page, "1", 2)
-    assert watched.page.text_content("#progress").startswith("0 of 4 left")
-    watched.assert_no_errors()
+    server = LabelServer(log, port=0).start()  # a file is read once, when the page opens
+    try:
+        open_label_page(watched, server.url)
+        assert watched.page.get_attribute("#card", "data-id") == IDS[2]
+        assert watched.page.text_content("#progress") == "2 of 4 left to label · answer 3 of 4"
+        press_and_wait(watched.page, "2", 1)
+        press_and_wait(watched.page, "1", 2)
+        assert watched.page.text_content("#progress").startswith("0 of 4 left")
+        watched.assert_no_errors()
+    finally:
+        server.close()
 
 
 def post(url: str, body: object) -> tuple[int, dict]:

@@ -4,10 +4,14 @@ The page is served on 127.0.0.1 and is self-contained like ``report.html``
 (style and script inline, no request leaves the machine). It shows one served
 answer at a time (question, answer, confidence, the reference answers when the
 record has any); keys **1** = correct, **2** = wrong, **0** = skip, arrows move.
-Each label is appended to the records file as it is made
-(:func:`candor.annotation.served_labels.append_label`, ``label_source:
-"human"``), so closing the page loses nothing and reopening it starts at the
-first unlabelled answer. The page reads the file afresh on each load.
+Each label is written to the store as it is made (``label_source: "human"``;
+a served log file given instead of a store URL is read once into memory and
+each label appended to it), so closing the page loses nothing and reopening it
+starts at the first unlabelled answer. Each view asks the store for one
+question (indexed queries), never re-reading the whole log. ``--audit N``
+shows a seeded, uniformly drawn sample of N answered choices instead, whose
+labels are ``audit`` ones (the random audit the guarantee and the drift
+statistic rest on).
 
 ``--judge-model`` labels the unlabelled answers with
 :class:`~candor.annotation.judges.LLMAnswerJudge` (``label_source:
@@ -17,6 +21,7 @@ agreement with the human labels it was also run on.
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import threading
@@ -25,11 +30,12 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from candor.annotation.judges import LLMAnswerJudge
-from candor.annotation.served_labels import LABEL_SOURCE_HUMAN, ServedAnswer, append_label, read_served
+from candor.annotation.served_labels import LABEL_SOURCE_AUDIT, LABEL_SOURCE_HUMAN, ServedAnswer, check_label
+from candor.annotation.served_store import ServedStore, open_store, pick_answer
 from candor.backends.base import Backend
-from candor.util.errors import CandorError
 from candor.util.pages import asset, esc, script_json
 
 logger = logging.getLogger(__name__)
@@ -38,14 +44,65 @@ ASSETS = "candor.annotation.page_assets"
 MAX_BODY = 4096  # a label request is a few dozen bytes
 
 
-def queue(path: str | Path) -> list[ServedAnswer]:
-    """One entry per served question: its latest-labelled choice index, else its first (all carry one answer)."""
-    chosen: dict[int, ServedAnswer] = {}
-    for answer in read_served(path).answers:
-        mine = chosen.get(id(answer.record))
-        if mine is None or (answer.label is not None and (answer.label_line or 0) >= (mine.label_line or 0)):
-            chosen[id(answer.record)] = answer
-    return list(chosen.values())
+def queue(store: ServedStore) -> list[ServedAnswer]:
+    """One entry per served question: its latest-labelled choice, else its first scored one, else its first."""
+    chosen: dict[int, list[ServedAnswer]] = {}
+    for answer in store.served_log().answers:
+        chosen.setdefault(id(answer.record), []).append(answer)
+    return [a for a in (pick_answer(group) for group in chosen.values()) if a is not None]
+
+
+class QuestionQueue:
+    """The label page over every served question, in serving order; each view reads one record from the store."""
+
+    label_source = LABEL_SOURCE_HUMAN
+
+    def __init__(self, store: ServedStore) -> None:
+        self.store = store
+
+    def total(self) -> int:
+        return self.store.count()
+
+    def left(self) -> int:
+        return self.store.count(unlabelled=True)
+
+    def first_open(self) -> int:
+        return self.store.first_unlabelled()
+
+    def at(self, position: int) -> ServedAnswer | None:
+        return self.store.question_at(position)
+
+    def holds(self, response_id: str, index: int) -> bool:
+        return self.store.has_choice(response_id, index)
+
+
+class AuditQueue:
+    """The label page over a uniformly drawn, seeded sample of answered choices; labels are ``audit`` ones."""
+
+    label_source = LABEL_SOURCE_AUDIT
+
+    def __init__(self, store: ServedStore, n: int, seed: int) -> None:
+        self.store = store
+        self.keys = store.audit_sample(n, seed)
+        self._members = set(self.keys)
+
+    def total(self) -> int:
+        return len(self.keys)
+
+    def left(self) -> int:
+        return len(self.keys) - len(self.store.labelled_keys(self.keys, LABEL_SOURCE_AUDIT))
+
+    def first_open(self) -> int:
+        done = self.store.labelled_keys(self.keys, LABEL_SOURCE_AUDIT)
+        return next((i for i, key in enumerate(self.keys) if key not in done), 0)
+
+    def at(self, position: int) -> ServedAnswer | None:
+        if not 0 <= position < len(self.keys):
+            return None
+        return self.store.answer(*self.keys[position], label_source=LABEL_SOURCE_AUDIT)
+
+    def holds(self, response_id: str, index: int) -> bool:
+        return (response_id, index) in self._members
 
 
 def served_confidence(answer: ServedAnswer) -> float | None:
@@ -67,7 +124,7 @@ def item_json(answer: ServedAnswer) -> dict[str, Any]:
         "id": answer.id,
         "index": answer.index,
         "question": answer.record.item.question,
-        "answer": answer.record.greedy.text,
+        "answer": shown(answer),
         "confidence": served_confidence(answer),
         "reference": list(answer.record.item.answers),
         "label": answer.label,
@@ -90,12 +147,26 @@ def page_html(title: str) -> str:
 
 
 class LabelServer:
-    """The page and its two calls (``GET /api/items``, ``POST /api/label``) on a local port, in a thread."""
+    """The page and its two calls (``GET /api/item?pos=N``, ``POST /api/label``) on a local port, in a thread.
 
-    def __init__(self, records: str | Path, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.records = Path(records)
-        queue(self.records)  # a missing or unreadable file fails here, before the port opens
-        self.lock = threading.Lock()
+    ``source`` is a store URL or a served log file (read once into memory; labels are appended to it).
+    With ``audit=N`` the page holds a seeded uniform sample of N answered choices instead of every question.
+    """
+
+    def __init__(
+        self,
+        source: str | Path | ServedStore,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        audit: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        # A missing or unreadable source fails here, before the port opens.
+        self.store = source if isinstance(source, ServedStore) else open_store(source)
+        self.name = Path(str(source)).name if not isinstance(source, ServedStore) else source.url
+        self.queue: QuestionQueue | AuditQueue = (
+            QuestionQueue(self.store) if audit is None else AuditQueue(self.store, audit, seed)
+        )
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
         self.thread: threading.Thread | None = None
 
@@ -104,21 +175,28 @@ class LabelServer:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}/"
 
-    def items(self) -> dict[str, Any]:
-        entries = [item_json(a) for a in queue(self.records)]
-        return {"items": entries, "left": sum(e["label"] is None for e in entries)}
+    def item(self, position: int | None) -> dict[str, Any]:
+        """The entry at ``position`` (default: the first unlabelled), and the counts the page shows."""
+        total = self.queue.total()
+        pos = self.queue.first_open() if position is None else min(max(position, 0), max(total - 1, 0))
+        answer = self.queue.at(pos)
+        return {
+            "item": None if answer is None else item_json(answer),
+            "pos": pos,
+            "total": total,
+            "left": self.queue.left(),
+        }
 
     def label(self, body: dict[str, Any]) -> tuple[HTTPStatus, dict[str, Any]]:
-        with self.lock:
-            known = {a.key for a in read_served(self.records).answers}
-            key = (body.get("id"), body.get("index"))
-            if key not in known:
-                return HTTPStatus.NOT_FOUND, {"error": f"no served answer {key[0]!r} at index {key[1]!r}"}
-            try:
-                append_label(self.records, key[0], key[1], body.get("correct"), LABEL_SOURCE_HUMAN)  # type: ignore[arg-type]
-            except CandorError as exc:
-                return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
-        return HTTPStatus.OK, {"left": self.items()["left"]}
+        response_id, index, correct = body.get("id"), body.get("index"), body.get("correct")
+        try:
+            check_label(response_id, index, correct, self.queue.label_source)
+        except ValueError as exc:
+            return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+        if not self.queue.holds(response_id, index):  # type: ignore[arg-type]
+            return HTTPStatus.NOT_FOUND, {"error": f"no served answer {response_id!r} at index {index!r}"}
+        self.store.add_label(response_id, index, correct, self.queue.label_source, who=labeller())  # type: ignore[arg-type]
+        return HTTPStatus.OK, {"left": self.queue.left()}
 
     def start(self) -> LabelServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="candor-label", daemon=True)
@@ -138,17 +216,22 @@ class LabelServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.store.close()
 
 
 def _handler(server: LabelServer) -> type[BaseHTTPRequestHandler]:
-    title = f"candor label: {server.records.name}"
+    title = f"candor label: {server.name}" + (" (audit)" if isinstance(server.queue, AuditQueue) else "")
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path in ("/", "/index.html"):
+            url = urlsplit(self.path)
+            if url.path in ("/", "/index.html"):
                 self._send(HTTPStatus.OK, page_html(title).encode(), "text/html; charset=utf-8")
-            elif self.path == "/api/items":
-                self._json(HTTPStatus.OK, server.items())
+            elif url.path == "/api/item":
+                raw = parse_qs(url.query).get("pos", [None])[0]
+                if raw is not None and not raw.lstrip("-").isdigit():
+                    return self._json(HTTPStatus.BAD_REQUEST, {"error": f"'pos' must be an integer, got {raw!r}"})
+                self._json(HTTPStatus.OK, server.item(None if raw is None else int(raw)))
             else:
                 self._json(HTTPStatus.NOT_FOUND, {"error": "not found"})
 
@@ -194,19 +277,36 @@ class JudgeReport:
         return self.agreed / self.compared if self.compared else None
 
 
-def judge_labels(records: str | Path, backend: Backend, name: str) -> JudgeReport:
+def judge_labels(source: str | Path | ServedStore, backend: Backend, name: str) -> JudgeReport:
     """Label every answer no one labelled with the judge (``judge:NAME``); compare it with the human labels.
 
+    ``source`` is a store URL, a store, or a served log file (labels appended to it).
     Answers a judge of the same name labelled before are left alone, so a rerun resumes.
     """
-    answers = queue(records)
+    store = source if isinstance(source, ServedStore) else open_store(source)
+    answers = queue(store)
     source = f"judge:{name}"
     todo = [a for a in answers if a.label is None]
     human = [a for a in answers if a.label_source == LABEL_SOURCE_HUMAN]
     asked = todo + human
     judge = LLMAnswerJudge(backend)
-    verdicts = judge.judge_answers([a.record.item.question for a in asked], [a.record.greedy.text for a in asked])
+    verdicts = judge.judge_answers([a.record.item.question for a in asked], [shown(a) for a in asked])
     for answer, verdict in zip(todo, verdicts[: len(todo)], strict=True):
-        append_label(records, answer.id, answer.index, bool(verdict), source)
+        store.add_label(answer.id, answer.index, bool(verdict), source, who=source)
     agreed = sum(bool(v) == a.label for a, v in zip(human, verdicts[len(todo) :], strict=True))
+    if not isinstance(source, ServedStore):
+        store.close()
     return JudgeReport(len(todo), len(human), agreed)
+
+
+def shown(answer: ServedAnswer) -> str:
+    """The text the choice returned (the record's greedy answer when the log does not say)."""
+    return answer.returned if answer.returned is not None else answer.record.greedy.text
+
+
+def labeller() -> str:
+    """Who labels on this machine's page: the operating-system user."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"

@@ -94,6 +94,9 @@ class ServedAnswer:
     label_time: float | None = None
     label_line: int | None = None  # the label's line in the log: the later line is the later label
     labels: tuple[tuple[int, Label], ...] = ()  # every label of this answer with its line, in log order
+    answered: bool | None = None  # False: the client saw the refusal (None: the log does not say)
+    returned: str | None = None  # the text this choice returned (None: abstained, or the log does not say)
+    scored: bool | None = None  # the returned text is the text the confidence scored (None: not said)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -230,8 +233,34 @@ def _read_line(
         return
     record = Record.from_dict(obj)
     response_id, indexes = served_key(record)
-    for index in indexes:
-        answers[(response_id, index)] = ServedAnswer(record=record, id=response_id, index=index)
+    for position, index in enumerate(indexes):
+        answered, returned, scored = served_choice(record, position)
+        answers[(response_id, index)] = ServedAnswer(
+            record=record, id=response_id, index=index, answered=answered, returned=returned, scored=scored
+        )
+
+
+def served_choice(record: Record, position: int) -> tuple[bool | None, str | None, bool | None]:
+    """(answered, returned text, scored) of the record's choice at ``position`` of its indexes, as the log says.
+
+    ``scored`` is the confidence object's ``scores_returned_text``: the returned text is
+    the answer the confidence was computed for. A record without ``provenance.served``
+    (any records file) returned its greedy answer, the scored one.
+    """
+    served = record.provenance.get("served")
+    if not isinstance(served, dict):
+        return True, record.greedy.text, True
+    described = served.get("confidence") or []
+    returned = served.get("returned") or []
+    conf = described[position] if position < len(described) and isinstance(described[position], dict) else {}
+    abstained = conf.get("abstained")
+    scored = conf.get("scores_returned_text")
+    text = returned[position] if position < len(returned) else None
+    return (
+        None if not isinstance(abstained, bool) else not abstained,
+        text if isinstance(text, str) else None,
+        scored if isinstance(scored, bool) else None,
+    )
 
 
 def served_records(log: ServedLog) -> list[Record]:

@@ -15,9 +15,29 @@ EXPORTS = ("seq-cls",)
 DEFAULT_LABEL_PORT = 8765
 
 
+def served_source(records: Path | None, store: str | None) -> str | Path:
+    """The one place served answers are read from: a store URL or a served log file (exactly one)."""
+    if (records is None) == (store is None):
+        raise CandorError("give either a served log file (RECORDS) or --store URL, not both or neither")
+    if store is not None and "://" not in store:
+        raise CandorError(f"--store must be a database URL (sqlite:///FILE.db, postgresql://…), got {store!r}")
+    return store if store is not None else records  # type: ignore[return-value]
+
+
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store", help="The store candor serve writes to (sqlite:///served.db, postgresql://…) instead of a file."
+    ),
+]
+
+
 @user_errors
 def label(
-    records: Annotated[Path, typer.Argument(help="A served log (candor serve --log-records) or any records file.")],
+    records: Annotated[
+        Path | None, typer.Argument(help="A served log (candor serve --log-records) or any records file.")
+    ] = None,
+    store: StoreOpt = None,
     host: Annotated[str | None, typer.Option(help="The page's address (127.0.0.1: this machine only).")] = None,
     port: Annotated[
         int | None, typer.Option(help=f"The page's port ({DEFAULT_LABEL_PORT}; 0 picks a free one).")
@@ -28,23 +48,38 @@ def label(
     base_url: Annotated[
         str | None, typer.Option(help="--judge-model on an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
     ] = None,
+    audit: Annotated[
+        int | None,
+        typer.Option(
+            "--audit",
+            help="Label a uniformly random sample of N answered choices (seeded by --seed); labels are 'audit' ones.",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the --audit sample.")] = 0,
 ) -> None:
     """Mark served answers correct or wrong on a local page (keys 1/2/0, arrows), or with an LLM judge."""
     from candor.annotation.labelling import LabelServer, judge_labels
 
+    source = served_source(records, store)
+    if audit is not None and audit < 1:
+        raise CandorError(f"--audit draws at least 1 answer, got {audit}")
     if judge_model is None:
         if base_url is not None:
             raise CandorError("--base-url is the judge's server: give it with --judge-model")
-        server = LabelServer(records, host or "127.0.0.1", DEFAULT_LABEL_PORT if port is None else port).start()
-        typer.echo(f"labelling {records}: open {server.url} (Ctrl-C to stop; labels are saved as you make them)")
+        page_port = DEFAULT_LABEL_PORT if port is None else port
+        server = LabelServer(source, host or "127.0.0.1", page_port, audit=audit, seed=seed).start()
+        what = f"an audit of {server.queue.total()} answers from {source}" if audit is not None else str(source)
+        typer.echo(f"labelling {what}: open {server.url} (Ctrl-C to stop; labels are saved as you make them)")
         server.wait()
         return
     if host is not None or port is not None:
         raise CandorError("--host and --port are the page's: a --judge-model run serves no page")
+    if audit is not None:
+        raise CandorError("--audit is a sample for a person to label: a --judge-model run labels every answer")
     from candor.backends import load_backend
 
     backend = load_backend(judge_model, "openai" if base_url else "hf", base_url=base_url)
-    report = judge_labels(records, backend, judge_model)
+    report = judge_labels(source, backend, judge_model)
     agreement = (
         "no human labels to compare with"
         if report.agreement is None
@@ -55,9 +90,16 @@ def label(
 
 @user_errors
 def adapt(
-    records: Annotated[Path, typer.Argument(help="The served log (candor serve --log-records) with its labels.")],
-    honest: Annotated[Path, typer.Option("--honest", help="The served honest-model folder to start from.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="The new honest-model folder (may be --honest itself).")],
+    records: Annotated[
+        Path | None, typer.Argument(help="The served log (candor serve --log-records) with its labels.")
+    ] = None,
+    store: StoreOpt = None,
+    honest: Annotated[
+        Path | None, typer.Option("--honest", help="The served honest-model folder to start from (required).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="The new honest-model folder (may be --honest itself; required).")
+    ] = None,
     alpha: Annotated[float, typer.Option(help="Certify an answered error rate of at most this.")] = 0.1,
     delta: Annotated[float, typer.Option(help="... with probability at least 1 - delta.")] = 0.1,
     holdout: Annotated[float, typer.Option(help="Share of the labels held out from stage 2 for the threshold.")] = 0.5,
@@ -84,6 +126,9 @@ def adapt(
     from candor.serve.adaptation import AdaptSettings
     from candor.serve.adaptation import adapt as run_adapt
 
+    source = served_source(records, store)
+    if honest is None or out is None:
+        raise CandorError("candor adapt needs --honest DIR (the served model) and --out DIR (the new one)")
     if export is not None and export not in EXPORTS:
         raise CandorError(f"--export {export!r}: unknown format; known: {', '.join(EXPORTS)}")
     if export_dir is not None and export is None:
@@ -96,7 +141,7 @@ def adapt(
         seed=seed,
         label_sources=DEFAULT_LABEL_SOURCES if label_sources is None else parse_label_sources(label_sources),
     )
-    summary = run_adapt(records, honest, out, settings)
+    summary = run_adapt(source, honest, out, settings)
     typer.echo(_adapt_report(summary))
     if export is not None:
         typer.echo(_export_seq_cls(out, export_dir or out.with_name(out.name + "-cls"), summary["threshold"]["value"]))

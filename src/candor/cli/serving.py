@@ -55,8 +55,31 @@ def serve(
         Path | None,
         typer.Option(
             "--log-records",
-            help="Append every served answer to this JSONL file (candor records, with "
-            "the confidence), to re-score, re-judge or calibrate on later.",
+            help="Also export every served answer and label to this JSONL file (candor records, with "
+            "the confidence), to re-score, re-judge or calibrate on later. Without --store, the store "
+            "is a SQLite file beside it (FILE.db).",
+        ),
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            help="Keep served answers and labels in this database: sqlite:///served.db (one file), or "
+            "postgresql://USER@HOST/DB for several replicas sharing feedback (pip install 'candor-honesty[store]').",
+        ),
+    ] = None,
+    store_max_rows: Annotated[
+        int | None,
+        typer.Option(help="Served questions (and labels) the store keeps (default 1,000,000); the oldest go first."),
+    ] = None,
+    store_max_age_days: Annotated[
+        float | None, typer.Option(help="Delete served questions and labels older than this (default: no limit).")
+    ] = None,
+    store_index_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help="Bytes of the remembered-response index feedback checks labels against (default 64 MiB); "
+            "the oldest responses are evicted."
         ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -119,7 +142,7 @@ def serve(
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
 
     Chat requests may carry a conversation (system message, earlier turns). Also /health, /ready,
-    /metrics (Prometheus), POST /v1/feedback (labels on served answers, with --log-records), an
+    /metrics (Prometheus), POST /v1/feedback (labels on served answers, with --store or --log-records), an
     x-request-id on every response and one JSON access-log line per request on stderr; SIGHUP or
     POST /admin/reload loads --honest again; SIGTERM finishes in-flight requests and exits 0.
     """
@@ -137,6 +160,13 @@ def serve(
     origins = tuple(cors_origin or ())
     check_cors_origins(origins)  # before the model loads
     claim_policy = claim_serving(claims, refine, claim_threshold)
+    from candor.annotation.served_store import Retention
+
+    given = {"max_rows": store_max_rows, "remembered_bytes": store_index_bytes}
+    retention = Retention(
+        max_age_s=None if store_max_age_days is None else store_max_age_days * 86400.0,
+        **{name: value for name, value in given.items() if value is not None},
+    )
     key = os.environ.get(api_key_env) or None
     settings = ServeSettings(
         model_id=model_id,
@@ -148,6 +178,8 @@ def serve(
         cors_origins=origins,
         log_prompts=log_prompts,
         log_records=log_records,
+        store=store,
+        retention=retention,
         conversations=conversations,
         stream=stream,
         max_tokens=max_tokens,

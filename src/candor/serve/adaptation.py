@@ -1,7 +1,8 @@
 """``candor adapt``: a served honest model recalibrated on its own traffic (docs/methods.md "EliCal").
 
-From a served log (``candor serve --log-records``) and the labels appended to
-it (:mod:`candor.annotation.served_labels`) to a new honest-model folder:
+From the served answers and their labels (a store, ``candor serve --store``:
+:mod:`candor.annotation.served_store`, or a served log file,
+:mod:`candor.annotation.served_labels`) to a new honest-model folder:
 
 1. The labels it may use are chosen (:mod:`candor.annotation.label_selection`):
    from the trusted sources (``label_sources``), on the text the served
@@ -54,6 +55,7 @@ from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE, get_consistency_
 from candor.annotation.label_selection import DEFAULT_LABEL_SOURCES, LabelSelection, parse_label_sources, select_labels
 from candor.annotation.records import Record
 from candor.annotation.served_labels import ServedLog, read_served, served_records
+from candor.annotation.served_store import ServedStore, is_store_url
 from candor.annotation.text_matching import normalize
 from candor.backends.base import Backend
 from candor.data.splits import seeded_shuffle
@@ -384,14 +386,23 @@ def save_adapted(model: HonestModel, adapted: Adapted, out: str | Path, lineage:
     return version
 
 
-def adapt(records: str | Path, honest: str | Path, out: str | Path, settings: AdaptSettings) -> dict[str, Any]:
-    """``candor adapt``: read the log, check the labels, train, and write the new folder; returns the summary."""
-    records, honest, out = Path(records), Path(honest), Path(out)
+def read_served_answers(source: str | Path) -> ServedLog:
+    """The served answers with their latest labels: from a store (indexed queries) or a served log file."""
+    if not is_store_url(source):
+        return read_served(source)
+    with ServedStore(str(source)) as store:
+        return store.served_log()
+
+
+def adapt(source: str | Path, honest: str | Path, out: str | Path, settings: AdaptSettings) -> dict[str, Any]:
+    """``candor adapt``: read the served answers (a store URL or a log file), check the labels, train, and write
+    the new folder; returns the summary."""
+    honest, out = Path(honest), Path(out)
     if Path(out).resolve() != honest.resolve():
-        check_replaceable(out, CONFIG_FILE, inputs=(records,))
-    log = read_served(records)
+        check_replaceable(out, CONFIG_FILE, inputs=() if is_store_url(source) else (Path(source),))
+    log = read_served_answers(source)
     if not log.answers:
-        raise CandorError(f"{records}: no served records")
+        raise CandorError(f"{source}: no served records")
     split_labels(select_labels(log.answers, settings.label_sources).records, settings)  # refuse before any model loads
     lineage = Lineage.of(honest)
     model = HonestModel.from_pretrained(honest)

@@ -1,8 +1,9 @@
 // candor label: one served answer at a time; 1 = correct, 2 = wrong, 0 = skip, arrows move.
-// Each label is POSTed to the local server, which appends it to the records file at once.
+// Each label is POSTed to the local server, which writes it to the store at once. The page holds one
+// answer: each move asks the server for the answer at that position (GET /api/item?pos=N).
 (function () {
   "use strict";
-  const state = { items: [], pos: 0, left: 0, busy: false, saved: 0 };
+  const state = { item: null, pos: 0, total: 0, left: 0, busy: false, saved: 0 };
   const card = document.getElementById("card");
   const progress = document.getElementById("progress");
   const status = document.getElementById("status");
@@ -23,14 +24,14 @@
   }
 
   function render() {
-    const n = state.items.length;
+    const n = state.total;
     card.replaceChildren();
-    if (n === 0) {
-      progress.textContent = "No served answers in this file.";
+    if (n === 0 || state.item === null) {
+      progress.textContent = "No served answers to label.";
       return;
     }
     progress.textContent = state.left + " of " + n + " left to label · answer " + (state.pos + 1) + " of " + n;
-    const item = state.items[state.pos];
+    const item = state.item;
     const list = document.createElement("dl");
     row(list, "Question", item.question);
     row(list, "Answer", item.answer);
@@ -43,13 +44,32 @@
     card.dataset.index = String(item.index);
   }
 
-  function move(step) {
-    state.pos = Math.min(Math.max(state.pos + step, 0), Math.max(state.items.length - 1, 0));
+  async function load(pos) {
+    const query = pos === null ? "" : "?pos=" + pos;
+    const response = await fetch("/api/item" + query, { cache: "no-store" });
+    const data = await response.json();
+    if (!response.ok) throw new Error(data.error);
+    state.item = data.item;
+    state.pos = data.pos;
+    state.total = data.total;
+    state.left = data.left;
     render();
   }
 
+  async function move(step) {
+    const pos = Math.min(Math.max(state.pos + step, 0), Math.max(state.total - 1, 0));
+    state.busy = true;
+    try {
+      await load(pos);
+    } catch (err) {
+      status.textContent = "Could not load the answer: " + err;
+    } finally {
+      state.busy = false;
+    }
+  }
+
   async function mark(correct) {
-    const item = state.items[state.pos];
+    const item = state.item;
     if (!item || state.busy) return;
     state.busy = true;
     try {
@@ -63,13 +83,12 @@
         status.textContent = "Not saved: " + data.error;
         return;
       }
-      item.label = correct;
-      item.label_source = "human";
       state.left = data.left;
+      status.textContent = "Saved: " + (correct ? "correct" : "wrong") + ".";
+      state.busy = false;
+      await move(1);
       state.saved += 1;
       document.body.dataset.saved = String(state.saved);
-      status.textContent = "Saved: " + (correct ? "correct" : "wrong") + ".";
-      move(1);
     } catch (err) {
       status.textContent = "Not saved: " + err;
     } finally {
@@ -87,21 +106,13 @@
       ArrowLeft: () => move(-1),
     };
     const action = actions[event.key];
-    if (action) {
+    if (action && !state.busy) {
       event.preventDefault();
       action();
     }
   });
 
-  fetch("/api/items", { cache: "no-store" })
-    .then((response) => response.json())
-    .then((data) => {
-      state.items = data.items;
-      state.left = data.left;
-      const first = state.items.findIndex((item) => item.label === null);
-      state.pos = first >= 0 ? first : 0;
-      render();
-      document.body.dataset.ready = "1";
-    })
+  load(null)
+    .then(() => { document.body.dataset.ready = "1"; })
     .catch((err) => { status.textContent = "Could not load the answers: " + err; });
 })();

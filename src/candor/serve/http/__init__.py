@@ -18,7 +18,8 @@ generation, admission) → the core's :class:`~candor.serve.HonestModel` → bac
 - :mod:`~candor.serve.http.operations`: health, readiness, request ids, the access log, CORS, draining;
 - :mod:`~candor.serve.http.prometheus_metrics`: ``/metrics``;
 - :mod:`~candor.serve.http.operator_routes`, :mod:`~candor.serve.http.feedback` and
-  :mod:`~candor.serve.http.record_log`: the operator's routes (feedback, reload), the served log;
+  :mod:`~candor.serve.http.record_log`: the operator's routes (feedback, reload), the drift statistic, served
+  answers into the store (:mod:`candor.annotation.served_store`);
 - :mod:`~candor.serve.http.api_docs` and :mod:`~candor.serve.http.playground`: ``/docs`` and the page at ``/``;
 - :mod:`~candor.serve.http.server`: the listener and uvicorn;
 - :mod:`~candor.serve.http.classify_server`: ``candor serve-head``, a head behind vLLM's classify API.

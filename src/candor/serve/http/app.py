@@ -15,8 +15,8 @@
   ``GET /v1/models/{id}``; request ids, the access log, CORS and protocol-level
   errors are :mod:`candor.serve.http.operations`, the metrics :mod:`candor.serve.http.prometheus_metrics`.
 - ``GET /`` the playground page (:mod:`candor.serve.http.playground`).
-- ``POST /v1/feedback`` (labels on served answers) and ``POST /admin/reload``
-  (and ``SIGHUP``): :mod:`candor.serve.http.operator_routes`.
+- ``POST /v1/feedback`` (labels on served answers, kept in :mod:`candor.annotation.served_store`)
+  and ``POST /admin/reload`` (and ``SIGHUP``): :mod:`candor.serve.http.operator_routes`.
 - Limits (body size, body-read time, question length, ``n``, ``max_tokens``: the
   model's context) answer 4xx in the OpenAI error shape (:mod:`candor.serve.http.request_checks`);
   a full queue answers 503; with an API key set, a request without the right
@@ -48,6 +48,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
+from candor.annotation.served_store import ServedStore
 from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer, Reply
 from candor.serve.batching import Admission
 from candor.serve.http.api_docs import install_docs
@@ -68,7 +69,7 @@ from candor.serve.http.responses import (
 )
 from candor.serve.http.schemas import ChatRequest, CompletionRequest, error_body
 from candor.serve.http.service import Generation, Service
-from candor.serve.http.settings import ServeSettings
+from candor.serve.http.settings import ServeSettings, store_url
 from candor.serve.http.streaming import DONE, RequestListener, TextDelta, sse
 from candor.serve.model import HonestModel
 from candor.util.errors import CandorError, UpstreamError
@@ -84,7 +85,8 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     service = Service(
         model, admission, metrics, lifecycle, lambda m: m.open_engine(settings.max_batch, settings.batch_wait_ms)
     )
-    log = RecordLog(settings.log_records) if settings.log_records is not None else None
+    url = store_url(settings)
+    log = RecordLog(ServedStore(url, settings.retention, export=settings.log_records)) if url is not None else None
     feedback = FeedbackDesk(log, metrics)
     service.on_swap += [lambda generation: metrics.observe_model(generation.version), feedback.follow]
 
@@ -252,7 +254,7 @@ async def _serve(
     metrics.observe_answers(answers)
     head = response_head(endpoint.object, endpoint.prefix, settings)
     for j, (ask, per_q) in enumerate(zip(asks, answers, strict=True)):
-        _log(log, ask, per_q, model, head["id"], range(j * body.n, (j + 1) * body.n))
+        await _log(log, ask, per_q, model, head["id"], range(j * body.n, (j + 1) * body.n))
     pairs = enumerate(zip(asks, answers, strict=True))
     choices = [
         choice_of(endpoint, j * body.n + i, a, ask, body, settings)
@@ -349,7 +351,7 @@ async def _stream(
                 except APIError as exc:
                     yield sse(exc.body)
                     continue
-                _log(log, asks[j], answers, model, head["id"], range(j * n, (j + 1) * n))
+                await _log(log, asks[j], answers, model, head["id"], range(j * n, (j + 1) * n))
                 metrics.observe_first_token()  # an abstention or an empty answer is the first (and last) chunk
                 metrics.observe_answers([answers])
                 for i, a in enumerate(answers):
@@ -376,7 +378,7 @@ async def _stream(
             _cancel(asks, futures)
 
 
-def _log(
+async def _log(
     log: RecordLog | None,
     ask: Ask,
     answers: list[HonestAnswer],
@@ -384,5 +386,7 @@ def _log(
     response_id: str,
     indexes: Sequence[int],
 ) -> None:
+    """Stored before the client has the response, so feedback on it finds it (on any replica of the store)."""
     if log is not None:
-        log.write(ask, answers, model.provenance(), lambda a: confidence_object(a, ask), response_id, indexes)
+        describe = lambda a: confidence_object(a, ask)  # noqa: E731
+        await asyncio.to_thread(log.write, ask, answers, model.provenance(), describe, response_id, indexes)

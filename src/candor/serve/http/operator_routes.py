@@ -1,14 +1,14 @@
 """What the operator of a deployment uses beside the answers: feedback on served answers, and reloading the model.
 
 - ``POST /v1/feedback`` (behind the key): ``{"id": <response id>, "index": <choice>,
-  "correct": true|false, "label_source": "feedback"}``. The label is appended to the
-  ``--log-records`` file (:func:`candor.annotation.served_labels.append_label`), where
-  ``candor label`` and ``candor adapt`` read it; an id the server did not serve
-  (or no longer remembers, :data:`~candor.serve.http.feedback.REMEMBERED_RESPONSES`) is 404.
+  "correct": true|false, "label_source": "feedback"}``. The label goes to the store
+  (:class:`candor.annotation.served_store.ServedStore`, and its ``--log-records`` export), where
+  ``candor label`` and ``candor adapt`` read it; an id no server of the store served
+  (or that its bounded remembered-response index evicted) is 404.
   Audit labels (``"label_source": "audit"``) of answered choices, the first of each response,
   feed the drift alarm on ``/metrics`` (:mod:`candor.serve.audit_monitor`), for the model
-  version that answered them; :attr:`FeedbackDesk.monitor` takes stored ones back at startup
-  (:meth:`~candor.serve.audit_monitor.AuditMonitor.replay`).
+  version that answered them, read from the store (so labels made by ``candor label --audit``,
+  by another replica or before a restart count alike).
 - ``POST /admin/reload`` (behind the key) and ``SIGHUP``: load the ``--honest`` folder
   again (or ``{"honest": DIR}``) and swap it in between requests
   (:meth:`candor.serve.http.service.Service.reload`).
@@ -20,13 +20,14 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 
-from candor.annotation.served_labels import LABEL_SOURCE_AUDIT, LABEL_SOURCE_FEEDBACK, append_label, check_label
-from candor.serve.audit_monitor import AuditMonitor
+from candor.annotation.served_labels import LABEL_SOURCE_FEEDBACK, check_label
+from candor.serve.audit_monitor import AuditMonitor, AuditReport
 from candor.serve.http.prometheus_metrics import ServeMetrics
 from candor.serve.http.record_log import RecordLog
 from candor.serve.http.request_checks import APIError, authorize, json_body, read_body
@@ -35,6 +36,8 @@ from candor.serve.http.settings import ServeSettings
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
+
+AUDIT_SYNC_S = 1.0  # /metrics reads new audit labels from the store at most this often
 
 
 class FeedbackDesk:
@@ -45,7 +48,29 @@ class FeedbackDesk:
         self.metrics = metrics
         self.monitor = AuditMonitor()  # audit labels of every version; /metrics shows the current one's
         self.version = ""
-        self.metrics.watch_feedback(lambda: self.monitor.report(self.version))
+        self._audited_up_to = 0  # the store's labels up to this number are in the monitor
+        self._synced_at = -float("inf")
+        self._sync_lock = threading.Lock()
+        self.metrics.watch_feedback(self.audit_report)
+
+    def audit_report(self) -> AuditReport | None:
+        """The current version's audit, with the store's audit labels read in first (at most once a second)."""
+        self.sync_audit(min_interval_s=AUDIT_SYNC_S)
+        return self.monitor.report(self.version)
+
+    def sync_audit(self, min_interval_s: float = 0.0) -> int:
+        """Feed the monitor the audit labels the store gained since the last look (any process's); how many."""
+        if self.log is None:
+            return 0
+        with self._sync_lock:
+            now = time.monotonic()
+            if now - self._synced_at < min_interval_s:
+                return 0
+            self._synced_at = now
+            rows = self.log.store.audit_labels_after(self._audited_up_to)
+            if rows:
+                self._audited_up_to = rows[-1][0]
+            return self.monitor.replay((version, response_id, correct) for _, version, response_id, correct in rows)
 
     def follow(self, generation: Generation) -> None:
         """A new model answers from now on: ``/metrics`` shows its audit, against its own threshold's promise."""
@@ -58,7 +83,7 @@ class FeedbackDesk:
         if self.log is None:
             raise APIError(
                 400,
-                "feedback needs a record log to label: start candor serve with --log-records FILE",
+                "feedback needs a store of served answers: start candor serve with --store URL or --log-records FILE",
                 "invalid_request_error",
                 None,
                 "feedback_unavailable",
@@ -71,21 +96,19 @@ class FeedbackDesk:
             check_label(response_id, index, correct, source)
         except ValueError as exc:
             raise APIError(400, str(exc), "invalid_request_error", None, "invalid_value") from None
-        served = self.log.served.find(response_id, index)
+        served = await asyncio.to_thread(self.log.find, response_id, index)
         if served is None:
             raise APIError(
                 404,
-                f"no served answer has id {response_id!r} and index {index} (this server remembers "
-                "the responses it served since it started, the most recent ones; label older ones with "
-                "`candor label`)",
+                f"no served answer has id {response_id!r} and index {index} (the store remembers the "
+                "most recent responses its servers served; label older ones with `candor label`)",
                 "invalid_request_error",
                 "id",
                 "not_found",
             )
-        await asyncio.to_thread(append_label, self.log.path, response_id, index, correct, source)
+        await asyncio.to_thread(self.log.label, response_id, index, correct, source)
         self.metrics.observe_feedback(correct, served.answered)
-        if served.answered and source == LABEL_SOURCE_AUDIT:
-            self.monitor.observe(served.model_version, response_id, correct)
+        await asyncio.to_thread(self.sync_audit)  # an audit label counts from now (the store holds them all)
         return {
             "object": "feedback",
             "id": response_id,

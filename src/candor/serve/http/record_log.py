@@ -1,6 +1,8 @@
-"""``--log-records FILE``: every served question as one JSONL line in candor's records format.
+"""Every served question into the store (``--store URL``), and as one JSONL line with ``--log-records FILE``.
 
-Each line is a :class:`~candor.annotation.records.Record` (``read_records``
+The store (:class:`~candor.annotation.served_store.ServedStore`) is what feedback,
+``candor label`` and ``candor adapt`` read; the file is an export. Each line (and
+each stored record) is a :class:`~candor.annotation.records.Record` (``read_records``
 reads the file back): the question, the greedy answer the confidence was
 computed for, the method's samples, and in ``provenance`` the model, template
 and decoding they were made with plus ``served``: the confidence object each
@@ -8,32 +10,27 @@ choice got and the texts returned. Such a file can be re-scored, judged
 against gold answers later (``candor rejudge``) and used as a calibration set.
 ``served.id`` is the response id a client saw and ``served.indexes`` the choices
 the record's answers fill in it, so a label sent later (``POST /v1/feedback``)
-finds its record.
+finds its record. Per choice the store also keeps whether it was answered, the
+text it returned, and whether that text is the one the confidence scored
+(``scores_returned_text``).
 """
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from candor.annotation.records import Record
+from candor.annotation.served_store import RememberedChoice, ServedChoice, ServedStore
 from candor.backends.base import Completion
 from candor.serve.answering import Ask, HonestAnswer
-from candor.serve.http.feedback import ServedIndex
 
 
 class RecordLog:
-    """Appends served records to a JSONL file, one whole line per question (safe across threads)."""
+    """Writes served records to the store (and its JSONL export); finds and labels them for feedback."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.served = ServedIndex()  # the recent responses, so feedback can name what was served
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
-        self._lock = threading.Lock()
+    def __init__(self, store: ServedStore) -> None:
+        self.store = store
 
     def write(
         self,
@@ -66,13 +63,18 @@ class RecordLog:
                 },
             },
         }
-        line = json.dumps(out, ensure_ascii=False) + "\n"
-        with self._lock:
-            self._file.write(line)
-            self._file.flush()
-        answered = [not a.abstained for a in answers]
-        self.served.remember(response_id, indexes, answered, str(provenance.get("model_version", "")))
+        choices = [
+            ServedChoice(index=i, answered=not a.abstained, returned=a.answer, scored=a.scores_returned_text)
+            for i, a in zip(indexes, answers, strict=True)
+        ]
+        self.store.record(out, response_id, choices, str(provenance.get("model_version", "")))
+
+    def find(self, response_id: str, index: int) -> RememberedChoice | None:
+        """The served choice a label names, while the store remembers it (any replica may have served it)."""
+        return self.store.find(response_id, index)
+
+    def label(self, response_id: str, index: int, correct: bool, label_source: str, who: str = "") -> None:
+        self.store.add_label(response_id, index, correct, label_source, who)
 
     def close(self) -> None:
-        with self._lock:
-            self._file.close()
+        self.store.close()

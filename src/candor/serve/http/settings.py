@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from candor.annotation.served_store import Retention
 from candor.serve.model import DEFAULT_REFUSAL
 from candor.util.errors import CandorError
 
@@ -26,7 +27,9 @@ class ServeSettings:
     batch_wait_ms: float = 5.0
     cors_origins: tuple[str, ...] = ()  # browser origins allowed by CORS; none: no CORS headers
     log_prompts: bool = False  # the access log carries each request's messages or prompt
-    log_records: Path | None = None  # append served answers as candor records (JSONL)
+    log_records: Path | None = None  # also export served answers and labels as candor records (JSONL)
+    store: str | None = None  # the served-answer store's URL; default with log_records: SQLite beside it
+    retention: Retention = Retention()  # what the store keeps (rows, age, the remembered index's bytes)
     conversations: str = "accept"  # "refuse": a chat request must hold exactly one user message
     stream: str = "buffered"  # "live": an answer-level source streams tokens before its decision
     docs: bool = False  # /docs and /openapi.json, behind the key
@@ -34,6 +37,8 @@ class ServeSettings:
     honest_folder: Path | None = None  # what SIGHUP and POST /admin/reload load again (--honest DIR)
 
     def __post_init__(self) -> None:
+        if self.store is not None and "://" not in self.store:
+            raise CandorError(f"--store must be a database URL (sqlite:///FILE.db, postgresql://…), got {self.store!r}")
         for name, allowed in (("conversations", CONVERSATION_MODES), ("stream", STREAM_MODES)):
             if getattr(self, name) not in allowed:
                 raise CandorError(f"--{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
@@ -43,3 +48,15 @@ CONVERSATION_MODES = ("accept", "refuse")
 STREAM_MODES = ("buffered", "live")
 # A request's max_tokens cap where the backend does not say its context (an OpenAI-compatible server).
 UNKNOWN_CONTEXT_MAX_TOKENS = 4096
+
+
+def store_url(settings: ServeSettings) -> str | None:
+    """Where served answers go: ``--store``, else a SQLite file beside ``--log-records`` (FILE.db), else nowhere."""
+    if settings.store is not None:
+        return settings.store
+    if settings.log_records is None:
+        return None
+    beside = settings.log_records.with_suffix(".db")
+    if beside == settings.log_records:
+        beside = settings.log_records.with_name(settings.log_records.name + ".store.db")
+    return f"sqlite:///{beside}"
