@@ -142,7 +142,10 @@ def test_mark_wraps_the_fact_after_its_marker(name, text, facts):
             ["Paris is the capital of France.", "The Eiffel Tower is in Paris.", "The Seine flows through it."],
         ),
         # decimals and numbers that end a sentence are not markers
-        ("Paris has 2.1 million people. Lyon has 0.5 million.", ["Paris has 2.1 million people.", "Lyon has 0.5 million."]),
+        (
+            "Paris has 2.1 million people. Lyon has 0.5 million.",
+            ["Paris has 2.1 million people.", "Lyon has 0.5 million."],
+        ),
         ("It ranks 1. Paris is big.", ["It ranks 1.", "Paris is big."]),
         ("The answer is 3.5 million.", ["The answer is 3.5 million."]),
         ("He got 3) wrong.", ["He got 3) wrong."]),

@@ -201,7 +201,8 @@ def tokens_in_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> 
 
 # ---------------------------------------------------------------- list markers and headings
 
-# A list marker: numbering (``1.``, ``2)``, ``(a)``, ``a.``, ``iv.``, ``(ii)``, ``B)``) or a bullet (``-``, ``*``, ``•``).
+# A list marker: numbering (``1.``, ``2)``, ``(a)``, ``a.``, ``iv.``, ``(ii)``, ``B)``)
+# or a bullet (``-``, ``*``, ``•``).
 # A capital letter with a period (``A.``) is left out: it reads as an initial (``F. Scott``).
 _NUMBERING = r"(?:(?:\d{1,3}|[a-z]|[ivx]{2,5}|[IVX]{2,5})[.)]|[A-Z]\)|\((?:\d{1,3}|[A-Za-z]|[ivx]{2,5}|[IVX]{2,5})\))"
 _BULLET = r"[-*+\u2022\u2023\u2043\u25aa\u25e6\u00b7\u2013\u2014]"
