@@ -63,21 +63,26 @@ def test_split_claims_refuses_text_that_is_not_the_completions():
 def test_refine_remove_and_mark_agree_with_the_removed_claims():
     claims = split_claims(ANSWER, completion(ANSWER))
     values = [0.9, 0.2, 0.8, 0.1]
-    text, removed = refine(ANSWER, claims, values, threshold=0.5)
-    assert [c.text for c in removed] == ["F. Scott Fitzgerald wrote it", "Gold is Au."]
-    assert text == "1. The capital of France is Paris.\n2. he was American."
-    for claim in removed:
-        assert claim.text not in text
-    for claim, v in zip(claims, values, strict=True):
-        if v >= 0.5:
-            assert claim.text in text
-    marked, same = refine(ANSWER, claims, values, threshold=0.5, mode="mark")
-    assert same == removed
+    refined = refine(ANSWER, claims, values, threshold=0.5)
+    assert [c.text for c in refined.removed] == ["F. Scott Fitzgerald wrote it", "Gold is Au."]
+    assert refined.text == "1. The capital of France is Paris.\n2. he was American."
+    for claim in refined.removed:
+        assert claim.text not in refined.text
+    for claim, v, span in zip(claims, values, refined.spans, strict=True):
+        if v >= 0.5:  # a kept claim's span indexes the refined text
+            assert span is not None and refined.text[span[0] : span[1]] == claim.text
+        else:
+            assert span is None
+    marked = refine(ANSWER, claims, values, threshold=0.5, mode="mark")
+    assert marked.removed == refined.removed
     assert (
-        marked
+        marked.text
         == "1. The capital of France is Paris.\n2. [?F. Scott Fitzgerald wrote it]; he was American.\n3. [?Gold is Au.]"
     )
-    assert refine(ANSWER, claims, values, threshold=0.0) == (ANSWER, [])
+    assert [marked.text[a:b] for a, b in marked.spans] == [c.text for c in claims]  # a marked claim: inside the marks
+    untouched = refine(ANSWER, claims, values, threshold=0.0)
+    assert (untouched.text, untouched.removed) == (ANSWER, [])
+    assert untouched.spans == [(c.start, c.end) for c in claims]
 
 
 def test_refine_refuses_bad_input():

@@ -3,10 +3,17 @@ on the embedded model with its chat template (its answers run to several sentenc
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
+try:
+    import httpx
+except ImportError:  # recent openai clients ship the same API as httpx2
+    httpx = pytest.importorskip("httpx2")
 from typer.testing import CliRunner  # noqa: E402
 
 from candor.annotation.claim_split import split_claims  # noqa: E402
@@ -52,18 +59,27 @@ def serving(generator, refine_mode, threshold) -> HonestModel:
 def test_each_claim_gets_its_confidence_and_low_claims_are_removed(generator, plain_answer):
     answer, claims, values = plain_answer
     threshold = sorted(values)[len(values) // 2]  # at least one claim below it, at least one kept
-    expected_text, expected_removed = refine(answer.answer, claims, values, threshold, "remove")
-    assert expected_removed and len(expected_removed) < len(claims)
+    expected = refine(answer.answer, claims, values, threshold, "remove")
+    assert expected.removed and len(expected.removed) < len(claims)
     with serve_in_thread(create_app(serving(generator, "remove", threshold), ServeSettings())) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         resp = client.chat.completions.create(model="candor", messages=[{"role": "user", "content": QUESTION}])
         conf = resp.choices[0].model_extra["confidence"]
+        content = resp.choices[0].message.content
         assert conf["claim_method"] == "claim-prob" and conf["claim_refine"] == "remove"
-        assert [(c["text"], c["start"], c["end"]) for c in conf["claims"]] == [(c.text, c.start, c.end) for c in claims]
+        # spans into the returned text and values only: a kept claim's span slices its words out of the content
+        assert all(set(c) == {"index", "start", "end", "value"} for c in conf["claims"])
+        assert [(c["start"], c["end"]) for c in conf["claims"]] == [s or (None, None) for s in expected.spans]
+        for c, claim in zip(conf["claims"], claims, strict=True):
+            if c["start"] is not None:
+                assert content[c["start"] : c["end"]] == claim.text
         assert [c["value"] for c in conf["claims"]] == pytest.approx(values, abs=1e-6)
-        assert [c["text"] for c in conf["removed_claims"]] == [c.text for c in expected_removed]
-        assert all(c["value"] < threshold for c in conf["removed_claims"])
-        assert resp.choices[0].message.content == expected_text
+        removed = [claims.index(c) for c in expected.removed]
+        assert [c["index"] for c in conf["removed_claims"]] == removed
+        assert all(set(c) == {"index", "value"} and c["value"] < threshold for c in conf["removed_claims"])
+        assert conf["refined"] == {"mode": "remove", "kept": len(claims) - len(removed), "removed": len(removed)}
+        assert conf["scores_returned_text"] is False  # the value is the answer as generated, not the refined text
+        assert content == expected.text
         assert conf["value"] == pytest.approx(answer.confidence, rel=1e-4)  # the answer-level value is unchanged
         # Streaming is buffered until the claims are scored: the client never sees a claim that is removed.
         chunks = [
@@ -74,8 +90,15 @@ def test_each_claim_gets_its_confidence_and_low_claims_are_removed(generator, pl
             if c.choices
         ]
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
-        assert streamed == expected_text
-        assert all(removed.text not in streamed for removed in expected_removed if removed.text not in expected_text)
+        assert streamed == expected.text
+        assert all(r.text not in streamed for r in expected.removed if r.text not in expected.text)
+        assert chunks[-1].choices[0].model_extra["confidence"]["claims"] == conf["claims"]
+        # the generated tokens' log-probs would show the removed words: refused, naming the field
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="candor", messages=[{"role": "user", "content": QUESTION}], logprobs=True
+            )
+        assert refused.value.body["param"] == "logprobs" and "--refine" in refused.value.body["message"]
 
 
 def test_mark_keeps_the_claims_and_flags_the_low_ones(generator, plain_answer):
@@ -83,8 +106,10 @@ def test_mark_keeps_the_claims_and_flags_the_low_ones(generator, plain_answer):
     threshold = max(values) + 1e-9  # every claim below: all marked
     model = serving(generator, "mark", min(threshold, 1.0))
     marked = model.answer(QUESTION)
-    assert marked.answer == refine(answer.answer, claims, values, min(threshold, 1.0), "mark")[0]
+    assert marked.answer == refine(answer.answer, claims, values, min(threshold, 1.0), "mark").text
     assert marked.answer.count("[?") == len(claims)
+    assert marked.scores_returned_text is False  # the marked text is not the text the value was computed on
+    assert marked.claims.describe()["refined"] == {"mode": "mark", "kept": 0, "marked": len(claims)}
 
 
 def test_claims_without_refine_report_only(generator, plain_answer):
@@ -93,6 +118,61 @@ def test_claims_without_refine_report_only(generator, plain_answer):
     model.serve_claims(ClaimPolicy("claim-perplexity"))
     served = model.answer(QUESTION)
     assert served.answer == answer.answer and len(served.claims.claims) == len(claims) and not served.claims.removed
+    described = served.claims.describe()
+    assert described["refined"] is None and served.scores_returned_text is True
+    assert [(c["start"], c["end"]) for c in described["claims"]] == [(c.start, c.end) for c in claims]
+
+
+LIST_PROMPTS = [
+    "Tell me three facts about Paris, one per sentence.",
+    "List three rivers in Europe as bullet points.",
+    "Give me two numbered facts about the Moon.",
+]
+# A claim that is nothing but list markers, numbering, bullets or a heading's hashes.
+NOT_A_CLAIM = re.compile(r"[\s#*+\-\u2022.;:]*(?:\(?(?:\d{1,3}|[A-Za-z]|[ivxIVX]{1,5})[.)]\)?[\s.;:]*)*")
+
+
+@pytest.mark.parametrize("question", LIST_PROMPTS)
+def test_a_list_answer_refined_by_claims_leaks_no_removed_text(generator, tmp_path, question):
+    """Issue 54 part 6: no list marker is a claim, and no removed claim's words reach the client, plain or
+    streamed; the served record (the operator's) keeps them. Checked on the raw response bytes."""
+    model = HonestModel(generator, confidence="n-prob", template="chat", decoding=Decoding(max_new_tokens=48))
+    completion = model.answer(question).completion
+    claims = split_claims(completion.text, completion, decode=generator.decode)
+    assert len(claims) >= 2, f"the answer should hold several claims: {completion.text!r}"
+    prompt = model.prepare(question).prompt
+    values = score_claims("claim-prob", completion, claims, generator, prompt=prompt, question=question)
+    threshold = sorted(values)[len(values) // 2]  # the lower claims removed, at least one kept
+    log = tmp_path / "served.jsonl"
+    app_ = create_app(serving(generator, "remove", threshold), ServeSettings(log_records=log))
+    body = {"model": "candor", "messages": [{"role": "user", "content": question}]}
+    with serve_in_thread(app_) as url, httpx.Client(base_url=url, timeout=120) as http:
+        plain = http.post("/v1/chat/completions", json=body)
+        assert plain.status_code == 200, plain.text
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as streamed:
+            assert streamed.status_code == 200
+            stream_bytes = b"".join(streamed.iter_bytes())
+    records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 2  # the plain answer and the streamed one, both logged
+    content = plain.json()["choices"][0]["message"]["content"]
+    for raw, record in zip([plain.content, stream_bytes], records, strict=True):
+        served = record["provenance"]["served"]["claims"][0]
+        assert served is not None, "the answer should have been split into claims"
+        assert [c["text"] for c in served["claims"]] == [c.text for c in claims]  # the same answer, the same claims
+        for c in served["claims"]:
+            assert not NOT_A_CLAIM.fullmatch(c["text"]), f"a list marker is a claim: {c['text']!r}"
+        removed = [c["text"] for c in served["claims"] if c["below"]]
+        assert removed, "the threshold should remove a claim"
+        text = raw.decode("utf-8")
+        for words in removed:
+            if words in content:  # the same words stand in a kept claim too (a repeated sentence)
+                continue
+            for form in (words, json.dumps(words)[1:-1], json.dumps(words, ensure_ascii=False)[1:-1]):
+                assert form not in text, f"a removed claim's text reached the client: {words!r}"
+    conf = plain.json()["choices"][0]["confidence"]
+    assert conf["scores_returned_text"] is False
+    assert conf["refined"]["mode"] == "remove" and conf["refined"]["removed"] == len(conf["removed_claims"]) >= 1
+    assert all("text" not in c for c in [*conf["claims"], *conf["removed_claims"]])
 
 
 @pytest.mark.parametrize(

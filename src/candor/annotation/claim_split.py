@@ -1,8 +1,11 @@
 """Splitting an answer into claims: the decomposers, in a registry (docs/claims.md "Claims").
 
 - ``sentence`` (default, no model): one claim per sentence, list item or line,
-  and clauses split at ``;``; list markers (``1.``, ``-``) are left out of the
-  claim; a token belongs to a claim when its characters overlap the claim's.
+  and clauses split at ``;``. List markers (numbering such as ``1.``, ``2)``,
+  ``(a)``, ``iv.``; bullets such as ``-``, ``*``, ``•``), at a line's start or
+  inside it, are left out of the claim and are never a claim of their own; a
+  Markdown heading line is no claim. A token belongs to a claim when its
+  characters overlap the claim's.
 - ``llm``: FactScore-style atomic facts from a backend. Each sentence of the
   answer is sent with :data:`FACTS_PROMPT`; each reply line starting with ``- ``
   is one fact. **Mapping back to tokens**: a fact rests on the tokens of its

@@ -199,9 +199,47 @@ def tokens_in_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> 
     return [i for i, (a, b) in enumerate(offsets) if b > start and a < end and b > a]
 
 
+# ---------------------------------------------------------------- list markers and headings
+
+# A list marker: numbering (``1.``, ``2)``, ``(a)``, ``a.``, ``iv.``, ``(ii)``, ``B)``)
+# or a bullet (``-``, ``*``, ``•``).
+# A capital letter with a period (``A.``) is left out: it reads as an initial (``F. Scott``).
+_NUMBERING = r"(?:(?:\d{1,3}|[a-z]|[ivx]{2,5}|[IVX]{2,5})[.)]|[A-Z]\)|\((?:\d{1,3}|[A-Za-z]|[ivx]{2,5}|[IVX]{2,5})\))"
+_BULLET = r"[-*+\u2022\u2023\u2043\u25aa\u25e6\u00b7\u2013\u2014]"
+_MARKER = rf"(?:{_NUMBERING}|{_BULLET})"
+_ONE_MARKER = re.compile(rf"{_MARKER}(?:[ \t]+|$)")
+_MARKERS = re.compile(rf"[ \t]*(?:{_MARKER}(?:[ \t]+|$))+")
+_HEADING = re.compile(r"[ \t]{0,3}#{1,6}(?:[ \t]|$)")  # a Markdown (ATX) heading line
+_UNDERLINE = re.compile(r"[ \t]{0,3}(?:=+|-{2,})[ \t]*")  # under a line, it makes that line a (setext) heading
+# A marker after a colon opens the next piece ("Three facts: 1. Paris is ..."); such a "1." ends no sentence.
+_MARKER_AFTER_COLON = re.compile(rf"(?<=:)[ \t]+({_MARKER})(?=[ \t])")
+_NUMBERING_AFTER_COLON = re.compile(rf":[ \t]+{_NUMBERING}$")
+# Where a list marker can stand inside a line: after the end of a sentence or clause, or a colon.
+_PIECE_START = re.compile(r"[.!?;:][ \t]+")
+# Inline numbering with a closing parenthesis opens a piece once a "1)" came before ("1) Paris is big 2) it is old").
+_INLINE_NUMBERING = re.compile(r"(?<=[ \t])\d{1,3}\)(?=[ \t]+\S)")
+_FIRST_NUMBER = re.compile(r"(?:^|(?<=[ \t]))1\)[ \t]")
+
+
+def is_heading(line: str, below: str = "") -> bool:
+    """Whether a line is a Markdown heading (``# Paris``, or a line over ``===`` or ``---``): it states no claim.
+
+    ``below`` is the next line.
+    """
+    if _HEADING.match(line):
+        return True
+    # under a list item, "---" is a rule, not an underline
+    return bool(line.strip() and _UNDERLINE.fullmatch(below) and marker_end(line, 0) == 0)
+
+
+def marker_end(text: str, at: int, end: int | None = None) -> int:
+    """Past the list markers (and the spaces after them) that start at ``at``; ``at`` when there are none."""
+    m = _MARKERS.match(text, at, len(text) if end is None else end)
+    return m.end() if m else at
+
+
 # ---------------------------------------------------------------- the sentence decomposer
 
-_LIST_MARKER = re.compile(r"^\s*(?:\d{1,3}[.)]|[-*\u2022])\s+")
 # A sentence ends at . ! ? followed by space, unless the period closes an initial or a short abbreviation.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _ABBREVIATION = re.compile(r"(?:\b[A-Z]|\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|vs|etc|No|Mt|U\.S))\.$")
@@ -210,13 +248,17 @@ _SEPARATOR = re.compile(r"[;, \t]*")
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` of every sentence or clause of ``text``, list markers and whitespace left out."""
+    """``(start, end)`` of every sentence or clause of ``text`` that states something.
+
+    List markers (numbering, bullets) are left out of the span and are never a
+    span of their own; a heading line, or a piece with no letter or digit, gives none.
+    """
     out: list[tuple[int, int]] = []
     at = 0
-    for line in text.split("\n"):
-        marker = _LIST_MARKER.match(line)
-        body_start = marker.end() if marker else 0
-        out.extend((at + a, at + b) for a, b in _pieces(line, body_start))
+    lines = text.split("\n")
+    for line, below in zip(lines, [*lines[1:], ""], strict=True):
+        if not is_heading(line, below):
+            out.extend((at + a, at + b) for a, b in _pieces(line))
         at += len(line) + 1
     return out
 
@@ -231,17 +273,21 @@ def settled_end(text: str, finished: bool = False) -> int:
     return len(text) if finished or not spans else spans[-1][0]
 
 
-def _pieces(line: str, start: int) -> list[tuple[int, int]]:
-    cuts = [start]
-    for m in _SENTENCE_END.finditer(line, start):
-        if not _ABBREVIATION.search(line[: m.start()]):
+def _pieces(line: str) -> list[tuple[int, int]]:
+    cuts = [0]
+    for m in _SENTENCE_END.finditer(line):
+        before = line[: m.start()]
+        if not (_ABBREVIATION.search(before) or _NUMBERING_AFTER_COLON.search(before)):
             cuts.append(m.end())
-    cuts.extend(m.end() for m in _CLAUSE_END.finditer(line, start))
+    cuts.extend(m.start(1) for m in _MARKER_AFTER_COLON.finditer(line))
+    cuts.extend(m.end() for m in _CLAUSE_END.finditer(line))
+    cuts.extend(m.start() for m in _INLINE_NUMBERING.finditer(line) if _FIRST_NUMBER.search(line, 0, m.start()))
     cuts = sorted(set(cuts)) + [len(line)]
     spans = []
     for a, b in zip(cuts, cuts[1:], strict=False):
+        a = marker_end(line, a, b)  # the list markers that open the piece are not part of it
         piece = line[a:b]
-        if piece.strip(" ;\t"):
+        if any(ch.isalnum() for ch in piece):
             left = a + len(piece) - len(piece.lstrip())
             right = a + len(piece.rstrip(" ;\t"))
             spans.append((left, right))
@@ -254,13 +300,30 @@ RefineMode = Literal["remove", "mark"]
 MARK_OPEN, MARK_CLOSE = "[?", "]"  # ``mark``: a low-confidence claim reads "[?claim]"
 
 
+@dataclass(frozen=True)
+class Refinement:
+    """What :func:`refine` returns.
+
+    ``text``: the refined text; ``removed``: the claims below the threshold
+    (removed, or marked with ``mark``), in text order; ``spans``: for each claim
+    given, in the order given, its ``[start, end)`` in ``text`` (a marked claim's
+    inside the marks), None for a removed claim or one not whole in ``text``.
+    """
+
+    text: str
+    removed: list[Claim]
+    spans: list[tuple[int, int] | None]
+
+
 def refine(
     text: str, claims: Sequence[Claim], values: Sequence[float], threshold: float, mode: RefineMode = "remove"
-) -> tuple[str, list[Claim]]:
-    """The text with the claims below ``threshold`` removed (or marked), and those claims.
+) -> Refinement:
+    """The text with the claims below ``threshold`` removed (or marked), those claims, and where each claim now is.
 
-    ``remove`` cuts each low claim's span (and the list marker and whitespace of
-    a line left empty); ``mark`` wraps it as ``[?claim]``. Spans must not overlap.
+    ``remove`` cuts each low claim's span with the separator after it and the
+    list marker that opens it (a line left empty goes, a run of spaces it leaves
+    closes up; lines no claim was cut from stay as they were); ``mark`` wraps it
+    as ``[?claim]``, after its marker. Spans must not overlap.
     """
     if len(claims) != len(values):
         raise CandorError(f"refine: {len(claims)} claims but {len(values)} values")
@@ -270,24 +333,104 @@ def refine(
     for a, b in zip(low, low[1:], strict=False):
         if b.start < a.end:
             raise CandorError(f"refine: claims {a.text!r} and {b.text!r} overlap; refine needs disjoint spans")
-    out, at = [], 0
+    edit = _Edit(text)
+    at = 0
     for claim in low:
-        out.append(text[at : claim.start])
+        edit.keep(at, claim.start)
         if mode == "mark":
-            out.append(f"{MARK_OPEN}{text[claim.start : claim.end]}{MARK_CLOSE}")
+            edit.insert(MARK_OPEN)
+            edit.keep(claim.start, claim.end)
+            edit.insert(MARK_CLOSE)
             at = claim.end
         else:  # the separator after a removed claim goes with it
+            edit.cut()
             at = claim.end + len(_SEPARATOR.match(text, claim.end).group())  # type: ignore[union-attr]
-    out.append(text[at:])
-    refined = "".join(out)
-    return (tidy_lines(refined) if mode == "remove" else refined), list(low)
+    edit.keep(at, len(text))
+    if mode == "remove":
+        edit.tidy()
+    removed = {id(c) for c in low} if mode == "remove" else set()
+    spans = [None if id(c) in removed else edit.span(c.start, c.end) for c in claims]
+    return Refinement(text=edit.text(), removed=list(low), spans=spans)
 
 
-def tidy_lines(text: str) -> str:
-    """Lines left with only a list marker or spaces dropped; runs of spaces inside a line closed up."""
-    lines = []
-    for line in text.split("\n"):
-        if not _LIST_MARKER.sub("", line + " ").strip():
+class _Edit:
+    """A text being refined: each character with the position it came from in the original (None: inserted)."""
+
+    def __init__(self, original: str) -> None:
+        self.original = original
+        self.chars: list[str] = []
+        self.origin: list[int | None] = []
+        self.cuts: list[int] = []  # where in the edited text something was removed
+
+    def keep(self, start: int, end: int) -> None:
+        self.chars.extend(self.original[start:end])
+        self.origin.extend(range(start, end))
+
+    def insert(self, piece: str) -> None:
+        self.chars.extend(piece)
+        self.origin.extend([None] * len(piece))
+
+    def cut(self) -> None:
+        self.cuts.append(len(self.chars))
+
+    def text(self) -> str:
+        return "".join(self.chars)
+
+    def span(self, start: int, end: int) -> tuple[int, int] | None:
+        """Where the original ``[start, end)`` is now; None when its first or last character is gone."""
+        if end <= start:
+            return None
+        where = {o: i for i, o in enumerate(self.origin) if o is not None}
+        if start not in where or end - 1 not in where:
+            return None
+        return where[start], where[end - 1] + 1
+
+    def tidy(self) -> None:
+        """In each line something was cut from: drop the markers left opening nothing, the line if left empty,
+        the spaces left doubled or trailing."""
+        text = self.text()
+        keep = [True] * len(text)
+        line_start = 0
+        for line in text.split("\n"):
+            line_end = line_start + len(line)
+            if any(line_start <= c <= line_end for c in self.cuts):
+                mask = _tidy_line(line)
+                if not "".join(ch for ch, k in zip(line, mask, strict=True) if k).strip():
+                    mask = [False] * len(line)
+                    newline = line_end if line_end < len(text) else line_start - 1  # the line goes with a newline
+                    if newline >= 0:
+                        keep[newline] = False
+                keep[line_start:line_end] = mask
+            line_start = line_end + 1
+        chars = [ch for ch, k in zip(self.chars, keep, strict=True) if k]
+        origin = [o for o, k in zip(self.origin, keep, strict=True) if k]
+        left = "".join(chars)  # and no blank line is left opening or closing the text
+        first, last = left[: len(left) - len(left.lstrip())].rfind("\n") + 1, len(left.rstrip())
+        self.chars, self.origin = chars[first:last], origin[first:last]
+
+
+def _tidy_line(line: str) -> list[bool]:
+    """Which characters of a line a cut left stay: not an orphaned marker, a doubled or trailing space."""
+    keep = [True] * len(line)
+    starts = [len(line) - len(line.lstrip(" \t"))] + [m.end() for m in _PIECE_START.finditer(line)]
+    for p in starts:
+        markers = []
+        while m := _ONE_MARKER.match(line, p):
+            markers.append((p, m.end()))
+            p = m.end()
+        opens_text = bool(markers) and bool(line[p:].strip())
+        for a, b in markers[:-1] if opens_text else markers:  # a marker followed by another, or by nothing
+            keep[a:b] = [False] * (b - a)
+    kept = [i for i, k in enumerate(keep) if k]
+    previous, inside = None, False
+    for i in kept:  # runs of spaces between words close up to one (the indentation stays)
+        if line[i] == " " and inside and previous is not None and line[previous] == " ":
+            keep[i] = False
             continue
-        lines.append(re.sub(r"(?<=\S) {2,}(?=\S)", " ", line).rstrip())
-    return "\n".join(lines)
+        inside = inside or line[i] not in " \t"
+        previous = i
+    for i in reversed(kept):  # trailing spaces go
+        if keep[i] and line[i] not in " \t":
+            break
+        keep[i] = False
+    return keep

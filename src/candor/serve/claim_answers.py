@@ -5,8 +5,10 @@ An answer of more than one claim (split by the ``sentence`` decomposer,
 from a claim estimator (:mod:`candor.estimators.claim_scoring`), computed on the
 answer as generated, in the engine thread, the question alone. With ``refine``,
 the claims below ``threshold`` are removed (``remove``) or marked ``[?…]``
-(``mark``), and the returned text is the refined one; the removed claims are
-listed in the ``confidence`` object. An answer of one claim is left as it is: its
+(``mark``), and the returned text is the refined one. The ``confidence``
+object carries each claim's span in the returned text and its value, never a
+removed claim's text (the record log keeps that for the operator); after a
+refinement ``scores_returned_text`` is False. An answer of one claim is left as it is: its
 answer-level confidence already speaks for it.
 
 See docs/claims.md.
@@ -46,27 +48,65 @@ class ClaimPolicy:
 
 @dataclass
 class ClaimVerdict:
-    """An answer's claims with their confidences, and the text returned (refined or as generated)."""
+    """An answer's claims with their confidences, and the text returned (refined or as generated).
+
+    ``spans`` gives each claim's ``[start, end)`` in the returned ``text`` (None for
+    a removed claim); ``removed`` holds the claims below the threshold (removed,
+    or marked with ``mark``).
+    """
 
     method: str
     claims: list[Claim]
     values: list[float]
     text: str
+    spans: list[tuple[int, int] | None]
     removed: list[Claim] = field(default_factory=list)
     refine: str | None = None
 
+    @property
+    def refined(self) -> bool:
+        """Whether the returned text differs from the answer as generated (a claim removed or marked)."""
+        return self.refine is not None and bool(self.removed)
+
     def describe(self) -> dict[str, Any]:
-        """The claim part of a choice's ``confidence`` object; ``start``/``end`` index the answer as generated."""
-        value = dict(zip((id(c) for c in self.claims), self.values, strict=True))
+        """The claim part of a choice's ``confidence`` object: spans into the returned text and values only.
+
+        No claim's text is in it: a removed claim is named by its index and value
+        alone, so a client never sees its words (the record log keeps them for the
+        operator, :meth:`for_record`).
+        """
+        below = {id(c) for c in self.removed}
+        claims = [
+            {"index": i, "start": None if s is None else s[0], "end": None if s is None else s[1], "value": v}
+            for i, (s, v) in enumerate(zip(self.spans, self.values, strict=True))
+        ]
         return {
             "claim_method": self.method,
-            "claims": [
-                {"text": c.text, "start": c.start, "end": c.end, "value": v}
-                for c, v in zip(self.claims, self.values, strict=True)
-            ],
             "claim_refine": self.refine,
+            "claims": claims,
             "removed_claims": [
-                {"text": c.text, "start": c.start, "end": c.end, "value": value[id(c)]} for c in self.removed
+                {"index": i, "value": v}
+                for i, (c, v) in enumerate(zip(self.claims, self.values, strict=True))
+                if id(c) in below
+            ],
+            "refined": None if not self.refined else self.counts(),
+        }
+
+    def counts(self) -> dict[str, Any]:
+        """How the text was refined: the mode, and how many claims were kept and removed (or marked)."""
+        done = "removed" if self.refine == "remove" else "marked"
+        return {"mode": self.refine, "kept": len(self.claims) - len(self.removed), done: len(self.removed)}
+
+    def for_record(self) -> dict[str, Any]:
+        """The claims as the served record keeps them, for the operator: each claim's text and its span in the
+        answer as generated, its value, and whether it was removed or marked."""
+        below = {id(c) for c in self.removed}
+        return {
+            "claim_method": self.method,
+            "claim_refine": self.refine,
+            "claims": [
+                {"index": i, "text": c.text, "start": c.start, "end": c.end, "value": v, "below": id(c) in below}
+                for i, (c, v) in enumerate(zip(self.claims, self.values, strict=True))
             ],
         }
 
@@ -95,9 +135,16 @@ class ClaimJudge:
             float(v)
             for v in score_claims(self.estimator, completion, claims, self.backend, prompt=prompt, question=question)
         ]
-        text, removed = completion.text, []
-        if policy.refine is not None:
-            text, removed = refine(completion.text, claims, values, policy.threshold, policy.refine)  # type: ignore[arg-type]
+        if policy.refine is None:
+            spans: list[tuple[int, int] | None] = [(c.start, c.end) for c in claims]
+            return ClaimVerdict(method=policy.method, claims=claims, values=values, text=completion.text, spans=spans)
+        refined = refine(completion.text, claims, values, policy.threshold, policy.refine)  # type: ignore[arg-type]
         return ClaimVerdict(
-            method=policy.method, claims=claims, values=values, text=text, removed=removed, refine=policy.refine
+            method=policy.method,
+            claims=claims,
+            values=values,
+            text=refined.text,
+            spans=refined.spans,
+            removed=refined.removed,
+            refine=policy.refine,
         )

@@ -314,7 +314,12 @@ class HonestModel:
         out = []
         for a in answers:
             verdict = verdicts.get(id(a.completion))
-            out.append(a if verdict is None else replace(a, answer=verdict.text, claims=verdict))
+            if verdict is None:
+                out.append(a)
+                continue
+            # A refined text is not the answer the confidence was computed on.
+            scored = a.scores_returned_text and not verdict.refined
+            out.append(replace(a, answer=verdict.text, claims=verdict, scores_returned_text=scored))
         return out
 
     async def _answer_from_prefill(self, ask: Ask, engine: LiveEngine, reader: PrefillReader) -> list[HonestAnswer]:

@@ -6,7 +6,8 @@ each stored record) is a :class:`~candor.annotation.records.Record` (``read_reco
 reads the file back): the question, the greedy answer the confidence was
 computed for, the method's samples, and in ``provenance`` the model, template
 and decoding they were made with plus ``served``: the confidence object each
-choice got and the texts returned. Such a file can be re-scored, judged
+choice got, the texts returned and, with ``--claims``, each claim's text
+(a removed claim's too, which no client is sent). Such a file can be re-scored, judged
 against gold answers later (``candor rejudge``) and used as a calibration set.
 ``served.id`` is the response id a client saw and ``served.indexes`` the choices
 the record's answers fill in it, so a label sent later (``POST /v1/feedback``)
@@ -53,6 +54,8 @@ class RecordLog:
                 "indexes": list(indexes),
                 "confidence": [describe(a) for a in answers],
                 "returned": [a.answer for a in answers],
+                # --claims: each claim's text, removed ones included; the operator's alone (a client gets spans)
+                "claims": [None if a.claims is None else a.claims.for_record() for a in answers],
                 "reply": {
                     "n": ask.reply.n,
                     "max_tokens": ask.reply.max_new_tokens,

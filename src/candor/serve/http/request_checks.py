@@ -147,6 +147,15 @@ def check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings,
             "logprobs",
             "unsupported",
         )
+    if body.top_logprobs_wanted() is not None and model.claims is not None and model.claims.policy.refine is not None:
+        raise APIError(
+            400,
+            "logprobs are not returned when the server refines answers by claims (--refine): "
+            "the generated tokens hold the text of refined claims",
+            "invalid_request_error",
+            "logprobs",
+            "unsupported",
+        )
     param = "messages" if isinstance(body, ChatRequest) else "prompt"
     texts = [m.text() for m in body.messages] if isinstance(body, ChatRequest) else body.questions()
     if sum(len(t) for t in texts) > settings.max_question_chars:
