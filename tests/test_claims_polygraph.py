@@ -2,7 +2,8 @@
 
 lm-polygraph runs in its own virtual environment (``make polygraph-venv`` builds it; the
 environment variable ``CANDOR_POLYGRAPH_PYTHON`` names its python, see benchmarks/polygraph.py)
-through benchmarks/polygraph_claims.py; the test skips, naming the make target, when that venv is absent. The answers come from
+through benchmarks/polygraph_claims.py; the test skips, naming the make target, when that venv is absent.
+The answers come from
 the tiny random Llama (its lively variant); lm-polygraph recomputes the entropies with that model in
 its venv, and gets CCP's entailment decisions from candor (the formula is compared
 given the same decisions).
