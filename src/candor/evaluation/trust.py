@@ -111,7 +111,8 @@ def trust_html(sections: Mapping[str, Any]) -> str:
         parts.append(f"""<h2 id="abstention">Abstention-aware scores</h2>
 <p class="note">Answer when the confidence is at least the method's threshold. Correct, incorrect and abstained are
 counts; the scores are ×100 with [95% bootstrap interval, {sections["bootstrap"]} resamples]. SimpleQA F is the
-harmonic mean of correct (overall) and correct | attempted; hallucination rate = incorrect / all; penalized score =
+harmonic mean of correct (overall) and correct | attempted; incorrect (overall) = incorrect / all; hallucination rate
+(AA-Omniscience) = incorrect / (incorrect + abstained), over the questions not answered right; penalized score =
 (correct − incorrect) / all, in [−100, 100].</p>
 {_html_table(abstention_rows(sections), "abstention-table")}""")
     if "judge_noise" in sections:
