@@ -18,8 +18,9 @@ holds for the in-domain test split by construction, not for OOD).
 
 Abstention-aware scores: every method (each training-free candidate too) at
 its risk-controlled threshold (chosen on dev) gets, per test split, the counts
-correct / incorrect / abstained, SimpleQA's F, the incorrect share overall (``overall_incorrect``; the key was ``hallucination_rate``
-in results written before issue 56), AA-Omniscience's hallucination rate and the
+correct / incorrect / abstained, SimpleQA's F, the incorrect share overall
+(``overall_incorrect``; the key was ``hallucination_rate`` in results written
+before issue 56), AA-Omniscience's hallucination rate and the
 penalized score (``candor.evaluation.abstention``, 1000-resample bootstrap
 intervals under ``abstention``), as ``methods.<method>.<score>.<split>``.
 

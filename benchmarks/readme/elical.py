@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from candor.train.elical.selection import factor_range
+
 from .formatting import DASH, Json, bold_best, gib, load, md_table, pct, points, ratio, signed, with_ci
 
 ELICAL_ROWS = [  # (results key, README label)
@@ -212,6 +214,9 @@ def elical_targets(r: Path) -> dict[str, str]:
     sel, tol = rule["held_out_selection"], rule["tolerance"]["by_domain"]
     picks, choice = rule["selected_by_target"], rule["universal_choice"]
     first, last = sel["budgets"][0], sel["budgets"][-1]
+    curve_rule = rule.get("curve_rule", rule["after"]["name"])
+    default = rule.get("library_default", {}).get("name", picks["universal"])
+    low, high = factor_range(sel["candidates"], tol)
     rows = [["tolerance (−)", *(signed(-t) for t in tol.values()), DASH, DASH, DASH]]
     for name, c in sel["candidates"].items():
         cells = [
@@ -241,7 +246,16 @@ def elical_targets(r: Path) -> dict[str, str]:
         "value:elical-target-in-domain": picks["in-domain"],
         "value:elical-universal-how": choice["how"],
         "value:elical-tolerance": ", ".join(f"{d} {100 * t:.1f}" for d, t in tol.items()),
-        "value:elical-curve-rule": rule.get("curve_rule", rule["after"]["name"]),
+        "value:elical-curve-rule": curve_rule,
+        "value:elical-tolerance-range": (
+            f"{low:.2f} to {high:.2f} standard errors" if high != float("inf") else f"{low:.2f} standard errors or more"
+        ),
+        "value:elical-default-curve": (
+            f"{default} (the library default) has its test-set budget curve below"
+            if default == curve_rule
+            else f"{default} (the library default) has no test-set budget curve: not measured; the curve below "
+            f"is {curve_rule}'s"
+        ),
     }
 
 
