@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from .formatting import DATASET_NAMES, METRIC_LABELS, gib, load, md_table, pct, shown_command, with_ci
+import numpy as np
+
+from candor.evaluation.judge_noise import HandLabels
+from candor.evaluation.trust import dropped_draws
+
+from .formatting import DATASET_NAMES, METRIC_LABELS, Json, gib, load, md_table, pct, shown_command, with_ci
 
 
 def judge_agreement(r: Path) -> dict[str, str]:
@@ -100,15 +106,37 @@ def baselines_debias(r: Path) -> dict[str, str]:
     }
 
 
+# judge_noise.json files written before issue 56 hold neither the draws per interval nor the hand labels' datasets:
+# the benchmark's default resamples, and its hand-label file, whose ids name their dataset ("nq:123").
+DEFAULT_DRAWS = 1000
+HAND_LABELS = Path(__file__).resolve().parents[1] / "judge_labels.json"
+
+
+def hand_label_notes(d: Json, r: Path) -> dict[str, str | None]:
+    """Each accuracy row's note on where its sensitivity and specificity come from (candor's own wording)."""
+    out: dict[str, str | None] = {}
+    for ds, e in d["accuracy"].items():
+        if "hand_labels_note" in e:
+            out[ds] = e["hand_labels_note"]
+            continue
+        ids = [x["id"] for x in json.loads(HAND_LABELS.read_text(encoding="utf-8"))["labels"]]
+        labels = HandLabels(np.zeros(len(ids)), np.zeros(len(ids)), datasets=tuple(i.split(":", 1)[0] for i in ids))
+        out[ds] = labels.note_for(d["datasets"] if ds == "all" else [ds])
+    return out
+
+
 def judge_noise(r: Path) -> dict[str, str]:
     """Accuracy corrected for the `contains` judge's measured errors, and how far they could move AUROC."""
     d = load("judge_noise", r)
+    notes = hand_label_notes(d, r)
     rows = [
         [
             DATASET_NAMES.get(ds, ds),
+            str(e["n"]),
             pct(e["observed"]),
             "–" if e["corrected"] is None else with_ci(e["corrected"], e["ci"]),
-            e["undefined"] or "",
+            dropped_draws(e) if "draws" in e else f"{e['draws_dropped']} of {DEFAULT_DRAWS}",
+            "; ".join(n for n in (e["undefined"], notes[ds]) if n),
         ]
         for ds, e in d["accuracy"].items()
     ]
@@ -116,7 +144,11 @@ def judge_noise(r: Path) -> dict[str, str]:
     widest = max(spreads, key=lambda m: spreads[m])
     hand, cons = d["hand_labels"], d["consistency_judge"]
     return {
-        "table:judge-noise": md_table(["dataset", "judged accuracy", "corrected accuracy", "note"], "lrrl", rows),
+        "table:judge-noise": md_table(
+            ["dataset", "n", "judged accuracy", "corrected accuracy", "bootstrap draws dropped", "note"],
+            "lrrrrl",
+            rows,
+        ),
         "value:judge-noise-rates": f"sensitivity {pct(hand['sensitivity'])}%, specificity "
         f"{pct(hand['specificity'])}% ({hand['n']} hand labels)",
         "value:judge-noise-auroc": f"{pct(min(spreads.values()))}–{pct(spreads[widest])} AUROC points "
