@@ -148,9 +148,10 @@ def test_a_row_says_when_its_sensitivity_comes_from_hand_labels_of_other_dataset
     # a label known only by its own "judge" verdict (no dataset): the row cannot say whose, and says that
     path.write_text('{"id": "elsewhere", "human": 0, "judge": 0}\n{"id": "r0", "human": 1}\n')
     unknown = read_hand_labels(path, table())
-    assert "unknown datasets" in judge_noise_report(table(), unknown, bootstrap=0, draws=5)["accuracy"]["a"][
-        "hand_labels_note"
-    ]
+    assert (
+        "unknown datasets"
+        in judge_noise_report(table(), unknown, bootstrap=0, draws=5)["accuracy"]["a"]["hand_labels_note"]
+    )
 
 
 def test_the_tables_show_the_dropped_bootstrap_draws_and_the_hand_labels_note():

@@ -10,7 +10,19 @@ import numpy as np
 from candor.evaluation.judge_noise import HandLabels
 from candor.evaluation.trust import dropped_draws
 
-from .formatting import DATASET_NAMES, METRIC_LABELS, Json, gib, load, md_table, pct, shown_command, with_ci
+from .formatting import (
+    DATASET_NAMES,
+    METRIC_LABELS,
+    Json,
+    estimate,
+    gib,
+    load,
+    md_table,
+    notes_for,
+    pct,
+    shown_command,
+    with_ci,
+)
 
 
 def judge_agreement(r: Path) -> dict[str, str]:
@@ -25,17 +37,28 @@ def judge_agreement(r: Path) -> dict[str, str]:
 BASELINE_METRICS = ("auroc", "ece", "alignment", "brier")
 
 
+def _cell(m: Json, group: str, metric: str) -> str:
+    """One metric of one method: ECE bias-corrected where the file holds it (:func:`~.formatting.estimate`)."""
+    corrected = (m.get("corrected") or {}).get(group, {}).get(metric)
+    return estimate(m[group][metric], m["ci95"][group].get(metric), metric, corrected=corrected)
+
+
+def _any_corrected(d: Json) -> bool:
+    return any((m.get("corrected") or {}) for m in d["methods"].values())
+
+
 def baselines(r: Path) -> dict[str, str]:
     d = load("baselines", r)
     header = ["method"] + [f"{g.upper()} {METRIC_LABELS[m]}" for g in ("id", "ood") for m in BASELINE_METRICS]
     rows = []
     for method, m in d["methods"].items():
-        rows.append([method] + [with_ci(m[g][k], m["ci95"][g].get(k)) for g in ("id", "ood") for k in BASELINE_METRICS])
+        rows.append([method] + [_cell(m, g, k) for g in ("id", "ood") for k in BASELINE_METRICS])
     acc = d["greedy_accuracy"]
     per = ", ".join(f"{DATASET_NAMES.get(ds, ds)} {pct(acc[ds])}%" for ds in DATASET_NAMES if ds in acc)
     correct = {ds: round(acc[ds] * d["sizes"][ds]) for ds in ("squad", "musique")}
     return {
-        "table:baselines": md_table(header, "l" + "r" * 8, rows),
+        "table:baselines": md_table(header, "l" + "r" * 8, rows)
+        + notes_for([c for r in rows for c in r], corrected=_any_corrected(d)),
         "value:baselines-accuracy": f"{per} (in-domain {pct(acc['id'])}%, OOD {pct(acc['ood'])}%)",
         "value:baselines-bootstrap": str(d["bootstrap"]),
         "value:baselines-ood-correct": f"SQuAD has {correct['squad']} and MuSiQue {correct['musique']} correct "
@@ -55,13 +78,11 @@ def baselines_strong(r: Path) -> dict[str, str]:
     d = load("baselines_strong", r)
     header = ["method"] + [f"{g.upper()} {STRONG_LABELS[m]}" for g in ("id", "ood") for m in STRONG_METRICS]
     ranked = sorted(d["methods"].items(), key=lambda kv: -(kv[1]["id"]["auroc"] or 0.0))
-    rows = [
-        [method] + [with_ci(m[g][k], m["ci95"][g].get(k)) for g in ("id", "ood") for k in STRONG_METRICS]
-        for method, m in ranked
-    ]
+    rows = [[method] + [_cell(m, g, k) for g in ("id", "ood") for k in STRONG_METRICS] for method, m in ranked]
     best, best_m = ranked[0]
     return {
-        "table:baselines-strong": md_table(header, "l" + "r" * 8, rows),
+        "table:baselines-strong": md_table(header, "l" + "r" * 8, rows)
+        + notes_for([c for r in rows for c in r], corrected=_any_corrected(d)),
         "value:baselines-strong-best": f"`{best}` ({pct(best_m['id']['auroc'])} "
         f"[{pct(best_m['ci95']['id']['auroc'][0], 0)}, "
         f"{pct(best_m['ci95']['id']['auroc'][1], 0)}])",

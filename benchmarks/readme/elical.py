@@ -6,7 +6,21 @@ from pathlib import Path
 
 from candor.train.elical.selection import factor_range
 
-from .formatting import DASH, Json, bold_best, gib, load, md_table, pct, points, ratio, signed, with_ci
+from .formatting import (
+    DASH,
+    Json,
+    bold_best,
+    estimate,
+    gib,
+    load,
+    md_table,
+    notes_for,
+    pct,
+    points,
+    ratio,
+    signed,
+    with_ci,
+)
 
 ELICAL_ROWS = [  # (results key, README label)
     ("Eli-Only", "Eli-Only (no labels)"),
@@ -30,6 +44,11 @@ ELICAL_ROWS = [  # (results key, README label)
 TRAINING_FREE = ("Prob", "Min-Prob", "Consis-Lex", "Consis-Sem", "N-Prob")
 
 
+def _corrected(m: Json, group: str, metric: str) -> float | None:
+    """A biased metric's bias-corrected estimate where the results file holds one (written since issue 56)."""
+    return (m.get("corrected") or {}).get(group, {}).get(metric)
+
+
 def elical(r: Path) -> dict[str, str]:
     d = load("elical", r)
     methods = d["methods"]
@@ -43,7 +62,7 @@ def elical(r: Path) -> dict[str, str]:
                 label,
                 with_ci(m["id"]["auroc"], m["ci95"]["id"]["auroc"]),
                 signed(m["delta_vs_n_prob"]["id"]["auroc"]),
-                with_ci(m["id"]["ece"], m["ci95"]["id"]["ece"]),
+                estimate(m["id"]["ece"], m["ci95"]["id"]["ece"], "ece", corrected=_corrected(m, "id", "ece")),
                 with_ci(m["id"]["alignment"], m["ci95"]["id"]["alignment"]),
                 with_ci(m["ood"]["auroc"], m["ci95"]["ood"]["auroc"]),
                 pct(m["ood"]["ece"]),
@@ -53,7 +72,15 @@ def elical(r: Path) -> dict[str, str]:
         id_ece.append(m["id"]["ece"])
     bold_best(rows, 1, id_auroc, lower=False)
     bold_best(rows, 3, id_ece, lower=True)
-    table = md_table(["method", "ID AUROC", "Δ", "ID ECE", "ID Alignment", "OOD AUROC", "OOD ECE"], "lrrrrrr", rows)
+    n_id = sum(n for ds, n in d["sizes"]["test"].items() if d["roles"].get(ds) == "id")
+    n_ood = sum(n for ds, n in d["sizes"]["test"].items() if d["roles"].get(ds) == "ood")
+    table = md_table(
+        ["method", f"ID AUROC (n = {n_id})", "Δ", "ID ECE", "ID Alignment", f"OOD AUROC (n = {n_ood})", "OOD ECE"],
+        "lrrrrrr",
+        rows,
+    ) + notes_for(
+        [r[3] for r in rows], corrected=any(_corrected(methods[k], "id", "ece") for k, _ in ELICAL_ROWS if k in methods)
+    )
 
     def auroc(key: str) -> float:
         return methods[key]["id"]["auroc"]
