@@ -157,19 +157,23 @@ class HeldOutQuestions:
         questions: Iterable[str],
         what: str,
         *,
-        held_out: str = "the test files",
+        held_out: str | None = None,
         why: str = "training on test questions would make their scores meaningless",
     ) -> None:
         """Raise when any of ``questions`` (the ``what`` set, e.g. a file name) is a held-out question.
 
-        ``held_out`` names what this set is (``the test files``, ``the scored records``) and ``why``
+        ``held_out`` names what this set is (default: the test files, or the test set when no file is
+        named; ``the scored records`` for a dev file's check) and ``why``
         says what sharing a question would break; the message names the files on both sides.
         """
         if not self.prints:
             return
         overlap = find_overlap(questions, self.prints)
         if overlap:
-            tests = f"{held_out} ({', '.join(self.sources)})" if self.sources else held_out
+            if held_out is None:  # the trainers' test files
+                tests = f"the test files ({', '.join(self.sources)})" if self.sources else "the test set"
+            else:
+                tests = f"{held_out} ({', '.join(self.sources)})" if self.sources else held_out
             raise CandorError(
                 f"{what}: {overlap.count} of {overlap.total} questions are also in {tests}, "
                 f"e.g. {overlap.example!r}; {why}"
