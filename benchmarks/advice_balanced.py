@@ -250,7 +250,8 @@ def block(seeds: list[dict[str, tuple]], fmt: str, bootstrap: int) -> dict[str, 
     values, ci = result.values[DATASET], result.ci.get(DATASET, {})
     return {
         "ece": _num(values["ece"]),
-        "ece_ci": [_num(x) for x in ci.get("ece", (None, None))],
+        "ece_ci": [_num(x) for x in ci.get("ece", (None, None))],  # basic interval around ece_corrected
+        "ece_corrected": _num(result.corrected.get(DATASET, {}).get("ece", float("nan"))),
         "auroc": _num(values["auroc"]),
         "auroc_ci": [_num(x) for x in ci.get("auroc", (None, None))],
         **mean_confidence([s[fmt][0] for s in seeds], bootstrap),

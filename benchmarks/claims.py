@@ -40,7 +40,7 @@ import torch
 from benchmarks.claims_data import CLAIMS_CACHE, TOKENS_PER_QUESTION
 from benchmarks.common import RESULTS, logger, setup_logging, write_json
 from benchmarks.measure import Timer
-from benchmarks.polygraph import polygraph_python, run_polygraph
+from benchmarks.polygraph import ABSENT, polygraph_python, run_polygraph
 from candor.annotation.claim_labels import label_compound
 from candor.annotation.claim_split import split_claims
 from candor.annotation.prompts import TEMPLATES
@@ -193,7 +193,7 @@ def polygraph_agreement(records: list[Record], values: dict, backend: Any, n: in
     """Max |candor − lm-polygraph| per estimator on the first ``n`` answers (lm-polygraph's venv)."""
     python = polygraph_python()
     if python is None:
-        return {"skipped": "lm-polygraph venv absent (/work/polygraph-venv; see benchmarks/polygraph.py)"}
+        return {"skipped": ABSENT}
     sample = [r for r in records[:n] if r.claims]
     contexts = contexts_from_records(sample, backend)
     ccp = ClaimCCP(judge="lexical")

@@ -45,7 +45,8 @@ def correctness_labels() -> HandLabels:
     verdict = np.array([1 - x["human"] if x["id"] in flipped else x["human"] for x in spec["labels"]], dtype=int)
     if int(verdict.sum()) != agreement["judge_positive"]:
         sys.exit("judge_labels.json and judge_agreement.json disagree on the verdicts; rerun judge_agreement.py")
-    return HandLabels(verdict, human, by_verdict=True)
+    datasets = tuple(x["id"].split(":", 1)[0] for x in spec["labels"])  # HonestyBench-mini ids: "<dataset>:<n>"
+    return HandLabels(verdict, human, by_verdict=True, datasets=datasets)
 
 
 def consistency_rates() -> dict[str, float | int]:

@@ -1,7 +1,7 @@
 """candor's issue-14 estimators against lm-polygraph's implementations, on the same inputs.
 
 lm-polygraph is heavy (spacy, sentence-transformers, ...), so it lives in its
-own virtual environment (``--venv``, default /work/polygraph-venv), created
+own virtual environment (``--venv``, default ``.polygraph-venv``, as ``make polygraph-venv`` builds it), created
 on first use (:mod:`benchmarks.polygraph`: ``python -m venv``, then ``torch==2.13.0``,
 the CPU wheel candor uses, so pip does not pull a CUDA build, and ``lm-polygraph==0.7.0``).
 

@@ -31,7 +31,7 @@ regions, and the whole-process wall time is reported as well. Results:
 ``benchmarks/results/peer_polygraph.json`` (both wall times, the ratios, both
 greedy outputs).
 
-    python -m benchmarks.peer_polygraph [--venv /work/polygraph-venv] [--questions 64] [--threads 2]
+    python -m benchmarks.peer_polygraph [--venv .polygraph-venv] [--questions 64] [--threads 2]
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """lm-polygraph's own virtual environment: where it is, making it, and running the claim comparison in it.
 
-lm-polygraph is heavy (spacy, sentence-transformers, ...), so it lives in its own venv
-(default /work/polygraph-venv): ``python -m venv``, then ``torch==2.13.0`` (the CPU wheel candor
-uses, so pip does not pull a CUDA build), then ``lm-polygraph==0.7.0``. The benchmarks run their
+lm-polygraph is heavy (spacy, sentence-transformers, ...), so it lives in its own venv:
+``python -m venv``, then ``torch==2.13.0`` (the CPU wheel candor uses, so pip does not pull a CUDA
+build), then ``lm-polygraph==0.7.0``. ``make polygraph-venv`` builds it (in ``.polygraph-venv`` of
+the repository, or ``POLYGRAPH_VENV=DIR``) and prints the line that points candor at it: the
+environment variable ``CANDOR_POLYGRAPH_PYTHON`` (:data:`PYTHON_ENV`) names the venv's python;
+unset, the make target's default folder is looked in. The benchmarks run their
 lm-polygraph side there as a child (``python -m benchmarks.NAME``, see :mod:`benchmarks.children`),
 which imports nothing from candor. Imports nothing from candor itself either.
 """
@@ -10,6 +13,7 @@ which imports nothing from candor. Imports nothing from candor itself either.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +21,25 @@ from typing import Any
 
 from benchmarks.children import script_command, script_env
 
-DEFAULT_VENV = Path("/work/polygraph-venv")
+DEFAULT_VENV = Path(__file__).resolve().parents[1] / ".polygraph-venv"  # where `make polygraph-venv` builds it
+PYTHON_ENV = "CANDOR_POLYGRAPH_PYTHON"  # the venv's python, e.g. /path/to/.polygraph-venv/bin/python
+MAKE_TARGET = "make polygraph-venv"
+ABSENT = f"lm-polygraph venv absent: build it with `{MAKE_TARGET}` and set {PYTHON_ENV} to its python"
 PINS = ("torch==2.13.0", "lm-polygraph==0.7.0")  # in this order: torch first keeps the CPU build
 CLAIMS_SCRIPT = "benchmarks.polygraph_claims"  # reads a JSON job on stdin, writes lm-polygraph's values
 
 
-def polygraph_python(venv: Path = DEFAULT_VENV) -> Path | None:
-    """The venv's python when lm-polygraph imports there, else None (callers skip with a reason)."""
-    python = venv / "bin" / "python"
+def polygraph_python(venv: Path | None = None) -> Path | None:
+    """The venv's python when lm-polygraph imports there, else None (callers skip with :data:`ABSENT`).
+
+    ``venv`` given: that folder's python. Else :data:`PYTHON_ENV` when set, else the make target's folder.
+    """
+    if venv is not None:
+        python = venv / "bin" / "python"
+    elif os.environ.get(PYTHON_ENV):
+        python = Path(os.environ[PYTHON_ENV])
+    else:
+        python = DEFAULT_VENV / "bin" / "python"
     if not python.exists():
         return None
     probe = subprocess.run([str(python), "-c", "import lm_polygraph.estimators"], capture_output=True)

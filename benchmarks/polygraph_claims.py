@@ -14,7 +14,7 @@ formula is compared given the same decisions). lm-polygraph computes:
 - ``ClaimConditionedProbabilityClaim`` (``no_context``) from the alternatives and
   the decisions, its stopword test given candor's functional-token flags.
 
-    /work/polygraph-venv/bin/python -m benchmarks.polygraph_claims < job.json > out.json
+    $CANDOR_POLYGRAPH_PYTHON -m benchmarks.polygraph_claims < job.json > out.json
 
 (from the repository root; :func:`benchmarks.polygraph.run_polygraph` runs it so from candor's side).
 """

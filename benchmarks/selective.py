@@ -18,7 +18,9 @@ holds for the in-domain test split by construction, not for OOD).
 
 Abstention-aware scores: every method (each training-free candidate too) at
 its risk-controlled threshold (chosen on dev) gets, per test split, the counts
-correct / incorrect / abstained, SimpleQA's F, the hallucination rate and the
+correct / incorrect / abstained, SimpleQA's F, the incorrect share overall
+(``overall_incorrect``; the key was ``hallucination_rate`` in results written
+before issue 56), AA-Omniscience's hallucination rate and the
 penalized score (``candor.evaluation.abstention``, 1000-resample bootstrap
 intervals under ``abstention``), as ``methods.<method>.<score>.<split>``.
 
@@ -58,7 +60,15 @@ from candor.serve import thresholds as th
 from candor.serve.confidence_sources import HeadSource
 
 CANDIDATES = ("prob", "n-prob", "min-prob", "consis-lex", "consis-sem")
-ABSTENTION_KEYS = ("correct", "incorrect", "abstained", "simpleqa_f", "hallucination_rate", "penalized_score")
+ABSTENTION_KEYS = (
+    "correct",
+    "incorrect",
+    "abstained",
+    "simpleqa_f",
+    "overall_incorrect",
+    "omniscience_hallucination_rate",
+    "penalized_score",
+)
 COVERAGES = tuple(round(0.1 * i, 1) for i in range(1, 11))
 
 

@@ -1,8 +1,9 @@
 """candor's claim estimators equal lm-polygraph's on the same answers and claims (its own venv).
 
-lm-polygraph runs in its own virtual environment (``/work/polygraph-venv``, as
-benchmarks/polygraph.py makes it) through benchmarks/polygraph_claims.py;
-the test skips with the reason when that venv is absent. The answers come from
+lm-polygraph runs in its own virtual environment (``make polygraph-venv`` builds it; the
+environment variable ``CANDOR_POLYGRAPH_PYTHON`` names its python, see benchmarks/polygraph.py)
+through benchmarks/polygraph_claims.py; the test skips, naming the make target, when that venv is absent.
+The answers come from
 the tiny random Llama (its lively variant); lm-polygraph recomputes the entropies with that model in
 its venv, and gets CCP's entailment decisions from candor (the formula is compared
 given the same decisions).
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.polygraph import polygraph_python, run_polygraph
+from benchmarks.polygraph import ABSENT, polygraph_python, run_polygraph
 from candor.annotation.claims import Claim
 from candor.backends.base import SamplingParams
 from candor.estimators.claim_base import ClaimContext
@@ -21,7 +22,7 @@ from candor.estimators.claim_ccp import ClaimCCP, is_functional, token_alternati
 from candor.estimators.claim_scoring import get_claim_estimator
 
 PYTHON = polygraph_python()
-pytestmark = pytest.mark.skipif(PYTHON is None, reason="lm-polygraph venv absent (/work/polygraph-venv)")
+pytestmark = pytest.mark.skipif(PYTHON is None, reason=ABSENT)
 
 
 @pytest.fixture(scope="module")

@@ -219,3 +219,34 @@ def test_the_target_sets_stage_two_and_explicit_fields_override_it():
     assert "target" in universal.fingerprint()
     with pytest.raises(CandorError, match="unknown EliCal target 'everywhere'; known: universal, in-domain"):
         EliCalConfig(target="everywhere")
+
+
+def test_factor_range_is_where_the_universal_pick_holds_and_the_history_is_said():
+    from candor.train.elical.selection import TOLERANCE_RULE, TOLERANCE_SE, factor_range
+
+    # one seed-spread per domain: se = 0.01 on both (a pooled sample variance of 3e-4 over 3 seeds)
+    se = 0.01
+    candidates = _with_changes(
+        {
+            "free": {"nq": [-0.05] * 3, "wiki": [0.08] * 3},  # qualifies from 5 standard errors
+            "anchored": {"nq": [-0.015] * 3, "wiki": [0.01] * 3},  # from 1.5
+            "frozen": {"nq": [0.0] * 3, "wiki": [0.0] * 3},  # always
+        },
+        {"free": 0.70, "anchored": 0.68, "frozen": 0.66},
+    )
+    tol = {"nq": TOLERANCE_SE * se, "wiki": TOLERANCE_SE * se}
+    assert pick_universal(candidates, tol)["selected"] == "anchored"
+    assert factor_range(candidates, tol) == pytest.approx((1.5, 5.0))
+    # the rule says when it was fixed: after the results it decides on, never "before they were read"
+    assert "482b26b" in TOLERANCE_RULE and "before the results were read" not in TOLERANCE_RULE
+
+
+def test_the_readme_says_the_default_rules_test_curve_is_not_measured_when_the_curve_is_anothers():
+    from benchmarks.readme.elical import elical_targets
+    from benchmarks.readme.formatting import RESULTS
+
+    rule = _saved_elical()["stage2_rule"]
+    values = elical_targets(RESULTS)
+    default, curve = rule["library_default"]["name"], rule["curve_rule"]
+    assert default != curve  # the saved results: the curve is the in-domain rule's
+    assert "not measured" in values["value:elical-default-curve"] and default in values["value:elical-default-curve"]

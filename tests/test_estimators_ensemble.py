@@ -189,3 +189,38 @@ def test_cli_prints_the_weights_and_refuses_an_ensemble_without_dev(tmp_path):
     assert f"n-prob {weights['weights']['n-prob']:+.4f}" in done.stdout
     refused = subprocess.run(base, capture_output=True, text=True, env=env)
     assert refused.returncode == 2 and "ensemble.dev=FILE" in refused.stderr + refused.stdout
+
+
+# A dev file that shares a question with the records scored (issue 56): the fit would have seen what it scores.
+SHARED_DEV = [*BIG_DEV[:10], record("t2", 4, 0.3, 0)]  # t2's question is also in TEST
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"name": "ensemble", "members": "n-prob,length", "dev": SHARED_DEV},
+        {"name": "n-prob", "debias": "length", "debias_dev": SHARED_DEV},
+    ],
+    ids=["ensemble", "debias"],
+)
+def test_a_dev_set_sharing_a_question_with_the_scored_records_is_refused(kwargs):
+    est = get_estimator(**kwargs)
+    with pytest.raises(CandorError, match=r"1 of \d+ questions are also in the scored records.*Question t2\?"):
+        est.estimate(TEST, None)
+
+
+def test_cli_refuses_a_dev_file_sharing_questions_naming_both_files_exit_2(tmp_path):
+    records, dev = tmp_path / "test.jsonl", tmp_path / "dev.jsonl"
+    write_records(records, TEST)
+    write_records(dev, SHARED_DEV)
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
+    common = [sys.executable, "-m", "candor.cli", "score", "-r", str(records), "-o", str(tmp_path / "c.jsonl")]
+    for extra in (
+        ["-e", "ensemble", "-O", "ensemble.members=n-prob,length", "-O", "ensemble.dev={dev}"],
+        ["-e", "n-prob", "-O", "n-prob.debias=length", "-O", "n-prob.debias_dev={dev}"],
+    ):
+        argv = [*common, *(a.format(dev=dev) for a in extra)]
+        refused = subprocess.run(argv, capture_output=True, text=True, env=env)
+        assert refused.returncode == 2, refused.stderr
+        assert str(dev) in refused.stderr and f"--records {records}" in refused.stderr, refused.stderr
+        assert "also in the scored records" in refused.stderr and not (tmp_path / "c.jsonl").exists()

@@ -132,3 +132,40 @@ def test_report_has_every_dataset_pooled_and_every_method():
     assert set(out["accuracy"]) == {"a", "b", "all"} and set(out["auroc_flip"]["m"]) == {"a", "b", "all"}
     assert out["accuracy"]["all"]["observed"] == pytest.approx(10 / 30)
     assert out["hand_labels"]["sensitivity"] == pytest.approx(8 / 9)
+
+
+def test_a_row_says_when_its_sensitivity_comes_from_hand_labels_of_other_datasets(tmp_path):
+    # Labels for rows of dataset "b" only (r1, r3, ... are "a"; r0, r2, ... are "b"), one from no dataset known.
+    path = tmp_path / "labels.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "human": int(i % 3 == 0)}) + "\n" for i in (0, 2, 4, 6, 8)))
+    labels = read_hand_labels(path, table())
+    assert labels.counts_by_dataset() == {"b": 5}
+    out = judge_noise_report(table(), labels, bootstrap=20, draws=5)
+    assert out["accuracy"]["b"]["hand_labels_note"] is None  # its own labels
+    note = out["accuracy"]["a"]["hand_labels_note"]
+    assert "other datasets" in note and "0 of 5 from a" in note
+    assert out["accuracy"]["all"]["hand_labels_note"] is None and out["hand_labels"]["from"] == {"b": 5}
+    # a label known only by its own "judge" verdict (no dataset): the row cannot say whose, and says that
+    path.write_text('{"id": "elsewhere", "human": 0, "judge": 0}\n{"id": "r0", "human": 1}\n')
+    unknown = read_hand_labels(path, table())
+    assert (
+        "unknown datasets"
+        in judge_noise_report(table(), unknown, bootstrap=0, draws=5)["accuracy"]["a"]["hand_labels_note"]
+    )
+
+
+def test_the_tables_show_the_dropped_bootstrap_draws_and_the_hand_labels_note():
+    from candor.evaluation.trust import judge_rows
+
+    # A judge barely better than a coin: many resampled judges are not, and their draws are dropped.
+    labels = sample(3, 2, 2, 3)
+    out = judge_noise_report(table(), labels, bootstrap=200, draws=10)
+    dropped = out["accuracy"]["all"]["draws_dropped"]
+    assert dropped > 0 and out["accuracy"]["all"]["draws"] == 200
+    accuracy, flips = judge_rows({"judge_noise": out})
+    header = accuracy[0]
+    row = dict(zip(header, next(r for r in accuracy if r[0] == "all"), strict=True))
+    assert row["bootstrap draws dropped"] == f"{dropped} of 200" and row["n"] == "30"
+    assert "draws left out" in flips[0]
+    a_row = dict(zip(header, next(r for r in accuracy if r[0] == "a"), strict=True))
+    assert "unknown datasets" in a_row["note"]  # sample() built labels with no datasets

@@ -193,7 +193,13 @@ def test_the_advice_section_reports_factors_with_intervals_and_whether_each_loss
     # First five steps average 0.18, last five 0.13; a term that stayed put reads the same on both sides.
     assert advice._term_moves(curve) == "jsd 0.600 → 0.600, sum 0.180 → 0.130"
     ref = {"confidence": 0.144, "id": {"ece": 0.0352, "ece_ci": [0.014, 0.0552]}}
-    assert advice._constant13(ref) == "confidence 14.4% for every question: ECE in-domain 3.5 [1, 6]"
+    # ECE is biased: a file with only a percentile interval prints the plug-in alone, saying why; one with the
+    # bias-corrected estimate prints that with its (basic) interval
+    assert advice._constant13(ref) == (
+        "confidence 14.4% for every question: ECE in-domain 3.5 (plug-in; its percentile interval not shown)"
+    )
+    ref["id"]["ece_corrected"] = 0.031
+    assert advice._constant13(ref) == "confidence 14.4% for every question: ECE in-domain 3.1 [1, 6]"
     assert advice._constant13(None) == "not computed"
 
 

@@ -8,7 +8,22 @@ from statistics import fmean
 
 from candor.data.mini import IN_DOMAIN
 
-from .formatting import DASH, DATASET_NAMES, Json, bold_best, gib, load, md_table, pct, ratio, shown_command, with_ci
+from .formatting import (
+    DASH,
+    DATASET_NAMES,
+    LEGACY_MARK,
+    Json,
+    bold_best,
+    estimate,
+    gib,
+    load,
+    md_table,
+    notes_for,
+    pct,
+    ratio,
+    shown_command,
+    with_ci,
+)
 
 ADVICE_ROWS = [
     ("Default", "ScoreLetter"),
@@ -105,7 +120,7 @@ def advice_budget(r: Path) -> dict[str, str]:
             rows.append(
                 [method, fmt]
                 + [
-                    with_ci(b[g][k], b[g].get(f"{k}_ci")) if g in b else DASH
+                    estimate(b[g][k], b[g].get(f"{k}_ci"), k, corrected=b[g].get(f"{k}_corrected")) if g in b else DASH
                     for g in GROUP_NAMES
                     for k in ("ece", "auroc")
                 ]
@@ -114,7 +129,7 @@ def advice_budget(r: Path) -> dict[str, str]:
         ["method", "format", "ID ECE", "ID AUROC", "OOD ECE", "OOD AUROC", "LogiQA ECE", "LogiQA AUROC"],
         "llrrrrrr",
         rows,
-    )
+    ) + notes_for([c for r in rows for c in r], corrected=any("‡" not in r[2] and "[" in r[2] for r in rows))
     factor_rows = []
     for method, per_format in d["ece_factor_vs_default"].items():
         for fmt, groups in per_format.items():
@@ -170,14 +185,22 @@ def advice_budget(r: Path) -> dict[str, str]:
     }
 
 
+def _ece_inline(block: Json) -> str:
+    """A block's ECE in a sentence: as :func:`_ece`, the legacy mark spelled out."""
+    return _ece(block).replace(LEGACY_MARK, " (plug-in; its percentile interval not shown)")
+
+
+def _ece(block: Json) -> str:
+    """A block's ECE: the bias-corrected estimate with its interval, or the plug-in marked (legacy files)."""
+    return estimate(block["ece"], block.get("ece_ci"), "ece", corrected=block.get("ece_corrected"))
+
+
 def _ablation13(ablation: Json) -> str:
     """In-domain ECE (with its interval) of each loss set, ScoreLetter / ScoreNumber."""
     if not ablation:
         return "not run"
     return "; ".join(
-        f"{label}: {with_ci(b['ScoreLetter']['ece'], b['ScoreLetter'].get('ece_ci'))} / "
-        f"{with_ci(b['ScoreNumber']['ece'], b['ScoreNumber'].get('ece_ci'))}"
-        for label, b in ablation.items()
+        f"{label}: {_ece_inline(b['ScoreLetter'])} / {_ece_inline(b['ScoreNumber'])}" for label, b in ablation.items()
     )
 
 
@@ -232,7 +255,7 @@ def _constant13(ref: Json | None) -> str:
     if not ref:
         return "not computed"
     groups = [g for g in GROUP_NAMES if g in ref]
-    cells = ", ".join(f"{GROUP_NAMES[g]} {with_ci(ref[g]['ece'], ref[g].get('ece_ci'))}" for g in groups)
+    cells = ", ".join(f"{GROUP_NAMES[g]} {_ece_inline(ref[g])}" for g in groups)
     return f"confidence {100 * ref['confidence']:.1f}% for every question: ECE {cells}"
 
 
@@ -282,7 +305,7 @@ def advice_balanced(r: Path) -> dict[str, str]:
                     label,
                     fmt,
                     str(b["seeds"]),
-                    with_ci(b["ece"], b["ece_ci"]),
+                    _ece(b),
                     with_ci(b["auroc"], b["auroc_ci"]),
                     with_ci(b["mean_confidence"], b["mean_confidence_ci"]),
                     pct(b["accuracy"]),
@@ -307,7 +330,8 @@ def advice_balanced(r: Path) -> dict[str, str]:
             ],
             "llrrrrrr",
             rows,
-        ),
+        )
+        + notes_for([c for r in rows for c in r], corrected=any("‡" not in r[3] and "[" in r[3] for r in rows)),
         "value:advice-balanced-split": (
             f"train {train['n']} questions ({100 * train['accuracy']:.0f}% answered "
             f"correctly), dev {d['split']['dev']['n']} (held back), test {test['n']} "

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .formatting import Json, load, md_table
+from .formatting import SMALL_MARK, Json, estimate, load, md_table, notes_for
 
 
-def _pct(cell: Json | None) -> str:
-    """``75.6 [68, 82]`` (×100, interval in whole points); a dash when undefined."""
+def _pct(cell: Json | None, metric: str = "auroc", n: int | None = None) -> str:
+    """``75.6 [68, 82]`` (×100, interval in whole points); a dash when undefined; ECE bias-corrected
+    (:func:`~.formatting.estimate`); the n < 30 mark alone on fewer than 30 items."""
     if not cell or cell.get("value") is None:
-        return "–"
-    ci = cell.get("ci") or []
-    if len(ci) == 2 and None not in ci:
-        return f"{100 * cell['value']:.1f} [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
-    return f"{100 * cell['value']:.1f}"
+        return "–" if n is None or n >= 30 else "–" + SMALL_MARK
+    return estimate(cell["value"], cell.get("ci"), metric, corrected=cell.get("corrected"), n=n)
 
 
 def _signed(cell: Json) -> str:
@@ -44,10 +42,12 @@ def claims_section(results: Path) -> dict[str, str]:
             [
                 f"`{name}`",
                 f"{m['answers']} / {m['claims']}",
-                _pct(m["auroc"]),
-                _pct(m["ece"]),
-                _pct(m["prr"]),
-                " / ".join(f"{100 * ref[k]['value']:.0f}" for k in ("50%", "75%", "90%", "100%")),
+                _pct(m["auroc"], "auroc", m["claims"]),
+                _pct(m["ece"], "ece", m["claims"]),
+                _pct(m["prr"], "prr", m["claims"]),
+                " / ".join(f"{100 * ref[k]['value']:.0f}" for k in ("50%", "75%", "90%", "100%"))
+                if m["claims"] >= 30
+                else "–" + SMALL_MARK,
                 f"{cost['wall_per_answer']:.2f} ({cost['wall_vs_generation']:.2f}×)",
             ]
         )
@@ -59,8 +59,8 @@ def claims_section(results: Path) -> dict[str, str]:
             [
                 f"`{name}` vs `{a['answer_level']}`",
                 str(a["questions"]),
-                _pct(a["in_answer"]),
-                _pct(a["alone"]),
+                _pct(a["in_answer"], "auroc", a["questions"]),
+                _pct(a["alone"], "auroc", a["questions"]),
                 _signed(a["gap_auroc"]),
                 f"{100 * a['accuracy_in_answer']:.0f}% / {100 * a['accuracy_alone']:.0f}%",
             ]
@@ -90,6 +90,10 @@ def claims_section(results: Path) -> dict[str, str]:
             ],
             "lrrrrrr",
             rows,
+        )
+        + notes_for(
+            [c for r in rows for c in r],
+            corrected=any(m["ece"].get("corrected") is not None for m in d["estimators"].values()),
         ),
         "table:claims-alone": md_table(
             [

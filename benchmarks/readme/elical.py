@@ -4,7 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .formatting import DASH, Json, bold_best, gib, load, md_table, pct, points, ratio, signed, with_ci
+from candor.train.elical.selection import factor_range
+
+from .formatting import (
+    DASH,
+    Json,
+    bold_best,
+    estimate,
+    gib,
+    load,
+    md_table,
+    notes_for,
+    pct,
+    points,
+    ratio,
+    signed,
+    with_ci,
+)
 
 ELICAL_ROWS = [  # (results key, README label)
     ("Eli-Only", "Eli-Only (no labels)"),
@@ -28,6 +44,11 @@ ELICAL_ROWS = [  # (results key, README label)
 TRAINING_FREE = ("Prob", "Min-Prob", "Consis-Lex", "Consis-Sem", "N-Prob")
 
 
+def _corrected(m: Json, group: str, metric: str) -> float | None:
+    """A biased metric's bias-corrected estimate where the results file holds one (written since issue 56)."""
+    return (m.get("corrected") or {}).get(group, {}).get(metric)
+
+
 def elical(r: Path) -> dict[str, str]:
     d = load("elical", r)
     methods = d["methods"]
@@ -41,7 +62,7 @@ def elical(r: Path) -> dict[str, str]:
                 label,
                 with_ci(m["id"]["auroc"], m["ci95"]["id"]["auroc"]),
                 signed(m["delta_vs_n_prob"]["id"]["auroc"]),
-                with_ci(m["id"]["ece"], m["ci95"]["id"]["ece"]),
+                estimate(m["id"]["ece"], m["ci95"]["id"]["ece"], "ece", corrected=_corrected(m, "id", "ece")),
                 with_ci(m["id"]["alignment"], m["ci95"]["id"]["alignment"]),
                 with_ci(m["ood"]["auroc"], m["ci95"]["ood"]["auroc"]),
                 pct(m["ood"]["ece"]),
@@ -51,7 +72,15 @@ def elical(r: Path) -> dict[str, str]:
         id_ece.append(m["id"]["ece"])
     bold_best(rows, 1, id_auroc, lower=False)
     bold_best(rows, 3, id_ece, lower=True)
-    table = md_table(["method", "ID AUROC", "Δ", "ID ECE", "ID Alignment", "OOD AUROC", "OOD ECE"], "lrrrrrr", rows)
+    n_id = sum(n for ds, n in d["sizes"]["test"].items() if d["roles"].get(ds) == "id")
+    n_ood = sum(n for ds, n in d["sizes"]["test"].items() if d["roles"].get(ds) == "ood")
+    table = md_table(
+        ["method", f"ID AUROC (n = {n_id})", "Δ", "ID ECE", "ID Alignment", f"OOD AUROC (n = {n_ood})", "OOD ECE"],
+        "lrrrrrr",
+        rows,
+    ) + notes_for(
+        [r[3] for r in rows], corrected=any(_corrected(methods[k], "id", "ece") for k, _ in ELICAL_ROWS if k in methods)
+    )
 
     def auroc(key: str) -> float:
         return methods[key]["id"]["auroc"]
@@ -212,6 +241,9 @@ def elical_targets(r: Path) -> dict[str, str]:
     sel, tol = rule["held_out_selection"], rule["tolerance"]["by_domain"]
     picks, choice = rule["selected_by_target"], rule["universal_choice"]
     first, last = sel["budgets"][0], sel["budgets"][-1]
+    curve_rule = rule.get("curve_rule", rule["after"]["name"])
+    default = rule.get("library_default", {}).get("name", picks["universal"])
+    low, high = factor_range(sel["candidates"], tol)
     rows = [["tolerance (−)", *(signed(-t) for t in tol.values()), DASH, DASH, DASH]]
     for name, c in sel["candidates"].items():
         cells = [
@@ -241,7 +273,16 @@ def elical_targets(r: Path) -> dict[str, str]:
         "value:elical-target-in-domain": picks["in-domain"],
         "value:elical-universal-how": choice["how"],
         "value:elical-tolerance": ", ".join(f"{d} {100 * t:.1f}" for d, t in tol.items()),
-        "value:elical-curve-rule": rule.get("curve_rule", rule["after"]["name"]),
+        "value:elical-curve-rule": curve_rule,
+        "value:elical-tolerance-range": (
+            f"{low:.2f} to {high:.2f} standard errors" if high != float("inf") else f"{low:.2f} standard errors or more"
+        ),
+        "value:elical-default-curve": (
+            f"{default} (the library default) has its test-set budget curve below"
+            if default == curve_rule
+            else f"{default} (the library default) has no test-set budget curve: not measured; the curve below "
+            f"is {curve_rule}'s"
+        ),
     }
 
 

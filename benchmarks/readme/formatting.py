@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from candor.evaluation.aggregate import is_biased
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 DASH = "–"
 METRIC_LABELS = {"auroc": "AUROC", "ece": "ECE", "alignment": "Alignment", "brier": "Brier"}
@@ -48,6 +50,53 @@ def with_ci(x: float | None, ci: list[float | None] | None) -> str:
     if x is not None and ci and ci[0] is not None and ci[1] is not None:
         text += f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
     return text
+
+
+# Rows on fewer items than this print no estimate (a 3-item "50.0 [50, 50]" says nothing), only the mark.
+SMALL_N = 30
+SMALL_MARK = "¹"
+SMALL_NOTE = f"{SMALL_MARK} n < {SMALL_N}: too few items for an estimate; not printed."
+LEGACY_MARK = "‡"
+BIASED_NOTE = (
+    "ECE (biased upwards on small samples: its resamples sit above it, so a percentile interval can exclude it): "
+    "the bias-corrected estimate (2 × plug-in − mean of the resamples) [basic bootstrap interval]."
+)
+LEGACY_NOTE = (
+    f"{LEGACY_MARK} the plug-in ECE alone: this results file holds only a percentile interval, which for a statistic "
+    "biased like ECE can exclude its own estimate, so it is not printed; rerunning the benchmark gives the "
+    "bias-corrected estimate and its interval."
+)
+
+
+def estimate(
+    value: float | None,
+    ci: list[float | None] | None,
+    metric: str,
+    *,
+    corrected: float | None = None,
+    n: int | None = None,
+) -> str:
+    """A metric's cell: ``with_ci`` for an unbiased one; for a biased one (ECE) the bias-corrected estimate with
+    its basic interval (``corrected``), or the plug-in marked :data:`LEGACY_MARK` where the file has only a
+    percentile interval; :data:`SMALL_MARK` alone on fewer than :data:`SMALL_N` items."""
+    if n is not None and n < SMALL_N:
+        return DASH + SMALL_MARK
+    if not is_biased(metric) or value is None:
+        return with_ci(value, ci)
+    if corrected is not None:
+        return with_ci(corrected, ci)
+    return pct(value) + (LEGACY_MARK if ci and None not in ci else "")
+
+
+def notes_for(cells: list[str], corrected: bool = False) -> str:
+    """The footnotes the marks in ``cells`` need (empty when none), as lines under a table; ``corrected``: some
+    cell holds a bias-corrected estimate."""
+    notes = [BIASED_NOTE] if corrected else []
+    if any(c.endswith(SMALL_MARK) or c.endswith(SMALL_MARK + "**") for c in cells):
+        notes.append(SMALL_NOTE)
+    if any(LEGACY_MARK in c for c in cells):
+        notes.append(LEGACY_NOTE)
+    return "".join(f"\n\n{n}" for n in notes)
 
 
 def signed(x: float | None) -> str:

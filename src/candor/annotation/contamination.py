@@ -152,17 +152,50 @@ class HeldOutQuestions:
     def of(cls, questions: Iterable[str], sources: Sequence[str] = ()) -> HeldOutQuestions:
         return cls(list(sources), fingerprints(questions))
 
-    def refuse_overlap(self, questions: Iterable[str], what: str) -> None:
-        """Raise when any of ``questions`` (the ``what`` set, e.g. a file name) is a test question."""
+    def refuse_overlap(
+        self,
+        questions: Iterable[str],
+        what: str,
+        *,
+        held_out: str | None = None,
+        why: str = "training on test questions would make their scores meaningless",
+    ) -> None:
+        """Raise when any of ``questions`` (the ``what`` set, e.g. a file name) is a held-out question.
+
+        ``held_out`` names what this set is (default: the test files, or the test set when no file is
+        named; ``the scored records`` for a dev file's check) and ``why``
+        says what sharing a question would break; the message names the files on both sides.
+        """
         if not self.prints:
             return
         overlap = find_overlap(questions, self.prints)
         if overlap:
-            tests = f"the test files ({', '.join(self.sources)})" if self.sources else "the test set"
+            if held_out is None:  # the trainers' test files
+                tests = f"the test files ({', '.join(self.sources)})" if self.sources else "the test set"
+            else:
+                tests = f"{held_out} ({', '.join(self.sources)})" if self.sources else held_out
             raise CandorError(
                 f"{what}: {overlap.count} of {overlap.total} questions are also in {tests}, "
-                f"e.g. {overlap.example!r}; training on test questions would make their scores meaningless"
+                f"e.g. {overlap.example!r}; {why}"
             )
+
+
+def refuse_dev_overlap(
+    dev: Iterable[str], dev_source: str, scored: Iterable[str], scored_source: str | None = None
+) -> None:
+    """Raise when a dev file a confidence is fitted on (``ensemble.dev``, ``debias_dev``) shares a question with
+    the records it scores: the same refusal as the trainers' (:meth:`HeldOutQuestions.refuse_overlap`).
+
+    ``dev_source`` names the dev file (or the option that gave it), ``scored_source`` the scored file
+    when known.
+    """
+    held_out = HeldOutQuestions.of(scored, [scored_source] if scored_source else [])
+    held_out.refuse_overlap(
+        dev,
+        dev_source,
+        held_out="the scored records",
+        why="a confidence fitted on the questions it scores would make their scores meaningless",
+    )
 
 
 def _overlaps(records: Sequence[Record], folders: Mapping[str, Path]) -> Iterator[tuple[str, Overlap]]:

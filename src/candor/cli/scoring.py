@@ -62,6 +62,7 @@ def score(
     if not recs:
         raise CandorError(f"{records}: no records to score (an empty file; was `candor annotate` run with --limit 0?)")
     check_nothing_lost(out, recs, force)  # before the model loads
+    refuse_dev_files_overlap(options, recs, records)
     backend = None
     if needs_model:
         from candor.backends import load_backend
@@ -73,6 +74,24 @@ def score(
         weights = (table.provenance(name) or {}).get("estimator", {}).get("weights")
         if weights:
             typer.echo(f"{name} weights: " + ", ".join(f"{k} {v:+.4f}" for k, v in weights.items()))
+
+
+# Options naming a labelled dev file that an estimator is fitted on when scoring (``ensemble.dev``,
+# ``X.debias_dev``, a member's ``ensemble.length.dev``): the last dotted part of the option's key.
+DEV_OPTIONS = frozenset({"dev", "debias_dev"})
+
+
+def refuse_dev_files_overlap(options: dict[str, dict[str, Any]], recs: list[Any], records: Path) -> None:
+    """Refuse, before the model loads, a dev file that shares a question with the ``--records`` scored."""
+    from candor.annotation.contamination import refuse_dev_overlap
+    from candor.annotation.records import read_records
+
+    scored = [r.item.question for r in recs]
+    for name, given in options.items():
+        for key, value in given.items():
+            if key.rpartition(".")[2] in DEV_OPTIONS and isinstance(value, str):
+                dev = [r.item.question for r in read_records(value)]
+                refuse_dev_overlap(dev, f"-O {name}.{key}={value}", scored, f"--records {records}")
 
 
 def print_estimator_table() -> None:

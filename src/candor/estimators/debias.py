@@ -7,7 +7,8 @@ regressed on the greedy answer's length ``n`` (tokens) over the dev records,
 ``s ≈ a + b·n`` by least squares, and the residual ``s − (a + b·n)`` is kept;
 a logistic calibrator fitted on the dev residuals against the dev labels maps
 it back to [0, 1] (:mod:`~candor.estimators.stacking`). Both fits use the
-dev records only (``debias_dev``, a records JSONL), never the ones scored::
+dev records only (``debias_dev``, a records JSONL), never the ones scored (a dev
+file that shares a question with them is refused)::
 
     candor score -r test.jsonl -o conf.jsonl -e n-prob -O n-prob.debias=length -O n-prob.debias_dev=dev.jsonl
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.contamination import refuse_dev_overlap
 from candor.annotation.records import Record, read_records
 from candor.backends.base import Backend
 from candor.estimators.base import WRAPPERS, Estimator, OptionWrapper
@@ -42,8 +44,9 @@ COVARIATES.register("length")(answer_length)
 class Debiased(Estimator):
     """``inner``'s confidence with the part a covariate (answer length) explains removed, recalibrated on dev."""
 
-    def __init__(self, inner: Estimator, covariate: str, dev: Sequence[Record]) -> None:
+    def __init__(self, inner: Estimator, covariate: str, dev: Sequence[Record], dev_source: str | None = None) -> None:
         self.inner = inner
+        self.dev_source = f"{inner.name}.debias_dev" + (f" ({dev_source})" if dev_source else "")
         self.covariate_name = covariate
         self.covariate = COVARIATES.get(covariate)
         self.dev = [r for r in dev if r.greedy_correct is not None]
@@ -61,7 +64,8 @@ class Debiased(Estimator):
         return np.array([self.covariate(r) for r in records], dtype=float)
 
     def residuals(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
-        """``s − (a + b·n)`` for ``records`` (fits on dev first)."""
+        """``s − (a + b·n)`` for ``records`` (fits on dev first; refuses records that share a question with dev)."""
+        refuse_dev_overlap((r.item.question for r in self.dev), self.dev_source, (r.item.question for r in records))
         self._fit(backend)
         a, b = self.line  # type: ignore[misc]
         return self.inner.estimate(records, backend) - (a + b * self._values(records))
@@ -109,7 +113,7 @@ def wrap(estimator: Estimator, options: dict[str, Any]) -> Estimator:
         )
     COVARIATES.get(str(covariate))  # an unknown covariate fails here, naming the known ones
     records = read_records(dev) if isinstance(dev, (str, Path)) else list(dev)
-    return Debiased(estimator, str(covariate), records)
+    return Debiased(estimator, str(covariate), records, str(dev) if isinstance(dev, (str, Path)) else None)
 
 
 WRAPPERS.register("debias")(OptionWrapper(("debias", "debias_dev"), wrap))

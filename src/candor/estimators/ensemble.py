@@ -8,7 +8,8 @@ combination is learned on labelled dev records, never on the records scored::
         -O ensemble.length.dev=dev.jsonl
 
 ``members`` (comma-separated) and ``dev`` (a records JSONL with greedy
-correctness) are required; a member's own options are given as
+correctness, sharing no question with the records scored: one shared question is
+an error) are required; a member's own options are given as
 ``ensemble.<member>.<key>=value``. Every option, the members' included, and the
 dev file's content key the cached column. The fit (:mod:`~candor.estimators.stacking`)
 standardizes each member's dev confidences; the weights (per dev standard
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from candor.annotation.contamination import refuse_dev_overlap
 from candor.annotation.records import Record, read_records
 from candor.backends.base import Backend
 from candor.estimators.base import ESTIMATORS, Estimator, get_estimator
@@ -80,6 +82,7 @@ class Ensemble(Estimator):
                 "(a records JSONL that is not the one being scored)"
             )
         self.dev = read_records(dev) if isinstance(dev, (str, Path)) else list(dev)
+        self.dev_source = f"ensemble.dev ({dev})" if isinstance(dev, (str, Path)) else "ensemble.dev"
         self.members = [(n, get_estimator(n, **o)) for n, o in member_options(names, options).items()]
         estimators = [est for _, est in self.members]
         self.needs_backend = any(e.needs_backend for e in estimators)
@@ -110,6 +113,7 @@ class Ensemble(Estimator):
         return {**out, "intercept": round(self.fit.intercept, 4)}
 
     def _estimate(self, records: Sequence[Record], backend: Backend | None) -> np.ndarray:
+        refuse_dev_overlap((r.item.question for r in self.dev), self.dev_source, (r.item.question for r in records))
         fit = self.fitted(backend)
         return fit.predict(self._features(records, backend))
 

@@ -10,7 +10,11 @@ threshold and abstains otherwise. Over ``n`` questions that gives three counts,
   arXiv 2411.04368); the second is undefined (NaN) when nothing is attempted;
 - ``simpleqa_f``: their harmonic mean, SimpleQA's F-score (0 when nothing is
   correct, as in the official ``simple-evals`` code);
-- ``hallucination_rate`` = incorrect / n: how often the model asserts something wrong;
+- ``overall_incorrect`` = incorrect / n: how often the model asserts something wrong, over all
+  questions (the mirror of ``overall_correct``; candor called it "hallucination rate" before issue 56);
+- ``omniscience_hallucination_rate`` = incorrect / (incorrect + abstained): AA-Omniscience's
+  "hallucination rate" (Artificial Analysis, 2025), how often the model answers wrong where it does
+  not answer right, i.e. over the questions it did not get right; undefined (NaN) when all are correct;
 - ``penalized_score`` = (correct − incorrect) / n, in [−1, 1]: a wrong answer
   costs as much as a right one earns and an abstention costs nothing, as in
   the Omniscience Index of AA-Omniscience (Artificial Analysis, 2025), which reports it ×100.
@@ -34,12 +38,20 @@ from candor.evaluation.aggregate import json_number, percentile_interval
 from candor.evaluation.metrics import check_arrays
 
 COUNTS = ("correct", "incorrect", "abstained")
-SCORES = ("overall_correct", "correct_given_attempted", "simpleqa_f", "hallucination_rate", "penalized_score")
+SCORES = (
+    "overall_correct",
+    "correct_given_attempted",
+    "simpleqa_f",
+    "overall_incorrect",
+    "omniscience_hallucination_rate",
+    "penalized_score",
+)
 LABELS = {
     "overall_correct": "correct (overall)",
     "correct_given_attempted": "correct | attempted",
     "simpleqa_f": "SimpleQA F",
-    "hallucination_rate": "hallucination rate",
+    "overall_incorrect": "incorrect (overall)",
+    "omniscience_hallucination_rate": "hallucination rate (AA-Omniscience)",
     "penalized_score": "penalized score",
 }
 DEFAULT_BOOTSTRAP = 1000
@@ -79,7 +91,8 @@ def scores_from_counts(correct: ArrayLike, incorrect: ArrayLike, n: int) -> dict
         "overall_correct": overall,
         "correct_given_attempted": given,
         "simpleqa_f": f,
-        "hallucination_rate": i / n,
+        "overall_incorrect": i / n,
+        "omniscience_hallucination_rate": np.where(n - c > 0, i / np.maximum(n - c, 1), np.nan),
         "penalized_score": (c - i) / n,
     }
 

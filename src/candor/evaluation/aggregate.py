@@ -16,9 +16,15 @@ by test-set size, as the papers report and docs/methods.md "Metrics" asks) or
 The bootstrap resamples each dataset's rows with replacement on its own (a
 stratified bootstrap), the same draw for every seed and method, and
 recomputes the seed mean of every cell; percentile intervals at level
-1 − ``alpha``. A resample where a metric is undefined (AUROC on a draw of one
-class) is left out of that cell's interval, and the number left out is kept
-in :attr:`MethodResult.bootstrap_dropped`, so results files can report it.
+1 − ``alpha``, except for a *biased* metric (``Metric.biased``: ECE, MCE, |NCE|),
+whose draws sit above its plug-in value rather than around it, so a percentile
+interval can exclude the value itself ("3.8 [4, 11]"). Those cells get the
+bias-corrected estimate, 2·value − mean(draws), in :attr:`MethodResult.corrected`
+and the basic bootstrap interval around it, (2·value − q_high, 2·value − q_low),
+both clipped to [0, 1] (:func:`bias_corrected`); tables print the two together.
+A resample where a metric is undefined (AUROC on a draw of one class) is left
+out of that cell's interval, and the number left out is kept in
+:attr:`MethodResult.bootstrap_dropped`, so results files can report it.
 
 A metric that fits on some rows and scores the others (Alignment: a threshold
 fit on a seeded 20% of the rows, accuracy on the rest; its ``split``) is
@@ -82,6 +88,7 @@ class MethodResult:
     ci: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     bootstrap_dropped: dict[str, dict[str, int]] = field(default_factory=dict)
     counts: dict[str, Any] = field(default_factory=dict)
+    corrected: dict[str, dict[str, float]] = field(default_factory=dict)  # biased metrics: column → metric → value
 
     @property
     def seed_std(self) -> Cells:
@@ -157,8 +164,8 @@ def aggregate_metrics(
             out[name] = MethodResult(values=values, per_seed=per_seed)
             if bootstrap:
                 ci_fns = {k: fns[k] for k in ci_names}
-                out[name].ci, out[name].bootstrap_dropped = _bootstrap(
-                    method_runs, ci_fns, groups, bootstrap, seed, alpha
+                out[name].ci, out[name].bootstrap_dropped, out[name].corrected = _bootstrap(
+                    method_runs, ci_fns, groups, bootstrap, seed, alpha, values
                 )
     return EvaluationResult(
         methods=out,
@@ -235,9 +242,16 @@ def _cells(run: Run, fns: Mapping[str, MetricFn], groups: Sequence[Group]) -> Ce
 
 
 def _bootstrap(
-    runs: Sequence[Run], fns: Mapping[str, MetricFn], groups: Sequence[Group], n: int, seed: int, alpha: float
-) -> tuple[dict[str, dict[str, tuple[float, float]]], dict[str, dict[str, int]]]:
-    """Percentile intervals of every cell's seed mean, and the resamples dropped per cell."""
+    runs: Sequence[Run],
+    fns: Mapping[str, MetricFn],
+    groups: Sequence[Group],
+    n: int,
+    seed: int,
+    alpha: float,
+    point: Cells,
+) -> tuple[dict[str, dict[str, tuple[float, float]]], dict[str, dict[str, int]], Cells]:
+    """Intervals of every cell's seed mean (percentile; bias-corrected for biased metrics), the resamples dropped
+    per cell, and the bias-corrected values of the biased metrics."""
     splits = {k: METRICS.get(k).split for k in fns if k in METRICS and METRICS.get(k).split is not None}
     plain = {k: fn for k, fn in fns.items() if k not in splits}
     draws: list[Cells] = []
@@ -256,10 +270,16 @@ def _bootstrap(
                     draw[col][k] = float(np.mean([v[col] for v in values]))
     ci: dict[str, dict[str, tuple[float, float]]] = {}
     dropped: dict[str, dict[str, int]] = {}
+    corrected: Cells = {}
     for col in draws[0]:
         ci[col], dropped[col] = {}, {}
         for metric in fns:
-            ci[col][metric], dropped[col][metric] = percentile_interval([d[col][metric] for d in draws], alpha)
+            values = [d[col][metric] for d in draws]
+            if is_biased(metric):
+                value, ci[col][metric], dropped[col][metric] = bias_corrected(point[col][metric], values, alpha)
+                corrected.setdefault(col, {})[metric] = value
+            else:
+                ci[col][metric], dropped[col][metric] = percentile_interval(values, alpha)
             if dropped[col][metric]:
                 logger.info(
                     "bootstrap: %s on %s is undefined in %d of %d resamples (left out)",
@@ -268,7 +288,7 @@ def _bootstrap(
                     dropped[col][metric],
                     n,
                 )
-    return ci, dropped
+    return ci, dropped, corrected
 
 
 def _resample_indices(run: Run, n: int, seed: int) -> Iterator[dict[str, np.ndarray]]:
@@ -463,6 +483,33 @@ def percentile_interval(values: Sequence[float], alpha: float = CI_ALPHA) -> tup
         return (math.nan, math.nan), int(arr.size)
     low, high = np.quantile(kept, [alpha / 2, 1 - alpha / 2])
     return (float(low), float(high)), int(arr.size - kept.size)
+
+
+def is_biased(metric: str) -> bool:
+    """Whether the registered metric ``metric`` is biased like ECE (its intervals are bias-corrected)."""
+    return metric in METRICS and METRICS.get(metric).biased
+
+
+def bias_corrected(
+    point: float, values: Sequence[float], alpha: float = CI_ALPHA, bounds: tuple[float, float] = (0.0, 1.0)
+) -> tuple[float, tuple[float, float], int]:
+    """A biased statistic's bootstrap: the bias-corrected estimate and the basic interval, and the draws left out.
+
+    The bootstrap estimates the bias as mean(draws) − point, so the corrected estimate is
+    2·point − mean(draws); the basic interval is (2·point − q_high, 2·point − q_low), the percentile
+    interval reflected about the point. Both are clipped to ``bounds`` (ECE lies in [0, 1]). The
+    estimate lies inside the interval whenever the draws' mean lies between their quantiles, which a
+    percentile interval's point does not ("3.8 [4, 11]": every draw above the point).
+    """
+    arr = np.asarray(values, dtype=float)
+    kept = arr[~np.isnan(arr)]
+    if kept.size == 0 or math.isnan(point):
+        return math.nan, (math.nan, math.nan), int(arr.size - kept.size)
+    low_q, high_q = np.quantile(kept, [alpha / 2, 1 - alpha / 2])
+    lo, hi = bounds
+    value = float(np.clip(2 * point - kept.mean(), lo, hi))
+    interval = (float(np.clip(2 * point - high_q, lo, hi)), float(np.clip(2 * point - low_q, lo, hi)))
+    return value, interval, int(arr.size - kept.size)
 
 
 def json_number(value: float) -> float | None:

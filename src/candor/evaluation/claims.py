@@ -7,7 +7,9 @@ claims), so every interval here resamples *answers* with replacement and keeps
 all the claims of each drawn answer (a cluster bootstrap), never single claims.
 
 - :func:`claim_metrics`: AUROC, ECE, PRR, AURC of one claim column, with
-  percentile intervals.
+  percentile intervals; ECE, biased upwards on small samples, gets the
+  bias-corrected estimate (``corrected``) and the basic interval around it
+  (:func:`candor.evaluation.aggregate.bias_corrected`).
 - :func:`refinement_curve`: as the threshold rises, the share of claims kept
   against the factual precision of what is kept (the share of kept claims
   that are correct, pooled over answers); :func:`precision_at_kept` reads it
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from candor.evaluation.aggregate import bias_corrected, is_biased
 from candor.evaluation.metrics import aurc, auroc, ece, prr, quietly
 from candor.util.errors import CandorError
 
@@ -74,7 +77,8 @@ def claim_metrics(
     seed: int = 0,
     alpha: float = 0.05,
 ) -> dict[str, dict[str, Any]]:
-    """Each metric's value and ``ci`` (percentile interval over answer resamples; empty when bootstrap=0)."""
+    """Each metric's value and ``ci`` over answer resamples (empty when bootstrap=0), and how it was made
+    (``interval``): percentile, or for a biased metric (ECE) basic around its ``corrected`` estimate."""
     c, y, g = _check(conf, correct, groups)
     unknown = [m for m in metrics if m not in CLAIM_METRICS]
     if unknown:
@@ -86,7 +90,10 @@ def claim_metrics(
             fn = CLAIM_METRICS[name]
             value = fn(c, y)
             boot = [fn(c[idx], y[idx]) for idx in draws]
-            out[name] = {"value": _num(value), "ci": _interval(boot, alpha) if draws else []}
+            out[name] = {"value": _num(value), "ci": _interval(boot, alpha) if draws else [], "interval": "percentile"}
+            if draws and is_biased(name):
+                corrected, (low, high), _ = bias_corrected(value, boot, alpha)
+                out[name].update(corrected=_num(corrected), ci=[_num(low), _num(high)], interval="basic")
     return out
 
 

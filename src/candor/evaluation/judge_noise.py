@@ -15,7 +15,16 @@ undefined when Se + Sp ≤ 1 (a judge no better than a coin), and then nothing
 corrected is reported. The 95% interval is a percentile bootstrap over *both*
 samples: each draw resamples the evaluated records' verdicts and the
 hand-labelled sample (within its verdict strata when drawn by verdict) and
-recomputes Se, Sp and the correction; draws with Se + Sp ≤ 1 are dropped and counted.
+recomputes Se, Sp and the correction; draws with Se + Sp ≤ 1 are dropped, counted
+(``draws_dropped`` of ``draws``) and shown in the tables beside the interval.
+
+**Whose hand labels**: the judge's Se and Sp are measured on one hand-labelled
+sample, and each dataset's row is corrected with them. When the sample's rows
+come from other datasets than the row's (a pooled sample, or labels of another
+dataset altogether), the row says so (``hand_labels_note``): the correction then
+assumes the judge errs on this dataset as it did on those. ``hand_labels_from``
+counts the labelled rows per dataset (a label's dataset is its row's in the
+confidences, or the label's own ``"dataset"``).
 
 **AUROC under judge noise**: taking the evaluation's labels as the truth, each
 of ``draws`` (200) simulations flips a correct label to wrong with probability
@@ -56,6 +65,28 @@ class HandLabels:
     verdict: np.ndarray
     human: np.ndarray
     by_verdict: bool = False
+    datasets: tuple[str, ...] | None = None  # each labelled row's dataset, where known
+
+    def counts_by_dataset(self) -> dict[str, int] | None:
+        """How many labelled rows come from each dataset (None where the datasets are not known)."""
+        if self.datasets is None:
+            return None
+        names, counts = np.unique(np.asarray(self.datasets, dtype=str), return_counts=True)
+        return {str(n): int(c) for n, c in zip(names, counts, strict=True)}
+
+    def note_for(self, datasets: Sequence[str]) -> str | None:
+        """What a row corrected for ``datasets`` must say about where its Se and Sp come from (None: nothing)."""
+        counts = self.counts_by_dataset()
+        if counts is None:
+            return "sensitivity and specificity from hand labels of unknown datasets"
+        own = sum(c for d, c in counts.items() if d in datasets)
+        if own == sum(counts.values()):
+            return None
+        where = ", ".join(f"{d} {c}" for d, c in counts.items())
+        return (
+            f"sensitivity and specificity from hand labels of other datasets: {own} of {sum(counts.values())} "
+            f"from {'/'.join(datasets)} ({where})"
+        )
 
 
 @dataclass(frozen=True)
@@ -113,9 +144,17 @@ def rogan_gladen(observed: Any, sensitivity: Any, specificity: Any) -> np.ndarra
 
 
 def corrected_accuracy(
-    verdicts: Sequence[int] | np.ndarray, labels: HandLabels, *, bootstrap: int = 1000, seed: int = 0
+    verdicts: Sequence[int] | np.ndarray,
+    labels: HandLabels,
+    *,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    datasets: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Observed and Rogan–Gladen-corrected accuracy of ``verdicts`` (the judge's labels), with its interval."""
+    """Observed and Rogan–Gladen-corrected accuracy of ``verdicts`` (the judge's labels), with its interval.
+
+    ``datasets``: what the verdicts are of; where given, the entry says whether the hand labels come from them.
+    """
     y = np.asarray(verdicts, dtype=int)
     observed = float(y.mean())
     errors = judge_errors(labels, observed)
@@ -127,7 +166,10 @@ def corrected_accuracy(
         "corrected": None,
         "ci": [None, None],
         "undefined": None,
+        "draws": int(bootstrap),
         "draws_dropped": 0,
+        "hand_labels_from": labels.counts_by_dataset(),
+        "hand_labels_note": None if datasets is None else labels.note_for(datasets),
     }
     if not errors.informative:
         out["undefined"] = (
@@ -204,8 +246,14 @@ def judge_noise_report(
             "sampled_by_verdict": labels.by_verdict,
             "sensitivity": json_number(errors.sensitivity),
             "specificity": json_number(errors.specificity),
+            "from": labels.counts_by_dataset(),
         },
-        "accuracy": {d: corrected_accuracy(verdicts[d], labels, bootstrap=bootstrap, seed=seed) for d in datasets},
+        "accuracy": {
+            d: corrected_accuracy(
+                verdicts[d], labels, bootstrap=bootstrap, seed=seed, datasets=table.datasets if d == ALL else [d]
+            )
+            for d in datasets
+        },
         "auroc_flip": flips,
     }
 
@@ -225,7 +273,8 @@ def read_hand_labels(path: str | Path, table: ConfidenceTable) -> HandLabels:
     path = Path(path)
     rows, by_verdict = _label_rows(path)
     correct = {r.id: r.correct for r in table.rows}
-    verdict, human = [], []
+    dataset_of = {r.id: r.dataset for r in table.rows}
+    verdict, human, datasets = [], [], []
     for line, row in rows:
         if not isinstance(row, Mapping) or "id" not in row or row.get("human") not in (0, 1, True, False):
             raise at_line(path, line, 'a hand label needs "id" and "human" (0 or 1)')
@@ -238,9 +287,11 @@ def read_hand_labels(path: str | Path, table: ConfidenceTable) -> HandLabels:
             )
         verdict.append(int(judged))
         human.append(int(row["human"]))
+        datasets.append(dataset_of.get(str(row["id"]), row.get("dataset")))
     if not human:
         raise CandorError(f"{path}: no hand labels")
-    return HandLabels(np.array(verdict, dtype=int), np.array(human, dtype=int), by_verdict)
+    known = None if None in datasets else tuple(str(d) for d in datasets)
+    return HandLabels(np.array(verdict, dtype=int), np.array(human, dtype=int), by_verdict, known)
 
 
 def _label_rows(path: Path) -> tuple[list[tuple[int, Any]], bool]:

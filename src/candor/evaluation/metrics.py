@@ -71,6 +71,10 @@ class Metric:
     # For a metric that fits on some rows and scores the others (Alignment): n → the boolean mask of the
     # rows it fits on. A bootstrap then resamples within each part, so no row is both fit and scored.
     split: Callable[[int], np.ndarray] | None = None
+    # A plug-in estimate biased away from its true value in small samples (ECE and other binned absolute gaps:
+    # noise only adds to them), so a bootstrap's draws sit beside the point, not around it, and a percentile
+    # interval can exclude the point itself. Intervals of these are bias-corrected (aggregate.bias_corrected).
+    biased: bool = False
 
     def __call__(self, confidence: ArrayLike, correct: ArrayLike, **kwargs: object) -> float:
         return self.fn(confidence, correct, **kwargs)
@@ -100,11 +104,14 @@ def register_metric(
     better: Better | None,
     binned: bool = False,
     split: Callable[[int], np.ndarray] | None = None,
+    biased: bool = False,
 ) -> Callable[[Callable[..., float]], Callable[..., float]]:
     """Register a metric function with its label and better direction; returns the function unchanged."""
 
     def decorator(fn: Callable[..., float]) -> Callable[..., float]:
-        METRICS.register(name)(Metric(name=name, fn=fn, label=label, better=better, binned=binned, split=split))
+        METRICS.register(name)(
+            Metric(name=name, fn=fn, label=label, better=better, binned=binned, split=split, biased=biased)
+        )
         return fn
 
     return decorator
@@ -299,10 +306,10 @@ def abs_nce(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 10, strateg
     return abs(nce(confidence, correct, n_bins, strategy))
 
 
-register_metric("ece", label="ECE", better="lower", binned=True)(ece)
-register_metric("mce", label="MCE", better="lower", binned=True)(mce)
+register_metric("ece", label="ECE", better="lower", binned=True, biased=True)(ece)
+register_metric("mce", label="MCE", better="lower", binned=True, biased=True)(mce)
 register_metric("nce", label="NCE", better="zero", binned=True)(nce)
-register_metric("abs_nce", label="|NCE|", better="lower", binned=True)(abs_nce)
+register_metric("abs_nce", label="|NCE|", better="lower", binned=True, biased=True)(abs_nce)
 
 
 def ece_quantile(confidence: ArrayLike, correct: ArrayLike) -> float:
@@ -310,7 +317,7 @@ def ece_quantile(confidence: ArrayLike, correct: ArrayLike) -> float:
     return ece(confidence, correct, strategy="quantile")
 
 
-register_metric("ece_quantile", label="ECE (eq-mass)", better="lower")(ece_quantile)
+register_metric("ece_quantile", label="ECE (eq-mass)", better="lower", biased=True)(ece_quantile)
 
 
 ALIGNMENT_THRESHOLDS = np.arange(1, 100) / 100

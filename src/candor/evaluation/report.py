@@ -226,6 +226,11 @@ def _json_doc(result: Evaluation, title: str) -> dict[str, Any]:
             m: {c: {k: v for k, v in cols.items() if v} for c, cols in per.items() if any(cols.values())}
             for m, per in result.bootstrap_dropped.items()
         }
+    if result.corrected:
+        doc["corrected"] = {  # biased metrics: the bias-corrected estimate their interval ("ci") is around
+            m: {c: {k: _num(v) for k, v in cols.items()} for c, cols in per.items()}
+            for m, per in result.corrected.items()
+        }
     if result.ci:
         doc["ci"] = {
             m: {c: {k: [_num(lo), _num(hi)] for k, (lo, hi) in cols.items()} for c, cols in per.items()}
@@ -265,7 +270,10 @@ def _metrics_md(result: Evaluation, title: str) -> str:
     if result.bootstrap:
         parts.append(
             f"[low, high]: {100 * (1 - CI_ALPHA):.0f}% percentile bootstrap interval, "
-            f"{result.bootstrap} resamples of each dataset."
+            f"{result.bootstrap} resamples of each dataset. ECE, MCE and |NCE| are biased upwards on small "
+            "samples (their resamples sit above the value, and a percentile interval can exclude it): "
+            "`value → corrected [low, high]` gives the plug-in value, the bias-corrected estimate "
+            "(2·value − mean of the resamples) and the basic bootstrap interval around it."
         )
     parts += ["", "## " + main_table(result).title, "", table_markdown(main_table(result)), ""]
     parts += ["## Per dataset", ""]

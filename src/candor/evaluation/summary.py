@@ -77,6 +77,7 @@ class Evaluation:
     notes: list[str] = field(default_factory=list)
     bootstrap_dropped: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     counts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    corrected: Nested = field(default_factory=dict)  # biased metrics' bias-corrected values (aggregate.bias_corrected)
 
     @property
     def methods(self) -> list[str]:
@@ -145,6 +146,7 @@ def evaluate_table(
         bootstrap=bootstrap,
         seed=seed,
         bootstrap_dropped={m: r.bootstrap_dropped for m, r in aggregated.methods.items()} if bootstrap else {},
+        corrected={m: r.corrected for m, r in aggregated.methods.items()} if bootstrap else {},
         counts={
             m: {**r.counts, **_table_counts(table, m), **(counts or {}).get(m, {})}
             for m, r in aggregated.methods.items()
@@ -341,7 +343,9 @@ def summary_table(
         for (method, cells), value in zip(rows, values, strict=True):
             ci = result.ci.get(method, {}).get(col, {}).get(metric)
             best = not math.isnan(value) and f"{100 * value:.1f}" in winners
-            cells.append(Cell(_fmt(value, ci), best, value))
+            corrected = result.corrected.get(method, {}).get(col, {}).get(metric)
+            text = _fmt(value, None) + f" → {_fmt(corrected, ci)}" if corrected is not None else _fmt(value, ci)
+            cells.append(Cell(text, best, value))
     return SummaryTable(title, [header(c, k) for c, k in pairs], rows, list(pairs))
 
 

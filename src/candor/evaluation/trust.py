@@ -79,11 +79,21 @@ def abstention_rows(sections: Mapping[str, Any]) -> list[list[str]]:
 def judge_rows(sections: Mapping[str, Any]) -> tuple[list[list[str]], list[list[str]]]:
     """(corrected accuracy per dataset, AUROC spread per method and dataset), each with a header row."""
     noise = sections.get("judge_noise", {})
-    accuracy = [["dataset", "judged accuracy", "corrected accuracy", "note"]]
+    accuracy = [["dataset", "n", "judged accuracy", "corrected accuracy", "bootstrap draws dropped", "note"]]
     for dataset, entry in noise.get("accuracy", {}).items():
         corrected = "–" if entry["corrected"] is None else _pct(entry["corrected"]) + _interval(entry["ci"])
-        accuracy.append([dataset, _pct(entry["observed"]), corrected, entry["undefined"] or ""])
-    flips = [["method", "dataset", "AUROC", "AUROC sd under judge noise", "2.5–97.5%"]]
+        notes = [n for n in (entry["undefined"], entry.get("hand_labels_note")) if n]
+        accuracy.append(
+            [
+                dataset,
+                str(entry["n"]),
+                _pct(entry["observed"]),
+                corrected,
+                dropped_draws(entry),
+                "; ".join(notes),
+            ]
+        )
+    flips = [["method", "dataset", "AUROC", "AUROC sd under judge noise", "2.5–97.5%", "draws left out"]]
     for method, per in noise.get("auroc_flip", {}).items():
         for dataset, entry in per.items():
             flips.append(
@@ -93,9 +103,18 @@ def judge_rows(sections: Mapping[str, Any]) -> tuple[list[list[str]], list[list[
                     _pct(entry["auroc"]),
                     _pct(entry["sd"]),
                     f"{_pct(entry['low'])} – {_pct(entry['high'])}",
+                    f"{entry['undefined_draws']} of {entry['draws']}",
                 ]
             )
     return accuracy, flips
+
+
+def dropped_draws(entry: Mapping[str, Any]) -> str:
+    """``117 of 1000``: the bootstrap draws left out of a corrected accuracy's interval (Se + Sp ≤ 1 there)."""
+    if entry.get("corrected") is None:
+        return "–"
+    total = entry.get("draws")
+    return f"{entry['draws_dropped']} of {total}" if total else str(entry["draws_dropped"])
 
 
 def _html_table(rows: list[list[str]], table_id: str) -> str:
@@ -111,7 +130,8 @@ def trust_html(sections: Mapping[str, Any]) -> str:
         parts.append(f"""<h2 id="abstention">Abstention-aware scores</h2>
 <p class="note">Answer when the confidence is at least the method's threshold. Correct, incorrect and abstained are
 counts; the scores are ×100 with [95% bootstrap interval, {sections["bootstrap"]} resamples]. SimpleQA F is the
-harmonic mean of correct (overall) and correct | attempted; hallucination rate = incorrect / all; penalized score =
+harmonic mean of correct (overall) and correct | attempted; incorrect (overall) = incorrect / all; hallucination rate
+(AA-Omniscience) = incorrect / (incorrect + abstained), over the questions not answered right; penalized score =
 (correct − incorrect) / all, in [−100, 100].</p>
 {_html_table(abstention_rows(sections), "abstention-table")}""")
     if "judge_noise" in sections:
@@ -120,8 +140,10 @@ harmonic mean of correct (overall) and correct | attempted; hallucination rate =
         parts.append(f"""<h2 id="judge-noise">Judge noise</h2>
 <p class="note">From {hand["n"]} hand labels{" drawn by verdict" if hand["sampled_by_verdict"] else ""}: the judge's
 sensitivity {_pct(hand["sensitivity"])}%, specificity {_pct(hand["specificity"])}%. Corrected accuracy: Rogan–Gladen,
-with a bootstrap over both the evaluated records and the hand labels. The AUROC spread is over 200 simulations that
-flip labels at the measured error rates.</p>
+with a bootstrap over both the evaluated records and the hand labels; the draws where the resampled judge was no
+better than a coin (Se + Sp ≤ 1) are left out of the interval and counted. A row whose sensitivity and specificity
+come from hand labels of other datasets says so. The AUROC spread is over 200 simulations that flip labels at the
+measured error rates (draws left with one class are left out and counted).</p>
 {_html_table(accuracy, "judge-accuracy-table")}
 {_html_table(flips, "judge-auroc-table")}""")
     return "\n".join(parts)

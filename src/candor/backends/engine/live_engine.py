@@ -32,7 +32,10 @@ prefilling joins at once.
 A request's stop strings are matched by a matcher built from the whole
 vocabulary (:mod:`candor.backends.engine.stops`); a stop list the backend has
 no matcher for yet is built on the engine's own builder thread, never on the
-engine thread, and the request is queued once it is ready.
+engine thread, and the request is queued once it is ready. A pending build
+delays only the requests that wait for a matcher (they are built in the order
+submitted): a request whose matcher is kept, or that has no stop string, is
+queued at once.
 """
 
 from __future__ import annotations
@@ -138,7 +141,6 @@ class HFLiveEngine:
         self._idle_since: float | None = None  # when the engine last went idle (None while it works)
         # Stop matchers the backend does not have yet are built here, not on the engine thread (a vocabulary scan).
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="candor-stop-matchers")
-        self._building = 0  # requests at the builder (under _lock)
         self._thread = threading.Thread(target=self._run, name="candor-live-engine", daemon=True)
         self._thread.start()
 
@@ -152,10 +154,9 @@ class HFLiveEngine:
         with self._lock:
             if self._closed:
                 raise CandorError("the live engine is closed")
-            if matcher is not None and not self._building:
+            if matcher is not None:  # kept (or no stop string): queued now, whatever is being built
                 self._inbox.put(_Admission(request, future, matcher))
-            else:  # built first; while builds are pending, everything goes through the builder, in order
-                self._building += 1
+            else:  # built first, on the builder thread, in the order submitted
                 self._builder.submit(self._build_then_queue, request, future)
         return future
 
@@ -168,7 +169,6 @@ class HFLiveEngine:
         except Exception as exc:  # stops the tokenizer cannot take: the request's own error
             error = exc
         with self._lock:
-            self._building -= 1
             if matcher is not None and not self._closed:
                 self._inbox.put(_Admission(request, future, matcher))
                 return

@@ -72,6 +72,8 @@ def summarize_column(
     if bootstrap:
         out["ci95"] = {g: {m: [json_number(v) for v in result.ci[g][m]] for m in CURVE_METRICS} for g in names}
         out["bootstrap_dropped"] = {g: result.bootstrap_dropped[g] for g in names}
+        # biased metrics (ECE): the bias-corrected estimate their ci95 (a basic interval) is around
+        out["corrected"] = {g: {m: json_number(v) for m, v in result.corrected.get(g, {}).items()} for g in names}
     return out
 
 
