@@ -48,7 +48,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
-from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer, Reply
+from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer
 from candor.serve.batching import Admission
 from candor.serve.http.api_docs import install_docs
 from candor.serve.http.operations import Lifecycle, install_operations
@@ -61,12 +61,16 @@ from candor.serve.http.responses import (
     CHAT,
     COMPLETION,
     Endpoint,
+    answer_headers,
     choice_of,
     confidence_object,
+    refusal_as_text,
     response_head,
+    stream_headers,
     usage_of,
 )
-from candor.serve.http.schemas import ChatRequest, CompletionRequest, error_body
+from candor.serve.http.responses_api import ResponseEvents, ResponseShell, response_body
+from candor.serve.http.schemas import ChatRequest, CompletionRequest, ResponsesRequest, error_body
 from candor.serve.http.service import Generation, Service
 from candor.serve.http.settings import ServeSettings
 from candor.serve.http.streaming import DONE, RequestListener, TextDelta, sse
@@ -174,6 +178,14 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
             )
         return await _serve(request, [((), q) for q in questions], body, settings, generation, service, COMPLETION, log)
 
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        authorize(request, settings)
+        generation = service.generation()
+        body = await parse_body(request, ResponsesRequest, settings, generation.model)
+        question = conversation_of(body, settings)
+        return await _respond(request, question, body, settings, generation, service, log)
+
     install_operator_routes(app, service, settings, feedback)
 
     if settings.docs:
@@ -194,15 +206,8 @@ def _asks(
     streams_tokens: bool,
 ) -> list[Ask]:
     """Every question checked, templated and counted before anything is queued: a bad one is this request's 400."""
-    reply = Reply(
-        n=body.n,
-        max_new_tokens=body.token_cap(),
-        temperature=body.temperature,
-        top_p=body.top_p,
-        stop=body.stops(),
-        seed=body.seed,
-    )
-    param = "prompt" if isinstance(body, CompletionRequest) else "messages"
+    reply = body.reply()
+    param = body.text_param
     asks = []
     for j, (history, q) in enumerate(questions):
         try:
@@ -246,7 +251,7 @@ async def _serve(
         for ask, f in zip(asks, futures, strict=True):
             f.add_done_callback(lambda _, ask=ask: ask.listener.done())  # type: ignore[union-attr,misc]
         stream = _stream(asks, futures, events, body, settings, model, endpoint, log, metrics)  # type: ignore[arg-type]
-        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(stream, media_type="text/event-stream", headers=stream_headers(generation.version))
     answers = await _wait(request, asks, futures)
     metrics.observe_first_token()  # a plain response's first token reaches the client with the whole answer
     metrics.observe_answers(answers)
@@ -259,7 +264,84 @@ async def _serve(
         for j, (ask, per_q) in pairs
         for i, a in enumerate(per_q)
     ]
-    return {**head, "choices": choices, "usage": usage_of(asks, answers)}
+    headers = answer_headers([a for per_q in answers for a in per_q], generation.version)
+    return JSONResponse({**head, "choices": choices, "usage": usage_of(asks, answers)}, headers=headers)
+
+
+async def _respond(
+    request: Request,
+    question: tuple[History, str],
+    body: ResponsesRequest,
+    settings: ServeSettings,
+    generation: Generation,
+    service: Service,
+    log: RecordLog | None,
+) -> Any:
+    """``POST /v1/responses``: one question, one output message (plain, or the API's streamed events)."""
+    model = generation.model
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[Any, ...]] | None = asyncio.Queue() if body.stream else None
+    # Tokens stream only once decided (a question-level source); an answer-level source's are held until its
+    # decision whatever --stream says, since a Responses message cannot take back its text.
+    live = model.source.before_generation and model.claims is None
+    asks = _asks([question], body, model, loop, events, streams_tokens=live)
+    futures = service.start(asks, generation)
+    metrics: ServeMetrics = request.app.state.metrics
+    shell = ResponseShell(body=body, settings=settings)
+    if body.stream:
+        futures[0].add_done_callback(lambda _: asks[0].listener.done())  # type: ignore[union-attr]
+        stream = _stream_response(asks[0], futures[0], events, shell, model, log, metrics)  # type: ignore[arg-type]
+        return StreamingResponse(stream, media_type="text/event-stream", headers=stream_headers(generation.version))
+    answers = await _wait(request, asks, futures)
+    metrics.observe_first_token()
+    metrics.observe_answers(answers)
+    _log(log, asks[0], answers[0], model, shell.id, range(1))
+    answer = answers[0][0]
+    content = response_body(shell, answer, confidence_object(answer, asks[0]), usage_of(asks, answers))
+    return JSONResponse(content, headers=answer_headers(answers[0], generation.version))
+
+
+async def _stream_response(
+    ask: Ask,
+    future: asyncio.Future[Any],
+    events: asyncio.Queue[tuple[Any, ...]],
+    shell: ResponseShell,
+    model: HonestModel,
+    log: RecordLog | None,
+    metrics: ServeMetrics,
+) -> AsyncIterator[str]:
+    """The Responses API's events; leaving early (a client that drops) cancels the work."""
+    out = ResponseEvents(shell)
+    delta = TextDelta(model.backend.decode, list(model.template.stop))
+    try:
+        for event in out.start():
+            yield event
+        while True:
+            kind, _, *rest = await events.get()
+            if kind == "token":
+                text = delta.add(rest[1])
+                if text:
+                    metrics.observe_first_token()
+                    for event in out.text(text):
+                        yield event
+            elif kind == "done":
+                try:
+                    answers = _outcome(future)
+                except APIError as exc:
+                    for event in out.error(exc.body["error"]):
+                        yield event
+                    return
+                _log(log, ask, answers, model, shell.id, range(1))
+                metrics.observe_first_token()
+                metrics.observe_answers([answers])
+                answer = answers[0]
+                rest_text = "" if answer.abstained else delta.finish(answer.answer or "")
+                for event in out.finish(answer, confidence_object(answer, ask), rest_text, usage_of([ask], [answers])):
+                    yield event
+                return
+    finally:
+        if not future.done():
+            _cancel([ask], [future])
 
 
 async def _wait(request: Request, asks: list[Ask], futures: list[asyncio.Future[Any]]) -> list[list[HonestAnswer]]:
@@ -355,11 +437,15 @@ async def _stream(
                 for i, a in enumerate(answers):
                     k = j * n + i
                     confidence = confidence_object(a, asks[j])
+                    if a.abstained and refusal_as_text(settings):
+                        # The refusal text as the answer's text (never after streamed text: settings refuse live).
+                        yield chunk(k, settings.refusal, "stop", confidence=confidence)
+                        continue
                     if a.abstained:
                         # A chat client reads the refusal in ``delta.refusal``; a completion has only text.
                         # With ``stream="live"`` it withdraws text already streamed.
                         text = None if endpoint.chat or deltas[k].sent else settings.refusal
-                        yield chunk(k, text, "abstained", settings.refusal, confidence=confidence)
+                        yield chunk(k, text, "stop", settings.refusal, confidence=confidence)
                         continue
                     rest_text = deltas[k].finish(a.answer or "")
                     if rest_text:
