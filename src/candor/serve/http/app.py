@@ -7,10 +7,22 @@
   rendered by the model's QA template (``conversations="refuse"``: one user
   message only). Each completion prompt is a question asked alone. Each choice
   carries a ``confidence`` object; an abstained choice has ``finish_reason:
-  "abstained"`` and the refusal text in OpenAI's ``refusal`` field
-  (``message.refusal``, ``delta.refusal``; a completion's ``text``), never
-  the withheld answer. An answer-level source's stream is buffered until its
-  decision (``stream="live"``: tokens as they come, withdrawn by the refusal).
+  "stop"`` (OpenAI's own value; ``confidence.abstained`` says it abstained) and
+  the refusal text, never the withheld answer: as the content with
+  ``abstain_as="text"`` (the default, which every client shows), in OpenAI's
+  ``refusal`` field (``message.refusal``, ``delta.refusal``) with ``"refusal"``
+  (:mod:`candor.serve.http.responses`). An answer-level source's stream is
+  buffered until its decision (``stream="live"``: tokens as they come,
+  withdrawn by the refusal). Each choice's last chunk carries its confidence.
+- ``POST /v1/responses``: the OpenAI Responses API, plain or streamed (its
+  events, :mod:`candor.serve.http.responses_api`): ``instructions`` and
+  ``input`` are the conversation, the answer an ``output_text`` part, an
+  abstention the API's ``refusal`` part (or the refusal text, as above), the
+  ``confidence`` on the response. Nothing is stored: ``previous_response_id``,
+  ``store: true`` and tools are 400 ``unsupported``.
+- Every answer has the ``x-candor-confidence``, ``x-candor-abstained``,
+  ``x-candor-abstained-choices`` and ``x-candor-model-version`` headers (a
+  stream only the last: its headers leave before the decision).
 - ``GET /health`` (alive), ``GET /ready``, ``GET /metrics``, ``GET /v1/models``,
   ``GET /v1/models/{id}``; request ids, the access log, CORS and protocol-level
   errors are :mod:`candor.serve.http.operations`, the metrics :mod:`candor.serve.http.prometheus_metrics`.
