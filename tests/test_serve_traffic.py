@@ -319,7 +319,8 @@ def test_the_node_openai_client_sees_an_abstention_as_a_refusal(honest):
         ]
     for run, abstains in runs:
         seen = json.loads(run.stdout)
-        for way in ("plain", "streamed"):
+        # Chat completions, then the Responses API (client.responses.create), plain and streamed.
+        for way in ("plain", "streamed", "responses", "responses_streamed"):
             if abstains:
                 assert seen[way]["refusal"] == "I am not sure." and not seen[way]["content"]
                 assert withheld not in run.stdout
@@ -327,6 +328,8 @@ def test_the_node_openai_client_sees_an_abstention_as_a_refusal(honest):
                 answer = direct(honest, kept, history, max_new_tokens=400).answer
                 assert seen[way]["content"] == answer and seen[way]["refusal"] is None
             assert seen[way]["confidence"]["abstained"] is abstains
+        for way in ("responses", "responses_streamed"):
+            assert seen[way]["finish_reason"] in ("completed", "incomplete")
 
 
 # ---------------------------------------------------------------- fields used or refused
