@@ -82,9 +82,9 @@ def test_the_official_openai_client_gets_the_confidence_fields(server, honest):
     assert conf["threshold"] == pytest.approx(honest.threshold.value)
     assert conf["expected_accuracy"] == 0.5 and conf["expected_coverage"] == 0.5
     assert conf["abstained"] == direct.abstained
-    if direct.abstained:
-        assert choice.finish_reason == "abstained" and choice.message.refusal == "I am not sure."
-        assert choice.message.content is None
+    if direct.abstained:  # --abstain-as text (the default): the refusal text is the content
+        assert choice.finish_reason == "stop" and choice.message.content == "I am not sure."
+        assert choice.message.refusal is None
     else:
         assert choice.message.content == direct.answer
     listed = client.models.list()
@@ -102,8 +102,10 @@ def test_abstained_choices_carry_the_refusal(server, honest):
     status, body = post(f"{server}/v1/chat/completions", chat(q))
     assert status == 200
     choice = body["choices"][0]
-    assert choice["finish_reason"] == "abstained" and choice["message"]["refusal"] == "I am not sure."
-    assert choice["message"]["content"] is None  # OpenAI's refusal shape: never the withheld answer
+    # The default (--abstain-as text): the refusal text as content, never the withheld answer; "stop", as
+    # OpenAI's own refusals end.
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] == "I am not sure."
+    assert choice["message"]["refusal"] is None and direct[QUESTIONS.index(q)].withheld not in json.dumps(body)
     assert choice["confidence"]["abstained"] is True
     assert choice["confidence"]["value"] < choice["confidence"]["threshold"]
 

@@ -133,6 +133,8 @@ def test_ask_loads_a_saved_honest_model(tiny_model_dir, tmp_path):
         (["serve", "--method", "elical"], "--head"),
         (["serve", "--threshold", "1.5"], "--threshold must be a confidence in [0, 1]"),
         (["serve", "--threshold", "nan"], "--threshold must be a confidence in [0, 1]"),
+        (["serve", "--abstain-as", "hidden", "--port", "0"], "--abstain-as must be one of text, refusal"),
+        (["serve", "--stream", "live", "--port", "0"], "--stream live needs --abstain-as refusal"),
         (["ask", ""], "the question is empty"),
         (["ask", "   "], "the question is empty"),
     ],

@@ -190,9 +190,10 @@ def test_streaming_with_the_openai_client_equals_the_plain_answer(server, honest
         conf = finals[0].model_extra["confidence"]  # the answer-level confidence, in the last choice chunk
         assert conf["value"] == pytest.approx(alone.confidence, abs=1e-6)
         if alone.abstained:
-            # The abstention is OpenAI's refusal; buffered, nothing of the withheld answer was streamed.
-            assert finals[0].finish_reason == "abstained" and finals[0].delta.refusal == "I don't know."
-            assert text == ""
+            # The abstention is the refusal text (--abstain-as text); buffered, nothing of the withheld answer
+            # was streamed. It ends with "stop", as OpenAI's own refusals do; confidence.abstained says so.
+            assert finals[0].finish_reason == "stop" and finals[0].delta.refusal is None and conf["abstained"]
+            assert text == "I don't know."
         else:
             assert text == alone.answer and finals[0].finish_reason == alone.finish_reason
 
@@ -215,7 +216,8 @@ def test_a_raw_sse_reader_sees_completion_chunks_and_done(server, honest):
     for index, q in enumerate(QUESTIONS[:2]):
         alone = honest.answer(q)
         mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
-        assert mine[-1]["finish_reason"] == ("abstained" if alone.abstained else alone.finish_reason)
+        assert mine[-1]["finish_reason"] == ("stop" if alone.abstained else alone.finish_reason)
+        assert mine[-1]["confidence"]["abstained"] is alone.abstained
         if not alone.abstained:
             assert "".join(c["text"] for c in mine) == alone.answer
 
@@ -242,7 +244,9 @@ def wait_for_call(backend: CountingBackend, marker: str) -> int:
 
 def test_a_client_that_drops_mid_stream_stops_its_generation(long_answers):
     """Defect 7: the departed client's row ends; only a few of the 400 tokens it would run to are generated."""
-    with serve_in_thread(create_app(long_answers, ServeSettings(max_tokens=400, stream="live"))) as url:
+    with serve_in_thread(
+        create_app(long_answers, ServeSettings(max_tokens=400, stream="live", abstain_as="refusal"))
+    ) as url:
         host, port = url.removeprefix("http://").split(":")
         marker = "Which river is the longest, asked by a client that leaves?"
         body = json.dumps(chat(marker, stream=True)).encode()
@@ -329,8 +333,8 @@ def test_a_head_streams_its_confidence_first_and_an_abstention_as_one_chunk(head
             first = chunks[0].choices[0]
             assert first.model_extra["confidence"]["value"] == pytest.approx(alone.confidence, abs=1e-6)
             if alone.abstained:  # one chunk, nothing generated
-                assert len(chunks) == 1 and first.finish_reason == "abstained"
-                assert first.delta.refusal == "I don't know." and first.delta.content is None
+                assert len(chunks) == 1 and first.finish_reason == "stop"
+                assert first.delta.content == "I don't know." and first.delta.refusal is None
             else:
                 assert first.finish_reason is None and first.delta.role == "assistant"
                 assert "".join(c.choices[0].delta.content or "" for c in chunks) == alone.answer

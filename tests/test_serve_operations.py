@@ -366,7 +366,13 @@ def test_cors_is_off_by_default_and_on_for_the_given_origins_only(server, honest
         assert "POST" in allowed.headers["access-control-allow-methods"]
         answered = httpx.post(f"{on}/v1/chat/completions", json=chat(), headers={"Origin": "https://app.example"})
         assert answered.headers["access-control-allow-origin"] == "https://app.example"
-        assert answered.headers["access-control-expose-headers"] == "x-request-id"
+        assert answered.headers["access-control-expose-headers"].split(", ") == [
+            "x-request-id",
+            "x-candor-confidence",
+            "x-candor-abstained",
+            "x-candor-abstained-choices",
+            "x-candor-model-version",
+        ]
         other = httpx.options(f"{on}/v1/chat/completions", headers=preflight | {"Origin": "https://evil.example"})
         assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
 

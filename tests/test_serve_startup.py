@@ -249,7 +249,7 @@ def test_the_docs_serving_on_engines_recipe_runs_as_written(smollm_dir, tmp_path
         confidence = reply.choices[0].model_extra["confidence"]
         assert 0.0 <= confidence["value"] <= 1.0 and confidence["threshold"] == 0.42
         assert confidence["abstained"] == (confidence["value"] < 0.42)
-        assert reply.choices[0].finish_reason in ("stop", "length", "abstained")
+        assert reply.choices[0].finish_reason in ("stop", "length")  # an abstention ends with "stop" too
         with urllib.request.urlopen(f"http://127.0.0.1:{ports['8000']}/v1/models") as listing:
             assert [m["id"] for m in json.loads(listing.read())["data"]] == [model]
     finally:

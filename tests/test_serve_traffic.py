@@ -52,7 +52,8 @@ def splitting(model: HonestModel, history) -> HonestModel:
 
 @pytest.fixture(scope="module")
 def server(honest):
-    settings = ServeSettings(api_key=KEY, refusal="I am not sure.", body_timeout_s=1.0)
+    # OpenAI's refusal field, as the clients' refusal handling below is about (--abstain-as text: test_serve_app).
+    settings = ServeSettings(api_key=KEY, refusal="I am not sure.", body_timeout_s=1.0, abstain_as="refusal")
     with serve_in_thread(create_app(honest, settings)) as url:
         yield url
 
@@ -226,7 +227,7 @@ def test_the_python_client_sees_an_abstention_as_a_refusal_plain_and_streamed(se
     resp = client.chat.completions.create(model="candor", messages=conversation(declined), max_tokens=6)
     message = resp.choices[0].message
     assert message.content is None and message.refusal == "I am not sure."
-    assert resp.choices[0].finish_reason == "abstained"
+    assert resp.choices[0].finish_reason == "stop"  # as OpenAI's own refusals end
     assert resp.usage.completion_tokens > 0, "the withheld answer was generated and scored"
     chunks = list(
         client.chat.completions.create(model="candor", messages=conversation(declined), max_tokens=6, stream=True)
@@ -249,7 +250,7 @@ def test_stream_live_sends_tokens_before_the_decision(honest):
     honest = splitting(honest, ())
     declined, _ = abstained_and_answered(honest, ())
     withheld = direct(honest, declined, ()).withheld
-    with serve_in_thread(create_app(honest, ServeSettings(stream="live"))) as url:
+    with serve_in_thread(create_app(honest, ServeSettings(stream="live", abstain_as="refusal"))) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         chunks = [
             c
@@ -260,7 +261,7 @@ def test_stream_live_sends_tokens_before_the_decision(honest):
         ]
         content = "".join(c.choices[0].delta.content or "" for c in chunks)
         assert content == withheld  # streamed live, then withdrawn by the refusal
-        assert chunks[-1].choices[0].delta.refusal and chunks[-1].choices[0].finish_reason == "abstained"
+        assert chunks[-1].choices[0].delta.refusal and chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_langchain_sees_the_confidence_and_a_refusal_never_the_withheld_text(server, honest):
@@ -301,7 +302,7 @@ def test_the_node_openai_client_sees_an_abstention_as_a_refusal(honest):
     honest = splitting(honest, history)
     declined, kept = abstained_and_answered(honest, history)
     withheld = direct(honest, declined, history).withheld
-    settings = ServeSettings(api_key=KEY, refusal="I am not sure.")
+    settings = ServeSettings(api_key=KEY, refusal="I am not sure.", abstain_as="refusal")
     with serve_in_thread(create_app(honest, settings)) as server:
         runs = [
             (
@@ -318,7 +319,8 @@ def test_the_node_openai_client_sees_an_abstention_as_a_refusal(honest):
         ]
     for run, abstains in runs:
         seen = json.loads(run.stdout)
-        for way in ("plain", "streamed"):
+        # Chat completions, then the Responses API (client.responses.create), plain and streamed.
+        for way in ("plain", "streamed", "responses", "responses_streamed"):
             if abstains:
                 assert seen[way]["refusal"] == "I am not sure." and not seen[way]["content"]
                 assert withheld not in run.stdout
@@ -326,6 +328,8 @@ def test_the_node_openai_client_sees_an_abstention_as_a_refusal(honest):
                 answer = direct(honest, kept, history, max_new_tokens=400).answer
                 assert seen[way]["content"] == answer and seen[way]["refusal"] is None
             assert seen[way]["confidence"]["abstained"] is abstains
+        for way in ("responses", "responses_streamed"):
+            assert seen[way]["finish_reason"] in ("completed", "incomplete")
 
 
 # ---------------------------------------------------------------- fields used or refused

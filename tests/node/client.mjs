@@ -1,6 +1,8 @@
 // Drives a candor server with the official Node openai client, as a Node app would.
 // Usage: node client.mjs BASE_URL API_KEY QUESTION   -> one JSON line on stdout:
-// {plain: {content, refusal, finish_reason, confidence}, streamed: {content, refusal, finish_reason, confidence}}
+// {plain: {content, refusal, finish_reason, confidence}, streamed: {...the same},
+//  responses: {content, refusal, finish_reason: the status, confidence}, responses_streamed: {...the same}}
+// (the Responses API through client.responses.create, with the same system prompt as instructions)
 import OpenAI from "openai";
 
 const [baseURL, apiKey, question] = process.argv.slice(2);
@@ -23,4 +25,21 @@ for await (const chunk of stream) {
   if (c.confidence) streamed.confidence = c.confidence;
 }
 out.streamed = streamed;
+
+const request = { model: "candor", instructions: "Answer briefly.", input: question, max_output_tokens: 400 };
+const resp = await client.responses.create(request);
+const part = resp.output[0]?.content?.[0] ?? {};
+out.responses = { content: resp.output_text, refusal: part.type === "refusal" ? part.refusal : null,
+                  finish_reason: resp.status, confidence: resp.confidence };
+const events = await client.responses.create({ ...request, stream: true });
+const seen = { content: "", refusal: null, finish_reason: null, confidence: null };
+for await (const event of events) {
+  if (event.type === "response.output_text.delta") seen.content += event.delta;
+  if (event.type === "response.refusal.done") seen.refusal = event.refusal;
+  if (event.type === "response.completed" || event.type === "response.incomplete") {
+    seen.finish_reason = event.response.status;
+    seen.confidence = event.response.confidence;
+  }
+}
+out.responses_streamed = seen;
 console.log(JSON.stringify(out));

@@ -138,6 +138,14 @@ def serve(
         float | None,
         typer.Option(help="With --refine: the claim confidence below which a claim is refined (default 0.5)."),
     ] = None,
+    abstain_as: Annotated[
+        str,
+        typer.Option(
+            help="text: an abstention's refusal text is the answer's content, shown by every client; refusal: "
+            "OpenAI's refusal field and part (some frameworks raise on it; needed by --stream live). "
+            'finish_reason is "stop" either way.'
+        ),
+    ] = "text",
 ) -> None:
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
 
@@ -185,6 +193,7 @@ def serve(
         max_tokens=max_tokens,
         docs=docs,
         honest_folder=choice.honest,
+        abstain_as=abstain_as,
     )
 
     if key is None:

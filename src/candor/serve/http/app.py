@@ -7,10 +7,22 @@
   rendered by the model's QA template (``conversations="refuse"``: one user
   message only). Each completion prompt is a question asked alone. Each choice
   carries a ``confidence`` object; an abstained choice has ``finish_reason:
-  "abstained"`` and the refusal text in OpenAI's ``refusal`` field
-  (``message.refusal``, ``delta.refusal``; a completion's ``text``), never
-  the withheld answer. An answer-level source's stream is buffered until its
-  decision (``stream="live"``: tokens as they come, withdrawn by the refusal).
+  "stop"`` (OpenAI's own value; ``confidence.abstained`` says it abstained) and
+  the refusal text, never the withheld answer: as the content with
+  ``abstain_as="text"`` (the default, which every client shows), in OpenAI's
+  ``refusal`` field (``message.refusal``, ``delta.refusal``) with ``"refusal"``
+  (:mod:`candor.serve.http.responses`). An answer-level source's stream is
+  buffered until its decision (``stream="live"``: tokens as they come,
+  withdrawn by the refusal). Each choice's last chunk carries its confidence.
+- ``POST /v1/responses``: the OpenAI Responses API, plain or streamed (its
+  events, :mod:`candor.serve.http.responses_api`): ``instructions`` and
+  ``input`` are the conversation, the answer an ``output_text`` part, an
+  abstention the API's ``refusal`` part (or the refusal text, as above), the
+  ``confidence`` on the response. Nothing is stored: ``previous_response_id``,
+  ``store: true`` and tools are 400 ``unsupported``.
+- Every answer has the ``x-candor-confidence``, ``x-candor-abstained``,
+  ``x-candor-abstained-choices`` and ``x-candor-model-version`` headers (a
+  stream only the last: its headers leave before the decision).
 - ``GET /health`` (alive), ``GET /ready``, ``GET /metrics``, ``GET /v1/models``,
   ``GET /v1/models/{id}``; request ids, the access log, CORS and protocol-level
   errors are :mod:`candor.serve.http.operations`, the metrics :mod:`candor.serve.http.prometheus_metrics`.
@@ -49,7 +61,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from candor.annotation.served_store import ServedStore
-from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer, Reply
+from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer
 from candor.serve.batching import Admission
 from candor.serve.http.api_docs import install_docs
 from candor.serve.http.operations import Lifecycle, install_operations
@@ -62,12 +74,16 @@ from candor.serve.http.responses import (
     CHAT,
     COMPLETION,
     Endpoint,
+    answer_headers,
     choice_of,
     confidence_object,
+    refusal_as_text,
     response_head,
+    stream_headers,
     usage_of,
 )
-from candor.serve.http.schemas import ChatRequest, CompletionRequest, error_body
+from candor.serve.http.responses_api import ResponseEvents, ResponseShell, response_body
+from candor.serve.http.schemas import ChatRequest, CompletionRequest, ResponsesRequest, error_body
 from candor.serve.http.service import Generation, Service
 from candor.serve.http.settings import ServeSettings, store_url
 from candor.serve.http.streaming import DONE, RequestListener, TextDelta, sse
@@ -176,6 +192,14 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
             )
         return await _serve(request, [((), q) for q in questions], body, settings, generation, service, COMPLETION, log)
 
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        authorize(request, settings)
+        generation = service.generation()
+        body = await parse_body(request, ResponsesRequest, settings, generation.model)
+        question = conversation_of(body, settings)
+        return await _respond(request, question, body, settings, generation, service, log)
+
     install_operator_routes(app, service, settings, feedback)
 
     if settings.docs:
@@ -196,15 +220,8 @@ def _asks(
     streams_tokens: bool,
 ) -> list[Ask]:
     """Every question checked, templated and counted before anything is queued: a bad one is this request's 400."""
-    reply = Reply(
-        n=body.n,
-        max_new_tokens=body.token_cap(),
-        temperature=body.temperature,
-        top_p=body.top_p,
-        stop=body.stops(),
-        seed=body.seed,
-    )
-    param = "prompt" if isinstance(body, CompletionRequest) else "messages"
+    reply = body.reply()
+    param = body.text_param
     asks = []
     for j, (history, q) in enumerate(questions):
         try:
@@ -248,7 +265,7 @@ async def _serve(
         for ask, f in zip(asks, futures, strict=True):
             f.add_done_callback(lambda _, ask=ask: ask.listener.done())  # type: ignore[union-attr,misc]
         stream = _stream(asks, futures, events, body, settings, model, endpoint, log, metrics)  # type: ignore[arg-type]
-        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(stream, media_type="text/event-stream", headers=stream_headers(generation.version))
     answers = await _wait(request, asks, futures)
     metrics.observe_first_token()  # a plain response's first token reaches the client with the whole answer
     metrics.observe_answers(answers)
@@ -261,7 +278,84 @@ async def _serve(
         for j, (ask, per_q) in pairs
         for i, a in enumerate(per_q)
     ]
-    return {**head, "choices": choices, "usage": usage_of(asks, answers)}
+    headers = answer_headers([a for per_q in answers for a in per_q], generation.version)
+    return JSONResponse({**head, "choices": choices, "usage": usage_of(asks, answers)}, headers=headers)
+
+
+async def _respond(
+    request: Request,
+    question: tuple[History, str],
+    body: ResponsesRequest,
+    settings: ServeSettings,
+    generation: Generation,
+    service: Service,
+    log: RecordLog | None,
+) -> Any:
+    """``POST /v1/responses``: one question, one output message (plain, or the API's streamed events)."""
+    model = generation.model
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[Any, ...]] | None = asyncio.Queue() if body.stream else None
+    # Tokens stream only once decided (a question-level source); an answer-level source's are held until its
+    # decision whatever --stream says, since a Responses message cannot take back its text.
+    live = model.source.before_generation and model.claims is None
+    asks = _asks([question], body, model, loop, events, streams_tokens=live)
+    futures = service.start(asks, generation)
+    metrics: ServeMetrics = request.app.state.metrics
+    shell = ResponseShell(body=body, settings=settings)
+    if body.stream:
+        futures[0].add_done_callback(lambda _: asks[0].listener.done())  # type: ignore[union-attr]
+        stream = _stream_response(asks[0], futures[0], events, shell, model, log, metrics)  # type: ignore[arg-type]
+        return StreamingResponse(stream, media_type="text/event-stream", headers=stream_headers(generation.version))
+    answers = await _wait(request, asks, futures)
+    metrics.observe_first_token()
+    metrics.observe_answers(answers)
+    await _log(log, asks[0], answers[0], model, shell.id, range(1))
+    answer = answers[0][0]
+    content = response_body(shell, answer, confidence_object(answer, asks[0]), usage_of(asks, answers))
+    return JSONResponse(content, headers=answer_headers(answers[0], generation.version))
+
+
+async def _stream_response(
+    ask: Ask,
+    future: asyncio.Future[Any],
+    events: asyncio.Queue[tuple[Any, ...]],
+    shell: ResponseShell,
+    model: HonestModel,
+    log: RecordLog | None,
+    metrics: ServeMetrics,
+) -> AsyncIterator[str]:
+    """The Responses API's events; leaving early (a client that drops) cancels the work."""
+    out = ResponseEvents(shell)
+    delta = TextDelta(model.backend.decode, list(model.template.stop))
+    try:
+        for event in out.start():
+            yield event
+        while True:
+            kind, _, *rest = await events.get()
+            if kind == "token":
+                text = delta.add(rest[1])
+                if text:
+                    metrics.observe_first_token()
+                    for event in out.text(text):
+                        yield event
+            elif kind == "done":
+                try:
+                    answers = _outcome(future)
+                except APIError as exc:
+                    for event in out.error(exc.body["error"]):
+                        yield event
+                    return
+                await _log(log, ask, answers, model, shell.id, range(1))
+                metrics.observe_first_token()
+                metrics.observe_answers([answers])
+                answer = answers[0]
+                rest_text = "" if answer.abstained else delta.finish(answer.answer or "")
+                for event in out.finish(answer, confidence_object(answer, ask), rest_text, usage_of([ask], [answers])):
+                    yield event
+                return
+    finally:
+        if not future.done():
+            _cancel([ask], [future])
 
 
 async def _wait(request: Request, asks: list[Ask], futures: list[asyncio.Future[Any]]) -> list[list[HonestAnswer]]:
@@ -357,11 +451,15 @@ async def _stream(
                 for i, a in enumerate(answers):
                     k = j * n + i
                     confidence = confidence_object(a, asks[j])
+                    if a.abstained and refusal_as_text(settings):
+                        # The refusal text as the answer's text (never after streamed text: settings refuse live).
+                        yield chunk(k, settings.refusal, "stop", confidence=confidence)
+                        continue
                     if a.abstained:
                         # A chat client reads the refusal in ``delta.refusal``; a completion has only text.
                         # With ``stream="live"`` it withdraws text already streamed.
                         text = None if endpoint.chat or deltas[k].sent else settings.refusal
-                        yield chunk(k, text, "abstained", settings.refusal, confidence=confidence)
+                        yield chunk(k, text, "stop", settings.refusal, confidence=confidence)
                         continue
                     rest_text = deltas[k].finish(a.answer or "")
                     if rest_text:

@@ -37,6 +37,7 @@ from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from candor.serve.http.prometheus_metrics import CONTENT_TYPE, RequestTally, ServeMetrics
+from candor.serve.http.responses import CANDOR_HEADERS
 from candor.serve.http.schemas import error_body
 from candor.util.errors import CandorError
 
@@ -101,7 +102,7 @@ def install_operations(
             allow_origins=list(cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["*"],
-            expose_headers=[REQUEST_ID_HEADER],
+            expose_headers=[REQUEST_ID_HEADER, *CANDOR_HEADERS],  # a browser app may read the confidence headers
         )
     app.add_middleware(OperationsMiddleware, metrics=metrics, router=app.router, log_prompts=log_prompts)
 

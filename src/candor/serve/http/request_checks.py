@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from typing import Any
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from candor.serve.answering import check_text
-from candor.serve.http.schemas import ChatRequest, CompletionRequest, error_body
+from candor.serve.http.schemas import UNSUPPORTED_WHY, ChatRequest, CompletionRequest, ResponsesRequest, error_body
 from candor.serve.http.settings import UNKNOWN_CONTEXT_MAX_TOKENS, ServeSettings
 from candor.serve.model import HonestModel
 from candor.util.errors import CandorError
@@ -100,15 +101,28 @@ async def parse_body(request: Request, schema: type[BaseModel], settings: ServeS
         body = schema.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
+        param = ".".join(str(p) for p in first["loc"] if not is_union_tag(p)) or None
         raise APIError(400, f"{param}: {first['msg']}", "invalid_request_error", param, "invalid_value") from None
     check_limits(body, settings, model)
     return body
 
 
-def check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings, model: HonestModel) -> None:
+Body = ChatRequest | CompletionRequest | ResponsesRequest
+
+
+# The member of a union pydantic names in an error's location (``input.str``, ``input.list[InputItem]``): not a field.
+UNION_TAG = re.compile(r"str|int|float|bool|none|dict|list|.*\[.*\]")
+
+
+def is_union_tag(part: str | int) -> bool:
+    return isinstance(part, str) and UNION_TAG.fullmatch(part) is not None
+
+
+def check_limits(body: Body, settings: ServeSettings, model: HonestModel) -> None:
     for name in body.unsupported():
-        raise APIError(400, f"{name} is not supported by candor", "invalid_request_error", name, "unsupported")
+        why = UNSUPPORTED_WHY.get(name)
+        message = f"{name} is not supported by candor" + (f": {why}" if why else "")
+        raise APIError(400, message, "invalid_request_error", name, "unsupported")
     if body.model != settings.model_id:
         raise APIError(
             404,
@@ -137,7 +151,11 @@ def check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings,
     limit = max_tokens_limit(settings, model)
     if cap is not None and not 1 <= cap <= limit:
         raise APIError(
-            400, f"max_tokens must be between 1 and {limit}", "invalid_request_error", "max_tokens", "invalid_value"
+            400,
+            f"{body.cap_param} must be between 1 and {limit}",
+            "invalid_request_error",
+            body.cap_param,
+            "invalid_value",
         )
     if body.stream and body.top_logprobs_wanted() is not None:
         raise APIError(
@@ -156,9 +174,8 @@ def check_limits(body: ChatRequest | CompletionRequest, settings: ServeSettings,
             "logprobs",
             "unsupported",
         )
-    param = "messages" if isinstance(body, ChatRequest) else "prompt"
-    texts = [m.text() for m in body.messages] if isinstance(body, ChatRequest) else body.questions()
-    if sum(len(t) for t in texts) > settings.max_question_chars:
+    param = body.text_param
+    if sum(len(t) for t in body.texts()) > settings.max_question_chars:
         raise APIError(
             400,
             f"the {param} are longer than {settings.max_question_chars} characters in all",
@@ -178,20 +195,20 @@ def max_tokens_limit(settings: ServeSettings, model: HonestModel) -> int:
 History = tuple[tuple[str, str], ...]
 
 
-def conversation_of(body: ChatRequest, settings: ServeSettings) -> tuple[History, str]:
+def conversation_of(body: ChatRequest | ResponsesRequest, settings: ServeSettings) -> tuple[History, str]:
     """``(earlier turns, question)``; with ``conversations="refuse"``, one user message or a 400."""
+    param = body.text_param
     try:
-        history, question = body.conversation()
+        history, question = body.history_and_question()
     except ValueError as exc:
-        raise APIError(400, str(exc), "invalid_request_error", "messages", "unsupported") from None
+        raise APIError(400, str(exc), "invalid_request_error", param, "unsupported") from None
     if history and settings.conversations == "refuse":
         raise APIError(
             400,
             "this server answers one question per request (--conversations refuse): send exactly "
-            "one user message (got roles "
-            f"{[m.role for m in body.messages]})",
+            f"one user message and no system prompt (got roles {[role for role, _ in history] + ['user']})",
             "invalid_request_error",
-            "messages",
+            param,
             "unsupported",
         )
     if not question.strip():
@@ -199,7 +216,7 @@ def conversation_of(body: ChatRequest, settings: ServeSettings) -> tuple[History
             400,
             "the question is empty (the last user message has no text)",
             "invalid_request_error",
-            "messages",
+            param,
             "invalid_value",
         )
     return history, question

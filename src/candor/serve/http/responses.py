@@ -1,4 +1,11 @@
-"""The OpenAI response shapes candor answers with: choices, log-probs, usage and the ``confidence`` object."""
+"""The OpenAI response shapes candor answers with: choices, log-probs, usage, the ``confidence`` object and headers.
+
+An abstention is shown as ``settings.abstain_as`` says: ``"text"``, the refusal text is the answer's text
+(``message.content``), which every client and framework shows; ``"refusal"``, OpenAI's own refusal field
+(``message.refusal``, content ``null``), which some frameworks raise as an error. Either way its
+``finish_reason`` is ``"stop"`` (as OpenAI's own refusals end), and ``confidence.abstained`` and the
+``x-candor-*`` headers (:func:`answer_headers`) say that it abstained.
+"""
 
 from __future__ import annotations
 
@@ -35,34 +42,78 @@ def response_head(obj: str, prefix: str, settings: ServeSettings) -> dict[str, A
     }
 
 
+# The headers an answer carries (docs/serving.md "Headers"): choice 0's confidence and whether it
+# abstained, the indexes of every abstained choice, and the version of the model that answered.
+CONFIDENCE_HEADER = "x-candor-confidence"
+ABSTAINED_HEADER = "x-candor-abstained"
+ABSTAINED_CHOICES_HEADER = "x-candor-abstained-choices"
+MODEL_VERSION_HEADER = "x-candor-model-version"
+CANDOR_HEADERS = (CONFIDENCE_HEADER, ABSTAINED_HEADER, ABSTAINED_CHOICES_HEADER, MODEL_VERSION_HEADER)
+
+
+def answer_headers(answers: Sequence[HonestAnswer], version: str) -> dict[str, str]:
+    """A plain response's headers: the first choice's confidence (six decimals) and abstention, every
+    abstained choice's index (comma-separated, empty when none) and the model version."""
+    first = answers[0]
+    return {
+        CONFIDENCE_HEADER: f"{first.confidence:.6f}",
+        ABSTAINED_HEADER: "true" if first.abstained else "false",
+        ABSTAINED_CHOICES_HEADER: ",".join(str(i) for i, a in enumerate(answers) if a.abstained),
+        MODEL_VERSION_HEADER: version,
+    }
+
+
+def stream_headers(version: str) -> dict[str, str]:
+    """A stream's headers are sent before any decision: only the model version is known then (the
+    confidence rides in the stream's events)."""
+    return {"Cache-Control": "no-cache", MODEL_VERSION_HEADER: version}
+
+
+def finish_reason_of(answer: HonestAnswer) -> str:
+    """OpenAI's finish reason: ``"stop"`` for an abstention, as OpenAI's own refusals end; else the answer's own."""
+    return "stop" if answer.abstained else answer.finish_reason
+
+
+def refusal_as_text(settings: ServeSettings) -> bool:
+    """True when an abstention's refusal text is the answer's text (``--abstain-as text``)."""
+    return settings.abstain_as == "text"
+
+
 def choice_of(
     endpoint: Endpoint, index: int, a: HonestAnswer, ask: Ask, body: Any, settings: ServeSettings
 ) -> dict[str, Any]:
     logprobs = logprobs_of(a, body, endpoint)
     confidence = confidence_object(a, ask)
+    as_text = refusal_as_text(settings)
     if endpoint.chat:
-        # An abstention is OpenAI's refusal: no content, the refusal text in ``message.refusal``.
+        # An abstention is the refusal text as content (--abstain-as text) or OpenAI's refusal field, never
+        # the withheld answer.
         message = (
-            {"role": "assistant", "content": None, "refusal": settings.refusal}
+            {
+                "role": "assistant",
+                "content": settings.refusal if as_text else None,
+                "refusal": None if as_text else settings.refusal,
+            }
             if a.abstained
             else {"role": "assistant", "content": a.answer or "", "refusal": None}
         )
         return {
             "index": index,
             "message": message,
-            "finish_reason": a.finish_reason,
+            "finish_reason": finish_reason_of(a),
             "logprobs": logprobs,
             "confidence": confidence,
         }
+    # A completion has only text: it always carries the refusal text; ``refusal`` too with --abstain-as refusal.
     text = settings.refusal if a.abstained else (a.answer or "")
     out = {
         "index": index,
         "text": text,
-        "finish_reason": a.finish_reason,
+        "finish_reason": finish_reason_of(a),
         "logprobs": logprobs,
         "confidence": confidence,
     }
-    if a.abstained:
+    if a.abstained and not as_text:
         out["refusal"] = settings.refusal
     return out
 

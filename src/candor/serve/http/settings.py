@@ -35,17 +35,29 @@ class ServeSettings:
     docs: bool = False  # /docs and /openapi.json, behind the key
     body_timeout_s: float = 10.0  # a body not fully sent in this time answers 408
     honest_folder: Path | None = None  # what SIGHUP and POST /admin/reload load again (--honest DIR)
+    # How an abstention is shown: "text": the refusal text is the answer's text (every client shows it);
+    # "refusal": OpenAI's refusal field and content part (some frameworks raise on it). docs/serving.md
+    abstain_as: str = "text"
 
     def __post_init__(self) -> None:
         if self.store is not None and "://" not in self.store:
             raise CandorError(f"--store must be a database URL (sqlite:///FILE.db, postgresql://…), got {self.store!r}")
-        for name, allowed in (("conversations", CONVERSATION_MODES), ("stream", STREAM_MODES)):
+        modes = (("conversations", CONVERSATION_MODES), ("stream", STREAM_MODES), ("abstain_as", ABSTAIN_AS_MODES))
+        for name, allowed in modes:
             if getattr(self, name) not in allowed:
-                raise CandorError(f"--{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+                flag = name.replace("_", "-")
+                raise CandorError(f"--{flag} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        if self.stream == "live" and self.abstain_as == "text":
+            # Streamed text cannot be taken back; only OpenAI's refusal field withdraws it.
+            raise CandorError(
+                "--stream live needs --abstain-as refusal: text streamed before an abstention can only be "
+                "withdrawn by a refusal"
+            )
 
 
 CONVERSATION_MODES = ("accept", "refuse")
 STREAM_MODES = ("buffered", "live")
+ABSTAIN_AS_MODES = ("text", "refusal")
 # A request's max_tokens cap where the backend does not say its context (an OpenAI-compatible server).
 UNKNOWN_CONTEXT_MAX_TOKENS = 4096
 
