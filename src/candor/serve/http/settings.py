@@ -32,8 +32,12 @@ class ServeSettings:
     docs: bool = False  # /docs and /openapi.json, behind the key
     body_timeout_s: float = 10.0  # a body not fully sent in this time answers 408
     honest_folder: Path | None = None  # what SIGHUP and POST /admin/reload load again (--honest DIR)
+    honest_root: Path | None = None  # POST /admin/reload may name folders inside it only (--honest-root)
+    admin_key: str | None = None  # the operator key: /admin/*, trusted labels (None: those routes are off)
 
     def __post_init__(self) -> None:
+        if self.admin_key is not None and self.admin_key == self.api_key:
+            raise CandorError("the operator key must differ from the inference key (--admin-key-env, --api-key-env)")
         for name, allowed in (("conversations", CONVERSATION_MODES), ("stream", STREAM_MODES)):
             if getattr(self, name) not in allowed:
                 raise CandorError(f"--{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
