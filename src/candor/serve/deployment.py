@@ -8,7 +8,7 @@ reload changes the folder and never the operator's choices.
 
 The version a deployed model answers under names both: the folder's version, and,
 when the deployment overrides anything, ``+opts.`` and a short digest of its options
-(``2025-06-01T12:00:00Z-3f9a+opts.1c2d3e4f``). A reload of a new folder changes the
+(``20260601T120000Z-3f9a2b+opts.1c2d3e4f``). A reload of a new folder changes the
 first part; a restart with other options changes the second.
 """
 
@@ -32,7 +32,7 @@ DIGEST_HEX = 8  # hex digits of the options digest in a version
 
 @dataclass(frozen=True)
 class Deployment:
-    """What the operator chose for every model this server answers with (None: the folder's own)."""
+    """What the operator chose for every model this server answers with (None: the model's own, as built or saved)."""
 
     threshold: float | None = None  # abstain below this confidence, whatever the folder's threshold
     claims: ClaimPolicy | None = None  # a confidence per claim (--claims, --refine, --claim-threshold)
@@ -71,7 +71,8 @@ class Deployment:
             model.threshold = Threshold(self.threshold)
         if self.max_new_tokens is not None:
             model.decoding = replace(model.decoding, max_new_tokens=self.max_new_tokens)
-        model.serve_claims(self.claims)
+        if self.claims is not None:
+            model.serve_claims(self.claims)
         model.version = self.version(model.version)
         return model
 
