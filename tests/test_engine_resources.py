@@ -90,6 +90,40 @@ def test_stop_matchers_are_built_off_the_engine_thread_and_requests_keep_their_o
         assert g.greedy.token_ids == backend.generate([SHORT_PROMPT], 0, p)[0].greedy.token_ids
 
 
+def test_a_pending_stop_matcher_build_delays_only_the_request_that_needs_it(backend, monkeypatch):
+    """Issue 53, defect 9: while one request's unique stop list is being built, a request without stops
+    (and one whose matcher is kept) is admitted and finishes; the first one runs once its matcher is ready."""
+    release, building, events = threading.Event(), threading.Event(), []
+    build = StopMatcher.__init__
+
+    def held(self, tokenizer, vocab, stop_strings):
+        if "held-back" in stop_strings:  # the expensive unique list: its build waits until the test lets it go
+            building.set()
+            release.wait(WAIT)
+            events.append("built")
+        build(self, tokenizer, vocab, stop_strings)
+
+    monkeypatch.setattr(StopMatcher, "__init__", held)
+    kept = ("\n",)
+    backend.stop_matcher(kept)  # a list the backend already has a matcher for
+    slow = SamplingParams(max_new_tokens=4, stop=("held-back", "\n\n"))
+    params = {"none": SamplingParams(max_new_tokens=4), "kept": SamplingParams(max_new_tokens=4, stop=kept)}
+    with backend.live_engine(max_rows=8) as engine:
+        try:
+            pending = engine.submit(DecodeRequest(prompt=SHORT_PROMPT, n=0, params=slow))
+            assert building.wait(WAIT)
+            for name, p in params.items():
+                got = engine.submit(DecodeRequest(prompt=SHORT_PROMPT, n=0, params=p)).result(WAIT)
+                events.append(name)
+                assert got.greedy.token_ids == backend.generate([SHORT_PROMPT], 0, p)[0].greedy.token_ids
+            assert not pending.done()  # still waiting for its matcher, which only it needs
+        finally:
+            release.set()
+        pending.result(WAIT)
+        events.append("held-back")
+    assert events == ["none", "kept", "built", "held-back"]
+
+
 # ------------------------------------------------------------------ chunked prefill
 
 

@@ -103,7 +103,7 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
             labeller.close()
         labels = {a.id: (a.label, a.label_source) for a in read_served(log).labelled()}
         assert len(labels) == len(QUESTIONS)
-        assert all(labels[rid] == (served[rid] in RIGHT, "feedback") for rid in ids[:14])
+        assert all(labels[rid] == (served[rid] in RIGHT, "user") for rid in ids[:14])
         assert all(labels[rid] == (served[rid] in RIGHT, "human") for rid in ids[14:])
         # candor adapt writes the new model into the served folder; SIGHUP swaps it in under traffic.
         with pytest.raises(SystemExit) as done:

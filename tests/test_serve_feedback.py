@@ -26,6 +26,7 @@ from tests.test_serve_app import KEY, get, post  # noqa: E402
 
 QUESTIONS = [f"Which river flows through the valley number {i}?" + " Quickly." * (i % 3) for i in range(40)]
 SRC = str(Path(__file__).resolve().parents[1] / "src")
+ADMIN = "operator-key-not-secret"
 
 
 def honest_model(backend, threshold: float, rule: str = "risk", target: float = 0.2) -> HonestModel:
@@ -63,13 +64,13 @@ def ask(client, question: str):
 def test_feedback_labels_the_served_record_and_later_labels_win(backend, tmp_path):
     log = tmp_path / "served.jsonl"
     model = honest_model(backend, threshold=0.0)  # answers everything
-    with serve_in_thread(create_app(model, ServeSettings(api_key=KEY, log_records=log))) as url:
+    with serve_in_thread(create_app(model, ServeSettings(api_key=KEY, admin_key=ADMIN, log_records=log))) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
         first, second = ask(client, QUESTIONS[0]), ask(client, QUESTIONS[1])
         status, body = post(f"{url}/v1/feedback", {"id": first.id, "index": 0, "correct": False})
-        assert status == 200 and body["label_source"] == "feedback" and body["model_version"] == model.version
+        assert status == 200 and body["label_source"] == "user" and body["model_version"] == model.version
         relabel = {"id": first.id, "index": 0, "correct": True, "label_source": "human"}
-        assert post(f"{url}/v1/feedback", relabel)[0] == 200
+        assert post(f"{url}/v1/feedback", relabel, key=ADMIN)[0] == 200
         assert post(f"{url}/v1/feedback", {"id": second.id, "correct": False})[0] == 200
         status, body = post(f"{url}/v1/feedback", {"id": "chatcmpl-never-served", "index": 0, "correct": True})
         assert status == 404 and body["error"]["code"] == "not_found" and body["error"]["param"] == "id"
@@ -142,7 +143,7 @@ def test_a_reload_swaps_the_model_without_dropping_or_mixing_requests(backend, t
     low, high = honest_model(backend, 0.0), honest_model(backend, 1.0)  # answers all / abstains on all
     save(low, folder, "v1")
     served = HonestModel.from_pretrained(folder, backend=backend)
-    settings = ServeSettings(api_key=KEY, honest_folder=folder)
+    settings = ServeSettings(api_key=KEY, admin_key=ADMIN, honest_folder=folder, honest_root=tmp_path)
     with serve_in_thread(create_app(served, settings)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
         assert ask(client, QUESTIONS[0]).choices[0].model_extra["confidence"]["model_version"] == "v1"
@@ -158,7 +159,7 @@ def test_a_reload_swaps_the_model_without_dropping_or_mixing_requests(backend, t
         threads = [threading.Thread(target=traffic, args=(q,)) for q in QUESTIONS[:12]]
         for t in threads[:6]:
             t.start()
-        status, body = post(f"{url}/admin/reload", b"")
+        status, body = post(f"{url}/admin/reload", b"", key=ADMIN)
         for t in threads[6:]:
             t.start()
         for t in threads:
@@ -175,8 +176,8 @@ def test_a_reload_swaps_the_model_without_dropping_or_mixing_requests(backend, t
         assert metric(url, 'candor_model_info{version="v2"}') == 1.0
         assert metric(url, 'candor_model_info{version="v1"}') is None
         assert metric(url, "candor_reloads_total", '{outcome="ok"}') == 1.0
-        status, body = post(f"{url}/admin/reload", {"honest": str(tmp_path / "missing")})
-        assert status == 400 and body["error"]["code"] == "reload_failed"
+        status, body = post(f"{url}/admin/reload", {"honest": str(tmp_path / "missing")}, key=ADMIN)
+        assert status == 400 and body["error"]["param"] == "honest"
         assert ask(client, QUESTIONS[21]).choices[0].model_extra["confidence"]["model_version"] == "v2"
         assert post(f"{url}/admin/reload", b"", key=None)[0] == 401
 
@@ -185,20 +186,20 @@ def test_a_reload_of_a_malformed_folder_names_the_file_and_keeps_the_model(backe
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "honest.json").write_text('{\n  "generator": {"model": "x"}\n  "confidence": {}\n}\n')
-    with serve_in_thread(create_app(honest_model(backend, 0.0), ServeSettings())) as url:
-        status, body = post(f"{url}/admin/reload", {"honest": str(broken)}, key=None)
+    settings = ServeSettings(admin_key=ADMIN, honest_root=tmp_path)
+    with serve_in_thread(create_app(honest_model(backend, 0.0), settings)) as url:
+        status, body = post(f"{url}/admin/reload", {"honest": str(broken)}, key=ADMIN)
         assert status == 400 and body["error"]["code"] == "reload_failed", body
         assert body["error"]["message"] == (
-            "the reload failed and the running model stays: "
-            f"{broken / 'honest.json'}:3: malformed JSON (Expecting ',' delimiter "
-            "at column 3)"
+            "the reload failed and the running model stays: broken/honest.json:3: malformed JSON (Expecting ',' "
+            "delimiter at column 3)"
         )
         assert metric(url, "candor_reloads_total", '{outcome="failed"}') == 1.0
 
 
 def test_reload_without_a_folder_says_what_to_pass(backend):
-    with serve_in_thread(create_app(honest_model(backend, 0.0), ServeSettings())) as url:
-        status, body = post(f"{url}/admin/reload", b"", key=None)
+    with serve_in_thread(create_app(honest_model(backend, 0.0), ServeSettings(admin_key=ADMIN))) as url:
+        status, body = post(f"{url}/admin/reload", b"", key=ADMIN)
         assert status == 400 and "--honest" in body["error"]["message"]
 
 

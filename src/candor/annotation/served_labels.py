@@ -40,12 +40,9 @@ from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
-LABEL_SOURCE_HUMAN = "human"
-LABEL_SOURCE_FEEDBACK = "feedback"
-# A label of a response drawn uniformly from the served ones (an operator's audit): the only kind the
-# drift alarm on /metrics counts (candor.serve.audit_monitor), since only a uniform draw estimates the
-# accuracy of all answered questions.
-LABEL_SOURCE_AUDIT = "audit"
+LABEL_SOURCE_HUMAN = "human"  # a person who read the answer (candor label, or the operator key)
+LABEL_SOURCE_AUDIT = "audit"  # a label of a uniformly drawn audit sample, sent with the operator key
+LABEL_SOURCE_USER = "user"  # end-user feedback (POST /v1/feedback with the inference key); set by the server
 
 
 @dataclass(frozen=True)

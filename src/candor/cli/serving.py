@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -14,6 +15,8 @@ from candor.cli.options import HonestModelChoice, MaxNewTokensOpt, honest_model_
 from candor.cli.shared import user_errors
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
+
+DEFAULT_MAX_NEW_TOKENS = 32  # serve's answer length cap when neither --max-new-tokens nor a folder names one
 
 if TYPE_CHECKING:
     from candor.serve.claim_answers import ClaimPolicy
@@ -88,13 +91,30 @@ def serve(
     api_key_env: Annotated[
         str, typer.Option(help="Environment variable holding the API key; unset means no key is required.")
     ] = "CANDOR_API_KEY",
+    admin_key_env: Annotated[
+        str,
+        typer.Option(
+            help="Environment variable holding the operator key (POST /admin/reload, labels from a trusted "
+            "source); unset means the operator routes are off."
+        ),
+    ] = "CANDOR_ADMIN_KEY",
+    honest_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--honest-root",
+            help="POST /admin/reload may load folders inside this one only (default: the folder holding --honest).",
+        ),
+    ] = None,
     refusal: Annotated[str, typer.Option(help="The text of an abstained answer.")] = "I don't know.",
     queue_size: Annotated[int, typer.Option(help="Questions in flight (answering or waiting) before 503.")] = 64,
     max_batch: Annotated[int, typer.Option(help="Questions decoded together (1 turns batching off).")] = 16,
     batch_wait_ms: Annotated[
         float, typer.Option(help="How long a micro-batch waits to fill (backends without a live engine).")
     ] = 5.0,
-    max_new_tokens: Annotated[int, typer.Option(help="Default answer length cap in tokens.")] = 32,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(help="Default answer length cap in tokens (default: the --honest folder's, else 32)."),
+    ] = None,
     cors_origin: Annotated[
         list[str] | None,
         typer.Option("--cors-origin", help="A browser origin allowed by CORS (repeatable); none: no CORS."),
@@ -152,7 +172,8 @@ def serve(
     Chat requests may carry a conversation (system message, earlier turns). Also /health, /ready,
     /metrics (Prometheus), POST /v1/feedback (labels on served answers, with --store or --log-records), an
     x-request-id on every response and one JSON access-log line per request on stderr; SIGHUP or
-    POST /admin/reload loads --honest again; SIGTERM finishes in-flight requests and exits 0.
+    POST /admin/reload (operator key) loads --honest again, keeping --threshold, --claims and
+    --max-new-tokens; SIGTERM finishes in-flight requests and exits 0.
     """
     import importlib.util
 
@@ -167,7 +188,12 @@ def serve(
 
     origins = tuple(cors_origin or ())
     check_cors_origins(origins)  # before the model loads
-    claim_policy = claim_serving(claims, refine, claim_threshold)
+    from candor.serve.deployment import Deployment
+
+    # The options that shape answers: the deployment's, put on this model and on every one a reload loads.
+    deployment = Deployment(
+        threshold=choice.threshold, claims=claim_serving(claims, refine, claim_threshold), max_new_tokens=max_new_tokens
+    )
     from candor.annotation.served_store import Retention
 
     given = {"max_rows": store_max_rows, "remembered_bytes": store_index_bytes}
@@ -176,9 +202,13 @@ def serve(
         **{name: value for name, value in given.items() if value is not None},
     )
     key = os.environ.get(api_key_env) or None
+    admin_key = os.environ.get(admin_key_env) or None
+    root = reload_root(choice.honest, honest_root)
     settings = ServeSettings(
         model_id=model_id,
         api_key=key,
+        admin_key=admin_key,
+        honest_root=root,
         refusal=refusal,
         queue_size=queue_size,
         max_batch=max_batch,
@@ -196,18 +226,22 @@ def serve(
         abstain_as=abstain_as,
     )
 
+    serve_log = logging.getLogger("candor.serve")
     if key is None:
-        logging.getLogger("candor.serve").warning("no API key in $%s: the server accepts every request", api_key_env)
-    honest_model = choice.build(max_new_tokens=max_new_tokens, batch_size=max_batch)
-    honest_model.serve_claims(claim_policy)
+        serve_log.warning("no API key in $%s: the server accepts every request", api_key_env)
+    if admin_key is None:
+        serve_log.warning("no operator key in $%s: POST /admin/reload and trusted labels are off", admin_key_env)
+    honest_model = replace(choice, threshold=None).build(
+        max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS, batch_size=max_batch
+    )
     # A remote generator is probed here, before uvicorn takes the signals: SIGTERM ends a slow startup at once.
     backend_capabilities(honest_model.backend)
+    service = create_app(honest_model, settings, deployment)  # the deployment's options are put on the model here
     if honest_model.threshold is None:
         logging.getLogger("candor.serve").warning(
             "no threshold: every question is answered and none abstains; pass --threshold or --honest DIR "
             "(a tuned folder, such as the one `candor demo` leaves in OUT_DIR/honest)"
         )
-    service = create_app(honest_model, settings)
     send_access_log_to(sys.stderr)
     run(
         service,
@@ -241,6 +275,15 @@ def serve_head(
 
     listener = bind_listener(host, port)  # a busy port is refused before the head loads
     run(load_classify_app(folder, name), host=host, port=port, sock=listener, access_log=True)  # a line per request
+
+
+def reload_root(honest: Path | None, root: Path | None) -> Path | None:
+    """Where ``POST /admin/reload`` may load folders: ``--honest-root``, else the folder holding ``--honest``."""
+    if root is None:
+        return None if honest is None else honest.resolve().parent
+    if not root.is_dir():
+        raise CandorError(f"--honest-root {root} is not a folder")
+    return root.resolve()
 
 
 def claim_serving(method: str | None, refine: str | None, threshold: float | None) -> ClaimPolicy | None:

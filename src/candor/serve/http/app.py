@@ -28,7 +28,7 @@
   errors are :mod:`candor.serve.http.operations`, the metrics :mod:`candor.serve.http.prometheus_metrics`.
 - ``GET /`` the playground page (:mod:`candor.serve.http.playground`).
 - ``POST /v1/feedback`` (labels on served answers, kept in :mod:`candor.annotation.served_store`)
-  and ``POST /admin/reload`` (and ``SIGHUP``): :mod:`candor.serve.http.operator_routes`.
+  and ``POST /admin/reload`` (and ``SIGHUP``; the operator key): :mod:`candor.serve.http.operator_routes`.
 - Limits (body size, body-read time, question length, ``n``, ``max_tokens``: the
   model's context) answer 4xx in the OpenAI error shape (:mod:`candor.serve.http.request_checks`);
   a full queue answers 503; with an API key set, a request without the right
@@ -63,13 +63,21 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from candor.annotation.served_store import ServedStore
 from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer
 from candor.serve.batching import Admission
+from candor.serve.deployment import Deployment
 from candor.serve.http.api_docs import install_docs
 from candor.serve.http.operations import Lifecycle, install_operations
 from candor.serve.http.operator_routes import FeedbackDesk, install_operator_routes, reload_on_sighup
 from candor.serve.http.playground import playground_html
 from candor.serve.http.prometheus_metrics import ServeMetrics
 from candor.serve.http.record_log import RecordLog
-from candor.serve.http.request_checks import APIError, History, authorize, conversation_of, parse_body
+from candor.serve.http.request_checks import (
+    APIError,
+    History,
+    authorize,
+    conversation_of,
+    parse_body,
+    read_body,
+)
 from candor.serve.http.responses import (
     CHAT,
     COMPLETION,
@@ -93,13 +101,24 @@ from candor.util.errors import CandorError, UpstreamError
 logger = logging.getLogger(__name__)
 
 
-def create_app(model: HonestModel, settings: ServeSettings | None = None) -> FastAPI:
-    """The FastAPI app; run it with uvicorn (``candor serve`` does)."""
+def create_app(
+    model: HonestModel, settings: ServeSettings | None = None, deployment: Deployment | None = None
+) -> FastAPI:
+    """The FastAPI app; run it with uvicorn (``candor serve`` does).
+
+    ``deployment`` holds the operator's options that shape answers; they are put on ``model`` here
+    and on every model a reload loads (:class:`~candor.serve.deployment.Deployment`).
+    """
     settings = settings or ServeSettings()
     metrics, lifecycle = ServeMetrics(), Lifecycle()
     admission = Admission(settings.queue_size)
     service = Service(
-        model, admission, metrics, lifecycle, lambda m: m.open_engine(settings.max_batch, settings.batch_wait_ms)
+        model,
+        admission,
+        metrics,
+        lifecycle,
+        lambda m: m.open_engine(settings.max_batch, settings.batch_wait_ms),
+        deployment,
     )
     url = store_url(settings)
     log = RecordLog(ServedStore(url, settings.retention, export=settings.log_records)) if url is not None else None
@@ -171,34 +190,39 @@ def create_app(model: HonestModel, settings: ServeSettings | None = None) -> Fas
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         authorize(request, settings)
-        generation = service.generation()  # this request is answered wholly by it, whatever reloads meanwhile
-        body = await parse_body(request, ChatRequest, settings, generation.model)
-        questions = [conversation_of(body, settings)]
-        return await _serve(request, questions, body, settings, generation, service, CHAT, log)
+        raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        # Admitted once its body is here, to the generation that answers it wholly, whatever reloads meanwhile.
+        with service.admitted() as generation:
+            body = parse_body(raw, ChatRequest, settings, generation.model)
+            questions = [conversation_of(body, settings)]
+            return await _serve(request, questions, body, settings, generation, service, CHAT, log)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         authorize(request, settings)
-        generation = service.generation()
-        body = await parse_body(request, CompletionRequest, settings, generation.model)
-        questions = body.questions()
-        if not 1 <= len(questions) <= settings.max_prompts:
-            raise APIError(
-                400,
-                f"prompt must hold 1 to {settings.max_prompts} strings",
-                "invalid_request_error",
-                "prompt",
-                "invalid_value",
-            )
-        return await _serve(request, [((), q) for q in questions], body, settings, generation, service, COMPLETION, log)
+        raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        with service.admitted() as generation:
+            body = parse_body(raw, CompletionRequest, settings, generation.model)
+            questions = body.questions()
+            if not 1 <= len(questions) <= settings.max_prompts:
+                raise APIError(
+                    400,
+                    f"prompt must hold 1 to {settings.max_prompts} strings",
+                    "invalid_request_error",
+                    "prompt",
+                    "invalid_value",
+                )
+            asked = [((), q) for q in questions]
+            return await _serve(request, asked, body, settings, generation, service, COMPLETION, log)
 
     @app.post("/v1/responses")
     async def responses(request: Request) -> Any:
         authorize(request, settings)
-        generation = service.generation()
-        body = await parse_body(request, ResponsesRequest, settings, generation.model)
-        question = conversation_of(body, settings)
-        return await _respond(request, question, body, settings, generation, service, log)
+        raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+        with service.admitted() as generation:
+            body = parse_body(raw, ResponsesRequest, settings, generation.model)
+            question = conversation_of(body, settings)
+            return await _respond(request, question, body, settings, generation, service, log)
 
     install_operator_routes(app, service, settings, feedback)
 

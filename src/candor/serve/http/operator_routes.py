@@ -1,7 +1,15 @@
 """What the operator of a deployment uses beside the answers: feedback on served answers, and reloading the model.
 
-- ``POST /v1/feedback`` (behind the key): ``{"id": <response id>, "index": <choice>,
-  "correct": true|false, "label_source": "feedback"}``. The label goes to the store
+Two keys (:mod:`candor.serve.http.request_checks`): the inference key of the
+service's clients, and the operator key (``--admin-key-env``, ``$CANDOR_ADMIN_KEY``).
+Without an operator key the operator routes are off (403).
+
+- ``POST /v1/feedback``: ``{"id": <response id>, "index": <choice>, "correct": true|false}``.
+  With the inference key it is end-user feedback: the server labels it
+  ``label_source: "user"`` (a body naming another source is 403), and a choice the
+  client saw as a refusal (abstained) cannot be labelled (400). With the operator key
+  the body may name a trusted source (:data:`OPERATOR_SOURCES`, or ``judge:NAME``;
+  default ``human``), on any choice. The label goes to the store
   (:class:`candor.annotation.served_store.ServedStore`, and its ``--log-records`` export), where
   ``candor label`` and ``candor adapt`` read it; an id no server of the store served
   (or that its bounded remembered-response index evicted) is 404.
@@ -9,15 +17,19 @@
   feed the drift alarm on ``/metrics`` (:mod:`candor.serve.audit_monitor`), for the model
   version that answered them, read from the store (so labels made by ``candor label --audit``,
   by another replica or before a restart count alike).
-- ``POST /admin/reload`` (behind the key) and ``SIGHUP``: load the ``--honest`` folder
-  again (or ``{"honest": DIR}``) and swap it in between requests
-  (:meth:`candor.serve.http.service.Service.reload`).
+- ``POST /admin/reload`` (operator key) and ``SIGHUP``: load the ``--honest`` folder
+  again (or ``{"honest": DIR}``, a folder inside ``--honest-root``) and swap it in
+  between requests, with the deployment's options
+  (:meth:`candor.serve.http.service.Service.reload`). A folder outside the root, or
+  that cannot serve, is a 400 whose text names no file outside it, and the running
+  model stays.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import threading
 import time
@@ -26,11 +38,23 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from candor.annotation.served_labels import LABEL_SOURCE_FEEDBACK, check_label
+from candor.annotation.served_labels import (
+    LABEL_SOURCE_AUDIT,
+    LABEL_SOURCE_HUMAN,
+    LABEL_SOURCE_USER,
+    check_label,
+)
 from candor.serve.audit_monitor import AuditMonitor, AuditReport
 from candor.serve.http.prometheus_metrics import ServeMetrics
 from candor.serve.http.record_log import RecordLog
-from candor.serve.http.request_checks import APIError, authorize, json_body, read_body
+from candor.serve.http.request_checks import (
+    CLIENT,
+    APIError,
+    authorize_operator,
+    caller_role,
+    json_body,
+    read_body,
+)
 from candor.serve.http.service import Generation, Service
 from candor.serve.http.settings import ServeSettings
 from candor.util.errors import CandorError
@@ -38,6 +62,9 @@ from candor.util.errors import CandorError
 logger = logging.getLogger(__name__)
 
 AUDIT_SYNC_S = 1.0  # /metrics reads new audit labels from the store at most this often
+# The label sources the operator key may name (and ``judge:NAME``); a client's feedback is always LABEL_SOURCE_USER.
+OPERATOR_SOURCES = (LABEL_SOURCE_HUMAN, LABEL_SOURCE_AUDIT, LABEL_SOURCE_USER)
+JUDGE_PREFIX = "judge:"
 
 
 class FeedbackDesk:
@@ -79,7 +106,8 @@ class FeedbackDesk:
         self.monitor.promise(generation.version, promised, None if threshold is None else threshold.delta)
         self.version = generation.version
 
-    async def take(self, data: Any) -> dict[str, Any]:
+    async def take(self, data: Any, role: str) -> dict[str, Any]:
+        """Take one label from ``role`` (:data:`~candor.serve.http.request_checks.CLIENT` or ``OPERATOR``)."""
         if self.log is None:
             raise APIError(
                 400,
@@ -91,7 +119,7 @@ class FeedbackDesk:
         if not isinstance(data, dict):
             raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
         response_id, index, correct = data.get("id"), data.get("index", 0), data.get("correct")
-        source = data.get("label_source", LABEL_SOURCE_FEEDBACK)
+        source = label_source_of(data, role)
         try:
             check_label(response_id, index, correct, source)
         except ValueError as exc:
@@ -106,6 +134,14 @@ class FeedbackDesk:
                 "id",
                 "not_found",
             )
+        if role == CLIENT and not served.answered:
+            raise APIError(
+                400,
+                f"the choice {index} of {response_id!r} abstained: the client saw the refusal, not an answer to label",
+                "invalid_request_error",
+                "index",
+                "abstained",
+            )
         await asyncio.to_thread(self.log.label, response_id, index, correct, source)
         self.metrics.observe_feedback(correct, served.answered)
         await asyncio.to_thread(self.sync_audit)  # an audit label counts from now (the store holds them all)
@@ -119,28 +155,112 @@ class FeedbackDesk:
         }
 
 
+def label_source_of(data: dict[str, Any], role: str) -> str:
+    """The label's source, set by the server from who sent it: a client's is ``user``; the operator may name one."""
+    named = data.get("label_source")
+    if role == CLIENT:
+        if named is not None and named != LABEL_SOURCE_USER:
+            raise APIError(
+                403,
+                f"label_source: feedback with the inference key is labelled {LABEL_SOURCE_USER!r} by the server; "
+                "other sources need the operator key",
+                "permission_error",
+                "label_source",
+                "operator_key_required",
+            )
+        return LABEL_SOURCE_USER
+    if named is None:
+        return LABEL_SOURCE_HUMAN
+    if isinstance(named, str) and (
+        named in OPERATOR_SOURCES or (named.startswith(JUDGE_PREFIX) and named[len(JUDGE_PREFIX) :].strip())
+    ):
+        return named
+    raise APIError(
+        400,
+        f"label_source must be one of {', '.join(OPERATOR_SOURCES)} or {JUDGE_PREFIX}NAME, got {named!r}",
+        "invalid_request_error",
+        "label_source",
+        "invalid_value",
+    )
+
+
 def install_operator_routes(app: FastAPI, service: Service, settings: ServeSettings, desk: FeedbackDesk) -> None:
-    """``POST /v1/feedback`` and ``POST /admin/reload``, both behind the key."""
+    """``POST /v1/feedback`` (either key; the source follows it) and ``POST /admin/reload`` (the operator key)."""
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> dict[str, Any]:
-        authorize(request, settings)
+        role = caller_role(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-        return await desk.take(json_body(raw))
+        return await desk.take(json_body(raw), role)
 
     @app.post("/admin/reload")
     async def reload(request: Request) -> dict[str, Any]:
-        authorize(request, settings)
+        authorize_operator(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         data = json_body(raw) if raw.strip() else {}
-        folder = data.get("honest") if isinstance(data, dict) else None
-        generation = await reload_folder(service, settings, folder)
+        if not isinstance(data, dict):
+            raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
+        for name in data:
+            if name != "honest":
+                raise APIError(
+                    400, f"{name}: unknown field (a reload takes only 'honest')", "invalid_request_error", name
+                )
+        folder = data.get("honest")
+        if folder is not None and (not isinstance(folder, str) or not folder.strip() or "\x00" in folder):
+            raise APIError(
+                400,
+                f"honest: must be the name of a folder inside --honest-root, got {json_type(folder)}",
+                "invalid_request_error",
+                "honest",
+                "invalid_value",
+            )
+        target = settings.honest_folder if folder is None else folder_in_root(folder, settings.honest_root)
+        generation = await reload_folder(service, settings, target)
         return {"object": "reload", "model_version": generation.version, "method": generation.model.method}
 
 
-async def reload_folder(service: Service, settings: ServeSettings, folder: str | None) -> Generation:
-    """Reload ``folder`` (default: ``--honest``); a folder that cannot serve is a 400 and the old model stays."""
-    target = Path(folder) if folder else settings.honest_folder
+def json_type(value: Any) -> str:
+    """How a wrong value is named back: its JSON type, or an empty string (never its content)."""
+    if isinstance(value, str):
+        return "an empty string" if not value.strip() else "a string holding a NUL"
+    names = {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object"}
+    return names.get(type(value), "null")
+
+
+def folder_in_root(given: str, root: Path | None) -> Path:
+    """``given`` (relative to ``root``, or absolute) as a folder inside ``root``, symlinks followed; else a 400.
+
+    Every refusal reads the same and names no file, so the answer tells nothing about what lies outside.
+    """
+    refused = APIError(
+        400,
+        "honest: not a folder inside --honest-root (name it by its path inside the root)",
+        "invalid_request_error",
+        "honest",
+        "invalid_value",
+    )
+    if root is None:
+        raise APIError(
+            400,
+            "honest: this server reloads only its --honest folder; start it with --honest-root DIR "
+            "to reload other folders inside DIR",
+            "invalid_request_error",
+            "honest",
+            "invalid_value",
+        )
+    try:
+        base = root.resolve(strict=True)
+        folder = (base / given).resolve()  # an absolute ``given`` stands alone
+        inside = folder != base and folder.is_relative_to(base) and folder.is_dir()
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a name the filesystem refuses
+        raise refused from None
+    if not inside:
+        raise refused
+    return folder
+
+
+async def reload_folder(service: Service, settings: ServeSettings, target: Path | None) -> Generation:
+    """Reload ``target`` (None: ``--honest``); a folder that cannot serve is a 400 and the old model stays."""
     if target is None:
         raise APIError(
             400,
@@ -150,18 +270,48 @@ async def reload_folder(service: Service, settings: ServeSettings, folder: str |
             "invalid_value",
         )
     try:
-        generation = await service.reload(target)
+        generation = await service.reload(target, batch_size=settings.max_batch)
     except CandorError as exc:
         service.metrics.observe_reload(ok=False)
         raise APIError(
             400,
-            f"the reload failed and the running model stays: {exc}",
+            f"the reload failed and the running model stays: {public_text(str(exc), target, settings)}",
+            "invalid_request_error",
+            "honest",
+            "reload_failed",
+        ) from None
+    except APIError:
+        raise
+    except Exception:  # weights that do not load, a generator that cannot start: the log says why
+        logger.exception("reloading %s failed; the running model stays", target)
+        service.metrics.observe_reload(ok=False)
+        raise APIError(
+            400,
+            "the reload failed and the running model stays: the folder could not be loaded (the server's log says why)",
             "invalid_request_error",
             "honest",
             "reload_failed",
         ) from None
     service.metrics.observe_reload(ok=True)
     return generation
+
+
+ERRNO = re.compile(r"\[Errno -?\d+\][^:()]*:?\s*")
+
+
+def public_text(message: str, folder: Path, settings: ServeSettings) -> str:
+    """A reload error as a client may read it: paths named from the root (or ``--honest``), no errno strings."""
+    names: list[tuple[str, str]] = []
+    if settings.honest_root is not None:
+        with_root = settings.honest_root.resolve()
+        if folder.is_relative_to(with_root):
+            names.append((str(folder), str(folder.relative_to(with_root))))
+        names += [(str(with_root), "--honest-root"), (str(settings.honest_root), "--honest-root")]
+    if settings.honest_folder is not None:
+        names += [(str(settings.honest_folder.resolve()), "--honest"), (str(settings.honest_folder), "--honest")]
+    for path, name in sorted(names, key=lambda pair: -len(pair[0])):  # the longest first: a folder before its root
+        message = message.replace(path, name)
+    return ERRNO.sub("", message)
 
 
 def reload_on_sighup(service: Service, settings: ServeSettings) -> None:
@@ -173,7 +323,7 @@ def reload_on_sighup(service: Service, settings: ServeSettings) -> None:
     loop = asyncio.get_running_loop()
 
     def on_hangup() -> None:
-        task = loop.create_task(reload_folder(service, settings, None))
+        task = loop.create_task(reload_folder(service, settings, settings.honest_folder))
         task.add_done_callback(_report_reload)
 
     loop.add_signal_handler(signal.SIGHUP, on_hangup)

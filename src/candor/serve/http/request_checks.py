@@ -30,18 +30,59 @@ class APIError(Exception):
         self.status, self.body = status, error_body(message, type_, param, code)
 
 
-def authorize(request: Request, settings: ServeSettings) -> None:
-    if settings.api_key is None:
-        return
+OPERATOR, CLIENT = "operator", "client"  # who a request comes from: the operator key, or a client of the service
+
+
+def _bearer(request: Request) -> str | None:
     scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
     # The scheme is case-insensitive (RFC 9110 §11.1): "bearer KEY" is as good as "Bearer KEY".
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), settings.api_key.encode()):
+    return given.strip() if scheme.lower() == "bearer" else None
+
+
+def _same_key(given: str | None, key: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), key.encode())
+
+
+def authorize(request: Request, settings: ServeSettings) -> None:
+    """The inference key (none set: every request passes); 401 otherwise."""
+    if settings.api_key is None:
+        return
+    if not _same_key(_bearer(request), settings.api_key):
         raise APIError(
             401,
             "invalid or missing API key (send Authorization: Bearer <key>)",
             "authentication_error",
             None,
             "invalid_api_key",
+        )
+
+
+def caller_role(request: Request, settings: ServeSettings) -> str:
+    """:data:`OPERATOR` for the operator key, else :data:`CLIENT` once the inference key passes (401 if not)."""
+    if settings.admin_key is not None and _same_key(_bearer(request), settings.admin_key):
+        return OPERATOR
+    authorize(request, settings)
+    return CLIENT
+
+
+def authorize_operator(request: Request, settings: ServeSettings) -> None:
+    """The operator key, or 403: the operator routes are off without one, and the inference key is not it."""
+    if settings.admin_key is None:
+        raise APIError(
+            403,
+            "the operator routes are off: start candor serve with an operator key in $CANDOR_ADMIN_KEY "
+            "(or the variable --admin-key-env names) to turn them on",
+            "permission_error",
+            None,
+            "operator_routes_off",
+        )
+    if caller_role(request, settings) != OPERATOR:
+        raise APIError(
+            403,
+            "this route needs the operator key (Authorization: Bearer <operator key>), not the inference key",
+            "permission_error",
+            None,
+            "operator_key_required",
         )
 
 
@@ -92,8 +133,8 @@ def json_body(raw: bytes) -> Any:
     raise APIError(400, message, "invalid_request_error", None, "invalid_json")
 
 
-async def parse_body(request: Request, schema: type[BaseModel], settings: ServeSettings, model: HonestModel) -> Any:
-    raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+def parse_body(raw: bytes, schema: type[BaseModel], settings: ServeSettings, model: HonestModel) -> Any:
+    """A request body (as :func:`read_body` read it) parsed by ``schema`` and checked against ``model``'s limits."""
     data = json_body(raw)
     if not isinstance(data, dict):
         raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")

@@ -2,25 +2,32 @@
 
 A :class:`Generation` is one honest model with the engine it answers on. The
 service answers with the current one; a reload (``SIGHUP``, ``POST /admin/reload``)
-loads the next folder beside it, then swaps it in between requests: a request
-takes the current generation when it is admitted and keeps it to the end, so it
-is answered wholly by the old model or wholly by the new one, and the old engine
-closes once its last request is done.
+loads the next folder beside it, with the deployment's options
+(:class:`~candor.serve.deployment.Deployment`), then swaps it in between requests.
+
+A request is admitted to a generation and counted in flight in one step
+(:meth:`Service.admitted`, under the generation's lock), once its body has
+arrived; it keeps that generation to the end, so it is answered wholly by the
+old model or wholly by the new one. A retired generation admits nothing: a
+request that reaches it moves to the current one. The old engine closes once the
+last request counted on it is done, so no request meets a closed engine because
+of a reload.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from candor.backends.base import LiveEngine
 from candor.serve.answering import Ask, Cancelled, HonestAnswer
 from candor.serve.batching import Admission, QueueFull
-from candor.serve.honest_folder import read_config
+from candor.serve.deployment import Deployment
 from candor.serve.http.operations import Lifecycle
 from candor.serve.http.prometheus_metrics import ServeMetrics
 from candor.serve.http.request_checks import APIError
@@ -44,11 +51,21 @@ class Generation:
     def version(self) -> str:
         return self.model.version
 
+    def admit(self) -> bool:
+        """Count one request in flight, unless this generation is retired (then it admits nothing: False)."""
+        with self._lock:
+            if self._retired:
+                return False
+            self._in_flight += 1
+            return True
+
     def begin(self) -> None:
+        """Count one more piece of work of a request already admitted (so never on a closed engine)."""
         with self._lock:
             self._in_flight += 1
 
     def end(self) -> None:
+        """One admitted request or piece of work is done; the last one on a retired generation closes its engine."""
         with self._lock:
             self._in_flight -= 1
             close = self._retired and self._in_flight == 0
@@ -67,21 +84,6 @@ class Generation:
         threading.Thread(target=self.engine.close, daemon=True, name="candor-retire-engine").start()
 
 
-def load_successor(folder: Path, current: HonestModel, **backend_kwargs: Any) -> HonestModel:
-    """The honest model saved in ``folder``; it keeps the current generator when the folder names the same
-    one (model, backend, no adapter on either side), so a reload of a new head loads no second model."""
-    generator = read_config(folder)["generator"]
-    same = (
-        generator.get("model") == current.backend.model_name
-        and not generator.get("adapter")
-        and not getattr(current.backend, "adapter", None)
-        and generator.get("backend", "hf") == current.backend_name
-    )
-    if same:
-        return HonestModel.from_pretrained(folder, backend=current.backend)
-    return HonestModel.from_pretrained(folder, **backend_kwargs)
-
-
 class Service:
     """Admits questions to the current generation and swaps generations on reload."""
 
@@ -92,12 +94,14 @@ class Service:
         metrics: ServeMetrics,
         lifecycle: Lifecycle,
         open_engine: Callable[[HonestModel], LiveEngine],
+        deployment: Deployment | None = None,
     ) -> None:
         self.admission = admission
         self.metrics = metrics
         self.lifecycle = lifecycle
         self._open_engine = open_engine
-        self._first = model
+        self.deployment = deployment or Deployment()
+        self._first = self.deployment.apply(model)
         self.current: Generation | None = None  # opened when the app starts
         self._reloading = asyncio.Lock()
         self.on_swap: list[Callable[[Generation], None]] = []  # told of each new generation (metrics, feedback)
@@ -112,8 +116,25 @@ class Service:
         if self.current is not None:
             self.current.engine.close()
 
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[Generation]:
+        """The current generation, with this request counted in flight on it until the block ends.
+
+        Work the block starts (:meth:`start`) is counted on its own, so a request may leave the
+        block while its flows go on. A generation retired between reading ``current`` and counting
+        admits nothing, and the request moves to the one that replaced it.
+        """
+        while True:
+            generation = self.generation()
+            if generation.admit():
+                break
+        try:
+            yield generation
+        finally:
+            generation.end()
+
     def generation(self) -> Generation:
-        """The generation a new request is answered by (503 before the app starts or while it drains)."""
+        """The generation new requests are admitted to (503 before the app starts or while it drains)."""
         if self.current is None:
             raise APIError(503, "the server is not started", "server_error", None, "not_ready")
         if self.lifecycle.draining:
@@ -130,7 +151,7 @@ class Service:
         """Load ``folder`` beside the running model, then swap it in; requests in flight finish on the old one."""
         async with self._reloading:
             old = self.generation()
-            model = await asyncio.to_thread(load_successor, folder, old.model, **backend_kwargs)
+            model = await asyncio.to_thread(self.deployment.successor, folder, old.model, **backend_kwargs)
             fresh = Generation(model, await asyncio.to_thread(self._open_engine, model))
             self.current = fresh
             old.retire()
@@ -140,7 +161,10 @@ class Service:
             return fresh
 
     def start(self, asks: list[Ask], generation: Generation) -> list[asyncio.Future[Any]]:
-        """Admit every ask (or 503 with nothing started) and start each one's flow on ``generation``."""
+        """Admit every ask (or 503 with nothing started) and start each one's flow on ``generation``.
+
+        ``generation`` is the one this request was admitted to (:meth:`admitted`), still counting it.
+        """
         try:
             self.admission.admit(len(asks))
         except QueueFull as exc:

@@ -39,7 +39,12 @@ class ServeSettings:
     # "refusal": OpenAI's refusal field and content part (some frameworks raise on it). docs/serving.md
     abstain_as: str = "text"
 
+    honest_root: Path | None = None  # POST /admin/reload may name folders inside it only (--honest-root)
+    admin_key: str | None = None  # the operator key: /admin/*, trusted labels (None: those routes are off)
+
     def __post_init__(self) -> None:
+        if self.admin_key is not None and self.admin_key == self.api_key:
+            raise CandorError("the operator key must differ from the inference key (--admin-key-env, --api-key-env)")
         if self.store is not None and "://" not in self.store:
             raise CandorError(f"--store must be a database URL (sqlite:///FILE.db, postgresql://…), got {self.store!r}")
         modes = (("conversations", CONVERSATION_MODES), ("stream", STREAM_MODES), ("abstain_as", ABSTAIN_AS_MODES))
