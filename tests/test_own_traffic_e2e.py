@@ -120,7 +120,7 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
                     "--k",
                     "2",
                     "--label-sources",
-                    "human,feedback",  # 14 labels of each: the people's alone are too few for α = 0.5
+                    "human,user",  # 14 labels of each: the people's alone are too few for α = 0.5
                 ]
             )
         assert done.value.code == 0

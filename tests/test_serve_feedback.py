@@ -99,7 +99,8 @@ def metrics_text(url: str) -> str:
 
 def test_metrics_show_the_audited_accuracy_against_the_promise(backend, tmp_path):
     model = honest_model(backend, threshold=0.0, target=0.2)  # promises 80% accuracy of answered questions
-    with serve_in_thread(create_app(model, ServeSettings(log_records=tmp_path / "log.jsonl"))) as url:
+    settings = ServeSettings(log_records=tmp_path / "log.jsonl", admin_key=ADMIN)
+    with serve_in_thread(create_app(model, settings)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         ids = [ask(client, q).id for q in QUESTIONS[:30]]
         assert metric(url, "candor_promised_accuracy") != metric(url, "candor_promised_accuracy")  # NaN before
@@ -108,8 +109,8 @@ def test_metrics_show_the_audited_accuracy_against_the_promise(backend, tmp_path
         assert metric(url, "candor_feedback_audited") != metric(url, "candor_feedback_audited")
         for k, rid in enumerate(ids):
             audit = {"id": rid, "correct": k % 3 == 0, "label_source": "audit"}
-            assert post(f"{url}/v1/feedback", audit, key=None)[0] == 200
-            assert post(f"{url}/v1/feedback", audit | {"correct": True}, key=None)[0] == 200  # not counted again
+            assert post(f"{url}/v1/feedback", audit, key=ADMIN)[0] == 200  # an audit is the operator's
+            assert post(f"{url}/v1/feedback", audit | {"correct": True}, key=ADMIN)[0] == 200  # not counted again
         assert metric(url, "candor_feedback_audited") == 30.0
         assert metric(url, "candor_feedback_accuracy") == pytest.approx(10 / 30)
         assert metric(url, "candor_promised_accuracy") == pytest.approx(0.8)
@@ -123,10 +124,12 @@ def test_metrics_show_the_audited_accuracy_against_the_promise(backend, tmp_path
 
 def test_labels_on_abstained_choices_are_not_audited(backend, tmp_path):
     model = honest_model(backend, threshold=1.0)  # abstains on everything
-    with serve_in_thread(create_app(model, ServeSettings(log_records=tmp_path / "log.jsonl"))) as url:
+    settings = ServeSettings(log_records=tmp_path / "log.jsonl", admin_key=ADMIN)
+    with serve_in_thread(create_app(model, settings)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
         rid = ask(client, QUESTIONS[0]).id
-        post(f"{url}/v1/feedback", {"id": rid, "correct": True, "label_source": "audit"}, key=None)
+        status, body = post(f"{url}/v1/feedback", {"id": rid, "correct": True, "label_source": "audit"}, key=ADMIN)
+        assert status == 200, body
         assert metric(url, "candor_feedback_audited") != metric(url, "candor_feedback_audited")  # NaN: none
 
 

@@ -341,7 +341,7 @@ def test_user_feedback_on_an_abstained_choice_is_refused(backend, tmp_path):
     with serve_in_thread(create_app(HonestModel.from_pretrained(folder, backend=backend), settings)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
         refused = ask(client, QUESTIONS[0])
-        assert refused.choices[0].finish_reason == "abstained"
+        assert refused.choices[0].finish_reason == "stop" and refused.choices[0].model_extra["confidence"]["abstained"]
         status, body = post(f"{url}/v1/feedback", {"id": refused.id, "correct": False}, key=KEY)
         assert status == 400 and body["error"]["code"] == "abstained" and body["error"]["param"] == "index", body
         # An operator's audit labels the withheld answer the record keeps.

@@ -23,7 +23,16 @@ from candor.serve.adaptation import read_served_answers  # noqa: E402
 from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
 from candor.serve.http.server import serve_in_thread  # noqa: E402
 from tests.test_serve_app import KEY, post  # noqa: E402
-from tests.test_serve_feedback import QUESTIONS, SRC, ask, free_port, honest_model, save, wait_ready  # noqa: E402
+from tests.test_serve_feedback import (  # noqa: E402
+    ADMIN,  # noqa: E402
+    QUESTIONS,
+    SRC,
+    ask,
+    free_port,
+    honest_model,
+    save,
+    wait_ready,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +63,19 @@ def test_feedback_finds_a_response_served_before_a_restart(backend, tmp_path):
 
 
 def test_two_replicas_on_one_postgres_take_labels_for_each_others_responses(backend, postgres_url, tmp_path, capsys):
-    settings = ServeSettings(api_key=KEY, store=postgres_url)
+    settings = ServeSettings(api_key=KEY, store=postgres_url, admin_key=ADMIN)
     first = serve_in_thread(create_app(honest_model(backend, 0.0), settings))
     second = serve_in_thread(create_app(honest_model(backend, 0.0), settings))
     with first as one, second as two:
         ids_one = [ask(client(one), q).id for q in QUESTIONS[:3]]
         ids_two = [ask(client(two), q).id for q in QUESTIONS[3:6]]
         for rid in ids_one:  # labelled on the replica that did not serve them
-            status, body = post(f"{two}/v1/feedback", {"id": rid, "index": 0, "correct": True, "label_source": "audit"})
+            audit = {"id": rid, "index": 0, "correct": True, "label_source": "audit"}
+            status, body = post(f"{two}/v1/feedback", audit, key=ADMIN)
             assert status == 200, body
         for rid in ids_two:
             label = {"id": rid, "index": 0, "correct": False, "label_source": "audit"}
-            assert post(f"{one}/v1/feedback", label)[0] == 200
+            assert post(f"{one}/v1/feedback", label, key=ADMIN)[0] == 200
         assert post(f"{one}/v1/feedback", {"id": "chatcmpl-never", "index": 0, "correct": True})[0] == 404
         time.sleep(1.1)  # /metrics reads new audit labels from the store at most once a second
         audited = [audit_gauges(url) for url in (one, two)]
