@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,6 +82,23 @@ def wait_healthy(url: str, proc: subprocess.Popen, limit: float = 240.0, log: Pa
         except OSError:
             time.sleep(0.5)
     pytest.fail(f"{proc.args[:5]} was not healthy within {limit:.0f} s{tail()}")
+
+
+@contextlib.contextmanager
+def transformers_serve(model_dir: str | Path, log: Path, *extra: str) -> Iterator[str]:
+    """``transformers serve`` on ``model_dir``, offline, on a free port of 127.0.0.1: yields its /v1 URL."""
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model_dir)]
+    cmd += ["--port", str(port), "--device", "cpu", *extra]
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, log=log)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def saved_elical_head(

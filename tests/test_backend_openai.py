@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -24,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import free_port, wait_healthy
+from helpers import free_port, transformers_serve
 from typer.testing import CliRunner
 
 from candor.backends.base import GENERATE, LOGPROBS, SCORE, TOKENIZER, TOP_LOGPROBS, SamplingParams
@@ -54,28 +50,8 @@ def served(smollm_dir, tmp_path_factory):
     """``transformers serve`` on the embedded model's safetensors folder, offline, on a free port."""
     if not HAVE_SERVING:
         pytest.skip("transformers serve needs fastapi and uvicorn (pip install fastapi uvicorn)")
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "transformers.cli.transformers",
-        "serve",
-        str(smollm_dir),
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-    ]
-    with log.open("w") as sink:
-        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+    with transformers_serve(smollm_dir, tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

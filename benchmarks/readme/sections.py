@@ -17,6 +17,7 @@ SECTIONS: list[Section] = [
     speed.annotate_throughput,
     speed.annotate_dtype,
     speed.annotate_workers,
+    speed.annotate_ray,
     speed.peer_polygraph,
     speed.decode_threads,
     speed.decode_step_parts,

@@ -359,3 +359,23 @@ def avx2_races(r: Path) -> dict[str, str]:
     for section in (decode_threads, decode_lean, prefix_split, decode_processes):
         values.update({key.replace("value:", "value:avx2-", 1): text for key, text in section(r / "avx2").items()})
     return values
+
+
+def annotate_ray(r: Path) -> dict[str, str]:
+    d = load("annotate_ray", r)
+    job, rate, ratio, agree = d["settings"], d["records_per_second"], d["ratios"], d["agreement"]
+    cpu = job["machine"]
+    same = agree["ray_1"]
+    return {
+        "value:annotate-ray": (
+            f"on a {cpu['physical_cores']}-core {cpu['name']} shared with other jobs (load average "
+            f"{d['load_average']['before'][0]:.1f} before the run), {job['questions']} NQ questions with k = "
+            f"{job['samples']} on `transformers serve` (one thread per replica), one run: the single-process "
+            f"`--backend openai` path {rate['openai']:.2f} records/s, `--engine ray` on the same server "
+            f"{rate['ray_1']:.2f} records/s ({ratio['ray_1_vs_openai']:.2f}×; "
+            f"{d['overhead_seconds_per_item']:+.3f} s per item), on 2 replicas {rate['ray_2']:.2f} records/s "
+            f"({ratio['ray_2_vs_ray_1']:.2f}× one replica); Ray's startup {d['ray_startup_seconds']:.1f} s apart; "
+            f"{same['greedy_identical']} of {same['records']} greedy answers and {same['samples_identical']} of "
+            f"{same['samples']} samples identical to the single-process run"
+        )
+    }

@@ -196,7 +196,7 @@ def _settings(provenance: dict[str, Any]) -> dict[str, Any]:
     return {key: provenance.get(key, LEGACY_SETTINGS.get(key)) for key in SETTINGS_KEYS}
 
 
-def _finished_ids(path: Path, expected: dict[str, Any], items: Sequence[QAItem]) -> set[str]:
+def finished_ids(path: Path, expected: dict[str, Any], items: Sequence[QAItem]) -> set[str]:
     """Ids already in ``path``; refuses a file made with other settings or for other questions."""
     if not path.exists():
         return set()
@@ -263,6 +263,67 @@ def make_judges(config: AnnotateConfig, judge_backend: Backend | None = None) ->
     )
 
 
+def run_provenance(
+    backend: Backend,
+    template: QATemplate,
+    config: AnnotateConfig,
+    shard: Shard | None,
+    items: Sequence[QAItem],
+    judges: tuple,
+) -> dict[str, Any]:
+    """The provenance every record of a run carries (the llm judges described where they are used)."""
+    provenance = _provenance(backend, template, config, shard, items)
+    if "llm" in (config.correctness_judge, config.consistency_judge):
+        provenance = {**provenance, "judges": _judge_provenance(judges)}
+    return provenance
+
+
+def sampling_params(config: AnnotateConfig, provenance: dict[str, Any]) -> SamplingParams:
+    """The samples' decoding, with the template's stop strings joined to the user's (as the provenance says)."""
+    return SamplingParams(**{**config.params.to_dict(), "stop": tuple(provenance["decoding"]["samples"]["stop"])})
+
+
+def generate_batch(
+    batch: Sequence[QAItem], backend: Backend, template: QATemplate, config: AnnotateConfig, params: SamplingParams
+) -> list[Generations]:
+    """The greedy answer and ``config.k`` samples of each item, seeded per item (so never by its batch)."""
+    prompts, seeds = render_prompts(batch, backend, template, config)
+    return backend.generate(prompts, config.k, params, greedy=True, seeds=seeds)
+
+
+def render_prompts(
+    batch: Sequence[QAItem], renderer: Any, template: QATemplate, config: AnnotateConfig
+) -> tuple[list[str], list[int]]:
+    """Each item's prompt (``renderer`` gives the chat template: a backend) and its sampling seed."""
+    return [template(item, renderer) for item in batch], [item_seed(config.seed, item.id) for item in batch]
+
+
+def judge_records(
+    batch: Sequence[QAItem],
+    gens: Sequence[Generations],
+    config: AnnotateConfig,
+    judges: tuple,
+    provenance: dict[str, Any],
+) -> list[Record]:
+    """The records of one generated batch: judged, with the llm judges' parse counts in the provenance."""
+    greedy_correct, sample_correct, consistent = _judge_batch(batch, gens, config, judges)
+    parsed = _parse_counts(gens, judges)
+    return [
+        Record(
+            item=item,
+            greedy=gen.greedy,
+            samples=gen.samples,
+            greedy_correct=gc,
+            sample_correct=sc,
+            consistency=cs,
+            provenance=provenance if counts is None else {**provenance, "judge_parse": counts},
+        )
+        for item, gen, gc, sc, cs, counts in zip(
+            batch, gens, greedy_correct, sample_correct, consistent, parsed, strict=True
+        )
+    ]
+
+
 def annotate(
     items: Sequence[QAItem],
     backend: Backend,
@@ -282,15 +343,13 @@ def annotate(
     config = config or AnnotateConfig()
     out = Path(out)
     check_unique_ids(items)
-    provenance = _provenance(backend, template, config, shard, items)
-    done = _finished_ids(out, provenance, items)
+    judges = make_judges(config, judge_backend or backend)
+    provenance = run_provenance(backend, template, config, shard, items, judges)
+    done = finished_ids(out, provenance, items)
     if shard is not None:
         items = shard.select(items)
     todo = [item for item in items if item.id not in done]
-    judges = make_judges(config, judge_backend or backend)
-    if "llm" in (config.correctness_judge, config.consistency_judge):
-        provenance = {**provenance, "judges": _judge_provenance(judges)}
-    params = SamplingParams(**{**config.params.to_dict(), "stop": tuple(provenance["decoding"]["samples"]["stop"])})
+    params = sampling_params(config, provenance)
     logger.info("%s: %d items, %d already done, %d to annotate", out, len(items), len(items) - len(todo), len(todo))
 
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="annotate", unit="q", disable=not progress)
@@ -299,25 +358,8 @@ def annotate(
         step = questions_per_call(len(todo), config.batch_size, progress_steps)
         for start in range(0, len(todo), step):
             batch = todo[start : start + step]
-            prompts = [template(item, backend) for item in batch]
-            seeds = [item_seed(config.seed, item.id) for item in batch]
-            gens = backend.generate(prompts, config.k, params, greedy=True, seeds=seeds)
-            greedy_correct, sample_correct, consistent = _judge_batch(batch, gens, config, judges)
-            parsed = _parse_counts(gens, judges)
-            records = [
-                Record(
-                    item=item,
-                    greedy=gen.greedy,
-                    samples=gen.samples,
-                    greedy_correct=gc,
-                    sample_correct=sc,
-                    consistency=cs,
-                    provenance=provenance if counts is None else {**provenance, "judge_parse": counts},
-                )
-                for item, gen, gc, sc, cs, counts in zip(
-                    batch, gens, greedy_correct, sample_correct, consistent, parsed, strict=True
-                )
-            ]
+            gens = generate_batch(batch, backend, template, config, params)
+            records = judge_records(batch, gens, config, judges, provenance)
             sink.append(records)
             written += len(records)
             bar.update(len(batch))

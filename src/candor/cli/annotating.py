@@ -74,6 +74,23 @@ def annotate(
             "(shards kept in OUT.parts/ to resume; memory: one model per worker)."
         ),
     ] = 1,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="local: this process (and --workers); ray: a Ray Data pipeline (--backend openai: a server fleet, "
+            "--backend vllm: vLLM inside Ray), shards in OUT.parts/ merged into --out."
+        ),
+    ] = "local",
+    ray_url: Annotated[
+        list[str] | None,
+        typer.Option(help="--engine ray: an OpenAI-compatible server of the fleet (repeat; default --base-url)."),
+    ] = None,
+    ray_concurrency: Annotated[
+        int, typer.Option(help="--engine ray: generation actors (openai) or vLLM replicas (vllm).")
+    ] = 1,
+    ray_address: Annotated[
+        str | None, typer.Option(help="--engine ray: the cluster (e.g. auto, or ray://HOST:10001); default: local.")
+    ] = None,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
     from candor.annotation.builder import AnnotateConfig, Shard
@@ -123,23 +140,66 @@ def annotate(
     )
     if workers != 1 and shard_spec is not None:
         raise CandorError("--workers splits the input into shards itself; use it without --shard")
+    ray_options = _ray_options(engine, ray_url, ray_concurrency, ray_address, workers, shard_spec, options)
     try:
-        if workers != 1:
+        if ray_options is not None:
+            from candor.annotation.ray_pipeline import annotate_with_ray
+
+            result = annotate_with_ray(items, recipe, out, config, ray_options)
+        elif workers != 1:
             result = annotate_with_workers(items, recipe, out, config, workers)
         else:
             answering, judging, qa_template = recipe.load()
             result = run_annotate(items, answering, out, qa_template, config, shard=shard_spec, judge_backend=judging)
     except KeyboardInterrupt:
-        _say_how_to_resume(out, workers)
+        _say_how_to_resume(out, workers, ray=ray_options is not None)
         raise typer.Exit(130) from None
     _print_annotation_summary(result.path)
 
 
-def _say_how_to_resume(out: Path, workers: int) -> None:
+ENGINES = ("local", "ray")
+
+
+def _ray_options(
+    engine: str,
+    urls: list[str] | None,
+    concurrency: int,
+    address: str | None,
+    workers: int,
+    shard: object,
+    options: dict,
+) -> object | None:
+    """The Ray pipeline's options for ``--engine ray`` (None: local); its options without it are refused."""
+    if engine not in ENGINES:
+        raise CandorError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if engine == "local":
+        given = [name for name, value in (("--ray-url", urls), ("--ray-address", address)) if value]
+        if concurrency != 1:
+            given.append("--ray-concurrency")
+        if given:
+            raise CandorError(f"{', '.join(given)} apply to --engine ray")
+        return None
+    if workers != 1 or shard is not None:
+        raise CandorError("--engine ray spreads the work itself; use it without --workers and --shard")
+    if options.get("data_parallel_size"):
+        raise CandorError("--engine ray: vLLM replicas are --ray-concurrency, not --data-parallel-size")
+    from candor.annotation.ray_pipeline import RayOptions
+
+    return RayOptions(
+        urls=tuple(urls or ()),
+        concurrency=concurrency,
+        tensor_parallel_size=options.get("tensor_parallel_size") or 1,
+        address=address,
+        batch_size=options["batch_size"],
+    )
+
+
+def _say_how_to_resume(out: Path, workers: int, *, ray: bool = False) -> None:
     """After Ctrl-C: what was saved, and the command that resumes (the same one)."""
-    files = sorted(Path(f"{out}.parts").glob("*.jsonl")) if workers != 1 else [out]
+    parts = sorted(Path(f"{out}.parts").glob("*.jsonl"))
+    files = [out, *parts] if ray else parts if workers != 1 else [out]
     saved = sum(_count_lines(f) for f in files)
-    where = f"{out}.parts/" if workers != 1 else str(out)
+    where = f"{out} and {out}.parts/" if ray else f"{out}.parts/" if workers != 1 else str(out)
     typer.secho(
         f"interrupted: {saved} finished records are saved in {where}; resume with the same command:\n"
         f"  {invoked_command()}",
