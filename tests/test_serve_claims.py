@@ -45,7 +45,7 @@ def plain_answer(generator):
 
 def serving(generator, refine_mode, threshold) -> HonestModel:
     model = HonestModel(generator, confidence="n-prob", template="chat", decoding=Decoding(max_new_tokens=48))
-    model.serve_claims(ClaimPolicy("claim-prob", refine_mode, threshold))
+    model.serve_claims(ClaimPolicy("claim-prob", refine=refine_mode, threshold=threshold))
     return model
 
 

@@ -7,7 +7,9 @@ answer as generated, in the engine thread, the question alone. With ``refine``,
 the claims below ``threshold`` are removed (``remove``) or marked ``[?…]``
 (``mark``), and the returned text is the refined one; the removed claims are
 listed in the ``confidence`` object. An answer of one claim is left as it is: its
-answer-level confidence already speaks for it.
+answer-level confidence already speaks for it. With ``factuality_alpha`` the
+threshold is the one tuned on dev answers with a factuality guarantee
+(:mod:`candor.serve.factuality`), which then travels in the ``confidence`` object.
 
 See docs/claims.md.
 """
@@ -21,6 +23,7 @@ from candor.annotation.claim_split import split_claims
 from candor.annotation.claims import Claim, refine
 from candor.backends.base import Backend, Completion
 from candor.estimators.claim_scoring import built, claim_estimator_names, score_claims
+from candor.serve.factuality import FactualityGuarantee, check_alpha
 from candor.util.errors import CandorError
 
 REFINE_MODES = ("remove", "mark")
@@ -34,6 +37,7 @@ class ClaimPolicy:
     refine: str | None = None  # None: report the claims only
     threshold: float = 0.5  # claims below it are refined away (claim values, not the answer's threshold)
     decomposer: str = "sentence"
+    factuality_alpha: float | None = None  # refine at the threshold tuned for this alpha (the model's guarantee)
 
     def __post_init__(self) -> None:
         if self.method not in claim_estimator_names():
@@ -42,6 +46,12 @@ class ClaimPolicy:
             raise CandorError(f"--refine must be one of {', '.join(REFINE_MODES)}; got {self.refine!r}")
         if not 0.0 <= self.threshold <= 1.0:
             raise CandorError(f"--claim-threshold must be in [0, 1]; got {self.threshold}")
+        if self.factuality_alpha is not None:
+            check_alpha(self.factuality_alpha)
+            if self.refine != "remove":
+                raise CandorError(
+                    "--factuality-alpha needs --refine remove: the guarantee is about the claims left in the text"
+                )
 
 
 @dataclass
@@ -54,6 +64,7 @@ class ClaimVerdict:
     text: str
     removed: list[Claim] = field(default_factory=list)
     refine: str | None = None
+    factuality: FactualityGuarantee | None = None
 
     def describe(self) -> dict[str, Any]:
         """The claim part of a choice's ``confidence`` object; ``start``/``end`` index the answer as generated."""
@@ -68,14 +79,26 @@ class ClaimVerdict:
             "removed_claims": [
                 {"text": c.text, "start": c.start, "end": c.end, "value": value[id(c)]} for c in self.removed
             ],
+            "factuality": None if self.factuality is None else self.factuality.describe(),
         }
 
 
 class ClaimJudge:
-    """A policy's estimator built once for the generator, checked at startup."""
+    """A policy's estimator built once for the generator, checked at startup.
 
-    def __init__(self, policy: ClaimPolicy, backend: Backend) -> None:
+    ``guarantee``: the factuality guarantee a policy with ``factuality_alpha`` refines by (its threshold).
+    """
+
+    def __init__(self, policy: ClaimPolicy, backend: Backend, guarantee: FactualityGuarantee | None = None) -> None:
+        if (policy.factuality_alpha is None) != (guarantee is None) or (
+            guarantee is not None and not guarantee.matches(policy.method, policy.factuality_alpha)  # type: ignore[arg-type]
+        ):
+            raise CandorError(
+                "a claim policy with --factuality-alpha needs the guarantee tuned for its method and alpha"
+            )
         self.policy = policy
+        self.guarantee = guarantee
+        self.threshold = policy.threshold if guarantee is None else guarantee.threshold
         self.backend = backend
         self.estimator = built(policy.method, backend, {})
         self.estimator.check_backend(backend)
@@ -97,7 +120,13 @@ class ClaimJudge:
         ]
         text, removed = completion.text, []
         if policy.refine is not None:
-            text, removed = refine(completion.text, claims, values, policy.threshold, policy.refine)  # type: ignore[arg-type]
+            text, removed = refine(completion.text, claims, values, self.threshold, policy.refine)  # type: ignore[arg-type]
         return ClaimVerdict(
-            method=policy.method, claims=claims, values=values, text=text, removed=removed, refine=policy.refine
+            method=policy.method,
+            claims=claims,
+            values=values,
+            text=text,
+            removed=removed,
+            refine=policy.refine,
+            factuality=self.guarantee,
         )

@@ -69,7 +69,11 @@ class Generation:
 
 def load_successor(folder: Path, current: HonestModel, **backend_kwargs: Any) -> HonestModel:
     """The honest model saved in ``folder``; it keeps the current generator when the folder names the same
-    one (model, backend, no adapter on either side), so a reload of a new head loads no second model."""
+    one (model, backend, no adapter on either side), so a reload of a new head loads no second model.
+
+    It serves claims as the current model does (``--claims``, ``--refine``); a threshold tuned with a
+    factuality guarantee is read from the new folder, and a folder without one for the served alpha is
+    refused (the running model stays)."""
     generator = read_config(folder)["generator"]
     same = (
         generator.get("model") == current.backend.model_name
@@ -78,8 +82,11 @@ def load_successor(folder: Path, current: HonestModel, **backend_kwargs: Any) ->
         and generator.get("backend", "hf") == current.backend_name
     )
     if same:
-        return HonestModel.from_pretrained(folder, backend=current.backend)
-    return HonestModel.from_pretrained(folder, **backend_kwargs)
+        model = HonestModel.from_pretrained(folder, backend=current.backend)
+    else:
+        model = HonestModel.from_pretrained(folder, **backend_kwargs)
+    model.serve_claims(None if current.claims is None else current.claims.policy)
+    return model
 
 
 class Service:
