@@ -65,7 +65,7 @@ def test_the_threshold_is_the_rule_written_as_a_loop(ties, alpha, delta):
     rng = np.random.default_rng(7)
     for _ in range(20):
         answers = random_answers(rng, int(rng.integers(40, 120)), ties)
-        g = fa.tune(fa.dev_claims(as_rows(answers), "claim-prob"), "claim-prob", alpha, delta)
+        g = fa.tune(fa.labelled_claims(as_rows(answers), "claim-prob"), "claim-prob", alpha, delta)
         assert g.threshold == reference_threshold(answers, alpha, delta)
         assert g.rule == ("conformal" if delta is None else "risk") and g.n_dev == len(answers)
         without_false = np.mean([all(v < g.threshold for v, false in a if false) for a in answers])
@@ -74,13 +74,13 @@ def test_the_threshold_is_the_rule_written_as_a_loop(ties, alpha, delta):
 
 def test_a_threshold_above_a_false_claim_of_confidence_one_removes_every_claim():
     answers = [[(1.0, True), (1.0, False)]] * 30
-    g = fa.tune(fa.dev_claims(as_rows(answers), "claim-prob"), "claim-prob", 0.1)
+    g = fa.tune(fa.labelled_claims(as_rows(answers), "claim-prob"), "claim-prob", 0.1)
     assert g.threshold == th.ABSTAIN_ALL and g.dev_claims_kept == 0.0 and g.dev_without_false == 1.0
 
 
 def test_answers_without_a_false_claim_keep_every_claim():
     answers = [[(0.0, False), (0.3, False)]] * 30
-    g = fa.tune(fa.dev_claims(as_rows(answers), "claim-prob"), "claim-prob", 0.1)
+    g = fa.tune(fa.labelled_claims(as_rows(answers), "claim-prob"), "claim-prob", 0.1)
     assert g.threshold == 0.0 and g.dev_claims_kept == 1.0
 
 
@@ -89,7 +89,7 @@ def test_unlabelled_claims_count_false_and_answers_of_one_claim_are_left_out():
     rows += [{"answer": "single", "correct": 0, "failure": None, "confidence": {"claim-prob": 0.99}}]
     rows[0]["correct"] = None  # unlabelled: its 0.9 now counts as a false claim's confidence
     rows[2] |= {"correct": 1, "failure": "echo"}  # a failure mode counts false even when a label is there
-    claims = fa.dev_claims(rows, "claim-prob")
+    claims = fa.labelled_claims(rows, "claim-prob")
     assert claims.n_answers == 30 and claims.counts == {"one_claim_answers": 1, "unlabelled_claims_counted_false": 2}
     assert list(claims.scores()[:2]) == [0.9, 0.9] and set(claims.scores()[2:]) == {-math.inf}
 
@@ -104,7 +104,7 @@ def test_too_few_dev_answers_are_refused_with_the_size_needed(alpha, delta):
 
 
 def test_a_saved_guarantee_reads_back_and_a_bad_one_is_refused():
-    g = fa.tune(fa.dev_claims(as_rows(random_answers(np.random.default_rng(1), 50, False)), "claim-prob"),
+    g = fa.tune(fa.labelled_claims(as_rows(random_answers(np.random.default_rng(1), 50, False)), "claim-prob"),
                 "claim-prob", 0.2, 0.1)  # fmt: skip
     assert fa.FactualityGuarantee.from_dict(json.loads(json.dumps(g.to_dict()))) == g
     assert "probability ≥ 0.9 over the 50 dev answers" in g.statement and g.describe()["delta"] == 0.1
@@ -213,7 +213,7 @@ def test_claims_tune_saves_the_guarantee_in_the_folder_and_it_loads_back(honest_
     assert saved.version != before
     # alpha 0.2 tuned twice: the second (risk control) replaced the first
     assert [(g.alpha, g.rule) for g in saved.factuality] == [(0.3, "risk"), (0.2, "risk")]
-    expected = fa.tune(fa.dev_claims(as_rows(answers), "claim-prob"), "claim-prob", 0.2, 0.1)
+    expected = fa.tune(fa.labelled_claims(as_rows(answers), "claim-prob"), "claim-prob", 0.2, 0.1)
     assert fa.tuned_at(saved.factuality, "claim-prob", 0.2) == expected
     model = HonestModel.from_pretrained(honest_folder, backend=tiny_backend)
     assert model.factuality == saved.factuality

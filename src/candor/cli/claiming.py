@@ -140,7 +140,7 @@ def claims_tune(
     saved, with its guarantee, in the honest folder (one per method and alpha; a new one replaces it).
     """
     from candor.estimators.claim_scoring import claim_estimator_names
-    from candor.serve.factuality import dev_claims, tune
+    from candor.serve.factuality import labelled_claims, tune
     from candor.serve.honest_folder import add_factuality, read_config
     from candor.util.jsonl import iter_json_lines
 
@@ -148,7 +148,7 @@ def claims_tune(
         raise CandorError(f"--method: unknown claim estimator {method!r}; `candor claims -e list` lists them")
     read_config(honest)  # a folder that is not an honest model is refused before any work
     rows = [row for _, row in iter_json_lines(confidences)]
-    guarantee = tune(dev_claims(rows, method), method, alpha, delta)
+    guarantee = tune(labelled_claims(rows, method), method, alpha, delta)
     version = add_factuality(honest, guarantee)
     typer.echo(
         f"{method} claim threshold {guarantee.threshold:.6g}: {guarantee.statement}; on dev, "

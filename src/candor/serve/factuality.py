@@ -117,7 +117,7 @@ class FactualityGuarantee:
         """What a refined answer's ``confidence`` object carries (``factuality``)."""
         return {
             "guarantee": self.statement,
-            "method": self.rule,
+            "rule": self.rule,
             "alpha": self.alpha,
             "delta": self.delta,
             "n_dev": self.n_dev,
@@ -223,8 +223,8 @@ def worst_false(values: ArrayLike, false: ArrayLike, answer: ArrayLike, n_answer
 
 
 @dataclass(frozen=True)
-class DevClaims:
-    """Labelled dev claims of the answers of more than one claim, grouped by answer."""
+class LabelledClaims:
+    """The labelled claims of answers of more than one claim (dev or test), grouped by answer."""
 
     values: np.ndarray  # per claim: its confidence
     false: np.ndarray  # per claim: not labelled right (wrong, unlabelled or a failure mode)
@@ -236,8 +236,8 @@ class DevClaims:
         return worst_false(self.values, self.false, self.answer, self.n_answers)
 
 
-def dev_claims(rows: Iterable[Mapping[str, Any]], method: str) -> DevClaims:
-    """The rows of ``claim_confidences.jsonl`` (``candor claims``) as :class:`DevClaims` for ``method``.
+def labelled_claims(rows: Iterable[Mapping[str, Any]], method: str) -> LabelledClaims:
+    """The rows of ``claim_confidences.jsonl`` (``candor claims``) as :class:`LabelledClaims` for ``method``.
 
     A row is one claim: ``answer`` (its answer's id), ``correct`` (1, 0 or None), ``failure`` and
     ``confidence[method]``. Answers of one claim are left out (serving leaves them unrefined).
@@ -254,11 +254,13 @@ def dev_claims(rows: Iterable[Mapping[str, Any]], method: str) -> DevClaims:
             raise CandorError(
                 f"claim row {i + 1} ({row.get('id')}): a {method} confidence must be in [0, 1], got {value}"
             )
+        if row.get("answer") is None:
+            raise CandorError(f"claim row {i + 1} ({row.get('id')}) names no answer (its 'answer' id)")
         labelled = row.get("correct") in (0, 1) and row.get("failure") is None
         right = labelled and row.get("correct") == 1
         by_answer.setdefault(str(row.get("answer")), []).append((float(value), not right, not labelled))
     kept = [claims for claims in by_answer.values() if len(claims) > 1]
-    return DevClaims(
+    return LabelledClaims(
         values=np.array([c[0] for claims in kept for c in claims], dtype=float),
         false=np.array([c[1] for claims in kept for c in claims], dtype=bool),
         answer=np.array([k for k, claims in enumerate(kept) for _ in claims], dtype=int),
@@ -270,14 +272,20 @@ def dev_claims(rows: Iterable[Mapping[str, Any]], method: str) -> DevClaims:
     )
 
 
-def tune(claims: DevClaims, method: str, alpha: float, delta: float | None = None) -> FactualityGuarantee:
+def refined_outcome(claims: LabelledClaims, threshold: float) -> tuple[int, float]:
+    """At ``threshold``: how many of the answers hold no false claim once refined, and the share of claims kept."""
+    without_false = int(np.sum(claims.scores() < threshold))
+    return without_false, float(np.mean(claims.values >= threshold)) if claims.values.size else 0.0
+
+
+def tune(claims: LabelledClaims, method: str, alpha: float, delta: float | None = None) -> FactualityGuarantee:
     """The claim threshold for ``alpha`` on ``claims`` (``conformal``, or ``risk`` at level ``delta``)."""
     n = claims.n_answers
     if n == 0:
         raise CandorError("tuning a claim threshold needs dev answers of more than one claim; none was given")
     rank = rank_for(n, alpha, delta)
-    scores = claims.scores()
-    threshold = float(threshold_at_rank(scores, rank))
+    threshold = float(threshold_at_rank(claims.scores(), rank))
+    without_false, kept = refined_outcome(claims, threshold)
     return FactualityGuarantee(
         method=method,
         alpha=float(alpha),
@@ -286,8 +294,8 @@ def tune(claims: DevClaims, method: str, alpha: float, delta: float | None = Non
         threshold=threshold,
         n_dev=n,
         rank=rank,
-        dev_without_false=float(np.mean(scores < threshold)),
-        dev_claims_kept=float(np.mean(claims.values >= threshold)) if claims.values.size else 0.0,
+        dev_without_false=without_false / n,
+        dev_claims_kept=kept,
         extra={**claims.counts, "claims": int(claims.values.size), "false_claims": int(claims.false.sum())},
     )
 
