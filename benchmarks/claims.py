@@ -17,6 +17,10 @@ Phase one (claims_generate.py) writes the answers; this script, phase two:
 - the same questions asked alone, scored by the matching answer-level estimator:
   the AUROC gap (in the answer minus alone), paired bootstrap by prompt;
 - refinement: factual precision at 50 / 75 / 90% of claims kept;
+- conformal factuality (benchmarks/claims_conformal.py): the claim threshold tuned on a dev half of the
+  prompts for α = 0.1 / 0.2 / 0.3 (split conformal, and risk control at δ = 0.1), and on the test half the
+  share of refined answers without a false claim (95% Clopper–Pearson) against 1 − α, with the share of
+  claims and of text kept;
 - cost per answer of each estimator against generating the answer;
 - agreement with lm-polygraph's claim estimators (its own venv; skipped with a
   reason when absent).
@@ -37,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.claims_conformal import conformal_rows
 from benchmarks.claims_data import CLAIMS_CACHE, TOKENS_PER_QUESTION
 from benchmarks.common import RESULTS, logger, setup_logging, write_json
 from benchmarks.measure import Timer
@@ -304,6 +309,7 @@ def main() -> None:
         "estimators": estimators,
         "alone_vs_in_answer": alone_comparison(records, values, alone, backend, args.bootstrap),
         "refinement": refinement,
+        "conformal": conformal_rows(records, values),
         "cost": {"generation": gen, "estimators": cost},
         "polygraph_agreement": polygraph_agreement(records, values, backend, args.polygraph_answers),
         "command": " ".join(

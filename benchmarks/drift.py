@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import beta, binom
+from scipy.stats import binom
 
 from benchmarks.common import RESULTS, write_json
 from candor.evaluation.confidence_sequence import first_crossing, log_capital
+from candor.serve.thresholds import clopper_pearson
 
 FIXED_LEVEL_FIRST_LOOK = 30  # the former tracker reported nothing before 30 labels
 CHUNK_RUNS = 250  # runs simulated together (bounds the memory: CHUNK_RUNS × labels floats, a few times)
@@ -72,21 +73,13 @@ def simulate(accuracy: float, promise: float, *, runs: int, labels: int, delta: 
     return {name: np.concatenate(parts) for name, parts in out.items()}
 
 
-def clopper_pearson_interval(successes: int, trials: int, level: float = 0.95) -> list[float]:
-    """The two-sided exact interval of a binomial proportion."""
-    tail = (1 - level) / 2
-    low = 0.0 if successes == 0 else float(beta.ppf(tail, successes, trials - successes + 1))
-    high = 1.0 if successes == trials else float(beta.ppf(1 - tail, successes + 1, trials - successes))
-    return [low, high]
-
-
 def false_alarms(first: np.ndarray) -> dict[str, Any]:
     fired = int((first > 0).sum())
     return {
         "runs": len(first),
         "fired": fired,
         "rate": fired / len(first),
-        "ci95": clopper_pearson_interval(fired, len(first)),
+        "ci95": clopper_pearson(fired, len(first)),
     }
 
 

@@ -1,5 +1,6 @@
 """``candor serve --claims``: a confidence per claim of a long answer, refinement, buffered streaming (issue 45 item 5),
-on the embedded model with its chat template (its answers run to several sentences), real HTTP, the official client."""
+the threshold tuned with a factuality guarantee (``--factuality-alpha``), claims kept across a reload, on the
+embedded model with its chat template (its answers run to several sentences), real HTTP, the official client."""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ from candor.annotation.claims import refine  # noqa: E402
 from candor.cli import app  # noqa: E402
 from candor.estimators.claim_scoring import score_claims  # noqa: E402
 from candor.serve import Decoding, HonestModel  # noqa: E402
+from candor.serve import factuality as fa  # noqa: E402
 from candor.serve.claim_answers import ClaimPolicy  # noqa: E402
+from candor.serve.honest_folder import add_factuality  # noqa: E402
 from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
 from candor.serve.http.server import serve_in_thread  # noqa: E402
+from tests.test_serve_app import post  # noqa: E402
+from tests.test_serve_factuality import dev_guarantee  # noqa: E402
 
 QUESTION = "Describe Paris in three short sentences."
 
@@ -52,7 +57,7 @@ def plain_answer(generator):
 
 def serving(generator, refine_mode, threshold) -> HonestModel:
     model = HonestModel(generator, confidence="n-prob", template="chat", decoding=Decoding(max_new_tokens=48))
-    model.serve_claims(ClaimPolicy("claim-prob", refine_mode, threshold))
+    model.serve_claims(ClaimPolicy("claim-prob", refine=refine_mode, threshold=threshold))
     return model
 
 
@@ -188,3 +193,57 @@ def test_a_list_answer_refined_by_claims_leaks_no_removed_text(generator, tmp_pa
 def test_claim_options_are_checked(tiny_model_dir, args, says):
     result = CliRunner().invoke(app, ["serve", "--model", tiny_model_dir, "--port", "1", *args])
     assert result.exit_code == 2 and says in result.output, result.output
+
+
+# ---------------------------------------------------------------- --factuality-alpha, reload
+
+
+def saved(generator, folder) -> HonestModel:
+    HonestModel(generator, confidence="n-prob", template="chat", decoding=Decoding(max_new_tokens=48)).save_pretrained(
+        folder
+    )
+    return HonestModel.from_pretrained(folder, backend=generator)
+
+
+def ask_over_http(url: str):
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    return client.chat.completions.create(model="candor", messages=[{"role": "user", "content": QUESTION}])
+
+
+def test_the_served_answer_is_refined_at_the_tuned_threshold_and_carries_the_guarantee(
+    generator, plain_answer, tmp_path
+):
+    answer, claims, values = plain_answer
+    assert len(set(values)) > 1, values  # some claim is above the lowest one
+    guarantee = dev_guarantee(min(values), 0.2)
+    folder = tmp_path / "honest"
+    saved(generator, folder)
+    add_factuality(folder, guarantee)
+    model = HonestModel.from_pretrained(folder, backend=generator)
+    model.serve_claims(ClaimPolicy("claim-prob", refine="remove", factuality_alpha=0.2))
+    expected_text, expected_removed = refine(answer.answer, claims, values, guarantee.threshold, "remove")
+    assert expected_removed and len(expected_removed) < len(claims)
+    bare = tmp_path / "bare"
+    saved(generator, bare)  # the same model with no guarantee tuned
+    with serve_in_thread(create_app(model, ServeSettings(honest_folder=folder))) as url:
+        resp = ask_over_http(url)
+        conf = resp.choices[0].model_extra["confidence"]
+        assert resp.choices[0].message.content == expected_text
+        assert conf["factuality"] == json.loads(json.dumps(guarantee.describe()))
+        assert conf["factuality"]["guarantee"].startswith("a refined answer of more than one claim holds no false")
+        assert conf["factuality"]["n_dev"] == 20 and conf["factuality"]["assumption"] == fa.ASSUMPTION
+        assert len(conf["removed_claims"]) == len(expected_removed)
+        status, body = post(f"{url}/admin/reload", {"honest": str(bare)}, key=None)
+        assert status == 400 and body["error"]["code"] == "reload_failed", body
+        assert "no factuality guarantee for claim-prob at alpha=0.2" in body["error"]["message"]
+
+
+def test_claims_stay_served_after_a_reload(generator, tmp_path):
+    folder = tmp_path / "honest"
+    model = saved(generator, folder)
+    model.serve_claims(ClaimPolicy("claim-prob", refine="remove", threshold=0.0))
+    with serve_in_thread(create_app(model, ServeSettings(honest_folder=folder))) as url:
+        status, body = post(f"{url}/admin/reload", b"", key=None)
+        assert status == 200, body
+        conf = ask_over_http(url).choices[0].model_extra["confidence"]
+        assert conf.get("claim_method") == "claim-prob" and conf["claim_refine"] == "remove", conf

@@ -32,6 +32,50 @@ def _batched(cell: Json) -> str:
     return f" (from candor's batched, padded pass: {cell['max_abs_diff_batched']:.1e})"
 
 
+def conformal_table(d: Json) -> str:
+    """The conformal rows (benchmarks/claims_conformal.py): test share without a false claim against 1 − α."""
+    if "conformal" not in d:
+        return "_Not in `results/claims.json` yet: the next `python -m benchmarks.claims` run adds these rows._"
+    rows = []
+    for name, by_rule in d["conformal"].items():
+        for r in by_rule.values():
+            if not isinstance(r, dict) or "rule" not in r:
+                continue
+            rule = f"{r['rule']} α={r['alpha']:g}" + (f" δ={r['delta']:g}" if r.get("delta") is not None else "")
+            if "refused" in r:
+                rows.append(
+                    [f"`{name}`", rule, str(by_rule["dev_answers"]), "–", f"refused: {r['refused']}", "", "", ""]
+                )
+                continue
+            held, ci = r["without_false"], r["without_false"]["ci95"]
+            rows.append(
+                [
+                    f"`{name}`",
+                    rule,
+                    f"{by_rule['dev_answers']} / {r['test_answers']}",
+                    f"{r['threshold']:.3g}",
+                    f"{100 * held['value']:.1f} [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}] vs {100 * r['promised']:.0f}",
+                    f"{100 * r['without_false_unrefined']:.0f}",
+                    f"{100 * r['claims_kept']:.0f}",
+                    f"{100 * r['text_kept']:.0f}",
+                ]
+            )
+    return md_table(
+        [
+            "claim confidence",
+            "rule",
+            "dev / test answers",
+            "threshold",
+            "test answers without a false claim [95% CP] vs 1 − α (%)",
+            "before refining (%)",
+            "claims kept (%)",
+            "text kept (%)",
+        ],
+        "llrrrrrr",
+        rows,
+    )
+
+
 def claims_section(results: Path) -> dict[str, str]:
     d = load("claims", results)
     gen = d["cost"]["generation"]
@@ -114,4 +158,5 @@ def claims_section(results: Path) -> dict[str, str]:
             f"{size['questions_answered']} of {size['questions_asked']} questions answered"
         ),
         "value:claims-polygraph": poly_text,
+        "table:claims-conformal": conformal_table(d),
     }

@@ -110,3 +110,52 @@ def _prepared(records: Path, names: list[str], model: str, decomposer: str, judg
 def _judge_free(name: str) -> dict[str, str]:
     """Options that let an estimator be built without a model, to ask whether it needs one."""
     return {"judge": "lexical"} if name in ("claim-ccp", "claim-consistency") else {}
+
+
+@user_errors
+def claims_tune(
+    confidences: Annotated[
+        Path,
+        typer.Option(
+            "--confidences", "-c", help="claim_confidences.jsonl from `candor claims` on labelled dev answers."
+        ),
+    ],
+    method: Annotated[str, typer.Option("--method", "-e", help="The claim estimator served with --claims.")],
+    alpha: Annotated[
+        float, typer.Option(help="The tolerated share of refined answers still holding a false claim, in (0, 1).")
+    ],
+    honest: Annotated[Path, typer.Option("--honest", help="The honest-model folder the guarantee is saved in.")],
+    delta: Annotated[
+        float | None,
+        typer.Option(
+            help="Risk control at level delta (the guarantee holds with probability ≥ 1 − delta over the dev "
+            "draw); without it, split conformal (a marginal guarantee)."
+        ),
+    ] = None,
+) -> None:
+    """Tune the claim threshold of `candor serve --refine remove --factuality-alpha` (docs/claims.md).
+
+    The threshold is chosen on the dev answers' labelled claims so that, if dev and served answers are
+    exchangeable, a refined answer holds no false claim with probability at least 1 − alpha. It is
+    saved, with its guarantee, in the honest folder (one per method and alpha; a new one replaces it).
+    """
+    from candor.estimators.claim_scoring import claim_estimator_names
+    from candor.serve.factuality import labelled_claims, tune
+    from candor.serve.honest_folder import add_factuality, read_config
+    from candor.util.jsonl import iter_json_lines
+
+    if method not in claim_estimator_names():
+        raise CandorError(f"--method: unknown claim estimator {method!r}; `candor claims -e list` lists them")
+    read_config(honest)  # a folder that is not an honest model is refused before any work
+    rows = [row for _, row in iter_json_lines(confidences)]
+    guarantee = tune(labelled_claims(rows, method), method, alpha, delta)
+    version = add_factuality(honest, guarantee)
+    typer.echo(
+        f"{method} claim threshold {guarantee.threshold:.6g}: {guarantee.statement}; on dev, "
+        f"{guarantee.dev_without_false:.1%} of refined answers without a false claim, "
+        f"{guarantee.dev_claims_kept:.1%} of claims kept"
+    )
+    typer.echo(
+        f"saved in {honest} (version {version}); serve it with --claims {method} --refine remove "
+        f"--factuality-alpha {alpha:g}"
+    )

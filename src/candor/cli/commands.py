@@ -30,6 +30,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "eval": scoring.eval_command,
     "calibrate": scoring.calibrate,
     "claims": claiming.claims,
+    "claims-tune": claiming.claims_tune,
     "train": training.train,
     "sweep": training.sweep,
     "diagnose": diagnosing.diagnose,

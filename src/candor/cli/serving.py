@@ -166,6 +166,13 @@ def serve(
             'finish_reason is "stop" either way.'
         ),
     ] = "text",
+    factuality_alpha: Annotated[
+        float | None,
+        typer.Option(
+            help="With --refine remove: refine at the claim threshold tuned in --honest for this alpha "
+            "(`candor claims-tune`), so a refined answer holds no false claim with probability ≥ 1 − alpha."
+        ),
+    ] = None,
 ) -> None:
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
 
@@ -192,7 +199,9 @@ def serve(
 
     # The options that shape answers: the deployment's, put on this model and on every one a reload loads.
     deployment = Deployment(
-        threshold=choice.threshold, claims=claim_serving(claims, refine, claim_threshold), max_new_tokens=max_new_tokens
+        threshold=choice.threshold,
+        claims=claim_serving(claims, refine, claim_threshold, factuality_alpha, choice.honest),
+        max_new_tokens=max_new_tokens,
     )
     from candor.annotation.served_store import Retention
 
@@ -286,14 +295,39 @@ def reload_root(honest: Path | None, root: Path | None) -> Path | None:
     return root.resolve()
 
 
-def claim_serving(method: str | None, refine: str | None, threshold: float | None) -> ClaimPolicy | None:
-    """``--claims``/``--refine``/``--claim-threshold`` checked before the model loads (none is ever ignored)."""
+def claim_serving(
+    method: str | None,
+    refine: str | None,
+    threshold: float | None,
+    factuality_alpha: float | None = None,
+    honest: Path | None = None,
+) -> ClaimPolicy | None:
+    """``--claims``/``--refine``/``--claim-threshold``/``--factuality-alpha`` checked before the model loads
+    (none is ever ignored); a guarantee asked for is looked up in the ``--honest`` folder here too."""
     from candor.serve.claim_answers import ClaimPolicy
 
     if method is None and refine is not None:
         raise CandorError("--refine needs --claims METHOD (the claim confidences it refines by)")
     if refine is None and threshold is not None:
         raise CandorError("--claim-threshold is used only with --refine remove|mark")
+    if factuality_alpha is not None:
+        if threshold is not None:
+            raise CandorError("--factuality-alpha and --claim-threshold both set the claim threshold: give one of them")
+        if method is None or refine is None:
+            raise CandorError("--factuality-alpha needs --claims METHOD --refine remove")
+        if honest is None:
+            raise CandorError(
+                "--factuality-alpha reads the claim threshold tuned in the honest folder: pass --honest DIR "
+                "(tuned with `candor claims-tune`)"
+            )
     if method is None:
         return None
-    return ClaimPolicy(method, refine, 0.5 if threshold is None else threshold)
+    policy = ClaimPolicy(
+        method, refine=refine, threshold=0.5 if threshold is None else threshold, factuality_alpha=factuality_alpha
+    )
+    if factuality_alpha is not None:
+        from candor.serve.factuality import tuned_at
+        from candor.serve.honest_folder import read_folder
+
+        tuned_at(read_folder(honest).factuality, method, factuality_alpha)  # type: ignore[arg-type]
+    return policy

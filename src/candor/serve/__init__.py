@@ -10,6 +10,7 @@ See docs/architecture.md "The stages".
 - :mod:`~candor.serve.batching`: the engine a question runs on (live decode loop, or micro-batches of ``generate``);
 - :mod:`~candor.serve.rescoring`: a question's answers re-read alone, so its confidence is its own;
 - :mod:`~candor.serve.claim_answers`: a confidence per claim of a long answer (``--claims``);
+- :mod:`~candor.serve.factuality`: the claim threshold with a factuality guarantee (``--factuality-alpha``);
 - :mod:`~candor.serve.honest_folder`: the saved folder (``honest.json``), read and written in one place;
 - :mod:`~candor.serve.factory`: the honest model a command's options name;
 - :mod:`~candor.serve.classify_client`: a confidence read from a classify server;

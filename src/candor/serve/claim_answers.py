@@ -9,7 +9,9 @@ the claims below ``threshold`` are removed (``remove``) or marked ``[?…]``
 object carries each claim's span in the returned text and its value, never a
 removed claim's text (the record log keeps that for the operator); after a
 refinement ``scores_returned_text`` is False. An answer of one claim is left as it is: its
-answer-level confidence already speaks for it.
+answer-level confidence already speaks for it. With ``factuality_alpha`` the
+threshold is the one tuned on dev answers with a factuality guarantee
+(:mod:`candor.serve.factuality`), which then travels in the ``confidence`` object.
 
 See docs/claims.md.
 """
@@ -23,6 +25,7 @@ from candor.annotation.claim_split import split_claims
 from candor.annotation.claims import Claim, refine
 from candor.backends.base import Backend, Completion
 from candor.estimators.claim_scoring import built, claim_estimator_names, score_claims
+from candor.serve.factuality import FactualityGuarantee, check_alpha
 from candor.util.errors import CandorError
 
 REFINE_MODES = ("remove", "mark")
@@ -36,6 +39,7 @@ class ClaimPolicy:
     refine: str | None = None  # None: report the claims only
     threshold: float = 0.5  # claims below it are refined away (claim values, not the answer's threshold)
     decomposer: str = "sentence"
+    factuality_alpha: float | None = None  # refine at the threshold tuned for this alpha (the model's guarantee)
 
     def __post_init__(self) -> None:
         if self.method not in claim_estimator_names():
@@ -44,6 +48,12 @@ class ClaimPolicy:
             raise CandorError(f"--refine must be one of {', '.join(REFINE_MODES)}; got {self.refine!r}")
         if not 0.0 <= self.threshold <= 1.0:
             raise CandorError(f"--claim-threshold must be in [0, 1]; got {self.threshold}")
+        if self.factuality_alpha is not None:
+            check_alpha(self.factuality_alpha)
+            if self.refine != "remove":
+                raise CandorError(
+                    "--factuality-alpha needs --refine remove: the guarantee is about the claims left in the text"
+                )
 
 
 @dataclass
@@ -62,6 +72,7 @@ class ClaimVerdict:
     spans: list[tuple[int, int] | None]
     removed: list[Claim] = field(default_factory=list)
     refine: str | None = None
+    factuality: FactualityGuarantee | None = None
 
     @property
     def refined(self) -> bool:
@@ -90,6 +101,7 @@ class ClaimVerdict:
                 if id(c) in below
             ],
             "refined": None if not self.refined else self.counts(),
+            "factuality": None if self.factuality is None else self.factuality.describe(),
         }
 
     def counts(self) -> dict[str, Any]:
@@ -108,14 +120,26 @@ class ClaimVerdict:
                 {"index": i, "text": c.text, "start": c.start, "end": c.end, "value": v, "below": id(c) in below}
                 for i, (c, v) in enumerate(zip(self.claims, self.values, strict=True))
             ],
+            "factuality": None if self.factuality is None else self.factuality.describe(),
         }
 
 
 class ClaimJudge:
-    """A policy's estimator built once for the generator, checked at startup."""
+    """A policy's estimator built once for the generator, checked at startup.
 
-    def __init__(self, policy: ClaimPolicy, backend: Backend) -> None:
+    ``guarantee``: the factuality guarantee a policy with ``factuality_alpha`` refines by (its threshold).
+    """
+
+    def __init__(self, policy: ClaimPolicy, backend: Backend, guarantee: FactualityGuarantee | None = None) -> None:
+        if (policy.factuality_alpha is None) != (guarantee is None) or (
+            guarantee is not None and not guarantee.matches(policy.method, policy.factuality_alpha)  # type: ignore[arg-type]
+        ):
+            raise CandorError(
+                "a claim policy with --factuality-alpha needs the guarantee tuned for its method and alpha"
+            )
         self.policy = policy
+        self.guarantee = guarantee
+        self.threshold = policy.threshold if guarantee is None else guarantee.threshold
         self.backend = backend
         self.estimator = built(policy.method, backend, {})
         self.estimator.check_backend(backend)
@@ -138,7 +162,7 @@ class ClaimJudge:
         if policy.refine is None:
             spans: list[tuple[int, int] | None] = [(c.start, c.end) for c in claims]
             return ClaimVerdict(method=policy.method, claims=claims, values=values, text=completion.text, spans=spans)
-        refined = refine(completion.text, claims, values, policy.threshold, policy.refine)  # type: ignore[arg-type]
+        refined = refine(completion.text, claims, values, self.threshold, policy.refine)  # type: ignore[arg-type]
         return ClaimVerdict(
             method=policy.method,
             claims=claims,
@@ -147,4 +171,5 @@ class ClaimJudge:
             spans=refined.spans,
             removed=refined.removed,
             refine=policy.refine,
+            factuality=self.guarantee,
         )

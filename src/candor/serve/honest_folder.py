@@ -4,7 +4,8 @@
 
     honest.json   generator (model, backend, template, decoding), confidence source, calibrator (its JSON
                   form and how many dev questions it was fitted on), threshold, the request shapes the
-                  calibration was fitted on (``tuned_on``) and the model's ``version``
+                  calibration was fitted on (``tuned_on``), the model's ``version`` and the claim
+                  thresholds tuned with a factuality guarantee (``factuality``, :mod:`candor.serve.factuality`)
     head/         the EliCal head (head sources only)
     adapter/      the generator's PEFT adapter (when it has one; ADVICE)
 """
@@ -24,7 +25,9 @@ from candor.backends.base import Backend
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict
 from candor.serve import thresholds as th
 from candor.serve.answering import QUESTION, Decoding
+from candor.serve.factuality import FactualityGuarantee, with_guarantee
 from candor.util.errors import CandorError, at_line
+from candor.util.files import atomic_write_text
 
 CONFIG_FILE = "honest.json"
 ADAPTER_DIR = "adapter"
@@ -67,6 +70,7 @@ class SavedModel:
     threshold: th.Threshold | None
     tuned_on: tuple[str, ...]
     version: str
+    factuality: tuple[FactualityGuarantee, ...] = ()
 
     @property
     def decoding(self) -> Decoding:
@@ -129,4 +133,34 @@ def read_folder(folder: str | Path) -> SavedModel:
         threshold=th.Threshold.from_dict(config["threshold"]) if config.get("threshold") else None,
         tuned_on=tuple(config.get("tuned_on") or (QUESTION,)),
         version=version,
+        factuality=factuality_of(config, path),
     )
+
+
+def factuality_config(guarantees: tuple[FactualityGuarantee, ...]) -> list[dict[str, Any]]:
+    return [g.to_dict() for g in guarantees]
+
+
+def factuality_of(config: dict[str, Any], path: Path) -> tuple[FactualityGuarantee, ...]:
+    """The factuality guarantees of a parsed ``honest.json`` (none in folders saved before them)."""
+    saved = config.get("factuality") or []
+    if not isinstance(saved, list) or not all(isinstance(g, dict) for g in saved):
+        raise CandorError(f"{path}: the field 'factuality' is not a list of objects")
+    try:
+        return tuple(FactualityGuarantee.from_dict(g) for g in saved)
+    except CandorError as exc:
+        raise CandorError(f"{path}: {exc}") from None
+
+
+def add_factuality(folder: str | Path, guarantee: FactualityGuarantee) -> str:
+    """Write ``guarantee`` into ``folder``'s ``honest.json`` (replacing one for the same method and alpha).
+
+    The file is replaced atomically, under a new ``version``: the folder now serves differently.
+    Returns the new version.
+    """
+    folder = Path(folder)
+    config = read_config(folder)
+    config["factuality"] = factuality_config(with_guarantee(factuality_of(config, folder / CONFIG_FILE), guarantee))
+    config["version"] = fresh_version()
+    atomic_write_text(folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+    return config["version"]

@@ -89,9 +89,11 @@ from candor.serve.confidence_sources import (
     load_source,
     question_item,
 )
+from candor.serve.factuality import FactualityGuarantee, tuned_at
 from candor.serve.honest_folder import (
     CONFIG_FILE,
     calibrator_config,
+    factuality_config,
     fresh_version,
     generator_config,
     read_folder,
@@ -138,6 +140,7 @@ class HonestModel:
         self.decoding = decoding or Decoding()
         self._prefix: tuple[SharedPrefix | None] | None = None  # computed on first use
         self.claims: ClaimJudge | None = None  # a confidence per claim of each answer (serve_claims)
+        self.factuality: tuple[FactualityGuarantee, ...] = ()  # claim thresholds tuned with a guarantee
         self.prefill_reader: PrefillReader | None = None  # a head read from the generator's own prefill
         reader = getattr(self.source, "prefill_reader", None)
         if reader is not None:
@@ -149,8 +152,18 @@ class HonestModel:
         return self.source.name
 
     def serve_claims(self, policy: ClaimPolicy | None) -> None:
-        """Give each answer of more than one claim a confidence per claim (and refine it); None: stop."""
-        self.claims = None if policy is None else ClaimJudge(policy, self.backend)
+        """Give each answer of more than one claim a confidence per claim (and refine it); None: stop.
+
+        A policy with ``factuality_alpha`` refines at the threshold this model was tuned with for that
+        alpha (:attr:`factuality`); refused when it has none.
+        """
+        if policy is None:
+            self.claims = None
+            return
+        guarantee = None
+        if policy.factuality_alpha is not None:
+            guarantee = tuned_at(self.factuality, policy.method, policy.factuality_alpha)
+        self.claims = ClaimJudge(policy, self.backend, guarantee)
 
     @property
     def context_length(self) -> int | None:
@@ -665,6 +678,7 @@ class HonestModel:
                 "threshold": None if self.threshold is None else self.threshold.to_dict(),
                 "tuned_on": list(self.tuned_on),
                 "version": self.version,
+                "factuality": factuality_config(self.factuality),
             }
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         return folder
@@ -684,4 +698,5 @@ class HonestModel:
             backend_name=saved.generator.get("backend", "hf"),
         )
         model.calibrated_on, model.tuned_on, model.version = saved.fitted_on, saved.tuned_on, saved.version
+        model.factuality = saved.factuality
         return model

@@ -207,6 +207,18 @@ def binomial_pvalue(errors: int, answered: int, alpha: float) -> float:
     return float(binom.cdf(errors, answered, alpha))
 
 
+def clopper_pearson(successes: int, trials: int, level: float = 0.95) -> list[float]:
+    """The two-sided exact (Clopper–Pearson) interval of a binomial proportion, ``[low, high]``."""
+    if trials <= 0 or not 0 <= successes <= trials:
+        raise CandorError(f"a binomial interval needs 0 ≤ successes ≤ trials and trials > 0, got {successes}/{trials}")
+    from scipy.stats import beta  # lazy, as binomial_pvalue imports binom
+
+    tail = (1 - level) / 2
+    low = 0.0 if successes == 0 else float(beta.ppf(tail, successes, trials - successes + 1))
+    high = 1.0 if successes == trials else float(beta.ppf(1 - tail, successes + 1, trials - successes))
+    return [low, high]
+
+
 def min_evidence(alpha: float, delta: float) -> int:
     """The fewest answered questions with which zero errors can reject "error > α" at level δ."""
     if alpha >= 1.0:
