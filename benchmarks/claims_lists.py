@@ -106,7 +106,7 @@ def main() -> int:
     model = HonestModel(
         backend, confidence="n-prob", template="chat", decoding=Decoding(max_new_tokens=args.max_new_tokens)
     )
-    model.serve_claims(ClaimPolicy(METHOD, "remove", SERVE_THRESHOLD))
+    model.serve_claims(ClaimPolicy(method=METHOD, refine="remove", threshold=SERVE_THRESHOLD))
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     for question in PROMPTS:

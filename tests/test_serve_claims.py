@@ -24,11 +24,13 @@ from candor.estimators.claim_scoring import score_claims  # noqa: E402
 from candor.serve import Decoding, HonestModel  # noqa: E402
 from candor.serve import factuality as fa  # noqa: E402
 from candor.serve.claim_answers import ClaimPolicy  # noqa: E402
+from candor.serve.deployment import Deployment  # noqa: E402
 from candor.serve.honest_folder import add_factuality  # noqa: E402
 from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
 from candor.serve.http.server import serve_in_thread  # noqa: E402
 from tests.test_serve_app import post  # noqa: E402
 from tests.test_serve_factuality import dev_guarantee  # noqa: E402
+from tests.test_serve_feedback import ADMIN  # noqa: E402
 
 QUESTION = "Describe Paris in three short sentences."
 
@@ -220,20 +222,22 @@ def test_the_served_answer_is_refined_at_the_tuned_threshold_and_carries_the_gua
     saved(generator, folder)
     add_factuality(folder, guarantee)
     model = HonestModel.from_pretrained(folder, backend=generator)
-    model.serve_claims(ClaimPolicy("claim-prob", refine="remove", factuality_alpha=0.2))
-    expected_text, expected_removed = refine(answer.answer, claims, values, guarantee.threshold, "remove")
-    assert expected_removed and len(expected_removed) < len(claims)
+    # The deployment's claims policy, put on this model and on every folder a reload loads.
+    deployment = Deployment(claims=ClaimPolicy(method="claim-prob", refine="remove", factuality_alpha=0.2))
+    expected = refine(answer.answer, claims, values, guarantee.threshold, "remove")
+    assert expected.removed and len(expected.removed) < len(claims)
     bare = tmp_path / "bare"
     saved(generator, bare)  # the same model with no guarantee tuned
-    with serve_in_thread(create_app(model, ServeSettings(honest_folder=folder))) as url:
+    settings = ServeSettings(honest_folder=folder, honest_root=tmp_path, admin_key=ADMIN)
+    with serve_in_thread(create_app(model, settings, deployment)) as url:
         resp = ask_over_http(url)
         conf = resp.choices[0].model_extra["confidence"]
-        assert resp.choices[0].message.content == expected_text
+        assert resp.choices[0].message.content == expected.text
         assert conf["factuality"] == json.loads(json.dumps(guarantee.describe()))
         assert conf["factuality"]["guarantee"].startswith("a refined answer of more than one claim holds no false")
         assert conf["factuality"]["n_dev"] == 20 and conf["factuality"]["assumption"] == fa.ASSUMPTION
-        assert len(conf["removed_claims"]) == len(expected_removed)
-        status, body = post(f"{url}/admin/reload", {"honest": str(bare)}, key=None)
+        assert len(conf["removed_claims"]) == len(expected.removed)
+        status, body = post(f"{url}/admin/reload", {"honest": str(bare)}, key=ADMIN)
         assert status == 400 and body["error"]["code"] == "reload_failed", body
         assert "no factuality guarantee for claim-prob at alpha=0.2" in body["error"]["message"]
 
@@ -241,9 +245,10 @@ def test_the_served_answer_is_refined_at_the_tuned_threshold_and_carries_the_gua
 def test_claims_stay_served_after_a_reload(generator, tmp_path):
     folder = tmp_path / "honest"
     model = saved(generator, folder)
-    model.serve_claims(ClaimPolicy("claim-prob", refine="remove", threshold=0.0))
-    with serve_in_thread(create_app(model, ServeSettings(honest_folder=folder))) as url:
-        status, body = post(f"{url}/admin/reload", b"", key=None)
+    deployment = Deployment(claims=ClaimPolicy(method="claim-prob", refine="remove", threshold=0.0))
+    settings = ServeSettings(honest_folder=folder, admin_key=ADMIN)
+    with serve_in_thread(create_app(model, settings, deployment)) as url:
+        status, body = post(f"{url}/admin/reload", b"", key=ADMIN)
         assert status == 200, body
         conf = ask_over_http(url).choices[0].model_extra["confidence"]
         assert conf.get("claim_method") == "claim-prob" and conf["claim_refine"] == "remove", conf

@@ -153,7 +153,9 @@ def test_a_deployment_names_its_options_in_the_version():
 def test_a_reload_keeps_the_operators_threshold_and_claims_and_names_the_new_folder(backend, tmp_path):
     folder = tmp_path / "honest"
     save(honest_model(backend, 0.9), folder, "v1")
-    deployment = Deployment(threshold=0.0, claims=ClaimPolicy("claim-prob", "mark", 0.4), max_new_tokens=3)
+    deployment = Deployment(
+        threshold=0.0, claims=ClaimPolicy(method="claim-prob", refine="mark", threshold=0.4), max_new_tokens=3
+    )
     settings = ServeSettings(api_key=KEY, admin_key=ADMIN, honest_folder=folder, honest_root=tmp_path)
     app = create_app(HonestModel.from_pretrained(folder, backend=backend), settings, deployment)
     with serve_in_thread(app) as url:
