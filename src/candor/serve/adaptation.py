@@ -59,10 +59,11 @@ from candor.backends.base import Backend
 from candor.data.splits import seeded_shuffle
 from candor.evaluation.metrics import auroc, ece
 from candor.serve import thresholds as th
-from candor.serve.answering import CONVERSATION, PROTOCOL_SAMPLES, QUESTION, question_seed
+from candor.serve.answering import PROTOCOL_SAMPLES, question_seed
 from candor.serve.confidence_sources import HeadSource
 from candor.serve.honest_folder import CONFIG_FILE, read_config
 from candor.serve.model import HonestModel
+from candor.serve.shapes import QUESTION, shape_words, shapes_of, system_prompts_of, system_shape
 from candor.train.elical.config import EliCalConfig
 from candor.train.elical.model import ConfidenceHead, HeadConfig
 from candor.train.elical.pipeline import StageResult, head_features, train_stage
@@ -98,6 +99,7 @@ class AdaptSettings:
     max_epochs: int | None = None
     feature_cache: str | None = None
     label_sources: tuple[str, ...] = DEFAULT_LABEL_SOURCES  # patterns: ("human", "judge:*")
+    system_prompt: str | None = None  # the deployment's: stage 2 must hold labels asked with it (None: no check)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "label_sources", parse_label_sources(self.label_sources))
@@ -165,6 +167,25 @@ def split_labels(labelled: Sequence[Record], settings: AdaptSettings) -> tuple[l
             f"{MIN_STAGE2}; {wanted} ({parts}): label more distinct questions"
         )
     return stage2, held
+
+
+def check_system_prompt(stage2: Sequence[Record], settings: AdaptSettings) -> None:
+    """With a deployment system prompt, refuse stage-2 labels none of which was asked with it.
+
+    The adapted model is calibrated for the request shapes of its stage-2 labels
+    (:func:`candor.serve.shapes.shapes_of`); without a label asked after that system prompt (and no
+    other turn) it could not be calibrated for the deployment's requests.
+    """
+    if settings.system_prompt is None:
+        return
+    wanted = system_shape(settings.system_prompt)
+    shapes = shapes_of(r.item.history for r in stage2)
+    if wanted not in shapes:
+        raise NotEnoughLabels(
+            f"--system-prompt-file: none of the {len(stage2)} stage-2 labels was asked with that system prompt "
+            f"({wanted}) and no other turn, so the adapted model could not be calibrated for it; the stage-2 "
+            f"labels hold {'; '.join(shape_words(s) for s in shapes)}"
+        )
 
 
 def with_consistency(
@@ -244,6 +265,7 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
     started = time.perf_counter()
     selection = select_labels(log.answers, settings.label_sources)
     stage2, held = split_labels(selection.records, settings)
+    check_system_prompt(stage2, settings)
     held_questions = {question_key(r) for r in held}
     traffic = [r for r in served_records(log) if question_key(r) not in held_questions]
     traffic, regenerated = with_consistency(traffic, model.backend, model.template, settings.k)
@@ -307,9 +329,10 @@ def _summary(
         "threshold": threshold.to_dict(),
         "guarantee": _guarantee(threshold, settings, answered),
         "guarantee_exercised": answered > 0,
-        # The request shapes the labels came from: the calibration holds for those (docs/architecture.md
-        # "Conversations").
-        "tuned_on": sorted({CONVERSATION if r.item.history else QUESTION for r in [*stage2]} or {QUESTION}),
+        # The request shapes the labels came from: the calibration holds for those (docs/serving.md
+        # "Calibrated for your system prompt"), and the text of each system prompt among them.
+        "tuned_on": list(shapes_of(r.item.history for r in stage2)),
+        "system_prompts": system_prompts_of(r.item.history for r in stage2),
         "stages": [{k: v for k, v in asdict(s).items() if k != "history"} for s in stages],
     }
 
@@ -370,6 +393,7 @@ def save_adapted(model: HonestModel, adapted: Adapted, out: str | Path, lineage:
         backend_name=model.backend_name,
     )
     new.tuned_on = tuple(adapted.summary.get("tuned_on") or (QUESTION,))
+    new.system_prompts = dict(adapted.summary.get("system_prompts") or {})
     version = new.version = lineage.next_version()  # never the served model's name: a new time and generation
     out = Path(out)
     with atomic_folder(out) as staging:
@@ -392,7 +416,8 @@ def adapt(records: str | Path, honest: str | Path, out: str | Path, settings: Ad
     log = read_served(records)
     if not log.answers:
         raise CandorError(f"{records}: no served records")
-    split_labels(select_labels(log.answers, settings.label_sources).records, settings)  # refuse before any model loads
+    stage2, _ = split_labels(select_labels(log.answers, settings.label_sources).records, settings)
+    check_system_prompt(stage2, settings)  # both refuse before any model loads
     lineage = Lineage.of(honest)
     model = HonestModel.from_pretrained(honest)
     adapted = adapt_model(model, log, settings)
