@@ -285,6 +285,13 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
         train_stage(head, s1_train, s1_dev, "eli", config, fresh=fresh, full_set=True),
         train_stage(head, s2_train, s2_dev, "cal", config, fresh=False, full_set=False),
     ]
+    # The head's provenance says stage 2 ran on labels: the served value is then a calibrated probability.
+    head.config.meta = {
+        **(head.config.meta or {}),
+        "method": "adapt",
+        "cal_target": config.cal_target,
+        "stages": [s.name for s in stages],
+    }
     confidence = head_confidences(head, held, settings.feature_cache)
     correct = np.array([int(r.greedy_correct) for r in held])  # type: ignore[arg-type]
     threshold = th.risk_control(confidence, correct, settings.alpha, settings.delta)
