@@ -103,8 +103,24 @@ def _system_prompt_rows(d: Json | None) -> dict[str, str]:
             f"on {d['per_dataset']} dev questions per in-domain dataset, evaluated on the test questions asked after "
             "the system prompt; intervals resample the test questions"
         ),
-        "value:serve-system-prompt-verdict": f"tuned with the system prompt minus tuned alone: {verdicts}",
+        "value:serve-system-prompt-verdict": (
+            f"tuned with the system prompt minus tuned alone: {verdicts}; {_zero_verdict(d)} (a Platt calibrator "
+            "is monotone, so the AUROC is the raw value's whatever it was tuned on)"
+        ),
     }
+
+
+def _zero_verdict(d: Json) -> str:
+    """Which of the (system prompt minus alone) intervals lie wholly on one side of 0."""
+    apart = [
+        f"`{method}` {metric}"
+        for method, m in d["methods"].items()
+        for metric, gap in m["system_prompt_minus_alone"].items()
+        if not gap["ci95"][0] <= 0 <= gap["ci95"][1]
+    ]
+    if not apart:
+        return "every interval includes 0: at this size the two tunings are not told apart"
+    return f"the intervals exclude 0 for {', '.join(apart)}"
 
 
 def _ci(cell: Json) -> str:
