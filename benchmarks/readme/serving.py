@@ -113,7 +113,7 @@ def _system_prompt_rows(d: Json | None) -> dict[str, str]:
 def _zero_verdict(d: Json) -> str:
     """Which of the (system prompt minus alone) intervals lie wholly on one side of 0."""
     apart = [
-        f"`{method}` {metric}"
+        f"`{method}` {METRIC_LABELS.get(metric, metric)}"
         for method, m in d["methods"].items()
         for metric, gap in m["system_prompt_minus_alone"].items()
         if not gap["ci95"][0] <= 0 <= gap["ci95"][1]
