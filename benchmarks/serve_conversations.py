@@ -13,6 +13,14 @@ asks it (``HonestModel.prepare(question, None, history)`` then ``answer_asks``):
   model's own greedy answer to it asked alone;
 - **3-turn**: after that turn and then a second one drawn the same way (the 2-turn chat plus one turn).
 
+With ``--rows system-prompt`` (issue 54), the same test questions are asked after one fixed
+system message (:data:`SYSTEM_PROMPT`, as an agent framework sends one), and the first
+``--per-dataset`` of each in-domain **dev** set are asked both alone and after it. A Platt calibrator
+and a threshold for :data:`COVERAGE` coverage are fitted on the dev answers (a) asked alone and
+(b) asked after the system prompt, and each is applied to the test questions asked after the system
+prompt: their ECE, and the coverage and accuracy the threshold gives there. Nothing is fitted on the
+test questions; the intervals resample the test questions (the fitted calibrators are held fixed).
+
 The answer of each is judged against the question's gold aliases with the judge the mini-bench
 annotation uses (``AnnotateConfig().correctness_judge``), so each shape has its own accuracy.
 AUROC and ECE (10 uniform bins) are computed on the questions pooled over the datasets, with
@@ -47,11 +55,19 @@ from candor.annotation.judges import get_correctness_judge
 from candor.data.items import QAItem
 from candor.data.mini import IN_DOMAIN
 from candor.evaluation.aggregate import percentile_interval
+from candor.evaluation.calibration import get_calibrator
 from candor.evaluation.metrics import accuracy, auroc, ece
 from candor.serve import HonestModel
+from candor.serve import thresholds as th
 from candor.serve.answering import Ask, Reply
+from candor.serve.shapes import system_shape
 
 SHAPES = {1: "single", 2: "2-turn", 3: "3-turn"}  # turns in the chat, the last one being the question scored
+ROWS = ("conversations", "system-prompt")
+# A system message as agent frameworks send one (written for candor); the rows name it by its shape.
+SYSTEM_PROMPT = "You are a helpful assistant. Answer the user's question accurately and concisely."
+CALIBRATOR = "platt"  # two parameters: what 64 dev answers can fit
+COVERAGE = 0.5  # the threshold's target on dev: answer the more confident half
 METRICS = {"auroc": auroc, "ece": ece, "accuracy": accuracy}
 Row = dict[str, Any]
 
@@ -68,18 +84,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cache", type=Path, default=CACHE / "serve_conversations.jsonl")
     p.add_argument("--out", type=Path, default=RESULTS / "serve_conversations.json")
     p.add_argument("--summarize-only", action="store_true", help="write the JSON from the cache; answer nothing")
+    p.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help="which rows to run and write, comma-separated: conversations (single, 2- and 3-turn), "
+        "system-prompt (calibration tuned alone vs with the system prompt); the JSON keeps the others' rows",
+    )
     args = p.parse_args()
     if args.per_dataset < 4 or args.batch < 1 or args.bootstrap < 1:
         p.error("--per-dataset must be at least 4, --batch and --bootstrap at least 1")
+    args.rows = [r for r in args.rows.split(",") if r]
+    unknown = sorted(set(args.rows) - set(ROWS))
+    if unknown or not args.rows:
+        p.error(f"--rows: unknown {unknown or 'empty'}; known: {', '.join(ROWS)}")
     return args
 
 
 # ---------------------------------------------------------------- the chats
 
 
-def select_questions(mini: Any, per_dataset: int) -> list[QAItem]:
-    """The first ``per_dataset`` of each in-domain test set, taken in turn, so any prefix mixes the datasets."""
-    parts = [mini.test_id[name][:per_dataset] for name in IN_DOMAIN]
+def select_questions(mini: Any, per_dataset: int, part: str = "test_id") -> list[QAItem]:
+    """The first ``per_dataset`` of each in-domain set of ``part``, taken in turn, so any prefix mixes the datasets."""
+    parts = [getattr(mini, part)[name][:per_dataset] for name in IN_DOMAIN]
     return [part[i] for i in range(per_dataset) for part in parts if i < len(part)]
 
 
@@ -105,7 +131,8 @@ def history(partners: Sequence[int], items: Sequence[QAItem], alone: dict[str, s
 
 
 class AnswerCache:
-    """Rows keyed by (method, turns, question id, earlier question ids), appended and fsync'd one batch at a time."""
+    """Rows keyed by (method, turns, question id, earlier question ids, system-prompt shape), appended and fsync'd
+    one batch at a time."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -123,7 +150,7 @@ class AnswerCache:
 
     @staticmethod
     def key(row: Row) -> tuple:
-        return row["method"], row["turns"], row["id"], tuple(row["earlier"])
+        return row["method"], row["turns"], row["id"], tuple(row["earlier"]), row.get("system")
 
     def add(self, rows: list[Row]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,13 +168,18 @@ def answer_missing(
     todo: list[tuple[QAItem, tuple[int, ...], tuple]],
     turns: int,
     earlier_ids: Sequence[Sequence[str]],
+    system: str | None = None,
 ) -> None:
-    """Answer (as the server does) the questions of ``todo`` not cached yet; judge and cache them."""
+    """Answer (as the server does) the questions of ``todo`` not cached yet; judge and cache them.
+
+    ``system``: the shape of the system prompt the questions are asked after (their history is that
+    one system message), None for none.
+    """
     judge = get_correctness_judge(AnnotateConfig().correctness_judge)
     missing = [
         (t, ids)
         for t, ids in zip(todo, earlier_ids, strict=True)
-        if (model.method, turns, t[0].id, tuple(ids)) not in cache.rows
+        if (model.method, turns, t[0].id, tuple(ids), system) not in cache.rows
     ]
     if not missing:
         return
@@ -158,9 +190,13 @@ def answer_missing(
         if isinstance(outcome, Exception):
             raise outcome
         answer = outcome[0]
-        if answer.abstained or not answer.scores_returned_text:  # no threshold: the scored answer is returned
-            raise RuntimeError(f"{item.id}: expected the scored answer, got {answer}")
-        correct = int(judge.judge([answer.answer], [list(item.answers)])[0])
+        unscored = answer.abstained and answer.reason.startswith("the answer could not be scored")
+        if (answer.abstained and not unscored) or not answer.scores_returned_text:
+            raise RuntimeError(f"{item.id}: expected the scored answer, got {answer}")  # no threshold is set
+        # An answer the method cannot score (an empty one) is served as an abstention at confidence 0: kept
+        # so, as a wrong answer.
+        text = "" if unscored else answer.answer
+        correct = 0 if unscored else int(judge.judge([text], [list(item.answers)])[0])
         rows.append(
             {
                 "method": model.method,
@@ -169,13 +205,16 @@ def answer_missing(
                 "dataset": item.dataset,
                 "earlier": list(ids),
                 "history_turns": len(hist) // 2,
-                "answer": answer.answer,
+                **({} if system is None else {"system": system}),
+                "answer": text,
+                **({"unscored": True} if unscored else {}),
                 "confidence": answer.confidence,
                 "correct": correct,
             }
         )
     cache.add(rows)
-    logger.info("%s %s: %d answered in %.1f s", model.method, SHAPES[turns], len(rows), time.perf_counter() - start)
+    asked = SHAPES[turns] if system is None else f"after {system}"
+    logger.info("%s %s: %d answered in %.1f s", model.method, asked, len(rows), time.perf_counter() - start)
 
 
 def batches(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -183,11 +222,21 @@ def batches(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield seq[i : i + size]
 
 
-def run(args: argparse.Namespace, items: list[QAItem], partners: list[tuple[int, int]], cache: AnswerCache) -> None:
+def run(
+    args: argparse.Namespace,
+    items: list[QAItem],
+    devs: list[QAItem],
+    partners: list[tuple[int, int]],
+    cache: AnswerCache,
+) -> None:
     from candor.backends import load_backend
 
     backend = load_backend(args.model)
     methods = [m for m in args.methods.split(",") if m]
+    if "system-prompt" in args.rows:
+        run_system_prompt(args, [HonestModel(backend, confidence=m) for m in methods], items, devs, cache)
+    if "conversations" not in args.rows:
+        return
     greedy = HonestModel(backend, confidence=methods[0])
     # The earlier turns' answers first: every question's greedy answer asked alone.
     for chunk in batches(range(len(items)), args.batch):
@@ -203,6 +252,21 @@ def run(args: argparse.Namespace, items: list[QAItem], partners: list[tuple[int,
                 earlier = [partners[i][: turns - 1] for i in chunk]
                 todo = [(items[i], e, history(e, items, alone)) for i, e in zip(chunk, earlier, strict=True)]
                 answer_missing(model, cache, todo, turns, [[items[j].id for j in e] for e in earlier])
+
+
+def run_system_prompt(
+    args: argparse.Namespace, models: list[HonestModel], tests: list[QAItem], devs: list[QAItem], cache: AnswerCache
+) -> None:
+    """Dev questions alone and after the system prompt, test questions after it; every method per chunk."""
+    system = (("system", SYSTEM_PROMPT),)
+    shape = system_shape(SYSTEM_PROMPT)
+    asked = ((devs, (), None), (devs, system, shape), (tests, system, shape))
+    for start in range(0, max(len(devs), len(tests)), args.batch):
+        for model in models:
+            for items, hist, name in asked:
+                chunk = items[start : start + args.batch]
+                todo = [(item, (), hist) for item in chunk]
+                answer_missing(model, cache, todo, 1, [[] for _ in chunk], name)
 
 
 # ---------------------------------------------------------------- the numbers
@@ -258,6 +322,72 @@ def summarize(arrays: dict[str, dict[str, np.ndarray]], bootstrap: int, seed: in
     return {"n": n, "shapes": shapes, "minus_single": differences}
 
 
+def system_prompt_row(rows: Sequence[Row], devs: Sequence[QAItem], tests: Sequence[QAItem], args: Any) -> dict:
+    """Calibration on test questions asked after the system prompt, fitted on dev (a) alone, (b) after it.
+
+    For each tuning: the Platt calibrator's test ECE, and the test coverage and accuracy of the
+    threshold chosen on the same dev answers for :data:`COVERAGE` coverage; paired bootstrap over
+    the test questions for (b) minus (a).
+    """
+    shape = system_shape(SYSTEM_PROMPT)
+
+    def arrays(items: Sequence[QAItem], system: str | None) -> tuple[np.ndarray, np.ndarray]:
+        by_id = {r["id"]: r for r in rows if r["turns"] == 1 and r.get("system") == system}
+        kept = [by_id[i.id] for i in items if i.id in by_id]
+        return np.array([r["confidence"] for r in kept], float), np.array([r["correct"] for r in kept], int)
+
+    test_conf, test_y = arrays(tests, shape)
+    tunings = {"alone": arrays(devs, None), "system_prompt": arrays(devs, shape)}
+    if min(len(test_y), *(len(y) for _, y in tunings.values())) < 2:
+        return {}
+    fitted = {}
+    for name, (conf, y) in tunings.items():
+        calibrator = get_calibrator(CALIBRATOR).fit(conf, y)
+        threshold = th.choose(conf, y, "coverage", COVERAGE)
+        fitted[name] = (calibrator.predict(test_conf), threshold.value, len(y))
+
+    def values(index: np.ndarray | slice) -> dict[str, dict[str, float]]:
+        y = test_y[index]
+        out = {}
+        for name, (calibrated, cut, _) in fitted.items():
+            answered = test_conf[index] >= cut
+            out[name] = {
+                "ece": _metric(ece, calibrated[index], y),
+                "coverage": float(answered.mean()),
+                "answered_accuracy": float(y[answered].mean()) if answered.any() else float("nan"),
+            }
+        out["raw"] = {"ece": _metric(ece, test_conf[index], y), "auroc": _metric(auroc, test_conf[index], y)}
+        return out
+
+    point = values(slice(None))
+    rng = np.random.default_rng(args.seed)
+    n = len(test_y)
+    draws = [values(rng.integers(0, n, n)) for _ in range(args.bootstrap)]
+    with_ci = {
+        part: {m: {"value": _num(v), "ci95": _interval([d[part][m] for d in draws])} for m, v in metrics.items()}
+        for part, metrics in point.items()
+    }
+    return {
+        "system_prompt": SYSTEM_PROMPT,
+        "shape": shape,
+        "n_test": n,
+        "test_accuracy": _num(float(test_y.mean())),
+        "calibrator": CALIBRATOR,
+        "coverage_target": COVERAGE,
+        "raw": with_ci["raw"],
+        "tuned": {
+            name: {"n_dev": n_dev, "threshold": _num(cut), **with_ci[name]} for name, (_, cut, n_dev) in fitted.items()
+        },
+        "system_prompt_minus_alone": {
+            m: {
+                "value": _num(point["system_prompt"][m] - point["alone"][m]),
+                "ci95": _interval([d["system_prompt"][m] - d["alone"][m] for d in draws]),
+            }
+            for m in ("ece", "coverage")
+        },
+    }
+
+
 def _metric(fn: Any, confidence: np.ndarray, correct: np.ndarray) -> float:
     """The metric, or NaN where it is undefined (AUROC on a resample of one class)."""
     if fn is auroc and len(set(correct.tolist())) < 2:
@@ -274,11 +404,44 @@ def _num(x: float) -> float | None:
     return None if x != x else round(float(x), 4)
 
 
-def payload(args: argparse.Namespace, items: list[QAItem], cache: AnswerCache, seconds: float) -> dict[str, Any]:
+def payload(
+    args: argparse.Namespace, items: list[QAItem], devs: list[QAItem], cache: AnswerCache, seconds: float
+) -> dict[str, Any]:
+    """The JSON of the rows run; the rows not run are kept from ``--out`` as they were."""
+    kept = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
+    methods = [m for m in args.methods.split(",") if m]
+    out = dict(kept) if "conversations" not in args.rows else conversations_payload(args, items, cache, seconds)
+    if "system-prompt" in args.rows:
+        by_method = {}
+        for method in methods:
+            rows = [r for r in cache.rows.values() if r["method"] == method]
+            row = system_prompt_row(rows, devs, items, args)
+            if row:
+                by_method[method] = row
+        out["system_prompt"] = {
+            "benchmark": "calibration after a fixed system prompt: tuned on questions alone vs with that system prompt",
+            "dev_questions": "HonestyBench-mini in-domain dev, the first per dataset, pooled",
+            "per_dataset": args.per_dataset,
+            "methods": by_method,
+            "seconds": round(seconds, 1),
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "command": command(),
+            "answered_by": answered_by(args.cache),
+        }
+    elif "system_prompt" in kept:
+        out["system_prompt"] = kept["system_prompt"]
+    return out
+
+
+def conversations_payload(
+    args: argparse.Namespace, items: list[QAItem], cache: AnswerCache, seconds: float
+) -> dict[str, Any]:
     wanted = {item.id for item in items}
     methods = {}
     for method in [m for m in args.methods.split(",") if m]:
-        rows = [r for r in cache.rows.values() if r["method"] == method and r["id"] in wanted]
+        rows = [
+            r for r in cache.rows.values() if r["method"] == method and r["id"] in wanted and r.get("system") is None
+        ]
         arrays = shape_arrays(rows)
         if len(arrays["single"]["correct"]) >= 2:
             methods[method] = summarize(arrays, args.bootstrap, args.seed)
@@ -316,6 +479,7 @@ def main() -> None:
     args = parse_args()
     mini = load_mini_or_exit(args.data_dir)
     items = select_questions(mini, args.per_dataset)
+    devs = select_questions(mini, args.per_dataset, part="dev")
     partners = draw_partners(len(items), args.seed)
     cache = AnswerCache(args.cache)
     start = time.perf_counter()
@@ -323,16 +487,17 @@ def main() -> None:
     if not args.summarize_only:
         meta.parent.mkdir(parents=True, exist_ok=True)
         meta.write_text(command() + "\n", encoding="utf-8")
-        run(args, items, partners, cache)
-    result = payload(args, items, cache, time.perf_counter() - start)
+        run(args, items, devs, partners, cache)
+    result = payload(args, items, devs, cache, time.perf_counter() - start)
     write_json(args.out, result)
     logger.info("wrote %s", args.out)
-    print(
-        json.dumps(
-            {m: {s: {k: v[k] for k in METRICS} for s, v in r["shapes"].items()} for m, r in result["methods"].items()},
-            indent=1,
-        )
-    )
+    shown = {m: {s: {k: v[k] for k in METRICS} for s, v in r["shapes"].items()} for m, r in result["methods"].items()}
+    if "system_prompt" in result:
+        shown["system_prompt"] = {
+            m: {name: t["ece"]["value"] for name, t in r["tuned"].items()}
+            for m, r in result["system_prompt"]["methods"].items()
+        }
+    print(json.dumps(shown, indent=1))
 
 
 if __name__ == "__main__":

@@ -49,19 +49,23 @@ def deployment(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
     honest = HonestModel(
         backend, HeadSource(head), threshold=0.5, template="fewshot", decoding=Decoding(max_new_tokens=3)
     ).save_pretrained(root / "honest")
-    log = root / "served.jsonl"
+    return honest, served_log(root / "served.jsonl")
+
+
+def served_log(log: Path, history: tuple[tuple[str, str], ...] = ()) -> Path:
+    """60 questions served after ``history``, 40 of them labelled by a person (and later, all wrong, by a judge)."""
     with log.open("w") as fh:  # what --log-records writes for a head source: the answer, no samples
         for i, question in enumerate(q for pair in zip(RIGHT, WRONG, strict=True) for q in pair):
             served = {"id": f"chatcmpl-{i}", "indexes": [0], "returned": ["x"]}
             record = Record(
-                item=served_item(question), greedy=Completion("x"), samples=[], provenance={"served": served}
+                item=served_item(question, history), greedy=Completion("x"), samples=[], provenance={"served": served}
             )
             fh.write(json.dumps(record.to_dict()) + "\n")
     for i in range(40):
         append_label(log, f"chatcmpl-{i}", 0, i % 2 == 0, "human")
     for i in range(40):
         append_label(log, f"chatcmpl-{i}", 0, False, PESSIMIST)
-    return honest, log
+    return log
 
 
 def test_labels_needed_is_the_held_out_evidence_plus_stage_two() -> None:
@@ -291,3 +295,50 @@ def test_labels_from_no_trusted_source_are_refused_with_the_sources_named(deploy
     with pytest.raises(SystemExit) as done:
         run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "x"), "--label-sources", ","])
     assert done.value.code == 2 and "--label-sources must be a comma list" in capsys.readouterr().err
+
+
+SYSTEM = "You are a helpful assistant. Answer in a few words."
+
+
+def test_adapt_learns_the_system_prompt_its_traffic_carried(deployment, tmp_path, capsys) -> None:
+    """Issue 54 part 4: labels served after the deployment's system prompt make the adapted model calibrated for
+    requests with it (and for nothing else); its text is saved in the folder. Fails on the old code, whose
+    adapted model was tuned on "conversation" for any system message."""
+    from candor.serve.shapes import QUESTION, system_shape
+
+    honest, _ = deployment
+    log = served_log(tmp_path / "served.jsonl", (("system", SYSTEM),))
+    prompt = tmp_path / "system.txt"
+    prompt.write_text(SYSTEM + "\n", encoding="utf-8")
+    out = tmp_path / "a"
+    args = ["adapt", str(log), "--honest", str(honest), "-o", str(out), "--alpha", "0.5", "--k", "2"]
+    with pytest.raises(SystemExit) as done:
+        run([*args, "--system-prompt-file", str(prompt)])
+    printed = capsys.readouterr().out
+    assert done.value.code == 0, printed
+    shape = system_shape(SYSTEM)
+    assert json.loads((out / "honest.json").read_text())["tuned_on"] == [shape]
+    assert json.loads((out / "adapt.json").read_text())["tuned_on"] == [shape]
+    assert (out / "system_prompts" / f"{shape.removeprefix('system:')}.txt").read_text(encoding="utf-8") == SYSTEM
+    assert f"calibrated for: questions asked with the deployment's system prompt (sha {shape[7:]})" in printed
+    model = HonestModel.from_pretrained(out)
+    assert model.calibration(shape)["calibrated"] is True
+    assert model.calibration(QUESTION)["calibrated"] is False
+    assert model.calibration(system_shape("Another prompt."))["calibrated"] is False
+
+
+def test_a_system_prompt_no_stage_two_label_was_asked_with_is_refused(deployment, tmp_path, capsys) -> None:
+    honest, log = deployment  # served without any system message
+    prompt = tmp_path / "system.txt"
+    prompt.write_text(SYSTEM, encoding="utf-8")
+    args = ["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "x"), "--alpha", "0.5"]
+    with pytest.raises(SystemExit) as done:
+        run([*args, "--system-prompt-file", str(prompt)])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "none of the 20 stage-2 labels was asked with that system prompt" in err
+    assert "questions asked alone" in err and not (tmp_path / "x").exists()
+    prompt.write_text(" \n", encoding="utf-8")
+    with pytest.raises(SystemExit) as done:
+        run([*args, "--system-prompt-file", str(prompt)])
+    assert done.value.code == 2 and "the file is empty" in capsys.readouterr().err

@@ -83,11 +83,33 @@ def test_cli_demo_on_the_tiny_model(tiny_model_dir, tmp_path):
     assert f"candor serve --honest {out / 'honest'}" in result.output
 
 
+def test_cli_demo_tunes_for_the_system_prompt_file(tiny_model_dir, tmp_path):
+    """Issue 54 part 4: every starter question asked after the system prompt, the threshold tuned for it."""
+    from candor.serve import HonestModel
+    from candor.serve.shapes import system_shape
+
+    system = "You are a concise assistant.\nAnswer in a few words."
+    (tmp_path / "system.txt").write_text(system + "\n", encoding="utf-8")
+    out = tmp_path / "demo"
+    args = ["demo", "--out-dir", str(out), "--model", str(tiny_model_dir), "--limit", "4", "--k", "2", "-e", "n-prob"]
+    result = CliRunner().invoke(app, [*args, "--system-prompt-file", str(tmp_path / "system.txt")])
+    assert result.exit_code == 0, result.output
+    shape = system_shape(system)
+    records = read_records(out / f"records-system-{shape.removeprefix('system:')}.jsonl")
+    assert len(records) == 4 and {r.item.history for r in records} == {(("system", system),)}
+    assert not (out / "records.jsonl").exists()
+    honest = HonestModel.from_pretrained(out / "honest", device="cpu")
+    assert honest.tuned_on == (shape,) and honest.system_prompts == {shape: system}
+    prompted = honest.prepare(records[0].item.question, history=records[0].item.history)
+    assert system in prompted.prompt and prompted.shape == shape  # rendered as the server renders the request
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
         (["--estimators", "n-prob,nosuch"], "unknown estimator 'nosuch'"),
         (["--limit", "-1"], "limit must be >= 0"),
+        (["--system-prompt-file", "no-such-prompt.txt"], "--system-prompt-file no-such-prompt.txt: cannot read it"),
     ],
 )
 def test_cli_demo_bad_options_exit_2_with_one_line(tmp_path, extra, needle):

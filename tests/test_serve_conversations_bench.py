@@ -118,7 +118,7 @@ def test_a_row_torn_by_a_killed_run_is_dropped_and_the_cache_continues(bench, tm
     whole = {"method": "n-prob", "turns": 1, "id": "q1", "earlier": []}
     path.write_text(json.dumps(whole) + '\n{"method": "n-prob", "tu', encoding="utf-8")
     cache = bench.AnswerCache(path)
-    assert list(cache.rows) == [("n-prob", 1, "q1", ())]
+    assert list(cache.rows) == [("n-prob", 1, "q1", (), None)]  # (no system prompt)
     cache.add([{"method": "n-prob", "turns": 2, "id": "q1", "earlier": ["q2"]}])
     assert len(bench.AnswerCache(path).rows) == 2
     path.write_text('{"bad\n' + json.dumps(whole) + "\n", encoding="utf-8")
@@ -141,3 +141,76 @@ def test_the_readme_says_which_differences_the_intervals_tell_from_zero(tmp_path
     assert rt.serve_conversations(tmp_path)["value:serve-conversations-verdict"].startswith(
         "every interval of an AUROC or ECE difference includes 0"
     )
+
+
+# ---------------------------------------------------------------- the "system prompt" row (issue 54 part 4)
+
+
+def system_prompt_rows(bench, test_correct):
+    """Dev answers alone (overconfident), dev and test answers after the system prompt (confidence = accuracy)."""
+    from types import SimpleNamespace
+
+    from candor.data.items import QAItem
+
+    def item(i, split):
+        return QAItem(id=f"{split}{i}", dataset="nq", split=split, question=f"q{i}", answers=("a",))
+
+    devs, tests = [item(i, "dev") for i in range(40)], [item(i, "test") for i in range(40)]
+    shape = bench.system_shape(bench.SYSTEM_PROMPT)
+    rows = []
+    for i in range(40):
+        low = i < 20
+        rows.append({"turns": 1, "id": f"dev{i}", "confidence": 0.9 if low else 0.95, "correct": int(i % 10 == 0)})
+        sys_conf, sys_correct = (0.2, int(i % 5 == 0)) if low else (0.6, int(i % 5 != 0))
+        rows.append({"turns": 1, "id": f"dev{i}", "system": shape, "confidence": sys_conf, "correct": sys_correct})
+        rows.append({"turns": 1, "id": f"test{i}", "system": shape, "confidence": sys_conf, "correct": test_correct(i)})
+    args = SimpleNamespace(seed=0, bootstrap=100)
+    return bench.system_prompt_row(rows, devs, tests, args)
+
+
+def test_the_system_prompt_row_fits_on_dev_and_evaluates_on_test(bench):
+    from candor.evaluation.calibration import get_calibrator
+    from candor.evaluation.metrics import ece
+
+    def same_as_dev(i):
+        return int(i % 5 == 0) if i < 20 else int(i % 5 != 0)
+
+    out = system_prompt_rows(bench, same_as_dev)
+    assert out["shape"] == bench.system_shape(bench.SYSTEM_PROMPT) and out["n_test"] == 40
+    alone, tuned = out["tuned"]["alone"], out["tuned"]["system_prompt"]
+    assert alone["n_dev"] == tuned["n_dev"] == 40
+    # By hand: Platt fitted on the dev answers asked after the system prompt, applied to the test answers.
+    conf = np.array([0.2] * 20 + [0.6] * 20)
+    correct = np.array([same_as_dev(i) for i in range(40)])
+    fitted = get_calibrator("platt").fit(conf, correct)
+    assert tuned["ece"]["value"] == pytest.approx(ece(fitted.predict(conf), correct), abs=1e-4)
+    assert tuned["ece"]["value"] < alone["ece"]["value"]  # the lone questions taught the wrong scale
+    # Alone, every dev confidence (0.9, 0.95) lies above the test ones: the threshold answers none of them.
+    assert alone["coverage"]["value"] == 0.0 and tuned["coverage"]["value"] == pytest.approx(0.5)
+    gap = out["system_prompt_minus_alone"]
+    assert gap["ece"]["value"] == pytest.approx(tuned["ece"]["value"] - alone["ece"]["value"], abs=1e-3)
+    # Nothing is fitted on test: other test labels change the test numbers, never the thresholds.
+    flipped = system_prompt_rows(bench, lambda i: 1 - same_as_dev(i))
+    assert flipped["tuned"]["system_prompt"]["threshold"] == tuned["threshold"]
+    assert flipped["tuned"]["system_prompt"]["ece"]["value"] != tuned["ece"]["value"]
+
+
+def test_the_system_prompt_table_is_generated_from_the_json(bench, tmp_path, readme_generator):
+    rt = readme_generator("serving")
+    results = conversation_results()
+    row = system_prompt_rows(bench, lambda i: int(i % 2 == 0))
+    results["system_prompt"] = {"methods": {"n-prob": row}, "per_dataset": 10, "command": "c", "answered_by": None}
+    (tmp_path / "serve_conversations.json").write_text(json.dumps(results))
+    parts = rt.serve_conversations(tmp_path)
+    lines = parts["table:serve-system-prompt"].splitlines()
+    assert lines[0].startswith("| method | calibrator and threshold tuned on | dev n | test n | AUROC | ECE |")
+    assert [line.split(" | ")[1] for line in lines[2:]] == [
+        "not tuned (the raw value)",
+        "questions alone",
+        "the same system prompt",
+    ]
+    assert row["shape"] in parts["value:serve-system-prompt-run"]
+    assert parts["value:serve-system-prompt-verdict"].startswith("tuned with the system prompt minus tuned alone: ")
+    del results["system_prompt"]  # a results file from before the row: the conversations table alone
+    (tmp_path / "serve_conversations.json").write_text(json.dumps(results))
+    assert "table:serve-system-prompt" not in rt.serve_conversations(tmp_path)

@@ -37,7 +37,94 @@ def serve_conversations(r: Path) -> dict[str, str]:
         "value:serve-conversations-run": _conversation_run(d),
         "value:serve-conversations-shifts": shifts,
         "value:serve-conversations-verdict": _conversation_verdict(d),
+        **_system_prompt_rows(d.get("system_prompt")),
     }
+
+
+SYSTEM_PROMPT_TUNINGS = {"alone": "questions alone", "system_prompt": "the same system prompt"}
+
+
+def _system_prompt_rows(d: Json | None) -> dict[str, str]:
+    """The "system prompt" rows: test questions asked after one system prompt, calibrated and thresholded on dev
+    questions asked alone or after it (serve_conversations.py --rows system-prompt)."""
+    if not d or not d["methods"]:
+        return {}
+    rows = []
+    for method, m in d["methods"].items():
+        raw = m["raw"]
+        rows.append(
+            [
+                f"`{method}`",
+                "not tuned (the raw value)",
+                DASH,
+                str(m["n_test"]),
+                _ci(raw["auroc"]),
+                _ci(raw["ece"]),
+                DASH,
+                DASH,
+            ]
+        )
+        for key, words in SYSTEM_PROMPT_TUNINGS.items():
+            t = m["tuned"][key]
+            rows.append(
+                [
+                    f"`{method}`",
+                    words,
+                    str(t["n_dev"]),
+                    str(m["n_test"]),
+                    DASH,
+                    _ci(t["ece"]),
+                    _ci(t["coverage"]),
+                    _ci(t["answered_accuracy"]),
+                ]
+            )
+    header = [
+        "method",
+        "calibrator and threshold tuned on",
+        "dev n",
+        "test n",
+        "AUROC",
+        "ECE",
+        "coverage",
+        "answered accuracy",
+    ]
+    first = next(iter(d["methods"].values()))
+    verdicts = "; ".join(
+        f"`{method}` ECE {_signed_ci(m['system_prompt_minus_alone']['ece'])}, coverage "
+        f"{_signed_ci(m['system_prompt_minus_alone']['coverage'])}"
+        for method, m in d["methods"].items()
+    )
+    run = shown_command(d["answered_by"] or d["command"])
+    return {
+        "table:serve-system-prompt": md_table(header, "llrrrrrr", rows),
+        "value:serve-system-prompt-run": (
+            f'`{run}`: the system prompt "{first["system_prompt"]}" (`{first["shape"]}`); a '
+            f"{first['calibrator']} calibrator and a threshold for {pct(first['coverage_target'], 0)}% coverage fitted "
+            f"on {d['per_dataset']} dev questions per in-domain dataset, evaluated on the test questions asked after "
+            "the system prompt; intervals resample the test questions"
+        ),
+        "value:serve-system-prompt-verdict": (
+            f"tuned with the system prompt minus tuned alone: {verdicts}; {_zero_verdict(d)} (a Platt calibrator "
+            "is monotone, so the AUROC is the raw value's whatever it was tuned on)"
+        ),
+    }
+
+
+def _zero_verdict(d: Json) -> str:
+    """Which of the (system prompt minus alone) intervals lie wholly on one side of 0."""
+    apart = [
+        f"`{method}` {METRIC_LABELS.get(metric, metric)}"
+        for method, m in d["methods"].items()
+        for metric, gap in m["system_prompt_minus_alone"].items()
+        if not gap["ci95"][0] <= 0 <= gap["ci95"][1]
+    ]
+    if not apart:
+        return "every interval includes 0: at this size the two tunings are not told apart"
+    return f"the intervals exclude 0 for {', '.join(apart)}"
+
+
+def _ci(cell: Json) -> str:
+    return with_ci(cell["value"], cell["ci95"])
 
 
 def _conversation_verdict(d: Json) -> str:

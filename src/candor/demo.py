@@ -10,13 +10,19 @@ already computed.
 The honest model's threshold is tuned on the starter questions themselves: it
 is a working example, not an evaluated one; tune on your own dev set
 (``HonestModel.tune``) for real use.
+
+With a ``system_prompt`` every starter question is asked after that one system
+message (rendered by the QA template as the server renders a chat request with
+it), so the honest model is tuned, and reported calibrated, for requests with
+that system prompt (:mod:`candor.serve.shapes`); its records and confidences are
+cached in files named for the prompt's shape.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from candor.annotation.builder import AnnotateConfig, annotate
@@ -30,6 +36,7 @@ from candor.estimators.confidences import ConfidenceTable, score_into
 from candor.evaluation.report import ReportResult, write_report
 from candor.serve.answering import Decoding
 from candor.serve.model import HonestModel
+from candor.serve.shapes import SYSTEM_PREFIX, system_shape
 
 logger = logging.getLogger(__name__)
 
@@ -74,21 +81,30 @@ def run_demo(
     estimators: Sequence[str] = DEMO_ESTIMATORS,
     batch_size: int = 16,
     command: str | None = None,
+    system_prompt: str | None = None,
 ) -> DemoResult:
-    """Run the demo pipeline; each stage resumes from the files already in ``out_dir``."""
+    """Run the demo pipeline; each stage resumes from the files already in ``out_dir``.
+
+    ``system_prompt``: ask every question after this system message (the deployment's), and tune for it.
+    """
     out_dir = Path(out_dir)
     for name in estimators:  # an unknown name fails before any model work
         ESTIMATORS.get(name)
     items = load_items("starter", limit=limit)
+    # Files of questions asked after a system prompt are named for it: a rerun never mixes two prompts.
+    suffix = ""
+    if system_prompt is not None:
+        items = [replace(item, history=(("system", system_prompt),)) for item in items]
+        suffix = "-system-" + system_shape(system_prompt)[len(SYSTEM_PREFIX) :]
     backend = load_backend(model, batch_size=batch_size)
     template = resolve_template("auto", model, backend)
-    records_path = out_dir / "records.jsonl"
+    records_path = out_dir / f"records{suffix}.jsonl"
     logger.info("1/4 annotate %d starter questions (k=%d) → %s", len(items), k, records_path)
     annotate(items, backend, records_path, template, AnnotateConfig(k=k, batch_size=batch_size))
 
     wanted = {item.id for item in items}
     records = [r for r in read_records(records_path) if r.id in wanted]
-    confidences_path = out_dir / "confidences.jsonl"
+    confidences_path = out_dir / f"confidences{suffix}.jsonl"
     logger.info("2/4 score with %d estimators → %s", len(estimators), confidences_path)
     table = score_into(records, estimators, confidences_path, backend)
 
@@ -96,7 +112,7 @@ def run_demo(
     report = write_report(
         table,
         out_dir / "report",
-        title=f"candor demo: {model} on the starter set",
+        title=f"candor demo: {model} on the starter set{' after a system prompt' if system_prompt else ''}",
         bootstrap=DEMO_BOOTSTRAP,
         records=records,
         command=command,
@@ -110,6 +126,6 @@ def run_demo(
         template=template.name,
         decoding=Decoding(max_new_tokens=AnnotateConfig().params.max_new_tokens),
     )
-    tuned.tune(records, "coverage", HONEST_COVERAGE)
+    tuned.tune(records, "coverage", HONEST_COVERAGE)  # tuned for the records' shape: alone, or after the system prompt
     tuned.save_pretrained(honest)
     return DemoResult(records=records_path, confidences=confidences_path, report=report, table=table, honest=honest)

@@ -113,6 +113,15 @@ def adapt(
             "(human,judge:*). Default: human,audit (the labels a person made).",
         ),
     ] = None,
+    system_prompt_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--system-prompt-file",
+            help="The deployment's system prompt (UTF-8 text, trailing whitespace ignored): refuse (exit 2) unless "
+            "stage-2 labels were asked with exactly it and no earlier turn. Without it too, the new model is "
+            "calibrated for the request shapes its stage-2 labels came from, this system prompt's included.",
+        ),
+    ] = None,
     export: Annotated[
         str | None, typer.Option("--export", help="seq-cls: also export the new head for a classify server.")
     ] = None,
@@ -125,6 +134,7 @@ def adapt(
     from candor.annotation.label_selection import DEFAULT_LABEL_SOURCES, parse_label_sources
     from candor.serve.adaptation import AdaptSettings
     from candor.serve.adaptation import adapt as run_adapt
+    from candor.serve.shapes import read_system_prompt
 
     source = served_source(records, store)
     if honest is None or out is None:
@@ -140,6 +150,7 @@ def adapt(
         k=k,
         seed=seed,
         label_sources=DEFAULT_LABEL_SOURCES if label_sources is None else parse_label_sources(label_sources),
+        system_prompt=None if system_prompt_file is None else read_system_prompt(system_prompt_file),
     )
     summary = run_adapt(source, honest, out, settings)
     typer.echo(_adapt_report(summary))
@@ -155,10 +166,17 @@ def _adapt_report(summary: dict) -> str:
         f"{counts['held_out_labels']} held out ({counts['held_out_answered']} answered at the threshold)\n"
         f"labels by source (trusted: {','.join(labels['trusted_sources'])}): {_by_source(labels['by_source'])}\n"
         f"held-out AUROC {_fmt(held['auroc'])}, ECE {_fmt(held['ece'])}\n"
+        f"calibrated for: {_shapes(summary['tuned_on'])}\n"
         f"guarantee: {summary['guarantee']}\n"
         f"wrote {summary['folder']} (version {summary['version']}; what it did: {summary['folder']}/adapt.json)\n"
         f"serve it: candor serve --honest {shlex.quote(summary['folder'])} (or reload a running server)"
     )
+
+
+def _shapes(tuned_on: list[str]) -> str:
+    from candor.serve.shapes import shape_words
+
+    return "; ".join(shape_words(s) for s in tuned_on)
 
 
 def _by_source(by_source: dict[str, dict[str, int]]) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from candor.cli.options import DEFAULT_MODEL, DataDirOpt, ModelOpt
+from candor.cli.options import DEFAULT_MODEL, DataDirOpt, ModelOpt, SystemPromptFileOpt
 from candor.cli.shared import invoked_command, print_rich, user_errors
 from candor.util.errors import CandorError
 
@@ -23,9 +23,17 @@ def demo(
     estimators: Annotated[
         str | None, typer.Option("--estimators", "-e", help="Comma-separated estimators (default: the demo set).")
     ] = None,
+    system_prompt_file: SystemPromptFileOpt = None,
 ) -> None:
-    """The whole pipeline on the embedded default and the built-in starter set."""
+    """The whole pipeline on the embedded default and the built-in starter set.
+
+    With --system-prompt-file every question is asked after that system message and the honest
+    model in OUT_DIR/honest is tuned for it.
+    """
     from candor.estimators import ESTIMATORS
+    from candor.serve.shapes import read_system_prompt
+
+    system_prompt = None if system_prompt_file is None else read_system_prompt(system_prompt_file)
 
     names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else None
     for name in names or ():
@@ -34,7 +42,15 @@ def demo(
     from candor.evaluation.report import format_table_rich
 
     names = names or DEMO_ESTIMATORS
-    result = run_demo(out_dir, model=model, k=k, limit=limit, estimators=names, command=invoked_command())
+    result = run_demo(
+        out_dir,
+        model=model,
+        k=k,
+        limit=limit,
+        estimators=names,
+        command=invoked_command(),
+        system_prompt=system_prompt,
+    )
     print_rich(format_table_rich(result.report))
     typer.echo(f"report: {result.report.files['index']}")
     typer.echo(f"page: {result.report.files['html']}")

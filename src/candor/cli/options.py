@@ -49,6 +49,15 @@ DtypeOpt = Annotated[
 TensorParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: tensor-parallel GPUs.")]
 DataParallelOpt = Annotated[int | None, typer.Option(help="vllm backend: data-parallel replicas.")]
 MaxNewTokensOpt = Annotated[int, typer.Option(help="Answer length cap in tokens.")]
+SystemPromptFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--system-prompt-file",
+        help="The deployment's system prompt (UTF-8 text): the threshold and calibration are tuned for requests "
+        "with exactly this system message and no earlier turn (trailing whitespace ignored), which the server "
+        "then reports calibrated.",
+    ),
+]
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,9 @@ def serve(
 ) -> None:
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
 
-    Chat requests may carry a conversation (system message, earlier turns). Also /health, /ready,
+    Chat requests may carry a conversation (system message, earlier turns); a request whose only earlier
+    message is a system prompt the folder was tuned for (--system-prompt-file of candor demo or adapt) is
+    reported calibrated. Also /health, /ready,
     /metrics (Prometheus), POST /v1/feedback (labels on served answers, with --store or --log-records), an
     x-request-id on every response and one JSON access-log line per request on stderr; SIGHUP or
     POST /admin/reload (operator key) loads --honest again, keeping --threshold, --claims and

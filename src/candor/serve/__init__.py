@@ -14,6 +14,8 @@ See docs/architecture.md "The stages".
 - :mod:`~candor.serve.honest_folder`: the saved folder (``honest.json``), read and written in one place;
 - :mod:`~candor.serve.factory`: the honest model a command's options name;
 - :mod:`~candor.serve.classify_client`: a confidence read from a classify server;
+- :mod:`~candor.serve.shapes`: request shapes (alone, after a system prompt, a conversation): what a
+  calibration holds for;
 - :mod:`~candor.serve.adaptation`: ``candor adapt``, a model recalibrated on its own served traffic.
 
 The web door, ``candor serve``'s OpenAI-compatible service, is :mod:`candor.serve.http`; this

@@ -61,10 +61,11 @@ from candor.backends.base import Backend
 from candor.data.splits import seeded_shuffle
 from candor.evaluation.metrics import auroc, ece
 from candor.serve import thresholds as th
-from candor.serve.answering import CONVERSATION, PROTOCOL_SAMPLES, QUESTION, question_seed
+from candor.serve.answering import PROTOCOL_SAMPLES, question_seed
 from candor.serve.confidence_sources import HeadSource
 from candor.serve.honest_folder import CONFIG_FILE, read_config
 from candor.serve.model import HonestModel
+from candor.serve.shapes import QUESTION, shape_words, shapes_of, system_prompts_of, system_shape
 from candor.train.elical.config import EliCalConfig
 from candor.train.elical.model import ConfidenceHead, HeadConfig
 from candor.train.elical.pipeline import StageResult, head_features, train_stage
@@ -100,6 +101,7 @@ class AdaptSettings:
     max_epochs: int | None = None
     feature_cache: str | None = None
     label_sources: tuple[str, ...] = DEFAULT_LABEL_SOURCES  # patterns: ("human", "judge:*")
+    system_prompt: str | None = None  # the deployment's: stage 2 must hold labels asked with it (None: no check)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "label_sources", parse_label_sources(self.label_sources))
@@ -167,6 +169,25 @@ def split_labels(labelled: Sequence[Record], settings: AdaptSettings) -> tuple[l
             f"{MIN_STAGE2}; {wanted} ({parts}): label more distinct questions"
         )
     return stage2, held
+
+
+def check_system_prompt(stage2: Sequence[Record], settings: AdaptSettings) -> None:
+    """With a deployment system prompt, refuse stage-2 labels none of which was asked with it.
+
+    The adapted model is calibrated for the request shapes of its stage-2 labels
+    (:func:`candor.serve.shapes.shapes_of`); without a label asked after that system prompt (and no
+    other turn) it could not be calibrated for the deployment's requests.
+    """
+    if settings.system_prompt is None:
+        return
+    wanted = system_shape(settings.system_prompt)
+    shapes = shapes_of(r.item.history for r in stage2)
+    if wanted not in shapes:
+        raise NotEnoughLabels(
+            f"--system-prompt-file: none of the {len(stage2)} stage-2 labels was asked with that system prompt "
+            f"({wanted}) and no other turn, so the adapted model could not be calibrated for it; the stage-2 "
+            f"labels hold {'; '.join(shape_words(s) for s in shapes)}"
+        )
 
 
 def with_consistency(
@@ -246,6 +267,7 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
     started = time.perf_counter()
     selection = select_labels(log.answers, settings.label_sources)
     stage2, held = split_labels(selection.records, settings)
+    check_system_prompt(stage2, settings)
     held_questions = {question_key(r) for r in held}
     traffic = [r for r in served_records(log) if question_key(r) not in held_questions]
     traffic, regenerated = with_consistency(traffic, model.backend, model.template, settings.k)
@@ -265,6 +287,13 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
         train_stage(head, s1_train, s1_dev, "eli", config, fresh=fresh, full_set=True),
         train_stage(head, s2_train, s2_dev, "cal", config, fresh=False, full_set=False),
     ]
+    # The head's provenance says stage 2 ran on labels: the served value is then a calibrated probability.
+    head.config.meta = {
+        **(head.config.meta or {}),
+        "method": "adapt",
+        "cal_target": config.cal_target,
+        "stages": [s.name for s in stages],
+    }
     confidence = head_confidences(head, held, settings.feature_cache)
     correct = np.array([int(r.greedy_correct) for r in held])  # type: ignore[arg-type]
     threshold = th.risk_control(confidence, correct, settings.alpha, settings.delta)
@@ -309,9 +338,10 @@ def _summary(
         "threshold": threshold.to_dict(),
         "guarantee": _guarantee(threshold, settings, answered),
         "guarantee_exercised": answered > 0,
-        # The request shapes the labels came from: the calibration holds for those (docs/architecture.md
-        # "Conversations").
-        "tuned_on": sorted({CONVERSATION if r.item.history else QUESTION for r in [*stage2]} or {QUESTION}),
+        # The request shapes the labels came from: the calibration holds for those (docs/serving.md
+        # "Calibrated for your system prompt"), and the text of each system prompt among them.
+        "tuned_on": list(shapes_of(r.item.history for r in stage2)),
+        "system_prompts": system_prompts_of(r.item.history for r in stage2),
         "stages": [{k: v for k, v in asdict(s).items() if k != "history"} for s in stages],
     }
 
@@ -372,6 +402,7 @@ def save_adapted(model: HonestModel, adapted: Adapted, out: str | Path, lineage:
         backend_name=model.backend_name,
     )
     new.tuned_on = tuple(adapted.summary.get("tuned_on") or (QUESTION,))
+    new.system_prompts = dict(adapted.summary.get("system_prompts") or {})
     version = new.version = lineage.next_version()  # never the served model's name: a new time and generation
     out = Path(out)
     with atomic_folder(out) as staging:
@@ -403,7 +434,8 @@ def adapt(source: str | Path, honest: str | Path, out: str | Path, settings: Ada
     log = read_served_answers(source)
     if not log.answers:
         raise CandorError(f"{source}: no served records")
-    split_labels(select_labels(log.answers, settings.label_sources).records, settings)  # refuse before any model loads
+    stage2, _ = split_labels(select_labels(log.answers, settings.label_sources).records, settings)
+    check_system_prompt(stage2, settings)  # both refuse before any model loads
     lineage = Lineage.of(honest)
     model = HonestModel.from_pretrained(honest)
     adapted = adapt_model(model, log, settings)

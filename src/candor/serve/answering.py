@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from candor.annotation.records import Record
 from candor.backends.base import Completion, RequestTokenHook, SamplingParams
 from candor.data.items import QAItem
+from candor.serve.shapes import shape_of
 from candor.serve.thresholds import Threshold
 from candor.util.errors import CandorError
 
@@ -56,10 +57,6 @@ class ContextLengthExceeded(CandorError):
     """The templated prompt plus the answer would not fit in the model's context."""
 
 
-# The shapes of request a confidence can be computed on, and a calibration fitted on.
-QUESTION, CONVERSATION = "question", "conversation"
-
-
 @dataclass(frozen=True)
 class Prompted:
     """A question rendered with the model's QA template, checked (and counted) before any work.
@@ -75,8 +72,8 @@ class Prompted:
 
     @property
     def shape(self) -> str:
-        """:data:`QUESTION` (asked alone) or :data:`CONVERSATION` (after a system message or earlier turns)."""
-        return CONVERSATION if self.history else QUESTION
+        """Alone, after one system message (named by its text), or in a conversation (:mod:`candor.serve.shapes`)."""
+        return shape_of(self.history)
 
     def item(self) -> QAItem:
         return served_item(self.question, self.history)
@@ -198,8 +195,9 @@ class ServedBy:
     def calibration(self, shape: str) -> dict[str, Any]:
         """``calibrated``: the value is a probability fitted on labels for requests of ``shape``; and where.
 
-        A value fitted on questions asked alone is not calibrated for a conversation: nothing
-        measured how the earlier turns move it (docs/architecture.md "Conversations").
+        A value fitted on questions asked alone is not calibrated for a conversation, nor after a system
+        prompt it was not tuned with: nothing measured how the earlier turns move it (docs/serving.md
+        "Calibrated for your system prompt").
         """
         where = self.fitted_where
         return {"calibrated": where is not None and shape in self.tuned_on, "calibrated_on": where}

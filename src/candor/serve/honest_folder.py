@@ -4,8 +4,10 @@
 
     honest.json   generator (model, backend, template, decoding), confidence source, calibrator (its JSON
                   form and how many dev questions it was fitted on), threshold, the request shapes the
-                  calibration was fitted on (``tuned_on``), the model's ``version`` and the claim
-                  thresholds tuned with a factuality guarantee (``factuality``, :mod:`candor.serve.factuality`)
+                  calibration was fitted on (``tuned_on``, :mod:`candor.serve.shapes`), the model's ``version``
+                  and the claim thresholds tuned with a factuality guarantee (``factuality``,
+                  :mod:`candor.serve.factuality`)
+    system_prompts/<12 hex>.txt   the text of each system prompt ``tuned_on`` names (``system:<12 hex>``)
     head/         the EliCal head (head sources only)
     adapter/      the generator's PEFT adapter (when it has one; ADVICE)
 """
@@ -24,13 +26,15 @@ from typing import Any
 from candor.backends.base import Backend
 from candor.evaluation.calibration import Calibrator, calibrator_from_dict
 from candor.serve import thresholds as th
-from candor.serve.answering import QUESTION, Decoding
+from candor.serve.answering import Decoding
 from candor.serve.factuality import FactualityGuarantee, with_guarantee
+from candor.serve.shapes import QUESTION, SYSTEM_PREFIX, check_shape, is_system_shape, system_shape
 from candor.util.errors import CandorError, at_line
 from candor.util.files import atomic_write_text
 
 CONFIG_FILE = "honest.json"
 ADAPTER_DIR = "adapter"
+SYSTEM_PROMPTS_DIR = "system_prompts"
 
 
 def fresh_version() -> str:
@@ -58,6 +62,38 @@ def calibrator_config(calibrator: Calibrator | None, fitted_on: int) -> dict[str
     return None if calibrator is None else {**calibrator.to_dict(), "fitted_on": fitted_on}
 
 
+def write_system_prompts(folder: Path, tuned_on: tuple[str, ...], texts: dict[str, str]) -> None:
+    """The text of each system-prompt shape of ``tuned_on`` as ``system_prompts/<12 hex>.txt`` (UTF-8, as compared)."""
+    for shape in tuned_on:
+        if not is_system_shape(shape):
+            continue
+        text = texts.get(shape)
+        if text is None or system_shape(text) != shape:
+            raise CandorError(f"tuned on {shape} but its system prompt's text is not known: cannot save the folder")
+        target = folder / SYSTEM_PROMPTS_DIR / f"{shape[len(SYSTEM_PREFIX) :]}.txt"
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(text.encode("utf-8"))
+
+
+def read_system_prompts(folder: Path, tuned_on: tuple[str, ...]) -> dict[str, str]:
+    """Each system-prompt shape of ``tuned_on`` with its text from ``folder``; refused when missing or not its text."""
+    out = {}
+    for shape in tuned_on:
+        if not is_system_shape(check_shape(shape)):
+            continue
+        path = folder / SYSTEM_PROMPTS_DIR / f"{shape[len(SYSTEM_PREFIX) :]}.txt"
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CandorError(
+                f"{folder / CONFIG_FILE}: tuned_on names {shape} but {path} cannot be read ({exc})"
+            ) from None
+        if system_shape(text) != shape:
+            raise CandorError(f"{path}: its text's sha256 is not the {shape} that tuned_on names (the file was edited)")
+        out[shape] = text
+    return out
+
+
 @dataclass(frozen=True)
 class SavedModel:
     """``honest.json`` read back: everything but the generator's weights and the confidence source."""
@@ -69,6 +105,7 @@ class SavedModel:
     fitted_on: int
     threshold: th.Threshold | None
     tuned_on: tuple[str, ...]
+    system_prompts: dict[str, str]  # the text of each system-prompt shape of tuned_on
     version: str
     factuality: tuple[FactualityGuarantee, ...] = ()
 
@@ -124,6 +161,7 @@ def read_folder(folder: str | Path) -> SavedModel:
     cal = config.get("calibrator")
     # Folders saved before versions existed: their config's digest names them.
     version = str(config.get("version") or "sha-" + hashlib.sha256(path.read_bytes()).hexdigest()[:12])
+    tuned_on = tuple(str(shape) for shape in config.get("tuned_on") or (QUESTION,))
     return SavedModel(
         folder=folder,
         generator=config["generator"],
@@ -131,7 +169,8 @@ def read_folder(folder: str | Path) -> SavedModel:
         calibrator=calibrator_from_dict(cal) if cal else None,
         fitted_on=int(cal.get("fitted_on", 0)) if cal else 0,
         threshold=th.Threshold.from_dict(config["threshold"]) if config.get("threshold") else None,
-        tuned_on=tuple(config.get("tuned_on") or (QUESTION,)),
+        tuned_on=tuned_on,
+        system_prompts=read_system_prompts(folder, tuned_on),
         version=version,
         factuality=factuality_of(config, path),
     )

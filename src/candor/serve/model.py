@@ -62,9 +62,7 @@ from candor.data.items import QAItem
 from candor.evaluation.calibration import Calibrator, get_calibrator
 from candor.serve import thresholds as th
 from candor.serve.answering import (
-    CONVERSATION,
     PROTOCOL_SAMPLES,
-    QUESTION,
     Ask,
     Cancelled,
     ContextLengthExceeded,
@@ -97,15 +95,16 @@ from candor.serve.honest_folder import (
     fresh_version,
     generator_config,
     read_folder,
+    write_system_prompts,
 )
 from candor.serve.rescoring import Reread, can_read_alone
+from candor.serve.shapes import QUESTION, shape_words, shapes_of, system_prompts_of
 from candor.util.errors import CandorError
 from candor.util.files import atomic_folder
 from candor.util.version import __version__
 
 logger = logging.getLogger(__name__)
 
-SHAPE_WORDS = {QUESTION: "questions asked alone", CONVERSATION: "questions asked in conversations"}
 DEFAULT_REFUSAL = "I don't know."
 
 
@@ -131,9 +130,10 @@ class HonestModel:
             check(backend)  # a method the backend cannot run is refused here, at startup
         self.calibrator = calibrator
         self.calibrated_on = 0  # dev questions the calibrator was fitted on (0: unknown)
-        # Request shapes (SHAPES) the calibration and threshold were fitted on: every tuning path
-        # in candor fits on questions asked alone; a folder fitted on served traffic says more.
-        self.tuned_on: tuple[str, ...] = ("question",)
+        # Request shapes (candor.serve.shapes) the calibration and threshold were fitted on: those of the
+        # records ``tune`` fitted on (questions alone, or after a system prompt), or of served traffic.
+        self.tuned_on: tuple[str, ...] = (QUESTION,)
+        self.system_prompts: dict[str, str] = {}  # the text of each system-prompt shape in tuned_on
         self.version = "unsaved"  # the folder's version once saved or loaded (names the model in responses)
         self.threshold = th.Threshold(float(threshold)) if isinstance(threshold, (int, float)) else threshold
         self.template: QATemplate = resolve_template(template, backend.model_name, backend)
@@ -532,7 +532,7 @@ class HonestModel:
         )
 
     def _fitted_where(self) -> str | None:
-        shapes = " and ".join(SHAPE_WORDS[s] for s in self.tuned_on)
+        shapes = " and ".join(shape_words(s) for s in self.tuned_on)
         if self.calibrator is not None:
             count = f"{self.calibrated_on} " if self.calibrated_on else ""
             return f"a {self.calibrator.name} calibrator fitted on {count}labelled {shapes}"
@@ -642,6 +642,10 @@ class HonestModel:
         fitted on one and the threshold chosen on the other, so the threshold's
         dev estimates (and the risk-control guarantee) come from data the
         calibrator never saw.
+
+        The model is then tuned for the request shapes of ``dev`` (:mod:`candor.serve.shapes`):
+        records annotated after a system prompt (their item's ``history``) make it calibrated for
+        requests with that system prompt.
         """
         labelled = [r for r in dev if r.greedy_correct is not None]
         if len(labelled) < len(dev):
@@ -656,6 +660,8 @@ class HonestModel:
             self.fit_calibrator(calibrator, conf[fit], correct[fit])
             conf, correct = self._calibrated(conf[held]), correct[held]
         self.threshold = th.choose(conf, correct, rule, target, delta=delta)
+        self.tuned_on = shapes_of(r.item.history for r in labelled)
+        self.system_prompts = system_prompts_of(r.item.history for r in labelled)
         return self.threshold
 
     def fit_calibrator(self, name: str, confidence: np.ndarray, correct: np.ndarray) -> Calibrator:
@@ -680,6 +686,7 @@ class HonestModel:
                 "version": self.version,
                 "factuality": factuality_config(self.factuality),
             }
+            write_system_prompts(tmp, self.tuned_on, self.system_prompts)
             (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         return folder
 
@@ -699,4 +706,5 @@ class HonestModel:
         )
         model.calibrated_on, model.tuned_on, model.version = saved.fitted_on, saved.tuned_on, saved.version
         model.factuality = saved.factuality
+        model.system_prompts = dict(saved.system_prompts)
         return model
