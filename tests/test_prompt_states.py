@@ -145,3 +145,18 @@ def test_a_head_on_another_layer_or_a_server_without_hidden_states_keeps_the_sep
         assert model.prefill_reader is None
         with pytest.raises(CandorError, match="no prompt hidden states"):
             backend.generate(["Hello"], 0, SamplingParams(max_new_tokens=1), prompt_states=True)
+
+
+def test_candor_serve_in_front_of_sglang_reads_the_head_from_its_pass(tiny_model_dir, tmp_path):
+    """What ``candor serve --backend sglang --base-url URL --head H`` builds (the factory behind it)."""
+    from candor.serve.factory import build_model, engine_pass_options
+
+    folder = make_head(tiny_model_dir, tmp_path / "head", layer=-1, template="chat")  # the model's own default
+    assert engine_pass_options(folder) == {"prompt_state_layers": (-1,)}  # what the vllm backend is built with
+    assert engine_pass_options(make_head(tiny_model_dir, tmp_path / "lora", mode="lora")) == {}
+    hf = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
+    with SGLangFormatServer(hf, tiny_model_dir) as url:
+        model = build_model(tiny_model_dir, backend="sglang", head=folder, base_url=url + "/v1", max_new_tokens=3)
+        assert model.prefill_reader is not None and model.prefill_reader.from_engine_pass
+        answer = model.answer(QUESTIONS[0])
+    assert 0.0 <= answer.confidence <= 1.0 and not model.source.ran_own_pass
