@@ -51,6 +51,29 @@ def _load_openai(model: str, **kwargs: Any) -> Backend:
     return OpenAIBackend(model, **accepted_options(OpenAIBackend.__init__, kwargs))
 
 
+@BACKENDS.register("sglang")
+def _load_sglang(model: str, **kwargs: Any) -> Backend:
+    """An SGLang server at ``base_url`` (see ``candor.backends.sglang.SGLangBackend``).
+
+    The tokenizer defaults to ``model`` where that is a local folder or the embedded default: its
+    ``config.json`` gives the layer count the prompt's hidden states are read at.
+    """
+    from pathlib import Path
+
+    from candor.backends.default_model import is_embedded
+    from candor.backends.openai import OpenAIBackend
+    from candor.backends.sglang import SGLangBackend
+
+    if not kwargs.get("base_url"):
+        raise CandorError("the sglang backend needs a server address (--base-url http://host:port/v1)")
+    if not kwargs.get("tokenizer") and (is_embedded(model) or Path(model).is_dir()):
+        kwargs["tokenizer"] = model
+    options = accepted_options(OpenAIBackend.__init__, kwargs)
+    if kwargs.get("num_hidden_layers") is not None:
+        options["num_hidden_layers"] = kwargs["num_hidden_layers"]
+    return SGLangBackend(model, **options)
+
+
 @BACKENDS.register("vllm")
 def _load_vllm(model: str, **kwargs: Any) -> Backend:
     """vLLM's offline engine in this process (see ``candor.backends.vllm.VLLMBackend``)."""

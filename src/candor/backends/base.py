@@ -40,6 +40,11 @@ CONTINUATION_STATES = "continuation_hidden_states"
 # ``live_engine()``: a decode engine that requests join at its next step and leave when they finish
 # (continuous batching, for serving); see :class:`LiveEngine`.
 LIVE_DECODE = "live_decode"
+# ``generate(..., prompt_states=True)``: each ``Generations`` also carries the hidden states of the prompt's
+# last token from the engine's own generation pass (no second prefill), for the layers in the backend's
+# ``prompt_state_layers``; see :attr:`Generations.prompt_states` (vLLM's ``extract_hidden_states``, SGLang's
+# ``return_hidden_states``).
+PROMPT_HIDDEN_STATES = "prompt_hidden_states"
 
 WHITE_BOX = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, HIDDEN_STATES, TOKENIZER})
 
@@ -202,11 +207,30 @@ class Generations:
 
     ``prompt_tokens`` is the length of the prompt the engine read, in its own
     tokens (None when the backend cannot tell).
+
+    ``prompt_states`` (asked for with ``generate(..., prompt_states=True)`` on a
+    backend with :data:`PROMPT_HIDDEN_STATES`): the hidden state of the prompt's
+    last token from the pass that generated these answers, one float32 vector
+    per layer, keyed as transformers' ``output_hidden_states`` counts them
+    (0 the embeddings, ``num_hidden_layers`` the final normed output; see
+    :func:`absolute_layer`). None when not asked for.
     """
 
     greedy: Completion | None
     samples: list[Completion]
     prompt_tokens: int | None = field(default=None, compare=False)
+    prompt_states: dict[int, np.ndarray] | None = field(default=None, compare=False)
+
+
+def absolute_layer(layer: int, num_hidden_layers: int) -> int:
+    """``layer`` as an index into transformers' ``output_hidden_states`` (``num_hidden_layers + 1`` entries).
+
+    Negative layers count from the end (-1 is the final normed output, ``num_hidden_layers``).
+    """
+    count = num_hidden_layers + 1
+    if not -count <= layer < count:
+        raise CandorError(f"layer {layer} is out of range for a model of {num_hidden_layers} layers")
+    return layer % count
 
 
 @runtime_checkable
@@ -294,6 +318,9 @@ class DecodeRequest:
     seed: int = 0
     on_token: RequestTokenHook | None = None
     on_prefill: PrefillHook | None = None
+    # Ask the engine for the prompt's hidden states from this request's own pass
+    # (:attr:`Generations.prompt_states`; a backend with :data:`PROMPT_HIDDEN_STATES`).
+    prompt_states: bool = False
     # Handed the prompt's prefill when an engine ran it in chunks (a finished
     # ``candor.backends.engine.chunked_prefill.ChunkedPrefill``: its KV cache and last logits),
     # for work that reads the same prompt again (serving's re-read of the answers).

@@ -13,7 +13,13 @@ Records come out the same shape as the ``hf`` backend's:
   string) is dropped with its log-prob, as the ``hf`` backend drops it.
 
 ``score`` reads prompt log-probs; ``next_token_logprobs`` asks vLLM for the
-log-probs of the given token ids. There are no hidden states.
+log-probs of the given token ids. ``hidden_states`` (a separate pass) is not
+offered; built with ``prompt_state_layers``, the engine writes the prompt's
+hidden states of those layers from its own generation pass (vLLM's
+``extract_hidden_states``, :mod:`candor.backends.extracted_states`), and
+``generate(..., prompt_states=True)`` returns them (the capability
+``prompt_hidden_states``): an EliCal head served in front of this engine then
+needs no second prefill.
 
 vLLM starts worker processes, so a script that builds this backend must do so
 under ``if __name__ == "__main__":``. On CPU, vLLM has no per-request seed: the
@@ -38,6 +44,7 @@ from candor.backends.base import (
     GENERATE,
     LOGPROBS,
     NEXT_TOKEN_LOGPROBS,
+    PROMPT_HIDDEN_STATES,
     SCORE,
     TOKENIZER,
     TOP_LOGPROBS,
@@ -46,6 +53,8 @@ from candor.backends.base import (
     SamplingParams,
 )
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
+from candor.backends.extracted_states import PATH_KEY, ExtractedStates, FinalNorm, discard, model_config
+from candor.backends.extracted_states import engine_args as extraction_args
 from candor.backends.tokenizer_mixin import TokenizerMixin
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
@@ -67,7 +76,7 @@ def _vllm() -> Any:
 
 
 class VLLMBackend(TokenizerMixin):
-    """A grey-box backend: generation, token and prompt log-probs from vLLM; no hidden states."""
+    """A grey-box backend: generation, token and prompt log-probs from vLLM; prompt states from its pass when asked."""
 
     white_box = False
     capabilities = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOKENIZER})
@@ -81,6 +90,7 @@ class VLLMBackend(TokenizerMixin):
         seed: int = 0,
         top_logprobs: int = DEFAULT_TOP_LOGPROBS,
         folder: str | None = None,
+        extracted: ExtractedStates | None = None,
     ) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
@@ -89,6 +99,11 @@ class VLLMBackend(TokenizerMixin):
         self.top_logprobs = max(0, top_logprobs)
         self.per_request_seed = _device_kind() != "cpu"
         self._eos_ids = _eos_ids(tokenizer, folder)
+        self.extracted = extracted  # the engine writes the prompt's hidden states (built with prompt_state_layers)
+        if extracted is not None:
+            self.capabilities = VLLMBackend.capabilities | {PROMPT_HIDDEN_STATES}
+            self.num_hidden_layers = extracted.num_hidden_layers
+            self.prompt_state_layers = tuple(extracted.layer_ids)
 
     @classmethod
     def from_pretrained(
@@ -102,6 +117,8 @@ class VLLMBackend(TokenizerMixin):
         seed: int = 0,
         top_logprobs: int = DEFAULT_TOP_LOGPROBS,
         engine_args: dict[str, Any] | None = None,
+        prompt_state_layers: Sequence[int] | None = None,
+        hidden_states_dir: str | None = None,
     ) -> VLLMBackend:
         """Load a safetensors model folder (the embedded default is resolved to its cached folder).
 
@@ -109,6 +126,10 @@ class VLLMBackend(TokenizerMixin):
 
         ``engine_args`` go to ``vllm.LLM`` unchanged (e.g. ``gpu_memory_utilization``,
         ``enforce_eager``); ``logprobs_mode`` is always ``raw_logprobs``.
+
+        ``prompt_state_layers`` (transformers' numbering, -1 the last): the engine also writes
+        the prompt's hidden states of these layers from its generation pass, to
+        ``hidden_states_dir`` (a fresh temporary folder by default); see the module docstring.
         """
         vllm = _vllm()
         path = str(resolve_embedded(name_or_path)) if is_embedded(name_or_path) else name_or_path
@@ -129,9 +150,21 @@ class VLLMBackend(TokenizerMixin):
             args["dtype"] = dtype
         args.update(engine_args or {})
         args["logprobs_mode"] = LOGPROBS_MODE
+        extracted = None
+        if prompt_state_layers:
+            extracted, extraction = _extraction(path, prompt_state_layers, hidden_states_dir)
+            args.update(extraction)
         logger.info("starting vLLM on %s", path)
         llm = vllm.LLM(**args)
-        return cls(llm, tokenizer, model_name=name_or_path, seed=seed, top_logprobs=top_logprobs, folder=path)
+        return cls(
+            llm,
+            tokenizer,
+            model_name=name_or_path,
+            seed=seed,
+            top_logprobs=top_logprobs,
+            folder=path,
+            extracted=extracted,
+        )
 
     # ------------------------------------------------------------ generation
 
@@ -143,8 +176,14 @@ class VLLMBackend(TokenizerMixin):
         *,
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
+        prompt_states: bool = False,
     ) -> list[Generations]:
-        """Greedy answer and ``n`` samples per prompt, all in one engine call."""
+        """Greedy answer and ``n`` samples per prompt, all in one engine call.
+
+        ``prompt_states``: each prompt's hidden states from this pass (built with ``prompt_state_layers``).
+        """
+        if prompt_states and self.extracted is None:
+            raise CandorError("this vllm backend writes no hidden states: build it with prompt_state_layers")
         if n < 0:
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         if seeds is not None and len(seeds) != len(prompts):
@@ -170,13 +209,39 @@ class VLLMBackend(TokenizerMixin):
         if not requests:
             return results
         outputs = self.llm.generate([r[0] for r in requests], [r[1] for r in requests], use_tqdm=False)
-        for (i, is_greedy), out in zip(plans, outputs, strict=True):
-            completions = [self._completion(o) for o in out.outputs]
-            if is_greedy:
-                results[i].greedy = completions[0]
-            else:
-                results[i].samples = completions
+        files = self._state_files(outputs)
+        try:
+            for (i, is_greedy), out, file in zip(plans, outputs, files, strict=True):
+                completions = [self._completion(o) for o in out.outputs]
+                if is_greedy:
+                    results[i].greedy = completions[0]
+                else:
+                    results[i].samples = completions
+                if prompt_states and results[i].prompt_states is None:
+                    results[i].prompt_states = self.extracted.read(file, encoded[i])  # type: ignore[union-attr]
+        finally:
+            for file in files:
+                if file is not None:
+                    discard(file)
         return results
+
+    def _state_files(self, outputs: Sequence[Any]) -> list[str | None]:
+        """Each output's hidden-states file (the engine writes one per request when extracting), else None."""
+        if self.extracted is None:
+            return [None] * len(outputs)
+        files = []
+        for out in outputs:
+            path = (getattr(out, "kv_transfer_params", None) or {}).get(PATH_KEY)
+            if not path:
+                raise CandorError("vLLM returned no hidden-states file: is its hidden-states KV connector on?")
+            files.append(str(path))
+        return files
+
+    def _discard_states(self, outputs: Sequence[Any]) -> None:
+        """Remove the files an extracting engine wrote for requests that read no states (scoring)."""
+        for file in self._state_files(outputs):
+            if file is not None:
+                discard(file)
 
     def _completion(self, out: Any) -> Completion:
         ids = list(out.token_ids)
@@ -224,6 +289,7 @@ class VLLMBackend(TokenizerMixin):
         full_ids = self.encode([p + c for p, c in zip(prompts, continuations, strict=True)])
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         outputs = self.llm.generate([{"prompt_token_ids": f} for f in full_ids], params, use_tqdm=False)
+        self._discard_states(outputs)
         scores = []
         for p_ids, f_ids, out in zip(prompt_ids, full_ids, outputs, strict=True):
             start = _common_prefix(p_ids, f_ids)
@@ -236,6 +302,7 @@ class VLLMBackend(TokenizerMixin):
         vllm = _vllm()
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(token_ids))
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in self.encode(prompts)], params, use_tqdm=False)
+        self._discard_states(outputs)
         out = np.empty((len(prompts), len(token_ids)))
         for row, result in enumerate(outputs):
             first = result.outputs[0].logprobs[0]
@@ -244,6 +311,20 @@ class VLLMBackend(TokenizerMixin):
 
     def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
         raise CandorError("the vllm backend gives no hidden states; use the hf backend for hidden-state methods")
+
+
+def _extraction(folder: str, layers: Sequence[int], directory: str | None) -> tuple[ExtractedStates, dict[str, Any]]:
+    """The reader of the engine's hidden-states files and the engine arguments that make it write them."""
+    import tempfile
+
+    layer_count = model_config(folder).get("num_hidden_layers")
+    if not isinstance(layer_count, int):
+        raise CandorError(f"{folder}: no num_hidden_layers in config.json; cannot place prompt_state_layers")
+    extracted = ExtractedStates(layers, layer_count)
+    if layer_count in extracted.layer_ids:
+        extracted = ExtractedStates(layers, layer_count, FinalNorm.from_folder(folder))
+    target = directory or tempfile.mkdtemp(prefix="candor-vllm-states-")
+    return extracted, extraction_args(extracted.layer_ids, layer_count, target)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

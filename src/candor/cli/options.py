@@ -25,7 +25,9 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Embedded name, Hug
 DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Folder of HonestyBench files for named datasets.")]
 
 # Backend options of commands that load a model (each backend takes the ones it knows).
-BackendOpt = Annotated[str, typer.Option("--backend", help="Backend: hf, vllm or openai (a server at --base-url).")]
+BackendOpt = Annotated[
+    str, typer.Option("--backend", help="Backend: hf, vllm, openai or sglang (a server at --base-url).")
+]
 BaseUrlOpt = Annotated[
     str | None, typer.Option(help="openai backend: the server's address, e.g. http://127.0.0.1:8000/v1.")
 ]

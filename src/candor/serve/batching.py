@@ -11,7 +11,8 @@ which gives the same interface over ``backend.generate``:
 - one worker thread owns the backend (the model is not thread-safe); it takes
   the first waiting request, gathers more for up to ``max_wait_ms`` or until
   ``max_batch`` are in hand, and runs each group of requests that decode alike
-  (same samples, parameters and greedy row) as one ``generate`` call;
+  (same samples, parameters and greedy row, and whether it asks for the
+  prompt's hidden states) as one ``generate`` call;
 - a ``generate`` call that raises is run again request by request, so a
   failure reaches only its own request's future;
 - a request whose future was cancelled before its batch ran is skipped, and a
@@ -40,6 +41,7 @@ from typing import Any, TypeVar
 
 from candor.backends.base import (
     LIVE_DECODE,
+    PROMPT_HIDDEN_STATES,
     TOKEN_HOOK,
     Backend,
     DecodeRequest,
@@ -121,8 +123,8 @@ class _Decode:
     request: DecodeRequest
     future: Future[Generations]
 
-    def key(self) -> tuple[int, bool, SamplingParams]:
-        return (self.request.n, self.request.greedy, self.request.params)
+    def key(self) -> tuple[int, bool, SamplingParams, bool]:
+        return (self.request.n, self.request.greedy, self.request.params, self.request.prompt_states)
 
 
 @dataclass
@@ -165,6 +167,8 @@ class MicroBatchEngine:
     def submit(self, request: DecodeRequest) -> Future[Generations]:
         if request.on_prefill is not None:
             raise CandorError("reading a confidence from the prefill needs a backend with a live engine")
+        if request.prompt_states and PROMPT_HIDDEN_STATES not in backend_capabilities(self.backend):
+            raise CandorError("this backend gives no prompt hidden states from its generation pass")
         return self._put(_Decode(request, Future()))  # type: ignore[return-value]
 
     def call(self, work: Callable[[], T]) -> Future[T]:
@@ -231,7 +235,7 @@ class MicroBatchEngine:
 
     def _decode(self, decodes: list[_Decode]) -> None:
         live = [d for d in decodes if d.future.set_running_or_notify_cancel()]  # a departed client cancelled
-        groups: dict[tuple[int, bool, SamplingParams], list[_Decode]] = {}
+        groups: dict[tuple[int, bool, SamplingParams, bool], list[_Decode]] = {}
         for d in live:
             groups.setdefault(d.key(), []).append(d)
         for group in groups.values():
@@ -241,8 +245,9 @@ class MicroBatchEngine:
                 self._generate(group)
 
     def _generate(self, group: list[_Decode]) -> None:
-        n, greedy, params = group[0].key()
+        n, greedy, params, prompt_states = group[0].key()
         requests = [d.request for d in group]
+        extra = {"prompt_states": True} if prompt_states else {}  # a backend without the capability never sees it
         try:
             gens = self.backend.generate(
                 [r.prompt for r in requests],
@@ -251,6 +256,7 @@ class MicroBatchEngine:
                 greedy=greedy,
                 seeds=[r.seed for r in requests],
                 **self._hook(requests),
+                **extra,
             )
         except Exception as exc:
             if len(group) > 1:  # never hand one request's failure to the others: run each alone

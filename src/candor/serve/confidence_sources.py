@@ -24,7 +24,14 @@ import torch
 from safetensors.torch import load_file
 
 from candor.annotation.records import Record
-from candor.backends.base import LIVE_DECODE, Backend, Completion, backend_capabilities
+from candor.backends.base import (
+    LIVE_DECODE,
+    PROMPT_HIDDEN_STATES,
+    Backend,
+    Completion,
+    absolute_layer,
+    backend_capabilities,
+)
 from candor.backends.default_model import is_embedded, resolve_embedded
 from candor.data.items import QAItem
 from candor.estimators import get_estimator
@@ -70,18 +77,25 @@ class ConfidenceSource(Protocol):
 class PrefillReader:
     """The head's linear layer on a hidden state the generator's prefill already computed.
 
-    Called with the prefill's states at the prompt's last position (one vector
+    Called with the prefill's states at the prompt's last position: one vector
     per layer, embeddings first, as :data:`~candor.backends.base.PrefillHook`
-    gives them); returns the head's confidence, as :meth:`ConfidenceHead.predict`
+    gives them (a live engine in this process), or, with ``from_engine_pass``,
+    the layers a remote engine returned with its generation
+    (:attr:`~candor.backends.base.Generations.prompt_states`, keyed by absolute
+    layer). Returns the head's confidence, as :meth:`ConfidenceHead.predict`
     computes it from its own pass over the same prompt.
     """
 
-    def __init__(self, head: LinearHead, layer: int) -> None:
+    def __init__(self, head: LinearHead, layer: int, from_engine_pass: bool = False) -> None:
         self.head = head.eval()
         self.layer = layer
+        self.from_engine_pass = from_engine_pass
 
-    def __call__(self, states: Sequence[np.ndarray]) -> float:
-        if not -len(states) <= self.layer < len(states):
+    def __call__(self, states: Sequence[np.ndarray] | dict[int, np.ndarray]) -> float:
+        if isinstance(states, dict):
+            if self.layer not in states:
+                raise CandorError(f"the engine's pass gave layers {sorted(states)}, not the head's layer {self.layer}")
+        elif not -len(states) <= self.layer < len(states):
             raise CandorError(f"layer {self.layer} is out of range: the prefill gave {len(states)} hidden states")
         with torch.no_grad():
             return float(self.head(torch.from_numpy(np.asarray(states[self.layer])).unsqueeze(0))[0])
@@ -92,8 +106,11 @@ class HeadSource:
 
     Where the generator prefills the very prompt the head reads (same model and
     weights, same template) and runs a live engine, the head is read from that
-    prefill (:meth:`prefill_reader`) and never loads a backbone of its own; the
-    separate pass (:meth:`score_questions`) loads it on first use.
+    prefill (:meth:`prefill_reader`) and never loads a backbone of its own; a
+    remote engine that returns the prompt's hidden states with its generation
+    (the ``prompt_hidden_states`` capability: vLLM's ``extract_hidden_states``,
+    SGLang's ``return_hidden_states``) is read the same way from that pass. The
+    separate pass (:meth:`score_questions`) loads the backbone on first use.
     """
 
     kind = "head"
@@ -131,8 +148,24 @@ class HeadSource:
         generator = str(backend.model_name)
         if config.mode == "lora":
             return None, "the head is in LoRA mode (it reads its own adapted backbone): a separate pass per question"
-        if LIVE_DECODE not in backend_capabilities(backend):
-            return None, "the generator has no live engine to read a prefill from: a separate pass per question"
+        caps = backend_capabilities(backend)
+        layer, engine_pass = config.layer, PROMPT_HIDDEN_STATES in caps and LIVE_DECODE not in caps
+        if LIVE_DECODE not in caps and not engine_pass:
+            return None, (
+                "the generator has no live engine to read a prefill from, nor the prompt's hidden states from its "
+                "generation pass: a separate pass per question"
+            )
+        if engine_pass:
+            offered = tuple(getattr(backend, "prompt_state_layers", ()))
+            try:
+                layer = absolute_layer(config.layer, int(getattr(backend, "num_hidden_layers", -2)))
+            except CandorError:
+                layer = -1 - max(offered, default=0)  # out of the model's range: matches no layer offered
+            if layer not in offered:
+                return None, (
+                    f"the engine returns the prompt's states of layers {list(offered)} from its pass, the head reads "
+                    f"layer {config.layer}: a separate pass per question"
+                )
         if config.template != template:
             return None, (
                 f"the head reads the {config.template!r} template but the generator prefills {template!r}: "
@@ -143,6 +176,12 @@ class HeadSource:
                 f"the head's backbone {config.backbone!r} is not the generator's weights ({generator!r}"
                 f"{' with an adapter' if getattr(backend, 'adapter', None) else ''}): a separate pass "
                 "per question"
+            )
+        if engine_pass:
+            return PrefillReader(self._linear_head(config), layer, from_engine_pass=True), (
+                f"read from the engine's generation pass (layer {config.layer}, template {template!r}): no second "
+                "prefill and no classify server; the engine generates the answer before the head decides, so a "
+                "declined question's answer is generated and withheld"
             )
         return PrefillReader(self._linear_head(config), config.layer), (
             f"read from the generator's own prefill (layer {config.layer}, template {template!r}): one prefill for "

@@ -86,6 +86,8 @@ def build_model(
         kwargs["base_url"] = base_url
     if adapter is not None:
         kwargs["adapter"] = str(adapter)
+    if head is not None:
+        kwargs.update(engine_pass_options(head))
     generator = load_backend(model, backend, **kwargs)
     if head is not None:
         source = HeadSource(head)
@@ -127,6 +129,20 @@ def remote_head_model(
     return HonestModel(
         generator, source, threshold=threshold, decoding=Decoding(max_new_tokens=max_new_tokens), backend_name=backend
     )
+
+
+def engine_pass_options(head: Path) -> dict[str, object]:
+    """What makes an engine hand out the layer ``head`` reads from its own generation pass.
+
+    The ``vllm`` backend takes ``prompt_state_layers`` (its engine then writes those layers'
+    states, :mod:`candor.backends.extracted_states`); backends that take no such option leave it
+    out (:func:`candor.backends.accepted_options`). A LoRA-mode head reads its own adapted
+    backbone, never the generator's states, so it asks for none.
+    """
+    from candor.train.elical.model import HeadConfig
+
+    config = HeadConfig.read(Path(head))
+    return {"prompt_state_layers": (config.layer,)} if config.mode == "head" else {}
 
 
 def check_threshold(threshold: float | None) -> None:

@@ -284,6 +284,8 @@ class HonestModel:
         (only for a question answered: an abstention generates no reply).
         """
         ask.check_alive()
+        if self.prefill_reader is not None and self.prefill_reader.from_engine_pass:
+            return await self._answer_from_engine_pass(ask, engine, self.prefill_reader)
         if self.prefill_reader is not None:
             return await self._answer_from_prefill(ask, engine, self.prefill_reader)
         if self.source.before_generation:
@@ -356,6 +358,27 @@ class HonestModel:
             return [verdict[0]] * ask.reply.n
         completions = [g.greedy] * ask.reply.n if g.greedy is not None else g.samples[: ask.reply.n]
         answers = [self._answered(c, verdict[0].confidence, ask, True, None, g.prompt_tokens) for c in completions]  # type: ignore[arg-type]
+        return await self._with_claims(ask, engine, answers)
+
+    async def _answer_from_engine_pass(self, ask: Ask, engine: LiveEngine, reader: PrefillReader) -> list[HonestAnswer]:
+        """A head read from the prompt's states the engine returns with the reply (no second prefill).
+
+        The engine generates before the head decides: nothing streams until the
+        verdict, and a declined question's generated answer is withheld.
+        """
+        request = replace(self._reply_request(ask), prompt_states=True, on_token=None)
+        g = await done(engine.submit(request))
+        ask.check_alive()
+        if g.prompt_states is None:
+            raise CandorError("the engine returned no hidden states of the prompt with its generation")
+        confidence = float(self._calibrated(np.array([reader(g.prompt_states)]))[0])
+        if self._declines(confidence):
+            declined = self._abstention(confidence, "declined on the question (the engine's answer is withheld)")
+            ask.decided(declined)
+            return [declined] * ask.reply.n
+        ask.decided(self._undecided(confidence))
+        completions = [g.greedy] * ask.reply.n if g.greedy is not None else g.samples[: ask.reply.n]
+        answers = [self._answered(c, confidence, ask, True, None, g.prompt_tokens) for c in completions]  # type: ignore[arg-type]
         return await self._with_claims(ask, engine, answers)
 
     async def _question_confidence(self, item: QAItem, engine: LiveEngine) -> float:
