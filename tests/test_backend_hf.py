@@ -443,6 +443,7 @@ print(max(
 """
 
 
+@pytest.mark.slow  # over a minute on 2 shared cores (make test-slow)
 def test_the_first_generate_call_of_a_process_repeats_exactly(shared_data):
     """A process's first call drifted from its second (up to 2e-4) in about a third of fresh processes
     running the annotation benchmark's job (HFBackend._warm_up): so a few fresh processes are tried."""

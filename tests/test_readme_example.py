@@ -115,6 +115,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 @pytest.mark.server
 @pytest.mark.integration
+@pytest.mark.slow  # over a minute on 2 shared cores (make test-slow)
 def test_every_readme_command_runs_as_written(smollm_dir, tmp_path):
     """The tour, line by line in bash in a fresh folder; a line ending in ``&`` is a server, started and
     waited for (``/ready``, then ``/health``), asked once more with the official client, and stopped.

@@ -330,6 +330,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.server
+@pytest.mark.slow  # over a minute on 2 shared cores (make test-slow)
 def test_the_chain_candor_in_front_of_a_generation_server_and_a_classify_server(exported, tiny_model_dir, tmp_path):
     """transformers serve (generation) + candor serve-head (the exported head) + candor serve --backend openai."""
     openai = pytest.importorskip("openai")

@@ -68,6 +68,7 @@ def _call(url: str, body: dict | None, key: str) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+@pytest.mark.slow  # over a minute on 2 shared cores (make test-slow)
 def test_candor_serve_runs_with_a_key_from_the_environment(tiny_model_dir):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": SRC, "MY_SERVE_KEY": "s3cret", "OMP_NUM_THREADS": "1"}
@@ -171,6 +172,7 @@ def test_serve_names_the_file_of_a_bad_honest_model(tmp_path, capsys, text, says
     assert err.startswith(f"error: {folder / 'honest.json'}{says}"), err
 
 
+@pytest.mark.slow  # over a minute on 2 shared cores (make test-slow)
 def test_serve_without_a_threshold_warns_at_startup(tiny_model_dir):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}

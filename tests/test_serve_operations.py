@@ -396,6 +396,7 @@ def wait_until(check, proc: subprocess.Popen, what: str, timeout: float = 120) -
         time.sleep(0.1)
 
 
+@pytest.mark.slow  # over a minute on 2 shared cores (make test-slow)
 def test_sigterm_finishes_the_in_flight_request_and_exits_0(tiny_model_dir):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
