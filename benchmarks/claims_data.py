@@ -13,11 +13,13 @@ Generation is resumable: records are appended batch by batch to
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.common import CACHE
+from benchmarks.common import CACHE, RESULTS
 from benchmarks.mini import load_mini_or_exit
 from candor.annotation.builder import AnnotateConfig, annotate
 from candor.annotation.prompts import TEMPLATES, numbered
@@ -30,6 +32,10 @@ from candor.data.starter import load_starter
 logger = logging.getLogger("benchmarks.claims")
 
 CLAIMS_CACHE = CACHE / "claims"
+# Gzip copies of the generations, committed so that a run on another machine (or session) resumes
+# where this one stopped instead of starting over: the generation takes hours on 2 CPU cores.
+SNAPSHOT = RESULTS / "claims_generations"
+GENERATIONS = ("compound.jsonl", "alone.jsonl")
 SIZES = (2, 3, 4)  # questions per prompt, cycled
 TOKENS_PER_QUESTION = 24  # the answer's token cap: this many per question asked
 SOURCES = ("starter", "nq", "hq", "2wikimultihopqa", "pararel")
@@ -75,6 +81,42 @@ def interleaved(groups: Sequence[Sequence[QAItem]]) -> list[QAItem]:
     for i in range(max((len(g) for g in groups), default=0)):
         out.extend(g[i] for g in groups if i < len(g))
     return out
+
+
+def save_snapshot(cache: Path = CLAIMS_CACHE, snapshot: Path = SNAPSHOT) -> list[Path]:
+    """The cached generations, gzipped into ``snapshot`` (byte-identical for the same lines: no timestamp)."""
+    snapshot.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in GENERATIONS:
+        source = cache / name
+        if not source.exists():
+            continue
+        target = snapshot / f"{name}.gz"
+        tmp = target.with_suffix(".gz.tmp")
+        with source.open("rb") as raw, tmp.open("wb") as out, gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz:
+            gz.write(raw.read())
+        tmp.replace(target)
+        written.append(target)
+    return written
+
+
+def restore_snapshot(cache: Path = CLAIMS_CACHE, snapshot: Path = SNAPSHOT) -> int:
+    """Append to the cache the snapshot's generations it lacks (by record id); how many lines were added."""
+    added = 0
+    for name in GENERATIONS:
+        source = snapshot / f"{name}.gz"
+        if not source.exists():
+            continue
+        target = cache / name
+        have = {r.id for r in read_records(target)} if target.exists() else set()
+        with gzip.open(source, "rt", encoding="utf-8") as lines:
+            missing = [line for line in lines if line.strip() and Record.from_dict(json.loads(line)).id not in have]
+        if missing:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("a", encoding="utf-8") as out:
+                out.writelines(line if line.endswith("\n") else line + "\n" for line in missing)
+            added += len(missing)
+    return added
 
 
 def generate_compound(

@@ -2,7 +2,9 @@
 
     python -m benchmarks.claims_generate --prompts 500 --k 3 [--threads 2]
 
-Resumable (see claims_data.py); run it under ``nohup nice -n 10`` on a shared machine.
+Resumable (see claims_data.py); run it under ``nohup nice -n 10`` on a shared machine. It starts
+from the committed snapshot of earlier runs (``results/claims_generations/``); ``--snapshot``
+writes the cache back into it, to commit, so a later run resumes where this one stopped.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from benchmarks.claims_data import (
     generate_alone,
     generate_compound,
     interleaved,
+    restore_snapshot,
+    save_snapshot,
     source_questions,
 )
 from benchmarks.common import logger, setup_logging
@@ -32,8 +36,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="only gzip the generations cached so far into results/claims_generations/ (to commit) and exit",
+    )
     args = parser.parse_args()
     setup_logging()
+    if args.snapshot:
+        for path in save_snapshot():
+            logger.info("wrote %s", path)
+        return
+    logger.info("restored %d generations from the committed snapshot", restore_snapshot())
     torch.set_num_threads(args.threads)
     backend = load_backend("smollm2-135m", "hf")
     per_source = args.prompts // len(SOURCES)
