@@ -94,7 +94,8 @@ def save_snapshot(cache: Path = CLAIMS_CACHE, snapshot: Path = SNAPSHOT) -> list
         target = snapshot / f"{name}.gz"
         tmp = target.with_suffix(".gz.tmp")
         with source.open("rb") as raw, tmp.open("wb") as out, gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz:
-            gz.write(raw.read())
+            data = raw.read()
+            gz.write(data[: data.rfind(b"\n") + 1])  # whole lines only: a generation may be appending now
         tmp.replace(target)
         written.append(target)
     return written
