@@ -201,8 +201,14 @@ def pydantic_ai_calls(url: str, adapter: bool) -> dict[str, dict]:
 
 
 def openai_agents_calls(url: str, adapter: bool, responses: bool) -> dict[str, dict]:
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner
-    from agents import set_tracing_disabled
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        set_tracing_disabled,
+    )
 
     from candor.integrations.openai_agents import CandorChatCompletionsModel, CandorResponsesModel, served_answer
 
@@ -454,7 +460,7 @@ def matrix(served) -> dict[str, Any]:
         cells = []
         # The four settings at once: the engine batches their questions, and Node's start-ups overlap.
         with ThreadPoolExecutor(len(SETTINGS)) as pool:
-            runs = list(pool.map(lambda setting: client["run"](urls[setting]), SETTINGS))
+            runs = list(pool.map(client["run"], [urls[setting] for setting in SETTINGS]))
         for (case, abstain_as), ran in zip(SETTINGS, runs, strict=True):
             for i, mode in enumerate(MODES):
                 cell = {"case": case, "abstain_as": abstain_as, "mode": mode, "call": client["calls"][i]}
@@ -541,3 +547,9 @@ def test_the_committed_matrix_is_what_the_packages_do_now(matrix):
         )
         compared += 1
     assert compared, "no client ran"
+
+
+def test_the_documented_metadata_extractor_is_the_one_the_matrix_runs():
+    """docs/serving.md's JavaScript snippet is tests/node/candor_metadata.mjs, word for word."""
+    snippet = (NODE_DIR / "candor_metadata.mjs").read_text(encoding="utf-8")
+    assert f"```js\n{snippet}```" in (ROOT / "docs" / "serving.md").read_text(encoding="utf-8")

@@ -168,7 +168,7 @@ def served_confidence(result: Any) -> ServedConfidence | None:
 
 
 def served_answer(result: Any) -> ServedAnswer:
-    """The run's answer as the user sees it (the refusal text for an abstention), whether it abstained, its confidence."""
+    """The run's answer as the user sees it (the refusal text for an abstention) and its confidence."""
     item = answer_item(result)
     text = ItemHelpers.text_message_output(item) if item is not None else None
     return answer(text, served_confidence(result))
