@@ -4,9 +4,10 @@ Every client apps are built on, in the way docs/serving.md documents for it (wit
 exists), plain and streamed, asks one question of a server that answers it (threshold 0.0) and of one that
 abstains (threshold 1.0), under ``--abstain-as text`` and ``--abstain-as refusal``. Each cell records the
 text the user sees, the finish reason, the exception raised (its type) and the confidence the documented
-line reaches; the same call without candor's adapter is recorded beside it. The assertions: an abstention
-is shown as the refusal text (or raised as the framework's own refusal type, by choice), never an empty
-message; an answer is the served answer; the confidence is reachable in every cell.
+line reaches; the same call without candor's adapter is recorded beside it. The assertions: as documented,
+an abstention is shown as the refusal text, never an empty message and never an exception (without the
+adapters pydantic-ai and openai-agents raise their own refusal types under ``--abstain-as refusal``,
+recorded beside); an answer is the served answer; the confidence is reachable in every cell.
 
 The server is the embedded model (SmolLM2-135M, ``n-prob``) loaded once for the module; the four
 settings are four apps over that one engine. The cells go to ``benchmarks/results/client_matrix.json``
@@ -51,7 +52,7 @@ SYSTEM = "Answer briefly."
 MAX_TOKENS = 64  # the embedded model's answer ends well before (an incomplete Responses stream is an agents error)
 MODES = ("plain", "stream")
 SETTINGS = (("answered", "text"), ("answered", "refusal"), ("abstained", "text"), ("abstained", "refusal"))
-# The framework's own refusal type, per client: raising it for an abstention is the user's choice.
+# The framework's own refusal type, per client: what it raises for OpenAI's refusal field without the adapter.
 REFUSAL_TYPES = {"pydantic-ai": "ContentFilterError", "openai-agents": "ModelRefusalError"}
 
 
@@ -490,11 +491,8 @@ def test_every_cell_shows_the_answer_or_the_refusal_and_reaches_the_confidence(m
     assert len(row["cells"]) == len(SETTINGS) * len(MODES)
     for cell in row["cells"]:
         where = f"{name} {cell['mode']} {cell['case']} --abstain-as {cell['abstain_as']}: {cell}"
-        if cell["exception"] is not None:
-            # Only an abstention may raise, only by choice (refusal), and only as the framework's refusal type.
-            assert cell["case"] == "abstained" and cell["abstain_as"] == "refusal", where
-            assert cell["exception"] == REFUSAL_TYPES.get(row["family"]), where
-            continue
+        # As documented (with candor's adapter), an abstention is an answer, never an exception.
+        assert cell["exception"] is None, where
         expected = REFUSAL if cell["case"] == "abstained" else matrix["answer"]
         assert cell["shown"] == expected, where  # never an empty message, never the withheld answer
         assert cell["finish_reason"] in (None, "stop", "completed", "content-filter"), where
@@ -510,10 +508,10 @@ def test_the_bare_frameworks_are_recorded_beside_the_adapters(matrix):
         for cell in row.get("cells", []):
             if "without_adapter" in cell and cell["case"] == "abstained" and cell["abstain_as"] == "refusal":
                 recorded[row["family"], cell["mode"]] = cell["without_adapter"]
-    if ("pydantic-ai", "plain") in recorded:
-        assert recorded["pydantic-ai", "plain"]["exception"] == "ContentFilterError"
-    if ("openai-agents", "plain") in recorded:
-        assert recorded["openai-agents", "plain"]["exception"] == "ModelRefusalError"
+    for family, refusal_type in REFUSAL_TYPES.items():
+        for mode in MODES:
+            if (family, mode) in recorded:  # the framework's own refusal type, which the adapter turns into an answer
+                assert recorded[family, mode]["exception"] == refusal_type, (family, mode)
     if ("litellm", "stream") in recorded:
         assert recorded["litellm", "stream"]["shown"] == "", "LiteLLM's stream drops a refusal: the adapter's reason"
         assert recorded["litellm", "stream"]["confidence"] is None
