@@ -46,7 +46,8 @@ def compound(rid: str, text: str, samples: list[str], parts=PARTS, token_ids: li
         meta={"parts": [{"id": f"{rid}:{k}", "question": q, "answers": a} for k, (q, a) in enumerate(parts)]},
     )
     greedy = Completion(text, token_ids=token_ids or [])
-    rec = Record(item=item, greedy=greedy, samples=[Completion(s) for s in samples], provenance={"template": "compound"})
+    samples_ = [Completion(s) for s in samples]
+    rec = Record(item=item, greedy=greedy, samples=samples_, provenance={"template": "compound"})
     rec.claims = [Claim(text=text[a:b], start=a, end=b) for a, b in sentence_spans(text)]
     return rec
 
@@ -245,6 +246,13 @@ def test_the_trainer_table_runs_elical_claims_and_refuses_a_soft_target(tiny_mod
 
 def test_the_entry_point_names_the_module_that_registers_elical_claims():
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    assert '[project.entry-points."candor.claim_estimators"]\nelical-claims = "candor.train.elical.claim_estimator"' in (
-        text
-    )
+    group = '[project.entry-points."candor.claim_estimators"]\n'
+    assert group + 'elical-claims = "candor.train.elical.claim_estimator"' in text
+
+
+def test_the_question_level_elical_estimator_refuses_a_claim_head(trained):
+    from candor.estimators.base import get_estimator
+
+    _, out, records = trained
+    with pytest.raises(CandorError, match="is a claim head"):
+        get_estimator("elical", head=str(out)).estimate(records[:2])

@@ -14,7 +14,10 @@ from candor.util.errors import CandorError
 
 @user_errors
 def train(
-    method: Annotated[str, typer.Argument(help="elical, eli-only, cal-only, elical-claims, advice, conftuner, advice+conftuner, probe.")],
+    method: Annotated[
+        str,
+        typer.Argument(help="elical, eli-only, cal-only, elical-claims, advice, conftuner, advice+conftuner, probe."),
+    ],
     records: Annotated[Path, typer.Option("--records", "-r", help="Training records JSONL (`candor annotate`).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the trained head or adapter.")],
     dev: Annotated[

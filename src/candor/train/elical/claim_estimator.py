@@ -60,8 +60,10 @@ class EliCalClaims(ClaimEstimator):
 
             if isinstance(self.head_source, (str, Path)):
                 self._head = ClaimHead.from_pretrained(self.head_source, device=self.device, dtype=self.dtype)
-            else:
-                self._head = self.head_source if isinstance(self.head_source, ClaimHead) else ClaimHead(self.head_source)
+            elif isinstance(self.head_source, ClaimHead):
+                self._head = self.head_source
+            else:  # a loaded ConfidenceHead
+                self._head = ClaimHead(self.head_source)
         return self._head
 
     def describe(self) -> dict[str, Any]:

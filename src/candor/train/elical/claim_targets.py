@@ -80,4 +80,3 @@ def claim_consistency(records: Sequence[Record], judge: ConsistencyJudge) -> lis
 def claim_labels(records: Sequence[Record]) -> list[list[float | None]]:
     """Per record, per claim: the claim's 0/1 label, None when it is not scored (unlabelled or a failure mode)."""
     return [[float(c.label) if c.scored else None for c in rec.claims or []] for rec in records]  # type: ignore[arg-type]
-
