@@ -102,7 +102,7 @@ def test_the_claims_last_token_is_where_its_characters_end(tokenizer):
         assert through.rstrip().endswith(claim.text)
         assert not before.rstrip().endswith(claim.text)
     with pytest.raises(CandorError, match="rests on no token"):
-        claim_last_position(Claim("x", 0, 1), n_prompt)
+        claim_last_position(Claim(text="x", start=0, end=1), n_prompt)
 
 
 def test_claim_features_read_each_claims_tokens_whatever_the_padding(tiny_model, tokenizer):
