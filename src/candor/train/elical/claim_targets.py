@@ -1,4 +1,4 @@
-"""The claim head's stage targets (docs/claims.md "A trained claim head", docs/training.md "elical-claims").
+"""The claim head's stage targets (docs/claims.md "A trained claim head").
 
 - Stage 1 (Eli), no labels: a claim's **self-consistency**, the share of the
   ``k`` sampled answers that support it. A compound prompt asks several
