@@ -63,12 +63,14 @@ def test_a_claims_consistency_is_the_share_of_samples_agreeing_at_its_own_questi
             "1. Paris.\n2. Milan is in Italy.",  # agrees on 1, not on 2
             "1. Lyon is the capital of France.\n2. Rome.",  # not on 1 (only the question's words shared), agrees on 2
             "2. Paris is lovely.\n1. It is Paris",  # numbered out of order: its answer to question 1 is "It is Paris"
+            "1. Rome is in Italy.\n2. Paris.",  # each claim's words, at the other question: supports neither
         ],
     )
     values = claim_consistency([rec], get_consistency_judge("lexical-echo"))[0]
     # Claim 1: samples 1 and 3 (sample 3's "2. Paris is lovely." answers question 2, so it does not count twice).
-    # Claim 2: sample 2 only. Claim 3 answers no question of the prompt: no target.
-    assert values == [pytest.approx(2 / 3), pytest.approx(1 / 3), None]
+    # Claim 2: sample 2 only. Sample 4 says both claims' answers, each at the wrong question. Claim 3 answers no
+    # question of the prompt: no target.
+    assert values == [pytest.approx(2 / 4), pytest.approx(1 / 4), None]
     assert pieces_at("1. Paris is big.\n2. Rome is old. It is in Italy.", 1) == ["Rome is old.", "It is in Italy."]
 
 
