@@ -17,6 +17,7 @@ except ImportError:  # recent openai clients ship the same API as httpx2
     httpx = pytest.importorskip("httpx2")
 from typer.testing import CliRunner  # noqa: E402
 
+import candor.train.elical.claim_estimator  # noqa: E402, F401  (registers elical-claims; pip install -e . does it by entry point)
 from candor.annotation.claim_split import split_claims  # noqa: E402
 from candor.annotation.claims import refine  # noqa: E402
 from candor.cli import app  # noqa: E402
@@ -190,6 +191,7 @@ def test_a_list_answer_refined_by_claims_leaks_no_removed_text(generator, tmp_pa
         (["--claims", "claim-nonsense"], "unknown claim method"),
         (["--claims", "claim-prob", "--refine", "cut"], "--refine must be one of"),
         (["--claims", "claim-consistency"], "reads sampled answers"),
+        (["--claims", "elical-claims"], "--claims elical-claims is not served: the claim head reads"),
     ],
 )
 def test_claim_options_are_checked(tiny_model_dir, args, says):

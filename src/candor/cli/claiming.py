@@ -34,6 +34,10 @@ def claims(
     ] = None,
     bootstrap: Annotated[int, typer.Option(help="Resamples of answers for the intervals (0: none).")] = 1000,
     resplit: Annotated[bool, typer.Option(help="Split again even when the records already carry claims.")] = False,
+    head: Annotated[
+        Path | None,
+        typer.Option(help="A claim head folder (`candor train elical-claims`), read by the elical-claims method."),
+    ] = None,
 ) -> None:
     """Claim-level confidence for long answers (docs/claims.md).
 
@@ -55,10 +59,13 @@ def claims(
         raise CandorError("--decomposer llm needs --judge-model (the model that writes the atomic facts)")
     if bootstrap < 0:
         raise CandorError(f"--bootstrap must be 0 or more, got {bootstrap}")
+    options = _head_options(names, head)
     recs, backend = _prepared(records, names, model, decomposer, judge_model, resplit)
     from candor.evaluation.claim_report import write_claim_report
 
-    metrics = write_claim_report(recs, names, out, backend, bootstrap=bootstrap, command=invoked_command())
+    metrics = write_claim_report(
+        recs, names, out, backend, bootstrap=bootstrap, options=options, command=invoked_command()
+    )
     from candor.annotation.records import write_records
 
     write_records(out / "claims.jsonl", recs)
@@ -105,6 +112,22 @@ def _prepared(records: Path, names: list[str], model: str, decomposer: str, judg
             )
         label_free_claims(free, judge)
     return recs, backend
+
+
+HEAD_METHOD = "elical-claims"  # the claim method that reads --head
+
+
+def _head_options(names: list[str], head: Path | None) -> dict[str, dict[str, str]]:
+    """``--head`` for the method that reads it; refused without that method, and that method refused without it."""
+    if head is None:
+        if HEAD_METHOD in names:
+            raise CandorError(f"--methods {HEAD_METHOD} needs --head DIR (a head from `candor train {HEAD_METHOD}`)")
+        return {}
+    if HEAD_METHOD not in names:
+        raise CandorError(f"--head is read only by the {HEAD_METHOD} method; add it to --methods")
+    if not head.is_dir():
+        raise CandorError(f"--head {head}: no such folder")
+    return {HEAD_METHOD: {"head": str(head)}}
 
 
 def _judge_free(name: str) -> dict[str, str]:

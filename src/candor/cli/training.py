@@ -14,7 +14,10 @@ from candor.util.errors import CandorError
 
 @user_errors
 def train(
-    method: Annotated[str, typer.Argument(help="elical, eli-only, cal-only, advice, conftuner, advice+conftuner.")],
+    method: Annotated[
+        str,
+        typer.Argument(help="elical, eli-only, cal-only, elical-claims, advice, conftuner, advice+conftuner, probe."),
+    ],
     records: Annotated[Path, typer.Option("--records", "-r", help="Training records JSONL (`candor annotate`).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the trained head or adapter.")],
     dev: Annotated[
@@ -60,8 +63,11 @@ def train(
         f"{method}: saved to {result.path} ({result.cost.get('wall_s', float('nan')):.0f} s, "
         f"peak {result.cost.get('peak_rss_mib', float('nan')):.0f} MiB)"
     )
-    if method == "elical":
+    if method in ("elical", "elical-claims"):
         typer.echo(stage_two_line(result.config))
+    if method == "elical-claims" and result.config is not None:
+        choice = result.config["pooling_choice"]
+        typer.echo(f"claim feature: {choice['pooling']} (chosen by {choice['by']}; dev AUROC {choice['dev_auroc']})")
     if result.held_out is not None:
         typer.echo(held_out_summary(result.held_out))
 

@@ -43,13 +43,16 @@ class ClaimContext:
 
 
 class ClaimEstimator:
-    """Base class: ``name``, ``requires``, ``needs_backend``, ``min_samples``."""
+    """Base class: ``name``, ``requires``, ``needs_backend``, ``min_samples``, ``servable``."""
 
     name: ClassVar[str] = "claim-estimator"
     requires: frozenset[str] = frozenset()
     needs_backend: ClassVar[bool] = False
     needs_prompt: ClassVar[bool] = False  # re-runs the model on the answer's exact prompt
     min_samples: ClassVar[int] = 0
+    # Whether `candor serve --claims NAME` can run it on a served answer; when not, why (the refusal says it).
+    servable: ClassVar[bool] = True
+    not_served_because: ClassVar[str] = ""
     _tolerance: ClassVar[float] = 1e-6
 
     def estimate(self, contexts: Sequence[ClaimContext], backend: Backend | None = None) -> list[np.ndarray]:
@@ -93,7 +96,10 @@ class ClaimEstimator:
         return np.clip(values, 0.0, 1.0)
 
 
-CLAIM_ESTIMATORS: Registry[Callable[..., ClaimEstimator]] = Registry("claim estimator")
+# Later stages add claim estimators through the entry-point group (elical-claims, a trained head).
+CLAIM_ESTIMATORS: Registry[Callable[..., ClaimEstimator]] = Registry(
+    "claim estimator", plugins="candor.claim_estimators"
+)
 
 
 def contexts_from_records(records: Sequence[Record], backend: Backend | None) -> list[ClaimContext]:

@@ -43,6 +43,15 @@ def claim_estimator_names() -> list[str]:
     return CLAIM_ESTIMATORS.names()
 
 
+def not_served_because(name: str) -> str | None:
+    """Why ``candor serve --claims NAME`` refuses the named estimator, or None when it can serve it."""
+    factory = CLAIM_ESTIMATORS.get(name)
+    estimator = getattr(factory, "func", factory)  # a functools.partial registers a configured class
+    if getattr(estimator, "servable", True):
+        return None
+    return str(getattr(estimator, "not_served_because", "")) or "it cannot score a served answer"
+
+
 def score_record_claims(
     method: str | ClaimEstimator, records: Sequence[Record], backend: Backend | None = None, **options: Any
 ) -> list[list[float]]:

@@ -24,7 +24,7 @@ from typing import Any
 from candor.annotation.claim_split import split_claims
 from candor.annotation.claims import Claim, refine
 from candor.backends.base import Backend, Completion
-from candor.estimators.claim_scoring import built, claim_estimator_names, score_claims
+from candor.estimators.claim_scoring import built, claim_estimator_names, not_served_because, score_claims
 from candor.serve.factuality import FactualityGuarantee, check_alpha
 from candor.util.errors import CandorError
 
@@ -44,6 +44,9 @@ class ClaimPolicy:
     def __post_init__(self) -> None:
         if self.method not in claim_estimator_names():
             raise CandorError(f"unknown claim method {self.method!r}; known: {', '.join(claim_estimator_names())}")
+        refused = not_served_because(self.method)
+        if refused is not None:
+            raise CandorError(f"--claims {self.method} is not served: {refused}")
         if self.refine is not None and self.refine not in REFINE_MODES:
             raise CandorError(f"--refine must be one of {', '.join(REFINE_MODES)}; got {self.refine!r}")
         if not 0.0 <= self.threshold <= 1.0:

@@ -106,6 +106,39 @@ for _method in ("elical", "eli-only", "cal-only"):
     TRAINERS.register(_method)(_elical(_method))
 
 
+@TRAINERS.register("elical-claims")
+def _elical_claims(job: TrainJob) -> TrainResult:
+    """The EliCal claim head on compound-prompt records (candor.train.elical.claim_head)."""
+    from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE
+    from candor.train.elical import Budget, EliCalConfig, TrainingPool
+    from candor.train.elical.claim_head import AUTO, train_claim_head
+    from candor.util.errors import CandorError
+
+    settings = dict(job.settings)
+    budget = Budget.parse(settings.pop("budget", "all"))  # a number of claim labels, or all
+    pooling = settings.pop("pooling", AUTO)
+    judge = settings.pop("judge", DEFAULT_CONSISTENCY_JUDGE)
+    # A claim has one label: stage 2 trains on it, so the question head's soft target has no meaning here.
+    if settings.setdefault("cal_target", "hard") != "hard":
+        raise CandorError("elical-claims: stage 2 trains on each claim's label; cal_target can only be 'hard'")
+    for key, why in (("mode", "the claim head reads a frozen backbone"), ("feature_cache", "features stay in memory")):
+        if key in settings and not (key == "mode" and settings[key] == "head"):
+            raise CandorError(f"elical-claims does not take {key}= ({why})")
+    config = build_config(EliCalConfig, settings, model=job.model, seed=job.seed)
+    data = TrainingPool.of(job.read_train(), job.read_dev(), seed=job.seed, source=job.records, dev_source=job.dev)
+    return train_claim_head(
+        data.pool,
+        data.dev,
+        out_dir=job.out,
+        config=config,
+        budget=budget,
+        pooling=pooling,
+        judge=judge,
+        source=data.source,
+        dev_source=data.dev_source,
+    )
+
+
 # ------------------------------------------------------------------ ADVICE, ConfTuner
 
 

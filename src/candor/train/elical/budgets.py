@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from candor.annotation.records import Record
 from candor.data.splits import seeded_shuffle
 from candor.util.errors import CandorError
 
 ALL = "all"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,9 @@ class Budget:
             )
         return self.count
 
-    def draw(self, pool: Sequence[Record], seed: int = 0) -> list[Record]:
-        """This budget's records of ``pool`` by a seeded shuffle (nested across budgets for one seed)."""
+    def draw(self, pool: Sequence[T], seed: int = 0) -> list[T]:
+        """This budget's records of ``pool`` (or the claim head's labelled claims) by a seeded shuffle (nested
+        across budgets for one seed)."""
         n = self.size(len(pool))
         return seeded_shuffle(list(pool), f"elical-budget:{seed}")[:n]
 

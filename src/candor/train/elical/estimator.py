@@ -77,6 +77,11 @@ class EliCalEstimator(Estimator):
                 self._head = ConfidenceHead.from_pretrained(self.head_source, device=self.device, dtype=self.dtype)
             else:
                 self._head = self.head_source
+            if self._head.config.meta.get("level") == "claim":  # candor.train.elical.claim_head.CLAIM_LEVEL
+                raise CandorError(
+                    f"estimator 'elical': {self.head_source} is a claim head (`candor train elical-claims`); score "
+                    "claims with it (`candor claims -e elical-claims --head DIR`), or give a question head"
+                )
         return self._head
 
     def backbone(self) -> str:

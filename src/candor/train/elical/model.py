@@ -224,8 +224,11 @@ class ConfidenceHead(nn.Module):
     def device(self) -> torch.device:
         return _device(self.backbone)
 
-    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The hidden state of each row's last real token at the configured layer, as float32."""
+    def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The configured layer's hidden state at every position, ``[rows, width, hidden]`` (model dtype).
+
+        Position ids count real tokens only, so a row's states do not depend on its padding.
+        """
         layer = self.config.layer
         out = self.backbone(
             input_ids=input_ids,
@@ -234,7 +237,11 @@ class ConfidenceHead(nn.Module):
             use_cache=False,
             output_hidden_states=layer != -1,
         )
-        states = out.last_hidden_state if layer == -1 else _layer(out.hidden_states, layer)
+        return out.last_hidden_state if layer == -1 else _layer(out.hidden_states, layer)
+
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The hidden state of each row's last real token at the configured layer, as float32."""
+        states = self.token_states(input_ids, attention_mask)
         rows = torch.arange(states.shape[0], device=states.device)
         return states[rows, last_token_index(attention_mask)].float()
 

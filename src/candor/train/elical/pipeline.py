@@ -222,23 +222,84 @@ def train_stage(
     """
     kind = stage_target(stage, config.cal_target)
     y, y_dev = targets(records, kind, what="the training set"), targets(dev, kind, what="the dev slice")
-    epochs = config.epochs_for(len(records), full_set)
+    stop = config.cal_stop if stage == "cal" else "loss"
+    dev_correct = targets(dev, "hard", what="the dev slice") if stop == "auroc" else None
+
+    def inputs() -> tuple[Any, Any, Any, Any, float | None]:
+        if config.mode == "head":
+            x = head_features(head, head.prompts(records), config.feature_cache)
+            x_dev = head_features(head, head.prompts(dev), config.feature_cache)
+            return feature_stage_data(head, x, x_dev, y, y_dev, config, fresh)
+        return _lora_mode_data(head, records, dev, y, y_dev, config, fresh)
+
+    spec = StageSpec(stage=stage, target=kind, n_train=len(records), n_dev=len(dev), fresh=fresh, full_set=full_set)
+    return run_stage(head, spec, config, inputs, dev_correct)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one stage is, apart from its inputs: its name, its target's name, its sizes, how it starts."""
+
+    stage: str
+    target: str
+    n_train: int
+    n_dev: int
+    fresh: bool
+    full_set: bool
+
+
+def train_feature_stage(
+    head: ConfidenceHead,
+    x: np.ndarray,
+    y: np.ndarray,
+    x_dev: np.ndarray,
+    y_dev: np.ndarray,
+    *,
+    spec: StageSpec,
+    config: EliCalConfig,
+    dev_correct: np.ndarray | None = None,
+) -> StageResult:
+    """One stage of a ``head``-mode head on feature rows already read (the claim head's features, say).
+
+    The same training as :func:`train_stage` in ``head`` mode: ``x``/``y`` train, ``x_dev``/``y_dev`` stop it,
+    ``dev_correct`` (the dev rows' 0/1 correctness) is what ``cal_stop="auroc"`` ranks against.
+    """
+    if config.mode != "head":
+        raise CandorError(f"feature rows train a head-mode head; this config is in {config.mode!r} mode")
+    stop = config.cal_stop if spec.stage == "cal" else "loss"
+    if stop == "auroc" and dev_correct is None:
+        raise CandorError("cal_stop='auroc' needs the dev rows' correctness (dev_correct)")
+
+    def inputs() -> tuple[Any, Any, Any, Any, float | None]:
+        return feature_stage_data(head, x, x_dev, y, y_dev, config, spec.fresh)
+
+    return run_stage(head, spec, config, inputs, dev_correct)
+
+
+def run_stage(
+    head: ConfidenceHead,
+    spec: StageSpec,
+    config: EliCalConfig,
+    inputs: Any,
+    dev_correct: np.ndarray | None,
+) -> StageResult:
+    """The stage itself: ``inputs()`` builds (model, train set, dev set, collator, head rate); the Trainer runs
+    with the stage's rules (stop metric, L2-SP anchor, scope) and early stopping on the dev set."""
+    stage = spec.stage
+    epochs = config.epochs_for(spec.n_train, spec.full_set)
     # Stage 2's own rules: what picks its best epoch, and L2-SP toward the weights it resumes (not from scratch).
     stop = config.cal_stop if stage == "cal" else "loss"
-    anchor = config.cal_anchor if stage == "cal" and not fresh else 0.0
-    metrics = auroc_metrics(targets(dev, "hard", what="the dev slice")) if stop == "auroc" else None
+    anchor = config.cal_anchor if stage == "cal" and not spec.fresh else 0.0
+    metrics = auroc_metrics(dev_correct) if stop == "auroc" and dev_correct is not None else None
     logger.info(
-        "EliCal %s (%s mode): %d train, %d dev, up to %d epochs", stage, config.mode, len(records), len(dev), epochs
+        "EliCal %s (%s mode): %d train, %d dev, up to %d epochs", stage, config.mode, spec.n_train, spec.n_dev, epochs
     )
     _reset_gpu_peak()
     with ResourceMeter() as meter:
         inputs_start = time.perf_counter()
-        if config.mode == "head":
-            model, train_set, dev_set, collate, head_lr = _head_mode_data(head, records, dev, y, y_dev, config, fresh)
-        else:
-            model, train_set, dev_set, collate, head_lr = _lora_mode_data(head, records, dev, y, y_dev, config, fresh)
+        model, train_set, dev_set, collate, head_lr = inputs()
         inputs_s = time.perf_counter() - inputs_start
-        scope = _Scope(head, config.cal_scope if stage == "cal" and not fresh else ALL_WEIGHTS)
+        scope = _Scope(head, config.cal_scope if stage == "cal" and not spec.fresh else ALL_WEIGHTS)
         model = scope.model if config.mode == "head" else model
         with scope, tempfile.TemporaryDirectory(prefix="candor-elical-") as scratch:
             args = _arguments(scratch, config, epochs, head_lr, loss_only=metrics is None)
@@ -261,9 +322,9 @@ def train_stage(
     cost = {**meter.cost.as_dict(), "inputs_s": round(inputs_s, 2), **_gpu_peak()}
     return StageResult(
         name=stage,
-        target=kind,
-        n_train=len(records),
-        n_dev=len(dev),
+        target=spec.target,
+        n_train=spec.n_train,
+        n_dev=spec.n_dev,
         epochs_planned=epochs,
         epochs_run=float(trainer.state.epoch or 0),
         best_epoch=stopper.best_epoch,
@@ -375,19 +436,19 @@ def _initial_head(
     return ConfidenceHead.create(model, tokenizer, spec, seed=config.seed)
 
 
-def _head_mode_data(
+def feature_stage_data(
     head: ConfidenceHead,
-    records: Sequence[Record],
-    dev: Sequence[Record],
+    x: np.ndarray,
+    x_dev: np.ndarray,
     y: np.ndarray,
     y_dev: np.ndarray,
     config: EliCalConfig,
     fresh: bool,
 ) -> tuple[Any, Any, Any, Any, float]:
-    x = head_features(head, head.prompts(records), config.feature_cache)
-    x_dev = head_features(head, head.prompts(dev), config.feature_cache)
+    """A head-mode stage's inputs from feature rows: a fresh head standardizes on ``x``; its bias starts at
+    the mean target when fresh or ``config.recenter_bias``."""
     if fresh:
-        head.head.standardize_on(torch.from_numpy(x).to(head.device))
+        head.head.standardize_on(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(head.device))
     if fresh or config.recenter_bias:
         head.head.start_at(float(y.mean()))
     return (
