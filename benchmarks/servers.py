@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,19 +36,26 @@ def free_port() -> int:
 
 
 def start_candor_serve(
-    serve_args: Sequence[str], port: int, *, threads: int, src: Path = ROOT / "src", limit_s: float = 600.0
+    serve_args: Sequence[str],
+    port: int,
+    *,
+    threads: int,
+    src: Path = ROOT / "src",
+    limit_s: float = 600.0,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen:
     """``candor serve --port PORT *serve_args`` from the source tree ``src``, once ``/health`` answers.
 
-    ``threads``: the server's OpenMP threads. The API key is unset, so the
-    clients need none. Raises RuntimeError with the server's last log lines
-    if it exits or does not answer within ``limit_s``.
+    ``threads``: the server's OpenMP threads. The API key is unset unless ``env`` (variables set for
+    the server, such as ``CANDOR_API_KEY`` and ``CANDOR_ADMIN_KEY``) sets it. Raises RuntimeError with
+    the server's last log lines if it exits or does not answer within ``limit_s``.
     """
-    env = {**os.environ, "PYTHONPATH": str(Path(src).resolve()), "OMP_NUM_THREADS": str(threads)}
-    env.pop("CANDOR_API_KEY", None)
+    environ = {**os.environ, "PYTHONPATH": str(Path(src).resolve()), "OMP_NUM_THREADS": str(threads)}
+    environ.pop("CANDOR_API_KEY", None)
+    environ.update(env or {})
     cmd = [sys.executable, "-m", "candor.cli", "serve", "--port", str(port), *serve_args]
     log = tempfile.TemporaryFile()  # noqa: SIM115  (the server writes to it for its whole life)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(cmd, env=environ, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + limit_s
     while True:
         try:
