@@ -51,7 +51,7 @@ import numpy as np
 import openai
 
 from benchmarks.serve_traffic import conversation
-from benchmarks.servers import PostgresServer, free_port, resident_mib, start_candor_serve
+from benchmarks.servers import PostgresServer, free_port, resident_parts_mib, start_candor_serve
 from candor.data import load_items
 from candor.serve.deployment import Deployment
 
@@ -545,6 +545,25 @@ def stored_labels(store: Any) -> list[StoredLabel]:
     return out
 
 
+def memory_report(before: Sequence[dict[str, float]], after: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """Each replica's resident memory before and after (all of it, and its anonymous and file-backed parts) and
+    the ratios after / before of all of it (the acceptance's) and of the anonymous part (what a leak grows)."""
+    return {
+        "measured": "before: after each replica answered one request of each well-formed kind; after: the load",
+        "before": [m["rss"] for m in before],
+        "after": [m["rss"] for m in after],
+        "ratio": [round(a["rss"] / b["rss"], 3) for a, b in zip(after, before, strict=True)],
+        "anon_before": [m.get("anon") for m in before],
+        "anon_after": [m.get("anon") for m in after],
+        "anon_ratio": [
+            round(a["anon"] / b["anon"], 3) if a.get("anon") and b.get("anon") else None
+            for a, b in zip(after, before, strict=True)
+        ],
+        "file_before": [m.get("file") for m in before],
+        "file_after": [m.get("file") for m in after],
+    }
+
+
 def load_with_reloads(
     procs: Sequence[subprocess.Popen],
     ports: Sequence[int],
@@ -562,7 +581,7 @@ def load_with_reloads(
         warm.ports = [port]
         for k, kind in enumerate(WELL_FORMED_KINDS):
             warm.well_formed(kind, k)
-    memory_before = [resident_mib(p.pid) for p in procs]
+    memory_before = [resident_parts_mib(p.pid) for p in procs]
     counter = itertools.count()
     lock = threading.Lock()
     served: list[ServedChoice] = []
@@ -628,7 +647,7 @@ def load_with_reloads(
             f.result()
     wall = time.monotonic() - start
     reloading.join()
-    memory_after = [resident_mib(p.pid) for p in procs]
+    memory_after = [resident_parts_mib(p.pid) for p in procs]
     time.sleep(3.0)  # past the audit's once-a-second read of the store
     scraped = [scrape(port) for port in ports]
     gauges = [audit_gauges(text) for text in scraped]
@@ -676,11 +695,6 @@ def load_with_reloads(
             "equal": gauges[0] == gauges[1],
             "expected_audited": expected_audited(posted, answered, final),
         },
-        "resident_mib": {
-            "measured": "before: after each replica answered one request of each well-formed kind; after: the load",
-            "before": memory_before,
-            "after": memory_after,
-            "ratio": [round(a / b, 3) for a, b in zip(memory_after, memory_before, strict=True)],
-        },
+        "resident_mib": memory_report(memory_before, memory_after),
         "posted": posted,
     }

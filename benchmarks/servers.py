@@ -72,10 +72,22 @@ def start_candor_serve(
 
 def resident_mib(pid: int) -> float:
     """Process ``pid``'s resident memory in MiB (Linux ``/proc``), to 0.1 MiB."""
+    return resident_parts_mib(pid)["rss"]
+
+
+def resident_parts_mib(pid: int) -> dict[str, float]:
+    """Process ``pid``'s resident memory in MiB, to 0.1 MiB: all of it (``rss``), and its parts: ``anon`` (the
+    heap: what the process allocated) and ``file`` (pages of mapped files, such as the weights, which the kernel
+    drops and reads back under memory pressure from other processes)."""
+    fields = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
+    found = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError(f"/proc/{pid}/status has no VmRSS line")
+        name = line.split(":", 1)[0]
+        if name in fields:
+            found[fields[name]] = round(int(line.split()[1]) / 1024, 1)
+    if "rss" not in found:
+        raise RuntimeError(f"/proc/{pid}/status has no VmRSS line")
+    return found
 
 
 UNPRIVILEGED = "nobody"  # who owns the PostgreSQL cluster when this process is root
