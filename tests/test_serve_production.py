@@ -4,6 +4,10 @@ label reconciliation, the audit gauges read from /metrics text (the full load ru
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
+
+import pytest
 
 from benchmarks.serve_production import (
     PostedLabel,
@@ -12,10 +16,12 @@ from benchmarks.serve_production import (
     audit_gauges,
     expected_audited,
     folder_version,
+    memory_report,
     option_violations,
     options_digest,
     reconcile_labels,
 )
+from benchmarks.servers import resident_parts_mib
 from candor.serve.deployment import Deployment
 
 DEPLOYMENT = Deployment(threshold=0.3, max_new_tokens=16)
@@ -123,3 +129,17 @@ def test_the_audit_counts_responses_of_the_final_version_with_an_audit_label_on_
     ]
     answered = {("a", 0), ("a", 1), ("b", 0), ("c", 0), ("e", 1)}
     assert expected_audited(labels, answered, "v2") == 2
+
+
+def test_memory_is_reported_whole_and_by_its_anonymous_part():
+    before = [{"rss": 1000.0, "anon": 400.0, "file": 600.0}, {"rss": 1800.0, "anon": 420.0, "file": 1380.0}]
+    after = [{"rss": 1250.0, "anon": 420.0, "file": 830.0}, {"rss": 1500.0, "anon": 441.0, "file": 1059.0}]
+    report = memory_report(before, after)
+    assert report["ratio"] == [1.25, 0.833] and report["anon_ratio"] == [1.05, 1.05]
+    assert report["file_after"] == [830.0, 1059.0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux /proc")
+def test_this_process_resident_memory_has_its_parts():
+    parts = resident_parts_mib(os.getpid())
+    assert parts["anon"] > 0 and parts["rss"] >= parts["anon"] and "file" in parts
