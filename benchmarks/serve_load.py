@@ -24,9 +24,15 @@ Two phases, each stored under its own key of the results file (a phase not run k
   answers, LangChain users, one hostile request in five (4,000-token prompts, unique
   stop lists); the short single questions' p99 against their idle p50, confidences
   against the same conversations asked alone, resident memory (``serve_traffic.py``).
+- ``production``: issue 53's acceptance (``serve_production.py``): PostgreSQL, two replicas,
+  ``--clients`` for ``--seconds`` (chats with a system prompt, streams, long answers, slow bodies,
+  labels posted to a random replica, one hostile request in five), two reloads per replica
+  during the load; failed well-formed requests, responses with other options than the
+  deployment's, labels lost or misplaced in the store, memory, the replicas' audit gauges.
 
     PYTHONPATH=src python -m benchmarks.serve_load --phases hostile [--clients 50] [--seconds 60]
     PYTHONPATH=src python -m benchmarks.serve_load --phases traffic [--clients 50] [--seconds 60]
+    PYTHONPATH=src python -m benchmarks.serve_load --phases production --clients 30 --seconds 120
 
 Results: ``benchmarks/results/serve_load.json``.
 """
@@ -50,6 +56,7 @@ import numpy as np
 from benchmarks.common import RESULTS, logger, setup_logging, write_json
 from benchmarks.heads import untrained_head
 from benchmarks.serve_hostile import run_hostile
+from benchmarks.serve_production import run_production
 from benchmarks.serve_traffic import run_traffic
 from benchmarks.servers import free_port, start_candor_serve
 from candor.data import load_items
@@ -126,7 +133,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument(
-        "--phases", default="batching,hostile", help="comma-separated: batching, hostile, head_memory, traffic"
+        "--phases",
+        default="batching,hostile",
+        help="comma-separated: batching, hostile, head_memory, traffic, production",
     )
     parser.add_argument("--requests", type=int, default=32, help="batching: requests per concurrency level")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads of the server (a shared CPU)")
@@ -199,8 +208,31 @@ def main() -> None:
             f"{t['short_single_under_load']['p99_over_idle_p50']}, memory x{t['resident_mib']['ratio']}, "
             f"unique stops {t['unique_stops']}"
         )
+    if "production" in phases:
+        key = "production" if (args.clients, args.seconds) == (30, 120) else f"production_{args.clients}_clients"
+        payload[key] = {
+            "command": command,
+            "model": args.model,
+            "confidence": "n-prob",
+            "cpu_count": os.cpu_count(),
+            **run_production(args.model, args.clients, args.seconds, args.threads, log=logger.info),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        }
+        print(production_summary(payload[key]))
     write_json(out, payload)
     print(f"wrote {args.out}")
+
+
+def production_summary(p: dict[str, Any]) -> str:
+    w, labels = p["well_formed"], p["labels"]
+    return (
+        f"production: {w['failures']} failures of {w['requests']} well-formed requests, {w['feedback_failures']} of "
+        f"{w['feedback_posts']} labels, {p['hostile_not_4xx']} hostile not 4xx; {p['options']['violations']} of "
+        f"{p['options']['checked']} choices with other options; labels lost {labels['lost']}, foreign "
+        f"{labels['foreign']}, on another version {labels['version_mismatches']}; "
+        f"memory x{p['resident_mib']['ratio']}; "
+        f"audit gauges equal: {p['audit']['equal']}; reloads {[r['ok'] for r in p['reloads']]}"
+    )
 
 
 def run_traffic_phase(args: argparse.Namespace) -> dict[str, Any]:

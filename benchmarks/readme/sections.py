@@ -43,6 +43,7 @@ SECTIONS: list[Section] = [
     serving.serve_engine,
     serving.serve_conversations,
     serving.serve_traffic,
+    serving.serve_production,
     serving.prefill_chunks,
     serving.drift,
     clients.client_matrix,

@@ -403,6 +403,87 @@ def _stops_growth(stops: Json | None) -> str:
     return f"{stops['requests']:,}: {stops['growth_mib']:+.1f} MiB"
 
 
+def serve_production(r: Path) -> dict[str, str]:
+    """Issue 53's acceptance (serve_production.py): two replicas on PostgreSQL under load, reloaded meanwhile."""
+    d = load("serve_load", r)["production"]
+    w, opts, labels, audit, mem = d["well_formed"], d["options"], d["labels"], d["audit"], d["resident_mib"]
+    hostile = ", ".join(f"{kind} {count}×" for kind, count in d["hostile"].items()) or DASH
+    reloads = d["reloads"]
+    kinds = ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in w["by_kind"].items())
+    gauges = audit["replicas"][0]
+    audited = gauges["candor_feedback_audited"]
+    rows = [
+        ["well-formed requests that failed", "0", f"{w['failures']} of {w['requests']} ({kinds})"],
+        ["labels posted that failed", "0", f"{w['feedback_failures']} of {w['feedback_posts']}"],
+        ["hostile requests answered other than 4xx", "0", f"{d['hostile_not_4xx']} ({hostile})"],
+        [
+            "choices served with other options than the deployment's",
+            "0",
+            f"{opts['violations']} of {opts['checked']}",
+        ],
+        [
+            "labels lost / attached to another choice / on another version",
+            "0 / 0 / 0",
+            f"{labels['lost']} / {labels['foreign']} / {labels['version_mismatches']} of {labels['posted']} "
+            f"({', '.join(f'{n} {s}' for s, n in labels['posted_by_source'].items())})",
+        ],
+        [
+            "reloads during the load",
+            "2 per replica",
+            f"{sum(r['ok'] for r in reloads)} of {len(reloads)} ok ("
+            + ", ".join(f"replica {r['replica'] + 1} {'POST' if r['how'] == 'post' else 'SIGHUP'}" for r in reloads)
+            + f"); both end on `{d['final_versions'][0]}`"
+            + ("" if d["final_versions"][0] == d["final_versions"][1] else f" / `{d['final_versions'][1]}`"),
+        ],
+        ["resident memory after / before", f"≤ {MEMORY_GOAL}×", _memory(mem)],
+        [
+            "`/metrics` audit gauges of the two replicas",
+            "equal",
+            f"{'equal' if audit['equal'] else '**differ**'} ({_count(audited)} responses audited, "
+            f"{audit['expected_audited']} expected from the labels posted)",
+        ],
+        [
+            "throughput; p50 / p99 latency",
+            DASH,
+            f"{w['per_s']:.2f} requests/s; {w['p50_s']:.1f} / {w['p99_s']:.1f} s (labels "
+            f"{w['feedback_p50_s']:.2f} / {w['feedback_p99_s']:.2f} s)",
+        ],
+    ]
+    opts_text = " ".join(d["serve_flags"])
+    return {
+        "table:serve-production": md_table(["check", "goal", "measured"], "lll", rows),
+        "value:serve-production-run": (
+            f"`{shown_command(d['command'])}`: {d['clients']} clients for {d['seconds']:.0f} s "
+            f"({d['wall_seconds']:.0f} s until the last answer), two `candor serve` replicas of SmolLM2-135M "
+            f"(n-prob) with `{opts_text}` "
+            f"(options digest `{d['deployment_digest']}`), {d['server_omp_threads']} OpenMP thread each, on "
+            f"{d['cpu_count']} shared CPU cores at load average {d['load_average_at_end'][0]:.0f}"
+        ),
+    }
+
+
+MEMORY_GOAL = 1.2  # issue 53: each replica's resident memory after the load at most this times before
+
+
+def _memory(mem: Json) -> str:
+    """Each replica's resident memory after / before, and of its anonymous part (the heap) when recorded."""
+    text = " and ".join(
+        f"{f'**{r:.3f}×**' if r > MEMORY_GOAL else f'{r:.3f}×'} ({b:,.0f} → {a:,.0f} MiB)"
+        for r, b, a in zip(mem["ratio"], mem["before"], mem["after"], strict=True)
+    )
+    anon = mem.get("anon_ratio")
+    if anon and all(x is not None for x in anon):
+        text += (
+            "; anonymous part (the heap; the rest is mapped weights the kernel drops and reads back): "
+            + " and ".join(f"{x:.3f}×" for x in anon)
+        )
+    return text
+
+
+def _count(x: float | None) -> str:
+    return DASH if x is None else f"{x:.0f}"
+
+
 def prefill_chunks(r: Path) -> dict[str, str]:
     """What one chunk of a long prompt costs (prefill_chunks.py): the floor of what it adds to a short question."""
     d = load("prefill_chunks", r)
