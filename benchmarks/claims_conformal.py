@@ -39,7 +39,7 @@ def text_kept(records: Sequence[Record], values: Sequence[Sequence[float]], thre
     kept = total = 0
     for rec, vals in zip(records, values, strict=True):
         if len(rec.claims or []) > 1:
-            refined, _ = refine(rec.greedy.text, rec.claims, vals, threshold, "remove")  # type: ignore[arg-type]
+            refined = refine(rec.greedy.text, rec.claims, vals, threshold, "remove").text  # type: ignore[arg-type]
             kept, total = kept + len(refined), total + len(rec.greedy.text)
     return kept / total if total else 0.0
 

@@ -100,11 +100,15 @@ def artifact_options(backend, records, tiny_model_dir, tmp_path_factory) -> dict
     head = ConfidenceHead.create(lm, tokenizer, HeadConfig(backbone=tiny_model_dir, template="fewshot"), seed=5)
     labelled = [replace(r, greedy_correct=i % 2) for i, r in enumerate(records)]
     train_probe(labelled, backend, folder / "probe")
+    # The ensemble's dev: the same answers under other questions (a dev sharing the scored questions is refused).
+    dev = [
+        replace(r, item=replace(r.item, id=f"dev-{r.item.id}", question=f"(dev) {r.item.question}")) for r in labelled
+    ]
     return {
         "elical": {"head": str(head.save_pretrained(folder / "head")), "allow_other_backbone": True},
         "probe": {"path": str(folder / "probe")},
         # fitted on unperturbed labelled records, so only the scored records' fields can move it
-        "ensemble": {"members": "n-prob,consis-lex", "dev": labelled},
+        "ensemble": {"members": "n-prob,consis-lex", "dev": dev},
     }
 
 

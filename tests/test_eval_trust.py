@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from candor.cli import app, run
 from candor.estimators.confidences import ConfidenceRow, ConfidenceTable, write_confidences
-from candor.evaluation.abstention import abstention_counts
+from candor.evaluation.abstention import LABELS, abstention_counts
 from candor.evaluation.calibration import get_calibrator
 from candor.evaluation.judge_noise import HandLabels
 from candor.evaluation.report import write_report
@@ -147,7 +147,9 @@ def test_report_page_shows_the_sections(watched, tmp_path):  # noqa: F811
     counts = abstention_counts(*table.arrays("m1"), 0.5)
     pooled = rows.nth(2).locator("td").all_text_contents()
     assert pooled[:6] == ["m1", "all", "0.5", str(counts.correct), str(counts.incorrect), str(counts.abstained)]
-    assert pooled[10].startswith(f"{100 * (counts.correct - counts.incorrect) / 80:.1f} [")
+    header = watched.page.locator("#abstention-table thead th").all_text_contents()
+    penalized = pooled[header.index(LABELS["penalized_score"])]
+    assert penalized.startswith(f"{100 * (counts.correct - counts.incorrect) / 80:.1f} [")
     assert watched.page.locator("#judge-accuracy-table tbody tr").count() == 3
     assert watched.page.locator("#judge-auroc-table tbody tr").count() == 6  # 2 methods × (a, b, all)
     assert watched.page.locator("#judge-noise").is_visible()

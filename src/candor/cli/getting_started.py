@@ -31,13 +31,13 @@ def demo(
     model in OUT_DIR/honest is tuned for it.
     """
     from candor.estimators import ESTIMATORS
-    from candor.serve.shapes import read_system_prompt
-
-    system_prompt = None if system_prompt_file is None else read_system_prompt(system_prompt_file)
 
     names = [n.strip() for n in estimators.split(",") if n.strip()] if estimators else None
     for name in names or ():
         ESTIMATORS.get(name)  # a typo fails here, before the pipeline's imports and the model load
+    from candor.serve.shapes import read_system_prompt
+
+    system_prompt = None if system_prompt_file is None else read_system_prompt(system_prompt_file)
     from candor.demo import DEMO_ESTIMATORS, run_demo
     from candor.evaluation.report import format_table_rich
 
