@@ -187,7 +187,6 @@ def test_a_resume_refuses_records_of_other_settings(served, smollm_dir, cluster,
         annotate_with_ray(items, recipe(smollm_dir, served), out, config(2), options)
 
 
-@pytest.mark.slow
 def test_a_killed_driver_resumes_without_duplicates(served, smollm_dir, cluster, tmp_path):
     """Kill -9 the driver midway (the cluster lives on), rerun: every record once, as a single run writes it."""
     pairs = [*QUESTIONS, *MORE]

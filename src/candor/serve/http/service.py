@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -33,6 +34,7 @@ from candor.serve.http.prometheus_metrics import ServeMetrics
 from candor.serve.http.request_checks import APIError
 from candor.serve.model import HonestModel
 from candor.util.errors import CandorError
+from candor.util.memory import give_back_memory
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +83,14 @@ class Generation:
             self._close()
 
     def _close(self) -> None:
-        threading.Thread(target=self.engine.close, daemon=True, name="candor-retire-engine").start()
+        threading.Thread(target=self._close_and_trim, daemon=True, name="candor-retire-engine").start()
+
+    def _close_and_trim(self) -> None:
+        """Close the engine, then hand its freed memory back to the system: glibc keeps freed heap pages
+        until a trim, so without one each reload's old caches stayed resident until the engine next idled."""
+        self.engine.close()
+        gc.collect()
+        give_back_memory()
 
 
 class Service:
@@ -154,6 +163,7 @@ class Service:
             model = await asyncio.to_thread(self.deployment.successor, folder, old.model, **backend_kwargs)
             fresh = Generation(model, await asyncio.to_thread(self._open_engine, model))
             self.current = fresh
+            self._first = model  # the model a (re)open starts from: never the retired one, whose memory goes
             old.retire()
             logger.info("reloaded %s: model version %s (was %s)", folder, fresh.version, old.version)
             for listener in self.on_swap:
