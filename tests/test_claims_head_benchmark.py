@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from benchmarks.claims_head import goal_rows, question_fold
@@ -37,7 +39,8 @@ def test_the_question_head_is_trained_without_the_held_out_domain_and_scored_on_
     tiny_model, tokenizer, tiny_model_dir
 ):
     config = EliCalConfig(model=tiny_model_dir, max_epochs=1)
-    fold = question_fold(alone_records(80), "nq", config, tiny_model, tokenizer, bootstrap=0)
+    # A copy: training freezes the backbone's parameters, and the session's tiny model is shared.
+    fold = question_fold(alone_records(80), "nq", config, copy.deepcopy(tiny_model), tokenizer, bootstrap=0)
     assert fold["train_questions"] + fold["dev_questions"] == 40  # the hq half only
     assert set(fold["by_budget"]) == {"25", "all"}  # 50 and more exceed the 36 pool questions
     assert all(cell["n"] == 40 for cell in fold["by_budget"].values())  # every nq question scored
