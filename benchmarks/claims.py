@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from benchmarks.claims_conformal import conformal_rows
-from benchmarks.claims_data import CLAIMS_CACHE, TOKENS_PER_QUESTION, restore_snapshot
+from benchmarks.claims_data import CLAIMS_CACHE, TOKENS_PER_QUESTION
 from benchmarks.common import RESULTS, logger, setup_logging, write_json
 from benchmarks.measure import Timer
 from benchmarks.polygraph import ABSENT, polygraph_python, run_polygraph
@@ -262,7 +262,6 @@ def main() -> None:
     )
     args = parser.parse_args()
     setup_logging()
-    restore_snapshot()  # generations committed by an earlier run that this machine's cache lacks
     torch.set_num_threads(args.threads)
     backend = load_backend(MODEL, "hf")
     records = load_compound(backend)

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.common import CACHE, RESULTS
+from benchmarks.common import CACHE
 from benchmarks.mini import load_mini_or_exit
 from candor.annotation.builder import AnnotateConfig, annotate
 from candor.annotation.prompts import TEMPLATES, numbered
@@ -32,9 +32,9 @@ from candor.data.starter import load_starter
 logger = logging.getLogger("benchmarks.claims")
 
 CLAIMS_CACHE = CACHE / "claims"
-# Gzip copies of the generations, committed so that a run on another machine (or session) resumes
-# where this one stopped instead of starting over: the generation takes hours on 2 CPU cores.
-SNAPSHOT = RESULTS / "claims_generations"
+# The cached generations can be copied out as gzip files (a folder outside the repository: they hold
+# the benchmark's questions) and restored on another machine, which then resumes where this one stopped
+# instead of starting over: the generation takes hours on 2 CPU cores.
 GENERATIONS = ("compound.jsonl", "alone.jsonl")
 SIZES = (2, 3, 4)  # questions per prompt, cycled
 TOKENS_PER_QUESTION = 24  # the answer's token cap: this many per question asked
@@ -83,7 +83,7 @@ def interleaved(groups: Sequence[Sequence[QAItem]]) -> list[QAItem]:
     return out
 
 
-def save_snapshot(cache: Path = CLAIMS_CACHE, snapshot: Path = SNAPSHOT) -> list[Path]:
+def save_snapshot(snapshot: Path, cache: Path = CLAIMS_CACHE) -> list[Path]:
     """The cached generations, gzipped into ``snapshot`` (byte-identical for the same lines: no timestamp)."""
     snapshot.mkdir(parents=True, exist_ok=True)
     written = []
@@ -101,7 +101,7 @@ def save_snapshot(cache: Path = CLAIMS_CACHE, snapshot: Path = SNAPSHOT) -> list
     return written
 
 
-def restore_snapshot(cache: Path = CLAIMS_CACHE, snapshot: Path = SNAPSHOT) -> int:
+def restore_snapshot(snapshot: Path, cache: Path = CLAIMS_CACHE) -> int:
     """Append to the cache the snapshot's generations it lacks (by record id); how many lines were added."""
     added = 0
     for name in GENERATIONS:

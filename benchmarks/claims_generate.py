@@ -2,14 +2,16 @@
 
     python -m benchmarks.claims_generate --prompts 500 --k 3 [--threads 2]
 
-Resumable (see claims_data.py); run it under ``nohup nice -n 10`` on a shared machine. It starts
-from the committed snapshot of earlier runs (``results/claims_generations/``); ``--snapshot``
-writes the cache back into it, to commit, so a later run resumes where this one stopped.
+Resumable (see claims_data.py); run it under ``nohup nice -n 10`` on a shared machine.
+``--snapshot DIR`` copies the cache out as gzip files (a folder outside the repository) and exits;
+``--restore DIR`` first adds to the cache what such a copy has and it lacks, so a run on another
+machine resumes where this one stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -36,18 +38,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--data-dir", default=None)
-    parser.add_argument(
-        "--snapshot",
-        action="store_true",
-        help="only gzip the generations cached so far into results/claims_generations/ (to commit) and exit",
-    )
+    parser.add_argument("--snapshot", type=Path, default=None, help="only gzip the cache into this folder and exit")
+    parser.add_argument("--restore", type=Path, default=None, help="first add the generations of this folder's copy")
     args = parser.parse_args()
     setup_logging()
-    if args.snapshot:
-        for path in save_snapshot():
+    if args.snapshot is not None:
+        for path in save_snapshot(args.snapshot):
             logger.info("wrote %s", path)
         return
-    logger.info("restored %d generations from the committed snapshot", restore_snapshot())
+    if args.restore is not None:
+        logger.info("restored %d generations from %s", restore_snapshot(args.restore), args.restore)
     torch.set_num_threads(args.threads)
     backend = load_backend("smollm2-135m", "hf")
     per_source = args.prompts // len(SOURCES)

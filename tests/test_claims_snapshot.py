@@ -27,16 +27,16 @@ def test_a_snapshot_restores_only_what_the_cache_lacks_and_is_byte_stable(tmp_pa
     cache.mkdir()
     with RecordAppender(cache / "compound.jsonl") as sink:
         sink.append(records(["c:0", "c:1", "c:2"]))
-    (first,) = save_snapshot(cache, snapshot)
+    (first,) = save_snapshot(snapshot, cache)
     once = first.read_bytes()
-    assert save_snapshot(cache, snapshot)[0].read_bytes() == once  # no timestamp: the same lines, the same bytes
+    assert save_snapshot(snapshot, cache)[0].read_bytes() == once  # no timestamp: the same lines, the same bytes
     assert gzip.decompress(once) == (cache / "compound.jsonl").read_bytes()
     elsewhere = tmp_path / "elsewhere"  # a machine that generated only the first one
     elsewhere.mkdir()
     with RecordAppender(elsewhere / "compound.jsonl") as sink:
         sink.append(records(["c:0"]))
-    assert restore_snapshot(elsewhere, snapshot) == 2
+    assert restore_snapshot(snapshot, elsewhere) == 2
     assert [r.id for r in read_records(elsewhere / "compound.jsonl")] == ["c:0", "c:1", "c:2"]
-    assert restore_snapshot(elsewhere, snapshot) == 0  # nothing twice
+    assert restore_snapshot(snapshot, elsewhere) == 0  # nothing twice
     fresh = tmp_path / "fresh"
-    assert restore_snapshot(fresh, snapshot) == 3 and not (fresh / "alone.jsonl").exists()
+    assert restore_snapshot(snapshot, fresh) == 3 and not (fresh / "alone.jsonl").exists()
