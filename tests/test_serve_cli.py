@@ -136,6 +136,7 @@ def test_ask_loads_a_saved_honest_model(tiny_model_dir, tmp_path):
         (["serve", "--threshold", "nan"], "--threshold must be a confidence in [0, 1]"),
         (["serve", "--abstain-as", "hidden", "--port", "0"], "--abstain-as must be one of text, refusal"),
         (["serve", "--stream", "live", "--port", "0"], "--stream live needs --abstain-as refusal"),
+        (["serve", "--store-max-rows", "10", "--port", "0"], "need --store or --log-records"),
         (["ask", ""], "the question is empty"),
         (["ask", "   "], "the question is empty"),
     ],

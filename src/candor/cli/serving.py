@@ -208,6 +208,10 @@ def serve(
     from candor.annotation.served_store import Retention
 
     given = {"max_rows": store_max_rows, "remembered_bytes": store_index_bytes}
+    if store is None and log_records is None and (store_max_age_days is not None or any(given.values())):
+        raise CandorError(
+            "--store-max-rows, --store-max-age-days and --store-index-bytes need --store or --log-records"
+        )
     retention = Retention(
         max_age_s=None if store_max_age_days is None else store_max_age_days * 86400.0,
         **{name: value for name, value in given.items() if value is not None},
