@@ -62,6 +62,7 @@ from candor.util.cpu import describe
 
 MODEL = "smollm2-135m"
 OUT = RESULTS / "claims.json"
+HEAD_RESULTS = RESULTS / "claims_head.json"  # benchmarks/claims_head.py, run first
 VALUES = CLAIMS_CACHE / "values.json"
 # The answer-level estimator each claim estimator is compared with on the questions asked alone.
 ALONE = {
@@ -260,8 +261,18 @@ def main() -> None:
     parser.add_argument(
         "--polygraph-only", action="store_true", help="recompute only polygraph_agreement in an existing --out"
     )
+    parser.add_argument(
+        "--head-only",
+        action="store_true",
+        help="recompute only elical_claims (from claims_head.json) in an existing --out",
+    )
     args = parser.parse_args()
     setup_logging()
+    if args.head_only:
+        payload = json.loads(args.out.read_text())
+        payload["elical_claims"] = claim_head_rows(read_records(CLAIMS_CACHE / "compound.jsonl"))
+        write_json(args.out, payload)
+        return
     torch.set_num_threads(args.threads)
     backend = load_backend(MODEL, "hf")
     records = load_compound(backend)
@@ -312,13 +323,46 @@ def main() -> None:
         "conformal": conformal_rows(records, values),
         "cost": {"generation": gen, "estimators": cost},
         "polygraph_agreement": polygraph_agreement(records, values, backend, args.polygraph_answers),
+        "elical_claims": claim_head_rows(records),
         "command": " ".join(
-            ["python -m benchmarks.claims_generate --prompts 96 --k 3 &&", "python -m benchmarks.claims", *sys.argv[1:]]
+            [
+                f"python -m benchmarks.claims_generate --prompts {len(records)} --k 3 &&",
+                "python -m benchmarks.claims_head &&",
+                "python -m benchmarks.claims",
+                *sys.argv[1:],
+            ]
         ),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     write_json(args.out, payload)
     logger.info("wrote %s", args.out)
+
+
+def claim_head_rows(records: list[Record], path: Path = HEAD_RESULTS) -> dict[str, Any]:
+    """The EliCal claim head's rows (benchmarks/claims_head.py, left one domain out) when its results file was made
+    on these very generations; else why they are missing."""
+    if not path.exists():
+        return {"missing": f"no {path.name}: run `python -m benchmarks.claims_head` first"}
+    head = json.loads(path.read_text())
+    if head.get("partial") or head["size"]["prompts"] != len(records) or "claim_head_pooled" not in head["runs"][0]:
+        return {"missing": f"{path.name} was made on {head['size']['prompts']} prompts, not these {len(records)}"}
+    run = head["runs"][0]
+    strip = ("values",)
+    return {
+        "source": f"results/{path.name}",
+        "command": head["command"],
+        "finished": head["finished"],
+        "protocol": head["protocol"],
+        "seed": run["seed"],
+        "pooled": run["claim_head_pooled"],
+        "by_domain": {
+            domain: {b: {k: v for k, v in cell.items() if k not in strip} for b, cell in fold["by_budget"].items()}
+            for domain, fold in run["claim_head"].items()
+        },
+        "same_questions": run["same_questions"],
+        "conformal": run["conformal"],
+        "goal": run["goal"],
+    }
 
 
 def count_by_source(records: list[Record]) -> dict[str, int]:

@@ -31,11 +31,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.claims_conformal import conformal_rows
 from benchmarks.claims_data import CLAIMS_CACHE
 from benchmarks.common import RESULTS, logger, setup_logging, write_json
 from candor.annotation.judges import DEFAULT_CONSISTENCY_JUDGE
 from candor.annotation.records import Record, read_records
-from candor.evaluation.claims import claim_metrics
+from candor.evaluation.claims import claim_metrics, paired_gap
+from candor.serve.thresholds import clopper_pearson
 from candor.train.common import load_causal_lm
 from candor.train.elical import WHOLE_POOL, Budget, EliCalConfig, carve_dev, train_elical
 from candor.train.elical.claim_head import (
@@ -49,6 +51,7 @@ from candor.train.elical.claim_head import (
 from candor.util.cpu import describe
 
 MODEL = "smollm2-135m"
+NAME = "elical-claims"
 TEMPLATE = "compound"  # the prompts were generated with it (claims_data.py)
 OUT = RESULTS / "claims_head.json"
 BUDGETS: tuple[Budget, ...] = (Budget(25), Budget(50), Budget(100), Budget(200), WHOLE_POOL)
@@ -95,10 +98,25 @@ def claim_fold(
             **metrics(conf.tolist(), test_rows.label.astype(int).tolist(), test_rows.ids, bootstrap),
             "pooling": fit.choice,
             "n_train_labels": fit.stages[1].n_train,
+            # every scored held-out claim's confidence: (record id, claim index, claim's question, value, label)
+            "values": [
+                [records[i].id, int(j), records[i].claims[j].question, float(v), int(y)]  # type: ignore[index]
+                for i, j, v, y in zip(test_rows.record, test_rows.claim, conf, test_rows.label, strict=True)
+            ],
         }
+    conformal = None
+    if GOAL["budget"] in fitted:
+        fit = fitted[GOAL["budget"]]
+        held = [i for i, r in enumerate(records) if domain_of(r) == held_out]
+        all_rows = rows.take(domain == held_out)
+        values = {i: [0.0] * len(records[i].claims or []) for i in held}  # a claim on no token: never kept
+        for i, j, v in zip(all_rows.record, all_rows.claim, score_rows(fit.head, all_rows, fit.pooling), strict=True):
+            values[i][j] = float(v)
+        conformal = conformal_rows([records[i] for i in held], {NAME: [values[i] for i in held]})[NAME]
     return {
         "train_prompts": len(others) - len(dev),
         "dev_prompts": len(dev),
+        "conformal": conformal,
         "train_claims": {"stage1": int(train_rows.has_consistency.sum()), "labelled": int(train_rows.scored.sum())},
         "budgets_left_out": [str(b) for b in BUDGETS if b not in budgets],
         "by_budget": by_budget,
@@ -128,7 +146,10 @@ def question_fold(
             )
             conf = result.model.predict(test)
             labels = [int(bool(r.greedy_correct)) for r in test]
-            by_budget[str(budget)] = metrics(conf.tolist(), labels, [r.id for r in test], bootstrap)
+            by_budget[str(budget)] = {
+                **metrics(conf.tolist(), labels, [r.id for r in test], bootstrap),
+                "values": {r.id: [float(v), y] for r, v, y in zip(test, conf, labels, strict=True)},
+            }
     return {"train_questions": len(pool), "dev_questions": len(dev), "by_budget": by_budget}
 
 
@@ -146,8 +167,118 @@ def alone_by_domain(records: list[Record]) -> list[Record]:
     return out
 
 
-def goal_rows(claims: dict[str, Any], questions: dict[str, Any] | None) -> dict[str, Any]:
-    """Per held-out domain at the goal's budget: the AUROC gap and ECE against P11, and by how much it misses."""
+def pooled(claims: dict[str, Any], bootstrap: int) -> dict[str, Any]:
+    """Per budget, every held-out domain's claims together (each scored by the head that never saw its domain)."""
+    out: dict[str, Any] = {}
+    for budget in (str(b) for b in BUDGETS):
+        folds = [fold["by_budget"].get(budget) for fold in claims.values()]
+        if any(f is None for f in folds):
+            out[budget] = {"note": "a fold's other domains hold fewer labelled claims than this budget"}
+            continue
+        rows = [row for f in folds for row in f["values"]]  # type: ignore[index]
+        out[budget] = metrics([r[3] for r in rows], [r[4] for r in rows], [r[0] for r in rows], bootstrap)
+    return out
+
+
+def pooled_conformal(claims: dict[str, Any]) -> dict[str, Any]:
+    """Each rule's per-domain conformal rows (tuned on half of one domain's prompts, checked on its other half)
+    added up over domains: test answers without a false claim over test answers, with a Clopper–Pearson interval.
+
+    Per domain the head never saw that domain, so its dev and test halves are scored by one function trained on
+    neither: the split-conformal exchangeability holds within a domain, and the pooled share is a mean of shares
+    each promised at least 1 − α.
+    """
+    folds = {d: f["conformal"] for d, f in claims.items() if f.get("conformal")}
+    out: dict[str, Any] = {"domains": sorted(folds), "dev_answers": sum(f["dev_answers"] for f in folds.values())}
+    keys = sorted({k for f in folds.values() for k, v in f.items() if isinstance(v, dict) and "rule" in v})
+    for key in keys:
+        cells = [f[key] for f in folds.values() if key in f]
+        done = [c for c in cells if "refused" not in c]
+        first = cells[0]
+        row: dict[str, Any] = {"rule": first["rule"], "alpha": first["alpha"], "delta": first["delta"]}
+        row["refused_domains"] = [d for d, f in folds.items() if "refused" in f.get(key, {"refused": 1})]
+        if not done:
+            out[key] = {**row, "refused": "refused in every domain (too few dev answers)"}
+            continue
+        n = sum(c["test_answers"] for c in done)
+        clean = sum(c["without_false"]["count"] for c in done)
+        interval = clopper_pearson(clean, n)
+        out[key] = {
+            **row,
+            "threshold": {d: f[key]["threshold"] for d, f in folds.items() if "threshold" in f.get(key, {})},
+            "test_answers": n,
+            "without_false": {"value": clean / n, "count": clean, "ci95": interval},
+            "promised": 1 - row["alpha"],
+            "interval_below_promise": interval[1] < 1 - row["alpha"],
+            "without_false_unrefined": sum(c["without_false_unrefined"] * c["test_answers"] for c in done) / n,
+            "claims_kept": sum(c["claims_kept"] * c["test_answers"] for c in done) / n,
+            "text_kept": sum(c["text_kept"] * c["test_answers"] for c in done) / n,
+        }
+    return out
+
+
+def first_claims(values: list[list[Any]]) -> dict[tuple[str, int], tuple[float, int]]:
+    """Per (prompt id, question position): the first scored claim's value and label (claims in answer order)."""
+    out: dict[tuple[str, int], tuple[float, int]] = {}
+    for record_id, _, question, value, label in sorted(values, key=lambda r: (r[0], r[1])):
+        if question is not None:
+            out.setdefault((record_id, int(question)), (float(value), int(label)))
+    return out
+
+
+def same_questions(
+    records: list[Record], claims: dict[str, Any], questions: dict[str, Any], bootstrap: int
+) -> dict[str, Any]:
+    """The claim head in the answer against the question head asked alone, on the same questions.
+
+    Per budget, per held-out domain and pooled over domains: each question of a prompt whose answer holds a
+    scored claim at its position (the first such claim) is paired with the same question asked alone;
+    AUROC on both sides (each against its own label: the claim's, the alone answer's) and the gap, in the
+    answer minus alone, with a paired bootstrap over prompts.
+    """
+    parts = {r.id: [p["id"] for p in r.item.meta["parts"]] for r in records}
+    out: dict[str, Any] = {}
+    for budget in (str(b) for b in BUDGETS):
+        per_domain: dict[str, Any] = {}
+        pairs_all: list[tuple[str, float, int, float, int]] = []
+        for domain, fold in claims.items():
+            cell = fold["by_budget"].get(budget)
+            alone = questions.get(domain, {}).get("by_budget", {}).get(budget)
+            if cell is None or alone is None:
+                continue
+            pairs = [
+                (rid, v, y, *alone["values"][parts[rid][q]])
+                for (rid, q), (v, y) in first_claims(cell["values"]).items()
+                if q < len(parts[rid]) and parts[rid][q] in alone["values"]
+            ]
+            pairs_all.extend(pairs)
+            per_domain[domain] = paired_row(pairs, bootstrap)
+        if per_domain:
+            out[budget] = {"by_domain": per_domain, "pooled": paired_row(pairs_all, bootstrap)}
+    return out
+
+
+def paired_row(pairs: list[tuple[str, float, int, float, int]], bootstrap: int) -> dict[str, Any]:
+    """AUROC in the answer and alone over the same questions, and their paired gap (None when a side is one-class)."""
+    if not pairs:
+        return {"questions": 0}
+    inside = ([p[1] for p in pairs], [p[2] for p in pairs], [p[0] for p in pairs])
+    outside = ([p[3] for p in pairs], [p[4] for p in pairs], [p[0] for p in pairs])
+    row: dict[str, Any] = {
+        "questions": len(pairs),
+        "correct_in_answer": int(sum(inside[1])),
+        "correct_alone": int(sum(outside[1])),
+        "in_answer": claim_metrics(*inside, metrics=["auroc"], bootstrap=bootstrap)["auroc"],
+        "alone": claim_metrics(*outside, metrics=["auroc"], bootstrap=bootstrap)["auroc"],
+    }
+    one_class = len({*inside[1]}) < 2 or len({*outside[1]}) < 2
+    row["gap_auroc"] = None if one_class else paired_gap(inside, outside, "auroc", bootstrap=bootstrap)
+    return row
+
+
+def goal_rows(claims: dict[str, Any], same: dict[str, Any] | None) -> dict[str, Any]:
+    """Per held-out domain (and pooled) at the goal's budget: the claim head's AUROC gap to the question head asked
+    alone on the same questions, its ECE, and by how much each misses P11."""
     key = GOAL["budget"]
     out = {}
     for domain, fold in claims.items():
@@ -164,17 +295,25 @@ def goal_rows(claims: dict[str, Any], questions: dict[str, Any] | None) -> dict[
             "few_of_a_class": cell["few_of_a_class"],
         }
         row["ece_miss_points"] = None if ece is None else max(0.0, 100 * ece - GOAL["ece_points"])
-        q = (questions or {}).get(domain, {}).get("by_budget", {}).get(key)
-        if q is None:
-            row["question_auroc"] = None
-            row["auroc_miss_points"] = None
-        else:
-            row["question_auroc"] = q["auroc"]["value"]
-            gap = 100 * (q["auroc"]["value"] - auroc) if auroc is not None and q["auroc"]["value"] is not None else None
-            row["auroc_gap_points"] = gap
-            row["auroc_miss_points"] = None if gap is None else max(0.0, gap - GOAL["auroc_gap_points"])
-        out[domain] = row
+        out[domain] = {**row, **auroc_goal((same or {}).get(key, {}).get("by_domain", {}).get(domain))}
+    if same and key in same:
+        out["pooled"] = auroc_goal(same[key]["pooled"])
     return out
+
+
+def auroc_goal(pair: dict[str, Any] | None) -> dict[str, Any]:
+    """The AUROC half of P11 on the same questions: the question head alone minus the claim head, and the miss."""
+    if not pair or pair.get("gap_auroc") is None or pair["gap_auroc"]["value"] is None:
+        return {"question_auroc": None, "auroc_gap_points": None, "auroc_miss_points": None}
+    gap = -100 * pair["gap_auroc"]["value"]  # alone minus in the answer: positive when the claim head is behind
+    return {
+        "same_questions": pair["questions"],
+        "claim_auroc_same_questions": pair["in_answer"]["value"],
+        "question_auroc": pair["alone"]["value"],
+        "auroc_gap_points": gap,
+        "auroc_gap_ci_points": [-100 * c for c in reversed(pair["gap_auroc"]["ci"])] if pair["gap_auroc"]["ci"] else [],
+        "auroc_miss_points": max(0.0, gap - GOAL["auroc_gap_points"]),
+    }
 
 
 def main() -> None:
@@ -210,16 +349,20 @@ def main() -> None:
                 d: question_fold(alone, d, q_config, model, tokenizer, args.bootstrap) for d in domains
             }
             missing = None
+            same = same_questions(records, claims, questions, args.bootstrap)  # type: ignore[arg-type]
         else:
-            questions = None
+            questions, same = None, None
             missing = "alone.jsonl not generated yet (claims_generate writes it after every compound prompt)"
         runs.append(
             {
                 "seed": seed,
                 "claim_head": claims,
+                "claim_head_pooled": pooled(claims, args.bootstrap),
+                "conformal": pooled_conformal(claims),
                 "question_head_alone": questions,
                 "question_head_missing": missing,
-                "goal": goal_rows(claims, questions),
+                "same_questions": same,
+                "goal": goal_rows(claims, same),
             }
         )
     payload = {

@@ -32,12 +32,19 @@ def _batched(cell: Json) -> str:
     return f" (from candor's batched, padded pass: {cell['max_abs_diff_batched']:.1e})"
 
 
+GOAL_BUDGET = "100"  # the claim head's conformal rows use its head at the P11 goal's budget (claims_head.py)
+
+
 def conformal_table(d: Json) -> str:
     """The conformal rows (benchmarks/claims_conformal.py): test share without a false claim against 1 − α."""
     if "conformal" not in d:
         return "_Not in `results/claims.json` yet: the next `python -m benchmarks.claims` run adds these rows._"
     rows = []
-    for name, by_rule in d["conformal"].items():
+    tables = dict(d["conformal"])
+    head = d.get("elical_claims", {})
+    if head.get("conformal"):
+        tables[f"elical-claims@{GOAL_BUDGET} (tuned per held-out domain)"] = head["conformal"]
+    for name, by_rule in tables.items():
         for r in by_rule.values():
             if not isinstance(r, dict) or "rule" not in r:
                 continue
@@ -53,7 +60,7 @@ def conformal_table(d: Json) -> str:
                     f"`{name}`",
                     rule,
                     f"{by_rule['dev_answers']} / {r['test_answers']}",
-                    f"{r['threshold']:.3g}",
+                    f"{r['threshold']:.3g}" if isinstance(r["threshold"], float) else "one per domain",
                     f"{100 * held['value']:.1f} [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}] vs {100 * r['promised']:.0f}",
                     f"{100 * r['without_false_unrefined']:.0f}",
                     f"{100 * r['claims_kept']:.0f}",
@@ -95,6 +102,20 @@ def claims_section(results: Path) -> dict[str, str]:
                 f"{cost['wall_per_answer']:.2f} ({cost['wall_vs_generation']:.2f}×)",
             ]
         )
+    for budget, cell in d.get("elical_claims", {}).get("pooled", {}).items():
+        if "n" not in cell:
+            continue
+        rows.append(
+            [
+                f"`elical-claims` @{budget} (each domain held out)",
+                f"{cell['answers']} / {cell['n']}",
+                _pct(cell["auroc"], "auroc", cell["n"]),
+                _pct(cell["ece"], "ece", cell["n"]),
+                "–",
+                "–",
+                "–",
+            ]
+        )
     alone = []
     for name, a in d["alone_vs_in_answer"].items():
         if not a.get("answer_level"):
@@ -110,7 +131,7 @@ def claims_section(results: Path) -> dict[str, str]:
             ]
         )
     size = d["size"]
-    failures = ", ".join(f"{k} {v}" for k, v in size["failures"].items())
+    failures = ", ".join(f"{k} {v} ({100 * v / size['claims']:.0f}% of claims)" for k, v in size["failures"].items())
     poly = d["polygraph_agreement"]
     poly_text = (
         poly.get("skipped")
@@ -159,4 +180,113 @@ def claims_section(results: Path) -> dict[str, str]:
         ),
         "value:claims-polygraph": poly_text,
         "table:claims-conformal": conformal_table(d),
+    }
+
+
+def _head_cell(cell: Json | None, metric: str) -> str:
+    """One claim-head cell: the metric with its interval, or why there is none (budget over the labels, n < 30)."""
+    if cell is None or "note" in cell:
+        return "–"
+    m = cell[metric]
+    text = estimate(m["value"], m.get("ci"), metric, corrected=m.get("corrected"), n=cell["n"])
+    return text + ("²" if cell.get("few_of_a_class") and metric == "auroc" else "")
+
+
+FEW_NOTE = "² fewer than 10 correct (or wrong) claims: the AUROC moves by whole points per claim."
+
+
+def _head_table(run: Json, budgets: list[str], metric: str) -> str:
+    folds = {**run["claim_head"], "pooled": None}
+    rows = []
+    for domain, fold in folds.items():
+        by_budget = run["claim_head_pooled"] if fold is None else fold["by_budget"]
+        first = next((c for c in by_budget.values() if c and "n" in c), None)
+        size = "–" if first is None else f"{first['n']} / {first['positives']}"
+        rows.append(
+            [
+                f"**{domain}**" if fold is None else domain,
+                size,
+                *(_head_cell(by_budget.get(b), metric) for b in budgets),
+            ]
+        )
+    cells = [c for r in rows for c in r]
+    notes = notes_for(cells, corrected=metric == "ece")
+    if any(c.endswith("²") for c in cells):
+        notes += f"\n\n{FEW_NOTE}"
+    return (
+        md_table(["held out", "claims / correct", *(f"@{b}" for b in budgets)], "lr" + "r" * len(budgets), rows) + notes
+    )
+
+
+def _goal_table(run: Json, budget: str) -> str:
+    rows = []
+    for domain, g in run["goal"].items():
+        if "note" in g:
+            rows.append([domain, "–", "–", "–", "–", g["note"], "–"])
+            continue
+        gap = g.get("auroc_gap_points")
+        ci = g.get("auroc_gap_ci_points") or []
+        gap_text = "–" if gap is None else f"{gap:+.1f}".replace("-", "−")
+        if gap is not None and len(ci) == 2:
+            gap_text += f" [{ci[0]:+.0f}, {ci[1]:+.0f}]".replace("-", "−")
+        ece = g.get("claim_ece")
+        rows.append(
+            [
+                f"**{domain}**" if domain == "pooled" else domain,
+                str(g.get("same_questions", "–")),
+                "–" if g.get("claim_auroc_same_questions") is None else f"{100 * g['claim_auroc_same_questions']:.1f}",
+                "–" if g.get("question_auroc") is None else f"{100 * g['question_auroc']:.1f}",
+                gap_text,
+                "–" if ece is None else f"{100 * ece:.1f}" + ("" if g.get("n", 30) >= 30 else SMALL_MARK),
+                "; ".join(
+                    text
+                    for text in (
+                        _miss("AUROC", g.get("auroc_miss_points")),
+                        _miss("ECE", g.get("ece_miss_points")),
+                    )
+                    if text
+                )
+                or "met",
+            ]
+        )
+    return md_table(
+        [
+            f"held out (@{budget} claim labels)",
+            "same questions",
+            "claim head AUROC (in the answer)",
+            "question head AUROC (asked alone)",
+            "gap, alone − in the answer [95%]",
+            "claim ECE (all claims)",
+            "P11 missed by",
+        ],
+        "lrrrrrl",
+        rows,
+    )
+
+
+def _miss(what: str, points: float | None) -> str:
+    if points is None:
+        return ""
+    return "" if points <= 0 else f"{what} {points:.1f} points"
+
+
+def claims_head_section(results: Path) -> dict[str, str]:
+    """The EliCal claim head left one domain out (results/claims_head.json, benchmarks/claims_head.py)."""
+    d = load("claims_head", results)
+    run = d["runs"][0]
+    if "claim_head_pooled" not in run:
+        missing = "_Not in `results/claims_head.json` yet: the next `python -m benchmarks.claims_head` run adds it._"
+        return {"table:claims-head-auroc": missing, "table:claims-head-ece": missing, "table:claims-head-goal": missing}
+    size = d["size"]
+    budgets = d["budgets"]
+    return {
+        "table:claims-head-auroc": _head_table(run, budgets, "auroc"),
+        "table:claims-head-ece": _head_table(run, budgets, "ece"),
+        "table:claims-head-goal": _goal_table(run, d["goal"]["budget"]),
+        "value:claims-head-size": (
+            f"{size['prompts']} prompts ({', '.join(f'{k} {v}' for k, v in size['by_domain'].items())}), "
+            f"{size['claims']} claims, {size['scored']} scored, {size['correct']} correct; seed {run['seed']}, "
+            f"{d['wall_s'] / 60:.0f} min on {d['machine']['logical_cores']} cores"
+            + (" (partial: fewer prompts than the benchmark's 500)" if d["partial"] else "")
+        ),
     }

@@ -51,5 +51,6 @@ SECTIONS: list[Section] = [
     estimators.eigenscore_cost,
     estimators.verbal_pruned,
     claims.claims_section,
+    claims.claims_head_section,
     adapt.adapt,
 ]
