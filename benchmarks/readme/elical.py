@@ -204,17 +204,9 @@ def elical_rule(d: Json) -> dict[str, str]:
         for g in ("id", "ood"):
             cells += [pct(before_m[key][g]["ece"]), pct(after[key][g]["ece"])]
         ba_rows.append(cells)
-    head = [
-        "method",
-        "ID AUROC before",
-        "after",
-        "OOD AUROC before",
-        "after",
-        "ID ECE before",
-        "after",
-        "OOD ECE before",
-        "after",
-    ]
+    # the columns name their rules: "before" and "after" changed meaning when the curve moved to the default target
+    b, a = rule["before"]["name"], rule["after"]["name"]
+    head = ["method", f"ID AUROC {b}", a, f"OOD AUROC {b}", a, f"ID ECE {b}", a, f"OOD ECE {b}", a]
     n_correct = ", ".join(f"{k} {v['n_correct']} of {v['n']}" for k, v in check.get("scored_on", {}).items())
     return {
         "table:elical-lodo-rules": selection,
