@@ -214,3 +214,19 @@ def test_the_advice_section_compares_auroc_within_each_in_domain_dataset(readme_
     }
     # Only trained methods, only in-domain datasets (SQuAD is OOD), and an undefined AUROC shows as a dash.
     assert advice._auroc_by_dataset(methods) == "ADVICE ScoreLetter: NQ 30.0 → 75.0, HotpotQA – → 70.0"
+
+
+def test_lora_rows_carried_over_from_an_earlier_run_are_labelled_so(results):
+    from benchmarks.readme.elical import CARRIED_MARK, CARRIED_NOTE, elical
+
+    doc = json.loads((results / "elical.json").read_text())
+    for carried in (True, False):
+        doc["lora"]["carried_over"] = carried
+        (results / "elical.json").write_text(json.dumps(doc))
+        table = elical(results)["table:elical"]
+        lora_rows = [line for line in table.splitlines() if ", lora (" in line]
+        assert lora_rows and all((CARRIED_MARK + " |" in line) is carried for line in lora_rows)
+        assert (CARRIED_NOTE in table) is carried
+        assert CARRIED_MARK not in "".join(
+            line for line in table.splitlines() if ", lora (" not in line and "|" in line
+        )

@@ -41,6 +41,13 @@ ELICAL_ROWS = [  # (results key, README label)
 ]
 
 
+# The lora rows a run without lora carries over from the file it replaces (benchmarks/elical.py keep_previous_lora).
+CARRIED_MARK = " †"
+CARRIED_NOTE = (
+    "† carried over from an earlier run of the benchmark, not rerun with the rows above: it predates the re-judged "
+    "consistency verdicts and the stage-2 rule change, so it does not compare like with like."
+)
+
 TRAINING_FREE = ("Prob", "Min-Prob", "Consis-Lex", "Consis-Sem", "N-Prob")
 
 
@@ -52,6 +59,7 @@ def _corrected(m: Json, group: str, metric: str) -> float | None:
 def elical(r: Path) -> dict[str, str]:
     d = load("elical", r)
     methods = d["methods"]
+    carried = bool((d.get("lora") or {}).get("carried_over"))
     rows, id_auroc, id_ece = [], [], []
     for key, label in ELICAL_ROWS:
         if key not in methods:  # a baseline not scored in this run (e.g. Verbal-0) is left out
@@ -59,7 +67,7 @@ def elical(r: Path) -> dict[str, str]:
         m = methods[key]
         rows.append(
             [
-                label,
+                label + (CARRIED_MARK if carried and key.endswith(" (lora)") else ""),
                 with_ci(m["id"]["auroc"], m["ci95"]["id"]["auroc"]),
                 signed(m["delta_vs_n_prob"]["id"]["auroc"]),
                 estimate(m["id"]["ece"], m["ci95"]["id"]["ece"], "ece", corrected=_corrected(m, "id", "ece")),
@@ -81,6 +89,8 @@ def elical(r: Path) -> dict[str, str]:
     ) + notes_for(
         [r[3] for r in rows], corrected=any(_corrected(methods[k], "id", "ece") for k, _ in ELICAL_ROWS if k in methods)
     )
+    if carried and any(k.endswith(" (lora)") for k in methods):
+        table += f"\n\n{CARRIED_NOTE}"
 
     def auroc(key: str) -> float:
         return methods[key]["id"]["auroc"]
