@@ -262,3 +262,19 @@ def test_the_readme_says_whether_the_default_rule_has_its_test_curve(tmp_path):
     committed = elical_targets(RESULTS)["value:elical-default-curve"]
     shown = _saved_elical()["stage2_rule"]
     assert ("not measured" in committed) is (shown.get("curve_rule", shown["after"]["name"]) != default)
+
+
+def test_a_rechosen_file_says_the_universal_rule_has_no_curve_only_when_it_has_none(tmp_path):
+    import json
+
+    from benchmarks.elical_targets import NO_UNIVERSAL_CURVE, rechoose_saved
+
+    saved = _saved_elical()
+    universal = saved["stage2_rule"]["selected_by_target"]["universal"]
+    for after, said in ((universal, False), (next(n for n in RULES if n != universal), True)):
+        saved["stage2_rule"]["after"]["name"] = after
+        path = tmp_path / "elical.json"
+        path.write_text(json.dumps(saved))
+        rechoose_saved(path)
+        notes = json.loads(path.read_text())["notes"]
+        assert any(NO_UNIVERSAL_CURVE in n for n in notes) is said
