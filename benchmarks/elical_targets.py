@@ -29,7 +29,8 @@ def rechoose_saved(path: Path) -> None:
     rule["held_out_selection"] = rechoose(rule["held_out_selection"])
     rule.update(claim_fields(rule["held_out_selection"]))
     rule["curve_rule"] = rule["after"]["name"]
-    payload["notes"] = [n for n in payload["notes"] if not n.startswith(RECHOOSE_NOTE[:40])] + [RECHOOSE_NOTE]
+    note = RECHOOSE_NOTE + ("" if rule["curve_rule"] == rule["selected_by_target"]["universal"] else NO_UNIVERSAL_CURVE)
+    payload["notes"] = [n for n in payload["notes"] if not n.startswith(RECHOOSE_NOTE[:40])] + [note]
     payload.setdefault("commands", {})["rechoose"] = "python -m benchmarks.elical_targets"
     write_json(path, payload)
     logger.info("%s: targets chose %s", path, rule["selected_by_target"])
@@ -38,9 +39,10 @@ def rechoose_saved(path: Path) -> None:
 RECHOOSE_NOTE = (
     "Issue 46: the held-out selection above was decided again by each target (stage2_rule.selected_by_target) from "
     "its saved per-seed held-out AUROCs (python -m benchmarks.elical_targets; nothing retrained, no test "
-    "item read). The budget curves (methods, before) were run before that, with stage2_rule.curve_rule; the "
-    "universal target's rule has no budget curve in this file."
+    "item read). The budget curves (methods, before) were run before that, with stage2_rule.curve_rule."
 )
+# Said only when the re-decided universal pick is not the rule the saved curve was run with.
+NO_UNIVERSAL_CURVE = " The universal target's rule has no budget curve in this file."
 
 
 def main() -> None:

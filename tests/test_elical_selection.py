@@ -241,12 +241,40 @@ def test_factor_range_is_where_the_universal_pick_holds_and_the_history_is_said(
     assert "482b26b" in TOLERANCE_RULE and "before the results were read" not in TOLERANCE_RULE
 
 
-def test_the_readme_says_the_default_rules_test_curve_is_not_measured_when_the_curve_is_anothers():
+def test_the_readme_says_whether_the_default_rule_has_its_test_curve(tmp_path):
+    """The README's sentence on the library default's test-set budget curve follows the results file: measured
+    when the curve's rule is the default's, "not measured" (naming both rules) when the curve is another rule's."""
+    import json
+
     from benchmarks.readme.elical import elical_targets
     from benchmarks.readme.formatting import RESULTS
 
-    rule = _saved_elical()["stage2_rule"]
-    values = elical_targets(RESULTS)
-    default, curve = rule["library_default"]["name"], rule["curve_rule"]
-    assert default != curve  # the saved results: the curve is the in-domain rule's
-    assert "not measured" in values["value:elical-default-curve"] and default in values["value:elical-default-curve"]
+    saved = _saved_elical()
+    rule = saved["stage2_rule"]
+    default = rule["library_default"]["name"]
+    other = next(name for name in RULES if name != default)
+    for curve, measured in ((default, True), (other, False)):
+        rule["curve_rule"] = curve
+        (tmp_path / "elical.json").write_text(json.dumps(saved))
+        sentence = elical_targets(tmp_path)["value:elical-default-curve"]
+        assert default in sentence and ("not measured" in sentence) is not measured
+        assert measured or f"the curve below is {other}'s" in sentence
+    committed = elical_targets(RESULTS)["value:elical-default-curve"]
+    shown = _saved_elical()["stage2_rule"]
+    assert ("not measured" in committed) is (shown.get("curve_rule", shown["after"]["name"]) != default)
+
+
+def test_a_rechosen_file_says_the_universal_rule_has_no_curve_only_when_it_has_none(tmp_path):
+    import json
+
+    from benchmarks.elical_targets import NO_UNIVERSAL_CURVE, rechoose_saved
+
+    saved = _saved_elical()
+    universal = saved["stage2_rule"]["selected_by_target"]["universal"]
+    for after, said in ((universal, False), (next(n for n in RULES if n != universal), True)):
+        saved["stage2_rule"]["after"]["name"] = after
+        path = tmp_path / "elical.json"
+        path.write_text(json.dumps(saved))
+        rechoose_saved(path)
+        notes = json.loads(path.read_text())["notes"]
+        assert any(NO_UNIVERSAL_CURVE in n for n in notes) is said

@@ -163,8 +163,8 @@ def test_no_generated_part_runs_a_script_by_its_path(parts):
 def test_numbers_quoted_in_prose_come_from_the_json(parts):
     assert "1.46× OOD (66.4 → 45.4)" in parts["value:advice-cut"]
     assert parts["value:advice-ood-small"].startswith("OOD (80 questions, 1 correct)")
-    assert "+2 at 1800" in parts["value:elical-gaps"]
-    assert "in 90.2 s" in parts["value:elical-sweep-time"]
+    assert "+1 at 1800" in parts["value:elical-gaps"]
+    assert "in 99.0 s" in parts["value:elical-sweep-time"]
     assert "Prob 6.4 (1.15×)" in parts["value:elical-ece-vs-training-free"]
 
 
@@ -214,3 +214,21 @@ def test_the_advice_section_compares_auroc_within_each_in_domain_dataset(readme_
     }
     # Only trained methods, only in-domain datasets (SQuAD is OOD), and an undefined AUROC shows as a dash.
     assert advice._auroc_by_dataset(methods) == "ADVICE ScoreLetter: NQ 30.0 → 75.0, HotpotQA – → 70.0"
+
+
+def test_lora_rows_carried_over_from_an_earlier_run_are_labelled_so(results):
+    from benchmarks.readme.elical import CARRIED_MARK, CARRIED_NOTE, elical
+
+    doc = json.loads((results / "elical.json").read_text())
+    for carried in (True, False):
+        doc["lora"]["carried_over"] = carried
+        (results / "elical.json").write_text(json.dumps(doc))
+        table = elical(results)["table:elical"]
+        lora_rows = [line for line in table.splitlines() if ", lora (" in line]
+        assert lora_rows and all((CARRIED_MARK + " |" in line) is carried for line in lora_rows)
+        assert (CARRIED_NOTE in table) is carried
+        assert CARRIED_MARK not in "".join(
+            line for line in table.splitlines() if ", lora (" not in line and "|" in line
+        )
+        if carried:  # not measured with the other rows, so never bolded as the best of them
+            assert not any("**" in line for line in lora_rows)
