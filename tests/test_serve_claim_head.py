@@ -27,7 +27,8 @@ from candor.cli import app  # noqa: E402
 from candor.estimators.claim_base import ClaimContext  # noqa: E402
 from candor.estimators.claim_scoring import get_claim_estimator  # noqa: E402
 from candor.serve import Decoding, HonestModel  # noqa: E402
-from candor.serve.claim_answers import ClaimPolicy  # noqa: E402
+from candor.serve import factuality as fa  # noqa: E402
+from candor.serve.claim_answers import ClaimJudge, ClaimPolicy  # noqa: E402
 from candor.serve.deployment import Deployment  # noqa: E402
 from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
 from candor.serve.http.server import serve_in_thread  # noqa: E402
@@ -142,8 +143,25 @@ def test_the_heads_own_template_is_reported_calibrated_on_a_question_alone(gener
     described = served.claims.describe()
     assert described["claim_calibrated"] is True and "'compound' template" in described["claim_calibrated_on"]
     prompt = model.prepare(QUESTION).prompt
+    assert offline.head.prompts([QUESTION]) == [prompt]  # `candor claims` renders this very prompt
     expected = offline_values(offline, prompt, served.completion, generator.decode)
     assert [c["value"] for c in described["claims"]] == pytest.approx(expected, abs=TOLERANCE)
+
+
+def test_a_guarantee_is_refused_where_the_served_values_are_not_the_offline_ones(generator, claim_head):
+    """A factuality guarantee is tuned on `candor claims` values, which read the head's own template."""
+    rows = [
+        {"answer": f"a{i}", "correct": label, "failure": None, "confidence": {"elical-claims": value}}
+        for i in range(20)
+        for label, value in ((0, 0.3), (1, 1.0))
+    ]
+    guarantee = fa.tune(fa.labelled_claims(rows, "elical-claims"), "elical-claims", 0.2)
+    policy = ClaimPolicy("elical-claims", refine="remove", factuality_alpha=0.2, head=str(claim_head))
+    with pytest.raises(
+        CandorError, match="not the served ones here .*'compound' template, the served prompt is 'chat'"
+    ):
+        ClaimJudge(policy, generator, guarantee, template="chat")
+    assert ClaimJudge(policy, generator, guarantee, template="compound").threshold == guarantee.threshold
 
 
 def test_a_claim_head_on_another_backbone_is_refused_at_startup(claim_head, tiny_model_dir):

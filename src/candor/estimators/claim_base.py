@@ -48,11 +48,14 @@ class ServedClaims:
 
     ``path``: which computation scores them, in words, for the startup log. ``calibrated_on``: what its
     values are probabilities fitted on labels for (a served question asked alone), in words; None when
-    they are scores, not calibrated probabilities.
+    they are scores, not calibrated probabilities. ``unlike_offline``: why the served values are not
+    those ``candor claims`` computes on the same answer (a factuality guarantee tuned on those would not
+    hold for them); None when they are.
     """
 
     path: str
     calibrated_on: str | None = None
+    unlike_offline: str | None = None
 
 
 class ClaimEstimator:

@@ -192,6 +192,11 @@ class ClaimJudge:
                 "per claim; serve a claim method that reads the answer itself"
             )
         self.serving = self.estimator.serve_on(backend, template)
+        if guarantee is not None and self.serving.unlike_offline is not None:
+            raise CandorError(
+                f"--factuality-alpha with --claims {policy.method}: the guarantee was tuned on the values `candor "
+                f"claims` computes, which are not the served ones here ({self.serving.unlike_offline})"
+            )
         logger.info("claims: %s", self.serving.path)
 
     def judge(self, completion: Completion, prompt: str, question: str, shape: str = QUESTION) -> ClaimVerdict | None:

@@ -123,7 +123,13 @@ class EliCalClaims(ClaimEstimator):
             f"{NAME} reads the served model's own pass over the served prompt's and the answer's token ids "
             f"(layer {layer}, {served.pooling} pooling, the forward stopped at that layer): no second backbone; {said}"
         )
-        return ServedClaims(path, calibrated_on)
+        unlike = None
+        if config.template != template:
+            unlike = (
+                f"`candor claims -e {NAME}` reads the head's own {config.template!r} template, the served prompt "
+                f"is {template!r}"
+            )
+        return ServedClaims(path, calibrated_on, unlike)
 
     def _estimate(self, contexts: Sequence[ClaimContext], backend: Backend | None) -> list[np.ndarray]:
         for ctx in contexts:
