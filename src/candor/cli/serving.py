@@ -143,8 +143,8 @@ def serve(
     claims: Annotated[
         str | None,
         typer.Option(
-            help="A claim method (claim-prob, claim-perplexity, …): each answer of more than "
-            "one claim gets a confidence per claim in its confidence object."
+            help="A claim method (claim-prob, claim-perplexity, …, elical-claims with --claim-head): each "
+            "answer of more than one claim gets a confidence per claim in its confidence object."
         ),
     ] = None,
     refine: Annotated[
