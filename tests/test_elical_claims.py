@@ -17,7 +17,7 @@ from candor.annotation.records import Record, write_records
 from candor.backends.base import Completion
 from candor.backends.tokens import encode
 from candor.data.items import QAItem
-from candor.estimators.claim_scoring import claim_estimator_names, not_served_because, score_record_claims
+from candor.estimators.claim_scoring import claim_estimator_names, score_record_claims
 from candor.train.elical import Budget, EliCalConfig
 from candor.train.elical.claim_head import (
     POOLINGS,
@@ -209,19 +209,11 @@ def test_candor_claims_scores_with_a_head_and_refuses_without_one(trained, tmp_p
     rows = [json.loads(line) for line in (tmp_path / "r" / "claim_confidences.jsonl").read_text().splitlines()]
     assert rows and all(0.0 <= r["confidence"]["elical-claims"] <= 1.0 for r in rows)
     missing = runner.invoke(app, ["claims", "-r", str(path), "-o", str(tmp_path / "s"), "-e", "elical-claims"])
-    assert missing.exit_code != 0 and "needs --head" in missing.output
+    assert missing.exit_code != 0 and "needs --claim-head" in missing.output
     stray = runner.invoke(
         app, ["claims", "-r", str(path), "-o", str(tmp_path / "t"), "-e", "claim-prob", "--head", str(out)]
     )
-    assert stray.exit_code != 0 and "--head is read only by" in stray.output
-
-
-def test_serving_refuses_elical_claims_with_the_reason():
-    from candor.serve.claim_answers import ClaimPolicy
-
-    assert not_served_because("claim-prob") is None
-    with pytest.raises(CandorError, match="elical-claims is not served: the claim head reads"):
-        ClaimPolicy("elical-claims")
+    assert stray.exit_code != 0 and "--claim-head is read only by" in stray.output
 
 
 def test_the_trainer_table_runs_elical_claims_and_refuses_a_soft_target(tiny_model_dir, tokenizer, tmp_path):

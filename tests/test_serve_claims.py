@@ -191,7 +191,7 @@ def test_a_list_answer_refined_by_claims_leaks_no_removed_text(generator, tmp_pa
         (["--claims", "claim-nonsense"], "unknown claim method"),
         (["--claims", "claim-prob", "--refine", "cut"], "--refine must be one of"),
         (["--claims", "claim-consistency"], "reads sampled answers"),
-        (["--claims", "elical-claims"], "--claims elical-claims is not served: the claim head reads"),
+        (["--claims", "elical-claims"], "--claims elical-claims needs --claim-head DIR"),
     ],
 )
 def test_claim_options_are_checked(tiny_model_dir, args, says):

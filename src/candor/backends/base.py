@@ -45,6 +45,11 @@ LIVE_DECODE = "live_decode"
 # ``prompt_state_layers``; see :attr:`Generations.prompt_states` (vLLM's ``extract_hidden_states``, SGLang's
 # ``return_hidden_states``).
 PROMPT_HIDDEN_STATES = "prompt_hidden_states"
+# ``token_hidden_states(sequences, layer)``: every position's hidden state at one layer over given token ids
+# (a served prompt's ids and the answer's generated ids), the forward stopped at that layer; a claim head
+# reads the served answer from the served model's own weights this way (the ``hf`` backend, which also
+# tells its ``num_hidden_layers``).
+TOKEN_STATES = "token_hidden_states"
 
 WHITE_BOX = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, HIDDEN_STATES, TOKENIZER})
 

@@ -50,6 +50,7 @@ from candor.backends.base import (
     PRUNED_CANDIDATES,
     SCORE_CANDIDATES,
     TOKEN_HOOK,
+    TOKEN_STATES,
     WHITE_BOX,
     Generations,
     LiveEngine,
@@ -73,6 +74,7 @@ from candor.backends.engine import (
     row_seed,
     score_candidates,
     score_candidates_pruned,
+    token_hidden_states,
     with_packed_linears,
 )
 from candor.backends.tokenizer_mixin import TokenizerMixin
@@ -97,7 +99,14 @@ class HFBackend(TokenizerMixin):
     """A white-box backend around a transformers causal LM and its tokenizer."""
 
     white_box = True
-    capabilities = WHITE_BOX | {SCORE_CANDIDATES, PRUNED_CANDIDATES, CONTINUATION_STATES, TOKEN_HOOK, LIVE_DECODE}
+    capabilities = WHITE_BOX | {
+        SCORE_CANDIDATES,
+        PRUNED_CANDIDATES,
+        CONTINUATION_STATES,
+        TOKEN_HOOK,
+        LIVE_DECODE,
+        TOKEN_STATES,
+    }
 
     def __init__(
         self,
@@ -425,6 +434,21 @@ class HFBackend(TokenizerMixin):
         (:mod:`candor.backends.engine.continuation_states`).
         """
         return continuation_hidden_states(self, prompts, continuations, layer)
+
+    @torch.inference_mode()
+    @with_packed_linears
+    def token_hidden_states(self, sequences: Sequence[Sequence[int]], layer: int = -1) -> list[np.ndarray]:
+        """Per sequence of token ids, every position's ``layer`` hidden state, ``[len, hidden]`` float32.
+
+        The forward stops at ``layer`` (:mod:`candor.backends.engine.layer_states`); ``layer`` indexes
+        ``output_hidden_states`` as in :meth:`hidden_states`.
+        """
+        return token_hidden_states(self, sequences, layer, self.batch_size)
+
+    @property
+    def num_hidden_layers(self) -> int:
+        """The model's decoder layers (``output_hidden_states`` has one entry more: the embeddings)."""
+        return int(self.model.config.num_hidden_layers)
 
     # ------------------------------------------------ public model plumbing
     # The building blocks of the methods above (and ``encode``, from TokenizerMixin), public for the

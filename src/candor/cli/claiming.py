@@ -36,7 +36,12 @@ def claims(
     resplit: Annotated[bool, typer.Option(help="Split again even when the records already carry claims.")] = False,
     head: Annotated[
         Path | None,
-        typer.Option(help="A claim head folder (`candor train elical-claims`), read by the elical-claims method."),
+        typer.Option(
+            "--claim-head",
+            "--head",
+            help="A claim head folder (`candor train elical-claims`), read by the elical-claims method "
+            "(the same option as `candor serve --claim-head`; --head is its older name).",
+        ),
     ] = None,
 ) -> None:
     """Claim-level confidence for long answers (docs/claims.md).
@@ -114,20 +119,23 @@ def _prepared(records: Path, names: list[str], model: str, decomposer: str, judg
     return recs, backend
 
 
-HEAD_METHOD = "elical-claims"  # the claim method that reads --head
-
-
 def _head_options(names: list[str], head: Path | None) -> dict[str, dict[str, str]]:
-    """``--head`` for the method that reads it; refused without that method, and that method refused without it."""
+    """``--claim-head`` for the methods that read it; refused without such a method, and such a method refused
+    without it."""
+    from candor.estimators.claim_scoring import reads_claim_head
+
+    readers = [n for n in names if reads_claim_head(n)]
     if head is None:
-        if HEAD_METHOD in names:
-            raise CandorError(f"--methods {HEAD_METHOD} needs --head DIR (a head from `candor train {HEAD_METHOD}`)")
+        if readers:
+            raise CandorError(
+                f"--methods {readers[0]} needs --claim-head DIR (a head from `candor train {readers[0]}`)"
+            )
         return {}
-    if HEAD_METHOD not in names:
-        raise CandorError(f"--head is read only by the {HEAD_METHOD} method; add it to --methods")
+    if not readers:
+        raise CandorError("--claim-head is read only by a claim-head method (elical-claims); add it to --methods")
     if not head.is_dir():
-        raise CandorError(f"--head {head}: no such folder")
-    return {HEAD_METHOD: {"head": str(head)}}
+        raise CandorError(f"--claim-head {head}: no such folder")
+    return {name: {"head": str(head)} for name in readers}
 
 
 def _judge_free(name: str) -> dict[str, str]:

@@ -143,8 +143,8 @@ def serve(
     claims: Annotated[
         str | None,
         typer.Option(
-            help="A claim method (claim-prob, claim-perplexity, …): each answer of more than "
-            "one claim gets a confidence per claim in its confidence object."
+            help="A claim method (claim-prob, claim-perplexity, …, elical-claims with --claim-head): each "
+            "answer of more than one claim gets a confidence per claim in its confidence object."
         ),
     ] = None,
     refine: Annotated[
@@ -173,6 +173,14 @@ def serve(
             "(`candor claims-tune`), so a refined answer holds no false claim with probability ≥ 1 − alpha."
         ),
     ] = None,
+    claim_head: Annotated[
+        Path | None,
+        typer.Option(
+            "--claim-head",
+            help="With --claims elical-claims (which needs it): the claim head folder (`candor train "
+            "elical-claims`). Trained on the served model: it reads the served model's own pass over each answer.",
+        ),
+    ] = None,
 ) -> None:
     """An OpenAI-compatible service: answers carry a confidence and abstain when unsure.
 
@@ -181,8 +189,8 @@ def serve(
     reported calibrated. Also /health, /ready,
     /metrics (Prometheus), POST /v1/feedback (labels on served answers, with --store or --log-records), an
     x-request-id on every response and one JSON access-log line per request on stderr; SIGHUP or
-    POST /admin/reload (operator key) loads --honest again, keeping --threshold, --claims and
-    --max-new-tokens; SIGTERM finishes in-flight requests and exits 0.
+    POST /admin/reload (operator key) loads --honest again, keeping --threshold, --claims (with its
+    --claim-head) and --max-new-tokens; SIGTERM finishes in-flight requests and exits 0.
     """
     import importlib.util
 
@@ -202,7 +210,7 @@ def serve(
     # The options that shape answers: the deployment's, put on this model and on every one a reload loads.
     deployment = Deployment(
         threshold=choice.threshold,
-        claims=claim_serving(claims, refine, claim_threshold, factuality_alpha, choice.honest),
+        claims=claim_serving(claims, refine, claim_threshold, factuality_alpha, choice.honest, claim_head),
         max_new_tokens=max_new_tokens,
     )
     from candor.annotation.served_store import Retention
@@ -307,10 +315,16 @@ def claim_serving(
     threshold: float | None,
     factuality_alpha: float | None = None,
     honest: Path | None = None,
+    head: Path | None = None,
 ) -> ClaimPolicy | None:
-    """``--claims``/``--refine``/``--claim-threshold``/``--factuality-alpha`` checked before the model loads
-    (none is ever ignored); a guarantee asked for is looked up in the ``--honest`` folder here too."""
+    """``--claims``/``--refine``/``--claim-threshold``/``--factuality-alpha``/``--claim-head`` checked before the
+    model loads (none is ever ignored); a guarantee asked for is looked up in the ``--honest`` folder here too."""
     from candor.serve.claim_answers import ClaimPolicy
+
+    if method is None and head is not None:
+        raise CandorError("--claim-head needs --claims elical-claims (the claim method that reads it)")
+    if head is not None and not head.is_dir():
+        raise CandorError(f"--claim-head {head}: no such folder")
 
     if method is None and refine is not None:
         raise CandorError("--refine needs --claims METHOD (the claim confidences it refines by)")
@@ -329,7 +343,11 @@ def claim_serving(
     if method is None:
         return None
     policy = ClaimPolicy(
-        method, refine=refine, threshold=0.5 if threshold is None else threshold, factuality_alpha=factuality_alpha
+        method,
+        refine=refine,
+        threshold=0.5 if threshold is None else threshold,
+        factuality_alpha=factuality_alpha,
+        head=None if head is None else str(head.resolve()),
     )
     if factuality_alpha is not None:
         from candor.serve.factuality import tuned_at

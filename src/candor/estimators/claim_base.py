@@ -42,8 +42,24 @@ class ClaimContext:
     id: str = ""
 
 
+@dataclass(frozen=True)
+class ServedClaims:
+    """How a claim estimator scores a served answer's claims (:meth:`ClaimEstimator.serve_on`).
+
+    ``path``: which computation scores them, in words, for the startup log. ``calibrated_on``: what its
+    values are probabilities fitted on labels for (a served question asked alone), in words; None when
+    they are scores, not calibrated probabilities. ``unlike_offline``: why the served values are not
+    those ``candor claims`` computes on the same answer (a factuality guarantee tuned on those would not
+    hold for them); None when they are.
+    """
+
+    path: str
+    calibrated_on: str | None = None
+    unlike_offline: str | None = None
+
+
 class ClaimEstimator:
-    """Base class: ``name``, ``requires``, ``needs_backend``, ``min_samples``, ``servable``."""
+    """Base class: ``name``, ``requires``, ``needs_backend``, ``min_samples``, ``servable``, ``reads_claim_head``."""
 
     name: ClassVar[str] = "claim-estimator"
     requires: frozenset[str] = frozenset()
@@ -53,6 +69,8 @@ class ClaimEstimator:
     # Whether `candor serve --claims NAME` can run it on a served answer; when not, why (the refusal says it).
     servable: ClassVar[bool] = True
     not_served_because: ClassVar[str] = ""
+    # Whether it reads a trained claim head (``head=<folder>``; ``--claim-head`` on the command line).
+    reads_claim_head: ClassVar[bool] = False
     _tolerance: ClassVar[float] = 1e-6
 
     def estimate(self, contexts: Sequence[ClaimContext], backend: Backend | None = None) -> list[np.ndarray]:
@@ -82,6 +100,17 @@ class ClaimEstimator:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}
+
+    def serve_on(self, backend: Backend, template: str) -> ServedClaims:
+        """Bind to the generator that serves the answers (prompts rendered with ``template``), at startup.
+
+        Raises :class:`CandorError` when it cannot score that generator's answers. The default: the
+        method runs on the served answer with the served backend, and its values are scores.
+        """
+        return ServedClaims(
+            f"{self.name} scores each answer's claims in the engine thread, on the answer as generated; "
+            "its values are scores, not probabilities calibrated on labels"
+        )
 
     def _estimate(self, contexts: Sequence[ClaimContext], backend: Backend | None) -> list[np.ndarray]:
         raise NotImplementedError

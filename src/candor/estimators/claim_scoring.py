@@ -52,6 +52,12 @@ def not_served_because(name: str) -> str | None:
     return str(getattr(estimator, "not_served_because", "")) or "it cannot score a served answer"
 
 
+def reads_claim_head(name: str) -> bool:
+    """Whether the named estimator reads a trained claim head (``head=``; ``--claim-head``)."""
+    factory = CLAIM_ESTIMATORS.get(name)
+    return bool(getattr(getattr(factory, "func", factory), "reads_claim_head", False))
+
+
 def score_record_claims(
     method: str | ClaimEstimator, records: Sequence[Record], backend: Backend | None = None, **options: Any
 ) -> list[list[float]]:

@@ -13,20 +13,37 @@ answer-level confidence already speaks for it. With ``factuality_alpha`` the
 threshold is the one tuned on dev answers with a factuality guarantee
 (:mod:`candor.serve.factuality`), which then travels in the ``confidence`` object.
 
+A method that reads a trained claim head (``elical-claims``) is given it with
+``head`` (``--claim-head``) and reads the served model's own pass over the
+answer (:meth:`~candor.estimators.claim_base.ClaimEstimator.serve_on`, which says
+the path in the startup log). ``claim_calibrated`` is True only where the
+method's values are probabilities fitted on labels for this request: a head
+with a stage 2 on labels, its template the served one, a question asked alone.
+
 See docs/claims.md.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from candor.annotation.claim_split import split_claims
 from candor.annotation.claims import Claim, refine
 from candor.backends.base import Backend, Completion
-from candor.estimators.claim_scoring import built, claim_estimator_names, not_served_because, score_claims
+from candor.estimators.claim_scoring import (
+    built,
+    claim_estimator_names,
+    not_served_because,
+    reads_claim_head,
+    score_claims,
+)
 from candor.serve.factuality import FactualityGuarantee, check_alpha
+from candor.serve.shapes import QUESTION
 from candor.util.errors import CandorError
+
+logger = logging.getLogger(__name__)
 
 REFINE_MODES = ("remove", "mark")
 
@@ -40,10 +57,21 @@ class ClaimPolicy:
     threshold: float = 0.5  # claims below it are refined away (claim values, not the answer's threshold)
     decomposer: str = "sentence"
     factuality_alpha: float | None = None  # refine at the threshold tuned for this alpha (the model's guarantee)
+    head: str | None = None  # the claim head folder of a method that reads one (--claim-head)
 
     def __post_init__(self) -> None:
         if self.method not in claim_estimator_names():
             raise CandorError(f"unknown claim method {self.method!r}; known: {', '.join(claim_estimator_names())}")
+        if reads_claim_head(self.method) and self.head is None:
+            raise CandorError(
+                f"--claims {self.method} needs --claim-head DIR (a claim head from `candor train {self.method}`)"
+            )
+        if self.head is not None and not reads_claim_head(self.method):
+            readers = [n for n in claim_estimator_names() if reads_claim_head(n)]
+            raise CandorError(
+                f"--claim-head is read only by --claims {' or '.join(readers) or 'a claim-head method'}, "
+                f"not by {self.method}"
+            )
         refused = not_served_because(self.method)
         if refused is not None:
             raise CandorError(f"--claims {self.method} is not served: {refused}")
@@ -76,6 +104,7 @@ class ClaimVerdict:
     removed: list[Claim] = field(default_factory=list)
     refine: str | None = None
     factuality: FactualityGuarantee | None = None
+    calibrated_on: str | None = None  # what the values are calibrated probabilities for; None: scores
 
     @property
     def refined(self) -> bool:
@@ -97,6 +126,8 @@ class ClaimVerdict:
         return {
             "claim_method": self.method,
             "claim_refine": self.refine,
+            "claim_calibrated": self.calibrated_on is not None,
+            "claim_calibrated_on": self.calibrated_on,
             "claims": claims,
             "removed_claims": [
                 {"index": i, "value": v}
@@ -119,6 +150,8 @@ class ClaimVerdict:
         return {
             "claim_method": self.method,
             "claim_refine": self.refine,
+            "claim_calibrated": self.calibrated_on is not None,
+            "claim_calibrated_on": self.calibrated_on,
             "claims": [
                 {"index": i, "text": c.text, "start": c.start, "end": c.end, "value": v, "below": id(c) in below}
                 for i, (c, v) in enumerate(zip(self.claims, self.values, strict=True))
@@ -130,10 +163,17 @@ class ClaimVerdict:
 class ClaimJudge:
     """A policy's estimator built once for the generator, checked at startup.
 
-    ``guarantee``: the factuality guarantee a policy with ``factuality_alpha`` refines by (its threshold).
+    ``guarantee``: the factuality guarantee a policy with ``factuality_alpha`` refines by (its threshold);
+    ``template``: the name of the template the served prompts are rendered with.
     """
 
-    def __init__(self, policy: ClaimPolicy, backend: Backend, guarantee: FactualityGuarantee | None = None) -> None:
+    def __init__(
+        self,
+        policy: ClaimPolicy,
+        backend: Backend,
+        guarantee: FactualityGuarantee | None = None,
+        template: str = "",
+    ) -> None:
         if (policy.factuality_alpha is None) != (guarantee is None) or (
             guarantee is not None and not guarantee.matches(policy.method, policy.factuality_alpha)  # type: ignore[arg-type]
         ):
@@ -144,17 +184,29 @@ class ClaimJudge:
         self.guarantee = guarantee
         self.threshold = policy.threshold if guarantee is None else guarantee.threshold
         self.backend = backend
-        self.estimator = built(policy.method, backend, {})
+        self.estimator = built(policy.method, backend, {} if policy.head is None else {"head": policy.head})
         self.estimator.check_backend(backend)
         if self.estimator.min_samples:  # the served answer has no samples of its own to compare claims with
             raise CandorError(
                 f"claim method {policy.method!r} reads sampled answers, which serving does not make "
                 "per claim; serve a claim method that reads the answer itself"
             )
+        self.serving = self.estimator.serve_on(backend, template)
+        if guarantee is not None and self.serving.unlike_offline is not None:
+            raise CandorError(
+                f"--factuality-alpha with --claims {policy.method}: the guarantee was tuned on the values `candor "
+                f"claims` computes, which are not the served ones here ({self.serving.unlike_offline})"
+            )
+        logger.info("claims: %s", self.serving.path)
 
-    def judge(self, completion: Completion, prompt: str, question: str) -> ClaimVerdict | None:
-        """The answer's claims scored (and refined); None for an answer of one claim or none."""
+    def judge(self, completion: Completion, prompt: str, question: str, shape: str = QUESTION) -> ClaimVerdict | None:
+        """The answer's claims scored (and refined); None for an answer of one claim or none.
+
+        ``shape`` is the request's (:mod:`candor.serve.shapes`): the values are calibrated for a question asked
+        alone at most.
+        """
         policy = self.policy
+        calibrated_on = self.serving.calibrated_on if shape == QUESTION else None
         claims = split_claims(completion.text, completion, policy.decomposer, decode=self.backend.decode)
         if len(claims) <= 1:
             return None
@@ -164,7 +216,14 @@ class ClaimJudge:
         ]
         if policy.refine is None:
             spans: list[tuple[int, int] | None] = [(c.start, c.end) for c in claims]
-            return ClaimVerdict(method=policy.method, claims=claims, values=values, text=completion.text, spans=spans)
+            return ClaimVerdict(
+                method=policy.method,
+                claims=claims,
+                values=values,
+                text=completion.text,
+                spans=spans,
+                calibrated_on=calibrated_on,
+            )
         refined = refine(completion.text, claims, values, self.threshold, policy.refine)  # type: ignore[arg-type]
         return ClaimVerdict(
             method=policy.method,
@@ -175,4 +234,5 @@ class ClaimJudge:
             removed=refined.removed,
             refine=policy.refine,
             factuality=self.guarantee,
+            calibrated_on=calibrated_on,
         )

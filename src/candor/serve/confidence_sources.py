@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from candor.annotation.records import Record
 from candor.backends.base import (
@@ -32,13 +31,12 @@ from candor.backends.base import (
     absolute_layer,
     backend_capabilities,
 )
-from candor.backends.default_model import is_embedded, resolve_embedded
 from candor.data.items import QAItem
 from candor.estimators import get_estimator
 from candor.serve.answering import served_item
 from candor.serve.classify_client import ClassifySource
-from candor.train.elical.estimator import EliCalEstimator, same_model
-from candor.train.elical.model import HEAD_FILE, HeadConfig, LinearHead
+from candor.train.elical.estimator import EliCalEstimator, same_weights
+from candor.train.elical.model import HeadConfig, LinearHead, load_linear_head
 from candor.util.errors import CandorError
 from candor.util.registry import Registry
 
@@ -171,7 +169,7 @@ class HeadSource:
                 f"the head reads the {config.template!r} template but the generator prefills {template!r}: "
                 "a separate pass per question"
             )
-        if not _same_weights(config.backbone, generator) or getattr(backend, "adapter", None):
+        if not same_weights(config.backbone, generator) or getattr(backend, "adapter", None):
             return None, (
                 f"the head's backbone {config.backbone!r} is not the generator's weights ({generator!r}"
                 f"{' with an adapter' if getattr(backend, 'adapter', None) else ''}): a separate pass "
@@ -192,10 +190,7 @@ class HeadSource:
         source = self.estimator.head_source
         if not isinstance(source, (str, Path)):
             return source.head  # type: ignore[no-any-return]
-        state = load_file(str(Path(source) / HEAD_FILE))
-        head = LinearHead(int(state["linear.weight"].shape[1]))
-        head.load_state_dict(state)
-        return head
+        return load_linear_head(source)
 
     def save(self, folder: Path) -> dict[str, Any]:
         source = self.estimator.head_source
@@ -265,12 +260,6 @@ SOURCES: Registry[Callable[[dict[str, Any], Path], ConfidenceSource]] = Registry
 SOURCES.register("head")(HeadSource.load)
 SOURCES.register("estimator")(EstimatorSource.load)
 SOURCES.register("classify")(ClassifySource.load)  # an exported head on a classify server
-
-
-def _same_weights(head_backbone: str, generator: str) -> bool:
-    """Whether the head's backbone and the generator name one model (the embedded default by name or path)."""
-    names = [str(resolve_embedded(n)) if is_embedded(n) else n for n in (head_backbone, generator)]
-    return same_model(*names)
 
 
 def load_source(config: dict[str, Any], folder: Path) -> ConfidenceSource:

@@ -30,12 +30,17 @@ from candor.util.errors import CandorError
 DIGEST_HEX = 8  # hex digits of the options digest in a version
 
 
+def claim_options(policy: ClaimPolicy) -> dict[str, Any]:
+    """A claim policy's fields, the claim head among them when one is given (``--claim-head``, its folder)."""
+    return {name: value for name, value in asdict(policy).items() if name != "head" or value is not None}
+
+
 @dataclass(frozen=True)
 class Deployment:
     """What the operator chose for every model this server answers with (None: the model's own, as built or saved)."""
 
     threshold: float | None = None  # abstain below this confidence, whatever the folder's threshold
-    claims: ClaimPolicy | None = None  # a confidence per claim (--claims, --refine, --claim-threshold)
+    claims: ClaimPolicy | None = None  # a confidence per claim (--claims, --refine, --claim-threshold, --claim-head)
     max_new_tokens: int | None = None  # the answer's length cap when a request names none
 
     def __post_init__(self) -> None:
@@ -47,7 +52,7 @@ class Deployment:
         """The options this deployment sets (those left to the folder are absent)."""
         chosen: dict[str, Any] = {
             "threshold": self.threshold,
-            "claims": None if self.claims is None else asdict(self.claims),
+            "claims": None if self.claims is None else claim_options(self.claims),
             "max_new_tokens": self.max_new_tokens,
         }
         return {name: value for name, value in chosen.items() if value is not None}

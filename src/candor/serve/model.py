@@ -163,7 +163,7 @@ class HonestModel:
         guarantee = None
         if policy.factuality_alpha is not None:
             guarantee = tuned_at(self.factuality, policy.method, policy.factuality_alpha)
-        self.claims = ClaimJudge(policy, self.backend, guarantee)
+        self.claims = ClaimJudge(policy, self.backend, guarantee, template=self.template.name)
 
     @property
     def context_length(self) -> int | None:
@@ -323,7 +323,10 @@ class HonestModel:
         distinct = {id(a.completion): a.completion for a in answers if a.completion is not None}
 
         def judged() -> dict[int, ClaimVerdict | None]:
-            return {key: judge.judge(c, ask.prompted.prompt, ask.prompted.question) for key, c in distinct.items()}
+            prompted = ask.prompted
+            return {
+                key: judge.judge(c, prompted.prompt, prompted.question, prompted.shape) for key, c in distinct.items()
+            }
 
         verdicts = await done(engine.call(judged))
         out = []

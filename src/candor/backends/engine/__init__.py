@@ -31,7 +31,9 @@ engine instead:
 - :mod:`~candor.backends.engine.continuation_states` and
   :mod:`~candor.backends.engine.prefix_scoring` (with
   :mod:`~candor.backends.engine.candidate_tokens`): the hidden states and
-  candidate log-probs of many continuations with each prompt run once.
+  candidate log-probs of many continuations with each prompt run once;
+- :mod:`~candor.backends.engine.layer_states`: one layer's hidden states over
+  given token ids, the forward stopped at that layer.
 
 What it is not: a general inference server (no scheduler across models, no
 paging, no network: :mod:`candor.serve` is the service), and not used by the
@@ -55,6 +57,7 @@ _EXPORTS = {
     "ChunkedPrefill": ".chunked_prefill",
     "chunking_runs": ".chunked_prefill",
     "continuation_hidden_states": ".continuation_states",
+    "token_hidden_states": ".layer_states",
     "ChunkFeed": ".decode_loop",
     "DecodeJob": ".decode_loop",
     "DecodeLoop": ".decode_loop",

@@ -11,8 +11,8 @@ recomputes the prompt k times, and the prompt is most of the tokens. Here:
   prefix, the prompt and itself but not its siblings, and position ids that
   restart after the prompt for each continuation; rows of several prompts run
   as one left-padded batch, so no continuation is padded to the longest one;
-- the forward pass stops at the layer read (a hook on the next decoder layer),
-  so the layers above it are never computed.
+- the forward pass stops at the layer read (a hook on the next decoder layer,
+  :mod:`candor.backends.engine.layer_states`), so the layers above it are never computed.
 
 Tokens follow ``HFBackend.score``: a continuation's tokens are those of
 ``prompt + continuation`` past the longest prefix shared with the prompt's own
@@ -28,17 +28,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from candor.backends.engine.layer_states import StopForward, decoder_layer, stop_before
 from candor.backends.tokens import (
     MIN_SHARED_PREFIX,
     accepts_logits_to_keep,
-    base_model,
     cache_keyword,
     shared_prefix_length,
 )
@@ -147,10 +146,6 @@ class _Prefix:
         return cache
 
 
-class _StopForward(Exception):
-    """Raised by the hook once the wanted hidden state is in hand: the layers above it are not run."""
-
-
 class _Runner:
     """Forward passes that return the ``layer`` hidden states of the fed tokens (and fill a cache)."""
 
@@ -162,13 +157,13 @@ class _Runner:
         self.packs = getattr(model.config, "_attn_implementation", None) in ("eager", "sdpa")
         self.window = getattr(model.config, "sliding_window", None)
         self.dtype = next(model.parameters()).dtype
-        self.stop_at = _decoder_layer(model, layer)  # None: run the whole model and read output_hidden_states
+        self.stop_at = decoder_layer(model, layer)  # None: run the whole model and read output_hidden_states
 
     def run(self, ids: Any, mask: Any, cache: Any, positions: Any) -> Any:
         kwargs: dict[str, Any] = {self.cache_kw: cache, "use_cache": cache is not None}
         if self.keeps_logits:
             kwargs["logits_to_keep"] = 1
-        with _stop_before(self.stop_at) as caught:
+        with stop_before(self.stop_at) as caught:
             try:
                 out = self.backend.model(
                     input_ids=ids,
@@ -177,7 +172,7 @@ class _Runner:
                     output_hidden_states=self.stop_at is None,
                     **kwargs,
                 )
-            except _StopForward:
+            except StopForward:
                 return caught[0]
         return out.hidden_states[self.layer]
 
@@ -261,34 +256,6 @@ def _layout_row(
         reads.append(at + len(tail) - 1)
         at += len(tail)
     return np.asarray(reads)
-
-
-def _decoder_layer(model: Any, layer: int) -> Any:
-    """The decoder layer whose input is hidden state ``layer`` (None for the last, normed one, or unknown models)."""
-    layers = getattr(getattr(base_model(model), "model", None), "layers", None)
-    n = int(model.config.num_hidden_layers)
-    if layers is None or len(layers) < n or layer >= n:
-        return None
-    return layers[layer]
-
-
-@contextmanager
-def _stop_before(module: Any) -> Iterator[list[Any]]:
-    """While open, a forward reaching ``module`` stores its input hidden states and stops (no-op for None)."""
-    caught: list[Any] = []
-    if module is None:
-        yield caught
-        return
-
-    def hook(_module: Any, args: tuple, kwargs: dict) -> None:
-        caught.append(args[0] if args else kwargs["hidden_states"])
-        raise _StopForward
-
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield caught
-    finally:
-        handle.remove()
 
 
 def _arange(start: int, stop: int, device: Any) -> Any:

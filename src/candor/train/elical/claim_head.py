@@ -55,7 +55,7 @@ from candor.train.common import TrainResult, load_causal_lm
 from candor.train.elical.budgets import WHOLE_POOL, Budget
 from candor.train.elical.claim_targets import claim_consistency, claim_labels
 from candor.train.elical.config import EliCalConfig
-from candor.train.elical.model import ConfidenceHead, HeadConfig
+from candor.train.elical.model import ConfidenceHead, HeadConfig, LinearHead, load_linear_head
 from candor.train.elical.pipeline import StageResult, StageSpec, stages_cost, train_feature_stage
 from candor.util.errors import CandorError
 from candor.util.files import atomic_write_text
@@ -76,6 +76,22 @@ def claim_last_position(claim: Claim, n_prompt: int) -> int:
     if not claim.tokens:
         raise CandorError(f"claim {claim.text!r} rests on no token of the answer; the claim head cannot read it")
     return n_prompt + max(claim.tokens)
+
+
+def pooled_features(states: np.ndarray, n_prompt: int, claims: Sequence[Claim]) -> dict[str, np.ndarray]:
+    """Per pooling, ``[claims, hidden]``: each claim's feature from one answer's states.
+
+    ``states`` is the head's layer at every position of ``prompt tokens + answer tokens`` (no padding),
+    ``n_prompt`` the prompt's token count; ``last`` reads the claim's last token, ``mean`` averages its tokens.
+    """
+    end = len(states)
+    for claim in claims:
+        if claim_last_position(claim, n_prompt) >= end:
+            raise CandorError(f"claim {claim.text!r} names a token past the answer's end")
+    return {
+        "last": np.stack([states[claim_last_position(c, n_prompt)] for c in claims]),
+        "mean": np.stack([states[[n_prompt + t for t in c.tokens]].mean(0) for c in claims]),
+    }
 
 
 @torch.no_grad()
@@ -112,12 +128,9 @@ def claim_features(
             states = head.token_states(ids, mask).float().cpu().numpy()
             width = ids.shape[1]
             for row, i in enumerate(rows):
-                offset = width - len(seqs[row])  # left padding
-                n_prompt = len(prompt_ids[i])
-                out["last"][i] = np.stack([states[row, offset + claim_last_position(c, n_prompt)] for c in claims[i]])
-                out["mean"][i] = np.stack(
-                    [states[row, [offset + n_prompt + t for t in c.tokens]].mean(0) for c in claims[i]]
-                )
+                own = states[row, width - len(seqs[row]) :]  # left padding off
+                for pooling, x in pooled_features(own, len(prompt_ids[i]), claims[i]).items():
+                    out[pooling][i] = x
     finally:
         head.train(was_training)
     return out
@@ -414,15 +427,63 @@ class ClaimHead:
         self, prompts: Sequence[str], answers: Sequence[Sequence[int]], claims: Sequence[Sequence[Claim]]
     ) -> list[np.ndarray]:
         """Per answer, one confidence per claim."""
-        feats = claim_features(self.head, prompts, answers, claims)[self.pooling]
-        out = []
-        with torch.no_grad():
-            for x in feats:
-                if not len(x):
-                    out.append(np.zeros(0))
-                    continue
-                out.append(self.head.head(torch.from_numpy(x).to(self.head.device)).float().cpu().numpy())
-        return [v.astype(float) for v in out]
+        return head_values(self.head.head, claim_features(self.head, prompts, answers, claims)[self.pooling])
+
+
+def head_values(linear: LinearHead, features: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The linear head's confidence of each row of each answer's ``[claims, hidden]`` features."""
+    device = next(linear.parameters()).device
+    out = []
+    with torch.no_grad():
+        for x in features:
+            value = linear(torch.from_numpy(np.ascontiguousarray(x)).to(device)) if len(x) else torch.zeros(0)
+            out.append(value.float().cpu().numpy().astype(float))
+    return out
+
+
+class ServedClaimHead:
+    """A claim head's linear layer on the served model's own pass over the answer: no backbone of its own.
+
+    :meth:`score` feeds the served backend the prompt's token ids (``backend.encode``, as its engine
+    read them) followed by the answer's generated ids, reads the head's layer at every position
+    (:data:`~candor.backends.base.TOKEN_STATES`, the forward stopped at that layer), pools each claim
+    as the head does (:func:`pooled_features`) and applies the head's linear layer: the numbers of
+    :meth:`ClaimHead.score` on the same prompt and ids when the backend holds the head's backbone.
+    """
+
+    def __init__(self, config: HeadConfig, linear: LinearHead) -> None:
+        if not is_claim_head(config):
+            raise CandorError(
+                "this EliCal head is question-level (it reads the prompt only); elical-claims needs a head trained "
+                "by `candor train elical-claims`"
+            )
+        self.config = config
+        self.linear = linear.eval()
+        self.pooling = str(config.meta["pooling"])
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> ServedClaimHead:
+        return cls(HeadConfig.read(Path(folder)), load_linear_head(folder))
+
+    def score(
+        self,
+        backend: Any,
+        prompts: Sequence[str],
+        answers: Sequence[Sequence[int]],
+        claims: Sequence[Sequence[Claim]],
+    ) -> list[np.ndarray]:
+        """Per answer, one confidence per claim, from ``backend.token_hidden_states`` at the head's layer."""
+        if not len(prompts) == len(answers) == len(claims):
+            raise CandorError(f"got {len(prompts)} prompts, {len(answers)} answers and {len(claims)} claim lists")
+        todo = [i for i in range(len(prompts)) if claims[i]]
+        prompt_ids = backend.encode([prompts[i] for i in todo]) if todo else []
+        seqs = [list(ids) + list(answers[i]) for ids, i in zip(prompt_ids, todo, strict=True)]
+        states = backend.token_hidden_states(seqs, self.config.layer) if seqs else []
+        hidden = int(self.config.hidden_size)
+        feats = [np.zeros((0, hidden), np.float32)] * len(prompts)
+        for i, ids, own in zip(todo, prompt_ids, states, strict=True):
+            feats[i] = pooled_features(own, len(ids), claims[i])[self.pooling]
+        return head_values(self.linear, feats)
 
 
 def copy_head(head: ConfidenceHead) -> ConfidenceHead:

@@ -139,6 +139,14 @@ class EliCalEstimator(Estimator):
         return out
 
 
+def same_weights(head_backbone: str, generator: str) -> bool:
+    """Whether a head's backbone and a generator name one model (the embedded default by name or path)."""
+    from candor.backends.default_model import is_embedded, resolve_embedded
+
+    names = [str(resolve_embedded(n)) if is_embedded(n) else n for n in (head_backbone, generator)]
+    return same_model(*names)
+
+
 def same_model(a: str, b: str) -> bool:
     """Whether two model names denote one model: equal, or local paths to the same folder."""
     if a == b:

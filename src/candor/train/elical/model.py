@@ -210,8 +210,11 @@ class ConfidenceHead(nn.Module):
             backbone = PeftModel.from_pretrained(backbone, str(folder / ADAPTER_DIR), is_trainable=trainable)
         else:
             backbone.requires_grad_(False)
-        head = LinearHead(hidden)
-        head.load_state_dict(load_file(str(folder / HEAD_FILE)))
+        head = load_linear_head(folder)
+        if head.linear.in_features != hidden:
+            raise CandorError(
+                f"{folder}: the head reads {head.linear.in_features} features, {config.backbone!r} has {hidden}"
+            )
         return cls(backbone, head.to(_device(backbone)), config, tokenizer)
 
     def save_pretrained(self, folder: str | Path) -> Path:
@@ -296,6 +299,15 @@ class ConfidenceHead(nn.Module):
         out = self.backbone(**kwargs, output_hidden_states=layer != -1)
         states = out.last_hidden_state if layer == -1 else _layer(out.hidden_states, layer)
         return states[:, -1].float()
+
+
+def load_linear_head(folder: str | Path) -> LinearHead:
+    """A saved head's linear layer alone, no backbone: for a reader of states another pass computed
+    (the generator's prefill, the served model's pass over an answer)."""
+    state = load_file(str(Path(folder) / HEAD_FILE))
+    head = LinearHead(int(state["linear.weight"].shape[1]))
+    head.load_state_dict(state)
+    return head.eval()
 
 
 def save_head(folder: str | Path, config: HeadConfig, head: LinearHead, adapter_model: nn.Module | None) -> Path:
