@@ -270,7 +270,7 @@ def main() -> None:
     setup_logging()
     if args.head_only:
         payload = json.loads(args.out.read_text())
-        payload["elical_claims"] = claim_head_rows(read_records(CLAIMS_CACHE / "compound.jsonl"))
+        payload["elical_claims"] = claim_head_rows(payload["size"]["prompts"])
         write_json(args.out, payload)
         return
     torch.set_num_threads(args.threads)
@@ -323,7 +323,7 @@ def main() -> None:
         "conformal": conformal_rows(records, values),
         "cost": {"generation": gen, "estimators": cost},
         "polygraph_agreement": polygraph_agreement(records, values, backend, args.polygraph_answers),
-        "elical_claims": claim_head_rows(records),
+        "elical_claims": claim_head_rows(len(records)),
         "command": " ".join(
             [
                 f"python -m benchmarks.claims_generate --prompts {len(records)} --k 3 &&",
@@ -338,14 +338,14 @@ def main() -> None:
     logger.info("wrote %s", args.out)
 
 
-def claim_head_rows(records: list[Record], path: Path = HEAD_RESULTS) -> dict[str, Any]:
+def claim_head_rows(prompts: int, path: Path = HEAD_RESULTS) -> dict[str, Any]:
     """The EliCal claim head's rows (benchmarks/claims_head.py, left one domain out) when its results file was made
     on these very generations; else why they are missing."""
     if not path.exists():
         return {"missing": f"no {path.name}: run `python -m benchmarks.claims_head` first"}
     head = json.loads(path.read_text())
-    if head.get("partial") or head["size"]["prompts"] != len(records) or "claim_head_pooled" not in head["runs"][0]:
-        return {"missing": f"{path.name} was made on {head['size']['prompts']} prompts, not these {len(records)}"}
+    if head.get("partial") or head["size"]["prompts"] != prompts or "claim_head_pooled" not in head["runs"][0]:
+        return {"missing": f"{path.name} was made on {head['size']['prompts']} prompts, not these {prompts}"}
     run = head["runs"][0]
     strip = ("values",)
     return {

@@ -21,6 +21,7 @@ Runs on whatever prompts ``benchmarks/cache/claims/compound.jsonl`` holds and sa
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -124,13 +125,19 @@ def claim_fold(
 
 
 def question_fold(
-    alone: list[Record], held_out: str, config: EliCalConfig, model: Any, tokenizer: Any, bootstrap: int
+    alone: list[Record],
+    held_out: str,
+    config: EliCalConfig,
+    model: Any,
+    tokenizer: Any,
+    bootstrap: int,
+    asked: Sequence[Budget] = BUDGETS,
 ) -> dict[str, Any]:
     """The question head (EliCal) trained on the other domains' questions asked alone, scored on this one's."""
     others = [r for r in alone if r.item.meta.get("domain") != held_out]
     test = [r for r in alone if r.item.meta.get("domain") == held_out]
     pool, dev = carve_dev(others, seed=config.seed)
-    budgets = [b for b in BUDGETS if b.is_all or b.count <= len(pool)]  # type: ignore[operator]
+    budgets = [b for b in asked if b.is_all or b.count <= len(pool)]  # type: ignore[operator]
     by_budget = {}
     with tempfile.TemporaryDirectory(prefix="candor-claims-head-") as scratch:
         for budget in budgets:
@@ -276,7 +283,9 @@ def paired_row(pairs: list[tuple[str, float, int, float, int]], bootstrap: int) 
     return row
 
 
-def goal_rows(claims: dict[str, Any], same: dict[str, Any] | None) -> dict[str, Any]:
+def goal_rows(
+    claims: dict[str, Any], same: dict[str, Any] | None, pooled_cells: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Per held-out domain (and pooled) at the goal's budget: the claim head's AUROC gap to the question head asked
     alone on the same questions, its ECE, and by how much each misses P11."""
     key = GOAL["budget"]
@@ -286,19 +295,24 @@ def goal_rows(claims: dict[str, Any], same: dict[str, Any] | None) -> dict[str, 
         if cell is None:
             out[domain] = {"note": f"no {key}-label budget: the other domains hold too few labelled claims"}
             continue
-        auroc, ece = cell["auroc"]["value"], cell["ece"].get("corrected", cell["ece"]["value"])
-        row: dict[str, Any] = {
-            "claim_auroc": auroc,
-            "claim_ece": ece,
-            "n": cell["n"],
-            "positives": cell["positives"],
-            "few_of_a_class": cell["few_of_a_class"],
-        }
-        row["ece_miss_points"] = None if ece is None else max(0.0, 100 * ece - GOAL["ece_points"])
-        out[domain] = {**row, **auroc_goal((same or {}).get(key, {}).get("by_domain", {}).get(domain))}
+        out[domain] = {**ece_goal(cell), **auroc_goal((same or {}).get(key, {}).get("by_domain", {}).get(domain))}
     if same and key in same:
-        out["pooled"] = auroc_goal(same[key]["pooled"])
+        cell = (pooled_cells or {}).get(key)
+        out["pooled"] = {**(ece_goal(cell) if cell else {}), **auroc_goal(same[key]["pooled"])}
     return out
+
+
+def ece_goal(cell: dict[str, Any]) -> dict[str, Any]:
+    """The ECE half of P11 on one cell of claims: its AUROC and bias-corrected ECE, and the ECE's miss."""
+    auroc, ece = cell["auroc"]["value"], cell["ece"].get("corrected", cell["ece"]["value"])
+    return {
+        "claim_auroc": auroc,
+        "claim_ece": ece,
+        "n": cell["n"],
+        "positives": cell["positives"],
+        "few_of_a_class": cell["few_of_a_class"],
+        "ece_miss_points": None if ece is None else max(0.0, 100 * ece - GOAL["ece_points"]),
+    }
 
 
 def auroc_goal(pair: dict[str, Any] | None) -> dict[str, Any]:
@@ -322,9 +336,26 @@ def main() -> None:
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-epochs", type=int, default=None, help="cap each stage's epochs (a quick run)")
+    parser.add_argument(
+        "--question-budgets",
+        default=",".join(str(b) for b in BUDGETS),
+        help="budgets of the question head asked alone (each retrains stage 1: about 1.5 min per budget and domain)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--goal-only",
+        action="store_true",
+        help="recompute only each run's goal rows from the cells already in --out (no training)",
+    )
     args = parser.parse_args()
     setup_logging()
+    if args.goal_only:
+        payload = json.loads(args.out.read_text())
+        for run in payload["runs"]:
+            run["goal"] = goal_rows(run["claim_head"], run["same_questions"], run["claim_head_pooled"])
+        payload["goal_recomputed"] = " ".join(["python -m benchmarks.claims_head", *sys.argv[1:]])
+        write_json(args.out, payload)
+        return
     torch.set_num_threads(args.threads)
     started = time.time()
     records = read_records(CLAIMS_CACHE / "compound.jsonl")
@@ -332,6 +363,7 @@ def main() -> None:
     labels = prepare_claims(records, tokenizer)
     domains = list(dict.fromkeys(domain_of(r) for r in records))
     seeds = [int(s) for s in args.seeds.split(",")]
+    question_budgets = [Budget.parse(b) for b in args.question_budgets.split(",") if b]
     runs = []
     for seed in seeds:
         config = EliCalConfig(model=MODEL, cal_target="hard", seed=seed, max_epochs=args.max_epochs)
@@ -346,23 +378,25 @@ def main() -> None:
         if alone:
             q_config = EliCalConfig(model=MODEL, seed=seed, max_epochs=args.max_epochs)
             questions: dict[str, Any] | None = {
-                d: question_fold(alone, d, q_config, model, tokenizer, args.bootstrap) for d in domains
+                d: question_fold(alone, d, q_config, model, tokenizer, args.bootstrap, question_budgets)
+                for d in domains
             }
             missing = None
             same = same_questions(records, claims, questions, args.bootstrap)  # type: ignore[arg-type]
         else:
             questions, same = None, None
             missing = "alone.jsonl not generated yet (claims_generate writes it after every compound prompt)"
+        pooled_cells = pooled(claims, args.bootstrap)
         runs.append(
             {
                 "seed": seed,
                 "claim_head": claims,
-                "claim_head_pooled": pooled(claims, args.bootstrap),
+                "claim_head_pooled": pooled_cells,
                 "conformal": pooled_conformal(claims),
                 "question_head_alone": questions,
                 "question_head_missing": missing,
                 "same_questions": same,
-                "goal": goal_rows(claims, same),
+                "goal": goal_rows(claims, same, pooled_cells),
             }
         )
     payload = {

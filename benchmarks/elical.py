@@ -46,8 +46,9 @@ time for the same prompts (measured on this machine at load ~12).
 Measured on 2 shared CPU cores (load ~4): features of the 3,200 prompts
 ~9 min once (then cached); the head-mode sweep (33 runs) and 1000-resample
 intervals 3.5 min; with the grown ``lodo`` part (8,614 prompts), the whole
-``--skip-lora`` run from an empty cache in 15.5 min, most of it features; the lora run ~25 min on idle cores (0.35 s per training
-question, 0.15 s per scored one), up to an hour on busy ones; peak memory
+``--skip-lora`` run from an empty cache in 15.5 min, most of it features; the
+lora run ~25 min on idle cores (0.35 s per training question, 0.15 s per scored
+one), up to an hour on busy ones; peak memory
 0.7 GB (head) and 3.1 GiB (lora; see results/elical.json, lora.peak_memory_mib).
 
 Writes benchmarks/results/elical.json and benchmarks/results/elical_budget.png

@@ -78,6 +78,9 @@ def test_the_goal_compares_both_heads_on_the_same_questions():
     assert abs(row["auroc_miss_points"] - max(0.0, 100 * (alone - inside) - 3.0)) < 1e-9
     assert round(row["ece_miss_points"], 6) == 3.0  # the bias-corrected ECE, 8 points, against 5
     assert goal_rows(claims, same)["pooled"]["same_questions"] == 79
+    assert "claim_ece" not in goal_rows(claims, same)["pooled"]  # no pooled cell given: no pooled ECE claimed
+    pooled_cell = {**cell, "ece": {"value": 0.07, "corrected": 0.06}, "few_of_a_class": False}
+    assert round(goal_rows(claims, same, {"100": pooled_cell})["pooled"]["ece_miss_points"], 6) == 1.0
     assert goal_rows(claims, None)["nq"]["question_auroc"] is None
 
 

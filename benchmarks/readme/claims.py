@@ -60,7 +60,7 @@ def conformal_table(d: Json) -> str:
                     f"`{name}`",
                     rule,
                     f"{by_rule['dev_answers']} / {r['test_answers']}",
-                    f"{r['threshold']:.3g}" if isinstance(r["threshold"], float) else "one per domain",
+                    _threshold(r["threshold"]),
                     f"{100 * held['value']:.1f} [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}] vs {100 * r['promised']:.0f}",
                     f"{100 * r['without_false_unrefined']:.0f}",
                     f"{100 * r['claims_kept']:.0f}",
@@ -264,6 +264,49 @@ def _goal_table(run: Json, budget: str) -> str:
     )
 
 
+def _threshold(value: float | str) -> str:
+    """A conformal threshold as printed: the smallest positive float (keep every claim above exactly 0) as "> 0"."""
+    if not isinstance(value, float):
+        return "one per domain"
+    return "> 0" if 0 < value < 1e-300 else f"{value:.3g}"
+
+
+def _shift_table(run: Json, budget: str) -> str:
+    """Per held-out domain: its share of correct claims against the head's mean confidence on them, and the
+    head's AUROC on its own domains' dev slice (the pooling it chose) against the held-out domain's."""
+    rows = []
+    for domain, fold in run["claim_head"].items():
+        cell = fold["by_budget"].get(budget)
+        if cell is None:
+            continue
+        values = cell["values"]  # [prompt id, claim index, question, confidence, label]
+        confidence = sum(v[3] for v in values) / len(values)
+        correct = sum(v[4] for v in values) / len(values)
+        choice = cell["pooling"]
+        rows.append(
+            [
+                domain,
+                f"{len(values)} / {sum(v[4] for v in values)}",
+                f"{100 * correct:.1f}",
+                f"{100 * confidence:.1f}",
+                f"{100 * choice['dev_auroc'][choice['pooling']]:.1f} ({choice['pooling']})",
+                f"{100 * cell['auroc']['value']:.1f}",
+            ]
+        )
+    return md_table(
+        [
+            f"held out (@{budget} claim labels)",
+            "claims / correct",
+            "% correct",
+            "mean confidence ×100",
+            "AUROC on the training domains' dev slice (pooling)",
+            "AUROC on the held-out domain",
+        ],
+        "lrrrrr",
+        rows,
+    )
+
+
 def _miss(what: str, points: float | None) -> str:
     if points is None:
         return ""
@@ -276,13 +319,20 @@ def claims_head_section(results: Path) -> dict[str, str]:
     run = d["runs"][0]
     if "claim_head_pooled" not in run:
         missing = "_Not in `results/claims_head.json` yet: the next `python -m benchmarks.claims_head` run adds it._"
-        return {"table:claims-head-auroc": missing, "table:claims-head-ece": missing, "table:claims-head-goal": missing}
+        return {
+            "table:claims-head-auroc": missing,
+            "table:claims-head-ece": missing,
+            "table:claims-head-goal": missing,
+            "table:claims-head-shift": missing,
+            "value:claims-head-size": f"{d['size']['prompts']} prompts (an older run)",
+        }
     size = d["size"]
     budgets = d["budgets"]
     return {
         "table:claims-head-auroc": _head_table(run, budgets, "auroc"),
         "table:claims-head-ece": _head_table(run, budgets, "ece"),
         "table:claims-head-goal": _goal_table(run, d["goal"]["budget"]),
+        "table:claims-head-shift": _shift_table(run, d["goal"]["budget"]),
         "value:claims-head-size": (
             f"{size['prompts']} prompts ({', '.join(f'{k} {v}' for k, v in size['by_domain'].items())}), "
             f"{size['claims']} claims, {size['scored']} scored, {size['correct']} correct; seed {run['seed']}, "
