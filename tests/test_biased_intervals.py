@@ -69,11 +69,28 @@ def test_rows_on_fewer_than_30_items_are_marked_not_estimated():
     assert estimate(0.038, [0.04, 0.11], "ece") == "3.8" + LEGACY_MARK
 
 
-def test_the_claims_table_marks_its_three_claim_row_and_prints_no_interval_that_excludes_its_estimate():
+def test_the_claims_table_marks_a_row_on_fewer_than_30_claims_and_prints_no_interval_that_excludes_its_estimate(
+    tmp_path,
+):
+    """The committed results, then the same file with one estimator cut to 3 claims (the 96-prompt run's
+    ``claim-ccp[llm]`` row, which printed "50.0 [50, 50]"): the cut row is marked, not estimated."""
+    import json
+
     from benchmarks.readme.claims import claims_section
-    from benchmarks.readme.formatting import RESULTS
+    from benchmarks.readme.formatting import RESULTS, load
 
     table = claims_section(RESULTS)["table:claims"]
     assert "50.0 [50, 50]" not in table and "3.8 [4, 11]" not in table
-    row = next(line for line in table.splitlines() if "claim-ccp[llm]" in line)
+    payload = load("claims", RESULTS)
+    name = next(iter(payload["estimators"]))
+    payload["estimators"][name].update(
+        answers=2,
+        claims=3,
+        auroc={"value": 0.5, "ci": [0.5, 0.5], "interval": "percentile"},
+        ece={"value": 0.038, "ci": [0.04, 0.11], "interval": "percentile"},
+    )
+    (tmp_path / "claims.json").write_text(json.dumps(payload), encoding="utf-8")
+    table = claims_section(tmp_path)["table:claims"]
+    row = next(line for line in table.splitlines() if f"`{name}`" in line)
     assert "2 / 3" in row and row.count("–" + SMALL_MARK) >= 3 and SMALL_NOTE in table
+    assert "50.0 [50, 50]" not in table and "3.8 [4, 11]" not in table

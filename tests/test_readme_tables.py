@@ -232,3 +232,24 @@ def test_lora_rows_carried_over_from_an_earlier_run_are_labelled_so(results):
         )
         if carried:  # not measured with the other rows, so never bolded as the best of them
             assert not any("**" in line for line in lora_rows)
+
+
+def test_the_claim_head_section_derives_its_shift_table_and_thresholds_from_the_values(readme_generator, tmp_path):
+    claims = readme_generator("claims")
+    cell = {
+        "auroc": {"value": 0.6},
+        "pooling": {"pooling": "mean", "dev_auroc": {"last": 0.7, "mean": 0.8}},
+        # [prompt id, claim index, question, confidence, label]
+        "values": [["p0", 0, 0, 0.2, 1], ["p0", 1, 1, 0.4, 0], ["p1", 0, 0, 0.6, 0], ["p1", 1, 1, 0.0, 0]],
+    }
+    run = {"claim_head": {"nq": {"by_budget": {"100": cell}}, "hq": {"by_budget": {}}}}
+    table = claims._shift_table(run, "100")
+    assert "| nq | 4 / 1 | 25.0 | 30.0 | 80.0 (mean) | 60.0 |" in table
+    assert "| hq |" not in table  # a fold without the budget has no row, not a made-up one
+    assert claims._threshold(5e-324) == "> 0" and claims._threshold(0.1844) == "0.184"
+    assert claims._threshold("per domain") == "one per domain"
+    old = {"size": {"prompts": 144}, "runs": [{"seed": 0}]}
+    (tmp_path / "claims_head.json").write_text(json.dumps(old))
+    section = claims.claims_head_section(tmp_path)
+    assert section["value:claims-head-size"] == "144 prompts (an older run)"
+    assert section["table:claims-head-shift"].startswith("_Not in")
