@@ -281,13 +281,13 @@ def _shift_table(run: Json, budget: str) -> str:
             continue
         values = cell["values"]  # [prompt id, claim index, question, confidence, label]
         confidence = sum(v[3] for v in values) / len(values)
-        correct = sum(v[4] for v in values) / len(values)
+        correct = sum(v[4] for v in values)
         choice = cell["pooling"]
         rows.append(
             [
                 domain,
-                f"{len(values)} / {sum(v[4] for v in values)}",
-                f"{100 * correct:.1f}",
+                f"{len(values)} / {correct}",
+                f"{100 * correct / len(values):.1f}",
                 f"{100 * confidence:.1f}",
                 f"{100 * choice['dev_auroc'][choice['pooling']]:.1f} ({choice['pooling']})",
                 f"{100 * cell['auroc']['value']:.1f}",
