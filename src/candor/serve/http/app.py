@@ -121,7 +121,8 @@ def create_app(
         deployment,
     )
     url = store_url(settings)
-    log = RecordLog(ServedStore(url, settings.retention, export=settings.log_records)) if url is not None else None
+    store = ServedStore(url, settings.retention, export=settings.log_records) if url is not None else None
+    log = RecordLog(store, settings.store_timeout_s) if store is not None else None
     feedback = FeedbackDesk(log, metrics)
     if log is not None:  # a store that does not answer: /ready 503, questions refused before any work (record_log)
         lifecycle.conditions.append(log.unready_because)
