@@ -224,13 +224,14 @@ def install_operator_routes(app: FastAPI, service: Service, settings: ServeSetti
     async def feedback(request: Request) -> dict[str, Any]:
         role = caller_role(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-        return await desk.take(json_body(raw), role, label_author(request, role))
+        data = json_body(raw, request.headers.get("content-type"))
+        return await desk.take(data, role, label_author(request, role))
 
     @app.post("/admin/reload")
     async def reload(request: Request) -> dict[str, Any]:
         authorize_operator(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-        data = json_body(raw) if raw.strip() else {}
+        data = json_body(raw, request.headers.get("content-type")) if raw.strip() else {}
         if not isinstance(data, dict):
             raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
         for name in data:
