@@ -27,6 +27,13 @@ PERSON = {
 PROMPTS = ["Question: What is the largest planet?\nAnswer:", "Hello", "Question: 2+2?\nAnswer:"]
 
 
+def assert_same(got, expected) -> None:
+    """Same tokens and text; log-probs equal to float32 rounding (a padded batch computes them apart)."""
+    for a, b in zip([got.greedy, *got.samples], [expected.greedy, *expected.samples], strict=True):
+        assert a.token_ids == b.token_ids and a.text == b.text and a.finish_reason == b.finish_reason
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4, rtol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def vocab(tokenizer) -> int:
     return len(tokenizer)
@@ -236,14 +243,14 @@ def test_greedy_under_a_constraint_is_the_argmax_of_the_masked_logits(backend, l
     assert gen.greedy.finish_reason == "stop" and matcher.is_completed()
 
 
-def test_constrained_and_free_prompts_in_one_batch_equal_each_alone(backend):
-    """A row's answer does not depend on its neighbours, masked or not (the live engine mixes them)."""
+def test_constrained_prompts_in_one_batch_equal_each_alone(backend):
+    """A row's answer does not depend on the prompts beside it under a constraint."""
     params = SamplingParams(max_new_tokens=32)
     constraint = JsonConstraint.of(PERSON)
     together = backend.generate(PROMPTS, 2, params, constraint=constraint, seeds=[5, 6, 7])
     for i, prompt in enumerate(PROMPTS):
         [alone] = backend.generate([prompt], 2, params, constraint=constraint, seeds=[5 + i])
-        assert together[i] == alone
+        assert_same(together[i], alone)
 
 
 def test_an_uncompilable_schema_is_refused_before_any_work(backend):
@@ -251,15 +258,14 @@ def test_an_uncompilable_schema_is_refused_before_any_work(backend):
         backend.generate(PROMPTS, 1, SamplingParams(), constraint=JsonConstraint.of({"type": "strin"}))
 
 
-def test_keys_are_generated_in_the_order_of_required_then_alphabetically(grammars, tokenizer):
-    """The canonical schema text sorts the properties; ``required`` keeps the author's order."""
+def test_keys_are_generated_in_the_schema_s_order(grammars, tokenizer):
+    """xgrammar generates an object's keys in the order its schema lists them: a call names its function first."""
     call = {
         "type": "object",
         "properties": {"name": {"const": "f"}, "arguments": {"type": "object"}, "id": {"type": "integer"}},
         "required": ["name", "arguments"],
     }
     constraint = JsonConstraint.of(call)
-    assert constraint.schema.index('"arguments"') < constraint.schema.index('"name"')
     assert accepts(grammars, constraint, tokenizer, '{"name": "f", "arguments": {}}')
     assert accepts(grammars, constraint, tokenizer, '{"name": "f", "arguments": {}, "id": 3}')
     assert not accepts(grammars, constraint, tokenizer, '{"arguments": {}, "name": "f"}')

@@ -17,13 +17,12 @@ each (schema, allow_text) once and keeps the most recently used
 is bounded. JSON is generated compact, without free whitespace (``", "`` and
 ``": "`` between items), so a small model cannot spend its tokens on blank
 space, and a schema's object keys are closed unless it says otherwise
-(xgrammar's strict mode). An object's keys are generated in the order of its
-``required`` list, then the others alphabetically: the canonical schema text
-sorts the properties, and ``required`` keeps the order its author wrote (a
-tool call's ``name`` before its ``arguments``). An answer that reaches the token cap before the JSON
-is complete ends there (``finish_reason`` ``"length"``) and is not valid JSON.
+(xgrammar's strict mode). An object's keys are generated in the order its
+schema lists them (a tool call's ``name`` before its ``arguments``). An
+answer that reaches the token cap before the JSON is complete ends there
+(``finish_reason`` ``"length"``) and is not valid JSON.
 
-xgrammar is the ``grammar`` extra (``pip install 'candor-honesty[grammar]'``);
+xgrammar comes with the ``serve`` extra (``pip install 'candor-honesty[serve]'``);
 it is imported when the first constraint is compiled.
 """
 
@@ -77,24 +76,6 @@ class JsonConstraint:
         return json.loads(self.schema)
 
 
-def generation_order(schema: Any) -> Any:
-    """``schema`` with every ``properties`` map ordered as its ``required`` list, then the rest as they were.
-
-    Key order never changes what a schema accepts; it is the order the grammar generates the keys in.
-    """
-    if isinstance(schema, list):
-        return [generation_order(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: generation_order(value) for key, value in schema.items()}
-    properties, required = out.get("properties"), schema.get("required")
-    if isinstance(properties, dict) and isinstance(required, list):
-        first = [key for key in dict.fromkeys(required) if isinstance(key, str) and key in properties]
-        rest = [key for key in properties if key not in first]
-        out["properties"] = {key: properties[key] for key in first + rest}
-    return out
-
-
 def _one_line(exc: BaseException) -> str:
     """xgrammar's error message on one line, without its source location."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -107,7 +88,7 @@ def import_xgrammar() -> Any:
         import xgrammar
     except ImportError:
         raise CandorError(
-            "constrained decoding on the hf backend needs xgrammar: pip install 'candor-honesty[grammar]'"
+            "constrained decoding on the hf backend needs xgrammar: pip install 'candor-honesty[serve]'"
         ) from None
     return xgrammar
 
@@ -199,8 +180,7 @@ class GrammarCache:
     def _compile(self, constraint: JsonConstraint) -> Any:
         xgr = self._xgr
         try:
-            schema = json.dumps(generation_order(constraint.schema_dict))
-            grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+            grammar = xgr.Grammar.from_json_schema(constraint.schema, any_whitespace=False, strict_mode=True)
             if constraint.allow_text:
                 grammar = xgr.Grammar.union(grammar, xgr.Grammar.from_ebnf(TEXT_EBNF))
             return self._compiler.compile_grammar(grammar)
