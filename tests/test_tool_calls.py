@@ -20,6 +20,7 @@ from candor.tool_calls import (
     calls_agree,
     calls_canonical,
     calls_schema,
+    may_become_call,
     parse_calls,
     render_tool_prompt,
     starts_like_call,
@@ -120,6 +121,35 @@ def test_parse_calls(text, expected):
 def test_starts_like_call_tells_an_attempt_from_a_plain_answer():
     assert starts_like_call(' {"name": ') and starts_like_call("[1,") and starts_like_call("```json\n{}\n```")
     assert not starts_like_call("Sure, {here}") and not starts_like_call("")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "  ",
+        '{"na',
+        "[",
+        "`",
+        "``",
+        "```",
+        "```js",
+        "```json",
+        "```json\n",
+        "```json\n{",
+        "```\n[",
+        "<tool",
+        "<tool_call>",
+    ],
+)
+def test_a_prefix_that_may_still_become_a_call(text):
+    assert may_become_call(text)
+
+
+@pytest.mark.parametrize("text", ["The", " Sure", "```python", "```json\nThe", "``x", "<b>", "<tool_calls", "I {"])
+def test_a_prefix_that_is_already_a_plain_answer(text):
+    assert not may_become_call(text)
+    assert parse_calls(text + '{"name": "f", "arguments": {}}') is None  # nothing after it can make it a call
 
 
 def test_parallel_calls_agree_as_a_set_and_differ_on_any_value():
