@@ -810,6 +810,12 @@ def _create_engine(url: str) -> Any:
                 connect_args={
                     "connect_timeout": CONNECT_TIMEOUT_S,
                     "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                    # A peer that vanished (no ACKs): the kernel gives the connection up instead of waiting forever.
+                    "keepalives": 1,
+                    "keepalives_idle": 10,
+                    "keepalives_interval": 5,
+                    "keepalives_count": 3,
+                    "tcp_user_timeout": 30_000,
                 },
             )
         except ImportError as exc:

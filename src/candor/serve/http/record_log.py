@@ -16,7 +16,7 @@ text it returned, and whether that text is the one the confidence scored
 (``scores_returned_text``).
 
 **The store is never a silent single point of failure** (docs/serving.md, "When the store fails"). Every
-store call runs off the event loop, on the log's own threads, within :data:`STORE_TIMEOUT_S`
+store call runs off the event loop, on threads of its own, within :data:`STORE_TIMEOUT_S`
 (:meth:`RecordLog.call`); one that fails or runs past it marks the store unavailable, and the server then:
 
 - answers ``/ready`` 503 (a load balancer sends traffic elsewhere) while ``/health`` still answers;
@@ -37,7 +37,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -52,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 5.0  # a store call not done in this time fails (its request answers 503)
 PROBE_INTERVAL_S = 0.5  # how often the store is probed (and the audit labels polled)
-STORE_THREADS = 8  # store calls at once; more wait for none: while all are stuck, calls fail at once
+STORE_THREADS = 8  # store calls at once, each on its own thread; while all are stuck, more fail at once
 # What an unreachable, hung, full or broken store raises (a pool with no free connection: sa.exc.TimeoutError).
 OUTAGES = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError, sa.exc.DisconnectionError, OSError)
 T = TypeVar("T")
@@ -79,7 +78,6 @@ class RecordLog:
         self.timeout_s = timeout_s
         self.problem: str | None = None  # why the store is unavailable now (None: it answers)
         self.failures = 0  # store calls that failed or timed out
-        self._threads = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="candor-store")
         self._busy = 0  # store calls running (a hung database holds them)
         self._busy_lock = threading.Lock()
         self._logged_at = -float("inf")
@@ -109,7 +107,8 @@ class RecordLog:
                 raise StoreUnavailable(self.problem or "stuck")
             self._busy += 1
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self._threads, self._run, fn, args)
+        work: asyncio.Future[T] = loop.create_future()
+        threading.Thread(target=self._run, args=(loop, work, fn, args), daemon=True, name="candor-store").start()
         try:
             result = await asyncio.wait_for(work, self.timeout_s)
         except TimeoutError:
@@ -133,12 +132,17 @@ class RecordLog:
                 await self.call(poll)
             await asyncio.sleep(interval_s)
 
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _run(self, loop: asyncio.AbstractEventLoop, work: asyncio.Future[T], fn: Callable[..., T], args: tuple) -> None:
+        """One store call on its own daemon thread (a call stuck on a hung database never holds the process's exit)."""
         try:
-            return fn(*args)
+            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
+            outcome = (None, exc)
         finally:
             with self._busy_lock:
                 self._busy -= 1
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
+            loop.call_soon_threadsafe(_settle, work, *outcome)
 
     def _fail(self, why: str) -> None:
         self.failures += 1
@@ -194,5 +198,14 @@ class RecordLog:
         self.store.add_label(response_id, index, correct, label_source, who)
 
     def close(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
         self.store.close()
+
+
+def _settle(work: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    """Hand a store call's outcome to its waiter (gone when it timed out: then nothing)."""
+    if work.done():
+        return
+    if exc is not None:
+        work.set_exception(exc)
+    else:
+        work.set_result(result)
