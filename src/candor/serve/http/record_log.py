@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 5.0  # a store call not done in this time fails (its request answers 503)
 PROBE_INTERVAL_S = 0.5  # how often the store is probed (and the audit labels polled)
-STORE_THREADS = 8  # store calls at once, each on its own thread; while all are stuck, more fail at once
+STORE_THREADS = 16  # store calls at once, each on its own thread; more wait for a slot (within the timeout)
 # What an unreachable, hung, full or broken store raises (a pool with no free connection: sa.exc.TimeoutError).
 OUTAGES = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError, sa.exc.DisconnectionError, OSError)
 T = TypeVar("T")
@@ -78,8 +78,7 @@ class RecordLog:
         self.timeout_s = timeout_s
         self.problem: str | None = None  # why the store is unavailable now (None: it answers)
         self.failures = 0  # store calls that failed or timed out
-        self._busy = 0  # store calls running (a hung database holds them)
-        self._busy_lock = threading.Lock()
+        self._slots = asyncio.Semaphore(STORE_THREADS)  # store calls running at once (a hung database holds them)
         self._logged_at = -float("inf")
 
     @property
@@ -96,21 +95,21 @@ class RecordLog:
             raise StoreUnavailable(self.problem)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the log's threads within :attr:`timeout_s`; an outage is a :class:`StoreUnavailable`.
+        """``fn(*args)`` on a thread of its own within :attr:`timeout_s` (waiting for one of the
+        :data:`STORE_THREADS` slots included); an outage is a :class:`StoreUnavailable`.
 
-        A call that fails or times out marks the store unavailable; one that succeeds marks it available.
-        While every thread is stuck (a hung database) a call fails at once instead of queueing.
+        A call that fails or times out marks the store unavailable; one that succeeds marks it available. A call
+        stuck on a hung database keeps its slot until it returns, so a hung database fills the slots and later
+        calls time out waiting for one, without starting more threads.
         """
-        with self._busy_lock:
-            if self._busy >= STORE_THREADS:
-                self._fail("every store connection is stuck")
-                raise StoreUnavailable(self.problem or "stuck")
-            self._busy += 1
         loop = asyncio.get_running_loop()
-        work: asyncio.Future[T] = loop.create_future()
-        threading.Thread(target=self._run, args=(loop, work, fn, args), daemon=True, name="candor-store").start()
         try:
-            result = await asyncio.wait_for(work, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                await self._slots.acquire()
+                work: asyncio.Future[T] = loop.create_future()
+                thread = threading.Thread(target=self._run, args=(loop, work, fn, args), daemon=True)
+                thread.start()
+                result = await work
         except TimeoutError:
             self._fail(f"no answer within {self.timeout_s:g} s")
             raise StoreUnavailable(self.problem or "timeout") from None
@@ -133,16 +132,14 @@ class RecordLog:
             await asyncio.sleep(interval_s)
 
     def _run(self, loop: asyncio.AbstractEventLoop, work: asyncio.Future[T], fn: Callable[..., T], args: tuple) -> None:
-        """One store call on its own daemon thread (a call stuck on a hung database never holds the process's exit)."""
+        """One store call on its own daemon thread (a call stuck on a hung database never holds the process's exit);
+        its slot is given back when it returns, whether or not anyone still waits for it."""
         try:
             outcome: tuple[Any, BaseException | None] = (fn(*args), None)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
             outcome = (None, exc)
-        finally:
-            with self._busy_lock:
-                self._busy -= 1
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
-            loop.call_soon_threadsafe(_settle, work, *outcome)
+            loop.call_soon_threadsafe(_settle, work, self._slots, *outcome)
 
     def _fail(self, why: str) -> None:
         self.failures += 1
@@ -201,8 +198,9 @@ class RecordLog:
         self.store.close()
 
 
-def _settle(work: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    """Hand a store call's outcome to its waiter (gone when it timed out: then nothing)."""
+def _settle(work: asyncio.Future[Any], slots: asyncio.Semaphore, result: Any, exc: BaseException | None) -> None:
+    """Give the call's slot back and hand its outcome to its waiter (gone when it timed out: then nothing)."""
+    slots.release()
     if work.done():
         return
     if exc is not None:
