@@ -54,6 +54,7 @@ from candor.annotation.served_labels import (
 )
 from candor.annotation.served_store import RecordGone
 from candor.serve.audit_monitor import AuditMonitor, AuditReport
+from candor.serve.honest_folder import read_config
 from candor.serve.http.prometheus_metrics import ServeMetrics
 from candor.serve.http.record_log import PROBE_INTERVAL_S, RecordLog, StoreUnavailable
 from candor.serve.http.request_checks import (
@@ -66,6 +67,7 @@ from candor.serve.http.request_checks import (
 )
 from candor.serve.http.service import Generation, Service
 from candor.serve.http.settings import ServeSettings
+from candor.serve.root_guard import confine
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
@@ -313,6 +315,7 @@ async def reload_folder(service: Service, settings: ServeSettings, target: Path 
             "invalid_value",
         )
     try:
+        await asyncio.to_thread(confine_reload, target, settings, service.generation().model.backend.model_name)
         generation = await service.reload(target, batch_size=settings.max_batch)
     except CandorError as exc:
         service.metrics.observe_reload(ok=False)
@@ -339,7 +342,20 @@ async def reload_folder(service: Service, settings: ServeSettings, target: Path 
     return generation
 
 
+def confine_reload(target: Path, settings: ServeSettings, serving_model: str | None) -> None:
+    """Refuse ``target`` unless what it holds and names stays inside ``--honest-root`` (:mod:`candor.serve.root_guard`).
+
+    ``--honest`` itself, when it lies outside ``--honest-root``, is held inside the folder that holds it.
+    """
+    root = settings.honest_root
+    if root is None or not target.resolve().is_relative_to(root.resolve()):
+        root = target.resolve().parent
+    confine(target, root, read_config, serving_model)
+
+
 ERRNO = re.compile(r"\[Errno -?\d+\][^:()]*:?\s*")
+# An absolute path left in an error once the root's and --honest's paths are named from the root: one outside them.
+OUTSIDE_PATH = re.compile(r"(?<![\w.~-])~?/[^\s'\"(),:;]+")
 
 
 def public_text(message: str, folder: Path, settings: ServeSettings) -> str:
@@ -354,7 +370,7 @@ def public_text(message: str, folder: Path, settings: ServeSettings) -> str:
         names += [(str(settings.honest_folder.resolve()), "--honest"), (str(settings.honest_folder), "--honest")]
     for path, name in sorted(names, key=lambda pair: -len(pair[0])):  # the longest first: a folder before its root
         message = message.replace(path, name)
-    return ERRNO.sub("", message)
+    return OUTSIDE_PATH.sub("(a path outside --honest-root)", ERRNO.sub("", message))
 
 
 def reload_on_sighup(service: Service, settings: ServeSettings) -> None:
