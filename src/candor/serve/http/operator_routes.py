@@ -175,8 +175,9 @@ class FeedbackDesk:
         except RecordGone as exc:
             raise APIError(404, str(exc), "invalid_request_error", "id", "record_gone") from None
         self.metrics.observe_feedback(correct, served.answered)
-        with contextlib.suppress(StoreUnavailable):  # the label is stored: if this fails, the next poll counts it
-            await log.call(self.sync_audit)  # an audit label counts from now (the store holds them all)
+        if source == LABEL_SOURCE_AUDIT:  # an audit label counts from now (the store holds them all)
+            with contextlib.suppress(StoreUnavailable):  # the label is stored: if this fails, the next poll counts it
+                await log.call(self.sync_audit)
         return {
             "object": "feedback",
             "id": response_id,
