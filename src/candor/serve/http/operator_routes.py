@@ -12,11 +12,16 @@ Without an operator key the operator routes are off (403).
   default ``human``), on any choice. The label goes to the store
   (:class:`candor.annotation.served_store.ServedStore`, and its ``--log-records`` export), where
   ``candor label`` and ``candor adapt`` read it; an id no server of the store served
-  (or that its bounded remembered-response index evicted) is 404.
+  (or that its bounded remembered-response index evicted) is 404 ``not_found``, one whose record
+  retention deleted is 404 ``record_gone``. A client's feedback is one label per choice and key (the
+  key hashed, :func:`label_author`): a repeat replaces the earlier one. Bad fields are 400 naming
+  the field (``param``) before any store call; while the store does not answer, 503
+  ``store_unavailable`` (:mod:`candor.serve.http.record_log`).
   Audit labels (``"label_source": "audit"``) of answered choices, the first of each response,
   feed the drift alarm on ``/metrics`` (:mod:`candor.serve.audit_monitor`), for the model
-  version that answered them, read from the store (so labels made by ``candor label --audit``,
-  by another replica or before a restart count alike).
+  version that answered them, read from the store every :data:`AUDIT_SYNC_S` in the background
+  (so labels made by ``candor label --audit``, by another replica or before a restart count alike,
+  and a scrape never waits on the database).
 - ``POST /admin/reload`` (operator key) and ``SIGHUP``: load the ``--honest`` folder
   again (or ``{"honest": DIR}``, a folder inside ``--honest-root``) and swap it in
   between requests, with the deployment's options
@@ -170,8 +175,9 @@ class FeedbackDesk:
         except RecordGone as exc:
             raise APIError(404, str(exc), "invalid_request_error", "id", "record_gone") from None
         self.metrics.observe_feedback(correct, served.answered)
-        with contextlib.suppress(StoreUnavailable):  # the label is stored: if this fails, the next poll counts it
-            await log.call(self.sync_audit)  # an audit label counts from now (the store holds them all)
+        if source == LABEL_SOURCE_AUDIT:  # an audit label counts from now (the store holds them all)
+            with contextlib.suppress(StoreUnavailable):  # the label is stored: if this fails, the next poll counts it
+                await log.call(self.sync_audit)
         return {
             "object": "feedback",
             "id": response_id,

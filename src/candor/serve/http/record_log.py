@@ -16,7 +16,7 @@ text it returned, and whether that text is the one the confidence scored
 (``scores_returned_text``).
 
 **The store is never a silent single point of failure** (docs/serving.md, "When the store fails"). Every
-store call runs off the event loop, on the log's own threads, within :data:`STORE_TIMEOUT_S`
+store call runs off the event loop, on threads of its own, within :data:`STORE_TIMEOUT_S`
 (:meth:`RecordLog.call`); one that fails or runs past it marks the store unavailable, and the server then:
 
 - answers ``/ready`` 503 (a load balancer sends traffic elsewhere) while ``/health`` still answers;
@@ -37,7 +37,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -52,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 STORE_TIMEOUT_S = 5.0  # a store call not done in this time fails (its request answers 503)
 PROBE_INTERVAL_S = 0.5  # how often the store is probed (and the audit labels polled)
-STORE_THREADS = 8  # store calls at once; more wait for none: while all are stuck, calls fail at once
+STORE_THREADS = 16  # store calls at once, each on its own thread; more wait for a slot (within the timeout)
 # What an unreachable, hung, full or broken store raises (a pool with no free connection: sa.exc.TimeoutError).
 OUTAGES = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError, sa.exc.DisconnectionError, OSError)
 T = TypeVar("T")
@@ -79,9 +78,7 @@ class RecordLog:
         self.timeout_s = timeout_s
         self.problem: str | None = None  # why the store is unavailable now (None: it answers)
         self.failures = 0  # store calls that failed or timed out
-        self._threads = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="candor-store")
-        self._busy = 0  # store calls running (a hung database holds them)
-        self._busy_lock = threading.Lock()
+        self._slots = asyncio.Semaphore(STORE_THREADS)  # store calls running at once (a hung database holds them)
         self._logged_at = -float("inf")
 
     @property
@@ -98,20 +95,21 @@ class RecordLog:
             raise StoreUnavailable(self.problem)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the log's threads within :attr:`timeout_s`; an outage is a :class:`StoreUnavailable`.
+        """``fn(*args)`` on a thread of its own within :attr:`timeout_s` (waiting for one of the
+        :data:`STORE_THREADS` slots included); an outage is a :class:`StoreUnavailable`.
 
-        A call that fails or times out marks the store unavailable; one that succeeds marks it available.
-        While every thread is stuck (a hung database) a call fails at once instead of queueing.
+        A call that fails or times out marks the store unavailable; one that succeeds marks it available. A call
+        stuck on a hung database keeps its slot until it returns, so a hung database fills the slots and later
+        calls time out waiting for one, without starting more threads.
         """
-        with self._busy_lock:
-            if self._busy >= STORE_THREADS:
-                self._fail("every store connection is stuck")
-                raise StoreUnavailable(self.problem or "stuck")
-            self._busy += 1
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self._threads, self._run, fn, args)
         try:
-            result = await asyncio.wait_for(work, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                await self._slots.acquire()
+                work: asyncio.Future[T] = loop.create_future()
+                thread = threading.Thread(target=self._run, args=(loop, work, fn, args), daemon=True)
+                thread.start()
+                result = await work
         except TimeoutError:
             self._fail(f"no answer within {self.timeout_s:g} s")
             raise StoreUnavailable(self.problem or "timeout") from None
@@ -133,12 +131,15 @@ class RecordLog:
                 await self.call(poll)
             await asyncio.sleep(interval_s)
 
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _run(self, loop: asyncio.AbstractEventLoop, work: asyncio.Future[T], fn: Callable[..., T], args: tuple) -> None:
+        """One store call on its own daemon thread (a call stuck on a hung database never holds the process's exit);
+        its slot is given back when it returns, whether or not anyone still waits for it."""
         try:
-            return fn(*args)
-        finally:
-            with self._busy_lock:
-                self._busy -= 1
+            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
+            loop.call_soon_threadsafe(_settle, work, self._slots, *outcome)
 
     def _fail(self, why: str) -> None:
         self.failures += 1
@@ -194,5 +195,15 @@ class RecordLog:
         self.store.add_label(response_id, index, correct, label_source, who)
 
     def close(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
         self.store.close()
+
+
+def _settle(work: asyncio.Future[Any], slots: asyncio.Semaphore, result: Any, exc: BaseException | None) -> None:
+    """Give the call's slot back and hand its outcome to its waiter (gone when it timed out: then nothing)."""
+    slots.release()
+    if work.done():
+        return
+    if exc is not None:
+        work.set_exception(exc)
+    else:
+        work.set_result(result)
