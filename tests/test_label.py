@@ -120,7 +120,7 @@ def test_a_label_from_another_site_is_refused_and_writes_nothing(server, log, he
 def test_the_page_carries_its_token_and_its_own_origin_is_taken(server, log):
     html = urllib.request.urlopen(server.url).read().decode()
     assert server.token in html and len(server.token) >= 32
-    other = LabelServer(log, port=0)
+    other = LabelServer(log, port=0).start()
     assert other.token != server.token  # a new token per page server
     other.close()
     origin = server.url.rstrip("/")
