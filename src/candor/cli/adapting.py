@@ -154,11 +154,40 @@ def adapt(
     )
     summary = run_adapt(source, honest, out, settings)
     typer.echo(_adapt_report(summary))
+    if summary["folder"] is None:  # kept, and --out is the served folder: nothing was written
+        raise typer.Exit(1)
     if export is not None:
         typer.echo(_export_seq_cls(out, export_dir or out.with_name(out.name + "-cls"), summary["threshold"]["value"]))
+        if summary["promotion"]["status"] != "promotable":
+            typer.echo(
+                "the exported head is the kept one: start a classify server on it only if you mean to (no check)"
+            )
 
 
 def _adapt_report(summary: dict) -> str:
+    return _counts_report(summary) + "\n" + _promotion_report(summary)
+
+
+def _promotion_report(summary: dict) -> str:
+    """The held-out comparison with the model served, and what was written: promotable, kept, or nothing."""
+    from candor.serve.promotion import PROMOTABLE, Comparison
+
+    comparison = Comparison(**summary["promotion"])
+    line = f"against the model it was adapted from: {comparison.words()}"
+    folder = summary["folder"]
+    if folder is None:
+        return (
+            f"{line}\nnot written: --out is the served folder --honest, and a kept model never replaces it "
+            "(write it elsewhere with --out to keep it)"
+        )
+    written = f"wrote {folder} (version {summary['version']}; what it did: {folder}/adapt.json)"
+    if comparison.status == PROMOTABLE:
+        serve = f"serve it: candor serve --honest {shlex.quote(folder)} (or reload a running server)"
+        return f"{line}\n{written}, marked promotable\n{serve}"
+    return f'{line}\n{written}, marked kept: POST /admin/reload refuses it unless the body says "force": true'
+
+
+def _counts_report(summary: dict) -> str:
     counts, held, labels = summary["counts"], summary["held_out"], summary["labels"]
     return (
         f"adapted {counts['served_questions']} served questions ({counts['samples_regenerated_for']} resampled), "
@@ -167,9 +196,7 @@ def _adapt_report(summary: dict) -> str:
         f"labels by source (trusted: {','.join(labels['trusted_sources'])}): {_by_source(labels['by_source'])}\n"
         f"held-out AUROC {_fmt(held['auroc'])}, ECE {_fmt(held['ece'])}\n"
         f"calibrated for: {_shapes(summary['tuned_on'])}\n"
-        f"guarantee: {summary['guarantee']}\n"
-        f"wrote {summary['folder']} (version {summary['version']}; what it did: {summary['folder']}/adapt.json)\n"
-        f"serve it: candor serve --honest {shlex.quote(summary['folder'])} (or reload a running server)"
+        f"guarantee: {summary['guarantee']}"
     )
 
 
