@@ -101,7 +101,13 @@ def adapt(
         Path | None, typer.Option("--out", "-o", help="The new honest-model folder (may be --honest itself; required).")
     ] = None,
     alpha: Annotated[float, typer.Option(help="Certify an answered error rate of at most this.")] = 0.1,
-    delta: Annotated[float, typer.Option(help="... with probability at least 1 - delta.")] = 0.1,
+    delta: Annotated[
+        float,
+        typer.Option(
+            help="... with probability at least 1 - delta; also the level of the held-out comparison with the served "
+            "model that marks the new folder promotable or kept."
+        ),
+    ] = 0.1,
     holdout: Annotated[float, typer.Option(help="Share of the labels held out from stage 2 for the threshold.")] = 0.5,
     k: Annotated[int, typer.Option(help="Samples regenerated per served question that was logged without any.")] = 5,
     seed: Annotated[int, typer.Option(help="Seeds the label split and training.")] = 0,
@@ -130,7 +136,10 @@ def adapt(
     ] = None,
 ) -> None:
     """Recalibrate a served model on its own labelled traffic: stage 1 on every served question, stage 2 on the
-    labels, the threshold by risk control on labels held out from stage 2 (refused, exit 2, when too few)."""
+    labels, the threshold by risk control on labels held out from stage 2 (refused, exit 2, when too few). The new
+    folder is marked promotable only when the adapted head ranks the held-out labels better than the served model
+    (paired by question, at level delta), else kept: reload refuses a kept folder unless forced, and a kept model is
+    never written over --honest (exit 1)."""
     from candor.annotation.label_selection import DEFAULT_LABEL_SOURCES, parse_label_sources
     from candor.serve.adaptation import AdaptSettings
     from candor.serve.adaptation import adapt as run_adapt
