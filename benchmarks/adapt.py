@@ -18,7 +18,7 @@ For each in-domain dataset D in turn (the folds of the EliCal rule selection):
 - adapt's own **promotion** check (issue 64: the adapted head against the starting one on the
   held-out labels, paired by question at level delta) is counted against the test questions: how
   often a head whose test AUROC is below the unadapted head's was marked promotable (goal 0);
-- the **smallest α 100 labels certify** per domain (a 0.05 grid, read from the held-out labels in
+- the **smallest α 100 labels certify** per domain (a grid to 0.99, read from the held-out labels in
   every seed) and the guarantee row at that level (the head does not depend on α, only its
   threshold, so every level is scored from the same runs).
 
@@ -246,7 +246,12 @@ def one_run(
         args.delta,
     )
     result["promotion"] = promotion_outcome(adapted.summary["promotion"], result)
-    result["by_alpha"] = by_alpha(head_confidences(adapted.head, held, cache), y_held, conf_test, y_test, args.delta)
+    result["scores"] = {  # the adapted head's, so every level of the grid is scored again without a model
+        "held_out": [round(float(x), 6) for x in head_confidences(adapted.head, held, cache)],
+        "held_out_correct": [int(x) for x in y_held],
+        "test": [round(float(x), 6) for x in conf_test],
+        "test_correct": [int(x) for x in y_test],
+    }
     atomic_write_json(path, result)
     logger.info(
         "%s n=%d seed=%d: AUROC adapted %.3f unadapted %.3f cal-only %.3f; %s%s (adapt %.0f s)",
@@ -263,7 +268,8 @@ def one_run(
     return result
 
 
-ALPHA_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # the levels an operator might set: 0.05 … 0.95
+# The levels an operator might set: 0.05 … 0.95, then 0.96 … 0.99 (a 135M model answers 2–20% right).
+ALPHA_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20)) + (0.96, 0.97, 0.98, 0.99)
 
 
 def promotion_outcome(mark: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -278,9 +284,11 @@ def promotion_outcome(mark: dict[str, Any], result: dict[str, Any]) -> dict[str,
     }
 
 
-def by_alpha(conf_held, y_held, conf_test, y_test, delta: float) -> dict[str, Any]:
+def by_alpha(scores: dict[str, list], delta: float) -> dict[str, Any]:
     """At every α of the grid: how many held-out labels the risk-control threshold answers, and the test metrics
     at that threshold. The adapted head does not depend on α (only its threshold does), so one run serves all."""
+    conf_held, y_held = np.array(scores["held_out"]), np.array(scores["held_out_correct"])
+    conf_test, y_test = np.array(scores["test"]), np.array(scores["test_correct"])
     out = {}
     for alpha in ALPHA_GRID:
         threshold = th.risk_control(conf_held, y_held, alpha, delta)
@@ -293,9 +301,9 @@ def by_alpha(conf_held, y_held, conf_test, y_test, delta: float) -> dict[str, An
     return out
 
 
-def smallest_certifiable(run: dict[str, Any]) -> float | None:
+def smallest_certifiable(grid: dict[str, Any]) -> float | None:
     """The smallest α of the grid whose threshold answers at least one of the run's held-out labels."""
-    return next((a for a in ALPHA_GRID if run["by_alpha"][f"{a:g}"]["held_out_answered"] > 0), None)
+    return next((a for a in ALPHA_GRID if grid[f"{a:g}"]["held_out_answered"] > 0), None)
 
 
 def promotion_counts(rows: list[dict]) -> dict[str, Any]:
@@ -316,12 +324,13 @@ def certified_levels(runs: list[dict], folds: list[str], delta: float, labels: i
     out: dict[str, Any] = {}
     for d in folds:
         rows = [r for r in runs if r["fold"] == d and r["labels"] == labels]
-        per_seed = {str(r["seed"]): smallest_certifiable(r) for r in rows}
+        grids = [by_alpha(r["scores"], delta) for r in rows]
+        per_seed = {str(r["seed"]): smallest_certifiable(g) for r, g in zip(rows, grids, strict=True)}
         levels = [a for a in per_seed.values() if a is not None]
         alpha = max(levels) if levels and len(levels) == len(rows) else None
         entry: dict[str, Any] = {"labels": labels, "delta": delta, "smallest_alpha_by_seed": per_seed, "alpha": alpha}
         if alpha is not None:
-            at = [r["by_alpha"][f"{alpha:g}"] for r in rows]
+            at = [g[f"{alpha:g}"] for g in grids]
             answered = sum(a["answered_error"] is not None for a in at)
             above = sum((a["answered_error"] or 0) > alpha for a in at)
             entry.update(
@@ -483,7 +492,8 @@ NOTE_PROMOTION = (
     "as worse when its AUROC on the domain's test questions, which adapt never reads, is below the unadapted head's"
 )
 NOTE_CERTIFIED = (
-    "certified_alpha_at_100_labels: per domain, the smallest alpha of a 0.05 grid whose risk-control threshold "
+    "certified_alpha_at_100_labels: per domain, the smallest alpha of a grid (0.05 to 0.95 by 0.05, then 0.96 to "
+    "0.99) whose risk-control threshold "
     "answers at least one held-out label in every seed at 100 labels, and the adapted head's guarantee row at it. "
     "The level is read from the held-out labels (never the test ones), which the threshold is fitted on too: it is "
     "a level an operator with these labels could reach, not one fixed in advance, so the row is a check, not a test"

@@ -7,7 +7,6 @@ import pytest
 pytest.importorskip("scipy")
 
 from benchmarks.adapt import (  # noqa: E402
-    ALPHA_GRID,
     NOT_EXERCISED,
     certified_levels,
     goal,
@@ -21,20 +20,18 @@ ALPHA = 0.7
 
 
 def run(
-    fold: str, seed: int, answered_error: float | None, status: str = "kept", worse: bool = False, first: int = 19
+    fold: str, seed: int, answered_error: float | None, status: str = "kept", worse: bool = False, top: int = 0
 ) -> dict:
     """One run's record as one_run writes it: every arm with the same metrics, adapt's promotion mark, and the
-    held-out labels its threshold answers at each α of the grid (none below the ``first`` grid level)."""
+    adapted head's scores: ``top`` correct answers ranked above 10 wrong ones, held out and on test alike."""
     arm = {
         "auroc": 0.6,
         "ece": 0.05,
         "answered_error": answered_error,
         "coverage": 0.0 if answered_error is None else 0.1,
     }
-    grid = {
-        f"{a:g}": {"held_out_answered": 3 if i >= first else 0, "coverage": 0.1, "answered_error": 0.2}
-        for i, a in enumerate(ALPHA_GRID)
-    }
+    conf, correct = [0.9] * top + [0.1] * 10, [1] * top + [0] * 10
+    scores = {"held_out": conf, "held_out_correct": correct, "test": conf, "test_correct": correct}
     return {
         "fold": fold,
         "labels": 100,
@@ -43,7 +40,7 @@ def run(
         "unadapted": arm,
         "cal_only": arm,
         "promotion": {"status": status, "worse_on_test": worse},
-        "by_alpha": grid,
+        "scores": scores,
     }
 
 
@@ -107,8 +104,12 @@ def test_a_worse_head_marked_promotable_is_counted_against_the_goal() -> None:
 
 
 def test_the_certified_level_is_the_smallest_every_seed_reaches() -> None:
-    runs = [run("nq", 0, None, first=3), run("nq", 1, None, first=5), run("hq", 0, None, first=19)]
+    """10 correct answers on top, no error, certify α = 0.25 at δ = 0.1 (0.75^10 ≤ 0.1 < 0.8^11 needs 11);
+    6 certify 0.35 (0.65^6 ≤ 0.1); the domain's level is the larger, at which both runs answer their top ones.
+    Wrong answers on top certify nothing."""
+    runs = [run("nq", 0, None, top=10), run("nq", 1, None, top=6), run("hq", 0, None, top=0)]
     levels = certified_levels(runs, FOLDS, 0.1)
-    assert levels["nq"]["smallest_alpha_by_seed"] == {"0": 0.2, "1": 0.3} and levels["nq"]["alpha"] == 0.3
+    assert levels["nq"]["smallest_alpha_by_seed"] == {"0": 0.25, "1": 0.35} and levels["nq"]["alpha"] == 0.35
     assert levels["nq"]["guarantee"] == "yes (2 of 2 runs answered)" and levels["nq"]["answered_runs"] == 2
+    assert levels["nq"]["answered_error"]["mean"] == 0.0
     assert levels["hq"]["alpha"] is None and "guarantee" not in levels["hq"]  # no level of the grid certifies
