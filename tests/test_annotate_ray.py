@@ -176,7 +176,7 @@ def test_options_of_the_ray_engine_are_used_or_refused(served, smollm_dir, tmp_p
 
 
 def test_two_servers_give_the_records_of_one(served, smollm_dir, cluster, tmp_path):
-    """A fleet of two URLs (the same server twice here) splits each batch and changes no record."""
+    """A fleet of two URLs (the same server twice here) shares the questions and changes no record."""
     items = items_of(QUESTIONS[:3])
     expected = single_process(items, smollm_dir, served, tmp_path / "single.jsonl", k=1)
     out = tmp_path / "fleet.jsonl"
