@@ -20,6 +20,7 @@ from candor.cli import app
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.vllm,
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None,
         reason="vllm is not importable: the vllm tier (make test-vllm) runs the Ray vLLM stage",

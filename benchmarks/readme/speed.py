@@ -390,7 +390,11 @@ def annotate_ray(r: Path) -> dict[str, str]:
             f"{rng(ratio, '.2f')}× as fast as one; Ray's own start-up {d['ray_startup_seconds']:.1f} s apart; "
             f"{same['greedy_identical']} of {same['records']} greedy answers and {same['samples_identical']} of "
             f"{same['samples']} samples identical to the single-process run, and {sampled['unlike_greedy']} of "
-            f"{sampled['samples']} samples unlike their question's greedy answer (the servers sample, so the "
-            "seeds are what makes them equal)"
+            f"{sampled['samples']} samples unlike their question's greedy answer "
+            + (
+                "(the servers sample, so the seeds are what makes them equal)"
+                if sampled["unlike_greedy"]
+                else "(none differs: this run does not show that the seeds matter)"
+            )
         )
     }
