@@ -65,6 +65,16 @@ def backend_capabilities(backend: Any) -> frozenset[str]:
     return WHITE_BOX if getattr(backend, "white_box", False) else frozenset({GENERATE})
 
 
+def applied_params(backend: Any, params: SamplingParams) -> SamplingParams:
+    """The samples' decoding as ``backend`` applies it: ``params``, less what its engine refused.
+
+    A backend that may drop a setting (the ``openai`` backend drops ``top_k`` where the server refuses it)
+    says so through its own ``applied_params``; the others apply ``params`` whole.
+    """
+    own = getattr(backend, "applied_params", None)
+    return own(params) if callable(own) else params
+
+
 def score_candidates(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
     """Total log-prob of every candidate after every prompt: shape ``(len(prompts), len(candidates))``.
 
