@@ -250,7 +250,10 @@ def reply_seed(ask: Ask) -> int:
 
 
 def check_text(text: str, what: str) -> None:
-    """Refuse text that is not valid Unicode (a lone surrogate from JSON ``\\ud800``) before a tokenizer sees it."""
+    """Refuse text that is not valid Unicode (a lone surrogate from JSON ``\\ud800``), or that holds a NUL (no
+    question needs one, and a PostgreSQL store cannot keep it), before a tokenizer sees it."""
+    if "\x00" in text:
+        raise CandorError(f"{what} holds a NUL character (at character {text.index(chr(0))})")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -121,8 +121,12 @@ def create_app(
         deployment,
     )
     url = store_url(settings)
-    log = RecordLog(ServedStore(url, settings.retention, export=settings.log_records)) if url is not None else None
+    store = ServedStore(url, settings.retention, export=settings.log_records) if url is not None else None
+    log = RecordLog(store, settings.store_timeout_s) if store is not None else None
     feedback = FeedbackDesk(log, metrics)
+    if log is not None:  # a store that does not answer: /ready 503, questions refused before any work (record_log)
+        lifecycle.conditions.append(log.unready_because)
+        metrics.watch_store(lambda: log.available)
     service.on_swap += [lambda generation: metrics.observe_model(generation.version), feedback.follow]
 
     @contextlib.asynccontextmanager
@@ -130,7 +134,9 @@ def create_app(
         service.open()
         reload_on_sighup(service, settings)
         lifecycle.mark_started()
+        store_watch = asyncio.create_task(feedback.watch())  # the audit poll, and the store's health probe
         yield
+        store_watch.cancel()
         lifecycle.begin_draining()
         await asyncio.to_thread(service.close_now)
         if log is not None:
@@ -283,6 +289,8 @@ async def _serve(
     # With claims served, the text may be refined after generating: never streamed before that.
     live = (settings.stream == "live" or model.source.before_generation) and model.claims is None
     asks = _asks(questions, body, model, loop, events, streams_tokens=live)
+    if log is not None:
+        log.require_available()  # a store that does not answer could not keep the answer: 503 before any work
     futures = service.start(asks, generation)
     metrics: ServeMetrics = request.app.state.metrics
     if body.stream:
@@ -323,6 +331,8 @@ async def _respond(
     # decision whatever --stream says, since a Responses message cannot take back its text.
     live = model.source.before_generation and model.claims is None
     asks = _asks([question], body, model, loop, events, streams_tokens=live)
+    if log is not None:
+        log.require_available()
     futures = service.start(asks, generation)
     metrics: ServeMetrics = request.app.state.metrics
     shell = ResponseShell(body=body, settings=settings)
@@ -365,11 +375,11 @@ async def _stream_response(
             elif kind == "done":
                 try:
                     answers = _outcome(future)
+                    await _log(log, ask, answers, model, shell.id, range(1))  # a store that fails: an error event
                 except APIError as exc:
                     for event in out.error(exc.body["error"]):
                         yield event
                     return
-                await _log(log, ask, answers, model, shell.id, range(1))
                 metrics.observe_first_token()
                 metrics.observe_answers([answers])
                 answer = answers[0]
@@ -466,10 +476,10 @@ async def _stream(
                 left -= 1
                 try:
                     answers = _outcome(futures[j])
-                except APIError as exc:
+                    await _log(log, asks[j], answers, model, head["id"], range(j * n, (j + 1) * n))
+                except APIError as exc:  # a failed question, or a store that could not keep it: an error event
                     yield sse(exc.body)
                     continue
-                await _log(log, asks[j], answers, model, head["id"], range(j * n, (j + 1) * n))
                 metrics.observe_first_token()  # an abstention or an empty answer is the first (and last) chunk
                 metrics.observe_answers([answers])
                 for i, a in enumerate(answers):
@@ -511,4 +521,4 @@ async def _log(
     """Stored before the client has the response, so feedback on it finds it (on any replica of the store)."""
     if log is not None:
         describe = lambda a: confidence_object(a, ask)  # noqa: E731
-        await asyncio.to_thread(log.write, ask, answers, model.provenance(), describe, response_id, indexes)
+        await log.call(log.write, ask, answers, model.provenance(), describe, response_id, indexes)

@@ -28,11 +28,12 @@ Without an operator key the operator routes are off (403).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import logging
 import re
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,15 @@ from candor.annotation.served_labels import (
     LABEL_SOURCE_AUDIT,
     LABEL_SOURCE_HUMAN,
     LABEL_SOURCE_USER,
+    LabelError,
     check_label,
+    shown,
 )
+from candor.annotation.served_store import RecordGone
 from candor.serve.audit_monitor import AuditMonitor, AuditReport
+from candor.serve.honest_folder import read_config
 from candor.serve.http.prometheus_metrics import ServeMetrics
-from candor.serve.http.record_log import RecordLog
+from candor.serve.http.record_log import PROBE_INTERVAL_S, RecordLog, StoreUnavailable
 from candor.serve.http.request_checks import (
     CLIENT,
     APIError,
@@ -57,11 +62,13 @@ from candor.serve.http.request_checks import (
 )
 from candor.serve.http.service import Generation, Service
 from candor.serve.http.settings import ServeSettings
+from candor.serve.root_guard import confine
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
-AUDIT_SYNC_S = 1.0  # /metrics reads new audit labels from the store at most this often
+AUDIT_SYNC_S = PROBE_INTERVAL_S  # the audit labels are read from the store this often (the store's probe)
+OPERATOR_WHO = "operator"  # who an operator-key label is from (a client's: its key, hashed; KEY_WHO)
 # The label sources the operator key may name (and ``judge:NAME``); a client's feedback is always LABEL_SOURCE_USER.
 OPERATOR_SOURCES = (LABEL_SOURCE_HUMAN, LABEL_SOURCE_AUDIT, LABEL_SOURCE_USER)
 JUDGE_PREFIX = "judge:"
@@ -76,38 +83,51 @@ class FeedbackDesk:
         self.monitor = AuditMonitor()  # audit labels of every version; /metrics shows the current one's
         self.version = ""
         self._audited_up_to = 0  # the store's labels up to this number are in the monitor
-        self._synced_at = -float("inf")
         self._sync_lock = threading.Lock()
         self.metrics.watch_feedback(self.audit_report)
 
     def audit_report(self) -> AuditReport | None:
-        """The current version's audit, with the store's audit labels read in first (at most once a second)."""
-        self.sync_audit(min_interval_s=AUDIT_SYNC_S)
+        """The current version's audit as last read from the store (never reads it: a scrape never waits on it)."""
         return self.monitor.report(self.version)
 
-    def sync_audit(self, min_interval_s: float = 0.0) -> int:
-        """Feed the monitor the audit labels the store gained since the last look (any process's); how many."""
+    def sync_audit(self) -> int:
+        """Feed the monitor the audit labels the store gained since the last look (any process's); how many.
+
+        Runs on the store's threads (:meth:`RecordLog.call`): every :data:`AUDIT_SYNC_S` from :meth:`watch`, and
+        after each label this server takes. The store's audit labels commit in the order of their numbers, so the
+        last number read is a safe watermark and every replica counts the same labels in the same order.
+        """
         if self.log is None:
             return 0
         with self._sync_lock:
-            now = time.monotonic()
-            if now - self._synced_at < min_interval_s:
-                return 0
-            self._synced_at = now
             rows = self.log.store.audit_labels_after(self._audited_up_to)
             if rows:
                 self._audited_up_to = rows[-1][0]
             return self.monitor.replay((version, response_id, correct) for _, version, response_id, correct in rows)
 
+    async def watch(self) -> None:
+        """Poll the store's audit labels every :data:`AUDIT_SYNC_S`; the poll is also the store's health probe."""
+        if self.log is not None:
+            await self.log.watch(self.sync_audit, AUDIT_SYNC_S)
+
     def follow(self, generation: Generation) -> None:
         """A new model answers from now on: ``/metrics`` shows its audit, against its own threshold's promise."""
         threshold = generation.model.threshold
         promised = None if threshold is None else threshold.promised_accuracy
+        if threshold is not None and promised is None:
+            logger.warning(
+                "model %s: its threshold (rule %r) states no promised accuracy, so audit labels have nothing to "
+                "check: the drift gauges stay NaN (candor_promise_stated 0)",
+                generation.version,
+                threshold.rule,
+            )
+        self.metrics.observe_promise(promised)
         self.monitor.promise(generation.version, promised, None if threshold is None else threshold.delta)
         self.version = generation.version
 
-    async def take(self, data: Any, role: str) -> dict[str, Any]:
-        """Take one label from ``role`` (:data:`~candor.serve.http.request_checks.CLIENT` or ``OPERATOR``)."""
+    async def take(self, data: Any, role: str, who: str = "") -> dict[str, Any]:
+        """Take one label from ``role`` (:data:`~candor.serve.http.request_checks.CLIENT` or ``OPERATOR``), sent
+        by ``who`` (a client's key, hashed: one label per choice and key, a repeat replaces it)."""
         if self.log is None:
             raise APIError(
                 400,
@@ -122,13 +142,15 @@ class FeedbackDesk:
         source = label_source_of(data, role)
         try:
             check_label(response_id, index, correct, source)
-        except ValueError as exc:
-            raise APIError(400, str(exc), "invalid_request_error", None, "invalid_value") from None
-        served = await asyncio.to_thread(self.log.find, response_id, index)
+        except LabelError as exc:
+            raise APIError(400, str(exc), "invalid_request_error", exc.field, "invalid_value") from None
+        log = self.log
+        log.require_available()
+        served = await log.call(log.find, response_id, index)
         if served is None:
             raise APIError(
                 404,
-                f"no served answer has id {response_id!r} and index {index} (the store remembers the "
+                f"no served answer has id {shown(response_id)} and index {index} (the store remembers the "
                 "most recent responses its servers served; label older ones with `candor label`)",
                 "invalid_request_error",
                 "id",
@@ -137,14 +159,19 @@ class FeedbackDesk:
         if role == CLIENT and not served.answered:
             raise APIError(
                 400,
-                f"the choice {index} of {response_id!r} abstained: the client saw the refusal, not an answer to label",
+                f"the choice {index} of {shown(response_id)} abstained: the client saw the refusal, not an answer "
+                "to label",
                 "invalid_request_error",
                 "index",
                 "abstained",
             )
-        await asyncio.to_thread(self.log.label, response_id, index, correct, source)
+        try:
+            await log.call(log.label, response_id, index, correct, source, who)
+        except RecordGone as exc:
+            raise APIError(404, str(exc), "invalid_request_error", "id", "record_gone") from None
         self.metrics.observe_feedback(correct, served.answered)
-        await asyncio.to_thread(self.sync_audit)  # an audit label counts from now (the store holds them all)
+        with contextlib.suppress(StoreUnavailable):  # the label is stored: if this fails, the next poll counts it
+            await log.call(self.sync_audit)  # an audit label counts from now (the store holds them all)
         return {
             "object": "feedback",
             "id": response_id,
@@ -153,6 +180,14 @@ class FeedbackDesk:
             "label_source": source,
             "model_version": served.model_version,
         }
+
+
+def label_author(request: Request, role: str) -> str:
+    """Who a label is from: the operator, or a client's key (hashed; no key set: every client is one, ``key:``)."""
+    if role != CLIENT:
+        return OPERATOR_WHO
+    key = request.headers.get("authorization", "").strip().partition(" ")[2].strip()
+    return "key:" + hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()[:16]
 
 
 def label_source_of(data: dict[str, Any], role: str) -> str:
@@ -177,7 +212,7 @@ def label_source_of(data: dict[str, Any], role: str) -> str:
         return named
     raise APIError(
         400,
-        f"label_source must be one of {', '.join(OPERATOR_SOURCES)} or {JUDGE_PREFIX}NAME, got {named!r}",
+        f"label_source must be one of {', '.join(OPERATOR_SOURCES)} or {JUDGE_PREFIX}NAME, got {shown(named)}",
         "invalid_request_error",
         "label_source",
         "invalid_value",
@@ -191,19 +226,24 @@ def install_operator_routes(app: FastAPI, service: Service, settings: ServeSetti
     async def feedback(request: Request) -> dict[str, Any]:
         role = caller_role(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-        return await desk.take(json_body(raw), role)
+        data = json_body(raw, request.headers.get("content-type"))
+        return await desk.take(data, role, label_author(request, role))
 
     @app.post("/admin/reload")
     async def reload(request: Request) -> dict[str, Any]:
         authorize_operator(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-        data = json_body(raw) if raw.strip() else {}
+        data = json_body(raw, request.headers.get("content-type")) if raw.strip() else {}
         if not isinstance(data, dict):
             raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
         for name in data:
             if name != "honest":
                 raise APIError(
-                    400, f"{name}: unknown field (a reload takes only 'honest')", "invalid_request_error", name
+                    400,
+                    f"{shown(name)}: unknown field (a reload takes only 'honest')",
+                    "invalid_request_error",
+                    name[:64],
+                    "unknown_field",
                 )
         folder = data.get("honest")
         if folder is not None and (not isinstance(folder, str) or not folder.strip() or "\x00" in folder):
@@ -270,6 +310,7 @@ async def reload_folder(service: Service, settings: ServeSettings, target: Path 
             "invalid_value",
         )
     try:
+        await asyncio.to_thread(confine_reload, target, settings, service.generation().model.backend.model_name)
         generation = await service.reload(target, batch_size=settings.max_batch)
     except CandorError as exc:
         service.metrics.observe_reload(ok=False)
@@ -296,7 +337,20 @@ async def reload_folder(service: Service, settings: ServeSettings, target: Path 
     return generation
 
 
+def confine_reload(target: Path, settings: ServeSettings, serving_model: str | None) -> None:
+    """Refuse ``target`` unless what it holds and names stays inside ``--honest-root`` (:mod:`candor.serve.root_guard`).
+
+    ``--honest`` itself, when it lies outside ``--honest-root``, is held inside the folder that holds it.
+    """
+    root = settings.honest_root
+    if root is None or not target.resolve().is_relative_to(root.resolve()):
+        root = target.resolve().parent
+    confine(target, root, read_config, serving_model)
+
+
 ERRNO = re.compile(r"\[Errno -?\d+\][^:()]*:?\s*")
+# An absolute path left in an error once the root's and --honest's paths are named from the root: one outside them.
+OUTSIDE_PATH = re.compile(r"(?<![\w.~-])~?/[^\s'\"(),:;]+")
 
 
 def public_text(message: str, folder: Path, settings: ServeSettings) -> str:
@@ -311,7 +365,7 @@ def public_text(message: str, folder: Path, settings: ServeSettings) -> str:
         names += [(str(settings.honest_folder.resolve()), "--honest"), (str(settings.honest_folder), "--honest")]
     for path, name in sorted(names, key=lambda pair: -len(pair[0])):  # the longest first: a folder before its root
         message = message.replace(path, name)
-    return ERRNO.sub("", message)
+    return OUTSIDE_PATH.sub("(a path outside --honest-root)", ERRNO.sub("", message))
 
 
 def reload_on_sighup(service: Service, settings: ServeSettings) -> None:

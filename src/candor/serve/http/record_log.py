@@ -14,24 +14,138 @@ the record's answers fill in it, so a label sent later (``POST /v1/feedback``)
 finds its record. Per choice the store also keeps whether it was answered, the
 text it returned, and whether that text is the one the confidence scored
 (``scores_returned_text``).
+
+**The store is never a silent single point of failure** (docs/serving.md, "When the store fails"). Every
+store call runs off the event loop, on the log's own threads, within :data:`STORE_TIMEOUT_S`
+(:meth:`RecordLog.call`); one that fails or runs past it marks the store unavailable, and the server then:
+
+- answers ``/ready`` 503 (a load balancer sends traffic elsewhere) while ``/health`` still answers;
+- refuses questions and feedback with 503 ``store_unavailable`` before any generation (an answer the
+  store could not keep is never given: a stored record is what feedback and ``candor adapt`` need);
+- ends a stream whose record could not be stored with an error event, never silently;
+- probes the store every :data:`PROBE_INTERVAL_S` (the probe is the audit poll, :class:`FeedbackDesk
+  <candor.serve.http.operator_routes.FeedbackDesk>`) and takes traffic again once one succeeds.
+
+A response or label is acknowledged (200, or a stream's last chunk) only after its transaction committed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
 
 from candor.annotation.records import Record
 from candor.annotation.served_store import RememberedChoice, ServedChoice, ServedStore
 from candor.backends.base import Completion
 from candor.serve.answering import Ask, HonestAnswer
+from candor.serve.http.request_checks import APIError
+
+logger = logging.getLogger(__name__)
+
+STORE_TIMEOUT_S = 5.0  # a store call not done in this time fails (its request answers 503)
+PROBE_INTERVAL_S = 0.5  # how often the store is probed (and the audit labels polled)
+STORE_THREADS = 8  # store calls at once; more wait for none: while all are stuck, calls fail at once
+# What an unreachable, hung, full or broken store raises (a pool with no free connection: sa.exc.TimeoutError).
+OUTAGES = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError, sa.exc.DisconnectionError, OSError)
+T = TypeVar("T")
+
+
+class StoreUnavailable(APIError):
+    """503: the store cannot take or give what this request needs now (nothing was generated, or it is not kept)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            503,
+            f"the store of served answers is unavailable ({why}); nothing was kept: retry shortly",
+            "server_error",
+            None,
+            "store_unavailable",
+        )
 
 
 class RecordLog:
     """Writes served records to the store (and its JSONL export); finds and labels them for feedback."""
 
-    def __init__(self, store: ServedStore) -> None:
+    def __init__(self, store: ServedStore, timeout_s: float = STORE_TIMEOUT_S) -> None:
         self.store = store
+        self.timeout_s = timeout_s
+        self.problem: str | None = None  # why the store is unavailable now (None: it answers)
+        self.failures = 0  # store calls that failed or timed out
+        self._threads = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="candor-store")
+        self._busy = 0  # store calls running (a hung database holds them)
+        self._busy_lock = threading.Lock()
+        self._logged_at = -float("inf")
+
+    @property
+    def available(self) -> bool:
+        return self.problem is None
+
+    def unready_because(self) -> str | None:
+        """Why ``/ready`` is 503 because of the store, or None (a readiness condition)."""
+        return None if self.problem is None else f"the store of served answers is unavailable ({self.problem})"
+
+    def require_available(self) -> None:
+        """Before any work: a 503 while the store is unavailable (the probe says when it answers again)."""
+        if self.problem is not None:
+            raise StoreUnavailable(self.problem)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the log's threads within :attr:`timeout_s`; an outage is a :class:`StoreUnavailable`.
+
+        A call that fails or times out marks the store unavailable; one that succeeds marks it available.
+        While every thread is stuck (a hung database) a call fails at once instead of queueing.
+        """
+        with self._busy_lock:
+            if self._busy >= STORE_THREADS:
+                self._fail("every store connection is stuck")
+                raise StoreUnavailable(self.problem or "stuck")
+            self._busy += 1
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._threads, self._run, fn, args)
+        try:
+            result = await asyncio.wait_for(work, self.timeout_s)
+        except TimeoutError:
+            self._fail(f"no answer within {self.timeout_s:g} s")
+            raise StoreUnavailable(self.problem or "timeout") from None
+        except OUTAGES as exc:
+            self._fail(type(exc).__name__)
+            raise StoreUnavailable(self.problem or "error") from None
+        except sa.exc.DBAPIError as exc:  # the database refused this call (not an outage): the store stays up
+            logger.error("the store refused a call: %s", exc)
+            raise StoreUnavailable(f"the database refused the call ({type(exc.orig).__name__})") from None
+        if self.problem is not None:
+            logger.warning("the store answers again: taking traffic")
+        self.problem = None
+        return result
+
+    async def watch(self, poll: Callable[[], Any], interval_s: float = PROBE_INTERVAL_S) -> None:
+        """Probe the store every ``interval_s`` by calling ``poll`` (the audit poll), until cancelled."""
+        while True:
+            with contextlib.suppress(StoreUnavailable):  # logged by call(); /ready says so until a probe succeeds
+                await self.call(poll)
+            await asyncio.sleep(interval_s)
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        try:
+            return fn(*args)
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
+
+    def _fail(self, why: str) -> None:
+        self.failures += 1
+        if self.problem is None or time.monotonic() - self._logged_at > 60:  # once a minute while it lasts
+            logger.error("the store is unavailable (%s): /ready is 503 and requests are refused until it answers", why)
+            self._logged_at = time.monotonic()
+        self.problem = why
 
     def write(
         self,
@@ -80,4 +194,5 @@ class RecordLog:
         self.store.add_label(response_id, index, correct, label_source, who)
 
     def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
         self.store.close()
