@@ -30,6 +30,11 @@ from tests.client_paths import (
     turn_cell,
 )
 
+# An agent's steps (model requests) per run: a tool call, its answer, one retry; each step is one request with
+# the agent's long prompt, and a small model that misses the agent's format would retry up to the default 20.
+AGENT_STEPS = 3
+TIMEOUT_S = 600.0  # a request's timeout where the framework's default is shorter (the matrix shares one engine)
+
 
 def confidence_of(raw: Any) -> dict[str, Any] | None:
     """The ``confidence`` object on an openai SDK completion's (or chunk's) first choice, if the framework kept it."""
@@ -54,6 +59,7 @@ def llama_llm(url: str) -> Any:
         context_window=8192,
         max_tokens=MAX_TOKENS,
         max_retries=0,
+        timeout=TIMEOUT_S,
     )
 
 
@@ -134,11 +140,11 @@ def llama_agent_calls(kind: str, url: str) -> dict[str, dict]:
         return llama_shown(output.response)
 
     async def plain():
-        output = await llama_agent(kind, url).run(user_msg=QUESTION)
+        output = await llama_agent(kind, url).run(user_msg=QUESTION, max_iterations=AGENT_STEPS)
         return seen(shown(output), None, confidence_of(output.raw))
 
     async def stream():
-        handler = llama_agent(kind, url, streaming=True).run(user_msg=QUESTION)
+        handler = llama_agent(kind, url, streaming=True).run(user_msg=QUESTION, max_iterations=AGENT_STEPS)
         raw = None
         async for event in handler.stream_events():
             if isinstance(event, AgentStream) and event.raw is not None:
@@ -158,20 +164,22 @@ def llama_agent_paths(kind: str, answering: str, abstaining: dict[str, str]) -> 
     async def tool():
         weather = Weather()
         agent = llama_agent(kind, answering, [FunctionTool.from_defaults(fn=weather.function())])
-        output = await agent.run(user_msg=TOOL_QUESTION, max_iterations=4)
+        output = await agent.run(user_msg=TOOL_QUESTION, max_iterations=AGENT_STEPS)
         calls = [call_of(c.tool_name, c.tool_kwargs) for c in output.tool_calls]
         return tool_cell(calls, weather, llama_shown(output.response))
 
     async def structured():
-        output = await llama_agent(kind, answering, output_cls=City).run(user_msg=STRUCTURED_QUESTION)
+        output = await llama_agent(kind, answering, output_cls=City).run(
+            user_msg=STRUCTURED_QUESTION, max_iterations=AGENT_STEPS
+        )
         return structured_cell(output.structured_response)
 
     def turn2(url: str):
         async def run():
             agent = llama_agent(kind, url)
             context = Context(agent)
-            first = await agent.run(user_msg=QUESTION, ctx=context)
-            second = await agent.run(user_msg=SECOND, ctx=context)
+            first = await agent.run(user_msg=QUESTION, ctx=context, max_iterations=AGENT_STEPS)
+            second = await agent.run(user_msg=SECOND, ctx=context, max_iterations=AGENT_STEPS)
             return turn_cell(llama_shown(first.response), llama_shown(second.response))
 
         return run
@@ -195,6 +203,7 @@ def haystack_generator(url: str, **kwargs: Any) -> Any:
         api_base_url=f"{url}/v1",
         generation_kwargs=generation,
         max_retries=0,
+        timeout=TIMEOUT_S,
         **kwargs,
     )
 
@@ -267,7 +276,10 @@ def smol_agent(kind: str, url: str, tools: list[Any] | None = None) -> Any:
 
     model = OpenAIServerModel(model_id="candor", api_base=f"{url}/v1", api_key=KEY, max_tokens=MAX_TOKENS)
     agent_class = {"ToolCallingAgent": ToolCallingAgent, "CodeAgent": CodeAgent}[kind]
-    return agent_class(tools=tools or [], model=model, max_steps=3, verbosity_level=0, instructions=SYSTEM)
+    # Two steps: a tool call and the final answer (smolagents adds a last request for the answer at its limit).
+    return agent_class(
+        tools=tools or [], model=model, max_steps=AGENT_STEPS - 1, verbosity_level=0, instructions=SYSTEM
+    )
 
 
 def smol_shown(output: Any) -> str | None:
@@ -426,7 +438,7 @@ def dspy_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any]:
     def tool():
         weather = Weather()
         with dspy.context(lm=dspy_lm(answering)):
-            react = dspy.ReAct("question -> answer", tools=[weather.function()], max_iters=3)
+            react = dspy.ReAct("question -> answer", tools=[weather.function()], max_iters=AGENT_STEPS)
             out = react(question=TOOL_QUESTION)
         trajectory = out.trajectory
         calls = [

@@ -389,6 +389,22 @@ def pydantic_ai_paths(answering: str, abstaining: dict[str, str]) -> dict[str, A
 
         return run
 
+    async def after_a_retry():
+        """An output validator that asks once for another try: pydantic-ai's retry request, then the output."""
+        from pydantic_ai import ModelRetry
+
+        qa, asked = agent(answering, output_type=City), []
+
+        @qa.output_validator
+        def once_more(output: City) -> City:
+            asked.append(output)
+            if len(asked) == 1:
+                raise ModelRetry("Give the city and the country again.")
+            return output
+
+        result = await qa.run(STRUCTURED_QUESTION)
+        return structured_cell(result.output)
+
     def turn2(url: str):
         async def run():
             qa = agent(url)
@@ -401,7 +417,8 @@ def pydantic_ai_paths(answering: str, abstaining: dict[str, str]) -> dict[str, A
     modes = {"ToolOutput": ToolOutput(City), "NativeOutput": NativeOutput(City), "PromptedOutput": PromptedOutput(City)}
     return paths(
         run_async(tool),
-        {name: run_async(structured(mode)) for name, mode in modes.items()},
+        {name: run_async(structured(mode)) for name, mode in modes.items()}
+        | {"after a retry": run_async(after_a_retry)},
         {k: run_async(turn2(u)) for k, u in abstaining.items()},
     )
 
