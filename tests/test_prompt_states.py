@@ -22,7 +22,7 @@ from sglang_format_server import SGLangFormatServer
 from test_serve_prefill_head import QUESTIONS, make_head
 
 from candor.backends.base import PROMPT_HIDDEN_STATES, SamplingParams, absolute_layer
-from candor.backends.extracted_states import ExtractedStates, FinalNorm, engine_args
+from candor.backends.extracted_states import ExtractedStates, FinalNorm, engine_args, for_model
 from candor.backends.hf import HFBackend
 from candor.backends.tokens import encode
 from candor.serve import Decoding, HonestModel, Threshold
@@ -67,6 +67,28 @@ def test_the_vllm_file_gives_the_heads_input_and_confidence_of_the_hf_path(tiny_
         assert sorted(states) == [1, LAYERS]
         np.testing.assert_allclose(states[absolute_layer(layer, LAYERS)], own_features[i], atol=1e-6, rtol=0)
         assert source(states) == pytest.approx(own[i], abs=1e-6)
+
+
+@pytest.mark.parametrize("layers", [(-1,), (LAYERS,), (1, -1)])
+def test_a_default_last_layer_head_gets_its_reader_and_engine_args_from_the_model_folder(
+    tiny_model_dir, tmp_path, layers
+):
+    """Issue 63 defect 1: the reader was built before the final norm was loaded, so a head on the default last
+    layer (``-1``) could never use vLLM's pass (``candor serve --backend vllm --head H`` failed)."""
+    from candor.train.elical import ConfidenceHead
+
+    reader, args = for_model(tiny_model_dir, layers, tmp_path / "states")
+    wanted = sorted({absolute_layer(layer, LAYERS) for layer in layers})
+    assert reader.layer_ids == wanted and reader.final_norm is not None
+    spec = args["speculative_config"]["draft_model_config"]["hf_config"]
+    assert spec["eagle_aux_hidden_state_layer_ids"] == wanted
+    assert args["kv_transfer_config"]["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "states")
+    head = ConfidenceHead.from_pretrained(make_head(tiny_model_dir, tmp_path / "head", layer=-1), device="cpu")
+    prompt = head.prompts(QUESTIONS[:1])[0]
+    ids = vllm_file(head.backbone, head.tokenizer, prompt, wanted, tmp_path / "req.safetensors")
+    np.testing.assert_allclose(
+        reader.read(tmp_path / "req.safetensors", ids)[LAYERS], head.prompt_features([prompt])[0], atol=1e-6, rtol=0
+    )
 
 
 def test_the_vllm_reader_refuses_another_prompt_and_another_layout(tiny_model_dir, tmp_path):

@@ -80,6 +80,27 @@ def engine_args(layers: Sequence[int], num_hidden_layers: int, directory: str | 
     }
 
 
+def for_model(
+    folder: str | Path, layers: Sequence[int], directory: str | Path | None = None
+) -> tuple[ExtractedStates, dict[str, Any]]:
+    """The reader of an engine's hidden-states files for the model in ``folder``, and the engine arguments
+    that make it write ``layers`` (any numbering :func:`absolute_layer` takes; ``-1`` the last) to
+    ``directory`` (a fresh temporary folder by default).
+
+    A last-layer head needs the model's final norm (:class:`FinalNorm`), loaded here from the folder.
+    """
+    import tempfile
+
+    layer_count = model_config(folder).get("num_hidden_layers")
+    if not isinstance(layer_count, int):
+        raise CandorError(f"{folder}: no num_hidden_layers in config.json; cannot place prompt_state_layers")
+    ids = sorted({absolute_layer(layer, layer_count) for layer in layers})
+    norm = FinalNorm.from_folder(folder) if layer_count in ids else None
+    extracted = ExtractedStates(ids, layer_count, norm)
+    target = directory or tempfile.mkdtemp(prefix="candor-vllm-states-")
+    return extracted, engine_args(extracted.layer_ids, layer_count, target)
+
+
 class FinalNorm:
     """A Llama-family model's final RMSNorm, read from its folder (applied in float32, as transformers does)."""
 

@@ -53,8 +53,7 @@ from candor.backends.base import (
     SamplingParams,
 )
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
-from candor.backends.extracted_states import PATH_KEY, ExtractedStates, FinalNorm, discard, model_config
-from candor.backends.extracted_states import engine_args as extraction_args
+from candor.backends.extracted_states import PATH_KEY, ExtractedStates, discard, for_model
 from candor.backends.tokenizer_mixin import TokenizerMixin
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
@@ -152,7 +151,7 @@ class VLLMBackend(TokenizerMixin):
         args["logprobs_mode"] = LOGPROBS_MODE
         extracted = None
         if prompt_state_layers:
-            extracted, extraction = _extraction(path, prompt_state_layers, hidden_states_dir)
+            extracted, extraction = for_model(path, prompt_state_layers, hidden_states_dir)
             args.update(extraction)
         logger.info("starting vLLM on %s", path)
         llm = vllm.LLM(**args)
@@ -311,20 +310,6 @@ class VLLMBackend(TokenizerMixin):
 
     def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
         raise CandorError("the vllm backend gives no hidden states; use the hf backend for hidden-state methods")
-
-
-def _extraction(folder: str, layers: Sequence[int], directory: str | None) -> tuple[ExtractedStates, dict[str, Any]]:
-    """The reader of the engine's hidden-states files and the engine arguments that make it write them."""
-    import tempfile
-
-    layer_count = model_config(folder).get("num_hidden_layers")
-    if not isinstance(layer_count, int):
-        raise CandorError(f"{folder}: no num_hidden_layers in config.json; cannot place prompt_state_layers")
-    extracted = ExtractedStates(layers, layer_count)
-    if layer_count in extracted.layer_ids:
-        extracted = ExtractedStates(layers, layer_count, FinalNorm.from_folder(folder))
-    target = directory or tempfile.mkdtemp(prefix="candor-vllm-states-")
-    return extracted, extraction_args(extracted.layer_ids, layer_count, target)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

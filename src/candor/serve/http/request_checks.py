@@ -186,6 +186,12 @@ def is_union_tag(part: str | int) -> bool:
 
 def check_limits(body: Body, settings: ServeSettings, model: HonestModel) -> None:
     for name in body.unsupported():
+        if name in (body.model_extra or {}):
+            message = (
+                f"{name} is not a field candor knows: it is refused rather than silently ignored "
+                "(docs/serving.md lists the fields, and those accepted as no-ops)"
+            )
+            raise APIError(400, message[:400], "invalid_request_error", name[:100], "unknown_parameter")
         why = UNSUPPORTED_WHY.get(name)
         message = f"{name} is not supported by candor" + (f": {why}" if why else "")
         raise APIError(400, message, "invalid_request_error", name, "unsupported")
