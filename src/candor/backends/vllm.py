@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from candor.backends.base import (
+    CONSTRAINED,
     DEFAULT_TOP_LOGPROBS,
     GENERATE,
     LOGPROBS,
@@ -53,8 +54,10 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
+from candor.backends.constraints import JsonConstraint
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.backends.extracted_states import WRITE_WAIT, Extraction, for_model
+from candor.backends.openai import structured_output
 from candor.backends.tokenizer_mixin import TokenizerMixin
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
@@ -79,7 +82,7 @@ class VLLMBackend(TokenizerMixin):
     """A grey-box backend: generation, token and prompt log-probs from vLLM; prompt states from its pass when asked."""
 
     white_box = False
-    capabilities = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOKENIZER})
+    capabilities = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOKENIZER, CONSTRAINED})
 
     def __init__(
         self,
@@ -179,10 +182,13 @@ class VLLMBackend(TokenizerMixin):
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
         prompt_states: bool = False,
+        constraint: JsonConstraint | None = None,
     ) -> list[Generations]:
         """Greedy answer and ``n`` samples per prompt, all in one engine call.
 
         ``prompt_states``: each prompt's hidden states from this pass (built with ``prompt_state_layers``).
+        ``constraint``: every answer is JSON valid for its schema, by vLLM's own structured output (one that
+        allows plain text is refused: vLLM takes a schema, not a choice between one and text).
         """
         if prompt_states and self.extracted is None:
             raise CandorError("this vllm backend writes no hidden states: build it with prompt_state_layers")
@@ -193,9 +199,15 @@ class VLLMBackend(TokenizerMixin):
         if not prompts:
             return []
         vllm = _vllm()
+        structured = structured_outputs(vllm, constraint)
         encoded = self.encode(prompts)
         requests, plans = [], []  # plans: (prompt index, is greedy)
-        common = {"max_tokens": params.max_new_tokens, "stop": list(params.stop) or None, "logprobs": self.top_logprobs}
+        common = {
+            "max_tokens": params.max_new_tokens,
+            "stop": list(params.stop) or None,
+            "logprobs": self.top_logprobs,
+            **structured,
+        }
         for i, ids in enumerate(encoded):
             if greedy:
                 requests.append(({"prompt_token_ids": ids}, vllm.SamplingParams(temperature=0.0, **common)))
@@ -311,6 +323,24 @@ class VLLMBackend(TokenizerMixin):
 
     def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
         raise CandorError("the vllm backend gives no hidden states; use the hf backend for hidden-state methods")
+
+
+def structured_outputs(vllm: Any, constraint: JsonConstraint | None) -> dict[str, Any]:
+    """The ``vllm.SamplingParams`` field that constrains the answers to ``constraint``'s schema (none without one).
+
+    ``structured_outputs`` (vLLM 0.10.2 and later) or ``guided_decoding`` (earlier); one that allows plain text is
+    refused, as on the ``openai`` backend.
+    """
+    fields = structured_output(constraint, "vLLM")  # refuses allow_text
+    if not fields:
+        return {}
+    schema = fields["response_format"]["json_schema"]["schema"]
+    module = vllm.sampling_params
+    if hasattr(module, "StructuredOutputsParams"):
+        return {"structured_outputs": module.StructuredOutputsParams(json=schema)}
+    if hasattr(module, "GuidedDecodingParams"):
+        return {"guided_decoding": module.GuidedDecodingParams(json=schema)}
+    raise CandorError("this vLLM has no structured output (neither structured_outputs nor guided_decoding)")
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
