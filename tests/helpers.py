@@ -148,3 +148,23 @@ MC = QAItem(
     answer_index=1,
     context="A short passage.",
 )
+
+
+def post_label(page, body: object, **headers: str | None) -> tuple[int, dict]:
+    """``POST /api/label`` to a ``candor label`` page as its script sends it (JSON, with the page's token).
+
+    ``headers`` replace or add to those (None leaves one out).
+    """
+    import json
+    import urllib.error
+
+    from candor.annotation.labelling import TOKEN_HEADER
+
+    sent = {"Content-Type": "application/json", TOKEN_HEADER: page.token, **headers}
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(page.url + "api/label", data, {k: v for k, v in sent.items() if v is not None})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

@@ -5,7 +5,6 @@ The records are tests/data/served_log.jsonl: four answers a real `candor serve -
 
 from __future__ import annotations
 
-import json
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,9 +18,10 @@ from browser import (  # noqa: F401  (a fixture)
 from served_log_fixture import IDS, copy_served_log
 
 from candor.annotation.judges import ANSWER_CHECK_PROMPT, LLMAnswerJudge, parse_verdict
-from candor.annotation.labelling import LabelServer, judge_labels
+from candor.annotation.labelling import TOKEN_HEADER, LabelServer, judge_labels
 from candor.annotation.served_labels import append_label, read_served
 from candor.cli.commands import run
+from tests.helpers import post_label
 
 
 @pytest.fixture
@@ -86,22 +86,50 @@ def test_reopening_resumes_at_the_first_unlabelled_answer(watched, log):  # noqa
         server.close()
 
 
-def post(url: str, body: object) -> tuple[int, dict]:
-    request = urllib.request.Request(url + "api/label", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def test_the_api_refuses_unknown_answers_and_bad_labels(server, log):
-    assert post(server.url, {"id": "chatcmpl-nope", "index": 0, "correct": True})[0] == 404
-    assert post(server.url, {"id": IDS[3], "index": 2, "correct": True})[0] == 404  # n=2 served indexes 0 and 1
-    status, body = post(server.url, {"id": IDS[0], "index": 0, "correct": "yes"})
+    assert post_label(server, {"id": "chatcmpl-nope", "index": 0, "correct": True})[0] == 404
+    assert post_label(server, {"id": IDS[3], "index": 2, "correct": True})[0] == 404  # n=2 served indexes 0 and 1
+    status, body = post_label(server, {"id": IDS[0], "index": 0, "correct": "yes"})
     assert status == 400 and "'correct'" in body["error"]
-    assert post(server.url, {"id": IDS[3], "index": 1, "correct": False}) == (200, {"left": 3})
+    assert post_label(server, {"id": IDS[3], "index": 1, "correct": False}) == (200, {"left": 3})
     assert not [a for a in read_served(log).labelled() if a.key != (IDS[3], 1)]
+
+
+LABEL = {"id": IDS[0], "index": 0, "correct": False}
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "said"),
+    [
+        ({"Origin": "http://evil.example"}, 403, "another site"),  # issue 64 defect 5: a cross-site post
+        ({"Content-Type": "text/plain"}, 415, "JSON body"),  # a form or text post needs no preflight
+        ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "JSON body"),
+        ({"Origin": "http://evil.example", "Content-Type": "text/plain", TOKEN_HEADER: None}, 403, "another site"),
+        ({TOKEN_HEADER: None}, 403, TOKEN_HEADER),
+        ({TOKEN_HEADER: "guessed"}, 403, TOKEN_HEADER),
+        ({"Sec-Fetch-Site": "cross-site"}, 403, "another site"),
+        ({"Host": "evil.example"}, 403, "Host"),  # a DNS-rebound name
+    ],
+)
+def test_a_label_from_another_site_is_refused_and_writes_nothing(server, log, headers, status, said):
+    got, body = post_label(server, LABEL, **headers)
+    assert got == status and said in body["error"], body
+    assert read_served(log).labelled() == []
+
+
+def test_the_page_carries_its_token_and_its_own_origin_is_taken(server, log):
+    html = urllib.request.urlopen(server.url).read().decode()
+    assert server.token in html and len(server.token) >= 32
+    other = LabelServer(log, port=0).start()
+    assert other.token != server.token  # a new token per page server
+    other.close()
+    origin = server.url.rstrip("/")
+    assert post_label(server, LABEL, Origin=origin, **{"Sec-Fetch-Site": "same-origin"})[0] == 200
+    assert [a.key for a in read_served(log).labelled()] == [(IDS[0], 0)]
+    request = urllib.request.Request(server.url + "api/item", headers={"Host": "rebound.example:80"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 403  # the page's answers are not read through another name either
 
 
 def test_the_judge_labels_only_the_unlabelled_and_reports_agreement(log, tiny_backend):

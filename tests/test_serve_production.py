@@ -90,8 +90,15 @@ def test_lost_misplaced_relabelled_and_foreign_labels_are_counted():
     assert len(report["examples"]) == 4
     wrong_source = reconcile_labels([posted("a", 0, True, "user")], [stored("a", 0, True, "audit")])
     assert wrong_source["lost"] == 1 and wrong_source["foreign"] == 1
-    duplicate = reconcile_labels([posted("a", 0, True, "user")] * 2, [stored("a", 0, True, "user")])
+    duplicate = reconcile_labels([posted("a", 0, True, "audit")] * 2, [stored("a", 0, True, "audit")])
     assert duplicate["lost"] == 1  # two posts, one kept
+    # End-user labels are one per choice and key: a repeat replaces the earlier one, so one of them is kept.
+    repeated = [posted("a", 0, True, "user"), posted("a", 0, False, "user")]
+    kept = reconcile_labels(repeated, [stored("a", 0, False, "user")])
+    assert (kept["lost"], kept["foreign"]) == (0, 0)
+    both = reconcile_labels(repeated, [stored("a", 0, True, "user"), stored("a", 0, False, "user")])
+    assert (both["lost"], both["foreign"]) == (0, 1)  # two kept: one too many
+    assert reconcile_labels(repeated, [stored("a", 1, True, "user")])["lost"] == 1
 
 
 METRICS = """# HELP candor_feedback_accuracy Accuracy of answered questions in the audit.

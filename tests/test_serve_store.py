@@ -22,6 +22,7 @@ from candor.cli.commands import run  # noqa: E402
 from candor.serve.adaptation import read_served_answers  # noqa: E402
 from candor.serve.http.app import ServeSettings, create_app  # noqa: E402
 from candor.serve.http.server import serve_in_thread  # noqa: E402
+from tests.helpers import post_label  # noqa: E402
 from tests.test_serve_app import KEY, post  # noqa: E402
 from tests.test_serve_feedback import (  # noqa: E402
     ADMIN,  # noqa: E402
@@ -128,7 +129,7 @@ def test_the_label_page_reads_one_question_per_view_not_the_whole_log(tmp_path):
         far = get_json(page.url + "api/item?pos=299")
         assert far["item"]["id"] == "chatcmpl-299"
         assert page.store.records_read - before == 2
-        status, body = post(page.url + "api/label", {"id": "chatcmpl-120", "index": 0, "correct": False}, key=None)
+        status, body = post_label(page, {"id": "chatcmpl-120", "index": 0, "correct": False})
         assert (status, body) == (200, {"left": 179})
         assert page.store.records_read - before == 2  # a label reads no record
     finally:
@@ -156,8 +157,8 @@ def test_an_audit_page_labels_a_seeded_sample_as_audit(tmp_path):
         shown = [get_json(page.url + f"api/item?pos={i}")["item"]["id"] for i in range(5)]
         assert shown == [rid for rid, _ in sample] and get_json(page.url + "api/item")["left"] == 5
         outside = next(f"chatcmpl-{i}" for i in range(1, 30) if i % 3 and (f"chatcmpl-{i}", 0) not in sample)
-        assert post(page.url + "api/label", {"id": outside, "index": 0, "correct": True}, key=None)[0] == 404
-        assert post(page.url + "api/label", {"id": shown[0], "index": 0, "correct": True}, key=None) == (
+        assert post_label(page, {"id": outside, "index": 0, "correct": True})[0] == 404
+        assert post_label(page, {"id": shown[0], "index": 0, "correct": True}) == (
             200,
             {"left": 4},
         )

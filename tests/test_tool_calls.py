@@ -27,6 +27,7 @@ from candor.tool_calls import (
     template_takes_tools,
     tools_from_openai,
 )
+from candor.tool_calls.schema import MAX_PARALLEL_CALLS
 
 QWEN_TEMPLATE = Path(__file__).parent / "data" / "qwen_tools_template.jinja"
 
@@ -175,7 +176,8 @@ def test_calls_schema_accepts_exactly_the_calls_of_the_offered_tools():
     one = calls_schema(tools, parallel=False)
     many = calls_schema(tools, parallel=True)
     good = {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}
-    for schema, value in [(one, good), (one, {"name": "get_time", "arguments": {}}), (many, [good, good])]:
+    accepted = [(one, good), (one, {"name": "get_time", "arguments": {}}), (many, [good, good]), (many, good)]
+    for schema, value in accepted:
         jsonschema.validate(value, schema)
     bad = [
         (one, {"name": "get_wether", "arguments": {"city": "Paris"}}),  # no such tool
@@ -184,7 +186,7 @@ def test_calls_schema_accepts_exactly_the_calls_of_the_offered_tools():
         (one, {"name": "get_weather", "arguments": {"city": "P"}, "extra": 1}),  # nothing else
         (one, [good]),  # one call is not a list
         (many, []),  # at least one call
-        (many, good),  # parallel: a list
+        (many, [good] * (MAX_PARALLEL_CALLS + 1)),  # a bounded list: a model that repeats itself stops
     ]
     for schema, value in bad:
         with pytest.raises(jsonschema.ValidationError):

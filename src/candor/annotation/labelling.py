@@ -17,13 +17,30 @@ statistic rest on).
 :class:`~candor.annotation.judges.LLMAnswerJudge` (``label_source:
 "judge:NAME"``), never overwriting a human label, and reports the judge's
 agreement with the human labels it was also run on.
+
+The page is safe from other sites (another tab's page must not write labels, which feed the drift
+alarm and ``candor adapt``). ``POST /api/label`` is taken only when all of these hold, else 403 (415
+for the body's type), naming what failed:
+
+=================  ============================================================================
+the token          ``X-Candor-Page-Token`` equals the random token this server put in its page
+                   (a new one per server; another site cannot read the page to learn it)
+the origin         an ``Origin`` header, when sent, is this page's own; ``Sec-Fetch-Site`` is not
+                   ``cross-site``
+JSON only          ``Content-Type: application/json`` (a form or ``text/plain`` post, which a
+                   browser sends across sites without asking, is refused)
+the host           ``Host`` names this server (127.0.0.1, localhost or its bound address, with its
+                   port), so a DNS-rebound name cannot reach it; this holds for every request
+=================  ============================================================================
 """
 
 from __future__ import annotations
 
 import getpass
+import hmac
 import json
 import logging
+import secrets
 import threading
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -34,7 +51,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from candor.annotation.judges import LLMAnswerJudge
 from candor.annotation.served_labels import LABEL_SOURCE_AUDIT, LABEL_SOURCE_HUMAN, ServedAnswer, check_label
-from candor.annotation.served_store import ServedStore, open_store, pick_answer
+from candor.annotation.served_store import RecordGone, ServedStore, open_store, pick_answer
 from candor.backends.base import Backend
 from candor.util.pages import asset, esc, script_json
 
@@ -42,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 ASSETS = "candor.annotation.page_assets"
 MAX_BODY = 4096  # a label request is a few dozen bytes
+TOKEN_HEADER = "X-Candor-Page-Token"  # the page's token, sent with each label (see the module docstring)
+LOCAL_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
 def queue(store: ServedStore) -> list[ServedAnswer]:
@@ -132,8 +151,8 @@ def item_json(answer: ServedAnswer) -> dict[str, Any]:
     }
 
 
-def page_html(title: str) -> str:
-    """The labelling page: the shared style and this page's script inline."""
+def page_html(title: str, token: str) -> str:
+    """The labelling page: the shared style and this page's script inline, with the token its labels carry."""
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{esc(title)}</title><link rel='icon' href='data:,'>"
@@ -141,7 +160,7 @@ def page_html(title: str) -> str:
         f"<body><main><h1>{esc(title)}</h1>"
         "<p class='help'>1 = correct · 2 = wrong · 0 = skip · ← → move. Labels are saved as you make them.</p>"
         "<p id='progress'></p><section id='card'></section><p id='status' role='status'></p></main>"
-        f"<script id='page-config' type='application/json'>{script_json({'title': title})}</script>"
+        f"<script id='page-config' type='application/json'>{script_json({'title': title, 'token': token})}</script>"
         f"<script>{asset('label.js', ASSETS)}</script></body></html>"
     )
 
@@ -167,8 +186,42 @@ class LabelServer:
         self.queue: QuestionQueue | AuditQueue = (
             QuestionQueue(self.store) if audit is None else AuditQueue(self.store, audit, seed)
         )
+        self.token = secrets.token_urlsafe(32)  # bound to this server's page: labels must carry it
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
         self.thread: threading.Thread | None = None
+
+    def hosts(self) -> set[str]:
+        """The ``Host`` headers that name this server: its bound address or a local name, with its port."""
+        host, port = self.httpd.server_address[:2]
+        names = {*LOCAL_NAMES, f"[{host}]" if ":" in host else host}
+        return {f"{name}:{port}" for name in names}
+
+    def origins(self) -> set[str]:
+        return {f"http://{host}" for host in self.hosts()}
+
+    def foreign(self, headers: Any) -> str | None:
+        """Why a request does not come from this server's own page (its Host, and its Origin when sent), or None."""
+        bound = self.httpd.server_address[0]
+        if bound not in ("0.0.0.0", "::") and headers.get("Host") not in self.hosts():  # a wildcard: any name
+            return "the Host header does not name this server"
+        origin = headers.get("Origin")
+        if origin is not None and origin not in self.origins():
+            return "the request comes from another site (its Origin is not this page's)"
+        if headers.get("Sec-Fetch-Site") == "cross-site":
+            return "the request comes from another site (Sec-Fetch-Site: cross-site)"
+        return None
+
+    def refused_label(self, headers: Any) -> tuple[HTTPStatus, str] | None:
+        """Why ``POST /api/label`` with ``headers`` is refused (the module docstring's table), or None."""
+        why = self.foreign(headers)
+        if why is not None:
+            return HTTPStatus.FORBIDDEN, why
+        kind = (headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        if kind != "application/json":
+            return HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "a label is a JSON body (Content-Type: application/json)"
+        if not hmac.compare_digest((headers.get(TOKEN_HEADER) or "").encode(), self.token.encode()):
+            return HTTPStatus.FORBIDDEN, f"a label carries this page's token ({TOKEN_HEADER}); reload the page"
+        return None
 
     @property
     def url(self) -> str:
@@ -195,7 +248,10 @@ class LabelServer:
             return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
         if not self.queue.holds(response_id, index):  # type: ignore[arg-type]
             return HTTPStatus.NOT_FOUND, {"error": f"no served answer {response_id!r} at index {index!r}"}
-        self.store.add_label(response_id, index, correct, self.queue.label_source, who=labeller())  # type: ignore[arg-type]
+        try:
+            self.store.add_label(response_id, index, correct, self.queue.label_source, who=labeller())  # type: ignore[arg-type]
+        except RecordGone as exc:  # retention deleted it since the page showed it
+            return HTTPStatus.NOT_FOUND, {"error": str(exc)}
         return HTTPStatus.OK, {"left": self.queue.left()}
 
     def start(self) -> LabelServer:
@@ -225,8 +281,11 @@ def _handler(server: LabelServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             url = urlsplit(self.path)
+            why = server.foreign(self.headers)
+            if why is not None:
+                return self._json(HTTPStatus.FORBIDDEN, {"error": why})
             if url.path in ("/", "/index.html"):
-                self._send(HTTPStatus.OK, page_html(title).encode(), "text/html; charset=utf-8")
+                self._send(HTTPStatus.OK, page_html(title, server.token).encode(), "text/html; charset=utf-8")
             elif url.path == "/api/item":
                 raw = parse_qs(url.query).get("pos", [None])[0]
                 if raw is not None and not raw.lstrip("-").isdigit():
@@ -238,6 +297,10 @@ def _handler(server: LabelServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802
             if self.path != "/api/label":
                 return self._json(HTTPStatus.NOT_FOUND, {"error": "not found"})
+            refused = server.refused_label(self.headers)
+            if refused is not None:
+                self.close_connection = True  # its body is left unread
+                return self._json(refused[0], {"error": refused[1]})
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
                 return self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "body too large"})
@@ -255,6 +318,8 @@ def _handler(server: LabelServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Frame-Options", "DENY")  # no other site frames the page to press its keys
+            self.send_header("Content-Security-Policy", "frame-ancestors 'none'")
             self.end_headers()
             self.wfile.write(data)
 

@@ -115,16 +115,53 @@ class ServedLog:
         return [a for a in self.answers if a.label is None]
 
 
+MAX_ID_CHARS = 256  # a response id (OpenAI's are about 40 characters) or an item id
+MAX_SOURCE_CHARS = 128  # a label source, ``judge:NAME`` included
+
+
+class LabelError(ValueError):
+    """A label that cannot be stored: ``field`` names the bad field (the ``param`` of a 400)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def check_label(response_id: Any, index: Any, correct: Any, label_source: Any) -> None:
-    """Refuse a label that could not be read back (``ValueError`` naming the field)."""
-    if not isinstance(response_id, str) or not response_id.strip():
-        raise ValueError(f"'id' must be a non-empty string, got {response_id!r}")
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"'index' must be an integer >= 0, got {index!r}")
+    """Refuse a label that could not be stored or read back (:class:`LabelError`, a ``ValueError`` naming the field).
+
+    Texts are refused when empty, longer than their limit, holding a NUL (PostgreSQL's text cannot)
+    or not valid Unicode (a lone surrogate from JSON ``\\ud800``); a refusal never echoes the text back.
+    """
+    check_label_text("id", response_id, MAX_ID_CHARS)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 2**31:
+        raise LabelError("index", f"'index' must be an integer from 0 to {2**31 - 1}, got {shown(index)}")
     if not isinstance(correct, bool):
-        raise ValueError(f"'correct' must be true or false, got {correct!r}")
-    if not isinstance(label_source, str) or not label_source.strip():
-        raise ValueError(f"'label_source' must be a non-empty string, got {label_source!r}")
+        raise LabelError("correct", f"'correct' must be true or false, got {shown(correct)}")
+    check_label_text("label_source", label_source, MAX_SOURCE_CHARS)
+
+
+def check_label_text(field: str, value: Any, limit: int) -> None:
+    """One of a label's texts: a non-empty string of at most ``limit`` characters, no NUL, valid Unicode."""
+    if not isinstance(value, str) or not value.strip():
+        raise LabelError(field, f"'{field}' must be a non-empty string, got {shown(value)}")
+    if len(value) > limit:
+        raise LabelError(field, f"'{field}' is longer than {limit} characters ({len(value)})")
+    if "\x00" in value:
+        raise LabelError(field, f"'{field}' holds a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LabelError(field, f"'{field}' is not valid Unicode (a lone surrogate at character {exc.start})") from None
+
+
+def shown(value: Any) -> str:
+    """A wrong value as an error names it: short ones as JSON, long ones by their type and length."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = type(value).__name__
+    return text if len(text) <= 40 else f"a {type(value).__name__} of {len(text)} characters"
 
 
 def append_label(path: str | Path, response_id: str, index: int, correct: bool, label_source: str) -> None:

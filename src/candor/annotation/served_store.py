@@ -22,8 +22,11 @@ schema:
   once, under a lock, so replicas starting together migrate once).
 
 Retention is bounded (:class:`Retention`): served rows past ``max_rows`` or older
-than ``max_age_s`` are deleted with their choices, as are labels past ``max_rows``
-or that age. ``export`` (``--log-records FILE``) mirrors every record and label
+than ``max_age_s`` are deleted with their choices, as are labels of that age;
+end-user labels (``user``) are also capped at ``max_rows`` apart, so user volume
+never removes the operator's labels, and one key holds one label per choice (a
+repeat replaces it). A label on a choice whose record is gone is refused
+(:class:`RecordGone`). ``export`` (``--log-records FILE``) mirrors every record and label
 as a JSONL line (:mod:`candor.annotation.served_labels`' format); the store, not
 the file, is what the server and the commands read.
 """
@@ -45,6 +48,7 @@ import sqlalchemy as sa
 from candor.annotation.records import Record
 from candor.annotation.served_labels import (
     LABEL_SOURCE_AUDIT,
+    LABEL_SOURCE_USER,
     Label,
     ServedAnswer,
     ServedLog,
@@ -58,13 +62,23 @@ DEFAULT_MAX_ROWS = 1_000_000  # served questions kept (and labels)
 DEFAULT_REMEMBERED_BYTES = 64 * 2**20  # the remembered-response index, in bytes
 ENTRY_OVERHEAD = 64  # bytes an index entry costs beyond its text (row header, seq, size)
 MIGRATION_LOCK = 53_530_001  # PostgreSQL advisory lock held while migrating
+AUDIT_LOCK = 53_530_002  # PostgreSQL advisory lock an audit label's transaction holds: audit labels commit in order
+USER_LABELS = "user_labels"  # the usage row counting end-user labels (their own cap)
+CONNECT_TIMEOUT_S = 5  # PostgreSQL: a connection not made in this time fails
+STATEMENT_TIMEOUT_MS = 10_000  # PostgreSQL: a statement running longer is cancelled by the server
+POOL_TIMEOUT_S = 10.0  # waiting for a pooled connection
 IN_CHUNK = 500  # keys per IN (...) query
 MEMORY_URLS = ("sqlite://", "sqlite:///:memory:")
 
 
 @dataclass(frozen=True)
 class Retention:
-    """How much the store keeps: served rows and labels (count, age) and the remembered index (bytes)."""
+    """How much the store keeps: served rows (count, age), labels (age; end-user labels also by count) and the
+    remembered index (bytes).
+
+    ``max_rows`` caps served rows and, apart, end-user labels (``label_source: "user"``): the operator's
+    labels (``audit``, ``human``, ``judge:…``) are never removed because of user volume, only by age.
+    """
 
     max_rows: int | None = DEFAULT_MAX_ROWS
     max_age_s: float | None = None
@@ -98,6 +112,10 @@ class RememberedChoice:
     answered: bool
     scored: bool
     model_version: str
+
+
+class RecordGone(CandorError):
+    """A label names a choice whose served record the store no longer holds (retention deleted it, or never had)."""
 
 
 def is_store_url(source: str | Path) -> bool:
@@ -181,8 +199,26 @@ def _migration_1(conn: Any) -> None:
     conn.execute(TABLES["usage"].insert().values(name="remembered", bytes=0))
 
 
+def _migration_2(conn: Any) -> None:
+    """Labels by class: an index by source (retention and the audit read one class), at most one end-user label per
+    choice and key (``who``), and the count of end-user labels (their cap) in ``usage``."""
+    labels = TABLES["labels"]
+    # Plain DDL (SQLite and PostgreSQL alike): an sa.Index would attach to the shared table and come with migration 1.
+    conn.execute(sa.text("CREATE INDEX labels_by_source ON labels (label_source, seq)"))
+    conn.execute(
+        sa.text(
+            "CREATE UNIQUE INDEX labels_one_per_key ON labels (response_id, idx, who) "
+            f"WHERE label_source = '{LABEL_SOURCE_USER}' AND who <> ''"
+        )
+    )
+    users = conn.execute(
+        sa.select(sa.func.count()).select_from(labels).where(labels.c.label_source == LABEL_SOURCE_USER)
+    ).scalar_one()
+    conn.execute(TABLES["usage"].insert().values(name=USER_LABELS, bytes=int(users)))
+
+
 # Ordered: MIGRATIONS[i] takes the schema from version i to i + 1. Append, never edit.
-MIGRATIONS: tuple[Callable[[Any], None], ...] = (_migration_1,)
+MIGRATIONS: tuple[Callable[[Any], None], ...] = (_migration_1, _migration_2)
 
 
 class ServedStore:
@@ -224,6 +260,7 @@ class ServedStore:
         """Apply the migrations this database lacks, under a lock; returns the schema version."""
         with self._write() as conn:
             if self.dialect == "postgresql":
+                conn.execute(sa.text("SET LOCAL statement_timeout = 0"))  # an index on a large table takes long
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
             conn.execute(sa.text("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"))
             row = conn.execute(sa.text("SELECT version FROM schema_version")).first()
@@ -270,7 +307,7 @@ class ServedStore:
         indexes = [c.index for c in choices]
         entry = json.dumps([[c.index, c.answered, c.scored] for c in choices])
         size = len(response_id.encode()) + len(entry) + len(model_version.encode()) + ENTRY_OVERHEAD
-        question = str(record.get("item", {}).get("question", ""))
+        question = _storable(str(record.get("item", {}).get("question", "")))
         with self._write() as conn:
             seq = conn.execute(
                 t["served"]
@@ -296,7 +333,7 @@ class ServedStore:
                         "idx": c.index,
                         "served_seq": seq,
                         "answered": c.answered,
-                        "returned": c.returned,
+                        "returned": None if c.returned is None else _storable(c.returned),
                         "scored": c.scored,
                     }
                     for c in choices
@@ -339,7 +376,8 @@ class ServedStore:
             conn.execute(usage.update().where(usage.c.name == "remembered").values(bytes=usage.c.bytes - freed))
 
     def _retain(self, conn: Any, now: float) -> None:
-        """Delete served rows (with their choices) and labels beyond the retention (indexed, cheap when none)."""
+        """Delete served rows (with their choices) beyond the retention, and labels past its age (indexed, cheap
+        when none). End-user labels are capped apart (:meth:`_retain_user_labels`)."""
         served, choices, labels = TABLES["served"], TABLES["choices"], TABLES["labels"]
         keep = self.retention
         cut_seq = None
@@ -352,27 +390,98 @@ class ServedStore:
             old = conn.execute(sa.select(sa.func.max(served.c.seq)).where(served.c.created < cutoff)).scalar()
             if old is not None:
                 cut_seq = old if cut_seq is None else max(cut_seq, old)
+            users = conn.execute(
+                labels.delete().where(labels.c.created < cutoff, labels.c.label_source == LABEL_SOURCE_USER)
+            ).rowcount
             conn.execute(labels.delete().where(labels.c.created < cutoff))
+            if users:
+                self._count_user_labels(conn, -users)
         if cut_seq is not None:
             conn.execute(choices.delete().where(choices.c.served_seq <= cut_seq))
             conn.execute(served.delete().where(served.c.seq <= cut_seq))
-        if keep.max_rows is not None:
-            top = conn.execute(sa.select(sa.func.max(labels.c.seq))).scalar()
-            if top is not None and top > keep.max_rows:
-                conn.execute(labels.delete().where(labels.c.seq <= top - keep.max_rows))
+
+    def _count_user_labels(self, conn: Any, change: int) -> int:
+        """Add ``change`` to the count of end-user labels; the new count."""
+        usage = TABLES["usage"]
+        return int(
+            conn.execute(
+                usage.update()
+                .where(usage.c.name == USER_LABELS)
+                .values(bytes=usage.c.bytes + change)
+                .returning(usage.c.bytes)
+            ).scalar_one()
+        )
+
+    def _retain_user_labels(self, conn: Any, count: int) -> None:
+        """Delete the oldest end-user labels beyond ``max_rows`` (``count``: how many there are now)."""
+        labels = TABLES["labels"]
+        excess = count - (self.retention.max_rows or count)
+        if excess <= 0:
+            return
+        oldest = (
+            sa.select(labels.c.seq)
+            .where(labels.c.label_source == LABEL_SOURCE_USER)
+            .order_by(labels.c.seq)
+            .limit(excess)
+            .subquery()
+        )
+        last = conn.execute(sa.select(sa.func.max(oldest.c.seq))).scalar()
+        if last is None:
+            return
+        gone = conn.execute(
+            labels.delete().where(labels.c.label_source == LABEL_SOURCE_USER, labels.c.seq <= last)
+        ).rowcount
+        self._count_user_labels(conn, -gone)
 
     def add_label(self, response_id: str, index: int, correct: bool, label_source: str, who: str = "") -> None:
-        """Append a label (the latest per choice wins); mirrored to the export file when there is one."""
+        """Add a label (the latest per choice wins); mirrored to the export file when there is one.
+
+        - A choice whose served record the store no longer holds is refused (:class:`RecordGone`).
+        - An end-user label (``label_source: "user"``) with ``who`` (the key that sent it) replaces that key's
+          earlier label of the choice: one per choice and key. End-user labels are capped by count apart from
+          the operator's (:class:`Retention`).
+        - An audit label's transaction holds a lock on PostgreSQL, so audit labels commit in the order of
+          their numbers and a reader that follows them by number never passes one over
+          (:meth:`audit_labels_after`).
+        """
         try:
             check_label(response_id, index, correct, label_source)
         except ValueError as exc:
             raise CandorError(f"bad label: {exc}") from None
-        t = TABLES
+        for attempt in range(3):
+            try:
+                self._add_label(response_id, index, correct, label_source, who)
+                break
+            except sa.exc.IntegrityError:  # the same key's label of the same choice, committed meanwhile: replace it
+                if attempt == 2:
+                    raise
+        if self.export is not None:
+            with self._export_lock:
+                append_label(self.export, response_id, index, correct, label_source)
+
+    def _add_label(self, response_id: str, index: int, correct: bool, label_source: str, who: str) -> None:
+        labels = TABLES["labels"]
         with self._write() as conn:
+            if self.dialect == "postgresql" and label_source == LABEL_SOURCE_AUDIT:
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": AUDIT_LOCK})
+            if not self._mark_labelled(conn, response_id, index):
+                raise RecordGone(
+                    f"the store no longer holds the served answer {response_id[:80]!r} (index {index}): "
+                    "retention deleted its record, so it cannot be labelled"
+                )
+            user = label_source == LABEL_SOURCE_USER
+            replaced = 0
+            if user and who:
+                replaced = conn.execute(
+                    labels.delete().where(
+                        labels.c.response_id == response_id,
+                        labels.c.idx == index,
+                        labels.c.label_source == LABEL_SOURCE_USER,
+                        labels.c.who == who,
+                    )
+                ).rowcount
             conn.execute(
-                t["labels"]
-                .insert()
-                .values(
+                labels.insert().values(
                     response_id=response_id,
                     idx=index,
                     correct=correct,
@@ -381,15 +490,14 @@ class ServedStore:
                     created=time.time(),
                 )
             )
-            self._mark_labelled(conn, response_id, index)
-        if self.export is not None:
-            with self._export_lock:
-                append_label(self.export, response_id, index, correct, label_source)
+            if user and not replaced:  # a repeat replaced its earlier label: the count stays
+                self._retain_user_labels(conn, self._count_user_labels(conn, 1))
 
-    def _mark_labelled(self, conn: Any, response_id: str, index: int) -> None:
+    def _mark_labelled(self, conn: Any, response_id: str, index: int) -> bool:
+        """Mark the served row holding the choice as labelled; False when the store holds no such choice."""
         served, choices = TABLES["served"], TABLES["choices"]
         owner = sa.select(choices.c.served_seq).where(choices.c.response_id == response_id, choices.c.idx == index)
-        conn.execute(served.update().where(served.c.seq.in_(owner)).values(labelled=True))
+        return bool(conn.execute(served.update().where(served.c.seq.in_(owner)).values(labelled=True)).rowcount)
 
     def _export_line(self, line: str) -> None:
         with self._export_lock:
@@ -594,9 +702,10 @@ class ServedStore:
         ``(label seq, model version, response id, correct)``, as the drift alarm reads them.
 
         Every process on the store sees the same labels (another replica's, ``candor label --audit``'s,
-        those made before a restart). On PostgreSQL two labels written at once may commit out of
-        their numbering's order, so a reader that polls may pass over one: which one depends on
-        timing, never on its value, so the audit stays a uniform sample.
+        those made before a restart), in the same order. On PostgreSQL an audit label's transaction holds
+        :data:`AUDIT_LOCK` from before its number is drawn to its commit (:meth:`add_label`), so audit
+        labels commit in the order of their numbers: a reader that has seen label ``seq`` has seen every
+        earlier one, and the last number read is a safe watermark. (SQLite writers take turns.)
         """
         labels, choices, served = TABLES["labels"], TABLES["choices"], TABLES["served"]
         joined = labels.join(
@@ -677,11 +786,34 @@ def _labelled(answer: ServedAnswer, labels: Sequence[tuple[Label, int]] | None) 
     )
 
 
+def _storable(text: str) -> str:
+    """Text a column can hold on both databases: a NUL (which PostgreSQL's text refuses) as U+FFFD.
+
+    Questions with a NUL are refused before any work (:func:`candor.serve.answering.check_text`); this keeps
+    a generated NUL from failing a record after its answer was made. The record's JSON keeps the text exactly.
+    """
+    return text.replace("\x00", "\ufffd")
+
+
 def _create_engine(url: str) -> Any:
     """The engine: SQLite in WAL mode with a busy timeout, its transactions begun by candor; PostgreSQL as is."""
     if not url.startswith("sqlite"):
         try:
-            return sa.create_engine(url, pool_pre_ping=True)
+            return sa.create_engine(
+                url,
+                pool_pre_ping=True,
+                pool_timeout=POOL_TIMEOUT_S,
+                connect_args={
+                    "connect_timeout": CONNECT_TIMEOUT_S,
+                    "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                    # A peer that vanished (no ACKs): the kernel gives the connection up instead of waiting forever.
+                    "keepalives": 1,
+                    "keepalives_idle": 10,
+                    "keepalives_interval": 5,
+                    "keepalives_count": 3,
+                    "tcp_user_timeout": 30_000,
+                },
+            )
         except ImportError as exc:
             raise CandorError(
                 f"a PostgreSQL store needs psycopg 3 ({exc}): pip install 'candor-honesty[store]'"

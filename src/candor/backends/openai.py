@@ -55,6 +55,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -173,6 +174,11 @@ class OpenAIBackend:
             self._capabilities = self._probe()
             logger.info("%s offers: %s", self.base_url, ", ".join(sorted(self._capabilities)))
         return self._capabilities
+
+    def applied_params(self, params: SamplingParams) -> SamplingParams:
+        """The samples' decoding as this server gets it: without ``top_k`` where it refuses the field (probed)."""
+        _ = self.capabilities  # the probe finds out whether the server takes top_k
+        return params if self._takes_top_k or params.top_k == 0 else replace(params, top_k=0)
 
     def _probe(self) -> frozenset[str]:
         check_served_model(self.client, self.base_url, self.model_name, self.api_key_env)  # seconds, not retries

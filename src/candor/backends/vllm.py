@@ -31,9 +31,10 @@ to ``vllm.LLM``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,7 @@ from candor.backends.base import (
     SamplingParams,
 )
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
-from candor.backends.extracted_states import PATH_KEY, ExtractedStates, FinalNorm, discard, model_config
-from candor.backends.extracted_states import engine_args as extraction_args
+from candor.backends.extracted_states import WRITE_WAIT, Extraction, for_model
 from candor.backends.tokenizer_mixin import TokenizerMixin
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
@@ -90,7 +90,7 @@ class VLLMBackend(TokenizerMixin):
         seed: int = 0,
         top_logprobs: int = DEFAULT_TOP_LOGPROBS,
         folder: str | None = None,
-        extracted: ExtractedStates | None = None,
+        extraction: Extraction | None = None,
     ) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
@@ -99,11 +99,13 @@ class VLLMBackend(TokenizerMixin):
         self.top_logprobs = max(0, top_logprobs)
         self.per_request_seed = _device_kind() != "cpu"
         self._eos_ids = _eos_ids(tokenizer, folder)
-        self.extracted = extracted  # the engine writes the prompt's hidden states (built with prompt_state_layers)
-        if extracted is not None:
+        # The engine writes the prompt's hidden states (built with prompt_state_layers).
+        self.extraction = extraction
+        self.extracted = extraction.reader if extraction is not None else None
+        if extraction is not None:
             self.capabilities = VLLMBackend.capabilities | {PROMPT_HIDDEN_STATES}
-            self.num_hidden_layers = extracted.num_hidden_layers
-            self.prompt_state_layers = tuple(extracted.layer_ids)
+            self.num_hidden_layers = extraction.reader.num_hidden_layers
+            self.prompt_state_layers = tuple(extraction.reader.layer_ids)
 
     @classmethod
     def from_pretrained(
@@ -150,10 +152,10 @@ class VLLMBackend(TokenizerMixin):
             args["dtype"] = dtype
         args.update(engine_args or {})
         args["logprobs_mode"] = LOGPROBS_MODE
-        extracted = None
+        extraction = None
         if prompt_state_layers:
-            extracted, extraction = _extraction(path, prompt_state_layers, hidden_states_dir)
-            args.update(extraction)
+            extraction = for_model(path, prompt_state_layers, hidden_states_dir)
+            args.update(extraction.engine_args)
         logger.info("starting vLLM on %s", path)
         llm = vllm.LLM(**args)
         return cls(
@@ -163,7 +165,7 @@ class VLLMBackend(TokenizerMixin):
             seed=seed,
             top_logprobs=top_logprobs,
             folder=path,
-            extracted=extracted,
+            extraction=extraction,
         )
 
     # ------------------------------------------------------------ generation
@@ -208,40 +210,36 @@ class VLLMBackend(TokenizerMixin):
         results = [Generations(greedy=None, samples=[]) for _ in prompts]
         if not requests:
             return results
-        outputs = self.llm.generate([r[0] for r in requests], [r[1] for r in requests], use_tqdm=False)
-        files = self._state_files(outputs)
-        try:
-            for (i, is_greedy), out, file in zip(plans, outputs, files, strict=True):
+        with self._engine_call():
+            outputs = self.llm.generate([r[0] for r in requests], [r[1] for r in requests], use_tqdm=False)
+            for (i, is_greedy), out in zip(plans, outputs, strict=True):
                 completions = [self._completion(o) for o in out.outputs]
                 if is_greedy:
                     results[i].greedy = completions[0]
                 else:
                     results[i].samples = completions
                 if prompt_states and results[i].prompt_states is None:
+                    file = self.extraction.files.file_of(out)  # type: ignore[union-attr]
                     results[i].prompt_states = self.extracted.read(file, encoded[i])  # type: ignore[union-attr]
-        finally:
-            for file in files:
-                if file is not None:
-                    discard(file)
         return results
 
-    def _state_files(self, outputs: Sequence[Any]) -> list[str | None]:
-        """Each output's hidden-states file (the engine writes one per request when extracting), else None."""
-        if self.extracted is None:
-            return [None] * len(outputs)
-        files = []
-        for out in outputs:
-            path = (getattr(out, "kv_transfer_params", None) or {}).get(PATH_KEY)
-            if not path:
-                raise CandorError("vLLM returned no hidden-states file: is its hidden-states KV connector on?")
-            files.append(str(path))
-        return files
+    @contextlib.contextmanager
+    def _engine_call(self) -> Iterator[None]:
+        """One call of the engine, then its states files removed: all of them once written after a call that
+        finished; after an error or a cancel, those already written (the rest go with the next call, or with
+        the backend)."""
+        finished = False
+        try:
+            yield
+            finished = True
+        finally:
+            if self.extraction is not None:
+                self.extraction.files.clear(wait=WRITE_WAIT if finished else 0.0)
 
-    def _discard_states(self, outputs: Sequence[Any]) -> None:
-        """Remove the files an extracting engine wrote for requests that read no states (scoring)."""
-        for file in self._state_files(outputs):
-            if file is not None:
-                discard(file)
+    def close(self) -> None:
+        """Remove the states folder (an engine that writes prompt states); the engine itself stays."""
+        if self.extraction is not None:
+            self.extraction.files.close()
 
     def _completion(self, out: Any) -> Completion:
         ids = list(out.token_ids)
@@ -288,8 +286,8 @@ class VLLMBackend(TokenizerMixin):
         prompt_ids = self.encode(prompts)
         full_ids = self.encode([p + c for p, c in zip(prompts, continuations, strict=True)])
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        outputs = self.llm.generate([{"prompt_token_ids": f} for f in full_ids], params, use_tqdm=False)
-        self._discard_states(outputs)
+        with self._engine_call():
+            outputs = self.llm.generate([{"prompt_token_ids": f} for f in full_ids], params, use_tqdm=False)
         scores = []
         for p_ids, f_ids, out in zip(prompt_ids, full_ids, outputs, strict=True):
             start = _common_prefix(p_ids, f_ids)
@@ -301,8 +299,10 @@ class VLLMBackend(TokenizerMixin):
         """Log-probs of ``token_ids`` at the next position after each prompt."""
         vllm = _vllm()
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(token_ids))
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in self.encode(prompts)], params, use_tqdm=False)
-        self._discard_states(outputs)
+        with self._engine_call():
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": ids} for ids in self.encode(prompts)], params, use_tqdm=False
+            )
         out = np.empty((len(prompts), len(token_ids)))
         for row, result in enumerate(outputs):
             first = result.outputs[0].logprobs[0]
@@ -311,20 +311,6 @@ class VLLMBackend(TokenizerMixin):
 
     def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
         raise CandorError("the vllm backend gives no hidden states; use the hf backend for hidden-state methods")
-
-
-def _extraction(folder: str, layers: Sequence[int], directory: str | None) -> tuple[ExtractedStates, dict[str, Any]]:
-    """The reader of the engine's hidden-states files and the engine arguments that make it write them."""
-    import tempfile
-
-    layer_count = model_config(folder).get("num_hidden_layers")
-    if not isinstance(layer_count, int):
-        raise CandorError(f"{folder}: no num_hidden_layers in config.json; cannot place prompt_state_layers")
-    extracted = ExtractedStates(layers, layer_count)
-    if layer_count in extracted.layer_ids:
-        extracted = ExtractedStates(layers, layer_count, FinalNorm.from_folder(folder))
-    target = directory or tempfile.mkdtemp(prefix="candor-vllm-states-")
-    return extracted, extraction_args(extracted.layer_ids, layer_count, target)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

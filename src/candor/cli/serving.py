@@ -105,6 +105,20 @@ def serve(
             help="POST /admin/reload may load folders inside this one only (default: the folder holding --honest).",
         ),
     ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a connection may take to send a request's headers (408 and closed after); a slow "
+            "body has its own limit."
+        ),
+    ] = 10.0,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            help="Connections held at once (lowered to fit ulimit -n); at the cap a new one evicts the "
+            "oldest still sending its headers, else it gets 503."
+        ),
+    ] = 2048,
     refusal: Annotated[str, typer.Option(help="The text of an abstained answer.")] = "I don't know.",
     queue_size: Annotated[int, typer.Option(help="Questions in flight (answering or waiting) before 503.")] = 64,
     max_batch: Annotated[int, typer.Option(help="Questions decoded together (1 turns batching off).")] = 16,
@@ -196,8 +210,10 @@ def serve(
 
     if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "prometheus_client")):
         raise CandorError(f"candor serve needs fastapi, uvicorn and prometheus-client: {install_hint('serve')}")
+    from candor.serve.http.connections import ConnectionLimits
     from candor.serve.http.server import bind_listener, run
 
+    limits = ConnectionLimits(header_timeout_s=header_timeout, max_connections=max_connections)
     listener = bind_listener(host, port)  # a busy port is refused first, before the model (and torch) load
     from candor.backends.base import backend_capabilities
     from candor.serve.http.app import ServeSettings, create_app
@@ -273,6 +289,7 @@ def serve(
         on_signal=service.state.lifecycle.begin_draining,
         in_flight=lambda: service.state.admission.in_flight,
         sock=listener,
+        limits=limits,
     )
 
 

@@ -30,7 +30,7 @@ from candor.serve.answering import Decoding
 from candor.serve.factuality import FactualityGuarantee, with_guarantee
 from candor.serve.shapes import QUESTION, SYSTEM_PREFIX, check_shape, is_system_shape, system_shape
 from candor.util.errors import CandorError, at_line
-from candor.util.files import atomic_write_text
+from candor.util.files import NotRegularFile, atomic_write_text, read_regular_bytes
 
 CONFIG_FILE = "honest.json"
 ADAPTER_DIR = "adapter"
@@ -83,7 +83,9 @@ def read_system_prompts(folder: Path, tuned_on: tuple[str, ...]) -> dict[str, st
             continue
         path = folder / SYSTEM_PROMPTS_DIR / f"{shape[len(SYSTEM_PREFIX) :]}.txt"
         try:
-            text = path.read_bytes().decode("utf-8")
+            text = read_regular_bytes(path).decode("utf-8")
+        except NotRegularFile:
+            raise CandorError(f"{path}: not a regular file (a FIFO, device or socket is never read)") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise CandorError(
                 f"{folder / CONFIG_FILE}: tuned_on names {shape} but {path} cannot be read ({exc})"
@@ -128,15 +130,17 @@ REQUIRED_FIELDS = ("generator", "confidence")  # the objects every honest.json h
 def read_config(folder: str | Path) -> dict[str, Any]:
     """``folder``'s ``honest.json`` as saved, checked; the one place it is parsed.
 
-    A missing file, malformed JSON (its line and column) or a missing field gets one
-    :class:`CandorError` naming the file.
+    A missing file, one that is not a regular file (a FIFO is refused, never waited on), malformed JSON
+    (its line and column) or a missing field gets one :class:`CandorError` naming the file.
     """
     folder = Path(folder)
     path = folder / CONFIG_FILE
     if not path.exists():
         raise CandorError(f"{path}: no such file ({folder} is not a saved honest model)")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(read_regular_bytes(path).decode("utf-8"))
+    except NotRegularFile:
+        raise CandorError(f"{path}: not a regular file (a FIFO, device or socket is never read)") from None
     except json.JSONDecodeError as exc:
         raise at_line(path, exc.lineno, f"malformed JSON ({exc.msg} at column {exc.colno})") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -160,7 +164,7 @@ def read_folder(folder: str | Path) -> SavedModel:
     config = read_config(folder)
     cal = config.get("calibrator")
     # Folders saved before versions existed: their config's digest names them.
-    version = str(config.get("version") or "sha-" + hashlib.sha256(path.read_bytes()).hexdigest()[:12])
+    version = str(config.get("version") or "sha-" + hashlib.sha256(read_regular_bytes(path)).hexdigest()[:12])
     tuned_on = tuple(str(shape) for shape in config.get("tuned_on") or (QUESTION,))
     return SavedModel(
         folder=folder,

@@ -79,7 +79,9 @@ class Threshold:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.rule not in RULES:
+        if isinstance(self.value, bool) or not isinstance(self.value, (int, float)):
+            raise CandorError(f"a threshold is a number in [0, 1], got a {type(self.value).__name__}")
+        if not isinstance(self.rule, str) or self.rule not in RULES:
             raise CandorError(f"unknown threshold rule {self.rule!r}; known: {', '.join(RULES)}")
         if not (0.0 <= self.value <= ABSTAIN_ALL) or math.isnan(self.value):
             raise CandorError(f"a threshold must be in [0, 1], got {self.value}")

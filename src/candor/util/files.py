@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -130,3 +131,24 @@ def check_replaceable(folder: str | Path, marker: str, *, inputs: tuple[str | Pa
             raise CandorError(f"{folder}: the output folder would overwrite the input {source}; choose another")
     if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not (folder / marker).exists())):
         raise CandorError(f"{folder} exists and is not an earlier output (no {marker}); choose a new folder")
+
+
+def read_regular_bytes(path: str | Path) -> bytes:
+    """``path``'s bytes, only when it is a regular file (symlinks followed); a FIFO, device or socket is refused.
+
+    It is checked before it is opened (a device is never opened) and again once open, without blocking
+    (a FIFO swapped in between is refused, never waited on). Raises :class:`NotRegularFile` (an
+    ``OSError``) for those, and ``OSError`` as ``open`` does for the rest.
+    """
+    path = Path(path)
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise NotRegularFile(f"{path}: not a regular file (a FIFO, device or socket is never read)")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path}: not a regular file (a FIFO, device or socket is never read)")
+        return fh.read()
+
+
+class NotRegularFile(OSError):
+    """A path that names a FIFO, a device, a socket or a folder where a regular file is read."""

@@ -7,6 +7,8 @@
   const card = document.getElementById("card");
   const progress = document.getElementById("progress");
   const status = document.getElementById("status");
+  // The token the server put in this page: a label without it is refused (another site cannot read it).
+  const token = JSON.parse(document.getElementById("page-config").textContent).token;
 
   function row(list, term, value, cls) {
     const dt = document.createElement("dt");
@@ -75,7 +77,7 @@
     try {
       const response = await fetch("/api/label", {
         method: "POST",
-        headers: { "Content-Type": "application/json" },
+        headers: { "Content-Type": "application/json", "X-Candor-Page-Token": token },
         body: JSON.stringify({ id: item.id, index: item.index, correct: correct }),
       });
       const data = await response.json();

@@ -61,9 +61,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from candor.annotation.served_store import ServedStore
+from candor.serve.agent_turns import AgentTurn
 from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer
 from candor.serve.batching import Admission
 from candor.serve.deployment import Deployment
+from candor.serve.http.agent_requests import agent_turn_of
 from candor.serve.http.api_docs import install_docs
 from candor.serve.http.operations import Lifecycle, install_operations
 from candor.serve.http.operator_routes import FeedbackDesk, install_operator_routes, reload_on_sighup
@@ -88,6 +90,7 @@ from candor.serve.http.responses import (
     refusal_as_text,
     response_head,
     stream_headers,
+    tool_calls_of,
     usage_of,
 )
 from candor.serve.http.responses_api import ResponseEvents, ResponseShell, response_body
@@ -121,8 +124,12 @@ def create_app(
         deployment,
     )
     url = store_url(settings)
-    log = RecordLog(ServedStore(url, settings.retention, export=settings.log_records)) if url is not None else None
+    store = ServedStore(url, settings.retention, export=settings.log_records) if url is not None else None
+    log = RecordLog(store, settings.store_timeout_s) if store is not None else None
     feedback = FeedbackDesk(log, metrics)
+    if log is not None:  # a store that does not answer: /ready 503, questions refused before any work (record_log)
+        lifecycle.conditions.append(log.unready_because)
+        metrics.watch_store(lambda: log.available)
     service.on_swap += [lambda generation: metrics.observe_model(generation.version), feedback.follow]
 
     @contextlib.asynccontextmanager
@@ -130,7 +137,9 @@ def create_app(
         service.open()
         reload_on_sighup(service, settings)
         lifecycle.mark_started()
+        store_watch = asyncio.create_task(feedback.watch())  # the audit poll, and the store's health probe
         yield
+        store_watch.cancel()
         lifecycle.begin_draining()
         await asyncio.to_thread(service.close_now)
         if log is not None:
@@ -194,7 +203,8 @@ def create_app(
         # Admitted once its body is here, to the generation that answers it wholly, whatever reloads meanwhile.
         with service.admitted() as generation:
             body = parse_body(raw, ChatRequest, settings, generation.model)
-            questions = [conversation_of(body, settings)]
+            turn = agent_turn_of(body, settings)
+            questions: list[Asked] = [turn if turn is not None else conversation_of(body, settings)]
             return await _serve(request, questions, body, settings, generation, service, CHAT, log)
 
     @app.post("/v1/completions")
@@ -212,7 +222,7 @@ def create_app(
                     "prompt",
                     "invalid_value",
                 )
-            asked = [((), q) for q in questions]
+            asked: list[Asked] = [((), q) for q in questions]
             return await _serve(request, asked, body, settings, generation, service, COMPLETION, log)
 
     @app.post("/v1/responses")
@@ -221,7 +231,8 @@ def create_app(
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         with service.admitted() as generation:
             body = parse_body(raw, ResponsesRequest, settings, generation.model)
-            question = conversation_of(body, settings)
+            turn = agent_turn_of(body, settings)
+            question = turn if turn is not None else conversation_of(body, settings)
             return await _respond(request, question, body, settings, generation, service, log)
 
     install_operator_routes(app, service, settings, feedback)
@@ -235,8 +246,12 @@ def _model_card(settings: ServeSettings) -> dict[str, Any]:
     return {"id": settings.model_id, "object": "model", "created": 0, "owned_by": "candor"}
 
 
+# What one ask of a request is: a question after its conversation, or an agent's turn.
+Asked = tuple[History, str] | AgentTurn
+
+
 def _asks(
-    questions: list[tuple[History, str]],
+    questions: list[Asked],
     body: Any,
     model: HonestModel,
     loop: asyncio.AbstractEventLoop,
@@ -247,14 +262,19 @@ def _asks(
     reply = body.reply()
     param = body.text_param
     asks = []
-    for j, (history, q) in enumerate(questions):
+    for j, asked in enumerate(questions):
         try:
-            prompted = model.prepare(q, reply.max_new_tokens, history)
+            if isinstance(asked, AgentTurn):
+                prompted = model.prepare_agent(asked, reply.max_new_tokens)
+            else:
+                prompted = model.prepare(asked[1], reply.max_new_tokens, asked[0])
         except ContextLengthExceeded as exc:
             raise APIError(400, str(exc), "invalid_request_error", param, "context_length_exceeded") from None
         except CandorError as exc:
             raise APIError(400, str(exc), "invalid_request_error", param, "invalid_value") from None
-        asks.append(Ask(prompted, reply, RequestListener(loop, events, j, streams_tokens)))
+        # An agent turn's output is shown whole once decided (a call is never half sent).
+        streams = streams_tokens and prompted.agent is None
+        asks.append(Ask(prompted, reply, RequestListener(loop, events, j, streams)))
     return asks
 
 
@@ -267,7 +287,7 @@ def _cancel(asks: Sequence[Ask], futures: Sequence[asyncio.Future[Any]]) -> None
 
 async def _serve(
     request: Request,
-    questions: list[tuple[History, str]],
+    questions: list[Asked],
     body: Any,
     settings: ServeSettings,
     generation: Generation,
@@ -283,6 +303,8 @@ async def _serve(
     # With claims served, the text may be refined after generating: never streamed before that.
     live = (settings.stream == "live" or model.source.before_generation) and model.claims is None
     asks = _asks(questions, body, model, loop, events, streams_tokens=live)
+    if log is not None:
+        log.require_available()  # a store that does not answer could not keep the answer: 503 before any work
     futures = service.start(asks, generation)
     metrics: ServeMetrics = request.app.state.metrics
     if body.stream:
@@ -308,7 +330,7 @@ async def _serve(
 
 async def _respond(
     request: Request,
-    question: tuple[History, str],
+    question: Asked,
     body: ResponsesRequest,
     settings: ServeSettings,
     generation: Generation,
@@ -323,9 +345,11 @@ async def _respond(
     # decision whatever --stream says, since a Responses message cannot take back its text.
     live = model.source.before_generation and model.claims is None
     asks = _asks([question], body, model, loop, events, streams_tokens=live)
+    if log is not None:
+        log.require_available()
     futures = service.start(asks, generation)
     metrics: ServeMetrics = request.app.state.metrics
-    shell = ResponseShell(body=body, settings=settings)
+    shell = ResponseShell(body=body, settings=settings, agent=asks[0].prompted.agent)
     if body.stream:
         futures[0].add_done_callback(lambda _: asks[0].listener.done())  # type: ignore[union-attr]
         stream = _stream_response(asks[0], futures[0], events, shell, model, log, metrics)  # type: ignore[arg-type]
@@ -365,11 +389,11 @@ async def _stream_response(
             elif kind == "done":
                 try:
                     answers = _outcome(future)
+                    await _log(log, ask, answers, model, shell.id, range(1))  # a store that fails: an error event
                 except APIError as exc:
                     for event in out.error(exc.body["error"]):
                         yield event
                     return
-                await _log(log, ask, answers, model, shell.id, range(1))
                 metrics.observe_first_token()
                 metrics.observe_answers([answers])
                 answer = answers[0]
@@ -427,17 +451,24 @@ async def _stream(
     opened: set[int] = set()
 
     def chunk(
-        k: int, text: str | None = None, finish: str | None = None, refusal: str | None = None, **extra: Any
+        k: int,
+        text: str | None = None,
+        finish: str | None = None,
+        refusal: str | None = None,
+        calls: list[dict[str, Any]] | None = None,
+        **extra: Any,
     ) -> str:
         if endpoint.chat:
             delta: dict[str, Any] = {}
             if k not in opened:
                 opened.add(k)
-                delta = {"role": "assistant", "content": "" if refusal is None else None}
+                delta = {"role": "assistant", "content": "" if refusal is None and calls is None else None}
             if text is not None:
                 delta["content"] = text
             if refusal is not None:  # OpenAI's own field for a refusal, which the SDKs map
                 delta["refusal"] = refusal
+            if calls is not None:  # each call whole in one delta (index, id, type, name, arguments)
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
             choice = {"index": k, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
         else:
             choice = {"index": k, "text": text or "", "finish_reason": finish, "logprobs": None, **extra}
@@ -466,16 +497,16 @@ async def _stream(
                 left -= 1
                 try:
                     answers = _outcome(futures[j])
-                except APIError as exc:
+                    await _log(log, asks[j], answers, model, head["id"], range(j * n, (j + 1) * n))
+                except APIError as exc:  # a failed question, or a store that could not keep it: an error event
                     yield sse(exc.body)
                     continue
-                await _log(log, asks[j], answers, model, head["id"], range(j * n, (j + 1) * n))
                 metrics.observe_first_token()  # an abstention or an empty answer is the first (and last) chunk
                 metrics.observe_answers([answers])
                 for i, a in enumerate(answers):
                     k = j * n + i
                     confidence = confidence_object(a, asks[j])
-                    if a.abstained and refusal_as_text(settings):
+                    if a.abstained and refusal_as_text(settings, asks[j]):
                         # The refusal text as the answer's text (never after streamed text: settings refuse live).
                         yield chunk(k, settings.refusal, "stop", confidence=confidence)
                         continue
@@ -484,6 +515,11 @@ async def _stream(
                         # With ``stream="live"`` it withdraws text already streamed.
                         text = None if endpoint.chat or deltas[k].sent else settings.refusal
                         yield chunk(k, text, "stop", settings.refusal, confidence=confidence)
+                        continue
+                    calls = tool_calls_of(a)
+                    if calls is not None and endpoint.chat:
+                        yield chunk(k, calls=calls)
+                        yield chunk(k, None, a.finish_reason, confidence=confidence)
                         continue
                     rest_text = deltas[k].finish(a.answer or "")
                     if rest_text:
@@ -511,4 +547,4 @@ async def _log(
     """Stored before the client has the response, so feedback on it finds it (on any replica of the store)."""
     if log is not None:
         describe = lambda a: confidence_object(a, ask)  # noqa: E731
-        await asyncio.to_thread(log.write, ask, answers, model.provenance(), describe, response_id, indexes)
+        await log.call(log.write, ask, answers, model.provenance(), describe, response_id, indexes)

@@ -12,7 +12,8 @@
   work (a web page can send ``text/plain`` cross-origin without a preflight);
 - a 503 carries ``Retry-After``; 404, 405 and validation errors answer in the
   OpenAI error shape (validation errors with 400, as OpenAI does);
-- ``GET /ready`` (200 once started, 503 before and while draining) and
+- ``GET /ready`` (200 once started, 503 before, while draining and while a condition says so, such as a
+  store that does not answer) and
   ``GET /metrics`` (Prometheus text, :mod:`candor.serve.http.prometheus_metrics`);
 - CORS only for the origins given (none: no CORS headers at all).
 """
@@ -24,7 +25,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -58,6 +59,12 @@ class Lifecycle:
     def __init__(self) -> None:
         self.started = False
         self.draining = False
+        # Each says why the server cannot take traffic now (a store that does not answer), or None: /ready asks them.
+        self.conditions: list[Callable[[], str | None]] = []
+
+    def unready_because(self) -> str | None:
+        """Why a started server cannot take traffic now (the first condition that says so), or None."""
+        return next((why for why in (check() for check in self.conditions) if why is not None), None)
 
     @property
     def ready(self) -> bool:
@@ -88,7 +95,10 @@ def install_operations(
     @app.get("/ready")
     async def ready() -> JSONResponse:
         if lifecycle.ready:
-            return JSONResponse({"status": "ready"})
+            why = lifecycle.unready_because()
+            if why is None:
+                return JSONResponse({"status": "ready"})
+            return JSONResponse(error_body(why, "server_error", None, "unavailable"), status_code=503)
         state = "draining" if lifecycle.draining else "starting"
         return JSONResponse(error_body(f"the server is {state}", "server_error", None, state), status_code=503)
 

@@ -12,27 +12,35 @@ Without an operator key the operator routes are off (403).
   default ``human``), on any choice. The label goes to the store
   (:class:`candor.annotation.served_store.ServedStore`, and its ``--log-records`` export), where
   ``candor label`` and ``candor adapt`` read it; an id no server of the store served
-  (or that its bounded remembered-response index evicted) is 404.
+  (or that its bounded remembered-response index evicted) is 404 ``not_found``, one whose record
+  retention deleted is 404 ``record_gone``. A client's feedback is one label per choice and key (the
+  key hashed, :func:`label_author`): a repeat replaces the earlier one. Bad fields are 400 naming
+  the field (``param``) before any store call; while the store does not answer, 503
+  ``store_unavailable`` (:mod:`candor.serve.http.record_log`).
   Audit labels (``"label_source": "audit"``) of answered choices, the first of each response,
   feed the drift alarm on ``/metrics`` (:mod:`candor.serve.audit_monitor`), for the model
-  version that answered them, read from the store (so labels made by ``candor label --audit``,
-  by another replica or before a restart count alike).
+  version that answered them, read from the store every :data:`AUDIT_SYNC_S` in the background
+  (so labels made by ``candor label --audit``, by another replica or before a restart count alike,
+  and a scrape never waits on the database).
 - ``POST /admin/reload`` (operator key) and ``SIGHUP``: load the ``--honest`` folder
   again (or ``{"honest": DIR}``, a folder inside ``--honest-root``) and swap it in
   between requests, with the deployment's options
   (:meth:`candor.serve.http.service.Service.reload`). A folder outside the root, or
   that cannot serve, is a 400 whose text names no file outside it, and the running
-  model stays.
+  model stays. A folder ``candor adapt`` marked kept (its adapted head was not shown
+  to rank better on held-out labels: :mod:`candor.serve.promotion`) is a 409
+  (``not_promotable``) unless the body says ``"force": true``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import logging
 import re
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +50,15 @@ from candor.annotation.served_labels import (
     LABEL_SOURCE_AUDIT,
     LABEL_SOURCE_HUMAN,
     LABEL_SOURCE_USER,
+    LabelError,
     check_label,
+    shown,
 )
+from candor.annotation.served_store import RecordGone
 from candor.serve.audit_monitor import AuditMonitor, AuditReport
+from candor.serve.honest_folder import read_config
 from candor.serve.http.prometheus_metrics import ServeMetrics
-from candor.serve.http.record_log import RecordLog
+from candor.serve.http.record_log import PROBE_INTERVAL_S, RecordLog, StoreUnavailable
 from candor.serve.http.request_checks import (
     CLIENT,
     APIError,
@@ -57,14 +69,18 @@ from candor.serve.http.request_checks import (
 )
 from candor.serve.http.service import Generation, Service
 from candor.serve.http.settings import ServeSettings
+from candor.serve.promotion import NotPromotable, check_promotable
+from candor.serve.root_guard import confine
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
-AUDIT_SYNC_S = 1.0  # /metrics reads new audit labels from the store at most this often
+AUDIT_SYNC_S = PROBE_INTERVAL_S  # the audit labels are read from the store this often (the store's probe)
+OPERATOR_WHO = "operator"  # who an operator-key label is from (a client's: its key, hashed; KEY_WHO)
 # The label sources the operator key may name (and ``judge:NAME``); a client's feedback is always LABEL_SOURCE_USER.
 OPERATOR_SOURCES = (LABEL_SOURCE_HUMAN, LABEL_SOURCE_AUDIT, LABEL_SOURCE_USER)
 JUDGE_PREFIX = "judge:"
+RELOAD_FIELDS = ("honest", "force")  # force: reload a folder candor adapt marked kept
 
 
 class FeedbackDesk:
@@ -76,38 +92,51 @@ class FeedbackDesk:
         self.monitor = AuditMonitor()  # audit labels of every version; /metrics shows the current one's
         self.version = ""
         self._audited_up_to = 0  # the store's labels up to this number are in the monitor
-        self._synced_at = -float("inf")
         self._sync_lock = threading.Lock()
         self.metrics.watch_feedback(self.audit_report)
 
     def audit_report(self) -> AuditReport | None:
-        """The current version's audit, with the store's audit labels read in first (at most once a second)."""
-        self.sync_audit(min_interval_s=AUDIT_SYNC_S)
+        """The current version's audit as last read from the store (never reads it: a scrape never waits on it)."""
         return self.monitor.report(self.version)
 
-    def sync_audit(self, min_interval_s: float = 0.0) -> int:
-        """Feed the monitor the audit labels the store gained since the last look (any process's); how many."""
+    def sync_audit(self) -> int:
+        """Feed the monitor the audit labels the store gained since the last look (any process's); how many.
+
+        Runs on the store's threads (:meth:`RecordLog.call`): every :data:`AUDIT_SYNC_S` from :meth:`watch`, and
+        after each label this server takes. The store's audit labels commit in the order of their numbers, so the
+        last number read is a safe watermark and every replica counts the same labels in the same order.
+        """
         if self.log is None:
             return 0
         with self._sync_lock:
-            now = time.monotonic()
-            if now - self._synced_at < min_interval_s:
-                return 0
-            self._synced_at = now
             rows = self.log.store.audit_labels_after(self._audited_up_to)
             if rows:
                 self._audited_up_to = rows[-1][0]
             return self.monitor.replay((version, response_id, correct) for _, version, response_id, correct in rows)
 
+    async def watch(self) -> None:
+        """Poll the store's audit labels every :data:`AUDIT_SYNC_S`; the poll is also the store's health probe."""
+        if self.log is not None:
+            await self.log.watch(self.sync_audit, AUDIT_SYNC_S)
+
     def follow(self, generation: Generation) -> None:
         """A new model answers from now on: ``/metrics`` shows its audit, against its own threshold's promise."""
         threshold = generation.model.threshold
         promised = None if threshold is None else threshold.promised_accuracy
+        if threshold is not None and promised is None:
+            logger.warning(
+                "model %s: its threshold (rule %r) states no promised accuracy, so audit labels have nothing to "
+                "check: the drift gauges stay NaN (candor_promise_stated 0)",
+                generation.version,
+                threshold.rule,
+            )
+        self.metrics.observe_promise(promised)
         self.monitor.promise(generation.version, promised, None if threshold is None else threshold.delta)
         self.version = generation.version
 
-    async def take(self, data: Any, role: str) -> dict[str, Any]:
-        """Take one label from ``role`` (:data:`~candor.serve.http.request_checks.CLIENT` or ``OPERATOR``)."""
+    async def take(self, data: Any, role: str, who: str = "") -> dict[str, Any]:
+        """Take one label from ``role`` (:data:`~candor.serve.http.request_checks.CLIENT` or ``OPERATOR``), sent
+        by ``who`` (a client's key, hashed: one label per choice and key, a repeat replaces it)."""
         if self.log is None:
             raise APIError(
                 400,
@@ -122,13 +151,15 @@ class FeedbackDesk:
         source = label_source_of(data, role)
         try:
             check_label(response_id, index, correct, source)
-        except ValueError as exc:
-            raise APIError(400, str(exc), "invalid_request_error", None, "invalid_value") from None
-        served = await asyncio.to_thread(self.log.find, response_id, index)
+        except LabelError as exc:
+            raise APIError(400, str(exc), "invalid_request_error", exc.field, "invalid_value") from None
+        log = self.log
+        log.require_available()
+        served = await log.call(log.find, response_id, index)
         if served is None:
             raise APIError(
                 404,
-                f"no served answer has id {response_id!r} and index {index} (the store remembers the "
+                f"no served answer has id {shown(response_id)} and index {index} (the store remembers the "
                 "most recent responses its servers served; label older ones with `candor label`)",
                 "invalid_request_error",
                 "id",
@@ -137,14 +168,20 @@ class FeedbackDesk:
         if role == CLIENT and not served.answered:
             raise APIError(
                 400,
-                f"the choice {index} of {response_id!r} abstained: the client saw the refusal, not an answer to label",
+                f"the choice {index} of {shown(response_id)} abstained: the client saw the refusal, not an answer "
+                "to label",
                 "invalid_request_error",
                 "index",
                 "abstained",
             )
-        await asyncio.to_thread(self.log.label, response_id, index, correct, source)
+        try:
+            await log.call(log.label, response_id, index, correct, source, who)
+        except RecordGone as exc:
+            raise APIError(404, str(exc), "invalid_request_error", "id", "record_gone") from None
         self.metrics.observe_feedback(correct, served.answered)
-        await asyncio.to_thread(self.sync_audit)  # an audit label counts from now (the store holds them all)
+        if source == LABEL_SOURCE_AUDIT:  # an audit label counts from now (the store holds them all)
+            with contextlib.suppress(StoreUnavailable):  # the label is stored: if this fails, the next poll counts it
+                await log.call(self.sync_audit)
         return {
             "object": "feedback",
             "id": response_id,
@@ -153,6 +190,14 @@ class FeedbackDesk:
             "label_source": source,
             "model_version": served.model_version,
         }
+
+
+def label_author(request: Request, role: str) -> str:
+    """Who a label is from: the operator, or a client's key (hashed; no key set: every client is one, ``key:``)."""
+    if role != CLIENT:
+        return OPERATOR_WHO
+    key = request.headers.get("authorization", "").strip().partition(" ")[2].strip()
+    return "key:" + hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()[:16]
 
 
 def label_source_of(data: dict[str, Any], role: str) -> str:
@@ -177,7 +222,7 @@ def label_source_of(data: dict[str, Any], role: str) -> str:
         return named
     raise APIError(
         400,
-        f"label_source must be one of {', '.join(OPERATOR_SOURCES)} or {JUDGE_PREFIX}NAME, got {named!r}",
+        f"label_source must be one of {', '.join(OPERATOR_SOURCES)} or {JUDGE_PREFIX}NAME, got {shown(named)}",
         "invalid_request_error",
         "label_source",
         "invalid_value",
@@ -191,20 +236,34 @@ def install_operator_routes(app: FastAPI, service: Service, settings: ServeSetti
     async def feedback(request: Request) -> dict[str, Any]:
         role = caller_role(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-        return await desk.take(json_body(raw), role)
+        data = json_body(raw, request.headers.get("content-type"))
+        return await desk.take(data, role, label_author(request, role))
 
     @app.post("/admin/reload")
     async def reload(request: Request) -> dict[str, Any]:
         authorize_operator(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-        data = json_body(raw) if raw.strip() else {}
+        data = json_body(raw, request.headers.get("content-type")) if raw.strip() else {}
         if not isinstance(data, dict):
             raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
         for name in data:
-            if name != "honest":
+            if name not in RELOAD_FIELDS:
                 raise APIError(
-                    400, f"{name}: unknown field (a reload takes only 'honest')", "invalid_request_error", name
+                    400,
+                    f"{shown(name)}: unknown field (a reload takes only 'honest' and 'force')",
+                    "invalid_request_error",
+                    name[:64],
+                    "unknown_field",
                 )
+        force = data.get("force", False)
+        if not isinstance(force, bool):
+            raise APIError(
+                400,
+                f"force: must be true or false, got {json_type(force)}",
+                "invalid_request_error",
+                "force",
+                "invalid_value",
+            )
         folder = data.get("honest")
         if folder is not None and (not isinstance(folder, str) or not folder.strip() or "\x00" in folder):
             raise APIError(
@@ -215,8 +274,29 @@ def install_operator_routes(app: FastAPI, service: Service, settings: ServeSetti
                 "invalid_value",
             )
         target = settings.honest_folder if folder is None else folder_in_root(folder, settings.honest_root)
+        if target is not None and not force:
+            await refuse_kept(target)
         generation = await reload_folder(service, settings, target)
-        return {"object": "reload", "model_version": generation.version, "method": generation.model.method}
+        return {
+            "object": "reload",
+            "model_version": generation.version,
+            "method": generation.model.method,
+            "forced": force,
+        }
+
+
+async def refuse_kept(folder: Path) -> None:
+    """A 409 for a folder ``candor adapt`` marked kept (:func:`candor.serve.promotion.check_promotable`)."""
+    try:
+        await asyncio.to_thread(check_promotable, folder)
+    except NotPromotable as exc:
+        raise APIError(
+            409,
+            f"the reload was refused and the running model stays: {exc}",
+            "invalid_request_error",
+            "honest",
+            "not_promotable",
+        ) from None
 
 
 def json_type(value: Any) -> str:
@@ -270,6 +350,7 @@ async def reload_folder(service: Service, settings: ServeSettings, target: Path 
             "invalid_value",
         )
     try:
+        await asyncio.to_thread(confine_reload, target, settings, service.generation().model.backend.model_name)
         generation = await service.reload(target, batch_size=settings.max_batch)
     except CandorError as exc:
         service.metrics.observe_reload(ok=False)
@@ -296,7 +377,20 @@ async def reload_folder(service: Service, settings: ServeSettings, target: Path 
     return generation
 
 
+def confine_reload(target: Path, settings: ServeSettings, serving_model: str | None) -> None:
+    """Refuse ``target`` unless what it holds and names stays inside ``--honest-root`` (:mod:`candor.serve.root_guard`).
+
+    ``--honest`` itself, when it lies outside ``--honest-root``, is held inside the folder that holds it.
+    """
+    root = settings.honest_root
+    if root is None or not target.resolve().is_relative_to(root.resolve()):
+        root = target.resolve().parent
+    confine(target, root, read_config, serving_model)
+
+
 ERRNO = re.compile(r"\[Errno -?\d+\][^:()]*:?\s*")
+# An absolute path left in an error once the root's and --honest's paths are named from the root: one outside them.
+OUTSIDE_PATH = re.compile(r"(?<![\w.~-])~?/[^\s'\"(),:;]+")
 
 
 def public_text(message: str, folder: Path, settings: ServeSettings) -> str:
@@ -311,7 +405,7 @@ def public_text(message: str, folder: Path, settings: ServeSettings) -> str:
         names += [(str(settings.honest_folder.resolve()), "--honest"), (str(settings.honest_folder), "--honest")]
     for path, name in sorted(names, key=lambda pair: -len(pair[0])):  # the longest first: a folder before its root
         message = message.replace(path, name)
-    return ERRNO.sub("", message)
+    return OUTSIDE_PATH.sub("(a path outside --honest-root)", ERRNO.sub("", message))
 
 
 def reload_on_sighup(service: Service, settings: ServeSettings) -> None:

@@ -29,11 +29,17 @@ name                                        type       labels                  m
 ``candor_promised_accuracy``                gauge                              what the threshold promised
 ``candor_calibration_unconfirmed``          gauge                              1: lower bound below promise
 ``candor_calibration_drift``                gauge                              1: upper bound ≤ promise
+``candor_promise_stated``                   gauge                              1: the threshold promises
+``candor_store_available``                  gauge                              1: the store answers
 ==========================================  =========  ======================  ============================
 
 The accuracy gauges count audit labels only (``label_source: "audit"``, one per response, on
 answered choices; :mod:`candor.serve.audit_monitor`); they are NaN before the first, and follow
-the current model version.
+the current model version. ``candor_calibration_unconfirmed`` and ``_drift`` compare with a promise:
+without one (no threshold, or one that states no accuracy: ``candor_promise_stated`` 0) they are NaN,
+never 0, since no label can show a promise holds or fails that was never made. A scrape reads only
+what the server holds (the audit is polled from the store in the background), so it never waits on
+the database.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ CONFIDENCE_BUCKETS = tuple(i / 10 for i in range(11))  # raw estimator scores be
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+NO_PROMISE = "NaN before the first audit label, and always while the threshold states no promise (nothing to check)."
 AUDIT_LABELS = (
     'Counts only audit labels (label_source "audit": a uniform sample of served responses), '
     "the first label of an answered choice per response, of the current model version."
@@ -74,14 +81,20 @@ FEEDBACK_GAUGES = {
     "feedback_audited": f"Responses the audit counts. {AUDIT_LABELS}",
     "promised_accuracy": "The accuracy of answered questions the threshold promised when it was tuned.",
     "calibration_unconfirmed": (
-        f"1 while the anytime lower bound is below the promise (the audit does not show it holds). {AUDIT_LABELS}"
+        f"1 while the anytime lower bound is below the promise (the audit does not show it holds). {AUDIT_LABELS} "
+        f"{NO_PROMISE}"
     ),
     "calibration_drift": (
         "1 once the anytime upper bound is at or below the promise: the audit shows, at level delta "
         "(valid at every scrape), that answered accuracy fell below it; stays on for the version. "
-        f"{AUDIT_LABELS}"
+        f"{AUDIT_LABELS} {NO_PROMISE}"
     ),
 }
+PROMISE_STATED = (
+    "1 when the current model's threshold states a promised accuracy of answered questions (risk or accuracy "
+    "rule, or the dev accuracy it was tuned on) for the audit to check; 0 without a threshold or a promise: "
+    "then the drift alarm cannot fire and its gauges are NaN."
+)
 
 
 def _read_or_nan(report: AuditReport | None, read: Callable[[AuditReport], float | None]) -> float:
@@ -156,6 +169,8 @@ class ServeMetrics:
         self.feedback_gauges = {
             name: Gauge(f"candor_{name}", text, registry=reg) for name, text in FEEDBACK_GAUGES.items()
         }
+        self.promise_stated = Gauge("candor_promise_stated", PROMISE_STATED, registry=reg)
+        self.store_available: Gauge | None = None  # registered by watch_store (absent without a store)
 
     # ------------------------------------------------------------ events
 
@@ -199,11 +214,26 @@ class ServeMetrics:
             "feedback_accuracy_upper": lambda r: r.upper,
             "feedback_audited": lambda r: r.labelled,
             "promised_accuracy": lambda r: r.promised,
-            "calibration_unconfirmed": lambda r: float(r.unconfirmed),
-            "calibration_drift": lambda r: float(r.drift),
+            "calibration_unconfirmed": lambda r: None if r.promised is None else float(r.unconfirmed),
+            "calibration_drift": lambda r: None if r.promised is None else float(r.drift),
         }
         for name, read in readers.items():
             self.feedback_gauges[name].set_function(lambda read=read: _read_or_nan(report(), read))
+
+    def observe_promise(self, promised: float | None) -> None:
+        """Whether the model answering from now on states a promise for the audit to check."""
+        self.promise_stated.set(0.0 if promised is None else 1.0)
+
+    def watch_store(self, available: Callable[[], bool]) -> None:
+        """Read whether the store answers from ``available()`` at each scrape (it reads a flag, never the store)."""
+        if self.store_available is None:
+            self.store_available = Gauge(
+                "candor_store_available",
+                "1 while the store of served answers answers; 0 while it does not (then /ready is 503 and "
+                "questions are refused before any work).",
+                registry=self.registry,
+            )
+        self.store_available.set_function(lambda: float(available()))
 
     def observe_batch(self, size: int) -> None:
         """A question admitted while ``size`` questions (itself included) are being answered."""

@@ -14,24 +14,139 @@ the record's answers fill in it, so a label sent later (``POST /v1/feedback``)
 finds its record. Per choice the store also keeps whether it was answered, the
 text it returned, and whether that text is the one the confidence scored
 (``scores_returned_text``).
+
+**The store is never a silent single point of failure** (docs/serving.md, "When the store fails"). Every
+store call runs off the event loop, on threads of its own, within :data:`STORE_TIMEOUT_S`
+(:meth:`RecordLog.call`); one that fails or runs past it marks the store unavailable, and the server then:
+
+- answers ``/ready`` 503 (a load balancer sends traffic elsewhere) while ``/health`` still answers;
+- refuses questions and feedback with 503 ``store_unavailable`` before any generation (an answer the
+  store could not keep is never given: a stored record is what feedback and ``candor adapt`` need);
+- ends a stream whose record could not be stored with an error event, never silently;
+- probes the store every :data:`PROBE_INTERVAL_S` (the probe is the audit poll, :class:`FeedbackDesk
+  <candor.serve.http.operator_routes.FeedbackDesk>`) and takes traffic again once one succeeds.
+
+A response or label is acknowledged (200, or a stream's last chunk) only after its transaction committed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
 
 from candor.annotation.records import Record
 from candor.annotation.served_store import RememberedChoice, ServedChoice, ServedStore
 from candor.backends.base import Completion
 from candor.serve.answering import Ask, HonestAnswer
+from candor.serve.http.request_checks import APIError
+
+logger = logging.getLogger(__name__)
+
+STORE_TIMEOUT_S = 5.0  # a store call not done in this time fails (its request answers 503)
+PROBE_INTERVAL_S = 0.5  # how often the store is probed (and the audit labels polled)
+STORE_THREADS = 16  # store calls at once, each on its own thread; more wait for a slot (within the timeout)
+# What an unreachable, hung, full or broken store raises (a pool with no free connection: sa.exc.TimeoutError).
+OUTAGES = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError, sa.exc.DisconnectionError, OSError)
+T = TypeVar("T")
+
+
+class StoreUnavailable(APIError):
+    """503: the store cannot take or give what this request needs now (nothing was generated, or it is not kept)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            503,
+            f"the store of served answers is unavailable ({why}); nothing was kept: retry shortly",
+            "server_error",
+            None,
+            "store_unavailable",
+        )
 
 
 class RecordLog:
     """Writes served records to the store (and its JSONL export); finds and labels them for feedback."""
 
-    def __init__(self, store: ServedStore) -> None:
+    def __init__(self, store: ServedStore, timeout_s: float = STORE_TIMEOUT_S) -> None:
         self.store = store
+        self.timeout_s = timeout_s
+        self.problem: str | None = None  # why the store is unavailable now (None: it answers)
+        self.failures = 0  # store calls that failed or timed out
+        self._slots = asyncio.Semaphore(STORE_THREADS)  # store calls running at once (a hung database holds them)
+        self._logged_at = -float("inf")
+
+    @property
+    def available(self) -> bool:
+        return self.problem is None
+
+    def unready_because(self) -> str | None:
+        """Why ``/ready`` is 503 because of the store, or None (a readiness condition)."""
+        return None if self.problem is None else f"the store of served answers is unavailable ({self.problem})"
+
+    def require_available(self) -> None:
+        """Before any work: a 503 while the store is unavailable (the probe says when it answers again)."""
+        if self.problem is not None:
+            raise StoreUnavailable(self.problem)
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a thread of its own within :attr:`timeout_s` (waiting for one of the
+        :data:`STORE_THREADS` slots included); an outage is a :class:`StoreUnavailable`.
+
+        A call that fails or times out marks the store unavailable; one that succeeds marks it available. A call
+        stuck on a hung database keeps its slot until it returns, so a hung database fills the slots and later
+        calls time out waiting for one, without starting more threads.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._slots.acquire()
+                work: asyncio.Future[T] = loop.create_future()
+                thread = threading.Thread(target=self._run, args=(loop, work, fn, args), daemon=True)
+                thread.start()
+                result = await work
+        except TimeoutError:
+            self._fail(f"no answer within {self.timeout_s:g} s")
+            raise StoreUnavailable(self.problem or "timeout") from None
+        except OUTAGES as exc:
+            self._fail(type(exc).__name__)
+            raise StoreUnavailable(self.problem or "error") from None
+        except sa.exc.DBAPIError as exc:  # the database refused this call (not an outage): the store stays up
+            logger.error("the store refused a call: %s", exc)
+            raise StoreUnavailable(f"the database refused the call ({type(exc.orig).__name__})") from None
+        if self.problem is not None:
+            logger.warning("the store answers again: taking traffic")
+        self.problem = None
+        return result
+
+    async def watch(self, poll: Callable[[], Any], interval_s: float = PROBE_INTERVAL_S) -> None:
+        """Probe the store every ``interval_s`` by calling ``poll`` (the audit poll), until cancelled."""
+        while True:
+            with contextlib.suppress(StoreUnavailable):  # logged by call(); /ready says so until a probe succeeds
+                await self.call(poll)
+            await asyncio.sleep(interval_s)
+
+    def _run(self, loop: asyncio.AbstractEventLoop, work: asyncio.Future[T], fn: Callable[..., T], args: tuple) -> None:
+        """One store call on its own daemon thread (a call stuck on a hung database never holds the process's exit);
+        its slot is given back when it returns, whether or not anyone still waits for it."""
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
+            loop.call_soon_threadsafe(_settle, work, self._slots, *outcome)
+
+    def _fail(self, why: str) -> None:
+        self.failures += 1
+        if self.problem is None or time.monotonic() - self._logged_at > 60:  # once a minute while it lasts
+            logger.error("the store is unavailable (%s): /ready is 503 and requests are refused until it answers", why)
+            self._logged_at = time.monotonic()
+        self.problem = why
 
     def write(
         self,
@@ -81,3 +196,14 @@ class RecordLog:
 
     def close(self) -> None:
         self.store.close()
+
+
+def _settle(work: asyncio.Future[Any], slots: asyncio.Semaphore, result: Any, exc: BaseException | None) -> None:
+    """Give the call's slot back and hand its outcome to its waiter (gone when it timed out: then nothing)."""
+    slots.release()
+    if work.done():
+        return
+    if exc is not None:
+        work.set_exception(exc)
+    else:
+        work.set_result(result)

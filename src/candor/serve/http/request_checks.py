@@ -122,10 +122,35 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
-def json_body(raw: bytes) -> Any:
-    """The parsed body; what JSON itself refuses, or Python cannot hold, is a 400 naming why."""
+# The charsets a JSON body may declare (RFC 8259 bodies are UTF-8; some clients say latin-1 and mean it).
+CHARSETS = {"utf-8": "utf-8", "utf8": "utf-8", "us-ascii": "ascii", "ascii": "ascii"}
+CHARSETS |= dict.fromkeys(("latin-1", "latin1", "iso-8859-1", "iso8859-1", "l1"), "latin-1")
+
+
+def declared_charset(content_type: str | None) -> str | None:
+    """The codec of a ``Content-Type``'s ``charset`` parameter; None without one; 400 for one candor does not read."""
+    for part in (content_type or "").split(";")[1:]:
+        name, _, value = part.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+            if charset not in CHARSETS:
+                raise APIError(
+                    400,
+                    f"charset {charset[:40]!r} is not supported: send UTF-8 (or declare latin-1 or us-ascii)",
+                    "invalid_request_error",
+                    None,
+                    "unsupported_charset",
+                )
+            return CHARSETS[charset]
+    return None
+
+
+def json_body(raw: bytes, content_type: str | None = None) -> Any:
+    """The parsed body (decoded by the ``charset`` its ``content_type`` declares; else UTF-8, as JSON says); what
+    JSON itself refuses, or Python cannot hold, is a 400 naming why."""
+    charset = declared_charset(content_type)
     try:
-        return json.loads(raw)
+        return json.loads(raw.decode(charset) if charset is not None else raw)
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, and integers beyond Python's digit limit
         message = f"the body is not valid JSON: {exc}"
     except RecursionError:
@@ -161,6 +186,12 @@ def is_union_tag(part: str | int) -> bool:
 
 def check_limits(body: Body, settings: ServeSettings, model: HonestModel) -> None:
     for name in body.unsupported():
+        if name in (body.model_extra or {}):
+            message = (
+                f"{name} is not a field candor knows: it is refused rather than silently ignored "
+                "(docs/serving.md lists the fields, and those accepted as no-ops)"
+            )
+            raise APIError(400, message[:400], "invalid_request_error", name[:100], "unknown_parameter")
         why = UNSUPPORTED_WHY.get(name)
         message = f"{name} is not supported by candor" + (f": {why}" if why else "")
         raise APIError(400, message, "invalid_request_error", name, "unsupported")

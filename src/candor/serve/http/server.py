@@ -5,6 +5,9 @@ listening while in-flight requests finish, answering ``/ready`` and new work
 with 503 (so a load balancer sees it leave instead of a refused connection),
 then uvicorn stops, the app shuts down, and the process exits 0 on ``SIGTERM``.
 A second signal stops at once.
+
+Every server here holds its connections within :class:`~candor.serve.http.connections.ConnectionLimits`
+(a header deadline, a connection cap fitted to the process's descriptors, repeated log records held back).
 """
 
 from __future__ import annotations
@@ -17,15 +20,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
+from candor.serve.http.connections import ConnectionLimits, fit_to_descriptors, hold_back_repeats, protocol_for
 from candor.util.errors import CandorError
 
 logger = logging.getLogger(__name__)
 
 
+DEFAULT_LIMITS = ConnectionLimits()
 DRAIN_LIMIT_S = 60.0  # the longest a drain keeps listening before uvicorn stops anyway
 
 
@@ -89,14 +95,16 @@ def run(
     in_flight: Callable[[], int] | None = None,
     sock: socket.socket | None = None,
     access_log: bool = False,
+    limits: ConnectionLimits = DEFAULT_LIMITS,
 ) -> None:
     """Serve until SIGTERM or Ctrl-C, then drain (``in_flight``: the work left, which draining waits for).
 
     ``sock`` is a socket :func:`bind_listener` bound earlier (``host`` and ``port`` are then its own).
     ``access_log`` turns on uvicorn's line per request, for an app that writes none of its own
-    (``candor serve`` writes its JSON lines; ``serve-head`` does not).
+    (``candor serve`` writes its JSON lines; ``serve-head`` does not). ``limits``: the connections' bounds.
     """
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=access_log)
+    config = limited_config(app, limits, host=host, port=port, log_level="info", access_log=access_log)
+    hold_back_repeats(limits.log_interval_s)  # after uvicorn.Config, which puts uvicorn's handlers in place
     server = DrainingServer(config, on_signal, in_flight)
     # After draining, uvicorn re-raises the signal it stopped on to the handler that was in place
     # before it; for SIGTERM that handler is this no-op, so a requested stop ends with exit 0.
@@ -107,18 +115,36 @@ def run(
         signal.signal(signal.SIGTERM, previous)
 
 
+def limited_config(app: FastAPI, limits: ConnectionLimits, **options: Any) -> uvicorn.Config:
+    """uvicorn's config for ``app`` with ``limits``: its protocol, and a backlog that fits the descriptors."""
+    sizing = fit_to_descriptors(limits)
+    if sizing.max_connections < limits.max_connections:
+        logger.warning(
+            "at most %d connections (not %d): %d file descriptors may be open (ulimit -n)",
+            sizing.max_connections,
+            limits.max_connections,
+            sizing.descriptors,
+        )
+    return uvicorn.Config(app, http=protocol_for(limits, sizing), backlog=sizing.backlog, **options)
+
+
 def _drained(sig: int, frame: FrameType | None) -> None:
     logger.info("stopped on SIGTERM after finishing in-flight requests")
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", startup_timeout: float = 60.0) -> Iterator[str]:
-    """A real uvicorn server on a free port in a daemon thread; yields its base URL, stops on exit."""
+def serve_in_thread(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    startup_timeout: float = 60.0,
+    limits: ConnectionLimits = DEFAULT_LIMITS,
+) -> Iterator[str]:
+    """A real uvicorn server on a free port in a daemon thread, within ``limits``; yields its URL, stops on exit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(limited_config(app, limits, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="candor-uvicorn")
     thread.start()
     deadline = time.monotonic() + startup_timeout

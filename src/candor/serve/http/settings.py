@@ -30,6 +30,7 @@ class ServeSettings:
     log_records: Path | None = None  # also export served answers and labels as candor records (JSONL)
     store: str | None = None  # the served-answer store's URL; default with log_records: SQLite beside it
     retention: Retention = Retention()  # what the store keeps (rows, age, the remembered index's bytes)
+    store_timeout_s: float = 5.0  # a store call not done in this time fails: the store is unavailable (record_log)
     conversations: str = "accept"  # "refuse": a chat request must hold exactly one user message
     stream: str = "buffered"  # "live": an answer-level source streams tokens before its decision
     docs: bool = False  # /docs and /openapi.json, behind the key
@@ -45,6 +46,8 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if self.admin_key is not None and self.admin_key == self.api_key:
             raise CandorError("the operator key must differ from the inference key (--admin-key-env, --api-key-env)")
+        if not self.store_timeout_s > 0:
+            raise CandorError(f"the store timeout must be positive, got {self.store_timeout_s}")
         if self.store is not None and "://" not in self.store:
             raise CandorError(f"--store must be a database URL (sqlite:///FILE.db, postgresql://…), got {self.store!r}")
         modes = (("conversations", CONVERSATION_MODES), ("stream", STREAM_MODES), ("abstain_as", ABSTAIN_AS_MODES))
