@@ -242,7 +242,7 @@ def load_runner(args: argparse.Namespace) -> Runner:
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_embedded(MODEL))
     if args.backend == "hf":
-        backend = load_backend(MODEL, "hf")
+        backend = load_backend(MODEL, "hf", batch_size=args.batch)  # rows are reserved per batch: keep it small
         identity = {"backend": "hf", "model": MODEL}
     else:
         backend = load_backend(args.served_model, "openai", base_url=args.base_url, tokenizer=tokenizer)
@@ -261,46 +261,67 @@ def read_cache(path: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def annotate(runner: Runner, items: Sequence[Item], arms: Sequence[str], k: int, path: Path, batch: int) -> None:
-    """Generate what the cache lacks, a batch of items at a time, the arms interleaved (their speeds compare)."""
+def round_robin(items: Sequence[Item], batch: int) -> list[list[Item]]:
+    """Batches of one category each (items of a category share a token cap), the categories taking turns, so a
+    run stopped early holds every category."""
+    queues = []
+    for category in CATEGORIES:
+        group = [item for item in items if item.category == category]
+        queues.append([group[start : start + batch] for start in range(0, len(group), batch)])
+    out = []
+    for turn in range(max((len(q) for q in queues), default=0)):
+        out += [queue[turn] for queue in queues if turn < len(queue)]
+    return out
+
+
+def annotate(
+    runner: Runner,
+    items: Sequence[Item],
+    arms: Sequence[str],
+    k: int,
+    path: Path,
+    batch: int,
+    stop_at: float | None = None,
+) -> None:
+    """Generate what the cache lacks, a batch of items at a time, the arms interleaved; no new batch starts
+    after ``stop_at`` (a Unix time)."""
     cached = read_cache(path)
     run_id = f"{time.time():.0f}"
     path.parent.mkdir(parents=True, exist_ok=True)
     todo = [item for item in items if any(key_of(runner, arm, item, k) not in cached for arm in arms)]
     logger.info("%d of %d items to generate (%s)", len(todo), len(items), ", ".join(arms))
-    # Items of one category share a token cap; batch within a category.
     started = time.time()
     done = 0
-    for category in CATEGORIES:
-        group = [item for item in todo if item.category == category]
-        for start in range(0, len(group), batch):
-            chunk = group[start : start + batch]
-            for arm in arms:
-                missing = [item for item in chunk if key_of(runner, arm, item, k) not in cached]
-                if not missing:
-                    continue
-                began = time.perf_counter()
-                records = runner.generate(arm, missing, k)
-                seconds = time.perf_counter() - began
-                total = sum(record["tokens"] for record in records) or 1
-                with path.open("a") as handle:
-                    for item, record in zip(missing, records, strict=True):
-                        key = key_of(runner, arm, item, k)
-                        row = {
-                            "key": key,
-                            "id": item.id,
-                            "arm": arm,
-                            "batch": f"{run_id}:{category}:{start}",
-                            "seconds": seconds * record["tokens"] / total,
-                            **record,
-                        }
-                        handle.write(json.dumps(row) + "\n")
-                        cached[key] = row
-            done += len(chunk)
-            elapsed = time.time() - started
-            logger.info(
-                "%d/%d items, %.0f s, about %.0f s left", done, len(todo), elapsed, elapsed / done * (len(todo) - done)
-            )
+    for chunk in round_robin(todo, batch):
+        if stop_at is not None and time.time() >= stop_at:
+            logger.info("stopping at the deadline: %d of %d items generated", done, len(todo))
+            return
+        for arm in arms:
+            missing = [item for item in chunk if key_of(runner, arm, item, k) not in cached]
+            if not missing:
+                continue
+            began = time.perf_counter()
+            records = runner.generate(arm, missing, k)
+            seconds = time.perf_counter() - began
+            total = sum(record["tokens"] for record in records) or 1
+            with path.open("a") as handle:
+                for item, record in zip(missing, records, strict=True):
+                    key = key_of(runner, arm, item, k)
+                    row = {
+                        "key": key,
+                        "id": item.id,
+                        "arm": arm,
+                        "batch": f"{run_id}:{chunk[0].id}",
+                        "seconds": seconds * record["tokens"] / total,
+                        **record,
+                    }
+                    handle.write(json.dumps(row) + "\n")
+                    cached[key] = row
+        done += len(chunk)
+        elapsed = time.time() - started
+        logger.info(
+            "%d/%d items, %.0f s, about %.0f s left", done, len(todo), elapsed, elapsed / done * (len(todo) - done)
+        )
 
 
 _KEYS: dict[tuple[str, str, int], str] = {}
@@ -531,6 +552,15 @@ def speed(path: Path) -> dict[str, Any] | None:
 # --- main --------------------------------------------------------------------------------------------------
 
 
+def stop_time(text: str | None) -> float | None:
+    """Today's HH:MM (UTC) as a Unix time."""
+    if text is None:
+        return None
+    hours, minutes = (int(part) for part in text.split(":"))
+    now = time.gmtime()
+    return time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hours, minutes, 0, 0, 0, 0)) - time.timezone
+
+
 def select(items_by_category: dict[str, list[Item]], limit: int | None) -> list[Item]:
     chosen = []
     for items in items_by_category.values():
@@ -549,7 +579,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="the first N items of each category")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--k", type=int, default=5, help="samples per item")
-    parser.add_argument("--batch", type=int, default=8, help="items generated together")
+    parser.add_argument("--batch", type=int, default=4, help="items generated together")
+    parser.add_argument("--stop-at", default=None, help="HH:MM (UTC): start no new batch after it, then score")
     parser.add_argument("--bootstrap", type=int, default=1000)
     parser.add_argument("--run", default=None, help="the cache's name (default: the backend's)")
     parser.add_argument("--out", type=Path, default=None)
@@ -571,20 +602,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     arms = [arm for arm in wanted if availability.get(arm) is None]
     speed_path = TOOL_CACHE / f"{run}-speed.jsonl"
     if not args.score_only:
-        annotate(runner, items, arms, args.k, cache_path, args.batch)
         if args.speed and availability.get("required") is None:
             speed_probe(runner, by_category.get("simple", items)[: args.speed], args.k, speed_path)
+        annotate(runner, items, arms, args.k, cache_path, args.batch, stop_time(args.stop_at))
     cached = read_cache(cache_path)
-    states = prompt_states(runner, items, TOOL_CACHE / f"{run}-states.npz")
+    # Only items some arm generated are scored (a run stopped at its deadline holds fewer than asked).
+    generated = [item for item in items if any(key_of(runner, arm, item, args.k) in cached for arm in arms)]
+    states = prompt_states(runner, generated, TOOL_CACHE / f"{run}-states.npz")
 
     result_arms: dict[str, Any] = {}
     for arm in arms:
         records = {}
-        for item in items:
+        for item in generated:
             row = cached.get(key_of(runner, arm, item, args.k))
             if row is not None:
                 records[item.id] = row
-        rows = item_rows(items, records)
+        rows = item_rows(generated, records)
         if states is not None and rows:
             for row, value in zip(rows, fit_head(rows, states), strict=True):
                 row["head"] = float(value)
@@ -594,12 +627,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             result_arms[arm] = {"missing": availability.get(arm) or "not asked for"}
 
     out = args.out or (OUT if args.backend == "hf" else RESULTS / f"tool_calls_{args.backend}.json")
-    split_counts = {name: sum(split_of(item.id) == name for item in items) for name in SPLITS}
+    split_counts = {name: sum(split_of(item.id) == name for item in generated) for name in SPLITS}
     payload = {
         "command": "python -m benchmarks.tool_calls " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "backend": runner.identity,
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "items": {category: min(len(v), args.limit or len(v)) for category, v in by_category.items()},
+        "items": {category: sum(item.category == category for item in generated) for category in by_category},
+        "items_asked": {category: min(len(v), args.limit or len(v)) for category, v in by_category.items()},
         "k": args.k,
         "sampling": {
             "temperature": PROTOCOL_SAMPLES.temperature,
@@ -613,6 +647,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "speed": speed(speed_path),
         "bootstrap": args.bootstrap,
     }
+    if any(ARM_SPECS[arm].constrained for arm in arms):
+        import candor.backends.constraints as constraints
+
+        payload["constraints_from"] = constraints.__file__  # which checkout's constrained decoding ran
     if runner.kind == "hf":
         from candor.util.cpu import describe
 

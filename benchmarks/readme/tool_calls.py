@@ -3,6 +3,7 @@ when the llama-server run exists)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .formatting import DASH, Json, estimate, load, md_table, notes_for, pct, shown_command
@@ -77,23 +78,34 @@ def summary_table(d: Json) -> str:
 
 def speed_text(d: Json) -> str:
     s = d.get("speed")
-    if not s or "ratio_grammar_over_free" not in s:
-        return "not measured in this run (one arm did not run)"
-    free, grammar = s["free"], s["grammar"]
+    if not s or "ratio_schema_over_free" not in s:
+        return "not measured in this run"
+    free, schema = s["free"], s["required"]
     return (
-        f"{grammar['tokens_per_s']:.1f} generated tokens/s with the schema against {free['tokens_per_s']:.1f} without "
-        f"({s['ratio_grammar_over_free']:.2f}×; the same {free['items']} items, arms alternating batch by batch in "
-        "one run; the prompts' prefill included)"
+        f"{schema['tokens_per_s']:.1f} generated tokens/s with the schema (`required`) against "
+        f"{free['tokens_per_s']:.1f} without (`free`, not cut) on the same {s['items']} simple items, greedy and "
+        f"k = 5 samples, the arms alternating item by item in one run: {s['ratio_schema_over_free']:.2f}× "
+        f"({schema['tokens']} and {free['tokens']} tokens; prefill included)"
     )
+
+
+def _command(recorded: str) -> str:
+    """The recorded command without its ``--data`` folder (a machine's path; the default is the data's place)."""
+    return re.sub(r" --data \S+", "", shown_command(recorded))
 
 
 def run_text(d: Json) -> str:
     items = ", ".join(f"{category} {n}" for category, n in d["items"].items())
+    asked = sum(d.get("items_asked", d["items"]).values())
     split = d["split"]["items"]
+    cpu = d["machine"]["cpu"]
+    judged = sum(block["summary"]["replies_judged"] for block in d["arms"].values() if "summary" in block)
     return (
-        f"`{shown_command(d['command'])}` on {d['backend']['model']} ({d['backend']['backend']}): {items} items "
-        f"(the first of each file); split by item id: {split['train']} train (the head's stage 1), "
-        f"{split['cal']} cal (Platt for every score), {split['test']} test"
+        f"`{_command(d['command'])}` on {d['backend']['model']} ({d['backend']['backend']}, {cpu['name']}, "
+        f"{cpu['logical_cores']} cores shared with other jobs): {items} items generated "
+        f"({sum(d['items'].values())} of the {asked} asked for before the deadline; the first of each file), "
+        f"{judged} replies judged over the arms (greedy and samples); split by item id: {split['train']} train "
+        f"(the head's stage 1), {split['cal']} cal (Platt for every score), {split['test']} test"
     )
 
 
