@@ -124,7 +124,8 @@ class VLLMBackend(TokenizerMixin):
     ) -> VLLMBackend:
         """Load a safetensors model folder (the embedded default is resolved to its cached folder).
 
-        ``dtype`` defaults to float32 on CPU and to vLLM's choice on GPU.
+        ``dtype`` defaults to float32 on CPU and to vLLM's choice on GPU. On CPU the engine runs eager
+        (``enforce_eager``) unless ``engine_args`` says otherwise: compiling took minutes.
 
         ``engine_args`` go to ``vllm.LLM`` unchanged (e.g. ``gpu_memory_utilization``,
         ``enforce_eager``); ``logprobs_mode`` is always ``raw_logprobs``.
@@ -147,9 +148,14 @@ class VLLMBackend(TokenizerMixin):
         if data_parallel_size:
             args["data_parallel_size"] = data_parallel_size
         # vLLM's CPU default is bfloat16; float32 keeps log-probs equal to the hf backend's.
-        dtype = dtype or ("float32" if _device_kind() == "cpu" else None)
+        on_cpu = _device_kind() == "cpu"
+        dtype = dtype or ("float32" if on_cpu else None)
         if dtype:
             args["dtype"] = dtype
+        if on_cpu:
+            # torch.compile's warm-up on a CPU took over 9 minutes on a 2-core machine (the engine starts in seconds
+            # eager); engine_args={"enforce_eager": False} compiles.
+            args["enforce_eager"] = True
         args.update(engine_args or {})
         args["logprobs_mode"] = LOGPROBS_MODE
         extraction = None
