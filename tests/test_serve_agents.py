@@ -69,7 +69,7 @@ def served(generator, threshold: float | None = None, method: str = "n-prob", **
 
 @pytest.fixture(scope="module")
 def url(generator):
-    with served(generator) as u:
+    with served(generator, max_n=8) as u:  # n up to 8: the upstream of a candor in front asks for its samples
         yield u
 
 
