@@ -340,8 +340,8 @@ class DecodeLoop:
 
     def _step(self) -> None:
         slots = self.slots
-        masked = self._masked_logits(slots)
-        with all_threads():  # argmax, softmax and top-k over the vocabulary for every row
+        with all_threads():  # the grammars' masks, argmax, softmax and top-k over the vocabulary for every row
+            masked = self._masked_logits(slots)
             tokens, logprobs, top = pick_tokens(
                 self.kv.logits, self._samplers(slots), self.backend.top_logprobs, masked
             )
