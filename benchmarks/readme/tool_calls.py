@@ -55,7 +55,7 @@ def score_table(d: Json) -> str:
         f"irrelevance abstained (< {d['threshold']:g} or no call)",
         "relevant answered",
     ]
-    return md_table(header, "llrrrrr", rows) + notes_for(cells, corrected=True)
+    return md_table(header, "llrrrrr", rows) + notes_for(cells, corrected=bool(cells))
 
 
 def summary_table(d: Json) -> str:
