@@ -154,6 +154,61 @@ def spread(values: list[float], digits: int = 3) -> dict[str, Any]:
     }
 
 
+def summarise(args: argparse.Namespace, sizes: dict, seconds: dict, agree: dict, sampled: dict, extra: dict) -> dict:
+    """The results of the rounds run so far."""
+    added = {
+        size: [ray - one for ray, one in zip(seconds[f"ray1_{size}"], seconds[f"openai_{size}"], strict=True)]
+        for size in sizes
+    }
+    per_question = [
+        (big - small) / (args.large - args.small) for small, big in zip(added["S"], added["L"], strict=True)
+    ]
+    fixed = [small - args.small * each for small, each in zip(added["S"], per_question, strict=True)]
+    ratio = [one / two for one, two in zip(seconds["ray1_L"], seconds["ray2_L"], strict=True)]
+    result = {
+        "command": (
+            f"nice python -m benchmarks.annotate_ray --small {args.small} --large {args.large} "
+            f"--rounds {args.rounds} --k {args.k} --max-new-tokens {args.max_new_tokens}"
+        ),
+        "rounds_done": len(ratio),
+        "settings": {
+            "model": MODEL,
+            "served_model": "a copy of the model whose generation_config.json sets do_sample: true",
+            "questions": sizes,
+            "rounds": args.rounds,
+            "samples": args.k,
+            "batch_size": BATCH,
+            "max_new_tokens": args.max_new_tokens,
+            "server": "transformers serve, one thread per replica, 127.0.0.1",
+            "ray": {
+                "version": extra["ray_version"],
+                "num_cpus": 2,
+                "generation_actors": 1,
+                "inflight": extra["inflight"],
+            },
+            **{k: v for k, v in SETTINGS.items() if k not in ("stop", "max_new_tokens")},
+            "machine": extra["machine"],
+        },
+        "seconds": {name: spread(values, 2) for name, values in seconds.items()},
+        "ray_startup_seconds": round(extra["ray_startup"], 2),
+        "overhead": {
+            "fixed_seconds": spread(fixed, 2),
+            "per_question_seconds": spread(per_question, 3),
+            "added_seconds": {size: spread(values, 2) for size, values in added.items()},
+        },
+        "two_replicas_vs_one": spread(ratio, 3),
+        "agreement": agree,
+        "sampling": sampled,
+        "load_average": {
+            "before": [round(x, 2) for x in extra["load_before"]],
+            "after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "note": "arms in a rotated order each round on a machine shared with other jobs (see load_average): "
+        "read the medians with their ranges",
+    }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", type=int, default=4, help="questions of the small size")
@@ -224,49 +279,16 @@ def main() -> None:
             for name in ("openai_L", "ray2_L"):
                 for key, value in unlike_greedy(outs[name]).items():
                     sampled[key] += value
+            extra = {
+                "ray_version": ray.__version__,
+                "inflight": DEFAULT_INFLIGHT,
+                "machine": describe(),
+                "ray_startup": ray_startup,
+                "load_before": load_before,
+            }
+            result = summarise(args, sizes, seconds, agree, sampled, extra)
+            write_json(args.out, result)  # after every round: a run cut short keeps the rounds it finished
         ray.shutdown()
-    added = {
-        size: [ray - one for ray, one in zip(seconds[f"ray1_{size}"], seconds[f"openai_{size}"], strict=True)]
-        for size in sizes
-    }
-    per_question = [
-        (big - small) / (args.large - args.small) for small, big in zip(added["S"], added["L"], strict=True)
-    ]
-    fixed = [small - args.small * each for small, each in zip(added["S"], per_question, strict=True)]
-    ratio = [one / two for one, two in zip(seconds["ray1_L"], seconds["ray2_L"], strict=True)]
-    result = {
-        "command": (
-            f"nice python -m benchmarks.annotate_ray --small {args.small} --large {args.large} "
-            f"--rounds {args.rounds} --k {args.k} --max-new-tokens {args.max_new_tokens}"
-        ),
-        "settings": {
-            "model": MODEL,
-            "served_model": "a copy of the model whose generation_config.json sets do_sample: true",
-            "questions": sizes,
-            "rounds": args.rounds,
-            "samples": args.k,
-            "batch_size": BATCH,
-            "max_new_tokens": args.max_new_tokens,
-            "server": "transformers serve, one thread per replica, 127.0.0.1",
-            "ray": {"version": ray.__version__, "num_cpus": 2, "generation_actors": 1, "inflight": DEFAULT_INFLIGHT},
-            **{k: v for k, v in SETTINGS.items() if k not in ("stop", "max_new_tokens")},
-            "machine": describe(),
-        },
-        "seconds": {name: spread(values, 2) for name, values in seconds.items()},
-        "ray_startup_seconds": round(ray_startup, 2),
-        "overhead": {
-            "fixed_seconds": spread(fixed, 2),
-            "per_question_seconds": spread(per_question, 3),
-            "added_seconds": {size: spread(values, 2) for size, values in added.items()},
-        },
-        "two_replicas_vs_one": spread(ratio, 3),
-        "agreement": agree,
-        "sampling": sampled,
-        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
-        "note": "arms in a rotated order each round on a machine shared with other jobs (see load_average): "
-        "read the medians with their ranges",
-    }
-    write_json(args.out, result)
     print(json.dumps({k: result[k] for k in ("overhead", "two_replicas_vs_one", "sampling")}, indent=1))
     print(f"wrote {args.out}")
 

@@ -332,3 +332,29 @@ def test_logprob_tokens_concatenate_to_the_content(url):
 def test_calibrated_on_is_null_unless_calibrated(url):
     conf = chat(url, messages=[{"role": "user", "content": "Hi"}], max_tokens=2).json()["choices"][0]["confidence"]
     assert conf["calibrated"] is False and conf["calibrated_on"] is None
+
+
+# ---------------------------------------------------------------- in front of an upstream (--backend openai)
+
+
+@pytest.mark.slow
+def test_tools_pass_on_to_an_upstreams_own_tool_calling(url):
+    """``candor serve --backend openai --endpoint chat`` in front of a real server that calls tools (a candor
+    serve on the embedded model): the tools are the upstream's, the confidence candor's, the call valid."""
+    from candor.backends.openai import OpenAIBackend
+
+    upstream = OpenAIBackend("candor", base_url=f"{url}/v1", endpoint="chat", api_key_env="NO_SUCH_KEY_VAR")
+    model = HonestModel(upstream, confidence="consis-lex", template="chat", backend_name="openai")
+    with serve_in_thread(create_app(model, ServeSettings())) as front:
+        r = chat(front, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required")
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        for name, arguments in calls_of(c["message"]):
+            jsonschema.validate(arguments, schema_of(name))
+        conf = c["confidence"]
+        assert conf["method"] == "consis-lex" and 0.0 <= conf["value"] <= 1.0
+        assert conf["tool_calls"][0]["agreement"] is not None  # the k samples were the upstream's calls too
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+        r = chat(front, messages=[{"role": "user", "content": "Describe Marie Curie."}], response_format=fmt)
+        assert r.status_code == 200, r.text
+        jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), PERSON)

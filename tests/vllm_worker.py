@@ -33,7 +33,9 @@ def main(out: str, layers: str | None = None) -> None:
     backend = VLLMBackend.from_pretrained(
         "smollm2-135m", max_model_len=512, engine_args={"enforce_eager": True}, prompt_state_layers=state_layers
     )
-    params = SamplingParams(max_new_tokens=8, stop=("\n",))
+    # Samples at temperature 1 without top-k/top-p: with extraction on, vLLM's CPU engine dies on those
+    # (the backend refuses them; docs/backends.md "vLLM's pass on a CPU").
+    params = SamplingParams(max_new_tokens=8, top_k=0, top_p=1.0, stop=("\n",))
     gens = backend.generate(PROMPTS, 3, params, greedy=True, seeds=[1, 2, 3], prompt_states=bool(state_layers))
     token_ids = [backend.tokenize(t)[0] for t in TOKENS]
     result = {

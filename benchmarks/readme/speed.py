@@ -383,7 +383,7 @@ def annotate_ray(r: Path) -> dict[str, str]:
             f"on a {cpu['physical_cores']}-core {cpu['name']} shared with other jobs (load average "
             f"{d['load_average']['before'][0]:.1f} before the run), {job['questions']['S']} and "
             f"{job['questions']['L']} NQ questions with k = {job['samples']} on `transformers serve` (one thread "
-            f"per replica, serving a copy of the model that samples), medians of {job['rounds']} rounds in rotated "
+            f"per replica, serving a copy of the model that samples), medians of {d['rounds_done']} rounds in rotated "
             f"order with their ranges: `--engine ray` adds a fixed {rng(fixed, '.1f')} s (actor start-up and "
             f"pipeline drain) and {rng(each, '+.2f')} s per question against the single-process `--backend "
             f"openai` path on the same server; 2 replicas finish {job['questions']['L']} questions "

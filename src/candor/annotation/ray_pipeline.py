@@ -57,7 +57,7 @@ import pickle
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ from candor.backends.base import Generations
 from candor.backends.default_model import is_embedded, resolve_embedded
 from candor.backends.server_check import check_served_model
 from candor.data.items import QAItem
-from candor.util.errors import CandorError
+from candor.util.errors import CandorError, UpstreamError
 from candor.util.registry import Registry
 from candor.util.version import install_hint
 
@@ -149,6 +149,8 @@ class GenerationStage:
     apply: Callable[[Any, Plan], Any]
     check: Callable[[BackendRecipe, AnnotateConfig, RayOptions], None]
     fits: Callable[[dict[str, float], RayOptions], None]  # refuses a cluster the stage cannot be placed on
+    # On the driver: the recipe the actors get and the backend that renders and describes the run (provenance).
+    prepare: Callable[[BackendRecipe, RayOptions], tuple[BackendRecipe, Any]]
 
 
 GENERATION_STAGES: Registry[GenerationStage] = Registry("ray generation stage (--backend)")
@@ -184,7 +186,7 @@ def annotate_with_ray(
     stage = GENERATION_STAGES.get(recipe.backend)
     stage.check(recipe, config, options)
     check_unique_ids(items)
-    renderer = stage.renderer(recipe)
+    recipe, renderer = stage.prepare(recipe, options)
     template = resolve_template(recipe.template, recipe.model, renderer)
     judges = make_judges(config, _judge_backend(recipe, renderer))
     provenance = run_provenance(renderer, template, config, None, items, judges)
@@ -397,6 +399,26 @@ def _openai_renderer(recipe: BackendRecipe) -> Any:
     return load_backend(recipe.model, "openai", **recipe.options)
 
 
+def _prepare_fleet(recipe: BackendRecipe, options: RayOptions) -> tuple[BackendRecipe, Any]:
+    """The first server of the fleet that answers describes the run (what it applies: the probe finds out).
+
+    Without ``--base-url`` that server is also the one the actors' renderers (and an llm judge on the
+    answering model) name. None answering: one error naming each server's reason.
+    """
+    reasons = []
+    for url in options.urls or (recipe.options["base_url"],):
+        backend = load_backend(recipe.model, "openai", **{**recipe.options, "base_url": url})
+        try:
+            backend.capabilities  # noqa: B018  (the probe)
+        except UpstreamError as exc:
+            reasons.append(str(exc))
+            continue
+        if not recipe.options.get("base_url"):
+            recipe = replace(recipe, options={**recipe.options, "base_url": url})
+        return recipe, backend
+    raise CandorError(f"no server of the fleet answers: {'; '.join(reasons)}")
+
+
 def _apply_fleet(ds: Any, plan: Plan) -> Any:
     # Enough batches at once per actor that its servers' slots stay full while one batch drains.
     slots = plan.options.slots_per_actor * len(fleet_urls(plan))
@@ -419,7 +441,13 @@ def _check_fleet(recipe: BackendRecipe, config: AnnotateConfig, options: RayOpti
 
 
 GENERATION_STAGES.register("openai")(
-    GenerationStage(renderer=_openai_renderer, apply=_apply_fleet, check=_check_fleet, fits=lambda available, o: None)
+    GenerationStage(
+        renderer=_openai_renderer,
+        apply=_apply_fleet,
+        check=_check_fleet,
+        fits=lambda available, o: None,
+        prepare=_prepare_fleet,
+    )
 )
 
 
@@ -516,7 +544,13 @@ def _check_vllm(recipe: BackendRecipe, config: AnnotateConfig, options: RayOptio
 
 
 GENERATION_STAGES.register("vllm")(
-    GenerationStage(renderer=_tokenizer_renderer, apply=_apply_vllm, check=_check_vllm, fits=check_cluster_fits)
+    GenerationStage(
+        renderer=_tokenizer_renderer,
+        apply=_apply_vllm,
+        check=_check_vllm,
+        fits=check_cluster_fits,
+        prepare=lambda recipe, options: (recipe, _tokenizer_renderer(recipe)),
+    )
 )
 
 

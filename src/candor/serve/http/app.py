@@ -202,7 +202,7 @@ def create_app(
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         # Admitted once its body is here, to the generation that answers it wholly, whatever reloads meanwhile.
         with service.admitted() as generation:
-            body = parse_body(raw, ChatRequest, settings, generation.model)
+            body = parse_body(raw, ChatRequest, settings, generation.model, request.headers.get("content-type"))
             turn = agent_turn_of(body, settings)
             questions: list[Asked] = [turn if turn is not None else conversation_of(body, settings)]
             return await _serve(request, questions, body, settings, generation, service, CHAT, log)
@@ -212,7 +212,7 @@ def create_app(
         authorize(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         with service.admitted() as generation:
-            body = parse_body(raw, CompletionRequest, settings, generation.model)
+            body = parse_body(raw, CompletionRequest, settings, generation.model, request.headers.get("content-type"))
             questions = body.questions()
             if not 1 <= len(questions) <= settings.max_prompts:
                 raise APIError(
@@ -230,7 +230,7 @@ def create_app(
         authorize(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         with service.admitted() as generation:
-            body = parse_body(raw, ResponsesRequest, settings, generation.model)
+            body = parse_body(raw, ResponsesRequest, settings, generation.model, request.headers.get("content-type"))
             turn = agent_turn_of(body, settings)
             question = turn if turn is not None else conversation_of(body, settings)
             return await _respond(request, question, body, settings, generation, service, log)
