@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from . import adapt, advice, baselines, claims, clients, elical, estimators, serving, speed
+from . import adapt, advice, baselines, claims, clients, elical, estimators, serving, speed, tool_calls
 
 Section = Callable[[Path], dict[str, str]]
 
@@ -53,4 +53,5 @@ SECTIONS: list[Section] = [
     claims.claims_section,
     claims.claims_head_section,
     adapt.adapt,
+    tool_calls.tool_calls,
 ]

@@ -55,7 +55,7 @@ def score_table(d: Json) -> str:
         f"irrelevance abstained (< {d['threshold']:g} or no call)",
         "relevant answered",
     ]
-    return md_table(header, "llrrrrr", rows) + notes_for(cells, corrected=True)
+    return md_table(header, "llrrrrr", rows) + notes_for(cells, corrected=bool(cells))
 
 
 def summary_table(d: Json) -> str:
@@ -111,7 +111,13 @@ def run_text(d: Json) -> str:
 
 def tool_calls(results: Path) -> dict[str, str]:
     if not (results / "tool_calls.json").exists():
-        return {}
+        missing = "_Not in `results/tool_calls.json` yet: run `python -m benchmarks.tool_calls`._"
+        return {
+            "table:tool-calls": missing,
+            "table:tool-calls-parse": missing,
+            "value:tool-calls-run": "not run yet",
+            "value:tool-calls-speed": "not measured yet",
+        }
     d = load("tool_calls", results)
     parts = {
         "table:tool-calls": score_table(d),
