@@ -92,8 +92,9 @@ def client_paths(d: dict[str, Any]) -> str:
     """The agent paths per client: a tool round trip, the structured outputs, a second turn after an abstention."""
     rows = []
     for client in d["clients"]:
-        if "skipped" in client:
-            rows.append([client["client"], f"not run: {client['skipped']}", DASH, DASH, DASH])
+        if "skipped" in client or "broken" in client:
+            why = client.get("skipped") or f"broke: {client['broken']}"
+            rows.append([client["client"], f"not run: {why}", DASH, DASH, DASH])
             continue
         found = client["paths"]
         turn2 = found.get("turn2") or {}
@@ -122,8 +123,9 @@ def client_matrix(r: Path) -> dict[str, str]:
     answer = d["answer"]
     rows, lines = [], []
     for client in d["clients"]:
-        if "skipped" in client:
-            rows.append([client["client"], DASH, DASH, f"not run: {client['skipped']}", DASH, DASH, DASH, DASH])
+        if "skipped" in client or "broken" in client:
+            why = client.get("skipped") or f"broke: {client['broken']}"
+            rows.append([client["client"], DASH, DASH, f"not run: {why}", DASH, DASH, DASH, DASH])
             continue
         cells = client["cells"]
         for i, mode in enumerate(("plain", "stream")):
