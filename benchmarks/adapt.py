@@ -14,7 +14,13 @@ For each in-domain dataset D in turn (the folds of the EliCal rule selection):
   with a threshold by the same risk-control rule on the same held-out labels: AUROC, ECE, the
   coverage and the answered error rate at that threshold (null when it answers nothing) against
   alpha. The guarantee's verdict per cell is "not exercised (0 answered)" when no run answered
-  anything, never "yes" (:func:`guarantee_verdict`).
+  anything, never "yes" (:func:`guarantee_verdict`);
+- adapt's own **promotion** check (issue 64: the adapted head against the starting one on the
+  held-out labels, paired by question at level delta) is counted against the test questions: how
+  often a head whose test AUROC is below the unadapted head's was marked promotable (goal 0);
+- the **smallest α 100 labels certify** per domain (a grid to 0.99, read from the held-out labels in
+  every seed) and the guarantee row at that level (the head does not depend on α, only its
+  threshold, so every level is scored from the same runs).
 
 Sizes are smaller than HonestyBench-mini's pool so it runs on 2 shared cores: the traffic is the
 first ``--pool`` (150) training-part questions per dataset, k = 5, so 200 labels (more than the
@@ -220,7 +226,8 @@ def one_run(
         "adapt_seconds": round(seconds, 2),
         "summary": adapted.summary,
     }
-    result["adapted"] = test_metrics(head_confidences(adapted.head, test, cache), y_test, adapted.threshold.value)
+    conf_test = head_confidences(adapted.head, test, cache)
+    result["adapted"] = test_metrics(conf_test, y_test, adapted.threshold.value)
     result["unadapted"] = arm_metrics(
         head_confidences(start, test, cache),
         y_test,
@@ -238,18 +245,104 @@ def one_run(
         args.alpha,
         args.delta,
     )
+    result["promotion"] = promotion_outcome(adapted.summary["promotion"], result)
+    result["scores"] = {  # the adapted head's, so every level of the grid is scored again without a model
+        "held_out": [round(float(x), 6) for x in head_confidences(adapted.head, held, cache)],
+        "held_out_correct": [int(x) for x in y_held],
+        "test": [round(float(x), 6) for x in conf_test],
+        "test_correct": [int(x) for x in y_test],
+    }
     atomic_write_json(path, result)
     logger.info(
-        "%s n=%d seed=%d: AUROC adapted %.3f unadapted %.3f cal-only %.3f (adapt %.0f s)",
+        "%s n=%d seed=%d: AUROC adapted %.3f unadapted %.3f cal-only %.3f; %s%s (adapt %.0f s)",
         fold,
         n,
         seed,
         result["adapted"]["auroc"],
         result["unadapted"]["auroc"],
         result["cal_only"]["auroc"],
+        result["promotion"]["status"],
+        " (worse on test)" if result["promotion"]["worse_on_test"] else "",
         seconds,
     )
     return result
+
+
+# The levels an operator might set: 0.05 … 0.95, then 0.96 … 0.99 (a 135M model answers 2–20% right).
+ALPHA_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20)) + (0.96, 0.97, 0.98, 0.99)
+
+
+def promotion_outcome(mark: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """adapt's held-out decision, and whether the head it judged is worse than the unadapted one on the test
+    questions (its AUROC below the unadapted head's: the test labels were never read by adapt)."""
+    return {
+        "status": mark["status"],
+        "p_value": mark["p_value"],
+        "held_out_difference": mark["difference"],
+        "test_difference": round(result["adapted"]["auroc"] - result["unadapted"]["auroc"], 6),
+        "worse_on_test": result["adapted"]["auroc"] < result["unadapted"]["auroc"],
+    }
+
+
+def by_alpha(scores: dict[str, list], delta: float) -> dict[str, Any]:
+    """At every α of the grid: how many held-out labels the risk-control threshold answers, and the test metrics
+    at that threshold. The adapted head does not depend on α (only its threshold does), so one run serves all."""
+    conf_held, y_held = np.array(scores["held_out"]), np.array(scores["held_out_correct"])
+    conf_test, y_test = np.array(scores["test"]), np.array(scores["test_correct"])
+    out = {}
+    for alpha in ALPHA_GRID:
+        threshold = th.risk_control(conf_held, y_held, alpha, delta)
+        entry = test_metrics(conf_test, y_test, threshold.value)
+        out[f"{alpha:g}"] = {
+            "held_out_answered": int((conf_held >= threshold.value).sum()),
+            "coverage": entry["coverage"],
+            "answered_error": entry["answered_error"],
+        }
+    return out
+
+
+def smallest_certifiable(grid: dict[str, Any]) -> float | None:
+    """The smallest α of the grid whose threshold answers at least one of the run's held-out labels."""
+    return next((a for a in ALPHA_GRID if grid[f"{a:g}"]["held_out_answered"] > 0), None)
+
+
+def promotion_counts(rows: list[dict]) -> dict[str, Any]:
+    """Of these runs: promoted, kept, worse than the unadapted head on the test questions, and worse yet promoted."""
+    promoted = [r for r in rows if r["promotion"]["status"] == "promotable"]
+    return {
+        "runs": len(rows),
+        "promoted": len(promoted),
+        "kept": len(rows) - len(promoted),
+        "worse_on_test": sum(r["promotion"]["worse_on_test"] for r in rows),
+        "worse_promoted": sum(r["promotion"]["worse_on_test"] for r in promoted),
+    }
+
+
+def certified_levels(runs: list[dict], folds: list[str], delta: float, labels: int = 100) -> dict[str, Any]:
+    """Per domain, the smallest α that ``labels`` labels certify in every seed (from the held-out labels only, never
+    the test ones), and the guarantee row of the adapted head at that level."""
+    out: dict[str, Any] = {}
+    for d in folds:
+        rows = [r for r in runs if r["fold"] == d and r["labels"] == labels]
+        grids = [by_alpha(r["scores"], delta) for r in rows]
+        per_seed = {str(r["seed"]): smallest_certifiable(g) for r, g in zip(rows, grids, strict=True)}
+        levels = [a for a in per_seed.values() if a is not None]
+        alpha = max(levels) if levels and len(levels) == len(rows) else None
+        entry: dict[str, Any] = {"labels": labels, "delta": delta, "smallest_alpha_by_seed": per_seed, "alpha": alpha}
+        if alpha is not None:
+            at = [g[f"{alpha:g}"] for g in grids]
+            answered = sum(a["answered_error"] is not None for a in at)
+            above = sum((a["answered_error"] or 0) > alpha for a in at)
+            entry.update(
+                coverage=interval([a["coverage"] for a in at]),
+                answered_error=interval([a["answered_error"] for a in at]),
+                runs=len(at),
+                answered_runs=answered,
+                error_above_alpha_runs=above,
+                guarantee=guarantee_verdict(len(at), answered, above),
+            )
+        out[d] = entry
+    return out
 
 
 def interval(values: list[float], bounds: tuple[float, float] | None = (0.0, 1.0)) -> dict[str, Any]:
@@ -300,7 +393,10 @@ def summarize(runs: list[dict], alpha: float, label_counts: list[int], folds: li
             "by_labels": {
                 str(n): {arm: cell([r for r in runs if r["fold"] == d and r["labels"] == n], arm) for arm in ARMS}
                 for n in label_counts
-            }
+            },
+            "promotion": {
+                str(n): promotion_counts([r for r in runs if r["fold"] == d and r["labels"] == n]) for n in label_counts
+            },
         }
         for d in folds
     }
@@ -319,7 +415,14 @@ def summarize(runs: list[dict], alpha: float, label_counts: list[int], folds: li
                 entry[m] = interval([float(x) for x in per_seed])
             entry.update(guarantee_counts(rows, arm, alpha))
             by_labels[str(n)][arm] = entry
-    return {"by_labels": by_labels, "by_domain": by_domain}
+    promotion = {
+        "test": runs[0]["summary"]["promotion"]["test"] if runs and "summary" in runs[0] else None,
+        "level": runs[0]["summary"]["promotion"]["level"] if runs and "summary" in runs[0] else None,
+        "worse_means": "the adapted head's AUROC on the domain's test questions is below the unadapted head's",
+        "by_labels": {str(n): promotion_counts([r for r in runs if r["labels"] == n]) for n in label_counts},
+        "all": promotion_counts(runs),
+    }
+    return {"by_labels": by_labels, "by_domain": by_domain, "promotion": promotion}
 
 
 def goal(payload: dict[str, Any], folds: list[str]) -> dict[str, Any]:
@@ -347,6 +450,11 @@ def goal(payload: dict[str, Any], folds: list[str]) -> dict[str, Any]:
         # True only when some run answered and none passed α: a guarantee no run exercised is not "held"
         "answered_error_within_alpha_every_run": answered > 0 and verdict.startswith("yes"),
         "answered_error_within_alpha": verdict,
+        # issue 64: no run's worse head marked promotable (over every domain, seed and label count)
+        "worse_promoted_runs": payload["promotion"]["all"]["worse_promoted"] if "promotion" in payload else None,
+        "no_worse_head_promoted": payload["promotion"]["all"]["worse_promoted"] == 0
+        if "promotion" in payload
+        else None,
     }
 
 
@@ -377,6 +485,18 @@ def reverdict(payload: dict[str, Any]) -> dict[str, Any]:
 NOTE_SAMPLES = (
     "the traffic's served log keeps the annotated samples (k=5, lexical-echo consistency), so adapt "
     "regenerates none here; the test suite covers regeneration"
+)
+NOTE_PROMOTION = (
+    "promotion: candor adapt's own held-out check (the adapted head against the starting head on the run's held-out "
+    "labels: a one-sided paired bootstrap by question of the AUROC difference, at level delta); a run's head counts "
+    "as worse when its AUROC on the domain's test questions, which adapt never reads, is below the unadapted head's"
+)
+NOTE_CERTIFIED = (
+    "certified_alpha_at_100_labels: per domain, the smallest alpha of a grid (0.05 to 0.95 by 0.05, then 0.96 to "
+    "0.99) whose risk-control threshold "
+    "answers at least one held-out label in every seed at 100 labels, and the adapted head's guarantee row at it. "
+    "The level is read from the held-out labels (never the test ones), which the threshold is fitted on too: it is "
+    "a level an operator with these labels could reach, not one fixed in advance, so the row is a check, not a test"
 )
 NOTE_NULL = (
     "answered_error is null for a run whose threshold answers nothing: the guarantee is then not exercised, "
@@ -474,12 +594,13 @@ def main() -> None:
             "folds": folds,
         },
         **summarize(runs, args.alpha, label_counts, folds),
+        "certified_alpha_at_100_labels": certified_levels(runs, folds, args.delta) if 100 in label_counts else None,
         "adapt_seconds": {
             str(n): interval([r["adapt_seconds"] for r in runs if r["labels"] == n], None) for n in label_counts
         },
         "seconds": round(time.perf_counter() - began, 1),  # this invocation: a few when every run was cached
         "command": "python -m benchmarks.adapt",
-        "notes": [NOTE_SAMPLES, NOTE_NULL],
+        "notes": [NOTE_SAMPLES, NOTE_NULL, NOTE_PROMOTION, NOTE_CERTIFIED],
     }
     payload["goal_at_100_labels"] = goal(payload, folds)
     if args.out.exists() and "cli_adapt" in json.loads(args.out.read_text()):  # measured by --time-cli

@@ -12,6 +12,7 @@ why; the tests' fixtures (tests/postgres.py) skip with that reason.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shlex
 import shutil
@@ -33,6 +34,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def sampling_model_copy(model_dir: str | Path, dest: str | Path) -> Path:
+    """A copy of a model folder whose ``generation_config.json`` has ``do_sample: true``, for a server that
+    samples only as its model's config says (``transformers serve``: the embedded model's config has no
+    ``do_sample``, so without this every "sample" is the greedy text). Files are linked, not copied; the
+    config is the model's own plus ``do_sample``."""
+    source, dest = Path(model_dir), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        if path.name != "generation_config.json" and not (dest / path.name).exists():
+            (dest / path.name).symlink_to(path.resolve())
+    config_path = source / "generation_config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    (dest / "generation_config.json").write_text(json.dumps({**config, "do_sample": True}, indent=2) + "\n")
+    return dest
 
 
 def start_candor_serve(

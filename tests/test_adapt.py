@@ -342,3 +342,68 @@ def test_a_system_prompt_no_stage_two_label_was_asked_with_is_refused(deployment
     with pytest.raises(SystemExit) as done:
         run([*args, "--system-prompt-file", str(prompt)])
     assert done.value.code == 2 and "the file is empty" in capsys.readouterr().err
+
+
+def misleading_log(path: Path) -> Path:
+    """The deployment's 60 questions, 40 labelled. The held-out ones say what a consistency estimator sees: RIGHT
+    ones answered consistently and labelled correct, WRONG ones not and wrong. Everything stage 1 and stage 2 read
+    says the opposite (RIGHT inconsistent and labelled wrong), so the adapted head ranks the held-out ones worse."""
+    asked = [q for pair in zip(RIGHT, WRONG, strict=True) for q in pair]
+    labelled = [
+        replace(Record(item=served_item(q), greedy=Completion("x"), samples=[]), greedy_correct=1) for q in asked[:40]
+    ]
+    _, held = split_labels(labelled, AdaptSettings(alpha=0.5))  # adapt's own split: seeded, by question
+    held_questions = {r.item.question for r in held}
+    with path.open("w") as fh:
+        for i, question in enumerate(asked):
+            told_true = (question in RIGHT) == (question in held_questions)
+            samples = ["x", "x", "x"] if told_true else ["y", "z", "w"]
+            served = {"id": f"chatcmpl-{i}", "indexes": [0], "returned": ["x"]}
+            record = Record(
+                item=served_item(question),
+                greedy=Completion("x"),
+                samples=[Completion(t) for t in samples],
+                provenance={"served": served},
+            )
+            fh.write(json.dumps(record.to_dict()) + "\n")
+    for i, question in enumerate(asked[:40]):
+        append_label(path, f"chatcmpl-{i}", 0, (question in RIGHT) == (question in held_questions), "human")
+    return path
+
+
+def test_a_worse_adapted_head_is_written_kept_and_never_replaces_the_served_folder(
+    tiny_model_dir, tmp_path, capsys
+) -> None:
+    """Issue 64, defect 12: a model served with a consistency estimator that ranks the held-out questions right,
+    adapted on traffic and labels that teach the opposite: the adapted head ranks the held-out questions worse, so
+    the folder is marked kept, with the numbers, reload refuses it, and it never replaces the served folder.
+
+    Fails on 4132585, whose adapt.json had no comparison with the served model and marked nothing.
+    """
+    from candor.serve.promotion import NotPromotable, check_promotable
+
+    backend = HFBackend.from_pretrained(tiny_model_dir, device="cpu")
+    served = HonestModel(
+        backend, "consis-lex", threshold=0.2, template="fewshot", decoding=Decoding(max_new_tokens=3)
+    ).save_pretrained(tmp_path / "served")
+    log = misleading_log(tmp_path / "served.jsonl")
+    args = ["adapt", str(log), "--alpha", "0.5", "--k", "2"]
+    with pytest.raises(SystemExit) as done:
+        run([*args, "--honest", str(served), "-o", str(tmp_path / "next")])
+    printed = capsys.readouterr().out
+    assert done.value.code == 0, printed
+    mark = json.loads((tmp_path / "next" / "adapt.json").read_text())["promotion"]
+    assert mark["status"] == "kept" and mark["level"] == 0.1 and mark["questions"] == 20
+    assert mark["serving_auroc"] == 1.0 and mark["adapted_auroc"] < 0.5
+    assert mark["difference"] < 0 and mark["p_value"] > 0.1 and "paired bootstrap" in mark["test"]
+    assert "against the model it was adapted from: kept: held-out AUROC" in printed
+    assert 'marked kept: POST /admin/reload refuses it unless the body says "force": true' in printed
+    with pytest.raises(NotPromotable, match="marked kept by candor adapt"):
+        check_promotable(tmp_path / "next")
+    # adapting in place: a kept model never replaces the served folder
+    before = (served / "honest.json").read_text()
+    with pytest.raises(SystemExit) as done:
+        run([*args, "--honest", str(served), "-o", str(served)])
+    printed = capsys.readouterr().out
+    assert done.value.code == 1 and "not written: --out is the served folder --honest" in printed
+    assert (served / "honest.json").read_text() == before and not (served / "adapt.json").exists()

@@ -6,21 +6,42 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from benchmarks.adapt import NOT_EXERCISED, goal, guarantee_verdict, reverdict, summarize  # noqa: E402
+from benchmarks.adapt import (  # noqa: E402
+    NOT_EXERCISED,
+    certified_levels,
+    goal,
+    guarantee_verdict,
+    reverdict,
+    summarize,
+)
 
 FOLDS = ["nq", "hq"]
 ALPHA = 0.7
 
 
-def run(fold: str, seed: int, answered_error: float | None) -> dict:
-    """One run's record as one_run writes it: every arm with the same metrics."""
+def run(
+    fold: str, seed: int, answered_error: float | None, status: str = "kept", worse: bool = False, top: int = 0
+) -> dict:
+    """One run's record as one_run writes it: every arm with the same metrics, adapt's promotion mark, and the
+    adapted head's scores: ``top`` correct answers ranked above 10 wrong ones, held out and on test alike."""
     arm = {
         "auroc": 0.6,
         "ece": 0.05,
         "answered_error": answered_error,
         "coverage": 0.0 if answered_error is None else 0.1,
     }
-    return {"fold": fold, "labels": 100, "seed": seed, "adapted": arm, "unadapted": arm, "cal_only": arm}
+    conf, correct = [0.9] * top + [0.1] * 10, [1] * top + [0] * 10
+    scores = {"held_out": conf, "held_out_correct": correct, "test": conf, "test_correct": correct}
+    return {
+        "fold": fold,
+        "labels": 100,
+        "seed": seed,
+        "adapted": arm,
+        "unadapted": arm,
+        "cal_only": arm,
+        "promotion": {"status": status, "worse_on_test": worse},
+        "scores": scores,
+    }
 
 
 def payload(errors: dict[str, list[float | None]]) -> dict:
@@ -62,3 +83,33 @@ def test_reverdict_recomputes_the_verdicts_from_the_counts() -> None:
     assert again["by_domain"]["nq"]["by_labels"]["100"]["adapted"]["guarantee"] == NOT_EXERCISED
     assert again["goal_at_100_labels"] == result["goal_at_100_labels"]
     assert guarantee_verdict(3, 0, 0) == NOT_EXERCISED
+
+
+def test_a_worse_head_marked_promotable_is_counted_against_the_goal() -> None:
+    """Issue 64: how often a head worse on the test questions was promoted, per domain and over every run."""
+    runs = [
+        run("nq", 0, None, "promotable", worse=False),
+        run("nq", 1, None, "kept", worse=True),
+        run("hq", 0, None, "kept", worse=True),
+        run("hq", 1, None, "kept", worse=False),
+    ]
+    out = {"alpha": ALPHA, "sizes": {"folds": FOLDS, "seeds": 2}, **summarize(runs, ALPHA, [100], FOLDS)}
+    assert out["promotion"]["all"] == {"runs": 4, "promoted": 1, "kept": 3, "worse_on_test": 2, "worse_promoted": 0}
+    assert out["by_domain"]["nq"]["promotion"]["100"]["promoted"] == 1
+    assert goal(out, FOLDS)["no_worse_head_promoted"] is True
+    runs[1]["promotion"]["status"] = "promotable"
+    out = {"alpha": ALPHA, "sizes": {"folds": FOLDS, "seeds": 2}, **summarize(runs, ALPHA, [100], FOLDS)}
+    assert out["promotion"]["all"]["worse_promoted"] == 1
+    assert goal(out, FOLDS)["worse_promoted_runs"] == 1 and goal(out, FOLDS)["no_worse_head_promoted"] is False
+
+
+def test_the_certified_level_is_the_smallest_every_seed_reaches() -> None:
+    """10 correct answers on top, no error, certify α = 0.25 at δ = 0.1 (0.75^10 ≤ 0.1 < 0.8^11 needs 11);
+    6 certify 0.35 (0.65^6 ≤ 0.1); the domain's level is the larger, at which both runs answer their top ones.
+    Wrong answers on top certify nothing."""
+    runs = [run("nq", 0, None, top=10), run("nq", 1, None, top=6), run("hq", 0, None, top=0)]
+    levels = certified_levels(runs, FOLDS, 0.1)
+    assert levels["nq"]["smallest_alpha_by_seed"] == {"0": 0.25, "1": 0.35} and levels["nq"]["alpha"] == 0.35
+    assert levels["nq"]["guarantee"] == "yes (2 of 2 runs answered)" and levels["nq"]["answered_runs"] == 2
+    assert levels["nq"]["answered_error"]["mean"] == 0.0
+    assert levels["hq"]["alpha"] is None and "guarantee" not in levels["hq"]  # no level of the grid certifies

@@ -4,19 +4,21 @@ The records of the pipeline are compared with those of the single-process
 ``--backend openai`` path on the same server and seeds. transformers serve
 gives no token log-probs (it ignores ``logprobs``), so the log-prob
 comparison there is of empty lists; it honours per-request seeds, so the
-samples are compared by seed, text for text. The vLLM stage needs vLLM and
-GPUs in the Ray workers: it is built here only as far as vLLM allows, and run
-by the GPU check script.
+samples are compared by seed, text for text. The vLLM stage's runs need vLLM
+in the Ray workers (tests/test_annotate_ray_vllm.py, the vllm tier); what it
+checks before starting runs here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -39,12 +41,14 @@ pytestmark = [
     pytest.mark.skipif(not HAVE_SERVING, reason="transformers serve needs fastapi and uvicorn"),
 ]
 
+from candor.annotation.fleet import RetryPolicy  # noqa: E402
 from candor.annotation.ray_pipeline import (  # noqa: E402  (after the skip when Ray is absent)
+    GENERATION_STAGES,
+    ItemsLeft,
     RayOptions,
     annotate_with_ray,
+    check_cluster_fits,
     parts_folder,
-    vllm_generations,
-    vllm_requests,
 )
 
 MORE = [
@@ -67,7 +71,7 @@ def config(k: int = 2) -> AnnotateConfig:
     return AnnotateConfig(k=k, params=SamplingParams(max_new_tokens=6), batch_size=2, seed=1)
 
 
-def recipe(model_dir, url: str) -> BackendRecipe:
+def recipe(model_dir, url: str | None) -> BackendRecipe:
     options = {"base_url": url, "batch_size": 2, "seed": 1, "max_concurrency": 2}
     return BackendRecipe(model=str(model_dir), backend="openai", options=options, template="fewshot")
 
@@ -161,6 +165,9 @@ def test_options_of_the_ray_engine_are_used_or_refused(served, smollm_dir, tmp_p
         (["--engine", "ray", "--backend", "openai"], "--ray-url (repeatable) or --base-url"),
         (["--engine", "spark"], "--engine 'spark'"),
         (["--engine", "ray", "--backend", "openai", "--base-url", served, "--ray-concurrency", "0"], "at least one"),
+        (["--ray-inflight", "4"], "apply to --engine ray"),
+        (["--engine", "ray", "--backend", "vllm", "--ray-inflight", "4"], "applies to --backend openai"),
+        (["--engine", "ray", "--backend", "openai", "--base-url", served, "--ray-inflight", "0"], "at least one"),
     ]
     for extra, message in cases:
         result = CliRunner().invoke(app, [*base, *extra])
@@ -169,12 +176,145 @@ def test_options_of_the_ray_engine_are_used_or_refused(served, smollm_dir, tmp_p
 
 
 def test_two_servers_give_the_records_of_one(served, smollm_dir, cluster, tmp_path):
-    """A fleet of two URLs (the same server twice here) splits each batch and changes no record."""
+    """A fleet of two URLs (the same server twice here) shares the questions and changes no record."""
     items = items_of(QUESTIONS[:3])
     expected = single_process(items, smollm_dir, served, tmp_path / "single.jsonl", k=1)
     out = tmp_path / "fleet.jsonl"
     options = RayOptions(urls=(served, served.replace("127.0.0.1", "localhost")), batch_size=3, progress=False)
     annotate_with_ray(items, recipe(smollm_dir, served), out, config(1), options)
+    assert_same_content(by_id(out), expected)
+
+
+def dead_url() -> str:
+    """An address where nothing listens (a port free a moment ago)."""
+    from helpers import free_port
+
+    return f"http://127.0.0.1:{free_port()}/v1"
+
+
+QUICK = RetryPolicy(attempts=3, backoff=0.1, max_backoff=0.5, probes=2)
+
+
+def test_a_dead_server_in_the_fleet_loses_no_item(served, smollm_dir, cluster, tmp_path):
+    """One of two servers never answers: it is taken out, the live one does every item, records unchanged.
+
+    Only --ray-url names the servers (no --base-url), the dead one first: the live one describes the run.
+    """
+    items = items_of(QUESTIONS[:4])
+    expected = single_process(items, smollm_dir, served, tmp_path / "single.jsonl", k=1)
+    out = tmp_path / "fleet.jsonl"
+    options = RayOptions(urls=(dead_url(), served), batch_size=2, inflight=2, retry=QUICK, progress=False)
+    result = annotate_with_ray(items, recipe(smollm_dir, None), out, config(1), options)
+    assert (result.written, result.total) == (4, 4)
+    assert_same_content(by_id(out), expected)
+
+
+def test_a_fleet_with_no_live_server_is_refused_naming_each(smollm_dir, cluster, tmp_path):
+    """No server answers at the start: one clear error naming each (the CLI's exit 2), not a hang."""
+    items = items_of(QUESTIONS[:3])
+    urls = (dead_url(), dead_url())
+    options = RayOptions(urls=urls, batch_size=2, retry=QUICK, progress=False)
+    with pytest.raises(CandorError, match="no server of the fleet answers") as caught:
+        annotate_with_ray(items, recipe(smollm_dir, urls[0]), tmp_path / "none.jsonl", config(1), options)
+    assert all(url in str(caught.value) for url in urls)
+
+
+@contextlib.contextmanager
+def killable_server(model_dir, log):
+    """``transformers serve`` as tests/helpers.py starts it, yielding its URL and its process (to kill)."""
+    from helpers import free_port, wait_healthy
+
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model_dir)]
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [*cmd, "--port", str(port), "--device", "cpu"],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, log=log)
+        yield f"http://127.0.0.1:{port}/v1", proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_run_loses_no_item(served, smollm_dir, cluster, tmp_path):
+    """Two servers; one is killed (SIGKILL) once records land: every item once, the records of a clean run."""
+    pairs = [*QUESTIONS, *MORE]
+    items = items_of(pairs)
+    expected = single_process(items, smollm_dir, served, tmp_path / "clean.jsonl")
+    out = tmp_path / "fleet.jsonl"
+    with killable_server(smollm_dir, tmp_path / "victim.log") as (victim, proc):
+        options = RayOptions(urls=(served, victim), batch_size=2, inflight=2, progress=False)
+        outcome: dict = {}
+
+        def drive() -> None:
+            try:
+                outcome["result"] = annotate_with_ray(items, recipe(smollm_dir, served), out, config(), options)
+            except BaseException as exc:  # noqa: BLE001  (reported by the assertion below)
+                outcome["error"] = exc
+
+        driver = threading.Thread(target=drive)
+        driver.start()
+        deadline = time.monotonic() + 400
+        while not list(parts_folder(out).glob("ray-*.jsonl")) and time.monotonic() < deadline:
+            assert driver.is_alive(), f"the run ended before any record landed: {outcome}"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kept = sum(len(read_records(p)) for p in parts_folder(out).glob("ray-*.jsonl"))
+        answered = (tmp_path / "victim.log").read_text().count("POST /v1/completions")
+        driver.join(600)
+    assert 0 < kept < len(pairs), f"killed after {kept} of {len(pairs)} records: not midway"
+    assert answered > 0, "the killed server had taken no work: the test would prove nothing"
+    assert "error" not in outcome, outcome.get("error")
+    assert (outcome["result"].written, outcome["result"].total) == (len(pairs), len(pairs))
+    assert_same_content(by_id(out), expected)  # every item exactly once (by_id checks), as the clean run
+
+
+@pytest.mark.slow
+def test_when_the_last_server_dies_the_items_left_are_named_and_a_rerun_finishes(served, smollm_dir, cluster, tmp_path):
+    """The fleet's only server killed mid-run: the finished records are kept, the others named (exit 2 in the
+    CLI); the same run on a live server then does only those, and the file equals a clean run's."""
+    pairs = [*QUESTIONS, *MORE]
+    items = items_of(pairs)
+    out = tmp_path / "fleet.jsonl"
+    with killable_server(smollm_dir, tmp_path / "victim.log") as (victim, proc):
+        options = RayOptions(urls=(victim,), batch_size=2, inflight=2, retry=QUICK, progress=False)
+        outcome: dict = {}
+
+        def drive() -> None:
+            try:
+                outcome["result"] = annotate_with_ray(items, recipe(smollm_dir, victim), out, config(), options)
+            except BaseException as exc:  # noqa: BLE001  (checked below)
+                outcome["error"] = exc
+
+        driver = threading.Thread(target=drive)
+        driver.start()
+        deadline = time.monotonic() + 400
+        while not list(parts_folder(out).glob("ray-*.jsonl")) and time.monotonic() < deadline:
+            assert driver.is_alive(), f"the run ended before any record landed: {outcome}"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        driver.join(600)
+    error = outcome.get("error")
+    assert isinstance(error, ItemsLeft), outcome
+    kept = {r.id for r in read_records(out)}  # merged into --out before the error
+    assert kept and set(error.failed) == {item.id for item in items} - kept
+    assert f"{len(error.failed)} item(s) not annotated" in str(error) and "rerunning the same command" in str(error)
+    again = annotate_with_ray(
+        items, recipe(smollm_dir, served), out, config(), RayOptions(urls=(served,), progress=False)
+    )
+    assert (again.written, again.skipped) == (len(error.failed), len(kept))
+    expected = single_process(items, smollm_dir, served, tmp_path / "clean.jsonl")
     assert_same_content(by_id(out), expected)
 
 
@@ -218,46 +358,36 @@ def test_a_killed_driver_resumes_without_duplicates(served, smollm_dir, cluster,
     assert_same_content(got, expected)
 
 
-def test_the_vllm_stage_asks_one_seeded_request_per_answer_and_regroups_them():
-    """The rows the vLLM stage sends and the generations made from its output rows (vLLM itself needs GPUs)."""
-    import pickle
+def test_the_vllm_stage_renders_for_the_default_model_name(smollm_dir):
+    """The embedded default's name resolves to its folder, as --backend vllm resolves it (an OSError before)."""
+    from candor.annotation.prompts import resolve_template
+    from candor.backends.default_model import DEFAULT_MODEL
 
-    from candor.backends.base import Completion
-    from candor.backends.openai import sample_seeds
-
-    params = SamplingParams(max_new_tokens=5, stop=("\n",))
-    rows = vllm_requests({"id": "a", "item": b"x", "prompt": "Q: 1+1?\nA:", "seed": 7}, 3, params)
-    assert [r["request"] for r in rows] == [-1, 0, 1, 2]
-    assert rows[0]["sampling_params"]["temperature"] == 0.0 and "seed" not in rows[0]["sampling_params"]
-    assert [r["sampling_params"]["seed"] for r in rows[1:]] == sample_seeds(7, 3)
-    assert all(r["sampling_params"]["logprobs"] == 0 and r["sampling_params"]["stop"] == ["\n"] for r in rows)
-    done = {
-        "id": ["a"] * 4,
-        "item": [b"x"] * 4,
-        "request": [2, -1, 0, 1],
-        "prompt_tokens": [9] * 4,
-        "completion": [pickle.dumps(Completion(text=t)) for t in ("s2", "g", "s0", "s1")],
-    }
-    gen = pickle.loads(vllm_generations(done)["gens"][0])
-    assert gen.greedy.text == "g" and [s.text for s in gen.samples] == ["s0", "s1", "s2"]
-    assert gen.prompt_tokens == 9
+    renderer = GENERATION_STAGES.get("vllm").renderer(BackendRecipe(model=DEFAULT_MODEL, backend="vllm"))
+    assert renderer.model_name == DEFAULT_MODEL
+    prompt = resolve_template("chat", DEFAULT_MODEL, renderer)(items_of(QUESTIONS[:1])[0], renderer)
+    assert "capital of France" in prompt and prompt.rstrip().endswith("assistant")
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="the vLLM stage runs vLLM inside Ray actors on GPUs: not installable on this CPU machine; "
-    "benchmarks/gpu_check.sh runs it where a GPU is lent",
-)
-def test_the_vllm_processor_builds(smollm_dir):
-    from candor.annotation.ray_pipeline import Plan, build_vllm_processor
+def test_a_cluster_without_the_gpus_of_a_vllm_replica_is_refused_not_waited_on():
+    """Ray would wait for ever (more than 8 minutes seen) to place an actor the cluster cannot hold."""
+    options = RayOptions(tensor_parallel_size=2)
+    with pytest.raises(CandorError, match=r"needs 2 GPU\(s\).*has 1 GPU\(s\).*--num-gpus"):
+        check_cluster_fits({"CPU": 2.0, "GPU": 1.0}, options)
+    with pytest.raises(CandorError, match="has 0 GPU"):
+        check_cluster_fits({"CPU": 2.0}, RayOptions())
+    with pytest.raises(CandorError, match=r"1.5 CPU\(s\)"):
+        check_cluster_fits({"CPU": 1.0, "GPU": 1.0}, RayOptions())
+    check_cluster_fits({"CPU": 2.0, "GPU": 2.0}, options)  # fits: no error
 
-    plan = Plan(
-        recipe=BackendRecipe(model=str(smollm_dir), backend="vllm"),
-        config=config(),
-        options=RayOptions(),
-        template="fewshot",
-    )
-    assert build_vllm_processor(plan) is not None
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is importable here (the vllm tier)")
+def test_the_vllm_stage_without_vllm_says_so(tmp_path):
+    data = write_jsonl(tmp_path / "qa.jsonl", [{"question": q, "answer": a} for q, a in QUESTIONS[:2]])
+    args = ["annotate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--k", "1"]
+    result = CliRunner().invoke(app, [*args, "--engine", "ray", "--backend", "vllm"])
+    assert result.exit_code == 2, result.output
+    assert "runs vLLM in the Ray workers" in result.output
 
 
 def test_shards_are_whole_json_lines(served, smollm_dir, cluster, tmp_path):

@@ -185,6 +185,11 @@ def test_annotate_through_the_server(remote, tmp_path) -> None:
     assert [r.id for r in records] == ["q:1", "q:2"]
     assert all(len(r.samples) == 2 and len(r.consistency) == 2 for r in records)
     assert records[0].provenance["model"] == remote.model_name
+    # Issue 63 defect 6: transformers serve refuses the non-standard top_k (422) and candor drops it; the
+    # provenance says what was applied (no top-k) and what was asked for and dropped.
+    samples = records[0].provenance["decoding"]["samples"]
+    assert (samples["top_k"], samples["dropped"]) == (0, {"top_k": 50})
+    assert samples["top_p"] == config.params.top_p and samples["temperature"] == config.params.temperature
 
 
 # ---------------------------------------------------------------- capabilities without a server

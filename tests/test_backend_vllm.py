@@ -23,17 +23,32 @@ pytest.importorskip("vllm", reason="vllm is not importable here; run these tests
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
+SHIM = Path(__file__).with_name("vllm_cpu")
 TOLERANCE = 1e-3
+STATE_LAYERS = (12, -1)  # the embedded model has 30 decoder layers; -1 is the last, read through its final norm
+STATE_TOLERANCE = 1e-4
+
+
+def run_worker(out: Path, *args: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    # src, and the CPU copy shim of vLLM's hidden-states connector (tests/vllm_cpu/sitecustomize.py)
+    paths = [str(Path(__file__).resolve().parents[1] / "src"), str(SHIM), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    cmd = [sys.executable, str(WORKER), str(out), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
 def vllm_out(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("vllm") / "out.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    return run_worker(tmp_path_factory.mktemp("vllm") / "out.json")
+
+
+@pytest.fixture(scope="module")
+def extracting_out(tmp_path_factory) -> dict:
+    """The same calls on an engine that also writes the prompt states of layers 12 and -1 (the last)."""
+    return run_worker(tmp_path_factory.mktemp("vllm-states") / "out.json", ",".join(map(str, STATE_LAYERS)))
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +103,38 @@ def test_candidate_scoring_for_verbalized_formats_equals_hf(vllm_out, hf, worker
 
     expected = candidate_distribution(hf, worker.PROMPTS, worker.LABELS)
     np.testing.assert_allclose(vllm_out["labels"], expected, atol=TOLERANCE)
+
+
+# ---------------------------------------------------------------- prompt states from vLLM's own pass
+
+
+def test_generation_and_logprobs_are_identical_with_extraction_on_and_off(vllm_out, extracting_out) -> None:
+    for key in ("greedy", "samples", "score", "token_ids"):
+        assert extracting_out[key] == vllm_out[key], key
+    # With extraction on, next-token log-probs are read as prompt log-probs (vLLM's speculative path gives
+    # none for logprob_token_ids): the same numbers up to float rounding.
+    for key in ("next", "labels"):
+        np.testing.assert_allclose(extracting_out[key], vllm_out[key], atol=1e-5, rtol=0)
+
+
+def test_prompt_states_from_vllms_pass_equal_transformers_for_answers_ending_on_a_stop_string(
+    extracting_out, vllm_out, hf, worker
+) -> None:
+    """Issue 63 defect 2: an answer that ends on a stop string comes back from vLLM without its states file's
+    path; candor finds the file by request id. The greedy answers here end on "\n" (the third one for sure)."""
+    assert any(g["stop_logprob"] is not None and g["text"] for g in vllm_out["greedy"])  # a stop string or EOS
+    states = extracting_out["states"]
+    assert len(states) == len(worker.PROMPTS)
+    for layer in STATE_LAYERS:
+        expected = hf.hidden_states(worker.PROMPTS, layer=layer)
+        got = np.array([s[str(layer if layer >= 0 else 30)] for s in states])
+        np.testing.assert_allclose(got, expected, atol=STATE_TOLERANCE, rtol=0)
+
+
+def test_no_states_file_is_left_after_calls_and_the_folder_goes_with_the_backend(extracting_out) -> None:
+    """Issue 63 defect 2: every request's file is removed, samples' and stop strings' included."""
+    assert extracting_out["left_after_calls"] == []
+    assert extracting_out["folder_after_close"] is False
 
 
 # ---------------------------------------------------------------- the openai backend on a vLLM server (grey box)

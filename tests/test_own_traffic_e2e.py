@@ -2,15 +2,18 @@
 
 a real ``candor serve --honest DIR --log-records LOG`` → questions through the official client →
 ``POST /v1/feedback`` for some answers → ``candor label`` in Chromium (its keys) for others →
-``candor adapt`` into the served folder → ``SIGHUP`` while requests are in flight → every in-flight
+``candor adapt`` → ``POST /admin/reload`` of its folder while requests are in flight → every in-flight
 request succeeds, and later responses carry the new version and its confidence.
+
+Issue 64: the served head already ranks the two kinds of question apart, so the adapted one is not
+shown to rank better: ``candor adapt`` refuses to write it over the served folder (exit 1), writes it
+elsewhere marked kept, and the reload is refused (409) until the operator forces it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +39,7 @@ from tests.test_serve_app import post  # noqa: E402
 from tests.test_serve_feedback import free_port, wait_ready  # noqa: E402
 
 KEY = "e2e-key-not-secret"
+ADMIN = "e2e-operator-key-not-secret"
 RIGHT = [f"What is the capital of country number {i}?" for i in range(14)]
 WRONG = [f"How many legs does the animal in picture {i} have, counting twice?" for i in range(14)]
 QUESTIONS = [q for pair in zip(RIGHT, WRONG, strict=True) for q in pair]
@@ -56,7 +60,7 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
     ).save_pretrained(folder)
     first_version = json.loads((folder / "honest.json").read_text())["version"]
     log, port = tmp_path / "served.jsonl", free_port()
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "CANDOR_API_KEY": KEY}
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "CANDOR_API_KEY": KEY, "CANDOR_ADMIN_KEY": ADMIN}
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -105,26 +109,19 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
         assert len(labels) == len(QUESTIONS)
         assert all(labels[rid] == (served[rid] in RIGHT, "user") for rid in ids[:14])
         assert all(labels[rid] == (served[rid] in RIGHT, "human") for rid in ids[14:])
-        # candor adapt writes the new model into the served folder; SIGHUP swaps it in under traffic.
+        # candor adapt: never over the served folder unless promotable; into a new folder beside it, marked.
+        adapt = ["adapt", str(log), "--alpha", "0.5", "--k", "2", "--label-sources", "human,user"]
+        # 14 labels of each source: the people's alone are too few for α = 0.5
         with pytest.raises(SystemExit) as done:
-            run(
-                [
-                    "adapt",
-                    str(log),
-                    "--honest",
-                    str(folder),
-                    "-o",
-                    str(folder),
-                    "--alpha",
-                    "0.5",
-                    "--k",
-                    "2",
-                    "--label-sources",
-                    "human,user",  # 14 labels of each: the people's alone are too few for α = 0.5
-                ]
-            )
+            run([*adapt, "--honest", str(folder), "-o", str(folder)])
+        assert done.value.code == 1  # kept: nothing was written over the served folder
+        assert json.loads((folder / "honest.json").read_text())["version"] == first_version
+        with pytest.raises(SystemExit) as done:
+            run([*adapt, "--honest", str(folder), "-o", str(tmp_path / "v2")])
         assert done.value.code == 0
-        new_version = json.loads((folder / "honest.json").read_text())["version"]
+        adapted = json.loads((tmp_path / "v2" / "adapt.json").read_text())
+        assert adapted["promotion"]["status"] == "kept" and adapted["promotion"]["difference"] <= 0
+        new_version = json.loads((tmp_path / "v2" / "honest.json").read_text())["version"]
         assert new_version != first_version
         results, errors, stop = [], [], threading.Event()
 
@@ -145,7 +142,10 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
         for t in threads:
             t.start()
         time.sleep(1.0)
-        proc.send_signal(signal.SIGHUP)
+        status, body = post(f"{url}/admin/reload", {"honest": "v2"}, key=ADMIN)  # kept: refused until forced
+        assert status == 409 and body["error"]["code"] == "not_promotable", body
+        status, body = post(f"{url}/admin/reload", {"honest": "v2", "force": True}, key=ADMIN)
+        assert status == 200 and body["model_version"] == new_version, body
         deadline = time.monotonic() + 180
         while new_version not in results and time.monotonic() < deadline and not errors:
             time.sleep(0.2)
@@ -158,7 +158,6 @@ def test_serve_feedback_label_adapt_reload(tiny_model_dir, tmp_path, watched):  
         after = client.chat.completions.create(model="candor", messages=[{"role": "user", "content": RIGHT[0]}])
         conf = after.choices[0].model_extra["confidence"]
         assert conf["model_version"] == new_version and conf["method"] == "elical"
-        adapted = json.loads((folder / "adapt.json").read_text())
         assert conf["threshold"] == pytest.approx(adapted["threshold"]["value"])
         metrics = urllib.request.urlopen(f"{url}/metrics", timeout=30).read().decode()
         assert f'candor_model_info{{version="{new_version}"}} 1.0' in metrics

@@ -22,7 +22,7 @@ from sglang_format_server import SGLangFormatServer
 from test_serve_prefill_head import QUESTIONS, make_head
 
 from candor.backends.base import PROMPT_HIDDEN_STATES, SamplingParams, absolute_layer
-from candor.backends.extracted_states import ExtractedStates, FinalNorm, engine_args
+from candor.backends.extracted_states import ExtractedStates, FinalNorm, engine_args, for_model
 from candor.backends.hf import HFBackend
 from candor.backends.tokens import encode
 from candor.serve import Decoding, HonestModel, Threshold
@@ -67,6 +67,30 @@ def test_the_vllm_file_gives_the_heads_input_and_confidence_of_the_hf_path(tiny_
         assert sorted(states) == [1, LAYERS]
         np.testing.assert_allclose(states[absolute_layer(layer, LAYERS)], own_features[i], atol=1e-6, rtol=0)
         assert source(states) == pytest.approx(own[i], abs=1e-6)
+
+
+@pytest.mark.parametrize("layers", [(-1,), (LAYERS,), (1, -1)])
+def test_a_default_last_layer_head_gets_its_reader_and_engine_args_from_the_model_folder(
+    tiny_model_dir, tmp_path, layers
+):
+    """Issue 63 defect 1: the reader was built before the final norm was loaded, so a head on the default last
+    layer (``-1``) could never use vLLM's pass (``candor serve --backend vllm --head H`` failed)."""
+    from candor.train.elical import ConfidenceHead
+
+    extraction = for_model(tiny_model_dir, layers, tmp_path / "states")
+    reader, args = extraction.reader, extraction.engine_args
+    wanted = sorted({absolute_layer(layer, LAYERS) for layer in layers})
+    assert reader.layer_ids == wanted and reader.final_norm is not None
+    spec = args["speculative_config"]["draft_model_config"]["hf_config"]
+    assert spec["eagle_aux_hidden_state_layer_ids"] == wanted
+    folder = args["kv_transfer_config"]["kv_connector_extra_config"]["shared_storage_path"]
+    assert folder == str(extraction.files.path) and extraction.files.path.parent == tmp_path / "states"
+    head = ConfidenceHead.from_pretrained(make_head(tiny_model_dir, tmp_path / "head", layer=-1), device="cpu")
+    prompt = head.prompts(QUESTIONS[:1])[0]
+    ids = vllm_file(head.backbone, head.tokenizer, prompt, wanted, tmp_path / "req.safetensors")
+    np.testing.assert_allclose(
+        reader.read(tmp_path / "req.safetensors", ids)[LAYERS], head.prompt_features([prompt])[0], atol=1e-6, rtol=0
+    )
 
 
 def test_the_vllm_reader_refuses_another_prompt_and_another_layout(tiny_model_dir, tmp_path):
@@ -160,3 +184,63 @@ def test_candor_serve_in_front_of_sglang_reads_the_head_from_its_pass(tiny_model
         assert model.prefill_reader is not None and model.prefill_reader.from_engine_pass
         answer = model.answer(QUESTIONS[0])
     assert 0.0 <= answer.confidence <= 1.0 and not model.source.ran_own_pass
+
+
+class _Output:
+    """A request output as vLLM returns it: its request id and its ``kv_transfer_params``."""
+
+    def __init__(self, request_id: str, kv_transfer_params: dict | None) -> None:
+        self.request_id, self.kv_transfer_params = request_id, kv_transfer_params
+
+
+def connector_file(folder, name: str, hold: bool = False):
+    """A connector's file and lock in ``folder`` (``hold``: the writer still holds the lock, as while it writes)."""
+    import fcntl
+    import os
+
+    path = folder / f"{name}.safetensors"
+    save_file({"hidden_states": torch.zeros(2, 1, 4), "token_ids": torch.tensor([1, 2])}, str(path))
+    fd = os.open(str(path) + ".lock", os.O_CREAT | os.O_WRONLY, 0o644)
+    if hold:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return path, fd
+    os.close(fd)
+    return path, None
+
+
+def test_a_states_file_is_found_by_request_id_when_a_stop_string_dropped_its_path(tmp_path):
+    """Issue 63 defect 2: vLLM returns ``kv_transfer_params=None`` for a request that ended on a stop string; its
+    file, named after the engine's request id (``<id>-<8 characters>``), is found by the output's request id."""
+    from candor.backends.extracted_states import StatesFolder
+
+    files = StatesFolder(tmp_path)
+    for name in ("1-0a1b2c3d", "10-4e5f6a7b", "0_1-8c9d0e1f"):  # request 1, request 10, request 1's first sample
+        connector_file(files.path, name)
+    assert files.file_of(_Output("1", None)) == files.path / "1-0a1b2c3d.safetensors"
+    assert files.file_of(_Output("10", None)) == files.path / "10-4e5f6a7b.safetensors"
+    named = {"hidden_states_path": str(files.path / "0_1-8c9d0e1f.safetensors")}
+    assert files.file_of(_Output("1", named)) == files.path / "0_1-8c9d0e1f.safetensors"
+    with pytest.raises(CandorError, match="wrote 0 hidden-states files for request 2"):
+        files.file_of(_Output("2", None))
+
+
+def test_the_states_folder_is_cleared_once_files_are_written_and_removed_with_its_owner(tmp_path):
+    """Issue 63 defect 2: after a call every file goes, once its writer lets go of its lock (a stop string's is
+    written after the call returns); after an error or a cancel (``wait=0``) those still being written stay for
+    the next call, and the folder goes with the backend."""
+    import os
+    import threading
+
+    from candor.backends.extracted_states import StatesFolder
+
+    files = StatesFolder(tmp_path)
+    connector_file(files.path, "0-aaaaaaaa")
+    _, held = connector_file(files.path, "1-bbbbbbbb", hold=True)
+    files.clear(wait=0.0)
+    assert sorted(os.listdir(files.path)) == ["1-bbbbbbbb.safetensors", "1-bbbbbbbb.safetensors.lock"]
+    threading.Timer(0.3, os.close, [held]).start()  # the writer finishes a moment later
+    files.clear(wait=30.0)
+    assert os.listdir(files.path) == []
+    folder = files.path
+    files.close()
+    assert not folder.exists()

@@ -115,7 +115,9 @@ def test_calibrated_says_whether_the_value_was_fitted_for_this_shape(honest):
         answer = calibrated.answer_asks([ask])[0][0]
         conf = _confidence(answer, ask)
         assert conf["calibrated"] is expect
-        assert conf["calibrated_on"] == "a platt calibrator fitted on 50 labelled questions asked alone"
+        # Where it was fitted, only when it is calibrated for this request (null otherwise: issue 62).
+        where = "a platt calibrator fitted on 50 labelled questions asked alone"
+        assert conf["calibrated_on"] == (where if expect else None)
     uncalibrated = _confidence(honest.answer(QUESTIONS[0]), Ask(honest.prepare(QUESTIONS[0]), Reply()))
     assert uncalibrated["calibrated"] is False and uncalibrated["calibrated_on"] is None
 
@@ -163,9 +165,9 @@ def test_conversations_refuse_keeps_one_question_per_request(honest):
 @pytest.mark.parametrize(
     ("messages", "says"),
     [
-        ([{"role": "system", "content": "Be brief."}], "last message must be the user's question"),
-        ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "last message"),
-        ([{"role": "assistant", "content": None}, {"role": "user", "content": "Hi"}], "assistant turn needs text"),
+        ([{"role": "system", "content": "Be brief."}], "there is no user message to answer"),
+        ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "follows the last user"),
+        ([{"role": "assistant", "content": None}, {"role": "user", "content": "Hi"}], "a refusal or tool calls"),
         ([{"role": "function", "content": "x", "name": "f"}, {"role": "user", "content": "Hi"}], "not supported"),
         ([{"role": "user", "content": "   "}], "question is empty"),
     ],
@@ -341,7 +343,11 @@ def test_the_node_openai_client_sees_an_abstention_as_a_refusal(honest):
         ("chat", {"logit_bias": {"42": 5}}, "logit_bias"),
         ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
         ("chat", {"frequency_penalty": -1}, "frequency_penalty"),
-        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat", {"store": True}, "store"),
+        ("chat", {"reasoning_effort": "low"}, "reasoning_effort"),
+        ("chat", {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ("completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ("chat", {"logprobs": True, "top_logprobs": 6}, "top_logprobs"),
         ("chat", {"logprobs": True, "stream": True}, "logprobs"),
         ("completions", {"echo": True}, "echo"),

@@ -20,12 +20,14 @@ from candor.tool_calls import (
     calls_agree,
     calls_canonical,
     calls_schema,
+    may_become_call,
     parse_calls,
     render_tool_prompt,
     starts_like_call,
     template_takes_tools,
     tools_from_openai,
 )
+from candor.tool_calls.schema import MAX_PARALLEL_CALLS
 
 QWEN_TEMPLATE = Path(__file__).parent / "data" / "qwen_tools_template.jinja"
 
@@ -121,6 +123,35 @@ def test_starts_like_call_tells_an_attempt_from_a_plain_answer():
     assert not starts_like_call("Sure, {here}") and not starts_like_call("")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "  ",
+        '{"na',
+        "[",
+        "`",
+        "``",
+        "```",
+        "```js",
+        "```json",
+        "```json\n",
+        "```json\n{",
+        "```\n[",
+        "<tool",
+        "<tool_call>",
+    ],
+)
+def test_a_prefix_that_may_still_become_a_call(text):
+    assert may_become_call(text)
+
+
+@pytest.mark.parametrize("text", ["The", " Sure", "```python", "```json\nThe", "``x", "<b>", "<tool_calls", "I {"])
+def test_a_prefix_that_is_already_a_plain_answer(text):
+    assert not may_become_call(text)
+    assert parse_calls(text + '{"name": "f", "arguments": {}}') is None  # nothing after it can make it a call
+
+
 def test_parallel_calls_agree_as_a_set_and_differ_on_any_value():
     one = [Call("f", {"x": 1}), Call("f", {"x": 2})]
     assert calls_agree(one, [Call("f", {"x": 2.0}), Call("f", {"x": 1})])
@@ -145,7 +176,8 @@ def test_calls_schema_accepts_exactly_the_calls_of_the_offered_tools():
     one = calls_schema(tools, parallel=False)
     many = calls_schema(tools, parallel=True)
     good = {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}
-    for schema, value in [(one, good), (one, {"name": "get_time", "arguments": {}}), (many, [good, good])]:
+    accepted = [(one, good), (one, {"name": "get_time", "arguments": {}}), (many, [good, good]), (many, good)]
+    for schema, value in accepted:
         jsonschema.validate(value, schema)
     bad = [
         (one, {"name": "get_wether", "arguments": {"city": "Paris"}}),  # no such tool
@@ -154,7 +186,7 @@ def test_calls_schema_accepts_exactly_the_calls_of_the_offered_tools():
         (one, {"name": "get_weather", "arguments": {"city": "P"}, "extra": 1}),  # nothing else
         (one, [good]),  # one call is not a list
         (many, []),  # at least one call
-        (many, good),  # parallel: a list
+        (many, [good] * (MAX_PARALLEL_CALLS + 1)),  # a bounded list: a model that repeats itself stops
     ]
     for schema, value in bad:
         with pytest.raises(jsonschema.ValidationError):

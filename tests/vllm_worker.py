@@ -1,7 +1,11 @@
 """Runs the vllm backend on the embedded model and writes what it produced as JSON (for test_backend_vllm.py).
 
 vLLM starts worker processes, so its engine must be built under ``__main__``:
-the test runs this file in a subprocess. Usage: python tests/vllm_worker.py OUT.json
+the test runs this file in a subprocess. Usage: python tests/vllm_worker.py OUT.json [LAYERS]
+
+With ``LAYERS`` (comma-separated, transformers' numbering) the engine also writes those layers' prompt
+states from its pass (``prompt_state_layers``); the same calls are made, the greedy call asking for the
+states, which are written too, with what the states folder holds after the calls and after ``close``.
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ TOKENS = ["A", " A", "B", " B"]
 LABELS = ["0", "5", "9", "10"]  # verbalized-format labels; " 10" is two tokens, so scored as continuations
 
 
-def main(out: str) -> None:
+def main(out: str, layers: str | None = None) -> None:
     from candor.backends.vllm import VLLMBackend
     from candor.verbal.distribution import candidate_distribution
 
-    backend = VLLMBackend.from_pretrained("smollm2-135m", max_model_len=512, engine_args={"enforce_eager": True})
-    params = SamplingParams(max_new_tokens=8, stop=("\n",))
-    gens = backend.generate(PROMPTS, 3, params, greedy=True, seeds=[1, 2, 3])
+    state_layers = tuple(int(x) for x in layers.split(",")) if layers else None
+    backend = VLLMBackend.from_pretrained(
+        "smollm2-135m", max_model_len=512, engine_args={"enforce_eager": True}, prompt_state_layers=state_layers
+    )
+    # Samples at temperature 1 without top-k/top-p: with extraction on, vLLM's CPU engine dies on those
+    # (the backend refuses them; docs/backends.md "vLLM's pass on a CPU").
+    params = SamplingParams(max_new_tokens=8, top_k=0, top_p=1.0, stop=("\n",))
+    gens = backend.generate(PROMPTS, 3, params, greedy=True, seeds=[1, 2, 3], prompt_states=bool(state_layers))
     token_ids = [backend.tokenize(t)[0] for t in TOKENS]
     result = {
         "greedy": [g.greedy.to_dict() for g in gens],
@@ -37,9 +46,15 @@ def main(out: str) -> None:
         "next": backend.next_token_logprobs(PROMPTS, token_ids).tolist(),
         "labels": candidate_distribution(backend, PROMPTS, LABELS).tolist(),
     }
+    if state_layers:
+        folder = backend.extraction.files.path
+        result["states"] = [{str(k): v.tolist() for k, v in g.prompt_states.items()} for g in gens]
+        result["left_after_calls"] = sorted(p.name for p in folder.iterdir())
+        backend.close()
+        result["folder_after_close"] = folder.exists()
     with open(out, "w") as f:
         json.dump(result, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

@@ -70,9 +70,17 @@ def goal(result: Json) -> str:
         f"ECE ≤ 0.05, answered error within α in every run) is **{verdict}**: AUROC gain per domain "
         f"{gains} (mean {100 * g['mean_auroc_gain']:+.1f}); adapted ECE ≤ 0.05: "
         f"{'yes' if g['adapted_ece_at_most_0.05'] else 'no'}; answered error within α in every run: "
-        f"{g['answered_error_within_alpha']} (adapted coverage {100 * g['adapted_coverage']:.1f}%). "
+        f"{g['answered_error_within_alpha']} (adapted coverage {100 * g['adapted_coverage']:.1f}%)"
+        f"{_promoted(g)}. "
         f"Adapting took {seconds:.0f} s per run (mean, features cached) on 2 shared CPU cores" + _cli(result) + "."
     )
+
+
+def _promoted(g: Json) -> str:
+    """Issue 64's goal: no worse head promoted (absent from results measured before the check)."""
+    if g.get("worse_promoted_runs") is None:
+        return ""
+    return f"; worse heads marked promotable, over every domain, seed and label count: {g['worse_promoted_runs']}"
 
 
 def _cli(result: Json) -> str:
@@ -86,7 +94,61 @@ def _cli(result: Json) -> str:
     )
 
 
+def promotion_table(result: Json) -> str:
+    """Issue 64: adapt's held-out check against the test questions, per domain and label count, and in all."""
+    promotion = result.get("promotion")
+    if not promotion:
+        return "The promotion check was not measured."
+    rows = [
+        "| domain | labels | runs | promoted | kept | worse on test | worse and promoted |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for d in result["sizes"]["folds"]:
+        for n, c in result["by_domain"][d]["promotion"].items():
+            rows.append(
+                f"| {d} | {n} | {c['runs']} | {c['promoted']} | {c['kept']} | {c['worse_on_test']} | "
+                f"{c['worse_promoted']} |"
+            )
+    for n, c in promotion["by_labels"].items():
+        rows.append(
+            f"| all four | {n} | {c['runs']} | {c['promoted']} | {c['kept']} | {c['worse_on_test']} | "
+            f"{c['worse_promoted']} |"
+        )
+    c = promotion["all"]
+    rows.append(
+        f"| **every run** | all | {c['runs']} | {c['promoted']} | {c['kept']} | {c['worse_on_test']} | "
+        f"**{c['worse_promoted']}** |"
+    )
+    return "\n".join(rows)
+
+
+def alpha_table(result: Json) -> str:
+    """Issue 64: the smallest α 100 labels certify per domain, beside the adapted head's guarantee row at it."""
+    levels = result.get("certified_alpha_at_100_labels")
+    if not levels:
+        return "The certified levels were not measured."
+    rows = [
+        "| domain | smallest α per seed | α (every seed) | coverage (%) | answered error | within α (runs) |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for d, e in levels.items():
+        seeds = ", ".join(DASH if a is None else f"{a:g}" for a in e["smallest_alpha_by_seed"].values())
+        if e["alpha"] is None:
+            rows.append(f"| {d} | {seeds} | none of the grid | {DASH} | {DASH} | not exercised |")
+            continue
+        error = f"{DASH} (answers none)" if e["answered_error"]["mean"] is None else cell(e["answered_error"])
+        coverage = DASH if e["coverage"]["mean"] is None else f"{100 * e['coverage']['mean']:.1f}"
+        rows.append(f"| {d} | {seeds} | {e['alpha']:g} | {coverage} | {error} | {e['guarantee']} |")
+    return "\n".join(rows)
+
+
 def adapt(r: Path) -> dict[str, str]:
-    """``candor adapt`` on a held-out domain: the 100-label goal's verdict and the table of every arm."""
+    """``candor adapt`` on a held-out domain: the 100-label goal's verdict, the table of every arm, the promotion
+    check and the smallest certifiable α per domain."""
     result = load("adapt", r)
-    return {"table:adapt-goal": goal(result), "table:adapt": table(result)}
+    return {
+        "table:adapt-goal": goal(result),
+        "table:adapt": table(result),
+        "table:adapt-promotion": promotion_table(result),
+        "table:adapt-alpha": alpha_table(result),
+    }

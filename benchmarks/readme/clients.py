@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from .formatting import DASH, load, md_table
 
 
+def _raised(cell: dict[str, Any]) -> str:
+    """An exception a cell raised: its type, and the HTTP status when it was the server's answer."""
+    found = re.search(r"Error code: (\d{3})", str(cell.get("error") or ""))
+    return f"raises `{cell['exception']}`" + (f" ({found.group(1)})" if found else "")
+
+
+def _text(shown: Any, answer: str) -> str:
+    if shown == answer:
+        return "the answer"
+    if not shown:
+        return "**empty**"
+    shown = str(shown)
+    return f'"{shown[:60]}…"' if len(shown) > 60 else f'"{shown}"'
+
+
 def _shown(cell: dict[str, Any], answer: str) -> str:
     """One cell: the text the user sees (or the exception raised) and the finish reason."""
     if cell.get("exception"):
-        return f"raises `{cell['exception']}`"
+        return _raised(cell)
     shown = cell.get("shown")
-    text = "the answer" if shown == answer else ("**empty**" if not shown else f'"{shown}"')
+    text = _text(shown, answer)
     finish = cell.get("finish_reason")
     return f"{text} · `{finish}`" if finish else text
 
@@ -28,6 +44,76 @@ def _reached(cells: list[dict[str, Any]], mode: str) -> str:
     reached = sum(c.get("confidence") is not None for c in mine if not c.get("exception"))
     answered = sum(not c.get("exception") for c in mine)
     return f"{reached} / {answered}"
+
+
+def _tool(cell: dict[str, Any] | None) -> str:
+    """The tool round trip: the calls made (how many valid against the schema) and whether it answered after."""
+    if cell is None:
+        return "offers none"
+    if cell.get("exception"):
+        return _raised(cell)
+    calls = cell.get("calls") or []
+    if not calls:
+        return "no call; answered" if cell.get("shown") else "no call; **empty**"
+    valid = sum(bool(c.get("valid")) for c in calls)
+    after = "answered" if cell.get("shown") else "**empty** answer"
+    plural = "s" if len(calls) > 1 else ""
+    return f"{len(calls)} call{plural} ({valid} valid), tool ran {cell.get('tool_ran', 0)}×, {after}"
+
+
+def _structured(modes: dict[str, dict[str, Any]]) -> str:
+    """Each structured output mode: parsed into the schema, not parsed, the refusal shown, or the exception."""
+    if not modes:
+        return "offers none"
+    out = []
+    for mode, cell in modes.items():
+        if cell.get("exception"):
+            what = _raised(cell)
+        elif cell.get("parsed"):
+            what = "parsed"
+        elif cell.get("refusal"):
+            what = f'refusal "{cell["refusal"]}"'
+        else:
+            what = "**not parsed**"
+        out.append(f"`{mode}`: {what}")
+    return "; ".join(out)
+
+
+def _turn2(cell: dict[str, Any] | None, answer: str) -> str:
+    """A second turn after an abstention: what each turn showed, or the exception."""
+    if cell is None:
+        return DASH
+    if cell.get("exception"):
+        return _raised(cell)
+    return f"{_text(cell.get('shown'), answer)}, then {_text(cell.get('shown_second'), answer)}"
+
+
+def client_paths(d: dict[str, Any]) -> str:
+    """The agent paths per client: a tool round trip, the structured outputs, a second turn after an abstention."""
+    rows = []
+    for client in d["clients"]:
+        if "skipped" in client:
+            rows.append([client["client"], f"not run: {client['skipped']}", DASH, DASH, DASH])
+            continue
+        found = client["paths"]
+        turn2 = found.get("turn2") or {}
+        rows.append(
+            [
+                client["client"],
+                _tool(found.get("tool")),
+                _structured(found.get("structured") or {}),
+                _turn2(turn2.get("text"), d["answer"]),
+                _turn2(turn2.get("refusal"), d["answer"]),
+            ]
+        )
+    header = [
+        "client",
+        "tool round trip",
+        "structured output (per mode)",
+        "second turn after an abstention, `text`",
+        "second turn, `refusal`",
+    ]
+    return md_table(header, "lllll", rows)
 
 
 def client_matrix(r: Path) -> dict[str, str]:
@@ -54,7 +140,8 @@ def client_matrix(r: Path) -> dict[str, str]:
                     _reached(cells, mode),
                 ]
             )
-        lines.append([client["client"], f"`{client['confidence']}`"])
+        confidence = client["confidence"]
+        lines.append([client["client"], f"`{confidence}`" if confidence else "kept nowhere the framework returns"])
     header = [
         "client",
         "package",
@@ -68,6 +155,7 @@ def client_matrix(r: Path) -> dict[str, str]:
     return {
         "table:client-matrix": md_table(header, "lllllllr", rows),
         "table:client-matrix-confidence": md_table(["client", "the confidence, in code"], "ll", lines),
+        "table:client-matrix-paths": client_paths(d),
         "value:client-matrix-run": (
             f'"{d["question"]}" asked of one `candor serve` (the embedded model, `n-prob`) with the threshold at '
             f'0.0 (answered: "{answer}") and at 1.0 (abstained: "{d["refusal"]}"), under `--abstain-as text` and '

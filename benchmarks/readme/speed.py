@@ -362,20 +362,39 @@ def avx2_races(r: Path) -> dict[str, str]:
 
 
 def annotate_ray(r: Path) -> dict[str, str]:
+    """What ``--engine ray`` adds (fixed, and per question), the 2-replica ratio and the seed checks."""
     d = load("annotate_ray", r)
-    job, rate, ratio, agree = d["settings"], d["records_per_second"], d["ratios"], d["agreement"]
+    job, cost, ratio, agree, sampled = (
+        d["settings"],
+        d["overhead"],
+        d["two_replicas_vs_one"],
+        d["agreement"],
+        d["sampling"],
+    )
     cpu = job["machine"]
-    same = agree["ray_1"]
+    same = {key: sum(arm[key] for arm in agree.values()) for key in next(iter(agree.values()))}
+    fixed, each = cost["fixed_seconds"], cost["per_question_seconds"]
+
+    def rng(x: dict, fmt: str) -> str:
+        return f"{x['median']:{fmt}} ({x['min']:{fmt}} to {x['max']:{fmt}})"
+
     return {
         "value:annotate-ray": (
             f"on a {cpu['physical_cores']}-core {cpu['name']} shared with other jobs (load average "
-            f"{d['load_average']['before'][0]:.1f} before the run), {job['questions']} NQ questions with k = "
-            f"{job['samples']} on `transformers serve` (one thread per replica), one run: the single-process "
-            f"`--backend openai` path {rate['openai']:.2f} records/s, `--engine ray` on the same server "
-            f"{rate['ray_1']:.2f} records/s ({ratio['ray_1_vs_openai']:.2f}×; "
-            f"{d['overhead_seconds_per_item']:+.3f} s per item), on 2 replicas {rate['ray_2']:.2f} records/s "
-            f"({ratio['ray_2_vs_ray_1']:.2f}× one replica); Ray's startup {d['ray_startup_seconds']:.1f} s apart; "
+            f"{d['load_average']['before'][0]:.1f} before the run), {job['questions']['S']} and "
+            f"{job['questions']['L']} NQ questions with k = {job['samples']} on `transformers serve` (one thread "
+            f"per replica, serving a copy of the model that samples), medians of {d['rounds_done']} rounds in rotated "
+            f"order with their ranges: `--engine ray` adds a fixed {rng(fixed, '.1f')} s (actor start-up and "
+            f"pipeline drain) and {rng(each, '+.2f')} s per question against the single-process `--backend "
+            f"openai` path on the same server; 2 replicas finish {job['questions']['L']} questions "
+            f"{rng(ratio, '.2f')}× as fast as one; Ray's own start-up {d['ray_startup_seconds']:.1f} s apart; "
             f"{same['greedy_identical']} of {same['records']} greedy answers and {same['samples_identical']} of "
-            f"{same['samples']} samples identical to the single-process run"
+            f"{same['samples']} samples identical to the single-process run, and {sampled['unlike_greedy']} of "
+            f"{sampled['samples']} samples unlike their question's greedy answer "
+            + (
+                "(the servers sample, so the seeds are what makes them equal)"
+                if sampled["unlike_greedy"]
+                else "(none differs: this run does not show that the seeds matter)"
+            )
         )
     }

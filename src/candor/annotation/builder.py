@@ -32,7 +32,7 @@ from candor.annotation.judges import (
 )
 from candor.annotation.prompts import QATemplate
 from candor.annotation.records import Record, RecordAppender, read_records, truncate_partial_last_line, write_records
-from candor.backends.base import Backend, Generations, SamplingParams
+from candor.backends.base import Backend, Generations, SamplingParams, applied_params
 from candor.data.items import QAItem, QAItems
 from candor.util.errors import CandorError
 from candor.util.seeds import item_seed
@@ -175,7 +175,13 @@ def _provenance(
     """
     params = config.params
     stop = tuple(dict.fromkeys((*params.stop, *template.stop)))
-    decoding = {"greedy": {"temperature": 0.0}, "samples": {**params.to_dict(), "stop": list(stop)}}
+    # What the engine applies: a setting it refused is recorded as dropped, with the value asked for.
+    applied = applied_params(backend, params).to_dict()
+    samples: dict[str, Any] = {**applied, "stop": list(stop)}
+    dropped = {key: value for key, value in params.to_dict().items() if key != "stop" and applied[key] != value}
+    if dropped:
+        samples["dropped"] = dropped
+    decoding = {"greedy": {"temperature": 0.0}, "samples": samples}
     return {
         "model": backend.model_name,
         "dtype": getattr(backend, "dtype", None),  # the weights' dtype where the engine says (hf)

@@ -51,7 +51,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from candor.annotation.judges import LLMAnswerJudge
 from candor.annotation.served_labels import LABEL_SOURCE_AUDIT, LABEL_SOURCE_HUMAN, ServedAnswer, check_label
-from candor.annotation.served_store import ServedStore, open_store, pick_answer
+from candor.annotation.served_store import RecordGone, ServedStore, open_store, pick_answer
 from candor.backends.base import Backend
 from candor.util.pages import asset, esc, script_json
 
@@ -248,7 +248,10 @@ class LabelServer:
             return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
         if not self.queue.holds(response_id, index):  # type: ignore[arg-type]
             return HTTPStatus.NOT_FOUND, {"error": f"no served answer {response_id!r} at index {index!r}"}
-        self.store.add_label(response_id, index, correct, self.queue.label_source, who=labeller())  # type: ignore[arg-type]
+        try:
+            self.store.add_label(response_id, index, correct, self.queue.label_source, who=labeller())  # type: ignore[arg-type]
+        except RecordGone as exc:  # retention deleted it since the page showed it
+            return HTTPStatus.NOT_FOUND, {"error": str(exc)}
         return HTTPStatus.OK, {"left": self.queue.left()}
 
     def start(self) -> LabelServer:

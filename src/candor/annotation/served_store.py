@@ -460,14 +460,11 @@ class ServedStore:
                 append_label(self.export, response_id, index, correct, label_source)
 
     def _add_label(self, response_id: str, index: int, correct: bool, label_source: str, who: str) -> None:
-        labels, choices = TABLES["labels"], TABLES["choices"]
+        labels = TABLES["labels"]
         with self._write() as conn:
             if self.dialect == "postgresql" and label_source == LABEL_SOURCE_AUDIT:
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": AUDIT_LOCK})
-            held = conn.execute(
-                sa.select(choices.c.idx).where(choices.c.response_id == response_id, choices.c.idx == index)
-            ).first()
-            if held is None:
+            if not self._mark_labelled(conn, response_id, index):
                 raise RecordGone(
                     f"the store no longer holds the served answer {response_id[:80]!r} (index {index}): "
                     "retention deleted its record, so it cannot be labelled"
@@ -493,15 +490,14 @@ class ServedStore:
                     created=time.time(),
                 )
             )
-            self._mark_labelled(conn, response_id, index)
-            if user:
-                count = self._count_user_labels(conn, 1 - replaced)
-                self._retain_user_labels(conn, count)
+            if user and not replaced:  # a repeat replaced its earlier label: the count stays
+                self._retain_user_labels(conn, self._count_user_labels(conn, 1))
 
-    def _mark_labelled(self, conn: Any, response_id: str, index: int) -> None:
+    def _mark_labelled(self, conn: Any, response_id: str, index: int) -> bool:
+        """Mark the served row holding the choice as labelled; False when the store holds no such choice."""
         served, choices = TABLES["served"], TABLES["choices"]
         owner = sa.select(choices.c.served_seq).where(choices.c.response_id == response_id, choices.c.idx == index)
-        conn.execute(served.update().where(served.c.seq.in_(owner)).values(labelled=True))
+        return bool(conn.execute(served.update().where(served.c.seq.in_(owner)).values(labelled=True)).rowcount)
 
     def _export_line(self, line: str) -> None:
         with self._export_lock:

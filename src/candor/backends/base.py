@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from candor.backends.constraints import JsonConstraint
 from candor.util.errors import CandorError
 
 # What a backend can do, by name. An estimator lists the ones it needs
@@ -50,6 +51,13 @@ PROMPT_HIDDEN_STATES = "prompt_hidden_states"
 # reads the served answer from the served model's own weights this way (the ``hf`` backend, which also
 # tells its ``num_hidden_layers``).
 TOKEN_STATES = "token_hidden_states"
+# ``generate(..., constraint=...)`` and ``DecodeRequest.constraint``: every answer is JSON valid for a schema
+# (or, with ``allow_text``, plain text), by a token mask per step (:mod:`candor.backends.constraints`; the ``hf``
+# backend). The served backends pass a constraint without ``allow_text`` as the upstream's structured output.
+CONSTRAINED = "constrained_decoding"
+# ``generate_tool_calls(...)``: OpenAI ``tools``/``tool_choice`` passed to the upstream server, its calls returned
+# as the canonical JSON of the calls (the ``openai`` backend; see :meth:`OpenAIBackend.generate_tool_calls`).
+UPSTREAM_TOOLS = "upstream_tools"
 
 WHITE_BOX = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, HIDDEN_STATES, TOKENIZER})
 
@@ -63,6 +71,16 @@ def backend_capabilities(backend: Any) -> frozenset[str]:
     if declared is not None:
         return frozenset(declared)
     return WHITE_BOX if getattr(backend, "white_box", False) else frozenset({GENERATE})
+
+
+def applied_params(backend: Any, params: SamplingParams) -> SamplingParams:
+    """The samples' decoding as ``backend`` applies it: ``params``, less what its engine refused.
+
+    A backend that may drop a setting (the ``openai`` backend drops ``top_k`` where the server refuses it)
+    says so through its own ``applied_params``; the others apply ``params`` whole.
+    """
+    own = getattr(backend, "applied_params", None)
+    return own(params) if callable(own) else params
 
 
 def score_candidates(backend: Any, prompts: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
@@ -330,6 +348,8 @@ class DecodeRequest:
     # ``candor.backends.engine.chunked_prefill.ChunkedPrefill``: its KV cache and last logits),
     # for work that reads the same prompt again (serving's re-read of the answers).
     on_chunked_prefill: Callable[[Any], None] | None = None
+    # Every answer of the request is JSON valid for this schema (a backend with :data:`CONSTRAINED`).
+    constraint: JsonConstraint | None = None
 
 
 class LiveEngine(Protocol):

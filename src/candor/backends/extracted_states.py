@@ -35,7 +35,12 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
+import tempfile
+import time
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +55,8 @@ PATH_KEY = "hidden_states_path"  # in a request output's kv_transfer_params
 STATES_TENSOR = "hidden_states"
 TOKENS_TENSOR = "token_ids"
 LOCK_SUFFIX = ".lock"
+FILE_SUFFIX = ".safetensors"
+WRITE_WAIT = 60.0  # seconds a finished request's file may take to be written
 
 # Families whose final norm is ``weight * x / sqrt(mean(x^2) + eps)`` at ``model.norm.weight``.
 RMS_NORM_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -78,6 +85,32 @@ def engine_args(layers: Sequence[int], num_hidden_layers: int, directory: str | 
         },
         "enable_chunked_prefill": False,  # the file then holds every prompt position
     }
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """What an engine that writes prompt states needs: the reader, the folder it writes to, its arguments."""
+
+    reader: ExtractedStates
+    files: StatesFolder
+    engine_args: dict[str, Any]
+
+
+def for_model(folder: str | Path, layers: Sequence[int], directory: str | Path | None = None) -> Extraction:
+    """The reader of an engine's hidden-states files for the model in ``folder``, a fresh folder for them (in
+    ``directory`` when given, else the system's temporary folder) and the engine arguments that make it write
+    ``layers`` there (any numbering :func:`absolute_layer` takes; ``-1`` the last).
+
+    A last-layer head needs the model's final norm (:class:`FinalNorm`), loaded here from the folder.
+    """
+    layer_count = model_config(folder).get("num_hidden_layers")
+    if not isinstance(layer_count, int):
+        raise CandorError(f"{folder}: no num_hidden_layers in config.json; cannot place prompt_state_layers")
+    ids = sorted({absolute_layer(layer, layer_count) for layer in layers})
+    norm = FinalNorm.from_folder(folder) if layer_count in ids else None
+    reader = ExtractedStates(ids, layer_count, norm)
+    files = StatesFolder(directory)
+    return Extraction(reader=reader, files=files, engine_args=engine_args(reader.layer_ids, layer_count, files.path))
 
 
 class FinalNorm:
@@ -162,6 +195,76 @@ class ExtractedStates:
         return out
 
 
+class StatesFolder:
+    """The folder an engine writes its per-request states files to, owned by one backend and removed with it.
+
+    The connector names each file after the engine's internal request id, ``<request id>-<8 random
+    characters>`` (``<index>_<request id>-…`` for each of ``n`` samples), and holds an exclusive ``flock``
+    on ``<file>.lock`` from the request's first step until the file is whole. A request's output names its
+    file in ``kv_transfer_params``, except one that ended on a stop string: vLLM's front end ends it
+    (with ``kv_transfer_params=None``) and the engine then aborts it, and still writes its file. So
+    :meth:`file_of` falls back on the request id, and :meth:`clear` removes every file of a call once
+    written: on success, on error, and on cancel (an interrupted call's late files go when the next call or
+    the backend ends).
+    """
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        if directory is not None:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix="candor-vllm-states-", dir=directory))
+        self._remove = weakref.finalize(self, shutil.rmtree, str(self.path), ignore_errors=True)
+
+    def file_of(self, output: Any) -> Path:
+        """The states file of one finished request output (its ``kv_transfer_params``, else its request id)."""
+        named = (getattr(output, "kv_transfer_params", None) or {}).get(PATH_KEY)
+        if named:
+            return Path(named)
+        request = str(output.request_id)
+        found = [
+            self.path / name[: -len(LOCK_SUFFIX)]
+            for name in os.listdir(self.path)
+            if name.endswith(FILE_SUFFIX + LOCK_SUFFIX)
+            and (name[: -len(FILE_SUFFIX + LOCK_SUFFIX)] == request or name.startswith(request + "-"))
+        ]
+        if len(found) != 1:
+            raise CandorError(
+                f"vLLM wrote {len(found)} hidden-states files for request {request} in {self.path} (expected 1): "
+                "is its hidden-states KV connector on?"
+            )
+        return found[0]
+
+    def clear(self, wait: float = WRITE_WAIT) -> None:
+        """Remove every file in the folder, waiting up to ``wait`` seconds in all for those being written
+        (``0``: leave those for a later call)."""
+        deadline = time.monotonic() + wait
+        for name in sorted(os.listdir(self.path)):
+            if not name.endswith(FILE_SUFFIX + LOCK_SUFFIX):
+                continue
+            with contextlib.suppress(FileNotFoundError), open(self.path / name) as handle:
+                if _shared_lock(handle, max(0.0, deadline - time.monotonic())):
+                    discard(self.path / name[: -len(LOCK_SUFFIX)])
+        for name in os.listdir(self.path):  # files without a lock (a connector that takes none)
+            if name.endswith(FILE_SUFFIX) and not os.path.exists(self.path / (name + LOCK_SUFFIX)):
+                discard(self.path / name)
+
+    def close(self) -> None:
+        """Remove the folder and all it holds."""
+        self._remove()
+
+
+def _shared_lock(handle: Any, wait: float) -> bool:
+    """Take a shared ``flock`` on ``handle`` (the writer holds an exclusive one until its file is whole)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
 def load_locked(path: str | Path) -> dict[str, Any]:
     """A connector's file as torch tensors, once its writer released ``<path>.lock`` (when there is one)."""
     from safetensors.torch import load_file
@@ -170,7 +273,8 @@ def load_locked(path: str | Path) -> dict[str, Any]:
     if not os.path.exists(lock):
         return dict(load_file(str(path), device="cpu"))
     with open(lock) as handle:
-        fcntl.flock(handle, fcntl.LOCK_SH)  # sleeps until the writer's exclusive lock is released
+        if not _shared_lock(handle, WRITE_WAIT):  # the writer's exclusive lock is released when the file is whole
+            raise CandorError(f"{path}: vLLM did not finish writing it in {WRITE_WAIT:.0f} s")
         return dict(load_file(str(path), device="cpu"))
 
 

@@ -35,6 +35,7 @@ stop string spans tokens, the earlier tokens of it stay in ``token_ids``.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from candor.backends.base import (
+    CONSTRAINED,
     CONTINUATION_STATES,
     DEFAULT_TOP_LOGPROBS,
     LIVE_DECODE,
@@ -58,6 +60,7 @@ from candor.backends.base import (
     SamplingParams,
     TokenHook,
 )
+from candor.backends.constraints import GrammarCache, JsonConstraint
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
 from candor.backends.engine import (
     DEFAULT_PREFILL_CHUNK,
@@ -106,6 +109,7 @@ class HFBackend(TokenizerMixin):
         TOKEN_HOOK,
         LIVE_DECODE,
         TOKEN_STATES,
+        CONSTRAINED,
     }
 
     def __init__(
@@ -140,6 +144,8 @@ class HFBackend(TokenizerMixin):
         self._keeps_logits = accepts_logits_to_keep(model)
         # Matchers by stop tuple, bounded: a client picks its stop lists (engine.stops).
         self.stop_matchers = StopMatchers(tokenizer)
+        self._grammars: GrammarCache | None = None  # compiled JSON-schema grammars, made at the first constraint
+        self._grammars_lock = threading.Lock()
         self.adapter: str | None = None
         # Inference runs the linear layers on prepacked oneDNN weights (same math, faster on CPU);
         # ``pack_linears=False`` keeps nn.Linear's own kernels (the benchmarks' baseline).
@@ -224,6 +230,7 @@ class HFBackend(TokenizerMixin):
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
         on_token: TokenHook | None = None,
+        constraint: JsonConstraint | None = None,
     ) -> list[Generations]:
         """Greedy answer (if ``greedy``) and ``n`` samples per prompt; see the module docstring.
 
@@ -231,9 +238,13 @@ class HFBackend(TokenizerMixin):
         ``seed`` and i, so the same call twice gives the same samples.
         ``on_token(prompt, sample, token_id)`` is called after each token a
         row keeps (not the EOS or stop token); returning False ends the row
-        there (its completion is then partial).
+        there (its completion is then partial). ``constraint``: every answer
+        is JSON valid for its schema (see :mod:`candor.backends.constraints`;
+        a schema that cannot be compiled is refused before any work).
         """
         self.check_request(n, params)
+        if constraint is not None:
+            self.grammars.get(constraint)  # compiled (or refused) once, before any prompt runs
         if seeds is not None and len(seeds) != len(prompts):
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         if not prompts:
@@ -255,6 +266,7 @@ class HFBackend(TokenizerMixin):
                 seed=seeds[i],
                 matcher=matcher,
                 on_token=_prompt_hook(on_token, i),
+                constraint=constraint,
             )
             for i, ids in enumerate(encoded)
         ]
@@ -272,6 +284,22 @@ class HFBackend(TokenizerMixin):
         if n < 0:
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         _check_params(params)
+
+    @property
+    def grammars(self) -> GrammarCache:
+        """The compiled grammars of this backend's tokenizer (made at first use: it scans the vocabulary)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                vocab = int(self.model.get_output_embeddings().weight.shape[0])
+                self._grammars = GrammarCache(self.tokenizer, vocab, self.eos_ids)
+            return self._grammars
+
+    def grammar_ready(self, constraint: JsonConstraint | None) -> bool:
+        """Whether ``constraint`` needs no compiling (none, or its grammar is kept): the live engine
+        compiles the others on its builder thread, never on the engine thread."""
+        if constraint is None:
+            return True
+        return self._grammars is not None and self._grammars.cached(constraint) is not None
 
     def stop_matcher(self, stops: Sequence[str]) -> StopMatcher:
         """The matcher of one tuple of stop strings (the most recently used ones kept, see ``stop_matchers``)."""

@@ -50,16 +50,19 @@ The API key comes from ``$api_key_env``, never from a file; local servers need n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from candor.backends.base import (
+    CONSTRAINED,
     DEFAULT_TOP_LOGPROBS,
     GENERATE,
     LOGPROBS,
@@ -67,10 +70,12 @@ from candor.backends.base import (
     SCORE,
     TOKENIZER,
     TOP_LOGPROBS,
+    UPSTREAM_TOOLS,
     Completion,
     Generations,
     SamplingParams,
 )
+from candor.backends.constraints import JsonConstraint
 from candor.backends.server_check import check_served_model
 from candor.backends.server_tokens import aligned, canonical_token, echoed_spans, shown_tokens, tokens_within
 from candor.util.errors import CandorError, UpstreamError
@@ -174,9 +179,15 @@ class OpenAIBackend:
             logger.info("%s offers: %s", self.base_url, ", ".join(sorted(self._capabilities)))
         return self._capabilities
 
+    def applied_params(self, params: SamplingParams) -> SamplingParams:
+        """The samples' decoding as this server gets it: without ``top_k`` where it refuses the field (probed)."""
+        _ = self.capabilities  # the probe finds out whether the server takes top_k
+        return params if self._takes_top_k or params.top_k == 0 else replace(params, top_k=0)
+
     def _probe(self) -> frozenset[str]:
         check_served_model(self.client, self.base_url, self.model_name, self.api_key_env)  # seconds, not retries
-        caps = {GENERATE}
+        # Structured output and tools are passed on as asked (a server that refuses them answers that request).
+        caps = {GENERATE, CONSTRAINED} | ({UPSTREAM_TOOLS} if self.endpoint == "chat" else set())
         if self.tokenizer is not None:
             caps.add(TOKENIZER)
         probe = "Hello"
@@ -261,8 +272,56 @@ class OpenAIBackend:
         *,
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
+        constraint: JsonConstraint | None = None,
     ) -> list[Generations]:
-        """Greedy answer (temperature 0) and ``n`` samples per prompt, requests in parallel."""
+        """Greedy answer (temperature 0) and ``n`` samples per prompt, requests in parallel.
+
+        ``constraint``: the answers must be JSON valid for its schema, passed to the server as its structured
+        output (``response_format`` ``json_schema``, strict); one that allows plain text is refused (for a
+        choice between calling a tool and answering, pass the tools: :meth:`generate_tool_calls`).
+        """
+        return self._generate(
+            prompts, n, params, greedy, seeds, structured_output(constraint, f"the server at {self.base_url}")
+        )
+
+    def generate_tool_calls(
+        self,
+        prompts: Sequence[str],
+        n: int,
+        params: SamplingParams,
+        *,
+        tools: Sequence[dict[str, Any]],
+        tool_choice: str | dict[str, Any] = "auto",
+        parallel_tool_calls: bool | None = None,
+        greedy: bool = True,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generations]:
+        """``generate`` with OpenAI ``tools`` and ``tool_choice`` passed to the server (capability ``upstream_tools``).
+
+        An answer that calls tools is a :class:`Completion` whose ``text`` is the canonical JSON list of its
+        calls (:func:`calls_text`); one that answers in words keeps its text. Its tokens and log-probs are
+        whatever the server gives for what the model generated (for a call, the text the server parsed the
+        calls from, which need not spell ``text``). The chat endpoint only: tools are a chat field.
+        """
+        if self.endpoint != "chat":
+            raise CandorError(
+                f"openai backend ({self.base_url}): tools are passed on the chat endpoint only (--endpoint chat)"
+            )
+        fields: dict[str, Any] = {"tools": list(tools), "tool_choice": tool_choice}
+        if parallel_tool_calls is not None:
+            fields["parallel_tool_calls"] = bool(parallel_tool_calls)
+        return self._generate(prompts, n, params, greedy, seeds, fields)
+
+    def _generate(
+        self,
+        prompts: Sequence[str],
+        n: int,
+        params: SamplingParams,
+        greedy: bool,
+        seeds: Sequence[int] | None,
+        fields: dict[str, Any],
+    ) -> list[Generations]:
+        """``generate``'s requests, with ``fields`` (structured output, tools) added to each."""
         if n < 0:
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         if seeds is not None and len(seeds) != len(prompts):
@@ -273,13 +332,14 @@ class OpenAIBackend:
         tasks: list[tuple[int, int, Callable[[], list[Any]]]] = []  # (prompt, first sample or -1, request)
         for i, prompt in enumerate(prompts):
             if greedy:
-                tasks.append((i, -1, self._bind(prompt, params, 0.0, 1, None, top)))
+                tasks.append((i, -1, self._bind(prompt, params, 0.0, 1, None, top, fields)))
             if n and SAMPLES_N in caps:
-                tasks.append((i, 0, self._bind(prompt, params, params.temperature, n, request_seed(seeds[i]), top)))
+                seed = request_seed(seeds[i])
+                tasks.append((i, 0, self._bind(prompt, params, params.temperature, n, seed, top, fields)))
             else:
                 # No server-side n: one request per sample, each with its own seed.
                 tasks.extend(
-                    (i, j, self._bind(prompt, params, params.temperature, 1, seed, top))
+                    (i, j, self._bind(prompt, params, params.temperature, 1, seed, top, fields))
                     for j, seed in enumerate(sample_seeds(seeds[i], n))
                 )
         results = [Generations(greedy=None, samples=[None] * n) for _ in prompts]  # type: ignore[list-item]
@@ -300,7 +360,14 @@ class OpenAIBackend:
         return results
 
     def _bind(
-        self, prompt: str, params: SamplingParams, temperature: float, n: int, seed: int | None, top: int | None
+        self,
+        prompt: str,
+        params: SamplingParams,
+        temperature: float,
+        n: int,
+        seed: int | None,
+        top: int | None,
+        fields: dict[str, Any] | None = None,
     ) -> Callable[[], Reply]:
         sampled = temperature > 0
         kwargs: dict[str, Any] = {
@@ -310,6 +377,7 @@ class OpenAIBackend:
             "stop": list(params.stop) or None,
             "logprobs": top,
             "seed": seed,
+            "fields": fields or None,
         }
         if sampled:
             kwargs["top_p"] = params.top_p
@@ -334,13 +402,22 @@ class OpenAIBackend:
         top_p: float | None = None,
         echo: bool = False,
         extra_body: dict[str, Any] | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> Reply:
-        """One request: its choices and token usage. Transport errors become one CandorError."""
+        """One request: its choices and token usage. Transport errors become one CandorError.
+
+        ``fields``: more request fields (``response_format``, ``tools``), which the completions endpoint sends
+        in the body beside the client's own (vLLM and SGLang read ``response_format`` there too).
+        """
         openai = _openai_module()
         common: dict[str, Any] = {"model": self.model_name, "max_tokens": max_tokens, "temperature": temperature}
         for key, value in (("n", n if n != 1 else None), ("stop", stop), ("seed", seed), ("top_p", top_p)):
             if value is not None:
                 common[key] = value
+        if fields and self.endpoint == "chat":
+            common.update(fields)
+        elif fields:
+            extra_body = {**(extra_body or {}), **fields}
         if extra_body:
             common["extra_body"] = extra_body
         try:
@@ -390,6 +467,9 @@ class OpenAIBackend:
     def _completion(self, choice: Any, stop: Sequence[str] = (), completion_tokens: int | None = None) -> Completion:
         if self.endpoint == "chat":
             message = _get(choice, "message")
+            calls = _get(message, "tool_calls") if message is not None else None
+            if calls:
+                return self._calls_completion(choice, calls, completion_tokens)
             raw = (_get(message, "content") if message is not None else "") or ""
         else:
             raw = _get(choice, "text") or ""
@@ -411,6 +491,20 @@ class OpenAIBackend:
             logprobs=[float(x) for x in lps],
             top_logprobs=tops if any(tops) else [],  # an empty position stays, in line with its token
             finish_reason=finish,
+            completion_tokens=completion_tokens,
+        )
+
+    def _calls_completion(self, choice: Any, calls: Sequence[Any], completion_tokens: int | None) -> Completion:
+        """An answer that calls tools: its calls' canonical JSON, with every token the server gave log-probs for."""
+        tokens, lps, tops = self._choice_logprobs(choice)
+        if not tokens or any(x is None for x in lps):
+            tokens, lps, tops = [], [], []
+        return Completion(
+            text=calls_text(calls, self.base_url),
+            tokens=list(tokens),
+            logprobs=[float(x) for x in lps],  # type: ignore[arg-type]
+            top_logprobs=tops if any(tops) else [],
+            finish_reason="stop" if _get(choice, "finish_reason") in ("tool_calls", "stop") else None,
             completion_tokens=completion_tokens,
         )
 
@@ -525,6 +619,47 @@ class OpenAIBackend:
 
     def hidden_states(self, prompts: Sequence[str], layer: int = -1) -> np.ndarray:
         raise CandorError(f"the server at {self.base_url} gives no hidden states; use a white-box backend such as hf")
+
+
+# ---------------------------------------------------------------- structured output and tool calls
+
+
+def structured_output(constraint: JsonConstraint | None, where: str) -> dict[str, Any]:
+    """The request field that asks an OpenAI-compatible server for JSON valid for ``constraint``'s schema.
+
+    ``{"response_format": {"type": "json_schema", "json_schema": {"name", "schema", "strict": true}}}`` (OpenAI,
+    vLLM and SGLang read it); none without a constraint. A constraint with ``allow_text`` has no such field:
+    refused.
+    """
+    if constraint is None:
+        return {}
+    if constraint.allow_text:
+        raise CandorError(
+            f"{where} takes a JSON schema as structured output, not 'JSON or plain text' "
+            "(allow_text); pass the tools themselves to let the model choose (generate_tool_calls)"
+        )
+    schema = {"name": "answer", "schema": constraint.schema_dict, "strict": True}
+    return {"response_format": {"type": "json_schema", "json_schema": schema}}
+
+
+def calls_text(calls: Sequence[Any], server: str = "the server") -> str:
+    """The canonical JSON of an answer's tool calls: ``[{"arguments": {...}, "name": "..."}]``.
+
+    Keys sorted, no spaces (``separators=(",", ":")``), the calls in the order of their canonical text (several
+    calls in one answer are a set). Arguments that are not a JSON object stay as the text the server sent.
+    """
+    out = []
+    for call in calls:
+        function = _get(call, "function")
+        name, arguments = _get(function, "name"), _get(function, "arguments")
+        if not isinstance(name, str):
+            raise UpstreamError(f"{server} returned a tool call without a function name")
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):  # malformed arguments stay as sent: they are the model's answer
+                arguments = json.loads(arguments) if arguments.strip() else {}
+        out.append({"arguments": arguments, "name": name})
+    canonical = [json.dumps(call, sort_keys=True, separators=(",", ":")) for call in out]
+    return "[" + ",".join(sorted(canonical)) + "]"
 
 
 # ---------------------------------------------------------------- seeds

@@ -51,8 +51,9 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
+from candor.backends.constraints import JsonConstraint
 from candor.backends.extracted_states import model_config
-from candor.backends.openai import FINISH_REASONS, OpenAIBackend, request_seed
+from candor.backends.openai import FINISH_REASONS, OpenAIBackend, request_seed, structured_output
 from candor.backends.server_tokens import tokens_within
 from candor.util.errors import CandorError, UpstreamError
 
@@ -114,10 +115,18 @@ class SGLangBackend(OpenAIBackend):
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
         prompt_states: bool = False,
+        constraint: JsonConstraint | None = None,
     ) -> list[Generations]:
-        """As the ``openai`` backend; with ``prompt_states``, through ``/generate`` with the prompt's states."""
+        """As the ``openai`` backend; with ``prompt_states``, through ``/generate`` with the prompt's states.
+
+        ``constraint`` is SGLang's structured output either way (``response_format``, or ``json_schema`` in the
+        native sampling parameters); one that allows plain text is refused.
+        """
+        schema = structured_output(
+            constraint, f"the server at {self.base_url}"
+        )  # refuses allow_text before any request
         if not prompt_states:
-            return super().generate(prompts, n, params, greedy=greedy, seeds=seeds)
+            return super().generate(prompts, n, params, greedy=greedy, seeds=seeds, constraint=constraint)
         if PROMPT_HIDDEN_STATES not in self.capabilities:
             raise CandorError(f"the server at {self.base_url} gives no prompt hidden states")
         if n < 0:
@@ -134,9 +143,11 @@ class SGLangBackend(OpenAIBackend):
             if n:
                 tasks.append((i, False, params.temperature, n, request_seed(seeds[i])))
 
+        json_schema = json.dumps(schema["response_format"]["json_schema"]["schema"]) if schema else None
+
         def run(task: tuple[int, bool, float, int, int | None]) -> list[dict[str, Any]]:
             i, _, temperature, count, seed = task
-            return self._native(prompts[i], params, temperature, count, seed, top)
+            return self._native(prompts[i], params, temperature, count, seed, top, json_schema)
 
         with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
             replies = list(pool.map(run, tasks))
@@ -155,9 +166,16 @@ class SGLangBackend(OpenAIBackend):
         return results
 
     def _native(
-        self, prompt: str, params: SamplingParams, temperature: float, n: int, seed: int | None, top: int
+        self,
+        prompt: str,
+        params: SamplingParams,
+        temperature: float,
+        n: int,
+        seed: int | None,
+        top: int,
+        json_schema: str | None = None,
     ) -> list[dict[str, Any]]:
-        """One ``/generate`` request asking for the hidden states: its ``n`` results."""
+        """One ``/generate`` request asking for the hidden states: its ``n`` results (JSON for ``json_schema``)."""
         sampling: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "temperature": temperature, "n": n}
         if params.stop:
             sampling["stop"] = list(params.stop)
@@ -167,6 +185,8 @@ class SGLangBackend(OpenAIBackend):
                 sampling["top_k"] = params.top_k
         if seed is not None:
             sampling["sampling_seed"] = seed
+        if json_schema is not None:
+            sampling["json_schema"] = json_schema
         body = {
             "text": prompt,
             "sampling_params": sampling,

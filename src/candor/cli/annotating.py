@@ -91,6 +91,13 @@ def annotate(
     ray_address: Annotated[
         str | None, typer.Option(help="--engine ray: the cluster (e.g. auto, or ray://HOST:10001); default: local.")
     ] = None,
+    ray_inflight: Annotated[
+        int | None,
+        typer.Option(
+            help="--engine ray --backend openai: questions each server has in flight at once (default 8; "
+            "raise it for servers that batch, e.g. vLLM)."
+        ),
+    ] = None,
 ) -> None:
     """Answer QA items greedily and k times, judge them, and write records JSONL."""
     from candor.annotation.builder import AnnotateConfig, Shard
@@ -140,7 +147,9 @@ def annotate(
     )
     if workers != 1 and shard_spec is not None:
         raise CandorError("--workers splits the input into shards itself; use it without --shard")
-    ray_options = _ray_options(engine, ray_url, ray_concurrency, ray_address, workers, shard_spec, options)
+    ray_options = _ray_options(
+        engine, ray_url, ray_concurrency, ray_address, ray_inflight, workers, shard_spec, options, backend
+    )
     try:
         if ray_options is not None:
             from candor.annotation.ray_pipeline import annotate_with_ray
@@ -165,15 +174,21 @@ def _ray_options(
     urls: list[str] | None,
     concurrency: int,
     address: str | None,
+    inflight: int | None,
     workers: int,
     shard: object,
     options: dict,
+    backend: str,
 ) -> object | None:
     """The Ray pipeline's options for ``--engine ray`` (None: local); its options without it are refused."""
     if engine not in ENGINES:
         raise CandorError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
     if engine == "local":
-        given = [name for name, value in (("--ray-url", urls), ("--ray-address", address)) if value]
+        given = [
+            name
+            for name, value in (("--ray-url", urls), ("--ray-address", address), ("--ray-inflight", inflight))
+            if value is not None and value != []
+        ]
         if concurrency != 1:
             given.append("--ray-concurrency")
         if given:
@@ -183,9 +198,12 @@ def _ray_options(
         raise CandorError("--engine ray spreads the work itself; use it without --workers and --shard")
     if options.get("data_parallel_size"):
         raise CandorError("--engine ray: vLLM replicas are --ray-concurrency, not --data-parallel-size")
-    from candor.annotation.ray_pipeline import RayOptions
+    if inflight is not None and backend != "openai":
+        raise CandorError("--ray-inflight applies to --backend openai (a fleet of servers)")
+    from candor.annotation.ray_pipeline import DEFAULT_INFLIGHT, RayOptions
 
     return RayOptions(
+        inflight=DEFAULT_INFLIGHT if inflight is None else inflight,
         urls=tuple(urls or ()),
         concurrency=concurrency,
         tensor_parallel_size=options.get("tensor_parallel_size") or 1,

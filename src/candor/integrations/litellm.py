@@ -19,7 +19,10 @@ reads it from there. A stream loses both: LiteLLM rebuilds each chunk and drops 
 not know, the confidence on the last chunk and, with ``--abstain-as refusal``, the refusal itself (an
 empty answer). ``CandorStream`` wraps LiteLLM's stream (sync or async) and reads the provider's chunks
 as LiteLLM consumes them: it keeps the confidence, and puts a refusal LiteLLM dropped back in the
-chunk's ``delta.content``, so the user sees the refusal text either way.
+chunk's ``delta.content``, so the user sees the refusal text either way. With ``candor serve --stream live``
+the answer's text streams before the decision and an abstention's refusal withdraws it: ``stream.withdrawn``
+is then true and ``served_answer(stream).text`` is the refusal alone (the chunks already read held the
+withdrawn text; show ``served_answer(stream).text`` once the stream ends).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class CandorStream:
 
     Iterate it as LiteLLM's stream (``for`` or ``async for``); it yields LiteLLM's chunks. ``confidence``
     is the last choice's confidence object once seen, ``refusal`` the refusal text if the server sent
-    one, ``text`` the content the chunks carried (the refusal included).
+    one, ``text`` the content the chunks carried (the refusal included), or the refusal alone when it
+    withdrew text streamed before it (``withdrawn``: ``--stream live``).
     """
 
     def __init__(self, stream: Any) -> None:
@@ -48,6 +52,8 @@ class CandorStream:
         self.confidence: dict[str, Any] | None = None
         self.refusal: str | None = None
         self.text = ""
+        self.withdrawn = False
+        self._streamed_text = False
         self._pending_refusal = ""
         provider_stream = stream.completion_stream  # the provider's own chunks (the openai SDK's stream)
         if hasattr(provider_stream, "__aiter__"):
@@ -59,8 +65,11 @@ class CandorStream:
         for choice in getattr(chunk, "choices", None) or []:
             if (confidence := choice_confidence(choice)) is not None:
                 self.confidence = confidence
-            refusal = getattr(getattr(choice, "delta", None), "refusal", None)
+            delta = getattr(choice, "delta", None)
+            self._streamed_text = self._streamed_text or bool(getattr(delta, "content", None))
+            refusal = getattr(delta, "refusal", None)
             if refusal:
+                self.withdrawn = self.withdrawn or self._streamed_text
                 self.refusal = (self.refusal or "") + refusal
                 self._pending_refusal += refusal
 
@@ -81,6 +90,8 @@ class CandorStream:
             delta = choices[0].delta
             if not getattr(delta, "refusal", None):
                 delta.content = (delta.content or "") + self._pending_refusal
+            if self.withdrawn and self.refusal == self._pending_refusal:  # the refusal's first part: text withdrawn
+                self.text = ""
             self._pending_refusal = ""
         if choices:
             self.text += choices[0].delta.content or ""

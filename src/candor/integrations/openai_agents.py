@@ -19,7 +19,9 @@ Install with ``pip install "candor-honesty[openai-agents]"``::
   item (``raw_item.model_extra["confidence"]``), where ``served_answer`` reads it;
 - with ``candor serve --abstain-as refusal``, a refusal is read as the answer's text (an
   ``output_text`` part), so an abstention is a result (``served_answer(result).abstained``)
-  instead of the SDK's ``ModelRefusalError``. With ``--abstain-as text`` (the default) it is text already.
+  instead of the SDK's ``ModelRefusalError``. With ``--abstain-as text`` (the default) it is text already;
+- with ``candor serve --stream live`` (chat completions), a refusal that withdraws text already streamed
+  replaces it: the run's final output is the refusal alone, not the withdrawn text run into it.
 
 Both read the provider's response where the SDK fetches it (``_fetch_response``, the one method both
 classes obtain the OpenAI response through, plain or streamed); the ``openai-agents`` range of the
@@ -44,6 +46,8 @@ from candor.integrations.served import ServedAnswer, ServedConfidence, answer, c
 
 # The confidences the provider sent during one model call (get_response / stream_response), newest last.
 SEEN: ContextVar[list[dict[str, Any]] | None] = ContextVar("candor_agents_confidences", default=None)
+# A streamed call's text and refusal as they came (``--stream live``: a refusal after text withdraws it).
+STREAMED: ContextVar[dict[str, str] | None] = ContextVar("candor_agents_streamed", default=None)
 
 
 def output_text(refusal: str) -> ResponseOutputText:
@@ -105,10 +109,22 @@ async def text_events(events: AsyncIterator[Any]) -> AsyncIterator[Any]:
 
 
 async def text_chunks(chunks: Any) -> AsyncIterator[Any]:
+    streamed = STREAMED.get()
     async for chunk in chunks:
         for choice in chunk.choices or []:
             note(choice_confidence(choice))
+            if streamed is not None and choice.index == 0 and choice.delta is not None:
+                streamed["text"] += choice.delta.content or ""
+                if streamed["text"] and choice.delta.refusal:
+                    streamed["withdrawal"] += choice.delta.refusal
         yield refusal_as_text(chunk)
+
+
+def withdraw(items: list[Any], refusal: str) -> None:
+    """The answer's message items with the refusal as their only text (the streamed text it withdrew dropped)."""
+    for item in items:
+        if getattr(item, "type", None) == "message":
+            item.content = [output_text(refusal)]
 
 
 class CandorModelCalls:
@@ -123,9 +139,13 @@ class CandorModelCalls:
 
     async def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         seen: list[dict[str, Any]] = []
+        streamed = {"text": "", "withdrawal": ""}
         SEEN.set(seen)
+        STREAMED.set(streamed)
         async for event in super().stream_response(*args, **kwargs):
             if getattr(event, "type", None) in ("response.completed", "response.incomplete"):
+                if streamed["withdrawal"]:
+                    withdraw(event.response.output, streamed["withdrawal"])
                 keep_on_items(event.response.output, seen[-1] if seen else None)
             yield event
 

@@ -18,16 +18,20 @@ hooks that class documents for subclasses (``_process_provider_details`` and
   for ``run`` and ``run_stream``;
 - with ``candor serve --abstain-as refusal``, the refusal is read as the answer's text, so an
   abstention is a result (``served_answer(result).abstained``) instead of pydantic-ai's
-  ``ContentFilterError``. With ``--abstain-as text`` (the default) it is text already.
+  ``ContentFilterError``. With ``--abstain-as text`` (the default) it is text already;
+- with ``candor serve --stream live``, a refusal that withdraws text already streamed replaces it: the
+  response's text (``run_stream``'s output) is the refusal alone, not the withdrawn text run into it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 try:
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from pydantic_ai.messages import ModelResponse, TextPart
     from pydantic_ai.models.openai import OpenAIChatModel, OpenAIStreamedResponse
 except ImportError as exc:  # the extra is optional; say how to get it
     raise ImportError(
@@ -38,10 +42,31 @@ from candor.integrations.served import ServedAnswer, ServedConfidence, answer, c
 
 
 class CandorStreamedResponse(OpenAIStreamedResponse):
-    """pydantic-ai's streamed OpenAI response, keeping candor's confidence and reading a refusal as text."""
+    """pydantic-ai's streamed OpenAI response, keeping candor's confidence and reading a refusal as text.
+
+    A refusal after streamed text (``--stream live`` withdrawing it) is kept apart: ``get`` answers with the
+    refusal as the response's only text, so the run's output is never the withdrawn text and the refusal joined.
+    """
 
     def _map_chunk(self, chunk: ChatCompletionChunk) -> Iterator[Any]:
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None and delta.content:
+            self.candor_streamed_text = True
+        if delta is not None and delta.refusal and getattr(self, "candor_streamed_text", False):
+            self.candor_withdrawal = getattr(self, "candor_withdrawal", "") + delta.refusal
+            quiet = delta.model_copy(update={"refusal": None, "content": None})
+            return super()._map_chunk(
+                chunk.model_copy(update={"choices": [chunk.choices[0].model_copy(update={"delta": quiet})]})
+            )
         return super()._map_chunk(refusal_as_text(chunk))
+
+    def get(self) -> ModelResponse:
+        response = super().get()
+        withdrawal = getattr(self, "candor_withdrawal", None)
+        if not withdrawal:
+            return response
+        kept = [p for p in response.parts if not isinstance(p, TextPart)]
+        return replace(response, parts=[*kept, TextPart(content=withdrawal)])
 
     def _map_chunk_provider_details(self, chunk: ChatCompletionChunk) -> dict[str, Any] | None:
         details = dict(super()._map_chunk_provider_details(chunk) or {})

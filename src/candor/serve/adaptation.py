@@ -35,6 +35,13 @@ a new ``version`` (a name the server reports; ``adapt.json`` says which version 
 from and how many adaptations deep it is) and the folder holds
 ``adapt.json``: the counts, the held-out AUROC and ECE, the threshold and the
 guarantee.
+
+5. **Promotion** (:mod:`candor.serve.promotion`): the same held-out labels score the
+   model it started from and the adapted head; a one-sided paired bootstrap by question
+   at level δ marks the folder ``promotable`` (the adapted head ranks better) or ``kept``,
+   with the numbers, in ``adapt.json``'s ``promotion``. ``POST /admin/reload`` refuses a
+   kept folder unless forced. A kept model never replaces the served folder itself
+   (``--out`` equal to ``--honest``): nothing is written, and the report says so.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ from candor.serve.answering import PROTOCOL_SAMPLES, question_seed
 from candor.serve.confidence_sources import HeadSource
 from candor.serve.honest_folder import CONFIG_FILE, read_config
 from candor.serve.model import HonestModel
+from candor.serve.promotion import KEPT, PROMOTION_KEY, SUMMARY_FILE, Comparison, compare, not_compared
 from candor.serve.shapes import QUESTION, shape_words, shapes_of, system_prompts_of, system_shape
 from candor.train.elical.config import EliCalConfig
 from candor.train.elical.model import ConfidenceHead, HeadConfig
@@ -75,7 +83,6 @@ from candor.util.files import atomic_folder, check_replaceable
 
 logger = logging.getLogger(__name__)
 
-SUMMARY_FILE = "adapt.json"
 VERSION_KEY = "version"  # in honest.json: the name the server gives this model
 MIN_STAGE2 = 10  # stage 2 trains and stops early on these; fewer is noise
 STAGE_DEV_FRACTION = 0.2  # of each stage's questions, for early stopping
@@ -253,6 +260,32 @@ def starting_head(model: HonestModel, config: EliCalConfig) -> tuple[ConfidenceH
     return ConfidenceHead.create(causal_lm, tokenizer, spec, seed=config.seed), True
 
 
+def serving_confidences(
+    model: HonestModel, head: ConfidenceHead, fresh: bool, held: Sequence[Record], feature_cache: str | None
+) -> np.ndarray | str:
+    """The serving model's confidence on the held-out records, or why it cannot be computed.
+
+    A served head is scored as it is before training (the same features); any other source by its own
+    estimator (uncalibrated: the AUROC does not change under a monotone calibrator).
+    """
+    if not fresh:
+        return head_confidences(head, held, feature_cache)
+    try:
+        return np.asarray(model.confidences(held), dtype=float)
+    except (CandorError, ValueError) as exc:
+        return f"the serving confidence {model.method!r} could not score the held-out records: {exc}"
+
+
+def held_out_comparison(
+    serving: np.ndarray | str, adapted: np.ndarray, correct: np.ndarray, held: Sequence[Record], settings: AdaptSettings
+) -> Comparison:
+    """The serving model against the adapted head on the held-out labels, paired by question, at level δ."""
+    questions = [question_key(r) for r in held]
+    if isinstance(serving, str):
+        return not_compared(serving, settings.delta, len(held), len(set(questions)), int(correct.sum()))
+    return compare(serving, adapted, correct, questions, settings.delta, seed=settings.seed)
+
+
 @dataclass
 class Adapted:
     """What :func:`adapt_model` trained: the head, its threshold, and the summary ``adapt.json`` holds."""
@@ -281,6 +314,7 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
     )
     head, fresh = starting_head(model, config)
     config = replace(config, mode=head.config.mode, model=head.config.backbone)
+    serving = serving_confidences(model, head, fresh, held, settings.feature_cache)  # before training moves the head
     s1_train, s1_dev = carve_dev(traffic, STAGE_DEV_FRACTION, settings.seed)
     s2_train, s2_dev = carve_dev(stage2, STAGE_DEV_FRACTION, settings.seed)
     stages = [
@@ -298,6 +332,7 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
     correct = np.array([int(r.greedy_correct) for r in held])  # type: ignore[arg-type]
     threshold = th.risk_control(confidence, correct, settings.alpha, settings.delta)
     summary = _summary(log, selection, settings, stages, regenerated, confidence, correct, threshold, stage2)
+    summary[PROMOTION_KEY] = held_out_comparison(serving, confidence, correct, held, settings).to_dict()
     summary["seconds"] = round(time.perf_counter() - started, 2)
     return Adapted(head, threshold, summary)
 
@@ -439,6 +474,9 @@ def adapt(source: str | Path, honest: str | Path, out: str | Path, settings: Ada
     lineage = Lineage.of(honest)
     model = HonestModel.from_pretrained(honest)
     adapted = adapt_model(model, log, settings)
+    if out.resolve() == honest.resolve() and adapted.summary[PROMOTION_KEY]["status"] == KEPT:
+        # A kept model never replaces the serving folder: the report carries the numbers, nothing is written.
+        return {**adapted.summary, "version": None, "generation": None, "adapted_from": lineage.version, "folder": None}
     version = save_adapted(model, adapted, out, lineage)
     return {
         **adapted.summary,

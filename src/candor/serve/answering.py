@@ -69,11 +69,13 @@ class Prompted:
     prompt: str
     prompt_tokens: int | None = None  # the template's tokens; None when the backend has no tokenizer
     history: tuple[tuple[str, str], ...] = ()
+    agent: Any = None  # an AgentTurn (candor.serve.agent_turns): tools or a structured output; None: a question
 
     @property
     def shape(self) -> str:
-        """Alone, after one system message (named by its text), or in a conversation (:mod:`candor.serve.shapes`)."""
-        return shape_of(self.history)
+        """Alone, after one system message (named by its text), or in a conversation (:mod:`candor.serve.shapes`);
+        an agent turn's own shape (a tool call, a structured output)."""
+        return self.agent.shape if self.agent is not None else shape_of(self.history)
 
     def item(self) -> QAItem:
         return served_item(self.question, self.history)
@@ -200,7 +202,9 @@ class ServedBy:
         "Calibrated for your system prompt").
         """
         where = self.fitted_where
-        return {"calibrated": where is not None and shape in self.tuned_on, "calibrated_on": where}
+        calibrated = where is not None and shape in self.tuned_on
+        # Where the value is calibrated, only when it is: a shape it was not fitted for names nothing.
+        return {"calibrated": calibrated, "calibrated_on": where if calibrated else None}
 
 
 @dataclass
@@ -226,6 +230,7 @@ class HonestAnswer:
     prompt_tokens: int = field(default=0, repr=False, compare=False)
     record: Record | None = field(default=None, repr=False, compare=False)  # what was scored, with provenance
     claims: Any = field(default=None, repr=False, compare=False)  # a ClaimVerdict, when claims are served
+    agent: Any = field(default=None, repr=False, compare=False)  # an AgentReply: an agent turn's calls or fields
     served_by: ServedBy | None = field(default=None, repr=False, compare=False)  # None: built outside a model
 
     def to_dict(self) -> dict[str, Any]:

@@ -123,8 +123,10 @@ class _Decode:
     request: DecodeRequest
     future: Future[Generations]
 
-    def key(self) -> tuple[int, bool, SamplingParams, bool]:
-        return (self.request.n, self.request.greedy, self.request.params, self.request.prompt_states)
+    def key(self) -> tuple[int, bool, SamplingParams, bool, Any]:
+        """Requests decoded together share all of these (a constraint is one ``generate`` argument for its batch)."""
+        r = self.request
+        return (r.n, r.greedy, r.params, r.prompt_states, r.constraint)
 
 
 @dataclass
@@ -235,7 +237,7 @@ class MicroBatchEngine:
 
     def _decode(self, decodes: list[_Decode]) -> None:
         live = [d for d in decodes if d.future.set_running_or_notify_cancel()]  # a departed client cancelled
-        groups: dict[tuple[int, bool, SamplingParams, bool], list[_Decode]] = {}
+        groups: dict[tuple[int, bool, SamplingParams, bool, Any], list[_Decode]] = {}
         for d in live:
             groups.setdefault(d.key(), []).append(d)
         for group in groups.values():
@@ -245,9 +247,11 @@ class MicroBatchEngine:
                 self._generate(group)
 
     def _generate(self, group: list[_Decode]) -> None:
-        n, greedy, params, prompt_states = group[0].key()
+        n, greedy, params, prompt_states, constraint = group[0].key()
         requests = [d.request for d in group]
-        extra = {"prompt_states": True} if prompt_states else {}  # a backend without the capability never sees it
+        extra: dict[str, Any] = {"prompt_states": True} if prompt_states else {}  # only a backend that has it sees it
+        if constraint is not None:  # structured output, passed on to the upstream (candor.backends.constraints)
+            extra["constraint"] = constraint
         try:
             gens = self.backend.generate(
                 [r.prompt for r in requests],

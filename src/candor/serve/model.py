@@ -61,6 +61,7 @@ from candor.backends.engine import SharedPrefix
 from candor.data.items import QAItem
 from candor.evaluation.calibration import Calibrator, get_calibrator
 from candor.serve import thresholds as th
+from candor.serve.agent_answers import AgentAnswers
 from candor.serve.answering import (
     PROTOCOL_SAMPLES,
     Ask,
@@ -108,7 +109,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_REFUSAL = "I don't know."
 
 
-class HonestModel:
+class HonestModel(AgentAnswers):
     """Answers questions with a confidence, abstaining below ``threshold`` (see the module docstring)."""
 
     def __init__(
@@ -284,6 +285,8 @@ class HonestModel:
         (only for a question answered: an abstention generates no reply).
         """
         ask.check_alive()
+        if ask.prompted.agent is not None:
+            return await self._answer_agent(ask, engine)
         if self.prefill_reader is not None and self.prefill_reader.from_engine_pass:
             return await self._answer_from_engine_pass(ask, engine, self.prefill_reader)
         if self.prefill_reader is not None:
@@ -334,6 +337,12 @@ class HonestModel:
             verdict = verdicts.get(id(a.completion))
             if verdict is None:
                 out.append(a)
+                continue
+            if verdict.refined and not verdict.text.strip():
+                # Every claim was refined away: that is an abstention, never an empty message.
+                reason = f"every claim of the answer scored below the claim threshold {judge.threshold:g}"
+                declined = self._abstention(a.confidence, reason, a.answer, a.record, below=False)
+                out.append(replace(declined, claims=verdict, completion_tokens=a.completion_tokens))
                 continue
             # A refined text is not the answer the confidence was computed on.
             scored = a.scores_returned_text and not verdict.refined

@@ -5,7 +5,14 @@ One module per concept: :mod:`.tools` (declarations), :mod:`.calls` (parsing, ca
 and :mod:`.bfcl` (the Berkeley Function Calling Leaderboard's data and judge, for benchmarks).
 """
 
-from candor.tool_calls.calls import Call, calls_agree, calls_canonical, parse_calls, starts_like_call
+from candor.tool_calls.calls import (
+    Call,
+    calls_agree,
+    calls_canonical,
+    may_become_call,
+    parse_calls,
+    starts_like_call,
+)
 from candor.tool_calls.prompt import TOOL_PROMPT, render_tool_prompt, template_takes_tools
 from candor.tool_calls.schema import calls_schema
 from candor.tool_calls.tools import Tool, ToolsError, tools_from_openai
@@ -18,6 +25,7 @@ __all__ = [
     "calls_agree",
     "calls_canonical",
     "calls_schema",
+    "may_become_call",
     "parse_calls",
     "render_tool_prompt",
     "starts_like_call",

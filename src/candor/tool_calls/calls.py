@@ -77,6 +77,29 @@ def starts_like_call(text: str) -> bool:
     return body.startswith(CALL_OPENERS) or body.startswith("<tool_call>")
 
 
+def may_become_call(prefix: str) -> bool:
+    """Whether a reply that starts with ``prefix`` can still turn out a call for :func:`parse_calls` (False: it is
+    a plain answer whatever follows, so a caller may stop generating it once that is all it needs to know)."""
+    body = prefix.lstrip()
+    if not body or body.startswith(CALL_OPENERS):
+        return True
+    if body.startswith("<"):
+        return "<tool_call>".startswith(body) or body.startswith("<tool_call>")
+    if not body.startswith("`"):
+        return False
+    if "```".startswith(body):
+        return True
+    if not body.startswith("```"):
+        return False
+    rest = body[3:]
+    if "json".startswith(rest):
+        return True
+    if rest.startswith("json"):
+        rest = rest[4:]
+    after = rest.lstrip()
+    return not after or after.startswith(CALL_OPENERS)
+
+
 def parse_calls(text: str) -> list[Call] | None:
     """The calls in a reply, or None when it is not a call (a plain answer, or JSON that is not a call).
 

@@ -19,12 +19,17 @@ def call_schema(tool: Tool) -> dict[str, Any]:
     }
 
 
+# The most calls one reply may make in parallel: a bound on what a small model that repeats itself can emit.
+MAX_PARALLEL_CALLS = 8
+
+
 def calls_schema(tools: Sequence[Tool], parallel: bool) -> dict[str, Any]:
-    """One call of any offered tool (``anyOf`` over them); with ``parallel``, a JSON list of at least one call."""
+    """One call of any offered tool (``anyOf`` over them); with ``parallel``, that or a JSON list of 1 to
+    :data:`MAX_PARALLEL_CALLS` calls (the prompt asks for one object unless several calls are needed)."""
     if not tools:
         raise ValueError("calls_schema needs at least one tool")
     calls = [call_schema(tool) for tool in tools]
     one = calls[0] if len(calls) == 1 else {"anyOf": calls}
     if parallel:
-        return {"type": "array", "items": one, "minItems": 1}
+        return {"anyOf": [one, {"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS}]}
     return one

@@ -21,6 +21,16 @@ The rows' KV cache is written in place (:mod:`candor.backends.engine.kv_slots`)
 where the model allows, else it is transformers' own cache joined by
 padding (:mod:`candor.backends.engine.kv_batch`).
 
+A job with a ``constraint`` (:class:`candor.backends.constraints.JsonConstraint`)
+gives each of its rows an xgrammar matcher: each step, the constrained rows'
+allowed tokens are filled into one bitmask and applied to a copy of their
+logits, which they choose from (:func:`candor.backends.engine.sampling.pick_tokens`);
+the log-probs recorded stay the model's, before the mask. The matcher accepts
+each chosen token; once the JSON is complete it allows only the end of
+sequence, and the row ends there (``finish_reason`` ``"stop"``). Rows without a
+constraint in the same batch are untouched: no copy, no mask, and a step with
+no constrained row does no grammar work at all.
+
 Errors: a job's hook that raises fails that job only when the job has an
 ``on_error`` handler (its rows leave, the others go on); without one (as in
 ``generate``) the error propagates.
@@ -44,6 +54,7 @@ from candor.backends.base import (
     RequestTokenHook,
     SamplingParams,
 )
+from candor.backends.constraints import JsonConstraint, apply_bitmask, bitmask_for
 from candor.backends.engine.kv_batch import KVBatch
 from candor.backends.engine.kv_slots import SlotKV, slots_supported
 from candor.backends.engine.op_threads import SMALL_OP_ELEMENTS, all_threads
@@ -68,6 +79,7 @@ class DecodeJob:
     on_prefill: PrefillHook | None = None
     on_done: Callable[[DecodeJob], None] | None = None
     on_error: Callable[[DecodeJob, BaseException], None] | None = None
+    constraint: JsonConstraint | None = None  # what every row of the job must generate (None: anything)
     result: Generations = field(init=False)
     rows_left: int = field(init=False)
     failed: bool = False
@@ -117,6 +129,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     top: list[tuple[list[int], list[float]]] = field(default_factory=list)  # top-k ids and log-probs per step
     ended_by: str = "length"  # "length", "eos" or "stop"
+    grammar: Any = None  # the row's xgrammar matcher when its job has a constraint
 
 
 class Feed(Protocol):
@@ -271,7 +284,9 @@ class DecodeLoop:
                 prompts.append(i)
                 repeats.append(1)
         slots = self.kv.admit(prefilled.cache, prefilled.mask, prefilled.logits, prompts, repeats, prefilled.shared)
-        rows = [Row(job=job, sample=s, uniforms=self._uniforms(job, s)) for _, job, s in joining]
+        rows = [
+            Row(job=job, sample=s, uniforms=self._uniforms(job, s), grammar=self._grammar(job)) for _, job, s in joining
+        ]
         if len(self.slots) <= max(slots):
             self.slots += [None] * (max(slots) + 1 - len(self.slots))
         for slot, row in zip(slots, rows, strict=True):
@@ -294,6 +309,10 @@ class DecodeLoop:
     def _samples(job: DecodeJob) -> range:
         """The sample index of each of the job's rows: -1 for the greedy answer, then 0 .. n-1."""
         return range(-int(job.greedy), job.n)
+
+    def _grammar(self, job: DecodeJob) -> Any:
+        """A fresh matcher of the job's constraint for one of its rows (None without one)."""
+        return None if job.constraint is None else self.backend.grammars.matcher(job.constraint)
 
     @staticmethod
     def _uniforms(job: DecodeJob, sample: int) -> list[float]:
@@ -321,8 +340,11 @@ class DecodeLoop:
 
     def _step(self) -> None:
         slots = self.slots
+        masked = self._masked_logits(slots)
         with all_threads():  # argmax, softmax and top-k over the vocabulary for every row
-            tokens, logprobs, top = pick_tokens(self.kv.logits, self._samplers(slots), self.backend.top_logprobs)
+            tokens, logprobs, top = pick_tokens(
+                self.kv.logits, self._samplers(slots), self.backend.top_logprobs, masked
+            )
         ended: list[int] = []
         for j, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
             row = slots[j]
@@ -336,6 +358,8 @@ class DecodeLoop:
             if top is not None:
                 row.top.append((top[0][j], top[1][j]))
             try:
+                if row.grammar is not None and not row.grammar.accept_token(token):
+                    raise RuntimeError(f"the grammar matcher refused token {token}, which its own mask allowed")
                 if self._finished(row, token):
                     ended.append(j)
             except Exception as exc:  # a token hook that raises fails its own job
@@ -358,6 +382,17 @@ class DecodeLoop:
         order = self.kv.advance(tokens)
         if order is not None:
             self.slots = [slots[j] for j in order]
+
+    def _masked_logits(self, slots: list[Row | None]) -> tuple[list[int], torch.Tensor] | None:
+        """The constrained rows and a copy of their logits with what their grammars forbid at -inf (None: none)."""
+        rows = [j for j, row in enumerate(slots) if row is not None and row.grammar is not None and not row.job.failed]
+        if not rows:
+            return None
+        logits = self.kv.logits
+        bitmask = bitmask_for([slots[j].grammar for j in rows], logits.shape[-1])  # type: ignore[union-attr]
+        masked = logits[torch.tensor(rows, device=logits.device)]
+        apply_bitmask(masked, bitmask)
+        return rows, masked
 
     def _finished(self, row: Row, token: int) -> bool:
         job = row.job

@@ -35,7 +35,9 @@ no matcher for yet is built on the engine's own builder thread, never on the
 engine thread, and the request is queued once it is ready. A pending build
 delays only the requests that wait for a matcher (they are built in the order
 submitted): a request whose matcher is kept, or that has no stop string, is
-queued at once.
+queued at once. A request's ``constraint`` whose grammar the backend has not
+compiled yet is compiled there too (a schema that cannot be compiled fails
+that request's future with a ``CandorError``).
 """
 
 from __future__ import annotations
@@ -151,6 +153,8 @@ class HFLiveEngine:
         self.backend.check_request(request.n, request.params)
         future: Future[Generations] = Future()
         matcher = self.backend.stop_matchers.cached(request.params.stop)
+        if not self.backend.grammar_ready(request.constraint):
+            matcher = None  # its grammar is compiled on the builder thread too
         with self._lock:
             if self._closed:
                 raise CandorError("the live engine is closed")
@@ -161,13 +165,16 @@ class HFLiveEngine:
         return future
 
     def _build_then_queue(self, request: DecodeRequest, future: Future[Generations]) -> None:
-        """The builder thread's work: the request's stop matcher, then the request into the engine's inbox."""
+        """The builder thread's work: the request's stop matcher and grammar, then the request into the engine's
+        inbox."""
         matcher: StopMatcher | None = None
         error: Exception = CandorError("the live engine is closed")
         try:
             matcher = self.backend.stop_matchers.get(request.params.stop)
-        except Exception as exc:  # stops the tokenizer cannot take: the request's own error
-            error = exc
+            if request.constraint is not None:
+                self.backend.grammars.get(request.constraint)
+        except Exception as exc:  # stops the tokenizer cannot take, a schema that cannot compile: the request's own
+            matcher, error = None, exc
         with self._lock:
             if matcher is not None and not self._closed:
                 self._inbox.put(_Admission(request, future, matcher))
@@ -307,6 +314,7 @@ class HFLiveEngine:
                 matcher=admission.matcher,
                 on_token=request.on_token,
                 on_prefill=request.on_prefill,
+                constraint=request.constraint,
                 on_done=lambda job: self._ended(future, job),
                 on_error=lambda job, exc: self._ended(future, job, exc),
             )

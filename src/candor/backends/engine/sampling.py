@@ -11,11 +11,18 @@ takes the greedy choice, the top-k draw and the reported top log-probs from
 that one sort (:func:`pick_tokens`): at the embedded model's 96 rows and 49k
 vocabulary, about half the time of separate passes
 (``benchmarks/decode_step_parts.py`` measures both).
+
+Constrained rows (:mod:`candor.backends.constraints`) choose from their
+logits with the tokens their grammar forbids set to -inf: a greedy row takes
+the argmax of those, a sample row draws from that masked distribution (after
+temperature, top-k and top-p). The log-probs and top alternatives recorded
+are still the model's own, before the mask.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,7 +55,10 @@ def sample_from_top(
         probs = probs.masked_fill(mass_before >= params.top_p, 0.0)
     cdf = probs.cumsum(-1)
     target = (uniforms * cdf[:, -1]).unsqueeze(-1)
-    choice = torch.searchsorted(cdf, target, right=True).clamp_(max=k - 1)
+    # At most the last token of positive probability (rounding can put the target at the cdf's end, past the
+    # tokens top-p or a grammar's mask left at zero).
+    last = (probs > 0).sum(-1, keepdim=True).sub_(1).clamp_(min=0)
+    choice = torch.minimum(torch.searchsorted(cdf, target, right=True), last)
     return ids.gather(1, choice).squeeze(1)
 
 
@@ -70,12 +80,18 @@ def row_uniforms(prompt_seed: int, sample: int, steps: int) -> list[float]:
 
 
 def pick_tokens(
-    logits: torch.Tensor, samplers: Sequence[tuple[SamplingParams, list[int], list[float]]], top_logprobs: int
+    logits: torch.Tensor,
+    samplers: Sequence[tuple[SamplingParams, list[int], list[float]]],
+    top_logprobs: int,
+    masked: tuple[list[int], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[list[list[int]], list[list[float]]] | None]:
     """Chosen tokens, their log-probs under the raw (temperature 1) distribution, and the top-k there.
 
     Every row is greedy except those listed in ``samplers``: for each sampling
     setting, the rows that sample with it and their uniforms for this step.
+    ``masked``: the constrained rows and their logits with the forbidden tokens
+    at -inf (row i of the tensor is ``rows[i]``); those rows choose from them,
+    while every log-prob and top alternative is read from ``logits``.
 
     One partial sort of every row, of a fixed :data:`SHARED_TOP` logits,
     serves the greedy choice, top-k sampling and the reported top log-probs
@@ -89,14 +105,24 @@ def pick_tokens(
     vocab = logits.shape[-1]
     values, ids = logits.topk(min(SHARED_TOP, vocab), dim=-1)
     tokens = _greedy_from_top(logits, values, ids)
+    sources = [_Choices(logits, values, ids, {})]
+    if masked is not None and masked[0]:
+        rows, masked_logits = masked
+        masked_values, masked_ids = masked_logits.topk(min(SHARED_TOP, vocab), dim=-1)
+        index = torch.tensor(rows, device=logits.device)
+        tokens[index] = _greedy_from_top(masked_logits, masked_values, masked_ids)
+        sources[0].skip.update((j, None) for j in rows)
+        sources.append(_Choices(masked_logits, masked_values, masked_ids, {j: i for i, j in enumerate(rows)}))
     for params, rows, uniforms in samplers:
-        if params.temperature > 0:
-            index = torch.tensor(rows, device=logits.device)
-            draws = torch.tensor(uniforms, dtype=torch.float32, device=logits.device)
-            if _kept(params, vocab) <= values.shape[-1]:
-                tokens[index] = sample_from_top(values[index], ids[index], draws, params)
-            else:
-                tokens[index] = sample_tokens(logits[index], draws, params)
+        if params.temperature <= 0:
+            continue
+        for source in sources:
+            picked = [(j, u) for j, u in zip(rows, uniforms, strict=True) if source.has(j)]
+            if picked:
+                out = [j for j, _ in picked]
+                tokens[torch.tensor(out, device=logits.device)] = source.draw(
+                    [source.position(j) for j in out], [u for _, u in picked], params
+                )
     chosen = logits.gather(1, tokens.unsqueeze(1)).squeeze(1)
     log_z = torch.logsumexp(logits, dim=-1)
     top = None
@@ -106,6 +132,31 @@ def pick_tokens(
             values, ids = logits.topk(k, dim=-1)
         top = (ids[:, :k].tolist(), (values[:, :k] - log_z.unsqueeze(1)).tolist())
     return tokens, chosen - log_z, top
+
+
+@dataclass
+class _Choices:
+    """Logits rows choose from and their sorted top: the batch's own (``rows`` empty: every row not in ``skip``),
+    or the masked rows' (``rows`` maps a batch row to its row here)."""
+
+    logits: torch.Tensor
+    values: torch.Tensor
+    ids: torch.Tensor
+    rows: dict[int, int]
+    skip: dict[int, None] = field(default_factory=dict)
+
+    def has(self, row: int) -> bool:
+        return row in self.rows if self.rows else row not in self.skip
+
+    def position(self, row: int) -> int:
+        return self.rows[row] if self.rows else row
+
+    def draw(self, positions: list[int], uniforms: list[float], params: SamplingParams) -> torch.Tensor:
+        index = torch.tensor(positions, device=self.logits.device)
+        draws = torch.tensor(uniforms, dtype=torch.float32, device=self.logits.device)
+        if _kept(params, self.logits.shape[-1]) <= self.values.shape[-1]:
+            return sample_from_top(self.values[index], self.ids[index], draws, params)
+        return sample_tokens(self.logits[index], draws, params)
 
 
 def _greedy_from_top(logits: torch.Tensor, values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -61,9 +61,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from candor.annotation.served_store import ServedStore
+from candor.serve.agent_turns import AgentTurn
 from candor.serve.answering import Ask, Cancelled, ContextLengthExceeded, HonestAnswer
 from candor.serve.batching import Admission
 from candor.serve.deployment import Deployment
+from candor.serve.http.agent_requests import agent_turn_of
 from candor.serve.http.api_docs import install_docs
 from candor.serve.http.operations import Lifecycle, install_operations
 from candor.serve.http.operator_routes import FeedbackDesk, install_operator_routes, reload_on_sighup
@@ -88,6 +90,7 @@ from candor.serve.http.responses import (
     refusal_as_text,
     response_head,
     stream_headers,
+    tool_calls_of,
     usage_of,
 )
 from candor.serve.http.responses_api import ResponseEvents, ResponseShell, response_body
@@ -199,8 +202,9 @@ def create_app(
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         # Admitted once its body is here, to the generation that answers it wholly, whatever reloads meanwhile.
         with service.admitted() as generation:
-            body = parse_body(raw, ChatRequest, settings, generation.model)
-            questions = [conversation_of(body, settings)]
+            body = parse_body(raw, ChatRequest, settings, generation.model, request.headers.get("content-type"))
+            turn = agent_turn_of(body, settings)
+            questions: list[Asked] = [turn if turn is not None else conversation_of(body, settings)]
             return await _serve(request, questions, body, settings, generation, service, CHAT, log)
 
     @app.post("/v1/completions")
@@ -208,7 +212,7 @@ def create_app(
         authorize(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         with service.admitted() as generation:
-            body = parse_body(raw, CompletionRequest, settings, generation.model)
+            body = parse_body(raw, CompletionRequest, settings, generation.model, request.headers.get("content-type"))
             questions = body.questions()
             if not 1 <= len(questions) <= settings.max_prompts:
                 raise APIError(
@@ -218,7 +222,7 @@ def create_app(
                     "prompt",
                     "invalid_value",
                 )
-            asked = [((), q) for q in questions]
+            asked: list[Asked] = [((), q) for q in questions]
             return await _serve(request, asked, body, settings, generation, service, COMPLETION, log)
 
     @app.post("/v1/responses")
@@ -226,8 +230,9 @@ def create_app(
         authorize(request, settings)
         raw = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
         with service.admitted() as generation:
-            body = parse_body(raw, ResponsesRequest, settings, generation.model)
-            question = conversation_of(body, settings)
+            body = parse_body(raw, ResponsesRequest, settings, generation.model, request.headers.get("content-type"))
+            turn = agent_turn_of(body, settings)
+            question = turn if turn is not None else conversation_of(body, settings)
             return await _respond(request, question, body, settings, generation, service, log)
 
     install_operator_routes(app, service, settings, feedback)
@@ -241,8 +246,12 @@ def _model_card(settings: ServeSettings) -> dict[str, Any]:
     return {"id": settings.model_id, "object": "model", "created": 0, "owned_by": "candor"}
 
 
+# What one ask of a request is: a question after its conversation, or an agent's turn.
+Asked = tuple[History, str] | AgentTurn
+
+
 def _asks(
-    questions: list[tuple[History, str]],
+    questions: list[Asked],
     body: Any,
     model: HonestModel,
     loop: asyncio.AbstractEventLoop,
@@ -253,14 +262,19 @@ def _asks(
     reply = body.reply()
     param = body.text_param
     asks = []
-    for j, (history, q) in enumerate(questions):
+    for j, asked in enumerate(questions):
         try:
-            prompted = model.prepare(q, reply.max_new_tokens, history)
+            if isinstance(asked, AgentTurn):
+                prompted = model.prepare_agent(asked, reply.max_new_tokens)
+            else:
+                prompted = model.prepare(asked[1], reply.max_new_tokens, asked[0])
         except ContextLengthExceeded as exc:
             raise APIError(400, str(exc), "invalid_request_error", param, "context_length_exceeded") from None
         except CandorError as exc:
             raise APIError(400, str(exc), "invalid_request_error", param, "invalid_value") from None
-        asks.append(Ask(prompted, reply, RequestListener(loop, events, j, streams_tokens)))
+        # An agent turn's output is shown whole once decided (a call is never half sent).
+        streams = streams_tokens and prompted.agent is None
+        asks.append(Ask(prompted, reply, RequestListener(loop, events, j, streams)))
     return asks
 
 
@@ -273,7 +287,7 @@ def _cancel(asks: Sequence[Ask], futures: Sequence[asyncio.Future[Any]]) -> None
 
 async def _serve(
     request: Request,
-    questions: list[tuple[History, str]],
+    questions: list[Asked],
     body: Any,
     settings: ServeSettings,
     generation: Generation,
@@ -316,7 +330,7 @@ async def _serve(
 
 async def _respond(
     request: Request,
-    question: tuple[History, str],
+    question: Asked,
     body: ResponsesRequest,
     settings: ServeSettings,
     generation: Generation,
@@ -335,7 +349,7 @@ async def _respond(
         log.require_available()
     futures = service.start(asks, generation)
     metrics: ServeMetrics = request.app.state.metrics
-    shell = ResponseShell(body=body, settings=settings)
+    shell = ResponseShell(body=body, settings=settings, agent=asks[0].prompted.agent)
     if body.stream:
         futures[0].add_done_callback(lambda _: asks[0].listener.done())  # type: ignore[union-attr]
         stream = _stream_response(asks[0], futures[0], events, shell, model, log, metrics)  # type: ignore[arg-type]
@@ -437,17 +451,24 @@ async def _stream(
     opened: set[int] = set()
 
     def chunk(
-        k: int, text: str | None = None, finish: str | None = None, refusal: str | None = None, **extra: Any
+        k: int,
+        text: str | None = None,
+        finish: str | None = None,
+        refusal: str | None = None,
+        calls: list[dict[str, Any]] | None = None,
+        **extra: Any,
     ) -> str:
         if endpoint.chat:
             delta: dict[str, Any] = {}
             if k not in opened:
                 opened.add(k)
-                delta = {"role": "assistant", "content": "" if refusal is None else None}
+                delta = {"role": "assistant", "content": "" if refusal is None and calls is None else None}
             if text is not None:
                 delta["content"] = text
             if refusal is not None:  # OpenAI's own field for a refusal, which the SDKs map
                 delta["refusal"] = refusal
+            if calls is not None:  # each call whole in one delta (index, id, type, name, arguments)
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
             choice = {"index": k, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
         else:
             choice = {"index": k, "text": text or "", "finish_reason": finish, "logprobs": None, **extra}
@@ -485,7 +506,7 @@ async def _stream(
                 for i, a in enumerate(answers):
                     k = j * n + i
                     confidence = confidence_object(a, asks[j])
-                    if a.abstained and refusal_as_text(settings):
+                    if a.abstained and refusal_as_text(settings, asks[j]):
                         # The refusal text as the answer's text (never after streamed text: settings refuse live).
                         yield chunk(k, settings.refusal, "stop", confidence=confidence)
                         continue
@@ -494,6 +515,11 @@ async def _stream(
                         # With ``stream="live"`` it withdraws text already streamed.
                         text = None if endpoint.chat or deltas[k].sent else settings.refusal
                         yield chunk(k, text, "stop", settings.refusal, confidence=confidence)
+                        continue
+                    calls = tool_calls_of(a)
+                    if calls is not None and endpoint.chat:
+                        yield chunk(k, calls=calls)
+                        yield chunk(k, None, a.finish_reason, confidence=confidence)
                         continue
                     rest_text = deltas[k].finish(a.answer or "")
                     if rest_text:

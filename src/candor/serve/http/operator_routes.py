@@ -27,7 +27,9 @@ Without an operator key the operator routes are off (403).
   between requests, with the deployment's options
   (:meth:`candor.serve.http.service.Service.reload`). A folder outside the root, or
   that cannot serve, is a 400 whose text names no file outside it, and the running
-  model stays.
+  model stays. A folder ``candor adapt`` marked kept (its adapted head was not shown
+  to rank better on held-out labels: :mod:`candor.serve.promotion`) is a 409
+  (``not_promotable``) unless the body says ``"force": true``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from candor.serve.http.request_checks import (
 )
 from candor.serve.http.service import Generation, Service
 from candor.serve.http.settings import ServeSettings
+from candor.serve.promotion import NotPromotable, check_promotable
 from candor.serve.root_guard import confine
 from candor.util.errors import CandorError
 
@@ -77,6 +80,7 @@ OPERATOR_WHO = "operator"  # who an operator-key label is from (a client's: its 
 # The label sources the operator key may name (and ``judge:NAME``); a client's feedback is always LABEL_SOURCE_USER.
 OPERATOR_SOURCES = (LABEL_SOURCE_HUMAN, LABEL_SOURCE_AUDIT, LABEL_SOURCE_USER)
 JUDGE_PREFIX = "judge:"
+RELOAD_FIELDS = ("honest", "force")  # force: reload a folder candor adapt marked kept
 
 
 class FeedbackDesk:
@@ -175,8 +179,9 @@ class FeedbackDesk:
         except RecordGone as exc:
             raise APIError(404, str(exc), "invalid_request_error", "id", "record_gone") from None
         self.metrics.observe_feedback(correct, served.answered)
-        with contextlib.suppress(StoreUnavailable):  # the label is stored: if this fails, the next poll counts it
-            await log.call(self.sync_audit)  # an audit label counts from now (the store holds them all)
+        if source == LABEL_SOURCE_AUDIT:  # an audit label counts from now (the store holds them all)
+            with contextlib.suppress(StoreUnavailable):  # the label is stored: if this fails, the next poll counts it
+                await log.call(self.sync_audit)
         return {
             "object": "feedback",
             "id": response_id,
@@ -242,14 +247,23 @@ def install_operator_routes(app: FastAPI, service: Service, settings: ServeSetti
         if not isinstance(data, dict):
             raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
         for name in data:
-            if name != "honest":
+            if name not in RELOAD_FIELDS:
                 raise APIError(
                     400,
-                    f"{shown(name)}: unknown field (a reload takes only 'honest')",
+                    f"{shown(name)}: unknown field (a reload takes only 'honest' and 'force')",
                     "invalid_request_error",
                     name[:64],
                     "unknown_field",
                 )
+        force = data.get("force", False)
+        if not isinstance(force, bool):
+            raise APIError(
+                400,
+                f"force: must be true or false, got {json_type(force)}",
+                "invalid_request_error",
+                "force",
+                "invalid_value",
+            )
         folder = data.get("honest")
         if folder is not None and (not isinstance(folder, str) or not folder.strip() or "\x00" in folder):
             raise APIError(
@@ -260,8 +274,29 @@ def install_operator_routes(app: FastAPI, service: Service, settings: ServeSetti
                 "invalid_value",
             )
         target = settings.honest_folder if folder is None else folder_in_root(folder, settings.honest_root)
+        if target is not None and not force:
+            await refuse_kept(target)
         generation = await reload_folder(service, settings, target)
-        return {"object": "reload", "model_version": generation.version, "method": generation.model.method}
+        return {
+            "object": "reload",
+            "model_version": generation.version,
+            "method": generation.model.method,
+            "forced": force,
+        }
+
+
+async def refuse_kept(folder: Path) -> None:
+    """A 409 for a folder ``candor adapt`` marked kept (:func:`candor.serve.promotion.check_promotable`)."""
+    try:
+        await asyncio.to_thread(check_promotable, folder)
+    except NotPromotable as exc:
+        raise APIError(
+            409,
+            f"the reload was refused and the running model stays: {exc}",
+            "invalid_request_error",
+            "honest",
+            "not_promotable",
+        ) from None
 
 
 def json_type(value: Any) -> str:

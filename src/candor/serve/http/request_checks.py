@@ -158,9 +158,11 @@ def json_body(raw: bytes, content_type: str | None = None) -> Any:
     raise APIError(400, message, "invalid_request_error", None, "invalid_json")
 
 
-def parse_body(raw: bytes, schema: type[BaseModel], settings: ServeSettings, model: HonestModel) -> Any:
+def parse_body(
+    raw: bytes, schema: type[BaseModel], settings: ServeSettings, model: HonestModel, content_type: str | None = None
+) -> Any:
     """A request body (as :func:`read_body` read it) parsed by ``schema`` and checked against ``model``'s limits."""
-    data = json_body(raw)
+    data = json_body(raw, content_type)  # decoded by the charset the request declares
     if not isinstance(data, dict):
         raise APIError(400, "the body must be a JSON object", "invalid_request_error", None, "invalid_json")
     try:
@@ -186,6 +188,12 @@ def is_union_tag(part: str | int) -> bool:
 
 def check_limits(body: Body, settings: ServeSettings, model: HonestModel) -> None:
     for name in body.unsupported():
+        if name in (body.model_extra or {}):
+            message = (
+                f"{name} is not a field candor knows: it is refused rather than silently ignored "
+                "(docs/serving.md lists the fields, and those accepted as no-ops)"
+            )
+            raise APIError(400, message[:400], "invalid_request_error", name[:100], "unknown_parameter")
         why = UNSUPPORTED_WHY.get(name)
         message = f"{name} is not supported by candor" + (f": {why}" if why else "")
         raise APIError(400, message, "invalid_request_error", name, "unsupported")

@@ -9,6 +9,7 @@ An abstention is shown as ``settings.abstain_as`` says: ``"text"``, the refusal 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -74,9 +75,37 @@ def finish_reason_of(answer: HonestAnswer) -> str:
     return "stop" if answer.abstained else answer.finish_reason
 
 
-def refusal_as_text(settings: ServeSettings) -> bool:
-    """True when an abstention's refusal text is the answer's text (``--abstain-as text``)."""
-    return settings.abstain_as == "text"
+def refusal_as_text(settings: ServeSettings, ask: Ask | None = None) -> bool:
+    """True when an abstention's refusal text is the answer's text (``--abstain-as text``).
+
+    Never for a structured output: a JSON parser must not be handed the refusal text as if it were the
+    JSON asked for, so it is OpenAI's ``refusal`` field whatever ``--abstain-as`` says.
+    """
+    structured = ask is not None and ask.prompted.agent is not None and ask.prompted.agent.output_schema is not None
+    return settings.abstain_as == "text" and not structured
+
+
+def tool_calls_of(answer: HonestAnswer) -> list[dict[str, Any]] | None:
+    """An answer's calls in OpenAI's ``tool_calls`` shape (arguments as JSON text); None when it makes none."""
+    agent = answer.agent
+    if answer.abstained or agent is None or not agent.calls:
+        return None
+    return [
+        {
+            "id": call_id(answer, i),
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
+        for i, c in enumerate(agent.calls)
+    ]
+
+
+def call_id(answer: HonestAnswer, index: int) -> str:
+    """A call's id, the same each time the answer is shown (plain, streamed, logged)."""
+    ids = answer.agent.call_ids
+    while len(ids) <= index:
+        ids.append(f"call_{uuid.uuid4().hex[:24]}")
+    return str(ids[index])
 
 
 def choice_of(
@@ -84,7 +113,17 @@ def choice_of(
 ) -> dict[str, Any]:
     logprobs = logprobs_of(a, body, endpoint)
     confidence = confidence_object(a, ask)
-    as_text = refusal_as_text(settings)
+    as_text = refusal_as_text(settings, ask)
+    calls = tool_calls_of(a)
+    if endpoint.chat and calls is not None:
+        message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}
+        return {
+            "index": index,
+            "message": message,
+            "finish_reason": "tool_calls",
+            "logprobs": None,
+            "confidence": confidence,
+        }
     if endpoint.chat:
         # An abstention is the refusal text as content (--abstain-as text) or OpenAI's refusal field, never
         # the withheld answer.
@@ -125,6 +164,7 @@ def logprobs_of(a: HonestAnswer, body: Any, endpoint: Endpoint) -> dict[str, Any
         return None
     c = a.completion
     alts = c.top_logprobs or [{} for _ in c.tokens]
+    tokens = returned_tokens(c.tokens, a.answer or "")
     if endpoint.chat:
 
         def entry(tok: str, lp: float) -> dict[str, Any]:
@@ -132,19 +172,37 @@ def logprobs_of(a: HonestAnswer, body: Any, endpoint: Endpoint) -> dict[str, Any
 
         content = [
             {**entry(t, lp), "top_logprobs": [entry(x, v) for x, v in list(alt.items())[:top]]}
-            for t, lp, alt in zip(c.tokens, c.logprobs, alts, strict=True)
+            for t, lp, alt in zip(tokens, c.logprobs, alts, strict=True)
         ]
         return {"content": content}
     offsets, at = [], 0
-    for t in c.tokens:
+    for t in tokens:
         offsets.append(at)
         at += len(t)
     return {
-        "tokens": list(c.tokens),
+        "tokens": tokens,
         "token_logprobs": list(c.logprobs),
         "top_logprobs": [dict(list(alt.items())[:top]) for alt in alts],
         "text_offset": offsets,
     }
+
+
+def returned_tokens(tokens: Sequence[str], content: str) -> list[str]:
+    """The generated tokens' texts trimmed as the content was (its leading and trailing whitespace), so that
+    they concatenate to the returned content, as a client that rebuilds the text from them expects."""
+    out = list(tokens)
+    joined = "".join(out)
+    lead = len(joined) - len(joined.lstrip())
+    trail = len(joined.lstrip()) - len(joined.strip())
+    i = 0
+    while lead and i < len(out):
+        cut = min(lead, len(out[i]))
+        out[i], lead, i = out[i][cut:], lead - cut, i + 1
+    i = len(out) - 1
+    while trail and i >= 0:
+        cut = min(trail, len(out[i]))
+        out[i], trail, i = out[i][: len(out[i]) - cut], trail - cut, i - 1
+    return out
 
 
 def confidence_object(answer: HonestAnswer, ask: Ask) -> dict[str, Any]:
@@ -172,6 +230,8 @@ def confidence_object(answer: HonestAnswer, ask: Ask) -> dict[str, Any]:
         "scores_returned_text": answer.scores_returned_text,
         # --claims: each claim of a long answer with its own confidence, and those refined away
         **({} if answer.claims is None else answer.claims.describe()),
+        # an agent turn: each call's values, or each top-level field's
+        **({} if answer.agent is None else answer.agent.describe()),
     }
 
 

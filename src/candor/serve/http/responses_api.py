@@ -19,8 +19,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from candor.serve.agent_turns import AgentTurn
 from candor.serve.answering import HonestAnswer
-from candor.serve.http.responses import refusal_as_text
+from candor.serve.http.responses import refusal_as_text, tool_calls_of
 from candor.serve.http.schemas import ResponsesRequest
 from candor.serve.http.settings import ServeSettings
 from candor.serve.http.streaming import sse
@@ -32,6 +33,7 @@ class ResponseShell:
 
     body: ResponsesRequest
     settings: ServeSettings
+    agent: AgentTurn | None = None  # an agent turn: its output is a function call or a structured output
     id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     item_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
     created_at: int = field(default_factory=lambda: int(time.time()))
@@ -55,14 +57,14 @@ class ResponseShell:
             "max_output_tokens": body.max_output_tokens,
             "model": self.settings.model_id,
             "output": output,
-            "parallel_tool_calls": False,
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": None,
             "reasoning": None,
             "store": False,
             "temperature": body.reply().temperature,
-            "text": {"format": {"type": "text"}},
-            "tool_choice": "none",
-            "tools": [],
+            "text": body.text if isinstance(body.text, dict) else {"format": {"type": "text"}},
+            "tool_choice": body.tool_choice if body.tool_choice is not None else ("auto" if body.tools else "none"),
+            "tools": body.tools or [],
             "top_p": body.reply().top_p,
             "truncation": "disabled",
             "usage": usage,
@@ -74,15 +76,38 @@ class ResponseShell:
     def message(self, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.item_id, "type": "message", "role": "assistant", "status": status, "content": content}
 
+    @property
+    def structured(self) -> bool:
+        return self.agent is not None and self.agent.output_schema is not None
+
+
+def function_calls(answer: HonestAnswer) -> list[dict[str, Any]] | None:
+    """An answer's calls as the Responses API's ``function_call`` output items; None when it makes none."""
+    calls = tool_calls_of(answer)
+    if calls is None:
+        return None
+    return [
+        {
+            "id": f"fc_{c['id'].removeprefix('call_')}",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": c["id"],
+            "name": c["function"]["name"],
+            "arguments": c["function"]["arguments"],
+        }
+        for c in calls
+    ]
+
 
 def status_of(answer: HonestAnswer) -> str:
     """``"incomplete"`` for an answer cut by the token cap, else ``"completed"``."""
     return "incomplete" if not answer.abstained and answer.finish_reason == "length" else "completed"
 
 
-def is_refusal(answer: HonestAnswer, settings: ServeSettings) -> bool:
-    """The answer is shown as the API's ``refusal`` part (an abstention, with ``--abstain-as refusal``)."""
-    return answer.abstained and not refusal_as_text(settings)
+def is_refusal(answer: HonestAnswer, settings: ServeSettings, structured: bool = False) -> bool:
+    """The answer is shown as the API's ``refusal`` part (an abstention, with ``--abstain-as refusal`` or
+    for a structured output, whose parser must never be handed the refusal text)."""
+    return answer.abstained and (structured or not refusal_as_text(settings))
 
 
 def text_of(answer: HonestAnswer, settings: ServeSettings) -> str:
@@ -90,8 +115,8 @@ def text_of(answer: HonestAnswer, settings: ServeSettings) -> str:
     return settings.refusal if answer.abstained else (answer.answer or "")
 
 
-def content_part(answer: HonestAnswer, settings: ServeSettings) -> dict[str, Any]:
-    if is_refusal(answer, settings):
+def content_part(answer: HonestAnswer, settings: ServeSettings, structured: bool = False) -> dict[str, Any]:
+    if is_refusal(answer, settings, structured):
         return {"type": "refusal", "refusal": settings.refusal}
     return {"type": "output_text", "text": text_of(answer, settings), "annotations": [], "logprobs": []}
 
@@ -112,8 +137,13 @@ def response_body(
 ) -> dict[str, Any]:
     """The whole response to a plain (not streamed) request."""
     status = status_of(answer)
-    item = shell.message(status, [content_part(answer, shell.settings)])
-    return shell.response(status, [item], usage_object(usage), confidence)
+    calls = function_calls(answer)
+    items = (
+        calls
+        if calls is not None
+        else [shell.message(status, [content_part(answer, shell.settings, shell.structured)])]
+    )
+    return shell.response(status, items, usage_object(usage), confidence)
 
 
 class ResponseEvents:
@@ -136,11 +166,33 @@ class ResponseEvents:
     def start(self) -> list[str]:
         """Created and in progress, with the (still empty) assistant message as its output item."""
         pending = self.shell.response("in_progress", [])
-        return [
+        out = [
             self._event("response.created", response=pending),
             self._event("response.in_progress", response=pending),
-            self._event("response.output_item.added", output_index=0, item=self.shell.message("in_progress", [])),
         ]
+        if self.shell.agent is None:  # an agent turn's item is known only once it is decided (a call, or a message)
+            out += self._message_added()
+        return out
+
+    def _message_added(self) -> list[str]:
+        return [self._event("response.output_item.added", output_index=0, item=self.shell.message("in_progress", []))]
+
+    def _calls(self, calls: list[dict[str, Any]]) -> list[str]:
+        """Each call as its own output item: added, its arguments (one delta), done."""
+        out = []
+        for i, item in enumerate(calls):
+            where = {"item_id": item["id"], "output_index": i}
+            out += [
+                self._event(
+                    "response.output_item.added",
+                    output_index=i,
+                    item={**item, "status": "in_progress", "arguments": ""},
+                ),
+                self._event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+                self._event("response.function_call_arguments.done", **where, arguments=item["arguments"]),
+                self._event("response.output_item.done", output_index=i, item=item),
+            ]
+        return out
 
     def _open_text(self) -> list[str]:
         if self._text_opened:
@@ -160,9 +212,15 @@ class ResponseEvents:
     def finish(self, answer: HonestAnswer, confidence: dict[str, Any], rest: str, usage: dict[str, int]) -> list[str]:
         """The part's last text (``rest``, or the refusal), every done event and the completed response."""
         settings = self.shell.settings
-        part = content_part(answer, settings)
-        out: list[str] = []
-        if is_refusal(answer, settings):
+        calls = function_calls(answer)
+        if calls is not None:
+            status = status_of(answer)
+            final = self.shell.response(status, calls, usage_object(usage), confidence)
+            return [*self._calls(calls), self._event(f"response.{status}", response=final)]
+        structured = self.shell.structured
+        part = content_part(answer, settings, structured)
+        out: list[str] = [] if self.shell.agent is None else self._message_added()
+        if is_refusal(answer, settings, structured):
             refusal = settings.refusal
             out += [
                 self._event("response.content_part.added", **self._where(), part={"type": "refusal", "refusal": ""}),
