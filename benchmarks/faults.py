@@ -678,17 +678,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fault {name} …", flush=True)
             rows[name] = run_fault(name, scale, make, save, serve_args)
             print(json.dumps(rows[name]), flush=True)
+            write_results(rows, scale)  # after each fault: a run cut short keeps what it measured
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+def write_results(rows: dict[str, dict[str, Any]], scale: Scale) -> None:
     result = {
         "command": "python -m benchmarks.faults",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "load_average": [round(x, 1) for x in os.getloadavg()],
+        },
         "model": "smollm2-135m (embedded), no threshold, max_new_tokens 4",
         "scale": scale.__dict__,
         "faults": [rows[name] for name in FAULTS if name in rows],
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
-    return 0
 
 
 if __name__ == "__main__":

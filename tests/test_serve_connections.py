@@ -4,6 +4,8 @@ uvicorn on 127.0.0.1, raw sockets, the tiny real model behind the app)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import socket
@@ -162,3 +164,63 @@ def test_candor_serve_takes_the_limits_and_refuses_nonsense():
         timeout=120,
     )
     assert done.returncode == 2 and "--header-timeout must be > 0" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.slow  # a real `candor serve` process: its start dominates (about 20 s alone)
+def test_at_ulimit_1024_a_flood_of_half_sent_headers_leaves_health_chat_and_the_log_alone(tiny_model_dir, tmp_path):
+    """The issue's case: 1,100 half-sent headers against `candor serve` at `ulimit -n 1024` (on 4132585 /health
+    and chat timed out and "Too many open files" wrote 405 MB of log in 25 s)."""
+    import resource
+
+    from candor.backends import load_backend
+    from tests.helpers import free_port
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this test's client holds 1,100 connections; ulimit -Hn is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536) if hard != resource.RLIM_INFINITY else 65536, hard))
+    folder = tmp_path / "honest"
+    model = HonestModel(load_backend(tiny_model_dir, "hf"), confidence="n-prob", decoding=Decoding(max_new_tokens=2))
+    model.save_pretrained(folder)
+    port, log = free_port(), tmp_path / "serve.log"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    env.pop("CANDOR_API_KEY", None)
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "candor.cli", "serve", "--honest", str(folder), "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)),
+        )
+    url = f"http://127.0.0.1:{port}"
+    slow: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                health(url)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+                time.sleep(0.5)
+        for _ in range(1100):
+            with contextlib.suppress(OSError):  # refused or reset at the cap: the server shed it
+                slow += open_partial(url, 1)
+        for _ in range(5):
+            assert health(url)[0] == 200
+        body = {"model": "candor", "messages": [{"role": "user", "content": "Is it up?"}], "max_tokens": 2}
+        request = urllib.request.Request(
+            f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            assert resp.status == 200
+        time.sleep(3)
+        assert log.stat().st_size < 200_000, log.read_text()[-2000:]
+        assert "Too many open files" not in log.read_text()
+    finally:
+        for sock in slow:
+            sock.close()
+        proc.terminate()
+        proc.wait(timeout=60)

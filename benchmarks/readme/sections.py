@@ -46,6 +46,7 @@ SECTIONS: list[Section] = [
     serving.serve_production,
     serving.prefill_chunks,
     serving.drift,
+    serving.faults,
     clients.client_matrix,
     estimators.estimator_table,
     estimators.eigenscore_cost,

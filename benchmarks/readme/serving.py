@@ -538,3 +538,56 @@ def drift(r: Path) -> dict[str, str]:
             f"promise, labels to alarm with it at {pct(d['drifted_accuracy'], 0)}%"
         ),
     }
+
+
+def faults(r: Path) -> dict[str, str]:
+    """Faults survived: what a client saw, /ready, what was lost and the recovery, per fault (faults.py)."""
+    d = load("faults", r)
+    rows = []
+    for f in d["faults"]:
+        if "not_measured" in f:
+            rows.append([f["fault"], f["not_measured"], DASH, DASH, DASH, DASH, DASH, DASH])
+            continue
+        ready = f["ready_during"]
+        if "survivor" in ready:  # two replicas: the killed one's probe, and the survivor's
+            said = f"killed: {_tally(ready['killed'])}; survivor: {_tally(ready['survivor'])}"
+        else:
+            said = _tally(ready)
+        noticed = DASH if f["ready_noticed_s"] is None else f"{f['ready_noticed_s']:.1f} s"
+        rows.append(
+            [
+                f["fault"],
+                f["injected"],
+                _tally(f["client_sees"]) or DASH,
+                f"{said} (expected {f['ready_truth']}, seen after {noticed}; "
+                f"{'truthful' if f['ready_truthful'] else 'NOT truthful'})",
+                f"{1000 * f['health_max_s']:.0f} ms",
+                f"{f['acknowledged_answers']} / {f['acknowledged_labels']}",
+                f"{f['lost_answers']} / {f['lost_labels']}",
+                DASH if f["recovery_s"] is None else f"{f['recovery_s']:.1f} s",
+            ]
+        )
+    header = [
+        "fault",
+        "injected",
+        "clients saw (answers, while it lasted)",
+        "/ready while it lasted",
+        "/health max",
+        "acknowledged answers / labels",
+        "lost",
+        "recovery",
+    ]
+    machine = d["machine"]
+    return {
+        "table:faults": md_table(header, "llllrrrr", rows),
+        "value:faults-run": (
+            f"`{d['command']}` ({d['model']}; {machine['cpus']} CPUs, Python {machine['python']}); "
+            f"each fault lasted {d['scale']['fault_s']:g} s between {d['scale']['phase_s']:g} s of load before"
+            " and after."
+        ),
+    }
+
+
+def _tally(counts: Json) -> str:
+    """``{"200": 5, "503 store_unavailable": 2}`` as ``200 ×5, 503 store_unavailable ×2``."""
+    return ", ".join(f"{k} ×{v}" for k, v in counts.items())
