@@ -1,6 +1,6 @@
 """The agent fields of a request, checked: ``tools``, ``tool_choice``, ``parallel_tool_calls``, structured output.
 
-Chat completions and Responses follow one set of rules (docs/serving.md "Tools and structured output"):
+Chat completions and Responses follow one set of rules (docs/agents.md "What a request may hold"):
 
 - ``tools``: function tools (chat ``{"type": "function", "function": {...}}``, Responses
   ``{"type": "function", "name", ...}``); anything else is 400 naming the tool.
