@@ -318,6 +318,11 @@ def promotion_counts(rows: list[dict]) -> dict[str, Any]:
     }
 
 
+def top_correct(scores: dict[str, list]) -> bool:
+    """Whether the adapted head's most confident held-out answer is correct."""
+    return bool(scores["held_out_correct"][int(np.argmax(scores["held_out"]))])
+
+
 def certified_levels(runs: list[dict], folds: list[str], delta: float, labels: int = 100) -> dict[str, Any]:
     """Per domain, the smallest α that ``labels`` labels certify in every seed (from the held-out labels only, never
     the test ones), and the guarantee row of the adapted head at that level."""
@@ -328,7 +333,15 @@ def certified_levels(runs: list[dict], folds: list[str], delta: float, labels: i
         per_seed = {str(r["seed"]): smallest_certifiable(g) for r, g in zip(rows, grids, strict=True)}
         levels = [a for a in per_seed.values() if a is not None]
         alpha = max(levels) if levels and len(levels) == len(rows) else None
-        entry: dict[str, Any] = {"labels": labels, "delta": delta, "smallest_alpha_by_seed": per_seed, "alpha": alpha}
+        entry: dict[str, Any] = {
+            "labels": labels,
+            "delta": delta,
+            "smallest_alpha_by_seed": per_seed,
+            # the risk-control scan starts at the most confident held-out answer: wrong, and it ends there
+            "most_confident_held_out_correct_runs": sum(top_correct(r["scores"]) for r in rows),
+            "runs": len(rows),
+            "alpha": alpha,
+        }
         if alpha is not None:
             at = [g[f"{alpha:g}"] for g in grids]
             answered = sum(a["answered_error"] is not None for a in at)

@@ -113,3 +113,10 @@ def test_the_certified_level_is_the_smallest_every_seed_reaches() -> None:
     assert levels["nq"]["guarantee"] == "yes (2 of 2 runs answered)" and levels["nq"]["answered_runs"] == 2
     assert levels["nq"]["answered_error"]["mean"] == 0.0
     assert levels["hq"]["alpha"] is None and "guarantee" not in levels["hq"]  # no level of the grid certifies
+    assert (
+        levels["nq"]["most_confident_held_out_correct_runs"],
+        levels["hq"]["most_confident_held_out_correct_runs"],
+    ) == (
+        2,
+        0,
+    )

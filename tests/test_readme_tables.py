@@ -83,9 +83,9 @@ def test_a_changed_adapt_result_makes_only_the_serving_page_stale(gen, results):
     texts = {path: path.read_text(encoding="utf-8") for path in gen.READMES}
     stale = gen.rewritten(texts, gen.generated(results))
     assert list(stale) == [SERVING_PAGE]
-    row = "| nq | 25 | adapted | 50.0 [56, 74] | 4.1 [0, 14] | 0.0 | – (answers none) | not exercised (0 answered) |"
+    row = "| nq | 25 | adapted | 50.0 [67, 82] | 4.1 [0, 14] | 0.0 | – (answers none) | not exercised (0 answered) |"
     assert row in stale[SERVING_PAGE]
-    assert "AUROC gain per domain nq -50.0, hq +1.0" in stale[SERVING_PAGE]
+    assert "AUROC gain per domain nq -50.0, hq +1.5" in stale[SERVING_PAGE]
 
 
 def test_a_guarantee_no_run_exercised_is_not_reported_as_held(gen, results):
@@ -105,7 +105,7 @@ def test_a_guarantee_no_run_exercised_is_not_reported_as_held(gen, results):
     )
     assert "in every run: yes" not in page["table:adapt-goal"]
     mean_row = (
-        "| mean of the four | 100 | adapted | 66.2 [61, 71] | 5.5 [5, 6] | 0.0 | – (answers none) | not exercised"
+        "| mean of the four | 100 | adapted | 66.3 [54, 78] | 5.3 [4, 7] | 0.0 | – (answers none) | not exercised"
     )
     assert mean_row in page["table:adapt"]
 
@@ -126,7 +126,7 @@ def test_check_and_rewrite_from_the_command(gen, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gen, "READMES", copies)
     assert gen.main(["--check"]) == 0
     good = page.read_text(encoding="utf-8")
-    page.write_text(good.replace("| hq | 25 | adapted | 77.7", "| hq | 25 | adapted | 70.0"), encoding="utf-8")
+    page.write_text(good.replace("| hq | 25 | adapted | 72.9", "| hq | 25 | adapted | 70.0"), encoding="utf-8")
     assert gen.main(["--check"]) == 1
     assert f"{page} differs from the results files" in capsys.readouterr().err
     assert gen.main([]) == 0 and page.read_text(encoding="utf-8") == good
@@ -253,3 +253,20 @@ def test_the_claim_head_section_derives_its_shift_table_and_thresholds_from_the_
     section = claims.claims_head_section(tmp_path)
     assert section["value:claims-head-size"] == "144 prompts (an older run)"
     assert section["table:claims-head-shift"].startswith("_Not in")
+
+
+def test_the_adapt_page_counts_worse_heads_promoted_and_the_certified_levels(gen, results):
+    """Issue 64, defect 12: the promotion table's last row and the certified-α table come from the results."""
+    doc = json.loads((results / "adapt.json").read_text())
+    worse = doc["promotion"]["all"]["worse_promoted"]
+    page = gen.generated(results)
+    assert "| **every run** | all | 36 | " in page["table:adapt-promotion"]
+    assert page["table:adapt-promotion"].endswith(f"**{worse}** |")
+    assert f"over every domain, seed and label count: {worse}" in page["table:adapt-goal"]
+    for domain, entry in doc["certified_alpha_at_100_labels"].items():
+        assert f"| {domain} | " in page["table:adapt-alpha"]
+        if entry["alpha"] is None:
+            assert f"| {domain} | none, none, none | none of the grid |" in page["table:adapt-alpha"]
+    doc["promotion"]["all"]["worse_promoted"] = 2
+    (results / "adapt.json").write_text(json.dumps(doc))
+    assert gen.generated(results)["table:adapt-promotion"].endswith("**2** |")

@@ -128,17 +128,19 @@ def alpha_table(result: Json) -> str:
     if not levels:
         return "The certified levels were not measured."
     rows = [
-        "| domain | smallest α per seed | α (every seed) | coverage (%) | answered error | within α (runs) |",
-        "|---|---|---:|---:|---:|---|",
+        "| domain | smallest α per seed | α (every seed) | most confident held-out answer right (runs) | "
+        "coverage (%) | answered error | within α (runs) |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
     for d, e in levels.items():
-        seeds = ", ".join(DASH if a is None else f"{a:g}" for a in e["smallest_alpha_by_seed"].values())
+        seeds = ", ".join("none" if a is None else f"{a:g}" for a in e["smallest_alpha_by_seed"].values())
+        top = f"{e['most_confident_held_out_correct_runs']} of {e['runs']}"
         if e["alpha"] is None:
-            rows.append(f"| {d} | {seeds} | none of the grid | {DASH} | {DASH} | not exercised |")
+            rows.append(f"| {d} | {seeds} | none of the grid | {top} | {DASH} | {DASH} | not exercised (0 answered) |")
             continue
         error = f"{DASH} (answers none)" if e["answered_error"]["mean"] is None else cell(e["answered_error"])
         coverage = DASH if e["coverage"]["mean"] is None else f"{100 * e['coverage']['mean']:.1f}"
-        rows.append(f"| {d} | {seeds} | {e['alpha']:g} | {coverage} | {error} | {e['guarantee']} |")
+        rows.append(f"| {d} | {seeds} | {e['alpha']:g} | {top} | {coverage} | {error} | {e['guarantee']} |")
     return "\n".join(rows)
 
 

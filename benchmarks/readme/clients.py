@@ -96,6 +96,9 @@ def client_paths(d: dict[str, Any]) -> str:
             why = client.get("skipped") or f"broke: {client['broken']}"
             rows.append([client["client"], f"not run: {why}", DASH, DASH, DASH])
             continue
+        if "paths" not in client:  # a matrix run from before issue 62's paths
+            rows.append([client["client"], "not run", DASH, DASH, DASH])
+            continue
         found = client["paths"]
         turn2 = found.get("turn2") or {}
         rows.append(
