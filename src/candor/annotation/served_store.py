@@ -278,6 +278,12 @@ class ServedStore:
                 conn.execute(sa.text("UPDATE schema_version SET version = :v"), {"v": len(MIGRATIONS)})
         return len(MIGRATIONS)
 
+    def write_probe(self) -> None:
+        """A real write, rolled into one committed no-op update: whether the database takes writes (a full disk
+        still answers reads, so only a write tells it takes them again)."""
+        with self._write() as conn:
+            conn.execute(sa.text("UPDATE schema_version SET version = version"))
+
     def schema_version(self) -> int:
         with self._read() as conn:
             return int(conn.execute(sa.text("SELECT version FROM schema_version")).scalar_one())

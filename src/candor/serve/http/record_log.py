@@ -77,6 +77,7 @@ class RecordLog:
         self.store = store
         self.timeout_s = timeout_s
         self.problem: str | None = None  # why the store is unavailable now (None: it answers)
+        self.writes_failed = False  # the last outage failed a write: only a write (not a read) shows it is over
         self.failures = 0  # store calls that failed or timed out
         self._slots = asyncio.Semaphore(STORE_THREADS)  # store calls running at once (a hung database holds them)
         self._logged_at = -float("inf")
@@ -94,7 +95,7 @@ class RecordLog:
         if self.problem is not None:
             raise StoreUnavailable(self.problem)
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def call(self, fn: Callable[..., T], *args: Any, writes: bool | None = None) -> T:
         """``fn(*args)`` on a thread of its own within :attr:`timeout_s` (waiting for one of the
         :data:`STORE_THREADS` slots included); an outage is a :class:`StoreUnavailable`.
 
@@ -103,6 +104,7 @@ class RecordLog:
         calls time out waiting for one, without starting more threads.
         """
         loop = asyncio.get_running_loop()
+        writes = is_write(fn) if writes is None else writes
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._slots.acquire()
@@ -111,17 +113,19 @@ class RecordLog:
                 thread.start()
                 result = await work
         except TimeoutError:
-            self._fail(f"no answer within {self.timeout_s:g} s")
+            self._fail(f"no answer within {self.timeout_s:g} s", writes)
             raise StoreUnavailable(self.problem or "timeout") from None
         except OUTAGES as exc:
-            self._fail(type(exc).__name__)
+            self._fail(type(exc).__name__, writes)
             raise StoreUnavailable(self.problem or "error") from None
         except sa.exc.DBAPIError as exc:  # the database refused this call (not an outage): the store stays up
             logger.error("the store refused a call: %s", exc)
             raise StoreUnavailable(f"the database refused the call ({type(exc.orig).__name__})") from None
+        if self.writes_failed and not writes:
+            return result  # a read answered, but the outage failed writes (a full disk): still unavailable
         if self.problem is not None:
             logger.warning("the store answers again: taking traffic")
-        self.problem = None
+        self.problem, self.writes_failed = None, False
         return result
 
     async def watch(self, poll: Callable[[], Any], interval_s: float = PROBE_INTERVAL_S) -> None:
@@ -129,6 +133,8 @@ class RecordLog:
         while True:
             with contextlib.suppress(StoreUnavailable):  # logged by call(); /ready says so until a probe succeeds
                 await self.call(poll)
+                if self.writes_failed:  # a full disk answers reads: a write shows when it takes them again
+                    await self.call(self.store.write_probe, writes=True)
             await asyncio.sleep(interval_s)
 
     def _run(self, loop: asyncio.AbstractEventLoop, work: asyncio.Future[T], fn: Callable[..., T], args: tuple) -> None:
@@ -141,8 +147,9 @@ class RecordLog:
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
             loop.call_soon_threadsafe(_settle, work, self._slots, *outcome)
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str, writes: bool = False) -> None:
         self.failures += 1
+        self.writes_failed = self.writes_failed or writes
         if self.problem is None or time.monotonic() - self._logged_at > 60:  # once a minute while it lasts
             logger.error("the store is unavailable (%s): /ready is 503 and requests are refused until it answers", why)
             self._logged_at = time.monotonic()
@@ -196,6 +203,11 @@ class RecordLog:
 
     def close(self) -> None:
         self.store.close()
+
+
+def is_write(fn: Callable[..., Any]) -> bool:
+    """Whether a store call writes (an answer's records, a label): its failure is cleared only by a write."""
+    return getattr(fn, "__func__", None) in (RecordLog.write, RecordLog.label)
 
 
 def _settle(work: asyncio.Future[Any], slots: asyncio.Semaphore, result: Any, exc: BaseException | None) -> None:
