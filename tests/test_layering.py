@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "candor"
 ORDER = (
     "util",
     "data",
+    "tool_calls",
     "backends",
     "annotation",
     "verbal",
@@ -282,7 +283,13 @@ def test_the_front_door_and_the_estimator_registry_load_without_torch():
 
 # The engine (docs/engine.md) sits inside the backends stage but below its adapters: the hf backend
 # and serve use it, never the other way round.
-ENGINE_MAY_IMPORT = ("candor.util", "candor.backends.engine", "candor.backends.base", "candor.backends.tokens")
+ENGINE_MAY_IMPORT = (
+    "candor.util",
+    "candor.backends.engine",
+    "candor.backends.base",
+    "candor.backends.tokens",
+    "candor.backends.constraints",  # the grammar each constrained row decodes under
+)
 
 
 def engine_reaches(root: Path = PACKAGE) -> list[str]:
