@@ -50,7 +50,9 @@ from tests import client_frameworks as frameworks  # noqa: E402
 from tests import client_paths as agent_paths  # noqa: E402
 from tests.client_paths import KEY, MAX_TOKENS, QUESTION, REFUSAL, SYSTEM, attempt, messages, seen  # noqa: E402
 
-pytestmark = pytest.mark.integration
+# Slow: 30 clients and their agent paths took 21 minutes here (the default tier leaves it out; `make test-slow` runs
+# it). Its agent cells are the record of what each framework does now, failures included (docs/serving.md).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_DIR = Path(__file__).parent / "node"
