@@ -23,7 +23,7 @@ import pytest
 from helpers import free_port, transformers_serve
 from typer.testing import CliRunner
 
-from candor.backends.base import GENERATE, LOGPROBS, SCORE, TOKENIZER, TOP_LOGPROBS, SamplingParams
+from candor.backends.base import CONSTRAINED, GENERATE, LOGPROBS, SCORE, TOKENIZER, TOP_LOGPROBS, SamplingParams
 from candor.backends.openai import SAMPLES_N, OpenAIBackend
 from candor.util.errors import CandorError
 
@@ -71,7 +71,8 @@ def local(smollm_dir):
 
 @needs_serve
 def test_probe_finds_a_black_box_server(remote) -> None:
-    assert remote.capabilities == {GENERATE, TOKENIZER}
+    # Structured output is passed on as asked (response_format); a server that ignores it answers in free text.
+    assert remote.capabilities == {GENERATE, TOKENIZER, CONSTRAINED}
     assert not {SAMPLES_N, LOGPROBS, TOP_LOGPROBS} & remote.capabilities
 
 

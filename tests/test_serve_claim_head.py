@@ -231,7 +231,10 @@ def test_a_reload_keeps_the_claim_head_and_one_to_another_backbone_is_refused(
         assert after["confidence"]["claims"] == before["confidence"]["claims"]
         status, refused = post(f"{url}/admin/reload", {"honest": str(other)}, key=ADMIN)
         assert status == 400 and refused["error"]["code"] == "reload_failed", refused
-        assert "is not the served weights" in refused["error"]["message"]
+        # Refused for its other backbone, or before that for naming a model outside --honest-root (issue 64: a
+        # reload reads only inside the root); either way the running model stays.
+        message = refused["error"]["message"]
+        assert "is not the served weights" in message or "outside --honest-root" in message, message
         still = client.chat.completions.create(model="candor", messages=messages).choices[0].model_extra
         assert still["confidence"]["claims"] == before["confidence"]["claims"]  # the old version still serves
 

@@ -157,7 +157,7 @@ def test_a_framework_request_with_the_tuned_system_prompt_is_calibrated(server):
 def test_any_other_request_shape_is_not_calibrated(server, messages):
     conf = ask_chat(server, [*messages, {"role": "user", "content": QUESTIONS[0]}])
     assert conf["calibrated"] is False
-    assert conf["calibrated_on"].endswith(f"(sha {system_shape(SYSTEM).removeprefix('system:')})")
+    assert conf["calibrated_on"] is None  # where it was fitted is named only where it is calibrated (issue 62)
 
 
 def test_a_folder_tuned_on_questions_alone_is_not_calibrated_after_a_system_prompt(backend):

@@ -116,7 +116,7 @@ def test_a_bad_label_is_refused_before_writing(log: Path, args: tuple, field: st
 
 def _append_many(path: str, worker: int) -> None:
     for i in range(40):
-        append_label(path, f"chatcmpl-{worker}-{i}-" + "x" * 300, i, i % 2 == 0, "feedback")
+        append_label(path, f"chatcmpl-{worker}-{i}-" + "x" * 220, i, i % 2 == 0, "feedback")  # ids up to 256
 
 
 def test_labels_from_many_processes_land_whole(log: Path) -> None:

@@ -9,6 +9,12 @@ from typing import Any
 from .formatting import DASH, load, md_table
 
 
+def _scrubbed(text: str) -> str:
+    """An error text without the machine's paths (a package's file named from its package: ``llama_index/...``)."""
+    text = re.sub(r"/\S*?/site-packages/", "", text)
+    return re.sub(r"/(?:work|root|home|tmp)/\S*/", "", text)
+
+
 def _raised(cell: dict[str, Any]) -> str:
     """An exception a cell raised: its type, and the HTTP status when it was the server's answer."""
     found = re.search(r"Error code: (\d{3})", str(cell.get("error") or ""))
@@ -93,7 +99,7 @@ def client_paths(d: dict[str, Any]) -> str:
     rows = []
     for client in d["clients"]:
         if "skipped" in client or "broken" in client:
-            why = client.get("skipped") or f"broke: {client['broken']}"
+            why = client.get("skipped") or f"broke: {_scrubbed(client['broken'])}"
             rows.append([client["client"], f"not run: {why}", DASH, DASH, DASH])
             continue
         if "paths" not in client:  # a matrix run from before issue 62's paths
@@ -127,7 +133,7 @@ def client_matrix(r: Path) -> dict[str, str]:
     rows, lines = [], []
     for client in d["clients"]:
         if "skipped" in client or "broken" in client:
-            why = client.get("skipped") or f"broke: {client['broken']}"
+            why = client.get("skipped") or f"broke: {_scrubbed(client['broken'])}"
             rows.append([client["client"], DASH, DASH, f"not run: {why}", DASH, DASH, DASH, DASH])
             continue
         cells = client["cells"]

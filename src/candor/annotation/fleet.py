@@ -115,7 +115,7 @@ class Fleet:
             raise CandorError("a fleet needs at least one server")
         if slots < 1:
             raise CandorError(f"a fleet needs at least one request slot per server, got {slots}")
-        self.servers = [Server(name, handle) for name, handle in servers]
+        self.servers = [Server(name=name, handle=handle) for name, handle in servers]
         self.policy = policy or RetryPolicy()
         self.probe = probe
         self._queue: queue.Queue[_Job[Any]] = queue.Queue()

@@ -118,7 +118,7 @@ class AgentAnswers:
             messages = [ask, *messages]
         if agent_path(model.backend, turn) == REMOTE:
             prompt = model.backend.render_chat(wire_messages(messages))
-            return Prompted(turn.question(), prompt, None, turn.history()[:-1], agent=turn)
+            return Prompted(question=turn.question(), prompt=prompt, history=turn.history()[:-1], agent=turn)
         tools = turn.offered() if turn.calls_tools else ()
         choice: Any = turn.tool_choice if turn.tool_choice in ("auto", "required") else tools[0] if tools else "none"
         prompt = render_tool_prompt(model.backend.tokenizer, messages, tools, choice)
@@ -130,7 +130,9 @@ class AgentAnswers:
                 f"the prompt is {count} tokens with its tools; with {answer} answer tokens it exceeds the "
                 f"model's context of {limit} tokens"
             )
-        return Prompted(turn.question(), prompt, count, turn.history()[:-1], agent=turn)
+        return Prompted(
+            question=turn.question(), prompt=prompt, prompt_tokens=count, history=turn.history()[:-1], agent=turn
+        )
 
     async def _agent_generations(self, ask: Ask, engine: Any, greedy_only: bool = False) -> Generations:
         """The protocol's greedy output and samples: from the engine (under the grammar, or the upstream's
@@ -205,18 +207,18 @@ class AgentAnswers:
                 stop=ask.reply.stop,
             )
             return DecodeRequest(
-                ask.prompted.prompt,
-                ask.reply.n,
-                params,
+                prompt=ask.prompted.prompt,
+                n=ask.reply.n,
+                params=params,
                 greedy=False,
                 seed=reply_seed(ask),
                 constraint=turn.constraint(),
             )
         params = replace(PROTOCOL_SAMPLES, max_new_tokens=cap, stop=ask.reply.stop)
         return DecodeRequest(
-            ask.prompted.prompt,
-            0 if greedy_only else model.source.samples,
-            params,
+            prompt=ask.prompted.prompt,
+            n=0 if greedy_only else model.source.samples,
+            params=params,
             greedy=True,
             seed=question_seed(ask.prompted.question, ask.prompted.history),
             constraint=turn.constraint(),

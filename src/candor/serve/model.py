@@ -199,7 +199,7 @@ class HonestModel(AgentAnswers):
                 f"the prompt is {count} tokens after the QA template; with {answer} answer tokens it exceeds "
                 f"the model's context of {limit} tokens"
             )
-        return Prompted(question, prompt, count, tuple(history))
+        return Prompted(question=question, prompt=prompt, prompt_tokens=count, history=tuple(history))
 
     def answer(self, question: str, history: Sequence[tuple[str, str]] = ()) -> HonestAnswer:
         """The greedy answer to one question, or an abstention, with its confidence.

@@ -105,14 +105,15 @@ def pick_tokens(
     vocab = logits.shape[-1]
     values, ids = logits.topk(min(SHARED_TOP, vocab), dim=-1)
     tokens = _greedy_from_top(logits, values, ids)
-    sources = [_Choices(logits, values, ids, {})]
+    sources = [_Choices(logits=logits, values=values, ids=ids, rows={})]
     if masked is not None and masked[0]:
         rows, masked_logits = masked
         masked_values, masked_ids = masked_logits.topk(min(SHARED_TOP, vocab), dim=-1)
         index = torch.tensor(rows, device=logits.device)
         tokens[index] = _greedy_from_top(masked_logits, masked_values, masked_ids)
         sources[0].skip.update((j, None) for j in rows)
-        sources.append(_Choices(masked_logits, masked_values, masked_ids, {j: i for i, j in enumerate(rows)}))
+        rows_here = {j: i for i, j in enumerate(rows)}
+        sources.append(_Choices(logits=masked_logits, values=masked_values, ids=masked_ids, rows=rows_here))
     for params, rows, uniforms in samplers:
         if params.temperature <= 0:
             continue
