@@ -100,7 +100,25 @@ AGENT_SCORES: dict[str, Callable[[Record], float]] = {
 
 
 class AgentAnswers:
-    """The agent half of :class:`~candor.serve.model.HonestModel` (a mixin: it uses the model's own state)."""
+    """The agent half of :class:`~candor.serve.model.HonestModel` (a mixin: it uses the model's own state).
+
+    The model's own steps it calls on itself are declared here and defined by the model.
+    """
+
+    async def _question_confidence(self, item: Any, engine: Any) -> float:
+        raise NotImplementedError
+
+    def _declines(self, confidence: float) -> bool:
+        raise NotImplementedError
+
+    def _abstention(self, confidence: float, reason: str, *args: Any, **kwargs: Any) -> HonestAnswer:
+        raise NotImplementedError
+
+    def _calibrated(self, raw: Any) -> Any:
+        raise NotImplementedError
+
+    def _answered(self, *args: Any, **kwargs: Any) -> HonestAnswer:
+        raise NotImplementedError
 
     def prepare_agent(self, turn: AgentTurn, max_new_tokens: int | None = None) -> Prompted:
         """The turn rendered and counted; a backend that can neither constrain its decoding nor pass tools on is
@@ -163,9 +181,9 @@ class AgentAnswers:
         model: Any = self
         turn: AgentTurn = ask.prompted.agent
         if model.source.before_generation:
-            confidence = await model._question_confidence(ask.prompted.item(), engine)
-            if model._declines(confidence):
-                declined = model._abstention(confidence, "declined before generating (no tool is called)")
+            confidence = await self._question_confidence(ask.prompted.item(), engine)
+            if self._declines(confidence):
+                declined = self._abstention(confidence, "declined before generating (no tool is called)")
                 ask.decided(declined)
                 return [declined] * ask.reply.n
             protocol = await self._agent_generations(ask, engine, greedy_only=True)
@@ -178,13 +196,11 @@ class AgentAnswers:
         score = AGENT_SCORES.get(model.method)
         try:
             raw = np.array([score(rec)]) if score is not None else model.source.score_records([rec], model.backend)
-            confidence = float(model._calibrated(raw)[0])
+            confidence = float(self._calibrated(raw)[0])
         except CandorError as exc:
-            return [
-                model._abstention(0.0, f"the output could not be scored: {exc}", rec=rec, below=False)
-            ] * ask.reply.n
-        if model._declines(confidence):
-            declined = model._abstention(confidence, "output scored below the threshold (no tool is called)", None, rec)
+            return [self._abstention(0.0, f"the output could not be scored: {exc}", rec=rec, below=False)] * ask.reply.n
+        if self._declines(confidence):
+            declined = self._abstention(confidence, "output scored below the threshold (no tool is called)", None, rec)
             return [declined] * ask.reply.n
         replies = [protocol.greedy] * ask.reply.n
         if ask.reply.temperature > 0 and agent_path(model.backend, turn) == LOCAL:
@@ -227,7 +243,6 @@ class AgentAnswers:
     def _agent_answer(
         self, ask: Ask, completion: Completion, confidence: float, samples: list[str], rec: Record | None
     ) -> HonestAnswer:
-        model: Any = self
         turn: AgentTurn = ask.prompted.agent
         calls = parsed_output(turn, completion.text)
         parsed_samples = [parsed_output(turn, s) for s in samples]
@@ -237,6 +252,6 @@ class AgentAnswers:
             agent.call_values = call_values(completion, calls, parsed_samples)
         elif turn.output_schema is not None:
             agent.fields = field_values(completion, samples)
-        answer = model._answered(completion, confidence, ask, True, rec)
+        answer = self._answered(completion, confidence, ask, True, rec)
         finish = "tool_calls" if calls else answer.finish_reason
         return replace(answer, agent=agent, finish_reason=finish, calibrated=False)
