@@ -21,8 +21,9 @@ Scores of the greedy reply (the label: the judge's verdict on it): ``n-prob`` (g
 of the reply), ``consistency`` (share of the k samples whose calls agree with the greedy reply's,
 :func:`candor.tool_calls.calls_agree`; a plain answer agrees with a plain answer), and ``head`` (EliCal-style:
 a ridge head on the hidden state of the prompt's last token trained to predict consistency on the ``train``
-split, then Platt-calibrated on the ``cal`` split's labels). Every score is Platt-calibrated on ``cal`` and
-evaluated on ``test`` only; the split is by item id (a hash of it: 50 % train, 20 % cal, 30 % test).
+split, then Platt-calibrated on the ``cal`` split's labels). Every score is Platt-calibrated on ``cal``; the head
+is evaluated on ``test`` only, the training-free scores (nothing is fitted to them on ``train``) on ``train`` and
+``test``. The split is by item id (a hash of it: 50 % train, 20 % cal, 30 % test).
 
 Per-item results are cached in ``benchmarks/cache/tool_calls/<run>.jsonl`` under a key of everything that
 determines them (backend, model, arm, prompt, schema, sampling settings, k, seed), so a run resumes where it
@@ -69,6 +70,9 @@ OUT = RESULTS / "tool_calls.json"
 TOOL_CACHE = CACHE / "tool_calls"
 MODEL = "smollm2-135m"
 SCORES = ("n-prob", "consistency", "head")
+# The splits a score is evaluated on: the head is fitted on train, so only test; the training-free scores fit
+# nothing there, so every split but cal (Platt's) holds out-of-sample items for them.
+EVALUATED_ON = {"n-prob": ("train", "test"), "consistency": ("train", "test"), "head": ("test",)}
 SPLITS = {"train": range(0, 5), "cal": range(5, 7), "test": range(7, 10)}  # id hash mod 10
 THRESHOLD = 0.5  # abstain below this calibrated confidence (the chance the call is right)
 MAX_NEW_TOKENS = {"simple": 96, "multiple": 96, "parallel": 192, "irrelevance": 96}
@@ -434,11 +438,12 @@ def clip_open(values: np.ndarray) -> np.ndarray:
 
 
 def score_rows(rows: list[dict[str, Any]], bootstrap: int) -> dict[str, Any]:
-    """Per score: Platt on the cal split, then AUROC and ECE (bootstrap intervals) on the test split."""
+    """Per score: Platt on the cal split, then AUROC and ECE (bootstrap intervals) on the splits the score is
+    evaluated on (:data:`EVALUATED_ON`)."""
     cal = [row for row in rows if row["split"] == "cal"]
-    test = [row for row in rows if row["split"] == "test"]
     out: dict[str, Any] = {}
     for score in SCORES:
+        test = [row for row in rows if row["split"] in EVALUATED_ON[score]]
         if not test or any(score not in row for row in rows):
             continue
         y_cal = np.array([row["correct"] for row in cal])
@@ -455,11 +460,12 @@ def score_rows(rows: list[dict[str, Any]], bootstrap: int) -> dict[str, Any]:
         irrelevant = [i for i, row in enumerate(test) if row["category"] == "irrelevance"]
         relevant = [i for i, row in enumerate(test) if row["category"] != "irrelevance"]
 
-        def abstains(i: int, threshold: float = THRESHOLD, conf: np.ndarray = confidence) -> bool:
-            return not test[i]["called"] or conf[i] < threshold
+        def abstains(i: int, threshold: float = THRESHOLD, conf: np.ndarray = confidence, rows: list = test) -> bool:
+            return not rows[i]["called"] or conf[i] < threshold
 
         answered = [i for i in relevant if not abstains(i)]
         out[score] = {
+            "evaluated_on": list(EVALUATED_ON[score]),
             "n": len(test),
             "correct": int(sum(correct)),
             "auroc": metrics["auroc"],
@@ -552,6 +558,13 @@ def speed(path: Path) -> dict[str, Any] | None:
 # --- main --------------------------------------------------------------------------------------------------
 
 
+def read_commands(path: Path) -> list[dict[str, str]]:
+    """The generating runs whose replies the cache holds (a scoring run's own command is ``command``)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def stop_time(text: str | None) -> float | None:
     """Today's HH:MM (UTC) as a Unix time."""
     if text is None:
@@ -601,7 +614,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     wanted = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     arms = [arm for arm in wanted if availability.get(arm) is None]
     speed_path = TOOL_CACHE / f"{run}-speed.jsonl"
+    command = "python -m benchmarks.tool_calls " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    commands_path = TOOL_CACHE / f"{run}-commands.jsonl"
     if not args.score_only:
+        commands_path.parent.mkdir(parents=True, exist_ok=True)
+        with commands_path.open("a") as handle:  # every generating run the cache holds, for the results' record
+            handle.write(
+                json.dumps({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command}) + "\n"
+            )
         if args.speed and availability.get("required") is None:
             speed_probe(runner, by_category.get("simple", items)[: args.speed], args.k, speed_path)
         annotate(runner, items, arms, args.k, cache_path, args.batch, stop_time(args.stop_at))
@@ -629,7 +649,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = args.out or (OUT if args.backend == "hf" else RESULTS / f"tool_calls_{args.backend}.json")
     split_counts = {name: sum(split_of(item.id) == name for item in generated) for name in SPLITS}
     payload = {
-        "command": "python -m benchmarks.tool_calls " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        "command": command,
+        "generated_by": read_commands(commands_path),
         "backend": runner.identity,
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "items": {category: sum(item.category == category for item in generated) for category in by_category},
