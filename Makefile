@@ -47,7 +47,7 @@ VLLM_DIGEST = $(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha256(op
 VLLM_VENV ?= $(HOME)/.cache/candor/vllm-venv-$(VLLM_DIGEST)
 # Every test that needs vLLM importable (they skip elsewhere, saying so); -m vllm picks them in these files.
 VLLM_TESTS ?= tests/test_backend_vllm.py tests/test_backend_openai_vllm.py tests/test_elical_export.py \
-  tests/test_serve_classify_vllm.py tests/test_vllm_engine_pass.py
+  tests/test_serve_classify_vllm.py tests/test_vllm_engine_pass.py tests/test_annotate_ray_vllm.py
 vllm-venv:
 	@if [ -e "$(VLLM_VENV)/.candor-vllm-installed" ]; then echo "vllm venv: $(VLLM_VENV) (cached)"; else \
 	  set -e; rm -rf "$(VLLM_VENV)"; $(PYTHON) -m venv "$(VLLM_VENV)"; \
@@ -57,7 +57,8 @@ vllm-venv:
 	  echo "vllm venv: $(VLLM_VENV) (built)"; fi
 
 # The vllm tier, in that venv: vLLM's in-process engine and OpenAI server against the hf backend, its
-# pooling runner, the EliCal head read from vLLM's own pass (`candor serve --backend vllm --head`).
+# pooling runner, the EliCal head read from vLLM's own pass (`candor serve --backend vllm --head`),
+# `candor annotate --engine ray --backend vllm` against `--backend vllm` (a Ray cluster declaring one GPU).
 # tests/vllm_cpu holds the CPU copy shim of vLLM's hidden-states connector (its docstring says what
 # it replaces).
 test-vllm: vllm-venv

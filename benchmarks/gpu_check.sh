@@ -47,7 +47,7 @@ if ! "$VLLM_PY" -c "import vllm" 2> "$WORK/vllm_import.txt"; then
 fi
 
 # 0. the vllm tier (the CPU copy shim on PYTHONPATH leaves a CUDA KV cache to vLLM's own path)
-VLLM_TESTS=$(make -s -f - <<'MKEOF'
+VLLM_TESTS=$(make -s -f - p <<'MKEOF'
 include Makefile
 p: ; @echo $(VLLM_TESTS)
 MKEOF

