@@ -26,7 +26,10 @@ the servers really sample.
 
     nohup nice python -m benchmarks.annotate_ray [--small 4] [--large 12] [--rounds 3] [--k 2] &
 
-Writes ``benchmarks/results/annotate_ray.json``.
+Writes ``benchmarks/results/annotate_ray.json`` after every round. A rerun with the
+same settings goes on from the rounds that file holds (``rounds_done``; the
+rotation continues where it stopped, and ``resumed`` records after which round and
+at what load); ``--fresh`` starts over.
 """
 
 from __future__ import annotations
@@ -154,6 +157,23 @@ def spread(values: list[float], digits: int = 3) -> dict[str, Any]:
     }
 
 
+def previous_rounds(path: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The results of an earlier run with the same settings that stopped before ``--rounds`` (None: start over)."""
+    if args.fresh or not path.exists():
+        return None
+    old = json.loads(path.read_text())
+    settings = old.get("settings", {})
+    same = (
+        settings.get("questions") == {"S": args.small, "L": args.large}
+        and settings.get("samples") == args.k
+        and settings.get("max_new_tokens") == args.max_new_tokens
+        and settings.get("batch_size") == BATCH
+    )
+    if not same or not 0 < old.get("rounds_done", 0) < args.rounds:
+        return None
+    return old
+
+
 def summarise(args: argparse.Namespace, sizes: dict, seconds: dict, agree: dict, sampled: dict, extra: dict) -> dict:
     """The results of the rounds run so far."""
     added = {
@@ -203,6 +223,7 @@ def summarise(args: argparse.Namespace, sizes: dict, seconds: dict, agree: dict,
             "before": [round(x, 2) for x in extra["load_before"]],
             "after": [round(x, 2) for x in os.getloadavg()],
         },
+        "resumed": extra["resumed"],
         "note": "arms in a rotated order each round on a machine shared with other jobs (see load_average): "
         "read the medians with their ranges",
     }
@@ -218,6 +239,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--data", type=Path, default=DATA, help="NQ test JSONL (default: the shared data)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--fresh", action="store_true", help="start over instead of going on from --out's rounds")
     args = parser.parse_args()
     if not args.data.exists():
         print(f"skipped: NQ test data not found at {args.data} (benchmarks need ../shared/data)")
@@ -238,13 +260,27 @@ def main() -> None:
     seconds: dict[str, list[float]] = {}
     agree: dict[str, dict[str, int]] = {}
     sampled: dict[str, int] = {"samples": 0, "unlike_greedy": 0}
+    resumed: list[dict[str, Any]] = []
+    first_round, ray_startup = 0, None
+    old = previous_rounds(args.out, args)
+    if old is not None:  # go on from the rounds it finished (their seconds as written, to 0.01 s)
+        first_round = old["rounds_done"]
+        seconds = {name: list(values["rounds"]) for name, values in old["seconds"].items()}
+        agree, sampled, ray_startup = old["agreement"], old["sampling"], old["ray_startup_seconds"]
+        resumed = [
+            *old.get("resumed", []),
+            {"after_round": first_round, "load_average": [round(x, 2) for x in load_before]},
+        ]
+        load_before = tuple(old["load_average"]["before"])
+        print(f"going on from {first_round} round(s) in {args.out}", flush=True)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         folder = Path(tmp)
         model_dir = sampling_copy(resolve_embedded(MODEL), folder / "model")
         urls = [stack.enter_context(replica(model_dir, folder / f"serve{i}.log")) for i in range(2)]
         start = time.perf_counter()
         ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-        ray_startup = time.perf_counter() - start
+        if ray_startup is None:  # timed once, by the run that did the first round
+            ray_startup = time.perf_counter() - start
 
         def single(size: str, out: Path) -> None:
             answering, judging, template = recipe(model_dir, urls[0]).load()
@@ -262,7 +298,7 @@ def main() -> None:
             "ray2_L": lambda out: fleet("L", 2, out),
         }
         names = list(arms)
-        for r in range(args.rounds):
+        for r in range(first_round, args.rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
             outs = {name: folder / f"r{r}-{name}.jsonl" for name in names}
             for name in order:
@@ -285,6 +321,7 @@ def main() -> None:
                 "machine": describe(),
                 "ray_startup": ray_startup,
                 "load_before": load_before,
+                "resumed": resumed,
             }
             result = summarise(args, sizes, seconds, agree, sampled, extra)
             write_json(args.out, result)  # after every round: a run cut short keeps the rounds it finished
