@@ -378,10 +378,14 @@ def annotate_ray(r: Path) -> dict[str, str]:
     def rng(x: dict, fmt: str) -> str:
         return f"{x['median']:{fmt}} ({x['min']:{fmt}} to {x['max']:{fmt}})"
 
+    # A run that went on from an earlier one's rounds: the load when it did, too.
+    later = "".join(
+        f", {r['load_average'][0]:.1f} when it went on after round {r['after_round']}" for r in d.get("resumed", [])
+    )
     return {
         "value:annotate-ray": (
             f"on a {cpu['physical_cores']}-core {cpu['name']} shared with other jobs (load average "
-            f"{d['load_average']['before'][0]:.1f} before the run), {job['questions']['S']} and "
+            f"{d['load_average']['before'][0]:.1f} before the run{later}), {job['questions']['S']} and "
             f"{job['questions']['L']} NQ questions with k = {job['samples']} on `transformers serve` (one thread "
             f"per replica, serving a copy of the model that samples), medians of {d['rounds_done']} rounds in rotated "
             f"order with their ranges: `--engine ray` adds a fixed {rng(fixed, '.1f')} s (actor start-up and "
