@@ -39,6 +39,9 @@ ray = pytest.importorskip("ray", reason="--engine ray needs Ray Data: pip instal
 ROOT = Path(__file__).resolve().parents[1]
 # The longest either run may take: a hang (a replica Ray cannot place) fails here instead of holding CI.
 RUN_LIMIT_S = 900
+# Log-probs of the same tokens from two engines: float32 sums over rows scheduled together differently
+# (which requests share an engine step depends on timing); measured up to 1.6e-5 apart (relative 7e-6).
+LOGPROB_TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +88,8 @@ def test_ray_vllm_records_equal_the_vllm_backend_on_the_default_model(gpu_cluste
         have = got[key]
         for x, y in zip([have["greedy"], *have["samples"]], [expected["greedy"], *expected["samples"]], strict=True):
             assert x["text"] == y["text"] and x["token_ids"] == y["token_ids"] and x["tokens"] == y["tokens"]
-            assert x["logprobs"] == pytest.approx(y["logprobs"], abs=1e-5)
-            assert (x.get("stop_logprob") is None) == (y.get("stop_logprob") is None)
+            assert x["logprobs"] == pytest.approx(y["logprobs"], abs=LOGPROB_TOLERANCE)
+            assert x.get("stop_logprob") == pytest.approx(y.get("stop_logprob"), abs=LOGPROB_TOLERANCE)
             assert len(x["top_logprobs"]) == len(y["top_logprobs"])
         assert have["greedy_correct"] == expected["greedy_correct"]
         assert have["provenance"] == expected["provenance"]
