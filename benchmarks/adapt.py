@@ -347,8 +347,18 @@ def certified_levels(runs: list[dict], folds: list[str], delta: float, labels: i
             # single sequence before issue 64); its other two sequences start at half and at all of them answered
             "most_confident_held_out_correct_runs": sum(top_correct(r["scores"]) for r in rows),
             "runs": len(rows),
+            "held_out_right_by_seed": {str(r["seed"]): sum(r["scores"]["held_out_correct"]) for r in rows},
+            "held_out": len(rows[0]["scores"]["held_out_correct"]) if rows else 0,
             "alpha": alpha,
         }
+        if alpha is None:
+            uncertified = [seed for seed, a in per_seed.items() if a is None]
+            entry["why"] = (
+                f"seed(s) {', '.join(uncertified)} certify no alpha of the grid (up to 0.99): the adapted head's "
+                f"held-out answers are right {', '.join(str(k) for k in entry['held_out_right_by_seed'].values())} "
+                f"times of {entry['held_out']} per seed, too few for any of the three sequences to reject "
+                f"'answered error > 0.99' at delta/3"
+            )
         if alpha is not None:
             at = [g[f"{alpha:g}"] for g in grids]
             answered = sum(a["answered_error"] is not None for a in at)
