@@ -144,6 +144,7 @@ class Runner:
     kind: str
     identity: dict[str, Any]
     tokenizer: Any
+    chat: Any = None  # openai: the same server on its chat endpoint, where tools are a request field
 
     def prompt(self, item: Item, arm: str = "free") -> str:
         return render_tool_prompt(self.tokenizer, item.messages, item.tools, ARM_SPECS[arm].tool_choice)
@@ -158,7 +159,7 @@ class Runner:
             return {**out, "grammar": why, "required": why}
         if self.kind == "hf":
             return {**out, "grammar": None, "required": None}
-        has = callable(getattr(self.backend, "generate_tool_calls", None))
+        has = self.chat is not None and callable(getattr(self.chat, "generate_tool_calls", None))
         out["grammar"] = None if has else "the openai backend has no upstream tools passthrough here"
         out["required"] = None  # the server's structured output (response_format json_schema)
         return out
@@ -190,9 +191,14 @@ class Runner:
     ) -> list[dict[str, Any]]:
         out = []
         for item, seed in zip(items, seeds, strict=True):
-            tools = [tool.to_openai() for tool in item.tools]
-            gen = self.backend.generate_tool_calls(
-                item.messages, tools, "auto", n=k, params=params, seed=seed, parallel=CATEGORIES[item.category].parallel
+            (gen,) = self.chat.generate_tool_calls(
+                [self.chat.render_chat(item.messages)],
+                k,
+                params,
+                tools=[tool.to_openai() for tool in item.tools],
+                tool_choice="auto",
+                parallel_tool_calls=CATEGORIES[item.category].parallel,
+                seeds=[seed],
             )
             out.append(reply_record(gen.greedy, gen.samples))
         return out
@@ -250,7 +256,9 @@ def load_runner(args: argparse.Namespace) -> Runner:
         identity = {"backend": "hf", "model": MODEL}
     else:
         backend = load_backend(args.served_model, "openai", base_url=args.base_url, tokenizer=tokenizer)
+        chat = load_backend(args.served_model, "openai", base_url=args.base_url, endpoint="chat")
         identity = {"backend": "openai", "model": args.served_model, "server": args.server_name}
+        return Runner(backend=backend, kind=args.backend, identity=identity, tokenizer=tokenizer, chat=chat)
     return Runner(backend=backend, kind=args.backend, identity=identity, tokenizer=tokenizer)
 
 
