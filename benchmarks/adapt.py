@@ -62,8 +62,14 @@ from candor.data.mini import IN_DOMAIN
 from candor.data.splits import seeded_shuffle
 from candor.evaluation.metrics import auroc, ece
 from candor.serve import HonestModel
-from candor.serve import thresholds as th
-from candor.serve.adaptation import STAGE_DEV_FRACTION, AdaptSettings, adapt_model, head_confidences, split_labels
+from candor.serve.adaptation import (
+    STAGE_DEV_FRACTION,
+    AdaptSettings,
+    adapt_model,
+    certify,
+    head_confidences,
+    split_labels,
+)
 from candor.serve.confidence_sources import HeadSource
 from candor.train.elical import ConfidenceHead, EliCalConfig, train_elical
 from candor.train.elical.model import HeadConfig
@@ -167,7 +173,7 @@ def served_log(path: Path, traffic: list[Record], n_labels: int, seed: int) -> N
 
 
 def arm_metrics(conf_test, y_test, conf_held, y_held, alpha: float, delta: float) -> dict[str, Any]:
-    threshold = th.risk_control(conf_held, y_held, alpha, delta)
+    threshold = certify(conf_held, y_held, alpha, delta)
     return test_metrics(conf_test, y_test, threshold.value)
 
 
@@ -291,7 +297,7 @@ def by_alpha(scores: dict[str, list], delta: float) -> dict[str, Any]:
     conf_test, y_test = np.array(scores["test"]), np.array(scores["test_correct"])
     out = {}
     for alpha in ALPHA_GRID:
-        threshold = th.risk_control(conf_held, y_held, alpha, delta)
+        threshold = certify(conf_held, y_held, alpha, delta)
         entry = test_metrics(conf_test, y_test, threshold.value)
         out[f"{alpha:g}"] = {
             "held_out_answered": int((conf_held >= threshold.value).sum()),
@@ -337,11 +343,22 @@ def certified_levels(runs: list[dict], folds: list[str], delta: float, labels: i
             "labels": labels,
             "delta": delta,
             "smallest_alpha_by_seed": per_seed,
-            # the risk-control scan starts at the most confident held-out answer: wrong, and it ends there
+            # one risk-control sequence from the most confident held-out answer ends there when it is wrong (adapt's
+            # single sequence before issue 64); its other two sequences start at half and at all of them answered
             "most_confident_held_out_correct_runs": sum(top_correct(r["scores"]) for r in rows),
             "runs": len(rows),
+            "held_out_right_by_seed": {str(r["seed"]): sum(r["scores"]["held_out_correct"]) for r in rows},
+            "held_out": len(rows[0]["scores"]["held_out_correct"]) if rows else 0,
             "alpha": alpha,
         }
+        if alpha is None:
+            uncertified = [seed for seed, a in per_seed.items() if a is None]
+            entry["why"] = (
+                f"seed(s) {', '.join(uncertified)} certify no alpha of the grid (up to 0.99): the adapted head's "
+                f"held-out answers are right {', '.join(str(k) for k in entry['held_out_right_by_seed'].values())} "
+                f"times of {entry['held_out']} per seed, too few for any of the three sequences to reject "
+                f"'answered error > 0.99' at delta/3"
+            )
         if alpha is not None:
             at = [g[f"{alpha:g}"] for g in grids]
             answered = sum(a["answered_error"] is not None for a in at)
@@ -506,7 +523,8 @@ NOTE_PROMOTION = (
 )
 NOTE_CERTIFIED = (
     "certified_alpha_at_100_labels: per domain, the smallest alpha of a grid (0.05 to 0.95 by 0.05, then 0.96 to "
-    "0.99) whose risk-control threshold "
+    "0.99) whose risk-control threshold (adapt's: three fixed sequences, from the most confident held-out answers, "
+    "from half of them and from all of them, each at delta/3) "
     "answers at least one held-out label in every seed at 100 labels, and the adapted head's guarantee row at it. "
     "The level is read from the held-out labels (never the test ones), which the threshold is fitted on too: it is "
     "a level an operator with these labels could reach, not one fixed in advance, so the row is a check, not a test"

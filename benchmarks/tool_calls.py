@@ -12,10 +12,11 @@ the item's id; arms:
 | ``free`` | unconstrained |
 | ``grammar`` | ``JsonConstraint.of(calls_schema(tools, parallel), allow_text=True)``: a valid call, or plain text |
 
-On ``--backend openai`` (an OpenAI-compatible server such as ``llama-server --jinja``) the ``free`` arm sends the
-same prompt text to the completions endpoint and the ``grammar`` arm is the server's own tool calling
-(``tools`` and ``tool_choice="auto"`` on its chat endpoint, via the openai backend's upstream-tools passthrough),
-when the backend offers it.
+On ``--backend openai`` (an OpenAI-compatible server such as ``llama-server --jinja``) every arm asks the server's
+chat endpoint, which applies the server's own template: ``free`` and ``required`` send the documented prompt's
+messages (:func:`candor.tool_calls.tool_prompt_messages`), ``required`` with the calls' schema as the server's
+structured output (``response_format`` ``json_schema``), and ``grammar`` is the server's own tool calling (the
+item's messages with ``tools`` and ``tool_choice="auto"``, via the openai backend's upstream-tools passthrough).
 
 Scores of the greedy reply (the label: the judge's verdict on it): ``n-prob`` (geometric mean token probability
 of the reply), ``consistency`` (share of the k samples whose calls agree with the greedy reply's,
@@ -62,6 +63,7 @@ from candor.tool_calls import (
     parse_calls,
     render_tool_prompt,
     starts_like_call,
+    tool_prompt_messages,
 )
 from candor.tool_calls.bfcl import CATEGORIES, Item, judge, load
 
@@ -146,7 +148,10 @@ class Runner:
     tokenizer: Any
 
     def prompt(self, item: Item, arm: str = "free") -> str:
-        return render_tool_prompt(self.tokenizer, item.messages, item.tools, ARM_SPECS[arm].tool_choice)
+        choice = ARM_SPECS[arm].tool_choice
+        if self.kind != "hf":  # the server applies its own template to the documented prompt's messages
+            return self.backend.render_chat(tool_prompt_messages(item.messages, item.tools, choice))
+        return render_tool_prompt(self.tokenizer, item.messages, item.tools, choice)
 
     def arms(self) -> dict[str, str | None]:
         """arm → None (it runs here) or why it cannot."""
@@ -190,9 +195,14 @@ class Runner:
     ) -> list[dict[str, Any]]:
         out = []
         for item, seed in zip(items, seeds, strict=True):
-            tools = [tool.to_openai() for tool in item.tools]
-            gen = self.backend.generate_tool_calls(
-                item.messages, tools, "auto", n=k, params=params, seed=seed, parallel=CATEGORIES[item.category].parallel
+            (gen,) = self.backend.generate_tool_calls(
+                [self.backend.render_chat(item.messages)],
+                k,
+                params,
+                tools=[tool.to_openai() for tool in item.tools],
+                tool_choice="auto",
+                parallel_tool_calls=CATEGORIES[item.category].parallel,
+                seeds=[seed],
             )
             out.append(reply_record(gen.greedy, gen.samples))
         return out
@@ -249,8 +259,10 @@ def load_runner(args: argparse.Namespace) -> Runner:
         backend = load_backend(MODEL, "hf", batch_size=args.batch)  # rows are reserved per batch: keep it small
         identity = {"backend": "hf", "model": MODEL}
     else:
-        backend = load_backend(args.served_model, "openai", base_url=args.base_url, tokenizer=tokenizer)
-        identity = {"backend": "openai", "model": args.served_model, "server": args.server_name}
+        # The chat endpoint for every arm: tools and structured output are chat fields on llama.cpp's server
+        # (its completions endpoint ignores response_format), and its chat replies carry log-probs.
+        backend = load_backend(args.served_model, "openai", base_url=args.base_url, endpoint="chat")
+        identity = {"backend": "openai", "endpoint": "chat", "model": args.served_model, "server": args.server_name}
     return Runner(backend=backend, kind=args.backend, identity=identity, tokenizer=tokenizer)
 
 

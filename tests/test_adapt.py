@@ -69,12 +69,13 @@ def served_log(log: Path, history: tuple[tuple[str, str], ...] = ()) -> Path:
 
 
 def test_labels_needed_is_the_held_out_evidence_plus_stage_two() -> None:
-    # alpha=0.1, delta=0.1: ceil(ln 0.1 / ln 0.9) = 22 answered held out, so 43 labels (22 held out, 21 for stage 2)
-    assert th.min_evidence(0.1, 0.1) == 22
-    assert labels_needed(0.1, 0.1, 0.5) == 43
-    # alpha=0.5: 4 held out suffice, so stage 2's minimum of 10 decides: 20 (10 + 10)
+    # The held-out threshold runs three fixed sequences at δ/3 each (thresholds.SPLIT_STARTS), so zero errors certify
+    # alpha=0.1 from ceil(ln(0.1/3) / ln 0.9) = 33 answered held out: 65 labels (33 held out, 32 for stage 2)
+    assert th.min_evidence(0.1, 0.1) == 22 and th.min_evidence(0.1, 0.1 / 3) == 33
+    assert labels_needed(0.1, 0.1, 0.5) == 65
+    # alpha=0.5: 5 held out suffice, so stage 2's minimum of 10 decides: 20 (10 + 10)
     assert labels_needed(0.5, 0.1, 0.5) == 20
-    assert labels_needed(0.05, 0.1, 0.5) == 2 * math.ceil(math.log(0.1) / math.log(0.95)) - 1
+    assert labels_needed(0.05, 0.1, 0.5) == 2 * math.ceil(math.log(0.1 / 3) / math.log(0.95)) - 1
 
 
 def test_the_split_is_seeded_and_disjoint() -> None:
@@ -209,7 +210,7 @@ def test_too_few_labels_is_refused_with_the_number_needed(deployment, tmp_path, 
         run(["adapt", str(log), "--honest", str(honest), "-o", str(tmp_path / "x"), "--alpha", "0.1"])
     assert done.value.code == 2
     err = capsys.readouterr().err
-    assert "40 labelled answers" in err and "needs at least 43 (3 more)" in err
+    assert "40 labelled answers" in err and "needs at least 65 (25 more)" in err
     assert not (tmp_path / "x").exists()
 
 

@@ -104,15 +104,17 @@ def test_a_worse_head_marked_promotable_is_counted_against_the_goal() -> None:
 
 
 def test_the_certified_level_is_the_smallest_every_seed_reaches() -> None:
-    """10 correct answers on top, no error, certify α = 0.25 at δ = 0.1 (0.75^10 ≤ 0.1 < 0.8^11 needs 11);
-    6 certify 0.35 (0.65^6 ≤ 0.1); the domain's level is the larger, at which both runs answer their top ones.
-    Wrong answers on top certify nothing."""
+    """adapt's three sequences each run at δ/3 = 1/30: 10 correct answers on top, no error, certify α = 0.3
+    (0.7^10 ≈ 0.028 ≤ 1/30 < 0.75^10 ≈ 0.056); 6 certify 0.45 (0.55^6 ≈ 0.028 ≤ 1/30 < 0.6^6 ≈ 0.047); the domain's
+    level is the larger, at which both runs answer their top ones. Wrong answers only certify nothing, and say why."""
     runs = [run("nq", 0, None, top=10), run("nq", 1, None, top=6), run("hq", 0, None, top=0)]
     levels = certified_levels(runs, FOLDS, 0.1)
-    assert levels["nq"]["smallest_alpha_by_seed"] == {"0": 0.25, "1": 0.35} and levels["nq"]["alpha"] == 0.35
+    assert levels["nq"]["smallest_alpha_by_seed"] == {"0": 0.3, "1": 0.45} and levels["nq"]["alpha"] == 0.45
     assert levels["nq"]["guarantee"] == "yes (2 of 2 runs answered)" and levels["nq"]["answered_runs"] == 2
     assert levels["nq"]["answered_error"]["mean"] == 0.0
     assert levels["hq"]["alpha"] is None and "guarantee" not in levels["hq"]  # no level of the grid certifies
+    assert levels["hq"]["held_out_right_by_seed"] == {"0": 0} and "right 0 times of 10" in levels["hq"]["why"]
+    assert "why" not in levels["nq"] and levels["nq"]["held_out_right_by_seed"] == {"0": 10, "1": 6}
     assert (
         levels["nq"]["most_confident_held_out_correct_runs"],
         levels["hq"]["most_confident_held_out_correct_runs"],

@@ -286,6 +286,71 @@ def test_retries_give_up_with_one_error() -> None:
         assert server.requests == 3
 
 
+class BoundedChoicesServer:
+    """/v1/completions that takes at most ``most`` choices a request and refuses more as llama.cpp's server does
+    (its words, measured on llama-server 0.3.36 with 2 slots: 400 "Field 'n': Value must be between 1 <= value
+    <= 2, but got 5"); ``refuse_all`` refuses every request instead."""
+
+    def __init__(self, most: int = 2, refuse_all: bool = False) -> None:
+        self.sizes: list[int] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                n = body.get("n", 1)
+                outer.sizes.append(n)
+                if refuse_all or n > most:
+                    error = {"message": f"Field 'n': Value must be between 1 <= value <= {most}, but got {n}"}
+                    return self.reply(400, {"error": {"code": 400, "type": "invalid_request_error", **error}})
+                text = f" sample {len(outer.sizes)}"
+                choices = [{"index": i, "text": text, "finish_reason": "stop", "logprobs": None} for i in range(n)]
+                self.reply(200, {"id": "x", "object": "text_completion", "model": body["model"], "choices": choices})
+
+            def reply(self, status: int, answer: dict) -> None:
+                payload = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> BoundedChoicesServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_samples_beyond_the_servers_choice_bound_go_one_request_each() -> None:
+    """The probe asks n = 2, which llama.cpp takes; k = 5 was then refused 400 and the run died."""
+    with BoundedChoicesServer(most=2) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE, SAMPLES_N], max_retries=0)
+        (gen,) = backend.generate(["q"], 5, PARAMS, seeds=[7])
+        assert len(gen.samples) == 5 and all(s.text.startswith("sample") for s in gen.samples)
+        assert SAMPLES_N not in backend.capabilities
+        server.sizes.clear()
+        backend.generate(["q"], 5, PARAMS, seeds=[7])  # no refused request any more
+        assert server.sizes == [1] * 6
+
+
+def test_a_refusal_about_something_else_is_raised_and_keeps_the_capability() -> None:
+    with BoundedChoicesServer(refuse_all=True) as server:
+        backend = OpenAIBackend("m", base_url=server.url, capabilities=[GENERATE, SAMPLES_N], max_retries=0)
+        with pytest.raises(CandorError, match="answered 400"):
+            backend.generate(["q"], 5, PARAMS, seeds=[7])
+        assert SAMPLES_N in backend.capabilities
+
+
 # ---------------------------------------------------------------- an unreachable server
 
 

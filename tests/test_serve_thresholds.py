@@ -107,6 +107,44 @@ def test_risk_control_guarantee_holds_in_simulation():
     assert naive_violations / trials > 0.3
 
 
+def test_one_wrong_most_confident_answer_no_longer_ends_every_scan():
+    """Issue 64: ``candor adapt`` at 100 labels certified no α up to 0.99 on any domain, because its one sequence
+    starts at the most confident held-out answer, and one wrong answer there is never rejected. Three sequences
+    (from the top, from half answered, from all answered; each at δ/3) keep the guarantee and certify here."""
+    # 50 held-out answers of a weak model, most confident first: that one is wrong, 12 of the top 25 are right.
+    conf = np.linspace(0.99, 0.01, 50)
+    correct = np.array([0] + [1, 0] * 10 + [0, 1, 1, 0] + [0] * 22 + [1, 1, 1])
+    assert correct.size == 50 and correct[:25].sum() == 12
+    one = th.risk_control(conf, correct, alpha=0.8, delta=0.1)
+    assert one.value > 1.0  # the top 2 hold 1 error: p = 1 − 0.8² = 0.36 > δ, and the scan ends there
+    three = th.risk_control(conf, correct, alpha=0.8, delta=0.1, starts=th.SPLIT_STARTS)
+    # The sequence from half answered passes its start (13 errors of 25) and goes on down to 34 answered:
+    # each step's p-value is at most δ/3, the 35th answer's is not. The one from all 50 fails at once.
+    errors = np.cumsum(1 - correct)
+    assert all(binom.cdf(errors[n - 1], n, 0.8) <= 0.1 / 3 for n in range(25, 35))
+    assert binom.cdf(errors[34], 35, 0.8) > 0.1 / 3 and binom.cdf(errors[49], 50, 0.8) > 0.1 / 3
+    assert three.expected_coverage == 0.68 and three.extra["chosen_by_start"] == 0.5
+    assert three.extra["level_each"] == pytest.approx(0.1 / 3) and three.extra["min_answered"] == 3
+    with pytest.raises(CandorError, match="starts are fractions"):
+        th.risk_control(conf, correct, alpha=0.8, starts=(0.0, 1.5))
+
+
+def test_the_guarantee_of_several_starts_holds_in_simulation():
+    rng = np.random.default_rng(2)
+    alpha, delta, trials = 0.15, 0.1, 400
+    grid = np.linspace(1.0, 0.0, 201)
+    violations = answered = 0
+    for _ in range(trials):
+        conf, y = _calibrated_draw(rng, 300)
+        t = th.risk_control(conf, y, alpha=alpha, delta=delta, grid=grid, starts=th.SPLIT_STARTS)
+        violations += _true_risk(t.value) > alpha
+        answered += t.expected_coverage > 0
+    assert violations / trials <= delta + 0.045
+    # Not passed by abstaining: it certifies in over a third of the draws (each sequence at δ/3 needs 21 answered
+    # with no error at the top, where one sequence at δ needs 15, so it certifies less often here than one start).
+    assert answered / trials > 0.35
+
+
 def test_the_guarantee_is_not_vacuous():
     rng = np.random.default_rng(1)
     conf, y = _calibrated_draw(rng, 2000)

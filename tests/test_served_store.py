@@ -7,6 +7,7 @@ without its binaries.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -19,6 +20,8 @@ from candor.annotation.served_labels import read_served
 from candor.annotation.served_store import (
     ENTRY_OVERHEAD,
     MIGRATIONS,
+    PROBE_MARGIN_BYTES,
+    PROBE_TABLE,
     Retention,
     ServedChoice,
     ServedStore,
@@ -84,6 +87,56 @@ def test_migrations_run_once_and_a_newer_schema_is_refused(store_url: str) -> No
         engine.dispose()
     with pytest.raises(CandorError, match="newer than this candor knows"):
         ServedStore(store_url)
+
+
+def probe_payload(url: str) -> bytes:
+    engine = sa.create_engine(engine_url(url))
+    try:
+        with engine.connect() as conn:
+            return bytes(conn.execute(sa.text(f"SELECT payload FROM {PROBE_TABLE} WHERE id = 1")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_the_write_probe_writes_fresh_bytes_as_many_as_the_largest_record_and_more(store_url: str) -> None:
+    """The probe that tells a store takes writes again (after a full disk) writes what a record would: it changes its
+    row (an update that changes nothing writes nothing in SQLite) by more bytes than the largest record written."""
+    with ServedStore(store_url) as store:
+        store.record(record("What is the capital of France?", "Paris " * 20_000), "chatcmpl-big", choices(), "v1")
+        assert store.largest_record > 120_000
+        first = store.write_probe()
+        before = probe_payload(store_url)
+        assert first == len(before) == store.largest_record + PROBE_MARGIN_BYTES
+        store.write_probe()
+        assert probe_payload(store_url) != before  # fresh bytes each time: a real write
+
+
+def test_on_a_full_disk_the_write_probe_fails_as_records_do_and_passes_once_there_is_room() -> None:
+    """SQLite on a full disk (a 4 MiB tmpfs filled to ENOSPC): records fail, and so must the write probe, or
+    ``/ready`` says 200 while every answer is refused. It used to pass: a one-row no-op update writes nothing."""
+    from benchmarks.faults import fill, mount_tmpfs
+
+    try:
+        disk = mount_tmpfs(4 << 20)
+    except RuntimeError as exc:
+        pytest.skip(f"{exc}: a full disk needs the right to mount a tmpfs (root or CAP_SYS_ADMIN)")
+    try:
+        with ServedStore(f"sqlite:///{disk / 'served.db'}") as store:
+            for i in range(20):
+                store.record(record(f"Question {i}?", "Paris " * 300), f"chatcmpl-{i}", choices(), "v1")
+            filler = fill(disk)
+            for i in range(5):
+                with pytest.raises(sa.exc.OperationalError, match="full"):
+                    store.record(record(f"Full {i}?", "Paris " * 300), f"chatcmpl-full-{i}", choices(), "v1")
+                with pytest.raises(sa.exc.OperationalError, match="full"):
+                    store.write_probe()
+            filler.unlink()
+            store.write_probe()
+            store.record(record("Room again?", "Paris " * 300), "chatcmpl-again", choices(), "v1")
+            assert store.count() == 21
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
+        disk.rmdir()
 
 
 def test_retention_keeps_the_newest_rows_and_drops_old_ones(store_url: str) -> None:

@@ -81,26 +81,31 @@ def rows_for(seed: int) -> list[dict]:
                 "called": i % 5 != 0 or score > 0.5,
                 "n-prob": score,
                 "consistency": score,
+                "head": score,
             }
         )
     return rows
 
 
-def test_scores_calibrate_on_cal_and_are_measured_on_test_only():
+def test_scores_calibrate_on_cal_and_are_measured_out_of_sample():
+    """Platt on cal; the head (fitted on train) measured on test only, the training-free scores on train + test."""
     rows = rows_for(0)
     result = bench.score_rows(rows, bootstrap=20)
     test = [row for row in rows if row["split"] == "test"]
-    assert result["n-prob"]["n"] == len(test) and result["n-prob"]["correct"] == sum(r["correct"] for r in test)
+    held = [row for row in rows if row["split"] != "cal"]
+    assert result["head"]["n"] == len(test) and result["head"]["correct"] == sum(r["correct"] for r in test)
+    assert result["n-prob"]["n"] == len(held) and result["n-prob"]["correct"] == sum(r["correct"] for r in held)
+    assert result["n-prob"]["evaluated_on"] == ["train", "test"] and result["head"]["evaluated_on"] == ["test"]
     assert result["n-prob"]["platt"]["n_cal"] == sum(row["split"] == "cal" for row in rows)
     assert result["n-prob"]["auroc"]["value"] > 0.6  # the score predicts the label it drew
-    # Changing train rows changes nothing; changing cal rows moves the calibration, not the AUROC.
+    # Changing train rows changes nothing the head is measured on; cal rows move the calibration, not the AUROC.
     changed = [dict(row, correct=1 - row["correct"]) if row["split"] == "train" else row for row in rows]
-    assert bench.score_rows(changed, bootstrap=20) == result
+    assert bench.score_rows(changed, bootstrap=20)["head"] == result["head"]
     recal = [dict(row, **{"n-prob": row["n-prob"] ** 3}) if row["split"] == "cal" else row for row in rows]
     moved = bench.score_rows(recal, bootstrap=20)["n-prob"]
     assert moved["platt"] != result["n-prob"]["platt"] and moved["auroc"] == result["n-prob"]["auroc"]
     irrelevance = result["n-prob"]["irrelevance"]
-    assert irrelevance["n"] == sum(row["category"] == "irrelevance" for row in test)
+    assert irrelevance["n"] == sum(row["category"] == "irrelevance" for row in held)
     assert irrelevance["no_call"] <= irrelevance["abstained"] <= irrelevance["n"]
 
 

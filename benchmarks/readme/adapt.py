@@ -128,13 +128,15 @@ def alpha_table(result: Json) -> str:
     if not levels:
         return "The certified levels were not measured."
     rows = [
-        "| domain | smallest α per seed | α (every seed) | most confident held-out answer right (runs) | "
-        "coverage (%) | answered error | within α (runs) |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| domain | smallest α per seed | α (every seed) | held-out answers right, per seed | "
+        "most confident held-out answer right (runs) | coverage (%) | answered error | within α (runs) |",
+        "|---|---|---:|---|---:|---:|---:|---|",
     ]
     for d, e in levels.items():
         seeds = ", ".join("none" if a is None else f"{a:g}" for a in e["smallest_alpha_by_seed"].values())
-        top = f"{e['most_confident_held_out_correct_runs']} of {e['runs']}"
+        right = e.get("held_out_right_by_seed")
+        right = DASH if right is None else ", ".join(str(k) for k in right.values()) + f" of {e['held_out']}"
+        top = f"{right} | {e['most_confident_held_out_correct_runs']} of {e['runs']}"
         if e["alpha"] is None:
             rows.append(f"| {d} | {seeds} | none of the grid | {top} | {DASH} | {DASH} | not exercised (0 answered) |")
             continue

@@ -578,8 +578,10 @@ def faults(r: Path) -> dict[str, str]:
         "recovery",
     ]
     machine = d["machine"]
+    others = [f"{f['fault']}: {run['note']}." for f in d["faults"] for run in f.get("other_runs", [])]
     return {
         "table:faults": md_table(header, "llllrrrr", rows),
+        "value:faults-others": " ".join(others) or "none: every row is the fault's only run.",
         "value:faults-run": (
             f"`{d['command']}` ({d['model']}; {machine['cpus']} CPUs, Python {machine['python']}); "
             f"each fault lasted {d['scale']['fault_s']:g} s between {d['scale']['phase_s']:g} s of load before"

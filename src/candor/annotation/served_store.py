@@ -34,6 +34,7 @@ the file, is what the server and the commands read.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -68,6 +69,9 @@ CONNECT_TIMEOUT_S = 5  # PostgreSQL: a connection not made in this time fails
 STATEMENT_TIMEOUT_MS = 10_000  # PostgreSQL: a statement running longer is cancelled by the server
 POOL_TIMEOUT_S = 10.0  # waiting for a pooled connection
 IN_CHUNK = 500  # keys per IN (...) query
+PROBE_TABLE = "write_probe"  # one row, rewritten whole by the write probe
+PROBE_MARGIN_BYTES = 64 * 1024  # the probe writes this much beyond the largest record (its tables' and indexes' pages)
+DEFAULT_RECORD_BYTES = 16 * 1024  # the record size the probe assumes before any record was written
 MEMORY_URLS = ("sqlite://", "sqlite:///:memory:")
 
 
@@ -217,8 +221,19 @@ def _migration_2(conn: Any) -> None:
     conn.execute(TABLES["usage"].insert().values(name=USER_LABELS, bytes=int(users)))
 
 
+def _migration_3(conn: Any) -> None:
+    """The write probe's one row (:meth:`ServedStore.write_probe` rewrites it whole to see whether the database takes
+    writes as large as a served record's)."""
+    conn.execute(sa.text(f"CREATE TABLE {PROBE_TABLE} (id INTEGER PRIMARY KEY, payload {_blob(conn)} NOT NULL)"))
+    conn.execute(sa.text(f"INSERT INTO {PROBE_TABLE} (id, payload) VALUES (1, :p)"), {"p": b""})
+
+
+def _blob(conn: Any) -> str:
+    return "BYTEA" if conn.dialect.name == "postgresql" else "BLOB"
+
+
 # Ordered: MIGRATIONS[i] takes the schema from version i to i + 1. Append, never edit.
-MIGRATIONS: tuple[Callable[[Any], None], ...] = (_migration_1, _migration_2)
+MIGRATIONS: tuple[Callable[[Any], None], ...] = (_migration_1, _migration_2, _migration_3)
 
 
 class ServedStore:
@@ -229,6 +244,7 @@ class ServedStore:
         self.retention = retention or Retention()
         self.export = Path(export) if export is not None else None
         self.records_read = 0  # served records decoded from the store (the label page reads one per view)
+        self.largest_record = DEFAULT_RECORD_BYTES  # bytes of the largest record written (the write probe's size)
         self._export_lock = threading.Lock()
         self._engine = _create_engine(engine_url(url))
         # An in-memory database is one connection: its transactions take turns (files and servers lock themselves).
@@ -278,11 +294,22 @@ class ServedStore:
                 conn.execute(sa.text("UPDATE schema_version SET version = :v"), {"v": len(MIGRATIONS)})
         return len(MIGRATIONS)
 
-    def write_probe(self) -> None:
-        """A real write, rolled into one committed no-op update: whether the database takes writes (a full disk
-        still answers reads, so only a write tells it takes them again)."""
+    def write_probe(self) -> int:
+        """Whether the database takes a served record's write now: raises as :meth:`record` would; returns the bytes
+        written.
+
+        A full disk still answers reads, so only a write tells that it takes writes again, and only one as large as
+        a record's: the probe rewrites its row (:data:`PROBE_TABLE`) with fresh random bytes, as many as the largest
+        record written yet plus :data:`PROBE_MARGIN_BYTES` (the pages a record's other tables and indexes take),
+        in one committed transaction. Random, so PostgreSQL cannot compress them; fresh, because SQLite writes
+        nothing for an update that changes nothing (the probe was once ``UPDATE … SET version = version``: it
+        succeeded on a full disk while every record failed, and ``/ready`` said 200). In SQLite's WAL mode each
+        changed page is a new frame, so the probe needs as much new space as a record does, and more.
+        """
+        size = self.largest_record + PROBE_MARGIN_BYTES
         with self._write() as conn:
-            conn.execute(sa.text("UPDATE schema_version SET version = version"))
+            conn.execute(sa.text(f"UPDATE {PROBE_TABLE} SET payload = :p WHERE id = 1"), {"p": os.urandom(size)})
+        return size
 
     def schema_version(self) -> int:
         with self._read() as conn:
@@ -314,6 +341,9 @@ class ServedStore:
         entry = json.dumps([[c.index, c.answered, c.scored] for c in choices])
         size = len(response_id.encode()) + len(entry) + len(model_version.encode()) + ENTRY_OVERHEAD
         question = _storable(str(record.get("item", {}).get("question", "")))
+        stored = json.dumps(record, ensure_ascii=False)
+        texts = [stored, question, *(c.returned for c in choices if c.returned is not None)]
+        written = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts) + size
         with self._write() as conn:
             seq = conn.execute(
                 t["served"]
@@ -322,7 +352,7 @@ class ServedStore:
                     response_id=response_id,
                     indexes=json.dumps(indexes),
                     question=question,
-                    record=json.dumps(record, ensure_ascii=False),
+                    record=stored,
                     model_version=model_version,
                     created=now,
                     labelled=False,
@@ -347,8 +377,9 @@ class ServedStore:
             )
             self._remember(conn, response_id, entry, model_version, size)
             self._retain(conn, now)
+        self.largest_record = max(self.largest_record, written)
         if export and self.export is not None:
-            self._export_line(json.dumps(record, ensure_ascii=False) + "\n")
+            self._export_line(stored + "\n")
 
     def _remember(self, conn: Any, response_id: str, entry: str, version: str, size: int) -> None:
         """Add an index entry and evict the oldest until the index fits its bytes (the usage row serializes this)."""

@@ -321,13 +321,44 @@ class OpenAIBackend:
         seeds: Sequence[int] | None,
         fields: dict[str, Any],
     ) -> list[Generations]:
-        """``generate``'s requests, with ``fields`` (structured output, tools) added to each."""
+        """``generate``'s requests, with ``fields`` (structured output, tools) added to each.
+
+        A server may take ``n`` choices per request up to a bound the probe (``n`` = 2) cannot see: llama.cpp's
+        takes at most its slot count. A refused request of several choices is asked again one request per
+        sample; if that succeeds, the server keeps that way for the backend's life (a warning says so), and if
+        it fails too, the refusal was about something else and is raised.
+        """
         if n < 0:
             raise CandorError(f"the number of samples must be non-negative, got {n}")
         if seeds is not None and len(seeds) != len(prompts):
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         seeds = list(seeds) if seeds is not None else [self.seed + i for i in range(len(prompts))]
         caps = self.capabilities
+        try:
+            return self._generate_with(caps, prompts, n, params, greedy, seeds, fields)
+        except ServerAnswered as exc:
+            if exc.status not in REJECTED or n < 2 or SAMPLES_N not in caps:
+                raise
+            results = self._generate_with(caps - {SAMPLES_N}, prompts, n, params, greedy, seeds, fields)
+            self._capabilities = caps - {SAMPLES_N}
+            logger.warning(
+                "%s refused %d choices in one request (%s); its samples now go one request each",
+                self.base_url,
+                n,
+                exc,
+            )
+            return results
+
+    def _generate_with(
+        self,
+        caps: frozenset[str],
+        prompts: Sequence[str],
+        n: int,
+        params: SamplingParams,
+        greedy: bool,
+        seeds: list[int],
+        fields: dict[str, Any],
+    ) -> list[Generations]:
         top = self.top_logprobs if TOP_LOGPROBS in caps else (0 if LOGPROBS in caps else None)
         tasks: list[tuple[int, int, Callable[[], list[Any]]]] = []  # (prompt, first sample or -1, request)
         for i, prompt in enumerate(prompts):

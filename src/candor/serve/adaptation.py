@@ -19,7 +19,9 @@ From the served answers and their labels (a store, ``candor serve --store``:
    seeded by the question, and are judged against the served answer.
 3. **Stage 2** (Cal) trains on the stage-2 labels (the served answer's
    correctness: ``hard`` targets), stopping early on a seeded slice of them.
-4. The threshold is chosen by risk control (:func:`candor.serve.thresholds.risk_control`)
+4. The threshold is chosen by risk control (:func:`certify`: :func:`candor.serve.thresholds.risk_control` with
+   three fixed sequences, from the most confident held-out answers, from half of them answered and from all of
+   them, each at δ/3, so one wrong most-confident answer no longer ends the scan)
    on the held-out labels: with probability at least 1 − δ over their draw, the
    error rate of the questions the new model answers is at most α, *assuming
    later traffic is exchangeable with the labelled questions* (drawn from the
@@ -29,7 +31,7 @@ From the served answers and their labels (a store, ``candor serve --store``:
 
 Too few labels for α and δ is refused with the number needed (exit 2 from
 the CLI): the held-out part must be able to certify α even with no error at
-all (:func:`candor.serve.thresholds.min_evidence`), and stage 2 needs
+all (:func:`candor.serve.thresholds.min_evidence` at δ/3), and stage 2 needs
 :data:`MIN_STAGE2` labels. The new folder's ``honest.json`` carries
 a new ``version`` (a name the server reports; ``adapt.json`` says which version it was adapted
 from and how many adaptations deep it is) and the folder holds
@@ -126,9 +128,20 @@ def held_out_size(n_labels: int, holdout: float) -> int:
     return math.ceil(holdout * n_labels)
 
 
+def certify(confidence: np.ndarray, correct: np.ndarray, alpha: float, delta: float) -> th.Threshold:
+    """The held-out threshold: risk control at (α, δ) with the sequences of :data:`candor.serve.thresholds.SPLIT_STARTS`
+    (each at δ/3; the union bound keeps the guarantee at 1 − δ)."""
+    return th.risk_control(confidence, correct, alpha, delta, starts=th.SPLIT_STARTS)
+
+
+def held_out_evidence(alpha: float, delta: float) -> int:
+    """The fewest answered held-out labels with which no error at all certifies α (each sequence runs at δ/3)."""
+    return th.min_evidence(alpha, delta / len(th.SPLIT_STARTS))
+
+
 def labels_needed(alpha: float, delta: float, holdout: float) -> int:
     """The fewest labels whose held-out part can certify α at δ and whose rest can run stage 2."""
-    evidence = th.min_evidence(alpha, delta)
+    evidence = held_out_evidence(alpha, delta)
     n = MIN_STAGE2
     while held_out_size(n, holdout) < evidence or n - held_out_size(n, holdout) < MIN_STAGE2:
         n += 1
@@ -147,7 +160,7 @@ def split_labels(labelled: Sequence[Record], settings: AdaptSettings) -> tuple[l
     ``holdout`` of the labels; every record of a question goes where its question goes.
     """
     needed = labels_needed(settings.alpha, settings.delta, settings.holdout)
-    evidence = th.min_evidence(settings.alpha, settings.delta)
+    evidence = held_out_evidence(settings.alpha, settings.delta)
     wanted = (
         f"certifying an answered error rate of at most α={settings.alpha:g} with probability "
         f"1-δ={1 - settings.delta:g} needs at least {needed}"
@@ -330,7 +343,7 @@ def adapt_model(model: HonestModel, log: ServedLog, settings: AdaptSettings) -> 
     }
     confidence = head_confidences(head, held, settings.feature_cache)
     correct = np.array([int(r.greedy_correct) for r in held])  # type: ignore[arg-type]
-    threshold = th.risk_control(confidence, correct, settings.alpha, settings.delta)
+    threshold = certify(confidence, correct, settings.alpha, settings.delta)
     summary = _summary(log, selection, settings, stages, regenerated, confidence, correct, threshold, stage2)
     summary[PROMOTION_KEY] = held_out_comparison(serving, confidence, correct, held, settings).to_dict()
     summary["seconds"] = round(time.perf_counter() - started, 2)

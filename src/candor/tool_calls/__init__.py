@@ -13,7 +13,7 @@ from candor.tool_calls.calls import (
     parse_calls,
     starts_like_call,
 )
-from candor.tool_calls.prompt import TOOL_PROMPT, render_tool_prompt, template_takes_tools
+from candor.tool_calls.prompt import TOOL_PROMPT, render_tool_prompt, template_takes_tools, tool_prompt_messages
 from candor.tool_calls.schema import calls_schema
 from candor.tool_calls.tools import Tool, ToolsError, tools_from_openai
 
@@ -30,5 +30,6 @@ __all__ = [
     "render_tool_prompt",
     "starts_like_call",
     "template_takes_tools",
+    "tool_prompt_messages",
     "tools_from_openai",
 ]

@@ -146,6 +146,16 @@ def _documented(messages: Sequence[dict[str, Any]], tools: list[Tool], choice: s
     return [{"role": "system", "content": system}, *plain]
 
 
+def tool_prompt_messages(
+    messages: Sequence[dict[str, Any]], tools: Sequence[Tool], tool_choice: str | Tool
+) -> list[dict[str, str]]:
+    """The documented tool prompt as chat messages: the conversation in plain turns (tool results as user turns,
+    calls as their JSON) and a system message listing the tools and the choice. What :func:`render_tool_prompt`
+    renders for a template without tools, for a server that applies its own template (a chat endpoint)."""
+    offered, choice = _offered(tools, tool_choice)
+    return _documented(messages, offered, choice)
+
+
 def _for_template(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages as transformers' tool-calling templates expect them: arguments as objects, content as text."""
     names = _call_names(messages)
@@ -185,5 +195,5 @@ def render_tool_prompt(
         )
     _template_text(tokenizer)  # the plain template must exist too
     return tokenizer.apply_chat_template(
-        _documented(messages, offered, choice), tokenize=False, add_generation_prompt=True
+        tool_prompt_messages(messages, tools, tool_choice), tokenize=False, add_generation_prompt=True
     )

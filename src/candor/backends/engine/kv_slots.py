@@ -40,6 +40,7 @@ whose attention takes a 4-D additive mask (``sdpa``, ``eager``): see
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -86,7 +87,9 @@ class _SlotLayer(DynamicLayer):
 
     def __init__(self, store: SlotKV, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
-        self.store = store
+        # A weak reference: the store owns its layers, and a strong one back would make a cycle that only the
+        # garbage collector frees, keeping each finished call's buffers (a GB on a long batch) until it runs.
+        self.store = weakref.proxy(store)
         self.keys, self.values = keys, values
         # The shared prefix's keys and values, [1, kv_heads, P, head_dim], when the store keeps it apart.
         self.prefix_keys: torch.Tensor | None = None

@@ -24,7 +24,10 @@ store call runs off the event loop, on threads of its own, within :data:`STORE_T
   store could not keep is never given: a stored record is what feedback and ``candor adapt`` need);
 - ends a stream whose record could not be stored with an error event, never silently;
 - probes the store every :data:`PROBE_INTERVAL_S` (the probe is the audit poll, :class:`FeedbackDesk
-  <candor.serve.http.operator_routes.FeedbackDesk>`) and takes traffic again once one succeeds.
+  <candor.serve.http.operator_routes.FeedbackDesk>`) and takes traffic again once one succeeds. After a failed
+  write (a full disk answers reads) the probe is also a write as large as the largest record and more
+  (:meth:`ServedStore.write_probe <candor.annotation.served_store.ServedStore.write_probe>`): ``/ready`` stays 503
+  while a record's write would fail, and turns 200 by itself once the disk has room.
 
 A response or label is acknowledged (200, or a stream's last chunk) only after its transaction committed.
 """
@@ -133,7 +136,7 @@ class RecordLog:
         while True:
             with contextlib.suppress(StoreUnavailable):  # logged by call(); /ready says so until a probe succeeds
                 await self.call(poll)
-                if self.writes_failed:  # a full disk answers reads: a write shows when it takes them again
+                if self.writes_failed:  # a full disk answers reads: a record-sized write shows it takes them again
                     await self.call(self.store.write_probe, writes=True)
             await asyncio.sleep(interval_s)
 
