@@ -183,11 +183,14 @@ class Runner:
             return [reply_record(gen.greedy, gen.samples) for gen in generated]
         from candor.backends.constraints import JsonConstraint
 
-        generated = []
-        for prompt, item, seed in zip(prompts, items, seeds, strict=True):  # each item its own tools' schema
-            constraint = JsonConstraint.of(schema_of(item), allow_text=spec.allow_text)
-            cut = {"on_token": PlainCut(self.tokenizer)} if hooks and spec.allow_text else {}
-            generated += self.backend.generate([prompt], k, params, seeds=[seed], constraint=constraint, **cut)
+        constraints = [JsonConstraint.of(schema_of(item), allow_text=spec.allow_text) for item in items]
+        cut = {"on_token": PlainCut(self.tokenizer)} if hooks and spec.allow_text else {}
+        if self.kind == "hf":  # each item its own tools' schema, the items decoded in one batch
+            generated = self.backend.generate(prompts, k, params, seeds=seeds, constraint=constraints, **cut)
+        else:  # a server's structured output is one schema a request
+            generated = []
+            for prompt, constraint, seed in zip(prompts, constraints, seeds, strict=True):
+                generated += self.backend.generate([prompt], k, params, seeds=[seed], constraint=constraint)
         return [reply_record(gen.greedy, gen.samples) for gen in generated]
 
     def _upstream_tools(

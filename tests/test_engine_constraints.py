@@ -21,6 +21,7 @@ import pytest
 from candor.backends.base import DecodeRequest, Generations, SamplingParams
 from candor.backends.constraints import JsonConstraint
 from candor.backends.hf import HFBackend
+from candor.util.errors import CandorError
 
 WAIT = 600  # seconds a test waits for the engine (a loaded CI machine); never reached when it works
 
@@ -246,3 +247,19 @@ def test_a_request_alone_equals_the_mixed_batch_and_generate(backend, together, 
         [request.prompt], SAMPLES, PARAMS, seeds=[request.seed], constraint=request.constraint
     )
     assert [c.token_ids for c in answers(generated)] == [c.token_ids for c in answers(alone)]
+
+
+@pytest.mark.integration
+def test_generate_takes_a_constraint_per_prompt(backend):
+    """``generate`` decodes prompts with different schemas in one batch (BFCL's items each offer their own tools),
+    each answer valid for its own schema; a list that does not match the prompts is refused before any work."""
+    chosen = [SCHEMAS[i] for i in (0, 1, 6)]
+    prompts = [prompt_for(backend, q, s) for q, s in chosen]
+    constraints = [JsonConstraint.of(s) for _, s in chosen]
+    params = SamplingParams(max_new_tokens=64, temperature=1.0, top_p=0.95, top_k=50)
+    gens = backend.generate(prompts, 1, params, seeds=[0, 1, 2], constraint=constraints)
+    for (_, schema), gen in zip(chosen, gens, strict=True):
+        for completion in answers(gen):
+            jsonschema.validate(json.loads(completion.text), schema)
+    with pytest.raises(CandorError, match="2 constraints for 3 prompts"):
+        backend.generate(prompts, 1, params, constraint=constraints[:2])

@@ -230,7 +230,7 @@ class HFBackend(TokenizerMixin):
         greedy: bool = True,
         seeds: Sequence[int] | None = None,
         on_token: TokenHook | None = None,
-        constraint: JsonConstraint | None = None,
+        constraint: JsonConstraint | Sequence[JsonConstraint | None] | None = None,
     ) -> list[Generations]:
         """Greedy answer (if ``greedy``) and ``n`` samples per prompt; see the module docstring.
 
@@ -240,11 +240,14 @@ class HFBackend(TokenizerMixin):
         row keeps (not the EOS or stop token); returning False ends the row
         there (its completion is then partial). ``constraint``: every answer
         is JSON valid for its schema (see :mod:`candor.backends.constraints`;
-        a schema that cannot be compiled is refused before any work).
+        a schema that cannot be compiled is refused before any work); a
+        sequence gives each prompt its own (None: unconstrained), decoded in
+        the same batches.
         """
         self.check_request(n, params)
-        if constraint is not None:
-            self.grammars.get(constraint)  # compiled (or refused) once, before any prompt runs
+        constraints = per_prompt(constraint, len(prompts))
+        for one in dict.fromkeys(c for c in constraints if c is not None):
+            self.grammars.get(one)  # compiled (or refused) once, before any prompt runs
         if seeds is not None and len(seeds) != len(prompts):
             raise CandorError(f"got {len(seeds)} seeds for {len(prompts)} prompts")
         if not prompts:
@@ -266,7 +269,7 @@ class HFBackend(TokenizerMixin):
                 seed=seeds[i],
                 matcher=matcher,
                 on_token=_prompt_hook(on_token, i),
-                constraint=constraint,
+                constraint=constraints[i],
             )
             for i, ids in enumerate(encoded)
         ]
@@ -668,3 +671,15 @@ def _load_adapter(model: Any, adapter: str) -> Any:
     from peft import PeftModel
 
     return PeftModel.from_pretrained(model, adapter).merge_and_unload()
+
+
+def per_prompt(
+    constraint: JsonConstraint | Sequence[JsonConstraint | None] | None, prompts: int
+) -> list[JsonConstraint | None]:
+    """``generate``'s ``constraint`` as one per prompt (one constraint, or none, is every prompt's)."""
+    if constraint is None or isinstance(constraint, JsonConstraint):
+        return [constraint] * prompts
+    constraints = list(constraint)
+    if len(constraints) != prompts:
+        raise CandorError(f"got {len(constraints)} constraints for {prompts} prompts")
+    return constraints
