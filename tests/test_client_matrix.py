@@ -61,6 +61,9 @@ MODES = ("plain", "stream")
 SETTINGS = (("answered", "text"), ("answered", "refusal"), ("abstained", "text"), ("abstained", "refusal"))
 # The framework's own refusal type, per client: what it raises for OpenAI's refusal field without the adapter.
 REFUSAL_TYPES = {"pydantic-ai": "ContentFilterError", "openai-agents": "ModelRefusalError"}
+# The exception a framework documents for a refusal, per family: raised only for an abstention, whose refusal the
+# app then shows from what the exception carries (Instructor: ``InstructorRetryException.last_completion``).
+DOCUMENTED_REFUSALS = {"instructor": "InstructorRetryException"}
 CLIENT_WORKERS = 4  # clients run at once (each runs its four settings at once too)
 NODE_TIMEOUT_S = 900  # one Node script's cells (its requests queue behind the other clients' on one engine)
 
@@ -614,6 +617,7 @@ def matrix(served) -> dict[str, Any]:
     os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
     os.environ.setdefault("AGNO_TELEMETRY", "false")
     out: dict[str, Any] = {"answer": answer, "refusal": REFUSAL, "question": QUESTION}
+    frameworks.import_frameworks()  # before the threads: concurrent first imports of LlamaIndex race
     with ThreadPoolExecutor(CLIENT_WORKERS) as pool:
         out["clients"] = list(pool.map(lambda client: client_cells(client, urls), CLIENTS))
     if os.environ.get("CANDOR_WRITE_MATRIX") == "1":
@@ -650,7 +654,11 @@ def test_every_cell_shows_the_answer_or_the_refusal_and_reaches_the_confidence(m
     assert len(row["cells"]) == len(SETTINGS) * len(MODES)
     for cell in row["cells"]:
         where = f"{name} {cell['mode']} {cell['case']} --abstain-as {cell['abstain_as']}: {cell}"
-        # As documented (with candor's adapter), an abstention is an answer, never an exception.
+        # As documented (with candor's adapter), an abstention is an answer, never an exception: or the exception
+        # the framework documents for a refusal, which carries the refusal the app shows.
+        if cell["case"] == "abstained" and cell["exception"] == DOCUMENTED_REFUSALS.get(row["family"]):
+            assert cell["shown"] == REFUSAL, where
+            continue
         assert cell["exception"] is None, where
         if cell["case"] == "abstained":
             assert cell["shown"] == REFUSAL, where  # never an empty message, never the withheld answer
@@ -678,6 +686,8 @@ def test_a_tool_round_trip_calls_the_tool_with_valid_arguments_and_answers(matri
     cell = paths_of(matrix, name)["tool"]
     if cell is None:
         pytest.skip(f"{name} offers no tool calling")
+    if cell.get("na"):
+        pytest.skip(f"{name}: n/a: {cell['na']}")  # the framework offers no way to force the call (recorded)
     assert cell["exception"] is None, cell
     assert cell["calls"], f"{name}: the model called no tool: {cell}"
     assert all(call["valid"] for call in cell["calls"]), cell
@@ -698,9 +708,10 @@ def test_every_structured_output_parses_into_its_schema(matrix, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_a_second_turn_after_an_abstention_is_accepted_and_shows_the_refusal(matrix, name):
     """The framework's own history of a refused turn (content null and a refusal, or the refusal text) is accepted."""
-    for abstain_as, cell in paths_of(matrix, name)["turn2"].items():
+    row = client_row(matrix, name)
+    for abstain_as, cell in row["paths"]["turn2"].items():
         where = f"{name} --abstain-as {abstain_as}: {cell}"
-        assert cell["exception"] is None, where
+        assert cell["exception"] in (None, DOCUMENTED_REFUSALS.get(row["family"])), where
         assert cell["shown"] == REFUSAL and cell["shown_second"] == REFUSAL, where  # the server abstains on both
 
 
@@ -736,6 +747,7 @@ def comparable_paths(found: dict[str, Any]) -> dict[str, Any]:
     if tool is not None:
         calls = tool.get("calls") or []
         keep["tool"] = (tool["exception"], len(calls), all(c["valid"] for c in calls), bool(tool.get("shown")))
+        keep["tool"] += (tool.get("na"),)
     keep["structured"] = {m: (c["exception"], c.get("parsed")) for m, c in found["structured"].items()}
     keep["turn2"] = {k: (c["exception"], c.get("shown"), c.get("shown_second")) for k, c in found["turn2"].items()}
     return keep
