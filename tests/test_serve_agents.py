@@ -171,6 +171,24 @@ def test_tool_choice_rules_are_one_on_both_endpoints(url):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
 
 
+@pytest.mark.parametrize("choice", ["required", "get_weather"])
+def test_a_forced_call_with_a_response_format_is_a_call_never_the_structured_output(choice):
+    """DSPy's native function calling sends tools, tool_choice "required" and a response_format at once: the
+    output may be the structured output only under "auto"; a forced choice is a call, as OpenAI's API makes it."""
+    from candor.serve.agent_turns import AgentTurn
+    from candor.tool_calls import tools_from_openai
+
+    tools = tuple(tools_from_openai([WEATHER]))
+    person = {"name": "Marie Curie", "born": 1867, "alive": False}
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    forced = AgentTurn(messages=(), tools=tools, tool_choice=choice, output_schema=PERSON).constraint()
+    jsonschema.validate(call, json.loads(forced.schema))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(person, json.loads(forced.schema))
+    free = AgentTurn(messages=(), tools=tools, tool_choice="auto", output_schema=PERSON).constraint()
+    jsonschema.validate(person, json.loads(free.schema))
+
+
 def test_an_abstention_calls_no_tool(refusing_url):
     r = chat(refusing_url, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required")
     assert r.status_code == 200, r.text
