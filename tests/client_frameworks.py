@@ -204,14 +204,14 @@ def llama_agent_paths(kind: str, answering: str, abstaining: dict[str, str]) -> 
                 "ReActAgent's calls are text the model writes in its ReAct format: no request field can force one"
             )
         weather = Weather()
-        # FunctionAgent's initial_tool_choice forces the call on the first step; after that one step
-        # (max_iterations=1) early_stopping_method="generate" asks the model for the answer without tools (under
-        # "auto" the 135M model calls the tool again until the iterations run out).
+        # FunctionAgent's initial_tool_choice forces the call on the first step; the second step's output ends the
+        # iterations (max_iterations=2: checked before its calls run), and early_stopping_method="generate" asks
+        # the model for the answer without tools (under "auto" the 135M model calls the tool again).
         function = FunctionTool.from_defaults(fn=weather.function())
         agent = llama_agent(
             kind, answering, [function], initial_tool_choice="get_weather", early_stopping_method="generate"
         )
-        output = await agent.run(user_msg=TOOL_QUESTION, max_iterations=1)
+        output = await agent.run(user_msg=TOOL_QUESTION, max_iterations=2)
         calls = [call_of(c.tool_name, c.tool_kwargs) for c in output.tool_calls]
         return tool_cell(calls, weather, llama_shown(output.response))
 
@@ -323,10 +323,16 @@ def haystack_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any]
 # ---------------------------------------------------------------- smolagents
 
 
-def smol_agent(kind: str, url: str, tools: list[Any] | None = None) -> Any:
-    from smolagents import CodeAgent, OpenAIServerModel, ToolCallingAgent
+def smol_model(url: str) -> Any:
+    from smolagents import OpenAIServerModel
 
-    model = OpenAIServerModel(model_id="candor", api_base=f"{url}/v1", api_key=KEY, max_tokens=MAX_TOKENS)
+    return OpenAIServerModel(model_id="candor", api_base=f"{url}/v1", api_key=KEY, max_tokens=MAX_TOKENS)
+
+
+def smol_agent(kind: str, url: str, tools: list[Any] | None = None) -> Any:
+    from smolagents import CodeAgent, ToolCallingAgent
+
+    model = smol_model(url)
     agent_class = {"ToolCallingAgent": ToolCallingAgent, "CodeAgent": CodeAgent}[kind]
     # Two steps: a tool call and the final answer (smolagents adds a last request for the answer at its limit).
     return agent_class(
@@ -378,7 +384,16 @@ def smol_paths(kind: str, answering: str, abstaining: dict[str, str]) -> dict[st
 
         return run
 
-    return paths(tool, {}, {k: turn2(u) for k, u in abstaining.items()})  # smolagents offers no structured output
+    def structured():
+        # An agent's output is its final_answer's text; structured output is the model's own API (response_format).
+        schema = {"name": "City", "schema": City.model_json_schema(), "strict": True}
+        message = smol_model(answering).generate(
+            [{"role": "user", "content": [{"type": "text", "text": STRUCTURED_QUESTION}]}],
+            response_format={"type": "json_schema", "json_schema": schema},
+        )
+        return structured_cell(message.content)
+
+    return paths(tool, {"model.generate(response_format)": structured}, {k: turn2(u) for k, u in abstaining.items()})
 
 
 # ---------------------------------------------------------------- Agno
@@ -473,16 +488,25 @@ def dspy_lm(url: str) -> Any:
     )
 
 
+def dspy_context(url: str, **adapter: Any) -> Any:
+    """DSPy on candor with its ``JSONAdapter``, which DSPy documents for models that take structured outputs: every
+    reply is decoded under the signature's schema (the default ``ChatAdapter``'s field markers are free text the
+    135M model does not follow; its JSON fallback runs only after that failure, and not when streaming)."""
+    import dspy
+
+    return dspy.context(lm=dspy_lm(url), adapter=dspy.JSONAdapter(**adapter))
+
+
 def dspy_calls(url: str) -> dict[str, dict]:
     import dspy
 
     def plain():
-        with dspy.context(lm=dspy_lm(url)):
+        with dspy_context(url):
             return seen(dspy.Predict("question -> answer")(question=QUESTION).answer, None, None)
 
     def stream():
         async def run():
-            with dspy.context(lm=dspy_lm(url)):
+            with dspy_context(url):
                 final = None
                 async for item in dspy.streamify(dspy.Predict("question -> answer"))(question=QUESTION):
                     if isinstance(item, dspy.Prediction):
@@ -497,29 +521,35 @@ def dspy_calls(url: str) -> dict[str, dict]:
 def dspy_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any]:
     import dspy
 
+    fields = {"question": (str, dspy.InputField()), "tools": (list[dspy.Tool], dspy.InputField())}
+    call_tools = dspy.Signature(fields | {"outputs": (dspy.ToolCalls, dspy.OutputField())}, SYSTEM)
+
     def tool():
+        # DSPy's own tool handling with native function calling (dspy.Tool, dspy.ToolCalls): the first request
+        # forces the call (config tool_choice "required"), the tool runs, and a second Predict answers from its
+        # result. dspy.ReAct offers no way to force a call: its tool's name is a field the model fills.
         weather = Weather()
-        with dspy.context(lm=dspy_lm(answering)):
-            react = dspy.ReAct("question -> answer", tools=[weather.function()], max_iters=AGENT_STEPS)
-            out = react(question=TOOL_QUESTION)
-        trajectory = out.trajectory
-        calls = [
-            call_of(trajectory[k], trajectory.get(k.replace("tool_name", "tool_args")))
-            for k in trajectory
-            if k.startswith("tool_name") and trajectory[k] != "finish"
-        ]
-        return tool_cell(calls, weather, out.answer)
+        get_weather = dspy.Tool(weather.function())
+        with dspy_context(answering, use_native_function_calling=True):
+            out = dspy.Predict(call_tools)(
+                question=TOOL_QUESTION, tools=[get_weather], config={"tool_choice": "required"}
+            )
+            calls = out.outputs.tool_calls
+            results = [str(get_weather(**c.args)) for c in calls]
+            answer = dspy.Predict(dspy.Signature("question, tool_result -> answer", SYSTEM))
+            final = answer(question=TOOL_QUESTION, tool_result="\n".join(results))
+        return tool_cell([call_of(c.name, c.args) for c in calls], weather, final.answer)
 
     def structured():
         signature = dspy.Signature("question -> city: str, country: str", SYSTEM)
-        with dspy.context(lm=dspy_lm(answering)):
+        with dspy_context(answering):
             out = dspy.Predict(signature)(question=STRUCTURED_QUESTION)
         return structured_cell({"city": out.city, "country": out.country})
 
     def turn2(url: str):
         def run():
             signature = dspy.Signature("question, history: dspy.History -> answer", SYSTEM)
-            with dspy.context(lm=dspy_lm(url)):
+            with dspy_context(url):
                 predict = dspy.Predict(signature)
                 first = predict(question=QUESTION, history=dspy.History(messages=[]))
                 history = dspy.History(messages=[{"question": QUESTION, "answer": first.answer}])
@@ -626,7 +656,8 @@ def instructor_paths(answering: str, abstaining: dict[str, str]) -> dict[str, An
                 )
 
             first, completion, raised = instructor_answer(create)
-            history.append(completion.choices[0].message.model_dump(exclude_none=True))
+            # The reply as history, its content kept when null (a refusal): Instructor reads every message's content.
+            history.append(completion.choices[0].message.model_dump(include={"role", "content", "refusal"}))
             history.append({"role": "user", "content": SECOND})
             second, _, raised_again = instructor_answer(create)
             return turn_cell(first, second) | {"exception": raised or raised_again}

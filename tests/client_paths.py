@@ -4,7 +4,11 @@ tests/test_client_matrix.py runs these against its servers (issue 62). Each path
 framework documents it; what it showed is recorded as a cell:
 
 - ``tool``: the question below with one tool (``get_weather``); the call(s) the model made, each checked
-  against the tool's schema, the tool's result sent back, and the final answer (``calls``, ``shown``);
+  against the tool's schema, the tool's result sent back, and the final answer (``calls``, ``shown``). The
+  first step forces the call and the step after the result asks for the answer (``tool_choice`` "required"
+  then "none", or the framework's own way to say so): the protocol path is what is tested, not the model's
+  choice (under "auto" the 135M model answers in prose, and after a result calls the tool again). A framework
+  that offers no way to force the call records ``na`` and why (:func:`not_offered`);
 - ``structured``: the capital as a ``City`` (``city``, ``country``), per output mode the framework offers
   (``parsed``: it parsed into the schema; ``shown``: its JSON, or the refusal);
 - ``turn2``: a question the server abstains on, the framework's own history of that turn, then a second
@@ -388,7 +392,13 @@ def pydantic_ai_paths(answering: str, abstaining: dict[str, str]) -> dict[str, A
 
     def agent(url: str, **kwargs: Any) -> Any:
         model = CandorChatModel("candor", provider=OpenAIProvider(base_url=f"{url}/v1", api_key=KEY))
-        return Agent(model, instructions=SYSTEM, model_settings={"max_tokens": MAX_TOKENS}, **kwargs)
+        settings = kwargs.pop("model_settings", {"max_tokens": MAX_TOKENS})
+        return Agent(model, instructions=SYSTEM, model_settings=settings, **kwargs)
+
+    # A structured output is one final_result call: parallel_tool_calls off, as an app asking for one object sets
+    # it (pydantic-ai leaves OpenAI's default, true, and the 135M model then repeats the call in a JSON list until
+    # max_tokens, which pydantic-ai retries and gives up on: "Exceeded maximum output retries").
+    one_output = {"max_tokens": MAX_TOKENS, "parallel_tool_calls": False}
 
     async def tool():
         from pydantic_ai.capabilities import AbstractCapability
@@ -408,7 +418,8 @@ def pydantic_ai_paths(answering: str, abstaining: dict[str, str]) -> dict[str, A
 
     def structured(output_type: Any):
         async def run():
-            result = await agent(answering, output_type=output_type).run(STRUCTURED_QUESTION)
+            qa = agent(answering, output_type=output_type, model_settings=one_output)
+            result = await qa.run(STRUCTURED_QUESTION)
             return structured_cell(result.output)
 
         return run
@@ -417,7 +428,7 @@ def pydantic_ai_paths(answering: str, abstaining: dict[str, str]) -> dict[str, A
         """An output validator that asks once for another try: pydantic-ai's retry request, then the output."""
         from pydantic_ai import ModelRetry
 
-        qa, asked = agent(answering, output_type=City), []
+        qa, asked = agent(answering, output_type=City, model_settings=one_output), []
 
         @qa.output_validator
         def once_more(output: City) -> City:
