@@ -575,15 +575,17 @@ def instructor_client(url: str, mode: str) -> Any:
 def instructor_refusal(exc: Exception) -> tuple[str, Any] | None:
     """``(refusal, completion)`` when Instructor raised for an abstention, else None.
 
-    A structured abstention is OpenAI's refusal field with no content. Instructor raises
-    ``InstructorRetryException`` for it (Mode.TOOLS: "Unable to generate a response due to <refusal>"; the JSON
-    modes: the empty content fails the model's validation); its documented ``last_completion`` is the reply,
-    whose ``message.refusal`` the app shows.
+    A structured abstention is OpenAI's refusal field with no content; a tool call's (Mode.TOOLS) is no call,
+    the refusal as ``--abstain-as`` says (the refusal field, or the text). Instructor raises
+    ``InstructorRetryException`` for either (Mode.TOOLS: "Unable to generate a response due to <refusal>", or no
+    call to validate; the JSON modes: the empty content fails the model's validation); its documented
+    ``last_completion`` is the reply, whose message (its refusal, or its text) the app shows.
     """
     from instructor.core import InstructorRetryException
 
     completion = getattr(exc, "last_completion", None) if isinstance(exc, InstructorRetryException) else None
-    refusal = getattr(completion.choices[0].message, "refusal", None) if completion and completion.choices else None
+    message = completion.choices[0].message if completion and completion.choices else None
+    refusal = None if message is None or message.tool_calls else (message.refusal or message.content)
     return (refusal, completion) if refusal else None
 
 
