@@ -50,7 +50,7 @@ from tests import client_frameworks as frameworks  # noqa: E402
 from tests import client_paths as agent_paths  # noqa: E402
 from tests.client_paths import KEY, MAX_TOKENS, QUESTION, REFUSAL, SYSTEM, attempt, messages, seen  # noqa: E402
 
-# Slow: 30 clients and their agent paths took 21 minutes here (the default tier leaves it out; `make test-slow` runs
+# Slow: 30 clients and their agent paths took 19.6 minutes here (2 shared cores) (the default tier leaves it out; `make test-slow` runs
 # it). Its agent cells are the record of what each framework does now, failures included (docs/serving.md).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
