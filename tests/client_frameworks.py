@@ -7,6 +7,8 @@ key the matrix reads a client's documented way from) and the agent paths (``*_pa
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 from typing import Any
 
@@ -22,6 +24,7 @@ from tests.client_paths import (
     Weather,
     attempt,
     call_of,
+    not_offered,
     paths,
     run_async,
     seen,
@@ -29,6 +32,40 @@ from tests.client_paths import (
     tool_cell,
     turn_cell,
 )
+
+# The frameworks' modules the matrix uses, imported once before its clients' threads start: LlamaIndex's modules
+# import each other circularly, and two threads importing them at once find a partly initialised module
+# (ImportError: cannot import name 'ObjectRetriever' from partially initialized module ...).
+FRAMEWORK_MODULES = (
+    "llama_index.core",
+    "llama_index.core.llms",
+    "llama_index.core.tools",
+    "llama_index.core.workflow",
+    "llama_index.core.agent.workflow",
+    "llama_index.llms.openai_like",
+    "haystack",
+    "haystack.components.generators.chat",
+    "haystack.tools",
+    "smolagents",
+    "agno.agent",
+    "agno.models.openai",
+    "agno.db.in_memory",
+    "dspy",
+    "instructor",
+    "langchain_openai",
+    "langchain_core.tools",
+    "litellm",
+    "pydantic_ai",
+    "agents",
+)
+
+
+def import_frameworks() -> None:
+    """Import every installed framework's modules of FRAMEWORK_MODULES, one after another, in this thread."""
+    for name in FRAMEWORK_MODULES:
+        if importlib.util.find_spec(name.split(".")[0]) is not None:
+            importlib.import_module(name)
+
 
 # An agent's steps (model requests) per run: a tool call, its answer, one retry; each step is one request with
 # the agent's long prompt, and a small model that misses the agent's format would retry up to the default 20.
@@ -100,13 +137,13 @@ def llama_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any]:
         weather, llm = Weather(), llama_llm(answering)
         history = llama_messages(TOOL_QUESTION)
         function = FunctionTool.from_defaults(fn=weather.function())
-        resp = llm.chat_with_tools([function], chat_history=history)
+        resp = llm.chat_with_tools([function], chat_history=history, tool_required=True)  # the first step calls it
         selections = llm.get_tool_calls_from_response(resp, error_on_no_tool_call=False)
         history.append(resp.message)
         for s in selections:
             result = weather(**s.tool_kwargs)
             history.append(ChatMessage(role="tool", content=result, additional_kwargs={"tool_call_id": s.tool_id}))
-        final = llm.chat_with_tools([function], chat_history=history)
+        final = llm.chat_with_tools([function], chat_history=history, tool_choice="none")  # the step after answers
         return tool_cell([call_of(s.tool_name, s.tool_kwargs) for s in selections], weather, llama_shown(final.message))
 
     def structured():
@@ -162,9 +199,19 @@ def llama_agent_paths(kind: str, answering: str, abstaining: dict[str, str]) -> 
     from llama_index.core.workflow import Context
 
     async def tool():
+        if kind == "ReActAgent":
+            return not_offered(
+                "ReActAgent's calls are text the model writes in its ReAct format: no request field can force one"
+            )
         weather = Weather()
-        agent = llama_agent(kind, answering, [FunctionTool.from_defaults(fn=weather.function())])
-        output = await agent.run(user_msg=TOOL_QUESTION, max_iterations=AGENT_STEPS)
+        # FunctionAgent's initial_tool_choice forces the call on the first step; the second step's output ends the
+        # iterations (max_iterations=2: checked before its calls run), and early_stopping_method="generate" asks
+        # the model for the answer without tools (under "auto" the 135M model calls the tool again).
+        function = FunctionTool.from_defaults(fn=weather.function())
+        agent = llama_agent(
+            kind, answering, [function], initial_tool_choice="get_weather", early_stopping_method="generate"
+        )
+        output = await agent.run(user_msg=TOOL_QUESTION, max_iterations=2)
         calls = [call_of(c.tool_name, c.tool_kwargs) for c in output.tool_calls]
         return tool_cell(calls, weather, llama_shown(output.response))
 
@@ -235,21 +282,26 @@ def haystack_calls(url: str) -> dict[str, dict]:
 
 
 def haystack_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any]:
-    from haystack.components.agents import Agent
     from haystack.dataclasses import ChatMessage
     from haystack.tools import Tool
 
     from tests.client_paths import TOOL_DESCRIPTION, TOOL_PARAMETERS
 
     def tool():
+        # Haystack's Agent passes one generation_kwargs to every step (a forced call would loop), so the round
+        # trip is the chat generator's own loop: the first run forces the call through generation_kwargs, the
+        # tool's result goes back as ChatMessage.from_tool, and the final run asks for the answer ("none").
         weather = Weather()
         function = Tool(name="get_weather", description=TOOL_DESCRIPTION, parameters=TOOL_PARAMETERS, function=weather)
-        agent = Agent(chat_generator=haystack_generator(answering), tools=[function], max_agent_steps=4)
-        if hasattr(agent, "warm_up"):
-            agent.warm_up()
-        out = agent.run(messages=haystack_messages(TOOL_QUESTION))
-        calls = [call_of(c.tool_name, c.arguments) for m in out["messages"] for c in m.tool_calls]
-        return tool_cell(calls, weather, haystack_shown(out["messages"][-1]))
+        generator, history = haystack_generator(answering), haystack_messages(TOOL_QUESTION)
+        first = generator.run(messages=history, tools=[function], generation_kwargs={"tool_choice": "required"})
+        reply = first["replies"][0]
+        history.append(reply)
+        for c in reply.tool_calls:
+            history.append(ChatMessage.from_tool(function.invoke(**c.arguments), origin=c))
+        final = generator.run(messages=history, tools=[function], generation_kwargs={"tool_choice": "none"})
+        final = final["replies"][0]
+        return tool_cell([call_of(c.tool_name, c.arguments) for c in reply.tool_calls], weather, haystack_shown(final))
 
     def structured():
         generator = haystack_generator(answering, generation_kwargs={"response_format": City})
@@ -271,10 +323,16 @@ def haystack_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any]
 # ---------------------------------------------------------------- smolagents
 
 
-def smol_agent(kind: str, url: str, tools: list[Any] | None = None) -> Any:
-    from smolagents import CodeAgent, OpenAIServerModel, ToolCallingAgent
+def smol_model(url: str) -> Any:
+    from smolagents import OpenAIServerModel
 
-    model = OpenAIServerModel(model_id="candor", api_base=f"{url}/v1", api_key=KEY, max_tokens=MAX_TOKENS)
+    return OpenAIServerModel(model_id="candor", api_base=f"{url}/v1", api_key=KEY, max_tokens=MAX_TOKENS)
+
+
+def smol_agent(kind: str, url: str, tools: list[Any] | None = None) -> Any:
+    from smolagents import CodeAgent, ToolCallingAgent
+
+    model = smol_model(url)
     agent_class = {"ToolCallingAgent": ToolCallingAgent, "CodeAgent": CodeAgent}[kind]
     # Two steps: a tool call and the final answer (smolagents adds a last request for the answer at its limit).
     return agent_class(
@@ -304,7 +362,9 @@ def smol_paths(kind: str, answering: str, abstaining: dict[str, str]) -> dict[st
     from smolagents import tool as as_tool
 
     def tool():
-        weather = Weather()
+        if kind == "CodeAgent":
+            return not_offered("CodeAgent's calls are Python code the model writes: no request field can force one")
+        weather = Weather()  # ToolCallingAgent sends tool_choice "required" on every step (final_answer is a tool)
         agent = smol_agent(kind, answering, [as_tool(weather.function())])
         output = agent.run(TOOL_QUESTION)
         steps = [s for s in agent.memory.steps if type(s).__name__ == "ActionStep"]
@@ -324,7 +384,16 @@ def smol_paths(kind: str, answering: str, abstaining: dict[str, str]) -> dict[st
 
         return run
 
-    return paths(tool, {}, {k: turn2(u) for k, u in abstaining.items()})  # smolagents offers no structured output
+    def structured():
+        # An agent's output is its final_answer's text; structured output is the model's own API (response_format).
+        schema = {"name": "City", "schema": City.model_json_schema(), "strict": True}
+        message = smol_model(answering).generate(
+            [{"role": "user", "content": [{"type": "text", "text": STRUCTURED_QUESTION}]}],
+            response_format={"type": "json_schema", "json_schema": schema},
+        )
+        return structured_cell(message.content)
+
+    return paths(tool, {"model.generate(response_format)": structured}, {k: turn2(u) for k, u in abstaining.items()})
 
 
 # ---------------------------------------------------------------- Agno
@@ -377,10 +446,10 @@ def agno_paths(kind: str, answering: str, abstaining: dict[str, str]) -> dict[st
     checked = agno_checked
 
     def tool():
-        weather = Weather()
-        run = checked(agno_agent(kind, answering, tools=[weather.function()]).run(TOOL_QUESTION))
-        calls = [call_of(t.tool_name, t.tool_args) for t in run.tools or []]
-        return tool_cell(calls, weather, agno_shown(run))
+        return not_offered(
+            "Agno sends an Agent's tool_choice with every request of a run: a forced call would be forced again "
+            "after the tool's result, so no run can force only the first step"
+        )
 
     def structured():
         run = checked(agno_agent(kind, answering, output_schema=City).run(STRUCTURED_QUESTION))
@@ -404,23 +473,40 @@ def agno_paths(kind: str, answering: str, abstaining: dict[str, str]) -> dict[st
 
 
 def dspy_lm(url: str) -> Any:
+    """``dspy.LM`` on candor, declared to DSPy as an OpenAI-compatible provider that takes a response schema and
+    tools (``dspy.lm15.register_provider``). Without the declaration (``"openai/candor"``) DSPy, which knows no
+    model named candor, sends its JSON fallback no ``response_format``: the output is not decoded under the
+    schema, and a small model's free text fails DSPy's parse (AdapterParseError)."""
+    import dspy
+    from dspy.lm15 import AccessPolicy, ModelSupport, OpenAIChatCompat, ProviderDefinition, register_provider
+
+    access = AccessPolicy(provider="candor", base_url="http://127.0.0.1:8000/v1")  # each LM's api_base wins
+    definition = ProviderDefinition.chat(access, compat=OpenAIChatCompat.preset("vllm"))
+    register_provider(definition, supports=ModelSupport(response_schema=True, function_calling=True))  # idempotent
+    return dspy.LM(
+        "candor/candor", api_base=f"{url}/v1", api_key=KEY, max_tokens=MAX_TOKENS, cache=False, num_retries=0
+    )
+
+
+def dspy_context(url: str, **adapter: Any) -> Any:
+    """DSPy on candor with its ``JSONAdapter``, which DSPy documents for models that take structured outputs: every
+    reply is decoded under the signature's schema (the default ``ChatAdapter``'s field markers are free text the
+    135M model does not follow; its JSON fallback runs only after that failure, and not when streaming)."""
     import dspy
 
-    return dspy.LM(
-        "openai/candor", api_base=f"{url}/v1", api_key=KEY, max_tokens=MAX_TOKENS, cache=False, num_retries=0
-    )
+    return dspy.context(lm=dspy_lm(url), adapter=dspy.JSONAdapter(**adapter))
 
 
 def dspy_calls(url: str) -> dict[str, dict]:
     import dspy
 
     def plain():
-        with dspy.context(lm=dspy_lm(url)):
+        with dspy_context(url):
             return seen(dspy.Predict("question -> answer")(question=QUESTION).answer, None, None)
 
     def stream():
         async def run():
-            with dspy.context(lm=dspy_lm(url)):
+            with dspy_context(url):
                 final = None
                 async for item in dspy.streamify(dspy.Predict("question -> answer"))(question=QUESTION):
                     if isinstance(item, dspy.Prediction):
@@ -435,29 +521,35 @@ def dspy_calls(url: str) -> dict[str, dict]:
 def dspy_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any]:
     import dspy
 
+    fields = {"question": (str, dspy.InputField()), "tools": (list[dspy.Tool], dspy.InputField())}
+    call_tools = dspy.Signature(fields | {"outputs": (dspy.ToolCalls, dspy.OutputField())}, SYSTEM)
+
     def tool():
+        # DSPy's own tool handling with native function calling (dspy.Tool, dspy.ToolCalls): the first request
+        # forces the call (config tool_choice "required"), the tool runs, and a second Predict answers from its
+        # result. dspy.ReAct offers no way to force a call: its tool's name is a field the model fills.
         weather = Weather()
-        with dspy.context(lm=dspy_lm(answering)):
-            react = dspy.ReAct("question -> answer", tools=[weather.function()], max_iters=AGENT_STEPS)
-            out = react(question=TOOL_QUESTION)
-        trajectory = out.trajectory
-        calls = [
-            call_of(trajectory[k], trajectory.get(k.replace("tool_name", "tool_args")))
-            for k in trajectory
-            if k.startswith("tool_name") and trajectory[k] != "finish"
-        ]
-        return tool_cell(calls, weather, out.answer)
+        get_weather = dspy.Tool(weather.function())
+        with dspy_context(answering, use_native_function_calling=True):
+            out = dspy.Predict(call_tools)(
+                question=TOOL_QUESTION, tools=[get_weather], config={"tool_choice": "required"}
+            )
+            calls = out.outputs.tool_calls
+            results = [str(get_weather(**c.args)) for c in calls]
+            answer = dspy.Predict(dspy.Signature("question, tool_result -> answer", SYSTEM))
+            final = answer(question=TOOL_QUESTION, tool_result="\n".join(results))
+        return tool_cell([call_of(c.name, c.args) for c in calls], weather, final.answer)
 
     def structured():
         signature = dspy.Signature("question -> city: str, country: str", SYSTEM)
-        with dspy.context(lm=dspy_lm(answering)):
+        with dspy_context(answering):
             out = dspy.Predict(signature)(question=STRUCTURED_QUESTION)
         return structured_cell({"city": out.city, "country": out.country})
 
     def turn2(url: str):
         def run():
             signature = dspy.Signature("question, history: dspy.History -> answer", SYSTEM)
-            with dspy.context(lm=dspy_lm(url)):
+            with dspy_context(url):
                 predict = dspy.Predict(signature)
                 first = predict(question=QUESTION, history=dspy.History(messages=[]))
                 history = dspy.History(messages=[{"question": QUESTION, "answer": first.answer}])
@@ -480,19 +572,50 @@ def instructor_client(url: str, mode: str) -> Any:
     return instructor.from_openai(client, mode=instructor.Mode[mode])
 
 
+def instructor_refusal(exc: Exception) -> tuple[str, Any] | None:
+    """``(refusal, completion)`` when Instructor raised for an abstention, else None.
+
+    A structured abstention is OpenAI's refusal field with no content; a tool call's (Mode.TOOLS) is no call,
+    the refusal as ``--abstain-as`` says (the refusal field, or the text). Instructor raises
+    ``InstructorRetryException`` for either (Mode.TOOLS: "Unable to generate a response due to <refusal>", or no
+    call to validate; the JSON modes: the empty content fails the model's validation); its documented
+    ``last_completion`` is the reply, whose message (its refusal, or its text) the app shows.
+    """
+    from instructor.core import InstructorRetryException
+
+    completion = getattr(exc, "last_completion", None) if isinstance(exc, InstructorRetryException) else None
+    message = completion.choices[0].message if completion and completion.choices else None
+    refusal = None if message is None or message.tool_calls else (message.refusal or message.content)
+    return (refusal, completion) if refusal else None
+
+
+def instructor_answer(create: Any) -> tuple[str, Any, str | None]:
+    """``(shown, completion, exception)``: the object's JSON, or the refusal Instructor raised for (its type)."""
+    try:
+        value, completion = create()
+    except Exception as exc:
+        found = instructor_refusal(exc)
+        if found is None:
+            raise
+        return found[0], found[1], type(exc).__name__
+    return value.model_dump_json(), completion, None
+
+
 def instructor_calls(url: str) -> dict[str, dict]:
     """Instructor's answer is the structured object: plain ``create``, streamed ``create_partial``'s last object."""
 
     def plain():
-        value, completion = instructor_client(url, "TOOLS").create_with_completion(
-            model="candor",
-            response_model=City,
-            messages=[{"role": "user", "content": STRUCTURED_QUESTION}],
-            max_tokens=MAX_TOKENS,
-            max_retries=0,
+        shown, completion, raised = instructor_answer(
+            lambda: instructor_client(url, "TOOLS").create_with_completion(
+                model="candor",
+                response_model=City,
+                messages=[{"role": "user", "content": STRUCTURED_QUESTION}],
+                max_tokens=MAX_TOKENS,
+                max_retries=0,
+            )
         )
         choice = completion.choices[0]
-        return seen(value.model_dump_json(), choice.finish_reason, confidence_of(completion))
+        return seen(shown, choice.finish_reason, confidence_of(completion)) | {"exception": raised}
 
     def stream():
         partials = instructor_client(url, "TOOLS").create_partial(
@@ -528,15 +651,18 @@ def instructor_paths(answering: str, abstaining: dict[str, str]) -> dict[str, An
         def run():
             client = instructor_client(url, "JSON_SCHEMA")
             history = [{"role": "user", "content": STRUCTURED_QUESTION}]
-            value, completion = client.create_with_completion(
-                model="candor", response_model=City, messages=history, max_tokens=MAX_TOKENS, max_retries=0
-            )
-            history.append(completion.choices[0].message.model_dump(exclude_none=True))
+
+            def create():
+                return client.create_with_completion(
+                    model="candor", response_model=City, messages=history, max_tokens=MAX_TOKENS, max_retries=0
+                )
+
+            first, completion, raised = instructor_answer(create)
+            # The reply as history, its content kept when null (a refusal): Instructor reads every message's content.
+            history.append(completion.choices[0].message.model_dump(include={"role", "content", "refusal"}))
             history.append({"role": "user", "content": SECOND})
-            again = client.create(
-                model="candor", response_model=City, messages=history, max_tokens=MAX_TOKENS, max_retries=0
-            )
-            return turn_cell(value.model_dump_json(), again.model_dump_json())
+            second, _, raised_again = instructor_answer(create)
+            return turn_cell(first, second) | {"exception": raised or raised_again}
 
         return run
 

@@ -4,7 +4,11 @@ tests/test_client_matrix.py runs these against its servers (issue 62). Each path
 framework documents it; what it showed is recorded as a cell:
 
 - ``tool``: the question below with one tool (``get_weather``); the call(s) the model made, each checked
-  against the tool's schema, the tool's result sent back, and the final answer (``calls``, ``shown``);
+  against the tool's schema, the tool's result sent back, and the final answer (``calls``, ``shown``). The
+  first step forces the call and the step after the result asks for the answer (``tool_choice`` "required"
+  then "none", or the framework's own way to say so): the protocol path is what is tested, not the model's
+  choice (under "auto" the 135M model answers in prose, and after a result calls the tool again). A framework
+  that offers no way to force the call records ``na`` and why (:func:`not_offered`);
 - ``structured``: the capital as a ``City`` (``city``, ``country``), per output mode the framework offers
   (``parsed``: it parsed into the schema; ``shown``: its JSON, or the refusal);
 - ``turn2``: a question the server abstains on, the framework's own history of that turn, then a second
@@ -46,6 +50,8 @@ TOOL_SPEC = {
 RESPONSES_TOOL = {"type": "function", "name": "get_weather", "description": TOOL_DESCRIPTION}
 RESPONSES_TOOL |= {"parameters": TOOL_PARAMETERS, "strict": True}
 STRUCTURED_QUESTION = "What is the capital of France? Give the city and its country."
+# A JSON mode's question (json_object: any JSON object) names the keys itself, as LangChain's json_mode documents.
+JSON_MODE_QUESTION = f'{STRUCTURED_QUESTION} Answer in JSON with the keys "city" and "country".'
 
 
 class City(BaseModel):
@@ -109,7 +115,7 @@ def failed(exc: BaseException) -> dict[str, Any]:
 def attempt(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """What one call showed, or the type of the exception it raised (and its message's first line)."""
     try:
-        return {**call(), "exception": None}
+        return {"exception": None, **call()}  # a call may name the exception its framework raised for a refusal
     except Exception as exc:  # recorded: a cell says what the user got, an exception included
         return {"shown": None, "finish_reason": None, "confidence": None, **failed(exc)}
 
@@ -122,6 +128,11 @@ def seen(shown: str | None, finish_reason: str | None, confidence: Any) -> dict[
 
 def tool_cell(calls: list[dict[str, Any]], weather: Weather, shown: str | None) -> dict[str, Any]:
     return {"calls": calls, "tool_ran": len(weather.received), "shown": shown}
+
+
+def not_offered(why: str) -> dict[str, Any]:
+    """A path the framework offers no way to take (``n/a``, with why): recorded, never faked."""
+    return {"shown": None, "na": why}
 
 
 def structured_cell(value: Any, refusal: str | None = None) -> dict[str, Any]:
@@ -161,15 +172,15 @@ def openai_chat_paths(answering: str, abstaining: dict[str, str]) -> dict[str, A
     def tool():
         client, weather = openai_client(answering), Weather()
         history = messages(TOOL_QUESTION)
-        choice = client.chat.completions.create(
-            model="candor", messages=history, tools=[TOOL_SPEC], max_tokens=MAX_TOKENS
+        choice = client.chat.completions.create(  # the first step forces the call (the app's choice, not the model's)
+            model="candor", messages=history, tools=[TOOL_SPEC], tool_choice="required", max_tokens=MAX_TOKENS
         ).choices[0]
         calls = [call_of(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
         history.append(choice.message)  # the SDK's documented loop: the assistant message as it came
         for c in choice.message.tool_calls or []:
             result = weather(**json.loads(c.function.arguments))
             history.append({"role": "tool", "tool_call_id": c.id, "content": result})
-        final = client.chat.completions.create(model="candor", messages=history, tools=[TOOL_SPEC])
+        final = client.chat.completions.create(model="candor", messages=history, tools=[TOOL_SPEC], tool_choice="none")
         message = final.choices[0].message
         return tool_cell(calls, weather, message.content or message.refusal)
 
@@ -216,14 +227,14 @@ def openai_responses_paths(answering: str, abstaining: dict[str, str]) -> dict[s
             "max_output_tokens": MAX_TOKENS,
         }
         items: list[Any] = [{"role": "user", "content": TOOL_QUESTION}]
-        resp = client.responses.create(input=items, **request)
+        resp = client.responses.create(input=items, tool_choice="required", **request)
         called = [o for o in resp.output if o.type == "function_call"]
         items += resp.output
         for c in called:
             items.append(
                 {"type": "function_call_output", "call_id": c.call_id, "output": weather(**json.loads(c.arguments))}
             )
-        final = client.responses.create(input=items, **request)
+        final = client.responses.create(input=items, tool_choice="none", **request)
         return tool_cell([call_of(c.name, c.arguments) for c in called], weather, text_of(final))
 
     def structured():
@@ -280,9 +291,11 @@ def langchain_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any
         from langchain_core.tools import tool as as_tool
 
         weather = Weather()
-        llm = chat(answering).bind_tools([as_tool(weather.function())])
+        get_weather = as_tool(weather.function())
+        forced = chat(answering).bind_tools([get_weather], tool_choice="get_weather")  # the first step calls it
+        llm = chat(answering).bind_tools([get_weather], tool_choice="none")  # the step after asks for the answer
         history: list[Any] = [SystemMessage(SYSTEM), HumanMessage(TOOL_QUESTION)]
-        first = llm.invoke(history)
+        first = forced.invoke(history)
         history.append(first)
         for c in first.tool_calls:
             history.append(ToolMessage(weather(**c["args"]), tool_call_id=c["id"]))
@@ -294,7 +307,12 @@ def langchain_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any
             out = (
                 chat(answering)
                 .with_structured_output(City, method=method, include_raw=True)
-                .invoke([SystemMessage(SYSTEM), HumanMessage(STRUCTURED_QUESTION)])
+                .invoke(
+                    [
+                        SystemMessage(SYSTEM),
+                        HumanMessage(JSON_MODE_QUESTION if method == "json_mode" else STRUCTURED_QUESTION),
+                    ]
+                )
             )
             if out.get("parsing_error"):
                 raise out["parsing_error"]
@@ -331,13 +349,13 @@ def litellm_paths(answering: str, abstaining: dict[str, str]) -> dict[str, Any]:
     def tool():
         weather = Weather()
         history = messages(TOOL_QUESTION)
-        response = litellm.completion(**request(answering), messages=history, tools=[TOOL_SPEC])
+        response = litellm.completion(**request(answering), messages=history, tools=[TOOL_SPEC], tool_choice="required")
         message = response.choices[0].message
         history.append(message)  # LiteLLM's documented loop
         for c in message.tool_calls or []:
             result = weather(**json.loads(c.function.arguments))
             history.append({"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": result})
-        final = litellm.completion(**request(answering), messages=history, tools=[TOOL_SPEC])
+        final = litellm.completion(**request(answering), messages=history, tools=[TOOL_SPEC], tool_choice="none")
         calls = [call_of(c.function.name, c.function.arguments) for c in message.tool_calls or []]
         return tool_cell(calls, weather, served_answer(final).text)
 
@@ -374,17 +392,34 @@ def pydantic_ai_paths(answering: str, abstaining: dict[str, str]) -> dict[str, A
 
     def agent(url: str, **kwargs: Any) -> Any:
         model = CandorChatModel("candor", provider=OpenAIProvider(base_url=f"{url}/v1", api_key=KEY))
-        return Agent(model, instructions=SYSTEM, model_settings={"max_tokens": MAX_TOKENS}, **kwargs)
+        settings = kwargs.pop("model_settings", {"max_tokens": MAX_TOKENS})
+        return Agent(model, instructions=SYSTEM, model_settings=settings, **kwargs)
+
+    # A structured output is one final_result call: parallel_tool_calls off, as an app asking for one object sets
+    # it (pydantic-ai leaves OpenAI's default, true, and the 135M model then repeats the call in a JSON list until
+    # max_tokens, which pydantic-ai retries and gives up on: "Exceeded maximum output retries").
+    one_output = {"max_tokens": MAX_TOKENS, "parallel_tool_calls": False}
 
     async def tool():
+        from pydantic_ai.capabilities import AbstractCapability
+
+        class CallFirst(AbstractCapability):
+            """pydantic-ai's documented way to vary tool_choice per step (a static 'required' is a UserError):
+            per-step model settings from a capability. The first step calls the tool, the next answers."""
+
+            def get_model_settings(self) -> Any:
+                return lambda ctx: {"tool_choice": ["get_weather"] if ctx.run_step <= 1 else "none"}
+
         weather = Weather()
-        result = await agent(answering, tools=[weather.function()]).run(TOOL_QUESTION)
+        qa = agent(answering, tools=[weather.function()], capabilities=[CallFirst()])
+        result = await qa.run(TOOL_QUESTION)
         parts = [p for m in result.all_messages() for p in getattr(m, "parts", []) if isinstance(p, ToolCallPart)]
         return tool_cell([call_of(p.tool_name, p.args) for p in parts], weather, served_answer(result).text)
 
     def structured(output_type: Any):
         async def run():
-            result = await agent(answering, output_type=output_type).run(STRUCTURED_QUESTION)
+            qa = agent(answering, output_type=output_type, model_settings=one_output)
+            result = await qa.run(STRUCTURED_QUESTION)
             return structured_cell(result.output)
 
         return run
@@ -393,7 +428,7 @@ def pydantic_ai_paths(answering: str, abstaining: dict[str, str]) -> dict[str, A
         """An output validator that asks once for another try: pydantic-ai's retry request, then the output."""
         from pydantic_ai import ModelRetry
 
-        qa, asked = agent(answering, output_type=City), []
+        qa, asked = agent(answering, output_type=City, model_settings=one_output), []
 
         @qa.output_validator
         def once_more(output: City) -> City:
@@ -435,18 +470,20 @@ def openai_agents_paths(answering: str, abstaining: dict[str, str], responses: b
     set_tracing_disabled(True)
     model_class = CandorResponsesModel if responses else CandorChatCompletionsModel
 
-    def agent(url: str, **kwargs: Any) -> Any:
+    def agent(url: str, settings: Any = None, **kwargs: Any) -> Any:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
-        settings = ModelSettings(max_tokens=MAX_TOKENS)
+        settings = settings or ModelSettings(max_tokens=MAX_TOKENS)
         return Agent(
             name="qa", instructions=SYSTEM, model=model_class("candor", client), model_settings=settings, **kwargs
         )
 
     async def tool():
         weather = Weather()
-        result = await Runner.run(
-            agent(answering, tools=[function_tool(weather.function())]), TOOL_QUESTION, max_turns=4
-        )
+        # tool_choice "required" forces the first step's call; the agent's reset_tool_choice (on by default) drops
+        # it after, and the tool's is_enabled offers it until it ran, so the step after its result answers.
+        forced = ModelSettings(max_tokens=MAX_TOKENS, tool_choice="required")
+        get_weather = function_tool(weather.function(), is_enabled=lambda ctx, agent: not weather.received)
+        result = await Runner.run(agent(answering, forced, tools=[get_weather]), TOOL_QUESTION, max_turns=4)
         raw = [item.raw_item for item in result.new_items if isinstance(item, ToolCallItem)]
         calls = [call_of(getattr(r, "name", None), getattr(r, "arguments", None)) for r in raw]
         return tool_cell(calls, weather, served_answer(result).text)

@@ -50,8 +50,8 @@ from tests import client_frameworks as frameworks  # noqa: E402
 from tests import client_paths as agent_paths  # noqa: E402
 from tests.client_paths import KEY, MAX_TOKENS, QUESTION, REFUSAL, SYSTEM, attempt, messages, seen  # noqa: E402
 
-# Slow: 30 clients and their agent paths took 21 minutes here (the default tier leaves it out; `make test-slow` runs
-# it). Its agent cells are the record of what each framework does now, failures included (docs/serving.md).
+# Slow: 30 clients and their agent paths took 19.6 minutes here, on 2 shared cores (the default tier leaves it out;
+# `make test-slow` runs it). Its agent cells are the record of what each framework does now (docs/serving.md).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +61,46 @@ MODES = ("plain", "stream")
 SETTINGS = (("answered", "text"), ("answered", "refusal"), ("abstained", "text"), ("abstained", "refusal"))
 # The framework's own refusal type, per client: what it raises for OpenAI's refusal field without the adapter.
 REFUSAL_TYPES = {"pydantic-ai": "ContentFilterError", "openai-agents": "ModelRefusalError"}
+# The exception a framework documents for a refusal, per family: raised only for an abstention, whose refusal the
+# app then shows from what the exception carries (Instructor: ``InstructorRetryException.last_completion``).
+DOCUMENTED_REFUSALS = {"instructor": "InstructorRetryException"}
+# Abstentions a framework cannot show whatever the server sends, and why ((client, --abstain-as) -> why);
+# docs/agents.md says so and what to serve it with. Their cells stay recorded as they are (the committed matrix is
+# compared cell by cell), and they must never show the withheld answer.
+DROPS_REFUSAL = (
+    "keeps no `refusal` field: the abstention's content is null, and it shows nothing (serve --abstain-as text)"
+)
+UNSHOWABLE: dict[tuple[str, str], str] = {
+    (name, "refusal"): DROPS_REFUSAL
+    for name in (
+        "LlamaIndex (`OpenAILike`)",
+        "LlamaIndex (`FunctionAgent`)",
+        "LlamaIndex (`ReActAgent`)",
+        "Haystack (`OpenAIChatGenerator`)",
+        "smolagents (`ToolCallingAgent`)",
+        "smolagents (`CodeAgent`)",
+        "Agno (`OpenAIChat`)",
+        "Agno (`OpenAIResponses`)",
+    )
+}
+UNSHOWABLE["Vercel AI SDK 5, `@ai-sdk/openai` (Responses)", "refusal"] = (
+    "@ai-sdk/openai 2.x's response schema has no `refusal` content part (OpenAI's own, which 3.x and 4.x parse): "
+    "generateText raises APICallError 'Invalid JSON response', streamText drops it (serve --abstain-as text)"
+)
+for _abstain_as in ("text", "refusal"):
+    UNSHOWABLE["DSPy (`dspy.LM`)", _abstain_as] = (
+        "DSPy's JSONAdapter asks for a structured output, whose abstention is OpenAI's refusal field; DSPy drops "
+        "the field and raises AdapterParseError ('The LM returned an empty or null response')"
+    )
+for _abstain_as in ("text", "refusal"):
+    UNSHOWABLE["Instructor (`from_openai`)", _abstain_as] = (
+        "a structured abstention is OpenAI's refusal field: create raises InstructorRetryException, whose "
+        "last_completion holds the refusal (DOCUMENTED_REFUSALS); create_partial yields no object and raises nothing"
+    )
+# Structured output modes that send the server no schema (json_object), so no grammar holds the output to it.
+SCHEMALESS = {
+    ("Instructor (`from_openai`)", "JSON"): "Mode.JSON sends json_object and the schema in its prompt only",
+}
 CLIENT_WORKERS = 4  # clients run at once (each runs its four settings at once too)
 NODE_TIMEOUT_S = 900  # one Node script's cells (its requests queue behind the other clients' on one engine)
 
@@ -522,7 +562,10 @@ CLIENTS: list[dict[str, Any]] = [
         "structured": True,  # its answer is the structured object (City), its only output
         "calls": ("create(response_model=City)", "create_partial(response_model=City)"),
         "package": lambda: f"instructor {version('instructor')}",
-        "confidence": 'create_with_completion\'s completion.choices[0].model_extra["confidence"]',
+        "confidence": (
+            'create_with_completion\'s completion.choices[0].model_extra["confidence"] '
+            "(create only: create_partial returns no completion)"
+        ),
         "run": frameworks.instructor_calls,
         "paths": frameworks.instructor_paths,
     },
@@ -614,6 +657,7 @@ def matrix(served) -> dict[str, Any]:
     os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
     os.environ.setdefault("AGNO_TELEMETRY", "false")
     out: dict[str, Any] = {"answer": answer, "refusal": REFUSAL, "question": QUESTION}
+    frameworks.import_frameworks()  # before the threads: concurrent first imports of LlamaIndex race
     with ThreadPoolExecutor(CLIENT_WORKERS) as pool:
         out["clients"] = list(pool.map(lambda client: client_cells(client, urls), CLIENTS))
     if os.environ.get("CANDOR_WRITE_MATRIX") == "1":
@@ -650,7 +694,15 @@ def test_every_cell_shows_the_answer_or_the_refusal_and_reaches_the_confidence(m
     assert len(row["cells"]) == len(SETTINGS) * len(MODES)
     for cell in row["cells"]:
         where = f"{name} {cell['mode']} {cell['case']} --abstain-as {cell['abstain_as']}: {cell}"
-        # As documented (with candor's adapter), an abstention is an answer, never an exception.
+        # As documented (with candor's adapter), an abstention is an answer, never an exception: or the exception
+        # the framework documents for a refusal, which carries the refusal the app shows.
+        documented = DOCUMENTED_REFUSALS.get(row["family"])
+        if cell["case"] == "abstained" and documented is not None and cell["exception"] == documented:
+            assert cell["shown"] == REFUSAL, where
+            continue
+        if cell["case"] == "abstained" and (name, cell["abstain_as"]) in UNSHOWABLE:
+            assert cell["shown"] != matrix["answer"], where  # recorded as it is (UNSHOWABLE says why)
+            continue
         assert cell["exception"] is None, where
         if cell["case"] == "abstained":
             assert cell["shown"] == REFUSAL, where  # never an empty message, never the withheld answer
@@ -660,8 +712,10 @@ def test_every_cell_shows_the_answer_or_the_refusal_and_reaches_the_confidence(m
             assert cell["shown"] and cell["shown"] != REFUSAL, where
         else:
             assert cell["shown"] == matrix["answer"], where
-        assert cell["finish_reason"] in (None, "stop", "completed", "content-filter"), where
-        if row["confidence"] is None or (cell["mode"] == "stream" and "generateText only" in row["confidence"]):
+        finishes = (None, "stop", "completed", "content-filter") + (("tool_calls",) if row.get("structured") else ())
+        assert cell["finish_reason"] in finishes, where  # a structured client's object may come as a call
+        plain_only = any(only in (row["confidence"] or "") for only in ("generateText only", "create only"))
+        if row["confidence"] is None or (cell["mode"] == "stream" and plain_only):
             continue  # the framework keeps the confidence nowhere: recorded, not asserted
         confidence = cell["confidence"]
         assert confidence is not None and 0.0 <= confidence["value"] <= 1.0, where
@@ -678,6 +732,8 @@ def test_a_tool_round_trip_calls_the_tool_with_valid_arguments_and_answers(matri
     cell = paths_of(matrix, name)["tool"]
     if cell is None:
         pytest.skip(f"{name} offers no tool calling")
+    if cell.get("na"):
+        pytest.skip(f"{name}: n/a: {cell['na']}")  # the framework offers no way to force the call (recorded)
     assert cell["exception"] is None, cell
     assert cell["calls"], f"{name}: the model called no tool: {cell}"
     assert all(call["valid"] for call in cell["calls"]), cell
@@ -692,15 +748,20 @@ def test_every_structured_output_parses_into_its_schema(matrix, name):
     if not modes:
         pytest.skip(f"{name} offers no structured output")
     failures = {mode: cell for mode, cell in modes.items() if cell["exception"] is not None or not cell.get("parsed")}
+    failures = {mode: cell for mode, cell in failures.items() if (name, mode) not in SCHEMALESS}
     assert not failures, f"{name}: {failures}"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_second_turn_after_an_abstention_is_accepted_and_shows_the_refusal(matrix, name):
     """The framework's own history of a refused turn (content null and a refusal, or the refusal text) is accepted."""
-    for abstain_as, cell in paths_of(matrix, name)["turn2"].items():
+    row = client_row(matrix, name)
+    for abstain_as, cell in row["paths"]["turn2"].items():
         where = f"{name} --abstain-as {abstain_as}: {cell}"
-        assert cell["exception"] is None, where
+        if (name, abstain_as) in UNSHOWABLE:
+            assert cell.get("shown") != matrix["answer"], where  # recorded as it is (UNSHOWABLE says why)
+            continue
+        assert cell["exception"] in (None, DOCUMENTED_REFUSALS.get(row["family"])), where
         assert cell["shown"] == REFUSAL and cell["shown_second"] == REFUSAL, where  # the server abstains on both
 
 
@@ -736,6 +797,7 @@ def comparable_paths(found: dict[str, Any]) -> dict[str, Any]:
     if tool is not None:
         calls = tool.get("calls") or []
         keep["tool"] = (tool["exception"], len(calls), all(c["valid"] for c in calls), bool(tool.get("shown")))
+        keep["tool"] += (tool.get("na"),)
     keep["structured"] = {m: (c["exception"], c.get("parsed")) for m, c in found["structured"].items()}
     keep["turn2"] = {k: (c["exception"], c.get("shown"), c.get("shown_second")) for k, c in found["turn2"].items()}
     return keep

@@ -171,6 +171,24 @@ def test_tool_choice_rules_are_one_on_both_endpoints(url):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
 
 
+@pytest.mark.parametrize("choice", ["required", "get_weather"])
+def test_a_forced_call_with_a_response_format_is_a_call_never_the_structured_output(choice):
+    """DSPy's native function calling sends tools, tool_choice "required" and a response_format at once: the
+    output may be the structured output only under "auto"; a forced choice is a call, as OpenAI's API makes it."""
+    from candor.serve.agent_turns import AgentTurn
+    from candor.tool_calls import tools_from_openai
+
+    tools = tuple(tools_from_openai([WEATHER]))
+    person = {"name": "Marie Curie", "born": 1867, "alive": False}
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    forced = AgentTurn(messages=(), tools=tools, tool_choice=choice, output_schema=PERSON).constraint()
+    jsonschema.validate(call, json.loads(forced.schema))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(person, json.loads(forced.schema))
+    free = AgentTurn(messages=(), tools=tools, tool_choice="auto", output_schema=PERSON).constraint()
+    jsonschema.validate(person, json.loads(free.schema))
+
+
 def test_an_abstention_calls_no_tool(refusing_url):
     r = chat(refusing_url, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="required")
     assert r.status_code == 200, r.text
@@ -269,6 +287,32 @@ def test_an_empty_assistant_turn_with_a_refusal_and_a_responses_refusal_part_are
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize("content", ["", None])
+def test_an_empty_assistant_turn_without_a_refusal_is_history_as_the_framework_sent_it(refusing_url, content):
+    """LangChain's ``ChatOpenAI``, Haystack and Agno drop the ``refusal`` field: the abstention comes back as an
+    assistant turn with empty or null content and nothing else. OpenAI's API accepts it; so does candor."""
+    turn = {"role": "assistant", "content": content}
+    r = chat(refusing_url, messages=[{"role": "user", "content": "Hi?"}, turn, {"role": "user", "content": "And?"}])
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["confidence"]["computed_on"]["earlier_messages"] == 2  # the empty turn is kept
+    for sent in ({"role": "assistant", "content": content}, {"role": "assistant", "content": [], "type": "message"}):
+        items = [{"role": "user", "content": "Hi?"}, sent, {"role": "user", "content": "And?"}]
+        r = httpx.post(f"{refusing_url}/v1/responses", json={"model": "candor", "input": items}, timeout=120)
+        assert r.status_code == 200, r.text
+
+
+def test_an_item_reference_is_refused_naming_the_fix(url):
+    """@ai-sdk/openai stores responses by default and sends earlier outputs back as ``item_reference``s: the 400
+    names the request option that makes it send the items themselves."""
+    items = [{"role": "user", "content": "Hi?"}, {"type": "item_reference", "id": "msg_1"}]
+    items.append({"role": "user", "content": "And?"})
+    r = httpx.post(f"{url}/v1/responses", json={"model": "candor", "input": items}, timeout=120)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "input", r.text
+    assert "input.1" in error["message"] and "store: false" in error["message"]
+    assert "providerOptions: {openai: {store: false}}" in error["message"]
+
+
 def test_a_system_message_after_the_question_is_an_instruction(url):
     """pydantic-ai's retry appends ``{"role": "system", "content": "Please return text."}``."""
     messages = [{"role": "user", "content": "Who wrote Hamlet?"}, {"role": "system", "content": "Please return text."}]
@@ -277,10 +321,11 @@ def test_a_system_message_after_the_question_is_an_instruction(url):
 
 
 def test_a_refused_turn_names_its_real_cause(url):
+    """An empty assistant turn is history; one after the question leaves nothing to answer, and the 400 says so."""
     r = chat(url, messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}])
     error = r.json()["error"]
     assert r.status_code == 400 and "tool calls are not supported" not in error["message"]
-    assert "text content, a refusal or tool calls" in error["message"]
+    assert "follows the last user message" in error["message"] and error["param"] == "messages"
 
 
 # ---------------------------------------------------------------- refinement that empties an answer

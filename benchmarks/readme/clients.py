@@ -56,6 +56,8 @@ def _tool(cell: dict[str, Any] | None) -> str:
     """The tool round trip: the calls made (how many valid against the schema) and whether it answered after."""
     if cell is None:
         return "offers none"
+    if cell.get("na"):
+        return f"n/a: {cell['na']}"
     if cell.get("exception"):
         return _raised(cell)
     calls = cell.get("calls") or []

@@ -33,7 +33,8 @@ const bodyConfidence = (result) => (which.startsWith("openai") ? result.response
 
 async function generate(m) {
   try {
-    const result = await generateText({ model: m, ...request });
+    // AI SDK 7 keeps the response body only when asked (include.responseBody); 5 and 6 keep it by default.
+    const result = await generateText({ model: m, ...request, include: { responseBody: true } });
     const candor = result.providerMetadata?.candor;
     return { text: result.text, shown: result.text || candor?.refusal || "", finish_reason: result.finishReason,
              error: null, confidence: candor?.confidence ?? bodyConfidence(result) };

@@ -28,6 +28,10 @@ async function model(baseURL) {
   });
 }
 
+// @ai-sdk/openai assumes OpenAI stored its earlier responses and sends them back as item_references; candor stores
+// none, and its 400 names this option: with store false the provider sends the items themselves.
+const OPTIONS = which.startsWith("openai") ? { providerOptions: { openai: { store: false } } } : {};
+
 const shown = (result) => result.text || result.providerMetadata?.candor?.refusal || "";
 
 async function attempt(run) {
@@ -54,10 +58,13 @@ async function tool() {
       return "Sunny, 21 degrees Celsius.";
     },
   });
+  // The first step forces the call (toolChoice "required": the app's choice); the step after the tool's result asks
+  // for the answer (prepareStep: toolChoice "none"; under "auto" the 135M model calls the tool again).
   const result = await ai.generateText({
-    model: await model(answering), system: SYSTEM, maxOutputTokens: 64, maxRetries: 0,
+    model: await model(answering), system: SYSTEM, maxOutputTokens: 64, maxRetries: 0, ...OPTIONS,
     prompt: "What is the weather in Paris right now? Use the get_weather tool.",
-    tools: { get_weather: getWeather }, stopWhen: ai.stepCountIs(3),
+    tools: { get_weather: getWeather }, toolChoice: "required", stopWhen: ai.stepCountIs(3),
+    prepareStep: ({ stepNumber }) => (stepNumber === 0 ? {} : { toolChoice: "none" }),
   });
   const calls = result.steps.flatMap((s) => s.toolCalls).map((c) => ({
     name: c.toolName, arguments: c.input, valid: VALID(c.toolName, c.input) }));
@@ -73,7 +80,8 @@ function parsedCell(value) {
 }
 
 async function structured() {
-  const request = { model: await model(answering), system: SYSTEM, prompt: STRUCTURED, maxOutputTokens: 64, maxRetries: 0 };
+  const request = { model: await model(answering), system: SYSTEM, prompt: STRUCTURED, maxOutputTokens: 64, maxRetries: 0,
+                    ...OPTIONS };
   if (major === "5") {
     const result = await ai.generateObject({ ...request, schema: City });
     return { generateObject: parsedCell(result.object) };
@@ -84,7 +92,7 @@ async function structured() {
 
 async function turn2(url) {
   const m = await model(url);
-  const request = { model: m, system: SYSTEM, maxOutputTokens: 64, maxRetries: 0 };
+  const request = { model: m, system: SYSTEM, maxOutputTokens: 64, maxRetries: 0, ...OPTIONS };
   const history = [{ role: "user", content: "What is the capital of France?" }];
   const first = await ai.generateText({ ...request, messages: history });
   history.push(...first.response.messages, { role: "user", content: "And what is the capital of Germany?" });

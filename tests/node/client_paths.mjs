@@ -55,14 +55,18 @@ const shownResponses = (r) => r.output_text ||
 async function chatTool() {
   const c = client(answering);
   const messages = [{ role: "system", content: SYSTEM }, { role: "user", content: TOOL_QUESTION }];
-  const first = (await c.chat.completions.create({ model: "candor", messages, tools: [TOOL], max_tokens: 64 })).choices[0];
+  // The first step forces the call (tool_choice "required": the app's choice); the final answer is the model's.
+  const first = (await c.chat.completions.create({ model: "candor", messages, tools: [TOOL], tool_choice: "required",
+                                                   max_tokens: 64 })).choices[0];
   messages.push(first.message);
   let ran = 0;
   for (const tc of first.message.tool_calls ?? []) {
     ran += 1;
     messages.push({ role: "tool", tool_call_id: tc.id, content: RESULT });
   }
-  const final = (await c.chat.completions.create({ model: "candor", messages, tools: [TOOL], max_tokens: 64 })).choices[0];
+  // The step after the tool's result asks for the answer (tool_choice "none"; under "auto" the 135M model calls again).
+  const final = (await c.chat.completions.create({ model: "candor", messages, tools: [TOOL], tool_choice: "none",
+                                                   max_tokens: 64 })).choices[0];
   const calls = (first.message.tool_calls ?? []).map((tc) => call(tc.function.name, tc.function.arguments));
   return { calls, tool_ran: ran, shown: shownChat(final.message) };
 }
@@ -88,11 +92,11 @@ async function responsesTool() {
   const c = client(answering);
   const request = { model: "candor", instructions: SYSTEM, tools: [RESPONSES_TOOL], max_output_tokens: 64 };
   const input = [{ role: "user", content: TOOL_QUESTION }];
-  const first = await c.responses.create({ ...request, input });
+  const first = await c.responses.create({ ...request, input, tool_choice: "required" });
   const called = first.output.filter((o) => o.type === "function_call");
   input.push(...first.output);
   for (const fc of called) input.push({ type: "function_call_output", call_id: fc.call_id, output: RESULT });
-  const final = await c.responses.create({ ...request, input });
+  const final = await c.responses.create({ ...request, input, tool_choice: "none" });
   return { calls: called.map((fc) => call(fc.name, fc.arguments)), tool_ran: called.length, shown: shownResponses(final) };
 }
 

@@ -60,7 +60,7 @@ class AgentTurn:
         """The grammar every output is decoded under; None: free text."""
         if self.calls_tools:
             schema = calls_schema(self.offered(), self.parallel)
-            if self.output_schema is not None:
+            if self.output_schema is not None and self.tool_choice == "auto":  # "required" or a name: a call
                 schema = {"anyOf": [schema, self.output_schema]}
             return JsonConstraint.of(schema, allow_text=self.tool_choice == "auto" and self.output_schema is None)
         if self.output_schema is not None:

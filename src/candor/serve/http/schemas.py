@@ -170,9 +170,11 @@ class ChatRequest(_Sampling):
         """The conversation as checked chat messages: ``{"role", "content", "tool_calls"?, "tool_call_id"?, "name"?}``.
 
         ``content`` is the turn's text (an abstention sent back: its refusal); ``developer`` is ``system``.
-        Raises ``ValueError`` (one line naming the message, for a 400) for a role candor does not know,
-        non-text content (images, audio), an assistant turn with no text, refusal or tool calls, or a
-        tool call whose arguments are not a JSON object.
+        An assistant turn with empty or null content and nothing else is kept as the empty turn it is: the
+        OpenAI API accepts it, and frameworks that drop the ``refusal`` field (LangChain's ``ChatOpenAI``,
+        Haystack, Agno) send an abstention back that way. Raises ``ValueError`` (one line naming the
+        message, for a 400) for a role candor does not know, non-text content (images, audio), or a tool
+        call whose arguments are not a JSON object.
         """
         out = []
         for i, m in enumerate(self.messages):
@@ -185,8 +187,6 @@ class ChatRequest(_Sampling):
             turn: dict[str, Any] = {"role": ROLES[m.role], "content": m.said()}
             if m.role == "assistant" and m.tool_calls:
                 turn["tool_calls"] = [_call_of(c, f"messages.{i}.tool_calls.{j}") for j, c in enumerate(m.tool_calls)]
-            elif m.role == "assistant" and not turn["content"].strip():
-                raise ValueError(f"messages.{i}: an assistant turn needs text content, a refusal or tool calls")
             if m.role == "tool":
                 turn["tool_call_id"] = m.tool_call_id or ""
                 if m.name:
@@ -369,6 +369,13 @@ class ResponsesRequest(BaseModel):
                 turns.append({"role": "tool", "content": text, "tool_call_id": item.call_id or ""})
             elif item.type == "message" and item.role is not None:
                 turns.append(self._message(item, where))
+            elif item.type == "item_reference":
+                raise ValueError(
+                    f"{where}: an item_reference refers to a stored response, and candor stores none: send the "
+                    "earlier output items themselves. A client that stores by default sends references; set "
+                    "store: false on the request (the AI SDK's @ai-sdk/openai: providerOptions: "
+                    "{openai: {store: false}})"
+                )
             else:
                 raise ValueError(
                     f"{where}: items of type {item.type!r} are not supported (message, function_call and "
@@ -391,8 +398,6 @@ class ResponsesRequest(BaseModel):
             text = "".join(str(p.get(parts[p["type"]]) or "") for p in item.content)
         else:
             text = item.content or ""
-        if item.role == "assistant" and not text.strip():
-            raise ValueError(f"{where}: an assistant turn needs text content or a refusal")
         return {"role": ROLES[item.role], "content": text}
 
     def history_and_question(self) -> tuple[tuple[tuple[str, str], ...], str]:
