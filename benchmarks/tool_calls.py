@@ -424,6 +424,9 @@ def item_rows(items: Sequence[Item], records: dict[str, dict[str, Any]]) -> list
                 "samples_correct": samples_correct,
                 "attempts": sum(attempts),
                 "parsed": sum(p for p, a in zip(parsed, attempts, strict=True) if a),
+                "greedy_cut": record["greedy"]["finish_reason"] == "length",  # at the token cap: may end mid-call
+                "greedy_attempt": attempts[0],
+                "greedy_parsed": parsed[0],
                 "n-prob": n_prob(record["greedy"]),
                 "consistency": float(np.mean([agrees(s, text) for s in samples])) if samples else float("nan"),
                 "tokens": record["tokens"],
@@ -490,7 +493,7 @@ def score_rows(rows: list[dict[str, Any]], bootstrap: int) -> dict[str, Any]:
             "threshold": THRESHOLD,
             "irrelevance": {
                 "n": len(irrelevant),
-                "abstained": sum(abstains(i) for i in irrelevant),
+                "abstained": int(sum(abstains(i) for i in irrelevant)),
                 "no_call": sum(not test[i]["called"] for i in irrelevant),
             },
             "relevant": {
@@ -514,11 +517,17 @@ def arm_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "accuracy": float(np.mean([row["correct"] for row in mine])),
                 "called": float(np.mean([row["called"] for row in mine])),
             }
+    finished = [row for row in rows if not row["greedy_cut"] and row["greedy_attempt"]]
     return {
         "n": len(rows),
         "call_attempts": attempts,
         "parsed": parsed,
         "parse_rate": parsed / attempts if attempts else None,
+        # Greedy replies (their finish reason is kept; the samples' is not): cut at the token cap, and how many
+        # of those that ended on their own and try a call parse.
+        "greedy_cut": sum(row["greedy_cut"] for row in rows),
+        "greedy_finished_attempts": len(finished),
+        "greedy_finished_parsed": sum(row["greedy_parsed"] for row in finished),
         "accuracy": float(np.mean([row["correct"] for row in rows])) if rows else None,
         "replies_judged": len(rows) + sum(row["samples"] for row in rows),
         "sample_accuracy": (
@@ -687,10 +696,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         import candor.backends.constraints as constraints
 
         payload["constraints_from"] = constraints.__file__  # which checkout's constrained decoding ran
-    if runner.kind == "hf":
-        from candor.util.cpu import describe
+    from candor.util.cpu import describe
 
-        payload["machine"]["cpu"] = describe()
+    payload["machine"]["cpu"] = describe()  # this machine's (an openai run's server may run elsewhere: its name says)
     write_json(out, payload)
     logger.info("wrote %s", out)
 

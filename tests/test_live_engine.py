@@ -346,7 +346,10 @@ def test_a_prompt_without_the_prefix_is_prefilled_whole(counted):
         got, got_past = alone.result(WAIT), past.result(WAIT)
         # Both decoded in one cache that keeps the prefix once; the first prompt's rows do not see it.
         assert engine.loop.kv.prefix_length == len(prefix) and backend.lean_step.checked
-    assert widths == [len(backend.encode([other])[0]), len(backend.encode([SHARED[1]])[0]) - len(prefix)]
+    # Admitted together or one by one (timing): each prefill ran its own width.
+    assert sorted(widths) == sorted(
+        [len(backend.encode([other])[0]), len(backend.encode([SHARED[1]])[0]) - len(prefix)]
+    )
     assert_same(got, backend.generate([other], 2, SHORT, seeds=[5])[0])
     assert_same(got_past, backend.generate([SHARED[1]], 2, SHORT, seeds=[6])[0])
     # The prefix itself (nothing past it) is no prompt of its own to split: prefilled whole.

@@ -91,6 +91,7 @@ def test_scores_calibrate_on_cal_and_are_measured_out_of_sample():
     """Platt on cal; the head (fitted on train) measured on test only, the training-free scores on train + test."""
     rows = rows_for(0)
     result = bench.score_rows(rows, bootstrap=20)
+    json.dumps(result)  # the results file takes it (a numpy count once failed the run at its end)
     test = [row for row in rows if row["split"] == "test"]
     held = [row for row in rows if row["split"] != "cal"]
     assert result["head"]["n"] == len(test) and result["head"]["correct"] == sum(r["correct"] for r in test)

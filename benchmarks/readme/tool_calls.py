@@ -68,13 +68,22 @@ def summary_table(d: Json) -> str:
             continue
         s = block["summary"]
         parse = DASH if s["parse_rate"] is None else f"{pct(s['parse_rate'])}% of {s['call_attempts']}"
-        row = [ARM_NAMES.get(arm, arm), str(s["n"]), parse]
+        ended = DASH
+        if "greedy_cut" in s:
+            ended = f"{s['greedy_finished_parsed']}/{s['greedy_finished_attempts']} ({s['greedy_cut']} cut at the cap)"
+        row = [ARM_NAMES.get(arm, arm), str(s["n"]), parse, ended]
         for category in categories:
             c = s["categories"].get(category)
             row.append(DASH if c is None else f"{pct(c['accuracy'])} ({pct(c['called'])})")
         rows.append(row)
-    header = ["arm", "items", "replies trying a call that parse", *(f"{c}: right % (called %)" for c in categories)]
-    return md_table(header, "lrr" + "r" * len(categories), rows)
+    header = [
+        "arm",
+        "items",
+        "replies trying a call that parse",
+        "greedy calls that ended on their own and parse",
+        *(f"{c}: right % (called %)" for c in categories),
+    ]
+    return md_table(header, "lrrr" + "r" * len(categories), rows)
 
 
 def speed_text(d: Json) -> str:
@@ -140,4 +149,5 @@ def tool_calls(results: Path) -> dict[str, str]:
         o = load("tool_calls_openai", results)
         parts["value:tool-calls-openai-run"] = run_text(o)
         parts["table:tool-calls-openai-parse"] = summary_table(o)
+        parts["table:tool-calls-openai"] = score_table(o)
     return parts
