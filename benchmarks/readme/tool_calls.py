@@ -70,7 +70,7 @@ def summary_table(d: Json) -> str:
         parse = DASH if s["parse_rate"] is None else f"{pct(s['parse_rate'])}% of {s['call_attempts']}"
         ended = DASH
         if "greedy_cut" in s:
-            ended = f"{s['greedy_finished_parsed']}/{s['greedy_finished_attempts']} ({s['greedy_cut']} cut at the cap)"
+            ended = f"{s['greedy_finished_parsed']}/{s['greedy_finished_attempts']} ({s['greedy_cut']} cut)"
         row = [ARM_NAMES.get(arm, arm), str(s["n"]), parse, ended]
         for category in categories:
             c = s["categories"].get(category)
