@@ -210,7 +210,33 @@ def test_refusal_comes_before_any_request() -> None:
 # ---------------------------------------------------------------- retries against a real flaky server
 
 
-class FlakyServer:
+class LocalServer:
+    """A ``ThreadingHTTPServer`` on a free port of 127.0.0.1 serving ``handler`` (``url``: its /v1)."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, answer: dict) -> None:
+    payload = json.dumps(answer).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
+class FlakyServer(LocalServer):
     """An OpenAI-shaped /v1/completions that fails its first ``failures`` requests, then answers."""
 
     def __init__(self, failure: str, failures: int = 1) -> None:
@@ -238,27 +264,12 @@ class FlakyServer:
                     "model": body["model"],
                     "choices": [{"index": 0, "text": " Paris\nmore", "finish_reason": "length", "logprobs": None}],
                 }
-                payload = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                send_json(self, 200, answer)
 
             def log_message(self, *args) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> FlakyServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 @pytest.mark.parametrize("failure", ["503", "429", "drop"])
@@ -286,7 +297,7 @@ def test_retries_give_up_with_one_error() -> None:
         assert server.requests == 3
 
 
-class BoundedChoicesServer:
+class BoundedChoicesServer(LocalServer):
     """/v1/completions that takes at most ``most`` choices a request and refuses more as llama.cpp's server does
     (its words, measured on llama-server 0.3.36 with 2 slots: 400 "Field 'n': Value must be between 1 <= value
     <= 2, but got 5"); ``refuse_all`` refuses every request instead."""
@@ -302,33 +313,17 @@ class BoundedChoicesServer:
                 outer.sizes.append(n)
                 if refuse_all or n > most:
                     error = {"message": f"Field 'n': Value must be between 1 <= value <= {most}, but got {n}"}
-                    return self.reply(400, {"error": {"code": 400, "type": "invalid_request_error", **error}})
+                    return send_json(self, 400, {"error": {"code": 400, "type": "invalid_request_error", **error}})
                 text = f" sample {len(outer.sizes)}"
                 choices = [{"index": i, "text": text, "finish_reason": "stop", "logprobs": None} for i in range(n)]
-                self.reply(200, {"id": "x", "object": "text_completion", "model": body["model"], "choices": choices})
-
-            def reply(self, status: int, answer: dict) -> None:
-                payload = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                send_json(
+                    self, 200, {"id": "x", "object": "text_completion", "model": body["model"], "choices": choices}
+                )
 
             def log_message(self, *args) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> BoundedChoicesServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 def test_samples_beyond_the_servers_choice_bound_go_one_request_each() -> None:
