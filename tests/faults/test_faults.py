@@ -46,12 +46,20 @@ def make(tiny_model, tokenizer):
 
 
 def holds(row: dict) -> None:
-    """The issue's acceptance, for one row."""
-    assert row["lost_answers"] == 0 and row["lost_labels"] == 0, row
-    assert row["acknowledged_answers"] > 0, row
-    assert row["health_max_s"] < 1.0, row
-    assert row["ready_truthful"], row
-    assert row["recovery_s"] is not None and not row["operator_needed"], row
+    """The issue's acceptance, for one row (a failure prints the whole row)."""
+    failed = [
+        what
+        for what, ok in [
+            ("an acknowledged answer or label was lost", row["lost_answers"] == 0 and row["lost_labels"] == 0),
+            ("no answer was acknowledged", row["acknowledged_answers"] > 0),
+            ("/health took 1 s or more", row["health_max_s"] < 1.0),
+            ("/ready did not tell the truth once the fault was noticed", row["ready_truthful"]),
+            ("no recovery without an operator", row["recovery_s"] is not None and not row["operator_needed"]),
+        ]
+        if not ok
+    ]
+    if failed:
+        pytest.fail("; ".join(failed) + "\n" + json.dumps(row, indent=1, default=str), pytrace=False)
 
 
 def run(fault, *args) -> dict:
