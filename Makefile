@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup setup-embed polygraph-venv vllm-venv test-vllm demo test test-slow docs node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
+.PHONY: setup setup-embed polygraph-venv vllm-venv test-vllm demo test test-matrix test-slow docs node-client lint bench-throughput bench-baselines bench-elical bench-advice bench-diagnose mutation clean
 
 setup: $(VENV)/.candor-installed
 
@@ -73,6 +73,12 @@ demo: setup
 
 test: setup node-client
 	$(BIN)/python -m pytest -q
+
+# The client matrix (tests/test_client_matrix.py, docs/serving.md): every client and agent path against a real
+# candor serve, about 11 minutes on 2 cores; CI runs it after the default tier (with CI=1 a client whose package
+# is missing fails instead of skipping). It is marked slow, so test-slow runs it too.
+test-matrix: setup node-client
+	$(BIN)/python -m pytest -q -m slow tests/test_client_matrix.py
 
 # The tests marked slow (each longer than about 20 s), which the default run leaves out.
 test-slow: setup node-client

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tests.client_paths import (
@@ -572,32 +573,43 @@ def instructor_client(url: str, mode: str) -> Any:
     return instructor.from_openai(client, mode=instructor.Mode[mode])
 
 
-def instructor_refusal(exc: Exception) -> tuple[str, Any] | None:
+def instructor_refusal(exc: Exception, replies: list[Any]) -> tuple[str, Any] | None:
     """``(refusal, completion)`` when Instructor raised for an abstention, else None.
 
     A structured abstention is OpenAI's refusal field with no content; a tool call's (Mode.TOOLS) is no call,
     the refusal as ``--abstain-as`` says (the refusal field, or the text). Instructor raises
     ``InstructorRetryException`` for either (Mode.TOOLS: "Unable to generate a response due to <refusal>", or no
-    call to validate; the JSON modes: the empty content fails the model's validation); its documented
-    ``last_completion`` is the reply, whose message (its refusal, or its text) the app shows.
+    call to validate; the JSON modes: the empty content fails the model's validation). Its ``last_completion`` is
+    the reply, except when Mode.TOOLS read a refusal field (then it is None): the reply is then the one Instructor's
+    documented ``completion:response`` hook received (``replies``), whose message the app shows.
     """
     from instructor.core import InstructorRetryException
 
-    completion = getattr(exc, "last_completion", None) if isinstance(exc, InstructorRetryException) else None
+    if not isinstance(exc, InstructorRetryException):
+        return None
+    completion = getattr(exc, "last_completion", None) or (replies[-1] if replies else None)
     message = completion.choices[0].message if completion and completion.choices else None
     refusal = None if message is None or message.tool_calls else (message.refusal or message.content)
     return (refusal, completion) if refusal else None
 
 
-def instructor_answer(create: Any) -> tuple[str, Any, str | None]:
-    """``(shown, completion, exception)``: the object's JSON, or the refusal Instructor raised for (its type)."""
+def instructor_answer(client: Any, create: Callable[[], Any]) -> tuple[str, Any, str | None]:
+    """``(shown, completion, exception)``: the object's JSON, or the refusal Instructor raised for (its type).
+
+    ``client`` is the Instructor client ``create`` calls: its ``completion:response`` hook keeps each raw reply.
+    """
+    replies: list[Any] = []
+    keep = replies.append
+    client.on("completion:response", keep)
     try:
         value, completion = create()
     except Exception as exc:
-        found = instructor_refusal(exc)
+        found = instructor_refusal(exc, replies)
         if found is None:
             raise
         return found[0], found[1], type(exc).__name__
+    finally:
+        client.off("completion:response", keep)
     return value.model_dump_json(), completion, None
 
 
@@ -605,14 +617,16 @@ def instructor_calls(url: str) -> dict[str, dict]:
     """Instructor's answer is the structured object: plain ``create``, streamed ``create_partial``'s last object."""
 
     def plain():
+        client = instructor_client(url, "TOOLS")
         shown, completion, raised = instructor_answer(
-            lambda: instructor_client(url, "TOOLS").create_with_completion(
+            client,
+            lambda: client.create_with_completion(
                 model="candor",
                 response_model=City,
                 messages=[{"role": "user", "content": STRUCTURED_QUESTION}],
                 max_tokens=MAX_TOKENS,
                 max_retries=0,
-            )
+            ),
         )
         choice = completion.choices[0]
         return seen(shown, choice.finish_reason, confidence_of(completion)) | {"exception": raised}
@@ -657,11 +671,11 @@ def instructor_paths(answering: str, abstaining: dict[str, str]) -> dict[str, An
                     model="candor", response_model=City, messages=history, max_tokens=MAX_TOKENS, max_retries=0
                 )
 
-            first, completion, raised = instructor_answer(create)
+            first, completion, raised = instructor_answer(client, create)
             # The reply as history, its content kept when null (a refusal): Instructor reads every message's content.
             history.append(completion.choices[0].message.model_dump(include={"role", "content", "refusal"}))
             history.append({"role": "user", "content": SECOND})
-            second, _, raised_again = instructor_answer(create)
+            second, _, raised_again = instructor_answer(client, create)
             return turn_cell(first, second) | {"exception": raised or raised_again}
 
         return run

@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -62,7 +63,8 @@ SETTINGS = (("answered", "text"), ("answered", "refusal"), ("abstained", "text")
 # The framework's own refusal type, per client: what it raises for OpenAI's refusal field without the adapter.
 REFUSAL_TYPES = {"pydantic-ai": "ContentFilterError", "openai-agents": "ModelRefusalError"}
 # The exception a framework documents for a refusal, per family: raised only for an abstention, whose refusal the
-# app then shows from what the exception carries (Instructor: ``InstructorRetryException.last_completion``).
+# app then shows from what the exception carries (Instructor: ``InstructorRetryException.last_completion``, or the
+# reply its ``completion:response`` hook kept).
 DOCUMENTED_REFUSALS = {"instructor": "InstructorRetryException"}
 # Abstentions a framework cannot show whatever the server sends, and why ((client, --abstain-as) -> why);
 # docs/agents.md says so and what to serve it with. Their cells stay recorded as they are (the committed matrix is
@@ -95,7 +97,8 @@ for _abstain_as in ("text", "refusal"):
 for _abstain_as in ("text", "refusal"):
     UNSHOWABLE["Instructor (`from_openai`)", _abstain_as] = (
         "a structured abstention is OpenAI's refusal field: create raises InstructorRetryException, whose "
-        "last_completion holds the refusal (DOCUMENTED_REFUSALS); create_partial yields no object and raises nothing"
+        "last_completion (Mode.TOOLS: the reply its completion:response hook kept) holds the refusal "
+        "(DOCUMENTED_REFUSALS); create_partial yields no object and raises nothing"
     )
 # Structured output modes that send the server no schema (json_object), so no grammar holds the output to it.
 SCHEMALESS = {
@@ -623,8 +626,9 @@ def client_cells(client: dict[str, Any], urls: dict[tuple[str, str], str]) -> di
     why = missing(client)
     if why:
         return {**row, "skipped": why}
+    start = time.monotonic()
     try:
-        return ran_cells(client, urls, row)
+        return ran_cells(client, urls, row) | {"seconds": round(time.monotonic() - start, 1)}
     except Exception as exc:  # one client's broken run fails its own tests, not the other clients'
         return {**row, "broken": f"{type(exc).__name__}: {str(exc)[:500]}"}
 
@@ -632,8 +636,10 @@ def client_cells(client: dict[str, Any], urls: dict[tuple[str, str], str]) -> di
 def ran_cells(client: dict[str, Any], urls: dict[tuple[str, str], str], row: dict[str, Any]) -> dict[str, Any]:
     cells = []
     # The four settings at once: the engine batches their questions, and Node's start-ups overlap.
+    start = time.monotonic()
     with ThreadPoolExecutor(len(SETTINGS)) as pool:
         runs = list(pool.map(client["run"], [urls[setting] for setting in SETTINGS]))
+    row["cells_seconds"] = round(time.monotonic() - start, 1)
     for (case, abstain_as), ran in zip(SETTINGS, runs, strict=True):
         for i, mode in enumerate(MODES):
             cell = {"case": case, "abstain_as": abstain_as, "mode": mode, "call": client["calls"][i]}
@@ -648,6 +654,13 @@ def ran_cells(client: dict[str, Any], urls: dict[tuple[str, str], str], row: dic
     }
 
 
+def slowest_first(clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The clients, the slowest in the committed matrix first (the order their runs start in; cells are unchanged)."""
+    committed = json.loads(COMMITTED.read_text(encoding="utf-8")) if COMMITTED.exists() else {"clients": []}
+    took = {row["client"]: row.get("seconds", 0.0) for row in committed["clients"]}
+    return sorted(clients, key=lambda client: -took.get(client["client"], float("inf")))
+
+
 @pytest.fixture(scope="module")
 def matrix(served) -> dict[str, Any]:
     """Every client's cells (``{client: {"skipped": why} | {"cells": [...], "paths": {...}}}``), written as JSON."""
@@ -658,8 +671,12 @@ def matrix(served) -> dict[str, Any]:
     os.environ.setdefault("AGNO_TELEMETRY", "false")
     out: dict[str, Any] = {"answer": answer, "refusal": REFUSAL, "question": QUESTION}
     frameworks.import_frameworks()  # before the threads: concurrent first imports of LlamaIndex race
+    start = time.monotonic()
     with ThreadPoolExecutor(CLIENT_WORKERS) as pool:
-        out["clients"] = list(pool.map(lambda client: client_cells(client, urls), CLIENTS))
+        # The slowest clients of the committed run start first, so that no long agent run starts last.
+        futures = {c["client"]: pool.submit(client_cells, c, urls) for c in slowest_first(CLIENTS)}
+        out["clients"] = [futures[c["client"]].result() for c in CLIENTS]
+    out["seconds"] = round(time.monotonic() - start, 1)  # the clients' run, the server's start left out
     if os.environ.get("CANDOR_WRITE_MATRIX") == "1":
         COMMITTED.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return out
@@ -668,6 +685,8 @@ def matrix(served) -> dict[str, Any]:
 def client_row(matrix: dict[str, Any], name: str) -> dict[str, Any]:
     row = next(r for r in matrix["clients"] if r["client"] == name)
     if "skipped" in row:
+        if os.environ.get("CI"):  # CI runs every client (.ci/run): a missing package is a broken setup there
+            pytest.fail(f"CI must run every client of the matrix: {name}: {row['skipped']}")
         pytest.skip(row["skipped"])
     assert "broken" not in row, f"{name}: the matrix could not run it: {row['broken']}"
     return row
