@@ -51,7 +51,7 @@ from tests import client_frameworks as frameworks  # noqa: E402
 from tests import client_paths as agent_paths  # noqa: E402
 from tests.client_paths import KEY, MAX_TOKENS, QUESTION, REFUSAL, SYSTEM, attempt, messages, seen  # noqa: E402
 
-# Slow: 30 clients and their agent paths take about 11 minutes on 2 cores (the seconds of each are in the committed
+# Slow: 25 clients and their agent paths take about 11 minutes on 2 cores (the seconds of each are in the committed
 # matrix); the default tier leaves it out and CI runs it on its own (`make test-matrix`, .ci/run). Its agent cells
 # are the record of what each framework does now (docs/serving.md).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
