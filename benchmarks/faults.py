@@ -14,8 +14,8 @@ before, during and after the fault. Every fault is bounded in time. For each:
 - **/ready**: what it said once the fault had been noticed, against what is true (503 while the store
   cannot keep an answer; 200 while the server can serve);
 - **lost**: answers and labels the server acknowledged (a 200) that the database does not hold afterwards;
-- **recovery**: seconds from the fault's end (the database back, the disk freed, the slow senders gone) to
-  ``/ready`` 200 and an answered question, with no operator action.
+- **recovery**: seconds from the fault's end (the database started again, the network healed, the disk freed,
+  the slow senders gone) to ``/ready`` 200 and an answered question, with no operator action.
 
 tests/faults/ runs the same functions at a small scale with the tiny test model (CI).
 """
