@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from candor.backends.base import CONSTRAINED, GENERATE, LOGPROBS, SCORE, TOKENIZER, TOP_LOGPROBS, SamplingParams
 from candor.backends.openai import SAMPLES_N, OpenAIBackend
 from candor.util.errors import CandorError
+from tests.http_replies import send_json
 
 HAVE_SERVING = all(importlib.util.find_spec(m) is not None for m in ("fastapi", "uvicorn"))
 _skip_without_serving = pytest.mark.skipif(
@@ -225,15 +226,6 @@ class LocalServer:
     def __exit__(self, *exc) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def send_json(handler: BaseHTTPRequestHandler, status: int, answer: dict) -> None:
-    payload = json.dumps(answer).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(payload)))
-    handler.end_headers()
-    handler.wfile.write(payload)
 
 
 class FlakyServer(LocalServer):

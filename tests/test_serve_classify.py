@@ -31,6 +31,7 @@ from candor.serve.http.classify_server import load_classify_app
 from candor.serve.http.server import serve_in_thread
 from candor.train.elical.export import export_seq_cls, read_export
 from candor.util.errors import CandorError
+from tests.http_replies import send_json
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 QUESTIONS = [
@@ -163,15 +164,6 @@ def test_an_unreachable_server_is_one_clear_error(exported):
         server_root("127.0.0.1:8001")
 
 
-def send_json(handler: BaseHTTPRequestHandler, status: int, data: bytes) -> None:
-    """Answer ``data`` (JSON bytes) with ``status`` from a stdlib request handler."""
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
-
-
 class _Canned(BaseHTTPRequestHandler):
     """Answers every request with the server's canned status and body."""
 
@@ -183,7 +175,7 @@ class _Canned(BaseHTTPRequestHandler):
         self._answer(*self.server.canned)  # type: ignore[attr-defined]
 
     def _answer(self, status: int, body: object) -> None:
-        send_json(self, status, json.dumps(body).encode() if not isinstance(body, bytes) else body)
+        send_json(self, status, body)
 
     def log_message(self, *args: object) -> None:
         return None
