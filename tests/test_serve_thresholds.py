@@ -89,18 +89,29 @@ def _true_risk(lam: float) -> float:
     return (1.0 - min(lam, 1.0)) / 2.0
 
 
-def test_risk_control_guarantee_holds_in_simulation():
-    rng = np.random.default_rng(0)
-    alpha, delta, trials = 0.15, 0.1, 400
-    grid = np.linspace(1.0, 0.0, 201)
-    violations = naive_violations = 0
+def _simulated(seed: int, rule, alpha: float, trials: int) -> tuple[int, int]:
+    """``(violations, answered)``: of ``trials`` calibrated draws of 300, those whose ``rule(conf, y)`` has a true
+    risk above ``alpha``, and those it answers some of."""
+    rng = np.random.default_rng(seed)
+    violations = answered = 0
     for _ in range(trials):
         conf, y = _calibrated_draw(rng, 300)
-        t = th.risk_control(conf, y, alpha=alpha, delta=delta, grid=grid)
+        t = rule(conf, y)
         violations += _true_risk(t.value) > alpha
-        # Naive: the lowest threshold whose dev error is ≤ α, no correction.
-        naive = th.for_accuracy(conf, y, 1 - alpha)
-        naive_violations += _true_risk(naive.value) > alpha
+        answered += t.expected_coverage > 0
+    return violations, answered
+
+
+GRID = np.linspace(1.0, 0.0, 201)
+
+
+def test_risk_control_guarantee_holds_in_simulation():
+    alpha, delta, trials = 0.15, 0.1, 400
+    violations, _ = _simulated(
+        0, lambda conf, y: th.risk_control(conf, y, alpha=alpha, delta=delta, grid=GRID), alpha, trials
+    )
+    # Naive: the lowest threshold whose dev error is ≤ α, no correction.
+    naive_violations, _ = _simulated(0, lambda conf, y: th.for_accuracy(conf, y, 1 - alpha), alpha, trials)
     # Binomial slack: with a true rate of δ, 400 trials exceed 0.1 + 0.045 rarely (≈2 sd).
     assert violations / trials <= delta + 0.045
     # The same check fails for the uncorrected rule, so the test can tell them apart.
@@ -130,15 +141,13 @@ def test_one_wrong_most_confident_answer_no_longer_ends_every_scan():
 
 
 def test_the_guarantee_of_several_starts_holds_in_simulation():
-    rng = np.random.default_rng(2)
     alpha, delta, trials = 0.15, 0.1, 400
-    grid = np.linspace(1.0, 0.0, 201)
-    violations = answered = 0
-    for _ in range(trials):
-        conf, y = _calibrated_draw(rng, 300)
-        t = th.risk_control(conf, y, alpha=alpha, delta=delta, grid=grid, starts=th.SPLIT_STARTS)
-        violations += _true_risk(t.value) > alpha
-        answered += t.expected_coverage > 0
+    violations, answered = _simulated(
+        2,
+        lambda conf, y: th.risk_control(conf, y, alpha=alpha, delta=delta, grid=GRID, starts=th.SPLIT_STARTS),
+        alpha,
+        trials,
+    )
     assert violations / trials <= delta + 0.045
     # Not passed by abstaining: it certifies in over a third of the draws (each sequence at δ/3 needs 21 answered
     # with no error at the top, where one sequence at δ needs 15, so it certifies less often here than one start).
