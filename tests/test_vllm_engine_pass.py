@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -59,11 +61,12 @@ QUESTIONS = [
 
 
 @contextmanager
-def candor_serve(args: list[str], workdir: Path):
-    """``candor serve`` from this checkout on a free port; yields its URL, then ends it with SIGTERM."""
+def candor_serve(args: list[str], workdir: Path, tmp: Path):
+    """``candor serve`` from this checkout on a free port, its TMPDIR ``tmp``; yields its URL, then ends it with
+    SIGTERM."""
     port = free_port()
-    tmp = workdir / "tmp"
-    tmp.mkdir(parents=True)
+    workdir.mkdir(parents=True)
+    tmp.mkdir()
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(SHIM)]),
@@ -80,7 +83,8 @@ def candor_serve(args: list[str], workdir: Path):
         wait_healthy(f"http://127.0.0.1:{port}/health", proc, limit=900, log=log)
         yield f"http://127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with suppress(ProcessLookupError):  # a server that died at start is reported by wait_healthy, not here
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -101,22 +105,31 @@ def ask(url: str, question: str) -> dict:
     return {"text": choice["message"]["content"], "confidence": choice["confidence"]["value"]}
 
 
-def states_files(workdir: Path) -> list[str]:
-    return sorted(p.name for folder in (workdir / "tmp").glob("candor-vllm-states-*") for p in folder.iterdir())
+@pytest.fixture
+def short_tmp():
+    """A TMPDIR for a server: a short folder under /tmp, not pytest's. vLLM binds its ZMQ IPC sockets in TMPDIR,
+    and a socket's path holds at most 107 characters (pytest's numbered folders made it 108 in CI)."""
+    tmp = Path(tempfile.mkdtemp(prefix="candor-t-", dir="/tmp"))
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_serve_on_vllm_reads_a_last_layer_head_from_its_pass_as_hf_does(smollm_dir, tmp_path) -> None:
+def states_files(tmp: Path) -> list[str]:
+    return sorted(p.name for folder in tmp.glob("candor-vllm-states-*") for p in folder.iterdir())
+
+
+def test_serve_on_vllm_reads_a_last_layer_head_from_its_pass_as_hf_does(smollm_dir, tmp_path, short_tmp) -> None:
     head = tmp_path / "head"
     saved_elical_head(str(smollm_dir), head, "head", layer=-1, template="chat")  # the template serve renders
     args = ["--model", str(smollm_dir), "--head", str(head), "--max-new-tokens", "16"]
-    with candor_serve([*args, "--backend", "vllm"], tmp_path / "vllm") as url:
+    with candor_serve([*args, "--backend", "vllm"], tmp_path / "vllm", short_tmp / "vllm") as url:
         served = [ask(url, q) for q in QUESTIONS]
-        left = states_files(tmp_path / "vllm")
+        left = states_files(short_tmp / "vllm")
     log = (tmp_path / "vllm" / "serve.log").read_text()
     assert "read from the engine's generation pass" in log, log[-3000:]
     assert left == []  # every request's states file removed once read
-    assert not list((tmp_path / "vllm" / "tmp").glob("candor-vllm-states-*"))  # and the folder with the server
-    with candor_serve([*args, "--backend", "hf"], tmp_path / "hf") as url:
+    assert not list((short_tmp / "vllm").glob("candor-vllm-states-*"))  # and the folder with the server
+    with candor_serve([*args, "--backend", "hf"], tmp_path / "hf", short_tmp / "hf") as url:
         expected = [ask(url, q) for q in QUESTIONS]
     assert [a["text"] for a in served] == [a["text"] for a in expected]
     assert sum(bool(a["text"].strip()) for a in expected) >= 10  # answers, not empty strings
