@@ -84,6 +84,19 @@ def wait_healthy(url: str, proc: subprocess.Popen, limit: float = 240.0, log: Pa
     pytest.fail(f"{proc.args[:5]} was not healthy within {limit:.0f} s{tail()}")
 
 
+def stop_group(proc: subprocess.Popen, grace: float) -> None:
+    """End ``proc``'s process group (it was started with ``start_new_session``): SIGTERM, then SIGKILL after
+    ``grace`` seconds. A group already gone (a server that died at start) is no error: its test reports that."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 @contextlib.contextmanager
 def transformers_serve(model_dir: str | Path, log: Path, *extra: str) -> Iterator[str]:
     """``transformers serve`` on ``model_dir``, offline, on a free port of 127.0.0.1: yields its /v1 URL."""

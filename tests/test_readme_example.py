@@ -12,14 +12,13 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import free_port, wait_healthy
+from helpers import free_port, stop_group, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -103,16 +102,6 @@ def start_server(line: str, log: Path, env: dict[str, str], cwd: Path) -> subpro
         )
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.mark.server
 @pytest.mark.integration
 @pytest.mark.slow  # over a minute on 2 shared cores (make test-slow)
@@ -160,7 +149,7 @@ def test_every_readme_command_runs_as_written(smollm_dir, tmp_path):
         assert not abstained or choice.message.content == "I don't know."  # --abstain-as text, the default
     finally:
         for server in servers:
-            stop_server(server)
+            stop_group(server, grace=60)
     assert servers and [server.returncode for server in servers] == [0] * len(servers)  # SIGTERM drains, exits 0
 
 

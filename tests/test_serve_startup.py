@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import free_port, saved_elical_head, wait_healthy
+from helpers import free_port, saved_elical_head, stop_group, wait_healthy
 
 from candor.util.errors import UpstreamError
 
@@ -136,16 +136,6 @@ def start(cmd: list[str], log: Path, env: dict[str, str], **kwargs) -> subproces
         return subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def test_sigterm_during_a_slow_startup_ends_the_process_at_once(lister, tiny_model_dir, tmp_path):
     """The generation server lists the model but its probe never returns: SIGTERM must not wait for it."""
     pytest.importorskip("fastapi")
@@ -189,7 +179,7 @@ def test_sigterm_during_a_slow_startup_ends_the_process_at_once(lister, tiny_mod
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=10)  # before: "draining…", then over a minute blocked in the probe
         finally:
-            stop(proc)
+            stop_group(proc, grace=30)
 
 
 # ---------------------------------------------------------------- the docs recipe, as written
@@ -254,4 +244,4 @@ def test_the_docs_serving_on_engines_recipe_runs_as_written(smollm_dir, tmp_path
             assert [m["id"] for m in json.loads(listing.read())["data"]] == [model]
     finally:
         for proc in reversed(procs):
-            stop(proc)
+            stop_group(proc, grace=30)

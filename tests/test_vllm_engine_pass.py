@@ -18,16 +18,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import urllib.request
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import free_port, saved_elical_head, wait_healthy
+from helpers import free_port, saved_elical_head, stop_group, wait_healthy
 
 pytest.importorskip("vllm", reason="vllm is not importable here; run these tests in the vllm venv (make test-vllm)")
 
@@ -83,13 +82,7 @@ def candor_serve(args: list[str], workdir: Path, tmp: Path):
         wait_healthy(f"http://127.0.0.1:{port}/health", proc, limit=900, log=log)
         yield f"http://127.0.0.1:{port}"
     finally:
-        with suppress(ProcessLookupError):  # a server that died at start is reported by wait_healthy, not here
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        stop_group(proc, grace=120)
 
 
 def ask(url: str, question: str) -> dict:
